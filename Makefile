@@ -1,0 +1,38 @@
+# trainsim: the few targets people use. `make test` and `make demo` set everything up.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install test check demo bench golden clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+check: $(STAMP)
+	$(VENV)/bin/ruff check tracegen replay analysis tests bench
+	$(VENV)/bin/mypy
+
+# The main job on built-in defaults: GPT-3 175B on 1,024 GPUs (tp 8, pp 8, dp 16, interleaved).
+demo: $(STAMP)
+	$(VENV)/bin/trainsim tracegen --model gpt3-175b --gpus 1024 --tp 8 --pp 8 --vpp 3 \
+		--schedule interleaved_1f1b --sp --mbs 1 --gbs 1536 --zero 1 --recompute selective \
+		-o out/demo-gpt3-175b
+
+bench: $(STAMP)
+	$(PY) bench/bench_tracegen.py
+
+# Regenerate the committed golden trace set (only when the trace format changes on purpose).
+golden: $(STAMP)
+	$(PY) tests/golden_spec.py
+
+clean:
+	rm -rf out .pytest_cache .mypy_cache .ruff_cache

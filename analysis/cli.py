@@ -1,0 +1,111 @@
+"""The ``trainsim`` command line. Catches only trainsim's own errors and prints them plainly."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tracegen import ConfigError, Strategy, TrainsimError, generate, model_names, resolve_model
+from tracegen.catalog import get_model, model_source
+from tracegen.traceset import TraceSetSummary
+from tracegen.units import GiB
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="trainsim: trace-driven performance modeling of distributed training.")
+console = Console()
+
+
+@app.command("catalog")
+def catalog_cmd() -> None:
+    """List the preset models."""
+    table = Table(title="Preset models")
+    for col in ("name", "params (B)", "layers", "hidden", "heads/kv", "ffn", "vocab", "seq",
+                "source"):
+        table.add_column(col)
+    for name in model_names():
+        m = get_model(name)
+        table.add_row(name, f"{m.num_params() / 1e9:.1f}", str(m.num_layers), str(m.hidden_size),
+                      f"{m.num_attention_heads}/{m.num_kv_heads}", str(m.ffn_hidden_size),
+                      str(m.vocab_size), str(m.seq_len), model_source(name))
+    console.print(table)
+
+
+@app.command("tracegen")
+def tracegen_cmd(
+    model: Annotated[str, typer.Option(help="Preset name (see `trainsim catalog`) or a "
+                                            "TOML/JSON model file.")],
+    gpus: Annotated[int, typer.Option(help="GPU count; dp = gpus / (tp·pp·cp).")],
+    mbs: Annotated[int, typer.Option(help="Micro-batch size (sequences).")],
+    gbs: Annotated[int, typer.Option(help="Global batch size (sequences per step).")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="Output directory.")],
+    tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
+    vpp: Annotated[int, typer.Option(help="Virtual stages per rank (interleaved 1F1B).")] = 1,
+    sp: Annotated[bool, typer.Option("--sp", help="Sequence parallelism.")] = False,
+    schedule: Annotated[str, typer.Option(help="gpipe | 1f1b | interleaved_1f1b")] = "1f1b",
+    recompute: Annotated[str, typer.Option(help="none | selective | full")] = "none",
+    zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (1 = distributed optimizer).")] = 0,
+    precision: Annotated[str, typer.Option(help="bf16 | fp16 | fp8")] = "bf16",
+    first_stage_layers: int = 0, last_stage_layers: int = 0,
+    mode: Annotated[str, typer.Option(help="full | representative")] = "representative",
+    name: Annotated[str, typer.Option(help="Workload name: files are NAME.RANK.et")] = "trainsim",
+) -> None:
+    """Generate the per-rank Chakra execution traces of one training step."""
+    spec = resolve_model(model)
+    denom = tp * pp * cp
+    if gpus < 1 or denom < 1 or gpus % denom:
+        raise ConfigError(f"--gpus {gpus} is not divisible by tp·pp·cp = {tp}·{pp}·{cp} = {denom}; "
+                          "choose a GPU count that is a multiple of it", what="strategy")
+    strategy = Strategy(tp=tp, pp=pp, cp=cp, ep=ep, dp=gpus // denom, vpp=vpp,
+                        sequence_parallel=sp, micro_batch_size=mbs, global_batch_size=gbs,
+                        schedule=schedule, recompute=recompute, zero_stage=zero,  # type: ignore[arg-type]
+                        precision=precision,  # type: ignore[arg-type]
+                        first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
+    with _progress() as bar:
+        task = bar.add_task("writing ranks", total=None)
+        summary = generate(spec, strategy, out, mode=mode, name=name, gpus=gpus,  # type: ignore[arg-type]
+                           progress=lambda i, n: bar.update(task, completed=i, total=n))
+    print_summary(summary, strategy)
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console, transient=True)
+
+
+def print_summary(s: TraceSetSummary, strategy: Strategy) -> None:
+    console.print(f"[bold]{s.path}[/]: {s.mode} trace set, world size {s.world_size}, "
+                  f"{s.ranks_written} rank file(s), {s.nodes_written:,} nodes "
+                  f"({strategy.label()}, {strategy.num_microbatches} micro-batches, "
+                  f"{strategy.schedule}, recompute {strategy.recompute}, ZeRO {strategy.zero_stage})")
+    table = Table(title="Per rank of each pipeline stage")
+    axes = sorted({a for st in s.stages for a in st.comm_bytes_by_axis})
+    for col in ("stage", "nodes", "TFLOP fwd", "TFLOP bwd", "TFLOP recomp",
+                *[f"{a} GB" for a in axes], "memory GiB"):
+        table.add_column(col, justify="right")
+    for st in s.stages:
+        f = st.flop_by_phase
+        table.add_row(str(st.stage), f"{st.nodes:,}", f"{f.get('fwd', 0) / 1e12:.1f}",
+                      f"{f.get('bwd', 0) / 1e12:.1f}", f"{f.get('recompute', 0) / 1e12:.1f}",
+                      *[f"{st.comm_bytes_by_axis.get(a, 0) / 1e9:.2f}" for a in axes],
+                      f"{st.memory.total_bytes / GiB:.1f}")
+    console.print(table)
+
+
+def main() -> None:
+    """Entry point: usage errors are typer's; trainsim's own errors print as ``Name: message``."""
+    try:
+        app()
+    except TrainsimError as exc:  # raised inside a command
+        Console(stderr=True).print(f"[bold red]{type(exc).__name__}[/]: {exc}", highlight=False,
+                                   markup=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

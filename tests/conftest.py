@@ -1,0 +1,68 @@
+"""Shared fixtures: tiny models and a Chakra ET decoder built on mlc-chakra's protolib."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chakra.schema.protobuf import et_def_pb2 as pb
+from chakra.src.third_party.utils.protolib import decodeMessage, openFileRd
+
+from tracegen import ModelSpec
+
+
+def read_et(path: Path) -> tuple[Any, list[Any]]:
+    """Decode one ET file with mlc-chakra: (GlobalMetadata, [Node, ...])."""
+    f = openFileRd(str(path))
+    try:
+        meta = pb.GlobalMetadata()
+        assert decodeMessage(f, meta), f"{path}: no GlobalMetadata"
+        nodes = []
+        while True:
+            node = pb.Node()
+            if not decodeMessage(f, node):
+                break
+            nodes.append(node)
+        return meta, nodes
+    finally:
+        f.close()
+
+
+def attrs(node: Any) -> dict[str, Any]:
+    """name → (oneof kind, value) of a node's attributes."""
+    out = {}
+    for a in node.attr:
+        kind = a.WhichOneof("value")
+        out[a.name] = (kind, getattr(a, kind))
+    return out
+
+
+@pytest.fixture
+def tiny() -> ModelSpec:
+    return ModelSpec(name="tiny", num_layers=4, hidden_size=64, num_attention_heads=4,
+                     ffn_hidden_size=256, vocab_size=512, seq_len=32, activation="gelu",
+                     tied_embeddings=True)
+
+
+@pytest.fixture
+def tiny_gqa() -> ModelSpec:
+    return ModelSpec(name="tiny-gqa", num_layers=8, hidden_size=64, num_attention_heads=8,
+                     num_kv_heads=4, ffn_hidden_size=128, vocab_size=256, seq_len=64,
+                     activation="swiglu")
+
+
+@pytest.fixture
+def tiny_moe() -> ModelSpec:
+    return ModelSpec(name="tiny-moe", num_layers=4, hidden_size=64, num_attention_heads=4,
+                     num_kv_heads=2, ffn_hidden_size=128, vocab_size=256, seq_len=32,
+                     activation="swiglu", num_experts=4, experts_per_token=2,
+                     moe_ffn_hidden_size=64)
+
+
+@pytest.fixture(scope="session")
+def tiny_gqa_model() -> ModelSpec:
+    """Session-scoped copy of ``tiny_gqa`` for hypothesis tests (function fixtures are reset)."""
+    return ModelSpec(name="tiny-gqa", num_layers=8, hidden_size=64, num_attention_heads=8,
+                     num_kv_heads=4, ffn_hidden_size=128, vocab_size=256, seq_len=64,
+                     activation="swiglu")

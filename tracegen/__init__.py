@@ -1,0 +1,27 @@
+"""tracegen: model + strategy → per-rank Chakra execution traces."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from tracegen.catalog import get_model, model_names, resolve_model  # noqa: E402
+from tracegen.errors import ConfigError, ReplayError, TraceFormatError, TrainsimError  # noqa: E402
+from tracegen.model import ModelSpec  # noqa: E402
+from tracegen.strategy import Strategy  # noqa: E402
+from tracegen.traceset import TraceSetSummary, generate, read_manifest  # noqa: E402
+
+__all__ = [
+    "ConfigError",
+    "ModelSpec",
+    "ReplayError",
+    "Strategy",
+    "TraceFormatError",
+    "TraceSetSummary",
+    "TrainsimError",
+    "__version__",
+    "generate",
+    "get_model",
+    "model_names",
+    "read_manifest",
+    "resolve_model",
+]

@@ -1,0 +1,136 @@
+"""What is trained: a decoder-only transformer, dense or mixture-of-experts."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Literal
+
+from tracegen._config import build, load_mapping
+from tracegen.errors import ConfigError
+
+Activation = Literal["gelu", "swiglu", "relu2", "relu"]
+ACTIVATIONS: tuple[str, ...] = ("gelu", "swiglu", "relu2", "relu")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """Shape of a decoder-only transformer. Sizes are element counts; ``seq_len`` in tokens."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    seq_len: int
+    num_kv_heads: int = 0  # 0 = same as num_attention_heads (multi-head attention)
+    activation: Activation = "gelu"
+    tied_embeddings: bool = False
+    num_experts: int = 0  # 0 = dense
+    experts_per_token: int = 0
+    moe_ffn_hidden_size: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_kv_heads == 0:
+            object.__setattr__(self, "num_kv_heads", self.num_attention_heads)
+        problems = _problems(self)
+        if problems:
+            raise ConfigError(problems, what=f"model {self.name!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def gated(self) -> bool:
+        """SwiGLU uses two up-projections (gate and value) (Shazeer 2020, GLU variants)."""
+        return self.activation == "swiglu"
+
+    @property
+    def kv_size(self) -> int:
+        """Width of K (or V): kv heads × head dim (Ainslie et al. 2023, GQA)."""
+        return self.num_kv_heads * self.head_dim
+
+    def layer_params(self) -> int:
+        """Parameters of one transformer layer (weights only; biases and norms are ignored)."""
+        h = self.hidden_size
+        attn = h * (h + 2 * self.kv_size) + h * h
+        return attn + self.mlp_params()
+
+    def mlp_params(self) -> int:
+        up = 3 if self.gated else 2
+        if self.is_moe:
+            return self.num_experts * up * self.hidden_size * self.moe_ffn_hidden_size + (
+                self.hidden_size * self.num_experts
+            )
+        return up * self.hidden_size * self.ffn_hidden_size
+
+    def embedding_params(self) -> int:
+        copies = 1 if self.tied_embeddings else 2
+        return copies * self.vocab_size * self.hidden_size
+
+    def num_params(self) -> int:
+        return self.num_layers * self.layer_params() + self.embedding_params()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
+        data = dict(data)
+        data.setdefault("name", "custom")
+        return build(cls, data, what=f"model {data['name']!r}")
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ModelSpec:
+        p = Path(path)
+        data = load_mapping(p, what="model file")
+        data.setdefault("name", p.stem)
+        return cls.from_dict(data)
+
+
+def _problems(m: ModelSpec) -> list[str]:
+    out: list[str] = []
+    for field in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+                  "vocab_size", "seq_len", "num_kv_heads"):
+        if getattr(m, field) <= 0:
+            out.append(f"{field} must be positive, got {getattr(m, field)}")
+    if out:
+        return out
+    if m.activation not in ACTIVATIONS:
+        out.append(f"activation must be one of {', '.join(ACTIVATIONS)}; got {m.activation!r}")
+    if m.hidden_size % m.num_attention_heads:
+        out.append(
+            f"hidden_size {m.hidden_size} is not divisible by num_attention_heads "
+            f"{m.num_attention_heads}; choose heads that divide the hidden size"
+        )
+    if m.num_attention_heads % m.num_kv_heads:
+        out.append(
+            f"num_attention_heads {m.num_attention_heads} is not a multiple of num_kv_heads "
+            f"{m.num_kv_heads} (grouped-query attention needs equal-size groups)"
+        )
+    out += _moe_problems(m)
+    return out
+
+
+def _moe_problems(m: ModelSpec) -> list[str]:
+    if m.num_experts < 0:
+        return [f"num_experts must be ≥ 0 (0 = dense), got {m.num_experts}"]
+    if m.num_experts == 0:
+        if m.experts_per_token or m.moe_ffn_hidden_size:
+            return ["experts_per_token / moe_ffn_hidden_size are set but num_experts is 0; "
+                    "set num_experts for a mixture-of-experts model or drop them"]
+        return []
+    out = []
+    if not 1 <= m.experts_per_token <= m.num_experts:
+        out.append(f"experts_per_token must be in 1..num_experts ({m.num_experts}), "
+                   f"got {m.experts_per_token}")
+    if m.moe_ffn_hidden_size <= 0:
+        out.append(f"moe_ffn_hidden_size must be positive for an MoE model, got "
+                   f"{m.moe_ffn_hidden_size}")
+    return out

@@ -1,0 +1,319 @@
+"""Per-micro-batch operators of one rank: FLOPs, bytes moved, GEMM shapes, and the collectives
+that tensor, context and expert parallelism insert.
+
+Conventions and sources:
+
+* A GEMM (m×k)·(k×n) costs 2·m·n·k FLOPs and moves (m·k + k·n + m·n) elements
+  (Narayanan et al. 2021, §5.1 and Appendix; Kaplan et al. 2020, Table 1). Its backward is two
+  GEMMs of the same FLOPs: data gradient (m×n)·(n×k) and weight gradient (k×m)·(m×n).
+* Megatron tensor parallelism splits QKV and FC1 by columns and the output projection and FC2 by
+  rows, with one all-reduce after each row-parallel GEMM in forward and one after each
+  column-parallel GEMM in backward (Shoeybi et al. 2019, §3 and Fig. 3). With sequence parallelism
+  each all-reduce becomes a reduce-scatter / all-gather pair and norms and dropout run on s/t
+  tokens (Korthikanti et al. 2022, §4.2.2).
+* Causal flash attention forward: 4·b·s_q·s_k·d·heads / 2 FLOPs; its backward recomputes the
+  scores and costs 2.5× the forward (Dao 2023, FlashAttention-2, §4 benchmark FLOP count).
+* Memory-bound ops (norms, rotary, activation, dropout+residual, loss, optimizer) carry element
+  counts × bytes; their FLOPs are small per-element counts given next to each.
+* Activations are 16-bit (2 bytes) in every precision: FP8 training keeps activations in BF16
+  and quantises only GEMM operands (Micikevicius et al. 2022, "FP8 formats", §4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from tracegen.model import ModelSpec
+from tracegen.strategy import Strategy
+from tracegen.units import DTYPE_BYTES
+
+OpKind = Literal["gemm", "attention", "norm", "elementwise", "embedding", "loss", "optimizer"]
+CollType = Literal["ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "ALL_TO_ALL"]
+ACT_BYTES = 2  # 16-bit activations (see module docstring)
+GRAD_REDUCE_BYTES = 4  # Megatron sets accumulate_allreduce_grads_in_fp32 for bf16 (arguments.py)
+PARAM_BYTES = 2  # 16-bit model weights
+# Mixed-precision Adam touches per parameter: read grad (4) + fp32 master, m, v (12) and write
+# master, m, v (12) + the 16-bit weight (2) = 30 bytes (Rajbhandari et al. 2020, ZeRO §3: 16 bytes
+# of state per parameter, read and written once per step). FLOPs: ~12 per parameter.
+ADAM_BYTES_PER_PARAM = 30
+ADAM_FLOP_PER_PARAM = 12
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Op:
+    """One compute operator on one rank for one micro-batch."""
+
+    name: str
+    kind: OpKind
+    flop: int
+    bytes: int
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    dtype: str = "bf16"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Comm:
+    """A blocking collective on one axis. ``size_bytes`` has ASTRA-sim's meaning: all-reduce and
+    reduce-scatter the full buffer, all-gather the per-rank shard, all-to-all the per-rank buffer."""
+
+    name: str
+    axis: str
+    coll: CollType
+    size_bytes: int
+
+
+Item = Op | Comm
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Dims:
+    """Per-rank tensor dimensions of one micro-batch."""
+
+    b: int  # micro-batch size (sequences)
+    s: int  # tokens of a sequence on this rank (seq_len / cp)
+    s_kv: int  # keys each query block attends to (full sequence)
+    h: int
+    t: int  # tp degree
+    sp: bool
+    dtype: str
+
+    @property
+    def tokens(self) -> int:
+        return self.b * self.s
+
+    @property
+    def tokens_sp(self) -> int:
+        """Tokens that norms and dropout see: split across TP with sequence parallelism."""
+        return self.tokens // self.t if self.sp else self.tokens
+
+
+def dims(m: ModelSpec, s: Strategy) -> Dims:
+    return Dims(b=s.micro_batch_size, s=m.seq_len // s.cp, s_kv=m.seq_len, h=m.hidden_size,
+                t=s.tp, sp=s.sequence_parallel, dtype=s.precision)
+
+
+def gemm(name: str, m: int, n: int, k: int, dtype: str) -> Op:
+    e = DTYPE_BYTES[dtype]
+    return Op(name, "gemm", 2 * m * n * k, (m * k + k * n) * e + m * n * ACT_BYTES, m, n, k, dtype)
+
+
+def gemm_bwd(name: str, m: int, n: int, k: int, dtype: str) -> list[Op]:
+    """Data gradient dX = dY·Wᵀ (m×n·n×k) and weight gradient dW = Xᵀ·dY (k×m·m×n)."""
+    return [gemm(f"{name}_dgrad", m, k, n, dtype), gemm(f"{name}_wgrad", k, n, m, dtype)]
+
+
+def eltwise(name: str, elems: int, *, reads: int, writes: int, flop_per_elem: int,
+            kind: OpKind = "elementwise") -> Op:
+    return Op(name, kind, flop_per_elem * elems, (reads + writes) * elems * ACT_BYTES)
+
+
+def _tp_comm(d: Dims, name: str, *, gather: bool) -> list[Item]:
+    """Megatron's f/g operators: with SP an all-gather (gather=True) or reduce-scatter; without SP
+    the all-reduce sits where the reduce-scatter would and the all-gather is an identity."""
+    if d.t == 1:
+        return []
+    full = d.tokens * d.h * ACT_BYTES
+    if d.sp:
+        return [Comm(name, "tp", "ALL_GATHER", full // d.t) if gather
+                else Comm(name, "tp", "REDUCE_SCATTER", full)]
+    return [] if gather else [Comm(name, "tp", "ALL_REDUCE", full)]
+
+
+# Per-element FLOPs of the memory-bound ops (counted as in Korthikanti et al. 2022 Table 2
+# activation inventory; the FLOPs are a few per element and matter only for MFU bookkeeping).
+NORM_FLOP, ROPE_FLOP, ACT_FLOP, RESID_FLOP = 4, 3, 4, 2
+
+
+def attention_block_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
+    t, h, n_tok = d.t, d.h, d.tokens
+    qkv_n = (h + 2 * m.kv_size) // t
+    heads = m.num_attention_heads // t
+    items: list[Item] = [eltwise("ln1", d.tokens_sp * h, reads=1, writes=1, flop_per_elem=NORM_FLOP,
+                                 kind="norm")]
+    items += _tp_comm(d, "ln1_ag", gather=True)
+    items.append(gemm("qkv", n_tok, qkv_n, h, d.dtype))
+    if m.activation == "swiglu" or m.num_kv_heads != m.num_attention_heads:
+        # Llama-family models use rotary position embeddings (Su et al. 2021) on q and k.
+        items.append(eltwise("rope", n_tok * (h + m.kv_size) // t, reads=1, writes=1,
+                             flop_per_elem=ROPE_FLOP))
+    if st.cp > 1:
+        # Context parallelism: all-gather K and V of the whole sequence (Llama 3 §3.3.2).
+        kv_shard = n_tok * 2 * m.kv_size // t * ACT_BYTES
+        items.append(Comm("cp_kv_ag", "cp", "ALL_GATHER", kv_shard))
+    items.append(attention_fwd(m, d, heads))
+    items.append(gemm("attn_out", n_tok, h, h // t, d.dtype))
+    items += _tp_comm(d, "attn_out_rs", gather=False)
+    items.append(eltwise("resid1", d.tokens_sp * h, reads=2, writes=1, flop_per_elem=RESID_FLOP))
+    return items
+
+
+def attention_fwd(m: ModelSpec, d: Dims, heads: int) -> Op:
+    """Causal flash attention: 4·b·s_q·s_kv·d·heads/2 FLOPs (Dao 2023)."""
+    hd = m.head_dim
+    flop = 4 * d.b * d.s * d.s_kv * hd * heads // 2
+    kv_heads = m.num_kv_heads // d.t
+    io = (d.tokens * heads * hd * 2 + d.b * d.s_kv * kv_heads * hd * 2) * ACT_BYTES
+    return Op("flash_attn", "attention", flop, io, d.s, d.s_kv, hd, d.dtype)
+
+
+def mlp_block_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
+    t, h, n_tok = d.t, d.h, d.tokens
+    items: list[Item] = [eltwise("ln2", d.tokens_sp * h, reads=1, writes=1, flop_per_elem=NORM_FLOP,
+                                 kind="norm")]
+    items += _tp_comm(d, "ln2_ag", gather=True)
+    if m.is_moe:
+        items += _moe_fwd(m, st, d)
+    else:
+        up = 2 if m.gated else 1
+        f = m.ffn_hidden_size // t
+        items.append(gemm("fc1", n_tok, up * f, h, d.dtype))
+        items.append(eltwise("act", n_tok * f, reads=up, writes=1, flop_per_elem=ACT_FLOP))
+        items.append(gemm("fc2", n_tok, h, f, d.dtype))
+    items += _tp_comm(d, "fc2_rs", gather=False)
+    items.append(eltwise("resid2", d.tokens_sp * h, reads=2, writes=1, flop_per_elem=RESID_FLOP))
+    return items
+
+
+def _moe_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
+    """Top-k routing with balanced load: each rank's experts process tokens·k routed tokens
+    (Lepikhin et al. 2021, GShard §2; Megatron-Core MoE all-to-all token dispatcher)."""
+    h, k = d.h, m.experts_per_token
+    routed = d.tokens * k
+    f = m.moe_ffn_hidden_size // d.t
+    up = 2 if m.gated else 1
+    items: list[Item] = [gemm("router", d.tokens, m.num_experts, h, "fp32")]
+    if st.ep > 1:
+        items.append(Comm("moe_dispatch", "ep", "ALL_TO_ALL", routed * h * ACT_BYTES))
+    items.append(gemm("expert_fc1", routed, up * f, h, d.dtype))
+    items.append(eltwise("expert_act", routed * f, reads=up, writes=1, flop_per_elem=ACT_FLOP))
+    items.append(gemm("expert_fc2", routed, h, f, d.dtype))
+    if st.ep > 1:
+        items.append(Comm("moe_combine", "ep", "ALL_TO_ALL", routed * h * ACT_BYTES))
+    return items
+
+
+def layer_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
+    d = dims(m, st)
+    return attention_block_fwd(m, st, d) + mlp_block_fwd(m, st, d)
+
+
+def backward_of(items: list[Item], d: Dims) -> list[Item]:
+    """The backward pass of a forward list: reversed, GEMMs split into dgrad+wgrad, each TP
+    collective replaced by its conjugate (all-reduce ↔ identity/all-gather ↔ reduce-scatter)."""
+    out: list[Item] = []
+    for it in reversed(items):
+        out += _bwd_item(it, d)
+    return out
+
+
+def _bwd_item(it: Item, d: Dims) -> list[Item]:
+    if isinstance(it, Comm):
+        return _bwd_comm(it, d)
+    if it.kind == "gemm":
+        return list(gemm_bwd(it.name, it.m, it.n, it.k, it.dtype))
+    if it.kind == "attention":
+        return [Op(f"{it.name}_bwd", "attention", it.flop * 5 // 2, it.bytes * 2, it.m, it.n, it.k,
+                   it.dtype)]
+    # Elementwise backward reads the saved input and the output gradient, writes the input grad.
+    return [Op(f"{it.name}_bwd", it.kind, it.flop * 2, it.bytes * 3 // 2)]
+
+
+def _bwd_comm(c: Comm, d: Dims) -> list[Item]:
+    if c.axis == "ep":  # all-to-all is its own conjugate
+        return [Comm(f"{c.name}_bwd", "ep", "ALL_TO_ALL", c.size_bytes)]
+    if c.axis == "cp":  # gradients of K, V are reduce-scattered back to their owners
+        return [Comm(f"{c.name}_bwd", "cp", "REDUCE_SCATTER", c.size_bytes * _cp(d, c))]
+    if c.coll == "ALL_GATHER":
+        return [Comm(f"{c.name}_bwd", c.axis, "REDUCE_SCATTER", c.size_bytes * d.t)]
+    if c.coll == "REDUCE_SCATTER":
+        return [Comm(f"{c.name}_bwd", c.axis, "ALL_GATHER", c.size_bytes // d.t)]
+    return []  # forward all-reduce (g) → identity in backward
+
+
+def _cp(d: Dims, c: Comm) -> int:
+    return d.s_kv // d.s
+
+
+def tp_input_grad_allreduce(d: Dims, name: str) -> list[Item]:
+    """Without SP, the backward of Megatron's f operator (identity forward) is an all-reduce of the
+    input gradient after each column-parallel GEMM (Shoeybi et al. 2019, Fig. 3)."""
+    if d.t == 1 or d.sp:
+        return []
+    return [Comm(name, "tp", "ALL_REDUCE", d.tokens * d.h * ACT_BYTES)]
+
+
+def layer_bwd(m: ModelSpec, st: Strategy) -> list[Item]:
+    d = dims(m, st)
+    mlp = backward_of(mlp_block_fwd(m, st, d), d)
+    attn = backward_of(attention_block_fwd(m, st, d), d)
+    return (_insert_after_norm_bwd(mlp, "ln2", d) + _insert_after_norm_bwd(attn, "ln1", d))
+
+
+def _insert_after_norm_bwd(items: list[Item], norm: str, d: Dims) -> list[Item]:
+    """Place the input-gradient all-reduce just before the norm backward (non-SP TP)."""
+    out: list[Item] = []
+    for it in items:
+        if isinstance(it, Op) and it.name == f"{norm}_bwd":
+            out += tp_input_grad_allreduce(d, f"{norm}_in_grad_ar")
+        out.append(it)
+    return out
+
+
+def selective_recompute(m: ModelSpec, st: Strategy) -> list[Item]:
+    """Selective recompute re-runs the core attention forward (Korthikanti et al. 2022, §4.3)."""
+    d = dims(m, st)
+    return [attention_fwd(m, d, m.num_attention_heads // d.t)]
+
+
+def embedding_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
+    """Vocab-parallel embedding lookup + TP reduction (Shoeybi et al. 2019, §3)."""
+    d = dims(m, st)
+    items: list[Item] = [eltwise("embedding", d.tokens * d.h, reads=1, writes=1, flop_per_elem=0,
+                                 kind="embedding")]
+    items += _tp_comm(d, "embedding_rs", gather=False)
+    return items
+
+
+def embedding_bwd(m: ModelSpec, st: Strategy) -> list[Item]:
+    d = dims(m, st)
+    return [*_tp_comm(d, "embedding_bwd_ag", gather=True),
+            eltwise("embedding_bwd", d.tokens * d.h, reads=2, writes=1, flop_per_elem=1,
+                    kind="embedding")]
+
+
+def head_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
+    """Final norm, vocab-parallel LM head and cross-entropy. Megatron's vocab-parallel loss does
+    three all-reduces of b·s fp32 values (max, target logit, sum of exps), counted as one."""
+    d = dims(m, st)
+    v = m.vocab_size // d.t
+    items: list[Item] = [eltwise("final_norm", d.tokens_sp * d.h, reads=1, writes=1,
+                                 flop_per_elem=NORM_FLOP, kind="norm")]
+    items += _tp_comm(d, "final_norm_ag", gather=True)
+    items.append(gemm("lm_head", d.tokens, v, d.h, d.dtype))
+    # Cross-entropy over fp32 logits: max, exp, sum, log; ~5 FLOPs and 2 fp32 passes per logit.
+    items.append(Op("cross_entropy", "loss", 5 * d.tokens * v, 2 * d.tokens * v * 4))
+    if d.t > 1:
+        items.append(Comm("loss_ar", "tp", "ALL_REDUCE", 3 * d.tokens * 4))
+    return items
+
+
+def head_bwd(m: ModelSpec, st: Strategy) -> list[Item]:
+    d = dims(m, st)
+    v = m.vocab_size // d.t
+    items: list[Item] = [Op("cross_entropy_bwd", "loss", 2 * d.tokens * v, 2 * d.tokens * v * 4)]
+    items += gemm_bwd("lm_head", d.tokens, v, d.h, d.dtype)
+    items += tp_input_grad_allreduce(d, "lm_head_in_grad_ar")
+    items += [c for c in _bwd_comm(Comm("final_norm_ag", "tp", "ALL_GATHER",
+                                        d.tokens * d.h * ACT_BYTES // d.t), d)] if d.sp else []
+    items.append(eltwise("final_norm_bwd", d.tokens_sp * d.h, reads=2, writes=1,
+                         flop_per_elem=2 * NORM_FLOP, kind="norm"))
+    return items
+
+
+def optimizer_step(params_local: int) -> Op:
+    """Mixed-precision Adam over this rank's parameter shard (memory-bound)."""
+    return Op("adam_step", "optimizer", ADAM_FLOP_PER_PARAM * params_local,
+              ADAM_BYTES_PER_PARAM * params_local)

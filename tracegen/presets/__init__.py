@@ -1,0 +1,1 @@
+"""Preset data files (TOML) shipped with tracegen."""

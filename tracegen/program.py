@@ -1,0 +1,343 @@
+"""The node program of one pipeline-stage role: every compute op, collective, send and receive of
+one training step, with dependencies, before rank-specific bindings (group ids, peers).
+
+Dependencies (Megatron's behaviour):
+
+* The compute stream is one chain: each op depends on the previous one. Tensor-, context- and
+  expert-parallel collectives and the ZeRO-3 parameter gathers sit in that chain (blocking).
+* Data-parallel gradient reduction runs in buckets on the last backward of each model chunk,
+  each bucket depending only on the op that finished its last gradient, so it overlaps the rest
+  of the backward (Megatron DDP ``overlap_grad_reduce``); with overlap off, after the backward.
+* Every collective also has a ctrl dep on the previous collective of its group, so all members
+  issue a group's collectives in one order.
+* Sends depend on the op that produced the tensor; receives have no dependency (posted early);
+  the first op that consumes a received tensor depends on the receive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from tracegen import ops as O
+from tracegen.model import ModelSpec
+from tracegen.schedule import stage_order
+from tracegen.strategy import Strategy
+from tracegen.units import DTYPE_CODE
+from tracegen.vocab import COLL_CODE, COMM_COLL_NODE, COMM_RECV_NODE, COMM_SEND_NODE, COMP_NODE
+
+Attr = tuple[str, str, Any]  # (name, protobuf oneof kind, value)
+
+
+@dataclasses.dataclass(slots=True)
+class PNode:
+    """A node of a role program. ``axis`` / ``peer`` are bound per rank by the writer."""
+
+    id: int
+    name: str
+    type: int
+    data_deps: list[int]
+    ctrl_deps: list[int]
+    attrs: list[Attr]
+    axis: str = ""  # COMM_COLL_NODE: group axis → pg_name
+    peer: int = 0  # SEND/RECV: pipeline-stage offset of the peer
+    flop: int = 0
+    phase: str = ""  # "fwd", "bwd", "recompute", "optimizer" (compute) — for summaries
+    comm_bytes: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ParamBlock:
+    """Parameters this rank holds for one layer / embedding / head, split by reduction axis."""
+
+    name: str  # "layer", "embedding" or "lm_head"
+    dense: int
+    expert: int = 0
+    label: str = ""  # e.g. "L12" (global layer index), "emb", "head"
+
+
+class RoleProgram:
+    """Builds the node program of pipeline stage ``stage``."""
+
+    def __init__(self, model: ModelSpec, strategy: Strategy, stage: int) -> None:
+        self.m, self.s, self.stage = model, strategy, stage
+        self.nodes: list[PNode] = []
+        self.tail: int | None = None  # last node of the compute chain
+        self.last_coll: dict[str, int] = {}
+        self.pending_dp: list[int] = []
+        self.buckets: dict[str, int] = {"dp": 0, "edp": 0}
+        self._layer_fwd = O.layer_fwd(model, strategy)
+        self._layer_bwd = O.layer_bwd(model, strategy)
+        self.n_chunks = strategy.pp * strategy.vpp
+        self.m_mb = strategy.num_microbatches
+
+    # ---- node factories -------------------------------------------------------------------
+    def _new(self, name: str, type_: int, attrs: list[Attr], **kw: Any) -> PNode:
+        node = PNode(len(self.nodes), name, type_, [], [], attrs, **kw)
+        self.nodes.append(node)
+        return node
+
+    def op(self, op: O.Op, prefix: str, phase: str, extra_deps: tuple[int, ...] = ()) -> int:
+        attrs: list[Attr] = [
+            ("is_cpu_op", "bool", False),
+            ("num_ops", "int64", op.flop),
+            ("tensor_size", "int64", op.bytes),
+            ("op_type", "string", op.kind),
+        ]
+        if op.m:
+            attrs += [("gemm_m", "int64", op.m), ("gemm_n", "int64", op.n),
+                      ("gemm_k", "int64", op.k)]
+        attrs.append(("dtype", "int64", DTYPE_CODE[op.dtype]))
+        node = self._new(f"{prefix}.{op.name}", COMP_NODE, attrs, flop=op.flop, phase=phase)
+        self._chain(node, extra_deps)
+        return node.id
+
+    def coll(self, c: O.Comm, prefix: str, *, blocking: bool, deps: tuple[int, ...] = ()) -> int:
+        attrs: list[Attr] = [
+            ("is_cpu_op", "bool", False),
+            ("comm_type", "int64", COLL_CODE[c.coll]),
+            ("comm_size", "int64", c.size_bytes),
+        ]
+        node = self._new(f"{prefix}.{c.name}", COMM_COLL_NODE, attrs, axis=c.axis,
+                         comm_bytes=c.size_bytes)
+        prev = self.last_coll.get(c.axis)
+        self.last_coll[c.axis] = node.id
+        if blocking:
+            self._chain(node, deps)
+        else:
+            node.data_deps.extend(deps)
+        if prev is not None and prev not in node.data_deps:
+            node.ctrl_deps.append(prev)
+        return node.id
+
+    def p2p(self, send: bool, size: int, tag: int, offset: int, name: str,
+            deps: tuple[int, ...] = ()) -> int:
+        attrs: list[Attr] = [
+            ("is_cpu_op", "bool", False),
+            ("comm_size", "int64", size),
+            ("comm_tag", "int64", tag),
+        ]
+        node = self._new(name, COMM_SEND_NODE if send else COMM_RECV_NODE, attrs, peer=offset,
+                         comm_bytes=size)
+        node.data_deps.extend(deps)
+        return node.id
+
+    def _chain(self, node: PNode, extra: tuple[int, ...]) -> None:
+        if self.tail is not None:
+            node.data_deps.append(self.tail)
+        node.data_deps.extend(d for d in extra if d != self.tail)
+        self.tail = node.id
+
+    def items(self, items: list[O.Item], prefix: str, phase: str,
+              first_deps: tuple[int, ...] = ()) -> None:
+        for it in items:
+            if isinstance(it, O.Comm):
+                self.coll(it, prefix, blocking=True, deps=first_deps)
+            else:
+                self.op(it, prefix, phase, first_deps)
+            first_deps = ()
+
+    # ---- parameter blocks -----------------------------------------------------------------
+    def layer_block(self) -> ParamBlock:
+        m, s = self.m, self.s
+        h = m.hidden_size
+        attn = (h * (h + 2 * m.kv_size) + h * h) // s.tp
+        if m.is_moe:
+            up = 3 if m.gated else 2
+            expert = m.num_experts // s.ep * up * h * m.moe_ffn_hidden_size // s.tp
+            return ParamBlock("layer", attn + h * m.num_experts, expert)
+        return ParamBlock("layer", attn + m.mlp_params() // s.tp)
+
+    def vocab_block(self, name: str, label: str) -> ParamBlock:
+        return ParamBlock(name, self.m.vocab_size * self.m.hidden_size // self.s.tp, label=label)
+
+    def blocks_of_chunk(self, gci: int) -> list[ParamBlock]:
+        """Parameter blocks of global model chunk ``gci`` in forward order."""
+        layer = self.layer_block()
+        layers = self.s.chunk_layers(self.m.num_layers, gci)
+        out = [dataclasses.replace(layer, label=f"L{i}") for i in layers]
+        if gci == 0:
+            out.insert(0, self.vocab_block("embedding", "emb"))
+        if gci == self.n_chunks - 1:
+            head = self.vocab_block("lm_head", "head")
+            if self.m.tied_embeddings and self.n_chunks == 1:
+                head = dataclasses.replace(head, dense=0)  # the same weight as the embedding
+            out.append(head)
+        return out
+
+    # ---- ZeRO-3 parameter gathers and gradient scatters ------------------------------------
+    def _dp_size(self, axis: str) -> int:
+        s = self.s
+        return s.dp * s.cp if axis == "dp" else s.dp // s.ep * s.cp
+
+    def _zero3_gather(self, block: ParamBlock, prefix: str) -> None:
+        for axis, n in (("dp", block.dense), ("edp", block.expert)):
+            size = self._dp_size(axis)
+            if n and size > 1:
+                shard = -(-n // size) * O.PARAM_BYTES
+                self.coll(O.Comm(f"{block.name}_param_ag", axis, "ALL_GATHER", shard), prefix,
+                          blocking=True)
+
+    def _grad_reduce(self, block: ParamBlock, prefix: str) -> None:
+        """ZeRO-3: reduce-scatter this block's gradients now (every micro-batch, as FSDP does)."""
+        for axis, n in (("dp", block.dense), ("edp", block.expert)):
+            size = self._dp_size(axis)
+            if n and size > 1:
+                full = -(-n // size) * size * O.GRAD_REDUCE_BYTES
+                c = O.Comm(f"{block.name}_grad_rs", axis, "REDUCE_SCATTER", full)
+                self.pending_dp.append(self.coll(c, prefix, blocking=False, deps=(self._tail(),)))
+
+    def _tail(self) -> int:
+        if self.tail is None:  # pragma: no cover - every phase starts with an op
+            raise RuntimeError("empty chain")
+        return self.tail
+
+    # ---- DP buckets (ZeRO 0-2) -------------------------------------------------------------
+    def _bucket_add(self, block: ParamBlock, prefix: str, *, flush: bool) -> None:
+        self.buckets["dp"] += block.dense
+        self.buckets["edp"] += block.expert
+        for axis in ("dp", "edp"):
+            if self.buckets[axis] and (flush or self.buckets[axis] >= self.s.dp_bucket_params):
+                self._emit_bucket(axis, prefix)
+
+    def _emit_bucket(self, axis: str, prefix: str) -> None:
+        n, size = self.buckets[axis], self._dp_size(axis)
+        self.buckets[axis] = 0
+        if size < 2:
+            return
+        padded = -(-n // size) * size  # buckets are padded to a multiple of the group size
+        coll: O.CollType = "REDUCE_SCATTER" if self.s.zero_stage >= 1 else "ALL_REDUCE"
+        c = O.Comm(f"grad_{coll.lower()}", axis, coll, padded * O.GRAD_REDUCE_BYTES)
+        if self.s.overlap_grad_reduce:
+            self.pending_dp.append(self.coll(c, prefix, blocking=False, deps=(self._tail(),)))
+        else:
+            self.pending_dp.append(self.coll(c, prefix, blocking=True))
+        if self.s.zero_stage >= 1:
+            self.param_gathers.append((axis, padded))
+
+    # ---- phases ---------------------------------------------------------------------------
+    def forward(self, mb: int, chunk: int) -> None:
+        gci = chunk * self.s.pp + self.stage
+        prefix = f"F{mb}.c{gci}"
+        first: tuple[int, ...] = ()
+        if gci > 0:
+            first = (self._recv(mb, gci, grad=False),)
+        blocks = self.blocks_of_chunk(gci)
+        for i, block in enumerate(blocks):
+            if self.s.zero_stage == 3:  # the gather does not wait for the received input
+                self._zero3_gather(block, f"{prefix}.{block.label}")
+            self.items(self._fwd_items(block), f"{prefix}.{block.label}", "fwd", first)
+            first = ()
+        if gci < self.n_chunks - 1:
+            self._send(mb, gci + 1, grad=False)
+
+    def backward(self, mb: int, chunk: int, *, last: bool) -> None:
+        gci = chunk * self.s.pp + self.stage
+        prefix = f"B{mb}.c{gci}"
+        first: tuple[int, ...] = ()
+        if gci < self.n_chunks - 1:
+            first = (self._recv(mb, gci, grad=True),)
+        blocks = self.blocks_of_chunk(gci)
+        for i in reversed(range(len(blocks))):
+            block, name = blocks[i], f"{prefix}.{blocks[i].label}"
+            if self.s.zero_stage == 3:
+                self._zero3_gather(block, name)
+            self.items(self._recompute_items(block), f"{name}.rc", "recompute", first)
+            if self._recompute_items(block):
+                first = ()
+            self.items(self._bwd_items(block), name, "bwd", first)
+            first = ()
+            if self.s.zero_stage == 3:
+                self._grad_reduce(block, name)
+            elif last:
+                self._bucket_add(block, name, flush=i == 0)
+        if gci > 0:
+            self._send(mb, gci - 1, grad=True)
+
+    def _fwd_items(self, block: ParamBlock) -> list[O.Item]:
+        if block.name == "embedding":
+            return O.embedding_fwd(self.m, self.s)
+        if block.name == "lm_head":
+            return O.head_fwd(self.m, self.s)
+        return self._layer_fwd
+
+    def _bwd_items(self, block: ParamBlock) -> list[O.Item]:
+        if block.name == "embedding":
+            return O.embedding_bwd(self.m, self.s)
+        if block.name == "lm_head":
+            return O.head_bwd(self.m, self.s)
+        return self._layer_bwd
+
+    def _recompute_items(self, block: ParamBlock) -> list[O.Item]:
+        if block.name != "layer" or self.s.recompute == "none":
+            return []
+        if self.s.recompute == "full":
+            return self._layer_fwd
+        return O.selective_recompute(self.m, self.s)
+
+    def _tag(self, mb: int, gci_recv: int, grad: bool) -> int:
+        return 1 + 2 * (gci_recv * self.m_mb + mb) + int(grad)
+
+    def _p2p_bytes(self) -> int:
+        tokens = self.s.micro_batch_size * self.m.seq_len // self.s.cp
+        if self.s.sequence_parallel:
+            tokens //= self.s.tp
+        return tokens * self.m.hidden_size * O.ACT_BYTES
+
+    def _recv(self, mb: int, gci: int, *, grad: bool) -> int:
+        kind = "recv_grad" if grad else "recv_act"
+        return self.p2p(False, self._p2p_bytes(), self._tag(mb, gci, grad), 1 if grad else -1,
+                        f"{'B' if grad else 'F'}{mb}.c{gci}.{kind}")
+
+    def _send(self, mb: int, gci_dst: int, *, grad: bool) -> None:
+        kind = "send_grad" if grad else "send_act"
+        self.p2p(True, self._p2p_bytes(), self._tag(mb, gci_dst, grad), -1 if grad else 1,
+                 f"{'B' if grad else 'F'}{mb}.c{gci_dst}.{kind}", deps=(self._tail(),))
+
+    # ---- whole step -----------------------------------------------------------------------
+    def build(self) -> list[PNode]:
+        self.param_gathers: list[tuple[str, int]] = []
+        s = self.s
+        order = stage_order(s.schedule, m=self.m_mb, p=s.pp, v=s.vpp, stage=self.stage)
+        last_b = {c: max(j for ph, j, cc in order if ph == "B" and cc == c) for c in range(s.vpp)}
+        for phase, mb, chunk in order:
+            if phase == "F":
+                self.forward(mb, chunk)
+            else:
+                self.backward(mb, chunk, last=mb == last_b[chunk])
+        self._finish()
+        return self.nodes
+
+    def _finish(self) -> None:
+        s, m = self.s, self.m
+        if m.tied_embeddings and s.pp > 1 and self.stage in (0, s.pp - 1):
+            size = m.vocab_size * m.hidden_size // s.tp * O.GRAD_REDUCE_BYTES
+            self.coll(O.Comm("embedding_grad_ar", "embd", "ALL_REDUCE", size), "step",
+                      blocking=True)
+        params = self._local_params()
+        self.op(O.optimizer_step(params), "step", "optimizer", tuple(self.pending_dp))
+        for axis, padded in self.param_gathers:
+            shard = padded // self._dp_size(axis) * O.PARAM_BYTES
+            self.coll(O.Comm("param_all_gather", axis, "ALL_GATHER", shard), "step",
+                      blocking=True)
+
+    def stage_params(self) -> dict[str, int]:
+        """Parameters this rank holds (before ZeRO sharding), by gradient-reduction axis."""
+        total = {"dp": 0, "edp": 0}
+        for c in range(self.s.vpp):
+            for b in self.blocks_of_chunk(c * self.s.pp + self.stage):
+                total["dp"] += b.dense
+                total["edp"] += b.expert
+        return total
+
+    def _local_params(self) -> int:
+        """Parameters whose optimizer state this rank updates (sharded by ZeRO ≥ 1)."""
+        total = self.stage_params()
+        if self.s.zero_stage == 0:
+            return total["dp"] + total["edp"]
+        return sum(-(-n // self._dp_size(a)) for a, n in total.items())
+
+
+def build_role(model: ModelSpec, strategy: Strategy, stage: int) -> list[PNode]:
+    """The node program of pipeline stage ``stage`` (shared by every rank of that stage)."""
+    return RoleProgram(model, strategy, stage).build()

@@ -1,0 +1,227 @@
+"""How a model is parallelised: degrees, batch split, schedule, recompute and sharding."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Literal
+
+from tracegen._config import build, load_mapping
+from tracegen.errors import ConfigError
+from tracegen.model import ModelSpec
+
+Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+Recompute = Literal["none", "selective", "full"]
+Precision = Literal["bf16", "fp16", "fp8"]
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b")
+RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
+PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Strategy:
+    """Parallel layout of one training job. ``world_size = tp · cp · dp · pp``.
+
+    Expert parallelism (``ep``) is carved out of data parallelism, as Megatron does.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    vpp: int = 1
+    sequence_parallel: bool = False
+    micro_batch_size: int = 1
+    global_batch_size: int = 1
+    schedule: Schedule = "1f1b"
+    recompute: Recompute = "none"
+    zero_stage: int = 0
+    precision: Precision = "bf16"
+    overlap_grad_reduce: bool = True
+    # Uneven pipelines (Megatron's --decoder-first/last-pipeline-num-layers): 0 = even split.
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
+    dp_bucket_params: int = 40_000_000  # Megatron DDP default bucket (40M params)
+
+    def __post_init__(self) -> None:
+        problems = _degree_problems(self)
+        if problems:
+            raise ConfigError(problems, what="strategy")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per pipeline per step: global batch / (micro batch · dp)."""
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def chunk_layers(self, num_layers: int, gci: int) -> range:
+        """Global layer indices of global model chunk ``gci`` (= chunk · pp + stage)."""
+        n_chunks = self.pp * self.vpp
+        if not (self.first_stage_layers or self.last_stage_layers) or self.pp == 1:
+            per = num_layers // n_chunks
+            return range(gci * per, (gci + 1) * per)
+        first, last = self._edge_layers(num_layers)
+        middle = (num_layers - first - last) // max(self.pp - 2, 1)
+        if gci == 0:
+            return range(0, first)
+        if gci == self.pp - 1:
+            return range(num_layers - last, num_layers)
+        start = first + (gci - 1) * middle
+        return range(start, start + middle)
+
+    def _edge_layers(self, num_layers: int) -> tuple[int, int]:
+        rest = self.pp - 2
+        first, last = self.first_stage_layers, self.last_stage_layers
+        if first and last:
+            return first, last
+        if rest == 0:
+            return (first, num_layers - first) if first else (num_layers - last, last)
+        # Only one edge given: the other stages share the rest evenly with the other edge.
+        given = first or last
+        per = (num_layers - given) // (rest + 1)
+        return (first, per) if first else (per, last)
+
+    def label(self) -> str:
+        s = f"tp{self.tp}-pp{self.pp}-dp{self.dp}"
+        if self.cp > 1:
+            s += f"-cp{self.cp}"
+        if self.ep > 1:
+            s += f"-ep{self.ep}"
+        if self.vpp > 1:
+            s += f"-vpp{self.vpp}"
+        return s + f"-mbs{self.micro_batch_size}"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Strategy:
+        return build(cls, dict(data), what="strategy")
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Strategy:
+        return cls.from_dict(load_mapping(Path(path), what="strategy file"))
+
+
+def _degree_problems(s: Strategy) -> list[str]:
+    out: list[str] = []
+    for name in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch_size", "global_batch_size",
+                 "dp_bucket_params"):
+        if getattr(s, name) < 1:
+            out.append(f"{name} must be ≥ 1, got {getattr(s, name)}")
+    if s.schedule not in SCHEDULES:
+        out.append(f"schedule must be one of {', '.join(SCHEDULES)}; got {s.schedule!r}")
+    if s.recompute not in RECOMPUTES:
+        out.append(f"recompute must be one of {', '.join(RECOMPUTES)}; got {s.recompute!r}")
+    if s.precision not in PRECISIONS:
+        out.append(f"precision must be one of {', '.join(PRECISIONS)}; got {s.precision!r}")
+    if s.zero_stage not in (0, 1, 2, 3):
+        out.append(f"zero_stage must be 0, 1, 2 or 3; got {s.zero_stage}")
+    if out:
+        return out
+    return _batch_problems(s) + _schedule_problems(s)
+
+
+def _batch_problems(s: Strategy) -> list[str]:
+    per_step = s.micro_batch_size * s.dp
+    if s.global_batch_size % per_step:
+        lo = (s.global_batch_size // per_step) * per_step
+        return [
+            f"global_batch_size {s.global_batch_size} is not divisible by micro_batch_size · dp "
+            f"= {s.micro_batch_size} · {s.dp} = {per_step}; use a multiple of {per_step} "
+            f"(e.g. {lo or per_step} or {lo + per_step})"
+        ]
+    return []
+
+
+def _schedule_problems(s: Strategy) -> list[str]:
+    out: list[str] = []
+    if s.sequence_parallel and s.tp == 1:
+        out.append("sequence_parallel needs tp > 1 (it splits norms and dropout across the TP "
+                   "group); set tp > 1 or sequence_parallel = false")
+    if s.vpp > 1 and s.schedule != "interleaved_1f1b":
+        out.append(f"vpp = {s.vpp} needs schedule 'interleaved_1f1b', got {s.schedule!r}")
+    if s.schedule == "interleaved_1f1b":
+        if s.pp < 2 or s.vpp < 2:
+            out.append(f"interleaved_1f1b needs pp ≥ 2 and vpp ≥ 2, got pp={s.pp} vpp={s.vpp}; "
+                       "use schedule '1f1b' otherwise")
+        elif s.num_microbatches % s.pp and s.global_batch_size % (s.micro_batch_size * s.dp) == 0:
+            out.append(
+                f"interleaved_1f1b needs the number of micro-batches ({s.num_microbatches}) to be "
+                f"a multiple of pp ({s.pp}) (Megatron's interleaved schedule); change "
+                "global_batch_size or micro_batch_size"
+            )
+    if s.dp % s.ep:
+        out.append(f"ep {s.ep} must divide dp {s.dp} (expert parallelism is carved out of data "
+                   "parallelism)")
+    return out
+
+
+def check_fits_model(s: Strategy, m: ModelSpec, *, gpus: int | None = None) -> None:
+    """Raise ConfigError naming every way ``s`` cannot run ``m`` (on ``gpus`` GPUs)."""
+    out: list[str] = []
+    if gpus is not None and gpus != s.world_size:
+        out.append(f"world size tp·cp·dp·pp = {s.tp}·{s.cp}·{s.dp}·{s.pp} = {s.world_size} "
+                   f"differs from the GPU count {gpus}")
+    if m.num_attention_heads % s.tp:
+        out.append(f"num_attention_heads {m.num_attention_heads} is not divisible by tp {s.tp}; "
+                   f"choose tp among {_divisors(m.num_attention_heads)}")
+    if m.num_kv_heads % s.tp:
+        out.append(f"num_kv_heads {m.num_kv_heads} is not divisible by tp {s.tp}; choose tp among "
+                   f"{_divisors(m.num_kv_heads)}")
+    if m.ffn_hidden_size % s.tp:
+        out.append(f"ffn_hidden_size {m.ffn_hidden_size} is not divisible by tp {s.tp}")
+    if m.vocab_size % s.tp:
+        out.append(f"vocab_size {m.vocab_size} is not divisible by tp {s.tp}; pad the vocabulary "
+                   "to a multiple of tp")
+    out += _layer_split_problems(s, m)
+    if m.seq_len % (s.cp * (2 if s.cp > 1 else 1)):
+        out.append(f"seq_len {m.seq_len} is not divisible by 2·cp = {2 * s.cp} (context "
+                   "parallelism splits the sequence into 2·cp chunks for load balance)")
+    if s.sequence_parallel and m.seq_len // s.cp % s.tp:
+        out.append(f"sequence_parallel needs seq_len / cp ({m.seq_len // s.cp}) divisible by tp "
+                   f"({s.tp})")
+    out += _moe_fit_problems(s, m)
+    if out:
+        raise ConfigError(out, what=f"strategy {s.label()} for model {m.name!r}")
+
+
+def _layer_split_problems(s: Strategy, m: ModelSpec) -> list[str]:
+    chunks = s.pp * s.vpp
+    if not (s.first_stage_layers or s.last_stage_layers):
+        if m.num_layers % chunks:
+            return [f"num_layers {m.num_layers} is not divisible by pp · vpp = {s.pp} · {s.vpp} = "
+                    f"{chunks}; choose pp·vpp among {_divisors(m.num_layers)}, or set "
+                    "first_stage_layers / last_stage_layers for an uneven pipeline"]
+        return []
+    if s.vpp > 1 or s.pp < 2:
+        return ["first_stage_layers / last_stage_layers need pp ≥ 2 and vpp = 1"]
+    if s.first_stage_layers < 0 or s.last_stage_layers < 0:
+        return ["first_stage_layers / last_stage_layers must be ≥ 0"]
+    sizes = [len(s.chunk_layers(m.num_layers, g)) for g in range(s.pp)]
+    if sum(sizes) != m.num_layers or min(sizes) < 1:
+        first, last = s.first_stage_layers, s.last_stage_layers
+        return [f"first_stage_layers {first} and last_stage_layers {last} leave "
+                f"{m.num_layers - first - last} layers that do not split evenly over the "
+                f"{max(s.pp - 2, 0)} middle stages (stage sizes would be {sizes})"]
+    return []
+
+
+def _moe_fit_problems(s: Strategy, m: ModelSpec) -> list[str]:
+    if not m.is_moe:
+        return [f"ep = {s.ep} needs a mixture-of-experts model; {m.name!r} is dense"] if (
+            s.ep > 1) else []
+    if m.num_experts % s.ep:
+        return [f"num_experts {m.num_experts} is not divisible by ep {s.ep}; choose ep among "
+                f"{_divisors(m.num_experts)}"]
+    if m.moe_ffn_hidden_size % s.tp:
+        return [f"moe_ffn_hidden_size {m.moe_ffn_hidden_size} is not divisible by tp {s.tp}"]
+    return []
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]

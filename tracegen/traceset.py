@@ -1,0 +1,179 @@
+"""The trace set: the contract between tracegen and replay.
+
+::
+
+    <dir>/manifest.json      model, strategy, world size, coordinates, groups, multiplicities,
+                             generator version, per-rank memory estimate and statistics
+    <dir>/comm_groups.json   ASTRA-sim format: {"1": [0, 1, ...], ...}; keys are positive ints
+    <dir>/<name>.<rank>.et   one Chakra ET per rank written (GlobalMetadata first, then nodes)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from tracegen import __version__
+from tracegen.errors import ConfigError, TraceFormatError
+from tracegen.memory import MemoryEstimate, estimate
+from tracegen.mesh import Mesh
+from tracegen.model import ModelSpec
+from tracegen.program import PNode, RoleProgram
+from tracegen.strategy import Strategy, check_fits_model
+from tracegen.vocab import COMM_COLL_NODE, COMM_SEND_NODE
+from tracegen.writer import RoleEncoding, encode_attr
+
+Mode = Literal["full", "representative"]
+MANIFEST = "manifest.json"
+COMM_GROUPS = "comm_groups.json"
+FORMAT = "trainsim-traceset/1"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StageStats:
+    """What one rank of a pipeline stage does in one step."""
+
+    stage: int
+    nodes: int
+    flop_by_phase: dict[str, int]
+    comm_bytes_by_axis: dict[str, int]
+    memory: MemoryEstimate
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TraceSetSummary:
+    path: Path
+    name: str
+    mode: Mode
+    world_size: int
+    ranks_written: int
+    nodes_written: int
+    stages: list[StageStats]
+
+
+def et_path(directory: Path, name: str, rank: int) -> Path:
+    return directory / f"{name}.{rank}.et"
+
+
+def stage_stats(stage: int, nodes: list[PNode], mem: MemoryEstimate, mesh: Mesh) -> StageStats:
+    flop: dict[str, int] = {}
+    comm: dict[str, int] = {}
+    for n in nodes:
+        if n.flop:
+            flop[n.phase] = flop.get(n.phase, 0) + n.flop
+        if n.type == COMM_COLL_NODE:
+            comm[n.axis] = comm.get(n.axis, 0) + n.comm_bytes
+        elif n.type == COMM_SEND_NODE:
+            comm["pp"] = comm.get("pp", 0) + n.comm_bytes
+    return StageStats(stage, len(nodes), flop, comm, mem)
+
+
+class _Binder:
+    """Rank-bound attributes (pg_name, comm_src, comm_dst) as encoded bytes, cached."""
+
+    def __init__(self, mesh: Mesh, rank: int) -> None:
+        self.mesh, self.rank = mesh, rank
+        self._pg: dict[str, bytes] = {}
+        self._peer: dict[tuple[int, int], bytes] = {}
+
+    def __call__(self, node: PNode) -> bytes:
+        if node.type == COMM_COLL_NODE:
+            b = self._pg.get(node.axis)
+            if b is None:
+                gid = self.mesh.group_id(node.axis, self.rank)
+                if gid is None:  # pragma: no cover - programs only emit collectives of size ≥ 2
+                    raise ConfigError(f"rank {self.rank} has no {node.axis} group for {node.name}")
+                b = self._pg[node.axis] = encode_attr("pg_name", "string", str(gid))
+            return b
+        key = (node.type, node.peer)
+        b = self._peer.get(key)
+        if b is None:
+            peer = self.mesh.pp_peer(self.rank, node.peer)
+            src, dst = (self.rank, peer) if node.type == COMM_SEND_NODE else (peer, self.rank)
+            b = self._peer[key] = encode_attr("comm_src", "int64", src) + encode_attr(
+                "comm_dst", "int64", dst)
+        return b
+
+    def attrs(self, node: PNode) -> list[tuple[str, str, Any]]:
+        """The same attributes as tuples (for the protobuf reference path)."""
+        if node.type == COMM_COLL_NODE:
+            return [("pg_name", "string", str(self.mesh.group_id(node.axis, self.rank)))]
+        peer = self.mesh.pp_peer(self.rank, node.peer)
+        src, dst = (self.rank, peer) if node.type == COMM_SEND_NODE else (peer, self.rank)
+        return [("comm_src", "int64", src), ("comm_dst", "int64", dst)]
+
+
+def generate(model: ModelSpec, strategy: Strategy, out_dir: str | Path, *,
+             mode: Mode = "representative", name: str = "trainsim",
+             gpus: int | None = None,
+             progress: Callable[[int, int], None] | None = None) -> TraceSetSummary:
+    """Write the trace set of one training step of ``model`` under ``strategy``."""
+    check_fits_model(strategy, model, gpus=gpus)
+    if mode not in ("full", "representative"):
+        raise ConfigError(f"mode must be 'full' or 'representative', got {mode!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    mesh = Mesh(strategy, tied_embeddings=model.tied_embeddings, moe=model.is_moe)
+    ranks = mesh.representatives() if mode == "representative" else range(strategy.world_size)
+    encodings: dict[int, RoleEncoding] = {}
+    stats: list[StageStats] = []
+    for stage in range(strategy.pp):
+        prog = RoleProgram(model, strategy, stage)
+        nodes = prog.build()
+        encodings[stage] = RoleEncoding(nodes)
+        mem = estimate(model, strategy, stage, sum(prog.stage_params().values()))
+        stats.append(stage_stats(stage, nodes, mem, mesh))
+    total_nodes = 0
+    ranks = list(ranks)
+    for i, rank in enumerate(ranks):
+        enc = encodings[mesh.coord(rank).pp]
+        et_path(out, name, rank).write_bytes(enc.encode_rank(_Binder(mesh, rank)))
+        total_nodes += enc.num_nodes
+        if progress is not None:
+            progress(i + 1, len(ranks))
+    _write_manifest(out, name, mode, model, strategy, mesh, ranks, stats)
+    return TraceSetSummary(out, name, mode, strategy.world_size, len(ranks), total_nodes, stats)
+
+
+def _write_manifest(out: Path, name: str, mode: Mode, model: ModelSpec, strategy: Strategy,
+                    mesh: Mesh, ranks: list[int], stats: list[StageStats]) -> None:
+    groups = mesh.groups
+    (out / COMM_GROUPS).write_text(
+        json.dumps({str(g.gid): list(g.ranks) for g in groups.values()}) + "\n")
+    mult = mesh.multiplicity if mode == "representative" else 1
+    manifest = {
+        "format": FORMAT,
+        "generator": f"trainsim {__version__}",
+        "name": name,
+        "mode": mode,
+        "world_size": strategy.world_size,
+        "model": model.to_dict(),
+        "strategy": strategy.to_dict(),
+        "coords_order": ["rank", "pp", "dp", "cp", "tp"],
+        "coords": [list(dataclasses.astuple(mesh.coord(r))) for r in range(strategy.world_size)],
+        "ranks_written": ranks,
+        "multiplicity": {str(r): mult for r in ranks},
+        "groups": {str(g.gid): {"axis": g.axis, "ranks": list(g.ranks)} for g in groups.values()},
+        "stages": [
+            {"stage": s.stage, "nodes": s.nodes, "flop_by_phase": s.flop_by_phase,
+             "comm_bytes_by_axis": s.comm_bytes_by_axis, "memory": s.memory.to_dict()}
+            for s in stats
+        ],
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    path = Path(directory) / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TraceFormatError(f"{path} not found: not a trainsim trace set") from None
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise TraceFormatError(f"{path} is not a {FORMAT} manifest")
+    return data

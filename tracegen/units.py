@@ -1,0 +1,21 @@
+"""Unit constants. Names carry units (``_ns``, ``_s``, ``_bytes``, ``_flop``); convert at the edge."""
+
+from __future__ import annotations
+
+KB = 10**3
+MB = 10**6
+GB = 10**9
+TB = 10**12
+KiB = 2**10
+MiB = 2**20
+GiB = 2**30
+
+NS_PER_S = 10**9
+NS_PER_US = 10**3
+TERA = 10**12
+
+# Bytes per element of each training dtype.
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+# Integer codes stored in trace attributes (``dtype`` attr); keep stable, replay reads them.
+DTYPE_CODE: dict[str, int] = {"fp32": 0, "bf16": 1, "fp16": 2, "fp8": 3}
+DTYPE_FROM_CODE: dict[int, str] = {v: k for k, v in DTYPE_CODE.items()}
