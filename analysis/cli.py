@@ -82,7 +82,8 @@ def print_summary(s: TraceSetSummary, strategy: Strategy) -> None:
     console.print(f"[bold]{s.path}[/]: {s.mode} trace set, world size {s.world_size}, "
                   f"{s.ranks_written} rank file(s), {s.nodes_written:,} nodes "
                   f"({strategy.label()}, {strategy.num_microbatches} micro-batches, "
-                  f"{strategy.schedule}, recompute {strategy.recompute}, ZeRO {strategy.zero_stage})")
+                  f"{strategy.schedule}, recompute {strategy.recompute}, "
+                  f"ZeRO {strategy.zero_stage})")
     table = Table(title="Per rank of each pipeline stage")
     axes = sorted({a for st in s.stages for a in st.comm_bytes_by_axis})
     for col in ("stage", "nodes", "TFLOP fwd", "TFLOP bwd", "TFLOP recomp",

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from tracegen.catalog import get_model, model_names, resolve_model  # noqa: E402
-from tracegen.errors import ConfigError, ReplayError, TraceFormatError, TrainsimError  # noqa: E402
-from tracegen.model import ModelSpec  # noqa: E402
-from tracegen.strategy import Strategy  # noqa: E402
-from tracegen.traceset import TraceSetSummary, generate, read_manifest  # noqa: E402
+from tracegen.catalog import get_model, model_names, resolve_model
+from tracegen.errors import ConfigError, ReplayError, TraceFormatError, TrainsimError
+from tracegen.model import ModelSpec
+from tracegen.strategy import Strategy
+from tracegen.traceset import TraceSetSummary, generate, read_manifest
 
 __all__ = [
     "ConfigError",

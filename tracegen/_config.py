@@ -19,10 +19,7 @@ def load_mapping(path: Path, *, what: str) -> dict[str, Any]:
         raise ConfigError(f"file {str(path)!r} does not exist", what=what)
     text = path.read_text(encoding="utf-8", errors="replace")
     try:
-        if path.suffix.lower() == ".json":
-            data = json.loads(text)
-        else:
-            data = tomllib.loads(text)
+        data = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(
             f"{path} is not valid {'JSON' if path.suffix.lower() == '.json' else 'TOML'}: {exc}",
@@ -74,6 +71,7 @@ def _type_problem(name: str, value: Any, annotation: Any) -> str | None:
     elif ann.startswith("str") or ann.startswith("Literal") or ann.endswith("Name"):
         if not isinstance(value, str):
             return f"{name} must be a string, got {value!r}"
-    elif ann.startswith("float") and (isinstance(value, bool) or not isinstance(value, int | float)):
-        return f"{name} must be a number, got {value!r}"
+    elif ann.startswith("float"):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"{name} must be a number, got {value!r}"
     return None

@@ -56,8 +56,9 @@ class Op:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Comm:
-    """A blocking collective on one axis. ``size_bytes`` has ASTRA-sim's meaning: all-reduce and
-    reduce-scatter the full buffer, all-gather the per-rank shard, all-to-all the per-rank buffer."""
+    """A collective on one axis. ``size_bytes`` has ASTRA-sim's meaning: all-reduce and
+    reduce-scatter the full buffer, all-gather the per-rank shard, all-to-all the per-rank
+    buffer."""
 
     name: str
     axis: str

@@ -66,6 +66,7 @@ class RoleProgram:
         self.last_coll: dict[str, int] = {}
         self.pending_dp: list[int] = []
         self.buckets: dict[str, int] = {"dp": 0, "edp": 0}
+        self._attr_cache: dict[O.Op, list[Attr]] = {}
         self._layer_fwd = O.layer_fwd(model, strategy)
         self._layer_bwd = O.layer_bwd(model, strategy)
         self.n_chunks = strategy.pp * strategy.vpp
@@ -77,17 +78,25 @@ class RoleProgram:
         self.nodes.append(node)
         return node
 
+    def _op_attrs(self, op: O.Op) -> list[Attr]:
+        """Attributes of an op; one shared list per distinct op (the writer caches by identity)."""
+        attrs = self._attr_cache.get(op)
+        if attrs is None:
+            attrs = [
+                ("is_cpu_op", "bool", False),
+                ("num_ops", "int64", op.flop),
+                ("tensor_size", "int64", op.bytes),
+                ("op_type", "string", op.kind),
+            ]
+            if op.m:
+                attrs += [("gemm_m", "int64", op.m), ("gemm_n", "int64", op.n),
+                          ("gemm_k", "int64", op.k)]
+            attrs.append(("dtype", "int64", DTYPE_CODE[op.dtype]))
+            self._attr_cache[op] = attrs
+        return attrs
+
     def op(self, op: O.Op, prefix: str, phase: str, extra_deps: tuple[int, ...] = ()) -> int:
-        attrs: list[Attr] = [
-            ("is_cpu_op", "bool", False),
-            ("num_ops", "int64", op.flop),
-            ("tensor_size", "int64", op.bytes),
-            ("op_type", "string", op.kind),
-        ]
-        if op.m:
-            attrs += [("gemm_m", "int64", op.m), ("gemm_n", "int64", op.n),
-                      ("gemm_k", "int64", op.k)]
-        attrs.append(("dtype", "int64", DTYPE_CODE[op.dtype]))
+        attrs = self._op_attrs(op)
         node = self._new(f"{prefix}.{op.name}", COMP_NODE, attrs, flop=op.flop, phase=phase)
         self._chain(node, extra_deps)
         return node.id
@@ -223,7 +232,7 @@ class RoleProgram:
         if gci > 0:
             first = (self._recv(mb, gci, grad=False),)
         blocks = self.blocks_of_chunk(gci)
-        for i, block in enumerate(blocks):
+        for block in blocks:
             if self.s.zero_stage == 3:  # the gather does not wait for the received input
                 self._zero3_gather(block, f"{prefix}.{block.label}")
             self.items(self._fwd_items(block), f"{prefix}.{block.label}", "fwd", first)

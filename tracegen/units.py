@@ -1,4 +1,4 @@
-"""Unit constants. Names carry units (``_ns``, ``_s``, ``_bytes``, ``_flop``); convert at the edge."""
+"""Unit constants. Names carry units (``_ns``, ``_s``, ``_bytes``, ``_flop``); convert at edges."""
 
 from __future__ import annotations
 

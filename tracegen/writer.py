@@ -48,8 +48,12 @@ def _enc_varint(v: Any) -> bytes:
     return varint(int(v))
 
 
+def _enc_bytes(v: Any) -> bytes:
+    return varint(len(v)) + bytes(v)
+
+
 def _enc_string(v: Any) -> bytes:
-    b = v.encode("utf-8")
+    b: bytes = str(v).encode("utf-8")
     return varint(len(b)) + b
 
 
@@ -62,7 +66,7 @@ _ATTR_VALUE: dict[str, tuple[bytes, Any]] = {
     "uint64": (varint(13 << 3), _enc_varint),
     "bool": (varint(27 << 3), lambda v: b"\x01" if v else b"\x00"),
     "string": (varint(29 << 3 | 2), _enc_string),
-    "bytes": (varint(31 << 3 | 2), lambda v: varint(len(v)) + bytes(v)),
+    "bytes": (varint(31 << 3 | 2), _enc_bytes),
 }
 ATTR_KINDS: tuple[str, ...] = tuple(_ATTR_VALUE)
 
@@ -70,7 +74,8 @@ ATTR_KINDS: tuple[str, ...] = tuple(_ATTR_VALUE)
 def encode_attr(name: str, kind: str, value: Any) -> bytes:
     """One ``AttributeProto`` as a ``Node.attr`` field (field 10, length-delimited)."""
     tag, enc = _ATTR_VALUE[kind]
-    body = (_len_delimited(b"\x0a", name.encode("utf-8")) if name else b"") + tag + enc(value)
+    value_bytes: bytes = enc(value)
+    body = (_len_delimited(b"\x0a", name.encode("utf-8")) if name else b"") + tag + value_bytes
     return _len_delimited(b"\x52", body)
 
 
@@ -120,9 +125,13 @@ class RoleEncoding:
         self.holes: list[tuple[bytes, PNode]] = []
         self.num_nodes = len(nodes)
         run: list[bytes] = [global_metadata()]
+        attr_bytes: dict[int, bytes] = {}  # programs share one attrs list per distinct op
         for n in nodes:
             head = encode_node_head(n.id, n.name, n.type, n.ctrl_deps, n.data_deps)
-            body = head + encode_attrs(n.attrs)
+            enc = attr_bytes.get(id(n.attrs))
+            if enc is None:
+                enc = attr_bytes[id(n.attrs)] = encode_attrs(n.attrs)
+            body = head + enc
             if n.type == COMM_COLL_NODE or n.peer:
                 self.segments.append(b"".join(run))
                 run = []

@@ -1,0 +1,82 @@
+"""Catalog shapes, pipeline-schedule properties and the activation-memory formulas."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tracegen import Strategy, get_model, model_names
+from tracegen.memory import activation_bytes_per_layer, inflight_microbatches
+from tracegen.schedule import stage_order
+
+# Published parameter counts (billions) of the presets: the name says it, or the source does.
+PUBLISHED_B = {"gpt-1t": 1008.0, "gpt3-175b": 175.0, "mixtral-8x7b": 46.7,
+               "nemotron4-340b": 340.0, "nemotron4-15b": 15.6}
+
+
+@pytest.mark.parametrize("name", model_names())
+def test_preset_parameter_count_matches_its_name(name: str) -> None:
+    m = get_model(name)
+    published = PUBLISHED_B.get(name)
+    if published is None:
+        published = float(re.findall(r"(\d+(?:\.\d+)?)b$", name)[0])
+    assert m.num_params() / 1e9 == pytest.approx(published, rel=0.04)
+
+
+def test_catalog_has_every_requested_family() -> None:
+    names = set(model_names())
+    for n in ("gpt-1.7b", "gpt-1t", "gpt3-175b", "llama2-7b", "llama2-13b", "llama2-70b",
+              "llama3-8b", "llama3-70b", "llama3.1-8b", "llama3.1-70b", "llama3.1-405b",
+              "nemotron4-15b", "nemotron4-340b", "mixtral-8x7b"):
+        assert n in names
+
+
+@given(m=st.integers(1, 12), p=st.integers(1, 8), v=st.integers(1, 3),
+       kind=st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b"]), data=st.data())
+def test_schedule_runs_each_pass_once_and_backward_after_forward(m, p, v, kind, data) -> None:
+    if kind == "interleaved_1f1b":
+        m *= p  # Megatron's interleaved schedule needs m % p == 0
+    else:
+        v = 1
+    stage = data.draw(st.integers(0, p - 1))
+    order = stage_order(kind, m=m, p=p, v=v, stage=stage)
+    assert sorted(order) == sorted((ph, j, c) for ph in "FB" for j in range(m) for c in range(v))
+    pos = {x: i for i, x in enumerate(order)}
+    assert all(pos[("F", j, c)] < pos[("B", j, c)] for j in range(m) for c in range(v))
+    if kind == "1f1b":  # at most p - stage micro-batches in flight (Narayanan et al. 2021 §2.2.1)
+        live = peak = 0
+        for ph, _, _ in order:
+            live += 1 if ph == "F" else -1
+            peak = max(peak, live)
+        assert peak == min(p - stage, m) == inflight_microbatches(
+            Strategy(pp=p, dp=1, global_batch_size=m), stage)
+
+
+GPT = dict(b=1, s=2048, h=12288, a=96)  # GPT-3 175B shapes (Korthikanti et al. 2022, Table 3)
+
+
+@pytest.mark.parametrize("t", [1, 8])
+@pytest.mark.parametrize(("sp", "recompute"), [(False, "none"), (True, "none"),
+                                               (True, "selective"), (False, "full"),
+                                               (True, "full")])
+def test_korthikanti_activation_memory(t: int, sp: bool, recompute: str) -> None:
+    """Korthikanti et al. 2022 eqs. (2)-(5), with standard (non-flash) attention."""
+    m = get_model("gpt3-175b")
+    s = Strategy(tp=t, sequence_parallel=sp and t > 1, recompute=recompute)  # type: ignore[arg-type]
+    sp = sp and t > 1
+    b, seq, h, a = GPT["b"], GPT["s"], GPT["h"], GPT["a"]
+    sbh = seq * b * h
+    attn = 5 * a * seq / (h * t)
+    expected = {
+        (False, "none"): sbh * (10 + 24 / t + attn),
+        (True, "none"): sbh * (34 / t + attn),
+        (True, "selective"): sbh * 34 / t,
+        (False, "selective"): sbh * (10 + 24 / t),
+        (False, "full"): 2 * sbh,
+        (True, "full"): 2 * sbh / t,
+    }[(sp, recompute)]
+    got = activation_bytes_per_layer(m, s, flash_attention=False)
+    assert got == pytest.approx(expected, rel=1e-9)

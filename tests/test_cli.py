@@ -1,0 +1,52 @@
+"""The ``trainsim`` command line, run as a user would (a subprocess)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tracegen import read_manifest
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "analysis.cli", *args], capture_output=True,
+                          text=True, timeout=120, env={"COLUMNS": "200", "PATH": "/usr/bin"})
+
+
+def test_tracegen_writes_a_set_and_prints_a_summary(tmp_path: Path) -> None:
+    out = tmp_path / "set"
+    r = run("tracegen", "--model", "gpt-1.7b", "--gpus", "8", "--tp", "2", "--pp", "2", "--sp",
+            "--mbs", "1", "--gbs", "8", "--zero", "1", "--mode", "full", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "full trace set, world size 8, 8 rank file(s)" in r.stdout
+    assert "memory GiB" in r.stdout
+    man = read_manifest(out)
+    assert man["strategy"]["dp"] == 2 and len(man["ranks_written"]) == 8
+
+
+def test_tracegen_model_file(tmp_path: Path) -> None:
+    f = tmp_path / "m.toml"
+    f.write_text("num_layers = 2\nhidden_size = 64\nnum_attention_heads = 4\n"
+                 "ffn_hidden_size = 128\nvocab_size = 128\nseq_len = 16\n")
+    r = run("tracegen", "--model", str(f), "--gpus", "2", "--mbs", "1", "--gbs", "2",
+            "-o", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+
+
+def test_bad_input_is_one_plain_line_not_a_traceback(tmp_path: Path) -> None:
+    r = run("tracegen", "--model", "llama3-8b", "--gpus", "8", "--tp", "3", "--mbs", "1",
+            "--gbs", "8", "-o", str(tmp_path))
+    assert r.returncode == 2
+    assert "ConfigError: invalid strategy: --gpus 8 is not divisible by tp·pp·cp" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = run("tracegen", "--model", "llama3-8b", "--gpus", "12", "--tp", "3", "--mbs", "1",
+            "--gbs", "8", "-o", str(tmp_path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "num_attention_heads 32 is not divisible by tp 3" in r.stderr
+
+
+def test_catalog_lists_presets() -> None:
+    r = run("catalog")
+    assert r.returncode == 0
+    assert "llama3.1-405b" in r.stdout and "405.8" in r.stdout

@@ -1,0 +1,130 @@
+"""Trace-set conventions (DESIGN.md) and cross-rank consistency, decoded with mlc-chakra."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from chakra.schema.protobuf import et_def_pb2 as pb
+
+from tests.conftest import attrs, read_et
+from tracegen import ModelSpec, Strategy, generate, read_manifest
+
+FORBIDDEN_COLL = {pb.BARRIER, pb.BROADCAST, pb.REDUCE, pb.GATHER, pb.SCATTER}
+
+CASES = {
+    "tp2-pp2-dp2-sp-zero1": dict(tp=2, pp=2, dp=2, sequence_parallel=True, zero_stage=1),
+    "tp2-pp2-dp2-full-rc": dict(tp=2, pp=2, dp=2, recompute="full"),
+    "pp4-interleaved": dict(pp=4, dp=2, vpp=2, schedule="interleaved_1f1b"),
+    "tp2-dp4-zero3": dict(tp=2, dp=4, zero_stage=3),
+    "cp2-tp2-pp2": dict(cp=2, tp=2, pp=2),
+    "gpipe-pp4": dict(pp=4, schedule="gpipe"),
+    "moe-ep2-tp2-pp2": dict(tp=2, pp=2, dp=4, ep=2, sequence_parallel=True, zero_stage=1),
+}
+
+
+def _gen(model: ModelSpec, tmp: Path, **kw: object) -> Path:
+    dp = int(kw.get("dp", 1))  # type: ignore[call-overload]
+    pp = int(kw.get("pp", 1))  # type: ignore[call-overload]
+    s = Strategy(micro_batch_size=1, global_batch_size=4 * dp * pp, dp_bucket_params=20_000,
+                 **kw)  # type: ignore[arg-type]
+    generate(model, s, tmp, mode="full", name="t")
+    return tmp
+
+
+@pytest.fixture(params=list(CASES), ids=list(CASES))
+def traceset(request: pytest.FixtureRequest, tmp_path: Path):
+    model = request.getfixturevalue("tiny_moe" if "moe" in request.param else "tiny_gqa")
+    out = _gen(model, tmp_path, **CASES[request.param])
+    man = read_manifest(out)
+    ets = {r: read_et(out / f"t.{r}.et") for r in man["ranks_written"]}
+    return out, man, ets
+
+
+def test_conventions(traceset) -> None:
+    out, man, ets = traceset
+    groups = json.loads((out / "comm_groups.json").read_text())
+    assert all(int(k) > 0 for k in groups)
+    assert sorted(ets) == list(range(man["world_size"]))
+    for rank, (meta, nodes) in ets.items():
+        assert meta.version == "0.0.4"
+        assert nodes, f"rank {rank} has no node"
+        for n in nodes:
+            a = attrs(n)
+            assert a["is_cpu_op"] == ("bool_val", False)
+            assert n.type in (pb.COMP_NODE, pb.COMM_COLL_NODE, pb.COMM_SEND_NODE,
+                              pb.COMM_RECV_NODE)
+            if n.type == pb.COMP_NODE:
+                assert a["num_ops"][0] == "int64_val" and a["tensor_size"][0] == "int64_val"
+                assert a["op_type"][0] == "string_val"
+            elif n.type == pb.COMM_COLL_NODE:
+                assert a["comm_type"][0] == "int64_val" and a["comm_type"][1] not in FORBIDDEN_COLL
+                assert a["comm_size"][0] == "int64_val" and a["comm_size"][1] > 0
+                kind, pg = a["pg_name"]
+                assert kind == "string_val" and rank in groups[pg]
+            else:
+                for key in ("comm_src", "comm_dst", "comm_size", "comm_tag"):
+                    assert a[key][0] == "int64_val"
+
+
+def test_dependencies_acyclic_and_local(traceset) -> None:
+    _, _, ets = traceset
+    for rank, (_, nodes) in ets.items():
+        ids = [n.id for n in nodes]
+        assert len(set(ids)) == len(ids), f"rank {rank}: duplicate ids"
+        pos = {i: k for k, i in enumerate(ids)}
+        for n in nodes:  # every dependency is an earlier node of the same file → acyclic
+            for d in [*n.data_deps, *n.ctrl_deps]:
+                assert d in pos and pos[d] < pos[n.id], f"rank {rank} node {n.name}: dep {d}"
+
+
+def test_group_members_issue_same_collectives(traceset) -> None:
+    out, _, ets = traceset
+    groups = json.loads((out / "comm_groups.json").read_text())
+    seq: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+    for rank, (_, nodes) in ets.items():
+        for n in nodes:
+            if n.type == pb.COMM_COLL_NODE:
+                a = attrs(n)
+                seq[(a["pg_name"][1], rank)].append((a["comm_type"][1], a["comm_size"][1]))
+    for gid, members in groups.items():
+        issued = [seq[(gid, r)] for r in members]
+        assert issued[0], f"group {gid} is never used"
+        assert all(x == issued[0] for x in issued), f"group {gid} members disagree"
+
+
+def test_sends_match_receives_one_to_one(traceset) -> None:
+    _, _, ets = traceset
+    sends, recvs = defaultdict(int), defaultdict(int)
+    for _, (_, nodes) in ets.items():
+        for n in nodes:
+            if n.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
+                a = attrs(n)
+                key = (a["comm_src"][1], a["comm_dst"][1], a["comm_tag"][1], a["comm_size"][1])
+                (sends if n.type == pb.COMM_SEND_NODE else recvs)[key] += 1
+    assert sends == recvs
+    assert all(v == 1 for v in sends.values())
+
+
+def test_golden_regenerates_byte_identically(tmp_path: Path) -> None:
+    from tests.golden_spec import GOLDEN_DIR, write
+
+    write(tmp_path)
+    committed = sorted(p.name for p in GOLDEN_DIR.iterdir())
+    assert committed == sorted(p.name for p in tmp_path.iterdir())
+    for name in committed:
+        assert (tmp_path / name).read_bytes() == (GOLDEN_DIR / name).read_bytes(), name
+
+
+def test_representative_is_subset_of_full(tiny_gqa: ModelSpec, tmp_path: Path) -> None:
+    s = Strategy(tp=2, pp=2, dp=2, micro_batch_size=1, global_batch_size=8)
+    generate(tiny_gqa, s, tmp_path / "full", mode="full", name="t")
+    generate(tiny_gqa, s, tmp_path / "rep", mode="representative", name="t")
+    man = read_manifest(tmp_path / "rep")
+    assert man["ranks_written"] == [0, 4]
+    assert man["multiplicity"] == {"0": 4, "4": 4}
+    for r in man["ranks_written"]:
+        rep = (tmp_path / "rep" / f"t.{r}.et").read_bytes()
+        assert rep == (tmp_path / "full" / f"t.{r}.et").read_bytes()

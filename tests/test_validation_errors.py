@@ -1,0 +1,108 @@
+"""Bad strategies and models: each case names the ConfigError text it must produce."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
+from tracegen.strategy import check_fits_model
+
+STRATEGY_CASES = [
+    (dict(tp=0), "tp must be ≥ 1, got 0"),
+    (dict(dp=2, micro_batch_size=2, global_batch_size=6),
+     "global_batch_size 6 is not divisible by micro_batch_size · dp = 2 · 2 = 4; use a multiple "
+     "of 4 (e.g. 4 or 8)"),
+    (dict(schedule="zigzag"), "schedule must be one of gpipe, 1f1b, interleaved_1f1b; got 'zigzag'"),
+    (dict(recompute="most"), "recompute must be one of none, selective, full; got 'most'"),
+    (dict(zero_stage=4), "zero_stage must be 0, 1, 2 or 3; got 4"),
+    (dict(sequence_parallel=True), "sequence_parallel needs tp > 1"),
+    (dict(pp=2, vpp=2, global_batch_size=4), "vpp = 2 needs schedule 'interleaved_1f1b', got '1f1b'"),
+    (dict(pp=1, vpp=2, schedule="interleaved_1f1b"), "interleaved_1f1b needs pp ≥ 2 and vpp ≥ 2"),
+    (dict(pp=4, vpp=2, schedule="interleaved_1f1b", global_batch_size=6),
+     "interleaved_1f1b needs the number of micro-batches (6) to be a multiple of pp (4)"),
+    (dict(dp=4, ep=3, global_batch_size=12), "ep 3 must divide dp 4"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), STRATEGY_CASES)
+def test_bad_strategy(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Strategy(**kwargs)
+    assert message in str(info.value)
+
+
+FIT_CASES = [
+    (dict(tp=3), "num_attention_heads 32 is not divisible by tp 3; choose tp among [1, 2, 4, 8, 16, 32]"),
+    (dict(tp=16), "num_kv_heads 8 is not divisible by tp 16; choose tp among [1, 2, 4, 8]"),
+    (dict(pp=5), "num_layers 32 is not divisible by pp · vpp = 5 · 1 = 5"),
+    (dict(pp=2, first_stage_layers=5, last_stage_layers=5),
+     "first_stage_layers 5 and last_stage_layers 5 leave 22 layers"),
+    (dict(ep=2, dp=2, global_batch_size=2), "ep = 2 needs a mixture-of-experts model"),
+    (dict(cp=3), "seq_len 8192 is not divisible by 2·cp = 6"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), FIT_CASES)
+def test_strategy_does_not_fit_model(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        check_fits_model(Strategy(**kwargs), get_model("llama3-8b"))
+    assert message in str(info.value)
+
+
+def test_world_size_mismatch_and_all_problems_listed() -> None:
+    with pytest.raises(ConfigError) as info:
+        check_fits_model(Strategy(tp=3, pp=5), get_model("llama3-8b"), gpus=8)
+    text = str(info.value)
+    assert "world size tp·cp·dp·pp = 3·1·1·5 = 15 differs from the GPU count 8" in text
+    assert "num_attention_heads 32" in text and "num_layers 32" in text
+    assert "problems" in text
+
+
+MODEL_CASES = [
+    (dict(hidden_size=100, num_attention_heads=3), "hidden_size 100 is not divisible by"),
+    (dict(num_attention_heads=32, num_kv_heads=5), "not a multiple of num_kv_heads 5"),
+    (dict(activation="tanh"), "activation must be one of gelu, swiglu, relu2, relu; got 'tanh'"),
+    (dict(num_layers=0), "num_layers must be positive, got 0"),
+    (dict(num_experts=8, experts_per_token=9, moe_ffn_hidden_size=8),
+     "experts_per_token must be in 1..num_experts (8), got 9"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), MODEL_CASES)
+def test_bad_model(kwargs: dict, message: str) -> None:
+    base = dict(name="m", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128,
+                vocab_size=64, seq_len=16)
+    with pytest.raises(ConfigError) as info:
+        ModelSpec(**{**base, **kwargs})
+    assert message in str(info.value)
+
+
+def test_model_file_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "m.toml"
+    bad.write_text('num_layers = "x"\nhidden = 3\n')
+    with pytest.raises(ConfigError) as info:
+        ModelSpec.from_file(bad)
+    text = str(info.value)
+    assert "num_layers must be an integer, got 'x'" in text
+    assert "unknown key 'hidden'" in text
+    assert "missing required key 'hidden_size'" in text
+    broken = tmp_path / "b.toml"
+    broken.write_text("num_layers = = 3")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        ModelSpec.from_file(broken)
+    with pytest.raises(ConfigError, match="does not exist"):
+        ModelSpec.from_file(tmp_path / "missing.json")
+
+
+def test_strategy_file_unknown_key(tmp_path: Path) -> None:
+    f = tmp_path / "s.json"
+    f.write_text('{"tp": 2, "pipeline": 4}')
+    with pytest.raises(ConfigError, match="unknown key 'pipeline'"):
+        Strategy.from_file(f)
+
+
+def test_generate_rejects_bad_mode(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="mode must be 'full' or 'representative'"):
+        generate(get_model("llama3-8b"), Strategy(), tmp_path, mode="some")  # type: ignore[arg-type]
