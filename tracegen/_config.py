@@ -60,18 +60,27 @@ def build(cls: type[T], data: dict[str, Any], *, what: str) -> T:
     return cls(**kwargs)
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+# Annotation prefix → (check, what the value must be).
+_TYPE_CHECKS: tuple[tuple[str, Any, str], ...] = (
+    ("int", _is_int, "an integer"),
+    ("bool", lambda v: isinstance(v, bool), "true or false"),
+    ("str", lambda v: isinstance(v, str), "a string"),
+    ("Literal", lambda v: isinstance(v, str), "a string"),
+    ("float", _is_number, "a number"),
+)
+
+
 def _type_problem(name: str, value: Any, annotation: Any) -> str | None:
     ann = str(annotation)
-    if ann.startswith("int") or ann == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            return f"{name} must be an integer, got {value!r}"
-    elif ann.startswith("bool"):
-        if not isinstance(value, bool):
-            return f"{name} must be true or false, got {value!r}"
-    elif ann.startswith("str") or ann.startswith("Literal") or ann.endswith("Name"):
-        if not isinstance(value, str):
-            return f"{name} must be a string, got {value!r}"
-    elif ann.startswith("float"):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return f"{name} must be a number, got {value!r}"
+    for prefix, check, what in _TYPE_CHECKS:
+        if ann.startswith(prefix):
+            return None if check(value) else f"{name} must be {what}, got {value!r}"
     return None
