@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -71,6 +71,84 @@ def tracegen_cmd(
         summary = generate(spec, strategy, out, mode=mode, name=name, gpus=gpus,  # type: ignore[arg-type]
                            progress=lambda i, n: bar.update(task, completed=i, total=n))
     print_summary(summary, strategy)
+
+
+@app.command("replay")
+def replay_cmd(
+    trace: Annotated[Path, typer.Argument(help="Trace-set directory, or a workload prefix "
+                                               "path/name for path/name.<rank>.et")],
+    system: Annotated[str, typer.Option(help="Preset system (see `trainsim systems`) or a TOML "
+                                             "system file.")],
+    comm_groups: Annotated[Path | None, typer.Option(help="ASTRA-sim comm-group JSON.")] = None,
+    timeline: Annotated[Path | None, typer.Option(help="Write the Perfetto/Chrome trace JSON "
+                                                       "of the simulated timeline.")] = None,
+    summary: Annotated[Path | None, typer.Option(help="Write the step metrics as JSON.")] = None,
+    compute: Annotated[str, typer.Option(help="model | trace: time compute nodes with the GPU "
+                                              "model or by their duration_micros")] = "model",
+    astra_compat: Annotated[bool, typer.Option("--astra-compat", help="ASTRA-sim-compatible "
+                                               "network: one flat ring per group, GB = 2^30.")]
+    = False,
+) -> None:
+    """Simulate one training step of a Chakra trace set on a system."""
+    import json
+
+    from replay import load_trace_set, replay
+
+    if compute not in ("model", "trace"):
+        raise ConfigError(f"--compute must be 'model' or 'trace', got {compute!r}")
+    with _progress() as bar:
+        task = bar.add_task("reading traces", total=None)
+        ts = load_trace_set(trace, comm_groups=comm_groups,
+                            progress=lambda i, n: bar.update(task, completed=i, total=n))
+        bar.update(task, description="simulating", completed=0, total=ts.num_nodes)
+        result = replay(ts, system, compute=compute, astra_compat=astra_compat,  # type: ignore[arg-type]
+                        progress=lambda i, n: bar.update(task, completed=i, total=n))
+    if timeline is not None:
+        result.to_perfetto(timeline)
+    if summary is not None:
+        summary.write_text(json.dumps(result.metrics, indent=1) + "\n")
+    _print_replay(result)
+
+
+def _print_replay(result: Any) -> None:
+    m = result.metrics
+    line = (f"step time [bold]{m['step_time_s']:.4f} s[/] on {m['system']}: {m['ranks']} ranks "
+            f"({m['ranks_simulated']} simulated), {m['nodes']:,} nodes")
+    if "tokens_per_s" in m:
+        line += (f"; {m['tokens_per_s']:,.0f} tokens/s, MFU {m['mfu']:.1%}, "
+                 f"HFU {m['hfu']:.1%}")
+    console.print(line)
+    table = Table(title="Per-rank breakdown (s)")
+    cols = ["rank", "compute_s", "exposed_comm_s", "overlapped_comm_s", "idle_s"]
+    for c in cols:
+        table.add_column(c, justify="right")
+    frame = result.breakdown
+    if frame.height > 16:
+        frame = frame.sort("end_s", descending=True).head(16).sort("rank")
+        table.caption = "the 16 ranks that finish last"
+    for row in frame.iter_rows(named=True):
+        table.add_row(str(row["rank"]), *[f"{row[c]:.4f}" for c in cols[1:]])
+    console.print(table)
+    if m.get("comm_time_by_axis_s"):
+        console.print("communication time by axis (busiest rank): " + ", ".join(
+            f"{a} {t:.4f} s" for a, t in m["comm_time_by_axis_s"].items()))
+
+
+@app.command("systems")
+def systems_cmd() -> None:
+    """List the preset systems."""
+    from replay import get_system, system_names
+
+    table = Table(title="Preset systems")
+    for col in ("name", "gpu", "bf16 TFLOP/s", "HBM GiB", "HBM GB/s", "GPUs/node",
+                "NVLink GB/s", "NIC Gb/s/GPU", "description"):
+        table.add_column(col)
+    for name in system_names():
+        s = get_system(name)
+        table.add_row(name, s.gpu.name, f"{s.gpu.peak_bf16_TFLOPs:g}", f"{s.gpu.hbm_GiB:g}",
+                      f"{s.gpu.hbm_GBps:g}", str(s.node.gpus_per_node), f"{s.node.nvlink_GBps:g}",
+                      f"{s.scaleout.nic_Gbps_per_gpu:g}", s.description)
+    console.print(table)
 
 
 def _progress() -> Progress:

@@ -1,0 +1,157 @@
+"""Hardware: GPU, node (scale-up) and scale-out specs, loaded from TOML with units in key names and
+converted once here to SI (FLOP/s, bytes/s, bytes, ns)."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from tracegen._config import build, load_mapping
+from tracegen.errors import ConfigError
+from tracegen.units import GB, NS_PER_US, TERA, GiB
+
+Topology = Literal["fat-tree", "rail-optimized"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class GPUSpec:
+    name: str
+    peak_bf16_TFLOPs: float
+    peak_fp16_TFLOPs: float
+    peak_fp8_TFLOPs: float
+    peak_fp32_TFLOPs: float
+    hbm_GiB: float
+    hbm_GBps: float
+    sm_count: int
+    gemm_efficiency: float
+    gemm_efficiency_fp8: float
+    attention_efficiency: float
+    attention_half_seq: float
+    memory_efficiency: float
+    launch_overhead_us: float
+
+    def peak_flop_per_s(self, dtype: str) -> float:
+        tflops = {"bf16": self.peak_bf16_TFLOPs, "fp16": self.peak_fp16_TFLOPs,
+                  "fp8": self.peak_fp8_TFLOPs, "fp32": self.peak_fp32_TFLOPs}[dtype]
+        return tflops * TERA
+
+    @property
+    def hbm_bytes(self) -> int:
+        return int(self.hbm_GiB * GiB)
+
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        return self.hbm_GBps * GB
+
+    @property
+    def launch_overhead_ns(self) -> int:
+        return round(self.launch_overhead_us * NS_PER_US)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class NodeSpec:
+    gpus_per_node: int
+    nvlink_GBps: float  # unidirectional per GPU
+    nvlink_efficiency: float
+    nvlink_latency_us: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ScaleOutSpec:
+    nic_Gbps_per_gpu: float
+    nic_efficiency: float
+    latency_us: float
+    topology: Topology = "rail-optimized"
+    oversubscription: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class AstraSpec:
+    """ASTRA-sim system-layer knobs for the compatible mode (its system JSON's names)."""
+
+    preferred_dataset_splits: int = 4
+    local_mem_bw_GBps: float = 1600
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class SystemSpec:
+    name: str
+    gpu: GPUSpec
+    node: NodeSpec
+    scaleout: ScaleOutSpec
+    astra: AstraSpec = AstraSpec()
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        problems = _problems(self)
+        if problems:
+            raise ConfigError(problems, what=f"system {self.name!r}")
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.node.gpus_per_node
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, name: str = "custom") -> SystemSpec:
+        data = dict(data)
+        data.setdefault("name", name)
+        what = f"system {data['name']!r}"
+        for key, sub in (("gpu", GPUSpec), ("node", NodeSpec), ("scaleout", ScaleOutSpec),
+                         ("astra", AstraSpec)):
+            if key in data:
+                if not isinstance(data[key], dict):
+                    raise ConfigError(f"[{key}] must be a table", what=what)
+                data[key] = build(sub, data[key], what=f"{what} [{key}]")
+        return build(cls, data, what=what)
+
+
+def _problems(s: SystemSpec) -> list[str]:
+    out: list[str] = []
+    for section in (s.gpu, s.node, s.scaleout):
+        for f in dataclasses.fields(section):  # type: ignore[arg-type]
+            v = getattr(section, f.name)
+            if isinstance(v, int | float) and not isinstance(v, bool) and v <= 0:
+                out.append(f"{f.name} must be positive, got {v}")
+    for f in ("gemm_efficiency", "gemm_efficiency_fp8", "attention_efficiency",
+              "memory_efficiency"):
+        v = getattr(s.gpu, f)
+        if v > 1:
+            out.append(f"{f} is a fraction of peak in (0, 1], got {v}")
+    for section, f in ((s.node, "nvlink_efficiency"), (s.scaleout, "nic_efficiency")):
+        if getattr(section, f) > 1:
+            out.append(f"{f} is a fraction in (0, 1], got {getattr(section, f)}")
+    if s.scaleout.topology not in ("fat-tree", "rail-optimized"):
+        out.append(f"topology must be 'fat-tree' or 'rail-optimized', got {s.scaleout.topology!r}")
+    if s.scaleout.oversubscription < 1:
+        out.append(f"oversubscription is ≥ 1 (1 = non-blocking), got {s.scaleout.oversubscription}")
+    return out
+
+
+def system_names() -> list[str]:
+    return sorted(p.name.removesuffix(".toml") for p in resources.files("replay.systems").iterdir()
+                  if p.name.endswith(".toml"))
+
+
+def get_system(name: str) -> SystemSpec:
+    f = resources.files("replay.systems").joinpath(f"{name}.toml")
+    if not f.is_file():
+        raise ConfigError(f"no preset system named {name!r}; presets: {', '.join(system_names())} "
+                          "(or pass a TOML system file)", what="system")
+    return SystemSpec.from_dict(tomllib.loads(f.read_text("utf-8")), name=name)
+
+
+def resolve_system(name_or_file: str | Path) -> SystemSpec:
+    s = str(name_or_file)
+    if s in system_names():
+        return get_system(s)
+    if s.endswith(".toml") or Path(s).exists():
+        p = Path(s)
+        return SystemSpec.from_dict(load_mapping(p, what="system file"), name=p.stem)
+    return get_system(s)
+
+
+GPU_ALIASES = {"h100-sxm": "dgx-h100", "h800": "dgx-h800", "h200": "hgx-h200",
+               "a100-80gb": "dgx-a100-80gb", "a100-40gb": "dgx-a100-40gb", "b200": "dgx-b200",
+               "mi300x": "mi300x", "v100-32gb": "dgx1-v100", "a800": "dgx-a100-80gb"}

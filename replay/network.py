@@ -1,0 +1,206 @@
+"""Network model: where a group's ranks sit decides its tier; collective algorithms are costed with
+alpha-beta formulas and calibrated bus-bandwidth efficiencies.
+
+Placement: rank r lives on node ``r // gpus_per_node`` (Megatron's rank order puts TP innermost, so
+a TP group of ≤ 8 sits inside a node). A group inside one node uses NVLink; a group with one rank
+per node uses the NICs; a group with several ranks on each of several nodes runs hierarchically
+(intra-node reduce-scatter, inter-node all-reduce of 1/l of the data, intra-node all-gather), as
+NCCL does and as ANCHORS.md recommends ("Inter-node speed depends on intra-node speed").
+
+Costs for p ranks, message S bytes, bandwidth B, per-step latency α (Thakur, Rabenseifner & Gropp
+2005, "Optimization of Collective Communication Operations in MPICH", Table 1; Patarasuk & Yuan
+2009 for the bandwidth-optimal ring):
+
+* all-reduce, ring: 2(p−1)/p · S/B + 2(p−1)·α; double binary tree (NCCL): 2·S/B + 2·⌈log₂p⌉·α;
+  the cheaper one is chosen, as NCCL's tuner does by size;
+* reduce-scatter (S = full buffer): (p−1)/p · S/B + (p−1)·α;
+* all-gather (S = per-rank shard): (p−1) · S/B + (p−1)·α;
+* all-to-all (S = per-rank buffer): (p−1)/p · S/B + (p−1)·α (direct);
+* broadcast / reduce / gather / scatter: S/B + ⌈log₂p⌉·α (pipelined tree); barrier 2⌈log₂p⌉·α;
+* point-to-point: S/B + α.
+
+ASTRA-sim-compatible mode: every group is one flat ring on the given bandwidth with ``GB/s`` read as
+2³⁰ bytes/s, the message is split into ``preferred_dataset_splits`` chunks that run one after
+another, and each ring step also pays a local reduction of ``2 · msg / local_mem_bw`` (read and
+write at the system layer's memory bandwidth). This reproduces ASTRA-sim's analytical backend:
+8 NPUs, 1 MiB all-reduce, 50 GB/s, 500 ns → 64,317 ns vs its 64,440 (tests/test_replay_astra.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Protocol
+
+from replay.hardware import SystemSpec
+from tracegen.units import GB, NS_PER_S, GiB
+
+US = 1e-6  # seconds per microsecond
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CommCost:
+    """``latency_ns`` is fixed; ``transfer_ns`` is at full bandwidth and stretches when links are
+    shared. ``links`` are the per-rank link resources the transfer occupies."""
+
+    latency_ns: int
+    transfer_ns: int
+    links: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def total_ns(self) -> int:
+        return self.latency_ns + self.transfer_ns
+
+
+class NetworkModel(Protocol):
+    def collective(self, coll: str, size_bytes: int, ranks: tuple[int, ...]) -> CommCost: ...
+
+    def p2p(self, src: int, dst: int, size_bytes: int) -> CommCost: ...
+
+
+class ConstantNetwork:
+    """A fake for engine tests: every transfer costs ``ns``."""
+
+    def __init__(self, ns: int) -> None:
+        self.ns = ns
+
+    def collective(self, coll: str, size_bytes: int, ranks: tuple[int, ...]) -> CommCost:
+        return CommCost(0, self.ns)
+
+    def p2p(self, src: int, dst: int, size_bytes: int) -> CommCost:
+        return CommCost(0, self.ns)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tier:
+    bytes_per_s: float
+    alpha_s: float
+    link: str  # "nvl" or "nic"
+
+
+def _log2(p: int) -> int:
+    return max(1, math.ceil(math.log2(p))) if p > 1 else 0
+
+
+def flat_cost(coll: str, size: float, p: int, tier: Tier) -> tuple[float, float]:
+    """(latency_s, transfer_s) of one collective on a flat tier of p ranks."""
+    if p <= 1:
+        return 0.0, 0.0
+    b, a = tier.bytes_per_s, tier.alpha_s
+    if coll == "ALL_REDUCE":
+        ring = (2 * (p - 1) * a, 2 * (p - 1) / p * size / b)
+        tree = (2 * _log2(p) * a, 2 * size / b)
+        return min(ring, tree, key=sum)
+    if coll in ("REDUCE_SCATTER", "REDUCE_SCATTER_BLOCK"):
+        return (p - 1) * a, (p - 1) / p * size / b
+    if coll == "ALL_GATHER":
+        return (p - 1) * a, (p - 1) * size / b
+    if coll == "ALL_TO_ALL":
+        return (p - 1) * a, (p - 1) / p * size / b
+    if coll == "BARRIER":
+        return 2 * _log2(p) * a, 0.0
+    return _log2(p) * a, size / b  # BROADCAST, REDUCE, GATHER, SCATTER
+
+
+class AlphaBetaNetwork:
+    """The hierarchical alpha-beta model of a system (or ASTRA-sim's analytical one)."""
+
+    def __init__(self, system: SystemSpec, *, astra_compat: bool = False) -> None:
+        self.sys, self.astra = system, astra_compat
+        node, out = system.node, system.scaleout
+        unit = GiB if astra_compat else GB  # ASTRA-sim reads GB/s as 2^30 bytes/s
+        self.nvl = Tier(node.nvlink_GBps * unit * (1.0 if astra_compat else node.nvlink_efficiency),
+                        node.nvlink_latency_us * US, "nvl")
+        nic_bytes = out.nic_Gbps_per_gpu / 8 * unit * (1.0 if astra_compat else out.nic_efficiency)
+        self.nic = Tier(nic_bytes, out.latency_us * US, "nic")
+        self.nic_blocking = Tier(nic_bytes / out.oversubscription, out.latency_us * US, "nic")
+        self._cache: dict[tuple[str, int, tuple[int, ...]], CommCost] = {}
+
+    def _layout(self, ranks: tuple[int, ...]) -> tuple[int, int, bool]:
+        """(nodes spanned, ranks per node, rail-aligned)."""
+        g = self.sys.node.gpus_per_node
+        per_node: dict[int, int] = {}
+        for r in ranks:
+            per_node[r // g] = per_node.get(r // g, 0) + 1
+        local = max(per_node.values())
+        rail = len({r % g for r in ranks}) == local
+        return len(per_node), local, rail
+
+    def collective(self, coll: str, size_bytes: int, ranks: tuple[int, ...]) -> CommCost:
+        key = (coll, size_bytes, ranks)
+        cost = self._cache.get(key)
+        if cost is None:
+            cost = self._cache[key] = self._collective(coll, size_bytes, ranks)
+        return cost
+
+    def _collective(self, coll: str, size: int, ranks: tuple[int, ...]) -> CommCost:
+        p = len(ranks)
+        n_nodes, local, rail = self._layout(ranks)
+        links_nvl = tuple(("nvl", r) for r in ranks)
+        links_nic = tuple(("nic", r) for r in ranks)
+        if self.astra:
+            tier = self.nvl if n_nodes == 1 else self.nic
+            return self._astra(coll, size, p, tier, links_nvl if n_nodes == 1 else links_nic)
+        if n_nodes == 1:
+            lat, xfer = flat_cost(coll, size, p, self.nvl)
+            return _cost(lat, xfer, links_nvl)
+        out_tier = self.nic if (rail and self.sys.scaleout.topology == "rail-optimized") else (
+            self.nic_blocking)
+        if local == 1:
+            lat, xfer = flat_cost(coll, size, p, out_tier)
+            return _cost(lat, xfer, links_nic)
+        lat, xfer = self._hierarchical(coll, size, n_nodes, local, out_tier)
+        return _cost(lat, xfer, links_nvl + links_nic)
+
+    def _hierarchical(self, coll: str, size: float, n: int, l: int, out: Tier) -> tuple[float,
+                                                                                         float]:
+        """Two-level: l ranks per node on NVLink, n nodes on the NICs (each rank drives its own
+        NIC and carries 1/l of the inter-node traffic)."""
+        if coll == "ALL_REDUCE":
+            parts = [flat_cost("REDUCE_SCATTER", size, l, self.nvl),
+                     flat_cost("ALL_REDUCE", size / l, n, out),
+                     flat_cost("ALL_GATHER", size / l, l, self.nvl)]
+        elif coll in ("REDUCE_SCATTER", "REDUCE_SCATTER_BLOCK"):
+            parts = [flat_cost("REDUCE_SCATTER", size, l, self.nvl),
+                     flat_cost("REDUCE_SCATTER", size / l, n, out)]
+        elif coll == "ALL_GATHER":
+            parts = [flat_cost("ALL_GATHER", size, n, out),
+                     flat_cost("ALL_GATHER", size * n, l, self.nvl)]
+        elif coll == "ALL_TO_ALL":
+            p = n * l  # NVLink and NIC shares move concurrently; the slower one binds
+            intra = flat_cost("ALL_TO_ALL", size * l / p, l, self.nvl)
+            inter = (out.alpha_s * (n - 1), (p - l) / p * size / out.bytes_per_s)
+            return intra[0] + inter[0], max(intra[1], inter[1])
+        else:
+            parts = [flat_cost(coll, size, n * l, out)]
+        return sum(x[0] for x in parts), sum(x[1] for x in parts)
+
+    def _astra(self, coll: str, size: int, p: int, tier: Tier,
+               links: tuple[tuple[str, int], ...]) -> CommCost:
+        a = self.sys.astra
+        chunks = a.preferred_dataset_splits
+        mem_bps = a.local_mem_bw_GBps * GiB
+        if coll == "ALL_REDUCE":
+            steps, msg = 2 * (p - 1), size / (chunks * p)
+        elif coll in ("REDUCE_SCATTER", "REDUCE_SCATTER_BLOCK"):
+            steps, msg = p - 1, size / (chunks * p)
+        elif coll == "ALL_GATHER":
+            steps, msg = p - 1, size / chunks
+        elif coll == "ALL_TO_ALL":
+            steps, msg = p - 1, size / (chunks * p)
+        else:
+            lat, xfer = flat_cost(coll, size, p, tier)
+            return _cost(lat, xfer, links)
+        lat = chunks * steps * tier.alpha_s
+        xfer = chunks * steps * (msg / tier.bytes_per_s + 2 * msg / mem_bps)
+        return _cost(lat, xfer, links)
+
+    def p2p(self, src: int, dst: int, size_bytes: int) -> CommCost:
+        g = self.sys.node.gpus_per_node
+        tier = self.nvl if src // g == dst // g else self.nic
+        return _cost(tier.alpha_s, size_bytes / tier.bytes_per_s,
+                     ((tier.link, src), (tier.link, dst)))
+
+
+def _cost(lat_s: float, xfer_s: float, links: tuple[tuple[str, int], ...]) -> CommCost:
+    return CommCost(round(lat_s * NS_PER_S), round(xfer_s * NS_PER_S), links)

@@ -1,0 +1,173 @@
+"""Replay results as polars frames: the timeline, per-rank breakdowns and step metrics; and the
+Perfetto / Chrome trace-event export."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from replay.reader import COLL_TYPE_NAMES, NODE_TYPE_NAMES
+from replay.sim import COMPUTE_STREAM, Simulator
+from replay.traceset import TraceSet
+from tracegen.flops import model_flop_per_step, recompute_flop_per_step
+from tracegen.model import ModelSpec
+from tracegen.units import NS_PER_S
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplayResult:
+    timeline: pl.DataFrame
+    breakdown: pl.DataFrame
+    metrics: dict[str, Any]
+
+    @property
+    def step_time_s(self) -> float:
+        return float(self.metrics["step_time_s"])
+
+    def to_perfetto(self, path: str | Path, *, extra_events: list[dict[str, Any]] | None = None
+                    ) -> None:
+        write_perfetto(self.timeline, path, extra_events=extra_events)
+
+
+def timeline_frame(sim: Simulator, ts: TraceSet) -> pl.DataFrame:
+    rec = sim.records
+    ranks = np.frombuffer(rec.rank, dtype=np.int64) if len(rec.rank) else np.zeros(0, np.int64)
+    pos = np.frombuffer(rec.pos, dtype=np.int64) if len(rec.pos) else np.zeros(0, np.int64)
+    nodes = {r.rank: r.nodes for r in ts.ranks}
+    ids, names, kinds, ops = [], [], [], []
+    for r, p in zip(ranks.tolist(), pos.tolist(), strict=True):
+        n = nodes[r][p]
+        ids.append(n.id)
+        names.append(n.name)
+        kinds.append(NODE_TYPE_NAMES[n.type])
+        ops.append(n.attrs.get("op_type") or COLL_TYPE_NAMES.get(n.attrs.get("comm_type", -1), ""))
+    streams = [sim.stream_names[s] for s in rec.stream]
+    return pl.DataFrame({
+        "rank": ranks, "node_id": ids, "name": names, "kind": kinds, "op": ops,
+        "stream": streams,
+        "start_s": np.frombuffer(rec.start, dtype=np.int64) / NS_PER_S if len(rec.start) else [],
+        "end_s": np.frombuffer(rec.end, dtype=np.int64) / NS_PER_S if len(rec.end) else [],
+        "wait_start_s": (np.frombuffer(rec.wait_start, dtype=np.int64) / NS_PER_S
+                         if len(rec.wait_start) else []),
+    }, schema_overrides={"start_s": pl.Float64, "end_s": pl.Float64, "wait_start_s": pl.Float64})
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> list[tuple[float, float]]:
+    if len(starts) == 0:
+        return []
+    order = np.argsort(starts, kind="stable")
+    out: list[tuple[float, float]] = []
+    cs, ce = float(starts[order[0]]), float(ends[order[0]])
+    for s, e in zip(starts[order].tolist(), ends[order].tolist(), strict=True):
+        if s > ce:
+            out.append((cs, ce))
+            cs, ce = s, e
+        elif e > ce:
+            ce = e
+    out.append((cs, ce))
+    return out
+
+
+def _length(iv: list[tuple[float, float]]) -> float:
+    return sum(e - s for s, e in iv)
+
+
+def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if hi > lo:
+            total += hi - lo
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def breakdown_frame(timeline: pl.DataFrame, step_time_s: float) -> pl.DataFrame:
+    """Per rank: compute, exposed and overlapped communication, idle (bubbles included)."""
+    rows = []
+    for (rank,), g in timeline.group_by(["rank"], maintain_order=True):
+        comp = g.filter((pl.col("stream") == "compute") & (pl.col("end_s") > pl.col("start_s")))
+        comm = g.filter((pl.col("kind") != "COMP_NODE") & (pl.col("kind") != "METADATA_NODE"))
+        cu = _union(comp["start_s"].to_numpy(), comp["end_s"].to_numpy())
+        mu = _union(comm["start_s"].to_numpy(), comm["end_s"].to_numpy())
+        compute, comm_t = _length(cu), _length(mu)
+        overlap = _intersection(cu, mu)
+        exposed = comm_t - overlap
+        colls = comm.filter(pl.col("kind") == "COMM_COLL_NODE")
+        wait = float((colls["start_s"] - colls["wait_start_s"]).sum())
+        rows.append({"rank": rank, "compute_s": compute, "exposed_comm_s": exposed,
+                     "overlapped_comm_s": overlap, "idle_s": max(0.0, step_time_s - compute
+                                                                 - exposed),
+                     "collective_wait_s": wait, "end_s": float(g["end_s"].max())})
+    return pl.DataFrame(rows, schema={"rank": pl.Int64, "compute_s": pl.Float64,
+                                      "exposed_comm_s": pl.Float64,
+                                      "overlapped_comm_s": pl.Float64, "idle_s": pl.Float64,
+                                      "collective_wait_s": pl.Float64, "end_s": pl.Float64})
+
+
+def step_metrics(ts: TraceSet, timeline: pl.DataFrame, end_ns: int, peak_flop_per_s: float
+                 ) -> dict[str, Any]:
+    step = end_ns / NS_PER_S
+    out: dict[str, Any] = {"step_time_s": step, "ranks": ts.world_size,
+                           "ranks_simulated": len(ts.ranks), "nodes": ts.num_nodes}
+    man = ts.manifest
+    if man is not None and step > 0:
+        m = ModelSpec.from_dict(man["model"])
+        st = man["strategy"]
+        gbs = int(st["global_batch_size"])
+        out["tokens_per_step"] = gbs * m.seq_len
+        out["tokens_per_s"] = gbs * m.seq_len / step
+        model_flop = model_flop_per_step(m, gbs)
+        hw_flop = model_flop + recompute_flop_per_step(m, gbs, st["recompute"])
+        peak = peak_flop_per_s * ts.world_size
+        out["mfu"] = model_flop / (step * peak)
+        out["hfu"] = hw_flop / (step * peak)
+        out["comm_time_by_axis_s"] = _axis_times(ts, timeline)
+    return out
+
+
+def _axis_times(ts: TraceSet, timeline: pl.DataFrame) -> dict[str, float]:
+    """Per group axis: the busiest rank's summed collective time (send/recv count as 'pp')."""
+    comm = timeline.filter(pl.col("kind") != "COMP_NODE")
+    if comm.is_empty():
+        return {}
+    axis_of = {f"comm:{k}": v for k, v in ts.group_axis.items()}
+    comm = comm.with_columns(
+        pl.col("stream").replace_strict(axis_of, default="pp").alias("axis"),
+        (pl.col("end_s") - pl.col("start_s")).alias("dur"))
+    per = comm.group_by(["axis", "rank"]).agg(pl.col("dur").sum()).group_by("axis").agg(
+        pl.col("dur").max())
+    return {a: float(d) for a, d in per.sort("axis").iter_rows()}
+
+
+def write_perfetto(timeline: pl.DataFrame, path: str | Path, *,
+                   extra_events: list[dict[str, Any]] | None = None) -> None:
+    """Chrome trace-event JSON (opens in ui.perfetto.dev): one process per rank, one thread per
+    stream; times in µs as the format requires."""
+    events: list[dict[str, Any]] = []
+    tids: dict[str, int] = {}
+    for rank in timeline["rank"].unique().sort().to_list():
+        events.append({"ph": "M", "name": "process_name", "pid": rank,
+                       "args": {"name": f"rank {rank}"}})
+    for stream in timeline["stream"].unique().sort().to_list():
+        tids[stream] = len(tids) + 1
+    for rank in timeline["rank"].unique().sort().to_list():
+        for stream, tid in tids.items():
+            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
+                           "args": {"name": stream}})
+    for row in timeline.iter_rows(named=True):
+        events.append({"ph": "X", "name": row["name"], "cat": row["kind"], "pid": row["rank"],
+                       "tid": tids[row["stream"]], "ts": row["start_s"] * 1e6,
+                       "dur": (row["end_s"] - row["start_s"]) * 1e6,
+                       "args": {"node_id": row["node_id"], "op": row["op"]}})
+    events += extra_events or []
+    Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))

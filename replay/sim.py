@@ -1,0 +1,370 @@
+"""The replay simulator: ranks, streams, collectives, point-to-point and shared links, on top of
+the domain-free kernel in ``engine.py``.
+
+Per rank there is one compute stream and one communication stream per process group (an NCCL
+communicator has its own stream); point-to-point transfers run concurrently. In ASTRA-sim-
+compatible mode each rank has a single communication stream: one collective or send at a time.
+
+* A node is ready when all its data and ctrl dependencies have finished; ready nodes queue on their
+  stream in the order they became ready (ties by position in the file).
+* A collective starts when every member present in the trace set has reached it on its stream
+  (members are matched by the order in which each issues collectives on that group) and finishes
+  together on all of them. Members absent from a representative-mode set are symmetric to the
+  present ones; the cost is that of the full group and placement.
+* Sends and receives match on (src, dst, tag); the transfer starts when both are posted.
+* Transfers that share a link (per-rank NVLink port or NIC) share its bandwidth equally while they
+  overlap (processor sharing); latency is not shared.
+* A trace set that cannot finish ends with ``ReplayError`` naming the stuck ranks and nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from array import array
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from chakra.schema.protobuf import et_def_pb2 as pb
+
+from replay.compute import ComputeModel
+from replay.engine import Engine, Event
+from replay.network import CommCost, NetworkModel
+from replay.reader import COLL_TYPE_NAMES, NODE_TYPE_NAMES, NodeRec
+from replay.traceset import TraceSet
+from tracegen.errors import ReplayError
+
+COMPUTE_STREAM = 0
+P2P_STREAM = 1
+# Priorities at equal time: finishing work first frees streams before new work is dispatched.
+PRIO_FINISH, PRIO_FLOW, PRIO_READY = 0, 1, 2
+UNSUPPORTED = {pb.MEM_LOAD_NODE: "MEM_LOAD_NODE", pb.MEM_STORE_NODE: "MEM_STORE_NODE"}
+
+
+@dataclasses.dataclass(slots=True)
+class _Rank:
+    rank: int
+    nodes: list[NodeRec]
+    pending: array  # unfinished dependency count per node
+    dependents: list[list[int]]
+    stream_of: list[int]  # stream id per node
+    queues: dict[int, deque[int]]
+    busy: dict[int, bool]
+    coll_seq: dict[str, int]
+    done: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class _Collective:
+    key: tuple[str, int]
+    members: tuple[int, ...]
+    present: int
+    arrived: dict[int, tuple[int, int]]  # rank → (node position, arrival t)
+    signature: tuple[int, int] | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class _Flow:
+    """A transfer in its bandwidth phase: ``remaining_ns`` of work at full rate."""
+
+    remaining_ns: float
+    links: tuple[tuple[str, int], ...]
+    rate: float
+    since_ns: int
+    gen: int
+    on_done: Callable[[int], list[Event]]
+
+
+@dataclasses.dataclass(slots=True)
+class Records:
+    """Columnar record of every node execution (times in ns)."""
+
+    rank: array = dataclasses.field(default_factory=lambda: array("q"))
+    pos: array = dataclasses.field(default_factory=lambda: array("q"))
+    stream: array = dataclasses.field(default_factory=lambda: array("q"))
+    start: array = dataclasses.field(default_factory=lambda: array("q"))
+    end: array = dataclasses.field(default_factory=lambda: array("q"))
+    wait_start: array = dataclasses.field(default_factory=lambda: array("q"))
+
+    def add(self, rank: int, pos: int, stream: int, start: int, end: int, wait: int) -> None:
+        self.rank.append(rank)
+        self.pos.append(pos)
+        self.stream.append(stream)
+        self.start.append(start)
+        self.end.append(end)
+        self.wait_start.append(wait)
+
+
+class Simulator:
+    def __init__(self, ts: TraceSet, compute: ComputeModel | Callable[[int], ComputeModel],
+                 network: NetworkModel, *, astra_compat: bool = False,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        self.ts, self.net, self.astra = ts, network, astra_compat
+        self._compute_for = compute if callable(compute) and not hasattr(
+            compute, "duration_ns") else (lambda _r: compute)
+        self.engine = Engine()
+        self.records = Records()
+        self.stream_names: dict[int, str] = {COMPUTE_STREAM: "compute", P2P_STREAM: "p2p"}
+        self._stream_ids: dict[str, int] = {"compute": COMPUTE_STREAM, "p2p": P2P_STREAM}
+        self.ranks: dict[int, _Rank] = {}
+        self._colls: dict[tuple[str, int], _Collective] = {}
+        self._sends: dict[tuple[int, int, int], deque[tuple[int, int, int]]] = {}
+        self._recvs: dict[tuple[int, int, int], deque[tuple[int, int, int]]] = {}
+        self._flows: dict[int, _Flow] = {}
+        self._link_flows: dict[tuple[str, int], set[int]] = {}
+        self._flow_id = 0
+        self._progress = progress
+        self._total = ts.num_nodes
+        self._finished = 0
+        self._world = tuple(range(ts.world_size))
+        self._present = {r.rank for r in ts.ranks}
+        for rt in ts.ranks:
+            self.ranks[rt.rank] = self._prepare(rt.rank, rt.nodes)
+
+    # ---- set-up -----------------------------------------------------------------------------
+    def _stream_id(self, name: str) -> int:
+        sid = self._stream_ids.get(name)
+        if sid is None:
+            sid = self._stream_ids[name] = len(self._stream_ids)
+            self.stream_names[sid] = name
+        return sid
+
+    def _prepare(self, rank: int, nodes: list[NodeRec]) -> _Rank:
+        pos_of = {n.id: i for i, n in enumerate(nodes)}
+        pending = array("q", [0]) * len(nodes)
+        dependents: list[list[int]] = [[] for _ in nodes]
+        stream_of: list[int] = []
+        for i, n in enumerate(nodes):
+            if n.type in UNSUPPORTED:
+                raise ReplayError(
+                    f"rank {rank}: node {n.id} ({n.name!r}) is a {UNSUPPORTED[n.type]}: the trace "
+                    "reads fine, but trainsim has no memory model to simulate remote memory "
+                    "loads/stores; drop MEM nodes or simulate this trace with ASTRA-sim")
+            deps = set(n.deps)
+            pending[i] = len(deps)
+            for d in deps:
+                dependents[pos_of[d]].append(i)
+            stream_of.append(self._stream_for(n))
+        queues = {s: deque() for s in set(stream_of)}
+        return _Rank(rank, nodes, pending, dependents, stream_of, queues,
+                     dict.fromkeys(queues, False), {})
+
+    def _stream_for(self, n: NodeRec) -> int:
+        if n.type == pb.COMP_NODE:
+            return self._stream_id("cpu") if n.attrs.get("is_cpu_op") else COMPUTE_STREAM
+        if n.type == pb.COMM_COLL_NODE:
+            return self._stream_id("comm" if self.astra else f"comm:{n.attrs.get('pg_name', '')}")
+        if n.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
+            return self._stream_id("comm") if self.astra else P2P_STREAM
+        return COMPUTE_STREAM  # METADATA_NODE: zero time
+
+    # ---- run --------------------------------------------------------------------------------
+    def run(self) -> int:
+        for r in self.ranks.values():
+            for i in range(len(r.nodes)):
+                if r.pending[i] == 0:
+                    self.engine.schedule(0, PRIO_READY, self._ready, (r.rank, i))
+        end = self.engine.run()
+        if self._finished != self._total:
+            raise ReplayError(self._stuck_report())
+        return end
+
+    def _ready(self, t: int, arg: tuple[int, int]) -> list[Event] | None:
+        rank, pos = arg
+        r = self.ranks[rank]
+        node = r.nodes[pos]
+        sid = r.stream_of[pos]
+        if node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE) and not self.astra:
+            return self._post_p2p(t, rank, pos)
+        r.queues[sid].append(pos)
+        if not r.busy[sid]:
+            return self._start_next(t, r, sid)
+        return None
+
+    def _start_next(self, t: int, r: _Rank, sid: int) -> list[Event] | None:
+        q = r.queues[sid]
+        if not q:
+            r.busy[sid] = False
+            return None
+        pos = q.popleft()
+        r.busy[sid] = True
+        node = r.nodes[pos]
+        if node.type == pb.COMP_NODE:
+            dur = self._compute_for(r.rank).duration_ns(node)
+            return [(t + dur, PRIO_FINISH, self._finish, (r.rank, pos, sid, t, t))]
+        if node.type == pb.COMM_COLL_NODE:
+            return self._arrive(t, r, pos, sid)
+        if node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):  # ASTRA mode: on the comm stream
+            return self._post_p2p(t, r.rank, pos)
+        return [(t, PRIO_FINISH, self._finish, (r.rank, pos, sid, t, t))]
+
+    def _finish(self, t: int, arg: tuple[int, int, int, int, int]) -> list[Event]:
+        rank, pos, sid, start, wait = arg
+        r = self.ranks[rank]
+        self.records.add(rank, pos, sid, start, t, wait)
+        r.done += 1
+        self._finished += 1
+        if self._progress and self._finished % 65536 == 0:
+            self._progress(self._finished, self._total)
+        out: list[Event] = []
+        for d in r.dependents[pos]:
+            r.pending[d] -= 1
+            if r.pending[d] == 0:
+                out.append((t, PRIO_READY, self._ready, (rank, d)))
+        if sid != P2P_STREAM or self.astra:
+            nxt = self._start_next(t, r, sid) if r.busy.get(sid) else None
+            if nxt:
+                out += nxt
+        return out
+
+    # ---- collectives ------------------------------------------------------------------------
+    def _members(self, rank: int, node: NodeRec) -> tuple[str, tuple[int, ...]]:
+        pg = node.attrs.get("pg_name")
+        if pg is None or (pg not in self.ts.groups and not self.ts.groups):
+            return pg or "world", self._world
+        members = self.ts.groups.get(pg)
+        if members is None:
+            raise ReplayError(f"rank {rank}: node {node.id} ({node.name!r}) uses pg_name {pg!r}, "
+                              f"which no comm group defines (known: "
+                              f"{', '.join(sorted(self.ts.groups)[:20])}); pass --comm-groups")
+        if rank not in members:
+            raise ReplayError(f"rank {rank}: node {node.id} ({node.name!r}) issues a collective on "
+                              f"group {pg} = {list(members)[:16]}, which does not contain it")
+        return pg, members
+
+    def _arrive(self, t: int, r: _Rank, pos: int, sid: int) -> list[Event] | None:
+        node = r.nodes[pos]
+        pg, members = self._members(r.rank, node)
+        k = r.coll_seq.get(pg, 0)
+        r.coll_seq[pg] = k + 1
+        key = (pg, k)
+        c = self._colls.get(key)
+        if c is None:
+            present = sum(1 for m in members if m in self._present)
+            c = self._colls[key] = _Collective(key, members, present, {})
+        sig = (node.attrs["comm_type"], node.attrs["comm_size"])
+        if c.signature is None:
+            c.signature = sig
+        elif c.signature != sig:
+            other = next(iter(c.arrived))
+            raise ReplayError(
+                f"collective #{k} on group {pg}: rank {r.rank} issues "
+                f"{COLL_TYPE_NAMES[sig[0]]} of {sig[1]} bytes ({node.name!r}) but rank {other} "
+                f"issued {COLL_TYPE_NAMES[c.signature[0]]} of {c.signature[1]} bytes; every member "
+                "must issue a group's collectives in the same order")
+        c.arrived[r.rank] = (pos, t)
+        if len(c.arrived) < c.present:
+            return None
+        del self._colls[key]
+        cost = self.net.collective(COLL_TYPE_NAMES[sig[0]], sig[1], members)
+        links = tuple(ln for ln in cost.links if ln[1] in self._present)
+        arrived = dict(c.arrived)
+
+        def done(t_end: int) -> list[Event]:
+            return [(t_end, PRIO_FINISH, self._finish,
+                     (m, p, self.ranks[m].stream_of[p], t, wait)) for m, (p, wait) in
+                    arrived.items()]
+
+        return self._transfer(t, cost, links, done)
+
+    # ---- point-to-point ---------------------------------------------------------------------
+    def _post_p2p(self, t: int, rank: int, pos: int) -> list[Event] | None:
+        node = self.ranks[rank].nodes[pos]
+        a = node.attrs
+        is_send = node.type == pb.COMM_SEND_NODE
+        src = rank if is_send else a["comm_src"]
+        dst = a["comm_dst"] if is_send else rank
+        key = (src, dst, a.get("comm_tag", 0))
+        mine, theirs = (self._sends, self._recvs) if is_send else (self._recvs, self._sends)
+        other_q = theirs.get(key)
+        if not other_q:
+            mine.setdefault(key, deque()).append((rank, pos, t))
+            return None
+        o_rank, o_pos, o_t = other_q.popleft()
+        if not other_q:
+            del theirs[key]
+        size = a["comm_size"]
+        cost = self.net.p2p(src, dst, size)
+        sid = self.ranks[rank].stream_of[pos]
+        o_sid = self.ranks[o_rank].stream_of[o_pos]
+
+        def done(t_end: int) -> list[Event]:
+            return [(t_end, PRIO_FINISH, self._finish, (rank, pos, sid, t, t)),
+                    (t_end, PRIO_FINISH, self._finish, (o_rank, o_pos, o_sid, t, o_t))]
+
+        return self._transfer(t, cost, cost.links, done)
+
+    # ---- shared links (processor sharing) ---------------------------------------------------
+    def _transfer(self, t: int, cost: CommCost, links: tuple[tuple[str, int], ...],
+                  on_done: Callable[[int], list[Event]]) -> list[Event]:
+        if not links or cost.transfer_ns == 0:
+            return on_done(t + cost.total_ns)
+        return [(t + cost.latency_ns, PRIO_FLOW, self._flow_begin,
+                 (cost.transfer_ns, links, on_done))]
+
+    def _flow_begin(self, t: int, arg: tuple[int, tuple[tuple[str, int], ...], Any]) -> list[Event]:
+        work, links, on_done = arg
+        self._flow_id += 1
+        fid = self._flow_id
+        self._flows[fid] = _Flow(float(work), links, 1.0, t, 0, on_done)
+        for ln in links:
+            self._link_flows.setdefault(ln, set()).add(fid)
+        return self._rerate(t, links)
+
+    def _rerate(self, t: int, links: tuple[tuple[str, int], ...]) -> list[Event]:
+        """Recompute the rate of every flow sharing a link with ``links``; reschedule its end."""
+        affected: set[int] = set()
+        for ln in links:
+            affected |= self._link_flows.get(ln, set())
+        out: list[Event] = []
+        for fid in sorted(affected):
+            f = self._flows[fid]
+            f.remaining_ns -= (t - f.since_ns) * f.rate
+            f.since_ns = t
+            f.rate = 1.0 / max(len(self._link_flows[ln]) for ln in f.links)
+            f.gen += 1
+            end = t + max(0, round(f.remaining_ns / f.rate))
+            out.append((end, PRIO_FLOW, self._flow_end, (fid, f.gen)))
+        return out
+
+    def _flow_end(self, t: int, arg: tuple[int, int]) -> list[Event]:
+        fid, gen = arg
+        f = self._flows.get(fid)
+        if f is None or f.gen != gen:
+            return []  # superseded by a re-rate
+        del self._flows[fid]
+        for ln in f.links:
+            s = self._link_flows[ln]
+            s.discard(fid)
+            if not s:
+                del self._link_flows[ln]
+        return f.on_done(t) + self._rerate(t, f.links)
+
+    # ---- diagnostics ------------------------------------------------------------------------
+    def _stuck_report(self) -> str:
+        lines = [f"the trace set cannot finish: {self._total - self._finished} of {self._total} "
+                 "nodes never ran"]
+        for c in list(self._colls.values())[:6]:
+            missing = [m for m in c.members if m in self._present and m not in c.arrived]
+            lines.append(f"  collective #{c.key[1]} on group {c.key[0]}: ranks "
+                         f"{sorted(c.arrived)[:8]} wait for ranks {missing[:8]} that never issue it")
+        for (src, dst, tag), q in list(self._recvs.items())[:6]:
+            lines.append(f"  rank {dst} waits to receive from rank {src} (tag {tag}, "
+                         f"{len(q)} posted) but no matching send was issued")
+        for (src, dst, tag), q in list(self._sends.items())[:6]:
+            lines.append(f"  rank {src} sends to rank {dst} (tag {tag}) but no matching receive "
+                         "was posted")
+        for r in list(self.ranks.values()):
+            if r.done == len(r.nodes):
+                continue
+            waiting = [i for i in range(len(r.nodes)) if r.pending[i] > 0][:3]
+            names = ", ".join(f"{r.nodes[i].id} ({r.nodes[i].name!r}, "
+                              f"{NODE_TYPE_NAMES[r.nodes[i].type]})" for i in waiting)
+            lines.append(f"  rank {r.rank}: {len(r.nodes) - r.done} nodes unfinished; blocked "
+                         f"on dependencies: {names or 'none'}")
+            if len(lines) > 20:
+                lines.append("  ...")
+                break
+        lines.append("a dependency cycle, a collective some member never issues, or a receive "
+                     "with no send causes this; check the named nodes")
+        return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""System presets (TOML): one file per system, units in key names."""

@@ -1,0 +1,36 @@
+"""Model FLOPs of a training step, independent of the parallel strategy (for MFU / HFU).
+
+Megatron-LM's FLOP count (Narayanan et al. 2021 §5.1, generalised to GQA and gated MLPs as in
+Megatron-LM's ``num_floating_point_operations``): per step of B sequences of s tokens,
+
+    F = 12·B·s·l·h² · (1 + kv/heads + s/h + g·ffn/h + V/(2·l·h)),  g = 1.5 gated, 1 otherwise
+
+(forward + backward = 3 × forward; attention counted as full, not causal). For GPT shapes this is
+72·B·s·l·h²·(1 + s/6h + V/12lh). MoE layers count the top-k experts per token.
+HFU adds the recomputed forward: full recompute one more forward of every layer, selective the
+attention scores and values (Korthikanti et al. 2022, §6).
+"""
+
+from __future__ import annotations
+
+from tracegen.model import ModelSpec
+
+
+def model_flop_per_step(m: ModelSpec, global_batch: int) -> int:
+    b, s, n_l, h, v = global_batch, m.seq_len, m.num_layers, m.hidden_size, m.vocab_size
+    ffn = m.moe_ffn_hidden_size * m.experts_per_token if m.is_moe else m.ffn_hidden_size
+    g = 1.5 if m.gated else 1.0
+    kv = m.num_kv_heads / m.num_attention_heads
+    return round(12 * b * s * n_l * h * h * (1 + kv + s / h + g * ffn / h + v / (2 * n_l * h)))
+
+
+def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str) -> int:
+    """Extra forward FLOPs that recomputation executes (hardware FLOPs − model FLOPs)."""
+    if recompute == "none":
+        return 0
+    b, s, n_l, h = global_batch, m.seq_len, m.num_layers, m.hidden_size
+    attention = 4 * b * s * s * h * n_l  # QKᵀ and attention·V, full (Megatron convention)
+    if recompute == "selective":
+        return attention
+    logits = 2 * b * s * h * m.vocab_size
+    return (model_flop_per_step(m, global_batch) - 3 * logits) // 3
