@@ -181,8 +181,9 @@ def main() -> None:
     try:
         app()
     except TrainsimError as exc:  # raised inside a command
-        Console(stderr=True).print(f"[bold red]{type(exc).__name__}[/]: {exc}", highlight=False,
-                                   markup=True)
+        err = Console(stderr=True, soft_wrap=True, highlight=False)
+        err.print(f"[bold red]{type(exc).__name__}[/]: ", end="")
+        err.print(str(exc), markup=False)
         sys.exit(2)
 
 

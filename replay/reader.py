@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from chakra.schema.protobuf import et_def_pb2 as pb
 from google.protobuf.message import DecodeError
@@ -35,12 +35,12 @@ _REQUIRED: dict[int, tuple[str, ...]] = {
 _INT_ATTRS = frozenset({"num_ops", "tensor_size", "comm_type", "comm_size", "comm_src", "comm_dst",
                         "comm_tag", "comm_priority", "gemm_m", "gemm_n", "gemm_k", "dtype"})
 _BOOL_ATTRS = frozenset({"is_cpu_op"})
+_SIZE_ATTRS = frozenset({"comm_size", "num_ops", "tensor_size"})
 _STR_ATTRS = frozenset({"pg_name", "op_type"})
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class NodeRec:
-    """One decoded node. ``attrs`` maps attribute name to its Python value."""
+class NodeRec(NamedTuple):
+    """One decoded node. ``attrs`` maps attribute name to its Python value (shared, read-only)."""
 
     id: int
     name: str
@@ -154,45 +154,46 @@ def _decode_node(msg: bytes, where: str, attr_cache: dict[bytes, dict[str, Any]]
 
 def _scan_head(msg: bytes) -> tuple[int, bytes, int, tuple[int, ...], tuple[int, ...], int,
                                     bytes] | None:
-    pos, end = 0, len(msg)
-    node_id = type_ = dur = 0
+    """Fields 1-5 and 7 in increasing order (how protobuf serialises), then the attributes."""
+    n = len(msg)
+    pos = node_id = type_ = dur = 0
     name = b""
     ctrl: tuple[int, ...] = ()
     data: tuple[int, ...] = ()
-    last = 0
     try:
-        while pos < end:
-            key = msg[pos]
-            if key <= last or key not in _HEAD_KEYS:
-                return None if key != 0x52 else (node_id, name, type_, ctrl, data, dur, msg[pos:])
-            last = key
-            pos += 1
-            if key & 7 == 0:
-                value, pos = _uvarint(msg, pos)
-                if key == 0x08:
-                    node_id = value
-                elif key == 0x18:
-                    type_ = value
-                else:
-                    dur = value
-                continue
-            size, pos = _uvarint(msg, pos)
-            chunk = msg[pos:pos + size]
-            if len(chunk) != size:
-                return None
+        b = msg[0] if n else 0
+        if b == 0x08:
+            node_id = msg[1]
+            node_id, pos = (node_id, 2) if node_id < 0x80 else _uvarint(msg, 1)
+            b = msg[pos] if pos < n else 0
+        if b == 0x12:
+            size = msg[pos + 1]
+            size, pos = (size, pos + 2) if size < 0x80 else _uvarint(msg, pos + 1)
+            name = msg[pos:pos + size]
             pos += size
-            if key == 0x12:
-                name = chunk
-            elif key == 0x22:
-                ctrl = _packed(chunk)
-            else:
-                data = _packed(chunk)
+            b = msg[pos] if pos < n else 0
+        if b == 0x18:
+            type_ = msg[pos + 1]
+            type_, pos = (type_, pos + 2) if type_ < 0x80 else _uvarint(msg, pos + 1)
+            b = msg[pos] if pos < n else 0
+        if b == 0x22:
+            size, pos = _uvarint(msg, pos + 1)
+            ctrl = _packed(msg[pos:pos + size])
+            pos += size
+            b = msg[pos] if pos < n else 0
+        if b == 0x2A:
+            size, pos = _uvarint(msg, pos + 1)
+            data = _packed(msg[pos:pos + size])
+            pos += size
+            b = msg[pos] if pos < n else 0
+        if b == 0x38:
+            dur, pos = _uvarint(msg, pos + 1)
+            b = msg[pos] if pos < n else 0
     except IndexError:
         return None
-    return node_id, name, type_, ctrl, data, dur, b""
-
-
-_HEAD_KEYS = frozenset({0x08, 0x12, 0x18, 0x22, 0x2A, 0x38})
+    if pos > n or (pos < n and b != 0x52):
+        return None  # another layout: the protobuf path decides
+    return node_id, name, type_, ctrl, data, dur, msg[pos:]
 
 
 def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -212,11 +213,19 @@ def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
 
 
 def _packed(chunk: bytes) -> tuple[int, ...]:
+    if len(chunk) == 1:
+        return (chunk[0],) if chunk[0] < 0x80 else _packed_slow(chunk)
+    return _packed_slow(chunk)
+
+
+def _packed_slow(chunk: bytes) -> tuple[int, ...]:
     out = []
     pos, end = 0, len(chunk)
     while pos < end:
         v, pos = _uvarint(chunk, pos)
         out.append(v)
+    if pos != end:
+        raise IndexError
     return tuple(out)
 
 
@@ -237,6 +246,9 @@ def _attrs_of(node: Any, where: str, node_id: int, name: bytes) -> dict[str, Any
         kind, value = _attr_value(a)
         _check_attr(a.name, kind, value, f"{where} (id {node_id}, {name!r})")
         attrs[a.name] = value
+    if any(attrs.get(k, 0) < 0 for k in _SIZE_ATTRS):
+        raise TraceFormatError(f"{where} (id {node_id}, {name!r}): negative size "
+                               "(comm_size / num_ops / tensor_size)")
     return attrs
 
 
@@ -296,6 +308,8 @@ def read_et(path: str | Path, rank: int, cache: ReadCache | None = None) -> Rank
 
 
 def _check_node(n: NodeRec, where: str) -> None:
+    if n.type == pb.COMP_NODE:
+        return
     label = f"{where}: node {n.id} ({n.name!r})"
     if n.type not in NODE_TYPE_NAMES or n.type == pb.INVALID_NODE:
         raise TraceFormatError(f"{label}: unknown node type {n.type}; Chakra types are "
@@ -306,9 +320,6 @@ def _check_node(n: NodeRec, where: str) -> None:
     if n.type == pb.COMM_COLL_NODE and n.attrs["comm_type"] not in COLL_TYPE_NAMES:
         raise TraceFormatError(f"{label}: unknown collective type {n.attrs['comm_type']}; known: "
                                f"{', '.join(f'{k}={v}' for k, v in COLL_TYPE_NAMES.items())}")
-    size = n.attrs.get("comm_size", 0)
-    if size < 0 or n.attrs.get("num_ops", 0) < 0 or n.attrs.get("tensor_size", 0) < 0:
-        raise TraceFormatError(f"{label}: negative size (comm_size/num_ops/tensor_size)")
 
 
 def _check_graph(nodes: list[NodeRec], where: str) -> None:

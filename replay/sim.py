@@ -199,22 +199,33 @@ class Simulator:
         return [(t, PRIO_FINISH, self._finish, (r.rank, pos, sid, t, t))]
 
     def _finish(self, t: int, arg: tuple[int, int, int, int, int]) -> list[Event]:
+        """A node ends: record it, free its stream, and dispatch the dependents it unblocks (in
+        the same event: they are ready at t, after the stream's next queued node)."""
         rank, pos, sid, start, wait = arg
         r = self.ranks[rank]
-        self.records.add(rank, pos, sid, start, t, wait)
+        rec = self.records
+        rec.rank.append(rank)
+        rec.pos.append(pos)
+        rec.stream.append(sid)
+        rec.start.append(start)
+        rec.end.append(t)
+        rec.wait_start.append(wait)
         r.done += 1
         self._finished += 1
-        if self._progress and self._finished % 65536 == 0:
+        if self._progress and not self._finished & 0xFFFF:
             self._progress(self._finished, self._total)
         out: list[Event] = []
-        for d in r.dependents[pos]:
-            r.pending[d] -= 1
-            if r.pending[d] == 0:
-                out.append((t, PRIO_READY, self._ready, (rank, d)))
-        if sid != P2P_STREAM or self.astra:
-            nxt = self._start_next(t, r, sid) if r.busy.get(sid) else None
+        if (sid != P2P_STREAM or self.astra) and r.busy.get(sid):
+            nxt = self._start_next(t, r, sid)
             if nxt:
                 out += nxt
+        pending = r.pending
+        for d in r.dependents[pos]:
+            pending[d] -= 1
+            if pending[d] == 0:
+                ev = self._ready(t, (rank, d))
+                if ev:
+                    out += ev
         return out
 
     # ---- collectives ------------------------------------------------------------------------
@@ -367,4 +378,9 @@ class Simulator:
                 break
         lines.append("a dependency cycle, a collective some member never issues, or a receive "
                      "with no send causes this; check the named nodes")
+        uses_pg = any("pg_name" in n.attrs for r in self.ranks.values() for n in r.nodes[:200])
+        if uses_pg and not self.ts.groups:
+            lines.append("note: the traces name process groups (pg_name) but no comm groups were "
+                         "given, so every collective was taken as world-wide; pass --comm-groups "
+                         "FILE (ASTRA-sim format) or a trace set with manifest.json")
         return "\n".join(lines)

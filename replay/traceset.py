@@ -88,6 +88,9 @@ def load_trace_set(path: str | Path, *, comm_groups: str | Path | None = None,
                    progress: Callable[[int, int], None] | None = None) -> TraceSet:
     """Read every rank file of a trace set and its groups."""
     p = Path(path)
+    if not p.is_dir() and (p.parent / MANIFEST).is_file():  # a prefix inside one of our sets
+        if read_manifest(p.parent).get("name") == p.name:
+            p = p.parent
     manifest = read_manifest(p) if (p / MANIFEST).is_file() else None
     if manifest is not None:
         name = manifest["name"]

@@ -50,3 +50,35 @@ def test_catalog_lists_presets() -> None:
     r = run("catalog")
     assert r.returncode == 0
     assert "llama3.1-405b" in r.stdout and "405.8" in r.stdout
+
+
+GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden_tiny_tp2pp2dp2"
+
+
+def test_replay_writes_summary_and_perfetto_timeline(tmp_path: Path) -> None:
+    import json
+
+    summary, timeline = tmp_path / "s.json", tmp_path / "t.json"
+    r = run("replay", str(GOLDEN), "--system", "dgx-h100", "--summary", str(summary),
+            "--timeline", str(timeline))
+    assert r.returncode == 0, r.stderr
+    assert "step time" in r.stdout and "Per-rank breakdown" in r.stdout
+    s = json.loads(summary.read_text())
+    for key in ("step_time_s", "ranks", "nodes", "tokens_per_s", "mfu"):
+        assert key in s
+    assert s["ranks"] == 8 and s["nodes"] == 2456
+    events = json.loads(timeline.read_text())["traceEvents"]
+    assert {e["pid"] for e in events if e["ph"] == "X"} == set(range(8))
+    threads = {(e["pid"], e["args"]["name"]) for e in events if e.get("name") == "thread_name"}
+    assert (0, "compute") in threads and (0, "p2p") in threads
+    assert all(e["dur"] >= 0 for e in events if e["ph"] == "X")
+
+
+def test_replay_workload_prefix_and_bad_system(tmp_path: Path) -> None:
+    r = run("replay", str(GOLDEN / "tiny"), "--system", "dgx-a100-80gb")
+    assert r.returncode == 0, r.stderr
+    r = run("replay", str(GOLDEN), "--system", "nope")
+    assert r.returncode == 2 and "ConfigError: invalid system: no preset system named 'nope'" in (
+        r.stderr.replace("\n", " "))
+    r = run("replay", str(tmp_path), "--system", "dgx-h100")
+    assert r.returncode == 2 and "TraceFormatError" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,136 @@
+"""The kernel and closed forms: compute chains, ring all-reduce, overlap, pipeline bubbles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from chakra.schema.protobuf import et_def_pb2 as pb
+
+from replay.compute import ConstantCompute
+from replay.engine import Engine
+from replay.hardware import get_system
+from replay.network import AlphaBetaNetwork, ConstantNetwork
+from replay.sim import Simulator
+from replay.traceset import load_trace_set
+from tests.synth import SynthRank, write_set
+from tracegen.schedule import stage_order
+
+
+def test_engine_orders_by_time_priority_then_schedule_order() -> None:
+    eng = Engine()
+    seen: list[str] = []
+
+    def h(t: int, arg: str) -> list:
+        seen.append(f"{arg}@{t}")
+        return [(t + 5, 0, h, arg + "'")] if len(arg) == 1 else []
+
+    eng.schedule(10, 1, h, "c")
+    eng.schedule(10, 0, h, "b")
+    eng.schedule(10, 0, h, "a2")
+    eng.schedule(3, 9, h, "x")
+    assert eng.run() == 15
+    assert seen == ["x@3", "x'@8", "b@10", "a2@10", "c@10", "b'@15", "c'@15"]
+
+
+def test_engine_rejects_the_past() -> None:
+    eng = Engine()
+    eng.schedule(5, 0, lambda t, a: [(t - 1, 0, lambda t2, a2: None, None)], None)
+    with pytest.raises(ValueError, match="< now"):
+        eng.run()
+
+
+def _sim(path: Path, compute_ns: int = 1000, net_ns: int = 0, **kw):  # type: ignore[no-untyped-def]
+    ts = load_trace_set(path, **kw)
+    sim = Simulator(ts, ConstantCompute(compute_ns), ConstantNetwork(net_ns))
+    return sim.run(), sim
+
+
+def test_chain_of_compute_nodes_is_the_sum(tmp_path: Path) -> None:
+    r = SynthRank()
+    prev = r.comp("c0")
+    for i in range(1, 50):
+        prev = r.comp(f"c{i}", deps=(prev,))
+    end, _ = _sim(write_set(tmp_path, [r]), compute_ns=1234)
+    assert end == 50 * 1234
+
+
+def test_independent_nodes_share_one_compute_stream(tmp_path: Path) -> None:
+    r = SynthRank()
+    for i in range(10):
+        r.comp(f"c{i}")
+    end, _ = _sim(write_set(tmp_path, [r]), compute_ns=700)
+    assert end == 7000
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_ring_all_reduce_closed_form(tmp_path: Path, p: int) -> None:
+    """One ring all-reduce of S bytes on p ranks: 2(p−1)/p·S/B + 2(p−1)·α."""
+    size = 2**30
+    ranks = []
+    for _ in range(p):
+        r = SynthRank()
+        r.coll("ar", pb.ALL_REDUCE, size)
+        ranks.append(r)
+    system = get_system("dgx-h100")
+    net = AlphaBetaNetwork(system)
+    ts = load_trace_set(write_set(tmp_path, ranks))
+    end = Simulator(ts, ConstantCompute(0), net).run()
+    bw = system.node.nvlink_GBps * 1e9 * system.node.nvlink_efficiency
+    alpha = system.node.nvlink_latency_us * 1e-6
+    expected = 2 * (p - 1) / p * size / bw + 2 * (p - 1) * alpha
+    assert end == pytest.approx(expected * 1e9, abs=2)
+
+
+def test_overlapped_compute_and_communication(tmp_path: Path) -> None:
+    ranks = []
+    for _ in range(2):
+        r = SynthRank()
+        c = r.comp("c")
+        r.coll("ar", pb.ALL_REDUCE, 1 << 20)  # independent of c: runs on its own stream
+        r.comp("after", deps=(c,))
+        ranks.append(r)
+    end, _ = _sim(write_set(tmp_path, ranks), compute_ns=1000, net_ns=1500)
+    assert end == 2000  # max(2 × 1000 compute, 1500 comm), not 3500
+    end2, _ = _sim(write_set(tmp_path / "b", ranks), compute_ns=1000, net_ns=2500)
+    assert end2 == 2500
+
+
+def _pipeline(tmp: Path, schedule: str, p: int, m: int, tf: int, tb: int) -> Path:
+    """Uniform stages: each forward tf µs, each backward tb µs; zero-cost transfers."""
+    ranks = []
+    for s in range(p):
+        r = SynthRank()
+        prev: tuple[int, ...] = ()
+        for phase, j, _ in stage_order(schedule, m=m, p=p, v=1, stage=s):
+            fwd = phase == "F"
+            deps = prev
+            if (fwd and s > 0) or (not fwd and s < p - 1):
+                peer = s - 1 if fwd else s + 1
+                rv = r.p2p(f"recv{phase}{j}", send=False, peer=peer, me=s, size=1,
+                           tag=2 * j + (not fwd))
+                deps = (*prev, rv)
+            c = r.comp(f"{phase}{j}", us=tf if fwd else tb, deps=deps)
+            prev = (c,)
+            if (fwd and s < p - 1) or (not fwd and s > 0):
+                peer = s + 1 if fwd else s - 1
+                r.p2p(f"send{phase}{j}", send=True, peer=peer, me=s, size=1,
+                      tag=2 * j + (not fwd), deps=(c,))
+        ranks.append(r)
+    return write_set(tmp, ranks)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("p", "m"), [(2, 1), (4, 4), (4, 8), (8, 3)])
+def test_pipeline_bubble_fraction(tmp_path: Path, schedule: str, p: int, m: int) -> None:
+    """Step = (m + p − 1)(t_f + t_b): bubble fraction (p − 1)/(m + p − 1) (Narayanan et al. 2021
+    §2.2, Huang et al. 2019)."""
+    from replay.compute import RooflineCompute
+
+    tf, tb = 10, 20
+    ts = load_trace_set(_pipeline(tmp_path, schedule, p, m, tf, tb))
+    sim = Simulator(ts, RooflineCompute(get_system("dgx-h100").gpu, "trace"), ConstantNetwork(0))
+    end = sim.run()
+    assert end == (m + p - 1) * (tf + tb) * 1000
+    busy = m * (tf + tb) * 1000
+    assert 1 - busy / end == pytest.approx((p - 1) / (m + p - 1))
