@@ -88,6 +88,8 @@ def replay_cmd(
     astra_compat: Annotated[bool, typer.Option("--astra-compat", help="ASTRA-sim-compatible "
                                                "network: one flat ring per group, GB = 2^30.")]
     = False,
+    no_fold: Annotated[bool, typer.Option("--no-fold", help="Simulate every rank of a full-mode "
+                                          "set even when it is provably symmetric.")] = False,
 ) -> None:
     """Simulate one training step of a Chakra trace set on a system."""
     import json
@@ -98,7 +100,7 @@ def replay_cmd(
         raise ConfigError(f"--compute must be 'model' or 'trace', got {compute!r}")
     with _progress() as bar:
         task = bar.add_task("reading traces", total=None)
-        ts = load_trace_set(trace, comm_groups=comm_groups,
+        ts = load_trace_set(trace, comm_groups=comm_groups, fold=not (no_fold or astra_compat),
                             progress=lambda i, n: bar.update(task, completed=i, total=n))
         bar.update(task, description="simulating", completed=0, total=ts.num_nodes)
         result = replay(ts, system, compute=compute, astra_compat=astra_compat,  # type: ignore[arg-type]
@@ -118,6 +120,10 @@ def _print_replay(result: Any) -> None:
         line += (f"; {m['tokens_per_s']:,.0f} tokens/s, MFU {m['mfu']:.1%}, "
                  f"HFU {m['hfu']:.1%}")
     console.print(line)
+    if m.get("folded"):
+        console.print(f"[dim]folded: every rank provably runs its pipeline stage's program, so "
+                      f"{m['ranks_simulated']} stage representatives were simulated (exact); "
+                      "--no-fold simulates every rank[/]")
     table = Table(title="Per-rank breakdown (s)")
     cols = ["rank", "compute_s", "exposed_comm_s", "overlapped_comm_s", "idle_s"]
     for c in cols:

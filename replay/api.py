@@ -8,17 +8,24 @@ from pathlib import Path
 from replay.compute import ComputeSource, RooflineCompute
 from replay.hardware import SystemSpec, resolve_system
 from replay.network import AlphaBetaNetwork
-from replay.results import ReplayResult, breakdown_frame, step_metrics, timeline_frame
+from replay.results import (
+    ReplayResult,
+    breakdown_frame,
+    expand_folded,
+    step_metrics,
+    timeline_frame,
+)
 from replay.sim import Simulator
 from replay.traceset import TraceSet, load_trace_set
 
 
 def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
            comm_groups: str | Path | None = None, compute: ComputeSource = "model",
-           astra_compat: bool = False,
+           astra_compat: bool = False, fold: bool = True,
            progress: Callable[[int, int], None] | None = None) -> ReplayResult:
     """Simulate one step of a trace set on ``system`` (a preset name, TOML file or SystemSpec)."""
-    ts = trace if isinstance(trace, TraceSet) else load_trace_set(trace, comm_groups=comm_groups)
+    ts = trace if isinstance(trace, TraceSet) else load_trace_set(
+        trace, comm_groups=comm_groups, fold=fold and not astra_compat)
     sys_spec = system if isinstance(system, SystemSpec) else resolve_system(system)
     model = RooflineCompute(sys_spec.gpu, compute)
     net = AlphaBetaNetwork(sys_spec, astra_compat=astra_compat)
@@ -27,7 +34,11 @@ def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
     timeline = timeline_frame(sim, ts)
     metrics = step_metrics(ts, timeline, end_ns, sys_spec.gpu.peak_flop_per_s(_dtype(ts)))
     metrics["system"] = sys_spec.name
-    return ReplayResult(timeline, breakdown_frame(timeline, metrics["step_time_s"]), metrics)
+    metrics["folded"] = ts.folded
+    breakdown = breakdown_frame(timeline, metrics["step_time_s"])
+    if ts.folded:
+        breakdown = expand_folded(breakdown, ts)
+    return ReplayResult(timeline, breakdown, metrics)
 
 
 def _dtype(ts: TraceSet) -> str:

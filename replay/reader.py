@@ -164,7 +164,12 @@ def _scan_head(msg: bytes) -> tuple[int, bytes, int, tuple[int, ...], tuple[int,
         b = msg[0] if n else 0
         if b == 0x08:
             node_id = msg[1]
-            node_id, pos = (node_id, 2) if node_id < 0x80 else _uvarint(msg, 1)
+            if node_id < 0x80:
+                pos = 2
+            elif msg[2] < 0x80:  # two-byte ids (< 16384): the common case
+                node_id, pos = (node_id & 0x7F) | (msg[2] << 7), 3
+            else:
+                node_id, pos = _uvarint(msg, 1)
             b = msg[pos] if pos < n else 0
         if b == 0x12:
             size = msg[pos + 1]
@@ -213,8 +218,12 @@ def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
 
 
 def _packed(chunk: bytes) -> tuple[int, ...]:
-    if len(chunk) == 1:
-        return (chunk[0],) if chunk[0] < 0x80 else _packed_slow(chunk)
+    """Packed varints; one dependency of one or two bytes is the common case."""
+    n = len(chunk)
+    if n == 1 and chunk[0] < 0x80:
+        return (chunk[0],)
+    if n == 2 and chunk[0] >= 0x80 and chunk[1] < 0x80:
+        return ((chunk[0] & 0x7F) | (chunk[1] << 7),)
     return _packed_slow(chunk)
 
 

@@ -114,11 +114,25 @@ def breakdown_frame(timeline: pl.DataFrame, step_time_s: float) -> pl.DataFrame:
                                       "collective_wait_s": pl.Float64, "end_s": pl.Float64})
 
 
+def expand_folded(breakdown: pl.DataFrame, ts: TraceSet) -> pl.DataFrame:
+    """One breakdown row per rank of a folded set: each rank copies its stage representative's
+    (exact: the set was proven symmetric before folding)."""
+    if ts.manifest is None:
+        return breakdown
+    stage_of = {c[0]: c[1] for c in ts.manifest["coords"]}
+    rep_of_stage = {stage_of[r.rank]: r.rank for r in ts.ranks}
+    mapping = pl.DataFrame({"rank": list(stage_of), "rep": [rep_of_stage[s] for s in
+                                                             stage_of.values()]})
+    return (mapping.join(breakdown.rename({"rank": "rep"}), on="rep", how="left")
+            .drop("rep").sort("rank"))
+
+
 def step_metrics(ts: TraceSet, timeline: pl.DataFrame, end_ns: int, peak_flop_per_s: float
                  ) -> dict[str, Any]:
     step = end_ns / NS_PER_S
     out: dict[str, Any] = {"step_time_s": step, "ranks": ts.world_size,
-                           "ranks_simulated": len(ts.ranks), "nodes": ts.num_nodes}
+                           "ranks_simulated": len(ts.ranks), "nodes": ts.file_nodes,
+                           "nodes_simulated": ts.num_nodes}
     man = ts.manifest
     if man is not None and step > 0:
         m = ModelSpec.from_dict(man["model"])

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from replay.fold import NotFoldable, Template, _Mesh
 from replay.reader import RankTrace, ReadCache, read_et
 from tracegen.errors import TraceFormatError
 from tracegen.traceset import MANIFEST, read_manifest
@@ -26,6 +27,7 @@ class TraceSet:
     group_axis: dict[str, str]  # pg_name → axis (ours), else "group"
     multiplicity: dict[int, int]  # rank → ranks it stands for (1 in full mode)
     manifest: dict[str, Any] | None
+    folded: bool = False  # a full-mode set proven symmetric and replayed by representatives
 
     @property
     def representative(self) -> bool:
@@ -33,7 +35,15 @@ class TraceSet:
 
     @property
     def num_nodes(self) -> int:
+        """Nodes held in memory and simulated."""
         return sum(len(r.nodes) for r in self.ranks)
+
+    @property
+    def file_nodes(self) -> int:
+        """Nodes in the set's files (a folded set counts every rank it proved equivalent)."""
+        if self.folded:
+            return sum(len(r.nodes) * self.multiplicity[r.rank] for r in self.ranks)
+        return self.num_nodes
 
 
 def _find_files(path: Path) -> tuple[str, dict[int, Path]]:
@@ -84,9 +94,10 @@ def load_comm_groups(path: str | Path, world_size: int) -> dict[str, tuple[int, 
     return out
 
 
-def load_trace_set(path: str | Path, *, comm_groups: str | Path | None = None,
+def load_trace_set(path: str | Path, *, comm_groups: str | Path | None = None, fold: bool = True,
                    progress: Callable[[int, int], None] | None = None) -> TraceSet:
-    """Read every rank file of a trace set and its groups."""
+    """Read every rank file of a trace set and its groups. With ``fold``, a full-mode set whose
+    ranks provably run their stage's program is replayed by one rank per stage (replay/fold.py)."""
     p = Path(path)
     if not p.is_dir() and (p.parent / MANIFEST).is_file():  # a prefix inside one of our sets
         if read_manifest(p.parent).get("name") == p.name:
@@ -106,15 +117,48 @@ def load_trace_set(path: str | Path, *, comm_groups: str | Path | None = None,
         raise TraceFormatError(f"trace set {p}: rank file(s) missing for rank(s) {shown} "
                                f"({len(missing)} of {len(files) + len(missing)})")
     cache = ReadCache()
+    groups, axes = _groups(manifest, comm_groups, world)
+    if fold and manifest is not None and manifest["mode"] == "full" and comm_groups is None:
+        folded = _try_fold(manifest, files, cache, progress)
+        if folded is not None:
+            ranks, mult = folded
+            return TraceSet(name, world, ranks, groups, axes, mult, manifest, folded=True)
     ranks = []
     for i, (r, f) in enumerate(sorted(files.items())):
         ranks.append(read_et(f, r, cache))
         if progress:
             progress(i + 1, len(files))
-    groups, axes = _groups(manifest, comm_groups, world)
     mult = ({int(k): int(v) for k, v in manifest["multiplicity"].items()} if manifest
             else {r: 1 for r in files})
     return TraceSet(name, world, ranks, groups, axes, mult, manifest)
+
+
+def _try_fold(manifest: dict[str, Any], files: dict[int, Path], cache: ReadCache,
+              progress: Callable[[int, int], None] | None
+              ) -> tuple[list[RankTrace], dict[int, int]] | None:
+    """Representatives + multiplicities when every rank provably runs its stage's program."""
+    mesh = _Mesh(manifest)
+    classes: dict[int, list[int]] = {}
+    for r in sorted(files):
+        classes.setdefault(mesh.coord[r][0], []).append(r)
+    reps, mult = [], {}
+    done = 0
+    try:
+        for members in classes.values():
+            rep = read_et(files[members[0]], members[0], cache)
+            template = Template(rep, mesh)
+            for r in members[1:]:
+                if not template.matches(files[r], r):
+                    return None
+                done += 1
+                if progress:
+                    progress(done, len(files))
+            reps.append(rep)
+            mult[rep.rank] = len(members)
+            done += 1
+    except NotFoldable:
+        return None
+    return reps, mult
 
 
 def _groups(manifest: dict[str, Any] | None, comm_groups: str | Path | None,

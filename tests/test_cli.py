@@ -60,7 +60,7 @@ def test_replay_writes_summary_and_perfetto_timeline(tmp_path: Path) -> None:
 
     summary, timeline = tmp_path / "s.json", tmp_path / "t.json"
     r = run("replay", str(GOLDEN), "--system", "dgx-h100", "--summary", str(summary),
-            "--timeline", str(timeline))
+            "--timeline", str(timeline), "--no-fold")
     assert r.returncode == 0, r.stderr
     assert "step time" in r.stdout and "Per-rank breakdown" in r.stdout
     s = json.loads(summary.read_text())
@@ -77,6 +77,7 @@ def test_replay_writes_summary_and_perfetto_timeline(tmp_path: Path) -> None:
 def test_replay_workload_prefix_and_bad_system(tmp_path: Path) -> None:
     r = run("replay", str(GOLDEN / "tiny"), "--system", "dgx-a100-80gb")
     assert r.returncode == 0, r.stderr
+    assert "folded: every rank provably runs its pipeline stage's program" in r.stdout
     r = run("replay", str(GOLDEN), "--system", "nope")
     assert r.returncode == 2 and "ConfigError: invalid system: no preset system named 'nope'" in (
         r.stderr.replace("\n", " "))

@@ -82,8 +82,9 @@ def test_step_time_between_critical_path_and_serial_sum(d: dict) -> None:
     s = _strategy(d)
     with tempfile.TemporaryDirectory() as tmp:
         generate(MODEL, s, tmp, mode="full")
-        ts = load_trace_set(tmp)
+        ts = load_trace_set(tmp, fold=False)
         res = replay(ts, SYSTEM)
+    assert not ts.folded
     costs = _node_costs(ts)
     step_ns = res.step_time_s * 1e9
     assert step_ns >= _critical_path(ts, costs) - 1
@@ -97,7 +98,7 @@ def test_full_and_representative_agree(d: dict) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         generate(MODEL, s, Path(tmp) / "f", mode="full")
         generate(MODEL, s, Path(tmp) / "r", mode="representative")
-        full = replay(Path(tmp) / "f", SYSTEM)
+        full = replay(Path(tmp) / "f", SYSTEM, fold=False)
         rep = replay(Path(tmp) / "r", SYSTEM)
     assert rep.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
     assert rep.metrics["mfu"] == pytest.approx(full.metrics["mfu"], rel=1e-9)
@@ -113,3 +114,29 @@ def test_replay_is_deterministic(tmp_path: Path) -> None:
     assert_frame_equal(a.timeline, b.timeline)
     assert_frame_equal(a.breakdown, b.breakdown)
     assert a.metrics == b.metrics
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(strategies)
+def test_folding_is_exact(d: dict) -> None:
+    """A full-mode set replayed by its stage representatives equals the rank-by-rank replay."""
+    s = _strategy(d)
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(MODEL, s, tmp, mode="full")
+        folded = replay(tmp, SYSTEM)
+        every = replay(tmp, SYSTEM, fold=False)
+    assert folded.metrics["folded"] and not every.metrics["folded"]
+    assert folded.metrics["nodes"] == every.metrics["nodes"]
+    assert folded.step_time_s == every.step_time_s
+    assert_frame_equal(folded.breakdown, every.breakdown)
+
+
+def test_an_edited_rank_is_not_folded(tmp_path: Path) -> None:
+    s = Strategy(tp=2, pp=2, dp=2, micro_batch_size=1, global_batch_size=8)
+    generate(MODEL, s, tmp_path, mode="full")
+    f = tmp_path / "trainsim.3.et"
+    data = bytearray(f.read_bytes())
+    data[-3] ^= 0x01  # perturb one byte of the last node of rank 3
+    f.write_bytes(bytes(data))
+    ts = load_trace_set(tmp_path)
+    assert not ts.folded and len(ts.ranks) == 8
