@@ -42,7 +42,7 @@ class _Mesh:
         """The rank at the representative's peer's stage with ``rank``'s other coordinates."""
         pp = self.coord[rep_peer][0]
         _, dp, cp, tp = self.coord[rank]
-        return self.rank_at[(pp, dp, cp, tp)]
+        return int(self.rank_at[(pp, dp, cp, tp)])
 
 
 class Template:

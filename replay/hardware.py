@@ -109,19 +109,19 @@ class SystemSpec:
 
 def _problems(s: SystemSpec) -> list[str]:
     out: list[str] = []
-    for section in (s.gpu, s.node, s.scaleout):
-        for f in dataclasses.fields(section):  # type: ignore[arg-type]
-            v = getattr(section, f.name)
+    sections: tuple[Any, ...] = (s.gpu, s.node, s.scaleout)
+    for section in sections:
+        for field in dataclasses.fields(section):
+            v = getattr(section, field.name)
             if isinstance(v, int | float) and not isinstance(v, bool) and v <= 0:
-                out.append(f"{f.name} must be positive, got {v}")
-    for f in ("gemm_efficiency", "gemm_efficiency_fp8", "attention_efficiency",
-              "memory_efficiency"):
-        v = getattr(s.gpu, f)
-        if v > 1:
-            out.append(f"{f} is a fraction of peak in (0, 1], got {v}")
-    for section, f in ((s.node, "nvlink_efficiency"), (s.scaleout, "nic_efficiency")):
-        if getattr(section, f) > 1:
-            out.append(f"{f} is a fraction in (0, 1], got {getattr(section, f)}")
+                out.append(f"{field.name} must be positive, got {v}")
+    fractions: tuple[tuple[Any, str], ...] = (
+        (s.gpu, "gemm_efficiency"), (s.gpu, "gemm_efficiency_fp8"),
+        (s.gpu, "attention_efficiency"), (s.gpu, "memory_efficiency"),
+        (s.node, "nvlink_efficiency"), (s.scaleout, "nic_efficiency"))
+    for section, name in fractions:
+        if getattr(section, name) > 1:
+            out.append(f"{name} is a fraction in (0, 1], got {getattr(section, name)}")
     if s.scaleout.topology not in ("fat-tree", "rail-optimized"):
         out.append(f"topology must be 'fat-tree' or 'rail-optimized', got {s.scaleout.topology!r}")
     if s.scaleout.oversubscription < 1:

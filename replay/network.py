@@ -152,27 +152,27 @@ class AlphaBetaNetwork:
         lat, xfer = self._hierarchical(coll, size, n_nodes, local, out_tier)
         return _cost(lat, xfer, links_nvl + links_nic)
 
-    def _hierarchical(self, coll: str, size: float, n: int, l: int, out: Tier) -> tuple[float,
-                                                                                         float]:
-        """Two-level: l ranks per node on NVLink, n nodes on the NICs (each rank drives its own
-        NIC and carries 1/l of the inter-node traffic)."""
+    def _hierarchical(self, coll: str, size: float, n: int, local: int, out: Tier
+                      ) -> tuple[float, float]:
+        """Two-level: ``local`` ranks per node on NVLink, n nodes on the NICs (each rank drives
+        its own NIC and carries 1/local of the inter-node traffic)."""
         if coll == "ALL_REDUCE":
-            parts = [flat_cost("REDUCE_SCATTER", size, l, self.nvl),
-                     flat_cost("ALL_REDUCE", size / l, n, out),
-                     flat_cost("ALL_GATHER", size / l, l, self.nvl)]
+            parts = [flat_cost("REDUCE_SCATTER", size, local, self.nvl),
+                     flat_cost("ALL_REDUCE", size / local, n, out),
+                     flat_cost("ALL_GATHER", size / local, local, self.nvl)]
         elif coll in ("REDUCE_SCATTER", "REDUCE_SCATTER_BLOCK"):
-            parts = [flat_cost("REDUCE_SCATTER", size, l, self.nvl),
-                     flat_cost("REDUCE_SCATTER", size / l, n, out)]
+            parts = [flat_cost("REDUCE_SCATTER", size, local, self.nvl),
+                     flat_cost("REDUCE_SCATTER", size / local, n, out)]
         elif coll == "ALL_GATHER":
             parts = [flat_cost("ALL_GATHER", size, n, out),
-                     flat_cost("ALL_GATHER", size * n, l, self.nvl)]
+                     flat_cost("ALL_GATHER", size * n, local, self.nvl)]
         elif coll == "ALL_TO_ALL":
-            p = n * l  # NVLink and NIC shares move concurrently; the slower one binds
-            intra = flat_cost("ALL_TO_ALL", size * l / p, l, self.nvl)
-            inter = (out.alpha_s * (n - 1), (p - l) / p * size / out.bytes_per_s)
+            p = n * local  # NVLink and NIC shares move concurrently; the slower one binds
+            intra = flat_cost("ALL_TO_ALL", size * local / p, local, self.nvl)
+            inter = (out.alpha_s * (n - 1), (p - local) / p * size / out.bytes_per_s)
             return intra[0] + inter[0], max(intra[1], inter[1])
         else:
-            parts = [flat_cost(coll, size, n * l, out)]
+            parts = [flat_cost(coll, size, n * local, out)]
         return sum(x[0] for x in parts), sum(x[1] for x in parts)
 
     def _astra(self, coll: str, size: int, p: int, tier: Tier,

@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 
 from replay.reader import COLL_TYPE_NAMES, NODE_TYPE_NAMES
-from replay.sim import COMPUTE_STREAM, Simulator
+from replay.sim import Simulator
 from replay.traceset import TraceSet
 from tracegen.flops import model_flop_per_step, recompute_flop_per_step
 from tracegen.model import ModelSpec
@@ -107,11 +107,12 @@ def breakdown_frame(timeline: pl.DataFrame, step_time_s: float) -> pl.DataFrame:
         rows.append({"rank": rank, "compute_s": compute, "exposed_comm_s": exposed,
                      "overlapped_comm_s": overlap, "idle_s": max(0.0, step_time_s - compute
                                                                  - exposed),
-                     "collective_wait_s": wait, "end_s": float(g["end_s"].max())})
+                     "collective_wait_s": wait, "end_s": float(g["end_s"].max() or 0.0)})  # type: ignore[arg-type]
     return pl.DataFrame(rows, schema={"rank": pl.Int64, "compute_s": pl.Float64,
                                       "exposed_comm_s": pl.Float64,
                                       "overlapped_comm_s": pl.Float64, "idle_s": pl.Float64,
-                                      "collective_wait_s": pl.Float64, "end_s": pl.Float64})
+                                      "collective_wait_s": pl.Float64, "end_s": pl.Float64}
+                        ).sort("rank")
 
 
 def expand_folded(breakdown: pl.DataFrame, ts: TraceSet) -> pl.DataFrame:

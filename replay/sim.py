@@ -45,7 +45,7 @@ UNSUPPORTED = {pb.MEM_LOAD_NODE: "MEM_LOAD_NODE", pb.MEM_STORE_NODE: "MEM_STORE_
 class _Rank:
     rank: int
     nodes: list[NodeRec]
-    pending: array  # unfinished dependency count per node
+    pending: array[int]  # unfinished dependency count per node
     dependents: list[list[int]]
     stream_of: list[int]  # stream id per node
     queues: dict[int, deque[int]]
@@ -79,12 +79,12 @@ class _Flow:
 class Records:
     """Columnar record of every node execution (times in ns)."""
 
-    rank: array = dataclasses.field(default_factory=lambda: array("q"))
-    pos: array = dataclasses.field(default_factory=lambda: array("q"))
-    stream: array = dataclasses.field(default_factory=lambda: array("q"))
-    start: array = dataclasses.field(default_factory=lambda: array("q"))
-    end: array = dataclasses.field(default_factory=lambda: array("q"))
-    wait_start: array = dataclasses.field(default_factory=lambda: array("q"))
+    rank: array[int] = dataclasses.field(default_factory=lambda: array("q"))
+    pos: array[int] = dataclasses.field(default_factory=lambda: array("q"))
+    stream: array[int] = dataclasses.field(default_factory=lambda: array("q"))
+    start: array[int] = dataclasses.field(default_factory=lambda: array("q"))
+    end: array[int] = dataclasses.field(default_factory=lambda: array("q"))
+    wait_start: array[int] = dataclasses.field(default_factory=lambda: array("q"))
 
     def add(self, rank: int, pos: int, stream: int, start: int, end: int, wait: int) -> None:
         self.rank.append(rank)
@@ -145,7 +145,7 @@ class Simulator:
             for d in deps:
                 dependents[pos_of[d]].append(i)
             stream_of.append(self._stream_for(n))
-        queues = {s: deque() for s in set(stream_of)}
+        queues: dict[int, deque[int]] = {s: deque() for s in set(stream_of)}
         return _Rank(rank, nodes, pending, dependents, stream_of, queues,
                      dict.fromkeys(queues, False), {})
 
@@ -358,11 +358,12 @@ class Simulator:
         for c in list(self._colls.values())[:6]:
             missing = [m for m in c.members if m in self._present and m not in c.arrived]
             lines.append(f"  collective #{c.key[1]} on group {c.key[0]}: ranks "
-                         f"{sorted(c.arrived)[:8]} wait for ranks {missing[:8]} that never issue it")
+                         f"{sorted(c.arrived)[:8]} wait for ranks {missing[:8]} that never "
+                         "issue it")
         for (src, dst, tag), q in list(self._recvs.items())[:6]:
             lines.append(f"  rank {dst} waits to receive from rank {src} (tag {tag}, "
                          f"{len(q)} posted) but no matching send was issued")
-        for (src, dst, tag), q in list(self._sends.items())[:6]:
+        for (src, dst, tag) in list(self._sends)[:6]:
             lines.append(f"  rank {src} sends to rank {dst} (tag {tag}) but no matching receive "
                          "was posted")
         for r in list(self.ranks.values()):

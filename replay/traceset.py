@@ -85,7 +85,8 @@ def load_comm_groups(path: str | Path, world_size: int) -> dict[str, tuple[int, 
         if not (key.isdigit() and int(key) > 0):
             raise TraceFormatError(f"comm groups {p}: key {key!r} is not a positive integer")
         if not (isinstance(ranks, list) and ranks and all(isinstance(r, int) for r in ranks)):
-            raise TraceFormatError(f"comm groups {p}: group {key} must be a non-empty list of ranks")
+            raise TraceFormatError(f"comm groups {p}: group {key} must be a non-empty list of "
+                                   "ranks")
         bad = [r for r in ranks if not 0 <= r < world_size]
         if bad:
             raise TraceFormatError(f"comm groups {p}: group {key} names ranks {bad} outside the "
@@ -99,9 +100,9 @@ def load_trace_set(path: str | Path, *, comm_groups: str | Path | None = None, f
     """Read every rank file of a trace set and its groups. With ``fold``, a full-mode set whose
     ranks provably run their stage's program is replayed by one rank per stage (replay/fold.py)."""
     p = Path(path)
-    if not p.is_dir() and (p.parent / MANIFEST).is_file():  # a prefix inside one of our sets
-        if read_manifest(p.parent).get("name") == p.name:
-            p = p.parent
+    inside_ours = not p.is_dir() and (p.parent / MANIFEST).is_file()
+    if inside_ours and read_manifest(p.parent).get("name") == p.name:  # a prefix of our set
+        p = p.parent
     manifest = read_manifest(p) if (p / MANIFEST).is_file() else None
     if manifest is not None:
         name = manifest["name"]

@@ -90,7 +90,7 @@ def test_mem_nodes_are_read_but_not_simulated_and_say_so(in_tmp: Path) -> None:
     gen.one_remote_mem_load_node(2, 1024)
     ts = load_trace_set(in_tmp / "one_remote_mem_load_node")
     assert ts.num_nodes == 2
-    with pytest.raises(ReplayError, match="MEM_LOAD_NODE.*no memory model"):
+    with pytest.raises(ReplayError, match=r"MEM_LOAD_NODE.*no memory model"):
         replay(ts, "dgx-h100")
 
 
