@@ -140,6 +140,46 @@ def _print_replay(result: Any) -> None:
             f"{a} {t:.4f} s" for a, t in m["comm_time_by_axis_s"].items()))
 
 
+@app.command("validate")
+def validate_cmd(
+    runs: Annotated[Path, typer.Argument(help="CSV in the public-runs schema "
+                                              "(shared/validation/README.md).")],
+    out: Annotated[Path | None, typer.Option("--out", help="Write per-row results as CSV.")]
+    = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the predicted-vs-measured "
+                                              "scatter (PNG).")] = None,
+) -> None:
+    """Predict every published run and compare with its measured step time."""
+    from analysis.plots import predicted_vs_measured
+    from analysis.validate import summarize, validate
+
+    with _progress() as bar:
+        task = bar.add_task("predicting runs", total=None)
+        results = validate(runs, progress=lambda i, n: bar.update(task, completed=i, total=n))
+    table = Table(title=f"Validation: {runs.name}")
+    for col in ("id", "status", "predicted s", "measured s", "error %", "memory GiB", "fits"):
+        table.add_column(col, justify="right" if col != "status" else "left")
+    for r in results.iter_rows(named=True):
+        ok = r["status"] == "ok"
+        table.add_row(r["id"], r["status"], f"{r['predicted_iter_time_s']:.3f}" if ok else "",
+                      f"{r['measured_iter_time_s']:.3f}" if r["measured_iter_time_s"] else "",
+                      f"{r['error_pct']:+.1f}" if ok else "",
+                      f"{r['predicted_peak_memory_GiB']:.1f}" if ok else "",
+                      str(r["fits"]) if ok else "")
+    console.print(table)
+    summary = summarize(results)
+    st = Table(title="|error| summary (%)")
+    for col in summary.columns:
+        st.add_column(col, justify="right")
+    for row in summary.iter_rows():
+        st.add_row(*[f"{v:.1f}" if isinstance(v, float) else str(v) for v in row])
+    console.print(st)
+    if out is not None:
+        results.write_csv(out)
+    if plot is not None:
+        predicted_vs_measured(results).savefig(plot, dpi=120)
+
+
 @app.command("systems")
 def systems_cmd() -> None:
     """List the preset systems."""

@@ -1,0 +1,194 @@
+"""Validation against published training runs (the schema of shared/validation/public_runs.csv).
+
+Each row becomes a model, a strategy and a system; trainsim predicts its step time (by replaying a
+representative-mode trace set) and its peak memory per GPU, and compares with the measurement.
+A row that lacks an input the prediction needs is reported as ``skipped: <field> missing`` —
+never dropped, never guessed. The only inference made is stated per row in ``assumptions``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from replay import replay
+from replay.hardware import GPU_ALIASES, SystemSpec, get_system
+from tracegen import ConfigError, ModelSpec, Strategy, TrainsimError, generate
+from tracegen.units import GiB
+
+REQUIRED_COLUMNS = (
+    "id", "source_short", "arch", "num_layers", "hidden_size", "num_attention_heads",
+    "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_len", "activation", "global_batch_size",
+    "micro_batch_size", "num_gpus", "tp", "pp", "dp", "cp", "ep", "sequence_parallel",
+    "virtual_pp", "recompute", "zero_stage", "precision", "gpu", "gpus_per_node",
+    "scaleout_gbps_per_gpu", "measured_iter_time_s", "num_experts", "experts_per_token",
+    "moe_ffn_hidden_size",
+)
+MODEL_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
+                "ffn_hidden_size", "vocab_size", "seq_len", "activation")
+STRATEGY_FIELDS = ("global_batch_size", "micro_batch_size", "num_gpus", "tp", "pp", "dp", "cp",
+                   "ep", "sequence_parallel", "virtual_pp", "recompute", "zero_stage", "gpu",
+                   "gpus_per_node")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunInputs:
+    model: ModelSpec
+    strategy: Strategy
+    system: SystemSpec
+    assumptions: str
+
+
+def load_runs(path: str | Path) -> pl.DataFrame:
+    p = Path(path)
+    try:
+        df = pl.read_csv(p, infer_schema_length=10_000)
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        raise ConfigError(f"cannot read {p} as CSV: {exc}", what="runs file") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise ConfigError(f"{p} lacks the columns {', '.join(missing)} of the public-runs schema "
+                          "(shared/validation/README.md)", what="runs file")
+    return df
+
+
+def _missing(row: dict[str, Any], fields: tuple[str, ...]) -> list[str]:
+    return [f for f in fields if row.get(f) is None]
+
+
+def row_inputs(row: dict[str, Any]) -> RunInputs | str:
+    """The inputs of one row, or the reason it is skipped."""
+    if row["measured_iter_time_s"] is None:
+        return "skipped: measured_iter_time_s missing"
+    missing = _missing(row, MODEL_FIELDS + STRATEGY_FIELDS)
+    if row["arch"] == "moe":
+        missing += _missing(row, ("num_experts", "experts_per_token", "moe_ffn_hidden_size"))
+    if missing:
+        return f"skipped: {', '.join(missing)} missing"
+    if row["gpu"] not in GPU_ALIASES:
+        return f"skipped: gpu {row['gpu']!r} has no system preset"
+    base = get_system(GPU_ALIASES[row["gpu"]])
+    notes: list[str] = []
+    precision = row["precision"]
+    if precision is None:
+        if base.gpu.peak_bf16_TFLOPs != base.gpu.peak_fp16_TFLOPs:
+            return "skipped: precision missing"
+        precision = "bf16"
+        notes.append("precision unstated 16-bit: bf16 and fp16 peaks are equal on this GPU")
+    multi_node = row["num_gpus"] > row["gpus_per_node"]
+    if multi_node and row["scaleout_gbps_per_gpu"] is None:
+        return "skipped: scaleout_gbps_per_gpu missing (multi-node run)"
+    try:
+        return RunInputs(_model(row), _strategy(row, precision), _system(row, base),
+                         "; ".join(notes))
+    except TrainsimError as exc:
+        return f"skipped: {exc}"
+
+
+def _model(row: dict[str, Any]) -> ModelSpec:
+    moe = row["arch"] == "moe"
+    return ModelSpec(
+        name=row["id"], num_layers=row["num_layers"], hidden_size=row["hidden_size"],
+        num_attention_heads=row["num_attention_heads"], num_kv_heads=row["num_kv_heads"],
+        ffn_hidden_size=row["ffn_hidden_size"], vocab_size=row["vocab_size"],
+        seq_len=row["seq_len"], activation=row["activation"],
+        num_experts=row["num_experts"] if moe else 0,
+        experts_per_token=row["experts_per_token"] if moe else 0,
+        moe_ffn_hidden_size=row["moe_ffn_hidden_size"] if moe else 0)
+
+
+def _strategy(row: dict[str, Any], precision: str) -> Strategy:
+    vpp = int(row["virtual_pp"])
+    return Strategy(
+        tp=row["tp"], pp=row["pp"], dp=row["dp"], cp=row["cp"], ep=row["ep"], vpp=vpp,
+        sequence_parallel=bool(row["sequence_parallel"]),
+        micro_batch_size=row["micro_batch_size"], global_batch_size=row["global_batch_size"],
+        schedule="interleaved_1f1b" if vpp > 1 else "1f1b", recompute=row["recompute"],
+        zero_stage=row["zero_stage"], precision=precision)  # type: ignore[arg-type]
+
+
+def _system(row: dict[str, Any], base: SystemSpec) -> SystemSpec:
+    node = dataclasses.replace(base.node, gpus_per_node=row["gpus_per_node"])
+    out = base.scaleout
+    if row["scaleout_gbps_per_gpu"] is not None:
+        out = dataclasses.replace(out, nic_Gbps_per_gpu=float(row["scaleout_gbps_per_gpu"]))
+    return dataclasses.replace(base, node=node, scaleout=out)
+
+
+def predict(inputs: RunInputs) -> dict[str, Any]:
+    """Step time (replay of a representative-mode set) and peak memory per GPU."""
+    with tempfile.TemporaryDirectory(prefix="trainsim-validate-") as tmp:
+        summary = generate(inputs.model, inputs.strategy, tmp, mode="representative",
+                           gpus=inputs.strategy.world_size)
+        result = replay(tmp, inputs.system)
+    peak = max(st.memory.total_bytes for st in summary.stages)
+    return {"predicted_iter_time_s": result.step_time_s,
+            "predicted_peak_memory_GiB": peak / GiB,
+            "fits": peak <= inputs.system.gpu.hbm_bytes,
+            "predicted_tokens_per_s": result.metrics["tokens_per_s"],
+            "predicted_mfu": result.metrics["mfu"]}
+
+
+def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = None
+             ) -> pl.DataFrame:
+    """One row per run: status, predicted vs measured step time, error, memory and fit."""
+    df = load_runs(path)
+    rows = []
+    for i, row in enumerate(df.iter_rows(named=True)):
+        rows.append(_validate_row(row))
+        if progress:
+            progress(i + 1, df.height)
+    return pl.DataFrame(rows, schema=RESULT_SCHEMA)
+
+
+RESULT_SCHEMA = {
+    "id": pl.String, "source": pl.String, "gpu": pl.String, "status": pl.String,
+    "predicted_iter_time_s": pl.Float64, "measured_iter_time_s": pl.Float64,
+    "error_pct": pl.Float64, "predicted_peak_memory_GiB": pl.Float64, "fits": pl.Boolean,
+    "predicted_tokens_per_s": pl.Float64, "predicted_mfu": pl.Float64, "assumptions": pl.String,
+}
+
+
+def _validate_row(row: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: None for k in RESULT_SCHEMA}
+    out.update(id=row["id"], source=str(row["id"]).split("-")[0], gpu=row["gpu"],
+               measured_iter_time_s=row["measured_iter_time_s"])
+    inputs = row_inputs(row)
+    if isinstance(inputs, str):
+        out["status"] = inputs
+        return out
+    try:
+        pred = predict(inputs)
+    except TrainsimError as exc:
+        out["status"] = f"skipped: {type(exc).__name__}: {exc}"
+        return out
+    out.update(pred, status="ok", assumptions=inputs.assumptions)
+    measured = row["measured_iter_time_s"]
+    out["error_pct"] = 100 * (pred["predicted_iter_time_s"] - measured) / measured
+    return out
+
+
+def summarize(results: pl.DataFrame) -> pl.DataFrame:
+    """Median, p90 and max |error| overall, by GPU type and by source."""
+    ok = results.filter(pl.col("status") == "ok").with_columns(
+        pl.col("error_pct").abs().alias("abs_error_pct"))
+    parts = [ok.with_columns(pl.lit("all").alias("group"))]
+    parts += [ok.with_columns(("gpu=" + pl.col("gpu")).alias("group")),
+              ok.with_columns(("source=" + pl.col("source")).alias("group"))]
+    frame = pl.concat(parts)
+    return frame.group_by("group", maintain_order=True).agg(
+        pl.len().alias("rows"),
+        pl.col("abs_error_pct").median().alias("median_abs_error_pct"),
+        pl.col("abs_error_pct").quantile(0.9, "linear").alias("p90_abs_error_pct"),
+        pl.col("abs_error_pct").max().alias("max_abs_error_pct"),
+        pl.col("error_pct").mean().alias("mean_signed_error_pct"))
+
+
+def is_finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)

@@ -1,0 +1,70 @@
+"""Validation against the public set: every row accounted for, and fidelity held to what this
+version achieves (so it cannot silently regress)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from analysis.plots import predicted_vs_measured
+from analysis.validate import REQUIRED_COLUMNS, summarize, validate
+from tracegen import ConfigError
+
+PUBLIC = Path(__file__).resolve().parents[2] / "shared" / "validation" / "public_runs.csv"
+# Fidelity reached by this version on the rows with complete inputs (closing note of issue #4).
+# Tighten as the models improve; never loosen to make a change pass.
+ACHIEVED = {"rows": 14, "median": 19.5, "p90": 58.0, "max": 64.5}
+
+
+@pytest.fixture(scope="module")
+def results() -> pl.DataFrame:
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    return validate(PUBLIC)
+
+
+def test_every_row_is_reported_once(results: pl.DataFrame) -> None:
+    runs = pl.read_csv(PUBLIC)
+    assert results["id"].to_list() == runs["id"].to_list()
+    statuses = results["status"].to_list()
+    assert all(s == "ok" or s.startswith("skipped: ") for s in statuses)
+    skipped = results.filter(pl.col("status") != "ok")
+    assert all("missing" in s or "no system preset" in s for s in skipped["status"])
+
+
+def test_rows_with_inputs_have_finite_predictions(results: pl.DataFrame) -> None:
+    ok = results.filter(pl.col("status") == "ok")
+    for r in ok.iter_rows(named=True):
+        assert math.isfinite(r["predicted_iter_time_s"]) and r["predicted_iter_time_s"] > 0
+        assert r["error_pct"] == pytest.approx(
+            100 * (r["predicted_iter_time_s"] / r["measured_iter_time_s"] - 1))
+        assert r["predicted_peak_memory_GiB"] > 0 and r["fits"] is not None
+
+
+def test_fidelity_does_not_regress(results: pl.DataFrame) -> None:
+    s = summarize(results).filter(pl.col("group") == "all").row(0, named=True)
+    assert s["rows"] == ACHIEVED["rows"]
+    assert s["median_abs_error_pct"] <= ACHIEVED["median"]
+    assert s["p90_abs_error_pct"] <= ACHIEVED["p90"]
+    assert s["max_abs_error_pct"] <= ACHIEVED["max"]
+
+
+def test_plot_has_points_and_band(results: pl.DataFrame, tmp_path: Path) -> None:
+    fig = predicted_vs_measured(results)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    assert sum(len(c.get_offsets()) for c in ax.collections[1:]) == ACHIEVED["rows"]
+    fig.savefig(tmp_path / "v.png")
+    assert (tmp_path / "v.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_missing_columns_are_named(tmp_path: Path) -> None:
+    f = tmp_path / "r.csv"
+    f.write_text("id,gpu\nx,h100-sxm\n")
+    with pytest.raises(ConfigError) as info:
+        validate(f)
+    assert "lacks the columns" in str(info.value) and "num_layers" in str(info.value)
+    assert len(REQUIRED_COLUMNS) > 20
