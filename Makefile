@@ -30,6 +30,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/bench_tracegen.py
 	$(PY) bench/bench_replay.py
+	$(PY) bench/bench_fastpath.py
 
 # Regenerate the committed golden trace set (only when the trace format changes on purpose).
 golden: $(STAMP)

@@ -6,10 +6,10 @@ import matplotlib
 
 matplotlib.use("Agg")  # files and notebooks; never a window
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import polars as pl  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import polars as pl
+from matplotlib.figure import Figure
 
 
 def predicted_vs_measured(results: pl.DataFrame, *, band: float = 0.10) -> Figure:

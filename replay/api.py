@@ -21,7 +21,7 @@ from replay.traceset import TraceSet, load_trace_set
 
 def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
            comm_groups: str | Path | None = None, compute: ComputeSource = "model",
-           astra_compat: bool = False, fold: bool = True,
+           astra_compat: bool = False, fold: bool = True, contention: bool = True,
            progress: Callable[[int, int], None] | None = None) -> ReplayResult:
     """Simulate one step of a trace set on ``system`` (a preset name, TOML file or SystemSpec)."""
     ts = trace if isinstance(trace, TraceSet) else load_trace_set(
@@ -29,7 +29,8 @@ def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
     sys_spec = system if isinstance(system, SystemSpec) else resolve_system(system)
     model = RooflineCompute(sys_spec.gpu, compute)
     net = AlphaBetaNetwork(sys_spec, astra_compat=astra_compat)
-    sim = Simulator(ts, model, net, astra_compat=astra_compat, progress=progress)
+    sim = Simulator(ts, model, net, astra_compat=astra_compat, contention=contention,
+                    progress=progress)
     end_ns = sim.run()
     timeline = timeline_frame(sim, ts)
     metrics = step_metrics(ts, timeline, end_ns, sys_spec.gpu.peak_flop_per_s(_dtype(ts)))

@@ -71,6 +71,15 @@ class RooflineCompute:
             t = self._cache[key] = self._model(*key)
         return t
 
+    def op_ns(self, op_type: str, flop: int, nbytes: int, m: int, n: int, dtype_code: int,
+              backward: bool) -> int:
+        """Duration of an op described by its attributes (cached)."""
+        key = (op_type, flop, nbytes, m, n, dtype_code, backward)
+        t = self._cache.get(key)
+        if t is None:
+            t = self._cache[key] = self._model(*key)
+        return t
+
     def _model(self, op_type: object, flop: int, nbytes: int, m: int, n: int, dtype_code: int,
                backward: bool) -> int:
         g = self.gpu

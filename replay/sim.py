@@ -97,9 +97,10 @@ class Records:
 
 class Simulator:
     def __init__(self, ts: TraceSet, compute: ComputeModel | Callable[[int], ComputeModel],
-                 network: NetworkModel, *, astra_compat: bool = False,
+                 network: NetworkModel, *, astra_compat: bool = False, contention: bool = True,
                  progress: Callable[[int, int], None] | None = None) -> None:
         self.ts, self.net, self.astra = ts, network, astra_compat
+        self.contention = contention
         self._compute_for = compute if callable(compute) and not hasattr(
             compute, "duration_ns") else (lambda _r: compute)
         self.engine = Engine()
@@ -308,7 +309,7 @@ class Simulator:
     # ---- shared links (processor sharing) ---------------------------------------------------
     def _transfer(self, t: int, cost: CommCost, links: tuple[tuple[str, int], ...],
                   on_done: Callable[[int], list[Event]]) -> list[Event]:
-        if not links or cost.transfer_ns == 0:
+        if not links or cost.transfer_ns == 0 or not self.contention:
             return on_done(t + cost.total_ns)
         return [(t + cost.latency_ns, PRIO_FLOW, self._flow_begin,
                  (cost.transfer_ns, links, on_done))]

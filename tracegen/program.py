@@ -17,6 +17,7 @@ Dependencies (Megatron's behaviour):
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from tracegen import ops as O
@@ -263,26 +264,30 @@ class RoleProgram:
         if gci > 0:
             self._send(mb, gci - 1, grad=True)
 
+    @functools.cached_property
+    def _lists(self) -> dict[str, list[O.Item]]:
+        """Op lists of the non-layer blocks and of selective recompute, built once."""
+        m, s = self.m, self.s
+        return {"embedding_fwd": O.embedding_fwd(m, s), "embedding_bwd": O.embedding_bwd(m, s),
+                "lm_head_fwd": O.head_fwd(m, s), "lm_head_bwd": O.head_bwd(m, s),
+                "selective": O.selective_recompute(m, s), "none": []}
+
     def _fwd_items(self, block: ParamBlock) -> list[O.Item]:
-        if block.name == "embedding":
-            return O.embedding_fwd(self.m, self.s)
-        if block.name == "lm_head":
-            return O.head_fwd(self.m, self.s)
-        return self._layer_fwd
+        if block.name == "layer":
+            return self._layer_fwd
+        return self._lists[f"{block.name}_fwd"]
 
     def _bwd_items(self, block: ParamBlock) -> list[O.Item]:
-        if block.name == "embedding":
-            return O.embedding_bwd(self.m, self.s)
-        if block.name == "lm_head":
-            return O.head_bwd(self.m, self.s)
-        return self._layer_bwd
+        if block.name == "layer":
+            return self._layer_bwd
+        return self._lists[f"{block.name}_bwd"]
 
     def _recompute_items(self, block: ParamBlock) -> list[O.Item]:
         if block.name != "layer" or self.s.recompute == "none":
-            return []
+            return self._lists["none"]
         if self.s.recompute == "full":
             return self._layer_fwd
-        return O.selective_recompute(self.m, self.s)
+        return self._lists["selective"]
 
     def _tag(self, mb: int, gci_recv: int, grad: bool) -> int:
         return 1 + 2 * (gci_recv * self.m_mb + mb) + int(grad)
