@@ -180,6 +180,61 @@ def validate_cmd(
         predicted_vs_measured(results).savefig(plot, dpi=120)
 
 
+@app.command("resilience")
+def resilience_cmd(
+    study_file: Annotated[Path, typer.Argument(help="Study TOML with [failures] (see "
+                                                    "analysis/study.py).")],
+    summary: Annotated[Path | None, typer.Option(help="Write per-policy results as JSON.")]
+    = None,
+    plots: Annotated[Path | None, typer.Option(help="Folder for the goodput and "
+                                                    "time-to-train plots (PNG).")] = None,
+) -> None:
+    """Goodput and expected time-to-train under failures, per recovery policy."""
+    import json
+
+    import numpy as np
+
+    from analysis import plots as P
+    from analysis import resilience as R
+    from analysis.evaluate import resilience_frame, summary_dict
+    from analysis.study import load_study
+
+    study = load_study(study_file)
+    if not study.strategies:
+        raise ConfigError("the study lists no [[strategies]] to evaluate", what="study")
+    out: dict[str, Any] = {}
+    for s in study.strategies:
+        frame = resilience_frame(study, s)
+        out[s.label()] = summary_dict(frame)
+        table = Table(title=f"{study.name}: {s.label()} on {s.world_size} GPUs "
+                            f"(job MTTF {frame['job_mttf_s'][0] / 3600:.2f} h)")
+        for col in ("policy", "goodput", "days to train", "GPU-hours", "failures",
+                    "ckpt interval min", "ckpt s", "restart s"):
+            table.add_column(col, justify="right")
+        for r in frame.iter_rows(named=True):
+            table.add_row(r["policy"], f"{r['goodput']:.1%}",
+                          f"{r['expected_wall_clock_s'] / 86400:.1f}",
+                          f"{r['expected_gpu_hours']:,.0f}", f"{r['expected_failures']:,.0f}",
+                          f"{r['checkpoint_interval_s'] / 60:.1f}", f"{r['checkpoint_s']:.1f}",
+                          f"{r['restart_s']:.0f}")
+        console.print(table)
+        if plots is not None:
+            plots.mkdir(parents=True, exist_ok=True)
+            g = frame.filter(frame["policy"] == "global_restart").row(0, named=True)
+            mttf, delta = g["job_mttf_s"], g["checkpoint_s"]
+            costs = R.RecoveryCosts(checkpoint_s=delta, restart_s=g["restart_s"])
+            curve = R.goodput_vs_interval(c=costs, mttf_s=mttf, intervals_s=np.geomspace(
+                max(delta, 1.0), 20 * mttf, 120))
+            P.goodput_vs_interval(curve, young_s=R.young_interval_s(delta, mttf),
+                                  daly_s=R.daly_interval_s(delta, mttf)).savefig(
+                plots / f"goodput_{s.label()}.png", dpi=110)
+            P.time_to_train_by_policy(frame).savefig(plots / f"time_to_train_{s.label()}.png",
+                                                     dpi=110)
+    if summary is not None:
+        first = next(iter(out.values()))
+        summary.write_text(json.dumps({"policies": first, "strategies": out}, indent=1) + "\n")
+
+
 @app.command("systems")
 def systems_cmd() -> None:
     """List the preset systems."""

@@ -37,3 +37,35 @@ def predicted_vs_measured(results: pl.DataFrame, *, band: float = 0.10) -> Figur
     ax.legend(loc="upper left", fontsize="small")
     ax.grid(True, which="both", alpha=0.3)
     return fig
+
+
+def goodput_vs_interval(curve: pl.DataFrame, *, young_s: float, daly_s: float,
+                        title: str = "") -> Figure:
+    """ETTR against the checkpoint interval, with Young's and Daly's optima marked."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
+    x = curve["checkpoint_interval_s"].to_numpy() / 60
+    ax.plot(x, curve["goodput"].to_numpy() * 100, color="tab:blue")
+    for t, label, style in ((young_s, "Young", ":"), (daly_s, "Daly", "--")):
+        ax.axvline(t / 60, color="tab:red", ls=style, label=f"{label} optimum ({t / 60:.1f} min)")
+    ax.set_xscale("log")
+    ax.set_xlabel("checkpoint interval (min)")
+    ax.set_ylabel("effective training time ratio (%)")
+    ax.set_title(title or "Goodput vs checkpoint interval (global restart)")
+    ax.legend(fontsize="small")
+    ax.grid(True, which="both", alpha=0.3)
+    return fig
+
+
+def time_to_train_by_policy(frame: pl.DataFrame, *, title: str = "") -> Figure:
+    """Expected wall-clock days to train the token budget, one bar per recovery policy."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.8), layout="constrained")
+    days = frame["expected_wall_clock_s"].to_numpy() / 86_400
+    bars = ax.barh(frame["policy"].to_list(), days, color="tab:blue")
+    for bar, g in zip(bars, frame["goodput"].to_list(), strict=True):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f"  goodput {g:.0%}",
+                va="center", fontsize="small")
+    ax.set_xlabel("expected time to train (days)")
+    ax.set_title(title or "Time to train by recovery policy")
+    ax.invert_yaxis()
+    ax.margins(x=0.25)
+    return fig

@@ -1,0 +1,68 @@
+"""Evaluate a study's strategies: step time (fast path or replay), memory, and — with a failure
+scenario — goodput and expected time-to-train per recovery policy."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import polars as pl
+
+from analysis import resilience as R
+from analysis.fastpath import FastEstimate, estimate
+from analysis.study import Study
+from tracegen import ConfigError, Strategy
+
+
+def tokens_per_step(study: Study, s: Strategy) -> int:
+    return s.global_batch_size * study.model.seq_len
+
+
+def job_shape(study: Study, s: Strategy, fast: FastEstimate) -> R.JobShape:
+    sys = study.system
+    nic = sys.scaleout.nic_Gbps_per_gpu / 8 * 1e9 * sys.scaleout.nic_efficiency
+    return R.JobShape(gpus=s.world_size, params=study.model.num_params(),
+                      model_parallel=s.tp * s.pp * s.cp, dp=s.dp, nic_bytes_per_s=nic,
+                      step_time_s=fast.step_time_s,
+                      shrunk_throughput=_shrunk_throughput(study, s, fast))
+
+
+def _shrunk_throughput(study: Study, s: Strategy, fast: FastEstimate) -> float:
+    """Elastic shrink: re-plan on one data-parallel replica fewer (same tp/pp, the global batch
+    rounded to what dp − 1 replicas can take) and compare tokens/s, both from trainsim."""
+    if s.dp < 2:
+        return 0.0
+    dp = s.dp - 1
+    unit = s.micro_batch_size * dp
+    gbs = max(unit, s.global_batch_size // unit * unit)
+    try:
+        shrunk = dataclasses.replace(s, dp=dp, global_batch_size=gbs, ep=1 if s.ep > 1 else 1)
+        est = estimate(study.model, shrunk, study.system)
+    except ConfigError:
+        return 0.0
+    full_tps = tokens_per_step(study, s) / fast.step_time_s
+    return (gbs * study.model.seq_len / est.step_time_s) / full_tps
+
+
+def resilience_frame(study: Study, s: Strategy, fast: FastEstimate | None = None
+                     ) -> pl.DataFrame:
+    """Per recovery policy for one strategy (needs a study with [failures])."""
+    if not study.has_failures:
+        raise ConfigError("the study has no [failures] table: add preset = NAME or "
+                          "rate_per_gpu_hour", what=f"study {study.name!r}")
+    fast = fast or estimate(study.model, s, study.system)
+    failure = R.failure_model(study.failures)
+    job = job_shape(study, s, fast)
+    costs = R.recovery_costs(job, study.checkpoint, study.restart, study.policies)
+    steps = study.tokens / tokens_per_step(study, s) if study.tokens else 1.0
+    work_s = steps * fast.step_time_s
+    frame = R.policy_frame(failure=failure, gpus=s.world_size, work_s=work_s, costs=costs)
+    return frame.with_columns(pl.lit(s.label()).alias("strategy"),
+                              pl.lit(work_s).alias("failure_free_s"))
+
+
+def summary_dict(frame: pl.DataFrame) -> dict[str, Any]:
+    return {row["policy"]: {k: row[k] for k in (
+        "goodput", "expected_wall_clock_s", "checkpoint_interval_s", "expected_failures",
+        "expected_gpu_hours", "job_mttf_s", "checkpoint_s", "restart_s")}
+        for row in frame.iter_rows(named=True)}

@@ -1,0 +1,313 @@
+"""Failures over a whole run: failure processes, checkpoint cost, restart cost, recovery policies,
+goodput (effective training time ratio, ETTR) in closed form and by Monte Carlo.
+
+Closed form (exponential failures, Daly 2006, "A higher order estimate of the optimum checkpoint
+interval for restart dumps", FGCS 22, eq. 13): with job MTTF M, checkpoint interval τ (compute
+between checkpoints), blocking checkpoint cost δ and restart cost R, the expected wall time to do
+W seconds of failure-free work is
+
+    T(W) = M · e^{R/M} · (e^{(τ+δ)/M} − 1) · W / τ,        ETTR = W / T(W).
+
+Young (1974): τ* = √(2δM). Daly (2006) eq. 37: τ* = √(2δM)·[1 + ⅓√(δ/2M) + ⅑(δ/2M)] − δ (δ < 2M).
+The Monte Carlo runs the same process (failures also strike during restarts) and agrees with the
+closed form within its statistical error (a test holds it to that).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal
+
+import numpy as np
+import polars as pl
+
+from tracegen.errors import ConfigError
+
+HOUR_S = 3600.0
+DAY_S = 86_400.0
+Policy = Literal["global_restart", "in_memory", "hot_spares", "replica_local", "elastic_shrink"]
+POLICIES: tuple[str, ...] = ("global_restart", "in_memory", "hot_spares", "replica_local",
+                             "elastic_shrink")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class FailureModel:
+    """Failures per GPU-hour (a Poisson process per GPU; Weibull shape ≠ 1 for wear-in/out)."""
+
+    name: str
+    rate_per_gpu_hour: float
+    weibull_shape: float = 1.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not (self.rate_per_gpu_hour > 0 and math.isfinite(self.rate_per_gpu_hour)):
+            raise ConfigError(f"rate_per_gpu_hour must be a positive number, got "
+                              f"{self.rate_per_gpu_hour}", what=f"failure model {self.name!r}")
+        if self.weibull_shape <= 0:
+            raise ConfigError(f"weibull_shape must be > 0, got {self.weibull_shape}",
+                              what=f"failure model {self.name!r}")
+
+    def job_mttf_s(self, gpus: int) -> float:
+        """A job fails when any of its GPUs does: rates add (Kokolis et al. 2025 model)."""
+        return HOUR_S / (self.rate_per_gpu_hour * gpus)
+
+
+FAILURE_PRESETS: dict[str, FailureModel] = {
+    # Dubey et al. 2024 (The Llama 3 Herd of Models), §3.3.4 and Table 5: 419 unexpected
+    # interruptions in a 54-day snapshot of Llama 3 405B pre-training on 16,384 H100 GPUs.
+    "llama3-16k-h100": FailureModel(
+        name="llama3-16k-h100", rate_per_gpu_hour=419 / (54 * 24 * 16_384),
+        source="Dubey et al. 2024, Table 5: 419 unexpected interruptions, 54 days, 16,384 GPUs"),
+    # The projection quoted by FT-HSDP (Salpekar et al. 2026) and Kokolis et al. 2025: a 131,072-
+    # GPU job fails about every 15 minutes.
+    "projection-131k-15min": FailureModel(
+        name="projection-131k-15min", rate_per_gpu_hour=1 / (0.25 * 131_072),
+        source="Kokolis et al. 2025 projection: MTTF ≈ 15 min at 131,072 GPUs"),
+}
+
+# Llama 3 Table 5 cause mix of the 419 unexpected interruptions (counts).
+LLAMA3_CAUSES: dict[str, int] = {
+    "faulty GPU": 148, "GPU HBM3 memory": 72, "software bug": 54, "network switch/cable": 35,
+    "host maintenance": 32, "GPU SRAM memory": 19, "GPU system processor": 17, "NIC": 7,
+    "NCCL watchdog timeout": 7, "silent data corruption": 6, "GPU thermal interface": 6,
+    "SSD": 3, "power supply": 3, "server chassis": 2, "IO expansion board": 2, "dependency": 2,
+    "CPU": 2, "system memory": 2,
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RecoveryCosts:
+    """Seconds lost per failure and per checkpoint, by mechanism (inputs; see DESIGN.md)."""
+
+    checkpoint_s: float  # blocking time of one checkpoint (δ)
+    restart_s: float  # detection + rescheduling + communicator init + load + warm-up (R)
+    stall_s: float = 0.0  # replica-local / elastic: the whole job's pause while it reconfigures
+    replicas: int = 1  # data-parallel replicas (units of replica-local recovery)
+    degraded_throughput: float = 1.0  # elastic shrink: throughput fraction while shrunk
+    repair_s: float = 0.0  # elastic shrink: time until the lost GPUs are back
+
+
+def young_interval_s(checkpoint_s: float, mttf_s: float) -> float:
+    """Young 1974: τ* = √(2δM)."""
+    return math.sqrt(2 * checkpoint_s * mttf_s)
+
+
+def daly_interval_s(checkpoint_s: float, mttf_s: float) -> float:
+    """Daly 2006 eq. 37 (higher-order optimum); M itself when δ ≥ 2M."""
+    d, m = checkpoint_s, mttf_s
+    if d >= 2 * m:
+        return m
+    x = d / (2 * m)
+    return math.sqrt(2 * d * m) * (1 + math.sqrt(x) / 3 + x / 9) - d
+
+
+def expected_wall_s(work_s: float, interval_s: float, checkpoint_s: float, restart_s: float,
+                    mttf_s: float) -> float:
+    """Daly 2006 eq. 13: expected wall time for ``work_s`` of failure-free compute."""
+    m = mttf_s
+    return m * math.exp(restart_s / m) * math.expm1((interval_s + checkpoint_s) / m) * (
+        work_s / interval_s)
+
+
+def ettr_checkpoint_restart(interval_s: float, checkpoint_s: float, restart_s: float,
+                            mttf_s: float) -> float:
+    return interval_s / expected_wall_s(interval_s, interval_s, checkpoint_s, restart_s, mttf_s)
+
+
+def ettr_replica_local(c: RecoveryCosts, mttf_s: float) -> float:
+    """Only the failed data-parallel replica restarts; the others go on (FT-HSDP, Salpekar et al.
+    2026). Per failure the job pauses ``stall_s`` and one of ``replicas`` replicas is missing for
+    ``restart_s``: lost fraction per unit time (stall + restart/replicas) / M. No rollback."""
+    lost = (c.stall_s + c.restart_s / max(c.replicas, 1)) / mttf_s
+    return max(0.0, 1.0 - lost)
+
+
+def ettr_elastic(c: RecoveryCosts, mttf_s: float) -> float:
+    """Continue on fewer GPUs at ``degraded_throughput`` until repair, after a stall."""
+    lost = (c.stall_s + c.repair_s * (1 - c.degraded_throughput)) / mttf_s
+    return max(0.0, 1.0 - lost)
+
+
+def monte_carlo_wall_s(work_s: float, interval_s: float, checkpoint_s: float, restart_s: float,
+                       mttf_s: float, *, runs: int = 200, seed: int = 0,
+                       weibull_shape: float = 1.0) -> np.ndarray:
+    """Wall time of ``runs`` simulated executions of the checkpoint/restart process. Failures are
+    a renewal process (exponential, or Weibull with the same mean) and can strike restarts."""
+    rng = np.random.default_rng(seed)
+    scale = mttf_s / math.gamma(1 + 1 / weibull_shape)
+    out = np.empty(runs)
+    segment = interval_s + checkpoint_s
+    n_segments = math.ceil(work_s / interval_s)
+    for i in range(runs):
+        t = 0.0
+        for _ in range(n_segments):
+            while True:
+                ttf = scale * rng.weibull(weibull_shape)
+                if ttf >= segment:
+                    t += segment
+                    break
+                t += ttf
+                t += _restart(rng, restart_s, scale, weibull_shape)
+        out[i] = t
+    return out
+
+
+def _restart(rng: np.random.Generator, restart_s: float, scale: float, k: float) -> float:
+    """A restart of ``restart_s`` that begins again whenever a failure interrupts it."""
+    spent = 0.0
+    while True:
+        ttf = scale * rng.weibull(k)
+        if ttf >= restart_s:
+            return spent + restart_s
+        spent += ttf
+
+
+def monte_carlo_failures(failure: FailureModel, gpus: int, duration_s: float, *, runs: int = 200,
+                         seed: int = 0) -> np.ndarray:
+    """Number of job interruptions in ``duration_s`` of running (restarts not counted)."""
+    rng = np.random.default_rng(seed)
+    mttf = failure.job_mttf_s(gpus)
+    scale = mttf / math.gamma(1 + 1 / failure.weibull_shape)
+    counts = np.empty(runs, dtype=np.int64)
+    for i in range(runs):
+        t, n = 0.0, 0
+        while True:
+            t += scale * rng.weibull(failure.weibull_shape)
+            if t > duration_s:
+                break
+            n += 1
+        counts[i] = n
+    return counts
+
+
+def policy_frame(*, failure: FailureModel, gpus: int, work_s: float,
+                 costs: dict[str, RecoveryCosts], interval_s: float | None = None) -> pl.DataFrame:
+    """One row per recovery policy: goodput, expected wall clock and GPU-hours for ``work_s`` of
+    failure-free training, expected failures, and the checkpoint interval used."""
+    mttf = failure.job_mttf_s(gpus)
+    rows = []
+    for policy, c in costs.items():
+        if policy not in POLICIES:
+            raise ConfigError(f"unknown recovery policy {policy!r}; choose from "
+                              f"{', '.join(POLICIES)}", what="resilience study")
+        tau = interval_s or (daly_interval_s(c.checkpoint_s, mttf) if c.checkpoint_s > 0
+                             else 0.0)
+        if policy in ("replica_local", "elastic_shrink"):
+            ettr = (ettr_replica_local(c, mttf) if policy == "replica_local"
+                    else ettr_elastic(c, mttf))
+            if c.checkpoint_s > 0:  # they still take periodic checkpoints
+                ettr *= tau / (tau + c.checkpoint_s)
+        elif tau > 0:
+            ettr = ettr_checkpoint_restart(tau, c.checkpoint_s, c.restart_s, mttf)
+        else:  # free, continuous checkpoints: only the restart is lost (τ → 0 limit)
+            ettr = math.exp(-c.restart_s / mttf)
+        wall = work_s / ettr if ettr > 0 else math.inf
+        rows.append({"policy": policy, "goodput": ettr, "expected_wall_clock_s": wall,
+                     "expected_gpu_hours": wall * gpus / HOUR_S,
+                     "expected_failures": wall / mttf, "checkpoint_interval_s": tau,
+                     "job_mttf_s": mttf, "checkpoint_s": c.checkpoint_s,
+                     "restart_s": c.restart_s})
+    return pl.DataFrame(rows)
+
+
+def goodput_vs_interval(*, c: RecoveryCosts, mttf_s: float, intervals_s: np.ndarray
+                        ) -> pl.DataFrame:
+    """ETTR of checkpoint/restart as a function of the interval (for the plot)."""
+    return pl.DataFrame({
+        "checkpoint_interval_s": intervals_s,
+        "goodput": [ettr_checkpoint_restart(t, c.checkpoint_s, c.restart_s, mttf_s)
+                    for t in intervals_s]})
+
+
+def checkpoint_bytes(params: int) -> int:
+    """bf16 weights (2 B) + fp32 master weights and Adam moments (12 B) per parameter
+    (Rajbhandari et al. 2020, ZeRO §3)."""
+    return params * 14
+
+
+# ---- a study's strategy under a failure scenario -------------------------------------------
+
+def failure_model(spec: dict[str, object]) -> FailureModel:
+    """From a study's [failures] table: ``preset = NAME`` or ``rate_per_gpu_hour`` (+ shape)."""
+    spec = dict(spec)
+    if "preset" in spec:
+        name = str(spec.pop("preset"))
+        if name not in FAILURE_PRESETS:
+            raise ConfigError(f"no failure preset {name!r}; presets: "
+                              f"{', '.join(FAILURE_PRESETS)}", what="failures")
+        if spec:
+            raise ConfigError(f"unexpected keys with a preset: {', '.join(spec)}",
+                              what="failures")
+        return FAILURE_PRESETS[name]
+    unknown = set(spec) - {"rate_per_gpu_hour", "weibull_shape", "name", "source"}
+    if unknown or "rate_per_gpu_hour" not in spec:
+        raise ConfigError("give preset = NAME or rate_per_gpu_hour (failures per GPU per hour, "
+                          f"> 0) with optional weibull_shape; unknown keys: {sorted(unknown)}",
+                          what="failures")
+    rate = spec["rate_per_gpu_hour"]
+    shape = spec.get("weibull_shape", 1.0)
+    if not isinstance(rate, int | float) or not isinstance(shape, int | float):
+        raise ConfigError("rate_per_gpu_hour and weibull_shape must be numbers", what="failures")
+    return FailureModel(name=str(spec.get("name", "custom")), rate_per_gpu_hour=float(rate),
+                        weibull_shape=float(shape), source=str(spec.get("source", "")))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class JobShape:
+    """What recovery costs depend on: sizes and bandwidths of one strategy on one system."""
+
+    gpus: int
+    params: int
+    model_parallel: int  # tp · pp (· cp): GPUs that hold one full copy of the weights
+    dp: int
+    nic_bytes_per_s: float
+    step_time_s: float
+    shrunk_throughput: float  # tokens/s after losing one data-parallel replica, relative
+
+
+DEFAULT_CHECKPOINT = {"mode": "async", "storage_GBps": 200.0, "host_copy_GBps": 25.0}
+# Restart components (seconds). Assumptions, not fitted to any run: rescheduling onto healthy
+# nodes, communicator and framework initialisation, and warm-up; loading is computed from sizes.
+DEFAULT_RESTART = {"scheduling_s": 300.0, "init_s": 120.0, "warmup_s": 60.0,
+                   "spare_swap_s": 30.0}
+# FT-HSDP (Salpekar et al. 2026): replica-local recovery stalls the job ~3 minutes per failure.
+DEFAULT_POLICY = {"replica_local": {"stall_s": 180.0},
+                  "elastic_shrink": {"stall_s": 180.0, "repair_s": 4 * HOUR_S}}
+
+
+def recovery_costs(job: JobShape, checkpoint: dict[str, object], restart: dict[str, object],
+                   policies: dict[str, dict[str, object]] | None = None
+                   ) -> dict[str, RecoveryCosts]:
+    """Per policy: checkpoint blocking time δ and restart cost R from sizes and bandwidths."""
+    ck = {**DEFAULT_CHECKPOINT, **checkpoint}
+    rs = {**DEFAULT_RESTART, **restart}
+    pol = {k: {**DEFAULT_POLICY.get(k, {}), **(policies or {}).get(k, {})} for k in POLICIES}
+    size = checkpoint_bytes(job.params)
+    shard = size / job.model_parallel  # one data-parallel replica writes, each GPU its shard
+    storage = float(ck["storage_GBps"]) * 1e9  # type: ignore[arg-type]
+    host = float(ck["host_copy_GBps"]) * 1e9  # type: ignore[arg-type]
+    mode = ck["mode"]
+    if mode not in ("sync", "async", "in_memory"):
+        raise ConfigError(f"checkpoint mode must be sync, async or in_memory, got {mode!r}",
+                          what="checkpoint")
+    delta = {"sync": size / storage, "async": shard / host, "in_memory": shard / host}[str(mode)]
+    base = float(rs["scheduling_s"]) + float(rs["init_s"]) + float(rs["warmup_s"])  # type: ignore[arg-type]
+    load_storage = size / storage
+    load_peer = shard / job.nic_bytes_per_s
+    costs = {
+        "global_restart": RecoveryCosts(checkpoint_s=delta, restart_s=base + load_storage),
+        "in_memory": RecoveryCosts(checkpoint_s=shard / host, restart_s=base + load_peer),
+        "hot_spares": RecoveryCosts(
+            checkpoint_s=delta, restart_s=float(rs["spare_swap_s"]) + float(rs["init_s"])  # type: ignore[arg-type]
+            + float(rs["warmup_s"]) + load_storage),  # type: ignore[arg-type]
+        "replica_local": RecoveryCosts(
+            checkpoint_s=delta, restart_s=base + load_peer,
+            stall_s=float(pol["replica_local"]["stall_s"]), replicas=job.dp),  # type: ignore[arg-type]
+        "elastic_shrink": RecoveryCosts(
+            checkpoint_s=delta, restart_s=base + load_peer,
+            stall_s=float(pol["elastic_shrink"]["stall_s"]),  # type: ignore[arg-type]
+            repair_s=float(pol["elastic_shrink"]["repair_s"]),  # type: ignore[arg-type]
+            degraded_throughput=job.shrunk_throughput),
+    }
+    return costs

@@ -1,0 +1,1 @@
+"""Example study files shipped with trainsim (see analysis/study.py for the format)."""

@@ -1,0 +1,120 @@
+"""Study files (TOML): what to train, on what, how, and what can go wrong.
+
+::
+
+    model = "llama3-70b"            # preset or path to a TOML/JSON model file
+    system = "dgx-h100"             # preset or path to a TOML system file
+    gpus = 1024
+    global_batch_size = 512
+    tokens = 1.5e12                 # token budget (time-to-train)
+
+    [[strategies]]                  # compare: a list of strategies (dp follows from gpus)
+    tp = 8
+    pp = 4
+    micro_batch_size = 1
+    sequence_parallel = true
+
+    [search]                        # sweep: the space to enumerate (lists of values)
+    tp = [1, 2, 4, 8]
+
+    [failures]                      # a preset, or rate_per_gpu_hour (+ weibull_shape)
+    preset = "llama3-16k-h100"
+
+    [checkpoint]                    # storage and checkpoint mode
+    mode = "async"                  # sync | async | in_memory
+    storage_GBps = 200.0            # aggregate storage write/read bandwidth (10^9 B/s)
+    host_copy_GBps = 25.0           # per GPU, device → host snapshot (async)
+
+    [restart]                       # seconds
+    scheduling_s = 300.0
+    init_s = 120.0
+    warmup_s = 60.0
+
+    [policies.replica_local]        # per-policy overrides (see analysis/resilience.py)
+    stall_s = 180.0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from replay.hardware import SystemSpec, resolve_system
+from tracegen import ConfigError, ModelSpec, Strategy, resolve_model
+from tracegen._config import load_mapping
+
+KNOWN_KEYS = {"model", "system", "gpus", "global_batch_size", "tokens", "strategies", "search",
+              "failures", "checkpoint", "restart", "policies", "name", "rank_by"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Study:
+    name: str
+    model: ModelSpec
+    system: SystemSpec
+    gpus: int
+    global_batch_size: int
+    tokens: float
+    strategies: tuple[Strategy, ...]
+    search: dict[str, list[Any]]
+    failures: dict[str, Any]
+    checkpoint: dict[str, Any]
+    restart: dict[str, Any]
+    policies: dict[str, dict[str, Any]]
+    rank_by: str
+
+    @property
+    def has_failures(self) -> bool:
+        return bool(self.failures)
+
+
+def load_study(path: str | Path) -> Study:
+    p = Path(path)
+    data = load_mapping(p, what="study file")
+    return study_from_dict(data, name=data.get("name", p.stem), base=p.parent)
+
+
+def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | None = None
+                    ) -> Study:
+    unknown = sorted(set(data) - KNOWN_KEYS)
+    problems = [f"unknown key {k!r} (known: {', '.join(sorted(KNOWN_KEYS))})" for k in unknown]
+    for key in ("model", "system", "gpus", "global_batch_size"):
+        if key not in data:
+            problems.append(f"missing required key {key!r}")
+    if problems:
+        raise ConfigError(problems, what=f"study {name!r}")
+    model = resolve_model(_rel(data["model"], base))
+    system = resolve_system(_rel(data["system"], base))
+    gpus, gbs = int(data["gpus"]), int(data["global_batch_size"])
+    strategies = tuple(_strategy(s, gpus, gbs, i) for i, s in enumerate(data.get("strategies",
+                                                                              [])))
+    rank_by = str(data.get("rank_by", "time_to_train" if data.get("failures") else "step_time"))
+    if rank_by not in ("step_time", "time_to_train"):
+        raise ConfigError(f"rank_by must be 'step_time' or 'time_to_train', got {rank_by!r}",
+                          what=f"study {name!r}")
+    return Study(name, model, system, gpus, gbs, float(data.get("tokens", 0.0)), strategies,
+                 dict(data.get("search", {})), dict(data.get("failures", {})),
+                 dict(data.get("checkpoint", {})), dict(data.get("restart", {})),
+                 dict(data.get("policies", {})), rank_by)
+
+
+def _rel(value: str, base: Path | None) -> str:
+    if base is not None and str(value).endswith((".toml", ".json")):
+        candidate = base / value
+        if candidate.exists():
+            return str(candidate)
+    return str(value)
+
+
+def _strategy(d: dict[str, Any], gpus: int, gbs: int, index: int) -> Strategy:
+    d = dict(d)
+    tp, pp, cp = int(d.get("tp", 1)), int(d.get("pp", 1)), int(d.get("cp", 1))
+    if gpus % (tp * pp * cp):
+        raise ConfigError(f"strategy #{index + 1}: gpus {gpus} is not divisible by tp·pp·cp = "
+                          f"{tp * pp * cp}", what="study")
+    d.setdefault("dp", gpus // (tp * pp * cp))
+    d.setdefault("global_batch_size", gbs)
+    if int(d.get("vpp", 1)) > 1:
+        d.setdefault("schedule", "interleaved_1f1b")
+    return Strategy.from_dict(d)

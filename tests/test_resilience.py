@@ -1,0 +1,105 @@
+"""Resilience over a run: closed forms against Monte Carlo, the Young/Daly optimum, and two
+published cases (Llama 3's interruption count; FT-HSDP's 44% → 80%)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analysis import resilience as R
+from tracegen import ConfigError
+
+# (MTTF s, checkpoint s, restart s, intervals of work) — short and long MTTF, cheap and costly
+# checkpoints and restarts.
+MC_CASES = [(1800, 60, 600, 40), (3600, 10, 120, 60), (900, 5, 300, 80), (20_000, 300, 900, 20)]
+
+
+@pytest.mark.parametrize(("mttf", "delta", "restart", "n"), MC_CASES)
+def test_closed_form_matches_monte_carlo(mttf: float, delta: float, restart: float, n: int
+                                         ) -> None:
+    tau = R.daly_interval_s(delta, mttf)
+    work = n * tau
+    closed = R.expected_wall_s(work, tau, delta, restart, mttf)
+    runs = 400
+    sims = R.monte_carlo_wall_s(work, tau, delta, restart, mttf, runs=runs, seed=7)
+    se = sims.std(ddof=1) / math.sqrt(runs)
+    assert abs(sims.mean() - closed) < 4 * se, (sims.mean(), closed, se)
+
+
+@pytest.mark.parametrize(("mttf", "delta"), [(3600, 30), (11_000, 2), (900, 10), (86_400, 600)])
+def test_daly_interval_is_the_numerical_optimum(mttf: float, delta: float) -> None:
+    grid = np.geomspace(delta / 10, mttf * 3, 20_000)
+    ettr = [R.ettr_checkpoint_restart(t, delta, 300, mttf) for t in grid]
+    best = grid[int(np.argmax(ettr))]
+    assert R.daly_interval_s(delta, mttf) == pytest.approx(best, rel=0.03)
+    assert R.young_interval_s(delta, mttf) == pytest.approx(best, rel=0.10)
+
+
+def test_llama3_interruption_count_is_reproduced() -> None:
+    """419 unexpected interruptions in 54 days on 16,384 GPUs (Dubey et al. 2024, Table 5)."""
+    f = R.FAILURE_PRESETS["llama3-16k-h100"]
+    days = 54 * R.DAY_S
+    assert days / f.job_mttf_s(16_384) == pytest.approx(419)
+    counts = R.monte_carlo_failures(f, 16_384, days, runs=300, seed=3)
+    se = counts.std(ddof=1) / math.sqrt(len(counts))
+    assert abs(counts.mean() - 419) < 4 * se
+    assert counts.std() == pytest.approx(math.sqrt(419), rel=0.15)  # Poisson
+    assert sum(R.LLAMA3_CAUSES.values()) == 419
+
+
+def test_ft_hsdp_case_moves_goodput_from_44_to_80_percent() -> None:
+    """Salpekar et al. 2026: at O(100K) GPUs, a ~10 min global stall per failure gives ~44%
+    effective training time; ~3 min replica-local recovery gives ~80%. Scenario: the 131,072-GPU
+    projection (MTTF ≈ 15 min), global restart R = 10 min with 10 s async checkpoints at Daly's
+    interval; replica-local: 3 min stall, one of 128 replicas restarts for 10 min, no rollback."""
+    f = R.FAILURE_PRESETS["projection-131k-15min"]
+    mttf = f.job_mttf_s(131_072)
+    assert mttf == pytest.approx(900)
+    costs = {"global_restart": R.RecoveryCosts(checkpoint_s=10, restart_s=600),
+             "replica_local": R.RecoveryCosts(checkpoint_s=0, restart_s=600, stall_s=180,
+                                              replicas=128)}
+    frame = R.policy_frame(failure=f, gpus=131_072, work_s=30 * R.DAY_S, costs=costs)
+    goodput = dict(zip(frame["policy"], frame["goodput"], strict=True))
+    assert goodput["global_restart"] == pytest.approx(0.44, abs=0.02)
+    assert goodput["replica_local"] == pytest.approx(0.80, abs=0.02)
+
+
+def test_larger_jobs_fail_more_often() -> None:
+    f = R.FAILURE_PRESETS["llama3-16k-h100"]
+    assert f.job_mttf_s(32_768) == pytest.approx(f.job_mttf_s(16_384) / 2)
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"rate_per_gpu_hour": -1.0}, "rate_per_gpu_hour must be a positive number, got -1.0"),
+    ({"preset": "nope"}, "no failure preset 'nope'"),
+    ({"rate": 1e-5}, "give preset = NAME or rate_per_gpu_hour"),
+    ({"rate_per_gpu_hour": 1e-5, "weibull_shape": 0}, "weibull_shape must be > 0"),
+])
+def test_bad_failure_specs(spec: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        R.failure_model(spec)
+
+
+def test_resilience_cli_writes_summary_and_plots(tmp_path: Path) -> None:
+    study = Path(__file__).resolve().parent.parent / "analysis" / "studies" / (
+        "llama3-405b-failures.toml")
+    out = tmp_path / "s.json"
+    r = subprocess.run([sys.executable, "-m", "analysis.cli", "resilience", str(study),
+                        "--summary", str(out), "--plots", str(tmp_path / "plots")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())["policies"]
+    assert set(data) == set(R.POLICIES)
+    for v in data.values():
+        for key in ("goodput", "expected_wall_clock_s", "checkpoint_interval_s",
+                    "expected_failures"):
+            assert key in v
+        assert 0 < v["goodput"] <= 1
+    assert data["hot_spares"]["goodput"] > data["global_restart"]["goodput"]
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 2
