@@ -4,6 +4,7 @@ scenario — goodput and expected time-to-train per recovery policy."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import polars as pl
@@ -36,7 +37,7 @@ def _shrunk_throughput(study: Study, s: Strategy, fast: FastEstimate) -> float:
     unit = s.micro_batch_size * dp
     gbs = max(unit, s.global_batch_size // unit * unit)
     try:
-        shrunk = dataclasses.replace(s, dp=dp, global_batch_size=gbs, ep=1 if s.ep > 1 else 1)
+        shrunk = dataclasses.replace(s, dp=dp, global_batch_size=gbs, ep=math.gcd(dp, s.ep))
         est = estimate(study.model, shrunk, study.system)
     except ConfigError:
         return 0.0
