@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
+import polars as pl
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -90,6 +91,8 @@ def replay_cmd(
     = False,
     no_fold: Annotated[bool, typer.Option("--no-fold", help="Simulate every rank of a full-mode "
                                           "set even when it is provably symmetric.")] = False,
+    scenario: Annotated[Path | None, typer.Option(help="Scenario TOML: stragglers, degraded "
+                                                       "links, heterogeneous GPUs.")] = None,
 ) -> None:
     """Simulate one training step of a Chakra trace set on a system."""
     import json
@@ -100,10 +103,12 @@ def replay_cmd(
         raise ConfigError(f"--compute must be 'model' or 'trace', got {compute!r}")
     with _progress() as bar:
         task = bar.add_task("reading traces", total=None)
-        ts = load_trace_set(trace, comm_groups=comm_groups, fold=not (no_fold or astra_compat),
+        fold = not (no_fold or astra_compat or scenario is not None)
+        ts = load_trace_set(trace, comm_groups=comm_groups, fold=fold,
                             progress=lambda i, n: bar.update(task, completed=i, total=n))
         bar.update(task, description="simulating", completed=0, total=ts.num_nodes)
         result = replay(ts, system, compute=compute, astra_compat=astra_compat,  # type: ignore[arg-type]
+                        scenario=scenario,
                         progress=lambda i, n: bar.update(task, completed=i, total=n))
     if timeline is not None:
         result.to_perfetto(timeline)
@@ -138,6 +143,14 @@ def _print_replay(result: Any) -> None:
     if m.get("comm_time_by_axis_s"):
         console.print("communication time by axis (busiest rank): " + ", ".join(
             f"{a} {t:.4f} s" for a, t in m["comm_time_by_axis_s"].items()))
+    waits = result.waits
+    if m.get("scenario") and waits.height:
+        late = (waits.group_by("last_rank").agg(pl.len().alias("collectives"),
+                                                pl.col("wait_s").sum().alias("others_wait_s"))
+                .sort("others_wait_s", descending=True).head(5))
+        console.print(f"scenario {m['scenario']}: who the collectives wait for — " + "; ".join(
+            f"rank {r['last_rank']} last in {r['collectives']} collectives "
+            f"(others waited {r['others_wait_s']:.4f} s)" for r in late.iter_rows(named=True)))
 
 
 @app.command("validate")

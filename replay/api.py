@@ -7,14 +7,16 @@ from pathlib import Path
 
 from replay.compute import ComputeSource, RooflineCompute
 from replay.hardware import SystemSpec, resolve_system
-from replay.network import AlphaBetaNetwork
+from replay.network import AlphaBetaNetwork, NetworkModel
 from replay.results import (
     ReplayResult,
     breakdown_frame,
     expand_folded,
     step_metrics,
     timeline_frame,
+    waits_frame,
 )
+from replay.scenario import DegradedNetwork, Scenario, compute_for, load_scenario
 from replay.sim import Simulator
 from replay.traceset import TraceSet, load_trace_set
 
@@ -22,15 +24,22 @@ from replay.traceset import TraceSet, load_trace_set
 def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
            comm_groups: str | Path | None = None, compute: ComputeSource = "model",
            astra_compat: bool = False, fold: bool = True, contention: bool = True,
+           scenario: str | Path | Scenario | None = None,
            progress: Callable[[int, int], None] | None = None) -> ReplayResult:
-    """Simulate one step of a trace set on ``system`` (a preset name, TOML file or SystemSpec)."""
+    """Simulate one step of a trace set on ``system`` (a preset name, TOML file or SystemSpec),
+    optionally perturbed by a scenario (stragglers, degraded links, heterogeneous GPUs)."""
     ts = trace if isinstance(trace, TraceSet) else load_trace_set(
-        trace, comm_groups=comm_groups, fold=fold and not astra_compat)
+        trace, comm_groups=comm_groups, fold=fold and not astra_compat and scenario is None)
     sys_spec = system if isinstance(system, SystemSpec) else resolve_system(system)
     model = RooflineCompute(sys_spec.gpu, compute)
-    net = AlphaBetaNetwork(sys_spec, astra_compat=astra_compat)
+    net: NetworkModel = AlphaBetaNetwork(sys_spec, astra_compat=astra_compat)
+    scen = _scenario(scenario, ts, sys_spec)
+    overrides = compute_for(scen, sys_spec, compute) if scen else {}
+    if scen and scen.links:
+        net = DegradedNetwork(net, scen.links)
     sim = Simulator(ts, model, net, astra_compat=astra_compat, contention=contention,
-                    progress=progress)
+                    slowdown=scen.slowdown if scen and scen.episodes else None,
+                    compute_overrides=overrides, progress=progress)
     end_ns = sim.run()
     timeline = timeline_frame(sim, ts)
     metrics = step_metrics(ts, timeline, end_ns, sys_spec.gpu.peak_flop_per_s(_dtype(ts)))
@@ -39,7 +48,19 @@ def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
     breakdown = breakdown_frame(timeline, metrics["step_time_s"])
     if ts.folded:
         breakdown = expand_folded(breakdown, ts)
-    return ReplayResult(timeline, breakdown, metrics)
+    faults = tuple(scen.perfetto_events(end_ns)) if scen else ()
+    if scen:
+        metrics["scenario"] = scen.name
+    return ReplayResult(timeline, breakdown, metrics, waits_frame(sim), faults)
+
+
+def _scenario(scenario: str | Path | Scenario | None, ts: TraceSet, sys_spec: SystemSpec
+              ) -> Scenario | None:
+    if scenario is None or isinstance(scenario, Scenario):
+        return scenario
+    return load_scenario(scenario, world_size=ts.world_size,
+                         gpus_per_node=sys_spec.node.gpus_per_node,
+                         simulated={r.rank for r in ts.ranks})
 
 
 def _dtype(ts: TraceSet) -> str:

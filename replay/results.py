@@ -24,6 +24,8 @@ class ReplayResult:
     timeline: pl.DataFrame
     breakdown: pl.DataFrame
     metrics: dict[str, Any]
+    waits: pl.DataFrame = dataclasses.field(default_factory=pl.DataFrame)
+    fault_events: tuple[dict[str, Any], ...] = ()
 
     @property
     def step_time_s(self) -> float:
@@ -31,7 +33,20 @@ class ReplayResult:
 
     def to_perfetto(self, path: str | Path, *, extra_events: list[dict[str, Any]] | None = None
                     ) -> None:
-        write_perfetto(self.timeline, path, extra_events=extra_events)
+        write_perfetto(self.timeline, path,
+                       extra_events=[*self.fault_events, *(extra_events or [])])
+
+
+def waits_frame(sim: Simulator) -> pl.DataFrame:
+    """Who waits for whom: per collective, the last rank to arrive and how late it was."""
+    rows = sim.coll_waits
+    return pl.DataFrame(
+        {"group": [r[0] for r in rows], "index": [r[1] for r in rows],
+         "name": [r[2] for r in rows], "last_rank": [r[3] for r in rows],
+         "wait_s": [r[4] / NS_PER_S for r in rows], "first_arrival_s": [r[5] / NS_PER_S
+                                                                         for r in rows]},
+        schema={"group": pl.String, "index": pl.Int64, "name": pl.String,
+                "last_rank": pl.Int64, "wait_s": pl.Float64, "first_arrival_s": pl.Float64})
 
 
 def timeline_frame(sim: Simulator, ts: TraceSet) -> pl.DataFrame:

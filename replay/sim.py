@@ -98,9 +98,15 @@ class Records:
 class Simulator:
     def __init__(self, ts: TraceSet, compute: ComputeModel | Callable[[int], ComputeModel],
                  network: NetworkModel, *, astra_compat: bool = False, contention: bool = True,
+                 slowdown: Callable[[int, int], float] | None = None,
+                 compute_overrides: dict[int, ComputeModel] | None = None,
                  progress: Callable[[int, int], None] | None = None) -> None:
         self.ts, self.net, self.astra = ts, network, astra_compat
         self.contention = contention
+        self._slowdown = slowdown
+        self._overrides = compute_overrides or {}
+        # (group, index, node name, last rank to arrive, its lateness ns, first arrival ns)
+        self.coll_waits: list[tuple[str, int, str, int, int, int]] = []
         self._compute_for = compute if callable(compute) and not hasattr(
             compute, "duration_ns") else (lambda _r: compute)
         self.engine = Engine()
@@ -191,7 +197,10 @@ class Simulator:
         r.busy[sid] = True
         node = r.nodes[pos]
         if node.type == pb.COMP_NODE:
-            dur = self._compute_for(r.rank).duration_ns(node)
+            model = self._overrides.get(r.rank) or self._compute_for(r.rank)
+            dur = model.duration_ns(node)
+            if self._slowdown is not None:
+                dur = round(dur * self._slowdown(r.rank, t))
             return [(t + dur, PRIO_FINISH, self._finish, (r.rank, pos, sid, t, t))]
         if node.type == pb.COMM_COLL_NODE:
             return self._arrive(t, r, pos, sid)
@@ -268,6 +277,10 @@ class Simulator:
         if len(c.arrived) < c.present:
             return None
         del self._colls[key]
+        if len(c.arrived) > 1:
+            last = max(c.arrived, key=lambda m: (c.arrived[m][1], m))
+            first = min(a[1] for a in c.arrived.values())
+            self.coll_waits.append((pg, k, node.name, last, t - first, first))
         cost = self.net.collective(COLL_TYPE_NAMES[sig[0]], sig[1], members)
         links = tuple(ln for ln in cost.links if ln[1] in self._present)
         arrived = dict(c.arrived)

@@ -1,0 +1,122 @@
+"""Inside-a-step scenarios: stragglers in a TP group and in a DP replica, a degraded NIC, mixed
+GPU types, fault events in the Perfetto export, and clear errors for bad scenario files."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from replay import get_system, replay
+from replay.traceset import load_trace_set
+from tracegen import ConfigError, ModelSpec, Strategy, generate
+
+MODEL = ModelSpec(name="scen", num_layers=4, hidden_size=512, num_attention_heads=8,
+                  ffn_hidden_size=2048, vocab_size=2048, seq_len=512, activation="gelu")
+H100 = get_system("dgx-h100")
+# Two GPUs per node, so a data-parallel group of 2 crosses the NICs while TP pairs stay inside.
+TWO_PER_NODE = dataclasses.replace(H100, node=dataclasses.replace(H100.node, gpus_per_node=2))
+
+
+def _set(tmp: Path, **kw: int) -> Path:
+    s = Strategy(micro_batch_size=1, global_batch_size=4 * kw.get("dp", 1), **kw)
+    generate(MODEL, s, tmp, mode="full")
+    return tmp
+
+
+def _scenario(tmp: Path, text: str) -> Path:
+    f = tmp / "scenario.toml"
+    f.write_text(text)
+    return f
+
+
+def test_slow_gpu_in_a_tp_group_slows_the_whole_step(tmp_path: Path) -> None:
+    d = _set(tmp_path / "t", tp=2)
+    healthy = replay(d, H100)
+    slow = replay(d, H100, scenario=_scenario(tmp_path, "[[straggler]]\nranks = [1]\n"
+                                                        "slowdown = 2.0\n"))
+    compute = healthy.breakdown.filter(pl.col("rank") == 1)["compute_s"].item()
+    # Every TP collective waits for rank 1, so the step grows by its extra compute time.
+    assert slow.step_time_s == pytest.approx(healthy.step_time_s + compute, rel=0.03)
+    assert set(slow.waits["last_rank"].unique()) == {1}
+
+
+def test_slow_gpu_in_one_dp_replica_stalls_everyone_at_gradient_sync(tmp_path: Path) -> None:
+    d = _set(tmp_path / "d", dp=2)
+    healthy = replay(d, H100)
+    slow = replay(d, H100, scenario=_scenario(tmp_path, "[[straggler]]\nranks = [1]\n"
+                                                        "slowdown = 2.0\n"))
+    b = slow.breakdown
+    compute0 = b.filter(pl.col("rank") == 0)["compute_s"].item()
+    compute1 = b.filter(pl.col("rank") == 1)["compute_s"].item()
+    assert compute1 == pytest.approx(2 * compute0, rel=0.01)
+    # Rank 0 computes at full speed, then waits at the gradient all-reduce for rank 1.
+    wait0 = b.filter(pl.col("rank") == 0)["collective_wait_s"].item()
+    assert wait0 >= 0.9 * (compute1 - compute0) * 0.5
+    colls = slow.timeline.filter(pl.col("kind") == "COMM_COLL_NODE")
+    last = colls.group_by("rank").agg(pl.col("end_s").max())["end_s"].to_list()
+    assert last[0] == pytest.approx(last[1])  # the gradient sync ends together on both
+    assert set(slow.waits["last_rank"].unique()) == {1}
+    assert slow.step_time_s > healthy.step_time_s + 0.9 * (compute1 - compute0) * 0.5
+
+
+def test_degraded_nic_slows_exactly_the_collectives_that_cross_it(tmp_path: Path) -> None:
+    d = _set(tmp_path / "n", tp=2, dp=2)  # ranks 0,1 on node 0; 2,3 on node 1
+    healthy = replay(d, TWO_PER_NODE)
+    degraded = replay(d, TWO_PER_NODE, scenario=_scenario(
+        tmp_path, "[[link]]\nnodes = [1]\ntier = \"nic\"\nbandwidth_factor = 0.25\n"))
+
+    def durations(res):  # type: ignore[no-untyped-def]
+        t = res.timeline.filter(pl.col("kind") == "COMM_COLL_NODE")
+        return t.with_columns((pl.col("end_s") - pl.col("start_s")).alias("d")).select(
+            ["rank", "name", "stream", "d"])
+
+    h, g = durations(healthy), durations(degraded)
+    both = h.join(g, on=["rank", "name", "stream"], suffix="_deg")
+    axis = {f"comm:{k}": v for k, v in load_trace_set(d).group_axis.items()}
+    both = both.with_columns(pl.col("stream").replace_strict(axis).alias("axis"))
+    tp = both.filter(pl.col("axis") == "tp")
+    dp = both.filter(pl.col("axis") == "dp")
+    assert tp.height and dp.height
+    assert (tp["d_deg"] - tp["d"]).abs().max() < 1e-9  # NVLink-only collectives untouched
+    assert (dp["d_deg"] > dp["d"] * 1.5).all()  # every cross-node collective slowed
+
+
+def test_half_a100_half_h100(tmp_path: Path) -> None:
+    d = _set(tmp_path / "h", dp=2)
+    res = replay(d, H100, scenario=_scenario(
+        tmp_path, "[[gpu]]\nranks = [1]\nsystem = \"dgx-a100-80gb\"\n"))
+    b = res.breakdown
+    assert b.filter(pl.col("rank") == 1)["compute_s"].item() > 1.5 * b.filter(
+        pl.col("rank") == 0)["compute_s"].item()
+    assert res.metrics["scenario"] == "scenario"
+
+
+def test_fault_events_have_their_own_perfetto_track(tmp_path: Path) -> None:
+    d = _set(tmp_path / "p", tp=2)
+    res = replay(d, H100, scenario=_scenario(
+        tmp_path, "[[straggler]]\nranks = [0]\nslowdown = 1.5\nstart_s = 0.0\nend_s = 0.001\n"))
+    res.to_perfetto(tmp_path / "t.json")
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    faults = [e for e in events if e.get("cat") == "fault"]
+    assert faults and all(e["pid"] == -1 for e in faults)
+    assert any(e.get("args", {}).get("name") == "faults" for e in events if e["ph"] == "M")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[[straggler]]\nranks = [9]\nslowdown = 2.0\n", r"rank\(s\) \[9\] not in the world of 2"),
+    ("[[straggler]]\nranks = [0]\nslowdown = 0.5\n", "slowdown 0.5 < 1 would make the rank faster"),
+    ("[[link]]\nranks = [0]\nbandwidth_factor = 1.5\n", r"bandwidth_factor is a fraction"),
+    ("[[link]]\nranks = [0]\ntier = \"pcie\"\nbandwidth_factor = 0.5\n", "tier must be 'nic'"),
+    ("[[straggler]]\nranks = [0]\nslowdown = 2.0\nspeed = 3\n", r"unknown key\(s\) \['speed'\]"),
+    ("[[stragglers]]\nranks = [0]\n", r"unknown section\(s\) \['stragglers'\]"),
+    ("[[gpu]]\nranks = [0]\nsystem = \"tpu-v9\"\n", "no preset system named 'tpu-v9'"),
+    ("[[straggler]]\nnodes = [0]\nranks = [0]\nslowdown = 2.0\n", "exactly one of ranks"),
+])
+def test_bad_scenario_files(tmp_path: Path, text: str, message: str) -> None:
+    d = _set(tmp_path / "b", tp=2)
+    with pytest.raises(ConfigError, match=message):
+        replay(d, H100, scenario=_scenario(tmp_path, text))
