@@ -21,11 +21,11 @@ check: $(STAMP)
 	$(VENV)/bin/ruff check tracegen replay analysis tests bench
 	$(VENV)/bin/mypy
 
-# The main job on built-in defaults: GPT-3 175B on 1,024 GPUs (tp 8, pp 8, dp 16, interleaved).
+# The main job on built-in defaults: GPT-3 175B on 1,024 A100s, four Megatron layouts, healthy
+# and under Llama 3's published failure rate → out/report.html, out/report.md, out/results.csv.
 demo: $(STAMP)
-	$(VENV)/bin/trainsim tracegen --model gpt3-175b --gpus 1024 --tp 8 --pp 8 --vpp 3 \
-		--schedule interleaved_1f1b --sp --mbs 1 --gbs 1536 --zero 1 --recompute selective \
-		-o out/demo-gpt3-175b
+	$(VENV)/bin/trainsim compare default -o out
+	$(VENV)/bin/trainsim report out -o out
 
 bench: $(STAMP)
 	$(PY) bench/bench_tracegen.py

@@ -248,6 +248,137 @@ def resilience_cmd(
         summary.write_text(json.dumps({"policies": first, "strategies": out}, indent=1) + "\n")
 
 
+def _study_meta(study: Any, counts: dict[str, int] | None = None) -> dict[str, Any]:
+    return {"name": study.name, "model": study.model.name, "system": study.system.name,
+            "gpus": study.gpus, "global_batch_size": study.global_batch_size,
+            "tokens": study.tokens, "rank_by": study.rank_by, "counts": counts or {}}
+
+
+def _resolve_study(name_or_file: str) -> Any:
+    from importlib import resources
+
+    from analysis.study import load_study
+
+    p = Path(name_or_file)
+    if not p.exists():
+        packaged = resources.files("analysis.studies").joinpath(f"{name_or_file}.toml")
+        if packaged.is_file():
+            p = Path(str(packaged))
+        else:
+            raise ConfigError(f"study {name_or_file!r} is neither a file nor a packaged study "
+                              "(analysis/studies/*.toml)", what="study")
+    return load_study(p)
+
+
+def _save_best(results: Any, study: Any, out: Path, timelines: Path) -> None:
+    """The best replayed strategy's timeline and, with failures, its recovery policies."""
+    from analysis.evaluate import resilience_frame
+    from analysis.runner import strategy_id
+
+    best = results.filter(results["status"] == "replayed").head(1)
+    if best.is_empty():
+        return
+    bid = best["id"][0]
+    src = timelines / f"{bid}.parquet"
+    if src.is_file():
+        src.replace(out / "timeline.parquet")
+    if study.has_failures:
+        by_id = {strategy_id(s): s for s in study.strategies}
+        if bid in by_id:
+            resilience_frame(study, by_id[bid]).write_parquet(out / "resilience.parquet")
+
+
+@app.command("compare")
+def compare_cmd(
+    study: Annotated[str, typer.Argument(help="Study TOML, or a packaged study name.")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="Output directory.")],
+    workers: Annotated[int, typer.Option(help="Local worker processes.")] = 2,
+    scheduler: Annotated[str | None, typer.Option(help="Dask scheduler address.")] = None,
+) -> None:
+    """Generate, replay and rank every strategy a study lists."""
+    import json
+    import tempfile
+
+    from analysis.compare import compare
+
+    st = _resolve_study(study)
+    if not st.strategies:
+        raise ConfigError("the study lists no [[strategies]]; use `trainsim sweep` for a search "
+                          "space", what="study")
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="trainsim-timelines-") as tl, _progress() as bar:
+        task = bar.add_task("replaying strategies", total=len(st.strategies))
+        results = compare(st, timeline_dir=tl, workers=workers, scheduler=scheduler,
+                          progress=lambda i, n: bar.update(task, completed=i))
+        _save_best(results, st, out, Path(tl))
+    results.write_parquet(out / "results.parquet")
+    results.write_csv(out / "results.csv")
+    (out / "study.json").write_text(json.dumps(_study_meta(st), indent=1) + "\n")
+    _print_ranking(results, f"{st.name}: {st.model.name} on {st.gpus} GPUs ({st.system.name})")
+
+
+def _print_ranking(results: Any, title: str) -> None:
+    from analysis.report import COLUMNS, _fmt
+
+    table = Table(title=title)
+    cols = [(k, label) for k, label, _ in COLUMNS if k in results.columns]
+    for _, label in cols:
+        table.add_column(label, justify="right")
+    for r in results.head(15).iter_rows(named=True):
+        table.add_row(*[_fmt(k, r.get(k)) for k, _ in cols])
+    console.print(table)
+
+
+@app.command("sweep")
+def sweep_cmd(
+    study: Annotated[str, typer.Argument(help="Study TOML with a [search] space.")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="Output directory (resumable).")],
+    top_k: Annotated[int, typer.Option("--top-k", help="Replay the best K.")] = 10,
+    workers: Annotated[int, typer.Option(help="Local worker processes.")] = 2,
+    scheduler: Annotated[str | None, typer.Option(help="Dask scheduler address, e.g. "
+                                                       "tcp://host:8786.")] = None,
+    chunk: Annotated[int, typer.Option(help="Strategies per task.")] = 64,
+) -> None:
+    """Enumerate a strategy space, screen it with the fast path, replay the best K, rank."""
+    import json
+
+    from analysis.sweep import sweep
+
+    st = _resolve_study(study)
+    out.mkdir(parents=True, exist_ok=True)
+    import time
+
+    with _progress() as bar:
+        tasks: dict[str, Any] = {}
+        started: dict[str, float] = {}
+
+        def report(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(phase, total=total)
+                started[phase] = time.perf_counter()
+            rate = done / max(time.perf_counter() - started[phase], 1e-9)
+            bar.update(tasks[phase], completed=done, total=total,
+                       description=f"{phase} ({rate:,.0f} strategies/s)")
+
+        results, counts = sweep(st, out, top_k=top_k, scheduler=scheduler, workers=workers,
+                                chunk=chunk, progress=report)
+    (out / "study.json").write_text(json.dumps(_study_meta(st, counts), indent=1) + "\n")
+    console.print(" · ".join(f"{k.replace('_', ' ')}: {v:,}" for k, v in counts.items()))
+    _print_ranking(results, f"{st.name}: best of {counts['valid']:,} strategies")
+
+
+@app.command("report")
+def report_cmd(
+    results: Annotated[Path, typer.Argument(help="Directory written by compare or sweep.")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="Report directory.")],
+) -> None:
+    """Write report.html (self-contained), report.md, figures and tables."""
+    from analysis.report import build_report
+
+    html = build_report(results, out)
+    console.print(f"report: {html} (and {out / 'report.md'}, {out / 'results.csv'})")
+
+
 @app.command("systems")
 def systems_cmd() -> None:
     """List the preset systems."""

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg")  # files and notebooks; never a window
-
-import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+
+
+def _figure(width: float, height: float) -> tuple[Figure, Axes]:
+    """A Figure outside pyplot's global state: nothing to close, no window, any backend."""
+    fig = Figure(figsize=(width, height), layout="constrained")
+    return fig, fig.add_subplot()
 
 
 def predicted_vs_measured(results: pl.DataFrame, *, band: float = 0.10) -> Figure:
     """Log-log scatter of predicted vs measured step time with the ±band region shaded."""
     ok = results.filter(pl.col("status") == "ok")
-    fig, ax = plt.subplots(figsize=(6.4, 6.0), layout="constrained")
+    fig, ax = _figure(6.4, 6.0)
     if ok.height:
         meas = ok["measured_iter_time_s"].to_numpy()
         pred = ok["predicted_iter_time_s"].to_numpy()
@@ -42,7 +44,7 @@ def predicted_vs_measured(results: pl.DataFrame, *, band: float = 0.10) -> Figur
 def goodput_vs_interval(curve: pl.DataFrame, *, young_s: float, daly_s: float,
                         title: str = "") -> Figure:
     """ETTR against the checkpoint interval, with Young's and Daly's optima marked."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
+    fig, ax = _figure(6.4, 4.2)
     x = curve["checkpoint_interval_s"].to_numpy() / 60
     ax.plot(x, curve["goodput"].to_numpy() * 100, color="tab:blue")
     for t, label, style in ((young_s, "Young", ":"), (daly_s, "Daly", "--")):
@@ -58,7 +60,7 @@ def goodput_vs_interval(curve: pl.DataFrame, *, young_s: float, daly_s: float,
 
 def time_to_train_by_policy(frame: pl.DataFrame, *, title: str = "") -> Figure:
     """Expected wall-clock days to train the token budget, one bar per recovery policy."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.8), layout="constrained")
+    fig, ax = _figure(6.4, 3.8)
     days = frame["expected_wall_clock_s"].to_numpy() / 86_400
     bars = ax.barh(frame["policy"].to_list(), days, color="tab:blue")
     for bar, g in zip(bars, frame["goodput"].to_list(), strict=True):
@@ -68,4 +70,110 @@ def time_to_train_by_policy(frame: pl.DataFrame, *, title: str = "") -> Figure:
     ax.set_title(title or "Time to train by recovery policy")
     ax.invert_yaxis()
     ax.margins(x=0.25)
+    return fig
+
+
+BREAKDOWN = (("compute_s", "compute", "tab:blue"),
+             ("exposed_tp_s", "exposed TP comm", "tab:orange"),
+             ("exposed_pp_s", "exposed PP comm", "tab:green"),
+             ("exposed_dp_s", "exposed DP comm", "tab:red"),
+             ("exposed_other_comm_s", "other comm", "tab:pink"),
+             ("bubble_s", "bubble / wait", "tab:gray"), ("optimizer_s", "optimizer", "tab:purple"))
+
+
+def stacked_breakdown(results: pl.DataFrame, *, top: int = 12) -> Figure:
+    """Where each step goes, per replayed strategy (stacked horizontal bars, seconds)."""
+    rows = results.filter(pl.col("compute_s").is_not_null()).head(top)
+    fig, ax = _figure(10, 0.45 * max(rows.height, 3) + 1.5)
+    left = np.zeros(rows.height)
+    labels = rows["strategy"].to_list()
+    for col, name, color in BREAKDOWN:
+        vals = rows[col].fill_null(0.0).to_numpy()
+        ax.barh(labels, vals, left=left, label=name, color=color)
+        left += vals
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds per step")
+    ax.set_title("Step time breakdown (rank that finishes last)")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def pareto(results: pl.DataFrame) -> Figure:
+    """Throughput against peak memory per GPU; the Pareto front of strategies that fit."""
+    ok = results.filter(pl.col("tokens_per_s").is_not_null() & pl.col("fits").fill_null(False))
+    fig, ax = _figure(6.4, 4.4)
+    if ok.height:
+        mem = ok["peak_memory_GiB"].to_numpy()
+        tps = ok["tokens_per_s"].to_numpy()
+        ax.scatter(mem, tps, s=18, alpha=0.6, label="strategies")
+        order = np.argsort(mem)
+        front_x, front_y, best = [], [], -1.0
+        for i in order:
+            if tps[i] > best:
+                best = tps[i]
+                front_x.append(mem[i])
+                front_y.append(tps[i])
+        ax.step(front_x, front_y, where="post", color="tab:red", label="Pareto front")
+    ax.set_xlabel("peak memory per GPU (GiB)")
+    ax.set_ylabel("tokens / s")
+    ax.set_title("Throughput vs memory")
+    ax.legend(fontsize="small")
+    ax.grid(True, alpha=0.3)
+    return fig
+
+
+def tp_pp_heatmap(results: pl.DataFrame) -> Figure:
+    """Best step time for each (tp, pp) among strategies that fit."""
+    ok = results.filter(pl.col("fits").fill_null(False) & pl.col("step_time_s").is_not_null())
+    fig, ax = _figure(5.6, 4.4)
+    if ok.height:
+        best = ok.group_by(["tp", "pp"]).agg(pl.col("step_time_s").min())
+        tps = sorted(best["tp"].unique().to_list())
+        pps = sorted(best["pp"].unique().to_list())
+        grid = np.full((len(pps), len(tps)), np.nan)
+        for tp, pp, t in best.iter_rows():
+            grid[pps.index(pp), tps.index(tp)] = t
+        im = ax.imshow(grid, cmap="viridis_r", aspect="auto")
+        ax.set_xticks(range(len(tps)), [str(t) for t in tps])
+        ax.set_yticks(range(len(pps)), [str(p) for p in pps])
+        mid = np.nanmean(grid)
+        for (i, j), v in np.ndenumerate(grid):
+            if np.isfinite(v):  # dark text on the light (fast) cells, light on the dark ones
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8,
+                        color="black" if v <= mid else "white")
+        fig.colorbar(im, ax=ax, label="best step time (s)")
+    ax.set_xlabel("tensor parallel (tp)")
+    ax.set_ylabel("pipeline parallel (pp)")
+    ax.set_title("Best step time by tp × pp")
+    return fig
+
+
+def _spans(frame: pl.DataFrame) -> list[tuple[float, float]]:
+    """Merged (start, width) spans of a frame's intervals (touching ones join)."""
+    from replay.results import _union
+
+    if frame.is_empty():
+        return []
+    return [(a, b - a) for a, b in _union(frame["start_s"].to_numpy(), frame["end_s"].to_numpy())]
+
+
+def pipeline_timeline(timeline: pl.DataFrame, *, ranks: int = 4, title: str = "") -> Figure:
+    """Gantt chart of the first ``ranks`` simulated ranks: forward, backward and optimizer on the
+    compute stream; collectives and sends below."""
+    chosen = timeline["rank"].unique().sort().head(ranks).to_list()
+    fig, ax = _figure(10, 0.9 * len(chosen) + 1.4)
+    colors = {"F": "tab:blue", "B": "tab:orange", "s": "tab:purple"}
+    for row, rank in enumerate(chosen):
+        t = timeline.filter(pl.col("rank") == rank)
+        comp = t.filter(pl.col("stream") == "compute")
+        for phase, color in colors.items():
+            seg = comp.filter(pl.col("name").str.starts_with(phase))
+            ax.broken_barh(_spans(seg), (row - 0.35, 0.45), facecolors=color, linewidth=0)
+        comm = t.filter(pl.col("kind").is_in(["COMM_COLL_NODE", "COMM_SEND_NODE"]))
+        ax.broken_barh(_spans(comm), (row + 0.14, 0.2), facecolors="tab:green", linewidth=0)
+    ax.set_yticks(range(len(chosen)), [f"rank {r}" for r in chosen])
+    ax.invert_yaxis()
+    ax.set_xlabel("time (s)")
+    ax.set_title(title or "Pipeline timeline: forward (blue), backward (orange), optimizer "
+                          "(purple), communication (green)")
     return fig

@@ -45,6 +45,7 @@ def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
     metrics = step_metrics(ts, timeline, end_ns, sys_spec.gpu.peak_flop_per_s(_dtype(ts)))
     metrics["system"] = sys_spec.name
     metrics["folded"] = ts.folded
+    metrics["group_axes"] = dict(ts.group_axis)
     breakdown = breakdown_frame(timeline, metrics["step_time_s"])
     if ts.folded:
         breakdown = expand_folded(breakdown, ts)

@@ -1,0 +1,169 @@
+"""Compare strategies: each one generated, replayed and (with a failure scenario) costed over the
+whole run. One row per strategy, as a polars frame."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import polars as pl
+
+from analysis.evaluate import resilience_frame, tokens_per_step
+from analysis.fastpath import estimate
+from analysis.study import Study
+from replay import ReplayResult, replay
+from tracegen import Strategy, TrainsimError, generate
+from tracegen.units import GiB
+
+RESULT_COLUMNS: dict[str, Any] = {
+    "strategy": pl.String, "tp": pl.Int64, "pp": pl.Int64, "dp": pl.Int64, "cp": pl.Int64,
+    "ep": pl.Int64, "vpp": pl.Int64, "micro_batch_size": pl.Int64, "schedule": pl.String,
+    "recompute": pl.String, "zero_stage": pl.Int64, "sequence_parallel": pl.Boolean,
+    "status": pl.String, "step_time_s": pl.Float64, "fast_step_time_s": pl.Float64,
+    "tokens_per_s": pl.Float64, "mfu": pl.Float64, "hfu": pl.Float64,
+    "peak_memory_GiB": pl.Float64, "fits": pl.Boolean, "compute_s": pl.Float64,
+    "exposed_tp_s": pl.Float64, "exposed_pp_s": pl.Float64, "exposed_dp_s": pl.Float64,
+    "exposed_other_comm_s": pl.Float64, "bubble_s": pl.Float64, "optimizer_s": pl.Float64,
+    "goodput": pl.Float64, "time_to_train_s": pl.Float64, "best_policy": pl.String,
+    "best_policy_goodput": pl.Float64, "best_policy_time_to_train_s": pl.Float64,
+}
+
+
+def strategy_fields(s: Strategy) -> dict[str, Any]:
+    return {"strategy": s.label() + ("" if s.schedule == "1f1b" else f"-{s.schedule}")
+            + f"-rc{s.recompute[0]}-z{s.zero_stage}" + ("-sp" if s.sequence_parallel else ""),
+            "tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep, "vpp": s.vpp,
+            "micro_batch_size": s.micro_batch_size, "schedule": s.schedule,
+            "recompute": s.recompute, "zero_stage": s.zero_stage,
+            "sequence_parallel": s.sequence_parallel}
+
+
+def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,
+                      timeline_path: str | None = None) -> dict[str, Any]:
+    """One result row: fast path always; replay when asked and the strategy fits."""
+    row: dict[str, Any] = dict.fromkeys(RESULT_COLUMNS)
+    row.update(strategy_fields(s))
+    try:
+        fast = estimate(study.model, s, study.system)
+    except TrainsimError as exc:
+        row["status"] = f"invalid: {exc}"
+        return row
+    row.update(fast_step_time_s=fast.step_time_s, peak_memory_GiB=fast.peak_memory_GiB,
+               fits=fast.fits, step_time_s=fast.step_time_s, status="screened")
+    if not fast.fits:
+        row["status"] = "does not fit"
+        return row
+    if replay_it:
+        res = _replay(study, s)
+        row.update(_from_replay(res, study, s), status="replayed")
+        if timeline_path is not None:  # the first ranks, for the report's pipeline timeline
+            first = res.timeline["rank"].unique().sort().head(4).to_list()
+            res.timeline.filter(pl.col("rank").is_in(first)).write_parquet(timeline_path)
+    else:
+        tps = tokens_per_step(study, s) / fast.step_time_s
+        row.update(tokens_per_s=tps)
+    if study.has_failures:
+        row.update(_failures(study, s, row["step_time_s"], fast))
+    return row
+
+
+def _replay(study: Study, s: Strategy) -> ReplayResult:
+    with tempfile.TemporaryDirectory(prefix="trainsim-compare-") as tmp:
+        generate(study.model, s, tmp, mode="representative", gpus=study.gpus)
+        return replay(tmp, study.system)
+
+
+def _from_replay(res: ReplayResult, study: Study, s: Strategy) -> dict[str, Any]:
+    m = res.metrics
+    out = {"step_time_s": m["step_time_s"], "tokens_per_s": m["tokens_per_s"], "mfu": m["mfu"],
+           "hfu": m["hfu"]}
+    out.update(exposed_breakdown(res, study))
+    return out
+
+
+def exposed_breakdown(res: ReplayResult, study: Study) -> dict[str, float]:
+    """Where the step goes on the rank that finishes last: compute, communication per axis not
+    hidden under compute, optimizer, and the rest (pipeline bubble and waiting)."""
+    tl = res.timeline
+    last = res.breakdown.sort("end_s", descending=True)["rank"][0]
+    r = tl.filter(pl.col("rank") == last)
+    comp = r.filter(pl.col("stream") == "compute")
+    step = res.step_time_s
+    compute_iv = _union(comp)
+    axis_of = {f"comm:{k}": v for k, v in _group_axes(study, res).items()}
+    comm = r.filter(pl.col("kind") != "COMP_NODE").with_columns(
+        pl.col("stream").replace_strict(axis_of, default="pp").alias("axis"))
+    exposed: dict[str, float] = {}
+    for axis in ("tp", "pp", "dp"):
+        iv = _union(comm.filter(pl.col("axis") == axis))
+        exposed[axis] = _length(iv) - _overlap(iv, compute_iv)
+    other = _union(comm.filter(~pl.col("axis").is_in(["tp", "pp", "dp"])))
+    opt = float(comp.filter(pl.col("op") == "optimizer").select(
+        (pl.col("end_s") - pl.col("start_s")).sum()).item() or 0.0)
+    compute = _length(compute_iv) - opt
+    other_exposed = _length(other) - _overlap(other, compute_iv)
+    bubble = max(0.0, step - compute - opt - sum(exposed.values()) - other_exposed)
+    return {"compute_s": compute, "exposed_tp_s": exposed["tp"], "exposed_pp_s": exposed["pp"],
+            "exposed_dp_s": exposed["dp"], "exposed_other_comm_s": other_exposed,
+            "optimizer_s": opt, "bubble_s": bubble}
+
+
+def _group_axes(study: Study, res: ReplayResult) -> dict[str, str]:
+    return res.metrics.get("group_axes", {}) or {}
+
+
+def _union(frame: pl.DataFrame) -> list[tuple[float, float]]:
+    from replay.results import _union as union
+
+    return union(frame["start_s"].to_numpy(), frame["end_s"].to_numpy())
+
+
+def _length(iv: list[tuple[float, float]]) -> float:
+    return sum(e - s for s, e in iv)
+
+
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    from replay.results import _intersection
+
+    return _intersection(a, b)
+
+
+def _failures(study: Study, s: Strategy, step_time_s: float, fast: Any) -> dict[str, Any]:
+    import dataclasses
+
+    frame = resilience_frame(study, s, dataclasses.replace(fast, step_time_s=step_time_s))
+    g = frame.filter(pl.col("policy") == "global_restart").row(0, named=True)
+    best = frame.sort("expected_wall_clock_s").row(0, named=True)
+    return {"goodput": g["goodput"], "time_to_train_s": g["expected_wall_clock_s"],
+            "best_policy": best["policy"], "best_policy_goodput": best["goodput"],
+            "best_policy_time_to_train_s": best["expected_wall_clock_s"]}
+
+
+def compare(study: Study, *, progress: Callable[[int, int], None] | None = None,
+            timeline_dir: str | None = None, workers: int = 1, scheduler: str | None = None
+            ) -> pl.DataFrame:
+    """Every listed strategy, replayed (in parallel with ``workers`` > 1 or on a Dask
+    ``scheduler``); ranked by the study's criterion. With ``timeline_dir``, each strategy's
+    timeline of its first ranks is saved there as ``<id>.parquet``."""
+    from analysis.runner import map_chunks
+
+    rows: list[dict[str, Any]] = []
+    chunks = [[s] for s in study.strategies]
+    for done in map_chunks(study, chunks, True, scheduler, workers, timeline_dir):
+        rows += done
+        if progress:
+            progress(len(rows), len(study.strategies))
+    frame = pl.DataFrame(rows, schema={"id": pl.String, **RESULT_COLUMNS})
+    return rank(frame, study.rank_by)
+
+
+def rank(frame: pl.DataFrame, rank_by: str) -> pl.DataFrame:
+    """Strategies that fit first, ordered by step time or expected time-to-train."""
+    key = "time_to_train_s" if rank_by == "time_to_train" else "step_time_s"
+    ordered = frame.with_columns(pl.col("fits").fill_null(False).alias("_fits")).sort(
+        ["_fits", key], descending=[True, False], nulls_last=True).drop("_fits")
+    return ordered.with_row_index("rank", offset=1).with_columns(pl.col("rank").cast(pl.Int64))
+
+
+__all__ = ["RESULT_COLUMNS", "GiB", "compare", "evaluate_strategy", "rank"]

@@ -1,0 +1,143 @@
+"""Batch comparison reports: a self-contained HTML page and a Markdown file (templates rendered
+with jinja2), the figures as PNG, and the tables as CSV and Parquet."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import numpy as np
+import polars as pl
+from matplotlib.figure import Figure
+
+from analysis import plots as P
+from analysis import resilience as R
+from tracegen import TrainsimError, __version__
+
+COLUMNS = [("rank", "#", False), ("strategy", "strategy", True), ("status", "status", True),
+           ("step_time_s", "step s", False), ("tokens_per_s", "tokens/s", False),
+           ("mfu", "MFU", False), ("hfu", "HFU", False), ("peak_memory_GiB", "memory GiB", False),
+           ("fits", "fits", False), ("goodput", "goodput", False),
+           ("time_to_train_s", "days to train", False)]
+
+
+def _fmt(key: str, v: Any) -> str:
+    if v is None:
+        return "–"
+    if key in ("mfu", "hfu", "goodput"):
+        return f"{v:.1%}"
+    if key == "time_to_train_s":
+        return f"{v / 86400:.1f}"
+    if key == "tokens_per_s":
+        return f"{v:,.0f}"
+    if isinstance(v, float):
+        return f"{v:.3f}" if v < 100 else f"{v:,.1f}"
+    return str(v)
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()
+
+
+def load_results(directory: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
+    d = Path(directory)
+    path = d / "results.parquet"
+    if not path.is_file():
+        raise TrainsimError(f"{path} not found: run `trainsim compare` or `trainsim sweep` with "
+                            f"-o {d} first")
+    meta = json.loads((d / "study.json").read_text()) if (d / "study.json").is_file() else {}
+    return pl.read_parquet(path), meta
+
+
+def build_report(results_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write report.html, report.md, figures and tables; returns the HTML path."""
+    src, out = Path(results_dir), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results, meta = load_results(src)
+    figures = _figures(results, src)
+    fig_dir = out / "figures"
+    fig_dir.mkdir(exist_ok=True)
+    for f in figures:
+        (fig_dir / f["file"].split("/")[-1]).write_bytes(f["bytes"])
+        f["png"] = base64.b64encode(f.pop("bytes")).decode()
+    context = _context(results, meta, figures, src)
+    env = jinja2.Environment(loader=jinja2.PackageLoader("analysis", "templates"),
+                             autoescape=jinja2.select_autoescape(["html", "j2"]))
+    (out / "report.html").write_text(env.get_template("report.html.j2").render(**context))
+    md_context = {**context, "figures": [{k: v for k, v in f.items() if k != "png"}
+                                         for f in figures]}
+    md_env = jinja2.Environment(loader=jinja2.PackageLoader("analysis", "templates"),
+                                autoescape=False)
+    (out / "report.md").write_text(md_env.get_template("report.md.j2").render(**md_context))
+    results.write_csv(out / "results.csv")
+    results.write_parquet(out / "results.parquet")
+    return out / "report.html"
+
+
+def _context(results: pl.DataFrame, meta: dict[str, Any], figures: list[dict[str, Any]],
+             src: Path) -> dict[str, Any]:
+    cols: list[dict[str, Any]] = [{"key": k, "label": label, "left": left}
+                                  for k, label, left in COLUMNS if k in results.columns]
+    rows = [{str(c["key"]): _fmt(str(c["key"]), r.get(str(c["key"]))) for c in cols}
+            for r in results.head(40).iter_rows(named=True)]
+    res_rows = []
+    rpath = src / "resilience.parquet"
+    if rpath.is_file():
+        for r in pl.read_parquet(rpath).iter_rows(named=True):
+            res_rows.append({"policy": r["policy"], "goodput": f"{r['goodput']:.1%}",
+                             "days": f"{r['expected_wall_clock_s'] / 86400:.1f}",
+                             "failures": f"{r['expected_failures']:,.0f}",
+                             "interval": f"{r['checkpoint_interval_s'] / 60:.1f}"})
+    title = meta.get("title") or f"trainsim: {meta.get('name', 'strategy comparison')}"
+    subtitle = ", ".join(f"{k} {meta[k]}" for k in ("model", "system", "gpus",
+                                                     "global_batch_size") if k in meta)
+    return {"title": title, "subtitle": subtitle, "version": __version__, "columns": cols,
+            "rows": rows, "figures": figures, "resilience_rows": res_rows,
+            "rank_by": meta.get("rank_by", "step time").replace("_", " "),
+            "counts": meta.get("counts", {})}
+
+
+def _figures(results: pl.DataFrame, src: Path) -> list[dict[str, Any]]:
+    figs: list[tuple[str, str, Figure, str]] = [
+        ("breakdown", "Time breakdown per strategy", P.stacked_breakdown(results),
+         "Compute, communication not hidden under compute (per axis), pipeline bubble and "
+         "optimizer, on the rank that finishes last."),
+        ("pareto", "Throughput vs memory", P.pareto(results),
+         "Each point a strategy that fits; the red line is the Pareto front."),
+        ("heatmap", "tp × pp", P.tp_pp_heatmap(results),
+         "Best step time for each tensor- and pipeline-parallel degree."),
+    ]
+    tl = src / "timeline.parquet"
+    if tl.is_file():
+        figs.append(("timeline", "Pipeline timeline of the best strategy",
+                     P.pipeline_timeline(pl.read_parquet(tl)),
+                     "The first simulated ranks (one per pipeline stage in representative "
+                     "mode): forward, backward and communication."))
+    rpath = src / "resilience.parquet"
+    if rpath.is_file():
+        frame = pl.read_parquet(rpath)
+        g = frame.filter(pl.col("policy") == "global_restart").row(0, named=True)
+        mttf, delta = g["job_mttf_s"], max(g["checkpoint_s"], 1e-3)
+        curve = R.goodput_vs_interval(c=R.RecoveryCosts(checkpoint_s=delta,
+                                                        restart_s=g["restart_s"]),
+                                      mttf_s=mttf,
+                                      intervals_s=np.geomspace(max(delta, 1.0), 20 * mttf, 100))
+        figs.append(("goodput", "Goodput vs checkpoint interval",
+                     P.goodput_vs_interval(curve, young_s=R.young_interval_s(delta, mttf),
+                                           daly_s=R.daly_interval_s(delta, mttf)),
+                     "Global restart from storage; Young's and Daly's optima marked."))
+        figs.append(("policies", "Time to train by recovery policy",
+                     P.time_to_train_by_policy(frame),
+                     "Expected wall-clock days for the token budget under the failure "
+                     "scenario."))
+    out = []
+    for fid, title, fig, caption in figs:
+        out.append({"id": fid, "title": title, "caption": caption, "bytes": _png(fig),
+                    "file": f"figures/{fid}.png"})
+    return out

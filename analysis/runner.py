@@ -1,0 +1,62 @@
+"""Run evaluation chunks on a local process pool or a Dask cluster."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import multiprocessing
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from analysis.compare import evaluate_strategy
+from analysis.study import Study
+from tracegen import Strategy
+
+
+def strategy_key(s: Strategy) -> tuple[Any, ...]:
+    return (s.tp, s.pp, s.dp, s.cp, s.ep, s.vpp, s.micro_batch_size, s.schedule, s.recompute,
+            s.zero_stage, s.sequence_parallel, s.first_stage_layers, s.last_stage_layers)
+
+
+def strategy_id(s: Strategy) -> str:
+    return hashlib.sha1(repr(strategy_key(s)).encode()).hexdigest()[:16]
+
+
+def evaluate_chunk(study: Study, strategies: list[Strategy], replay_it: bool,
+                   timeline_dir: str | None = None) -> list[dict[str, Any]]:
+    rows = []
+    for s in strategies:
+        sid = strategy_id(s)
+        path = str(Path(timeline_dir) / f"{sid}.parquet") if timeline_dir else None
+        row = evaluate_strategy(study, s, replay_it=replay_it, timeline_path=path)
+        row["id"] = sid
+        rows.append(row)
+    return rows
+
+
+def map_chunks(study: Study, chunks: list[list[Strategy]], replay_it: bool,
+               scheduler: str | None, workers: int, timeline_dir: str | None = None
+               ) -> Iterable[list[dict[str, Any]]]:
+    """Results of each chunk as it finishes (order not kept)."""
+    if not chunks:
+        return
+    if scheduler is not None:
+        from distributed import Client, as_completed
+
+        with Client(scheduler) as client:  # type: ignore[no-untyped-call]
+            futures = [client.submit(evaluate_chunk, study, c, replay_it, timeline_dir,
+                                     pure=False) for c in chunks]
+            for fut in as_completed(futures):  # type: ignore[no-untyped-call]
+                yield fut.result()
+        return
+    if workers <= 1 or len(chunks) == 1:
+        for c in chunks:
+            yield evaluate_chunk(study, c, replay_it, timeline_dir)
+        return
+    # "spawn", not fork: polars' thread pool does not survive a fork (the child can deadlock).
+    ctx = multiprocessing.get_context("spawn")
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futs = [pool.submit(evaluate_chunk, study, c, replay_it, timeline_dir) for c in chunks]
+        for f in cf.as_completed(futs):
+            yield f.result()

@@ -1,0 +1,162 @@
+"""Sweeps: enumerate every valid strategy of a search space, drop those that do not fit,
+screen the rest with the fast path, replay the best K, rank.
+
+Work runs in chunks on a local process pool, or on an existing Dask cluster when given its
+scheduler address. Each finished chunk is written at once as a Parquet part file (written to a
+temporary name, then renamed: a part is either whole or absent), so a killed sweep loses at most
+the chunks in flight, and re-running the same study resumes: strategies already in a part are
+skipped, never duplicated.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from analysis.compare import RESULT_COLUMNS, rank
+from analysis.runner import map_chunks, strategy_id, strategy_key
+from analysis.study import Study
+from tracegen import ConfigError, Strategy
+from tracegen.strategy import check_fits_model
+
+DEFAULT_SPACE: dict[str, list[Any]] = {
+    "tp": [1, 2, 4, 8], "pp": [1, 2, 4, 8, 16], "vpp": [1, 2], "micro_batch_size": [1, 2, 4],
+    "recompute": ["none", "selective", "full"], "zero_stage": [0, 1],
+    "sequence_parallel": [False, True],
+}
+Progress = Callable[[str, int, int], None]
+
+
+def enumerate_space(study: Study) -> tuple[list[Strategy], int]:
+    """(valid strategies, number of invalid combinations) of the study's search space."""
+    space = {**DEFAULT_SPACE, **{k: list(v) for k, v in study.search.items()}}
+    unknown = set(space) - set(DEFAULT_SPACE) - {"cp", "ep", "schedule"}
+    if unknown:
+        raise ConfigError(f"unknown search dimension(s) {sorted(unknown)}; known: "
+                          f"{', '.join(sorted(DEFAULT_SPACE))}, cp, ep, schedule",
+                          what=f"study {study.name!r}")
+    keys = sorted(space)
+    valid: list[Strategy] = []
+    invalid = 0
+    seen: set[tuple[Any, ...]] = set()
+    for values in itertools.product(*(space[k] for k in keys)):
+        d = dict(zip(keys, values, strict=True))
+        s = _strategy(study, d)
+        if s is None:
+            invalid += 1
+            continue
+        key = strategy_key(s)
+        if key not in seen:
+            seen.add(key)
+            valid.append(s)
+    return valid, invalid
+
+
+def _strategy(study: Study, d: dict[str, Any]) -> Strategy | None:
+    tp, pp, cp = int(d["tp"]), int(d["pp"]), int(d.get("cp", 1))
+    if study.gpus % (tp * pp * cp):
+        return None
+    vpp = int(d["vpp"])
+    schedule = d.get("schedule") or ("interleaved_1f1b" if vpp > 1 else "1f1b")
+    try:
+        s = Strategy(tp=tp, pp=pp, cp=cp, ep=int(d.get("ep", 1)), vpp=vpp,
+                     dp=study.gpus // (tp * pp * cp),
+                     sequence_parallel=bool(d["sequence_parallel"]),
+                     micro_batch_size=int(d["micro_batch_size"]),
+                     global_batch_size=study.global_batch_size,
+                     schedule=schedule,  # type: ignore[arg-type]
+                     recompute=d["recompute"], zero_stage=int(d["zero_stage"]))
+        check_fits_model(s, study.model)
+    except ConfigError:
+        return None
+    return s
+
+
+SCHEMA = {"id": pl.String, **RESULT_COLUMNS}
+
+
+class PartStore:
+    """Parquet part files of one phase; the union is the results so far."""
+
+    def __init__(self, directory: Path, phase: str) -> None:
+        self.dir = directory / "parts" / phase
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._n = len(list(self.dir.glob("part-*.parquet")))
+
+    def done_ids(self) -> set[str]:
+        frame = self.read()
+        return set(frame["id"].to_list()) if frame.height else set()
+
+    def read(self) -> pl.DataFrame:
+        parts = sorted(self.dir.glob("part-*.parquet"))
+        if not parts:
+            return pl.DataFrame(schema=SCHEMA)
+        return pl.concat([pl.read_parquet(p) for p in parts], how="vertical_relaxed")
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        frame = pl.DataFrame(rows, schema=SCHEMA)
+        self._n += 1
+        final = self.dir / f"part-{self._n:06d}-{os.getpid()}.parquet"
+        tmp = final.with_suffix(".tmp")
+        frame.write_parquet(tmp)
+        os.replace(tmp, final)
+
+
+def _run(study: Study, todo: list[Strategy], store: PartStore, *, replay_it: bool,
+         chunk: int, scheduler: str | None, workers: int, phase: str,
+         progress: Progress | None) -> None:
+    chunks = [todo[i:i + chunk] for i in range(0, len(todo), chunk)]
+    done = 0
+    if progress:
+        progress(phase, 0, len(todo))
+    for rows in map_chunks(study, chunks, replay_it, scheduler, workers):
+        store.write(rows)
+        done += len(rows)
+        if progress:
+            progress(phase, done, len(todo))
+
+
+def sweep(study: Study, out_dir: str | Path, *, top_k: int = 10, scheduler: str | None = None,
+          workers: int | None = None, chunk: int = 64,
+          progress: Progress | None = None) -> tuple[pl.DataFrame, dict[str, int]]:
+    """Screen the whole space, replay the best ``top_k``; returns (ranked frame, counts)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    workers = workers or min(2, os.cpu_count() or 1)
+    valid, invalid = enumerate_space(study)
+    screen = PartStore(out, "screen")
+    done = screen.done_ids()
+    todo = [s for s in valid if strategy_id(s) not in done]
+    _run(study, todo, screen, replay_it=False, chunk=chunk, scheduler=scheduler,
+         workers=workers, phase="screening", progress=progress)
+    screened = rank(screen.read().unique("id", keep="first"), study.rank_by)
+    fits = screened.filter(pl.col("fits").fill_null(False))
+    best_ids = fits.head(top_k)["id"].to_list()
+    by_id = {strategy_id(s): s for s in valid}
+    verify = PartStore(out, "replay")
+    replayed_ids = verify.done_ids()
+    todo = [by_id[i] for i in best_ids if i not in replayed_ids]
+    _run(study, todo, verify, replay_it=True, chunk=1, scheduler=scheduler, workers=workers,
+         phase="replaying", progress=progress)
+    replayed = verify.read().unique("id", keep="first")
+    merged = pl.concat([replayed, screened.drop("rank").filter(
+        ~pl.col("id").is_in(replayed["id"].to_list()))], how="vertical_relaxed")
+    final = rank(merged, study.rank_by)
+    _write_atomic(final, out)
+    counts = {"enumerated": len(valid) + invalid, "invalid": invalid, "valid": len(valid),
+              "do_not_fit": int(screened.filter(~pl.col("fits").fill_null(False)).height),
+              "screened": screened.height, "replayed": replayed.height}
+    return final, counts
+
+
+def _write_atomic(frame: pl.DataFrame, out: Path) -> None:
+    for name, writer in (("results.parquet", frame.write_parquet),
+                         ("results.csv", frame.write_csv)):
+        tmp = out / f".{name}.tmp"
+        writer(tmp)
+        os.replace(tmp, out / name)

@@ -1,0 +1,1 @@
+"""Jinja2 templates of the HTML and Markdown reports."""

@@ -1,0 +1,92 @@
+"""compare → report: the frame, and an HTML page whose every figure and table is present."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from analysis.compare import RESULT_COLUMNS, compare
+from analysis.study import load_study
+from tests.studies import write_study
+from tracegen import ConfigError
+
+FIGURES = {"breakdown", "pareto", "heatmap", "timeline", "goodput", "policies"}
+
+
+def test_compare_frame(tmp_path: Path) -> None:
+    study = load_study(write_study(tmp_path))
+    frame = compare(study)
+    assert frame.height == 3 and set(RESULT_COLUMNS) <= set(frame.columns)
+    assert frame["rank"].to_list() == [1, 2, 3]
+    ok = frame.filter(pl.col("status") == "replayed")
+    assert ok.height == 3
+    for r in ok.iter_rows(named=True):
+        parts = sum(r[k] for k in ("compute_s", "exposed_tp_s", "exposed_pp_s", "exposed_dp_s",
+                                   "exposed_other_comm_s", "bubble_s", "optimizer_s"))
+        assert parts == pytest.approx(r["step_time_s"], rel=1e-6)  # the breakdown adds up
+        assert 0 < r["goodput"] <= 1 and r["time_to_train_s"] > 0
+        assert 0 < r["mfu"] <= r["hfu"] < 1
+    ranked = frame["time_to_train_s"].to_list()
+    assert ranked == sorted(ranked)
+
+
+class _Collect(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: set[str] = set()
+        self.images: list[str] = []
+        self.rows = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if a.get("id"):
+            self.ids.add(str(a["id"]))
+        if tag == "img":
+            self.images.append(str(a.get("src", "")))
+        if tag == "tr":
+            self.rows += 1
+
+
+def test_cli_compare_then_report(tmp_path: Path) -> None:
+    study = write_study(tmp_path)
+    out = tmp_path / "out"
+    cli = [sys.executable, "-m", "analysis.cli"]
+    r = subprocess.run([*cli, "compare", str(study), "-o", str(out), "--workers", "2"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    for name in ("results.parquet", "results.csv", "timeline.parquet", "resilience.parquet"):
+        assert (out / name).is_file(), name
+    r = subprocess.run([*cli, "report", str(out), "-o", str(out)], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    page = _Collect()
+    page.feed((out / "report.html").read_text())
+    assert {f"fig-{f}" for f in FIGURES} <= page.ids
+    assert {"ranking-table", "resilience-table"} <= page.ids
+    assert len(page.images) == len(FIGURES)
+    assert all(src.startswith("data:image/png;base64,") and len(src) > 1000
+               for src in page.images)  # self-contained
+    md = (out / "report.md").read_text()
+    assert md.count("![") == len(FIGURES) and "| policy |" in md
+    assert all((out / "figures" / f"{f}.png").is_file() for f in FIGURES)
+    assert pl.read_csv(out / "results.csv").height == 3
+
+
+def test_report_without_results_is_a_clear_error(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "analysis.cli", "report", str(tmp_path), "-o",
+                        str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "run `trainsim compare` or `trainsim sweep`" in r.stderr
+
+
+def test_bad_study(tmp_path: Path) -> None:
+    f = tmp_path / "s.toml"
+    f.write_text('model = "gpt-1.7b"\nsystem = "dgx-h100"\ngpus = 8\nbatch = 8\n')
+    with pytest.raises(ConfigError) as info:
+        load_study(f)
+    assert "unknown key 'batch'" in str(info.value)
+    assert "missing required key 'global_batch_size'" in str(info.value)
