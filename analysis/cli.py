@@ -19,7 +19,8 @@ from tracegen.units import GiB
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="trainsim: trace-driven performance modeling of distributed training.")
-console = Console()
+# Wide enough for the result tables when output goes to a file or a CI log (not a terminal).
+console = Console(width=None if sys.stdout.isatty() else 150)
 
 
 @app.command("catalog")
