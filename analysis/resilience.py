@@ -268,9 +268,12 @@ class JobShape:
 
 DEFAULT_CHECKPOINT = {"mode": "async", "storage_GBps": 200.0, "host_copy_GBps": 25.0}
 # Restart components (seconds). Assumptions, not fitted to any run: rescheduling onto healthy
-# nodes, communicator and framework initialisation, and warm-up; loading is computed from sizes.
-DEFAULT_RESTART = {"scheduling_s": 300.0, "init_s": 120.0, "warmup_s": 60.0,
-                   "spare_swap_s": 30.0}
+# nodes, framework start-up (``init_s``) plus communicator set-up that grows with the job
+# (``init_s_per_1000_gpus``: rendezvous and NCCL initialisation scale with the number of ranks;
+# MegaScale, Jiang et al. 2024 §3.4, reports tens of seconds at >10K GPUs after optimisation),
+# and warm-up; checkpoint loading is computed from sizes and bandwidths.
+DEFAULT_RESTART = {"scheduling_s": 300.0, "init_s": 60.0, "init_s_per_1000_gpus": 3.0,
+                   "warmup_s": 60.0, "spare_swap_s": 30.0}
 # FT-HSDP (Salpekar et al. 2026): replica-local recovery stalls the job ~3 minutes per failure.
 DEFAULT_POLICY = {"replica_local": {"stall_s": 180.0},
                   "elastic_shrink": {"stall_s": 180.0, "repair_s": 4 * HOUR_S}}
@@ -281,6 +284,10 @@ def recovery_costs(job: JobShape, checkpoint: dict[str, object], restart: dict[s
                    ) -> dict[str, RecoveryCosts]:
     """Per policy: checkpoint blocking time δ and restart cost R from sizes and bandwidths."""
     ck = {**DEFAULT_CHECKPOINT, **checkpoint}
+    unknown = set(restart) - set(DEFAULT_RESTART)
+    if unknown:
+        raise ConfigError(f"unknown [restart] key(s) {sorted(unknown)}; known: "
+                          f"{', '.join(DEFAULT_RESTART)}", what="study")
     rs = {**DEFAULT_RESTART, **restart}
     pol = {k: {**DEFAULT_POLICY.get(k, {}), **(policies or {}).get(k, {})} for k in POLICIES}
     size = checkpoint_bytes(job.params)
@@ -292,14 +299,15 @@ def recovery_costs(job: JobShape, checkpoint: dict[str, object], restart: dict[s
         raise ConfigError(f"checkpoint mode must be sync, async or in_memory, got {mode!r}",
                           what="checkpoint")
     delta = {"sync": size / storage, "async": shard / host, "in_memory": shard / host}[str(mode)]
-    base = float(rs["scheduling_s"]) + float(rs["init_s"]) + float(rs["warmup_s"])  # type: ignore[arg-type]
+    init = float(rs["init_s"]) + float(rs["init_s_per_1000_gpus"]) * job.gpus / 1000  # type: ignore[arg-type]
+    base = float(rs["scheduling_s"]) + init + float(rs["warmup_s"])  # type: ignore[arg-type]
     load_storage = size / storage
     load_peer = shard / job.nic_bytes_per_s
     costs = {
         "global_restart": RecoveryCosts(checkpoint_s=delta, restart_s=base + load_storage),
         "in_memory": RecoveryCosts(checkpoint_s=shard / host, restart_s=base + load_peer),
         "hot_spares": RecoveryCosts(
-            checkpoint_s=delta, restart_s=float(rs["spare_swap_s"]) + float(rs["init_s"])  # type: ignore[arg-type]
+            checkpoint_s=delta, restart_s=float(rs["spare_swap_s"]) + init  # type: ignore[arg-type]
             + float(rs["warmup_s"]) + load_storage),  # type: ignore[arg-type]
         "replica_local": RecoveryCosts(
             checkpoint_s=delta, restart_s=base + load_peer,

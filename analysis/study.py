@@ -27,7 +27,7 @@
 
     [restart]                       # seconds
     scheduling_s = 300.0
-    init_s = 120.0
+    init_s = 60.0
     warmup_s = 60.0
 
     [policies.replica_local]        # per-policy overrides (see analysis/resilience.py)

@@ -103,3 +103,17 @@ def test_resilience_cli_writes_summary_and_plots(tmp_path: Path) -> None:
         assert 0 < v["goodput"] <= 1
     assert data["hot_spares"]["goodput"] > data["global_restart"]["goodput"]
     assert len(list((tmp_path / "plots").glob("*.png"))) == 2
+
+
+def test_restart_cost_grows_with_job_size() -> None:
+    def restart(gpus: int) -> float:
+        job = R.JobShape(gpus=gpus, params=70 * 10**9, model_parallel=32, dp=gpus // 32,
+                         nic_bytes_per_s=50e9, step_time_s=10.0, shrunk_throughput=0.99)
+        return R.recovery_costs(job, {}, {})["global_restart"].restart_s
+
+    assert restart(16_384) > restart(1024) > 0
+    assert restart(16_384) - restart(1024) == pytest.approx(3.0 * (16_384 - 1024) / 1000)
+    with pytest.raises(ConfigError, match=r"unknown \[restart\] key"):
+        R.recovery_costs(R.JobShape(gpus=8, params=1, model_parallel=1, dp=8,
+                                    nic_bytes_per_s=1e9, step_time_s=1, shrunk_throughput=1),
+                         {}, {"boot_s": 1})

@@ -20,6 +20,12 @@ from tracegen.units import GiB
 # §3: K = 12 bytes of optimizer state per parameter), fp32 main gradients (Megatron DDP grad buffer)
 # and 16-bit weights.
 WEIGHT_BYTES, GRAD_BYTES, OPTIM_BYTES = 2, 4, 12
+# Runtime allowances — assumptions until measured on a device (bench/device): the CUDA context,
+# cuBLAS workspaces and NCCL channel buffers take ~1-2 GiB per process in PyTorch jobs (NCCL's
+# default NCCL_BUFFSIZE is 4 MiB per channel and peer); the caching allocator's fragmentation is
+# taken as 5% of the tensors it holds.
+RUNTIME_BYTES = 3 * 2**29  # 1.5 GiB
+FRAGMENTATION = 0.05
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -29,11 +35,14 @@ class MemoryEstimate:
     optimizer_bytes: int
     activations_bytes: int
     logits_bytes: int
+    runtime_bytes: int = 0  # CUDA context, workspaces, communication buffers
+    fragmentation_bytes: int = 0  # allocator allowance
 
     @property
     def total_bytes(self) -> int:
         return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
-                + self.activations_bytes + self.logits_bytes)
+                + self.activations_bytes + self.logits_bytes + self.runtime_bytes
+                + self.fragmentation_bytes)
 
     def to_dict(self) -> dict[str, float]:
         d = {k.removesuffix("_bytes") + "_GiB": v / GiB
@@ -104,4 +113,6 @@ def estimate(m: ModelSpec, s: Strategy, stage: int, params_local: int,
     if stage == s.pp - 1:
         tokens = s.micro_batch_size * m.seq_len // s.cp
         logits = tokens * m.vocab_size // s.tp * 4  # fp32 logits for the loss
-    return MemoryEstimate(weights, grads, optim, activations, logits)
+    tensors = weights + grads + optim + activations + logits
+    return MemoryEstimate(weights, grads, optim, activations, logits, RUNTIME_BYTES,
+                          int(tensors * FRAGMENTATION))
