@@ -52,7 +52,7 @@ def resilience_frame(study: Study, s: Strategy, fast: FastEstimate | None = None
         raise ConfigError("the study has no [failures] table: add preset = NAME or "
                           "rate_per_gpu_hour", what=f"study {study.name!r}")
     fast = fast or estimate(study.model, s, study.system)
-    failure = R.failure_model(study.failures)
+    failure = R.failure_model(study.failures, gpus_per_node=study.system.node.gpus_per_node)
     job = job_shape(study, s, fast)
     costs = R.recovery_costs(job, study.checkpoint, study.restart, study.policies)
     steps = study.tokens / tokens_per_step(study, s) if study.tokens else 1.0

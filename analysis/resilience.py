@@ -64,6 +64,12 @@ FAILURE_PRESETS: dict[str, FailureModel] = {
     "projection-131k-15min": FailureModel(
         name="projection-131k-15min", rate_per_gpu_hour=1 / (0.25 * 131_072),
         source="Kokolis et al. 2025 projection: MTTF ≈ 15 min at 131,072 GPUs"),
+    # Susan Zhang's account of the OPT-175B logbook (Zhang et al. 2022 and the accompanying talk):
+    # about 53-54 restarts in 56 days on 992 A100 80GB GPUs. These mix hardware failures with
+    # restarts for numerical instability, so the rate is an upper bound for hardware alone.
+    "opt-175b-992-a100": FailureModel(
+        name="opt-175b-992-a100", rate_per_gpu_hour=53.5 / (56 * 24 * 992),
+        source="OPT-175B logbook as told by Zhang: ~53-54 restarts in 56 days on 992 A100s"),
 }
 
 # Llama 3 Table 5 cause mix of the 419 unexpected interruptions (counts).
@@ -228,9 +234,17 @@ def checkpoint_bytes(params: int) -> int:
 
 # ---- a study's strategy under a failure scenario -------------------------------------------
 
-def failure_model(spec: dict[str, object]) -> FailureModel:
-    """From a study's [failures] table: ``preset = NAME`` or ``rate_per_gpu_hour`` (+ shape)."""
+def failure_model(spec: dict[str, object], *, gpus_per_node: int = 8) -> FailureModel:
+    """From a study's [failures] table: ``preset = NAME``, or ``rate_per_gpu_hour`` or
+    ``rate_per_node_hour`` (a node fails as a whole: its rate is spread over its GPUs), with an
+    optional Weibull ``weibull_shape``."""
     spec = dict(spec)
+    if "rate_per_node_hour" in spec:
+        node_rate = spec.pop("rate_per_node_hour")
+        if "rate_per_gpu_hour" in spec or not isinstance(node_rate, int | float):
+            raise ConfigError("give one of rate_per_gpu_hour or rate_per_node_hour (a number)",
+                              what="failures")
+        spec["rate_per_gpu_hour"] = float(node_rate) / gpus_per_node
     if "preset" in spec:
         name = str(spec.pop("preset"))
         if name not in FAILURE_PRESETS:

@@ -117,3 +117,11 @@ def test_restart_cost_grows_with_job_size() -> None:
         R.recovery_costs(R.JobShape(gpus=8, params=1, model_parallel=1, dp=8,
                                     nic_bytes_per_s=1e9, step_time_s=1, shrunk_throughput=1),
                          {}, {"boot_s": 1})
+
+
+def test_per_node_rates_and_presets_have_sources() -> None:
+    f = R.failure_model({"rate_per_node_hour": 8e-4}, gpus_per_node=8)
+    assert f.rate_per_gpu_hour == pytest.approx(1e-4)
+    assert all(p.source for p in R.FAILURE_PRESETS.values())
+    opt = R.FAILURE_PRESETS["opt-175b-992-a100"]
+    assert 56 * R.DAY_S / opt.job_mttf_s(992) == pytest.approx(53.5)
