@@ -19,6 +19,7 @@ fast path legitimately differ (link contention, stragglers), replay is the refer
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from replay.compute import RooflineCompute
@@ -44,6 +45,22 @@ class FastEstimate:
     stage_bwd_s: tuple[float, ...]
 
 
+@functools.lru_cache(maxsize=65536)
+def _group_shape(axis: str, rank: int, tp: int, cp: int, dp: int, pp: int, ep: int, tied: bool,
+                 moe: bool, gpus_per_node: int) -> tuple[int, ...]:
+    """(ranks, nodes spanned, ranks per node, rail-aligned) of ``rank``'s group on ``axis``
+    (shared by every strategy with the same degrees: a sweep computes each once)."""
+    degrees = Strategy(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, global_batch_size=dp)
+    mesh = Mesh(degrees, tied_embeddings=tied, moe=moe)
+    members = mesh._members(axis, mesh.coord(rank))
+    per_node: dict[int, int] = {}
+    for r in members:
+        per_node[r // gpus_per_node] = per_node.get(r // gpus_per_node, 0) + 1
+    local = max(per_node.values())
+    rail = len({r % gpus_per_node for r in members}) == local
+    return (len(members), len(per_node), local, rail)
+
+
 class _Costs:
     def __init__(self, model: ModelSpec, strategy: Strategy, system: SystemSpec,
                  compute: RooflineCompute | None = None, net: AlphaBetaNetwork | None = None
@@ -54,6 +71,7 @@ class _Costs:
         self.mesh = Mesh(strategy, tied_embeddings=model.tied_embeddings, moe=model.is_moe)
         self._members: dict[tuple[str, int], tuple[int, ...]] = {}
         self._items: dict[tuple[int, int], int] = {}
+        self._shapes: dict[tuple[str, int], tuple[int, ...]] = {}
         self._keep: list[list[O.Item]] = []
 
     def members(self, axis: str, rank: int) -> tuple[int, ...]:
@@ -84,7 +102,20 @@ class _Costs:
         return total
 
     def coll_ns(self, c: O.Comm, rank: int) -> int:
-        return self.net.collective(c.coll, c.size_bytes, self.members(c.axis, rank)).total_ns
+        """Collective cost, cached by the group's shape (size, nodes, ranks per node, rails)
+        rather than its rank list: the cost depends on nothing else."""
+        shape = self._shapes.get((c.axis, rank))
+        if shape is None:
+            s, m = self.s, self.m
+            shape = self._shapes[(c.axis, rank)] = _group_shape(
+                c.axis, rank, s.tp, s.cp, s.dp, s.pp, s.ep, m.tied_embeddings, m.is_moe,
+                self.net.sys.node.gpus_per_node)
+        key = (c.coll, c.size_bytes, shape)
+        got = self.net.shape_cache.get(key)
+        if got is None:
+            got = self.net.collective(c.coll, c.size_bytes, self.members(c.axis, rank)).total_ns
+            self.net.shape_cache[key] = got
+        return got
 
 
 def _stage_times(costs: _Costs, prog: RoleProgram, rank: int, stage: int
@@ -315,6 +346,7 @@ def _buckets_done(costs: _Costs, rank: int, blocks: list[list[tuple[ParamBlock, 
         return end, []
     stream = {"dp": 0, "edp": 0}
     gathers: list[tuple[str, int]] = []
+    bucket_cost: dict[tuple[str, int], int] = {}
     for chunk in sorted(range(len(chunk_ends)), key=lambda ch: chunk_ends[ch]):
         t = chunk_ends[chunk] - chunk_bwd[chunk]
         acc = {"dp": 0, "edp": 0}
@@ -331,8 +363,11 @@ def _buckets_done(costs: _Costs, rank: int, blocks: list[list[tuple[ParamBlock, 
                 if size < 2:
                     continue
                 padded = -(-n // size) * size
-                coll: O.CollType = "REDUCE_SCATTER" if s.zero_stage >= 1 else "ALL_REDUCE"
-                d = costs.coll_ns(O.Comm("g", axis, coll, padded * O.GRAD_REDUCE_BYTES), rank)
+                d = bucket_cost.get((axis, padded))
+                if d is None:
+                    coll: O.CollType = "REDUCE_SCATTER" if s.zero_stage >= 1 else "ALL_REDUCE"
+                    d = bucket_cost[(axis, padded)] = costs.coll_ns(
+                        O.Comm("g", axis, coll, padded * O.GRAD_REDUCE_BYTES), rank)
                 issue = t if s.overlap_grad_reduce else end
                 stream[axis] = max(stream[axis], issue) + d
                 if s.zero_stage >= 1:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Protocol
+from typing import Any, Protocol
 
 from replay.hardware import SystemSpec
 from tracegen.units import GB, NS_PER_S, GiB
@@ -115,6 +115,9 @@ class AlphaBetaNetwork:
         self.nic = Tier(nic_bytes, out.latency_us * US, "nic")
         self.nic_blocking = Tier(nic_bytes / out.oversubscription, out.latency_us * US, "nic")
         self._cache: dict[tuple[str, int, tuple[int, ...]], CommCost] = {}
+        # (collective, bytes, (ranks, nodes, ranks per node, rail-aligned)) → total ns: the cost
+        # depends only on the group's shape; the fast path screens strategies through it.
+        self.shape_cache: dict[tuple[Any, ...], int] = {}
 
     def _layout(self, ranks: tuple[int, ...]) -> tuple[int, int, bool]:
         """(nodes spanned, ranks per node, rail-aligned)."""
