@@ -129,7 +129,7 @@ def _stage_times(costs: _Costs, prog: RoleProgram, rank: int, stage: int
         f = b = 0
         per_block = []
         seen: dict[int, tuple[int, int]] = {}  # the layers of a chunk share one block object
-        for block in _chunk_blocks(prog, gci):
+        for block in prog.blocks_of_chunk(gci, labels=False):
             got = seen.get(id(block))
             if got is None:
                 got = seen[id(block)] = _block_ns(costs, prog, block, rank)
@@ -154,53 +154,31 @@ def _block_ns(costs: _Costs, prog: RoleProgram, block: ParamBlock, rank: int) ->
     return f, b
 
 
-def _stage_params(prog: RoleProgram, stage: int) -> dict[str, int]:
-    total = {"dp": 0, "edp": 0}
-    for c in range(prog.s.vpp):
-        for b in _chunk_blocks(prog, c * prog.s.pp + stage):
-            total["dp"] += b.dense
-            total["edp"] += b.expert
-    return total
-
-
 def _local_params(s: Strategy, params: dict[str, int]) -> int:
     if s.zero_stage == 0:
         return params["dp"] + params["edp"]
     return sum(-(-n // _dp_size(s, a)) for a, n in params.items())
 
 
-def _chunk_blocks(prog: RoleProgram, gci: int) -> list[ParamBlock]:
-    """The blocks of a chunk, sharing one layer block object (labels are not needed here)."""
-    s, m = prog.s, prog.m
-    n_layers = len(s.chunk_layers(m.num_layers, gci))
-    out = [prog.layer_block()] * n_layers
-    if gci == 0:
-        out.insert(0, prog.vocab_block("embedding", "emb"))
-    if gci == prog.n_chunks - 1:
-        head = prog.vocab_block("lm_head", "head")
-        if m.tied_embeddings and prog.n_chunks == 1:
-            head = dataclasses.replace(head, dense=0)
-        out.append(head)
-    return out
-
-
 def _zero3_gather_ns(costs: _Costs, block: ParamBlock, rank: int) -> int:
-    total = 0
-    for axis, n in (("dp", block.dense), ("edp", block.expert)):
-        size = _dp_size(costs.s, axis)
-        if n and size > 1:
-            shard = -(-n // size) * O.PARAM_BYTES
-            total += costs.coll_ns(O.Comm("ag", axis, "ALL_GATHER", shard), rank)
-    return total
+    """ZeRO-3: the 16-bit parameter all-gather of a block (per-rank shard)."""
+    return _zero3_ns(costs, block, rank, "ALL_GATHER")
 
 
 def _zero3_scatter_ns(costs: _Costs, block: ParamBlock, rank: int) -> int:
+    """ZeRO-3: the fp32 gradient reduce-scatter of a block (full buffer)."""
+    return _zero3_ns(costs, block, rank, "REDUCE_SCATTER")
+
+
+def _zero3_ns(costs: _Costs, block: ParamBlock, rank: int, coll: O.CollType) -> int:
     total = 0
     for axis, n in (("dp", block.dense), ("edp", block.expert)):
         size = _dp_size(costs.s, axis)
         if n and size > 1:
-            full = -(-n // size) * size * O.GRAD_REDUCE_BYTES
-            total += costs.coll_ns(O.Comm("rs", axis, "REDUCE_SCATTER", full), rank)
+            shard = -(-n // size)
+            nbytes = (shard * O.PARAM_BYTES if coll == "ALL_GATHER"
+                      else shard * size * O.GRAD_REDUCE_BYTES)
+            total += costs.coll_ns(O.Comm(coll.lower(), axis, coll, nbytes), rank)
     return total
 
 
@@ -283,7 +261,7 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec, **kw: Any
     if s.zero_stage == 3 and s.pp > 1:
         for st in range(s.pp):
             for ch in range(s.vpp):
-                blocks = _chunk_blocks(progs[st], ch * s.pp + st)
+                blocks = progs[st].blocks_of_chunk(ch * s.pp + st, labels=False)
                 early[("F", st, ch)] = _zero3_gather_ns(costs, blocks[0], reps[st])
                 early[("B", st, ch)] = _zero3_gather_ns(costs, blocks[-1], reps[st])
         hidden = sum(early[("F", st, 0)] for st in range(1, s.pp)) + sum(
@@ -300,7 +278,7 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec, **kw: Any
     else:
         ends = [pipe - sum(b_s[:st]) - sum(c[:st]) for st in range(s.pp)]
         chunk_ends = [[e] for e in ends]
-    params = [_stage_params(prog, st) for st in range(s.pp)]
+    params = [prog.params_of_stage(st) for st in range(s.pp)]
     finish = _tails(costs, [_local_params(s, p) for p in params], reps, times, ends, chunk_ends)
     peak = max(memory_estimate(model, s, st, sum(params[st].values())).total_bytes
                for st in range(s.pp))

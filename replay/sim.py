@@ -86,14 +86,6 @@ class Records:
     end: array[int] = dataclasses.field(default_factory=lambda: array("q"))
     wait_start: array[int] = dataclasses.field(default_factory=lambda: array("q"))
 
-    def add(self, rank: int, pos: int, stream: int, start: int, end: int, wait: int) -> None:
-        self.rank.append(rank)
-        self.pos.append(pos)
-        self.stream.append(stream)
-        self.start.append(start)
-        self.end.append(end)
-        self.wait_start.append(wait)
-
 
 class Simulator:
     def __init__(self, ts: TraceSet, compute: ComputeModel | Callable[[int], ComputeModel],

@@ -161,11 +161,13 @@ class RoleProgram:
     def vocab_block(self, name: str, label: str) -> ParamBlock:
         return ParamBlock(name, self.m.vocab_size * self.m.hidden_size // self.s.tp, label=label)
 
-    def blocks_of_chunk(self, gci: int) -> list[ParamBlock]:
-        """Parameter blocks of global model chunk ``gci`` in forward order."""
+    def blocks_of_chunk(self, gci: int, *, labels: bool = True) -> list[ParamBlock]:
+        """Parameter blocks of global model chunk ``gci`` in forward order. Without ``labels``
+        the layers share one block object (cheaper, for cost models that need no names)."""
         layer = self.layer_block()
         layers = self.s.chunk_layers(self.m.num_layers, gci)
-        out = [dataclasses.replace(layer, label=f"L{i}") for i in layers]
+        out = ([dataclasses.replace(layer, label=f"L{i}") for i in layers] if labels
+               else [layer] * len(layers))
         if gci == 0:
             out.insert(0, self.vocab_block("embedding", "emb"))
         if gci == self.n_chunks - 1:
@@ -337,9 +339,12 @@ class RoleProgram:
 
     def stage_params(self) -> dict[str, int]:
         """Parameters this rank holds (before ZeRO sharding), by gradient-reduction axis."""
+        return self.params_of_stage(self.stage)
+
+    def params_of_stage(self, stage: int) -> dict[str, int]:
         total = {"dp": 0, "edp": 0}
         for c in range(self.s.vpp):
-            for b in self.blocks_of_chunk(c * self.s.pp + self.stage):
+            for b in self.blocks_of_chunk(c * self.s.pp + stage, labels=False):
                 total["dp"] += b.dense
                 total["edp"] += b.expert
         return total
