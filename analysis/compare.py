@@ -14,7 +14,6 @@ from analysis.fastpath import estimate
 from analysis.study import Study
 from replay import ReplayResult, replay
 from tracegen import Strategy, TrainsimError, generate
-from tracegen.units import GiB
 
 RESULT_COLUMNS: dict[str, Any] = {
     "strategy": pl.String, "tp": pl.Int64, "pp": pl.Int64, "dp": pl.Int64, "cp": pl.Int64,
@@ -56,7 +55,7 @@ def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,
         return row
     if replay_it:
         res = _replay(study, s)
-        row.update(_from_replay(res, study, s), status="replayed")
+        row.update(_from_replay(res), status="replayed")
         if timeline_path is not None:  # the first ranks, for the report's pipeline timeline
             first = res.timeline["rank"].unique().sort().head(4).to_list()
             res.timeline.filter(pl.col("rank").is_in(first)).write_parquet(timeline_path)
@@ -74,15 +73,15 @@ def _replay(study: Study, s: Strategy) -> ReplayResult:
         return replay(tmp, study.system)
 
 
-def _from_replay(res: ReplayResult, study: Study, s: Strategy) -> dict[str, Any]:
+def _from_replay(res: ReplayResult) -> dict[str, Any]:
     m = res.metrics
     out = {"step_time_s": m["step_time_s"], "tokens_per_s": m["tokens_per_s"], "mfu": m["mfu"],
            "hfu": m["hfu"]}
-    out.update(exposed_breakdown(res, study))
+    out.update(exposed_breakdown(res))
     return out
 
 
-def exposed_breakdown(res: ReplayResult, study: Study) -> dict[str, float]:
+def exposed_breakdown(res: ReplayResult) -> dict[str, float]:
     """Where the step goes on the rank that finishes last: compute, communication per axis not
     hidden under compute, optimizer, and the rest (pipeline bubble and waiting)."""
     tl = res.timeline
@@ -91,7 +90,7 @@ def exposed_breakdown(res: ReplayResult, study: Study) -> dict[str, float]:
     comp = r.filter(pl.col("stream") == "compute")
     step = res.step_time_s
     compute_iv = _union(comp)
-    axis_of = {f"comm:{k}": v for k, v in _group_axes(study, res).items()}
+    axis_of = {f"comm:{k}": v for k, v in res.metrics.get("group_axes", {}).items()}
     comm = r.filter(pl.col("kind") != "COMP_NODE").with_columns(
         pl.col("stream").replace_strict(axis_of, default="pp").alias("axis"))
     exposed: dict[str, float] = {}
@@ -107,10 +106,6 @@ def exposed_breakdown(res: ReplayResult, study: Study) -> dict[str, float]:
     return {"compute_s": compute, "exposed_tp_s": exposed["tp"], "exposed_pp_s": exposed["pp"],
             "exposed_dp_s": exposed["dp"], "exposed_other_comm_s": other_exposed,
             "optimizer_s": opt, "bubble_s": bubble}
-
-
-def _group_axes(study: Study, res: ReplayResult) -> dict[str, str]:
-    return res.metrics.get("group_axes", {}) or {}
 
 
 def _union(frame: pl.DataFrame) -> list[tuple[float, float]]:
@@ -166,4 +161,4 @@ def rank(frame: pl.DataFrame, rank_by: str) -> pl.DataFrame:
     return ordered.with_row_index("rank", offset=1).with_columns(pl.col("rank").cast(pl.Int64))
 
 
-__all__ = ["RESULT_COLUMNS", "GiB", "compare", "evaluate_strategy", "rank"]
+__all__ = ["RESULT_COLUMNS", "compare", "evaluate_strategy", "rank"]

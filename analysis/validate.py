@@ -9,7 +9,6 @@ never dropped, never guessed. The only inference made is stated per row in ``ass
 from __future__ import annotations
 
 import dataclasses
-import math
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -189,6 +188,3 @@ def summarize(results: pl.DataFrame) -> pl.DataFrame:
         pl.col("abs_error_pct").max().alias("max_abs_error_pct"),
         pl.col("error_pct").mean().alias("mean_signed_error_pct"))
 
-
-def is_finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)

@@ -34,7 +34,7 @@ def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
     model = RooflineCompute(sys_spec.gpu, compute)
     net: NetworkModel = AlphaBetaNetwork(sys_spec, astra_compat=astra_compat)
     scen = _scenario(scenario, ts, sys_spec)
-    overrides = compute_for(scen, sys_spec, compute) if scen else {}
+    overrides = compute_for(scen, compute) if scen else {}
     if scen and scen.links:
         net = DegradedNetwork(net, scen.links)
     sim = Simulator(ts, model, net, astra_compat=astra_compat, contention=contention,

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from replay.compute import ComputeModel, RooflineCompute
-from replay.hardware import SystemSpec, resolve_system
+from replay.hardware import resolve_system
 from replay.network import CommCost, NetworkModel
 from tracegen._config import load_mapping
 from tracegen.errors import ConfigError
@@ -250,7 +250,7 @@ class DegradedNetwork:
         return self._apply(self.base.p2p(src, dst, size_bytes))
 
 
-def compute_for(scenario: Scenario, base: SystemSpec, source: str) -> dict[int, ComputeModel]:
+def compute_for(scenario: Scenario, source: str) -> dict[int, ComputeModel]:
     """Per-rank compute models for ranks on another GPU type."""
     models: dict[str, ComputeModel] = {}
     out: dict[int, ComputeModel] = {}
@@ -258,5 +258,4 @@ def compute_for(scenario: Scenario, base: SystemSpec, source: str) -> dict[int, 
         if system not in models:
             models[system] = RooflineCompute(resolve_system(system).gpu, source)  # type: ignore[arg-type]
         out[rank] = models[system]
-    del base
     return out

@@ -88,7 +88,7 @@ class Records:
 
 
 class Simulator:
-    def __init__(self, ts: TraceSet, compute: ComputeModel | Callable[[int], ComputeModel],
+    def __init__(self, ts: TraceSet, compute: ComputeModel,
                  network: NetworkModel, *, astra_compat: bool = False, contention: bool = True,
                  slowdown: Callable[[int, int], float] | None = None,
                  compute_overrides: dict[int, ComputeModel] | None = None,
@@ -99,8 +99,7 @@ class Simulator:
         self._overrides = compute_overrides or {}
         # (group, index, node name, last rank to arrive, its lateness ns, first arrival ns)
         self.coll_waits: list[tuple[str, int, str, int, int, int]] = []
-        self._compute_for = compute if callable(compute) and not hasattr(
-            compute, "duration_ns") else (lambda _r: compute)
+        self._compute = compute
         self.engine = Engine()
         self.records = Records()
         self.stream_names: dict[int, str] = {COMPUTE_STREAM: "compute", P2P_STREAM: "p2p"}
@@ -189,7 +188,7 @@ class Simulator:
         r.busy[sid] = True
         node = r.nodes[pos]
         if node.type == pb.COMP_NODE:
-            model = self._overrides.get(r.rank) or self._compute_for(r.rank)
+            model = self._overrides.get(r.rank) or self._compute
             dur = model.duration_ns(node)
             if self._slowdown is not None:
                 dur = round(dur * self._slowdown(r.rank, t))
