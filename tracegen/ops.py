@@ -226,16 +226,13 @@ def _bwd_comm(c: Comm, d: Dims) -> list[Item]:
     if c.axis == "ep":  # all-to-all is its own conjugate
         return [Comm(f"{c.name}_bwd", "ep", "ALL_TO_ALL", c.size_bytes)]
     if c.axis == "cp":  # gradients of K, V are reduce-scattered back to their owners
-        return [Comm(f"{c.name}_bwd", "cp", "REDUCE_SCATTER", c.size_bytes * _cp(d, c))]
+        cp = d.s_kv // d.s  # the gathered K/V span cp ranks' shards
+        return [Comm(f"{c.name}_bwd", "cp", "REDUCE_SCATTER", c.size_bytes * cp)]
     if c.coll == "ALL_GATHER":
         return [Comm(f"{c.name}_bwd", c.axis, "REDUCE_SCATTER", c.size_bytes * d.t)]
     if c.coll == "REDUCE_SCATTER":
         return [Comm(f"{c.name}_bwd", c.axis, "ALL_GATHER", c.size_bytes // d.t)]
     return []  # forward all-reduce (g) → identity in backward
-
-
-def _cp(d: Dims, c: Comm) -> int:
-    return d.s_kv // d.s
 
 
 def tp_input_grad_allreduce(d: Dims, name: str) -> list[Item]:
@@ -307,8 +304,9 @@ def head_bwd(m: ModelSpec, st: Strategy) -> list[Item]:
     items: list[Item] = [Op("cross_entropy_bwd", "loss", 2 * d.tokens * v, 2 * d.tokens * v * 4)]
     items += gemm_bwd("lm_head", d.tokens, v, d.h, d.dtype)
     items += tp_input_grad_allreduce(d, "lm_head_in_grad_ar")
-    items += [c for c in _bwd_comm(Comm("final_norm_ag", "tp", "ALL_GATHER",
-                                        d.tokens * d.h * ACT_BYTES // d.t), d)] if d.sp else []
+    if d.sp:  # the backward of the final norm's all-gather: a reduce-scatter of the gradient
+        items += _bwd_comm(Comm("final_norm_ag", "tp", "ALL_GATHER",
+                                d.tokens * d.h * ACT_BYTES // d.t), d)
     items.append(eltwise("final_norm_bwd", d.tokens_sp * d.h, reads=2, writes=1,
                          flop_per_elem=2 * NORM_FLOP, kind="norm"))
     return items
