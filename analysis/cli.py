@@ -55,6 +55,8 @@ def tracegen_cmd(
     precision: Annotated[str, typer.Option(help="bf16 | fp16 | fp8")] = "bf16",
     first_stage_layers: int = 0, last_stage_layers: int = 0,
     mode: Annotated[str, typer.Option(help="full | representative")] = "representative",
+    system: Annotated[str | None, typer.Option(help="Flag ranks whose estimated memory exceeds "
+                                                    "this system's GPU memory.")] = None,
     name: Annotated[str, typer.Option(help="Workload name: files are NAME.RANK.et")] = "trainsim",
 ) -> None:
     """Generate the per-rank Chakra execution traces of one training step."""
@@ -72,7 +74,12 @@ def tracegen_cmd(
         task = bar.add_task("writing ranks", total=None)
         summary = generate(spec, strategy, out, mode=mode, name=name, gpus=gpus,  # type: ignore[arg-type]
                            progress=lambda i, n: bar.update(task, completed=i, total=n))
-    print_summary(summary, strategy)
+    capacity = None
+    if system is not None:
+        from replay import resolve_system
+
+        capacity = resolve_system(system).gpu.hbm_GiB
+    print_summary(summary, strategy, capacity_GiB=capacity)
 
 
 @app.command("replay")
@@ -126,6 +133,10 @@ def _print_replay(result: Any) -> None:
         line += (f"; {m['tokens_per_s']:,.0f} tokens/s, MFU {m['mfu']:.1%}, "
                  f"HFU {m['hfu']:.1%}")
     console.print(line)
+    if "fits" in m:
+        verdict = "fits" if m["fits"] else "[bold red]DOES NOT FIT[/]"
+        console.print(f"peak memory {m['peak_memory_GiB']:.1f} GiB per GPU: {verdict} in "
+                      f"{m['system']}'s GPU memory")
     if m.get("folded"):
         console.print(f"[dim]folded: every rank provably runs its pipeline stage's program, so "
                       f"{m['ranks_simulated']} stage representatives were simulated (exact); "
@@ -402,7 +413,8 @@ def _progress() -> Progress:
                     TimeElapsedColumn(), console=console, transient=True)
 
 
-def print_summary(s: TraceSetSummary, strategy: Strategy) -> None:
+def print_summary(s: TraceSetSummary, strategy: Strategy, *, capacity_GiB: float | None = None
+                  ) -> None:
     console.print(f"[bold]{s.path}[/]: {s.mode} trace set, world size {s.world_size}, "
                   f"{s.ranks_written} rank file(s), {s.nodes_written:,} nodes "
                   f"({strategy.label()}, {strategy.num_microbatches} micro-batches, "
@@ -418,8 +430,19 @@ def print_summary(s: TraceSetSummary, strategy: Strategy) -> None:
         table.add_row(str(st.stage), f"{st.nodes:,}", f"{f.get('fwd', 0) / 1e12:.1f}",
                       f"{f.get('bwd', 0) / 1e12:.1f}", f"{f.get('recompute', 0) / 1e12:.1f}",
                       *[f"{st.comm_bytes_by_axis.get(a, 0) / 1e9:.2f}" for a in axes],
-                      f"{st.memory.total_bytes / GiB:.1f}")
+                      _memory_cell(st.memory.total_bytes / GiB, capacity_GiB))
     console.print(table)
+    if capacity_GiB is not None:
+        over = [st.stage for st in s.stages if st.memory.total_bytes / GiB > capacity_GiB]
+        if over:
+            console.print(f"[bold red]does not fit:[/] stage(s) {over} need more than "
+                          f"{capacity_GiB:g} GiB per GPU")
+
+
+def _memory_cell(gib: float, capacity: float | None) -> str:
+    if capacity is not None and gib > capacity:
+        return f"[bold red]{gib:.1f} > {capacity:g}[/]"
+    return f"{gib:.1f}"
 
 
 def main() -> None:

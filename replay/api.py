@@ -44,6 +44,8 @@ def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
     timeline = timeline_frame(sim, ts)
     metrics = step_metrics(ts, timeline, end_ns, sys_spec.gpu.peak_flop_per_s(_dtype(ts)))
     metrics["system"] = sys_spec.name
+    if "peak_memory_GiB" in metrics:  # flagged wherever a strategy appears (DESIGN.md, Memory)
+        metrics["fits"] = metrics["peak_memory_GiB"] <= sys_spec.gpu.hbm_GiB
     metrics["folded"] = ts.folded
     metrics["group_axes"] = dict(ts.group_axis)
     breakdown = breakdown_frame(timeline, metrics["step_time_s"])

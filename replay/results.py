@@ -162,6 +162,7 @@ def step_metrics(ts: TraceSet, timeline: pl.DataFrame, end_ns: int, peak_flop_pe
         out["mfu"] = model_flop / (step * peak)
         out["hfu"] = hw_flop / (step * peak)
         out["comm_time_by_axis_s"] = _axis_times(ts, timeline)
+        out["peak_memory_GiB"] = max(s["memory"]["total_GiB"] for s in man["stages"])
     return out
 
 

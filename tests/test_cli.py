@@ -83,3 +83,13 @@ def test_replay_workload_prefix_and_bad_system(tmp_path: Path) -> None:
         r.stderr.replace("\n", " "))
     r = run("replay", str(tmp_path), "--system", "dgx-h100")
     assert r.returncode == 2 and "TraceFormatError" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_memory_that_does_not_fit_is_flagged(tmp_path: Path) -> None:
+    out = tmp_path / "big"
+    r = run("tracegen", "--model", "llama3-70b", "--gpus", "8", "--tp", "8", "--mbs", "1",
+            "--gbs", "8", "--system", "dgx-h100", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "does not fit: stage(s) [0] need more than 80 GiB per GPU" in r.stdout
+    r = run("replay", str(out), "--system", "dgx-h100")
+    assert r.returncode == 0 and "DOES NOT FIT" in r.stdout
