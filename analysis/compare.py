@@ -153,11 +153,16 @@ def compare(study: Study, *, progress: Callable[[int, int], None] | None = None,
     return rank(frame, study.rank_by)
 
 
-def rank(frame: pl.DataFrame, rank_by: str) -> pl.DataFrame:
-    """Strategies that fit first, ordered by step time or expected time-to-train."""
+def rank(frame: pl.DataFrame, rank_by: str, *, verified_first: bool = False) -> pl.DataFrame:
+    """Strategies that fit first, ordered by step time or expected time-to-train. With
+    ``verified_first`` (sweeps), the replayed strategies come before the screened ones."""
     key = "time_to_train_s" if rank_by == "time_to_train" else "step_time_s"
-    ordered = frame.with_columns(pl.col("fits").fill_null(False).alias("_fits")).sort(
-        ["_fits", key], descending=[True, False], nulls_last=True).drop("_fits")
+    ordered = frame.with_columns(
+        pl.col("fits").fill_null(False).alias("_fits"),
+        (pl.col("status") == "replayed").fill_null(False).alias("_verified")
+        if verified_first else pl.lit(True).alias("_verified")).sort(
+        ["_fits", "_verified", key], descending=[True, True, False], nulls_last=True).drop(
+        "_fits", "_verified")
     return ordered.with_row_index("rank", offset=1).with_columns(pl.col("rank").cast(pl.Int64))
 
 

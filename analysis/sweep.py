@@ -146,7 +146,7 @@ def sweep(study: Study, out_dir: str | Path, *, top_k: int = 10, scheduler: str 
     replayed = verify.read().unique("id", keep="first")
     merged = pl.concat([replayed, screened.drop("rank").filter(
         ~pl.col("id").is_in(replayed["id"].to_list()))], how="vertical_relaxed")
-    final = rank(merged, study.rank_by)
+    final = rank(merged, study.rank_by, verified_first=True)
     _write_atomic(final, out)
     counts = {"enumerated": len(valid) + invalid, "invalid": invalid, "valid": len(valid),
               "do_not_fit": int(screened.filter(~pl.col("fits").fill_null(False)).height),

@@ -75,3 +75,11 @@ def test_killed_sweep_resumes_without_duplicates(study_path: Path, tmp_path: Pat
     assert final["id"].n_unique() == final.height
     screened = PartStore(out, "screen").read()
     assert screened["id"].n_unique() == screened.height == len(valid)  # no duplicated work
+
+
+def test_replayed_strategies_rank_first(study_path: Path, tmp_path: Path) -> None:
+    study = load_study(study_path)
+    final, counts = sweep(study, tmp_path / "r", top_k=3, workers=1)
+    assert final.head(counts["replayed"])["status"].to_list() == ["replayed"] * 3
+    fits = final.filter(pl.col("fits"))
+    assert fits.height and final.head(fits.height)["fits"].all()
