@@ -17,7 +17,7 @@ random with a seed), degraded or failed links, and heterogeneous GPU types.
 
     [[link]]                   # ranks = [...] or nodes = [...]
     nodes = [2]
-    tier = "nic"               # nic | nvlink
+    tier = "nic"               # nic | nvlink | switch (the NICs of the nodes under a switch)
     bandwidth_factor = 0.5     # (0, 1] of the healthy bandwidth
     extra_latency_us = 5.0
     failed = false             # true: traffic re-routed; the surviving path gives
@@ -43,7 +43,8 @@ from tracegen.errors import ConfigError
 from tracegen.units import NS_PER_S, NS_PER_US
 
 SECTIONS = {"straggler", "random_stragglers", "link", "gpu", "name", "description"}
-TIERS = {"nic": "nic", "nvlink": "nvl"}
+# A degraded leaf switch slows every NIC below it: give the nodes under it with tier "switch".
+TIERS = {"nic": "nic", "nvlink": "nvl", "switch": "nic"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -206,7 +207,7 @@ class _Ctx:
                                "failed", "surviving_fraction"})
         tier = d.get("tier", "nic")
         if tier not in TIERS:
-            raise self.fail(f"[[link]]: tier must be 'nic' or 'nvlink', got {tier!r}")
+            raise self.fail(f"[[link]]: tier must be 'nic', 'nvlink' or 'switch', got {tier!r}")
         key = "surviving_fraction" if d.get("failed") else "bandwidth_factor"
         factor = self._number(d, key, "link", 0.5 if d.get("failed") else None)
         if not 0 < factor <= 1:
