@@ -23,6 +23,7 @@ import dataclasses
 from array import array
 from collections import deque
 from collections.abc import Callable
+from itertools import pairwise
 from typing import Any
 
 from chakra.schema.protobuf import et_def_pb2 as pb
@@ -51,6 +52,7 @@ class _Rank:
     queues: dict[int, deque[int]]
     busy: dict[int, bool]
     coll_seq: dict[str, int]
+    seg_next: list[int]  # next node of a compute chain run back to back (-1: none)
     done: int = 0
 
 
@@ -85,6 +87,40 @@ class Records:
     start: array[int] = dataclasses.field(default_factory=lambda: array("q"))
     end: array[int] = dataclasses.field(default_factory=lambda: array("q"))
     wait_start: array[int] = dataclasses.field(default_factory=lambda: array("q"))
+
+
+def _compute_chains(nodes: list[NodeRec], deps: list[list[int]],
+                    dependents: list[list[int]], stream_of: list[int]) -> list[int]:
+    """``seg_next[i]``: the compute node that follows node i back to back, or -1.
+
+    Exact only when no other compute node can become ready while a chain runs, so this is done
+    for ranks whose compute-stream nodes are totally ordered by their dependencies (each one a
+    descendant of the one before it in file order, as tracegen writes them — directly or through
+    a blocking collective); links are those where the next node depends on nothing else and is
+    the only dependent."""
+    seg_next = [-1] * len(nodes)
+    comp = [i for i, n in enumerate(nodes)
+            if n.type == pb.COMP_NODE and stream_of[i] == COMPUTE_STREAM]
+    if not all(_descends(b, a, deps) for a, b in pairwise(comp)):
+        return seg_next
+    for a, b in pairwise(comp):
+        if deps[b] == [a] and dependents[a] == [b]:
+            seg_next[a] = b
+    return seg_next
+
+
+def _descends(b: int, a: int, deps: list[list[int]]) -> bool:
+    """Whether node ``b`` depends on node ``a`` (searching only nodes after ``a`` in the file,
+    since a file lists dependencies first; the window between two compute nodes is small)."""
+    stack, seen = [b], {b}
+    while stack:
+        for d in deps[stack.pop()]:
+            if d == a:
+                return True
+            if d > a and d not in seen:
+                seen.add(d)
+                stack.append(d)
+    return False
 
 
 class Simulator:
@@ -131,6 +167,7 @@ class Simulator:
         pos_of = {n.id: i for i, n in enumerate(nodes)}
         pending = array("q", [0]) * len(nodes)
         dependents: list[list[int]] = [[] for _ in nodes]
+        dep_pos: list[list[int]] = []
         stream_of: list[int] = []
         for i, n in enumerate(nodes):
             if n.type in UNSUPPORTED:
@@ -138,14 +175,17 @@ class Simulator:
                     f"rank {rank}: node {n.id} ({n.name!r}) is a {UNSUPPORTED[n.type]}: the trace "
                     "reads fine, but trainsim has no memory model to simulate remote memory "
                     "loads/stores; drop MEM nodes or simulate this trace with ASTRA-sim")
-            deps = set(n.deps)
+            raw = n.data_deps + n.ctrl_deps if n.ctrl_deps else n.data_deps
+            deps = [pos_of[d] for d in (set(raw) if len(raw) > 1 else raw)]
             pending[i] = len(deps)
             for d in deps:
-                dependents[pos_of[d]].append(i)
+                dependents[d].append(i)
+            dep_pos.append(deps)
             stream_of.append(self._stream_for(n))
         queues: dict[int, deque[int]] = {s: deque() for s in set(stream_of)}
         return _Rank(rank, nodes, pending, dependents, stream_of, queues,
-                     dict.fromkeys(queues, False), {})
+                     dict.fromkeys(queues, False), {},
+                     _compute_chains(nodes, dep_pos, dependents, stream_of))
 
     def _stream_for(self, n: NodeRec) -> int:
         if n.type == pb.COMP_NODE:
@@ -188,16 +228,35 @@ class Simulator:
         r.busy[sid] = True
         node = r.nodes[pos]
         if node.type == pb.COMP_NODE:
-            model = self._overrides.get(r.rank) or self._compute
-            dur = model.duration_ns(node)
-            if self._slowdown is not None:
-                dur = round(dur * self._slowdown(r.rank, t))
-            return [(t + dur, PRIO_FINISH, self._finish, (r.rank, pos, sid, t, t))]
+            return self._run_compute(t, r, pos, sid)
         if node.type == pb.COMM_COLL_NODE:
             return self._arrive(t, r, pos, sid)
         if node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):  # ASTRA mode: on the comm stream
             return self._post_p2p(t, r.rank, pos)
         return [(t, PRIO_FINISH, self._finish, (r.rank, pos, sid, t, t))]
+
+    def _run_compute(self, t: int, r: _Rank, pos: int, sid: int) -> list[Event]:
+        """Start a compute node; a chain of compute nodes that nothing else can interleave with
+        (see ``_compute_chains``) runs back to back here, and only its last node gets an event."""
+        model = self._overrides.get(r.rank) or self._compute
+        slowdown, seg_next, rec = self._slowdown, r.seg_next, self.records
+        while True:
+            dur = model.duration_ns(r.nodes[pos])
+            if slowdown is not None:
+                dur = round(dur * slowdown(r.rank, t))
+            nxt = seg_next[pos]
+            if nxt < 0:
+                return [(t + dur, PRIO_FINISH, self._finish, (r.rank, pos, sid, t, t))]
+            rec.rank.append(r.rank)
+            rec.pos.append(pos)
+            rec.stream.append(sid)
+            rec.start.append(t)
+            rec.end.append(t + dur)
+            rec.wait_start.append(t)
+            r.done += 1
+            self._finished += 1
+            t += dur
+            pos = nxt
 
     def _finish(self, t: int, arg: tuple[int, int, int, int, int]) -> list[Event]:
         """A node ends: record it, free its stream, and dispatch the dependents it unblocks (in
