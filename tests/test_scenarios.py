@@ -120,3 +120,37 @@ def test_bad_scenario_files(tmp_path: Path, text: str, message: str) -> None:
     d = _set(tmp_path / "b", tp=2)
     with pytest.raises(ConfigError, match=message):
         replay(d, H100, scenario=_scenario(tmp_path, text))
+
+
+def test_random_stragglers_are_reproducible_and_fail_slow_windows_apply_only_inside(
+        tmp_path: Path) -> None:
+    from replay.scenario import scenario_from_dict
+
+    def draw(seed: int):  # type: ignore[no-untyped-def]
+        return scenario_from_dict({"random_stragglers": [{"fraction": 0.5, "seed": seed}]},
+                                  name="r", world_size=8, gpus_per_node=8,
+                                  simulated=set(range(8)))
+
+    assert draw(3) == draw(3)
+    assert len(draw(3).episodes) == 4 and all(1 <= e.slowdown <= 2 for e in draw(3).episodes)
+    window = scenario_from_dict({"straggler": [{"ranks": [2], "slowdown": 3.0, "start_s": 1.0,
+                                                "end_s": 2.0}]}, name="w", world_size=8,
+                                gpus_per_node=8, simulated=set(range(8)))
+    assert window.slowdown(2, 999_999_999) == 1.0
+    assert window.slowdown(2, 1_500_000_000) == 3.0
+    assert window.slowdown(2, 2_000_000_000) == 1.0
+    assert window.slowdown(1, 1_500_000_000) == 1.0
+
+
+def test_failed_link_uses_the_surviving_path(tmp_path: Path) -> None:
+    from replay.scenario import scenario_from_dict
+
+    s = scenario_from_dict({"link": [{"nodes": [1], "tier": "nic", "failed": True}]},
+                           name="f", world_size=16, gpus_per_node=8, simulated=set(range(16)))
+    assert {lf.rank for lf in s.links} == set(range(8, 16))
+    assert all(lf.factor == 0.5 and lf.tier == "nic" for lf in s.links)
+    d = _set(tmp_path / "f", tp=2, dp=2)
+    failed = replay(d, TWO_PER_NODE, scenario=_scenario(
+        tmp_path, "[[link]]\nnodes = [1]\ntier = \"nic\"\nfailed = true\n"))
+    healthy = replay(d, TWO_PER_NODE)
+    assert failed.step_time_s > healthy.step_time_s
