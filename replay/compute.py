@@ -64,12 +64,8 @@ class RooflineCompute:
                 return node.duration_micros * NS_PER_US
             raise ReplayError(f"node {node.id} ({node.name!r}) has neither num_ops/tensor_size "
                               "nor duration_micros: nothing to time it by")
-        key = (a.get("op_type", ""), flop, nbytes, a.get("gemm_m", 0), a.get("gemm_n", 0),
-               a.get("dtype", 1), node.name.endswith("_bwd"))
-        t = self._cache.get(key)
-        if t is None:
-            t = self._cache[key] = self._model(*key)
-        return t
+        return self.op_ns(a.get("op_type", ""), flop, nbytes, a.get("gemm_m", 0),
+                          a.get("gemm_n", 0), a.get("dtype", 1), node.name.endswith("_bwd"))
 
     def op_ns(self, op_type: str, flop: int, nbytes: int, m: int, n: int, dtype_code: int,
               backward: bool) -> int:
