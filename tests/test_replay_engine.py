@@ -134,3 +134,15 @@ def test_pipeline_bubble_fraction(tmp_path: Path, schedule: str, p: int, m: int)
     assert end == (m + p - 1) * (tf + tb) * 1000
     busy = m * (tf + tb) * 1000
     assert 1 - busy / end == pytest.approx((p - 1) / (m + p - 1))
+
+
+def test_every_gpu_of_the_validation_schema_has_a_system() -> None:
+    """The public-runs schema names these GPUs; each maps to a preset whose GPU it is."""
+    from replay.hardware import GPU_ALIASES, get_system, system_names
+
+    for gpu in ("v100-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h800", "h200", "b200",
+                "a800"):
+        system = get_system(GPU_ALIASES[gpu])
+        assert system.gpu.name == gpu
+    assert {"dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "dgx-h800", "hgx-h200", "dgx-b200",
+            "mi300x"} <= set(system_names())
