@@ -68,3 +68,22 @@ def test_missing_columns_are_named(tmp_path: Path) -> None:
         validate(f)
     assert "lacks the columns" in str(info.value) and "num_layers" in str(info.value)
     assert len(REQUIRED_COLUMNS) > 20
+
+
+def test_validate_cli_writes_csv_and_plot(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    out, plot = tmp_path / "v.csv", tmp_path / "v.png"
+    r = subprocess.run([sys.executable, "-m", "analysis.cli", "validate", str(PUBLIC), "--out",
+                        str(out), "--plot", str(plot)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    frame = pl.read_csv(out)
+    for col in ("id", "status", "predicted_iter_time_s", "measured_iter_time_s", "error_pct",
+                "predicted_peak_memory_GiB", "fits"):
+        assert col in frame.columns
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    assert "|error| summary" in r.stdout

@@ -1,0 +1,238 @@
+"""The study commands of ``trainsim``: validate, resilience, compare, sweep, report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from analysis.cli_common import app, console, progress_bar
+from tracegen import ConfigError
+
+
+@app.command("validate")
+def validate_cmd(
+    runs: Annotated[Path, typer.Argument(help="CSV in the public-runs schema "
+                                              "(shared/validation/README.md).")],
+    out: Annotated[Path | None, typer.Option("--out", help="Write per-row results as CSV.")]
+    = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the predicted-vs-measured "
+                                              "scatter (PNG).")] = None,
+) -> None:
+    """Predict every published run and compare with its measured step time."""
+    from analysis.plots import predicted_vs_measured
+    from analysis.validate import summarize, validate
+
+    with progress_bar() as bar:
+        task = bar.add_task("predicting runs", total=None)
+        results = validate(runs, progress=lambda i, n: bar.update(task, completed=i, total=n))
+    table = Table(title=f"Validation: {runs.name}")
+    for col in ("id", "status", "predicted s", "measured s", "error %", "memory GiB", "fits"):
+        table.add_column(col, justify="right" if col != "status" else "left")
+    for r in results.iter_rows(named=True):
+        ok = r["status"] == "ok"
+        table.add_row(r["id"], r["status"], f"{r['predicted_iter_time_s']:.3f}" if ok else "",
+                      f"{r['measured_iter_time_s']:.3f}" if r["measured_iter_time_s"] else "",
+                      f"{r['error_pct']:+.1f}" if ok else "",
+                      f"{r['predicted_peak_memory_GiB']:.1f}" if ok else "",
+                      str(r["fits"]) if ok else "")
+    console.print(table)
+    summary = summarize(results)
+    st = Table(title="|error| summary (%)")
+    for col in summary.columns:
+        st.add_column(col, justify="right")
+    for row in summary.iter_rows():
+        st.add_row(*[f"{v:.1f}" if isinstance(v, float) else str(v) for v in row])
+    console.print(st)
+    if out is not None:
+        results.write_csv(out)
+    if plot is not None:
+        predicted_vs_measured(results).savefig(plot, dpi=120)
+
+
+@app.command("resilience")
+def resilience_cmd(
+    study_file: Annotated[Path, typer.Argument(help="Study TOML with [failures] (see "
+                                                    "analysis/study.py).")],
+    summary: Annotated[Path | None, typer.Option(help="Write per-policy results as JSON.")]
+    = None,
+    plots: Annotated[Path | None, typer.Option(help="Folder for the goodput and "
+                                                    "time-to-train plots (PNG).")] = None,
+) -> None:
+    """Goodput and expected time-to-train under failures, per recovery policy."""
+    import json
+
+    import numpy as np
+
+    from analysis import plots as P
+    from analysis import resilience as R
+    from analysis.evaluate import resilience_frame, summary_dict
+    from analysis.study import load_study
+
+    study = load_study(study_file)
+    if not study.strategies:
+        raise ConfigError("the study lists no [[strategies]] to evaluate", what="study")
+    out: dict[str, Any] = {}
+    for s in study.strategies:
+        frame = resilience_frame(study, s)
+        out[s.label()] = summary_dict(frame)
+        table = Table(title=f"{study.name}: {s.label()} on {s.world_size} GPUs "
+                            f"(job MTTF {frame['job_mttf_s'][0] / 3600:.2f} h)")
+        for col in ("policy", "goodput", "days to train", "GPU-hours", "failures",
+                    "ckpt interval min", "ckpt s", "restart s"):
+            table.add_column(col, justify="right")
+        for r in frame.iter_rows(named=True):
+            table.add_row(r["policy"], f"{r['goodput']:.1%}",
+                          f"{r['expected_wall_clock_s'] / 86400:.1f}",
+                          f"{r['expected_gpu_hours']:,.0f}", f"{r['expected_failures']:,.0f}",
+                          f"{r['checkpoint_interval_s'] / 60:.1f}", f"{r['checkpoint_s']:.1f}",
+                          f"{r['restart_s']:.0f}")
+        console.print(table)
+        if plots is not None:
+            plots.mkdir(parents=True, exist_ok=True)
+            g = frame.filter(frame["policy"] == "global_restart").row(0, named=True)
+            mttf, delta = g["job_mttf_s"], g["checkpoint_s"]
+            costs = R.RecoveryCosts(checkpoint_s=delta, restart_s=g["restart_s"])
+            curve = R.goodput_vs_interval(c=costs, mttf_s=mttf, intervals_s=np.geomspace(
+                max(delta, 1.0), 20 * mttf, 120))
+            P.goodput_vs_interval(curve, young_s=R.young_interval_s(delta, mttf),
+                                  daly_s=R.daly_interval_s(delta, mttf)).savefig(
+                plots / f"goodput_{s.label()}.png", dpi=110)
+            P.time_to_train_by_policy(frame).savefig(plots / f"time_to_train_{s.label()}.png",
+                                                     dpi=110)
+    if summary is not None:
+        first = next(iter(out.values()))
+        summary.write_text(json.dumps({"policies": first, "strategies": out}, indent=1) + "\n")
+
+
+def _study_meta(study: Any, counts: dict[str, int] | None = None) -> dict[str, Any]:
+    return {"name": study.name, "model": study.model.name, "system": study.system.name,
+            "gpus": study.gpus, "global_batch_size": study.global_batch_size,
+            "tokens": study.tokens, "rank_by": study.rank_by, "counts": counts or {}}
+
+
+def _resolve_study(name_or_file: str) -> Any:
+    from importlib import resources
+
+    from analysis.study import load_study
+
+    p = Path(name_or_file)
+    if not p.exists():
+        packaged = resources.files("analysis.studies").joinpath(f"{name_or_file}.toml")
+        if packaged.is_file():
+            p = Path(str(packaged))
+        else:
+            raise ConfigError(f"study {name_or_file!r} is neither a file nor a packaged study "
+                              "(analysis/studies/*.toml)", what="study")
+    return load_study(p)
+
+
+def _save_best(results: Any, study: Any, out: Path, timelines: Path) -> None:
+    """The best replayed strategy's timeline and, with failures, its recovery policies."""
+    from analysis.evaluate import resilience_frame
+    from analysis.runner import strategy_id
+
+    best = results.filter(results["status"] == "replayed").head(1)
+    if best.is_empty():
+        return
+    bid = best["id"][0]
+    src = timelines / f"{bid}.parquet"
+    if src.is_file():
+        src.replace(out / "timeline.parquet")
+    if study.has_failures:
+        by_id = {strategy_id(s): s for s in study.strategies}
+        if bid in by_id:
+            resilience_frame(study, by_id[bid]).write_parquet(out / "resilience.parquet")
+
+
+@app.command("compare")
+def compare_cmd(
+    study: Annotated[str, typer.Argument(help="Study TOML, or a packaged study name.")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="Output directory.")],
+    workers: Annotated[int, typer.Option(help="Local worker processes.")] = 2,
+    scheduler: Annotated[str | None, typer.Option(help="Dask scheduler address.")] = None,
+) -> None:
+    """Generate, replay and rank every strategy a study lists."""
+    import json
+    import tempfile
+
+    from analysis.compare import compare
+
+    st = _resolve_study(study)
+    if not st.strategies:
+        raise ConfigError("the study lists no [[strategies]]; use `trainsim sweep` for a search "
+                          "space", what="study")
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="trainsim-timelines-") as tl, progress_bar() as bar:
+        task = bar.add_task("replaying strategies", total=len(st.strategies))
+        results = compare(st, timeline_dir=tl, workers=workers, scheduler=scheduler,
+                          progress=lambda i, n: bar.update(task, completed=i))
+        _save_best(results, st, out, Path(tl))
+    results.write_parquet(out / "results.parquet")
+    results.write_csv(out / "results.csv")
+    (out / "study.json").write_text(json.dumps(_study_meta(st), indent=1) + "\n")
+    _print_ranking(results, f"{st.name}: {st.model.name} on {st.gpus} GPUs ({st.system.name})")
+
+
+def _print_ranking(results: Any, title: str) -> None:
+    from analysis.report import COLUMNS, _fmt
+
+    table = Table(title=title)
+    cols = [(k, label) for k, label, _ in COLUMNS if k in results.columns]
+    for _, label in cols:
+        table.add_column(label, justify="right")
+    for r in results.head(15).iter_rows(named=True):
+        table.add_row(*[_fmt(k, r.get(k)) for k, _ in cols])
+    console.print(table)
+
+
+@app.command("sweep")
+def sweep_cmd(
+    study: Annotated[str, typer.Argument(help="Study TOML with a [search] space.")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="Output directory (resumable).")],
+    top_k: Annotated[int, typer.Option("--top-k", help="Replay the best K.")] = 10,
+    workers: Annotated[int, typer.Option(help="Local worker processes.")] = 2,
+    scheduler: Annotated[str | None, typer.Option(help="Dask scheduler address, e.g. "
+                                                       "tcp://host:8786.")] = None,
+    chunk: Annotated[int, typer.Option(help="Strategies per task.")] = 64,
+) -> None:
+    """Enumerate a strategy space, screen it with the fast path, replay the best K, rank."""
+    import json
+
+    from analysis.sweep import sweep
+
+    st = _resolve_study(study)
+    out.mkdir(parents=True, exist_ok=True)
+    import time
+
+    with progress_bar() as bar:
+        tasks: dict[str, Any] = {}
+        started: dict[str, float] = {}
+
+        def report(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(phase, total=total)
+                started[phase] = time.perf_counter()
+            rate = done / max(time.perf_counter() - started[phase], 1e-9)
+            bar.update(tasks[phase], completed=done, total=total,
+                       description=f"{phase} ({rate:,.0f} strategies/s)")
+
+        results, counts = sweep(st, out, top_k=top_k, scheduler=scheduler, workers=workers,
+                                chunk=chunk, progress=report)
+    (out / "study.json").write_text(json.dumps(_study_meta(st, counts), indent=1) + "\n")
+    console.print(" · ".join(f"{k.replace('_', ' ')}: {v:,}" for k, v in counts.items()))
+    _print_ranking(results, f"{st.name}: best of {counts['valid']:,} strategies")
+
+
+@app.command("report")
+def report_cmd(
+    results: Annotated[Path, typer.Argument(help="Directory written by compare or sweep.")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="Report directory.")],
+) -> None:
+    """Write report.html (self-contained), report.md, figures and tables."""
+    from analysis.report import build_report
+
+    html = build_report(results, out)
+    console.print(f"report: {html} (and {out / 'report.md'}, {out / 'results.csv'})")
