@@ -13,6 +13,7 @@ from analysis.evaluate import resilience_frame, tokens_per_step
 from analysis.fastpath import estimate
 from analysis.study import Study
 from replay import ReplayResult, replay
+from replay.results import intervals_length, intervals_overlap, union_intervals
 from tracegen import Strategy, TrainsimError, generate
 
 RESULT_COLUMNS: dict[str, Any] = {
@@ -96,12 +97,12 @@ def exposed_breakdown(res: ReplayResult) -> dict[str, float]:
     exposed: dict[str, float] = {}
     for axis in ("tp", "pp", "dp"):
         iv = _union(comm.filter(pl.col("axis") == axis))
-        exposed[axis] = _length(iv) - _overlap(iv, compute_iv)
+        exposed[axis] = intervals_length(iv) - intervals_overlap(iv, compute_iv)
     other = _union(comm.filter(~pl.col("axis").is_in(["tp", "pp", "dp"])))
     opt = float(comp.filter(pl.col("op") == "optimizer").select(
         (pl.col("end_s") - pl.col("start_s")).sum()).item() or 0.0)
-    compute = _length(compute_iv) - opt
-    other_exposed = _length(other) - _overlap(other, compute_iv)
+    compute = intervals_length(compute_iv) - opt
+    other_exposed = intervals_length(other) - intervals_overlap(other, compute_iv)
     bubble = max(0.0, step - compute - opt - sum(exposed.values()) - other_exposed)
     return {"compute_s": compute, "exposed_tp_s": exposed["tp"], "exposed_pp_s": exposed["pp"],
             "exposed_dp_s": exposed["dp"], "exposed_other_comm_s": other_exposed,
@@ -109,19 +110,7 @@ def exposed_breakdown(res: ReplayResult) -> dict[str, float]:
 
 
 def _union(frame: pl.DataFrame) -> list[tuple[float, float]]:
-    from replay.results import _union as union
-
-    return union(frame["start_s"].to_numpy(), frame["end_s"].to_numpy())
-
-
-def _length(iv: list[tuple[float, float]]) -> float:
-    return sum(e - s for s, e in iv)
-
-
-def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    from replay.results import _intersection
-
-    return _intersection(a, b)
+    return union_intervals(frame["start_s"].to_numpy(), frame["end_s"].to_numpy())
 
 
 def _failures(study: Study, s: Strategy, step_time_s: float, fast: Any) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from tracegen import ops as O
 from tracegen.memory import estimate as memory_estimate
 from tracegen.mesh import Mesh
 from tracegen.model import ModelSpec
-from tracegen.program import ParamBlock, RoleProgram
+from tracegen.program import ParamBlock, RoleProgram, dp_group_size, sharded_params
 from tracegen.schedule import stage_order
 from tracegen.strategy import Strategy, check_fits_model
 from tracegen.units import DTYPE_CODE, NS_PER_S, GiB
@@ -154,12 +154,6 @@ def _block_ns(costs: _Costs, prog: RoleProgram, block: ParamBlock, rank: int) ->
     return f, b
 
 
-def _local_params(s: Strategy, params: dict[str, int]) -> int:
-    if s.zero_stage == 0:
-        return params["dp"] + params["edp"]
-    return sum(-(-n // _dp_size(s, a)) for a, n in params.items())
-
-
 def _zero3_gather_ns(costs: _Costs, block: ParamBlock, rank: int) -> int:
     """ZeRO-3: the 16-bit parameter all-gather of a block (per-rank shard)."""
     return _zero3_ns(costs, block, rank, "ALL_GATHER")
@@ -173,17 +167,13 @@ def _zero3_scatter_ns(costs: _Costs, block: ParamBlock, rank: int) -> int:
 def _zero3_ns(costs: _Costs, block: ParamBlock, rank: int, coll: O.CollType) -> int:
     total = 0
     for axis, n in (("dp", block.dense), ("edp", block.expert)):
-        size = _dp_size(costs.s, axis)
+        size = dp_group_size(costs.s, axis)
         if n and size > 1:
             shard = -(-n // size)
             nbytes = (shard * O.PARAM_BYTES if coll == "ALL_GATHER"
                       else shard * size * O.GRAD_REDUCE_BYTES)
             total += costs.coll_ns(O.Comm(coll.lower(), axis, coll, nbytes), rank)
     return total
-
-
-def _dp_size(s: Strategy, axis: str) -> int:
-    return s.dp * s.cp if axis == "dp" else s.dp // s.ep * s.cp
 
 
 def _pipeline_ns(s: Strategy, fwd: list[list[int]], bwd: list[list[int]], c: list[int],
@@ -279,7 +269,7 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec, **kw: Any
         ends = [pipe - sum(b_s[:st]) - sum(c[:st]) for st in range(s.pp)]
         chunk_ends = [[e] for e in ends]
     params = [prog.params_of_stage(st) for st in range(s.pp)]
-    finish = _tails(costs, [_local_params(s, p) for p in params], reps, times, ends, chunk_ends)
+    finish = _tails(costs, [sharded_params(s, p) for p in params], reps, times, ends, chunk_ends)
     peak = max(memory_estimate(model, s, st, sum(params[st].values())).total_bytes
                for st in range(s.pp))
     return FastEstimate(max(finish) / NS_PER_S, pipe / NS_PER_S, peak / GiB,
@@ -308,7 +298,7 @@ def _tails(costs: _Costs, local_params: list[int], reps: list[int],
         opt = costs.items_ns([O.optimizer_step(local_params[st])], reps[st])
         t = max(chain[st], done) + opt
         for axis, padded in gathers:
-            shard = padded // _dp_size(s, axis) * O.PARAM_BYTES
+            shard = padded // dp_group_size(s, axis) * O.PARAM_BYTES
             t += costs.coll_ns(O.Comm("ag", axis, "ALL_GATHER", shard), reps[st])
         out.append(t)
     return out
@@ -336,7 +326,7 @@ def _buckets_done(costs: _Costs, rank: int, blocks: list[list[tuple[ParamBlock, 
             for axis in ("dp", "edp"):
                 if not acc[axis] or not (last or acc[axis] >= s.dp_bucket_params):
                     continue
-                size = _dp_size(s, axis)
+                size = dp_group_size(s, axis)
                 n, acc[axis] = acc[axis], 0
                 if size < 2:
                     continue

@@ -7,6 +7,8 @@ import polars as pl
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from replay.results import union_intervals
+
 
 def _figure(width: float, height: float) -> tuple[Figure, Axes]:
     """A Figure outside pyplot's global state: nothing to close, no window, any backend."""
@@ -150,11 +152,10 @@ def tp_pp_heatmap(results: pl.DataFrame) -> Figure:
 
 def _spans(frame: pl.DataFrame) -> list[tuple[float, float]]:
     """Merged (start, width) spans of a frame's intervals (touching ones join)."""
-    from replay.results import _union
-
     if frame.is_empty():
         return []
-    return [(a, b - a) for a, b in _union(frame["start_s"].to_numpy(), frame["end_s"].to_numpy())]
+    return [(a, b - a) for a, b in union_intervals(frame["start_s"].to_numpy(),
+                                                   frame["end_s"].to_numpy())]
 
 
 def pipeline_timeline(timeline: pl.DataFrame, *, ranks: int = 4, title: str = "") -> Figure:

@@ -8,22 +8,13 @@ from __future__ import annotations
 
 import resource
 import shutil
-import statistics
 import tempfile
-import time
 from pathlib import Path
+
+from _timing import median_time
 
 from replay import replay
 from tracegen import Strategy, generate, get_model
-
-
-def _median(fn, repeats: int) -> tuple[float, object]:  # type: ignore[no-untyped-def]
-    times, out = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
 
 
 def _peak_rss_mib() -> float:
@@ -35,7 +26,7 @@ def bench_full_mode(tmp: Path) -> None:
     s = Strategy(tp=4, pp=4, dp=8, micro_batch_size=1, global_batch_size=1152,
                  sequence_parallel=True, zero_stage=1)
     generate(m, s, tmp / "full", mode="full")
-    t, res = _median(lambda: replay(tmp / "full", "dgx-h100"), 3)
+    t, res = median_time(lambda: replay(tmp / "full", "dgx-h100"), 3)
     nodes = res.metrics["nodes"]  # type: ignore[attr-defined]
     print(f"full mode gpt-7.5b tp4·pp4·dp8 (128 ranks): {nodes:,} nodes replayed in {t:.2f} s "
           f"(median of 3, folded to {res.metrics['ranks_simulated']} stage representatives) = "  # type: ignore[attr-defined]
@@ -43,7 +34,7 @@ def bench_full_mode(tmp: Path) -> None:
     small = Strategy(tp=2, pp=2, dp=4, micro_batch_size=1, global_batch_size=128,
                      sequence_parallel=True, zero_stage=1)
     generate(m, small, tmp / "small", mode="full")
-    t, res = _median(lambda: replay(tmp / "small", "dgx-h100", fold=False), 1)
+    t, res = median_time(lambda: replay(tmp / "small", "dgx-h100", fold=False), 1)
     nodes = res.metrics["nodes"]  # type: ignore[attr-defined]
     print(f"full mode gpt-7.5b tp2·pp2·dp4 rank by rank (--no-fold): {nodes:,} nodes in {t:.2f} s"
           f" = {nodes / t:,.0f} nodes/s")
@@ -54,7 +45,7 @@ def bench_405b(tmp: Path) -> None:
     s = Strategy(tp=8, pp=16, dp=128, micro_batch_size=1, global_batch_size=2048,
                  sequence_parallel=True, zero_stage=1, first_stage_layers=7, last_stage_layers=7)
     generate(m, s, tmp / "405b", mode="representative")
-    t, res = _median(lambda: replay(tmp / "405b", "dgx-h100"), 3)
+    t, res = median_time(lambda: replay(tmp / "405b", "dgx-h100"), 3)
     r = res.metrics  # type: ignore[attr-defined]
     print(f"representative llama3.1-405b on 16,384 H100s: {r['nodes']:,} nodes, step "
           f"{r['step_time_s']:.2f} s, MFU {r['mfu']:.1%}; replay {t:.2f} s (median of 3; target "

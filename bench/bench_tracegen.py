@@ -7,10 +7,10 @@ Run: ``make bench`` (or ``python bench/bench_tracegen.py``). Prints medians of r
 from __future__ import annotations
 
 import shutil
-import statistics
 import tempfile
-import time
 from pathlib import Path
+
+from _timing import median_time
 
 from tracegen import Strategy, generate, get_model
 from tracegen.mesh import Mesh
@@ -20,26 +20,17 @@ from tracegen.vocab import COMM_COLL_NODE, COMM_RECV_NODE, COMM_SEND_NODE
 from tracegen.writer import RoleEncoding, encode_with_protobuf
 
 
-def _median_time(fn, repeats: int) -> tuple[float, object]:
-    times, result = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), result
-
-
 def bench_encoders() -> None:
     m = get_model("gpt-7.5b")
     s = Strategy(tp=4, pp=4, dp=8, micro_batch_size=1, global_batch_size=256)
     nodes = build_role(m, s, 1)
     binder = _Binder(Mesh(s, tied_embeddings=True), s.tp * s.dp)
     bound = {COMM_COLL_NODE, COMM_SEND_NODE, COMM_RECV_NODE}
-    t_pb, ref = _median_time(lambda: encode_with_protobuf(
+    t_pb, ref = median_time(lambda: encode_with_protobuf(
         (n, binder.attrs(n) if n.type in bound else []) for n in nodes), 3)
     enc = RoleEncoding(nodes)
-    t_fast, ours = _median_time(lambda: enc.encode_rank(binder), 5)
-    t_role, _ = _median_time(lambda: RoleEncoding(nodes), 3)
+    t_fast, ours = median_time(lambda: enc.encode_rank(binder), 5)
+    t_role, _ = median_time(lambda: RoleEncoding(nodes), 3)
     assert ours == ref, "encoders disagree"
     n = len(nodes)
     print(f"encoder, one rank of {n:,} nodes: protobuf objects {n / t_pb:,.0f} nodes/s; "
@@ -53,7 +44,7 @@ def bench_full_mode() -> None:
                  sequence_parallel=True, zero_stage=1)
     tmp = Path(tempfile.mkdtemp(prefix="trainsim-bench-"))
     try:
-        t, summary = _median_time(lambda: generate(m, s, tmp, mode="full", name="b"), 3)
+        t, summary = median_time(lambda: generate(m, s, tmp, mode="full", name="b"), 3)
         nodes = summary.nodes_written  # type: ignore[attr-defined]
         size = sum(p.stat().st_size for p in tmp.iterdir())
     finally:
@@ -68,7 +59,7 @@ def bench_405b() -> None:
                  sequence_parallel=True, zero_stage=1, first_stage_layers=7, last_stage_layers=7)
     tmp = Path(tempfile.mkdtemp(prefix="trainsim-bench-"))
     try:
-        t, summary = _median_time(lambda: generate(m, s, tmp, mode="representative"), 3)
+        t, summary = median_time(lambda: generate(m, s, tmp, mode="representative"), 3)
     finally:
         shutil.rmtree(tmp)
     print(f"representative llama3.1-405b on 16,384 GPUs (tp8·pp16·dp128, gbs 2048): "

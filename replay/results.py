@@ -72,7 +72,8 @@ def timeline_frame(sim: Simulator, ts: TraceSet) -> pl.DataFrame:
     }, schema_overrides={"start_s": pl.Float64, "end_s": pl.Float64, "wait_start_s": pl.Float64})
 
 
-def _union(starts: np.ndarray, ends: np.ndarray) -> list[tuple[float, float]]:
+def union_intervals(starts: np.ndarray, ends: np.ndarray) -> list[tuple[float, float]]:
+    """Sorted, merged (start, end) intervals covering the given ones."""
     if len(starts) == 0:
         return []
     order = np.argsort(starts, kind="stable")
@@ -88,11 +89,12 @@ def _union(starts: np.ndarray, ends: np.ndarray) -> list[tuple[float, float]]:
     return out
 
 
-def _length(iv: list[tuple[float, float]]) -> float:
+def intervals_length(iv: list[tuple[float, float]]) -> float:
     return sum(e - s for s, e in iv)
 
 
-def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+def intervals_overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Total length of the intersection of two merged interval lists."""
     i = j = 0
     total = 0.0
     while i < len(a) and j < len(b):
@@ -112,10 +114,10 @@ def breakdown_frame(timeline: pl.DataFrame, step_time_s: float) -> pl.DataFrame:
     for (rank,), g in timeline.group_by(["rank"], maintain_order=True):
         comp = g.filter((pl.col("stream") == "compute") & (pl.col("end_s") > pl.col("start_s")))
         comm = g.filter((pl.col("kind") != "COMP_NODE") & (pl.col("kind") != "METADATA_NODE"))
-        cu = _union(comp["start_s"].to_numpy(), comp["end_s"].to_numpy())
-        mu = _union(comm["start_s"].to_numpy(), comm["end_s"].to_numpy())
-        compute, comm_t = _length(cu), _length(mu)
-        overlap = _intersection(cu, mu)
+        cu = union_intervals(comp["start_s"].to_numpy(), comp["end_s"].to_numpy())
+        mu = union_intervals(comm["start_s"].to_numpy(), comm["end_s"].to_numpy())
+        compute, comm_t = intervals_length(cu), intervals_length(mu)
+        overlap = intervals_overlap(cu, mu)
         exposed = comm_t - overlap
         colls = comm.filter(pl.col("kind") == "COMM_COLL_NODE")
         wait = float((colls["start_s"] - colls["wait_start_s"]).sum())

@@ -178,13 +178,9 @@ class RoleProgram:
         return out
 
     # ---- ZeRO-3 parameter gathers and gradient scatters ------------------------------------
-    def _dp_size(self, axis: str) -> int:
-        s = self.s
-        return s.dp * s.cp if axis == "dp" else s.dp // s.ep * s.cp
-
     def _zero3_gather(self, block: ParamBlock, prefix: str) -> None:
         for axis, n in (("dp", block.dense), ("edp", block.expert)):
-            size = self._dp_size(axis)
+            size = dp_group_size(self.s, axis)
             if n and size > 1:
                 shard = -(-n // size) * O.PARAM_BYTES
                 self.coll(O.Comm(f"{block.name}_param_ag", axis, "ALL_GATHER", shard), prefix,
@@ -193,7 +189,7 @@ class RoleProgram:
     def _grad_reduce(self, block: ParamBlock, prefix: str) -> None:
         """ZeRO-3: reduce-scatter this block's gradients now (every micro-batch, as FSDP does)."""
         for axis, n in (("dp", block.dense), ("edp", block.expert)):
-            size = self._dp_size(axis)
+            size = dp_group_size(self.s, axis)
             if n and size > 1:
                 full = -(-n // size) * size * O.GRAD_REDUCE_BYTES
                 c = O.Comm(f"{block.name}_grad_rs", axis, "REDUCE_SCATTER", full)
@@ -213,7 +209,7 @@ class RoleProgram:
                 self._emit_bucket(axis, prefix)
 
     def _emit_bucket(self, axis: str, prefix: str) -> None:
-        n, size = self.buckets[axis], self._dp_size(axis)
+        n, size = self.buckets[axis], dp_group_size(self.s, axis)
         self.buckets[axis] = 0
         if size < 2:
             return
@@ -333,7 +329,7 @@ class RoleProgram:
         params = self._local_params()
         self.op(O.optimizer_step(params), "step", "optimizer", tuple(self.pending_dp))
         for axis, padded in self.param_gathers:
-            shard = padded // self._dp_size(axis) * O.PARAM_BYTES
+            shard = padded // dp_group_size(self.s, axis) * O.PARAM_BYTES
             self.coll(O.Comm("param_all_gather", axis, "ALL_GATHER", shard), "step",
                       blocking=True)
 
@@ -351,10 +347,21 @@ class RoleProgram:
 
     def _local_params(self) -> int:
         """Parameters whose optimizer state this rank updates (sharded by ZeRO ≥ 1)."""
-        total = self.stage_params()
-        if self.s.zero_stage == 0:
-            return total["dp"] + total["edp"]
-        return sum(-(-n // self._dp_size(a)) for a, n in total.items())
+        return sharded_params(self.s, self.stage_params())
+
+
+def dp_group_size(s: Strategy, axis: str) -> int:
+    """Ranks that reduce a gradient: dp × cp for dense weights ("dp"), dp / ep × cp for experts
+    ("edp")."""
+    return s.dp * s.cp if axis == "dp" else s.dp // s.ep * s.cp
+
+
+def sharded_params(s: Strategy, params: dict[str, int]) -> int:
+    """Parameters whose optimizer state one rank updates: all of them without ZeRO, its shard of
+    each reduction group with ZeRO ≥ 1 (Rajbhandari et al. 2020)."""
+    if s.zero_stage == 0:
+        return params["dp"] + params["edp"]
+    return sum(-(-n // dp_group_size(s, axis)) for axis, n in params.items())
 
 
 def build_role(model: ModelSpec, strategy: Strategy, stage: int) -> list[PNode]:
