@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
 
 from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
@@ -61,37 +60,71 @@ def _group_shape(axis: str, rank: int, tp: int, cp: int, dp: int, pp: int, ep: i
     return (len(members), len(per_node), local, rail)
 
 
-class _Costs:
-    def __init__(self, model: ModelSpec, strategy: Strategy, system: SystemSpec,
-                 compute: RooflineCompute | None = None, net: AlphaBetaNetwork | None = None
-                 ) -> None:
-        self.m, self.s = model, strategy
-        self.compute = compute or RooflineCompute(system.gpu)
-        self.net = net or AlphaBetaNetwork(system)
-        self.mesh = Mesh(strategy, tied_embeddings=model.tied_embeddings, moe=model.is_moe)
-        self._members: dict[tuple[str, int], tuple[int, ...]] = {}
-        self._items: dict[tuple[int, int], int] = {}
-        self._shapes: dict[tuple[str, int], tuple[int, ...]] = {}
-        self._keep: list[list[O.Item]] = []
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Stage:
+    """What one pipeline stage costs per micro-batch, per chunk (shared by every stage, and every
+    strategy, with the same blocks, layer shapes and group shapes)."""
 
-    def members(self, axis: str, rank: int) -> tuple[int, ...]:
-        key = (axis, rank)
-        got = self._members.get(key)
-        if got is None:
-            got = self._members[key] = self.mesh._members(axis, self.mesh.coord(rank))
-        return got
+    fwd: tuple[int, ...]
+    bwd: tuple[int, ...]
+    # Per chunk, in backward order: (block, backward ns of one, how many in a row).
+    runs_bwd: tuple[tuple[tuple[ParamBlock, int, int], ...], ...]
+    early_f: tuple[int, ...]  # ZeRO-3: the gather of the chunk's first block (needs no input)
+    early_b: tuple[int, ...]  # ZeRO-3: the gather of the chunk's last block
+    params: tuple[tuple[str, int], ...]  # ("dp", n), ("edp", n) before sharding
+
+
+class _Context:
+    """The GPU and network models of one system and the memos a sweep shares across strategies.
+    Every memo key holds all that its value depends on, so sharing is exact."""
+
+    def __init__(self, system: SystemSpec) -> None:
+        self.compute = RooflineCompute(system.gpu)
+        self.net = AlphaBetaNetwork(system)
+        self.blocks: dict[tuple[object, ...], tuple[int, int]] = {}
+        self.stages: dict[tuple[object, ...], _Stage] = {}
+        self.tails: dict[tuple[object, ...], tuple[int, int]] = {}
+
+
+@functools.lru_cache(maxsize=8)
+def _context(system: SystemSpec) -> _Context:
+    return _Context(system)
+
+
+def clear_cache() -> None:
+    """Forget every memo (benchmarks call this to time a cold sweep)."""
+    _context.cache_clear()
+    _group_shape.cache_clear()
+
+
+class _Costs:
+    """Costs of one strategy: op lists and blocks from its program, durations from the models."""
+
+    def __init__(self, model: ModelSpec, strategy: Strategy, system: SystemSpec) -> None:
+        self.m, self.s = model, strategy
+        self.ctx = _context(system)
+        self.compute, self.net = self.ctx.compute, self.ctx.net
+        self.gpn = system.node.gpus_per_node
+        self.prog = RoleProgram(model, strategy, 0)  # blocks and op lists: the same every stage
+        s = strategy
+        # What a block's cost depends on besides its group shapes (not pp, vpp, schedule, batch;
+        # dp only through ZeRO-3's gathers).
+        self.key = (model, s.tp, s.cp, s.ep, s.sequence_parallel, s.micro_batch_size,
+                    s.precision, s.recompute, s.dp if s.zero_stage == 3 else 0)
+
+    def shape(self, axis: str, rank: int) -> tuple[int, ...]:
+        s, m = self.s, self.m
+        return _group_shape(axis, rank, s.tp, s.cp, s.dp, s.pp, s.ep, m.tied_embeddings,
+                            m.is_moe, self.gpn)
+
+    def signature(self, rank: int) -> tuple[tuple[int, ...], ...]:
+        """The shapes of ``rank``'s groups on the axes a stage's blocks use (the data-parallel
+        ones only where ZeRO-3 gathers inside the blocks): all their collectives depend on."""
+        axes = ("tp", "cp", "ep", "dp", "edp") if self.s.zero_stage == 3 else ("tp", "cp", "ep")
+        return tuple(self.shape(axis, rank) for axis in axes)
 
     def items_ns(self, items: list[O.Item], rank: int) -> int:
-        """Duration of a list of ops and blocking collectives on ``rank`` (cached: the op lists
-        of a strategy are shared objects, one per kind of block)."""
-        key = (id(items), rank)
-        got = self._items.get(key)
-        if got is None:
-            got = self._items[key] = self._items_ns(items, rank)
-            self._keep.append(items)  # keep the list alive while its id is a key
-        return got
-
-    def _items_ns(self, items: list[O.Item], rank: int) -> int:
+        """Duration of a list of ops and blocking collectives on ``rank``."""
         total = 0
         for it in items:
             if isinstance(it, O.Comm):
@@ -102,69 +135,71 @@ class _Costs:
         return total
 
     def coll_ns(self, c: O.Comm, rank: int) -> int:
-        """Collective cost, cached by the group's shape (size, nodes, ranks per node, rails)
-        rather than its rank list: the cost depends on nothing else."""
-        shape = self._shapes.get((c.axis, rank))
-        if shape is None:
-            s, m = self.s, self.m
-            shape = self._shapes[(c.axis, rank)] = _group_shape(
-                c.axis, rank, s.tp, s.cp, s.dp, s.pp, s.ep, m.tied_embeddings, m.is_moe,
-                self.net.sys.node.gpus_per_node)
-        key = (c.coll, c.size_bytes, shape)
-        got = self.net.shape_cache.get(key)
+        """Collective cost by the group's shape (size, nodes, ranks per node, rails) rather than
+        its rank list: the cost depends on nothing else."""
+        return self.net.shape_ns(c.coll, c.size_bytes, self.shape(c.axis, rank))
+
+    def stage(self, stage: int, rank: int, sig: tuple[object, ...]) -> _Stage:
+        s, n_chunks = self.s, self.s.pp * self.s.vpp
+        gcis = tuple(ch * s.pp + stage for ch in range(s.vpp))
+        comp = tuple((len(s.chunk_layers(self.m.num_layers, g)), g == 0, g == n_chunks - 1,
+                      n_chunks == 1) for g in gcis)
+        key = (self.key, comp, sig)
+        got = self.ctx.stages.get(key)
         if got is None:
-            got = self.net.collective(c.coll, c.size_bytes, self.members(c.axis, rank)).total_ns
-            self.net.shape_cache[key] = got
+            got = self.ctx.stages[key] = _stage_costs(self, gcis, rank, sig)
+        return got
+
+    def block(self, block: ParamBlock, rank: int, sig: tuple[object, ...]) -> tuple[int, int]:
+        key = (self.key, block.name, block.dense, block.expert, sig)
+        got = self.ctx.blocks.get(key)
+        if got is None:
+            got = self.ctx.blocks[key] = _block_ns(self, block, rank)
         return got
 
 
-def _stage_times(costs: _Costs, prog: RoleProgram, rank: int, stage: int
-                 ) -> tuple[list[int], list[int], list[list[tuple[ParamBlock, int]]]]:
-    """Per chunk: forward and backward ns of one micro-batch, and the backward blocks with their
-    durations (in backward order) for the gradient buckets."""
-    s = costs.s
-    fwd, bwd, blocks_bwd = [], [], []
-    for chunk in range(s.vpp):
-        gci = chunk * s.pp + stage
+def _stage_costs(costs: _Costs, gcis: tuple[int, ...], rank: int, sig: tuple[object, ...]
+                 ) -> _Stage:
+    """Per chunk: forward and backward ns of one micro-batch, and the backward runs of blocks
+    with their durations for the gradient buckets."""
+    zero3 = costs.s.zero_stage == 3
+    fwd, bwd, runs_bwd, early_f, early_b = [], [], [], [], []
+    params = {"dp": 0, "edp": 0}
+    for gci in gcis:
         f = b = 0
-        per_block = []
-        seen: dict[int, tuple[int, int]] = {}  # the layers of a chunk share one block object
-        for block in prog.blocks_of_chunk(gci, labels=False):
-            got = seen.get(id(block))
-            if got is None:
-                got = seen[id(block)] = _block_ns(costs, prog, block, rank)
-            f += got[0]
-            b += got[1]
-            per_block.append((block, got[1]))
+        runs = []
+        chunk = costs.prog.chunk_runs(gci)
+        for block, count in chunk:
+            bf, bb = costs.block(block, rank, sig)
+            f += count * bf
+            b += count * bb
+            runs.append((block, bb, count))
+            params["dp"] += count * block.dense
+            params["edp"] += count * block.expert
         fwd.append(f)
         bwd.append(b)
-        blocks_bwd.append(per_block[::-1])
-    return fwd, bwd, blocks_bwd
+        runs_bwd.append(tuple(runs[::-1]))
+        early_f.append(_zero3_ns(costs, chunk[0][0], rank, "ALL_GATHER") if zero3 else 0)
+        early_b.append(_zero3_ns(costs, chunk[-1][0], rank, "ALL_GATHER") if zero3 else 0)
+    return _Stage(tuple(fwd), tuple(bwd), tuple(runs_bwd), tuple(early_f), tuple(early_b),
+                  tuple(params.items()))
 
 
-def _block_ns(costs: _Costs, prog: RoleProgram, block: ParamBlock, rank: int) -> tuple[int, int]:
+def _block_ns(costs: _Costs, block: ParamBlock, rank: int) -> tuple[int, int]:
     """(forward, backward) ns of one block for one micro-batch."""
-    s = costs.s
-    gather = _zero3_gather_ns(costs, block, rank) if s.zero_stage == 3 else 0
+    s, prog = costs.s, costs.prog
+    gather = _zero3_ns(costs, block, rank, "ALL_GATHER") if s.zero_stage == 3 else 0
     f = gather + costs.items_ns(prog._fwd_items(block), rank)
     b = gather + costs.items_ns(prog._recompute_items(block), rank) + costs.items_ns(
         prog._bwd_items(block), rank)
     if s.zero_stage == 3:  # the next gather waits for this reduce-scatter (same group)
-        b += _zero3_scatter_ns(costs, block, rank)
+        b += _zero3_ns(costs, block, rank, "REDUCE_SCATTER")
     return f, b
 
 
-def _zero3_gather_ns(costs: _Costs, block: ParamBlock, rank: int) -> int:
-    """ZeRO-3: the 16-bit parameter all-gather of a block (per-rank shard)."""
-    return _zero3_ns(costs, block, rank, "ALL_GATHER")
-
-
-def _zero3_scatter_ns(costs: _Costs, block: ParamBlock, rank: int) -> int:
-    """ZeRO-3: the fp32 gradient reduce-scatter of a block (full buffer)."""
-    return _zero3_ns(costs, block, rank, "REDUCE_SCATTER")
-
-
 def _zero3_ns(costs: _Costs, block: ParamBlock, rank: int, coll: O.CollType) -> int:
+    """ZeRO-3: the 16-bit parameter all-gather (per-rank shard) or the gradient reduce-scatter
+    (full buffer) of a block."""
     total = 0
     for axis, n in (("dp", block.dense), ("edp", block.expert)):
         size = dp_group_size(costs.s, axis)
@@ -177,23 +212,17 @@ def _zero3_ns(costs: _Costs, block: ParamBlock, rank: int, coll: O.CollType) -> 
 
 
 def _pipeline_ns(s: Strategy, fwd: list[list[int]], bwd: list[list[int]], c: list[int],
-                 hidden: int = 0, early: dict[tuple[str, int, int], int] | None = None) -> int:
-    """``hidden``: ZeRO-3 gathers that run while a stage waits for its input during the fill and
-    the drain (the first gather of a pass does not depend on the received tensor)."""
+                 hidden: int = 0) -> int:
+    """GPipe and 1F1B. ``hidden``: ZeRO-3 gathers that run while a stage waits for its input
+    during the fill and the drain (the first gather of a pass does not depend on the received
+    tensor)."""
     p, m = s.pp, s.num_microbatches
-    if s.schedule == "interleaved_1f1b":
-        return max(_interleaved_ends(s, fwd, bwd, c, early))
     f_s = [sum(f) for f in fwd]
     b_s = [sum(b) for b in bwd]
     comm = 2 * sum(c[: p - 1]) - hidden
     if s.schedule == "gpipe":
         return sum(f_s) + (m - 1) * max(f_s) + sum(b_s) + (m - 1) * max(b_s) + comm
     return sum(f_s) + sum(b_s) + (m - 1) * max(f + b for f, b in zip(f_s, b_s, strict=True)) + comm
-
-
-def _interleaved_ends(s: Strategy, fwd: list[list[int]], bwd: list[list[int]], c: list[int],
-                      early: dict[tuple[str, int, int], int] | None = None) -> list[int]:
-    return _interleaved(s, fwd, bwd, c, early)[0]
 
 
 def _interleaved(s: Strategy, fwd: list[list[int]], bwd: list[list[int]], c: list[int],
@@ -233,111 +262,197 @@ def _interleaved(s: Strategy, fwd: list[list[int]], bwd: list[list[int]], c: lis
     return clock, done
 
 
-def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec, **kw: Any) -> FastEstimate:
+def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEstimate:
     """Step time and memory of one strategy without generating a trace."""
     check_fits_model(strategy, model)
     s = strategy
-    costs = _Costs(model, s, system, **kw)
-    reps = [costs.mesh.rank_of(pp=st, dp=0, cp=0, tp=0) for st in range(s.pp)]
-    prog = RoleProgram(model, s, 0)  # blocks and op lists do not depend on the stage
-    progs = [prog] * s.pp
-    times = [_stage_times(costs, progs[st], reps[st], st) for st in range(s.pp)]
-    p2p_bytes = progs[0]._p2p_bytes()
-    # c[s]: one send between stage s and stage s + 1 (wrapping, for interleaved chunks)
-    c = [costs.net.p2p(reps[st], reps[(st + 1) % s.pp], p2p_bytes).total_ns if s.pp > 1 else 0
-         for st in range(s.pp)]
+    costs = _Costs(model, s, system)
+    stages, reps, uniform = _stages(costs)
+    fwd, bwd = [list(x.fwd) for x in stages], [list(x.bwd) for x in stages]
+    c = _sends(costs, reps, uniform)
     hidden = 0
     early: dict[tuple[str, int, int], int] = {}  # ZeRO-3 gathers that need no received input
     if s.zero_stage == 3 and s.pp > 1:
-        for st in range(s.pp):
+        for st, x in enumerate(stages):
             for ch in range(s.vpp):
-                blocks = progs[st].blocks_of_chunk(ch * s.pp + st, labels=False)
-                early[("F", st, ch)] = _zero3_gather_ns(costs, blocks[0], reps[st])
-                early[("B", st, ch)] = _zero3_gather_ns(costs, blocks[-1], reps[st])
+                early[("F", st, ch)] = x.early_f[ch]
+                early[("B", st, ch)] = x.early_b[ch]
         hidden = sum(early[("F", st, 0)] for st in range(1, s.pp)) + sum(
             early[("B", st, 0)] for st in range(s.pp - 1))
-    pipe = _pipeline_ns(s, [t[0] for t in times], [t[1] for t in times], c, hidden, early)
-    b_s = [sum(t[1]) for t in times]
+    b_s = [sum(b) for b in bwd]
     # When each chunk's last backward ends, per stage (its gradient buckets are issued then).
-    chunk_ends: list[list[int]] = []
     if s.schedule == "interleaved_1f1b":
-        ends, done = _interleaved(s, [t[0] for t in times], [t[1] for t in times], c, early)
+        ends, done = _interleaved(s, fwd, bwd, c, early)
+        pipe = max(ends)
         last_mb = s.num_microbatches - 1
         chunk_ends = [[done[("B", last_mb, ch * s.pp + st)] for ch in range(s.vpp)]
                       for st in range(s.pp)]
     else:
-        ends = [pipe - sum(b_s[:st]) - sum(c[:st]) for st in range(s.pp)]
+        pipe = _pipeline_ns(s, fwd, bwd, c, hidden)
+        ends, acc = [], pipe
+        for st in range(s.pp):
+            ends.append(acc)
+            acc -= b_s[st] + c[st]
         chunk_ends = [[e] for e in ends]
-    params = [prog.params_of_stage(st) for st in range(s.pp)]
-    finish = _tails(costs, [sharded_params(s, p) for p in params], reps, times, ends, chunk_ends)
-    peak = max(memory_estimate(model, s, st, sum(params[st].values())).total_bytes
-               for st in range(s.pp))
+    finish = _tails(costs, stages, reps if not uniform else [0] * s.pp, ends, chunk_ends)
+    peak = max(memory_estimate(model, s, st, sum(n for _, n in stages[st].params)).total_bytes
+               for st in _memory_candidates(s.pp))
     return FastEstimate(max(finish) / NS_PER_S, pipe / NS_PER_S, peak / GiB,
                         peak <= system.gpu.hbm_bytes,
-                        tuple(sum(t[0]) / NS_PER_S for t in times),
+                        tuple(sum(f) / NS_PER_S for f in fwd),
                         tuple(b / NS_PER_S for b in b_s))
 
 
-def _tails(costs: _Costs, local_params: list[int], reps: list[int],
-           times: list[tuple[list[int], list[int], list[list[tuple[ParamBlock, int]]]]],
-           ends: list[int], chunk_ends: list[list[int]]) -> list[int]:
+def _stages(costs: _Costs) -> tuple[list[_Stage], list[int], bool]:
+    """Each stage's costs, its representative rank (pp = st, dp = cp = tp = 0 in Megatron
+    order), and whether every stage sits on whole nodes of its own."""
+    s = costs.s
+    per_stage = s.world_size // s.pp
+    reps = [st * per_stage for st in range(s.pp)]
+    # Shifting a stage by whole nodes changes none of its group shapes; the middle stages of an
+    # evenly split pipeline are then alike.
+    uniform = per_stage % costs.gpn == 0
+    sig0 = costs.signature(0)
+    alike = uniform and s.vpp == 1 and not (s.first_stage_layers or s.last_stage_layers)
+    stages: list[_Stage] = []
+    for st, r in enumerate(reps):
+        if alike and 1 < st < s.pp - 1:
+            stages.append(stages[1])
+        else:
+            stages.append(costs.stage(st, r, sig0 if uniform else costs.signature(r)))
+    return stages, reps, uniform
+
+
+def _memory_candidates(pp: int) -> set[int]:
+    """The stages that can hold the peak: the first (embedding, most micro-batches in flight),
+    the second (the most in flight among the equal middle stages) and the last (head and
+    logits); in-flight counts never grow with the stage index."""
+    return {0, min(1, pp - 1), pp - 1}
+
+
+def _sends(costs: _Costs, reps: list[int], uniform: bool) -> list[int]:
+    """c[s]: one send between stage s and stage s + 1 (wrapping, for interleaved chunks)."""
+    p = len(reps)
+    if p == 1:
+        return [0]
+    nbytes = costs.prog._p2p_bytes()
+    if uniform:  # every hop leaves the node and costs the same
+        return [costs.net.p2p(reps[0], reps[1], nbytes).total_ns] * p
+    return [costs.net.p2p(reps[st], reps[(st + 1) % p], nbytes).total_ns for st in range(p)]
+
+
+def _tails(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[int],
+           chunk_ends: list[list[int]]) -> list[int]:
     """Per stage: gradient buckets drained after the last backward, embedding all-reduce,
-    optimizer and ZeRO parameter all-gather."""
+    optimizer and ZeRO parameter all-gather. ``reps``: a rank whose data-parallel groups are
+    shaped as the stage's."""
     s, m = costs.s, costs.m
-    dp_done = [_buckets_done(costs, reps[st], times[st][2], chunk_ends[st], times[st][1])
-               for st in range(s.pp)]
     chain = list(ends)
     if m.tied_embeddings and s.pp > 1:
         size = m.vocab_size * m.hidden_size // s.tp * O.GRAD_REDUCE_BYTES
         t = max(ends[0], ends[-1]) + costs.coll_ns(
             O.Comm("e", "embd", "ALL_REDUCE", size), reps[0])
         chain[0] = chain[-1] = t
+    strategy_key = (s.dp_bucket_params, s.overlap_grad_reduce, s.zero_stage, s.dp, s.cp, s.ep)
+    local: dict[tuple[int, tuple[int, ...], int], tuple[int, int]] = {}
     out = []
-    for st in range(s.pp):
-        done, gathers = dp_done[st]
-        opt = costs.items_ns([O.optimizer_step(local_params[st])], reps[st])
-        t = max(chain[st], done) + opt
-        for axis, padded in gathers:
-            shard = padded // dp_group_size(s, axis) * O.PARAM_BYTES
-            t += costs.coll_ns(O.Comm("ag", axis, "ALL_GATHER", shard), reps[st])
-        out.append(t)
+    for st, x in enumerate(stages):
+        end = max(chunk_ends[st])
+        rel = tuple(e - end for e in chunk_ends[st])
+        here = (id(x), rel, reps[st])
+        got = local.get(here)
+        if got is None:
+            sig = (costs.shape("dp", reps[st]), costs.shape("edp", reps[st]))
+            key = (here[:2], strategy_key, sig)
+            got = costs.ctx.tails.get(key)
+            if got is None:
+                got = costs.ctx.tails[key] = _tail_costs(costs, x, reps[st], rel)
+            local[here] = got
+        done_rel, after = got
+        out.append(max(chain[st], end + done_rel) + after)
     return out
 
 
-def _buckets_done(costs: _Costs, rank: int, blocks: list[list[tuple[ParamBlock, int]]],
-                  chunk_ends: list[int], chunk_bwd: list[int]) -> tuple[int, list[tuple[str, int]]]:
+def _tail_costs(costs: _Costs, x: _Stage, rank: int, rel_ends: tuple[int, ...]
+                ) -> tuple[int, int]:
+    """(when the gradient buckets are done, relative to the stage's last backward; optimizer
+    plus ZeRO parameter all-gathers after that)."""
+    s = costs.s
+    done, gathers = _buckets_done(costs, rank, x.runs_bwd, rel_ends, x.bwd)
+    after = costs.items_ns([O.optimizer_step(sharded_params(s, dict(x.params)))], rank)
+    for axis, padded, count in gathers:
+        shard = padded // dp_group_size(s, axis) * O.PARAM_BYTES
+        after += count * costs.coll_ns(O.Comm("ag", axis, "ALL_GATHER", shard), rank)
+    return done, after
+
+
+# (issue time of the first, interval between issues, how many, parameters each)
+_BucketRun = tuple[int, int, int, int]
+
+
+def _buckets_done(costs: _Costs, rank: int,
+                  runs: tuple[tuple[tuple[ParamBlock, int, int], ...], ...],
+                  chunk_ends: tuple[int, ...], chunk_bwd: tuple[int, ...]
+                  ) -> tuple[int, list[tuple[str, int, int]]]:
     """When the data-parallel stream finishes the buckets of each chunk's last backward
-    (serially, in the order the trace issues them), and the ZeRO ≥ 1 gathers that follow."""
+    (serially, in the order the trace issues them), and the ZeRO ≥ 1 gathers that follow, as
+    (axis, padded parameters, count). Buckets of equal layers come in runs issued at a fixed
+    interval, and a run of n equal transfers D issued from t every Δ leaves a stream busy until
+    max(max(s₀, t) + n·D, t + (n − 1)·Δ + D) (the busy time is linear in the run's index, so one
+    of its ends decides)."""
     s = costs.s
     end = max(chunk_ends)
     if s.zero_stage == 3:
         return end, []
-    stream = {"dp": 0, "edp": 0}
-    gathers: list[tuple[str, int]] = []
-    bucket_cost: dict[tuple[str, int], int] = {}
+    coll: O.CollType = "REDUCE_SCATTER" if s.zero_stage >= 1 else "ALL_REDUCE"
+    idle = -(1 << 62)  # times are relative to the stage's last backward: no zero to start from
+    stream = {"dp": idle, "edp": idle}
+    gathers: list[tuple[str, int, int]] = []
     for chunk in sorted(range(len(chunk_ends)), key=lambda ch: chunk_ends[ch]):
-        t = chunk_ends[chunk] - chunk_bwd[chunk]
-        acc = {"dp": 0, "edp": 0}
-        for i, (block, dur) in enumerate(blocks[chunk]):
-            t += dur
-            acc["dp"] += block.dense
-            acc["edp"] += block.expert
-            last = i == len(blocks[chunk]) - 1
-            for axis in ("dp", "edp"):
-                if not acc[axis] or not (last or acc[axis] >= s.dp_bucket_params):
-                    continue
-                size = dp_group_size(s, axis)
-                n, acc[axis] = acc[axis], 0
-                if size < 2:
-                    continue
-                padded = -(-n // size) * size
-                d = bucket_cost.get((axis, padded))
-                if d is None:
-                    coll: O.CollType = "REDUCE_SCATTER" if s.zero_stage >= 1 else "ALL_REDUCE"
-                    d = bucket_cost[(axis, padded)] = costs.coll_ns(
-                        O.Comm("g", axis, coll, padded * O.GRAD_REDUCE_BYTES), rank)
-                issue = t if s.overlap_grad_reduce else end
-                stream[axis] = max(stream[axis], issue) + d
+        start = chunk_ends[chunk] - chunk_bwd[chunk]
+        for axis in ("dp", "edp"):
+            size = dp_group_size(s, axis)
+            if size < 2:
+                continue
+            for t, step, n, params in _bucket_runs(runs[chunk], axis, s.dp_bucket_params, start):
+                padded = -(-params // size) * size
+                d = costs.coll_ns(O.Comm("g", axis, coll, padded * O.GRAD_REDUCE_BYTES), rank)
+                if not s.overlap_grad_reduce:
+                    t, step = end, 0
+                stream[axis] = max(max(stream[axis], t) + n * d, t + (n - 1) * step + d)
                 if s.zero_stage >= 1:
-                    gathers.append((axis, padded))
+                    gathers.append((axis, padded, n))
     return max(end, *stream.values()), gathers
+
+
+def _bucket_runs(runs: tuple[tuple[ParamBlock, int, int], ...], axis: str, bucket: int,
+                 t: int) -> list[_BucketRun]:
+    """Megatron-style buckets over one chunk's backward blocks: parameters accumulate block by
+    block and a bucket is issued when it holds ≥ ``bucket`` or at the chunk's last block."""
+    out: list[_BucketRun] = []
+    acc = 0
+    for i, (block, d, count) in enumerate(runs):
+        q = block.dense if axis == "dp" else block.expert
+        last_run = i == len(runs) - 1
+        left = count
+        while left and acc and q:  # finish the bucket left open by earlier blocks
+            t, acc, left = t + d, acc + q, left - 1
+            if acc >= bucket or (last_run and not left):
+                out.append((t, 0, 1, acc))
+                acc = 0
+        if not q:
+            t += left * d
+            if last_run and acc:
+                out.append((t, 0, 1, acc))
+            continue
+        k = max(1, -(-bucket // q))  # blocks per full bucket
+        full, rest = divmod(left, k)
+        if full:
+            out.append((t + k * d, k * d, full, k * q))
+        t += left * d
+        if rest:
+            if last_run:
+                out.append((t, 0, 1, rest * q))
+            else:
+                acc = rest * q
+    return out

@@ -137,23 +137,35 @@ class AlphaBetaNetwork:
         return cost
 
     def _collective(self, coll: str, size: int, ranks: tuple[int, ...]) -> CommCost:
-        p = len(ranks)
         n_nodes, local, rail = self._layout(ranks)
-        links_nvl = tuple(("nvl", r) for r in ranks)
-        links_nic = tuple(("nic", r) for r in ranks)
+        lat, xfer, uses = self.shape_cost(coll, size, (len(ranks), n_nodes, local, rail))
+        links = tuple((link, r) for link in uses for r in ranks)
+        return _cost(lat, xfer, links)
+
+    def shape_ns(self, coll: str, size: int, shape: tuple[int, int, int, bool]) -> int:
+        """Total ns of a collective on a group of this shape (cached; the fast path's entry)."""
+        key = (coll, size, shape)
+        got = self.shape_cache.get(key)
+        if got is None:
+            lat, xfer, _ = self.shape_cost(coll, size, shape)
+            got = self.shape_cache[key] = round(lat * NS_PER_S) + round(xfer * NS_PER_S)
+        return got
+
+    def shape_cost(self, coll: str, size: int, shape: tuple[int, int, int, bool]
+                   ) -> tuple[float, float, tuple[str, ...]]:
+        """(latency_s, transfer_s, link kinds used) of a collective on a group of ``shape``:
+        (ranks, nodes spanned, ranks per node, rail-aligned). Nothing else decides the cost."""
+        p, n_nodes, local, rail = shape
         if self.astra:
             tier = self.nvl if n_nodes == 1 else self.nic
-            return self._astra(coll, size, p, tier, links_nvl if n_nodes == 1 else links_nic)
+            return (*self._astra(coll, size, p, tier), (tier.link,))
         if n_nodes == 1:
-            lat, xfer = flat_cost(coll, size, p, self.nvl)
-            return _cost(lat, xfer, links_nvl)
+            return (*flat_cost(coll, size, p, self.nvl), ("nvl",))
         out_tier = self.nic if (rail and self.sys.scaleout.topology == "rail-optimized") else (
             self.nic_blocking)
         if local == 1:
-            lat, xfer = flat_cost(coll, size, p, out_tier)
-            return _cost(lat, xfer, links_nic)
-        lat, xfer = self._hierarchical(coll, size, n_nodes, local, out_tier)
-        return _cost(lat, xfer, links_nvl + links_nic)
+            return (*flat_cost(coll, size, p, out_tier), ("nic",))
+        return (*self._hierarchical(coll, size, n_nodes, local, out_tier), ("nvl", "nic"))
 
     def _hierarchical(self, coll: str, size: float, n: int, local: int, out: Tier
                       ) -> tuple[float, float]:
@@ -178,8 +190,7 @@ class AlphaBetaNetwork:
             parts = [flat_cost(coll, size, n * local, out)]
         return sum(x[0] for x in parts), sum(x[1] for x in parts)
 
-    def _astra(self, coll: str, size: int, p: int, tier: Tier,
-               links: tuple[tuple[str, int], ...]) -> CommCost:
+    def _astra(self, coll: str, size: int, p: int, tier: Tier) -> tuple[float, float]:
         a = self.sys.astra
         chunks = a.preferred_dataset_splits
         mem_bps = a.local_mem_bw_GBps * GiB
@@ -192,11 +203,10 @@ class AlphaBetaNetwork:
         elif coll == "ALL_TO_ALL":
             steps, msg = p - 1, size / (chunks * p)
         else:
-            lat, xfer = flat_cost(coll, size, p, tier)
-            return _cost(lat, xfer, links)
+            return flat_cost(coll, size, p, tier)
         lat = chunks * steps * tier.alpha_s
         xfer = chunks * steps * (msg / tier.bytes_per_s + 2 * msg / mem_bps)
-        return _cost(lat, xfer, links)
+        return lat, xfer
 
     def p2p(self, src: int, dst: int, size_bytes: int) -> CommCost:
         g = self.sys.node.gpus_per_node

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 
 import pytest
@@ -50,3 +51,91 @@ def test_fast_path_flags_what_does_not_fit() -> None:
                                                    recompute="full", global_batch_size=8),
                   get_system("dgx-h100"))
     assert ok.fits
+
+
+def _buckets_block_by_block(blocks: list[tuple[int, int]], bucket: int, cost: dict[int, int],
+                            overlap: bool) -> int:
+    """Oracle: Megatron's buckets, one block at a time (params, backward ns per block); each
+    bucket is issued when it holds ≥ ``bucket`` parameters or at the last block, and the stream
+    runs them one after another."""
+    t = stream = 0
+    acc = 0
+    issued = []
+    for i, (q, d) in enumerate(blocks):
+        t += d
+        acc += q
+        if acc and (acc >= bucket or i == len(blocks) - 1):
+            issued.append((t, acc))
+            acc = 0
+    for when, n in issued:
+        stream = max(stream, when if overlap else t) + cost[n]
+    return max(t, stream)
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs=st.lists(st.tuples(st.integers(0, 50), st.integers(1, 1000), st.integers(1, 12)),
+                     min_size=1, max_size=4),
+       bucket=st.integers(1, 200), overlap=st.booleans())
+def test_bucket_runs_match_block_by_block(runs, bucket, overlap) -> None:
+    """The run-length bucket evaluation (closed form per run of equal buckets) gives the same
+    drain time as issuing every block's bucket one by one."""
+    from analysis import fastpath as F
+    from tracegen.program import ParamBlock
+
+    blocks = [(q, d) for q, d, n in runs for _ in range(n)]
+    cost = {n: 7 * n + 13 for n in range(1, 200 * 51)}
+    start = 0
+    out = F._bucket_runs(tuple((ParamBlock("b", q), d, n) for q, d, n in runs), "dp", bucket,
+                         start)
+    end = sum(d for _, d in blocks)
+    stream = -(1 << 62)
+    for t, step, n, params in out:
+        if not overlap:
+            t, step = end, 0
+        d = cost[params]
+        stream = max(max(stream, t) + n * d, t + (n - 1) * step + d)
+    assert max(end, stream) == _buckets_block_by_block(blocks, bucket, cost, overlap)
+
+
+def test_shared_memos_do_not_change_answers() -> None:
+    """A sweep shares memos across strategies: the answers are the same in any order."""
+    from analysis.fastpath import clear_cache
+    from tracegen import get_model
+
+    model, system = get_model("gpt-1.7b"), get_system("dgx-a100-80gb")
+    cands = []
+    for (tp, pp, zero), vpp in itertools.product(
+            [(1, 1, 0), (2, 2, 1), (2, 4, 3), (4, 2, 1), (1, 4, 0), (8, 1, 3)], (1, 2)):
+        if vpp > 1 and pp == 1:
+            continue
+        cands.append(Strategy(tp=tp, pp=pp, dp=64 // (tp * pp), zero_stage=zero, vpp=vpp,
+                              schedule="interleaved_1f1b" if vpp > 1 else "1f1b",
+                              global_batch_size=512, micro_batch_size=2))
+    clear_cache()
+    forward = [estimate(model, s, system) for s in cands]
+    clear_cache()
+    backward = [estimate(model, s, system) for s in reversed(cands)][::-1]
+    assert forward == backward
+
+
+@settings(max_examples=40, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 3, 4, 8]),
+       sched=st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b"]), mb=st.integers(1, 12),
+       recompute=st.sampled_from(["none", "selective", "full"]), first=st.integers(0, 3))
+def test_peak_memory_is_the_max_over_every_stage(tp, pp, sched, mb, recompute, first) -> None:
+    """The fast path looks at three stages for the memory peak; every stage agrees."""
+    from tracegen.memory import estimate as memory_estimate
+    from tracegen.program import RoleProgram
+
+    try:
+        s = Strategy(tp=tp, pp=pp, dp=2, vpp=2 if sched == "interleaved_1f1b" else 1,
+                     schedule=sched, recompute=recompute, micro_batch_size=1,
+                     global_batch_size=2 * mb * pp, first_stage_layers=first if pp > 2 else 0)
+        fast = estimate(MODEL, s, SYSTEM)
+    except ConfigError:
+        assume(False)
+        raise
+    prog = RoleProgram(MODEL, s, 0)
+    every = max(memory_estimate(MODEL, s, x, sum(prog.params_of_stage(x).values())).total_bytes
+                for x in range(pp))
+    assert fast.peak_memory_GiB * 2**30 == pytest.approx(every, rel=1e-12)

@@ -68,8 +68,6 @@ class RoleProgram:
         self.pending_dp: list[int] = []
         self.buckets: dict[str, int] = {"dp": 0, "edp": 0}
         self._attr_cache: dict[O.Op, list[Attr]] = {}
-        self._layer_fwd = O.layer_fwd(model, strategy)
-        self._layer_bwd = O.layer_bwd(model, strategy)
         self.n_chunks = strategy.pp * strategy.vpp
         self.m_mb = strategy.num_microbatches
 
@@ -161,20 +159,32 @@ class RoleProgram:
     def vocab_block(self, name: str, label: str) -> ParamBlock:
         return ParamBlock(name, self.m.vocab_size * self.m.hidden_size // self.s.tp, label=label)
 
-    def blocks_of_chunk(self, gci: int, *, labels: bool = True) -> list[ParamBlock]:
-        """Parameter blocks of global model chunk ``gci`` in forward order. Without ``labels``
-        the layers share one block object (cheaper, for cost models that need no names)."""
-        layer = self.layer_block()
-        layers = self.s.chunk_layers(self.m.num_layers, gci)
-        out = ([dataclasses.replace(layer, label=f"L{i}") for i in layers] if labels
-               else [layer] * len(layers))
+    def chunk_runs(self, gci: int) -> list[tuple[ParamBlock, int]]:
+        """Parameter blocks of global model chunk ``gci`` in forward order, as (block, count)
+        runs: the layers of a chunk are one run of a shared, unlabelled block."""
+        out = []
         if gci == 0:
-            out.insert(0, self.vocab_block("embedding", "emb"))
+            out.append((self.vocab_block("embedding", "emb"), 1))
+        n_layers = len(self.s.chunk_layers(self.m.num_layers, gci))
+        if n_layers:
+            out.append((self.layer_block(), n_layers))
         if gci == self.n_chunks - 1:
             head = self.vocab_block("lm_head", "head")
             if self.m.tied_embeddings and self.n_chunks == 1:
                 head = dataclasses.replace(head, dense=0)  # the same weight as the embedding
-            out.append(head)
+            out.append((head, 1))
+        return out
+
+    def blocks_of_chunk(self, gci: int, *, labels: bool = True) -> list[ParamBlock]:
+        """Parameter blocks of global model chunk ``gci`` in forward order. Without ``labels``
+        the layers share one block object (cheaper, for cost models that need no names)."""
+        out: list[ParamBlock] = []
+        for block, count in self.chunk_runs(gci):
+            if labels and block.name == "layer":
+                first = self.s.chunk_layers(self.m.num_layers, gci).start
+                out += [dataclasses.replace(block, label=f"L{first + i}") for i in range(count)]
+            else:
+                out += [block] * count
         return out
 
     # ---- ZeRO-3 parameter gathers and gradient scatters ------------------------------------
@@ -261,6 +271,14 @@ class RoleProgram:
                 self._bucket_add(block, name, flush=i == 0)
         if gci > 0:
             self._send(mb, gci - 1, grad=True)
+
+    @functools.cached_property
+    def _layer_fwd(self) -> list[O.Item]:
+        return O.layer_fwd(self.m, self.s)
+
+    @functools.cached_property
+    def _layer_bwd(self) -> list[O.Item]:
+        return O.layer_bwd(self.m, self.s)
 
     @functools.cached_property
     def _lists(self) -> dict[str, list[O.Item]]:
