@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Iterable
 
 from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
 from replay.network import AlphaBetaNetwork
 from tracegen import ops as O
+from tracegen.memory import activation_bytes_per_layer
 from tracegen.memory import estimate as memory_estimate
 from tracegen.mesh import Mesh
 from tracegen.model import ModelSpec
@@ -46,7 +48,7 @@ class FastEstimate:
 
 @functools.lru_cache(maxsize=65536)
 def _group_shape(axis: str, rank: int, tp: int, cp: int, dp: int, pp: int, ep: int, tied: bool,
-                 moe: bool, gpus_per_node: int) -> tuple[int, ...]:
+                 moe: bool, gpus_per_node: int) -> tuple[int, int, int, bool]:
     """(ranks, nodes spanned, ranks per node, rail-aligned) of ``rank``'s group on ``axis``
     (shared by every strategy with the same degrees: a sweep computes each once)."""
     degrees = Strategy(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, global_batch_size=dp)
@@ -84,16 +86,32 @@ class _Context:
         self.blocks: dict[tuple[object, ...], tuple[int, int]] = {}
         self.stages: dict[tuple[object, ...], _Stage] = {}
         self.tails: dict[tuple[object, ...], tuple[int, int]] = {}
+        self._interned: dict[tuple[object, ...], int] = {}
+
+    def intern(self, key: tuple[object, ...]) -> int:
+        """A small integer for a long key (hashed once per strategy, not in every lookup)."""
+        return self._interned.setdefault(key, len(self._interned))
 
 
-@functools.lru_cache(maxsize=8)
+_CONTEXTS: dict[int, tuple[SystemSpec, _Context]] = {}
+
+
 def _context(system: SystemSpec) -> _Context:
-    return _Context(system)
+    """The context of a system object (by identity first: hashing a system per call is slow)."""
+    got = _CONTEXTS.get(id(system))
+    if got is not None and got[0] is system:
+        return got[1]
+    same = next((ctx for sys, ctx in _CONTEXTS.values() if sys == system), None)
+    if len(_CONTEXTS) > 16:
+        _CONTEXTS.clear()
+    ctx = same or _Context(system)
+    _CONTEXTS[id(system)] = (system, ctx)  # holding the system keeps its id from being reused
+    return ctx
 
 
 def clear_cache() -> None:
     """Forget every memo (benchmarks call this to time a cold sweep)."""
-    _context.cache_clear()
+    _CONTEXTS.clear()
     _group_shape.cache_clear()
 
 
@@ -109,13 +127,18 @@ class _Costs:
         s = strategy
         # What a block's cost depends on besides its group shapes (not pp, vpp, schedule, batch;
         # dp only through ZeRO-3's gathers).
-        self.key = (model, s.tp, s.cp, s.ep, s.sequence_parallel, s.micro_batch_size,
-                    s.precision, s.recompute, s.dp if s.zero_stage == 3 else 0)
+        self.key = self.ctx.intern((model, s.tp, s.cp, s.ep, s.sequence_parallel,
+                                    s.micro_batch_size, s.precision, s.recompute,
+                                    s.dp if s.zero_stage == 3 else 0))
+        self._shapes: dict[tuple[str, int], tuple[int, int, int, bool]] = {}
 
-    def shape(self, axis: str, rank: int) -> tuple[int, ...]:
-        s, m = self.s, self.m
-        return _group_shape(axis, rank, s.tp, s.cp, s.dp, s.pp, s.ep, m.tied_embeddings,
-                            m.is_moe, self.gpn)
+    def shape(self, axis: str, rank: int) -> tuple[int, int, int, bool]:
+        got = self._shapes.get((axis, rank))
+        if got is None:
+            s, m = self.s, self.m
+            got = self._shapes[(axis, rank)] = _group_shape(
+                axis, rank, s.tp, s.cp, s.dp, s.pp, s.ep, m.tied_embeddings, m.is_moe, self.gpn)
+        return got
 
     def signature(self, rank: int) -> tuple[tuple[int, ...], ...]:
         """The shapes of ``rank``'s groups on the axes a stage's blocks use (the data-parallel
@@ -211,21 +234,19 @@ def _zero3_ns(costs: _Costs, block: ParamBlock, rank: int, coll: O.CollType) -> 
     return total
 
 
-def _pipeline_ns(s: Strategy, fwd: list[list[int]], bwd: list[list[int]], c: list[int],
-                 hidden: int = 0) -> int:
-    """GPipe and 1F1B. ``hidden``: ZeRO-3 gathers that run while a stage waits for its input
-    during the fill and the drain (the first gather of a pass does not depend on the received
-    tensor)."""
+def _pipeline_ns(s: Strategy, f_s: list[int], b_s: list[int], c: list[int], hidden: int = 0
+                 ) -> int:
+    """GPipe and 1F1B, from each stage's forward and backward of one micro-batch. ``hidden``:
+    ZeRO-3 gathers that run while a stage waits for its input during the fill and the drain
+    (the first gather of a pass does not depend on the received tensor)."""
     p, m = s.pp, s.num_microbatches
-    f_s = [sum(f) for f in fwd]
-    b_s = [sum(b) for b in bwd]
     comm = 2 * sum(c[: p - 1]) - hidden
     if s.schedule == "gpipe":
         return sum(f_s) + (m - 1) * max(f_s) + sum(b_s) + (m - 1) * max(b_s) + comm
-    return sum(f_s) + sum(b_s) + (m - 1) * max(f + b for f, b in zip(f_s, b_s, strict=True)) + comm
+    return sum(f_s) + sum(b_s) + (m - 1) * max(map(int.__add__, f_s, b_s)) + comm
 
 
-def _interleaved(s: Strategy, fwd: list[list[int]], bwd: list[list[int]], c: list[int],
+def _interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ...]], c: list[int],
                  early: dict[tuple[str, int, int], int] | None = None
                  ) -> tuple[list[int], dict[tuple[str, int, int], int]]:
     """End of each stage's last backward under Megatron's interleaved order: each step waits for
@@ -267,110 +288,113 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     check_fits_model(strategy, model)
     s = strategy
     costs = _Costs(model, s, system)
-    stages, reps, uniform = _stages(costs)
-    fwd, bwd = [list(x.fwd) for x in stages], [list(x.bwd) for x in stages]
-    c = _sends(costs, reps, uniform)
-    hidden = 0
-    early: dict[tuple[str, int, int], int] = {}  # ZeRO-3 gathers that need no received input
-    if s.zero_stage == 3 and s.pp > 1:
-        for st, x in enumerate(stages):
-            for ch in range(s.vpp):
-                early[("F", st, ch)] = x.early_f[ch]
-                early[("B", st, ch)] = x.early_b[ch]
-        hidden = sum(early[("F", st, 0)] for st in range(1, s.pp)) + sum(
-            early[("B", st, 0)] for st in range(s.pp - 1))
-    b_s = [sum(b) for b in bwd]
-    # When each chunk's last backward ends, per stage (its gradient buckets are issued then).
+    stages, reps, alike = _stages(costs)
+    c = _sends(costs, reps, alike)
+    fwd, bwd = [x.fwd for x in stages], [x.bwd for x in stages]
     if s.schedule == "interleaved_1f1b":
+        early = {(ph, st, ch): g for st, x in enumerate(stages) for ch in range(s.vpp)
+                 for ph, g in (("F", x.early_f[ch]), ("B", x.early_b[ch]))
+                 } if s.zero_stage == 3 and s.pp > 1 else None
         ends, done = _interleaved(s, fwd, bwd, c, early)
         pipe = max(ends)
         last_mb = s.num_microbatches - 1
+        # When each chunk's last backward ends (its gradient buckets are issued then).
         chunk_ends = [[done[("B", last_mb, ch * s.pp + st)] for ch in range(s.vpp)]
                       for st in range(s.pp)]
+        check: Iterable[int] = range(s.pp)
     else:
-        pipe = _pipeline_ns(s, fwd, bwd, c, hidden)
-        ends, acc = [], pipe
-        for st in range(s.pp):
+        f_s, b_s = [f[0] for f in fwd], [b[0] for b in bwd]
+        hidden = 0
+        if s.zero_stage == 3 and s.pp > 1:
+            hidden = sum(x.early_f[0] for x in stages[1:]) + sum(
+                x.early_b[0] for x in stages[:-1])
+        pipe = _pipeline_ns(s, f_s, b_s, c, hidden)
+        ends, acc = [], pipe  # stage st ends its last backward Σ_{j<st} (B_j + c_j) earlier
+        for b, hop in zip(b_s, c, strict=True):
             ends.append(acc)
-            acc -= b_s[st] + c[st]
+            acc -= b + hop
         chunk_ends = [[e] for e in ends]
-    finish = _tails(costs, stages, reps if not uniform else [0] * s.pp, ends, chunk_ends)
-    peak = max(memory_estimate(model, s, st, sum(n for _, n in stages[st].params)).total_bytes
-               for st in _memory_candidates(s.pp))
-    return FastEstimate(max(finish) / NS_PER_S, pipe / NS_PER_S, peak / GiB,
+        # Alike stages: the first finishes no earlier than any middle one. Its layers are the
+        # same blocks, issued later (by c₀ + B₁) into the same buckets, and its embedding only
+        # adds to the last bucket, the optimizer and the gathers.
+        check = sorted({0, s.pp - 1}) if alike else range(s.pp)
+    finish = _tails(costs, stages, [0] * s.pp if alike else reps, ends, chunk_ends, check)
+    peak = _peak_memory_bytes(costs, stages, alike)
+    return FastEstimate(finish / NS_PER_S, pipe / NS_PER_S, peak / GiB,
                         peak <= system.gpu.hbm_bytes,
                         tuple(sum(f) / NS_PER_S for f in fwd),
-                        tuple(b / NS_PER_S for b in b_s))
+                        tuple(sum(b) / NS_PER_S for b in bwd))
 
 
 def _stages(costs: _Costs) -> tuple[list[_Stage], list[int], bool]:
     """Each stage's costs, its representative rank (pp = st, dp = cp = tp = 0 in Megatron
-    order), and whether every stage sits on whole nodes of its own."""
+    order), and whether the stages are alike: each on whole nodes of its own (shifting a stage
+    by whole nodes changes none of its group shapes), so the middle stages of an evenly split
+    pipeline cost the same."""
     s = costs.s
     per_stage = s.world_size // s.pp
     reps = [st * per_stage for st in range(s.pp)]
-    # Shifting a stage by whole nodes changes none of its group shapes; the middle stages of an
-    # evenly split pipeline are then alike.
     uniform = per_stage % costs.gpn == 0
     sig0 = costs.signature(0)
     alike = uniform and s.vpp == 1 and not (s.first_stage_layers or s.last_stage_layers)
-    stages: list[_Stage] = []
-    for st, r in enumerate(reps):
-        if alike and 1 < st < s.pp - 1:
-            stages.append(stages[1])
-        else:
-            stages.append(costs.stage(st, r, sig0 if uniform else costs.signature(r)))
-    return stages, reps, uniform
+    if alike:
+        edge = [costs.stage(st, reps[st], sig0) for st in range(min(2, s.pp))]
+        middle = [edge[-1]] * max(0, s.pp - 3)
+        last = [costs.stage(s.pp - 1, reps[-1], sig0)] if s.pp > 2 else []
+        return edge + middle + last, reps, True
+    return [costs.stage(st, r, sig0 if uniform else costs.signature(r))
+            for st, r in enumerate(reps)], reps, False
 
 
-def _memory_candidates(pp: int) -> set[int]:
-    """The stages that can hold the peak: the first (embedding, most micro-batches in flight),
-    the second (the most in flight among the equal middle stages) and the last (head and
-    logits); in-flight counts never grow with the stage index."""
-    return {0, min(1, pp - 1), pp - 1}
+def _peak_memory_bytes(costs: _Costs, stages: list[_Stage], alike: bool) -> int:
+    """The largest per-rank memory of any stage. In-flight micro-batches never grow with the
+    stage index, so the peak is on the first stage (embedding, most in flight), the last (head,
+    logits) or — when the first holds fewer layers than the rest — the second."""
+    m, s = costs.m, costs.s
+    act = activation_bytes_per_layer(m, s)
+    candidates = {0, s.pp - 1} if alike else {0, min(1, s.pp - 1), s.pp - 1}
+    return max(memory_estimate(m, s, st, sum(n for _, n in stages[st].params),
+                               act_per_layer=act).total_bytes for st in candidates)
 
 
-def _sends(costs: _Costs, reps: list[int], uniform: bool) -> list[int]:
+def _sends(costs: _Costs, reps: list[int], alike: bool) -> list[int]:
     """c[s]: one send between stage s and stage s + 1 (wrapping, for interleaved chunks)."""
     p = len(reps)
     if p == 1:
         return [0]
     nbytes = costs.prog._p2p_bytes()
-    if uniform:  # every hop leaves the node and costs the same
+    if alike:  # every hop leaves the node and costs the same
         return [costs.net.p2p(reps[0], reps[1], nbytes).total_ns] * p
     return [costs.net.p2p(reps[st], reps[(st + 1) % p], nbytes).total_ns for st in range(p)]
 
 
 def _tails(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[int],
-           chunk_ends: list[list[int]]) -> list[int]:
-    """Per stage: gradient buckets drained after the last backward, embedding all-reduce,
-    optimizer and ZeRO parameter all-gather. ``reps``: a rank whose data-parallel groups are
-    shaped as the stage's."""
+           chunk_ends: list[list[int]], check: Iterable[int]) -> int:
+    """When the last of the ``check`` stages finishes: gradient buckets drained after its last
+    backward, embedding all-reduce, optimizer and ZeRO parameter all-gather. ``reps``: a rank
+    whose data-parallel groups are shaped as the stage's."""
     s, m = costs.s, costs.m
     chain = list(ends)
     if m.tied_embeddings and s.pp > 1:
         size = m.vocab_size * m.hidden_size // s.tp * O.GRAD_REDUCE_BYTES
         t = max(ends[0], ends[-1]) + costs.coll_ns(
-            O.Comm("e", "embd", "ALL_REDUCE", size), reps[0])
+            O.Comm("e", "embd", "ALL_REDUCE", size), 0)
         chain[0] = chain[-1] = t
-    strategy_key = (s.dp_bucket_params, s.overlap_grad_reduce, s.zero_stage, s.dp, s.cp, s.ep)
-    local: dict[tuple[int, tuple[int, ...], int], tuple[int, int]] = {}
-    out = []
-    for st, x in enumerate(stages):
+    strategy_key = costs.ctx.intern((s.dp_bucket_params, s.overlap_grad_reduce, s.zero_stage,
+                                     s.dp, s.cp, s.ep))
+    finish = 0
+    for st in check:
+        x = stages[st]
         end = max(chunk_ends[st])
         rel = tuple(e - end for e in chunk_ends[st])
-        here = (id(x), rel, reps[st])
-        got = local.get(here)
+        key = (id(x), rel, strategy_key, costs.shape("dp", reps[st]),
+               costs.shape("edp", reps[st]))
+        got = costs.ctx.tails.get(key)
         if got is None:
-            sig = (costs.shape("dp", reps[st]), costs.shape("edp", reps[st]))
-            key = (here[:2], strategy_key, sig)
-            got = costs.ctx.tails.get(key)
-            if got is None:
-                got = costs.ctx.tails[key] = _tail_costs(costs, x, reps[st], rel)
-            local[here] = got
+            got = costs.ctx.tails[key] = _tail_costs(costs, x, reps[st], rel)
         done_rel, after = got
-        out.append(max(chain[st], end + done_rel) + after)
-    return out
+        finish = max(finish, max(chain[st], end + done_rel) + after)
+    return finish
 
 
 def _tail_costs(costs: _Costs, x: _Stage, rank: int, rel_ends: tuple[int, ...]
@@ -408,9 +432,12 @@ def _buckets_done(costs: _Costs, rank: int,
     idle = -(1 << 62)  # times are relative to the stage's last backward: no zero to start from
     stream = {"dp": idle, "edp": idle}
     gathers: list[tuple[str, int, int]] = []
-    for chunk in sorted(range(len(chunk_ends)), key=lambda ch: chunk_ends[ch]):
+    axes = ("dp", "edp") if costs.m.is_moe else ("dp",)
+    order = range(1) if len(chunk_ends) == 1 else sorted(range(len(chunk_ends)),
+                                                         key=chunk_ends.__getitem__)
+    for chunk in order:
         start = chunk_ends[chunk] - chunk_bwd[chunk]
-        for axis in ("dp", "edp"):
+        for axis in axes:
             size = dp_group_size(s, axis)
             if size < 2:
                 continue

@@ -1,5 +1,6 @@
-"""Fast-path benchmark: strategies per second screened (GPT-3 175B on 1,024 A100s), and its
-agreement with replay on a few of them. Prints the median rate over 3 rounds."""
+"""Fast-path benchmark: strategies per second screened (GPT-3 175B on 1,024 A100s). Each round
+starts cold (no memo from an earlier round), so a round shares only what one sweep shares: layer,
+stage and collective costs between its own strategies. Prints the median and best of 7 rounds."""
 
 from __future__ import annotations
 
@@ -30,14 +31,15 @@ def main() -> None:
     model, system = get_model("gpt3-175b"), get_system("dgx-a100-80gb")
     cands = strategies()
     rates = []
-    for _ in range(3):
+    for _ in range(7):
         clear_cache()  # cold: each round shares only what one sweep would share
         t0 = time.perf_counter()
         for s in cands:
             estimate(model, s, system)
         rates.append(len(cands) / (time.perf_counter() - t0))
-    print(f"fast path: {len(cands)} GPT-3 175B strategies on 1,024 A100s, "
-          f"{statistics.median(rates):,.0f} strategies/s (median of 3; target 10,000/s)")
+    print(f"fast path, cold sweep of {len(cands)} GPT-3 175B strategies on 1,024 A100s: "
+          f"{statistics.median(rates):,.0f} strategies/s median, {max(rates):,.0f} best of 7 "
+          "(target 10,000/s)")
 
 
 if __name__ == "__main__":

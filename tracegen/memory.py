@@ -94,7 +94,9 @@ def inflight_microbatches(s: Strategy, stage: int) -> float:
 
 
 def estimate(m: ModelSpec, s: Strategy, stage: int, params_local: int,
-             *, flash_attention: bool = True) -> MemoryEstimate:
+             *, flash_attention: bool = True, act_per_layer: int | None = None
+             ) -> MemoryEstimate:
+    """``act_per_layer``: ``activation_bytes_per_layer(m, s)`` where the caller has it."""
     dp_shard = s.dp * s.cp
     grads = params_local * GRAD_BYTES
     optim = params_local * OPTIM_BYTES
@@ -106,7 +108,8 @@ def estimate(m: ModelSpec, s: Strategy, stage: int, params_local: int,
     if s.zero_stage >= 3:
         weights = -(-weights // dp_shard)
     layers = sum(len(s.chunk_layers(m.num_layers, c * s.pp + stage)) for c in range(s.vpp))
-    act = activation_bytes_per_layer(m, s, flash_attention=flash_attention)
+    act = (activation_bytes_per_layer(m, s, flash_attention=flash_attention)
+           if act_per_layer is None else act_per_layer)
     # In-flight micro-batches are counted in units of the whole stage (all its chunks).
     activations = int(act * layers * inflight_microbatches(s, stage))
     logits = 0
