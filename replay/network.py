@@ -1,21 +1,21 @@
-"""Network model: where a group's ranks sit decides its tier; collective algorithms are costed with
-alpha-beta formulas and calibrated bus-bandwidth efficiencies.
+"""Network model: where a group's ranks sit decides its tier; collectives are costed with NCCL's
+own ring/tree model on calibrated bus bandwidths, the rest with alpha-beta formulas.
 
 Placement: rank r lives on node ``r // gpus_per_node`` (Megatron's rank order puts TP innermost, so
 a TP group of ≤ 8 sits inside a node). A group inside one node uses NVLink; a group with one rank
-per node uses the NICs; a group with several ranks on each of several nodes runs hierarchically
-(intra-node reduce-scatter, inter-node all-reduce of 1/l of the data, intra-node all-gather), as
-NCCL does and as ANCHORS.md recommends ("Inter-node speed depends on intra-node speed").
+per node uses the NICs; a group with several ranks on each of several nodes moves its data in two
+levels (NVLink phases and a NIC phase in sequence, ``AlphaBetaNetwork._busbw``), as ANCHORS.md
+recommends ("Inter-node speed depends on intra-node speed").
 
-Costs for p ranks, message S bytes, bandwidth B, per-step latency α (Thakur, Rabenseifner & Gropp
-2005, "Optimization of Collective Communication Operations in MPICH", Table 1; Patarasuk & Yuan
-2009 for the bandwidth-optimal ring):
+All-reduce, reduce-scatter and all-gather: ``replay/nccl.py`` — NCCL's tuner picks ring or tree
+and the LL / LL128 / Simple protocol with the least ``latency + bytes / bandwidth``, which is what
+makes bus bandwidth grow with message size (NVIDIA/nccl ``src/graph/tuning.cc``).
 
-* all-reduce, ring: 2(p−1)/p · S/B + 2(p−1)·α; double binary tree (NCCL): 2·S/B + 2·⌈log₂p⌉·α;
-  the cheaper one is chosen, as NCCL's tuner does by size;
-* reduce-scatter (S = full buffer): (p−1)/p · S/B + (p−1)·α;
-* all-gather (S = per-rank shard): (p−1) · S/B + (p−1)·α;
-* all-to-all (S = per-rank buffer): (p−1)/p · S/B + (p−1)·α (direct);
+Other collectives, for p ranks, message S bytes, bandwidth B, per-step latency α (Thakur,
+Rabenseifner & Gropp 2005, "Optimization of Collective Communication Operations in MPICH"):
+
+* all-to-all (S = per-rank buffer): (p−1)/p · S/B + (p−1)·α (direct); across nodes the NVLink and
+  NIC shares move concurrently;
 * broadcast / reduce / gather / scatter: S/B + ⌈log₂p⌉·α (pipelined tree); barrier 2⌈log₂p⌉·α;
 * point-to-point: S/B + α.
 
@@ -32,10 +32,14 @@ import dataclasses
 import math
 from typing import Any, Protocol
 
+from replay import nccl
 from replay.hardware import SystemSpec
 from tracegen.units import GB, NS_PER_S, GiB
 
 US = 1e-6  # seconds per microsecond
+# Collectives costed with NCCL's ring/tree model (replay/nccl.py), by NCCL function.
+NCCL_RING = {"ALL_REDUCE": "ALL_REDUCE", "REDUCE_SCATTER": "REDUCE_SCATTER",
+             "REDUCE_SCATTER_BLOCK": "REDUCE_SCATTER", "ALL_GATHER": "ALL_GATHER"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -83,18 +87,11 @@ def _log2(p: int) -> int:
 
 
 def flat_cost(coll: str, size: float, p: int, tier: Tier) -> tuple[float, float]:
-    """(latency_s, transfer_s) of one collective on a flat tier of p ranks."""
+    """(latency_s, transfer_s) of a collective other than all-reduce, reduce-scatter and
+    all-gather on a flat tier of p ranks (those three follow NCCL's model, replay/nccl.py)."""
     if p <= 1:
         return 0.0, 0.0
     b, a = tier.bytes_per_s, tier.alpha_s
-    if coll == "ALL_REDUCE":
-        ring = (2 * (p - 1) * a, 2 * (p - 1) / p * size / b)
-        tree = (2 * _log2(p) * a, 2 * size / b)
-        return min(ring, tree, key=sum)
-    if coll in ("REDUCE_SCATTER", "REDUCE_SCATTER_BLOCK"):
-        return (p - 1) * a, (p - 1) / p * size / b
-    if coll == "ALL_GATHER":
-        return (p - 1) * a, (p - 1) * size / b
     if coll == "ALL_TO_ALL":
         return (p - 1) * a, (p - 1) / p * size / b
     if coll == "BARRIER":
@@ -159,36 +156,51 @@ class AlphaBetaNetwork:
         if self.astra:
             tier = self.nvl if n_nodes == 1 else self.nic
             return (*self._astra(coll, size, p, tier), (tier.link,))
-        if n_nodes == 1:
-            return (*flat_cost(coll, size, p, self.nvl), ("nvl",))
-        out_tier = self.nic if (rail and self.sys.scaleout.topology == "rail-optimized") else (
+        out = self.nic if (rail and self.sys.scaleout.topology == "rail-optimized") else (
             self.nic_blocking)
+        uses = ("nvl",) if n_nodes == 1 else ("nic",) if local == 1 else ("nvl", "nic")
+        if coll in NCCL_RING:
+            nbytes = size * p if coll == "ALL_GATHER" else size
+            return (*nccl.collective_time(NCCL_RING[coll], nbytes, p, n_nodes,
+                                          self._busbw(n_nodes, local, out)), uses)
+        if n_nodes == 1:
+            return (*flat_cost(coll, size, p, self.nvl), uses)
         if local == 1:
-            return (*flat_cost(coll, size, p, out_tier), ("nic",))
-        return (*self._hierarchical(coll, size, n_nodes, local, out_tier), ("nvl", "nic"))
+            return (*flat_cost(coll, size, p, out), uses)
+        return (*self._hierarchical(coll, size, n_nodes, local, out), uses)
+
+    def _busbw(self, n_nodes: int, local: int, out: Tier) -> float:
+        """Plateau bus bandwidth of a group (bytes/s, ring-equivalent). Across nodes with
+        ``local`` > 1 ranks per node the transfer is two-level and its phases run in sequence:
+        reduce-scatter on NVLink, all-reduce of 1/local of the data on the NICs, all-gather on
+        NVLink, i.e. per byte 2(l−1)/l / B_nvl + 2(n−1)/n / (l · B_nic) against the ring's
+        2(p−1)/p / busbw (the same ratio holds for reduce-scatter and all-gather alone).
+
+        This is below the isolated nccl-tests plateaus across nodes (DGX A100 126 vs 192 GB/s,
+        DGX H100 224 vs 370–380 GB/s, ANCHORS), where NCCL pipelines NVLink and NIC hops; the
+        pipelined form (min(B_nvl, l · B_nic)) made every multi-node FSDP/ZeRO-3 run of the
+        public set 2–9 points faster than measured, so the sequential form stays until
+        interference between overlapped collectives and compute is modelled (DESIGN.md)."""
+        if n_nodes == 1:
+            return self.nvl.bytes_per_s
+        if local == 1:
+            return out.bytes_per_s
+        p = n_nodes * local
+        per_byte = (2 * (local - 1) / local / self.nvl.bytes_per_s
+                    + 2 * (n_nodes - 1) / n_nodes / local / out.bytes_per_s)
+        return 2 * (p - 1) / p / per_byte
 
     def _hierarchical(self, coll: str, size: float, n: int, local: int, out: Tier
                       ) -> tuple[float, float]:
-        """Two-level: ``local`` ranks per node on NVLink, n nodes on the NICs (each rank drives
-        its own NIC and carries 1/local of the inter-node traffic)."""
-        if coll == "ALL_REDUCE":
-            parts = [flat_cost("REDUCE_SCATTER", size, local, self.nvl),
-                     flat_cost("ALL_REDUCE", size / local, n, out),
-                     flat_cost("ALL_GATHER", size / local, local, self.nvl)]
-        elif coll in ("REDUCE_SCATTER", "REDUCE_SCATTER_BLOCK"):
-            parts = [flat_cost("REDUCE_SCATTER", size, local, self.nvl),
-                     flat_cost("REDUCE_SCATTER", size / local, n, out)]
-        elif coll == "ALL_GATHER":
-            parts = [flat_cost("ALL_GATHER", size, n, out),
-                     flat_cost("ALL_GATHER", size * n, local, self.nvl)]
-        elif coll == "ALL_TO_ALL":
-            p = n * local  # NVLink and NIC shares move concurrently; the slower one binds
+        """Collectives other than all-reduce, reduce-scatter and all-gather across nodes with
+        ``local`` ranks per node: all-to-all moves its NVLink and NIC shares concurrently (the
+        slower binds); the rest run flat on the NICs."""
+        if coll == "ALL_TO_ALL":
+            p = n * local
             intra = flat_cost("ALL_TO_ALL", size * local / p, local, self.nvl)
             inter = (out.alpha_s * (n - 1), (p - local) / p * size / out.bytes_per_s)
             return intra[0] + inter[0], max(intra[1], inter[1])
-        else:
-            parts = [flat_cost(coll, size, n * local, out)]
-        return sum(x[0] for x in parts), sum(x[1] for x in parts)
+        return flat_cost(coll, size, n * local, out)
 
     def _astra(self, coll: str, size: int, p: int, tier: Tier) -> tuple[float, float]:
         a = self.sys.astra
