@@ -74,6 +74,8 @@ class _Stage:
     early_f: tuple[int, ...]  # ZeRO-3: the gather of the chunk's first block (needs no input)
     early_b: tuple[int, ...]  # ZeRO-3: the gather of the chunk's last block
     params: tuple[tuple[str, int], ...]  # ("dp", n), ("edp", n) before sharding
+    fwd_s: float = 0.0  # all chunks, one micro-batch
+    bwd_s: float = 0.0
 
 
 class _Context:
@@ -205,7 +207,7 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], rank: int, sig: tuple[obj
         early_f.append(_zero3_ns(costs, chunk[0][0], rank, "ALL_GATHER") if zero3 else 0)
         early_b.append(_zero3_ns(costs, chunk[-1][0], rank, "ALL_GATHER") if zero3 else 0)
     return _Stage(tuple(fwd), tuple(bwd), tuple(runs_bwd), tuple(early_f), tuple(early_b),
-                  tuple(params.items()))
+                  tuple(params.items()), sum(fwd) / NS_PER_S, sum(bwd) / NS_PER_S)
 
 
 def _block_ns(costs: _Costs, block: ParamBlock, rank: int) -> tuple[int, int]:
@@ -322,8 +324,7 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     peak = _peak_memory_bytes(costs, stages, alike)
     return FastEstimate(finish / NS_PER_S, pipe / NS_PER_S, peak / GiB,
                         peak <= system.gpu.hbm_bytes,
-                        tuple(sum(f) / NS_PER_S for f in fwd),
-                        tuple(sum(b) / NS_PER_S for b in bwd))
+                        tuple(x.fwd_s for x in stages), tuple(x.bwd_s for x in stages))
 
 
 def _stages(costs: _Costs) -> tuple[list[_Stage], list[int], bool]:
@@ -406,7 +407,7 @@ def _tail_costs(costs: _Costs, x: _Stage, rank: int, rel_ends: tuple[int, ...]
     after = costs.items_ns([O.optimizer_step(sharded_params(s, dict(x.params)))], rank)
     for axis, padded, count in gathers:
         shard = padded // dp_group_size(s, axis) * O.PARAM_BYTES
-        after += count * costs.coll_ns(O.Comm("ag", axis, "ALL_GATHER", shard), rank)
+        after += count * costs.net.shape_ns("ALL_GATHER", shard, costs.shape(axis, rank))
     return done, after
 
 
@@ -432,18 +433,18 @@ def _buckets_done(costs: _Costs, rank: int,
     idle = -(1 << 62)  # times are relative to the stage's last backward: no zero to start from
     stream = {"dp": idle, "edp": idle}
     gathers: list[tuple[str, int, int]] = []
-    axes = ("dp", "edp") if costs.m.is_moe else ("dp",)
+    axes = [(axis, dp_group_size(s, axis), costs.shape(axis, rank))
+            for axis in (("dp", "edp") if costs.m.is_moe else ("dp",))]
     order = range(1) if len(chunk_ends) == 1 else sorted(range(len(chunk_ends)),
                                                          key=chunk_ends.__getitem__)
     for chunk in order:
         start = chunk_ends[chunk] - chunk_bwd[chunk]
-        for axis in axes:
-            size = dp_group_size(s, axis)
+        for axis, size, shape in axes:
             if size < 2:
                 continue
             for t, step, n, params in _bucket_runs(runs[chunk], axis, s.dp_bucket_params, start):
                 padded = -(-params // size) * size
-                d = costs.coll_ns(O.Comm("g", axis, coll, padded * O.GRAD_REDUCE_BYTES), rank)
+                d = costs.net.shape_ns(coll, padded * O.GRAD_REDUCE_BYTES, shape)
                 if not s.overlap_grad_reduce:
                     t, step = end, 0
                 stream[axis] = max(max(stream[axis], t) + n * d, t + (n - 1) * step + d)
