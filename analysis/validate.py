@@ -154,18 +154,27 @@ RESULT_SCHEMA = {
 }
 
 
+def _one_line(text: str) -> str:
+    """A status cell on one line (CSV readers and the table both prefer it)."""
+    return " ".join(text.split())
+
+
 def _validate_row(row: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {k: None for k in RESULT_SCHEMA}
     out.update(id=row["id"], source=str(row["id"]).split("-")[0], gpu=row["gpu"],
                measured_iter_time_s=row["measured_iter_time_s"])
     inputs = row_inputs(row)
     if isinstance(inputs, str):
-        out["status"] = inputs
+        out["status"] = _one_line(inputs)
         return out
     try:
         pred = predict(inputs)
     except TrainsimError as exc:
-        out["status"] = f"skipped: {type(exc).__name__}: {exc}"
+        out["status"] = _one_line(f"skipped: {type(exc).__name__}: {exc}")
+        return out
+    except Exception as exc:  # one odd row must not sink a whole batch
+        out["status"] = _one_line(f"skipped: unexpected {type(exc).__name__}: {exc} "
+                                  "(a trainsim bug: please report this row)")
         return out
     out.update(pred, status="ok", assumptions=inputs.assumptions)
     measured = row["measured_iter_time_s"]

@@ -87,3 +87,48 @@ def test_validate_cli_writes_csv_and_plot(tmp_path: Path) -> None:
         assert col in frame.columns
     assert plot.read_bytes()[:4] == b"\x89PNG"
     assert "|error| summary" in r.stdout
+
+
+def _two_rows(tmp_path: Path) -> Path:
+    """A copy of two public rows: one with an impossible tp, one fine."""
+    runs = pl.read_csv(PUBLIC, infer_schema_length=0).filter(pl.col("id") == "mpt-07")
+    bad = runs.with_columns(pl.lit("bad-tp").alias("id"), pl.lit("3").alias("tp"),
+                            pl.lit("24").alias("num_gpus"))
+    f = tmp_path / "two.csv"
+    pl.concat([bad, runs]).write_csv(f)
+    return f
+
+
+def test_a_bad_row_is_skipped_on_one_line_and_the_rest_run(tmp_path: Path) -> None:
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    out = validate(_two_rows(tmp_path))
+    status = dict(zip(out["id"], out["status"], strict=True))
+    assert status["bad-tp"].startswith("skipped:") and "\n" not in status["bad-tp"]
+    assert "not divisible by tp 3" in status["bad-tp"]
+    assert status["mpt-07"] == "ok"
+
+
+def test_an_unexpected_failure_skips_only_its_row(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug met on one row is reported on that row; the batch still finishes."""
+    import analysis.validate as V
+
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    real = V.predict
+
+    def flaky(inputs: V.RunInputs) -> dict:
+        if inputs.model.name == "mpt-07":
+            raise ZeroDivisionError("boom")
+        return real(inputs)
+
+    monkeypatch.setattr(V, "predict", flaky)
+    runs = pl.read_csv(PUBLIC, infer_schema_length=0).filter(
+        pl.col("id").is_in(["mpt-07", "mpt-08"]))
+    f = tmp_path / "r.csv"
+    runs.write_csv(f)
+    out = validate(f)
+    status = dict(zip(out["id"], out["status"], strict=True))
+    assert status["mpt-07"].startswith("skipped: unexpected ZeroDivisionError: boom")
+    assert status["mpt-08"] == "ok"
