@@ -127,7 +127,12 @@ def predict(inputs: RunInputs) -> dict[str, Any]:
                            gpus=inputs.strategy.world_size)
         result = replay(tmp, inputs.system)
     peak = max(st.memory.total_bytes for st in summary.stages)
+    # Where the step goes on the rank that finishes last: what an error has to be explained by.
+    last = result.breakdown.sort("end_s").row(-1, named=True)
     return {"predicted_iter_time_s": result.step_time_s,
+            "predicted_compute_s": last["compute_s"],
+            "predicted_exposed_comm_s": last["exposed_comm_s"],
+            "predicted_idle_s": last["idle_s"],
             "predicted_peak_memory_GiB": peak / GiB,
             "fits": peak <= inputs.system.gpu.hbm_bytes,
             "predicted_tokens_per_s": result.metrics["tokens_per_s"],
@@ -150,7 +155,9 @@ RESULT_SCHEMA = {
     "id": pl.String, "source": pl.String, "gpu": pl.String, "status": pl.String,
     "predicted_iter_time_s": pl.Float64, "measured_iter_time_s": pl.Float64,
     "error_pct": pl.Float64, "predicted_peak_memory_GiB": pl.Float64, "fits": pl.Boolean,
-    "predicted_tokens_per_s": pl.Float64, "predicted_mfu": pl.Float64, "assumptions": pl.String,
+    "predicted_tokens_per_s": pl.Float64, "predicted_mfu": pl.Float64,
+    "predicted_compute_s": pl.Float64, "predicted_exposed_comm_s": pl.Float64,
+    "predicted_idle_s": pl.Float64, "assumptions": pl.String,
 }
 
 

@@ -132,3 +132,12 @@ def test_an_unexpected_failure_skips_only_its_row(tmp_path: Path,
     status = dict(zip(out["id"], out["status"], strict=True))
     assert status["mpt-07"].startswith("skipped: unexpected ZeroDivisionError: boom")
     assert status["mpt-08"] == "ok"
+
+
+def test_breakdown_adds_up_to_the_prediction(results: pl.DataFrame) -> None:
+    """compute + exposed communication + idle of the last rank = the predicted step."""
+    ok = results.filter(pl.col("status") == "ok")
+    total = ok["predicted_compute_s"] + ok["predicted_exposed_comm_s"] + ok["predicted_idle_s"]
+    assert ((total - ok["predicted_iter_time_s"]).abs() <= 1e-6 * ok["predicted_iter_time_s"]
+            ).all()
+    assert (ok["predicted_compute_s"] > 0).all()
