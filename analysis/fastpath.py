@@ -73,6 +73,7 @@ class _Stage:
     runs_bwd: tuple[tuple[tuple[ParamBlock, int, int], ...], ...]
     early_f: tuple[int, ...]  # ZeRO-3: the gather of the chunk's first block (needs no input)
     early_b: tuple[int, ...]  # ZeRO-3: the gather of the chunk's last block
+    late_b: tuple[int, ...]  # ZeRO-3: the last reduce-scatter of a backward (after the send)
     params: tuple[tuple[str, int], ...]  # ("dp", n), ("edp", n) before sharding
     fwd_s: float = 0.0  # all chunks, one micro-batch
     bwd_s: float = 0.0
@@ -129,9 +130,7 @@ class _Costs:
         s = strategy
         # What a block's cost depends on besides its group shapes (not pp, vpp, schedule, batch;
         # dp only through ZeRO-3's gathers).
-        self.key = self.ctx.intern((model, s.tp, s.cp, s.ep, s.sequence_parallel,
-                                    s.micro_batch_size, s.precision, s.recompute,
-                                    s.dp if s.zero_stage == 3 else 0))
+        self.key = self.ctx.intern((model, O.op_key(s), s.dp if s.zero_stage == 3 else 0))
         self._shapes: dict[tuple[str, int], tuple[int, int, int, bool]] = {}
 
     def shape(self, axis: str, rank: int) -> tuple[int, int, int, bool]:
@@ -149,15 +148,21 @@ class _Costs:
         return tuple(self.shape(axis, rank) for axis in axes)
 
     def items_ns(self, items: list[O.Item], rank: int) -> int:
-        """Duration of a list of ops and blocking collectives on ``rank``."""
-        total = 0
+        """Duration of a list of ops and collectives on ``rank``: blocking ones add up; an
+        overlapped collective and the item after it take the longer of the two."""
+        total = alongside = 0
         for it in items:
+            if isinstance(it, O.Comm) and it.overlapped:
+                alongside += self.coll_ns(it, rank)
+                continue
             if isinstance(it, O.Comm):
-                total += self.coll_ns(it, rank)
+                d = self.coll_ns(it, rank)
             else:
-                total += self.compute.op_ns(it.kind, it.flop, it.bytes, it.m, it.n,
-                                            DTYPE_CODE[it.dtype], it.name.endswith("_bwd"))
-        return total
+                d = self.compute.op_ns(it.kind, it.flop, it.bytes, it.m, it.n,
+                                       DTYPE_CODE[it.dtype], it.name.endswith("_bwd"))
+            total += max(d, alongside)
+            alongside = 0
+        return total + alongside
 
     def coll_ns(self, c: O.Comm, rank: int) -> int:
         """Collective cost by the group's shape (size, nodes, ranks per node, rails) rather than
@@ -188,7 +193,7 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], rank: int, sig: tuple[obj
     """Per chunk: forward and backward ns of one micro-batch, and the backward runs of blocks
     with their durations for the gradient buckets."""
     zero3 = costs.s.zero_stage == 3
-    fwd, bwd, runs_bwd, early_f, early_b = [], [], [], [], []
+    fwd, bwd, runs_bwd, early_f, early_b, late_b = [], [], [], [], [], []
     params = {"dp": 0, "edp": 0}
     for gci in gcis:
         f = b = 0
@@ -206,7 +211,9 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], rank: int, sig: tuple[obj
         runs_bwd.append(tuple(runs[::-1]))
         early_f.append(_zero3_ns(costs, chunk[0][0], rank, "ALL_GATHER") if zero3 else 0)
         early_b.append(_zero3_ns(costs, chunk[-1][0], rank, "ALL_GATHER") if zero3 else 0)
+        late_b.append(_zero3_ns(costs, chunk[0][0], rank, "REDUCE_SCATTER") if zero3 else 0)
     return _Stage(tuple(fwd), tuple(bwd), tuple(runs_bwd), tuple(early_f), tuple(early_b),
+                  tuple(late_b),
                   tuple(params.items()), sum(fwd) / NS_PER_S, sum(bwd) / NS_PER_S)
 
 
@@ -249,7 +256,8 @@ def _pipeline_ns(s: Strategy, f_s: list[int], b_s: list[int], c: list[int], hidd
 
 
 def _interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ...]], c: list[int],
-                 early: dict[tuple[str, int, int], int] | None = None
+                 early: dict[tuple[str, int, int], int] | None = None,
+                 late: dict[tuple[int, int], int] | None = None
                  ) -> tuple[list[int], dict[tuple[str, int, int], int]]:
     """End of each stage's last backward under Megatron's interleaved order: each step waits for
     its stage's previous step and for the neighbouring chunk's same micro-batch (+ one send).
@@ -276,7 +284,9 @@ def _interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, .
                 g = early.get((phase, st, chunk), 0) if early else 0  # runs before the input
                 start = max(clock[st] + g, done[dep] + hop if needs else 0)
                 clock[st] = start + dur - g
-                done[(phase, mb, gci)] = clock[st]
+                # A backward's last ZeRO-3 reduce-scatter runs after its gradient is sent.
+                done[(phase, mb, gci)] = clock[st] - (
+                    late.get((st, chunk), 0) if late and phase == "B" else 0)
                 pos[st] += 1
                 remaining -= 1
                 progressed = True
@@ -294,10 +304,12 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     c = _sends(costs, reps, alike)
     fwd, bwd = [x.fwd for x in stages], [x.bwd for x in stages]
     if s.schedule == "interleaved_1f1b":
+        zero3 = s.zero_stage == 3 and s.pp > 1
         early = {(ph, st, ch): g for st, x in enumerate(stages) for ch in range(s.vpp)
-                 for ph, g in (("F", x.early_f[ch]), ("B", x.early_b[ch]))
-                 } if s.zero_stage == 3 and s.pp > 1 else None
-        ends, done = _interleaved(s, fwd, bwd, c, early)
+                 for ph, g in (("F", x.early_f[ch]), ("B", x.early_b[ch]))} if zero3 else None
+        late = {(st, ch): x.late_b[ch] for st, x in enumerate(stages)
+                for ch in range(s.vpp)} if zero3 else None
+        ends, done = _interleaved(s, fwd, bwd, c, early, late)
         pipe = max(ends)
         last_mb = s.num_microbatches - 1
         # When each chunk's last backward ends (its gradient buckets are issued then).
@@ -306,15 +318,20 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
         check: Iterable[int] = range(s.pp)
     else:
         f_s, b_s = [f[0] for f in fwd], [b[0] for b in bwd]
-        hidden = 0
+        hidden, late_s = 0, [0] * s.pp
         if s.zero_stage == 3 and s.pp > 1:
+            # the first gather of a pass runs while the input is awaited; the last
+            # reduce-scatter of a stage's final backward runs after its gradient is sent
+            late_s = [0] + [x.late_b[0] for x in stages[1:]]
             hidden = sum(x.early_f[0] for x in stages[1:]) + sum(
-                x.early_b[0] for x in stages[:-1])
+                x.early_b[0] for x in stages[:-1]) + sum(late_s)
         pipe = _pipeline_ns(s, f_s, b_s, c, hidden)
-        ends, acc = [], pipe  # stage st ends its last backward Σ_{j<st} (B_j + c_j) earlier
-        for b, hop in zip(b_s, c, strict=True):
-            ends.append(acc)
-            acc -= b + hop
+        # Stage st sends its last gradient Σ_{j<st} (B_j − late_j + c_j) before stage 0 ends,
+        # and ends late_st after that.
+        ends, sent = [], pipe
+        for b, hop, lt in zip(b_s, c, late_s, strict=True):
+            ends.append(sent + lt)
+            sent -= b - lt + hop
         chunk_ends = [[e] for e in ends]
         # Alike stages: the first finishes no earlier than any middle one. Its layers are the
         # same blocks, issued later (by c₀ + B₁) into the same buckets, and its embedding only

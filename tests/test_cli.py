@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import read_et
 from tracegen import read_manifest
 
 
@@ -66,7 +67,8 @@ def test_replay_writes_summary_and_perfetto_timeline(tmp_path: Path) -> None:
     s = json.loads(summary.read_text())
     for key in ("step_time_s", "ranks", "nodes", "tokens_per_s", "mfu"):
         assert key in s
-    assert s["ranks"] == 8 and s["nodes"] == 2456
+    nodes = sum(len(read_et(f)[1]) for f in GOLDEN.glob("*.et"))  # decoded by mlc-chakra
+    assert s["ranks"] == 8 and s["nodes"] == nodes > 2000
     events = json.loads(timeline.read_text())["traceEvents"]
     assert {e["pid"] for e in events if e["ph"] == "X"} == set(range(8))
     threads = {(e["pid"], e["args"]["name"]) for e in events if e.get("name") == "thread_name"}

@@ -47,7 +47,9 @@ def closed_form_comm(m: ModelSpec, s: Strategy) -> dict[str, int]:
     if t > 1:
         if s.sequence_parallel:
             per_pass = 2 * act // t + 2 * act  # two all-gathers (shards) + two reduce-scatters
-            layer = per_pass * (2 + (s.recompute == "full"))
+            # + backward re-gathers the input of QKV and FC1 for their weight gradients
+            # (Korthikanti et al. 2022 §4.2.2: only the shard was kept)
+            layer = per_pass * (2 + (s.recompute == "full")) + 2 * act // t
             emb_head = act + act // t + act // t + 12 * tokens + act
         else:
             layer = 2 * act * (2 + (s.recompute == "full"))

@@ -23,12 +23,13 @@ SYSTEM = get_system("dgx-h100")
 @given(tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]), dp=st.sampled_from([1, 2, 4]),
        sp=st.booleans(), zero=st.sampled_from([0, 1, 3]),
        recompute=st.sampled_from(["none", "selective", "full"]), mb=st.sampled_from([1, 2, 4, 8]),
-       schedule=st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b"]))
-def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, mb, schedule
-                                              ) -> None:
+       schedule=st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b"]), overlap=st.booleans())
+def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, mb, schedule,
+                                              overlap) -> None:
     try:
         s = Strategy(tp=tp, pp=pp, dp=dp, vpp=2 if schedule == "interleaved_1f1b" else 1,
-                     sequence_parallel=sp and tp > 1, zero_stage=zero, recompute=recompute,
+                     sequence_parallel=sp and tp > 1, tp_comm_overlap=overlap and sp and tp > 1,
+                     zero_stage=zero, recompute=recompute,
                      micro_batch_size=1, global_batch_size=mb * dp * pp, schedule=schedule,
                      dp_bucket_params=200_000)
         fast = estimate(MODEL, s, SYSTEM)
@@ -139,3 +140,42 @@ def test_peak_memory_is_the_max_over_every_stage(tp, pp, sched, mb, recompute, f
     every = max(memory_estimate(MODEL, s, x, sum(prog.params_of_stage(x).values())).total_bytes
                 for x in range(pp))
     assert fast.peak_memory_GiB * 2**30 == pytest.approx(every, rel=1e-12)
+
+
+def test_op_key_covers_every_field_the_op_lists_read() -> None:
+    """The fast path shares block costs between strategies with the same ``ops.op_key``: a
+    field that changes an op list must change the key (else a sweep would reuse stale costs)."""
+    import dataclasses
+
+    from tracegen import ops as O
+
+    base = Strategy(tp=2, pp=2, dp=4, ep=2, cp=1, sequence_parallel=True, micro_batch_size=1,
+                    global_batch_size=8)
+    moe = ModelSpec(name="m", num_layers=8, hidden_size=256, num_attention_heads=8,
+                    num_kv_heads=4, ffn_hidden_size=512, vocab_size=1024, seq_len=256,
+                    activation="swiglu", num_experts=4, experts_per_token=2,
+                    moe_ffn_hidden_size=256)
+    variants = {"tp": 4, "pp": 4, "dp": 8, "cp": 2, "ep": 4, "vpp": 2, "sequence_parallel": False,
+                "micro_batch_size": 2, "global_batch_size": 16, "schedule": "gpipe",
+                "recompute": "full", "zero_stage": 3, "precision": "fp8",
+                "overlap_grad_reduce": False, "tp_comm_overlap": True,
+                "first_stage_layers": 3, "dp_bucket_params": 1000}
+    fields = {f.name for f in dataclasses.fields(Strategy)}
+    assert fields <= set(variants) | {"last_stage_layers"}, "give the new field a variant here"
+
+    def lists(s: Strategy) -> list[list[O.Item]]:
+        return [f(m, s) for m in (MODEL, moe) for f in (O.layer_fwd, O.layer_bwd,
+                O.selective_recompute, O.embedding_fwd, O.head_fwd, O.head_bwd)]
+
+    for name, value in variants.items():
+        kw = {name: value}
+        if name == "vpp":
+            kw["schedule"] = "interleaved_1f1b"
+        if name == "sequence_parallel":
+            kw["tp_comm_overlap"] = False
+        try:
+            other = dataclasses.replace(base, **kw)
+        except ConfigError:
+            continue
+        if lists(other) != lists(base):
+            assert O.op_key(other) != O.op_key(base), name

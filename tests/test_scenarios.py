@@ -39,8 +39,15 @@ def test_slow_gpu_in_a_tp_group_slows_the_whole_step(tmp_path: Path) -> None:
     slow = replay(d, H100, scenario=_scenario(tmp_path, "[[straggler]]\nranks = [1]\n"
                                                         "slowdown = 2.0\n"))
     compute = healthy.breakdown.filter(pl.col("rank") == 1)["compute_s"].item()
-    # Every TP collective waits for rank 1, so the step grows by its extra compute time.
-    assert slow.step_time_s == pytest.approx(healthy.step_time_s + compute, rel=0.03)
+    # Every TP collective waits for rank 1, so the step grows by its extra compute time — less
+    # what hides under the input-gradient all-reduces that run alongside rank 1's weight-gradient
+    # GEMMs (Megatron's asynchronous backward).
+    # (the healthy set is symmetric and folded to rank 0, whose program rank 1 shares)
+    tl = healthy.timeline.filter(pl.col("name").str.contains(r"L\d+\.ln\d_in_grad_ar"))
+    alongside = float((tl["end_s"] - tl["start_s"]).sum())
+    assert alongside > 0
+    growth = slow.step_time_s - healthy.step_time_s
+    assert compute - alongside <= growth <= compute * (1 + 1e-9)
     assert set(slow.waits["last_rank"].unique()) == {1}
 
 

@@ -11,6 +11,17 @@ Conventions and sources:
   column-parallel GEMM in backward (Shoeybi et al. 2019, §3 and Fig. 3). With sequence parallelism
   each all-reduce becomes a reduce-scatter / all-gather pair and norms and dropout run on s/t
   tokens (Korthikanti et al. 2022, §4.2.2).
+* Backward of a column-parallel GEMM as Megatron runs it (``LinearWithGradAccumulationAnd
+  AsyncCommunication``): with sequence parallelism the input is all-gathered again (only its
+  shard was kept) while the data-gradient GEMM runs, then the data gradient is reduce-scattered
+  while the weight-gradient GEMM runs (Korthikanti et al. 2022, §4.2.2: "an extra all-gather in
+  the backward pass, overlapped"); without it, the input-gradient all-reduce runs alongside the
+  weight-gradient GEMM.
+* ``tp_comm_overlap`` (Megatron ``--tp-comm-overlap``, Transformer Engine userbuffers) also
+  overlaps the forward all-gather and reduce-scatter with their GEMMs and the backward all-gather
+  of the output gradient with the row-parallel data-gradient GEMM, by splitting them into chunks
+  (Wang et al. 2023, "Overlap communication with dependent computation via decomposition",
+  ASPLOS). We model the pair as max(GEMM, collective): the first chunk's exposure is ignored.
 * Causal flash attention forward: 4·b·s_q·s_k·d·heads / 2 FLOPs; its backward recomputes the
   scores and costs 2.5× the forward (Dao 2023, FlashAttention-2, §4 benchmark FLOP count).
 * Memory-bound ops (norms, rotary, activation, dropout+residual, loss, optimizer) carry element
@@ -64,6 +75,8 @@ class Comm:
     axis: str
     coll: CollType
     size_bytes: int
+    # Runs alongside the next item of its list (a GEMM); the item after that waits for both.
+    overlapped: bool = False
 
 
 Item = Op | Comm
@@ -80,6 +93,7 @@ class Dims:
     t: int  # tp degree
     sp: bool
     dtype: str
+    overlap: bool = False  # tp_comm_overlap
 
     @property
     def tokens(self) -> int:
@@ -91,9 +105,16 @@ class Dims:
         return self.tokens // self.t if self.sp else self.tokens
 
 
+def op_key(s: Strategy) -> tuple[object, ...]:
+    """Every strategy field the op lists of this module read (directly or through ``dims``):
+    two strategies with the same key get the same op lists. Keep it in step with the code."""
+    return (s.micro_batch_size, s.cp, s.tp, s.sequence_parallel, s.precision, s.tp_comm_overlap,
+            s.ep, s.recompute)
+
+
 def dims(m: ModelSpec, s: Strategy) -> Dims:
     return Dims(b=s.micro_batch_size, s=m.seq_len // s.cp, s_kv=m.seq_len, h=m.hidden_size,
-                t=s.tp, sp=s.sequence_parallel, dtype=s.precision)
+                t=s.tp, sp=s.sequence_parallel, dtype=s.precision, overlap=s.tp_comm_overlap)
 
 
 def gemm(name: str, m: int, n: int, k: int, dtype: str) -> Op:
@@ -198,7 +219,31 @@ def _moe_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
 
 def layer_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
     d = dims(m, st)
-    return attention_block_fwd(m, st, d) + mlp_block_fwd(m, st, d)
+    return _overlap_fwd(attention_block_fwd(m, st, d) + mlp_block_fwd(m, st, d), d)
+
+
+def _overlap_fwd(items: list[Item], d: Dims) -> list[Item]:
+    """With tp_comm_overlap: each sequence-parallel all-gather runs alongside the GEMM after it,
+    each reduce-scatter alongside the GEMM before it (moved ahead of it, so the list reads
+    'collective, then the GEMM it overlaps')."""
+    if not d.overlap:
+        return items
+    out: list[Item] = []
+    for it, nxt in zip(items, [*items[1:], None], strict=True):
+        if not isinstance(it, Comm):
+            out.append(it)
+        elif _is_tp(it, "ALL_GATHER") and isinstance(nxt, Op) and nxt.kind == "gemm":
+            out.append(dataclasses.replace(it, overlapped=True))
+        elif (_is_tp(it, "REDUCE_SCATTER") and out and isinstance(out[-1], Op)
+              and out[-1].kind == "gemm"):
+            out.insert(len(out) - 1, dataclasses.replace(it, overlapped=True))
+        else:
+            out.append(it)
+    return out
+
+
+def _is_tp(it: Item, coll: str) -> bool:
+    return isinstance(it, Comm) and it.axis == "tp" and it.coll == coll
 
 
 def backward_of(items: list[Item], d: Dims) -> list[Item]:
@@ -245,9 +290,43 @@ def tp_input_grad_allreduce(d: Dims, name: str) -> list[Item]:
 
 def layer_bwd(m: ModelSpec, st: Strategy) -> list[Item]:
     d = dims(m, st)
-    mlp = backward_of(mlp_block_fwd(m, st, d), d)
-    attn = backward_of(attention_block_fwd(m, st, d), d)
-    return (_insert_after_norm_bwd(mlp, "ln2", d) + _insert_after_norm_bwd(attn, "ln1", d))
+    mlp = _column_parallel_bwd(backward_of(mlp_block_fwd(m, st, d), d), d, "fc1", "ln2")
+    attn = _column_parallel_bwd(backward_of(attention_block_fwd(m, st, d), d), d, "qkv", "ln1")
+    return _overlap_row_parallel_bwd(mlp + attn, d)
+
+
+def _column_parallel_bwd(items: list[Item], d: Dims, gemm: str, norm: str) -> list[Item]:
+    """Megatron's backward of a column-parallel GEMM: with SP, [input all-gather ‖ dgrad,
+    reduce-scatter of the input gradient ‖ wgrad]; without SP, [dgrad, all-reduce ‖ wgrad].
+    Blocks without that GEMM (MoE MLPs) keep the input-gradient reduction before the norm."""
+    if d.t == 1:
+        return items
+    names = [it.name for it in items]
+    if f"{gemm}_dgrad" not in names:
+        return _insert_after_norm_bwd(items, norm, d)
+    i = names.index(f"{gemm}_dgrad")
+    dgrad, wgrad = items[i], items[i + 1]
+    full = d.tokens * d.h * ACT_BYTES
+    if d.sp:
+        rest = [it for it in items[i + 2:] if it.name != f"{norm}_ag_bwd"]
+        return [*items[:i], Comm(f"{gemm}_in_ag", "tp", "ALL_GATHER", full // d.t, True), dgrad,
+                Comm(f"{norm}_ag_bwd", "tp", "REDUCE_SCATTER", full, True), wgrad, *rest]
+    return [*items[:i], dgrad, Comm(f"{norm}_in_grad_ar", "tp", "ALL_REDUCE", full, True), wgrad,
+            *items[i + 2:]]
+
+
+def _overlap_row_parallel_bwd(items: list[Item], d: Dims) -> list[Item]:
+    """With tp_comm_overlap the all-gather of the output gradient runs alongside the
+    row-parallel data-gradient GEMM after it."""
+    if not d.overlap:
+        return items
+    out: list[Item] = []
+    for it, nxt in zip(items, [*items[1:], None], strict=True):
+        if (isinstance(it, Comm) and _is_tp(it, "ALL_GATHER") and not it.overlapped
+                and isinstance(nxt, Op) and nxt.kind == "gemm"):
+            it = dataclasses.replace(it, overlapped=True)
+        out.append(it)
+    return out
 
 
 def _insert_after_norm_bwd(items: list[Item], norm: str, d: Dims) -> list[Item]:

@@ -64,6 +64,8 @@ class RoleProgram:
         self.m, self.s, self.stage = model, strategy, stage
         self.nodes: list[PNode] = []
         self.tail: int | None = None  # last node of the compute chain
+        self._alongside: list[int] = []  # overlapped collectives issued for the next chain node
+        self._waiting: list[int] = []  # ... and those the chain node after it waits for
         self.last_coll: dict[str, int] = {}
         self.pending_dp: list[int] = []
         self.buckets: dict[str, int] = {"dp": 0, "edp": 0}
@@ -134,11 +136,19 @@ class RoleProgram:
         if self.tail is not None:
             node.data_deps.append(self.tail)
         node.data_deps.extend(d for d in extra if d != self.tail)
+        # Collectives that ran alongside the previous chain node must be done before this one.
+        node.data_deps.extend(self._waiting)
+        self._waiting, self._alongside = self._alongside, []
         self.tail = node.id
 
     def items(self, items: list[O.Item], prefix: str, phase: str,
               first_deps: tuple[int, ...] = ()) -> None:
         for it in items:
+            if isinstance(it, O.Comm) and it.overlapped:
+                # Runs alongside the next chain node, from the same starting point.
+                deps = (*(() if self.tail is None else (self.tail,)), *first_deps)
+                self._alongside.append(self.coll(it, prefix, blocking=False, deps=deps))
+                continue
             if isinstance(it, O.Comm):
                 self.coll(it, prefix, blocking=True, deps=first_deps)
             else:

@@ -39,6 +39,9 @@ class Strategy:
     zero_stage: int = 0
     precision: Precision = "bf16"
     overlap_grad_reduce: bool = True
+    # Megatron --tp-comm-overlap (Transformer Engine userbuffers): TP collectives of sequence
+    # parallelism run alongside their GEMMs (tracegen/ops.py). Needs sequence_parallel.
+    tp_comm_overlap: bool = False
     # Uneven pipelines (Megatron's --decoder-first/last-pipeline-num-layers): 0 = even split.
     first_stage_layers: int = 0
     last_stage_layers: int = 0
@@ -143,6 +146,10 @@ def _schedule_problems(s: Strategy) -> list[str]:
     if s.sequence_parallel and s.tp == 1:
         out.append("sequence_parallel needs tp > 1 (it splits norms and dropout across the TP "
                    "group); set tp > 1 or sequence_parallel = false")
+    if s.tp_comm_overlap and not s.sequence_parallel:
+        out.append("tp_comm_overlap needs sequence_parallel = true (Megatron overlaps the "
+                   "sequence-parallel all-gather / reduce-scatter with the GEMMs); enable it or "
+                   "set tp_comm_overlap = false")
     if s.vpp > 1 and s.schedule != "interleaved_1f1b":
         out.append(f"vpp = {s.vpp} needs schedule 'interleaved_1f1b', got {s.schedule!r}")
     if s.schedule == "interleaved_1f1b":

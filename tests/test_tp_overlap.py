@@ -1,0 +1,78 @@
+"""Megatron's tensor-parallel communication: the backward's overlapped re-gather and reductions,
+and --tp-comm-overlap (collectives alongside their GEMMs)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import polars as pl
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from replay import get_system, replay
+from tracegen import ConfigError, ModelSpec, Strategy, generate
+from tracegen import ops as O
+
+MODEL = ModelSpec(name="ov", num_layers=4, hidden_size=1024, num_attention_heads=16,
+                  ffn_hidden_size=4096, vocab_size=4096, seq_len=1024, activation="gelu")
+SYSTEM = get_system("dgx-h100")
+BASE = Strategy(tp=4, dp=2, sequence_parallel=True, micro_batch_size=2, global_batch_size=8)
+
+
+def test_overlap_needs_sequence_parallelism() -> None:
+    with pytest.raises(ConfigError, match="tp_comm_overlap needs sequence_parallel"):
+        Strategy(tp=4, tp_comm_overlap=True)
+
+
+def test_column_parallel_backward_structure() -> None:
+    """With SP: [re-gather ‖ dgrad, reduce-scatter ‖ wgrad] for QKV and FC1; without SP the
+    input-gradient all-reduce runs alongside wgrad."""
+    names = [(it.name, getattr(it, "overlapped", None)) for it in O.layer_bwd(MODEL, BASE)]
+    i = names.index(("qkv_dgrad", None))
+    assert names[i - 1] == ("qkv_in_ag", True) and names[i + 1] == ("ln1_ag_bwd", True)
+    assert names[i + 2] == ("qkv_wgrad", None)
+    no_sp = dataclasses.replace(BASE, sequence_parallel=False)
+    names = [(it.name, getattr(it, "overlapped", None)) for it in O.layer_bwd(MODEL, no_sp)]
+    i = names.index(("fc1_dgrad", None))
+    assert names[i + 1] == ("ln2_in_grad_ar", True) and names[i + 2] == ("fc1_wgrad", None)
+
+
+def test_overlapped_collective_starts_with_its_gemm(tmp_path: Path) -> None:
+    """In replay the forward all-gather and the QKV GEMM start together, and what follows the
+    GEMM waits for both."""
+    s = dataclasses.replace(BASE, tp_comm_overlap=True)
+    generate(MODEL, s, tmp_path, mode="representative")
+    tl = replay(tmp_path, SYSTEM).timeline.filter(pl.col("rank") == 0)
+    row = {n: (a, b) for n, a, b in tl.select("name", "start_s", "end_s").iter_rows()}
+    ag, qkv = row["F0.c0.L0.ln1_ag"], row["F0.c0.L0.qkv"]
+    assert ag[0] == pytest.approx(qkv[0], abs=1e-12)
+    nxt = min((v for k, v in row.items() if k.startswith("F0.c0.L0.") and v[0] >= qkv[1] - 1e-12
+               and k not in ("F0.c0.L0.ln1_ag", "F0.c0.L0.qkv")), key=lambda v: v[0])
+    assert nxt[0] >= max(ag[1], qkv[1]) - 1e-12
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tp=st.sampled_from([2, 4, 8]), mbs=st.sampled_from([1, 2, 4]),
+       recompute=st.sampled_from(["none", "selective", "full"]))
+def test_overlap_saves_at_most_the_tp_communication(tmp_path_factory, tp, mbs, recompute
+                                                    ) -> None:
+    """Overlapping TP collectives with their GEMMs can only shorten the step, and by no more
+    than the time the TP collectives took without overlap (replay; dp = 1, so every collective
+    of the single TP group is a TP collective)."""
+    s = Strategy(tp=tp, dp=1, sequence_parallel=True, micro_batch_size=mbs,
+                 global_batch_size=mbs * 2, recompute=recompute)
+    steps, tp_comm = [], 0.0
+    for ov in (False, True):
+        out = tmp_path_factory.mktemp("ov")
+        generate(MODEL, dataclasses.replace(s, tp_comm_overlap=ov), out, mode="representative")
+        res = replay(out, SYSTEM)
+        steps.append(res.step_time_s)
+        if not ov:
+            coll = res.timeline.filter((pl.col("rank") == 0)
+                                       & (pl.col("kind") == "COMM_COLL_NODE"))
+            tp_comm = float((coll["end_s"] - coll["start_s"]).sum())
+    plain, over = steps
+    assert over <= plain * (1 + 1e-9)
+    assert plain - over <= tp_comm * (1 + 1e-9)
