@@ -80,6 +80,10 @@ def row_inputs(row: dict[str, Any]) -> RunInputs | str:
             return "skipped: precision missing"
         precision = "bf16"
         notes.append("precision unstated 16-bit: bf16 and fp16 peaks are equal on this GPU")
+    world = row["tp"] * row["pp"] * row["dp"] * row["cp"]
+    if world != row["num_gpus"]:
+        return (f"skipped: num_gpus {row['num_gpus']} ≠ tp·pp·dp·cp = {row['tp']}·{row['pp']}·"
+                f"{row['dp']}·{row['cp']} = {world}")
     multi_node = row["num_gpus"] > row["gpus_per_node"]
     if multi_node and row["scaleout_gbps_per_gpu"] is None:
         return "skipped: scaleout_gbps_per_gpu missing (multi-node run)"

@@ -141,3 +141,13 @@ def test_breakdown_adds_up_to_the_prediction(results: pl.DataFrame) -> None:
     assert ((total - ok["predicted_iter_time_s"]).abs() <= 1e-6 * ok["predicted_iter_time_s"]
             ).all()
     assert (ok["predicted_compute_s"] > 0).all()
+
+
+def test_inconsistent_gpu_count_is_skipped(tmp_path: Path) -> None:
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    runs = pl.read_csv(PUBLIC, infer_schema_length=0).filter(pl.col("id") == "mpt-07")
+    f = tmp_path / "r.csv"
+    runs.with_columns(pl.lit("16").alias("num_gpus")).write_csv(f)
+    status = validate(f)["status"].item()
+    assert status == "skipped: num_gpus 16 ≠ tp·pp·dp·cp = 1·1·8·1 = 8"
