@@ -151,3 +151,9 @@ def test_inconsistent_gpu_count_is_skipped(tmp_path: Path) -> None:
     runs.with_columns(pl.lit("16").alias("num_gpus")).write_csv(f)
     status = validate(f)["status"].item()
     assert status == "skipped: num_gpus 16 ≠ tp·pp·dp·cp = 1·1·8·1 = 8"
+
+
+def test_every_published_run_fits_its_gpu(results: pl.DataFrame) -> None:
+    """The published runs ran, so the memory model must not call any of them infeasible."""
+    ok = results.filter(pl.col("status") == "ok")
+    assert ok["fits"].all(), ok.filter(~pl.col("fits"))["id"].to_list()
