@@ -44,6 +44,8 @@ def tracegen_cmd(
     tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
     vpp: Annotated[int, typer.Option(help="Virtual stages per rank (interleaved 1F1B).")] = 1,
     sp: Annotated[bool, typer.Option("--sp", help="Sequence parallelism.")] = False,
+    tp_comm_overlap: Annotated[bool, typer.Option(
+        "--tp-comm-overlap", help="Overlap SP collectives with their GEMMs (needs --sp).")] = False,
     schedule: Annotated[str, typer.Option(help="gpipe | 1f1b | interleaved_1f1b")] = "1f1b",
     recompute: Annotated[str, typer.Option(help="none | selective | full")] = "none",
     zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (1 = distributed optimizer).")] = 0,
@@ -61,7 +63,8 @@ def tracegen_cmd(
         raise ConfigError(f"--gpus {gpus} is not divisible by tp·pp·cp = {tp}·{pp}·{cp} = {denom}; "
                           "choose a GPU count that is a multiple of it", what="strategy")
     strategy = Strategy(tp=tp, pp=pp, cp=cp, ep=ep, dp=gpus // denom, vpp=vpp,
-                        sequence_parallel=sp, micro_batch_size=mbs, global_batch_size=gbs,
+                        sequence_parallel=sp, tp_comm_overlap=tp_comm_overlap,
+                        micro_batch_size=mbs, global_batch_size=gbs,
                         schedule=schedule, recompute=recompute, zero_stage=zero,  # type: ignore[arg-type]
                         precision=precision,  # type: ignore[arg-type]
                         first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import hashlib
 import multiprocessing
 from collections.abc import Iterable
@@ -15,8 +16,8 @@ from tracegen import Strategy
 
 
 def strategy_key(s: Strategy) -> tuple[Any, ...]:
-    return (s.tp, s.pp, s.dp, s.cp, s.ep, s.vpp, s.micro_batch_size, s.schedule, s.recompute,
-            s.zero_stage, s.sequence_parallel, s.first_stage_layers, s.last_stage_layers)
+    """Every field: two strategies are the same only if nothing tells them apart."""
+    return dataclasses.astuple(s)
 
 
 def strategy_id(s: Strategy) -> str:

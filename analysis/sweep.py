@@ -29,16 +29,17 @@ DEFAULT_SPACE: dict[str, list[Any]] = {
     "recompute": ["none", "selective", "full"], "zero_stage": [0, 1],
     "sequence_parallel": [False, True],
 }
+OPTIONAL_DIMENSIONS = ("cp", "ep", "schedule", "tp_comm_overlap")
 Progress = Callable[[str, int, int], None]
 
 
 def enumerate_space(study: Study) -> tuple[list[Strategy], int]:
     """(valid strategies, number of invalid combinations) of the study's search space."""
     space = {**DEFAULT_SPACE, **{k: list(v) for k, v in study.search.items()}}
-    unknown = set(space) - set(DEFAULT_SPACE) - {"cp", "ep", "schedule"}
+    unknown = set(space) - set(DEFAULT_SPACE) - set(OPTIONAL_DIMENSIONS)
     if unknown:
         raise ConfigError(f"unknown search dimension(s) {sorted(unknown)}; known: "
-                          f"{', '.join(sorted(DEFAULT_SPACE))}, cp, ep, schedule",
+                          f"{', '.join(sorted(DEFAULT_SPACE))}, {', '.join(OPTIONAL_DIMENSIONS)}",
                           what=f"study {study.name!r}")
     keys = sorted(space)
     valid: list[Strategy] = []
@@ -67,6 +68,7 @@ def _strategy(study: Study, d: dict[str, Any]) -> Strategy | None:
         s = Strategy(tp=tp, pp=pp, cp=cp, ep=int(d.get("ep", 1)), vpp=vpp,
                      dp=study.gpus // (tp * pp * cp),
                      sequence_parallel=bool(d["sequence_parallel"]),
+                     tp_comm_overlap=bool(d.get("tp_comm_overlap", False)),
                      micro_batch_size=int(d["micro_batch_size"]),
                      global_batch_size=study.global_batch_size,
                      schedule=schedule,  # type: ignore[arg-type]

@@ -83,3 +83,18 @@ def test_replayed_strategies_rank_first(study_path: Path, tmp_path: Path) -> Non
     assert final.head(counts["replayed"])["status"].to_list() == ["replayed"] * 3
     fits = final.filter(pl.col("fits"))
     assert fits.height and final.head(fits.height)["fits"].all()
+
+
+def test_tp_comm_overlap_is_a_search_dimension(study_path: Path) -> None:
+    """Asking for both settings yields both strategies (none deduplicated away), labelled apart."""
+    import dataclasses
+
+    from analysis.compare import strategy_fields
+
+    study = dataclasses.replace(load_study(study_path), search={
+        "tp": [2], "pp": [1], "vpp": [1], "micro_batch_size": [1], "recompute": ["full"],
+        "zero_stage": [1], "sequence_parallel": [True], "tp_comm_overlap": [False, True]})
+    valid, _ = enumerate_space(study)
+    assert sorted(s.tp_comm_overlap for s in valid) == [False, True]
+    labels = {strategy_fields(s)["strategy"] for s in valid}
+    assert len(labels) == 2 and any(lab.endswith("-tpo") for lab in labels)
