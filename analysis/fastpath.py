@@ -255,44 +255,93 @@ def _pipeline_ns(s: Strategy, f_s: list[int], b_s: list[int], c: list[int], hidd
     return sum(f_s) + sum(b_s) + (m - 1) * max(map(int.__add__, f_s, b_s)) + comm
 
 
+@functools.lru_cache(maxsize=256)
+def _orders(schedule: str, m: int, p: int, v: int) -> tuple[tuple[tuple[bool, int, int], ...], ...]:
+    """Each stage's (backward?, micro-batch, chunk) order, shared across a sweep."""
+    return tuple(tuple((ph == "B", mb, ch) for ph, mb, ch in
+                       stage_order(schedule, m=m, p=p, v=v, stage=st)) for st in range(p))
+
+
 def _interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ...]], c: list[int],
                  early: dict[tuple[str, int, int], int] | None = None,
                  late: dict[tuple[int, int], int] | None = None
-                 ) -> tuple[list[int], dict[tuple[str, int, int], int]]:
-    """End of each stage's last backward under Megatron's interleaved order: each step waits for
-    its stage's previous step and for the neighbouring chunk's same micro-batch (+ one send).
-    Exact for the pipeline part; O(p·m·v)."""
-    p, m, v = s.pp, s.num_microbatches, s.vpp
-    orders = [stage_order(s.schedule, m=m, p=p, v=v, stage=st) for st in range(p)]
-    done: dict[tuple[str, int, int], int] = {}  # (phase, mb, global chunk) → end ns
+                 ) -> tuple[list[int], list[list[int]]]:
+    """(end of each stage's last backward, when each chunk's last backward ends) under Megatron's
+    interleaved order. The schedule is a max-plus linear system: once periodic, each further
+    round of p micro-batches shifts every event by the same amount. So long runs are walked for
+    2p, 3p and 4p micro-batches and, when the two increments agree, extrapolated; otherwise (and
+    for m ≤ 4p) walked in full. Exact either way."""
+    p, m = s.pp, s.num_microbatches
+    if m <= 4 * p:
+        return _walk(s.schedule, p, m, s.vpp, fwd, bwd, c, early, late)
+    runs = [_walk(s.schedule, p, k * p, s.vpp, fwd, bwd, c, early, late) for k in (2, 3, 4)]
+    flat = [[*ends, *(t for chunk in last for t in chunk)] for ends, last in runs]
+    step = [b - a for a, b in zip(flat[1], flat[2], strict=True)]
+    if step != [b - a for a, b in zip(flat[0], flat[1], strict=True)]:
+        return _walk(s.schedule, p, m, s.vpp, fwd, bwd, c, early, late)
+    rounds = (m - 4 * p) // p
+    ends, last = runs[2]
+    return ([e + rounds * d for e, d in zip(ends, step[:p], strict=True)],
+            [[t + rounds * step[p + st * s.vpp + ch] for ch, t in enumerate(chunks)]
+             for st, chunks in enumerate(last)])
+
+
+def _walk(schedule: str, p: int, m: int, v: int, fwd: list[tuple[int, ...]],
+          bwd: list[tuple[int, ...]], c: list[int],
+          early: dict[tuple[str, int, int], int] | None,
+          late: dict[tuple[int, int], int] | None) -> tuple[list[int], list[list[int]]]:
+    """Walk the interleaved order step by step: each step waits for its stage's previous step
+    and for the neighbouring chunk's same micro-batch (+ one send). O(p·m·v)."""
+    n = p * v
+    orders = _orders(schedule, m, p, v)
+    e_f = [[early.get(("F", st, ch), 0) if early else 0 for ch in range(v)] for st in range(p)]
+    e_b = [[early.get(("B", st, ch), 0) if early else 0 for ch in range(v)] for st in range(p)]
+    lt = [[late.get((st, ch), 0) if late else 0 for ch in range(v)] for st in range(p)]
+    done_f, done_b = [-1] * (m * n), [-1] * (m * n)  # -1: not yet
     pos, clock = [0] * p, [0] * p
-    n_chunks = p * v
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
         for st in range(p):
-            while pos[st] < len(orders[st]):
-                phase, mb, chunk = orders[st][pos[st]]
-                gci = chunk * p + st
-                dep = (phase, mb, gci - 1) if phase == "F" else (phase, mb, gci + 1)
-                needs = (phase == "F" and gci > 0) or (phase == "B" and gci < n_chunks - 1)
-                if needs and dep not in done:
-                    break
-                # the link crossed: into stage st (forward) or out of it (backward)
-                hop = c[(st - 1) % p] if phase == "F" else c[st]
-                dur = fwd[st][chunk] if phase == "F" else bwd[st][chunk]
-                g = early.get((phase, st, chunk), 0) if early else 0  # runs before the input
-                start = max(clock[st] + g, done[dep] + hop if needs else 0)
-                clock[st] = start + dur - g
-                # A backward's last ZeRO-3 reduce-scatter runs after its gradient is sent.
-                done[(phase, mb, gci)] = clock[st] - (
-                    late.get((st, chunk), 0) if late and phase == "B" else 0)
-                pos[st] += 1
-                remaining -= 1
+            order, i, clk = orders[st], pos[st], clock[st]
+            hop_in, hop_out = c[(st - 1) % p], c[st]
+            ef, eb, late_st, f_st, b_st = e_f[st], e_b[st], lt[st], fwd[st], bwd[st]
+            start_i, length = i, len(order)
+            while i < length:
+                backward, mb, ch = order[i]
+                k = mb * n + ch * p + st  # this step's (micro-batch, global chunk)
+                if backward:  # waits for the next chunk's gradient, sent out of this stage
+                    t = clk + eb[ch]  # a ZeRO-3 gather that runs before the input arrives
+                    if ch * p + st < n - 1:
+                        ready = done_b[k + 1]
+                        if ready < 0:
+                            break
+                        ready += hop_out
+                        if ready > t:
+                            t = ready
+                    clk = t + b_st[ch] - eb[ch]
+                    # the last ZeRO-3 reduce-scatter of a backward runs after its send
+                    done_b[k] = clk - late_st[ch]
+                else:  # waits for the previous chunk's activation, sent into this stage
+                    t = clk + ef[ch]
+                    if ch * p + st > 0:
+                        ready = done_f[k - 1]
+                        if ready < 0:
+                            break
+                        ready += hop_in
+                        if ready > t:
+                            t = ready
+                    clk = t + f_st[ch] - ef[ch]
+                    done_f[k] = clk
+                i += 1
+            if i > start_i:
+                remaining -= i - start_i
                 progressed = True
+            pos[st], clock[st] = i, clk
         if not progressed:  # pragma: no cover - the schedules are deadlock-free
             raise RuntimeError("interleaved schedule did not progress")
-    return clock, done
+    last = (m - 1) * n
+    return clock, [[done_b[last + ch * p + st] for ch in range(v)] for st in range(p)]
 
 
 def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEstimate:
@@ -309,12 +358,9 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
                  for ph, g in (("F", x.early_f[ch]), ("B", x.early_b[ch]))} if zero3 else None
         late = {(st, ch): x.late_b[ch] for st, x in enumerate(stages)
                 for ch in range(s.vpp)} if zero3 else None
-        ends, done = _interleaved(s, fwd, bwd, c, early, late)
+        # chunk_ends: when each chunk's last backward ends (its gradient buckets go then)
+        ends, chunk_ends = _interleaved(s, fwd, bwd, c, early, late)
         pipe = max(ends)
-        last_mb = s.num_microbatches - 1
-        # When each chunk's last backward ends (its gradient buckets are issued then).
-        chunk_ends = [[done[("B", last_mb, ch * s.pp + st)] for ch in range(s.vpp)]
-                      for st in range(s.pp)]
         check: Iterable[int] = range(s.pp)
     else:
         f_s, b_s = [f[0] for f in fwd], [b[0] for b in bwd]

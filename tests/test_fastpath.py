@@ -179,3 +179,28 @@ def test_op_key_covers_every_field_the_op_lists_read() -> None:
             continue
         if lists(other) != lists(base):
             assert O.op_key(other) != O.op_key(base), name
+
+
+@settings(max_examples=40, deadline=None)
+@given(pp=st.sampled_from([2, 3, 4, 8]), v=st.sampled_from([2, 3, 4]), rounds=st.integers(5, 12),
+       zero=st.sampled_from([0, 1, 3]), tp=st.sampled_from([1, 2]), first=st.booleans())
+def test_interleaved_extrapolation_equals_the_full_walk(pp, v, rounds, zero, tp, first) -> None:
+    """Long interleaved runs are extrapolated from 2p, 3p and 4p micro-batches; the answer is the
+    one the step-by-step walk gives."""
+    from analysis import fastpath as F
+
+    model = ModelSpec(name="x", num_layers=pp * v * 2, hidden_size=256, num_attention_heads=8,
+                      num_kv_heads=4, ffn_hidden_size=512, vocab_size=1024, seq_len=256,
+                      activation="swiglu")
+    s = Strategy(tp=tp, pp=pp, dp=2, vpp=v, schedule="interleaved_1f1b", zero_stage=zero,
+                 micro_batch_size=1, global_batch_size=2 * pp * rounds)
+    costs = F._Costs(model, s, SYSTEM)
+    stages, reps, alike = F._stages(costs)
+    c = F._sends(costs, reps, alike)
+    if first:  # a slower first stage, as an embedding makes it
+        c = [x * 3 for x in c]
+    fwd, bwd = [x.fwd for x in stages], [x.bwd for x in stages]
+    early = {("F", 0, 0): 5000, ("B", pp - 1, v - 1): 7000} if zero == 3 else None
+    late = {(1, 0): 3000} if zero == 3 else None
+    assert F._interleaved(s, fwd, bwd, c, early, late) == F._walk(
+        s.schedule, pp, s.num_microbatches, v, fwd, bwd, c, early, late)
