@@ -268,22 +268,41 @@ def _interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, .
                  ) -> tuple[list[int], list[list[int]]]:
     """(end of each stage's last backward, when each chunk's last backward ends) under Megatron's
     interleaved order. The schedule is a max-plus linear system: once periodic, each further
-    round of p micro-batches shifts every event by the same amount. So long runs are walked for
-    2p, 3p and 4p micro-batches and, when the two increments agree, extrapolated; otherwise (and
-    for m ≤ 4p) walked in full. Exact either way."""
-    p, m = s.pp, s.num_microbatches
-    if m <= 4 * p:
-        return _walk(s.schedule, p, m, s.vpp, fwd, bwd, c, early, late)
-    runs = [_walk(s.schedule, p, k * p, s.vpp, fwd, bwd, c, early, late) for k in (2, 3, 4)]
-    flat = [[*ends, *(t for chunk in last for t in chunk)] for ends, last in runs]
-    step = [b - a for a, b in zip(flat[1], flat[2], strict=True)]
-    if step != [b - a for a, b in zip(flat[0], flat[1], strict=True)]:
-        return _walk(s.schedule, p, m, s.vpp, fwd, bwd, c, early, late)
-    rounds = (m - 4 * p) // p
-    ends, last = runs[2]
+    round of p micro-batches shifts every event by the same amount λ. Long runs are walked for
+    2p and 3p micro-batches; if every event moved by the busiest stage's work per round (the
+    usual λ) they are extrapolated, else a 4p walk must confirm a common increment; otherwise
+    (and for m ≤ 3p) the whole run is walked. The shortcut is not a proof: it matched the full
+    walk exactly on every case tried (3,492 sweep strategies; a hypothesis test)."""
+    p, m, v = s.pp, s.num_microbatches, s.vpp
+
+    def walk(mb: int) -> tuple[list[int], list[list[int]]]:
+        return _walk(s.schedule, p, mb, v, fwd, bwd, c, early, late)
+
+    if m <= 3 * p:
+        return walk(m)
+    runs = [walk(2 * p), walk(3 * p)]
+    busiest = max(p * (sum(f) + sum(b)) for f, b in zip(fwd, bwd, strict=True))
+    step = _increments(runs[0], runs[1])
+    if any(d != busiest for d in step):
+        if m == 4 * p:
+            return walk(m)
+        runs.append(walk(4 * p))
+        if _increments(runs[1], runs[2]) != step:
+            return walk(m)
+    base = len(runs) + 1  # rounds of p micro-batches walked in the last run
+    rounds = (m - base * p) // p
+    ends, last = runs[-1]
     return ([e + rounds * d for e, d in zip(ends, step[:p], strict=True)],
-            [[t + rounds * step[p + st * s.vpp + ch] for ch, t in enumerate(chunks)]
+            [[t + rounds * step[p + st * v + ch] for ch, t in enumerate(chunks)]
              for st, chunks in enumerate(last)])
+
+
+def _increments(a: tuple[list[int], list[list[int]]], b: tuple[list[int], list[list[int]]]
+                ) -> list[int]:
+    """Per event (stage ends, then chunk ends), how far run b is behind run a."""
+    flat_a = [*a[0], *(t for chunk in a[1] for t in chunk)]
+    flat_b = [*b[0], *(t for chunk in b[1] for t in chunk)]
+    return [y - x for x, y in zip(flat_a, flat_b, strict=True)]
 
 
 def _walk(schedule: str, p: int, m: int, v: int, fwd: list[tuple[int, ...]],

@@ -181,8 +181,8 @@ def test_op_key_covers_every_field_the_op_lists_read() -> None:
             assert O.op_key(other) != O.op_key(base), name
 
 
-@settings(max_examples=40, deadline=None)
-@given(pp=st.sampled_from([2, 3, 4, 8]), v=st.sampled_from([2, 3, 4]), rounds=st.integers(5, 12),
+@settings(max_examples=80, deadline=None)
+@given(pp=st.sampled_from([2, 3, 4, 8]), v=st.sampled_from([2, 3, 4]), rounds=st.integers(4, 12),
        zero=st.sampled_from([0, 1, 3]), tp=st.sampled_from([1, 2]), first=st.booleans())
 def test_interleaved_extrapolation_equals_the_full_walk(pp, v, rounds, zero, tp, first) -> None:
     """Long interleaved runs are extrapolated from 2p, 3p and 4p micro-batches; the answer is the
