@@ -27,7 +27,12 @@ Conventions and sources:
 * Memory-bound ops (norms, rotary, activation, dropout+residual, loss, optimizer) carry element
   counts × bytes; their FLOPs are small per-element counts given next to each.
 * Activations are 16-bit (2 bytes) in every precision: FP8 training keeps activations in BF16
-  and quantises only GEMM operands (Micikevicius et al. 2022, "FP8 formats", §4).
+  and quantises only GEMM operands (Micikevicius et al. 2022, "FP8 formats", §4). That
+  quantisation is memory-bound work of its own: before each FP8 GEMM of a layer the 16-bit input
+  is cast to FP8 together with the transposed copy the weight-gradient GEMM needs (Transformer
+  Engine's fused cast-transpose: read 2 bytes, write 1 + 1 per element), and in backward the
+  output gradient likewise. Weights are cast once per step (cached across micro-batches) and not
+  counted.
 """
 
 from __future__ import annotations
@@ -219,7 +224,26 @@ def _moe_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
 
 def layer_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
     d = dims(m, st)
-    return _overlap_fwd(attention_block_fwd(m, st, d) + mlp_block_fwd(m, st, d), d)
+    return _fp8_casts(_overlap_fwd(attention_block_fwd(m, st, d) + mlp_block_fwd(m, st, d), d))
+
+
+FP8_CAST_BYTES_PER_ELEM = 4  # cast-transpose: read 16-bit, write FP8 and its transpose
+
+
+def _fp8_casts(items: list[Item]) -> list[Item]:
+    """A cast before every FP8 GEMM of a layer: of its input in forward (m·k elements), of the
+    output gradient before the data-gradient GEMM in backward (m·k of that GEMM)."""
+    out: list[Item] = []
+    for it in items:
+        if (isinstance(it, Op) and it.kind == "gemm" and it.dtype == "fp8"
+                and not it.name.endswith("_wgrad")):
+            elems = it.m * it.k
+            cast = Op(f"{it.name}_fp8_cast", "elementwise", elems, FP8_CAST_BYTES_PER_ELEM * elems)
+            # before a collective that runs alongside the GEMM, so the pair stays together
+            paired = out and isinstance(out[-1], Comm) and out[-1].overlapped
+            out.insert(len(out) - 1 if paired else len(out), cast)
+        out.append(it)
+    return out
 
 
 def _overlap_fwd(items: list[Item], d: Dims) -> list[Item]:
@@ -292,7 +316,7 @@ def layer_bwd(m: ModelSpec, st: Strategy) -> list[Item]:
     d = dims(m, st)
     mlp = _column_parallel_bwd(backward_of(mlp_block_fwd(m, st, d), d), d, "fc1", "ln2")
     attn = _column_parallel_bwd(backward_of(attention_block_fwd(m, st, d), d), d, "qkv", "ln1")
-    return _overlap_row_parallel_bwd(mlp + attn, d)
+    return _fp8_casts(_overlap_row_parallel_bwd(mlp + attn, d))
 
 
 def _column_parallel_bwd(items: list[Item], d: Dims, gemm: str, norm: str) -> list[Item]:

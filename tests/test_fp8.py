@@ -1,0 +1,43 @@
+"""FP8 training: GEMM operands are quantised by memory-bound cast-transpose kernels."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from analysis.fastpath import estimate
+from replay import get_system
+from tracegen import ModelSpec, Strategy
+from tracegen import ops as O
+
+MODEL = ModelSpec(name="f8", num_layers=4, hidden_size=1024, num_attention_heads=8,
+                  num_kv_heads=8, ffn_hidden_size=4096, vocab_size=4096, seq_len=1024,
+                  activation="gelu")
+BF16 = Strategy(micro_batch_size=2, global_batch_size=2)
+FP8 = dataclasses.replace(BF16, precision="fp8")
+
+
+def _casts(items: list[O.Item]) -> list[O.Op]:
+    return [it for it in items if isinstance(it, O.Op) and it.name.endswith("_fp8_cast")]
+
+
+def test_cast_bytes_per_layer() -> None:
+    """Forward: the inputs of QKV, the output projection, FC1 (h wide) and FC2 (f wide);
+    backward: the output gradients of FC2, FC1, the output projection and QKV (h, f, h, 3h
+    wide), 4 bytes per element each (read 16-bit, write FP8 and its transpose)."""
+    tokens, h, f = 2 * 1024, 1024, 4096
+    fwd = sum(op.bytes for op in _casts(O.layer_fwd(MODEL, FP8)))
+    bwd = sum(op.bytes for op in _casts(O.layer_bwd(MODEL, FP8)))
+    assert fwd == 4 * tokens * (3 * h + f)
+    assert bwd == 4 * tokens * (5 * h + f)
+    assert not _casts(O.layer_fwd(MODEL, BF16)) and not _casts(O.layer_bwd(MODEL, BF16))
+
+
+def test_fp8_is_faster_than_bf16_but_by_less_than_the_gemm_speedup() -> None:
+    """FP8 GEMMs run at the FP8 rate, but the casts and the 16-bit rest do not speed up."""
+    system = get_system("dgx-h100")
+    bf16 = estimate(MODEL, BF16, system).step_time_s
+    fp8 = estimate(MODEL, FP8, system).step_time_s
+    gemm_speedup = (system.gpu.peak_fp8_TFLOPs * system.gpu.gemm_efficiency_fp8) / (
+        system.gpu.peak_bf16_TFLOPs * system.gpu.gemm_efficiency)
+    assert fp8 < bf16
+    assert bf16 / fp8 < gemm_speedup
