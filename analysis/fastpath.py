@@ -99,11 +99,17 @@ class _Context:
 _CONTEXTS: dict[int, tuple[SystemSpec, _Context]] = {}
 
 
+MEMO_LIMIT = 500_000  # entries per context before it starts afresh (bounds a long session)
+
+
 def _context(system: SystemSpec) -> _Context:
     """The context of a system object (by identity first: hashing a system per call is slow)."""
     got = _CONTEXTS.get(id(system))
     if got is not None and got[0] is system:
-        return got[1]
+        ctx = got[1]
+        if len(ctx.tails) + len(ctx.stages) + len(ctx.blocks) <= MEMO_LIMIT:
+            return ctx
+        _CONTEXTS.clear()
     same = next((ctx for sys, ctx in _CONTEXTS.values() if sys == system), None)
     if len(_CONTEXTS) > 16:
         _CONTEXTS.clear()

@@ -204,3 +204,18 @@ def test_interleaved_extrapolation_equals_the_full_walk(pp, v, rounds, zero, tp,
     late = {(1, 0): 3000} if zero == 3 else None
     assert F._interleaved(s, fwd, bwd, c, early, late) == F._walk(
         s.schedule, pp, s.num_microbatches, v, fwd, bwd, c, early, late)
+
+
+def test_memos_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long session starts a fresh context once the memos pass their limit; answers stay."""
+    from analysis import fastpath as F
+
+    F.clear_cache()
+    s1 = Strategy(tp=2, pp=2, dp=2, micro_batch_size=1, global_batch_size=8)
+    s2 = Strategy(tp=1, pp=4, dp=2, micro_batch_size=1, global_batch_size=8)
+    first = estimate(MODEL, s1, SYSTEM)
+    monkeypatch.setattr(F, "MEMO_LIMIT", 1)
+    estimate(MODEL, s2, SYSTEM)
+    ctx = F._context(SYSTEM)
+    assert len(ctx.tails) + len(ctx.stages) + len(ctx.blocks) == 0  # just started afresh
+    assert estimate(MODEL, s1, SYSTEM) == first
