@@ -7,6 +7,7 @@ import polars as pl
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from replay.hardware import SystemSpec
 from replay.results import union_intervals
 
 
@@ -177,4 +178,29 @@ def pipeline_timeline(timeline: pl.DataFrame, *, ranks: int = 4, title: str = ""
     ax.set_xlabel("time (s)")
     ax.set_title(title or "Pipeline timeline: forward (blue), backward (orange), optimizer "
                           "(purple), communication (green)")
+    return fig
+
+
+def collective_ramp(system: SystemSpec, *, ranks: int = 8,
+                    measured: dict[int, float] | None = None) -> Figure:
+    """All-reduce bus bandwidth against message size on ``ranks`` GPUs of ``system`` (trainsim's
+    network model), with measured points (MiB → GB/s) where given."""
+    from replay.network import AlphaBetaNetwork
+
+    net = AlphaBetaNetwork(system)
+    group = tuple(range(ranks))
+    sizes = np.geomspace(2**10, 2**34, 97)
+    bus = [2 * (ranks - 1) / ranks * s / (net.collective("ALL_REDUCE", int(s), group).total_ns
+                                          * 1e-9) / 1e9 for s in sizes]
+    fig, ax = _figure(6.4, 4.2)
+    ax.plot(sizes / 2**20, bus, label=f"trainsim ({system.name}, {ranks} GPUs)")
+    if measured:
+        ax.scatter(list(measured), list(measured.values()), color="tab:red", s=24, zorder=3,
+                   label="measured (nccl-tests)")
+    ax.set_xscale("log")
+    ax.set_xlabel("message size (MiB)")
+    ax.set_ylabel("all-reduce bus bandwidth (GB/s)")
+    ax.set_title("Collective model: bandwidth grows with message size (NCCL protocols)")
+    ax.legend(loc="upper left", fontsize="small")
+    ax.grid(True, which="both", alpha=0.3)
     return fig

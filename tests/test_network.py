@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replay import get_system, nccl
+from replay.anchors import DGX_H100_ALL_REDUCE_BUSBW_GBPS
 from replay.network import AlphaBetaNetwork
 
 H100 = AlphaBetaNetwork(get_system("dgx-h100"))
@@ -21,8 +22,7 @@ def _busbw_GBps(net: AlphaBetaNetwork, coll: str, size: int, ranks: tuple[int, .
     return 2 * (p - 1) / p * size / t / 1e9
 
 
-# ANCHORS.md, DGX H100 nccl-tests all_reduce sample (NVIDIA/dgxc-benchmarking nccl/README.md).
-DGXC_H100 = {1: 67.0, 4: 135.4, 16: 237.2, 64: 361.7, 256: 422.3, 1024: 466.3, 16384: 479.9}
+DGXC_H100 = DGX_H100_ALL_REDUCE_BUSBW_GBPS
 
 
 @pytest.mark.parametrize("mib", [1, 4, 16])
@@ -90,3 +90,14 @@ def test_bigger_messages_never_finish_sooner(a: int, b: int, coll: str, nodes: i
     t_hi = H100.collective(coll, hi, ranks).total_ns
     assert t_lo <= t_hi
     assert lo / max(t_lo, 1) <= hi / max(t_hi, 1) * (1 + 1e-6) + 1e-9
+
+
+def test_ramp_plot_has_model_line_and_measured_points() -> None:
+    from analysis.plots import collective_ramp
+
+    fig = collective_ramp(get_system("dgx-h100"), measured=DGX_H100_ALL_REDUCE_BUSBW_GBPS)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and len(ax.lines) == 1
+    assert len(ax.collections[0].get_offsets()) == len(DGX_H100_ALL_REDUCE_BUSBW_GBPS)
+    ys = ax.lines[0].get_ydata()
+    assert all(b >= a - 1e-9 for a, b in zip(ys, ys[1:], strict=False))  # never falls with size
