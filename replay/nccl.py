@@ -65,8 +65,9 @@ def ll_max_Bps(n_nodes: int) -> float:
 
 def ring_steps(coll: str, p: int, n_nodes: int) -> tuple[int, int]:
     """(steps, steps that cross nodes) of NCCL's ring."""
-    if coll == "ALL_REDUCE":
-        return 2 * (p - 1), (2 * n_nodes if n_nodes > 1 else 0)
+    if coll == "ALL_REDUCE":  # NCCL counts 2·n crossings; never more than the steps there are
+        steps = 2 * (p - 1)
+        return steps, (min(2 * n_nodes, steps) if n_nodes > 1 else 0)
     return p - 1, n_nodes - 1
 
 

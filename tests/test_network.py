@@ -103,3 +103,11 @@ def test_ramp_plot_has_model_line_and_measured_points() -> None:
     assert len(ax.collections[0].get_offsets()) == len(DGX_H100_ALL_REDUCE_BUSBW_GBPS)
     ys = ax.lines[0].get_ydata()
     assert all(b >= a - 1e-9 for a, b in itertools.pairwise(ys))  # never falls with size
+
+
+def test_one_rank_per_node_ring_crosses_nodes_at_every_step() -> None:
+    """p ranks on p nodes: every step of the ring is a network hop (Simple: 8.4 + 2(p−1)·14 µs)."""
+    lat, _ = nccl.ring_time("ALL_REDUCE", 2**30, 16, 16, 50e9, nccl.SIMPLE)
+    assert lat == pytest.approx((8.4 + 2 * 15 * 14.0) * 1e-6)
+    lat, _ = nccl.ring_time("ALL_GATHER", 2**30, 16, 16, 50e9, nccl.SIMPLE)
+    assert lat == pytest.approx((8.4 + 15 * 14.0) * 1e-6)
