@@ -262,10 +262,42 @@ def _pipeline_ns(s: Strategy, f_s: list[int], b_s: list[int], c: list[int], hidd
 
 
 @functools.lru_cache(maxsize=256)
-def _orders(schedule: str, m: int, p: int, v: int) -> tuple[tuple[tuple[bool, int, int], ...], ...]:
-    """Each stage's (backward?, micro-batch, chunk) order, shared across a sweep."""
-    return tuple(tuple((ph == "B", mb, ch) for ph, mb, ch in
-                       stage_order(schedule, m=m, p=p, v=v, stage=st)) for st in range(p))
+def _plan(schedule: str, m: int, p: int, v: int) -> tuple[tuple[int, bool, int, int, int], ...]:
+    """Every step of the interleaved schedule as (stage, backward?, index, index of the step it
+    waits for or -1, chunk), in an order that respects each stage's own order and every
+    cross-stage wait. Event times do not depend on which such order is walked, so one is found
+    once per (m, p, v) and shared across a sweep. Index = micro-batch · p·v + global chunk."""
+    n = p * v
+    orders = [stage_order(schedule, m=m, p=p, v=v, stage=st) for st in range(p)]
+    done_f, done_b = [False] * (m * n), [False] * (m * n)
+    pos = [0] * p
+    plan: list[tuple[int, bool, int, int, int]] = []
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for st in range(p):
+            order = orders[st]
+            while pos[st] < len(order):
+                phase, mb, ch = order[pos[st]]
+                gci = ch * p + st
+                k = mb * n + gci
+                if phase == "B":
+                    dep = k + 1 if gci < n - 1 else -1
+                    if dep >= 0 and not done_b[dep]:
+                        break
+                    done_b[k] = True
+                else:
+                    dep = k - 1 if gci > 0 else -1
+                    if dep >= 0 and not done_f[dep]:
+                        break
+                    done_f[k] = True
+                plan.append((st, phase == "B", k, dep, ch))
+                pos[st] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # pragma: no cover - the schedules are deadlock-free
+            raise RuntimeError("interleaved schedule did not progress")
+    return tuple(plan)
 
 
 def _interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ...]], c: list[int],
@@ -315,56 +347,31 @@ def _walk(schedule: str, p: int, m: int, v: int, fwd: list[tuple[int, ...]],
           bwd: list[tuple[int, ...]], c: list[int],
           early: dict[tuple[str, int, int], int] | None,
           late: dict[tuple[int, int], int] | None) -> tuple[list[int], list[list[int]]]:
-    """Walk the interleaved order step by step: each step waits for its stage's previous step
-    and for the neighbouring chunk's same micro-batch (+ one send). O(p·m·v)."""
+    """Walk the interleaved order: each step waits for its stage's previous step and for the
+    neighbouring chunk's same micro-batch (+ one send). O(p·m·v)."""
     n = p * v
-    orders = _orders(schedule, m, p, v)
     e_f = [[early.get(("F", st, ch), 0) if early else 0 for ch in range(v)] for st in range(p)]
     e_b = [[early.get(("B", st, ch), 0) if early else 0 for ch in range(v)] for st in range(p)]
     lt = [[late.get((st, ch), 0) if late else 0 for ch in range(v)] for st in range(p)]
-    done_f, done_b = [-1] * (m * n), [-1] * (m * n)  # -1: not yet
-    pos, clock = [0] * p, [0] * p
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for st in range(p):
-            order, i, clk = orders[st], pos[st], clock[st]
-            hop_in, hop_out = c[(st - 1) % p], c[st]
-            ef, eb, late_st, f_st, b_st = e_f[st], e_b[st], lt[st], fwd[st], bwd[st]
-            start_i, length = i, len(order)
-            while i < length:
-                backward, mb, ch = order[i]
-                k = mb * n + ch * p + st  # this step's (micro-batch, global chunk)
-                if backward:  # waits for the next chunk's gradient, sent out of this stage
-                    t = clk + eb[ch]  # a ZeRO-3 gather that runs before the input arrives
-                    if ch * p + st < n - 1:
-                        ready = done_b[k + 1]
-                        if ready < 0:
-                            break
-                        ready += hop_out
-                        if ready > t:
-                            t = ready
-                    clk = t + b_st[ch] - eb[ch]
-                    # the last ZeRO-3 reduce-scatter of a backward runs after its send
-                    done_b[k] = clk - late_st[ch]
-                else:  # waits for the previous chunk's activation, sent into this stage
-                    t = clk + ef[ch]
-                    if ch * p + st > 0:
-                        ready = done_f[k - 1]
-                        if ready < 0:
-                            break
-                        ready += hop_in
-                        if ready > t:
-                            t = ready
-                    clk = t + f_st[ch] - ef[ch]
-                    done_f[k] = clk
-                i += 1
-            if i > start_i:
-                remaining -= i - start_i
-                progressed = True
-            pos[st], clock[st] = i, clk
-        if not progressed:  # pragma: no cover - the schedules are deadlock-free
-            raise RuntimeError("interleaved schedule did not progress")
+    hop_in = [c[(st - 1) % p] for st in range(p)]
+    done_f, done_b = [0] * (m * n), [0] * (m * n)
+    clock = [0] * p
+    for st, backward, k, dep, ch in _plan(schedule, m, p, v):
+        if backward:  # waits for the next chunk's gradient, sent out of this stage
+            g = e_b[st][ch]  # a ZeRO-3 gather that runs before the input arrives
+            t = clock[st] + g
+            if dep >= 0 and done_b[dep] + c[st] > t:
+                t = done_b[dep] + c[st]
+            clock[st] = t + bwd[st][ch] - g
+            # the last ZeRO-3 reduce-scatter of a backward runs after its send
+            done_b[k] = clock[st] - lt[st][ch]
+        else:  # waits for the previous chunk's activation, sent into this stage
+            g = e_f[st][ch]
+            t = clock[st] + g
+            if dep >= 0 and done_f[dep] + hop_in[st] > t:
+                t = done_f[dep] + hop_in[st]
+            clock[st] = t + fwd[st][ch] - g
+            done_f[k] = clock[st]
     last = (m - 1) * n
     return clock, [[done_b[last + ch * p + st] for ch in range(v)] for st in range(p)]
 
