@@ -96,15 +96,18 @@ def _compute_chains(nodes: list[NodeRec], deps: list[list[int]],
     Exact only when no other compute node can become ready while a chain runs, so this is done
     for ranks whose compute-stream nodes are totally ordered by their dependencies (each one a
     descendant of the one before it in file order, as tracegen writes them — directly or through
-    a blocking collective); links are those where the next node depends on nothing else and is
-    the only dependent."""
+    a blocking collective); links are those where the next node depends on nothing else and
+    every other dependent is on another stream (released at the node's end by an event)."""
     seg_next = [-1] * len(nodes)
     comp = [i for i, n in enumerate(nodes)
             if n.type == pb.COMP_NODE and stream_of[i] == COMPUTE_STREAM]
     if not all(_descends(b, a, deps) for a, b in pairwise(comp)):
         return seg_next
     for a, b in pairwise(comp):
-        if deps[b] == [a] and dependents[a] == [b]:
+        # b waits for a alone; a's other dependents (collectives running alongside b, say)
+        # are on other streams and are released by an event at a's end (``_release``).
+        if deps[b] == [a] and b in dependents[a] and all(
+                stream_of[d] != COMPUTE_STREAM for d in dependents[a] if d != b):
             seg_next[a] = b
     return seg_next
 
@@ -240,13 +243,16 @@ class Simulator:
         (see ``_compute_chains``) runs back to back here, and only its last node gets an event."""
         model = self._overrides.get(r.rank) or self._compute
         slowdown, seg_next, rec = self._slowdown, r.seg_next, self.records
+        releases: list[Event] = []
         while True:
             dur = model.duration_ns(r.nodes[pos])
             if slowdown is not None:
                 dur = round(dur * slowdown(r.rank, t))
             nxt = seg_next[pos]
             if nxt < 0:
-                return [(t + dur, PRIO_FINISH, self._finish, (r.rank, pos, sid, t, t))]
+                return [*releases, (t + dur, PRIO_FINISH, self._finish, (r.rank, pos, sid, t, t))]
+            if len(r.dependents[pos]) > 1:  # its other dependents become ready at its end
+                releases.append((t + dur, PRIO_FINISH, self._release, (r.rank, pos, nxt)))
             rec.rank.append(r.rank)
             rec.pos.append(pos)
             rec.stream.append(sid)
@@ -257,6 +263,21 @@ class Simulator:
             self._finished += 1
             t += dur
             pos = nxt
+
+    def _release(self, t: int, arg: tuple[int, int, int]) -> list[Event]:
+        """A chained compute node ended: dispatch its dependents other than the chain's next."""
+        rank, pos, skip = arg
+        r = self.ranks[rank]
+        out: list[Event] = []
+        for d in r.dependents[pos]:
+            if d == skip:
+                continue
+            r.pending[d] -= 1
+            if r.pending[d] == 0:
+                ev = self._ready(t, (rank, d))
+                if ev:
+                    out += ev
+        return out
 
     def _finish(self, t: int, arg: tuple[int, int, int, int, int]) -> list[Event]:
         """A node ends: record it, free its stream, and dispatch the dependents it unblocks (in
