@@ -76,6 +76,9 @@ class Template:
             self.pieces += [buf[run_start:offset], length, head, key]
             run_start = offset + len(varint(len(msg))) + len(msg)
         self.pieces.append(buf[run_start:])
+        # Where the rank-dependent pieces sit: ``matches`` copies the list and fills only these.
+        self.slots: list[tuple[int, tuple[Any, ...]]] = [
+            (i, p) for i, p in enumerate(self.pieces) if not isinstance(p, bytes)]
 
     def _tail(self, node: Any, rank: int) -> bytes:
         a = node.attrs
@@ -104,6 +107,7 @@ class Template:
             table[key] = self._tail(node, rank)
         for lp in self.lengths:
             table[lp] = varint(lp[1] + len(table[lp[2]]))
-        expected = b"".join([p if p.__class__ is bytes else table[p]  # type: ignore[index]
-                             for p in self.pieces])
-        return expected == path.read_bytes()
+        parts = self.pieces.copy()
+        for i, key in self.slots:
+            parts[i] = table[key]
+        return b"".join(parts) == path.read_bytes()  # type: ignore[arg-type]
