@@ -165,7 +165,7 @@ class _Costs:
                 d = self.coll_ns(it, rank)
             else:
                 d = self.compute.op_ns(it.kind, it.flop, it.bytes, it.m, it.n,
-                                       DTYPE_CODE[it.dtype], it.name.endswith("_bwd"))
+                                       DTYPE_CODE[it.dtype], it.name.endswith("_bwd"), it.k)
             total += max(d, alongside)
             alongside = 0
         return total + alongside
@@ -447,7 +447,7 @@ def _peak_memory_bytes(costs: _Costs, stages: list[_Stage], alike: bool) -> int:
     stage index, so the peak is on the first stage (embedding, most in flight), the last (head,
     logits) or — when the first holds fewer layers than the rest — the second."""
     m, s = costs.m, costs.s
-    act = activation_bytes_per_layer(m, s)
+    act = activation_bytes_per_layer(m, s, flash_attention=costs.compute.gpu.flash_attention)
     candidates = {0, s.pp - 1} if alike else {0, min(1, s.pp - 1), s.pp - 1}
     return max(memory_estimate(m, s, st, sum(n for _, n in stages[st].params),
                                act_per_layer=act).total_bytes for st in candidates)

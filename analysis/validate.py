@@ -16,6 +16,7 @@ from typing import Any
 
 import polars as pl
 
+from analysis.fastpath import estimate
 from replay import replay
 from replay.hardware import GPU_ALIASES, SystemSpec, get_system
 from tracegen import ConfigError, ModelSpec, Strategy, TrainsimError, generate
@@ -127,10 +128,11 @@ def _system(row: dict[str, Any], base: SystemSpec) -> SystemSpec:
 def predict(inputs: RunInputs) -> dict[str, Any]:
     """Step time (replay of a representative-mode set) and peak memory per GPU."""
     with tempfile.TemporaryDirectory(prefix="trainsim-validate-") as tmp:
-        summary = generate(inputs.model, inputs.strategy, tmp, mode="representative",
-                           gpus=inputs.strategy.world_size)
+        generate(inputs.model, inputs.strategy, tmp, mode="representative",
+                 gpus=inputs.strategy.world_size)
         result = replay(tmp, inputs.system)
-    peak = max(st.memory.total_bytes for st in summary.stages)
+    # The memory model with the GPU known (unfused attention keeps its score matrices).
+    peak = estimate(inputs.model, inputs.strategy, inputs.system).peak_memory_GiB * GiB
     # Where the step goes on the rank that finishes last: what an error has to be explained by.
     last = result.breakdown.sort("end_s").row(-1, named=True)
     return {"predicted_iter_time_s": result.step_time_s,

@@ -7,6 +7,12 @@ dtype, or from the trace's ``duration_micros``.
   Background User's Guide", §"Wave Quantization"): ``tiles / (ceil(tiles / SMs) · SMs)``.
 * Attention (flash): ``flop / (peak · e_attn · s / (s + s_half))``, the FlashAttention efficiency
   curve in sequence length (systems/README.md); the backward runs at ``ATTN_BWD_RATIO`` of it.
+* Attention without FlashAttention (GPUs it does not run on): the score and value GEMMs over the
+  whole s×s matrix (twice the causal FLOPs the op carries; four of them in backward) at GEMM
+  efficiency, plus the score-matrix traffic of Megatron's unfused path — the tensors Korthikanti
+  et al. 2022 §4.1 list per score element: QKᵀ out (2 B), softmax in/out (2 + 2 B), dropout
+  mask (1 B) and in/out (2 + 2 B), read again by the value GEMM (2 B): ``SCORE_BYTES`` = 13 B
+  forward, twice that backward.
 * Memory-bound ops: ``bytes / (hbm · e_mem)`` (their few FLOPs per byte never bind).
 * Every kernel pays the launch overhead.
 """
@@ -25,6 +31,8 @@ TILE = 128  # output tile edge of the large-GEMM kernels of cuBLAS/CUTLASS on Am
 # FlashAttention-2 reports its backward at lower utilisation than its forward (Dao 2023, §4.1,
 # Fig. 5-6: ~0.75-0.85×); an assumption until bench/device measures it.
 ATTN_BWD_RATIO = 0.8
+SCORE_BYTES = 13  # per score element, forward, without FlashAttention (see above)
+ATTN_FLASH_BWD_FLOP = 2.5  # the op's backward FLOPs over its forward (tracegen/ops.py, Dao 2023)
 ComputeSource = Literal["model", "trace"]
 
 
@@ -65,22 +73,26 @@ class RooflineCompute:
             raise ReplayError(f"node {node.id} ({node.name!r}) has neither num_ops/tensor_size "
                               "nor duration_micros: nothing to time it by")
         return self.op_ns(a.get("op_type", ""), flop, nbytes, a.get("gemm_m", 0),
-                          a.get("gemm_n", 0), a.get("dtype", 1), node.name.endswith("_bwd"))
+                          a.get("gemm_n", 0), a.get("dtype", 1), node.name.endswith("_bwd"),
+                          a.get("gemm_k", 0))
 
     def op_ns(self, op_type: str, flop: int, nbytes: int, m: int, n: int, dtype_code: int,
-              backward: bool) -> int:
-        """Duration of an op described by its attributes (cached)."""
-        key = (op_type, flop, nbytes, m, n, dtype_code, backward)
+              backward: bool, k: int = 0) -> int:
+        """Duration of an op described by its attributes (cached). For attention, m and n are
+        the query and key lengths and k the head dimension."""
+        key = (op_type, flop, nbytes, m, n, dtype_code, backward, k)
         t = self._cache.get(key)
         if t is None:
             t = self._cache[key] = self._model(*key)
         return t
 
     def _model(self, op_type: object, flop: int, nbytes: int, m: int, n: int, dtype_code: int,
-               backward: bool) -> int:
+               backward: bool, k: int) -> int:
         g = self.gpu
         dtype = DTYPE_FROM_CODE.get(dtype_code, "bf16")
         mem_s = nbytes / (g.hbm_bytes_per_s * g.memory_efficiency)
+        if op_type == "attention" and not g.flash_attention:
+            return self._unfused_attention_ns(flop, head_dim=k, dtype=dtype, backward=backward)
         if op_type == "attention":
             seq = max(m, 1)
             eff = g.attention_efficiency * seq / (seq + g.attention_half_seq)
@@ -95,3 +107,15 @@ class RooflineCompute:
         else:  # memory-bound kernels: ~1-5 FLOP per 2-8 bytes, far below the ridge point
             comp_s = 0.0
         return round(max(comp_s, mem_s) * NS_PER_S) + g.launch_overhead_ns
+
+    def _unfused_attention_ns(self, flop: int, *, head_dim: int, dtype: str, backward: bool
+                              ) -> int:
+        """Standard attention from the op's causal flash FLOPs 2·b·heads·s_q·s_kv·d (forward;
+        2.5× in backward): scores = b·heads·s_q·s_kv."""
+        g = self.gpu
+        fwd_flop = flop / ATTN_FLASH_BWD_FLOP if backward else flop
+        scores = fwd_flop / (2 * max(head_dim, 1))
+        passes = 2 if backward else 1
+        gemm_s = passes * 2 * fwd_flop / (g.peak_flop_per_s(dtype) * g.gemm_efficiency)
+        mem_s = passes * SCORE_BYTES * scores / (g.hbm_bytes_per_s * g.memory_efficiency)
+        return round((gemm_s + mem_s) * NS_PER_S) + (4 if backward else 3) * g.launch_overhead_ns

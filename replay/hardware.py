@@ -32,6 +32,9 @@ class GPUSpec:
     attention_half_seq: float
     memory_efficiency: float
     launch_overhead_us: float
+    # False where FlashAttention does not run (Volta): attention is then two batched GEMMs over
+    # the full score matrix plus memory-bound softmax and dropout (replay/compute.py).
+    flash_attention: bool = True
 
     def peak_flop_per_s(self, dtype: str) -> float:
         tflops = {"bf16": self.peak_bf16_TFLOPs, "fp16": self.peak_fp16_TFLOPs,

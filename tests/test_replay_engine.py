@@ -146,3 +146,26 @@ def test_every_gpu_of_the_validation_schema_has_a_system() -> None:
         assert system.gpu.name == gpu
     assert {"dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "dgx-h800", "hgx-h200", "dgx-b200",
             "mi300x"} <= set(system_names())
+
+
+def test_unfused_attention_on_gpus_without_flash_attention() -> None:
+    """V100: the two score GEMMs over the whole s×s matrix at GEMM efficiency plus 13 bytes of
+    score-matrix traffic per element (Korthikanti et al. 2022 §4.1 inventory); backward twice."""
+    from replay.compute import RooflineCompute
+    from tracegen import ModelSpec, Strategy
+    from tracegen import ops as O
+
+    gpu = get_system("dgx1-v100").gpu
+    assert not gpu.flash_attention and get_system("dgx-a100-80gb").gpu.flash_attention
+    model = ModelSpec(name="v", num_layers=2, hidden_size=1024, num_attention_heads=16,
+                      ffn_hidden_size=4096, vocab_size=1024, seq_len=2048, activation="gelu")
+    s = Strategy(micro_batch_size=2, global_batch_size=2, precision="fp16")
+    fwd = next(it for it in O.layer_fwd(model, s) if isinstance(it, O.Op) and it.kind == "attention")
+    scores = 2 * 16 * 2048 * 2048  # b · heads · s · s
+    gemm_s = 2 * 2 * scores * 64 / (gpu.peak_fp16_TFLOPs * 1e12 * gpu.gemm_efficiency)
+    mem_s = 13 * scores / (gpu.hbm_GBps * 1e9 * gpu.memory_efficiency)
+    c = RooflineCompute(gpu)
+    got = c.op_ns("attention", fwd.flop, fwd.bytes, fwd.m, fwd.n, 2, False, fwd.k)
+    assert got == pytest.approx((gemm_s + mem_s) * 1e9 + 3 * gpu.launch_overhead_ns, rel=1e-6)
+    bwd = c.op_ns("attention", fwd.flop * 5 // 2, fwd.bytes * 2, fwd.m, fwd.n, 2, True, fwd.k)
+    assert bwd == pytest.approx(2 * (gemm_s + mem_s) * 1e9 + 4 * gpu.launch_overhead_ns, rel=1e-6)
