@@ -335,8 +335,9 @@ def _column_parallel_bwd(items: list[Item], d: Dims, gemm: str, norm: str) -> li
         rest = [it for it in items[i + 2:] if it.name != f"{norm}_ag_bwd"]
         return [*items[:i], Comm(f"{gemm}_in_ag", "tp", "ALL_GATHER", full // d.t, True), dgrad,
                 Comm(f"{norm}_ag_bwd", "tp", "REDUCE_SCATTER", full, True), wgrad, *rest]
-    return [*items[:i], dgrad, Comm(f"{norm}_in_grad_ar", "tp", "ALL_REDUCE", full, True), wgrad,
-            *items[i + 2:]]
+    reduce = [dataclasses.replace(c, overlapped=True)
+              for c in tp_input_grad_allreduce(d, f"{norm}_in_grad_ar") if isinstance(c, Comm)]
+    return [*items[:i], dgrad, *reduce, wgrad, *items[i + 2:]]
 
 
 def _overlap_row_parallel_bwd(items: list[Item], d: Dims) -> list[Item]:
