@@ -45,17 +45,45 @@ class RunInputs:
     assumptions: str
 
 
+INT_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
+               "ffn_hidden_size", "vocab_size", "seq_len", "num_experts", "experts_per_token",
+               "moe_ffn_hidden_size", "global_batch_size", "micro_batch_size", "num_gpus", "tp",
+               "pp", "dp", "cp", "ep", "virtual_pp", "zero_stage", "gpus_per_node")
+FLOAT_COLUMNS = ("scaleout_gbps_per_gpu", "measured_iter_time_s")
+BOOL_COLUMNS = ("sequence_parallel",)
+BAD = "_unreadable"  # per row: the cells that did not parse, as "column 'text'"
+
+
 def load_runs(path: str | Path) -> pl.DataFrame:
+    """The runs with each schema column parsed to its type. Every cell is read as text first,
+    so one malformed cell (``N/A``, ``1.5`` GPUs, ``yes``) empties that cell and is named in
+    the row's ``_unreadable`` column instead of failing the whole file."""
     p = Path(path)
     try:
-        df = pl.read_csv(p, infer_schema_length=10_000)
+        raw = pl.read_csv(p, infer_schema_length=0)
     except (OSError, pl.exceptions.PolarsError) as exc:
         raise ConfigError(f"cannot read {p} as CSV: {exc}", what="runs file") from None
-    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    missing = [c for c in REQUIRED_COLUMNS if c not in raw.columns]
     if missing:
         raise ConfigError(f"{p} lacks the columns {', '.join(missing)} of the public-runs schema "
                           "(shared/validation/README.md)", what="runs file")
-    return df
+    text = {c: pl.col(c).str.strip_chars() for c in raw.columns}
+    num = {c: text[c].cast(pl.Float64, strict=False) for c in (*INT_COLUMNS, *FLOAT_COLUMNS)}
+    parsed = {
+        **{c: pl.when(num[c] == num[c].round(0)).then(num[c]).cast(pl.Int64)
+           for c in INT_COLUMNS},
+        **{c: num[c] for c in FLOAT_COLUMNS},
+        **{c: text[c].str.to_lowercase().replace_strict(
+            {"true": True, "false": False}, default=None, return_dtype=pl.Boolean)
+           for c in BOOL_COLUMNS},
+    }
+    bad = [pl.when(text[c].is_not_null() & (text[c] != "") & parsed[c].is_null())
+           .then(pl.lit(f"{c} '") + text[c] + pl.lit("'")) for c in parsed]
+    return raw.with_columns(
+        pl.concat_str(bad, separator=", ", ignore_nulls=True).alias(BAD),
+        *(e.alias(c) for c, e in parsed.items()),
+        *(pl.when(text[c] == "").then(None).otherwise(text[c]).alias(c)
+          for c in raw.columns if c not in parsed))
 
 
 def _missing(row: dict[str, Any], fields: tuple[str, ...]) -> list[str]:
@@ -64,8 +92,12 @@ def _missing(row: dict[str, Any], fields: tuple[str, ...]) -> list[str]:
 
 def row_inputs(row: dict[str, Any]) -> RunInputs | str:
     """The inputs of one row, or the reason it is skipped."""
+    if row.get(BAD):
+        return f"skipped: unreadable {row[BAD]}"
     if row["measured_iter_time_s"] is None:
         return "skipped: measured_iter_time_s missing"
+    if row["measured_iter_time_s"] <= 0:
+        return f"skipped: measured_iter_time_s must be > 0, got {row['measured_iter_time_s']}"
     missing = _missing(row, MODEL_FIELDS + STRATEGY_FIELDS)
     if row["arch"] == "moe":
         missing += _missing(row, ("num_experts", "experts_per_token", "moe_ffn_hidden_size"))
@@ -151,7 +183,12 @@ def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = 
     df = load_runs(path)
     rows = []
     for i, row in enumerate(df.iter_rows(named=True)):
-        rows.append(_validate_row(row))
+        try:
+            rows.append(_validate_row(row))
+        except Exception as exc:  # one odd row must not sink a whole batch
+            rows.append({**{k: None for k in RESULT_SCHEMA}, "id": row.get("id"),
+                         "status": _one_line(f"skipped: unexpected {type(exc).__name__}: "
+                                             f"{exc} (a trainsim bug: please report this row)")})
         if progress:
             progress(i + 1, df.height)
     return pl.DataFrame(rows, schema=RESULT_SCHEMA)

@@ -157,3 +157,21 @@ def test_every_published_run_fits_its_gpu(results: pl.DataFrame) -> None:
     """The published runs ran, so the memory model must not call any of them infeasible."""
     ok = results.filter(pl.col("status") == "ok")
     assert ok["fits"].all(), ok.filter(~pl.col("fits"))["id"].to_list()
+
+
+def test_malformed_cells_skip_their_row_only(tmp_path: Path) -> None:
+    """A cell that does not parse (text for a number, a fractional GPU count, a zero time) skips
+    its row with the cell named; the other rows still run."""
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    base = pl.read_csv(PUBLIC, infer_schema_length=0).filter(pl.col("id") == "mpt-07")
+    rows = [base.with_columns(pl.lit(i).alias("id"), *(pl.lit(v).alias(c) for c, v in kw.items()))
+            for i, kw in [("na", {"tp": "N/A"}), ("half", {"num_gpus": "8.5"}),
+                          ("zero", {"measured_iter_time_s": "0"}), ("ok", {})]]
+    f = tmp_path / "r.csv"
+    pl.concat(rows).write_csv(f)
+    status = dict(zip(*validate(f).select("id", "status").to_dict().values(), strict=True))
+    assert status["na"] == "skipped: unreadable tp 'N/A'"
+    assert status["half"] == "skipped: unreadable num_gpus '8.5'"
+    assert status["zero"] == "skipped: measured_iter_time_s must be > 0, got 0.0"
+    assert status["ok"] == "ok"
