@@ -63,6 +63,8 @@ def load_runs(path: str | Path) -> pl.DataFrame:
         raw = pl.read_csv(p, infer_schema_length=0)
     except (OSError, pl.exceptions.PolarsError) as exc:
         raise ConfigError(f"cannot read {p} as CSV: {exc}", what="runs file") from None
+    # a byte-order mark or stray spaces must not hide a column
+    raw = raw.rename({c: c.lstrip("\ufeff").strip() for c in raw.columns})
     missing = [c for c in REQUIRED_COLUMNS if c not in raw.columns]
     if missing:
         raise ConfigError(f"{p} lacks the columns {', '.join(missing)} of the public-runs schema "

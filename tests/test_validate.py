@@ -175,3 +175,12 @@ def test_malformed_cells_skip_their_row_only(tmp_path: Path) -> None:
     assert status["half"] == "skipped: unreadable num_gpus '8.5'"
     assert status["zero"] == "skipped: measured_iter_time_s must be > 0, got 0.0"
     assert status["ok"] == "ok"
+
+
+def test_a_byte_order_mark_does_not_hide_the_id_column(tmp_path: Path) -> None:
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    f = tmp_path / "bom.csv"
+    text = "\n".join(PUBLIC.read_text(encoding="utf-8").splitlines()[:2])
+    f.write_bytes("\ufeff".encode() + text.encode())
+    assert validate(f)["id"].to_list() == [text.splitlines()[1].split(",")[0]]
