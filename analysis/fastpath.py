@@ -24,7 +24,7 @@ from collections.abc import Iterable
 
 from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
-from replay.network import AlphaBetaNetwork
+from replay.network import AlphaBetaNetwork, group_shape
 from tracegen import ops as O
 from tracegen.memory import activation_bytes_per_layer
 from tracegen.memory import estimate as memory_estimate
@@ -53,13 +53,7 @@ def _group_shape(axis: str, rank: int, tp: int, cp: int, dp: int, pp: int, ep: i
     (shared by every strategy with the same degrees: a sweep computes each once)."""
     degrees = Strategy(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, global_batch_size=dp)
     mesh = Mesh(degrees, tied_embeddings=tied, moe=moe)
-    members = mesh._members(axis, mesh.coord(rank))
-    per_node: dict[int, int] = {}
-    for r in members:
-        per_node[r // gpus_per_node] = per_node.get(r // gpus_per_node, 0) + 1
-    local = max(per_node.values())
-    rail = len({r % gpus_per_node for r in members}) == local
-    return (len(members), len(per_node), local, rail)
+    return group_shape(mesh._members(axis, mesh.coord(rank)), gpus_per_node)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -86,6 +86,17 @@ def _log2(p: int) -> int:
     return max(1, math.ceil(math.log2(p))) if p > 1 else 0
 
 
+def group_shape(ranks: tuple[int, ...], gpus_per_node: int) -> tuple[int, int, int, bool]:
+    """(ranks, nodes spanned, ranks per node, rail-aligned): all a collective's cost depends on
+    besides its kind and size."""
+    per_node: dict[int, int] = {}
+    for r in ranks:
+        per_node[r // gpus_per_node] = per_node.get(r // gpus_per_node, 0) + 1
+    local = max(per_node.values())
+    rail = len({r % gpus_per_node for r in ranks}) == local
+    return len(ranks), len(per_node), local, rail
+
+
 def flat_cost(coll: str, size: float, p: int, tier: Tier) -> tuple[float, float]:
     """(latency_s, transfer_s) of a collective other than all-reduce, reduce-scatter and
     all-gather on a flat tier of p ranks (those three follow NCCL's model, replay/nccl.py)."""
@@ -116,16 +127,6 @@ class AlphaBetaNetwork:
         # depends only on the group's shape; the fast path screens strategies through it.
         self.shape_cache: dict[tuple[Any, ...], int] = {}
 
-    def _layout(self, ranks: tuple[int, ...]) -> tuple[int, int, bool]:
-        """(nodes spanned, ranks per node, rail-aligned)."""
-        g = self.sys.node.gpus_per_node
-        per_node: dict[int, int] = {}
-        for r in ranks:
-            per_node[r // g] = per_node.get(r // g, 0) + 1
-        local = max(per_node.values())
-        rail = len({r % g for r in ranks}) == local
-        return len(per_node), local, rail
-
     def collective(self, coll: str, size_bytes: int, ranks: tuple[int, ...]) -> CommCost:
         key = (coll, size_bytes, ranks)
         cost = self._cache.get(key)
@@ -134,8 +135,8 @@ class AlphaBetaNetwork:
         return cost
 
     def _collective(self, coll: str, size: int, ranks: tuple[int, ...]) -> CommCost:
-        n_nodes, local, rail = self._layout(ranks)
-        lat, xfer, uses = self.shape_cost(coll, size, (len(ranks), n_nodes, local, rail))
+        lat, xfer, uses = self.shape_cost(coll, size,
+                                          group_shape(ranks, self.sys.node.gpus_per_node))
         links = tuple((link, r) for link in uses for r in ranks)
         return _cost(lat, xfer, links)
 
@@ -145,7 +146,7 @@ class AlphaBetaNetwork:
         got = self.shape_cache.get(key)
         if got is None:
             lat, xfer, _ = self.shape_cost(coll, size, shape)
-            got = self.shape_cache[key] = round(lat * NS_PER_S) + round(xfer * NS_PER_S)
+            got = self.shape_cache[key] = _cost(lat, xfer, ()).total_ns
         return got
 
     def shape_cost(self, coll: str, size: int, shape: tuple[int, int, int, bool]

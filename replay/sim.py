@@ -267,13 +267,17 @@ class Simulator:
     def _release(self, t: int, arg: tuple[int, int, int]) -> list[Event]:
         """A chained compute node ended: dispatch its dependents other than the chain's next."""
         rank, pos, skip = arg
-        r = self.ranks[rank]
-        out: list[Event] = []
-        for d in r.dependents[pos]:
+        return self._unblock(t, rank, pos, skip, [])
+
+    def _unblock(self, t: int, rank: int, pos: int, skip: int, out: list[Event]
+                 ) -> list[Event]:
+        """Count node ``pos`` done for its dependents (but ``skip``); dispatch those it frees."""
+        pending = self.ranks[rank].pending
+        for d in self.ranks[rank].dependents[pos]:
             if d == skip:
                 continue
-            r.pending[d] -= 1
-            if r.pending[d] == 0:
+            pending[d] -= 1
+            if pending[d] == 0:
                 ev = self._ready(t, (rank, d))
                 if ev:
                     out += ev
@@ -300,14 +304,7 @@ class Simulator:
             nxt = self._start_next(t, r, sid)
             if nxt:
                 out += nxt
-        pending = r.pending
-        for d in r.dependents[pos]:
-            pending[d] -= 1
-            if pending[d] == 0:
-                ev = self._ready(t, (rank, d))
-                if ev:
-                    out += ev
-        return out
+        return self._unblock(t, rank, pos, -1, out)
 
     # ---- collectives ------------------------------------------------------------------------
     def _members(self, rank: int, node: NodeRec) -> tuple[str, tuple[int, ...]]:
