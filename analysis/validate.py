@@ -51,6 +51,7 @@ INT_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads
                "pp", "dp", "cp", "ep", "virtual_pp", "zero_stage", "gpus_per_node")
 FLOAT_COLUMNS = ("scaleout_gbps_per_gpu", "measured_iter_time_s")
 BOOL_COLUMNS = ("sequence_parallel",)
+VOCAB_PAD = 128  # Megatron-LM --make-vocab-size-divisible-by default
 BAD = "_unreadable"  # per row: the cells that did not parse, as "column 'text'"
 
 
@@ -123,8 +124,9 @@ def row_inputs(row: dict[str, Any]) -> RunInputs | str:
     if multi_node and row["scaleout_gbps_per_gpu"] is None:
         return "skipped: scaleout_gbps_per_gpu missing (multi-node run)"
     try:
-        return RunInputs(_model(row), _strategy(row, precision), _system(row, base),
-                         "; ".join(notes))
+        model = _padded_vocab(_model(row), row["tp"], notes)
+        strategy = _uneven_pipeline(_strategy(row, precision), row["num_layers"], notes)
+        return RunInputs(model, strategy, _system(row, base), "; ".join(notes))
     except TrainsimError as exc:
         return f"skipped: {exc}"
 
@@ -149,6 +151,33 @@ def _strategy(row: dict[str, Any], precision: str) -> Strategy:
         micro_batch_size=row["micro_batch_size"], global_batch_size=row["global_batch_size"],
         schedule="interleaved_1f1b" if vpp > 1 else "1f1b", recompute=row["recompute"],
         zero_stage=row["zero_stage"], precision=precision)  # type: ignore[arg-type]
+
+
+def _padded_vocab(model: ModelSpec, tp: int, notes: list[str]) -> ModelSpec:
+    """The vocabulary as Megatron-LM lays it out: padded to a multiple of 128·tp
+    (``--make-vocab-size-divisible-by`` 128, ``_vocab_size_with_padding``), so that every TP rank
+    holds an equal, tensor-core-friendly slice. Only applied where tp does not divide it."""
+    if model.vocab_size % tp == 0:
+        return model
+    multiple = VOCAB_PAD * tp
+    padded = -(-model.vocab_size // multiple) * multiple
+    notes.append(f"vocab {model.vocab_size} padded to {padded} (multiple of 128·tp, Megatron)")
+    return dataclasses.replace(model, vocab_size=padded)
+
+
+def _uneven_pipeline(s: Strategy, layers: int, notes: list[str]) -> Strategy:
+    """Where pp does not divide the layers (vpp 1), the first and last stages hold fewer, as
+    Llama 3 did: 126 layers on pp 16 as 8 per stage less one each on the first and last
+    (Dubey et al. 2024, §3.3.2). Other stages keep ⌈layers/pp⌉."""
+    if s.pp == 1 or s.vpp > 1 or layers % s.pp == 0:
+        return s
+    per = -(-layers // s.pp)
+    short = per * s.pp - layers  # layers the two end stages give up
+    first, last = per - short // 2, per - (short - short // 2)
+    if first < 1 or last < 1:
+        return s  # the strategy check then says what is wrong
+    notes.append(f"{layers} layers on pp {s.pp}: first/last stages {first}/{last}, others {per}")
+    return dataclasses.replace(s, first_stage_layers=first, last_stage_layers=last)
 
 
 def _system(row: dict[str, Any], base: SystemSpec) -> SystemSpec:

@@ -184,3 +184,46 @@ def test_a_byte_order_mark_does_not_hide_the_id_column(tmp_path: Path) -> None:
     text = "\n".join(PUBLIC.read_text(encoding="utf-8").splitlines()[:2])
     f.write_bytes("\ufeff".encode() + text.encode())
     assert validate(f)["id"].to_list() == [text.splitlines()[1].split(",")[0]]
+
+
+def _row(tmp_path: Path, run_id: str, **cells: str) -> dict:
+    """One public row with some cells replaced, read back as validate reads it."""
+    from analysis.validate import load_runs
+
+    runs = pl.read_csv(PUBLIC, infer_schema_length=0).filter(pl.col("id") == run_id)
+    f = tmp_path / "r.csv"
+    runs.with_columns(*(pl.lit(v).alias(k) for k, v in cells.items())).write_csv(f)
+    return load_runs(f).row(0, named=True)
+
+
+def test_vocabulary_is_padded_as_megatron_pads_it(tmp_path: Path) -> None:
+    """GPT-2's 50,257 tokens on tp 2: Megatron pads to a multiple of 128·tp = 256 → 50,432."""
+    from analysis.validate import RunInputs, row_inputs
+
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    inputs = row_inputs(_row(tmp_path, "mpt-07", vocab_size="50257", tp="2", dp="4"))
+    assert isinstance(inputs, RunInputs), inputs
+    assert inputs.model.vocab_size == 50432 and inputs.strategy.tp == 2
+    assert "padded to 50432" in inputs.assumptions
+    same = row_inputs(_row(tmp_path, "mpt-07"))  # 50,368 splits over tp 1: left as published
+    assert isinstance(same, RunInputs) and same.model.vocab_size == 50368
+
+
+@pytest.mark.parametrize(("layers", "pp", "dp", "sizes"), [
+    ("126", "16", "4", [7] + [8] * 14 + [7]),  # Llama 3 405B (Dubey et al. 2024, §3.3.2)
+    ("80", "3", "21", [27, 27, 26]),
+])
+def test_layers_pp_does_not_divide_go_to_shorter_end_stages(
+        tmp_path: Path, layers: str, pp: str, dp: str, sizes: list[int]) -> None:
+    from analysis.validate import RunInputs, row_inputs
+
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    row = _row(tmp_path, "mpt-05", num_layers=layers, pp=pp, dp=dp,
+               num_gpus=str(int(pp) * int(dp)), global_batch_size=str(int(dp) * 8 * 4))
+    inputs = row_inputs(row)
+    assert isinstance(inputs, RunInputs), inputs
+    s = inputs.strategy
+    assert [len(s.chunk_layers(int(layers), g)) for g in range(s.pp)] == sizes
+    assert f"{layers} layers on pp {pp}" in inputs.assumptions
