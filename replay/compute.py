@@ -5,8 +5,9 @@ dtype, or from the trace's ``duration_micros``.
   ``e_gemm`` is the measured maximum achievable matmul efficiency (ANCHORS MAMF) and ``e_wave`` the
   wave quantization of 128×128 output tiles over the SMs (NVIDIA, "Matrix Multiplication
   Background User's Guide", §"Wave Quantization"): ``tiles / (ceil(tiles / SMs) · SMs)``.
-* Attention (flash): ``flop / (peak · e_attn · s / (s + s_half))``, the FlashAttention efficiency
-  curve in sequence length (systems/README.md); the backward runs at ``ATTN_BWD_RATIO`` of it.
+* Attention (flash): ``flop / (peak · e_attn · s / (s + s_half) · r(d))``, the FlashAttention
+  efficiency curve in sequence length, measured at head dim 128, times the measured ratio r(d)
+  at the op's head dim d (systems/README.md); the backward runs at ``ATTN_BWD_RATIO`` of it.
 * Attention without FlashAttention (GPUs it does not run on): the score and value GEMMs over the
   whole s×s matrix (twice the causal FLOPs the op carries; four of them in backward) at GEMM
   efficiency, plus the score-matrix traffic of Megatron's unfused path — the tensors Korthikanti
@@ -95,7 +96,8 @@ class RooflineCompute:
             return self._unfused_attention_ns(flop, head_dim=k, dtype=dtype, backward=backward)
         if op_type == "attention":
             seq = max(m, 1)
-            eff = g.attention_efficiency * seq / (seq + g.attention_half_seq)
+            eff = (g.attention_efficiency * seq / (seq + g.attention_half_seq)
+                   * g.attention_head_ratio(k))
             if backward:
                 eff *= ATTN_BWD_RATIO
             comp_s = flop / (g.peak_flop_per_s(dtype) * eff)

@@ -4,6 +4,7 @@ converted once here to SI (FLOP/s, bytes/s, bytes, ns)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -14,6 +15,7 @@ from tracegen.errors import ConfigError
 from tracegen.units import GB, NS_PER_US, TERA, GiB
 
 Topology = Literal["fat-tree", "rail-optimized"]
+HEAD_DIM_REF = 128  # head dim of the attention efficiency curves in the catalog
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,6 +34,10 @@ class GPUSpec:
     attention_half_seq: float
     memory_efficiency: float
     launch_overhead_us: float
+    # Attention efficiency at head dim 64 and 256 relative to 128 (where the curve above was
+    # measured); log-linear between, held beyond (systems/README.md, "Attention head size").
+    attention_hdim64_ratio: float = 1.0
+    attention_hdim256_ratio: float = 1.0
     # False where FlashAttention does not run (Volta): attention is then two batched GEMMs over
     # the full score matrix plus memory-bound softmax and dropout (replay/compute.py).
     flash_attention: bool = True
@@ -40,6 +46,15 @@ class GPUSpec:
         tflops = {"bf16": self.peak_bf16_TFLOPs, "fp16": self.peak_fp16_TFLOPs,
                   "fp8": self.peak_fp8_TFLOPs, "fp32": self.peak_fp32_TFLOPs}[dtype]
         return tflops * TERA
+
+    def attention_head_ratio(self, head_dim: int) -> float:
+        """Attention efficiency at ``head_dim`` over that at 128: log-linear in the head dim
+        between the measured 64, 128 and 256, constant outside (0: unknown, taken as 128)."""
+        if head_dim <= 0 or head_dim == HEAD_DIM_REF:
+            return 1.0
+        x = max(-1.0, min(1.0, math.log2(head_dim / HEAD_DIM_REF)))
+        end = self.attention_hdim256_ratio if x > 0 else self.attention_hdim64_ratio
+        return 1.0 + abs(x) * (end - 1.0)
 
     @property
     def hbm_bytes(self) -> int:

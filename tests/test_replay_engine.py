@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,25 @@ def test_unfused_attention_on_gpus_without_flash_attention() -> None:
     assert got == pytest.approx((gemm_s + mem_s) * 1e9 + 3 * gpu.launch_overhead_ns, rel=1e-6)
     bwd = c.op_ns("attention", fwd.flop * 5 // 2, fwd.bytes * 2, fwd.m, fwd.n, 2, True, fwd.k)
     assert bwd == pytest.approx(2 * (gemm_s + mem_s) * 1e9 + 4 * gpu.launch_overhead_ns, rel=1e-6)
+
+
+@pytest.mark.parametrize(("system", "hdim", "ratio"), [
+    ("dgx-h100", 64, 473 / 616), ("dgx-h100", 256, 642 / 616), ("dgx-h100", 128, 1.0),
+    ("dgx-a100-80gb", 64, 299 / 335), ("dgx-a100-80gb", 256, 298 / 335),
+    # log-linear between the measured head dims; held beyond them
+    ("dgx-h100", 96, 1 + math.log2(128 / 96) * (473 / 616 - 1)), ("dgx-h100", 32, 473 / 616),
+    ("dgx-h100", 512, 642 / 616),
+])
+def test_attention_speed_follows_the_head_dim(system: str, hdim: int, ratio: float) -> None:
+    """The same attention FLOPs at another head dim run at the FlashAttention charts' measured
+    speed ratio to head dim 128 (causal forward at 16K, Shah et al. 2024)."""
+    from replay.compute import RooflineCompute
+
+    gpu = get_system(system).gpu
+    c = RooflineCompute(gpu)
+    flop, seq = 10**13, 8192
+
+    def work_ns(k: int) -> int:
+        return c.op_ns("attention", flop, 0, seq, seq, 2, False, k) - gpu.launch_overhead_ns
+
+    assert work_ns(128) / work_ns(hdim) == pytest.approx(ratio, rel=1e-3)
