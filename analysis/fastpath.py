@@ -81,6 +81,7 @@ class _Context:
         self.compute = RooflineCompute(system.gpu)
         self.net = AlphaBetaNetwork(system)
         self.blocks: dict[tuple[object, ...], tuple[int, int]] = {}
+        self.lists: dict[tuple[object, ...], int] = {}
         self.stages: dict[tuple[object, ...], _Stage] = {}
         self.tails: dict[tuple[object, ...], tuple[int, int]] = {}
         self._interned: dict[tuple[object, ...], int] = {}
@@ -101,7 +102,7 @@ def _context(system: SystemSpec) -> _Context:
     got = _CONTEXTS.get(id(system))
     if got is not None and got[0] is system:
         ctx = got[1]
-        if len(ctx.tails) + len(ctx.stages) + len(ctx.blocks) <= MEMO_LIMIT:
+        if len(ctx.tails) + len(ctx.stages) + len(ctx.blocks) + len(ctx.lists) <= MEMO_LIMIT:
             return ctx
         _CONTEXTS.clear()
     same = next((ctx for sys, ctx in _CONTEXTS.values() if sys == system), None)
@@ -129,8 +130,10 @@ class _Costs:
         self.prog = RoleProgram(model, strategy, 0)  # blocks and op lists: the same every stage
         s = strategy
         # What a block's cost depends on besides its group shapes (not pp, vpp, schedule, batch;
-        # dp only through ZeRO-3's gathers).
-        self.key = self.ctx.intern((model, O.op_key(s), s.dp if s.zero_stage == 3 else 0))
+        # dp only through ZeRO-3's gathers); its op lists' costs do not depend on recompute.
+        self.lists_key = self.ctx.intern((model, O.op_key(s)))  # what op lists cost
+        self.key = self.ctx.intern((self.lists_key, s.recompute,
+                                    s.dp if s.zero_stage == 3 else 0))
         self._shapes: dict[tuple[str, int], tuple[int, int, int, bool]] = {}
 
     def shape(self, axis: str, rank: int) -> tuple[int, int, int, bool]:
@@ -184,7 +187,20 @@ class _Costs:
         key = (self.key, block.name, block.dense, block.expert, sig)
         got = self.ctx.blocks.get(key)
         if got is None:
-            got = self.ctx.blocks[key] = _block_ns(self, block, rank)
+            got = self.ctx.blocks[key] = _block_ns(self, block, rank, sig)
+        return got
+
+    def list_ns(self, block: ParamBlock, which: str, rank: int, sig: tuple[object, ...]) -> int:
+        """Duration of one of a block's op lists ("fwd", "bwd", "selective": the recomputed
+        core attention), shared by strategies that differ only in recompute or data parallelism
+        (the op lists are built only on a miss)."""
+        key = (self.lists_key, block.name, which, sig)
+        got = self.ctx.lists.get(key)
+        if got is None:
+            prog = self.prog
+            items = (prog._fwd_items(block) if which == "fwd" else prog._bwd_items(block)
+                     if which == "bwd" else prog._lists["selective"])
+            got = self.ctx.lists[key] = self.items_ns(items, rank)
         return got
 
 
@@ -217,13 +233,19 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], rank: int, sig: tuple[obj
                   tuple(params.items()), sum(fwd) / NS_PER_S, sum(bwd) / NS_PER_S)
 
 
-def _block_ns(costs: _Costs, block: ParamBlock, rank: int) -> tuple[int, int]:
-    """(forward, backward) ns of one block for one micro-batch."""
-    s, prog = costs.s, costs.prog
+def _block_ns(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...]
+              ) -> tuple[int, int]:
+    """(forward, backward) ns of one block for one micro-batch. The backward recomputes what
+    ``RoleProgram._recompute_items`` lists: a layer's forward (full) or its core attention
+    (selective)."""
+    s = costs.s
     gather = _zero3_ns(costs, block, rank, "ALL_GATHER") if s.zero_stage == 3 else 0
-    f = gather + costs.items_ns(prog._fwd_items(block), rank)
-    b = gather + costs.items_ns(prog._recompute_items(block), rank) + costs.items_ns(
-        prog._bwd_items(block), rank)
+    fwd = costs.list_ns(block, "fwd", rank, sig)
+    again = 0
+    if block.name == "layer" and s.recompute != "none":
+        again = fwd if s.recompute == "full" else costs.list_ns(block, "selective", rank, sig)
+    f = gather + fwd
+    b = gather + again + costs.list_ns(block, "bwd", rank, sig)
     if s.zero_stage == 3:  # the next gather waits for this reduce-scatter (same group)
         b += _zero3_ns(costs, block, rank, "REDUCE_SCATTER")
     return f, b

@@ -112,9 +112,10 @@ class Dims:
 
 def op_key(s: Strategy) -> tuple[object, ...]:
     """Every strategy field the op lists of this module read (directly or through ``dims``):
-    two strategies with the same key get the same op lists. Keep it in step with the code."""
+    two strategies with the same key get the same op lists. Keep it in step with the code.
+    (Recompute picks which lists run again, not what they hold, so it is not here.)"""
     return (s.micro_batch_size, s.cp, s.tp, s.sequence_parallel, s.precision, s.tp_comm_overlap,
-            s.ep, s.recompute)
+            s.ep)
 
 
 def dims(m: ModelSpec, s: Strategy) -> Dims:
