@@ -24,7 +24,7 @@ from collections.abc import Iterable
 
 from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
-from replay.network import AlphaBetaNetwork, group_shape
+from replay.network import AlphaBetaNetwork, ranges_shape
 from tracegen import ops as O
 from tracegen.memory import activation_bytes_per_layer
 from tracegen.memory import estimate as memory_estimate
@@ -53,7 +53,7 @@ def _group_shape(axis: str, rank: int, tp: int, cp: int, dp: int, pp: int, ep: i
     (shared by every strategy with the same degrees: a sweep computes each once)."""
     degrees = Strategy(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, global_batch_size=dp)
     mesh = Mesh(degrees, tied_embeddings=tied, moe=moe)
-    return group_shape(mesh._members(axis, mesh.coord(rank)), gpus_per_node)
+    return ranges_shape(mesh.member_ranges(axis, mesh.coord(rank)), gpus_per_node)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -500,7 +500,7 @@ def _tails(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[int]
         end = max(chunk_ends[st])
         rel = tuple(e - end for e in chunk_ends[st])
         key = (id(x), rel, strategy_key, costs.shape("dp", reps[st]),
-               costs.shape("edp", reps[st]))
+               costs.shape("edp", reps[st]) if m.is_moe else None)
         got = costs.ctx.tails.get(key)
         if got is None:
             got = costs.ctx.tails[key] = _tail_costs(costs, x, reps[st], rel)

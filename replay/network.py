@@ -29,6 +29,7 @@ write at the system layer's memory bandwidth). This reproduces ASTRA-sim's analy
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Any, Protocol
 
@@ -95,6 +96,25 @@ def group_shape(ranks: tuple[int, ...], gpus_per_node: int) -> tuple[int, int, i
     local = max(per_node.values())
     rail = len({r % gpus_per_node for r in ranks}) == local
     return len(ranks), len(per_node), local, rail
+
+
+def ranges_shape(ranges: list[range], gpus_per_node: int) -> tuple[int, int, int, bool]:
+    """``group_shape`` of the ranks in ``ranges`` (arithmetic runs, as ``Mesh.member_ranges``
+    gives them) without visiting every rank where one run's step divides the node size: its
+    middle nodes then all hold the same residues, so the first node, the second and the last
+    decide the shape."""
+    g = gpus_per_node
+    if len(ranges) == 1 and len(ranges[0]) > 2 * g:
+        rg = ranges[0]
+        n, step = len(rg), rg.step
+        if step >= g:  # one rank per node
+            return n, n, 1, step % g == 0
+        if g % step == 0:
+            per = g // step
+            nodes = rg[-1] // g - rg[0] // g + 1
+            sample = group_shape(tuple({*rg[: 2 * per + 1], *rg[-per:]}), g)
+            return n, nodes, sample[2], sample[3]
+    return group_shape(tuple(itertools.chain.from_iterable(ranges)), g)
 
 
 def flat_cost(coll: str, size: float, p: int, tier: Tier) -> tuple[float, float]:

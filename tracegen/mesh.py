@@ -10,6 +10,7 @@ parallelism, then data parallelism (expert parallelism carved out of it), then p
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from functools import cached_property
 
 from tracegen.strategy import Strategy
@@ -69,22 +70,37 @@ class Mesh:
         return self.s.tp * self.s.cp * self.s.dp
 
     def _members(self, axis: str, c: Coord) -> tuple[int, ...]:
+        return tuple(itertools.chain.from_iterable(self.member_ranges(axis, c)))
+
+    def member_ranges(self, axis: str, c: Coord) -> list[range]:
+        """The ranks of ``c``'s group on ``axis`` as arithmetic runs, in group order. With
+        rank = tp_i + tp·(cp_i + cp·(dp_i + dp·pp_i)), an axis varies one or two mixed-radix
+        digits, so its members are at most dp/ep runs of equally spaced ranks."""
         s, r = self.s, self.rank_of
+        tp, cp = s.tp, s.cp
         if axis == "tp":
-            return tuple(r(pp=c.pp, dp=c.dp, cp=c.cp, tp=t) for t in range(s.tp))
+            start = r(pp=c.pp, dp=c.dp, cp=c.cp, tp=0)
+            return [range(start, start + tp)]
         if axis == "cp":
-            return tuple(r(pp=c.pp, dp=c.dp, cp=x, tp=c.tp) for x in range(s.cp))
-        if axis == "dp":
-            return tuple(r(pp=c.pp, dp=d, cp=x, tp=c.tp) for d in range(s.dp) for x in range(s.cp))
+            start = r(pp=c.pp, dp=c.dp, cp=0, tp=c.tp)
+            return [range(start, start + tp * cp, tp)]
+        if axis == "dp":  # (dp, cp) with cp innermost: one run of stride tp
+            start = r(pp=c.pp, dp=0, cp=0, tp=c.tp)
+            return [range(start, start + tp * cp * s.dp, tp)]
         if axis == "ep":
-            base = c.dp - c.dp % s.ep
-            return tuple(r(pp=c.pp, dp=base + e, cp=c.cp, tp=c.tp) for e in range(s.ep))
-        if axis == "edp":
-            e = c.dp % s.ep
-            return tuple(r(pp=c.pp, dp=d, cp=x, tp=c.tp)
-                         for d in range(e, s.dp, s.ep) for x in range(s.cp))
+            start = r(pp=c.pp, dp=c.dp - c.dp % s.ep, cp=c.cp, tp=c.tp)
+            return [range(start, start + tp * cp * s.ep, tp * cp)]
+        if axis == "edp" and s.ep == 1:
+            return self.member_ranges("dp", c)
+        if axis == "edp" and cp == 1:
+            start = r(pp=c.pp, dp=c.dp % s.ep, cp=0, tp=c.tp)
+            return [range(start, start + tp * s.dp, tp * s.ep)]
+        if axis == "edp":  # every ep-th dp index, each with all of cp
+            return [range(b, b + tp * cp, tp) for b in
+                    (r(pp=c.pp, dp=d, cp=0, tp=c.tp) for d in range(c.dp % s.ep, s.dp, s.ep))]
         if axis == "embd":
-            return tuple(dict.fromkeys(r(pp=p, dp=c.dp, cp=c.cp, tp=c.tp) for p in (0, s.pp - 1)))
+            ends = dict.fromkeys(r(pp=p, dp=c.dp, cp=c.cp, tp=c.tp) for p in (0, s.pp - 1))
+            return [range(e, e + 1) for e in ends]
         raise ValueError(axis)
 
     def _axis_used(self, axis: str) -> bool:
