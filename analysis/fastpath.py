@@ -27,7 +27,7 @@ from replay.hardware import SystemSpec
 from replay.network import AlphaBetaNetwork, ranges_shape
 from tracegen import ops as O
 from tracegen.memory import activation_bytes_per_layer
-from tracegen.memory import estimate as memory_estimate
+from tracegen.memory import total_bytes as memory_total_bytes
 from tracegen.mesh import Mesh
 from tracegen.model import ModelSpec
 from tracegen.program import ParamBlock, RoleProgram, dp_group_size, sharded_params
@@ -71,6 +71,7 @@ class _Stage:
     params: tuple[tuple[str, int], ...]  # ("dp", n), ("edp", n) before sharding
     fwd_s: float = 0.0  # all chunks, one micro-batch
     bwd_s: float = 0.0
+    total_params: int = 0  # Σ params (the memory model's params_local)
 
 
 class _Context:
@@ -174,9 +175,10 @@ class _Costs:
 
     def stage(self, stage: int, rank: int, sig: tuple[object, ...]) -> _Stage:
         s, n_chunks = self.s, self.s.pp * self.s.vpp
-        gcis = tuple(ch * s.pp + stage for ch in range(s.vpp))
-        comp = tuple((len(s.chunk_layers(self.m.num_layers, g)), g == 0, g == n_chunks - 1,
-                      n_chunks == 1) for g in gcis)
+        gcis = (stage,) if s.vpp == 1 else tuple(ch * s.pp + stage for ch in range(s.vpp))
+        layers = self.m.num_layers
+        comp = tuple([(len(s.chunk_layers(layers, g)), g == 0, g == n_chunks - 1,
+                       n_chunks == 1) for g in gcis])
         key = (self.key, comp, sig)
         got = self.ctx.stages.get(key)
         if got is None:
@@ -230,7 +232,8 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], rank: int, sig: tuple[obj
         late_b.append(_zero3_ns(costs, chunk[0][0], rank, "REDUCE_SCATTER") if zero3 else 0)
     return _Stage(tuple(fwd), tuple(bwd), tuple(runs_bwd), tuple(early_f), tuple(early_b),
                   tuple(late_b),
-                  tuple(params.items()), sum(fwd) / NS_PER_S, sum(bwd) / NS_PER_S)
+                  tuple(params.items()), sum(fwd) / NS_PER_S, sum(bwd) / NS_PER_S,
+                  params["dp"] + params["edp"])
 
 
 def _block_ns(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...]
@@ -399,8 +402,8 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     costs = _Costs(model, s, system)
     stages, reps, alike = _stages(costs)
     c = _sends(costs, reps, alike)
-    fwd, bwd = [x.fwd for x in stages], [x.bwd for x in stages]
     if s.schedule == "interleaved_1f1b":
+        fwd, bwd = [x.fwd for x in stages], [x.bwd for x in stages]
         zero3 = s.zero_stage == 3 and s.pp > 1
         early = {(ph, st, ch): g for st, x in enumerate(stages) for ch in range(s.vpp)
                  for ph, g in (("F", x.early_f[ch]), ("B", x.early_b[ch]))} if zero3 else None
@@ -411,7 +414,7 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
         pipe = max(ends)
         check: Iterable[int] = range(s.pp)
     else:
-        f_s, b_s = [f[0] for f in fwd], [b[0] for b in bwd]
+        f_s, b_s = [x.fwd[0] for x in stages], [x.bwd[0] for x in stages]
         hidden, late_s = 0, [0] * s.pp
         if s.zero_stage == 3 and s.pp > 1:
             # the first gather of a pass runs while the input is awaited; the last
@@ -435,7 +438,7 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     peak = _peak_memory_bytes(costs, stages, alike)
     return FastEstimate(finish / NS_PER_S, pipe / NS_PER_S, peak / GiB,
                         peak <= system.gpu.hbm_bytes,
-                        tuple(x.fwd_s for x in stages), tuple(x.bwd_s for x in stages))
+                        tuple([x.fwd_s for x in stages]), tuple([x.bwd_s for x in stages]))
 
 
 def _stages(costs: _Costs) -> tuple[list[_Stage], list[int], bool]:
@@ -465,8 +468,8 @@ def _peak_memory_bytes(costs: _Costs, stages: list[_Stage], alike: bool) -> int:
     m, s = costs.m, costs.s
     act = activation_bytes_per_layer(m, s, flash_attention=costs.compute.gpu.flash_attention)
     candidates = {0, s.pp - 1} if alike else {0, min(1, s.pp - 1), s.pp - 1}
-    return max(memory_estimate(m, s, st, sum(n for _, n in stages[st].params),
-                               act_per_layer=act).total_bytes for st in candidates)
+    return max(memory_total_bytes(m, s, st, stages[st].total_params, act_per_layer=act)
+               for st in candidates)
 
 
 def _sends(costs: _Costs, reps: list[int], alike: bool) -> list[int]:

@@ -97,6 +97,20 @@ def estimate(m: ModelSpec, s: Strategy, stage: int, params_local: int,
              *, flash_attention: bool = True, act_per_layer: int | None = None
              ) -> MemoryEstimate:
     """``act_per_layer``: ``activation_bytes_per_layer(m, s)`` where the caller has it."""
+    if act_per_layer is None:
+        act_per_layer = activation_bytes_per_layer(m, s, flash_attention=flash_attention)
+    return MemoryEstimate(*_parts(m, s, stage, params_local, act_per_layer))
+
+
+def total_bytes(m: ModelSpec, s: Strategy, stage: int, params_local: int, *, act_per_layer: int
+                ) -> int:
+    """``estimate(...).total_bytes`` without building the breakdown (screening many)."""
+    return sum(_parts(m, s, stage, params_local, act_per_layer))
+
+
+def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int
+           ) -> tuple[int, int, int, int, int, int, int]:
+    """The fields of ``MemoryEstimate`` in order."""
     dp_shard = s.dp * s.cp
     grads = params_local * GRAD_BYTES
     optim = params_local * OPTIM_BYTES
@@ -107,9 +121,10 @@ def estimate(m: ModelSpec, s: Strategy, stage: int, params_local: int,
         grads = -(-grads // dp_shard)
     if s.zero_stage >= 3:
         weights = -(-weights // dp_shard)
-    layers = sum(len(s.chunk_layers(m.num_layers, c * s.pp + stage)) for c in range(s.vpp))
-    act = (activation_bytes_per_layer(m, s, flash_attention=flash_attention)
-           if act_per_layer is None else act_per_layer)
+    if s.vpp == 1:
+        layers = len(s.chunk_layers(m.num_layers, stage))
+    else:
+        layers = sum(len(s.chunk_layers(m.num_layers, c * s.pp + stage)) for c in range(s.vpp))
     # In-flight micro-batches are counted in units of the whole stage (all its chunks).
     activations = int(act * layers * inflight_microbatches(s, stage))
     logits = 0
@@ -117,5 +132,5 @@ def estimate(m: ModelSpec, s: Strategy, stage: int, params_local: int,
         tokens = s.micro_batch_size * m.seq_len // s.cp
         logits = tokens * m.vocab_size // s.tp * 4  # fp32 logits for the loss
     tensors = weights + grads + optim + activations + logits
-    return MemoryEstimate(weights, grads, optim, activations, logits, RUNTIME_BYTES,
-                          int(tensors * FRAGMENTATION))
+    return (weights, grads, optim, activations, logits, RUNTIME_BYTES,
+            int(tensors * FRAGMENTATION))
