@@ -354,6 +354,36 @@ def _interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, .
              for st, chunks in enumerate(last)])
 
 
+def _walk_plain(plan: tuple[tuple[int, bool, int, int, int], ...], p: int, m: int, v: int,
+                fwd: list[tuple[int, ...]], bwd: list[tuple[int, ...]], c: list[int]
+                ) -> tuple[list[int], list[list[int]]]:
+    """``_walk`` without ZeRO-3 gathers (the common case, and the hot loop of interleaved
+    screening): the same recurrences with the gather and late reduce-scatter terms at zero."""
+    n = p * v
+    hop_in = [c[(st - 1) % p] for st in range(p)]
+    done_f, done_b = [0] * (m * n), [0] * (m * n)
+    clock = [0] * p
+    for st, backward, k, dep, ch in plan:
+        t = clock[st]
+        if backward:
+            if dep >= 0:
+                u = done_b[dep] + c[st]
+                if u > t:
+                    t = u
+            t += bwd[st][ch]
+            done_b[k] = t
+        else:
+            if dep >= 0:
+                u = done_f[dep] + hop_in[st]
+                if u > t:
+                    t = u
+            t += fwd[st][ch]
+            done_f[k] = t
+        clock[st] = t
+    last = (m - 1) * n
+    return clock, [[done_b[last + ch * p + st] for ch in range(v)] for st in range(p)]
+
+
 def _increments(a: tuple[list[int], list[list[int]]], b: tuple[list[int], list[list[int]]]
                 ) -> list[int]:
     """Per event (stage ends, then chunk ends), how far run b is behind run a."""
@@ -369,6 +399,8 @@ def _walk(schedule: str, p: int, m: int, v: int, fwd: list[tuple[int, ...]],
     """Walk the interleaved order: each step waits for its stage's previous step and for the
     neighbouring chunk's same micro-batch (+ one send). O(p·m·v)."""
     n = p * v
+    if not early and not late:
+        return _walk_plain(_plan(schedule, m, p, v), p, m, v, fwd, bwd, c)
     e_f = [[early.get(("F", st, ch), 0) if early else 0 for ch in range(v)] for st in range(p)]
     e_b = [[early.get(("B", st, ch), 0) if early else 0 for ch in range(v)] for st in range(p)]
     lt = [[late.get((st, ch), 0) if late else 0 for ch in range(v)] for st in range(p)]
