@@ -51,6 +51,8 @@ INT_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads
                "pp", "dp", "cp", "ep", "virtual_pp", "zero_stage", "gpus_per_node")
 FLOAT_COLUMNS = ("scaleout_gbps_per_gpu", "measured_iter_time_s")
 BOOL_COLUMNS = ("sequence_parallel",)
+# Read case-insensitively (the schema spells them in lower case: "bf16", "h100-sxm", "full").
+ENUM_COLUMNS = ("arch", "activation", "recompute", "precision", "gpu")
 VOCAB_PAD = 128  # Megatron-LM --make-vocab-size-divisible-by default
 BAD = "_unreadable"  # per row: the cells that did not parse, as "column 'text'"
 
@@ -85,7 +87,8 @@ def load_runs(path: str | Path) -> pl.DataFrame:
     return raw.with_columns(
         pl.concat_str(bad, separator=", ", ignore_nulls=True).alias(BAD),
         *(e.alias(c) for c, e in parsed.items()),
-        *(pl.when(text[c] == "").then(None).otherwise(text[c]).alias(c)
+        *(pl.when(text[c] == "").then(None)
+          .otherwise(text[c].str.to_lowercase() if c in ENUM_COLUMNS else text[c]).alias(c)
           for c in raw.columns if c not in parsed))
 
 

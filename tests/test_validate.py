@@ -227,3 +227,16 @@ def test_layers_pp_does_not_divide_go_to_shorter_end_stages(
     s = inputs.strategy
     assert [len(s.chunk_layers(int(layers), g)) for g in range(s.pp)] == sizes
     assert f"{layers} layers on pp {pp}" in inputs.assumptions
+
+
+def test_enum_cells_are_read_case_insensitively(tmp_path: Path) -> None:
+    from analysis.validate import RunInputs, row_inputs
+
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    row = _row(tmp_path, "mpt-07", gpu=" A100-80GB", precision="BF16", recompute="None",
+               activation="GELU", arch="Dense")
+    inputs = row_inputs(row)
+    assert isinstance(inputs, RunInputs), inputs
+    assert inputs.system.gpu.name == "a100-80gb" and inputs.strategy.precision == "bf16"
+    assert inputs.strategy.recompute == "none" and inputs.model.activation == "gelu"
