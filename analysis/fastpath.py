@@ -83,9 +83,16 @@ class _Context:
         self.net = AlphaBetaNetwork(system)
         self.blocks: dict[tuple[object, ...], tuple[int, int]] = {}
         self.lists: dict[tuple[object, ...], int] = {}
+        self.optimizer: dict[int, int] = {}
+        # a stage chunk's gradient buckets from its start: id(runs) → (runs, bucket runs)
+        self.buckets: dict[tuple[int, str, int], tuple[object, list[_BucketRun]]] = {}
         self.stages: dict[tuple[object, ...], _Stage] = {}
         self.tails: dict[tuple[object, ...], tuple[int, int]] = {}
         self._interned: dict[tuple[object, ...], int] = {}
+
+    def entries(self) -> int:
+        return (len(self.blocks) + len(self.stages) + len(self.tails) + len(self.lists)
+                + len(self.optimizer) + len(self.buckets))
 
     def intern(self, key: tuple[object, ...]) -> int:
         """A small integer for a long key (hashed once per strategy, not in every lookup)."""
@@ -103,7 +110,7 @@ def _context(system: SystemSpec) -> _Context:
     got = _CONTEXTS.get(id(system))
     if got is not None and got[0] is system:
         ctx = got[1]
-        if len(ctx.tails) + len(ctx.stages) + len(ctx.blocks) + len(ctx.lists) <= MEMO_LIMIT:
+        if ctx.entries() <= MEMO_LIMIT:
             return ctx
         _CONTEXTS.clear()
     same = next((ctx for sys, ctx in _CONTEXTS.values() if sys == system), None)
@@ -190,6 +197,14 @@ class _Costs:
         got = self.ctx.blocks.get(key)
         if got is None:
             got = self.ctx.blocks[key] = _block_ns(self, block, rank, sig)
+        return got
+
+    def optimizer_ns(self, params: int) -> int:
+        """The optimizer step over ``params`` local parameters (memo: it depends on nothing
+        else)."""
+        got = self.ctx.optimizer.get(params)
+        if got is None:
+            got = self.ctx.optimizer[params] = self.items_ns([O.optimizer_step(params)], 0)
         return got
 
     def list_ns(self, block: ParamBlock, which: str, rank: int, sig: tuple[object, ...]) -> int:
@@ -446,7 +461,7 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
         pipe = max(ends)
         check: Iterable[int] = range(s.pp)
     else:
-        f_s, b_s = [x.fwd[0] for x in stages], [x.bwd[0] for x in stages]
+        f_s, b_s = _per_stage(stages, alike)
         hidden, late_s = 0, [0] * s.pp
         if s.zero_stage == 3 and s.pp > 1:
             # the first gather of a pass runs while the input is awaited; the last
@@ -468,9 +483,24 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
         check = sorted({0, s.pp - 1}) if alike else range(s.pp)
     finish = _tails(costs, stages, [0] * s.pp if alike else reps, ends, chunk_ends, check)
     peak = _peak_memory_bytes(costs, stages, alike)
+    if alike and s.pp > 3:
+        a, b, z = stages[0], stages[1], stages[-1]
+        mid = s.pp - 2
+        fwd_s = (a.fwd_s, *[b.fwd_s] * mid, z.fwd_s)
+        bwd_s = (a.bwd_s, *[b.bwd_s] * mid, z.bwd_s)
+    else:
+        fwd_s, bwd_s = tuple([x.fwd_s for x in stages]), tuple([x.bwd_s for x in stages])
     return FastEstimate(finish / NS_PER_S, pipe / NS_PER_S, peak / GiB,
-                        peak <= system.gpu.hbm_bytes,
-                        tuple([x.fwd_s for x in stages]), tuple([x.bwd_s for x in stages]))
+                        peak <= system.gpu.hbm_bytes, fwd_s, bwd_s)
+
+
+def _per_stage(stages: list[_Stage], alike: bool) -> tuple[list[int], list[int]]:
+    """One micro-batch's forward and backward per stage (alike stages repeat the second's)."""
+    if alike and len(stages) > 3:
+        a, b, z = stages[0], stages[1], stages[-1]
+        mid = len(stages) - 2
+        return [a.fwd[0], *[b.fwd[0]] * mid, z.fwd[0]], [a.bwd[0], *[b.bwd[0]] * mid, z.bwd[0]]
+    return [x.fwd[0] for x in stages], [x.bwd[0] for x in stages]
 
 
 def _stages(costs: _Costs) -> tuple[list[_Stage], list[int], bool]:
@@ -524,8 +554,8 @@ def _tails(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[int]
     chain = list(ends)
     if m.tied_embeddings and s.pp > 1:
         size = m.vocab_size * m.hidden_size // s.tp * O.GRAD_REDUCE_BYTES
-        t = max(ends[0], ends[-1]) + costs.coll_ns(
-            O.Comm("e", "embd", "ALL_REDUCE", size), 0)
+        t = max(ends[0], ends[-1]) + costs.net.shape_ns("ALL_REDUCE", size,
+                                                         costs.shape("embd", 0))
         chain[0] = chain[-1] = t
     strategy_key = costs.ctx.intern((s.dp_bucket_params, s.overlap_grad_reduce, s.zero_stage,
                                      s.dp, s.cp, s.ep))
@@ -550,7 +580,7 @@ def _tail_costs(costs: _Costs, x: _Stage, rank: int, rel_ends: tuple[int, ...]
     plus ZeRO parameter all-gathers after that)."""
     s = costs.s
     done, gathers = _buckets_done(costs, rank, x.runs_bwd, rel_ends, x.bwd)
-    after = costs.items_ns([O.optimizer_step(sharded_params(s, dict(x.params)))], rank)
+    after = costs.optimizer_ns(sharded_params(s, dict(x.params)))
     for axis, padded, count in gathers:
         shard = padded // dp_group_size(s, axis) * O.PARAM_BYTES
         after += count * costs.net.shape_ns("ALL_GATHER", shard, costs.shape(axis, rank))
@@ -583,12 +613,21 @@ def _buckets_done(costs: _Costs, rank: int,
             for axis in (("dp", "edp") if costs.m.is_moe else ("dp",))]
     order = range(1) if len(chunk_ends) == 1 else sorted(range(len(chunk_ends)),
                                                          key=chunk_ends.__getitem__)
+    memo = costs.ctx.buckets
     for chunk in order:
         start = chunk_ends[chunk] - chunk_bwd[chunk]
+        blocks = runs[chunk]
         for axis, size, shape in axes:
             if size < 2:
                 continue
-            for t, step, n, params in _bucket_runs(runs[chunk], axis, s.dp_bucket_params, start):
+            # issue times are offsets from the chunk's start: found once per stage chunk
+            # (keyed by identity; the stage memo keeps ``blocks`` alive) and shifted
+            key = (id(blocks), axis, s.dp_bucket_params)
+            got = memo.get(key)
+            if got is None or got[0] is not blocks:
+                got = memo[key] = (blocks, _bucket_runs(blocks, axis, s.dp_bucket_params, 0))
+            for t, step, n, params in got[1]:
+                t += start
                 padded = -(-params // size) * size
                 d = costs.net.shape_ns(coll, padded * O.GRAD_REDUCE_BYTES, shape)
                 if not s.overlap_grad_reduce:
