@@ -484,10 +484,10 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     finish = _tails(costs, stages, [0] * s.pp if alike else reps, ends, chunk_ends, check)
     peak = _peak_memory_bytes(costs, stages, alike)
     if alike and s.pp > 3:
-        a, b, z = stages[0], stages[1], stages[-1]
+        head, body, tail = stages[0], stages[1], stages[-1]
         mid = s.pp - 2
-        fwd_s = (a.fwd_s, *[b.fwd_s] * mid, z.fwd_s)
-        bwd_s = (a.bwd_s, *[b.bwd_s] * mid, z.bwd_s)
+        fwd_s = (head.fwd_s, *[body.fwd_s] * mid, tail.fwd_s)
+        bwd_s = (head.bwd_s, *[body.bwd_s] * mid, tail.bwd_s)
     else:
         fwd_s, bwd_s = tuple([x.fwd_s for x in stages]), tuple([x.bwd_s for x in stages])
     return FastEstimate(finish / NS_PER_S, pipe / NS_PER_S, peak / GiB,
