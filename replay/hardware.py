@@ -75,6 +75,9 @@ class NodeSpec:
     nvlink_GBps: float  # unidirectional per GPU
     nvlink_efficiency: float
     nvlink_latency_us: float
+    # All-reduce bus bandwidth with NVLink SHARP (NVLS) inside a node; 0 where the NVSwitch has
+    # none (before Hopper) or no measurement exists.
+    nvls_busbw_GBps: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,13 +128,17 @@ class SystemSpec:
         return build(cls, data, what=what)
 
 
+OPTIONAL_ZERO = ("nvls_busbw_GBps",)  # 0: the feature is absent
+
+
 def _problems(s: SystemSpec) -> list[str]:
     out: list[str] = []
     sections: tuple[Any, ...] = (s.gpu, s.node, s.scaleout)
     for section in sections:
         for field in dataclasses.fields(section):
             v = getattr(section, field.name)
-            if isinstance(v, int | float) and not isinstance(v, bool) and v <= 0:
+            if isinstance(v, int | float) and not isinstance(v, bool) and v <= 0 and not (
+                    field.name in OPTIONAL_ZERO and v == 0):
                 out.append(f"{field.name} must be positive, got {v}")
     fractions: tuple[tuple[Any, str], ...] = (
         (s.gpu, "gemm_efficiency"), (s.gpu, "gemm_efficiency_fp8"),

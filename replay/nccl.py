@@ -18,7 +18,8 @@ Tree all-reduce: latency = base + 2·((ranks per node − 1)·hop_nvl + ⌈log�
 bandwidth busbw/2. ``bytes`` is the whole buffer (all-gather: p × the per-rank shard), as in NCCL.
 
 Checked against the DGX H100 nccl-tests sweep in ANCHORS (tests/test_network.py): the latency
-floor (~13 µs measured, 15 µs here) and the ramp at 1–16 MiB, below where NVLS takes over.
+floor (~13 µs measured, 15 µs here), the ramp at 1–16 MiB, and — on systems with NVLink SHARP —
+NVLS all-reduce inside a node, which takes over above ~64 MiB (``nvls_time``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ SIMPLE = Proto("Simple", 8.4, 3.4, 14.0, 0.0, 28.0, 28.0, 1.0, 0.92, False)
 PROTOCOLS = (LL, LL128, SIMPLE)
 NET_OVERHEAD_US = 1.0  # per step on multi-node rings (x86 Intel host; ×3 with Simple)
 LL128_SINGLE_NODE_TREE = 7 / 9
+# NVLS start-up: least squares over the DGX H100 sweep's NVLS region (64 MiB-16 GiB, ANCHORS)
+# with the 480 GB/s plateau of the GTC slides; every point within 5%. NCCL's tuner charges
+# 25 µs (hwLat NVLink NVLS), which would put NVLS ahead from 4 MiB where the sweep still shows
+# ring bandwidth: NVLS's large chunks take longer to fill its pipeline.
+NVLS_STARTUP_US = 90.0
 
 
 def ll_max_Bps(n_nodes: int) -> float:
@@ -99,13 +105,23 @@ def tree_time(nbytes: float, p: int, n_nodes: int, busbw_Bps: float, pr: Proto
     return lat_us * US, nbytes / (0.5 * bw)
 
 
-def collective_time(coll: str, nbytes: float, p: int, n_nodes: int, busbw_Bps: float
-                    ) -> tuple[float, float]:
+def nvls_time(nbytes: float, p: int, nvls_busbw_Bps: float) -> tuple[float, float]:
+    """(latency_s, transfer_s) of NVLS (NVLink SHARP) all-reduce inside one node: the switch
+    reduces, so the time is a start-up plus the bytes at the NVLS bus bandwidth (bus convention:
+    algorithm bandwidth = busbw · p / 2(p − 1))."""
+    return NVLS_STARTUP_US * US, nbytes * 2 * (p - 1) / (p * nvls_busbw_Bps)
+
+
+def collective_time(coll: str, nbytes: float, p: int, n_nodes: int, busbw_Bps: float,
+                    nvls_busbw_Bps: float = 0.0) -> tuple[float, float]:
     """(latency_s, transfer_s) of the fastest algorithm and protocol, as NCCL's tuner picks.
-    ``coll``: ALL_REDUCE, REDUCE_SCATTER or ALL_GATHER; ``nbytes``: the whole buffer."""
+    ``coll``: ALL_REDUCE, REDUCE_SCATTER or ALL_GATHER; ``nbytes``: the whole buffer;
+    ``nvls_busbw_Bps``: NVLS all-reduce bandwidth where the node has it (one node only)."""
     if p <= 1:
         return 0.0, 0.0
     options = [ring_time(coll, nbytes, p, n_nodes, busbw_Bps, pr) for pr in PROTOCOLS]
     if coll == "ALL_REDUCE":
         options += [tree_time(nbytes, p, n_nodes, busbw_Bps, pr) for pr in PROTOCOLS]
+        if n_nodes == 1 and nvls_busbw_Bps > 0:
+            options.append(nvls_time(nbytes, p, nvls_busbw_Bps))
     return min(options, key=sum)

@@ -141,6 +141,7 @@ class AlphaBetaNetwork:
                         node.nvlink_latency_us * US, "nvl")
         nic_bytes = out.nic_Gbps_per_gpu / 8 * unit * (1.0 if astra_compat else out.nic_efficiency)
         self.nic = Tier(nic_bytes, out.latency_us * US, "nic")
+        self.nvls_Bps = 0.0 if astra_compat else node.nvls_busbw_GBps * unit
         self.nic_blocking = Tier(nic_bytes / out.oversubscription, out.latency_us * US, "nic")
         self._cache: dict[tuple[str, int, tuple[int, ...]], CommCost] = {}
         # (collective, bytes, (ranks, nodes, ranks per node, rail-aligned)) → total ns: the cost
@@ -183,7 +184,8 @@ class AlphaBetaNetwork:
         if coll in NCCL_RING:
             nbytes = size * p if coll == "ALL_GATHER" else size
             return (*nccl.collective_time(NCCL_RING[coll], nbytes, p, n_nodes,
-                                          self._busbw(n_nodes, local, out)), uses)
+                                          self._busbw(n_nodes, local, out), self.nvls_Bps),
+                    uses)
         if n_nodes == 1:
             return (*flat_cost(coll, size, p, self.nvl), uses)
         if local == 1:
