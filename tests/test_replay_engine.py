@@ -66,21 +66,26 @@ def test_independent_nodes_share_one_compute_stream(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("p", [2, 4, 8])
 def test_ring_all_reduce_closed_form(tmp_path: Path, p: int) -> None:
-    """One 1 GiB all-reduce on p ranks of a node: NCCL's Simple ring, 8.4 µs + 2(p−1)·3.4 µs
-    of latency (NVIDIA/nccl tuning.cc) plus 2(p−1)/p·S/B at the calibrated bus bandwidth."""
+    """One 1 GiB all-reduce on p ranks of a node without NVLink SHARP (A100): NCCL's Simple
+    ring, 8.4 µs + 2(p−1)·3.4 µs of latency (NVIDIA/nccl tuning.cc) plus 2(p−1)/p·S/B at the
+    calibrated bus bandwidth. (On H100 NVLS takes it: start-up + 2(p−1)/p·S/B_nvls.)"""
     size = 2**30
     ranks = []
     for _ in range(p):
         r = SynthRank()
         r.coll("ar", pb.ALL_REDUCE, size)
         ranks.append(r)
-    system = get_system("dgx-h100")
+    system = get_system("dgx-a100-80gb")
     net = AlphaBetaNetwork(system)
     ts = load_trace_set(write_set(tmp_path, ranks))
     end = Simulator(ts, ConstantCompute(0), net).run()
     bw = system.node.nvlink_GBps * 1e9 * system.node.nvlink_efficiency
     expected = 2 * (p - 1) / p * size / bw + (8.4 + 2 * (p - 1) * 3.4) * 1e-6
     assert end == pytest.approx(expected * 1e9, abs=2)
+    h100 = get_system("dgx-h100")
+    end = Simulator(ts, ConstantCompute(0), AlphaBetaNetwork(h100)).run()
+    nvls = 2 * (p - 1) / p * size / (h100.node.nvls_busbw_GBps * 1e9) + 90e-6
+    assert end == pytest.approx(nvls * 1e9, abs=2)
 
 
 def test_overlapped_compute_and_communication(tmp_path: Path) -> None:
