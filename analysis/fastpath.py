@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from operator import attrgetter
+from typing import TypeVar
 
 from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
@@ -34,6 +36,8 @@ from tracegen.program import ParamBlock, RoleProgram, dp_group_size, sharded_par
 from tracegen.schedule import stage_order
 from tracegen.strategy import Strategy, check_fits_model
 from tracegen.units import DTYPE_CODE, NS_PER_S, GiB
+
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -461,7 +465,8 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
         pipe = max(ends)
         check: Iterable[int] = range(s.pp)
     else:
-        f_s, b_s = _per_stage(stages, alike)
+        f_s = _per_stage(stages, alike, lambda x: x.fwd[0])
+        b_s = _per_stage(stages, alike, lambda x: x.bwd[0])
         hidden, late_s = 0, [0] * s.pp
         if s.zero_stage == 3 and s.pp > 1:
             # the first gather of a pass runs while the input is awaited; the last
@@ -483,24 +488,17 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
         check = sorted({0, s.pp - 1}) if alike else range(s.pp)
     finish = _tails(costs, stages, [0] * s.pp if alike else reps, ends, chunk_ends, check)
     peak = _peak_memory_bytes(costs, stages, alike)
-    if alike and s.pp > 3:
-        head, body, tail = stages[0], stages[1], stages[-1]
-        mid = s.pp - 2
-        fwd_s = (head.fwd_s, *[body.fwd_s] * mid, tail.fwd_s)
-        bwd_s = (head.bwd_s, *[body.bwd_s] * mid, tail.bwd_s)
-    else:
-        fwd_s, bwd_s = tuple([x.fwd_s for x in stages]), tuple([x.bwd_s for x in stages])
     return FastEstimate(finish / NS_PER_S, pipe / NS_PER_S, peak / GiB,
-                        peak <= system.gpu.hbm_bytes, fwd_s, bwd_s)
+                        peak <= system.gpu.hbm_bytes,
+                        tuple(_per_stage(stages, alike, attrgetter("fwd_s"))),
+                        tuple(_per_stage(stages, alike, attrgetter("bwd_s"))))
 
 
-def _per_stage(stages: list[_Stage], alike: bool) -> tuple[list[int], list[int]]:
-    """One micro-batch's forward and backward per stage (alike stages repeat the second's)."""
+def _per_stage(stages: list[_Stage], alike: bool, get: Callable[[_Stage], _T]) -> list[_T]:
+    """``get`` of every stage; alike middle stages repeat the second's (no per-stage work)."""
     if alike and len(stages) > 3:
-        a, b, z = stages[0], stages[1], stages[-1]
-        mid = len(stages) - 2
-        return [a.fwd[0], *[b.fwd[0]] * mid, z.fwd[0]], [a.bwd[0], *[b.bwd[0]] * mid, z.bwd[0]]
-    return [x.fwd[0] for x in stages], [x.bwd[0] for x in stages]
+        return [get(stages[0]), *[get(stages[1])] * (len(stages) - 2), get(stages[-1])]
+    return [get(x) for x in stages]
 
 
 def _stages(costs: _Costs) -> tuple[list[_Stage], list[int], bool]:
