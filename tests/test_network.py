@@ -133,3 +133,20 @@ def test_one_rank_per_node_ring_crosses_nodes_at_every_step() -> None:
     assert lat == pytest.approx((8.4 + 2 * 15 * 14.0) * 1e-6)
     lat, _ = nccl.ring_time("ALL_GATHER", 2**30, 16, 16, 50e9, nccl.SIMPLE)
     assert lat == pytest.approx((8.4 + 15 * 14.0) * 1e-6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(start=st.integers(0, 64), step=st.integers(1, 40), count=st.integers(1, 300),
+       gpn=st.sampled_from([1, 2, 4, 8, 16]), split=st.integers(1, 4))
+def test_shape_of_arithmetic_runs_equals_the_rank_by_rank_shape(
+        start: int, step: int, count: int, gpn: int, split: int) -> None:
+    """``ranges_shape`` (the fast path's: first, second and last node of a run) gives what
+    ``group_shape`` gives visiting every rank, for one run and for a group cut into runs."""
+    from replay.network import group_shape, ranges_shape
+
+    rg = range(start, start + step * count, step)
+    ranks = tuple(rg)
+    assert ranges_shape([rg], gpn) == group_shape(ranks, gpn)
+    cut = max(1, count // split)
+    runs = [rg[i:i + cut] for i in range(0, count, cut)]
+    assert ranges_shape(runs, gpn) == group_shape(ranks, gpn)
