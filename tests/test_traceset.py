@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 from chakra.schema.protobuf import et_def_pb2 as pb
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import attrs, read_et
 from tracegen import ModelSpec, Strategy, generate, read_manifest
@@ -128,3 +130,33 @@ def test_representative_is_subset_of_full(tiny_gqa: ModelSpec, tmp_path: Path) -
     for r in man["ranks_written"]:
         rep = (tmp_path / "rep" / f"t.{r}.et").read_bytes()
         assert rep == (tmp_path / "full" / f"t.{r}.et").read_bytes()
+
+
+@settings(max_examples=60, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4]), cp=st.sampled_from([1, 2, 3]),
+       dp=st.sampled_from([1, 2, 4, 6]), pp=st.sampled_from([1, 2, 3]),
+       ep=st.sampled_from([1, 2]))
+def test_mesh_groups_are_the_ranks_that_differ_only_on_their_axis(
+        tp: int, cp: int, dp: int, pp: int, ep: int) -> None:
+    """Every axis's members, from Megatron's rank formula, are exactly the ranks whose other
+    coordinates match (tp: same pp/dp/cp; dp: same pp/tp; ep: same dp block of ep; edp: same
+    dp residue mod ep; embd: first and last stage), in ascending order."""
+    from tracegen.mesh import Mesh
+
+    if dp % ep:
+        return
+    s = Strategy(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, global_batch_size=dp)
+    mesh = Mesh(s, tied_embeddings=True, moe=True)
+    coords = [mesh.coord(r) for r in range(s.world_size)]
+    same = {
+        "tp": lambda a, b: (a.pp, a.dp, a.cp) == (b.pp, b.dp, b.cp),
+        "cp": lambda a, b: (a.pp, a.dp, a.tp) == (b.pp, b.dp, b.tp),
+        "dp": lambda a, b: (a.pp, a.tp) == (b.pp, b.tp),
+        "ep": lambda a, b: (a.pp, a.cp, a.tp, a.dp // ep) == (b.pp, b.cp, b.tp, b.dp // ep),
+        "edp": lambda a, b: (a.pp, a.tp, a.dp % ep) == (b.pp, b.tp, b.dp % ep),
+        "embd": lambda a, b: b.pp in (0, pp - 1) and (a.dp, a.cp, a.tp) == (b.dp, b.cp, b.tp),
+    }
+    for c in coords:
+        for axis, match in same.items():
+            want = tuple(b.rank for b in coords if match(c, b))
+            assert mesh._members(axis, c) == want, (axis, c)
