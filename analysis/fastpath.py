@@ -50,7 +50,6 @@ class FastEstimate:
     stage_bwd_s: tuple[float, ...]
 
 
-@functools.lru_cache(maxsize=65536)
 def _group_shape(axis: str, rank: int, tp: int, cp: int, dp: int, pp: int, ep: int, tied: bool,
                  moe: bool, gpus_per_node: int) -> tuple[int, int, int, bool]:
     """(ranks, nodes spanned, ranks per node, rail-aligned) of ``rank``'s group on ``axis``
@@ -92,11 +91,20 @@ class _Context:
         self.buckets: dict[tuple[int, str, int], tuple[object, list[_BucketRun]]] = {}
         self.stages: dict[tuple[object, ...], _Stage] = {}
         self.tails: dict[tuple[object, ...], tuple[int, int]] = {}
+        self.shapes: dict[tuple[object, ...], tuple[int, int, int, bool]] = {}
+        self._models: dict[int, tuple[ModelSpec, int]] = {}
         self._interned: dict[tuple[object, ...], int] = {}
 
     def entries(self) -> int:
         return (len(self.blocks) + len(self.stages) + len(self.tails) + len(self.lists)
-                + len(self.optimizer) + len(self.buckets))
+                + len(self.optimizer) + len(self.buckets) + len(self.shapes))
+
+    def model_id(self, model: ModelSpec) -> int:
+        """A small integer per model (by identity first: hashing a spec per strategy is slow)."""
+        got = self._models.get(id(model))
+        if got is None or got[0] is not model:
+            got = self._models[id(model)] = (model, self.intern((model,)))
+        return got[1]
 
     def intern(self, key: tuple[object, ...]) -> int:
         """A small integer for a long key (hashed once per strategy, not in every lookup)."""
@@ -128,7 +136,6 @@ def _context(system: SystemSpec) -> _Context:
 def clear_cache() -> None:
     """Forget every memo (benchmarks call this to time a cold sweep)."""
     _CONTEXTS.clear()
-    _group_shape.cache_clear()
 
 
 class _Costs:
@@ -143,17 +150,19 @@ class _Costs:
         s = strategy
         # What a block's cost depends on besides its group shapes (not pp, vpp, schedule, batch;
         # dp only through ZeRO-3's gathers); its op lists' costs do not depend on recompute.
-        self.lists_key = self.ctx.intern((model, O.op_key(s)))  # what op lists cost
+        self.lists_key = self.ctx.intern((self.ctx.model_id(model), O.op_key(s)))
         self.key = self.ctx.intern((self.lists_key, s.recompute,
                                     s.dp if s.zero_stage == 3 else 0))
-        self._shapes: dict[tuple[str, int], tuple[int, int, int, bool]] = {}
+        self.moe = model.is_moe
+        # all a group's shape depends on besides its axis and rank
+        self._degrees = (s.tp, s.cp, s.dp, s.pp, s.ep, model.tied_embeddings, self.moe,
+                         self.gpn)
 
     def shape(self, axis: str, rank: int) -> tuple[int, int, int, bool]:
-        got = self._shapes.get((axis, rank))
+        key = (axis, rank, self._degrees)
+        got = self.ctx.shapes.get(key)
         if got is None:
-            s, m = self.s, self.m
-            got = self._shapes[(axis, rank)] = _group_shape(
-                axis, rank, s.tp, s.cp, s.dp, s.pp, s.ep, m.tied_embeddings, m.is_moe, self.gpn)
+            got = self.ctx.shapes[key] = _group_shape(axis, rank, *self._degrees)
         return got
 
     def signature(self, rank: int) -> tuple[tuple[int, ...], ...]:
@@ -188,8 +197,12 @@ class _Costs:
         s, n_chunks = self.s, self.s.pp * self.s.vpp
         gcis = (stage,) if s.vpp == 1 else tuple(ch * s.pp + stage for ch in range(s.vpp))
         layers = self.m.num_layers
-        comp = tuple([(len(s.chunk_layers(layers, g)), g == 0, g == n_chunks - 1,
-                       n_chunks == 1) for g in gcis])
+        if s.first_stage_layers or s.last_stage_layers:
+            comp = tuple([(len(s.chunk_layers(layers, g)), g == 0, g == n_chunks - 1,
+                           n_chunks == 1) for g in gcis])
+        else:  # an even split: every chunk holds layers / chunks
+            per = layers // n_chunks
+            comp = tuple([(per, g == 0, g == n_chunks - 1, n_chunks == 1) for g in gcis])
         key = (self.key, comp, sig)
         got = self.ctx.stages.get(key)
         if got is None:
@@ -563,7 +576,7 @@ def _tails(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[int]
         end = max(chunk_ends[st])
         rel = tuple(e - end for e in chunk_ends[st])
         key = (id(x), rel, strategy_key, costs.shape("dp", reps[st]),
-               costs.shape("edp", reps[st]) if m.is_moe else None)
+               costs.shape("edp", reps[st]) if costs.moe else None)
         got = costs.ctx.tails.get(key)
         if got is None:
             got = costs.ctx.tails[key] = _tail_costs(costs, x, reps[st], rel)
@@ -608,7 +621,7 @@ def _buckets_done(costs: _Costs, rank: int,
     stream = {"dp": idle, "edp": idle}
     gathers: list[tuple[str, int, int]] = []
     axes = [(axis, dp_group_size(s, axis), costs.shape(axis, rank))
-            for axis in (("dp", "edp") if costs.m.is_moe else ("dp",))]
+            for axis in (("dp", "edp") if costs.moe else ("dp",))]
     order = range(1) if len(chunk_ends) == 1 else sorted(range(len(chunk_ends)),
                                                          key=chunk_ends.__getitem__)
     memo = costs.ctx.buckets
