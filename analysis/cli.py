@@ -170,13 +170,14 @@ def systems_cmd() -> None:
 
     table = Table(title="Preset systems")
     for col in ("name", "gpu", "bf16 TFLOP/s", "HBM GiB", "HBM GB/s", "GPUs/node",
-                "NVLink GB/s", "NIC Gb/s/GPU", "description"):
+                "NVLink GB/s", "NVLS busbw GB/s", "NIC Gb/s/GPU", "description"):
         table.add_column(col)
     for name in system_names():
         s = get_system(name)
+        nvls = f"{s.node.nvls_busbw_GBps:g}" if s.node.nvls_busbw_GBps else "—"
         table.add_row(name, s.gpu.name, f"{s.gpu.peak_bf16_TFLOPs:g}", f"{s.gpu.hbm_GiB:g}",
                       f"{s.gpu.hbm_GBps:g}", str(s.node.gpus_per_node), f"{s.node.nvlink_GBps:g}",
-                      f"{s.scaleout.nic_Gbps_per_gpu:g}", s.description)
+                      nvls, f"{s.scaleout.nic_Gbps_per_gpu:g}", s.description)
     console.print(table)
 
 

@@ -95,3 +95,16 @@ def test_memory_that_does_not_fit_is_flagged(tmp_path: Path) -> None:
     assert "does not fit: stage(s) [0] need more than 80 GiB per GPU" in r.stdout
     r = run("replay", str(out), "--system", "dgx-h100")
     assert r.returncode == 0 and "DOES NOT FIT" in r.stdout
+
+
+def test_systems_lists_every_preset_with_its_nvls_bandwidth() -> None:
+    from replay import system_names
+
+    r = run("systems")
+    assert r.returncode == 0, r.stderr
+    for name in system_names():
+        assert name in r.stdout
+    h100 = next(line for line in r.stdout.splitlines() if "dgx-h100" in line)
+    assert "480" in h100  # NVLS all-reduce bus bandwidth (ANCHORS)
+    a100 = next(line for line in r.stdout.splitlines() if "dgx-a100-80gb" in line)
+    assert "—" in a100  # no NVLink SHARP before Hopper
