@@ -92,12 +92,13 @@ class _Context:
         self.stages: dict[tuple[object, ...], _Stage] = {}
         self.tails: dict[tuple[object, ...], tuple[int, int]] = {}
         self.shapes: dict[tuple[object, ...], tuple[int, int, int, bool]] = {}
+        self.walks: dict[tuple[object, ...], tuple[list[int], list[list[int]]]] = {}
         self._models: dict[int, tuple[ModelSpec, int]] = {}
         self._interned: dict[tuple[object, ...], int] = {}
 
     def entries(self) -> int:
         return (len(self.blocks) + len(self.stages) + len(self.tails) + len(self.lists)
-                + len(self.optimizer) + len(self.buckets) + len(self.shapes))
+                + len(self.optimizer) + len(self.buckets) + len(self.shapes) + len(self.walks))
 
     def model_id(self, model: ModelSpec) -> int:
         """A small integer per model (by identity first: hashing a spec per strategy is slow)."""
@@ -476,7 +477,15 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
         late = {(st, ch): x.late_b[ch] for st, x in enumerate(stages)
                 for ch in range(s.vpp)} if zero3 else None
         # chunk_ends: when each chunk's last backward ends (its gradient buckets go then)
-        ends, chunk_ends = _interleaved(s, fwd, bwd, c, early, late)
+        # the walk depends on nothing else: strategies differing only in what comes after the
+        # pipeline (ZeRO 0 vs 1, bucket size) share it
+        key = (s.schedule, s.pp, s.num_microbatches, s.vpp, tuple(fwd), tuple(bwd), tuple(c),
+               tuple(sorted(early.items())) if early else None,
+               tuple(sorted(late.items())) if late else None)
+        walked = costs.ctx.walks.get(key)
+        if walked is None:
+            walked = costs.ctx.walks[key] = _interleaved(s, fwd, bwd, c, early, late)
+        ends, chunk_ends = walked
         pipe = max(ends)
         check: Iterable[int] = range(s.pp)
     else:
