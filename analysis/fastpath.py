@@ -469,7 +469,10 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     costs = _Costs(model, s, system)
     stages, reps, alike = _stages(costs)
     c = _sends(costs, reps, alike)
-    if s.schedule == "interleaved_1f1b":
+    # Interleaved schedules, and pipelines whose stages hold different layer counts, are walked
+    # step by step: the closed forms below charge every micro-batch at the slowest stage, which
+    # is exact for alike stages but not when a few short stages let the others run ahead.
+    if s.schedule == "interleaved_1f1b" or s.first_stage_layers or s.last_stage_layers:
         fwd, bwd = [x.fwd for x in stages], [x.bwd for x in stages]
         zero3 = s.zero_stage == 3 and s.pp > 1
         early = {(ph, st, ch): g for st, x in enumerate(stages) for ch in range(s.vpp)

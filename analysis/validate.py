@@ -169,17 +169,21 @@ def _padded_vocab(model: ModelSpec, tp: int, notes: list[str]) -> ModelSpec:
 
 
 def _uneven_pipeline(s: Strategy, layers: int, notes: list[str]) -> Strategy:
-    """Where pp does not divide the layers (vpp 1), the first and last stages hold fewer, as
-    Llama 3 did: 126 layers on pp 16 as 8 per stage less one each on the first and last
-    (Dubey et al. 2024, §3.3.2). Other stages keep ⌈layers/pp⌉."""
-    if s.pp == 1 or s.vpp > 1 or layers % s.pp == 0:
+    """Where pp · vpp does not divide the layers, the first and last model chunks hold fewer and
+    the others ⌈layers / (pp · vpp)⌉, as Llama 3 did (126 layers on pp 16: 7, 8 × 14, 7; Dubey et
+    al. 2024, §3.3.2) and as Megatron lays out an interleaved pipeline that counts the embedding
+    and the loss as layers (126 layers on pp 8 × vpp 8: 1, 2 × 62, 1)."""
+    chunks = s.pp * s.vpp
+    if s.pp == 1 or layers % chunks == 0:
         return s
-    per = -(-layers // s.pp)
-    short = per * s.pp - layers  # layers the two end stages give up
+    per = -(-layers // chunks)
+    short = per * chunks - layers  # layers the two end chunks give up
     first, last = per - short // 2, per - (short - short // 2)
     if first < 1 or last < 1:
         return s  # the strategy check then says what is wrong
-    notes.append(f"{layers} layers on pp {s.pp}: first/last stages {first}/{last}, others {per}")
+    unit = "stages" if s.vpp == 1 else "model chunks"
+    notes.append(f"{layers} layers on pp {s.pp}" + (f" × vpp {s.vpp}" if s.vpp > 1 else "")
+                 + f": first/last {unit} {first}/{last}, others {per}")
     return dataclasses.replace(s, first_stage_layers=first, last_stage_layers=last)
 
 

@@ -210,22 +210,23 @@ def test_vocabulary_is_padded_as_megatron_pads_it(tmp_path: Path) -> None:
     assert isinstance(same, RunInputs) and same.model.vocab_size == 50368
 
 
-@pytest.mark.parametrize(("layers", "pp", "dp", "sizes"), [
-    ("126", "16", "4", [7] + [8] * 14 + [7]),  # Llama 3 405B (Dubey et al. 2024, §3.3.2)
-    ("80", "3", "21", [27, 27, 26]),
+@pytest.mark.parametrize(("layers", "pp", "vpp", "dp", "sizes"), [
+    ("126", "16", "1", "4", [7] + [8] * 14 + [7]),  # Llama 3 405B (Dubey et al. 2024, §3.3.2)
+    ("80", "3", "1", "21", [27, 27, 26]),
+    ("126", "8", "8", "8", [1] + [2] * 62 + [1]),  # interleaved, embedding and loss as layers
 ])
-def test_layers_pp_does_not_divide_go_to_shorter_end_stages(
-        tmp_path: Path, layers: str, pp: str, dp: str, sizes: list[int]) -> None:
+def test_layers_pp_does_not_divide_go_to_shorter_end_chunks(
+        tmp_path: Path, layers: str, pp: str, vpp: str, dp: str, sizes: list[int]) -> None:
     from analysis.validate import RunInputs, row_inputs
 
     if not PUBLIC.is_file():
         pytest.skip(f"{PUBLIC} not present")
-    row = _row(tmp_path, "mpt-05", num_layers=layers, pp=pp, dp=dp,
-               num_gpus=str(int(pp) * int(dp)), global_batch_size=str(int(dp) * 8 * 4))
+    row = _row(tmp_path, "mpt-05", num_layers=layers, pp=pp, virtual_pp=vpp, dp=dp,
+               num_gpus=str(int(pp) * int(dp)), global_batch_size=str(int(dp) * 8 * int(pp)))
     inputs = row_inputs(row)
     assert isinstance(inputs, RunInputs), inputs
     s = inputs.strategy
-    assert [len(s.chunk_layers(int(layers), g)) for g in range(s.pp)] == sizes
+    assert [len(s.chunk_layers(int(layers), g)) for g in range(s.pp * s.vpp)] == sizes
     assert f"{layers} layers on pp {pp}" in inputs.assumptions
 
 

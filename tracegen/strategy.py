@@ -42,7 +42,9 @@ class Strategy:
     # Megatron --tp-comm-overlap (Transformer Engine userbuffers): TP collectives of sequence
     # parallelism run alongside their GEMMs (tracegen/ops.py). Needs sequence_parallel.
     tp_comm_overlap: bool = False
-    # Uneven pipelines (Megatron's --decoder-first/last-pipeline-num-layers): 0 = even split.
+    # Uneven pipelines: layers of the first and last model chunk (= stage when vpp is 1), the
+    # other chunks sharing the rest evenly (Megatron's --decoder-first/last-pipeline-num-layers;
+    # with interleaving, its account-for-embedding/loss split). 0 = even split.
     first_stage_layers: int = 0
     last_stage_layers: int = 0
     dp_bucket_params: int = 40_000_000  # Megatron DDP default bucket (40M params)
@@ -67,20 +69,20 @@ class Strategy:
     def chunk_layers(self, num_layers: int, gci: int) -> range:
         """Global layer indices of global model chunk ``gci`` (= chunk · pp + stage)."""
         n_chunks = self.pp * self.vpp
-        if not (self.first_stage_layers or self.last_stage_layers) or self.pp == 1:
+        if not (self.first_stage_layers or self.last_stage_layers) or n_chunks == 1:
             per = num_layers // n_chunks
             return range(gci * per, (gci + 1) * per)
         first, last = self._edge_layers(num_layers)
-        middle = (num_layers - first - last) // max(self.pp - 2, 1)
+        middle = (num_layers - first - last) // max(n_chunks - 2, 1)
         if gci == 0:
             return range(0, first)
-        if gci == self.pp - 1:
+        if gci == n_chunks - 1:
             return range(num_layers - last, num_layers)
         start = first + (gci - 1) * middle
         return range(start, start + middle)
 
     def _edge_layers(self, num_layers: int) -> tuple[int, int]:
-        rest = self.pp - 2
+        rest = self.pp * self.vpp - 2
         first, last = self.first_stage_layers, self.last_stage_layers
         if first and last:
             return first, last
@@ -205,16 +207,18 @@ def _layer_split_problems(s: Strategy, m: ModelSpec) -> list[str]:
                     f"{chunks}; choose pp·vpp among {_divisors(m.num_layers)}, or set "
                     "first_stage_layers / last_stage_layers for an uneven pipeline"]
         return []
-    if s.vpp > 1 or s.pp < 2:
-        return ["first_stage_layers / last_stage_layers need pp ≥ 2 and vpp = 1"]
+    if s.pp < 2:
+        return ["first_stage_layers / last_stage_layers need pp ≥ 2"]
     if s.first_stage_layers < 0 or s.last_stage_layers < 0:
         return ["first_stage_layers / last_stage_layers must be ≥ 0"]
-    sizes = [len(s.chunk_layers(m.num_layers, g)) for g in range(s.pp)]
+    n_chunks = s.pp * s.vpp
+    sizes = [len(s.chunk_layers(m.num_layers, g)) for g in range(n_chunks)]
     if sum(sizes) != m.num_layers or min(sizes) < 1:
         first, last = s.first_stage_layers, s.last_stage_layers
+        what = "stages" if s.vpp == 1 else "model chunks (pp · vpp)"
         return [f"first_stage_layers {first} and last_stage_layers {last} leave "
                 f"{m.num_layers - first - last} layers that do not split evenly over the "
-                f"{max(s.pp - 2, 0)} middle stages (stage sizes would be {sizes})"]
+                f"{max(n_chunks - 2, 0)} middle {what} (sizes would be {sizes})"]
     return []
 
 
