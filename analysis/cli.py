@@ -50,7 +50,10 @@ def tracegen_cmd(
     recompute: Annotated[str, typer.Option(help="none | selective | full")] = "none",
     zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (1 = distributed optimizer).")] = 0,
     precision: Annotated[str, typer.Option(help="bf16 | fp16 | fp8")] = "bf16",
-    first_stage_layers: int = 0, last_stage_layers: int = 0,
+    first_stage_layers: Annotated[int, typer.Option(
+        help="Layers of the first model chunk (stage at vpp 1); 0 = even split.")] = 0,
+    last_stage_layers: Annotated[int, typer.Option(
+        help="Layers of the last model chunk (stage at vpp 1); 0 = even split.")] = 0,
     mode: Annotated[str, typer.Option(help="full | representative")] = "representative",
     system: Annotated[str | None, typer.Option(help="Flag ranks whose estimated memory exceeds "
                                                     "this system's GPU memory.")] = None,
