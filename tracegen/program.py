@@ -133,12 +133,15 @@ class RoleProgram:
         return node.id
 
     def _chain(self, node: PNode, extra: tuple[int, ...]) -> None:
-        if self.tail is not None:
-            node.data_deps.append(self.tail)
-        node.data_deps.extend(d for d in extra if d != self.tail)
+        deps, tail = node.data_deps, self.tail
+        if tail is not None:
+            deps.append(tail)
+        if extra:
+            deps.extend([d for d in extra if d != tail])
         # Collectives that ran alongside the previous chain node must be done before this one.
-        node.data_deps.extend(self._waiting)
-        self._waiting, self._alongside = self._alongside, []
+        if self._waiting or self._alongside:
+            deps.extend(self._waiting)
+            self._waiting, self._alongside = self._alongside, []
         self.tail = node.id
 
     def items(self, items: list[O.Item], prefix: str, phase: str,

@@ -30,6 +30,8 @@ def varint(value: int) -> bytes:
     """Base-128 varint; negative values as 64-bit two's complement (protobuf int32/int64)."""
     if 0 <= value < 16384:
         return _SMALL[value]
+    if 0 < value < 1 << 21:  # node ids and dependencies of large stages: three bytes
+        return bytes(((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, value >> 14))
     value &= _MASK64
     out = bytearray()
     while value > 0x7F:
