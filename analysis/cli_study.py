@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,6 +21,8 @@ def validate_cmd(
     = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write the predicted-vs-measured "
                                               "scatter (PNG).")] = None,
+    jobs: Annotated[int, typer.Option(help="Processes predicting rows in parallel (0: one per "
+                                           "CPU).")] = 0,
 ) -> None:
     """Predict every published run and compare with its measured step time."""
     from analysis.plots import predicted_vs_measured
@@ -27,7 +30,8 @@ def validate_cmd(
 
     with progress_bar() as bar:
         task = bar.add_task("predicting runs", total=None)
-        results = validate(runs, progress=lambda i, n: bar.update(task, completed=i, total=n))
+        results = validate(runs, progress=lambda i, n: bar.update(task, completed=i, total=n),
+                           jobs=jobs if jobs > 0 else os.cpu_count() or 1)
     table = Table(title=f"Validation: {runs.name}")
     for col in ("id", "status", "predicted s", "measured s", "error %", "memory GiB", "fits"):
         table.add_column(col, justify="right" if col != "status" else "left")

@@ -8,9 +8,11 @@ never dropped, never guessed. The only inference made is stated per row in ``ass
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
+import multiprocessing
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -215,21 +217,37 @@ def predict(inputs: RunInputs) -> dict[str, Any]:
             "predicted_mfu": result.metrics["mfu"]}
 
 
-def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = None
-             ) -> pl.DataFrame:
-    """One row per run: status, predicted vs measured step time, error, memory and fit."""
+def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = None,
+             jobs: int = 1) -> pl.DataFrame:
+    """One row per run: status, predicted vs measured step time, error, memory and fit.
+    ``jobs`` > 1 predicts rows in that many processes (rows are independent; order is kept)."""
     df = load_runs(path)
+    runs = list(df.iter_rows(named=True))
     rows = []
-    for i, row in enumerate(df.iter_rows(named=True)):
-        try:
-            rows.append(_validate_row(row))
-        except Exception as exc:  # one odd row must not sink a whole batch
-            rows.append({**{k: None for k in RESULT_SCHEMA}, "id": row.get("id"),
-                         "status": _one_line(f"skipped: unexpected {type(exc).__name__}: "
-                                             f"{exc} (a trainsim bug: please report this row)")})
-        if progress:
-            progress(i + 1, df.height)
+    if jobs <= 1 or len(runs) < 2:
+        results: Iterable[dict[str, Any]] = map(_safe_row, runs)
+        for i, result in enumerate(results):
+            rows.append(result)
+            if progress:
+                progress(i + 1, len(runs))
+        return pl.DataFrame(rows, schema=RESULT_SCHEMA)
+    # "spawn", not fork: polars' thread pool does not survive a fork (as in analysis/runner.py)
+    ctx = multiprocessing.get_context("spawn")
+    with cf.ProcessPoolExecutor(max_workers=min(jobs, len(runs)), mp_context=ctx) as pool:
+        for i, result in enumerate(pool.map(_safe_row, runs)):
+            rows.append(result)
+            if progress:
+                progress(i + 1, len(runs))
     return pl.DataFrame(rows, schema=RESULT_SCHEMA)
+
+
+def _safe_row(row: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return _validate_row(row)
+    except Exception as exc:  # one odd row must not sink a whole batch
+        return {**{k: None for k in RESULT_SCHEMA}, "id": row.get("id"),
+                "status": _one_line(f"skipped: unexpected {type(exc).__name__}: "
+                                    f"{exc} (a trainsim bug: please report this row)")}
 
 
 RESULT_SCHEMA = {

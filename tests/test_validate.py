@@ -241,3 +241,16 @@ def test_enum_cells_are_read_case_insensitively(tmp_path: Path) -> None:
     assert isinstance(inputs, RunInputs), inputs
     assert inputs.system.gpu.name == "a100-80gb" and inputs.strategy.precision == "bf16"
     assert inputs.strategy.recompute == "none" and inputs.model.activation == "gelu"
+
+
+def test_rows_predicted_in_parallel_equal_the_serial_run(tmp_path: Path) -> None:
+    """``jobs`` > 1 spreads rows over processes; every row and the order stay the same."""
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    runs = pl.read_csv(PUBLIC, infer_schema_length=0).filter(
+        pl.col("id").is_in(["mpt-07", "nar21-t2-07", "mpt-08"]))
+    f = tmp_path / "r.csv"
+    runs.write_csv(f)
+    serial, parallel = validate(f), validate(f, jobs=2)
+    assert parallel["id"].to_list() == runs["id"].to_list()
+    assert parallel.equals(serial)
