@@ -221,23 +221,22 @@ def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = 
              jobs: int = 1) -> pl.DataFrame:
     """One row per run: status, predicted vs measured step time, error, memory and fit.
     ``jobs`` > 1 predicts rows in that many processes (rows are independent; order is kept)."""
-    df = load_runs(path)
-    runs = list(df.iter_rows(named=True))
-    rows = []
+    runs = list(load_runs(path).iter_rows(named=True))
     if jobs <= 1 or len(runs) < 2:
-        results: Iterable[dict[str, Any]] = map(_safe_row, runs)
-        for i, result in enumerate(results):
-            rows.append(result)
-            if progress:
-                progress(i + 1, len(runs))
-        return pl.DataFrame(rows, schema=RESULT_SCHEMA)
+        return _collect(map(_safe_row, runs), len(runs), progress)
     # "spawn", not fork: polars' thread pool does not survive a fork (as in analysis/runner.py)
     ctx = multiprocessing.get_context("spawn")
     with cf.ProcessPoolExecutor(max_workers=min(jobs, len(runs)), mp_context=ctx) as pool:
-        for i, result in enumerate(pool.map(_safe_row, runs)):
-            rows.append(result)
-            if progress:
-                progress(i + 1, len(runs))
+        return _collect(pool.map(_safe_row, runs), len(runs), progress)
+
+
+def _collect(results: Iterable[dict[str, Any]], n: int,
+             progress: Callable[[int, int], None] | None) -> pl.DataFrame:
+    rows = []
+    for i, result in enumerate(results):
+        rows.append(result)
+        if progress:
+            progress(i + 1, n)
     return pl.DataFrame(rows, schema=RESULT_SCHEMA)
 
 
