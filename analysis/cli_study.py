@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,6 +12,23 @@ from rich.table import Table
 
 from analysis.cli_common import app, console, progress_bar
 from tracegen import ConfigError
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``section.key=value`` pairs; the value is read as a TOML value (true, 0.5, "text"), or as
+    text when it is not one."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: write section.key=value, e.g. "
+                              "gpu.flash_attention=false", what="override")
+        try:
+            value = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw.strip()
+        out[key.strip()] = value
+    return out
 
 
 @app.command("validate")
@@ -23,6 +41,9 @@ def validate_cmd(
                                               "scatter (PNG).")] = None,
     jobs: Annotated[int, typer.Option(help="Processes predicting rows in parallel (0: one per "
                                            "CPU).")] = 0,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Replace a system value for every row, e.g. gpu.flash_attention=false "
+                      "for a stack that predates FlashAttention (repeatable).")] = None,
 ) -> None:
     """Predict every published run and compare with its measured step time."""
     from analysis.plots import predicted_vs_measured
@@ -31,7 +52,8 @@ def validate_cmd(
     with progress_bar() as bar:
         task = bar.add_task("predicting runs", total=None)
         results = validate(runs, progress=lambda i, n: bar.update(task, completed=i, total=n),
-                           jobs=jobs if jobs > 0 else os.cpu_count() or 1)
+                           jobs=jobs if jobs > 0 else os.cpu_count() or 1,
+                           overrides=parse_overrides(set_ or []))
     table = Table(title=f"Validation: {runs.name}")
     for col in ("id", "status", "predicted s", "measured s", "error %", "memory GiB", "fits"):
         table.add_column(col, justify="right" if col != "status" else "left")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import functools
 import multiprocessing
 import tempfile
 from collections.abc import Callable, Iterable
@@ -98,8 +99,10 @@ def _missing(row: dict[str, Any], fields: tuple[str, ...]) -> list[str]:
     return [f for f in fields if row.get(f) is None]
 
 
-def row_inputs(row: dict[str, Any]) -> RunInputs | str:
-    """The inputs of one row, or the reason it is skipped."""
+def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None
+               ) -> RunInputs | str:
+    """The inputs of one row, or the reason it is skipped. ``overrides``: system values to
+    replace for every row (``{"gpu.flash_attention": False}`` for a pre-FlashAttention stack)."""
     if row.get(BAD):
         return f"skipped: unreadable {row[BAD]}"
     if row["measured_iter_time_s"] is None:
@@ -114,7 +117,9 @@ def row_inputs(row: dict[str, Any]) -> RunInputs | str:
     if row["gpu"] not in GPU_ALIASES:
         return f"skipped: gpu {row['gpu']!r} has no system preset"
     base = get_system(GPU_ALIASES[row["gpu"]])
-    notes: list[str] = []
+    if overrides:
+        base = base.with_overrides(overrides)
+    notes: list[str] = [f"system override {k} = {v!r}" for k, v in (overrides or {}).items()]
     precision = row["precision"]
     if precision is None:
         if base.gpu.peak_bf16_TFLOPs != base.gpu.peak_fp16_TFLOPs:
@@ -218,16 +223,20 @@ def predict(inputs: RunInputs) -> dict[str, Any]:
 
 
 def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = None,
-             jobs: int = 1) -> pl.DataFrame:
+             jobs: int = 1, overrides: dict[str, Any] | None = None) -> pl.DataFrame:
     """One row per run: status, predicted vs measured step time, error, memory and fit.
-    ``jobs`` > 1 predicts rows in that many processes (rows are independent; order is kept)."""
+    ``jobs`` > 1 predicts rows in that many processes (rows are independent; order is kept).
+    ``overrides`` replace system values for every row (checked on every preset first)."""
     runs = list(load_runs(path).iter_rows(named=True))
+    for name in sorted(set(GPU_ALIASES.values())) if overrides else ():
+        get_system(name).with_overrides(overrides or {})  # a bad override fails once, here
+    one = functools.partial(_safe_row, overrides=overrides)
     if jobs <= 1 or len(runs) < 2:
-        return _collect(map(_safe_row, runs), len(runs), progress)
+        return _collect(map(one, runs), len(runs), progress)
     # "spawn", not fork: polars' thread pool does not survive a fork (as in analysis/runner.py)
     ctx = multiprocessing.get_context("spawn")
     with cf.ProcessPoolExecutor(max_workers=min(jobs, len(runs)), mp_context=ctx) as pool:
-        return _collect(pool.map(_safe_row, runs), len(runs), progress)
+        return _collect(pool.map(one, runs), len(runs), progress)
 
 
 def _collect(results: Iterable[dict[str, Any]], n: int,
@@ -240,9 +249,9 @@ def _collect(results: Iterable[dict[str, Any]], n: int,
     return pl.DataFrame(rows, schema=RESULT_SCHEMA)
 
 
-def _safe_row(row: dict[str, Any]) -> dict[str, Any]:
+def _safe_row(row: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     try:
-        return _validate_row(row)
+        return _validate_row(row, overrides)
     except Exception as exc:  # one odd row must not sink a whole batch
         return {**{k: None for k in RESULT_SCHEMA}, "id": row.get("id"),
                 "status": _one_line(f"skipped: unexpected {type(exc).__name__}: "
@@ -264,11 +273,12 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _validate_row(row: dict[str, Any]) -> dict[str, Any]:
+def _validate_row(row: dict[str, Any], overrides: dict[str, Any] | None = None
+                  ) -> dict[str, Any]:
     out: dict[str, Any] = {k: None for k in RESULT_SCHEMA}
     out.update(id=row["id"], source=str(row["id"]).split("-")[0], gpu=row["gpu"],
                measured_iter_time_s=row["measured_iter_time_s"])
-    inputs = row_inputs(row)
+    inputs = row_inputs(row, overrides)
     if isinstance(inputs, str):
         out["status"] = _one_line(inputs)
         return out

@@ -127,7 +127,21 @@ class SystemSpec:
                 data[key] = build(sub, data[key], what=f"{what} [{key}]")
         return build(cls, data, what=what)
 
+    def with_overrides(self, overrides: dict[str, Any]) -> SystemSpec:
+        """A copy with ``section.key`` values replaced (``{"gpu.flash_attention": False}``),
+        checked like a system file: unknown keys, wrong types and out-of-range values say so."""
+        data = dataclasses.asdict(self)
+        for dotted, value in overrides.items():
+            section, _, key = dotted.partition(".")
+            if section not in SECTIONS or not key:
+                raise ConfigError(f"override {dotted!r}: use section.key with a section among "
+                                  f"{', '.join(SECTIONS)} (e.g. gpu.flash_attention)",
+                                  what=f"system {self.name!r}")
+            data[section][key] = value
+        return SystemSpec.from_dict(data, name=self.name)
 
+
+SECTIONS = ("gpu", "node", "scaleout", "astra")
 OPTIONAL_ZERO = ("nvls_busbw_GBps",)  # 0: the feature is absent
 
 

@@ -254,3 +254,36 @@ def test_rows_predicted_in_parallel_equal_the_serial_run(tmp_path: Path) -> None
     serial, parallel = validate(f), validate(f, jobs=2)
     assert parallel["id"].to_list() == runs["id"].to_list()
     assert parallel.equals(serial)
+
+
+def test_system_overrides_apply_to_every_row_and_are_stated(tmp_path: Path) -> None:
+    """``--set gpu.flash_attention=false`` models a stack without FlashAttention: the row's
+    system carries it, its assumptions say so, and it runs slower."""
+    from analysis.validate import RunInputs, row_inputs
+
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    row = _row(tmp_path, "mpt-09")
+    plain = row_inputs(row)
+    unfused = row_inputs(row, {"gpu.flash_attention": False})
+    assert isinstance(plain, RunInputs) and isinstance(unfused, RunInputs)
+    assert plain.system.gpu.flash_attention and not unfused.system.gpu.flash_attention
+    assert "system override gpu.flash_attention = False" in unfused.assumptions
+    runs = pl.read_csv(PUBLIC, infer_schema_length=0).filter(pl.col("id") == "mpt-09")
+    f = tmp_path / "one.csv"
+    runs.write_csv(f)
+    slow = validate(f, overrides={"gpu.flash_attention": False})["predicted_iter_time_s"].item()
+    assert slow > validate(f)["predicted_iter_time_s"].item()
+    with pytest.raises(ConfigError, match="unknown key 'flash'"):
+        validate(f, overrides={"gpu.flash": True})
+
+
+def test_set_values_are_read_as_toml_values() -> None:
+    from analysis.cli_study import parse_overrides
+
+    got = parse_overrides(["gpu.flash_attention=false", "gpu.gemm_efficiency = 0.7",
+                           "scaleout.topology=fat-tree", 'scaleout.topology2="x"'])
+    assert got == {"gpu.flash_attention": False, "gpu.gemm_efficiency": 0.7,
+                   "scaleout.topology": "fat-tree", "scaleout.topology2": "x"}
+    with pytest.raises(ConfigError, match="section.key=value"):
+        parse_overrides(["nonsense"])
