@@ -285,5 +285,5 @@ def test_set_values_are_read_as_toml_values() -> None:
                            "scaleout.topology=fat-tree", 'scaleout.topology2="x"'])
     assert got == {"gpu.flash_attention": False, "gpu.gemm_efficiency": 0.7,
                    "scaleout.topology": "fat-tree", "scaleout.topology2": "x"}
-    with pytest.raises(ConfigError, match="section.key=value"):
+    with pytest.raises(ConfigError, match=r"section\.key=value"):
         parse_overrides(["nonsense"])
