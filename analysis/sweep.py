@@ -22,7 +22,7 @@ from analysis.compare import RESULT_COLUMNS, rank
 from analysis.runner import map_chunks, strategy_id, strategy_key
 from analysis.study import Study
 from tracegen import ConfigError, Strategy
-from tracegen.strategy import check_fits_model
+from tracegen.strategy import check_fits_model, with_shorter_end_chunks
 
 DEFAULT_SPACE: dict[str, list[Any]] = {
     "tp": [1, 2, 4, 8], "pp": [1, 2, 4, 8, 16], "vpp": [1, 2], "micro_batch_size": [1, 2, 4],
@@ -73,6 +73,8 @@ def _strategy(study: Study, d: dict[str, Any]) -> Strategy | None:
                      global_batch_size=study.global_batch_size,
                      schedule=schedule,  # type: ignore[arg-type]
                      recompute=d["recompute"], zero_stage=int(d["zero_stage"]))
+        # a layer count pp·vpp does not divide: shorter end chunks, as frameworks run it
+        s = with_shorter_end_chunks(s, study.model.num_layers)
         check_fits_model(s, study.model)
     except ConfigError:
         return None

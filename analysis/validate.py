@@ -23,6 +23,7 @@ from analysis.fastpath import estimate
 from replay import replay
 from replay.hardware import GPU_ALIASES, SystemSpec, get_system
 from tracegen import ConfigError, ModelSpec, Strategy, TrainsimError, generate
+from tracegen.strategy import with_shorter_end_chunks
 from tracegen.units import GiB
 
 REQUIRED_COLUMNS = (
@@ -176,22 +177,16 @@ def _padded_vocab(model: ModelSpec, tp: int, notes: list[str]) -> ModelSpec:
 
 
 def _uneven_pipeline(s: Strategy, layers: int, notes: list[str]) -> Strategy:
-    """Where pp · vpp does not divide the layers, the first and last model chunks hold fewer and
-    the others ⌈layers / (pp · vpp)⌉, as Llama 3 did (126 layers on pp 16: 7, 8 × 14, 7; Dubey et
-    al. 2024, §3.3.2) and as Megatron lays out an interleaved pipeline that counts the embedding
-    and the loss as layers (126 layers on pp 8 × vpp 8: 1, 2 × 62, 1)."""
-    chunks = s.pp * s.vpp
-    if s.pp == 1 or layers % chunks == 0:
-        return s
-    per = -(-layers // chunks)
-    short = per * chunks - layers  # layers the two end chunks give up
-    first, last = per - short // 2, per - (short - short // 2)
-    if first < 1 or last < 1:
-        return s  # the strategy check then says what is wrong
-    unit = "stages" if s.vpp == 1 else "model chunks"
-    notes.append(f"{layers} layers on pp {s.pp}" + (f" × vpp {s.vpp}" if s.vpp > 1 else "")
-                 + f": first/last {unit} {first}/{last}, others {per}")
-    return dataclasses.replace(s, first_stage_layers=first, last_stage_layers=last)
+    """Shorter first and last model chunks where pp · vpp does not divide the layers
+    (``tracegen.strategy.with_shorter_end_chunks``), stated in the row's notes."""
+    out = with_shorter_end_chunks(s, layers)
+    if out is not s:
+        unit = "stages" if s.vpp == 1 else "model chunks"
+        per = -(-layers // (s.pp * s.vpp))
+        notes.append(f"{layers} layers on pp {s.pp}" + (f" × vpp {s.vpp}" if s.vpp > 1 else "")
+                     + f": first/last {unit} {out.first_stage_layers}/{out.last_stage_layers},"
+                     f" others {per}")
+    return out
 
 
 def _system(row: dict[str, Any], base: SystemSpec) -> SystemSpec:

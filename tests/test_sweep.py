@@ -98,3 +98,20 @@ def test_tp_comm_overlap_is_a_search_dimension(study_path: Path) -> None:
     assert sorted(s.tp_comm_overlap for s in valid) == [False, True]
     labels = {strategy_fields(s)["strategy"] for s in valid}
     assert len(labels) == 2 and any(lab.endswith("-tpo") for lab in labels)
+
+
+def test_sweep_keeps_pipelines_whose_depth_does_not_divide_the_layers(tmp_path: Path) -> None:
+    """Llama 3.1 405B has 126 layers: pp 16 runs with 7-layer end stages (Llama 3's layout), so
+    the sweep must not drop it as invalid."""
+    from analysis.study import study_from_dict
+
+    study = study_from_dict({"model": "llama3.1-405b", "system": "dgx-h100", "gpus": 16384,
+                             "global_batch_size": 2048,
+                             "search": {"tp": [8], "pp": [8, 16], "vpp": [1],
+                                        "micro_batch_size": [1], "recompute": ["none"],
+                                        "zero_stage": [1], "sequence_parallel": [True]}})
+    valid, invalid = enumerate_space(study)
+    assert invalid == 0
+    by_pp = {s.pp: s for s in valid}
+    assert (by_pp[16].first_stage_layers, by_pp[16].last_stage_layers) == (7, 7)
+    assert [len(by_pp[8].chunk_layers(126, g)) for g in range(8)] == [15] + [16] * 6 + [15]

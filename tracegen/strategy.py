@@ -199,6 +199,24 @@ def check_fits_model(s: Strategy, m: ModelSpec, *, gpus: int | None = None) -> N
         raise ConfigError(out, what=f"strategy {s.label()} for model {m.name!r}")
 
 
+def with_shorter_end_chunks(s: Strategy, num_layers: int) -> Strategy:
+    """``s`` with an uneven split where pp · vpp does not divide the layers (and none is set):
+    the first and last model chunks give up what is missing and the others hold
+    ⌈layers / (pp · vpp)⌉, as Llama 3 did (126 layers on pp 16: 7, 8 × 14, 7; Dubey et al. 2024,
+    §3.3.2) and as Megatron lays out an interleaved pipeline that counts the embedding and the
+    loss as layers (126 on pp 8 × vpp 8: 1, 2 × 62, 1). Unchanged where that leaves an end chunk
+    empty (the strategy check then says what is wrong)."""
+    chunks = s.pp * s.vpp
+    if s.pp == 1 or num_layers % chunks == 0 or s.first_stage_layers or s.last_stage_layers:
+        return s
+    per = -(-num_layers // chunks)
+    short = per * chunks - num_layers  # layers the two end chunks give up
+    first, last = per - short // 2, per - (short - short // 2)
+    if first < 1 or last < 1:
+        return s
+    return dataclasses.replace(s, first_stage_layers=first, last_stage_layers=last)
+
+
 def _layer_split_problems(s: Strategy, m: ModelSpec) -> list[str]:
     chunks = s.pp * s.vpp
     if not (s.first_stage_layers or s.last_stage_layers):
