@@ -3,7 +3,10 @@
 Each row becomes a model, a strategy and a system; trainsim predicts its step time (by replaying a
 representative-mode trace set) and its peak memory per GPU, and compares with the measurement.
 A row that lacks an input the prediction needs is reported as ``skipped: <field> missing`` —
-never dropped, never guessed. The only inference made is stated per row in ``assumptions``.
+never dropped, never guessed. The few conventions applied where the schema leaves one implicit
+(an unstated 16-bit precision where bf16 and fp16 peaks are equal, Megatron's vocabulary padding,
+shorter end chunks of a pipeline its depth does not divide) and any ``--set`` system override are
+stated per row in ``assumptions``.
 """
 
 from __future__ import annotations
