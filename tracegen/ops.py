@@ -49,10 +49,15 @@ CollType = Literal["ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "ALL_TO_ALL"]
 ACT_BYTES = 2  # 16-bit activations (see module docstring)
 GRAD_REDUCE_BYTES = 4  # Megatron sets accumulate_allreduce_grads_in_fp32 for bf16 (arguments.py)
 PARAM_BYTES = 2  # 16-bit model weights
-# Mixed-precision Adam touches per parameter: read grad (4) + fp32 master, m, v (12) and write
-# master, m, v (12) + the 16-bit weight (2) = 30 bytes (Rajbhandari et al. 2020, ZeRO §3: 16 bytes
-# of state per parameter, read and written once per step). FLOPs: ~12 per parameter.
-ADAM_BYTES_PER_PARAM = 30
+# The optimizer step of mixed-precision training touches per parameter (Megatron-LM
+# megatron/core/optimizer/optimizer.py, MixedPrecisionOptimizer.step; the fp32 state is the 16
+# bytes of Rajbhandari et al. 2020, ZeRO §3): the gradient-norm pass of clip_grad_norm (read the
+# fp32 grad, 4), fused Adam (read grad 4 + master, m, v 12; write master, m, v 12) and the copy of
+# the fp32 master into the 16-bit model weight (read 4, write 2) = 38 bytes. Not counted: the
+# grad-clipping rescale (only when the norm exceeds the threshold), fp16 loss-scale unscaling
+# and zeroing the gradient buffer (framework-dependent; PyTorch's set_to_none writes nothing).
+# FLOPs: ~12 per parameter.
+ADAM_BYTES_PER_PARAM = 38
 ADAM_FLOP_PER_PARAM = 12
 
 
