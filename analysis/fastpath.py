@@ -553,9 +553,11 @@ def _peak_memory_bytes(costs: _Costs, stages: list[_Stage], alike: bool) -> int:
     stage index, so the peak is on the first stage (embedding, most in flight), the last (head,
     logits) or — when the first holds fewer layers than the rest — the second."""
     m, s = costs.m, costs.s
-    act = activation_bytes_per_layer(m, s, flash_attention=costs.compute.gpu.flash_attention)
+    flash = costs.compute.gpu.flash_attention
+    act = activation_bytes_per_layer(m, s, flash_attention=flash)
     candidates = {0, s.pp - 1} if alike else {0, min(1, s.pp - 1), s.pp - 1}
-    return max(memory_total_bytes(m, s, st, stages[st].total_params, act_per_layer=act)
+    return max(memory_total_bytes(m, s, st, stages[st].total_params, act_per_layer=act,
+                                  flash_attention=flash)
                for st in candidates)
 
 

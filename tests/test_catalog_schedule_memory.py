@@ -8,9 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tracegen import Strategy, get_model, model_names
-from tracegen.memory import activation_bytes_per_layer, inflight_microbatches
+from tracegen import ModelSpec, Strategy, get_model, model_names
+from tracegen.memory import (
+    activation_bytes_per_layer,
+    estimate,
+    inflight_microbatches,
+    unit_params,
+)
 from tracegen.schedule import stage_order
+from tracegen.units import GiB
 
 # Published parameter counts (billions) of the presets: the name says it, or the source does.
 PUBLISHED_B = {"gpt-1t": 1008.0, "gpt3-175b": 175.0, "mixtral-8x7b": 46.7,
@@ -80,3 +86,50 @@ def test_korthikanti_activation_memory(t: int, sp: bool, recompute: str) -> None
     }[(sp, recompute)]
     got = activation_bytes_per_layer(m, s, flash_attention=False)
     assert got == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("flash", [True, False])
+def test_full_recompute_holds_one_rebuilt_layer(flash: bool) -> None:
+    """Checkpoints of every layer plus one layer rebuilt in full (Chen et al. 2016 §3): the
+    transient is exactly one layer of one micro-batch without recompute."""
+    m = get_model("gpt3-175b")
+    s = Strategy(tp=8, pp=1, dp=1, micro_batch_size=2, global_batch_size=2,
+                 sequence_parallel=True, recompute="full")
+    got = estimate(m, s, 0, 10**9, flash_attention=flash)
+    none = Strategy(tp=8, pp=1, dp=1, micro_batch_size=2, global_batch_size=2,
+                    sequence_parallel=True, recompute="none")
+    assert got.transient_bytes == activation_bytes_per_layer(m, none, flash_attention=flash)
+    assert estimate(m, none, 0, 10**9).transient_bytes == 0
+
+
+def test_zero3_state_is_fsdp_full_precision_shards_plus_gathered_weights() -> None:
+    """FSDP keeps fp32 parameter shards as the master copy: 4 + 4 + 8 = 16 bytes per parameter
+    over the shard group, plus two gathered 16-bit copies and the fp32 gradient of the largest
+    weight (for GPT-3 on one stage, the 51,200 × 12,288 embedding)."""
+    m = get_model("gpt3-175b")
+    s = Strategy(tp=1, pp=1, dp=64, micro_batch_size=1, global_batch_size=64, zero_stage=3)
+    n = 64 * 10**9
+    e = estimate(m, s, 0, n)
+    assert (e.weights_bytes, e.gradients_bytes, e.optimizer_bytes) == (4 * n // 64, 4 * n // 64,
+                                                                       8 * n // 64)
+    assert unit_params(m, s, 0) == 51200 * 12288
+    assert e.transient_bytes == 51200 * 12288 * (2 + 2 + 4)
+    s1 = Strategy(tp=1, pp=1, dp=64, micro_batch_size=1, global_batch_size=64, zero_stage=1)
+    assert estimate(m, s1, 0, n).transient_bytes == 0
+
+
+def test_zero3_feasibility_boundary_of_narayanan_2021() -> None:
+    """Narayanan et al. 2021 (SC21), Table 2 and its note: the 530B model with ZeRO-3 and
+    micro-batch 4 did not fit on 560 A100-80GB, so 640 GPUs were used. With the attention of that
+    stack (unfused: the score tensors are rebuilt by full recompute), the memory model puts the
+    boundary between the two."""
+    m = ModelSpec(name="gpt-530b", num_layers=105, hidden_size=20480, num_attention_heads=128,
+                  num_kv_heads=128, ffn_hidden_size=81920, vocab_size=51200, seq_len=2048,
+                  activation="gelu")
+
+    def total_GiB(gpus: int) -> float:
+        s = Strategy(tp=1, pp=1, dp=gpus, micro_batch_size=4, global_batch_size=4 * gpus,
+                     recompute="full", zero_stage=3)
+        return estimate(m, s, 0, m.num_params(), flash_attention=False).total_bytes / GiB
+
+    assert total_GiB(560) > 80 >= total_GiB(640)

@@ -1,4 +1,5 @@
-"""Per-rank memory estimate: weights, gradients, optimizer state, activations, logits.
+"""Per-rank memory estimate: weights, gradients, optimizer state, activations, logits, and the
+transient working set (ZeRO-3 gathered parameters, the layer a full recompute rebuilds).
 
 Activation bytes per token of one layer follow Korthikanti et al. 2022 ("Reducing Activation
 Recomputation in Large Transformer Models", §4, eqs. 1-5): with TP degree t and no recompute
@@ -6,6 +7,22 @@ Recomputation in Large Transformer Models", §4, eqs. 1-5): with TP degree t and
 selective recompute drops the ``5·a·s/h`` term, full recompute keeps only the ``2·s·b·h`` layer
 input. The 34 is generalised here to GQA and gated MLPs term by term (see ``_layer_terms``), and
 with flash attention the ``5·a·s/h`` softmax/dropout term is not stored (Dao et al. 2022).
+
+Transient working set (``transient_bytes``), at the backward peak:
+
+* full recompute rebuilds one layer's activations from its checkpoint before that layer's backward,
+  so one layer of one micro-batch is held in full besides every checkpoint (Chen et al. 2016,
+  "Training Deep Nets with Sublinear Memory Cost", §3: checkpoints plus one segment);
+* ZeRO-3 / FSDP holds the unsharded 16-bit parameters of the unit it computes and of the next one,
+  whose all-gather is prefetched ("the next all-gather's output tensor must be allocated while the
+  current one is still in use", PyTorch FSDP notes, "FSDP Prefetch Nuances"), plus the unit's
+  unsharded gradient until it is reduce-scattered. The unit is sized as the largest single weight
+  (``unit_params``): a lower bound, since FSDP wrapped per layer holds a whole layer.
+
+State under ZeRO-3 is FSDP's: the sharded parameters stay in fp32 and serve as the optimizer's
+master copy ("outside forward and backward, the sharded parameters are kept in full precision",
+PyTorch ``MixedPrecision`` docs), so 4 (parameter) + 4 (gradient) + 8 (Adam m, v) = 16 bytes per
+parameter, against Megatron's 2 + 4 + 12 = 18 with ZeRO 0-2.
 """
 
 from __future__ import annotations
@@ -20,6 +37,9 @@ from tracegen.units import GiB
 # §3: K = 12 bytes of optimizer state per parameter), fp32 main gradients (Megatron DDP grad buffer)
 # and 16-bit weights.
 WEIGHT_BYTES, GRAD_BYTES, OPTIM_BYTES = 2, 4, 12
+# FSDP (ZeRO-3): fp32 sharded parameter (the master copy), fp32 gradient shard, Adam m and v.
+ZERO3_PARAM_BYTES, ZERO3_OPTIM_BYTES = 4, 8
+UNSHARDED_GRAD_BYTES = 4  # a unit's gradient before its reduce-scatter (reduced in fp32, ops.py)
 # Runtime allowances — assumptions until measured on a device (bench/device): the CUDA context,
 # cuBLAS workspaces and NCCL channel buffers take ~1-2 GiB per process in PyTorch jobs (NCCL's
 # default NCCL_BUFFSIZE is 4 MiB per channel and peer); the caching allocator's fragmentation is
@@ -35,14 +55,15 @@ class MemoryEstimate:
     optimizer_bytes: int
     activations_bytes: int
     logits_bytes: int
+    transient_bytes: int = 0  # ZeRO-3 gathered units, the layer a full recompute rebuilds
     runtime_bytes: int = 0  # CUDA context, workspaces, communication buffers
     fragmentation_bytes: int = 0  # allocator allowance
 
     @property
     def total_bytes(self) -> int:
         return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
-                + self.activations_bytes + self.logits_bytes + self.runtime_bytes
-                + self.fragmentation_bytes)
+                + self.activations_bytes + self.logits_bytes + self.transient_bytes
+                + self.runtime_bytes + self.fragmentation_bytes)
 
     def to_dict(self) -> dict[str, float]:
         d = {k.removesuffix("_bytes") + "_GiB": v / GiB
@@ -99,17 +120,45 @@ def estimate(m: ModelSpec, s: Strategy, stage: int, params_local: int,
     """``act_per_layer``: ``activation_bytes_per_layer(m, s)`` where the caller has it."""
     if act_per_layer is None:
         act_per_layer = activation_bytes_per_layer(m, s, flash_attention=flash_attention)
-    return MemoryEstimate(*_parts(m, s, stage, params_local, act_per_layer))
+    return MemoryEstimate(*_parts(m, s, stage, params_local, act_per_layer,
+                                  flash_attention=flash_attention))
 
 
-def total_bytes(m: ModelSpec, s: Strategy, stage: int, params_local: int, *, act_per_layer: int
-                ) -> int:
+def total_bytes(m: ModelSpec, s: Strategy, stage: int, params_local: int, *, act_per_layer: int,
+                flash_attention: bool = True) -> int:
     """``estimate(...).total_bytes`` without building the breakdown (screening many)."""
-    return sum(_parts(m, s, stage, params_local, act_per_layer))
+    return sum(_parts(m, s, stage, params_local, act_per_layer, flash_attention=flash_attention))
 
 
-def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int
-           ) -> tuple[int, int, int, int, int, int, int]:
+def unit_params(m: ModelSpec, s: Strategy, stage: int) -> int:
+    """Parameters on one rank of the largest weight ZeRO-3 gathers whole on ``stage``: the QKV,
+    output, or (fused) MLP projection — a MoE layer's local experts together — or the embedding /
+    LM head where the stage holds them. One weight, not one layer: the finest granularity a ZeRO-3
+    implementation gathers at (DeepSpeed partitions and gathers parameter by parameter; FSDP units
+    are at least one module), so the transient it sizes is a lower bound (DESIGN.md)."""
+    h, f = m.hidden_size, m.moe_ffn_hidden_size if m.is_moe else m.ffn_hidden_size
+    up = 2 if m.gated else 1
+    experts = m.num_experts // s.ep if m.is_moe else 1
+    unit = max(h * (h + 2 * m.kv_size), experts * up * h * f)
+    if stage in (0, s.pp - 1):
+        unit = max(unit, m.vocab_size * h)
+    return unit // s.tp
+
+
+def transient_bytes(m: ModelSpec, s: Strategy, stage: int, *, flash_attention: bool = True
+                    ) -> int:
+    """The working set at the backward peak (module docstring)."""
+    out = 0
+    if s.recompute == "full":
+        rebuilt = dataclasses.replace(s, recompute="none")
+        out += activation_bytes_per_layer(m, rebuilt, flash_attention=flash_attention)
+    if s.zero_stage >= 3 and s.dp * s.cp > 1:
+        out += unit_params(m, s, stage) * (2 * WEIGHT_BYTES + UNSHARDED_GRAD_BYTES)
+    return out
+
+
+def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *,
+           flash_attention: bool) -> tuple[int, int, int, int, int, int, int, int]:
     """The fields of ``MemoryEstimate`` in order."""
     dp_shard = s.dp * s.cp
     grads = params_local * GRAD_BYTES
@@ -120,7 +169,8 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int
     if s.zero_stage >= 2:
         grads = -(-grads // dp_shard)
     if s.zero_stage >= 3:
-        weights = -(-weights // dp_shard)
+        weights = -(-params_local * ZERO3_PARAM_BYTES // dp_shard)
+        optim = -(-params_local * ZERO3_OPTIM_BYTES // dp_shard)
     if s.vpp == 1:
         layers = len(s.chunk_layers(m.num_layers, stage))
     else:
@@ -131,6 +181,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int
     if stage == s.pp - 1:
         tokens = s.micro_batch_size * m.seq_len // s.cp
         logits = tokens * m.vocab_size // s.tp * 4  # fp32 logits for the loss
-    tensors = weights + grads + optim + activations + logits
-    return (weights, grads, optim, activations, logits, RUNTIME_BYTES,
+    transient = transient_bytes(m, s, stage, flash_attention=flash_attention)
+    tensors = weights + grads + optim + activations + logits + transient
+    return (weights, grads, optim, activations, logits, transient, RUNTIME_BYTES,
             int(tensors * FRAGMENTATION))
