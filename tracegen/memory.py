@@ -87,13 +87,18 @@ def _layer_terms(m: ModelSpec) -> tuple[float, float]:
 
 def activation_bytes_per_layer(m: ModelSpec, s: Strategy, *, flash_attention: bool = True) -> int:
     """Stored activation bytes of one layer for one micro-batch on one rank."""
+    return _layer_activation_bytes(m, s, s.recompute, flash_attention)
+
+
+def _layer_activation_bytes(m: ModelSpec, s: Strategy, recompute: str, flash_attention: bool
+                            ) -> int:
     t, sp = s.tp, s.sequence_parallel
     tokens = s.micro_batch_size * m.seq_len // s.cp
-    if s.recompute == "full":
+    if recompute == "full":
         return 2 * tokens * m.hidden_size // (t if sp else 1)
     replicated, split = _layer_terms(m)
     per_token = (replicated + split) / t if sp else replicated + split / t
-    if s.recompute == "none" and not flash_attention:
+    if recompute == "none" and not flash_attention:
         a, seq = m.num_attention_heads, m.seq_len
         per_token += 5 * a * seq / t  # softmax out 2as, dropout mask as, dropout out 2as
     return int(tokens * per_token)
@@ -150,8 +155,7 @@ def transient_bytes(m: ModelSpec, s: Strategy, stage: int, *, flash_attention: b
     """The working set at the backward peak (module docstring)."""
     out = 0
     if s.recompute == "full":
-        rebuilt = dataclasses.replace(s, recompute="none")
-        out += activation_bytes_per_layer(m, rebuilt, flash_attention=flash_attention)
+        out += _layer_activation_bytes(m, s, "none", flash_attention)
     if s.zero_stage >= 3 and s.dp * s.cp > 1:
         out += unit_params(m, s, stage) * (2 * WEIGHT_BYTES + UNSHARDED_GRAD_BYTES)
     return out
