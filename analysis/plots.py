@@ -17,8 +17,10 @@ def _figure(width: float, height: float) -> tuple[Figure, Axes]:
     return fig, fig.add_subplot()
 
 
-def predicted_vs_measured(results: pl.DataFrame, *, band: float = 0.10) -> Figure:
-    """Log-log scatter of predicted vs measured step time with the ±band region shaded."""
+def predicted_vs_measured(results: pl.DataFrame, *, band: float = 0.10, by: str = "gpu",
+                          title: str = "trainsim vs published runs") -> Figure:
+    """Log-log scatter of predicted vs measured step time with the ±band region shaded, one
+    colour per value of column ``by``."""
     ok = results.filter(pl.col("status") == "ok")
     fig, ax = _figure(6.4, 6.0)
     if ok.height:
@@ -29,8 +31,8 @@ def predicted_vs_measured(results: pl.DataFrame, *, band: float = 0.10) -> Figur
         ax.fill_between(x, x * (1 - band), x * (1 + band), color="tab:green", alpha=0.15,
                         label=f"±{band:.0%}")
         ax.plot(x, x, color="tab:green", lw=1)
-        for gpu, g in ok.group_by("gpu", maintain_order=True):
-            ax.scatter(g["measured_iter_time_s"], g["predicted_iter_time_s"], label=str(gpu[0]),
+        for key, g in ok.group_by(by, maintain_order=True):
+            ax.scatter(g["measured_iter_time_s"], g["predicted_iter_time_s"], label=str(key[0]),
                        s=28, alpha=0.85)
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
@@ -38,7 +40,7 @@ def predicted_vs_measured(results: pl.DataFrame, *, band: float = 0.10) -> Figur
     ax.set_yscale("log")
     ax.set_xlabel("measured step time (s)")
     ax.set_ylabel("predicted step time (s)")
-    ax.set_title(f"trainsim vs published runs ({ok.height} rows)")
+    ax.set_title(f"{title} ({ok.height} rows)")
     ax.legend(loc="upper left", fontsize="small")
     ax.grid(True, which="both", alpha=0.3)
     return fig
