@@ -70,6 +70,7 @@ class RoleProgram:
         self.pending_dp: list[int] = []
         self.buckets: dict[str, int] = {"dp": 0, "edp": 0}
         self._attr_cache: dict[O.Op, list[Attr]] = {}
+        self._coll_attrs: dict[tuple[str, int], list[Attr]] = {}
         self.n_chunks = strategy.pp * strategy.vpp
         self.m_mb = strategy.num_microbatches
 
@@ -103,11 +104,14 @@ class RoleProgram:
         return node.id
 
     def coll(self, c: O.Comm, prefix: str, *, blocking: bool, deps: tuple[int, ...] = ()) -> int:
-        attrs: list[Attr] = [
-            ("is_cpu_op", "bool", False),
-            ("comm_type", "int64", COLL_CODE[c.coll]),
-            ("comm_size", "int64", c.size_bytes),
-        ]
+        key = (c.coll, c.size_bytes)
+        attrs = self._coll_attrs.get(key)
+        if attrs is None:  # one shared list per distinct collective, as for ops
+            attrs = self._coll_attrs[key] = [
+                ("is_cpu_op", "bool", False),
+                ("comm_type", "int64", COLL_CODE[c.coll]),
+                ("comm_size", "int64", c.size_bytes),
+            ]
         node = self._new(f"{prefix}.{c.name}", COMM_COLL_NODE, attrs, axis=c.axis,
                          comm_bytes=c.size_bytes)
         prev = self.last_coll.get(c.axis)

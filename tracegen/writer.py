@@ -85,24 +85,25 @@ def encode_attrs(attrs: Iterable[Attr]) -> bytes:
     return b"".join(encode_attr(n, k, v) for n, k, v in attrs)
 
 
-def _packed(tag: bytes, values: Sequence[int]) -> bytes:
-    if not values:
-        return b""
-    return _len_delimited(tag, b"".join(varint(v) for v in values))
-
-
 def encode_node_head(node_id: int, name: str, type_: int, ctrl_deps: Sequence[int],
                      data_deps: Sequence[int], duration_micros: int = 0) -> bytes:
-    """Fields 1-7 of a ``Node`` (attributes, field 10, follow)."""
-    parts = [
-        b"\x08" + varint(node_id) if node_id else b"",
-        _len_delimited(b"\x12", name.encode("utf-8")) if name else b"",
-        b"\x18" + varint(type_) if type_ else b"",
-        _packed(b"\x22", ctrl_deps),
-        _packed(b"\x2a", data_deps),
-        b"\x38" + varint(duration_micros) if duration_micros else b"",
-    ]
-    return b"".join(parts)
+    """Fields 1-7 of a ``Node`` (attributes, field 10, follow). Written out field by field: it
+    runs once per node of every distinct stage program."""
+    out = b"\x08" + varint(node_id) if node_id else b""
+    if name:
+        raw = name.encode("utf-8")
+        out += b"\x12" + varint(len(raw)) + raw
+    if type_:
+        out += b"\x18" + varint(type_)
+    if ctrl_deps:
+        packed = b"".join(map(varint, ctrl_deps))
+        out += b"\x22" + varint(len(packed)) + packed
+    if data_deps:
+        packed = varint(data_deps[0]) if len(data_deps) == 1 else b"".join(map(varint, data_deps))
+        out += b"\x2a" + varint(len(packed)) + packed
+    if duration_micros:
+        out += b"\x38" + varint(duration_micros)
+    return out
 
 
 def frame(message: bytes) -> bytes:
