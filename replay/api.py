@@ -19,8 +19,10 @@ from replay.results import (
 from replay.scenario import DegradedNetwork, Scenario, compute_for, load_scenario
 from replay.sim import Simulator
 from replay.traceset import TraceSet, load_trace_set
+from tracegen.gcpause import gc_paused
 
 
+@gc_paused
 def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
            comm_groups: str | Path | None = None, compute: ComputeSource = "model",
            astra_compat: bool = False, fold: bool = True, contention: bool = True,

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from tracegen import __version__
 from tracegen.errors import ConfigError, TraceFormatError
+from tracegen.gcpause import gc_paused
 from tracegen.memory import MemoryEstimate, estimate
 from tracegen.mesh import Mesh
 from tracegen.model import ModelSpec
@@ -106,6 +107,7 @@ class _Binder:
         return [("comm_src", "int64", src), ("comm_dst", "int64", dst)]
 
 
+@gc_paused
 def generate(model: ModelSpec, strategy: Strategy, out_dir: str | Path, *,
              mode: Mode = "representative", name: str = "trainsim",
              gpus: int | None = None,
