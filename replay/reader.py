@@ -10,6 +10,8 @@ are decoded once and shared.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -127,14 +129,15 @@ def _attr_value(a: Any) -> tuple[str, Any]:
     return kind, value
 
 
-def _decode_node(msg: bytes, where: str, attr_cache: dict[bytes, dict[str, Any]]) -> NodeRec:
+def _decode_node(msg: bytes, where: Callable[[], str],
+                 attr_cache: dict[bytes, dict[str, Any]]) -> NodeRec:
     """Decode one Node: a direct scan of fields 1-7 (protobuf writes fields in number order, so
     the attributes, field 10, come last and repeat across nodes: their bytes are decoded once and
     cached). Anything unusual (fields 6, 8, 9, unpacked deps, other order) takes the protobuf
-    path."""
+    path. ``where()`` names the message in an error (built only then: this runs per node)."""
     fast = _scan_head(msg)
     if fast is None:
-        return _decode_node_pb(msg, where)
+        return _decode_node_pb(msg, where())
     node_id, name, type_, ctrl, data, dur, tail = fast
     attrs = attr_cache.get(tail)
     if attrs is None:
@@ -142,13 +145,13 @@ def _decode_node(msg: bytes, where: str, attr_cache: dict[bytes, dict[str, Any]]
         try:
             holder.ParseFromString(tail)
         except (DecodeError, ValueError, RuntimeError) as exc:
-            raise TraceFormatError(f"{where}: attributes cannot be decoded ({exc})") from None
-        attrs = _attrs_of(holder, where, node_id, name)
+            raise TraceFormatError(f"{where()}: attributes cannot be decoded ({exc})") from None
+        attrs = _attrs_of(holder, where(), node_id, name)
         attr_cache[tail] = attrs
     try:
         text = name.decode("utf-8")
     except UnicodeDecodeError:
-        raise TraceFormatError(f"{where}: node name is not valid UTF-8") from None
+        raise TraceFormatError(f"{where()}: node name is not valid UTF-8") from None
     return NodeRec(node_id, text, type_, ctrl, data, dur, attrs)
 
 
@@ -168,6 +171,8 @@ def _scan_head(msg: bytes) -> tuple[int, bytes, int, tuple[int, ...], tuple[int,
                 pos = 2
             elif msg[2] < 0x80:  # two-byte ids (< 16384): the common case
                 node_id, pos = (node_id & 0x7F) | (msg[2] << 7), 3
+            elif msg[3] < 0x80:  # three bytes: stages of 16,384 to 2 M nodes
+                node_id, pos = (node_id & 0x7F) | ((msg[2] & 0x7F) << 7) | (msg[3] << 14), 4
             else:
                 node_id, pos = _uvarint(msg, 1)
             b = msg[pos] if pos < n else 0
@@ -224,6 +229,8 @@ def _packed(chunk: bytes) -> tuple[int, ...]:
         return (chunk[0],)
     if n == 2 and chunk[0] >= 0x80 and chunk[1] < 0x80:
         return ((chunk[0] & 0x7F) | (chunk[1] << 7),)
+    if n == 3 and chunk[0] >= 0x80 and chunk[1] >= 0x80 and chunk[2] < 0x80:
+        return ((chunk[0] & 0x7F) | ((chunk[1] & 0x7F) << 7) | (chunk[2] << 14),)
     return _packed_slow(chunk)
 
 
@@ -303,17 +310,23 @@ def read_et(path: str | Path, rank: int, cache: ReadCache | None = None) -> Rank
     cache = ReadCache() if cache is None else cache
     nodes: list[NodeRec] = []
     node_cache, attr_cache = cache.nodes, cache.attrs
+    file_where = f"{p} (rank {rank})"
     for k, (offset, msg) in enumerate(msgs[1:], start=1):
         rec = node_cache.get(msg)
         if rec is None:
-            rec = _decode_node(msg, f"{p} (rank {rank}) message #{k} at byte {offset}", attr_cache)
-            _check_node(rec, f"{p} (rank {rank})")
+            rec = _decode_node(msg, functools.partial(_message_where, file_where, k, offset),
+                               attr_cache)
+            _check_node(rec, file_where)
             node_cache[msg] = rec
         nodes.append(rec)
     if not nodes:
         raise TraceFormatError(f"{p} (rank {rank}) has GlobalMetadata but no node")
     _check_graph(nodes, f"{p} (rank {rank})")
     return RankTrace(rank, p, meta.version, nodes)
+
+
+def _message_where(file_where: str, k: int, offset: int) -> str:
+    return f"{file_where} message #{k} at byte {offset}"
 
 
 def _check_node(n: NodeRec, where: str) -> None:
