@@ -87,6 +87,11 @@ def test_validate_cli_writes_csv_and_plot(tmp_path: Path) -> None:
         assert col in frame.columns
     assert plot.read_bytes()[:4] == b"\x89PNG"
     assert "|error| summary" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "analysis.cli", "validate", str(PUBLIC), "--fast",
+                        "--out", str(tmp_path / "f.csv")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert pl.read_csv(tmp_path / "f.csv")["status"].to_list() == frame["status"].to_list()
 
 
 def _two_rows(tmp_path: Path) -> Path:
@@ -323,3 +328,16 @@ def test_megatron_2022_stack_is_predicted_within_the_error_reached() -> None:
         error = got.step_time_s / r["measured_iter_time_s"] - 1
         assert abs(error) <= 0.11, (r["id"], error)
         assert got.peak_memory_GiB <= 80, r["id"]
+
+
+def test_fast_validation_agrees_with_replay(results: pl.DataFrame) -> None:
+    """``validate(fast=True)`` (the closed-form fast path) skips the same rows and predicts the
+    same step times, memory and MFU as replay within the fast path's 2% on the public set."""
+    fast = validate(PUBLIC, fast=True)
+    assert fast["status"].to_list() == results["status"].to_list()
+    both = results.join(fast, on="id", suffix="_fast").filter(pl.col("status") == "ok")
+    for col, rel in (("predicted_iter_time_s", 0.02), ("predicted_mfu", 0.02),
+                     ("predicted_peak_memory_GiB", 1e-9)):
+        assert both[col].to_numpy() == pytest.approx(both[f"{col}_fast"].to_numpy(), rel=rel)
+    assert both["fits"].to_list() == both["fits_fast"].to_list()
+    assert fast.filter(pl.col("status") == "ok")["predicted_compute_s"].is_null().all()
