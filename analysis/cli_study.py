@@ -41,7 +41,7 @@ def validate_cmd(
                                               "scatter (PNG).")] = None,
     jobs: Annotated[int, typer.Option(help="Processes predicting rows in parallel (0: one per "
                                            "CPU, at most 4: a deep pipeline's row can take "
-                                           "~2 GB).")] = 0,
+                                           "~2 GB; one with --fast).")] = 0,
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="Replace a system value for every row, e.g. gpu.flash_attention=false "
                       "for a stack that predates FlashAttention (repeatable).")] = None,
@@ -57,7 +57,7 @@ def validate_cmd(
     with progress_bar() as bar:
         task = bar.add_task("predicting runs", total=None)
         results = validate(runs, progress=lambda i, n: bar.update(task, completed=i, total=n),
-                           jobs=jobs if jobs > 0 else min(os.cpu_count() or 1, 4),
+                           jobs=jobs if jobs > 0 else 1 if fast else min(os.cpu_count() or 1, 4),
                            overrides=parse_overrides(set_ or []), fast=fast)
     table = Table(title=f"Validation: {runs.name}")
     for col in ("id", "status", "predicted s", "measured s", "error %", "memory GiB", "fits"):
