@@ -32,7 +32,13 @@ from tracegen.memory import activation_bytes_per_layer
 from tracegen.memory import total_bytes as memory_total_bytes
 from tracegen.mesh import Mesh
 from tracegen.model import ModelSpec
-from tracegen.program import ParamBlock, RoleProgram, dp_group_size, sharded_params
+from tracegen.program import (
+    ParamBlock,
+    RoleProgram,
+    dp_group_size,
+    gather_pieces,
+    sharded_params,
+)
 from tracegen.schedule import stage_order
 from tracegen.strategy import Strategy, check_fits_model
 from tracegen.units import DTYPE_CODE, NS_PER_S, GiB
@@ -153,7 +159,8 @@ class _Costs:
         # dp only through ZeRO-3's gathers); its op lists' costs do not depend on recompute.
         self.lists_key = self.ctx.intern((self.ctx.model_id(model), O.op_key(s)))
         self.key = self.ctx.intern((self.lists_key, s.recompute,
-                                    s.dp if s.zero_stage == 3 else 0))
+                                    (s.dp, s.zero3_gather_bucket_params)
+                                    if s.zero_stage == 3 else 0))
         self.moe = model.is_moe
         # all a group's shape depends on besides its axis and rank
         self._degrees = (s.tp, s.cp, s.dp, s.pp, s.ep, model.tied_embeddings, self.moe,
@@ -293,11 +300,15 @@ def _zero3_ns(costs: _Costs, block: ParamBlock, rank: int, coll: O.CollType) -> 
     total = 0
     for axis, n in (("dp", block.dense), ("edp", block.expert)):
         size = dp_group_size(costs.s, axis)
-        if n and size > 1:
-            shard = -(-n // size)
-            nbytes = (shard * O.PARAM_BYTES if coll == "ALL_GATHER"
-                      else shard * size * O.GRAD_REDUCE_BYTES)
+        if not n or size < 2:
+            continue
+        if coll == "REDUCE_SCATTER":
+            nbytes = -(-n // size) * size * O.GRAD_REDUCE_BYTES
             total += costs.coll_ns(O.Comm(coll.lower(), axis, coll, nbytes), rank)
+            continue
+        for piece in gather_pieces(n, costs.s.zero3_gather_bucket_params):
+            shard = -(-piece // size) * O.PARAM_BYTES
+            total += costs.coll_ns(O.Comm(coll.lower(), axis, coll, shard), rank)
     return total
 
 

@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from tests.conftest import attrs, read_et
 from tracegen import ConfigError, ModelSpec, Strategy, generate, read_manifest
+from tracegen.program import PNode, RoleProgram, build_role
+from tracegen.vocab import COLL_CODE
 
 AXIS_OF_GROUP: dict[str, str] = {}
 
@@ -129,3 +131,36 @@ def test_representative_times_multiplicity_equals_full(tmp_path: Path) -> None:
     mult = s.tp * s.dp
     assert {k: v * mult for k, v in rep_flop.items()} == full_flop
     assert {k: v * mult for k, v in rep_comm.items()} == full_comm
+
+
+@settings(max_examples=40, deadline=None)
+@given(bucket=st.integers(1_000, 400_000), dp=st.sampled_from([2, 4, 8]),
+       tp=st.sampled_from([1, 2]))
+def test_zero3_gather_buckets_split_each_block_and_keep_its_bytes(bucket: int, dp: int,
+                                                                 tp: int) -> None:
+    """ZeRO-3 all-gathers in buckets of at most ``bucket`` parameters (DeepSpeed's
+    stage3_prefetch_bucket_size): each block's gather becomes ⌈params / bucket⌉ collectives whose
+    per-rank shards add up to the unbucketed one's, up to one padding element per piece."""
+    m = ModelSpec(name="z3", num_layers=2, hidden_size=128, num_attention_heads=4,
+                  num_kv_heads=4, ffn_hidden_size=512, vocab_size=512, seq_len=64,
+                  activation="gelu")
+    whole = Strategy(tp=tp, dp=dp, global_batch_size=dp, zero_stage=3)
+    split = Strategy(tp=tp, dp=dp, global_batch_size=dp, zero_stage=3,
+                     zero3_gather_bucket_params=bucket)
+
+    def gathers(s: Strategy) -> list[int]:
+        return [n.comm_bytes for n in build_role(m, s, 0)
+                if n.axis == "dp" and _coll_name(n) == "ALL_GATHER"]
+
+    prog = RoleProgram(m, whole, 0)
+    blocks = [prog.layer_block().dense, prog.vocab_block("embedding", "emb").dense]
+    params_of = {-(-n // dp) * 2: n for n in blocks}  # a whole gather's shard bytes → params
+    expected = sum(-(-params_of[b] // bucket) for b in gathers(whole))
+    assert len(gathers(split)) == expected
+    slack = 2 * expected  # at most one padded parameter (2 bytes) per piece
+    assert 0 <= sum(gathers(split)) - sum(gathers(whole)) <= slack
+
+
+def _coll_name(node: PNode) -> str:
+    codes = {v: k for k, v in COLL_CODE.items()}
+    return next((codes[v] for k, _, v in node.attrs if k == "comm_type"), "")

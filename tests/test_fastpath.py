@@ -24,16 +24,16 @@ SYSTEM = get_system("dgx-h100")
        sp=st.booleans(), zero=st.sampled_from([0, 1, 3]),
        recompute=st.sampled_from(["none", "selective", "full"]), mb=st.sampled_from([1, 2, 4, 8]),
        schedule=st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b"]), overlap=st.booleans(),
-       uneven=st.booleans())
+       uneven=st.booleans(), zbucket=st.sampled_from([0, 100_000]))
 def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, mb, schedule,
-                                              overlap, uneven) -> None:
+                                              overlap, uneven, zbucket) -> None:
     try:
         s = Strategy(tp=tp, pp=pp, dp=dp, vpp=2 if schedule == "interleaved_1f1b" else 1,
                      first_stage_layers=int(uneven), last_stage_layers=int(uneven),
                      sequence_parallel=sp and tp > 1, tp_comm_overlap=overlap and sp and tp > 1,
                      zero_stage=zero, recompute=recompute,
                      micro_batch_size=1, global_batch_size=mb * dp * pp, schedule=schedule,
-                     dp_bucket_params=200_000)
+                     dp_bucket_params=200_000, zero3_gather_bucket_params=zbucket)
         fast = estimate(MODEL, s, SYSTEM)
     except ConfigError:
         assume(False)
@@ -161,7 +161,8 @@ def test_op_key_covers_every_field_the_op_lists_read() -> None:
                 "micro_batch_size": 2, "global_batch_size": 16, "schedule": "gpipe",
                 "recompute": "full", "zero_stage": 3, "precision": "fp8",
                 "overlap_grad_reduce": False, "tp_comm_overlap": True,
-                "first_stage_layers": 3, "dp_bucket_params": 1000}
+                "first_stage_layers": 3, "dp_bucket_params": 1000,
+                "zero3_gather_bucket_params": 1000}
     fields = {f.name for f in dataclasses.fields(Strategy)}
     assert fields <= set(variants) | {"last_stage_layers"}, "give the new field a variant here"
 

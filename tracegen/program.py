@@ -208,10 +208,13 @@ class RoleProgram:
     def _zero3_gather(self, block: ParamBlock, prefix: str) -> None:
         for axis, n in (("dp", block.dense), ("edp", block.expert)):
             size = dp_group_size(self.s, axis)
-            if n and size > 1:
-                shard = -(-n // size) * O.PARAM_BYTES
-                self.coll(O.Comm(f"{block.name}_param_ag", axis, "ALL_GATHER", shard), prefix,
-                          blocking=True)
+            if not n or size < 2:
+                continue
+            pieces = gather_pieces(n, self.s.zero3_gather_bucket_params)
+            for i, piece in enumerate(pieces):
+                name = f"{block.name}_param_ag" + (f"{i}" if len(pieces) > 1 else "")
+                shard = -(-piece // size) * O.PARAM_BYTES
+                self.coll(O.Comm(name, axis, "ALL_GATHER", shard), prefix, blocking=True)
 
     def _grad_reduce(self, block: ParamBlock, prefix: str) -> None:
         """ZeRO-3: reduce-scatter this block's gradients now (every micro-batch, as FSDP does)."""
@@ -389,6 +392,15 @@ def dp_group_size(s: Strategy, axis: str) -> int:
     """Ranks that reduce a gradient: dp × cp for dense weights ("dp"), dp / ep × cp for experts
     ("edp")."""
     return s.dp * s.cp if axis == "dp" else s.dp // s.ep * s.cp
+
+
+def gather_pieces(params: int, bucket: int) -> list[int]:
+    """ZeRO-3: the parameter counts of the all-gathers that move a block of ``params``, in
+    buckets of at most ``bucket`` (0: the whole block at once)."""
+    if bucket <= 0 or params <= bucket:
+        return [params]
+    full, rest = divmod(params, bucket)
+    return [bucket] * full + ([rest] if rest else [])
 
 
 def sharded_params(s: Strategy, params: dict[str, int]) -> int:

@@ -48,6 +48,9 @@ class Strategy:
     first_stage_layers: int = 0
     last_stage_layers: int = 0
     dp_bucket_params: int = 40_000_000  # Megatron DDP default bucket (40M params)
+    # ZeRO-3 parameter all-gathers in pieces of at most this many parameters; 0 = one gather per
+    # block (a layer, the embedding, the head: PyTorch FSDP wrapped per layer). DESIGN.md.
+    zero3_gather_bucket_params: int = 0
 
     def __post_init__(self) -> None:
         problems = _degree_problems(self)
@@ -126,6 +129,9 @@ def _degree_problems(s: Strategy) -> list[str]:
         out.append(f"precision must be one of {', '.join(PRECISIONS)}; got {s.precision!r}")
     if s.zero_stage not in (0, 1, 2, 3):
         out.append(f"zero_stage must be 0, 1, 2 or 3; got {s.zero_stage}")
+    if s.zero3_gather_bucket_params < 0:
+        out.append("zero3_gather_bucket_params must be ≥ 0 (0: one gather per block), got "
+                   f"{s.zero3_gather_bucket_params}")
     if out:
         return out
     return _batch_problems(s) + _schedule_problems(s)
