@@ -104,10 +104,24 @@ def _missing(row: dict[str, Any], fields: tuple[str, ...]) -> list[str]:
     return [f for f in fields if row.get(f) is None]
 
 
+STRATEGY_SECTION = "strategy."
+
+
+def split_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(system ``section.key`` values, strategy fields given as ``strategy.field``)."""
+    strategy = {k.removeprefix(STRATEGY_SECTION): v for k, v in overrides.items()
+                if k.startswith(STRATEGY_SECTION)}
+    system = {k: v for k, v in overrides.items() if not k.startswith(STRATEGY_SECTION)}
+    return system, strategy
+
+
 def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None
                ) -> RunInputs | str:
     """The inputs of one row, or the reason it is skipped. ``overrides``: system values to
-    replace for every row (``{"gpu.flash_attention": False}`` for a pre-FlashAttention stack)."""
+    replace for every row (``{"gpu.flash_attention": False}`` for a pre-FlashAttention stack)
+    and strategy fields the schema has no column for (``{"strategy.zero3_gather_bucket_params":
+    50_000_000}``: ZeRO-3 gathers of at most 5e7 parameters)."""
+    overrides, strategy_over = split_overrides(overrides or {})
     if row.get(BAD):
         return f"skipped: unreadable {row[BAD]}"
     if row["measured_iter_time_s"] is None:
@@ -124,7 +138,8 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None
     base = get_system(GPU_ALIASES[row["gpu"]])
     if overrides:
         base = base.with_overrides(overrides)
-    notes: list[str] = [f"system override {k} = {v!r}" for k, v in (overrides or {}).items()]
+    notes: list[str] = [f"system override {k} = {v!r}" for k, v in overrides.items()]
+    notes += [f"strategy override {k} = {v!r}" for k, v in strategy_over.items()]
     precision = row["precision"]
     if precision is None:
         if base.gpu.peak_bf16_TFLOPs != base.gpu.peak_fp16_TFLOPs:
@@ -141,6 +156,8 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None
     try:
         model = _padded_vocab(_model(row), row["tp"], notes)
         strategy = _uneven_pipeline(_strategy(row, precision), row["num_layers"], notes)
+        if strategy_over:
+            strategy = Strategy.from_dict({**strategy.to_dict(), **strategy_over})
         return RunInputs(model, strategy, _system(row, base), "; ".join(notes))
     except TrainsimError as exc:
         return f"skipped: {exc}"
@@ -244,8 +261,11 @@ def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = 
     ``fast`` predicts with the closed-form fast path instead of replay (seconds for a large set;
     within 2% of replay on healthy symmetric cases; no compute/communication breakdown)."""
     runs = list(load_runs(path).iter_rows(named=True))
-    for name in sorted(set(GPU_ALIASES.values())) if overrides else ():
-        get_system(name).with_overrides(overrides or {})  # a bad override fails once, here
+    system_over, strategy_over = split_overrides(overrides or {})
+    for name in sorted(set(GPU_ALIASES.values())) if system_over else ():
+        get_system(name).with_overrides(system_over)  # a bad override fails once, here
+    if strategy_over:
+        Strategy.from_dict({**Strategy().to_dict(), **strategy_over})  # ... and here
     one = functools.partial(_safe_row, overrides=overrides, fast=fast)
     if jobs <= 1 or len(runs) < 2:
         return _collect(map(one, runs), len(runs), progress)

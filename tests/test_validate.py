@@ -283,6 +283,44 @@ def test_system_overrides_apply_to_every_row_and_are_stated(tmp_path: Path) -> N
         validate(f, overrides={"gpu.flash": True})
 
 
+def test_strategy_overrides_apply_to_every_row_and_are_stated(tmp_path: Path) -> None:
+    """``--set strategy.field=value`` sets a strategy field the schema has no column for (here
+    the ZeRO-3 gather size): the row's strategy carries it, its assumptions say so, and a bad
+    field fails the batch once with the known keys."""
+    from analysis.validate import RunInputs, row_inputs
+
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    got = row_inputs(_row(tmp_path, "nar21-t2-03"),
+                     {"strategy.zero3_gather_bucket_params": 50_000_000})
+    assert isinstance(got, RunInputs)
+    assert got.strategy.zero3_gather_bucket_params == 50_000_000
+    assert got.strategy.zero_stage == 3 and got.strategy.dp == 1536  # the row's own cells stay
+    assert "strategy override zero3_gather_bucket_params = 50000000" in got.assumptions
+    with pytest.raises(ConfigError, match="unknown key 'bucket'"):
+        validate(PUBLIC, overrides={"strategy.bucket": 1})
+
+
+def test_smaller_zero3_gathers_cost_ring_latency_that_grows_with_ranks(tmp_path: Path) -> None:
+    """Splitting each ZeRO-3 gather into more collectives adds their ring latency, more of it
+    the more ranks the ring spans: on Narayanan et al.'s 175B ZeRO-3 rows the extra time at
+    1,536 ranks exceeds that at 768 (same parameters per step)."""
+    from analysis.fastpath import estimate
+    from analysis.validate import RunInputs, row_inputs
+
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    extra = []
+    for run_id in ("nar21-t2-02", "nar21-t2-03"):
+        row = _row(tmp_path, run_id)
+        whole = row_inputs(row)
+        split = row_inputs(row, {"strategy.zero3_gather_bucket_params": 50_000_000})
+        assert isinstance(whole, RunInputs) and isinstance(split, RunInputs)
+        extra.append(estimate(split.model, split.strategy, split.system).step_time_s
+                     - estimate(whole.model, whole.strategy, whole.system).step_time_s)
+    assert 0 < extra[0] < extra[1]
+
+
 def test_set_values_are_read_as_toml_values() -> None:
     from analysis.cli_study import parse_overrides
 
