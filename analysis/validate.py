@@ -264,8 +264,9 @@ def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = 
     system_over, strategy_over = split_overrides(overrides or {})
     for name in sorted(set(GPU_ALIASES.values())) if system_over else ():
         get_system(name).with_overrides(system_over)  # a bad override fails once, here
-    if strategy_over:
-        Strategy.from_dict({**Strategy().to_dict(), **strategy_over})  # ... and here
+    unknown = sorted(set(strategy_over) - {f.name for f in dataclasses.fields(Strategy)})
+    if unknown:  # ... and here; values are checked per row, with the row's own fields
+        raise ConfigError([f"unknown key {k!r}" for k in unknown], what="strategy override")
     one = functools.partial(_safe_row, overrides=overrides, fast=fast)
     if jobs <= 1 or len(runs) < 2:
         return _collect(map(one, runs), len(runs), progress)

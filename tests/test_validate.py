@@ -299,6 +299,9 @@ def test_strategy_overrides_apply_to_every_row_and_are_stated(tmp_path: Path) ->
     assert "strategy override zero3_gather_bucket_params = 50000000" in got.assumptions
     with pytest.raises(ConfigError, match="unknown key 'bucket'"):
         validate(PUBLIC, overrides={"strategy.bucket": 1})
+    # a value that suits some rows and not others skips only those, with the reason
+    mixed = validate(PUBLIC, overrides={"strategy.vpp": 2}, fast=True)
+    assert mixed.filter(pl.col("id") == "nar21-t2-03")["status"].item().startswith("skipped:")
 
 
 def test_smaller_zero3_gathers_cost_ring_latency_that_grows_with_ranks(tmp_path: Path) -> None:
