@@ -49,6 +49,9 @@ def tracegen_cmd(
     schedule: Annotated[str, typer.Option(help="gpipe | 1f1b | interleaved_1f1b")] = "1f1b",
     recompute: Annotated[str, typer.Option(help="none | selective | full")] = "none",
     zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (1 = distributed optimizer).")] = 0,
+    overlap_param_gather: Annotated[bool, typer.Option(
+        "--overlap-param-gather", help="ZeRO-1/2: gather updated parameters during the next "
+        "forward (Megatron --overlap-param-gather).")] = False,
     precision: Annotated[str, typer.Option(help="bf16 | fp16 | fp8")] = "bf16",
     first_stage_layers: Annotated[int, typer.Option(
         help="Layers of the first model chunk (stage at vpp 1); 0 = even split.")] = 0,
@@ -69,6 +72,7 @@ def tracegen_cmd(
                         sequence_parallel=sp, tp_comm_overlap=tp_comm_overlap,
                         micro_batch_size=mbs, global_batch_size=gbs,
                         schedule=schedule, recompute=recompute, zero_stage=zero,  # type: ignore[arg-type]
+                        overlap_param_gather=overlap_param_gather,
                         precision=precision,  # type: ignore[arg-type]
                         first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
     with progress_bar() as bar:

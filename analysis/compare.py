@@ -20,7 +20,7 @@ RESULT_COLUMNS: dict[str, Any] = {
     "strategy": pl.String, "tp": pl.Int64, "pp": pl.Int64, "dp": pl.Int64, "cp": pl.Int64,
     "ep": pl.Int64, "vpp": pl.Int64, "micro_batch_size": pl.Int64, "schedule": pl.String,
     "recompute": pl.String, "zero_stage": pl.Int64, "sequence_parallel": pl.Boolean,
-    "tp_comm_overlap": pl.Boolean,
+    "tp_comm_overlap": pl.Boolean, "overlap_param_gather": pl.Boolean,
     "status": pl.String, "step_time_s": pl.Float64, "fast_step_time_s": pl.Float64,
     "tokens_per_s": pl.Float64, "mfu": pl.Float64, "hfu": pl.Float64,
     "peak_memory_GiB": pl.Float64, "fits": pl.Boolean, "compute_s": pl.Float64,
@@ -34,11 +34,13 @@ RESULT_COLUMNS: dict[str, Any] = {
 def strategy_fields(s: Strategy) -> dict[str, Any]:
     return {"strategy": s.label() + ("" if s.schedule == "1f1b" else f"-{s.schedule}")
             + f"-rc{s.recompute[0]}-z{s.zero_stage}" + ("-sp" if s.sequence_parallel else "")
-            + ("-tpo" if s.tp_comm_overlap else ""),
+            + ("-tpo" if s.tp_comm_overlap else "")
+            + ("-opg" if s.overlap_param_gather and s.zero_stage in (1, 2) else ""),
             "tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep, "vpp": s.vpp,
             "micro_batch_size": s.micro_batch_size, "schedule": s.schedule,
             "recompute": s.recompute, "zero_stage": s.zero_stage,
-            "sequence_parallel": s.sequence_parallel, "tp_comm_overlap": s.tp_comm_overlap}
+            "sequence_parallel": s.sequence_parallel, "tp_comm_overlap": s.tp_comm_overlap,
+            "overlap_param_gather": s.overlap_param_gather}
 
 
 def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,

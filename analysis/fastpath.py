@@ -35,6 +35,7 @@ from tracegen.model import ModelSpec
 from tracegen.program import (
     ParamBlock,
     RoleProgram,
+    bucket_plan,
     dp_group_size,
     gather_pieces,
     sharded_params,
@@ -524,6 +525,11 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
         # same blocks, issued later (by c₀ + B₁) into the same buckets, and its embedding only
         # adds to the last bucket, the optimizer and the gathers.
         check = sorted({0, s.pp - 1}) if alike else range(s.pp)
+    if s.overlap_param_gather and s.zero_stage in (1, 2):
+        held = _param_gather_delay(costs, stages, reps, c)
+        pipe += held
+        ends = [e + held for e in ends]
+        chunk_ends = [[e + held for e in ce] for ce in chunk_ends]
     finish = _tails(costs, stages, [0] * s.pp if alike else reps, ends, chunk_ends, check)
     peak = _peak_memory_bytes(costs, stages, alike)
     return FastEstimate(finish / NS_PER_S, pipe / NS_PER_S, peak / GiB,
@@ -572,6 +578,34 @@ def _peak_memory_bytes(costs: _Costs, stages: list[_Stage], alike: bool) -> int:
                for st in candidates)
 
 
+def _param_gather_delay(costs: _Costs, stages: list[_Stage], reps: list[int], c: list[int]
+                        ) -> int:
+    """``overlap_param_gather``: how much the step's parameter all-gathers (serial on each
+    data-parallel stream from the start, bucket by bucket in forward order) delay the pipeline:
+    the most any stage's first forward of its first chunk is held up, that forward starting when
+    its input arrives in the fill (Σ_{j<s} F_j + c_j). Later chunks' buckets are gathered long
+    before their first forward and are not charged."""
+    s = costs.s
+    worst, arrival = 0, 0
+    for st, x in enumerate(stages):
+        blocks = costs.prog.blocks_of_chunk(st, labels=False)
+        need = [0] * len(blocks)
+        for axis in ("dp", "edp"):
+            size = dp_group_size(s, axis)
+            if size < 2:
+                continue
+            shape, t = costs.shape(axis, reps[st]), 0
+            for first, n in reversed(bucket_plan(blocks, axis, s.dp_bucket_params)):
+                t += costs.net.shape_ns("ALL_GATHER", -(-n // size) * O.PARAM_BYTES, shape)
+                need[first] = max(need[first], t)
+        sig, t = costs.signature(reps[st]), arrival
+        for block, ready in zip(blocks, need, strict=True):
+            t = max(t, ready) + costs.block(block, reps[st], sig)[0]
+        worst = max(worst, t - arrival - x.fwd[0])
+        arrival += x.fwd[0] + c[st]
+    return worst
+
+
 def _sends(costs: _Costs, reps: list[int], alike: bool) -> list[int]:
     """c[s]: one send between stage s and stage s + 1 (wrapping, for interleaved chunks)."""
     p = len(reps)
@@ -596,7 +630,7 @@ def _tails(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[int]
                                                          costs.shape("embd", 0))
         chain[0] = chain[-1] = t
     strategy_key = costs.ctx.intern((s.dp_bucket_params, s.overlap_grad_reduce, s.zero_stage,
-                                     s.dp, s.cp, s.ep))
+                                     s.dp, s.cp, s.ep, s.overlap_param_gather))
     finish = 0
     for st in check:
         x = stages[st]
@@ -608,7 +642,11 @@ def _tails(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[int]
         if got is None:
             got = costs.ctx.tails[key] = _tail_costs(costs, x, reps[st], rel)
         done_rel, after = got
-        finish = max(finish, max(chain[st], end + done_rel) + after)
+        if s.overlap_grad_reduce:
+            done = max(chain[st], end + done_rel)
+        else:  # the buckets follow the embedding all-reduce (``RoleProgram._finish``)
+            done = max(chain[st], end) + done_rel
+        finish = max(finish, done + after)
     return finish
 
 
@@ -619,6 +657,8 @@ def _tail_costs(costs: _Costs, x: _Stage, rank: int, rel_ends: tuple[int, ...]
     s = costs.s
     done, gathers = _buckets_done(costs, rank, x.runs_bwd, rel_ends, x.bwd)
     after = costs.optimizer_ns(sharded_params(s, dict(x.params)))
+    if s.overlap_param_gather:  # the gathers open the next step (``_param_gather_delay``)
+        gathers = []
     for axis, padded, count in gathers:
         shard = padded // dp_group_size(s, axis) * O.PARAM_BYTES
         after += count * costs.net.shape_ns("ALL_GATHER", shard, costs.shape(axis, rank))

@@ -29,7 +29,7 @@ DEFAULT_SPACE: dict[str, list[Any]] = {
     "recompute": ["none", "selective", "full"], "zero_stage": [0, 1],
     "sequence_parallel": [False, True],
 }
-OPTIONAL_DIMENSIONS = ("cp", "ep", "schedule", "tp_comm_overlap")
+OPTIONAL_DIMENSIONS = ("cp", "ep", "schedule", "tp_comm_overlap", "overlap_param_gather")
 Progress = Callable[[str, int, int], None]
 
 
@@ -69,6 +69,7 @@ def _strategy(study: Study, d: dict[str, Any]) -> Strategy | None:
                      dp=study.gpus // (tp * pp * cp),
                      sequence_parallel=bool(d["sequence_parallel"]),
                      tp_comm_overlap=bool(d.get("tp_comm_overlap", False)),
+                     overlap_param_gather=bool(d.get("overlap_param_gather", False)),
                      micro_batch_size=int(d["micro_batch_size"]),
                      global_batch_size=study.global_batch_size,
                      schedule=schedule,  # type: ignore[arg-type]

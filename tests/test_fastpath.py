@@ -19,21 +19,24 @@ MODEL = ModelSpec(name="fast", num_layers=8, hidden_size=256, num_attention_head
 SYSTEM = get_system("dgx-h100")
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]), dp=st.sampled_from([1, 2, 4]),
        sp=st.booleans(), zero=st.sampled_from([0, 1, 3]),
        recompute=st.sampled_from(["none", "selective", "full"]), mb=st.sampled_from([1, 2, 4, 8]),
        schedule=st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b"]), overlap=st.booleans(),
-       uneven=st.booleans(), zbucket=st.sampled_from([0, 100_000]))
+       uneven=st.booleans(), zbucket=st.sampled_from([0, 100_000]),
+       dp_overlap=st.sampled_from(["both", "grad", "none"]))
 def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, mb, schedule,
-                                              overlap, uneven, zbucket) -> None:
+                                              overlap, uneven, zbucket, dp_overlap) -> None:
     try:
         s = Strategy(tp=tp, pp=pp, dp=dp, vpp=2 if schedule == "interleaved_1f1b" else 1,
                      first_stage_layers=int(uneven), last_stage_layers=int(uneven),
                      sequence_parallel=sp and tp > 1, tp_comm_overlap=overlap and sp and tp > 1,
                      zero_stage=zero, recompute=recompute,
                      micro_batch_size=1, global_batch_size=mb * dp * pp, schedule=schedule,
-                     dp_bucket_params=200_000, zero3_gather_bucket_params=zbucket)
+                     dp_bucket_params=200_000, zero3_gather_bucket_params=zbucket,
+                     overlap_grad_reduce=dp_overlap != "none",
+                     overlap_param_gather=dp_overlap == "both")
         fast = estimate(MODEL, s, SYSTEM)
     except ConfigError:
         assume(False)
@@ -161,6 +164,7 @@ def test_op_key_covers_every_field_the_op_lists_read() -> None:
                 "micro_batch_size": 2, "global_batch_size": 16, "schedule": "gpipe",
                 "recompute": "full", "zero_stage": 3, "precision": "fp8",
                 "overlap_grad_reduce": False, "tp_comm_overlap": True,
+                "overlap_param_gather": True,
                 "first_stage_layers": 3, "dp_bucket_params": 1000,
                 "zero3_gather_bucket_params": 1000}
     fields = {f.name for f in dataclasses.fields(Strategy)}

@@ -98,6 +98,11 @@ def test_tp_comm_overlap_is_a_search_dimension(study_path: Path) -> None:
     assert sorted(s.tp_comm_overlap for s in valid) == [False, True]
     labels = {strategy_fields(s)["strategy"] for s in valid}
     assert len(labels) == 2 and any(lab.endswith("-tpo") for lab in labels)
+    study = dataclasses.replace(study, search={**study.search, "tp_comm_overlap": [False],
+                                               "overlap_param_gather": [False, True]})
+    valid, _ = enumerate_space(study)
+    assert sorted(s.overlap_param_gather for s in valid) == [False, True]
+    assert any(strategy_fields(s)["strategy"].endswith("-opg") for s in valid)
 
 
 def test_sweep_keeps_pipelines_whose_depth_does_not_divide_the_layers(tmp_path: Path) -> None:

@@ -68,6 +68,7 @@ class RoleProgram:
         self._waiting: list[int] = []  # ... and those the chain node after it waits for
         self.last_coll: dict[str, int] = {}
         self.pending_dp: list[int] = []
+        self.deferred_dp: list[O.Comm] = []  # buckets issued after the backward (no overlap)
         self.buckets: dict[str, int] = {"dp": 0, "edp": 0}
         self._attr_cache: dict[O.Op, list[Attr]] = {}
         self._coll_attrs: dict[tuple[str, int], list[Attr]] = {}
@@ -248,8 +249,8 @@ class RoleProgram:
         c = O.Comm(f"grad_{coll.lower()}", axis, coll, padded * O.GRAD_REDUCE_BYTES)
         if self.s.overlap_grad_reduce:
             self.pending_dp.append(self.coll(c, prefix, blocking=False, deps=(self._tail(),)))
-        else:
-            self.pending_dp.append(self.coll(c, prefix, blocking=True))
+        else:  # Megatron's finalize_model_grads: after the last backward and its send
+            self.deferred_dp.append(c)
         if self.s.zero_stage >= 1:
             self.param_gathers.append((axis, padded))
 
@@ -261,9 +262,12 @@ class RoleProgram:
         if gci > 0:
             first = (self._recv(mb, gci, grad=False),)
         blocks = self.blocks_of_chunk(gci)
-        for block in blocks:
+        for i, block in enumerate(blocks):
             if self.s.zero_stage == 3:  # the gather does not wait for the received input
                 self._zero3_gather(block, f"{prefix}.{block.label}")
+            waits = self.gather_waits.get((mb, gci, i))
+            if waits:
+                first = (*first, *waits)
             self.items(self._fwd_items(block), f"{prefix}.{block.label}", "fwd", first)
             first = ()
         if gci < self.n_chunks - 1:
@@ -350,6 +354,10 @@ class RoleProgram:
         s = self.s
         order = stage_order(s.schedule, m=self.m_mb, p=s.pp, v=s.vpp, stage=self.stage)
         last_b = {c: max(j for ph, j, cc in order if ph == "B" and cc == c) for c in range(s.vpp)}
+        first_f = {c: min(j for ph, j, cc in order if ph == "F" and cc == c) for c in range(s.vpp)}
+        self.gather_waits: dict[tuple[int, int, int], list[int]] = {}
+        if self.param_gather_overlapped:
+            self._early_param_gathers(first_f)
         for phase, mb, chunk in order:
             if phase == "F":
                 self.forward(mb, chunk)
@@ -358,14 +366,40 @@ class RoleProgram:
         self._finish()
         return self.nodes
 
+    @property
+    def param_gather_overlapped(self) -> bool:
+        return self.s.overlap_param_gather and self.s.zero_stage in (1, 2)
+
+    def _early_param_gathers(self, first_f: dict[int, int]) -> None:
+        """Megatron ``--overlap-param-gather``: the all-gathers of the parameters the previous
+        step updated, bucket by bucket in forward order on the data-parallel stream from the
+        start of the step; the first forward of a bucket's first block waits for it (in a steady
+        state this is the same as issuing them after the previous optimizer step)."""
+        for c in range(self.s.vpp):
+            gci = c * self.s.pp + self.stage
+            blocks = self.blocks_of_chunk(gci, labels=False)
+            for axis in ("dp", "edp"):
+                size = dp_group_size(self.s, axis)
+                if size < 2:
+                    continue
+                for first, n in reversed(bucket_plan(blocks, axis, self.s.dp_bucket_params)):
+                    shard = -(-n // size) * O.PARAM_BYTES
+                    c_ = O.Comm("param_all_gather", axis, "ALL_GATHER", shard)
+                    node = self.coll(c_, f"step.c{gci}", blocking=False)
+                    self.gather_waits.setdefault((first_f[c], gci, first), []).append(node)
+
     def _finish(self) -> None:
         s, m = self.s, self.m
         if m.tied_embeddings and s.pp > 1 and self.stage in (0, s.pp - 1):
             size = m.vocab_size * m.hidden_size // s.tp * O.GRAD_REDUCE_BYTES
             self.coll(O.Comm("embedding_grad_ar", "embd", "ALL_REDUCE", size), "step",
                       blocking=True)
+        for c in self.deferred_dp:
+            self.pending_dp.append(self.coll(c, "step", blocking=True))
         params = self._local_params()
         self.op(O.optimizer_step(params), "step", "optimizer", tuple(self.pending_dp))
+        if self.param_gather_overlapped:  # they open the next step (``_early_param_gathers``)
+            return
         for axis, padded in self.param_gathers:
             shard = padded // dp_group_size(self.s, axis) * O.PARAM_BYTES
             self.coll(O.Comm("param_all_gather", axis, "ALL_GATHER", shard), "step",
@@ -401,6 +435,21 @@ def gather_pieces(params: int, bucket: int) -> list[int]:
         return [params]
     full, rest = divmod(params, bucket)
     return [bucket] * full + ([rest] if rest else [])
+
+
+def bucket_plan(blocks: list[ParamBlock], axis: str, bucket: int) -> list[tuple[int, int]]:
+    """Megatron DDP gradient buckets of one model chunk on ``axis`` ("dp": dense, "edp": expert
+    parameters) as (index of the bucket's first block in forward order, parameters), in the order
+    the backward closes them: parameters accumulate from the last block to the first and a bucket
+    closes once it holds ≥ ``bucket`` or at the chunk's first block. ``_bucket_add`` issues the
+    same buckets as the backward runs (a test holds them equal)."""
+    out, acc = [], 0
+    for i in reversed(range(len(blocks))):
+        acc += blocks[i].dense if axis == "dp" else blocks[i].expert
+        if acc and (acc >= bucket or i == 0):
+            out.append((i, acc))
+            acc = 0
+    return out
 
 
 def sharded_params(s: Strategy, params: dict[str, int]) -> int:

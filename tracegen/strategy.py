@@ -42,6 +42,10 @@ class Strategy:
     # Megatron --tp-comm-overlap (Transformer Engine userbuffers): TP collectives of sequence
     # parallelism run alongside their GEMMs (tracegen/ops.py). Needs sequence_parallel.
     tp_comm_overlap: bool = False
+    # Megatron --overlap-param-gather (distributed optimizer): the ZeRO-1/2 parameter all-gathers
+    # of the update run during the next step's forward, each bucket's before its first layer,
+    # instead of after the optimizer (tracegen/program.py). No effect at ZeRO 0 or 3.
+    overlap_param_gather: bool = False
     # Uneven pipelines: layers of the first and last model chunk (= stage when vpp is 1), the
     # other chunks sharing the rest evenly (Megatron's --decoder-first/last-pipeline-num-layers;
     # with interleaving, its account-for-embedding/loss split). 0 = even split.
