@@ -164,3 +164,21 @@ def test_zero3_gather_buckets_split_each_block_and_keep_its_bytes(bucket: int, d
 def _coll_name(node: PNode) -> str:
     codes = {v: k for k, v in COLL_CODE.items()}
     return next((codes[v] for k, _, v in node.attrs if k == "comm_type"), "")
+
+
+@settings(max_examples=20, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4]), mbs=st.sampled_from([1, 2]), sp=st.booleans())
+def test_cross_entropy_traffic_is_megatrons_passes_over_every_logit(tp, mbs, sp) -> None:
+    """Summed over the tensor-parallel ranks, the loss moves 38 bytes per logit forward and 14
+    backward (Megatron's unfused vocab-parallel cross-entropy, ops.CE_FWD/BWD_BYTES) for every
+    token of the micro-batch and every vocabulary entry, however the vocabulary is split."""
+    from tracegen import ops as O
+
+    m = model(False)
+    s = Strategy(tp=tp, sequence_parallel=sp and tp > 1, micro_batch_size=mbs,
+                 global_batch_size=mbs)
+    logits = mbs * m.seq_len * m.vocab_size
+    fwd = {it.name: it for it in O.head_fwd(m, s) if isinstance(it, O.Op)}
+    bwd = {it.name: it for it in O.head_bwd(m, s) if isinstance(it, O.Op)}
+    assert tp * fwd["cross_entropy"].bytes == 38 * logits
+    assert tp * bwd["cross_entropy_bwd"].bytes == 14 * logits

@@ -47,6 +47,14 @@ from tracegen.units import DTYPE_BYTES
 OpKind = Literal["gemm", "attention", "norm", "elementwise", "embedding", "loss", "optimizer"]
 CollType = Literal["ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "ALL_TO_ALL"]
 ACT_BYTES = 2  # 16-bit activations (see module docstring)
+# Megatron's vocab-parallel cross-entropy, unfused (its default; tensor_parallel/cross_entropy.py,
+# as mpu/cross_entropy.py in 2021), in bytes of HBM traffic per logit. Forward: the 16-bit
+# logits cast to fp32 (2 + 4), the max (4), subtracting it in place (4 + 4), exp in place
+# (4 + 4), the sum (4) and the division into the softmax saved for backward (4 + 4) = 38.
+# Backward: scaling the saved softmax by the loss gradient in place (4 + 4) and autograd's cast
+# of the fp32 gradient back to the logits' 16 bits (4 + 2) = 14. (Was 8 and 8: two fp32 passes.)
+CE_FWD_BYTES = 38
+CE_BWD_BYTES = 14
 GRAD_REDUCE_BYTES = 4  # Megatron sets accumulate_allreduce_grads_in_fp32 for bf16 (arguments.py)
 PARAM_BYTES = 2  # 16-bit model weights
 # The optimizer step of mixed-precision training touches per parameter (Megatron-LM
@@ -401,8 +409,7 @@ def head_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
                                  flop_per_elem=NORM_FLOP, kind="norm")]
     items += _tp_comm(d, "final_norm_ag", gather=True)
     items.append(gemm("lm_head", d.tokens, v, d.h, d.dtype))
-    # Cross-entropy over fp32 logits: max, exp, sum, log; ~5 FLOPs and 2 fp32 passes per logit.
-    items.append(Op("cross_entropy", "loss", 5 * d.tokens * v, 2 * d.tokens * v * 4))
+    items.append(Op("cross_entropy", "loss", 5 * d.tokens * v, CE_FWD_BYTES * d.tokens * v))
     if d.t > 1:
         items.append(Comm("loss_ar", "tp", "ALL_REDUCE", 3 * d.tokens * 4))
     return items
@@ -411,7 +418,8 @@ def head_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
 def head_bwd(m: ModelSpec, st: Strategy) -> list[Item]:
     d = dims(m, st)
     v = m.vocab_size // d.t
-    items: list[Item] = [Op("cross_entropy_bwd", "loss", 2 * d.tokens * v, 2 * d.tokens * v * 4)]
+    items: list[Item] = [Op("cross_entropy_bwd", "loss", 2 * d.tokens * v,
+                            CE_BWD_BYTES * d.tokens * v)]
     items += gemm_bwd("lm_head", d.tokens, v, d.h, d.dtype)
     items += tp_input_grad_allreduce(d, "lm_head_in_grad_ar")
     if d.sp:  # the backward of the final norm's all-gather: a reduce-scatter of the gradient
