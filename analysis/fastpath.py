@@ -18,11 +18,10 @@ fast path legitimately differ (link contention, stragglers), replay is the refer
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable, Iterable
 from operator import attrgetter
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
@@ -47,8 +46,10 @@ from tracegen.units import DTYPE_CODE, NS_PER_S, GiB
 _T = TypeVar("_T")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class FastEstimate:
+class FastEstimate(NamedTuple):
+    """One strategy's estimate (a named tuple: a sweep builds one per strategy, and a tuple is
+    the cheapest immutable record Python builds)."""
+
     step_time_s: float
     pipeline_s: float
     peak_memory_GiB: float
@@ -66,8 +67,7 @@ def _group_shape(axis: str, rank: int, tp: int, cp: int, dp: int, pp: int, ep: i
     return ranges_shape(mesh.member_ranges(axis, mesh.coord(rank)), gpus_per_node)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Stage:
+class _Stage(NamedTuple):
     """What one pipeline stage costs per micro-batch, per chunk (shared by every stage, and every
     strategy, with the same blocks, layer shapes and group shapes)."""
 
