@@ -118,9 +118,7 @@ def _union(frame: pl.DataFrame) -> list[tuple[float, float]]:
 
 
 def _failures(study: Study, s: Strategy, step_time_s: float, fast: Any) -> dict[str, Any]:
-    import dataclasses
-
-    frame = resilience_frame(study, s, dataclasses.replace(fast, step_time_s=step_time_s))
+    frame = resilience_frame(study, s, fast._replace(step_time_s=step_time_s))
     g = frame.filter(pl.col("policy") == "global_restart").row(0, named=True)
     best = frame.sort("expected_wall_clock_s").row(0, named=True)
     return {"goodput": g["goodput"], "time_to_train_s": g["expected_wall_clock_s"],

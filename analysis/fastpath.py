@@ -270,7 +270,9 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], rank: int, sig: tuple[obj
         runs_bwd.append(tuple(runs[::-1]))
         early_f.append(_zero3_ns(costs, chunk[0][0], rank, "ALL_GATHER") if zero3 else 0)
         early_b.append(_zero3_ns(costs, chunk[-1][0], rank, "ALL_GATHER") if zero3 else 0)
-        late_b.append(_zero3_ns(costs, chunk[0][0], rank, "REDUCE_SCATTER") if zero3 else 0)
+        # the dense and expert reduce-scatters run on their own groups' streams, side by side
+        late_b.append(max(_zero3_axes(costs, chunk[0][0], rank, "REDUCE_SCATTER")) if zero3
+                      else 0)
     return _Stage(tuple(fwd), tuple(bwd), tuple(runs_bwd), tuple(early_f), tuple(early_b),
                   tuple(late_b),
                   tuple(params.items()), sum(fwd) / NS_PER_S, sum(bwd) / NS_PER_S,
@@ -283,34 +285,44 @@ def _block_ns(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ..
     ``RoleProgram._recompute_items`` lists: a layer's forward (full) or its core attention
     (selective)."""
     s = costs.s
-    gather = _zero3_ns(costs, block, rank, "ALL_GATHER") if s.zero_stage == 3 else 0
     fwd = costs.list_ns(block, "fwd", rank, sig)
     again = 0
     if block.name == "layer" and s.recompute != "none":
         again = fwd if s.recompute == "full" else costs.list_ns(block, "selective", rank, sig)
-    f = gather + fwd
-    b = gather + again + costs.list_ns(block, "bwd", rank, sig)
-    if s.zero_stage == 3:  # the next gather waits for this reduce-scatter (same group)
-        b += _zero3_ns(costs, block, rank, "REDUCE_SCATTER")
-    return f, b
+    bwd = again + costs.list_ns(block, "bwd", rank, sig)
+    if s.zero_stage != 3:
+        return fwd, bwd
+    g_dp, g_edp = _zero3_axes(costs, block, rank, "ALL_GATHER")
+    r_dp, r_edp = _zero3_axes(costs, block, rank, "REDUCE_SCATTER")
+    # The chain gathers the dense then the expert parameters. In backward the next block's
+    # dense gather waits for this one's dense reduce-scatter and its expert gather for the
+    # expert one (each group's collectives in order on its own stream), the two reduce-scatters
+    # running side by side: per block of a run, max(r_dp + g_dp, r_edp) + g_edp.
+    return g_dp + g_edp + fwd, bwd + max(r_dp + g_dp, r_edp) + g_edp
 
 
 def _zero3_ns(costs: _Costs, block: ParamBlock, rank: int, coll: O.CollType) -> int:
-    """ZeRO-3: the 16-bit parameter all-gather (per-rank shard) or the gradient reduce-scatter
-    (full buffer) of a block."""
-    total = 0
-    for axis, n in (("dp", block.dense), ("edp", block.expert)):
+    """ZeRO-3: the 16-bit parameter all-gathers (per-rank shard) or the gradient reduce-scatters
+    (full buffer) of a block, dense and expert one after the other."""
+    return sum(_zero3_axes(costs, block, rank, coll))
+
+
+def _zero3_axes(costs: _Costs, block: ParamBlock, rank: int, coll: O.CollType
+                ) -> tuple[int, int]:
+    """``_zero3_ns`` per group: (dense, expert)."""
+    out = [0, 0]
+    for i, (axis, n) in enumerate((("dp", block.dense), ("edp", block.expert))):
         size = dp_group_size(costs.s, axis)
         if not n or size < 2:
             continue
         if coll == "REDUCE_SCATTER":
             nbytes = -(-n // size) * size * O.GRAD_REDUCE_BYTES
-            total += costs.coll_ns(O.Comm(coll.lower(), axis, coll, nbytes), rank)
+            out[i] = costs.coll_ns(O.Comm(coll.lower(), axis, coll, nbytes), rank)
             continue
         for piece in gather_pieces(n, costs.s.zero3_gather_bucket_params):
             shard = -(-piece // size) * O.PARAM_BYTES
-            total += costs.coll_ns(O.Comm(coll.lower(), axis, coll, shard), rank)
-    return total
+            out[i] += costs.coll_ns(O.Comm(coll.lower(), axis, coll, shard), rank)
+    return out[0], out[1]
 
 
 def _pipeline_ns(s: Strategy, f_s: list[int], b_s: list[int], c: list[int], hidden: int = 0
@@ -708,9 +720,10 @@ def _buckets_done(costs: _Costs, rank: int,
                 t += start
                 padded = -(-params // size) * size
                 d = costs.net.shape_ns(coll, padded * O.GRAD_REDUCE_BYTES, shape)
-                if not s.overlap_grad_reduce:
-                    t, step = end, 0
-                stream[axis] = max(max(stream[axis], t) + n * d, t + (n - 1) * step + d)
+                lane = axis
+                if not s.overlap_grad_reduce:  # after the backward, one after another
+                    t, step, lane = end, 0, "dp"
+                stream[lane] = max(max(stream[lane], t) + n * d, t + (n - 1) * step + d)
                 if s.zero_stage >= 1:
                     gathers.append((axis, padded, n))
     return max(end, *stream.values()), gathers

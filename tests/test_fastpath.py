@@ -16,20 +16,26 @@ from tracegen import ConfigError, ModelSpec, Strategy, generate
 MODEL = ModelSpec(name="fast", num_layers=8, hidden_size=256, num_attention_heads=8,
                   num_kv_heads=4, ffn_hidden_size=512, vocab_size=1024, seq_len=256,
                   activation="swiglu")
+MOE = ModelSpec(name="fastmoe", num_layers=8, hidden_size=256, num_attention_heads=8,
+                num_kv_heads=4, ffn_hidden_size=512, vocab_size=1024, seq_len=256,
+                activation="swiglu", num_experts=4, experts_per_token=2, moe_ffn_hidden_size=256)
 SYSTEM = get_system("dgx-h100")
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]), dp=st.sampled_from([1, 2, 4]),
        sp=st.booleans(), zero=st.sampled_from([0, 1, 3]),
        recompute=st.sampled_from(["none", "selective", "full"]), mb=st.sampled_from([1, 2, 4, 8]),
        schedule=st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b"]), overlap=st.booleans(),
        uneven=st.booleans(), zbucket=st.sampled_from([0, 100_000]),
-       dp_overlap=st.sampled_from(["both", "grad", "none"]))
+       dp_overlap=st.sampled_from(["both", "grad", "none"]), ep=st.sampled_from([0, 1, 2]))
 def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, mb, schedule,
-                                              overlap, uneven, zbucket, dp_overlap) -> None:
+                                              overlap, uneven, zbucket, dp_overlap, ep) -> None:
+    """``ep`` 0: the dense model; 1 or 2: the MoE model with that expert parallelism."""
+    model = MOE if ep else MODEL
     try:
-        s = Strategy(tp=tp, pp=pp, dp=dp, vpp=2 if schedule == "interleaved_1f1b" else 1,
+        s = Strategy(tp=tp, pp=pp, dp=dp, ep=max(ep, 1),
+                     vpp=2 if schedule == "interleaved_1f1b" else 1,
                      first_stage_layers=int(uneven), last_stage_layers=int(uneven),
                      sequence_parallel=sp and tp > 1, tp_comm_overlap=overlap and sp and tp > 1,
                      zero_stage=zero, recompute=recompute,
@@ -37,12 +43,12 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
                      dp_bucket_params=200_000, zero3_gather_bucket_params=zbucket,
                      overlap_grad_reduce=dp_overlap != "none",
                      overlap_param_gather=dp_overlap == "both")
-        fast = estimate(MODEL, s, SYSTEM)
+        fast = estimate(model, s, SYSTEM)
     except ConfigError:
         assume(False)
         raise
     with tempfile.TemporaryDirectory() as tmp:
-        generate(MODEL, s, tmp, mode="representative")
+        generate(model, s, tmp, mode="representative")
         ref = replay(tmp, SYSTEM, contention=False)
     assert fast.step_time_s == pytest.approx(ref.step_time_s, rel=0.02)
 
