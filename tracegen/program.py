@@ -69,6 +69,8 @@ class RoleProgram:
         self.last_coll: dict[str, int] = {}
         self.pending_dp: list[int] = []
         self.deferred_dp: list[O.Comm] = []  # buckets issued after the backward (no overlap)
+        # overlap_param_gather: (micro-batch, chunk, block) → the gathers its forward waits for
+        self.gather_waits: dict[tuple[int, int, int], list[int]] = {}
         self.buckets: dict[str, int] = {"dp": 0, "edp": 0}
         self._attr_cache: dict[O.Op, list[Attr]] = {}
         self._coll_attrs: dict[tuple[str, int], list[Attr]] = {}
@@ -355,7 +357,6 @@ class RoleProgram:
         order = stage_order(s.schedule, m=self.m_mb, p=s.pp, v=s.vpp, stage=self.stage)
         last_b = {c: max(j for ph, j, cc in order if ph == "B" and cc == c) for c in range(s.vpp)}
         first_f = {c: min(j for ph, j, cc in order if ph == "F" and cc == c) for c in range(s.vpp)}
-        self.gather_waits: dict[tuple[int, int, int], list[int]] = {}
         if self.param_gather_overlapped:
             self._early_param_gathers(first_f)
         for phase, mb, chunk in order:
@@ -384,8 +385,8 @@ class RoleProgram:
                     continue
                 for first, n in reversed(bucket_plan(blocks, axis, self.s.dp_bucket_params)):
                     shard = -(-n // size) * O.PARAM_BYTES
-                    c_ = O.Comm("param_all_gather", axis, "ALL_GATHER", shard)
-                    node = self.coll(c_, f"step.c{gci}", blocking=False)
+                    comm = O.Comm("param_all_gather", axis, "ALL_GATHER", shard)
+                    node = self.coll(comm, f"step.c{gci}", blocking=False)
                     self.gather_waits.setdefault((first_f[c], gci, first), []).append(node)
 
     def _finish(self) -> None:
