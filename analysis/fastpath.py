@@ -602,7 +602,7 @@ def _param_gather_delay(costs: _Costs, stages: list[_Stage], reps: list[int], c:
     for st, x in enumerate(stages):
         blocks = costs.prog.blocks_of_chunk(st, labels=False)
         need = [0] * len(blocks)
-        for axis in ("dp", "edp"):
+        for axis in ("dp", "edp") if costs.moe else ("dp",):
             size = dp_group_size(s, axis)
             if size < 2:
                 continue
