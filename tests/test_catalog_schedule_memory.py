@@ -133,3 +133,31 @@ def test_zero3_feasibility_boundary_of_narayanan_2021() -> None:
         return estimate(m, s, 0, m.num_params(), flash_attention=False).total_bytes / GiB
 
     assert total_GiB(560) > 80 >= total_GiB(640)
+
+
+# MosaicML's llm-foundry throughput tables (scripts/train/benchmarking/README.md): runs that
+# completed, each at the largest micro-batch or sequence its table lists for that model and GPU
+# (MPT shapes from the llm-foundry pretrain YAMLs: d_model, heads, layers; ffn 4·d, vocab 50368;
+# FSDP FULL_SHARD on 8 GPUs per node). (model, seq, GPUs, micro-batch, activation checkpointing,
+# GPU memory GiB.)
+MPT_SHAPES = {"125m": (768, 12, 12), "350m": (1024, 16, 24), "1b": (2048, 16, 24),
+              "3b": (2560, 20, 32), "7b": (4096, 32, 32), "13b": (5120, 40, 40),
+              "30b": (7168, 56, 48), "70b": (8192, 64, 80)}
+MPT_RAN = [("7b", 65536, 8, 1, True, 80), ("1b", 32768, 8, 1, False, 80),
+           ("350m", 65536, 8, 1, False, 80), ("125m", 65536, 8, 1, False, 80),
+           ("30b", 8192, 8, 1, True, 80), ("7b", 2048, 8, 6, False, 80),
+           ("13b", 8192, 8, 1, True, 40), ("1b", 16384, 8, 1, False, 40),
+           ("3b", 8192, 8, 1, False, 40), ("7b", 2048, 8, 12, True, 40)]
+
+
+@pytest.mark.parametrize(("name", "seq", "gpus", "mbs", "ckpt", "hbm"), MPT_RAN)
+def test_published_mosaicml_runs_fit(name: str, seq: int, gpus: int, mbs: int, ckpt: bool,
+                                     hbm: int) -> None:
+    """Runs that completed must fit the GPU they ran on (FlashAttention, as they used)."""
+    d, heads, layers = MPT_SHAPES[name]
+    m = ModelSpec(name=f"mpt-{name}", num_layers=layers, hidden_size=d,
+                  num_attention_heads=heads, ffn_hidden_size=4 * d, vocab_size=50368,
+                  seq_len=seq)
+    s = Strategy(dp=gpus, zero_stage=3, recompute="full" if ckpt else "none",
+                 micro_batch_size=mbs, global_batch_size=mbs * gpus)
+    assert estimate(m, s, 0, m.num_params()).total_bytes / GiB <= hbm
