@@ -98,7 +98,9 @@ class _Context:
         self.buckets: dict[tuple[int, str, int], tuple[object, list[_BucketRun]]] = {}
         self.stages: dict[tuple[object, ...], _Stage] = {}
         self.tails: dict[tuple[object, ...], tuple[int, int]] = {}
-        self.shapes: dict[tuple[object, ...], tuple[int, int, int, bool]] = {}
+        # layout (degrees) → (axis, rank) → group shape
+        self.shapes: dict[tuple[object, ...],
+                          dict[tuple[str, int], tuple[int, int, int, bool]]] = {}
         self.walks: dict[tuple[object, ...], tuple[list[int], list[list[int]]]] = {}
         self._models: dict[int, tuple[ModelSpec, int]] = {}
         self._interned: dict[tuple[object, ...], int] = {}
@@ -166,12 +168,14 @@ class _Costs:
         # all a group's shape depends on besides its axis and rank
         self._degrees = (s.tp, s.cp, s.dp, s.pp, s.ep, model.tied_embeddings, self.moe,
                          self.gpn)
+        # the shapes of this layout's groups (the layout is hashed once per strategy, not per
+        # lookup)
+        self._shapes = self.ctx.shapes.setdefault(self._degrees, {})
 
     def shape(self, axis: str, rank: int) -> tuple[int, int, int, bool]:
-        key = (axis, rank, self._degrees)
-        got = self.ctx.shapes.get(key)
+        got = self._shapes.get((axis, rank))
         if got is None:
-            got = self.ctx.shapes[key] = _group_shape(axis, rank, *self._degrees)
+            got = self._shapes[axis, rank] = _group_shape(axis, rank, *self._degrees)
         return got
 
     def signature(self, rank: int) -> tuple[tuple[int, ...], ...]:
