@@ -22,19 +22,23 @@ MOE = ModelSpec(name="fastmoe", num_layers=8, hidden_size=256, num_attention_hea
 SYSTEM = get_system("dgx-h100")
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]), dp=st.sampled_from([1, 2, 4]),
        sp=st.booleans(), zero=st.sampled_from([0, 1, 3]),
        recompute=st.sampled_from(["none", "selective", "full"]), mb=st.sampled_from([1, 2, 4, 8]),
        schedule=st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b"]), overlap=st.booleans(),
        uneven=st.booleans(), zbucket=st.sampled_from([0, 100_000]),
-       dp_overlap=st.sampled_from(["both", "grad", "none"]), ep=st.sampled_from([0, 1, 2]))
+       dp_overlap=st.sampled_from(["both", "grad", "none"]), ep=st.sampled_from([0, 1, 2]),
+       cp=st.sampled_from([1, 1, 2]), fp8=st.booleans(),
+       system=st.sampled_from(["dgx-h100", "dgx-a100-80gb", "dgx-b200"]))
 def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, mb, schedule,
-                                              overlap, uneven, zbucket, dp_overlap, ep) -> None:
+                                              overlap, uneven, zbucket, dp_overlap, ep, cp, fp8,
+                                              system) -> None:
     """``ep`` 0: the dense model; 1 or 2: the MoE model with that expert parallelism."""
-    model = MOE if ep else MODEL
+    model, hw = MOE if ep else MODEL, get_system(system)
     try:
-        s = Strategy(tp=tp, pp=pp, dp=dp, ep=max(ep, 1),
+        s = Strategy(tp=tp, pp=pp, dp=dp, ep=max(ep, 1), cp=cp,
+                     precision="fp8" if fp8 else "bf16",
                      vpp=2 if schedule == "interleaved_1f1b" else 1,
                      first_stage_layers=int(uneven), last_stage_layers=int(uneven),
                      sequence_parallel=sp and tp > 1, tp_comm_overlap=overlap and sp and tp > 1,
@@ -43,13 +47,13 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
                      dp_bucket_params=200_000, zero3_gather_bucket_params=zbucket,
                      overlap_grad_reduce=dp_overlap != "none",
                      overlap_param_gather=dp_overlap == "both")
-        fast = estimate(model, s, SYSTEM)
+        fast = estimate(model, s, hw)
     except ConfigError:
         assume(False)
         raise
     with tempfile.TemporaryDirectory() as tmp:
         generate(model, s, tmp, mode="representative")
-        ref = replay(tmp, SYSTEM, contention=False)
+        ref = replay(tmp, hw, contention=False)
     assert fast.step_time_s == pytest.approx(ref.step_time_s, rel=0.02)
 
 
