@@ -650,8 +650,12 @@ def _tails(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[int]
     finish = 0
     for st in check:
         x = stages[st]
-        end = max(chunk_ends[st])
-        rel = tuple(e - end for e in chunk_ends[st])
+        ce = chunk_ends[st]
+        if len(ce) == 1:
+            end, rel = ce[0], (0,)
+        else:
+            end = max(ce)
+            rel = tuple(e - end for e in ce)
         key = (id(x), rel, strategy_key, costs.shape("dp", reps[st]),
                costs.shape("edp", reps[st]) if costs.moe else None)
         got = costs.ctx.tails.get(key)
@@ -700,14 +704,17 @@ def _buckets_done(costs: _Costs, rank: int,
     if s.zero_stage == 3:
         return end, []
     coll: O.CollType = "REDUCE_SCATTER" if s.zero_stage >= 1 else "ALL_REDUCE"
+    overlap, gather, bucket = s.overlap_grad_reduce, s.zero_stage >= 1, s.dp_bucket_params
+    memo, shape_ns = costs.ctx.buckets, costs.net.shape_ns
     idle = -(1 << 62)  # times are relative to the stage's last backward: no zero to start from
     stream = {"dp": idle, "edp": idle}
     gathers: list[tuple[str, int, int]] = []
-    axes = [(axis, dp_group_size(s, axis), costs.shape(axis, rank))
-            for axis in (("dp", "edp") if costs.moe else ("dp",))]
-    order = range(1) if len(chunk_ends) == 1 else sorted(range(len(chunk_ends)),
-                                                         key=chunk_ends.__getitem__)
-    memo = costs.ctx.buckets
+    if costs.moe:
+        axes = [(axis, dp_group_size(s, axis), costs.shape(axis, rank)) for axis in ("dp", "edp")]
+    else:
+        axes = [("dp", dp_group_size(s, "dp"), costs.shape("dp", rank))]
+    order = (0,) if len(chunk_ends) == 1 else sorted(range(len(chunk_ends)),
+                                                     key=chunk_ends.__getitem__)
     for chunk in order:
         start = chunk_ends[chunk] - chunk_bwd[chunk]
         blocks = runs[chunk]
@@ -716,20 +723,25 @@ def _buckets_done(costs: _Costs, rank: int,
                 continue
             # issue times are offsets from the chunk's start: found once per stage chunk
             # (keyed by identity; the stage memo keeps ``blocks`` alive) and shifted
-            key = (id(blocks), axis, s.dp_bucket_params)
+            key = (id(blocks), axis, bucket)
             got = memo.get(key)
             if got is None or got[0] is not blocks:
-                got = memo[key] = (blocks, _bucket_runs(blocks, axis, s.dp_bucket_params, 0))
+                got = memo[key] = (blocks, _bucket_runs(blocks, axis, bucket, 0))
+            lane = axis if overlap else "dp"  # without overlap: after the backward, in sequence
+            busy = stream[lane]
             for t, step, n, params in got[1]:
-                t += start
                 padded = -(-params // size) * size
-                d = costs.net.shape_ns(coll, padded * O.GRAD_REDUCE_BYTES, shape)
-                lane = axis
-                if not s.overlap_grad_reduce:  # after the backward, one after another
-                    t, step, lane = end, 0, "dp"
-                stream[lane] = max(max(stream[lane], t) + n * d, t + (n - 1) * step + d)
-                if s.zero_stage >= 1:
+                d = shape_ns(coll, padded * O.GRAD_REDUCE_BYTES, shape)
+                if overlap:
+                    t += start
+                else:
+                    t, step = end, 0
+                a = (busy if busy > t else t) + n * d
+                b = t + (n - 1) * step + d
+                busy = a if a > b else b
+                if gather:
                     gathers.append((axis, padded, n))
+            stream[lane] = busy
     return max(end, *stream.values()), gathers
 
 
