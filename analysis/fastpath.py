@@ -651,6 +651,7 @@ def _tails(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[int]
     for st in check:
         x = stages[st]
         ce = chunk_ends[st]
+        rel: tuple[int, ...]
         if len(ce) == 1:
             end, rel = ce[0], (0,)
         else:
