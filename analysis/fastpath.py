@@ -19,9 +19,8 @@ fast path legitimately differ (link contention, stragglers), replay is the refer
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
-from operator import attrgetter
-from typing import NamedTuple, TypeVar
+from collections.abc import Iterable
+from typing import NamedTuple
 
 from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
@@ -42,8 +41,6 @@ from tracegen.program import (
 from tracegen.schedule import stage_order
 from tracegen.strategy import Strategy, check_fits_model
 from tracegen.units import DTYPE_CODE, NS_PER_S, GiB
-
-_T = TypeVar("_T")
 
 
 class FastEstimate(NamedTuple):
@@ -208,8 +205,18 @@ class _Costs:
 
     def stage(self, stage: int, rank: int, sig: tuple[object, ...]) -> _Stage:
         s, n_chunks = self.s, self.s.pp * self.s.vpp
-        gcis = (stage,) if s.vpp == 1 else tuple(ch * s.pp + stage for ch in range(s.vpp))
         layers = self.m.num_layers
+        if s.vpp == 1 and not (s.first_stage_layers or s.last_stage_layers):
+            # the common case, spelled out: one chunk of layers / pp (a flat key; the general
+            # one below is a tuple of such tuples, so the two never collide)
+            comp: tuple[object, ...] = (layers // n_chunks, stage == 0, stage == n_chunks - 1,
+                                        n_chunks == 1)
+            key = (self.key, comp, sig)
+            got = self.ctx.stages.get(key)
+            if got is None:
+                got = self.ctx.stages[key] = _stage_costs(self, (stage,), rank, sig)
+            return got
+        gcis = (stage,) if s.vpp == 1 else tuple(ch * s.pp + stage for ch in range(s.vpp))
         if s.first_stage_layers or s.last_stage_layers:
             comp = tuple([(len(s.chunk_layers(layers, g)), g == 0, g == n_chunks - 1,
                            n_chunks == 1) for g in gcis])
@@ -520,8 +527,8 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
         pipe = max(ends)
         check: Iterable[int] = range(s.pp)
     else:
-        f_s = _per_stage(stages, alike, lambda x: x.fwd[0])
-        b_s = _per_stage(stages, alike, lambda x: x.bwd[0])
+        f_s = [x.fwd[0] for x in stages]
+        b_s = [x.bwd[0] for x in stages]
         hidden, late_s = 0, [0] * s.pp
         if s.zero_stage == 3 and s.pp > 1:
             # the first gather of a pass runs while the input is awaited; the last
@@ -550,15 +557,7 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     peak = _peak_memory_bytes(costs, stages, alike)
     return FastEstimate(finish / NS_PER_S, pipe / NS_PER_S, peak / GiB,
                         peak <= system.gpu.hbm_bytes,
-                        tuple(_per_stage(stages, alike, attrgetter("fwd_s"))),
-                        tuple(_per_stage(stages, alike, attrgetter("bwd_s"))))
-
-
-def _per_stage(stages: list[_Stage], alike: bool, get: Callable[[_Stage], _T]) -> list[_T]:
-    """``get`` of every stage; alike middle stages repeat the second's (no per-stage work)."""
-    if alike and len(stages) > 3:
-        return [get(stages[0]), *[get(stages[1])] * (len(stages) - 2), get(stages[-1])]
-    return [get(x) for x in stages]
+                        tuple([x.fwd_s for x in stages]), tuple([x.bwd_s for x in stages]))
 
 
 def _stages(costs: _Costs) -> tuple[list[_Stage], list[int], bool]:
