@@ -79,6 +79,7 @@ class _Stage(NamedTuple):
     fwd_s: float = 0.0  # all chunks, one micro-batch
     bwd_s: float = 0.0
     total_params: int = 0  # Σ params (the memory model's params_local)
+    layers: int = 0  # transformer layers over all chunks (the memory model's)
 
 
 class _Context:
@@ -265,6 +266,7 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], rank: int, sig: tuple[obj
     zero3 = costs.s.zero_stage == 3
     fwd, bwd, runs_bwd, early_f, early_b, late_b = [], [], [], [], [], []
     params = {"dp": 0, "edp": 0}
+    layers = 0
     for gci in gcis:
         f = b = 0
         runs = []
@@ -276,6 +278,8 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], rank: int, sig: tuple[obj
             runs.append((block, bb, count))
             params["dp"] += count * block.dense
             params["edp"] += count * block.expert
+            if block.name == "layer":
+                layers += count
         fwd.append(f)
         bwd.append(b)
         runs_bwd.append(tuple(runs[::-1]))
@@ -287,7 +291,7 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], rank: int, sig: tuple[obj
     return _Stage(tuple(fwd), tuple(bwd), tuple(runs_bwd), tuple(early_f), tuple(early_b),
                   tuple(late_b),
                   tuple(params.items()), sum(fwd) / NS_PER_S, sum(bwd) / NS_PER_S,
-                  params["dp"] + params["edp"])
+                  params["dp"] + params["edp"], layers)
 
 
 def _block_ns(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...]
@@ -589,7 +593,7 @@ def _peak_memory_bytes(costs: _Costs, stages: list[_Stage], alike: bool) -> int:
     act = activation_bytes_per_layer(m, s, flash_attention=flash)
     candidates = {0, s.pp - 1} if alike else {0, min(1, s.pp - 1), s.pp - 1}
     return max(memory_total_bytes(m, s, st, stages[st].total_params, act_per_layer=act,
-                                  flash_attention=flash)
+                                  flash_attention=flash, layers=stages[st].layers)
                for st in candidates)
 
 

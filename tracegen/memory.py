@@ -130,9 +130,11 @@ def estimate(m: ModelSpec, s: Strategy, stage: int, params_local: int,
 
 
 def total_bytes(m: ModelSpec, s: Strategy, stage: int, params_local: int, *, act_per_layer: int,
-                flash_attention: bool = True) -> int:
-    """``estimate(...).total_bytes`` without building the breakdown (screening many)."""
-    return sum(_parts(m, s, stage, params_local, act_per_layer, flash_attention=flash_attention))
+                flash_attention: bool = True, layers: int | None = None) -> int:
+    """``estimate(...).total_bytes`` without building the breakdown (screening many).
+    ``layers``: the stage's layer count where the caller has it."""
+    return sum(_parts(m, s, stage, params_local, act_per_layer, flash_attention=flash_attention,
+                      layers=layers))
 
 
 def unit_params(m: ModelSpec, s: Strategy, stage: int) -> int:
@@ -162,7 +164,8 @@ def transient_bytes(m: ModelSpec, s: Strategy, stage: int, *, flash_attention: b
 
 
 def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *,
-           flash_attention: bool) -> tuple[int, int, int, int, int, int, int, int]:
+           flash_attention: bool, layers: int | None = None
+           ) -> tuple[int, int, int, int, int, int, int, int]:
     """The fields of ``MemoryEstimate`` in order."""
     dp_shard = s.dp * s.cp
     grads = params_local * GRAD_BYTES
@@ -175,9 +178,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
     if s.zero_stage >= 3:
         weights = -(-params_local * ZERO3_PARAM_BYTES // dp_shard)
         optim = -(-params_local * ZERO3_OPTIM_BYTES // dp_shard)
-    if s.vpp == 1:
-        layers = len(s.chunk_layers(m.num_layers, stage))
-    else:
+    if layers is None:
         layers = sum(len(s.chunk_layers(m.num_layers, c * s.pp + stage)) for c in range(s.vpp))
     # In-flight micro-batches are counted in units of the whole stage (all its chunks).
     activations = int(act * layers * inflight_microbatches(s, stage))
