@@ -207,23 +207,17 @@ class _Costs:
     def stage(self, stage: int, rank: int, sig: tuple[object, ...]) -> _Stage:
         s, n_chunks = self.s, self.s.pp * self.s.vpp
         layers = self.m.num_layers
-        if s.vpp == 1 and not (s.first_stage_layers or s.last_stage_layers):
+        uneven = s.first_stage_layers or s.last_stage_layers
+        comp: tuple[object, ...]
+        if s.vpp == 1 and not uneven:
             # the common case, spelled out: one chunk of layers / pp (a flat key; the general
-            # one below is a tuple of such tuples, so the two never collide)
-            comp: tuple[object, ...] = (layers // n_chunks, stage == 0, stage == n_chunks - 1,
-                                        n_chunks == 1)
-            key = (self.key, comp, sig)
-            got = self.ctx.stages.get(key)
-            if got is None:
-                got = self.ctx.stages[key] = _stage_costs(self, (stage,), rank, sig)
-            return got
-        gcis = (stage,) if s.vpp == 1 else tuple(ch * s.pp + stage for ch in range(s.vpp))
-        if s.first_stage_layers or s.last_stage_layers:
-            comp = tuple([(len(s.chunk_layers(layers, g)), g == 0, g == n_chunks - 1,
-                           n_chunks == 1) for g in gcis])
-        else:  # an even split: every chunk holds layers / chunks
-            per = layers // n_chunks
-            comp = tuple([(per, g == 0, g == n_chunks - 1, n_chunks == 1) for g in gcis])
+            # one is a tuple of such tuples, so the two never collide)
+            gcis: tuple[int, ...] = (stage,)
+            comp = (layers // n_chunks, stage == 0, stage == n_chunks - 1, n_chunks == 1)
+        else:
+            gcis = (stage,) if s.vpp == 1 else tuple(ch * s.pp + stage for ch in range(s.vpp))
+            comp = tuple([(len(s.chunk_layers(layers, g)) if uneven else layers // n_chunks,
+                           g == 0, g == n_chunks - 1, n_chunks == 1) for g in gcis])
         key = (self.key, comp, sig)
         got = self.ctx.stages.get(key)
         if got is None:
