@@ -85,6 +85,9 @@ def tracegen_cmd(
 
         capacity = resolve_system(system).gpu.hbm_GiB
     print_summary(summary, strategy, capacity_GiB=capacity)
+    if overlap_param_gather and zero not in (1, 2):
+        console.print(f"note: --overlap-param-gather changes nothing at --zero {zero}: only ZeRO 1 "
+                      "and 2 gather the updated parameters after the step")
 
 
 @app.command("replay")

@@ -35,6 +35,22 @@ def test_tracegen_model_file(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
 
 
+def test_overlap_param_gather_is_recorded_and_flagged_where_it_does_nothing(tmp_path: Path
+                                                                            ) -> None:
+    f = tmp_path / "m.toml"
+    f.write_text("num_layers = 2\nhidden_size = 64\nnum_attention_heads = 4\n"
+                 "ffn_hidden_size = 128\nvocab_size = 128\nseq_len = 16\n")
+    common = ("tracegen", "--model", str(f), "--gpus", "2", "--mbs", "1", "--gbs", "2",
+              "--overlap-param-gather")
+    r = run(*common, "--zero", "1", "-o", str(tmp_path / "z1"))
+    assert r.returncode == 0, r.stderr
+    assert read_manifest(tmp_path / "z1")["strategy"]["overlap_param_gather"] is True
+    assert "changes nothing" not in r.stdout
+    r = run(*common, "--zero", "0", "-o", str(tmp_path / "z0"))
+    assert r.returncode == 0, r.stderr
+    assert "--overlap-param-gather changes nothing at --zero 0" in r.stdout
+
+
 def test_bad_input_is_one_plain_line_not_a_traceback(tmp_path: Path) -> None:
     r = run("tracegen", "--model", "llama3-8b", "--gpus", "8", "--tp", "3", "--mbs", "1",
             "--gbs", "8", "-o", str(tmp_path))
