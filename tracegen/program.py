@@ -22,7 +22,7 @@ from typing import Any
 
 from tracegen import ops as O
 from tracegen.model import ModelSpec
-from tracegen.schedule import stage_order
+from tracegen.schedule import Step, stage_order
 from tracegen.strategy import Strategy
 from tracegen.units import DTYPE_CODE
 from tracegen.vocab import COLL_CODE, COMM_COLL_NODE, COMM_RECV_NODE, COMM_SEND_NODE, COMP_NODE
@@ -356,9 +356,8 @@ class RoleProgram:
         s = self.s
         order = stage_order(s.schedule, m=self.m_mb, p=s.pp, v=s.vpp, stage=self.stage)
         last_b = {c: max(j for ph, j, cc in order if ph == "B" and cc == c) for c in range(s.vpp)}
-        first_f = {c: min(j for ph, j, cc in order if ph == "F" and cc == c) for c in range(s.vpp)}
         if self.param_gather_overlapped:
-            self._early_param_gathers(first_f)
+            self._early_param_gathers(order)
         for phase, mb, chunk in order:
             if phase == "F":
                 self.forward(mb, chunk)
@@ -371,11 +370,14 @@ class RoleProgram:
     def param_gather_overlapped(self) -> bool:
         return self.s.overlap_param_gather and self.s.zero_stage in (1, 2)
 
-    def _early_param_gathers(self, first_f: dict[int, int]) -> None:
+    def _early_param_gathers(self, order: list[Step]) -> None:
         """Megatron ``--overlap-param-gather``: the all-gathers of the parameters the previous
         step updated, bucket by bucket in forward order on the data-parallel stream from the
         start of the step; the first forward of a bucket's first block waits for it (in a steady
         state this is the same as issuing them after the previous optimizer step)."""
+        # the micro-batch of each chunk's first forward in this stage's order
+        first_f = {c: min(j for ph, j, cc in order if ph == "F" and cc == c)
+                   for c in range(self.s.vpp)}
         for c in range(self.s.vpp):
             gci = c * self.s.pp + self.stage
             blocks = self.blocks_of_chunk(gci, labels=False)
