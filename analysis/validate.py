@@ -26,7 +26,7 @@ from analysis.fastpath import estimate
 from replay import replay
 from replay.hardware import GPU_ALIASES, SystemSpec, get_system
 from tracegen import ConfigError, ModelSpec, Strategy, TrainsimError, generate
-from tracegen.flops import model_flop_per_step
+from tracegen.flops import step_rates
 from tracegen.strategy import with_shorter_end_chunks
 from tracegen.units import GiB
 
@@ -243,13 +243,13 @@ def predict_fast(inputs: RunInputs) -> dict[str, Any]:
     (replay/results.py); the compute / communication / idle split is left empty."""
     m, s, system = inputs.model, inputs.strategy, inputs.system
     est = estimate(m, s, system)
-    step = est.step_time_s
-    peak = system.gpu.peak_flop_per_s(s.precision) * s.world_size
-    return {"predicted_iter_time_s": step,
+    rates = step_rates(m, s.global_batch_size, s.recompute, step_s=est.step_time_s,
+                       gpus=s.world_size, peak_flop_per_s=system.gpu.peak_flop_per_s(s.precision))
+    return {"predicted_iter_time_s": est.step_time_s,
             "predicted_peak_memory_GiB": est.peak_memory_GiB,
             "fits": est.fits,
-            "predicted_tokens_per_s": s.global_batch_size * m.seq_len / step,
-            "predicted_mfu": model_flop_per_step(m, s.global_batch_size) / (step * peak)}
+            "predicted_tokens_per_s": rates["tokens_per_s"],
+            "predicted_mfu": rates["mfu"]}
 
 
 def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = None,

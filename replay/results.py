@@ -14,7 +14,7 @@ import polars as pl
 from replay.reader import COLL_TYPE_NAMES, NODE_TYPE_NAMES
 from replay.sim import Simulator
 from replay.traceset import TraceSet
-from tracegen.flops import model_flop_per_step, recompute_flop_per_step
+from tracegen.flops import step_rates
 from tracegen.model import ModelSpec
 from tracegen.units import NS_PER_S
 
@@ -157,12 +157,8 @@ def step_metrics(ts: TraceSet, timeline: pl.DataFrame, end_ns: int, peak_flop_pe
         st = man["strategy"]
         gbs = int(st["global_batch_size"])
         out["tokens_per_step"] = gbs * m.seq_len
-        out["tokens_per_s"] = gbs * m.seq_len / step
-        model_flop = model_flop_per_step(m, gbs)
-        hw_flop = model_flop + recompute_flop_per_step(m, gbs, st["recompute"])
-        peak = peak_flop_per_s * ts.world_size
-        out["mfu"] = model_flop / (step * peak)
-        out["hfu"] = hw_flop / (step * peak)
+        out.update(step_rates(m, gbs, st["recompute"], step_s=step, gpus=ts.world_size,
+                              peak_flop_per_s=peak_flop_per_s))
         out["comm_time_by_axis_s"] = _axis_times(ts, timeline)
         out["peak_memory_GiB"] = max(s["memory"]["total_GiB"] for s in man["stages"])
     return out

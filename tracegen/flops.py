@@ -34,3 +34,14 @@ def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str) -> 
         return attention
     logits = 2 * b * s * h * m.vocab_size
     return (model_flop_per_step(m, global_batch) - 3 * logits) // 3
+
+
+def step_rates(m: ModelSpec, global_batch: int, recompute: str, *, step_s: float, gpus: int,
+               peak_flop_per_s: float) -> dict[str, float]:
+    """Tokens/s, MFU and HFU of a step of ``step_s`` seconds on ``gpus`` GPUs of
+    ``peak_flop_per_s`` each (the one place replay, the fast path and validate derive them)."""
+    model_flop = model_flop_per_step(m, global_batch)
+    hw_flop = model_flop + recompute_flop_per_step(m, global_batch, recompute)
+    peak = peak_flop_per_s * gpus
+    return {"tokens_per_s": global_batch * m.seq_len / step_s,
+            "mfu": model_flop / (step_s * peak), "hfu": hw_flop / (step_s * peak)}
