@@ -11,7 +11,27 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from analysis.cli_common import app, console, progress_bar
+from analysis.cli_common import (
+    FirstLayersOpt,
+    GbsOpt,
+    GpusOpt,
+    LastLayersOpt,
+    MbsOpt,
+    ModelOpt,
+    ParamGatherOpt,
+    PrecisionOpt,
+    RecomputeOpt,
+    ScheduleOpt,
+    SpOpt,
+    TpOverlapOpt,
+    VppOpt,
+    ZeroOpt,
+    app,
+    build_strategy,
+    console,
+    note_param_gather,
+    progress_bar,
+)
 from tracegen import ConfigError, Strategy, TrainsimError, generate, model_names, resolve_model
 from tracegen.catalog import get_model, model_source
 from tracegen.traceset import TraceSetSummary
@@ -35,28 +55,13 @@ def catalog_cmd() -> None:
 
 @app.command("tracegen")
 def tracegen_cmd(
-    model: Annotated[str, typer.Option(help="Preset name (see `trainsim catalog`) or a "
-                                            "TOML/JSON model file.")],
-    gpus: Annotated[int, typer.Option(help="GPU count; dp = gpus / (tp·pp·cp).")],
-    mbs: Annotated[int, typer.Option(help="Micro-batch size (sequences).")],
-    gbs: Annotated[int, typer.Option(help="Global batch size (sequences per step).")],
+    model: ModelOpt, gpus: GpusOpt, mbs: MbsOpt, gbs: GbsOpt,
     out: Annotated[Path, typer.Option("-o", "--out", help="Output directory.")],
-    tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
-    vpp: Annotated[int, typer.Option(help="Virtual stages per rank (interleaved 1F1B).")] = 1,
-    sp: Annotated[bool, typer.Option("--sp", help="Sequence parallelism.")] = False,
-    tp_comm_overlap: Annotated[bool, typer.Option(
-        "--tp-comm-overlap", help="Overlap SP collectives with their GEMMs (needs --sp).")] = False,
-    schedule: Annotated[str, typer.Option(help="gpipe | 1f1b | interleaved_1f1b")] = "1f1b",
-    recompute: Annotated[str, typer.Option(help="none | selective | full")] = "none",
-    zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (1 = distributed optimizer).")] = 0,
-    overlap_param_gather: Annotated[bool, typer.Option(
-        "--overlap-param-gather", help="ZeRO-1/2: gather updated parameters during the next "
-        "forward (Megatron --overlap-param-gather).")] = False,
-    precision: Annotated[str, typer.Option(help="bf16 | fp16 | fp8")] = "bf16",
-    first_stage_layers: Annotated[int, typer.Option(
-        help="Layers of the first model chunk (stage at vpp 1); 0 = even split.")] = 0,
-    last_stage_layers: Annotated[int, typer.Option(
-        help="Layers of the last model chunk (stage at vpp 1); 0 = even split.")] = 0,
+    tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, vpp: VppOpt = 1, sp: SpOpt = False,
+    tp_comm_overlap: TpOverlapOpt = False, schedule: ScheduleOpt = "1f1b",
+    recompute: RecomputeOpt = "none", zero: ZeroOpt = 0,
+    overlap_param_gather: ParamGatherOpt = False, precision: PrecisionOpt = "bf16",
+    first_stage_layers: FirstLayersOpt = 0, last_stage_layers: LastLayersOpt = 0,
     mode: Annotated[str, typer.Option(help="full | representative")] = "representative",
     system: Annotated[str | None, typer.Option(help="Flag ranks whose estimated memory exceeds "
                                                     "this system's GPU memory.")] = None,
@@ -64,17 +69,11 @@ def tracegen_cmd(
 ) -> None:
     """Generate the per-rank Chakra execution traces of one training step."""
     spec = resolve_model(model)
-    denom = tp * pp * cp
-    if gpus < 1 or denom < 1 or gpus % denom:
-        raise ConfigError(f"--gpus {gpus} is not divisible by tp·pp·cp = {tp}·{pp}·{cp} = {denom}; "
-                          "choose a GPU count that is a multiple of it", what="strategy")
-    strategy = Strategy(tp=tp, pp=pp, cp=cp, ep=ep, dp=gpus // denom, vpp=vpp,
-                        sequence_parallel=sp, tp_comm_overlap=tp_comm_overlap,
-                        micro_batch_size=mbs, global_batch_size=gbs,
-                        schedule=schedule, recompute=recompute, zero_stage=zero,  # type: ignore[arg-type]
-                        overlap_param_gather=overlap_param_gather,
-                        precision=precision,  # type: ignore[arg-type]
-                        first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
+    strategy = build_strategy(
+        gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, sp=sp, tp_comm_overlap=tp_comm_overlap,
+        mbs=mbs, gbs=gbs, schedule=schedule, recompute=recompute, zero=zero,
+        overlap_param_gather=overlap_param_gather, precision=precision,
+        first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
     with progress_bar() as bar:
         task = bar.add_task("writing ranks", total=None)
         summary = generate(spec, strategy, out, mode=mode, name=name, gpus=gpus,  # type: ignore[arg-type]
@@ -85,9 +84,7 @@ def tracegen_cmd(
 
         capacity = resolve_system(system).gpu.hbm_GiB
     print_summary(summary, strategy, capacity_GiB=capacity)
-    if overlap_param_gather and zero not in (1, 2):
-        console.print(f"note: --overlap-param-gather changes nothing at --zero {zero}: only ZeRO 1 "
-                      "and 2 gather the updated parameters after the step")
+    note_param_gather(strategy)
 
 
 @app.command("replay")
@@ -223,6 +220,7 @@ def _memory_cell(gib: float, capacity: float | None) -> str:
     return f"{gib:.1f}"
 
 
+import analysis.cli_estimate  # noqa: E402  (registers `estimate` on the app)
 import analysis.cli_study  # noqa: E402,F401  (registers the study commands on the app)
 
 

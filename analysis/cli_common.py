@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tracegen import ConfigError, Strategy
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="trainsim: trace-driven performance modeling of distributed training.")
@@ -17,3 +20,51 @@ console = Console(width=None if sys.stdout.isatty() else 150)
 def progress_bar() -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=console, transient=True)
+
+
+# The strategy options `tracegen` and `estimate` share (one declaration, one meaning).
+ModelOpt = Annotated[str, typer.Option(help="Preset name (see `trainsim catalog`) or a TOML/JSON "
+                                            "model file.")]
+GpusOpt = Annotated[int, typer.Option(help="GPU count; dp = gpus / (tp·pp·cp).")]
+MbsOpt = Annotated[int, typer.Option(help="Micro-batch size (sequences).")]
+GbsOpt = Annotated[int, typer.Option(help="Global batch size (sequences per step).")]
+VppOpt = Annotated[int, typer.Option(help="Virtual stages per rank (interleaved 1F1B).")]
+SpOpt = Annotated[bool, typer.Option("--sp", help="Sequence parallelism.")]
+TpOverlapOpt = Annotated[bool, typer.Option(
+    "--tp-comm-overlap", help="Overlap SP collectives with their GEMMs (needs --sp).")]
+ScheduleOpt = Annotated[str, typer.Option(help="gpipe | 1f1b | interleaved_1f1b")]
+RecomputeOpt = Annotated[str, typer.Option(help="none | selective | full")]
+ZeroOpt = Annotated[int, typer.Option(help="ZeRO stage 0-3 (1 = distributed optimizer).")]
+ParamGatherOpt = Annotated[bool, typer.Option(
+    "--overlap-param-gather", help="ZeRO-1/2: gather updated parameters during the next "
+    "forward (Megatron --overlap-param-gather).")]
+PrecisionOpt = Annotated[str, typer.Option(help="bf16 | fp16 | fp8")]
+FirstLayersOpt = Annotated[int, typer.Option(
+    help="Layers of the first model chunk (stage at vpp 1); 0 = even split.")]
+LastLayersOpt = Annotated[int, typer.Option(
+    help="Layers of the last model chunk (stage at vpp 1); 0 = even split.")]
+
+
+def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, sp: bool,
+                   tp_comm_overlap: bool, mbs: int, gbs: int, schedule: str, recompute: str,
+                   zero: int, overlap_param_gather: bool, precision: str,
+                   first_stage_layers: int, last_stage_layers: int) -> Strategy:
+    """The strategy the shared options describe (dp from the GPU count)."""
+    denom = tp * pp * cp
+    if gpus < 1 or denom < 1 or gpus % denom:
+        raise ConfigError(f"--gpus {gpus} is not divisible by tp·pp·cp = {tp}·{pp}·{cp} = {denom}; "
+                          "choose a GPU count that is a multiple of it", what="strategy")
+    return Strategy(tp=tp, pp=pp, cp=cp, ep=ep, dp=gpus // denom, vpp=vpp,
+                    sequence_parallel=sp, tp_comm_overlap=tp_comm_overlap,
+                    micro_batch_size=mbs, global_batch_size=gbs,
+                    schedule=schedule, recompute=recompute, zero_stage=zero,  # type: ignore[arg-type]
+                    overlap_param_gather=overlap_param_gather,
+                    precision=precision,  # type: ignore[arg-type]
+                    first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
+
+
+def note_param_gather(strategy: Strategy) -> None:
+    if strategy.overlap_param_gather and strategy.zero_stage not in (1, 2):
+        console.print(f"note: --overlap-param-gather changes nothing at --zero "
+                      f"{strategy.zero_stage}: only ZeRO 1 and 2 gather the updated parameters "
+                      "after the step")

@@ -145,10 +145,11 @@ def _batch_problems(s: Strategy) -> list[str]:
     per_step = s.micro_batch_size * s.dp
     if s.global_batch_size % per_step:
         lo = (s.global_batch_size // per_step) * per_step
+        nearest = f"{lo} or {lo + per_step}" if lo else f"{per_step}"
         return [
             f"global_batch_size {s.global_batch_size} is not divisible by micro_batch_size · dp "
             f"= {s.micro_batch_size} · {s.dp} = {per_step}; use a multiple of {per_step} "
-            f"(e.g. {lo or per_step} or {lo + per_step})"
+            f"(e.g. {nearest})"
         ]
     return []
 

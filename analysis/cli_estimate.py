@@ -1,0 +1,92 @@
+"""``trainsim estimate``: one strategy's step time, throughput and memory from the fast path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from analysis.cli_common import (
+    FirstLayersOpt,
+    GbsOpt,
+    GpusOpt,
+    LastLayersOpt,
+    MbsOpt,
+    ModelOpt,
+    ParamGatherOpt,
+    PrecisionOpt,
+    RecomputeOpt,
+    ScheduleOpt,
+    SpOpt,
+    TpOverlapOpt,
+    VppOpt,
+    ZeroOpt,
+    app,
+    build_strategy,
+    console,
+    note_param_gather,
+)
+from analysis.glance import Glance, glance
+from tracegen import Strategy, resolve_model
+from tracegen.units import GiB
+
+MEMORY_COLUMNS = ("weights", "gradients", "optimizer", "activations", "logits", "transient")
+
+
+@app.command("estimate")
+def estimate_cmd(
+    model: ModelOpt, gpus: GpusOpt, mbs: MbsOpt, gbs: GbsOpt,
+    system: Annotated[str, typer.Option(help="Preset system (see `trainsim systems`) or a TOML "
+                                             "system file.")],
+    tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, vpp: VppOpt = 1, sp: SpOpt = False,
+    tp_comm_overlap: TpOverlapOpt = False, schedule: ScheduleOpt = "1f1b",
+    recompute: RecomputeOpt = "none", zero: ZeroOpt = 0,
+    overlap_param_gather: ParamGatherOpt = False, precision: PrecisionOpt = "bf16",
+    first_stage_layers: FirstLayersOpt = 0, last_stage_layers: LastLayersOpt = 0,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
+                                                  "JSON to this file.")] = None,
+) -> None:
+    """Step time, tokens/s, MFU and per-stage memory of one strategy from the fast path (no
+    traces; milliseconds)."""
+    from replay import resolve_system
+
+    spec = resolve_model(model)
+    strategy = build_strategy(
+        gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, sp=sp, tp_comm_overlap=tp_comm_overlap,
+        mbs=mbs, gbs=gbs, schedule=schedule, recompute=recompute, zero=zero,
+        overlap_param_gather=overlap_param_gather, precision=precision,
+        first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
+    g = glance(spec, strategy, resolve_system(system))
+    print_glance(g, strategy)
+    note_param_gather(strategy)
+    if json_out is not None:
+        json_out.write_text(json.dumps(g.to_dict(), indent=1) + "\n")
+
+
+def print_glance(g: Glance, s: Strategy) -> None:
+    console.print(f"[bold]{g.model}[/] {g.strategy} on {g.system} ({s.world_size:,} GPUs; "
+                  f"{s.num_microbatches} micro-batches, {s.schedule}, recompute {s.recompute}, "
+                  f"ZeRO {s.zero_stage}, {s.precision})")
+    console.print(f"step time [bold]{g.step_time_s:.4f} s[/] (fast path; pipeline "
+                  f"{g.pipeline_s:.4f} s, the busiest stage idle {g.pipeline_idle:.1%} of it): "
+                  f"{g.tokens_per_s:,.0f} tokens/s, MFU {g.mfu:.1%}, HFU {g.hfu:.1%}")
+    verdict = "fits" if g.fits else "[bold red]DOES NOT FIT[/]"
+    console.print(f"peak memory {g.peak_memory_GiB:.1f} GiB per GPU: {verdict} in "
+                  f"{g.capacity_GiB:g} GiB")
+    table = Table(title="Per pipeline stage (one micro-batch; memory per GPU in GiB)")
+    for col in ("stage", "fwd ms", "bwd ms", *MEMORY_COLUMNS, "runtime+alloc", "total"):
+        table.add_column(col, justify="right")
+    for st in g.stages:
+        mem = st.memory
+        parts = [getattr(mem, f"{c}_bytes") / GiB for c in MEMORY_COLUMNS]
+        other = (mem.runtime_bytes + mem.fragmentation_bytes) / GiB
+        total = mem.total_bytes / GiB
+        total_cell = (f"[bold red]{total:.1f}[/]" if total > g.capacity_GiB else f"{total:.1f}")
+        table.add_row(str(st.stage), f"{st.fwd_s * 1e3:.2f}", f"{st.bwd_s * 1e3:.2f}",
+                      *[f"{x:.2f}" for x in parts], f"{other:.2f}", total_cell)
+    console.print(table)
+    console.print("[dim]The fast path's closed form; `trainsim tracegen` then `trainsim replay` "
+                  "gives the simulated timeline and the compute / communication split.[/]")

@@ -1,0 +1,84 @@
+"""One strategy at a glance, without traces: the fast path's step time with tokens/s, MFU and HFU,
+how much of the pipeline the busiest stage sits idle, and each stage's forward / backward time
+per micro-batch and memory breakdown. What ``trainsim estimate`` prints; in milliseconds where
+generating and replaying the trace set takes seconds to minutes.
+
+The pipeline's idle share is ``1 − m·(F + B) / T_pipeline`` of the busiest stage (m micro-batches,
+F and B its forward and backward of one, every chunk): for p alike stages under 1F1B with free
+sends it is the bubble fraction (p − 1)/(m + p − 1) (Narayanan et al. 2021 §2.2.1); exposed
+sends and uneven stages add to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from analysis.fastpath import FastEstimate, estimate
+from replay.hardware import SystemSpec
+from tracegen import memory
+from tracegen.flops import step_rates
+from tracegen.model import ModelSpec
+from tracegen.program import RoleProgram
+from tracegen.strategy import Strategy
+from tracegen.units import GiB
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StageGlance:
+    stage: int
+    fwd_s: float  # one micro-batch, every chunk of the stage
+    bwd_s: float  # with recomputation
+    memory: memory.MemoryEstimate
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Glance:
+    model: str
+    strategy: str
+    system: str
+    step_time_s: float
+    pipeline_s: float
+    pipeline_idle: float  # share of the pipeline the busiest stage waits (bubble, sends)
+    tokens_per_s: float
+    mfu: float
+    hfu: float
+    peak_memory_GiB: float
+    capacity_GiB: float
+    fits: bool
+    stages: tuple[StageGlance, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name != "stages"}
+        out["stages"] = [{"stage": st.stage, "fwd_s": st.fwd_s, "bwd_s": st.bwd_s,
+                          **st.memory.to_dict()} for st in self.stages]
+        return out
+
+
+def glance(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> Glance:
+    """The fast-path estimate of one strategy with its per-stage breakdown."""
+    est = estimate(model, strategy, system)
+    s = strategy
+    rates = step_rates(model, s.global_batch_size, s.recompute, step_s=est.step_time_s,
+                       gpus=s.world_size, peak_flop_per_s=system.gpu.peak_flop_per_s(s.precision))
+    return Glance(model.name, s.label(), system.name, est.step_time_s, est.pipeline_s,
+                  _idle(est, s.num_microbatches), rates["tokens_per_s"], rates["mfu"],
+                  rates["hfu"], est.peak_memory_GiB, system.gpu.hbm_bytes / GiB, est.fits,
+                  _stages(model, s, system, est))
+
+
+def _idle(est: FastEstimate, microbatches: int) -> float:
+    busiest = max(f + b for f, b in zip(est.stage_fwd_s, est.stage_bwd_s, strict=True))
+    return max(0.0, 1.0 - microbatches * busiest / est.pipeline_s) if est.pipeline_s else 0.0
+
+
+def _stages(model: ModelSpec, s: Strategy, system: SystemSpec, est: FastEstimate
+            ) -> tuple[StageGlance, ...]:
+    flash = system.gpu.flash_attention
+    out = []
+    for st in range(s.pp):
+        params = sum(RoleProgram(model, s, st).stage_params().values())
+        mem = memory.estimate(model, s, st, params, flash_attention=flash)
+        out.append(StageGlance(st, est.stage_fwd_s[st], est.stage_bwd_s[st], mem))
+    return tuple(out)

@@ -1,0 +1,78 @@
+"""``analysis.glance`` (``trainsim estimate``): the fast path's estimate with its per-stage
+breakdown — the same numbers the fast path and the memory model give, and the pipeline's idle
+share against the 1F1B bubble's closed form."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from analysis.fastpath import estimate
+from analysis.glance import glance
+from replay import get_system
+from tests.test_cli import run
+from tracegen import Strategy, get_model
+from tracegen.flops import model_flop_per_step, recompute_flop_per_step
+from tracegen.units import GiB
+
+
+def test_glance_is_the_fast_path_with_its_memory_breakdown() -> None:
+    model, system = get_model("gpt3-175b"), get_system("dgx-a100-80gb")
+    s = Strategy(tp=8, pp=8, dp=16, micro_batch_size=1, global_batch_size=1536,
+                 sequence_parallel=True, recompute="full", zero_stage=1)
+    g, est = glance(model, s, system), estimate(model, s, system)
+    assert g.step_time_s == est.step_time_s and g.pipeline_s == est.pipeline_s
+    assert [st.fwd_s for st in g.stages] == list(est.stage_fwd_s)
+    # the peak the fast path screens with is the largest stage total of the breakdown
+    assert max(st.memory.total_bytes for st in g.stages) / GiB == pytest.approx(
+        est.peak_memory_GiB, rel=1e-12)
+    # MFU and HFU by their definitions (Megatron FLOP count; HFU adds the recomputed forward)
+    peak = system.gpu.peak_flop_per_s("bf16") * s.world_size
+    flop = model_flop_per_step(model, s.global_batch_size)
+    assert g.mfu == pytest.approx(flop / (g.step_time_s * peak), rel=1e-12)
+    extra = recompute_flop_per_step(model, s.global_batch_size, "full")
+    assert g.hfu == pytest.approx((flop + extra) / (g.step_time_s * peak), rel=1e-12)
+    assert g.tokens_per_s == pytest.approx(1536 * model.seq_len / g.step_time_s, rel=1e-12)
+
+
+@pytest.mark.parametrize(("pp", "m"), [(4, 8), (8, 8), (8, 64)])
+def test_idle_share_is_the_1f1b_bubble_for_alike_stages(pp: int, m: int) -> None:
+    """A model whose embedding and head are negligible next to its layers, its stages each on
+    their own nodes (sends of a few MB next to seconds of compute): the busiest stage idles
+    (p − 1)/(m + p − 1) of the pipeline (Narayanan et al. 2021 §2.2.1)."""
+    model = get_model("gpt3-175b")
+    s = Strategy(tp=8, pp=pp, dp=1, micro_batch_size=1, global_batch_size=m)
+    g = glance(model, s, get_system("dgx-a100-80gb"))
+    assert g.pipeline_idle == pytest.approx((pp - 1) / (m + pp - 1), abs=0.01)
+
+
+def test_a_strategy_that_does_not_fit_says_so() -> None:
+    model, system = get_model("gpt3-175b"), get_system("dgx-a100-80gb")
+    g = glance(model, Strategy(tp=8, pp=2, dp=1, micro_batch_size=1, global_batch_size=8),
+               system)
+    assert not g.fits and g.peak_memory_GiB > g.capacity_GiB == 80
+
+
+def test_estimate_cli_prints_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "e.json"
+    r = run("estimate", "--model", "gpt3-175b", "--gpus", "1024", "--tp", "8", "--pp", "8",
+            "--sp", "--mbs", "1", "--gbs", "1536", "--recompute", "selective", "--zero", "1",
+            "--system", "dgx-a100-80gb", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "tokens/s, MFU" in r.stdout and "fits in 80 GiB" in r.stdout
+    d = json.loads(out.read_text())
+    assert d["strategy"] == "tp8-pp8-dp16-mbs1" and len(d["stages"]) == 8
+    assert d["peak_memory_GiB"] == pytest.approx(max(st["total_GiB"] for st in d["stages"]))
+    bad = run("estimate", "--model", "gpt3-175b", "--gpus", "1020", "--tp", "8", "--mbs", "1",
+              "--gbs", "8", "--system", "dgx-a100-80gb")
+    assert bad.returncode == 2 and "not divisible by tp·pp·cp" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_a_batch_below_one_step_of_micro_batches_suggests_the_smallest_that_works() -> None:
+    bad = run("estimate", "--model", "gpt3-175b", "--gpus", "1000", "--tp", "8", "--mbs", "1",
+              "--gbs", "8", "--system", "dgx-a100-80gb")
+    assert bad.returncode == 2
+    assert "use a multiple of 125 (e.g. 125)" in bad.stderr, bad.stderr
