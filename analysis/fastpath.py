@@ -19,6 +19,8 @@ fast path legitimately differ (link contention, stragglers), replay is the refer
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -82,6 +84,12 @@ class _Stage(NamedTuple):
     layers: int = 0  # transformer layers over all chunks (the memory model's)
 
 
+# field getters that run in C (per-stage lists are built per strategy)
+_fwd, _bwd = operator.attrgetter("fwd"), operator.attrgetter("bwd")
+_fwd_s, _bwd_s = operator.attrgetter("fwd_s"), operator.attrgetter("bwd_s")
+_first = operator.itemgetter(0)
+
+
 class _Context:
     """The GPU and network models of one system and the memos a sweep shares across strategies.
     Every memo key holds all that its value depends on, so sharing is exact."""
@@ -92,6 +100,8 @@ class _Context:
         self.blocks: dict[tuple[object, ...], tuple[int, int]] = {}
         self.lists: dict[tuple[object, ...], int] = {}
         self.optimizer: dict[int, int] = {}
+        # (op-list key, recompute) → stored activation bytes of one layer and micro-batch
+        self.activations: dict[tuple[int, str], int] = {}
         # a stage chunk's gradient buckets from its start: id(runs) → (runs, bucket runs)
         self.buckets: dict[tuple[int, str, int], tuple[object, list[_BucketRun]]] = {}
         self.stages: dict[tuple[object, ...], _Stage] = {}
@@ -105,7 +115,8 @@ class _Context:
 
     def entries(self) -> int:
         return (len(self.blocks) + len(self.stages) + len(self.tails) + len(self.lists)
-                + len(self.optimizer) + len(self.buckets) + len(self.shapes) + len(self.walks))
+                + len(self.optimizer) + len(self.buckets) + len(self.shapes) + len(self.walks)
+                + len(self.activations))
 
     def model_id(self, model: ModelSpec) -> int:
         """A small integer per model (by identity first: hashing a spec per strategy is slow)."""
@@ -525,8 +536,8 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
         pipe = max(ends)
         check: Iterable[int] = range(s.pp)
     else:
-        f_s = [x.fwd[0] for x in stages]
-        b_s = [x.bwd[0] for x in stages]
+        f_s = list(map(_first, map(_fwd, stages)))
+        b_s = list(map(_first, map(_bwd, stages)))
         hidden, late_s = 0, [0] * s.pp
         if s.zero_stage == 3 and s.pp > 1:
             # the first gather of a pass runs while the input is awaited; the last
@@ -536,11 +547,12 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
                 x.early_b[0] for x in stages[:-1]) + sum(late_s)
         pipe = _pipeline_ns(s, f_s, b_s, c, hidden)
         # Stage st sends its last gradient Σ_{j<st} (B_j − late_j + c_j) before stage 0 ends,
-        # and ends late_st after that.
-        ends, sent = [], pipe
-        for b, hop, lt in zip(b_s, c, late_s, strict=True):
-            ends.append(sent + lt)
-            sent -= b - lt + hop
+        # and ends late_st after that (spelled with map and accumulate: this runs per strategy
+        # over every stage, and these loop in C).
+        before = itertools.accumulate(map(operator.add, map(operator.sub, b_s, late_s), c),
+                                      initial=0)
+        ends = list(map(operator.add, map(operator.sub, itertools.repeat(pipe), before),
+                        late_s))
         chunk_ends = [[e] for e in ends]
         # Alike stages: the first finishes no earlier than any middle one. Its layers are the
         # same blocks, issued later (by c₀ + B₁) into the same buckets, and its embedding only
@@ -555,7 +567,7 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     peak = _peak_memory_bytes(costs, stages, alike)
     return FastEstimate(finish / NS_PER_S, pipe / NS_PER_S, peak / GiB,
                         peak <= system.gpu.hbm_bytes,
-                        tuple([x.fwd_s for x in stages]), tuple([x.bwd_s for x in stages]))
+                        tuple(map(_fwd_s, stages)), tuple(map(_bwd_s, stages)))
 
 
 def _stages(costs: _Costs) -> tuple[list[_Stage], list[int], bool]:
@@ -584,7 +596,12 @@ def _peak_memory_bytes(costs: _Costs, stages: list[_Stage], alike: bool) -> int:
     logits) or — when the first holds fewer layers than the rest — the second."""
     m, s = costs.m, costs.s
     flash = costs.compute.gpu.flash_attention
-    act = activation_bytes_per_layer(m, s, flash_attention=flash)
+    # it reads the model, tp, sp, cp, micro-batch and recompute (and the system's attention)
+    act_key = (costs.lists_key, s.recompute)
+    act = costs.ctx.activations.get(act_key)
+    if act is None:
+        act = costs.ctx.activations[act_key] = activation_bytes_per_layer(
+            m, s, flash_attention=flash)
     candidates = {0, s.pp - 1} if alike else {0, min(1, s.pp - 1), s.pp - 1}
     return max(memory_total_bytes(m, s, st, stages[st].total_params, act_per_layer=act,
                                   flash_attention=flash, layers=stages[st].layers)
