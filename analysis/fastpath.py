@@ -19,8 +19,6 @@ fast path legitimately differ (link contention, stragglers), replay is the refer
 from __future__ import annotations
 
 import functools
-import itertools
-import operator
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -82,12 +80,6 @@ class _Stage(NamedTuple):
     bwd_s: float = 0.0
     total_params: int = 0  # Σ params (the memory model's params_local)
     layers: int = 0  # transformer layers over all chunks (the memory model's)
-
-
-# field getters that run in C (per-stage lists are built per strategy)
-_fwd, _bwd = operator.attrgetter("fwd"), operator.attrgetter("bwd")
-_fwd_s, _bwd_s = operator.attrgetter("fwd_s"), operator.attrgetter("bwd_s")
-_first = operator.itemgetter(0)
 
 
 class _Context:
@@ -536,8 +528,8 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
         pipe = max(ends)
         check: Iterable[int] = range(s.pp)
     else:
-        f_s = list(map(_first, map(_fwd, stages)))
-        b_s = list(map(_first, map(_bwd, stages)))
+        f_s = [x.fwd[0] for x in stages]
+        b_s = [x.bwd[0] for x in stages]
         hidden, late_s = 0, [0] * s.pp
         if s.zero_stage == 3 and s.pp > 1:
             # the first gather of a pass runs while the input is awaited; the last
@@ -547,12 +539,12 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
                 x.early_b[0] for x in stages[:-1]) + sum(late_s)
         pipe = _pipeline_ns(s, f_s, b_s, c, hidden)
         # Stage st sends its last gradient Σ_{j<st} (B_j − late_j + c_j) before stage 0 ends,
-        # and ends late_st after that (spelled with map and accumulate: this runs per strategy
-        # over every stage, and these loop in C).
-        before = itertools.accumulate(map(operator.add, map(operator.sub, b_s, late_s), c),
-                                      initial=0)
-        ends = list(map(operator.add, map(operator.sub, itertools.repeat(pipe), before),
-                        late_s))
+        # and ends late_st after that. (Spelled with map and itertools.accumulate this takes
+        # fewer bytecodes but more machine instructions on CPython 3.11: kept as a loop.)
+        ends, sent = [], pipe
+        for b, hop, lt in zip(b_s, c, late_s, strict=True):
+            ends.append(sent + lt)
+            sent -= b - lt + hop
         chunk_ends = [[e] for e in ends]
         # Alike stages: the first finishes no earlier than any middle one. Its layers are the
         # same blocks, issued later (by c₀ + B₁) into the same buckets, and its embedding only
@@ -567,7 +559,7 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     peak = _peak_memory_bytes(costs, stages, alike)
     return FastEstimate(finish / NS_PER_S, pipe / NS_PER_S, peak / GiB,
                         peak <= system.gpu.hbm_bytes,
-                        tuple(map(_fwd_s, stages)), tuple(map(_bwd_s, stages)))
+                        tuple([x.fwd_s for x in stages]), tuple([x.bwd_s for x in stages]))
 
 
 def _stages(costs: _Costs) -> tuple[list[_Stage], list[int], bool]:
