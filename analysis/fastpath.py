@@ -94,6 +94,8 @@ class _Context:
         self.optimizer: dict[int, int] = {}
         # (op-list key, recompute) → stored activation bytes of one layer and micro-batch
         self.activations: dict[tuple[int, str], int] = {}
+        # (op-list key, chunk) → the chunk's parameter blocks (``_Costs.chunk_runs``)
+        self.chunks: dict[tuple[object, ...], list[tuple[ParamBlock, int]]] = {}
         # a stage chunk's gradient buckets from its start: id(runs) → (runs, bucket runs)
         self.buckets: dict[tuple[int, str, int], tuple[object, list[_BucketRun]]] = {}
         self.stages: dict[tuple[object, ...], _Stage] = {}
@@ -108,7 +110,7 @@ class _Context:
     def entries(self) -> int:
         return (len(self.blocks) + len(self.stages) + len(self.tails) + len(self.lists)
                 + len(self.optimizer) + len(self.buckets) + len(self.shapes) + len(self.walks)
-                + len(self.activations))
+                + len(self.activations) + len(self.chunks))
 
     def model_id(self, model: ModelSpec) -> int:
         """A small integer per model (by identity first: hashing a spec per strategy is slow)."""
@@ -217,14 +219,25 @@ class _Costs:
             # one is a tuple of such tuples, so the two never collide)
             gcis: tuple[int, ...] = (stage,)
             comp = (layers // n_chunks, stage == 0, stage == n_chunks - 1, n_chunks == 1)
+            chunks: tuple[tuple[object, ...], ...] = (comp,)
         else:
             gcis = (stage,) if s.vpp == 1 else tuple(ch * s.pp + stage for ch in range(s.vpp))
-            comp = tuple([(len(s.chunk_layers(layers, g)) if uneven else layers // n_chunks,
-                           g == 0, g == n_chunks - 1, n_chunks == 1) for g in gcis])
+            comp = chunks = tuple([(len(s.chunk_layers(layers, g)) if uneven
+                                    else layers // n_chunks,
+                                    g == 0, g == n_chunks - 1, n_chunks == 1) for g in gcis])
         key = (self.key, comp, sig)
         got = self.ctx.stages.get(key)
         if got is None:
-            got = self.ctx.stages[key] = _stage_costs(self, gcis, rank, sig)
+            got = self.ctx.stages[key] = _stage_costs(self, gcis, chunks, rank, sig)
+        return got
+
+    def chunk_runs(self, gci: int, chunk: tuple[object, ...]) -> list[tuple[ParamBlock, int]]:
+        """``RoleProgram.chunk_runs`` shared by every strategy with the same model, tp, ep and
+        chunk (layer count, first, last, only): its blocks depend on nothing else."""
+        key = (self.lists_key, chunk)
+        got = self.ctx.chunks.get(key)
+        if got is None:
+            got = self.ctx.chunks[key] = self.prog.chunk_runs(gci)
         return got
 
     def block(self, block: ParamBlock, rank: int, sig: tuple[object, ...]) -> tuple[int, int]:
@@ -256,18 +269,18 @@ class _Costs:
         return got
 
 
-def _stage_costs(costs: _Costs, gcis: tuple[int, ...], rank: int, sig: tuple[object, ...]
-                 ) -> _Stage:
+def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object, ...], ...],
+                 rank: int, sig: tuple[object, ...]) -> _Stage:
     """Per chunk: forward and backward ns of one micro-batch, and the backward runs of blocks
     with their durations for the gradient buckets."""
     zero3 = costs.s.zero_stage == 3
     fwd, bwd, runs_bwd, early_f, early_b, late_b = [], [], [], [], [], []
     params = {"dp": 0, "edp": 0}
     layers = 0
-    for gci in gcis:
+    for gci, key in zip(gcis, chunks, strict=True):
         f = b = 0
         runs = []
-        chunk = costs.prog.chunk_runs(gci)
+        chunk = costs.chunk_runs(gci, key)
         for block, count in chunk:
             bf, bb = costs.block(block, rank, sig)
             f += count * bf
