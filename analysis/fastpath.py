@@ -96,6 +96,8 @@ class _Context:
         self.activations: dict[tuple[int, str], int] = {}
         # (op-list key, chunk) → the chunk's parameter blocks (``_Costs.chunk_runs``)
         self.chunks: dict[tuple[object, ...], list[tuple[ParamBlock, int]]] = {}
+        self.p2p: dict[int, int] = {}  # op-list key → bytes of one pipeline send
+        self.calls = 0  # strategies estimated (the memo limit is checked now and then)
         # a stage chunk's gradient buckets from its start: id(runs) → (runs, bucket runs)
         self.buckets: dict[tuple[int, str, int], tuple[object, list[_BucketRun]]] = {}
         self.stages: dict[tuple[object, ...], _Stage] = {}
@@ -110,7 +112,7 @@ class _Context:
     def entries(self) -> int:
         return (len(self.blocks) + len(self.stages) + len(self.tails) + len(self.lists)
                 + len(self.optimizer) + len(self.buckets) + len(self.shapes) + len(self.walks)
-                + len(self.activations) + len(self.chunks))
+                + len(self.activations) + len(self.chunks) + len(self.p2p))
 
     def model_id(self, model: ModelSpec) -> int:
         """A small integer per model (by identity first: hashing a spec per strategy is slow)."""
@@ -128,6 +130,9 @@ _CONTEXTS: dict[int, tuple[SystemSpec, _Context]] = {}
 
 
 MEMO_LIMIT = 500_000  # entries per context before it starts afresh (bounds a long session)
+# how often the limit is checked (every call would count nine dicts per strategy; one strategy
+# adds a few dozen entries at most, so the overshoot is a few percent of the limit)
+MEMO_CHECK_EVERY = 256
 
 
 def _context(system: SystemSpec) -> _Context:
@@ -135,7 +140,8 @@ def _context(system: SystemSpec) -> _Context:
     got = _CONTEXTS.get(id(system))
     if got is not None and got[0] is system:
         ctx = got[1]
-        if ctx.entries() <= MEMO_LIMIT:
+        ctx.calls += 1
+        if ctx.calls % MEMO_CHECK_EVERY or ctx.entries() <= MEMO_LIMIT:
             return ctx
         _CONTEXTS.clear()
     same = next((ctx for sys, ctx in _CONTEXTS.values() if sys == system), None)
@@ -174,6 +180,13 @@ class _Costs:
         # the shapes of this layout's groups (the layout is hashed once per strategy, not per
         # lookup)
         self._shapes = self.ctx.shapes.setdefault(self._degrees, {})
+
+    def p2p_bytes(self) -> int:
+        """One pipeline send (it reads the model, micro-batch, cp, tp and sp: the op-list key)."""
+        got = self.ctx.p2p.get(self.lists_key)
+        if got is None:
+            got = self.ctx.p2p[self.lists_key] = self.prog._p2p_bytes()
+        return got
 
     def shape(self, axis: str, rank: int) -> tuple[int, int, int, bool]:
         got = self._shapes.get((axis, rank))
@@ -646,7 +659,7 @@ def _sends(costs: _Costs, reps: list[int], alike: bool) -> list[int]:
     p = len(reps)
     if p == 1:
         return [0]
-    nbytes = costs.prog._p2p_bytes()
+    nbytes = costs.p2p_bytes()
     if alike:  # every hop leaves the node and costs the same
         return [costs.net.p2p(reps[0], reps[1], nbytes).total_ns] * p
     return [costs.net.p2p(reps[st], reps[(st + 1) % p], nbytes).total_ns for st in range(p)]

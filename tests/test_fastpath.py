@@ -232,6 +232,7 @@ def test_memos_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     s2 = Strategy(tp=1, pp=4, dp=2, micro_batch_size=1, global_batch_size=8)
     first = estimate(MODEL, s1, SYSTEM)
     monkeypatch.setattr(F, "MEMO_LIMIT", 1)
+    monkeypatch.setattr(F, "MEMO_CHECK_EVERY", 1)
     estimate(MODEL, s2, SYSTEM)
     ctx = F._context(SYSTEM)
     assert len(ctx.tails) + len(ctx.stages) + len(ctx.blocks) == 0  # just started afresh
