@@ -11,27 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from analysis.cli_common import (
-    FirstLayersOpt,
-    GbsOpt,
-    GpusOpt,
-    LastLayersOpt,
-    MbsOpt,
-    ModelOpt,
-    ParamGatherOpt,
-    PrecisionOpt,
-    RecomputeOpt,
-    ScheduleOpt,
-    SpOpt,
-    TpOverlapOpt,
-    VppOpt,
-    ZeroOpt,
-    app,
-    build_strategy,
-    console,
-    note_param_gather,
-    progress_bar,
-)
+from analysis import cli_common as C
+from analysis.cli_common import app, build_strategy, console, note_param_gather, progress_bar
 from tracegen import ConfigError, Strategy, TrainsimError, generate, model_names, resolve_model
 from tracegen.catalog import get_model, model_source
 from tracegen.traceset import TraceSetSummary
@@ -55,13 +36,13 @@ def catalog_cmd() -> None:
 
 @app.command("tracegen")
 def tracegen_cmd(
-    model: ModelOpt, gpus: GpusOpt, mbs: MbsOpt, gbs: GbsOpt,
+    model: C.ModelOpt, gpus: C.GpusOpt, mbs: C.MbsOpt, gbs: C.GbsOpt,
     out: Annotated[Path, typer.Option("-o", "--out", help="Output directory.")],
-    tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, vpp: VppOpt = 1, sp: SpOpt = False,
-    tp_comm_overlap: TpOverlapOpt = False, schedule: ScheduleOpt = "1f1b",
-    recompute: RecomputeOpt = "none", zero: ZeroOpt = 0,
-    overlap_param_gather: ParamGatherOpt = False, precision: PrecisionOpt = "bf16",
-    first_stage_layers: FirstLayersOpt = 0, last_stage_layers: LastLayersOpt = 0,
+    tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, vpp: C.VppOpt = 1, sp: C.SpOpt = False,
+    tp_comm_overlap: C.TpOverlapOpt = False, schedule: C.ScheduleOpt = "1f1b",
+    recompute: C.RecomputeOpt = "none", zero: C.ZeroOpt = 0,
+    overlap_param_gather: C.ParamGatherOpt = False, precision: C.PrecisionOpt = "bf16",
+    first_stage_layers: C.FirstLayersOpt = 0, last_stage_layers: C.LastLayersOpt = 0,
     mode: Annotated[str, typer.Option(help="full | representative")] = "representative",
     system: Annotated[str | None, typer.Option(help="Flag ranks whose estimated memory exceeds "
                                                     "this system's GPU memory.")] = None,

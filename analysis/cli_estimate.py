@@ -9,26 +9,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from analysis.cli_common import (
-    FirstLayersOpt,
-    GbsOpt,
-    GpusOpt,
-    LastLayersOpt,
-    MbsOpt,
-    ModelOpt,
-    ParamGatherOpt,
-    PrecisionOpt,
-    RecomputeOpt,
-    ScheduleOpt,
-    SpOpt,
-    TpOverlapOpt,
-    VppOpt,
-    ZeroOpt,
-    app,
-    build_strategy,
-    console,
-    note_param_gather,
-)
+from analysis import cli_common as C
+from analysis.cli_common import app, build_strategy, console, note_param_gather
 from analysis.glance import Glance, glance
 from tracegen import Strategy, resolve_model
 from tracegen.units import GiB
@@ -38,14 +20,14 @@ MEMORY_COLUMNS = ("weights", "gradients", "optimizer", "activations", "logits", 
 
 @app.command("estimate")
 def estimate_cmd(
-    model: ModelOpt, gpus: GpusOpt, mbs: MbsOpt, gbs: GbsOpt,
+    model: C.ModelOpt, gpus: C.GpusOpt, mbs: C.MbsOpt, gbs: C.GbsOpt,
     system: Annotated[str, typer.Option(help="Preset system (see `trainsim systems`) or a TOML "
                                              "system file.")],
-    tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, vpp: VppOpt = 1, sp: SpOpt = False,
-    tp_comm_overlap: TpOverlapOpt = False, schedule: ScheduleOpt = "1f1b",
-    recompute: RecomputeOpt = "none", zero: ZeroOpt = 0,
-    overlap_param_gather: ParamGatherOpt = False, precision: PrecisionOpt = "bf16",
-    first_stage_layers: FirstLayersOpt = 0, last_stage_layers: LastLayersOpt = 0,
+    tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, vpp: C.VppOpt = 1, sp: C.SpOpt = False,
+    tp_comm_overlap: C.TpOverlapOpt = False, schedule: C.ScheduleOpt = "1f1b",
+    recompute: C.RecomputeOpt = "none", zero: C.ZeroOpt = 0,
+    overlap_param_gather: C.ParamGatherOpt = False, precision: C.PrecisionOpt = "bf16",
+    first_stage_layers: C.FirstLayersOpt = 0, last_stage_layers: C.LastLayersOpt = 0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
                                                   "JSON to this file.")] = None,
 ) -> None:
