@@ -11,11 +11,11 @@ import polars as pl
 
 from analysis.evaluate import resilience_frame
 from analysis.fastpath import estimate
+from analysis.glance import strategy_rates
 from analysis.study import Study
 from replay import ReplayResult, replay
 from replay.results import intervals_length, intervals_overlap, union_intervals
 from tracegen import Strategy, TrainsimError, generate
-from tracegen.flops import step_rates
 
 RESULT_COLUMNS: dict[str, Any] = {
     "strategy": pl.String, "tp": pl.Int64, "pp": pl.Int64, "dp": pl.Int64, "cp": pl.Int64,
@@ -66,9 +66,7 @@ def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,
             first = res.timeline["rank"].unique().sort().head(4).to_list()
             res.timeline.filter(pl.col("rank").is_in(first)).write_parquet(timeline_path)
     else:
-        row.update(step_rates(study.model, s.global_batch_size, s.recompute,
-                              step_s=fast.step_time_s, gpus=s.world_size,
-                              peak_flop_per_s=study.system.gpu.peak_flop_per_s(s.precision)))
+        row.update(strategy_rates(study.model, s, study.system, fast.step_time_s))
     if study.has_failures:
         row.update(_failures(study, s, row["step_time_s"], fast))
     return row

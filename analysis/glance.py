@@ -56,12 +56,18 @@ class Glance:
         return out
 
 
+def strategy_rates(model: ModelSpec, s: Strategy, system: SystemSpec, step_s: float
+                   ) -> dict[str, float]:
+    """Tokens/s, MFU and HFU of a step of ``step_s`` seconds of ``s`` on ``system``."""
+    return step_rates(model, s.global_batch_size, s.recompute, step_s=step_s, gpus=s.world_size,
+                      peak_flop_per_s=system.gpu.peak_flop_per_s(s.precision))
+
+
 def glance(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> Glance:
     """The fast-path estimate of one strategy with its per-stage breakdown."""
     est = estimate(model, strategy, system)
     s = strategy
-    rates = step_rates(model, s.global_batch_size, s.recompute, step_s=est.step_time_s,
-                       gpus=s.world_size, peak_flop_per_s=system.gpu.peak_flop_per_s(s.precision))
+    rates = strategy_rates(model, s, system, est.step_time_s)
     return Glance(model.name, s.label(), system.name, est.step_time_s, est.pipeline_s,
                   _idle(est, s.num_microbatches), rates["tokens_per_s"], rates["mfu"],
                   rates["hfu"], est.peak_memory_GiB, system.gpu.hbm_bytes / GiB, est.fits,

@@ -23,10 +23,10 @@ from typing import Any
 import polars as pl
 
 from analysis.fastpath import estimate
+from analysis.glance import strategy_rates
 from replay import replay
 from replay.hardware import GPU_ALIASES, SystemSpec, get_system
 from tracegen import ConfigError, ModelSpec, Strategy, TrainsimError, generate
-from tracegen.flops import step_rates
 from tracegen.strategy import with_shorter_end_chunks
 from tracegen.units import GiB
 
@@ -243,8 +243,7 @@ def predict_fast(inputs: RunInputs) -> dict[str, Any]:
     (replay/results.py); the compute / communication / idle split is left empty."""
     m, s, system = inputs.model, inputs.strategy, inputs.system
     est = estimate(m, s, system)
-    rates = step_rates(m, s.global_batch_size, s.recompute, step_s=est.step_time_s,
-                       gpus=s.world_size, peak_flop_per_s=system.gpu.peak_flop_per_s(s.precision))
+    rates = strategy_rates(m, s, system, est.step_time_s)
     return {"predicted_iter_time_s": est.step_time_s,
             "predicted_peak_memory_GiB": est.peak_memory_GiB,
             "fits": est.fits,
