@@ -4,7 +4,9 @@ dtype, or from the trace's ``duration_micros``.
 * GEMM: roofline ``max(flop / (peak · e_gemm · e_wave), bytes / (hbm · e_mem))`` where
   ``e_gemm`` is the measured maximum achievable matmul efficiency (ANCHORS MAMF) and ``e_wave`` the
   wave quantization of 128×128 output tiles over the SMs (NVIDIA, "Matrix Multiplication
-  Background User's Guide", §"Wave Quantization"): ``tiles / (ceil(tiles / SMs) · SMs)``.
+  Background User's Guide", §"Wave Quantization"): ``tiles / (ceil(tiles / SMs) · SMs)``, times
+  the reduction-length factor ``K/(K + k₀)`` normalised to the MAMF's K (``GPUSpec.gemm_k_factor``;
+  k₀ fitted to OpenXLA's measured sm_90 matmul table, tests/test_gemm_k.py).
 * Attention (flash): ``flop / (peak · e_attn · s / (s + s_half) · r(d))``, the FlashAttention
   efficiency curve in sequence length, measured at head dim 128, times the measured ratio r(d)
   at the op's head dim d (systems/README.md); the backward runs at ``ATTN_BWD_RATIO`` of it.
@@ -103,6 +105,7 @@ class RooflineCompute:
             comp_s = flop / (g.peak_flop_per_s(dtype) * eff)
         elif op_type in ("gemm", "") and flop:
             eff = g.gemm_efficiency_fp8 if dtype == "fp8" else g.gemm_efficiency
+            eff *= g.gemm_k_factor(k, dtype)
             if m and n:
                 eff *= wave_efficiency(m, n, g.sm_count)
             comp_s = flop / (g.peak_flop_per_s(dtype) * eff)

@@ -41,6 +41,24 @@ class GPUSpec:
     # False where FlashAttention does not run (Volta): attention is then two batched GEMMs over
     # the full score matrix plus memory-bound softmax and dropout (replay/compute.py).
     flash_attention: bool = True
+    # A GEMM's K-independent cost per output tile (pipeline fill, epilogue), in K elements of a
+    # 16-bit GEMM, and the K of the MAMF's best shape, where ``gemm_efficiency`` was measured:
+    # efficiency falls as K/(K + overhead) below it (replay/compute.py). 0: not measured.
+    gemm_k_overhead: float = 0.0
+    gemm_mamf_k: int = 0
+
+    def gemm_k_factor(self, k: int, dtype: str) -> float:
+        """GEMM efficiency at reduction length ``k`` relative to the MAMF's best shape: every
+        output tile pays a fixed cost worth ``gemm_k_overhead`` K elements besides its K-loop, so
+        efficiency ∝ K/(K + k₀), normalised to 1 at the MAMF's K and capped there (0: unknown k,
+        no penalty). FP8 runs the K-loop faster by its peak ratio, so the same cost spans more K."""
+        k0 = self.gemm_k_overhead
+        if k <= 0 or k0 <= 0:
+            return 1.0
+        if dtype == "fp8":
+            k0 *= self.peak_fp8_TFLOPs / self.peak_bf16_TFLOPs
+        ref = self.gemm_mamf_k
+        return min(1.0, k * (ref + k0) / ((k + k0) * ref))
 
     def peak_flop_per_s(self, dtype: str) -> float:
         tflops = {"bf16": self.peak_bf16_TFLOPs, "fp16": self.peak_fp16_TFLOPs,
@@ -142,7 +160,7 @@ class SystemSpec:
 
 
 SECTIONS = ("gpu", "node", "scaleout", "astra")
-OPTIONAL_ZERO = ("nvls_busbw_GBps",)  # 0: the feature is absent
+OPTIONAL_ZERO = ("nvls_busbw_GBps", "gemm_k_overhead", "gemm_mamf_k")  # 0: absent / unmeasured
 
 
 def _problems(s: SystemSpec) -> list[str]:
@@ -161,6 +179,9 @@ def _problems(s: SystemSpec) -> list[str]:
     for section, name in fractions:
         if getattr(section, name) > 1:
             out.append(f"{name} is a fraction in (0, 1], got {getattr(section, name)}")
+    if s.gpu.gemm_k_overhead > 0 and s.gpu.gemm_mamf_k <= 0:
+        out.append("gemm_k_overhead needs gemm_mamf_k, the K of the MAMF's best shape (where "
+                   "gemm_efficiency was measured)")
     if s.scaleout.topology not in ("fat-tree", "rail-optimized"):
         out.append(f"topology must be 'fat-tree' or 'rail-optimized', got {s.scaleout.topology!r}")
     if s.scaleout.oversubscription < 1:

@@ -1,0 +1,79 @@
+"""GEMM efficiency against the reduction length K: replay's model of an H100 against OpenXLA's
+measured sm_90 matmul table (tests/data/xla_h100_matmul.csv, provenance in its header), and the
+properties of the per-tile overhead term (replay/hardware.py, ``GPUSpec.gemm_k_factor``)."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+from replay import get_system
+from replay.compute import RooflineCompute
+from replay.hardware import GPUSpec, SystemSpec
+from tracegen.errors import ConfigError
+from tracegen.ops import gemm
+from tracegen.units import DTYPE_CODE
+
+TABLE = Path(__file__).parent / "data" / "xla_h100_matmul.csv"
+
+
+def _rows() -> list[dict[str, str]]:
+    with TABLE.open(encoding="utf-8") as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+def _log_errors(gpu: GPUSpec) -> list[float]:
+    """ln(modelled / measured TFLOP/s) per table row; a batch of b GEMMs is one m·b-row GEMM
+    (same tiles: every m in the table is a multiple of the 128-row tile)."""
+    model, out = RooflineCompute(gpu), []
+    for r in _rows():
+        b, m, n, k = (int(r[c]) for c in "bmnk")
+        op = gemm("g", b * m, n, k, "bf16")
+        ns = model.op_ns("gemm", op.flop, op.bytes, op.m, op.n, DTYPE_CODE["bf16"], False, op.k)
+        out.append(math.log(op.flop / ns * 1e9 / 1e12 / float(r["bf16_tflops"])))
+    return out
+
+
+def _rms(xs: list[float]) -> float:
+    return math.sqrt(sum(x * x for x in xs) / len(xs))
+
+
+def test_h100_gemm_model_reproduces_the_measured_table() -> None:
+    gpu = get_system("dgx-h100").gpu
+    errs = _log_errors(gpu)
+    assert len(errs) == 65
+    assert _rms(errs) < 0.035, f"rms {_rms(errs):.3f}"
+    assert abs(sum(errs) / len(errs)) < 0.02
+    assert max(abs(e) for e in errs) < 0.10
+    # Without the per-tile term the same model is twice as far off and too fast on average:
+    # the MAMF's best shape (K = 13312) overstates every shorter K.
+    flat = _log_errors(dataclasses.replace(gpu, gemm_k_overhead=0.0))
+    assert _rms(flat) > 1.8 * _rms(errs)
+    assert sum(flat) / len(flat) > 0.02
+
+
+def test_k_factor_properties() -> None:
+    gpu = get_system("dgx-h100").gpu
+    ks = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 13312, 49152]
+    bf16 = [gpu.gemm_k_factor(k, "bf16") for k in ks]
+    assert all(0 < f <= 1 for f in bf16)
+    assert bf16 == sorted(bf16)  # longer K amortises the per-tile cost
+    assert gpu.gemm_k_factor(gpu.gemm_mamf_k, "bf16") == pytest.approx(1.0)
+    assert gpu.gemm_k_factor(4 * gpu.gemm_mamf_k, "bf16") == 1.0  # never above the MAMF
+    assert gpu.gemm_k_factor(0, "bf16") == 1.0  # K unknown (a foreign trace): no penalty
+    # FP8 runs the K-loop at twice the rate, so the same per-tile time costs more K.
+    assert gpu.gemm_k_factor(1024, "fp8") < gpu.gemm_k_factor(1024, "bf16")
+    # GPUs without a measurement keep the MAMF for every K.
+    a100 = get_system("dgx-a100-80gb").gpu
+    assert a100.gemm_k_overhead == 0 and a100.gemm_k_factor(256, "bf16") == 1.0
+
+
+def test_k_overhead_needs_the_mamf_shape() -> None:
+    data = dataclasses.asdict(get_system("dgx-h100"))
+    data["gpu"]["gemm_mamf_k"] = 0
+    with pytest.raises(ConfigError, match="gemm_mamf_k"):
+        SystemSpec.from_dict(data, name="bad")
