@@ -14,14 +14,19 @@ Stage s ends its last backward Σ_{j<s} (B_j + c) before stage 0 does; its gradi
 drain on the data-parallel stream exactly as the trace issues them, and the optimizer and the
 ZeRO parameter all-gather follow. The step ends when the last stage finishes. Where replay and the
 fast path legitimately differ (link contention, stragglers), replay is the reference.
+
+This module costs the stages (memoized across a sweep); ``analysis/pipeline_walk.py`` holds the
+schedule closed forms and the interleaved walk, ``analysis/dp_tails.py`` what follows each
+stage's last backward (gradient buckets, optimizer, parameter gathers).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from analysis.dp_tails import BucketRun, tails_ns
+from analysis.pipeline_walk import interleaved, pipeline_ns
 from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
 from replay.network import AlphaBetaNetwork, ranges_shape
@@ -36,9 +41,7 @@ from tracegen.program import (
     bucket_plan,
     dp_group_size,
     gather_pieces,
-    sharded_params,
 )
-from tracegen.schedule import stage_order
 from tracegen.strategy import Strategy, check_fits_model
 from tracegen.units import DTYPE_CODE, NS_PER_S, GiB
 
@@ -99,7 +102,7 @@ class _Context:
         self.p2p: dict[int, int] = {}  # op-list key → bytes of one pipeline send
         self.calls = 0  # strategies estimated (the memo limit is checked now and then)
         # a stage chunk's gradient buckets from its start: id(runs) → (runs, bucket runs)
-        self.buckets: dict[tuple[int, str, int], tuple[object, list[_BucketRun]]] = {}
+        self.buckets: dict[tuple[int, str, int], tuple[object, list[BucketRun]]] = {}
         self.stages: dict[tuple[object, ...], _Stage] = {}
         self.tails: dict[tuple[object, ...], tuple[int, int]] = {}
         # layout (degrees) → (axis, rank) → group shape
@@ -363,167 +366,6 @@ def _zero3_axes(costs: _Costs, block: ParamBlock, rank: int, coll: O.CollType
     return out[0], out[1]
 
 
-def _pipeline_ns(s: Strategy, f_s: list[int], b_s: list[int], c: list[int], hidden: int = 0
-                 ) -> int:
-    """GPipe and 1F1B, from each stage's forward and backward of one micro-batch. ``hidden``:
-    ZeRO-3 gathers that run while a stage waits for its input during the fill and the drain
-    (the first gather of a pass does not depend on the received tensor)."""
-    p, m = s.pp, s.num_microbatches
-    comm = 2 * sum(c[: p - 1]) - hidden
-    if s.schedule == "gpipe":
-        return sum(f_s) + (m - 1) * max(f_s) + sum(b_s) + (m - 1) * max(b_s) + comm
-    return sum(f_s) + sum(b_s) + (m - 1) * max(map(int.__add__, f_s, b_s)) + comm
-
-
-@functools.lru_cache(maxsize=256)
-def _plan(schedule: str, m: int, p: int, v: int) -> tuple[tuple[int, bool, int, int, int], ...]:
-    """Every step of the interleaved schedule as (stage, backward?, index, index of the step it
-    waits for or -1, chunk), in an order that respects each stage's own order and every
-    cross-stage wait. Event times do not depend on which such order is walked, so one is found
-    once per (m, p, v) and shared across a sweep. Index = micro-batch · p·v + global chunk."""
-    n = p * v
-    orders = [stage_order(schedule, m=m, p=p, v=v, stage=st) for st in range(p)]
-    done_f, done_b = [False] * (m * n), [False] * (m * n)
-    pos = [0] * p
-    plan: list[tuple[int, bool, int, int, int]] = []
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for st in range(p):
-            order = orders[st]
-            while pos[st] < len(order):
-                phase, mb, ch = order[pos[st]]
-                gci = ch * p + st
-                k = mb * n + gci
-                if phase == "B":
-                    dep = k + 1 if gci < n - 1 else -1
-                    if dep >= 0 and not done_b[dep]:
-                        break
-                    done_b[k] = True
-                else:
-                    dep = k - 1 if gci > 0 else -1
-                    if dep >= 0 and not done_f[dep]:
-                        break
-                    done_f[k] = True
-                plan.append((st, phase == "B", k, dep, ch))
-                pos[st] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:  # pragma: no cover - the schedules are deadlock-free
-            raise RuntimeError("interleaved schedule did not progress")
-    return tuple(plan)
-
-
-def _interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ...]], c: list[int],
-                 early: dict[tuple[str, int, int], int] | None = None,
-                 late: dict[tuple[int, int], int] | None = None
-                 ) -> tuple[list[int], list[list[int]]]:
-    """(end of each stage's last backward, when each chunk's last backward ends) under Megatron's
-    interleaved order. The schedule is a max-plus linear system: once periodic, each further
-    round of p micro-batches shifts every event by the same amount λ. Long runs are walked for
-    2p and 3p micro-batches; if every event moved by the busiest stage's work per round (the
-    usual λ) they are extrapolated, else a 4p walk must confirm a common increment; otherwise
-    (and for m ≤ 3p) the whole run is walked. The shortcut is not a proof: it matched the full
-    walk exactly on every case tried (3,492 sweep strategies; a hypothesis test)."""
-    p, m, v = s.pp, s.num_microbatches, s.vpp
-
-    def walk(mb: int) -> tuple[list[int], list[list[int]]]:
-        return _walk(s.schedule, p, mb, v, fwd, bwd, c, early, late)
-
-    if m <= 3 * p:
-        return walk(m)
-    runs = [walk(2 * p), walk(3 * p)]
-    busiest = max(p * (sum(f) + sum(b)) for f, b in zip(fwd, bwd, strict=True))
-    step = _increments(runs[0], runs[1])
-    if any(d != busiest for d in step):
-        if m == 4 * p:
-            return walk(m)
-        runs.append(walk(4 * p))
-        if _increments(runs[1], runs[2]) != step:
-            return walk(m)
-    base = len(runs) + 1  # rounds of p micro-batches walked in the last run
-    rounds = (m - base * p) // p
-    ends, last = runs[-1]
-    return ([e + rounds * d for e, d in zip(ends, step[:p], strict=True)],
-            [[t + rounds * step[p + st * v + ch] for ch, t in enumerate(chunks)]
-             for st, chunks in enumerate(last)])
-
-
-def _walk_plain(plan: tuple[tuple[int, bool, int, int, int], ...], p: int, m: int, v: int,
-                fwd: list[tuple[int, ...]], bwd: list[tuple[int, ...]], c: list[int]
-                ) -> tuple[list[int], list[list[int]]]:
-    """``_walk`` without ZeRO-3 gathers (the common case, and the hot loop of interleaved
-    screening): the same recurrences with the gather and late reduce-scatter terms at zero."""
-    n = p * v
-    hop_in = [c[(st - 1) % p] for st in range(p)]
-    done_f, done_b = [0] * (m * n), [0] * (m * n)
-    clock = [0] * p
-    # The two branches are spelled out: indexing the arrays by the flag instead costs 11% more
-    # bytecodes in this, the fast path's hottest loop.
-    for st, backward, k, dep, ch in plan:
-        t = clock[st]
-        if backward:
-            if dep >= 0:
-                u = done_b[dep] + c[st]
-                if u > t:
-                    t = u
-            t += bwd[st][ch]
-            done_b[k] = t
-        else:
-            if dep >= 0:
-                u = done_f[dep] + hop_in[st]
-                if u > t:
-                    t = u
-            t += fwd[st][ch]
-            done_f[k] = t
-        clock[st] = t
-    last = (m - 1) * n
-    return clock, [[done_b[last + ch * p + st] for ch in range(v)] for st in range(p)]
-
-
-def _increments(a: tuple[list[int], list[list[int]]], b: tuple[list[int], list[list[int]]]
-                ) -> list[int]:
-    """Per event (stage ends, then chunk ends), how far run b is behind run a."""
-    flat_a = [*a[0], *(t for chunk in a[1] for t in chunk)]
-    flat_b = [*b[0], *(t for chunk in b[1] for t in chunk)]
-    return [y - x for x, y in zip(flat_a, flat_b, strict=True)]
-
-
-def _walk(schedule: str, p: int, m: int, v: int, fwd: list[tuple[int, ...]],
-          bwd: list[tuple[int, ...]], c: list[int],
-          early: dict[tuple[str, int, int], int] | None,
-          late: dict[tuple[int, int], int] | None) -> tuple[list[int], list[list[int]]]:
-    """Walk the interleaved order: each step waits for its stage's previous step and for the
-    neighbouring chunk's same micro-batch (+ one send). O(p·m·v)."""
-    n = p * v
-    if not early and not late:
-        return _walk_plain(_plan(schedule, m, p, v), p, m, v, fwd, bwd, c)
-    e_f = [[early.get(("F", st, ch), 0) if early else 0 for ch in range(v)] for st in range(p)]
-    e_b = [[early.get(("B", st, ch), 0) if early else 0 for ch in range(v)] for st in range(p)]
-    lt = [[late.get((st, ch), 0) if late else 0 for ch in range(v)] for st in range(p)]
-    hop_in = [c[(st - 1) % p] for st in range(p)]
-    done_f, done_b = [0] * (m * n), [0] * (m * n)
-    clock = [0] * p
-    for st, backward, k, dep, ch in _plan(schedule, m, p, v):
-        if backward:  # waits for the next chunk's gradient, sent out of this stage
-            g = e_b[st][ch]  # a ZeRO-3 gather that runs before the input arrives
-            t = clock[st] + g
-            if dep >= 0 and done_b[dep] + c[st] > t:
-                t = done_b[dep] + c[st]
-            clock[st] = t + bwd[st][ch] - g
-            # the last ZeRO-3 reduce-scatter of a backward runs after its send
-            done_b[k] = clock[st] - lt[st][ch]
-        else:  # waits for the previous chunk's activation, sent into this stage
-            g = e_f[st][ch]
-            t = clock[st] + g
-            if dep >= 0 and done_f[dep] + hop_in[st] > t:
-                t = done_f[dep] + hop_in[st]
-            clock[st] = t + fwd[st][ch] - g
-            done_f[k] = clock[st]
-    last = (m - 1) * n
-    return clock, [[done_b[last + ch * p + st] for ch in range(v)] for st in range(p)]
-
-
 def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEstimate:
     """Step time and memory of one strategy without generating a trace."""
     check_fits_model(strategy, model)
@@ -549,7 +391,7 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
                tuple(sorted(late.items())) if late else None)
         walked = costs.ctx.walks.get(key)
         if walked is None:
-            walked = costs.ctx.walks[key] = _interleaved(s, fwd, bwd, c, early, late)
+            walked = costs.ctx.walks[key] = interleaved(s, fwd, bwd, c, early, late)
         ends, chunk_ends = walked
         pipe = max(ends)
         check: Iterable[int] = range(s.pp)
@@ -563,7 +405,7 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
             late_s = [0] + [x.late_b[0] for x in stages[1:]]
             hidden = sum(x.early_f[0] for x in stages[1:]) + sum(
                 x.early_b[0] for x in stages[:-1]) + sum(late_s)
-        pipe = _pipeline_ns(s, f_s, b_s, c, hidden)
+        pipe = pipeline_ns(s, f_s, b_s, c, hidden)
         # Stage st sends its last gradient Σ_{j<st} (B_j − late_j + c_j) before stage 0 ends,
         # and ends late_st after that. (Spelled with map and itertools.accumulate this takes
         # fewer bytecodes but more machine instructions on CPython 3.11: kept as a loop.)
@@ -581,7 +423,7 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
         pipe += held
         ends = [e + held for e in ends]
         chunk_ends = [[e + held for e in ce] for ce in chunk_ends]
-    finish = _tails(costs, stages, [0] * s.pp if alike else reps, ends, chunk_ends, check)
+    finish = tails_ns(costs, stages, [0] * s.pp if alike else reps, ends, chunk_ends, check)
     peak = _peak_memory_bytes(costs, stages, alike)
     return FastEstimate(finish / NS_PER_S, pipe / NS_PER_S, peak / GiB,
                         peak <= system.gpu.hbm_bytes,
@@ -663,149 +505,3 @@ def _sends(costs: _Costs, reps: list[int], alike: bool) -> list[int]:
     if alike:  # every hop leaves the node and costs the same
         return [costs.net.p2p(reps[0], reps[1], nbytes).total_ns] * p
     return [costs.net.p2p(reps[st], reps[(st + 1) % p], nbytes).total_ns for st in range(p)]
-
-
-def _tails(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[int],
-           chunk_ends: list[list[int]], check: Iterable[int]) -> int:
-    """When the last of the ``check`` stages finishes: gradient buckets drained after its last
-    backward, embedding all-reduce, optimizer and ZeRO parameter all-gather. ``reps``: a rank
-    whose data-parallel groups are shaped as the stage's."""
-    s, m = costs.s, costs.m
-    chain = list(ends)
-    if m.tied_embeddings and s.pp > 1:
-        size = m.vocab_size * m.hidden_size // s.tp * O.GRAD_REDUCE_BYTES
-        t = max(ends[0], ends[-1]) + costs.net.shape_ns("ALL_REDUCE", size,
-                                                         costs.shape("embd", 0))
-        chain[0] = chain[-1] = t
-    strategy_key = costs.ctx.intern((s.dp_bucket_params, s.overlap_grad_reduce, s.zero_stage,
-                                     s.dp, s.cp, s.ep, s.overlap_param_gather))
-    finish = 0
-    for st in check:
-        x = stages[st]
-        ce = chunk_ends[st]
-        rel: tuple[int, ...]
-        if len(ce) == 1:
-            end, rel = ce[0], (0,)
-        else:
-            end = max(ce)
-            rel = tuple(e - end for e in ce)
-        key = (id(x), rel, strategy_key, costs.shape("dp", reps[st]),
-               costs.shape("edp", reps[st]) if costs.moe else None)
-        got = costs.ctx.tails.get(key)
-        if got is None:
-            got = costs.ctx.tails[key] = _tail_costs(costs, x, reps[st], rel)
-        done_rel, after = got
-        if s.overlap_grad_reduce:
-            done = max(chain[st], end + done_rel)
-        else:  # the buckets follow the embedding all-reduce (``RoleProgram._finish``)
-            done = max(chain[st], end) + done_rel
-        finish = max(finish, done + after)
-    return finish
-
-
-def _tail_costs(costs: _Costs, x: _Stage, rank: int, rel_ends: tuple[int, ...]
-                ) -> tuple[int, int]:
-    """(when the gradient buckets are done, relative to the stage's last backward; optimizer
-    plus ZeRO parameter all-gathers after that)."""
-    s = costs.s
-    done, gathers = _buckets_done(costs, rank, x.runs_bwd, rel_ends, x.bwd)
-    after = costs.optimizer_ns(sharded_params(s, dict(x.params)))
-    if s.overlap_param_gather:  # the gathers open the next step (``_param_gather_delay``)
-        gathers = []
-    for axis, padded, count in gathers:
-        shard = padded // dp_group_size(s, axis) * O.PARAM_BYTES
-        after += count * costs.net.shape_ns("ALL_GATHER", shard, costs.shape(axis, rank))
-    return done, after
-
-
-# (issue time of the first, interval between issues, how many, parameters each)
-_BucketRun = tuple[int, int, int, int]
-
-
-def _buckets_done(costs: _Costs, rank: int,
-                  runs: tuple[tuple[tuple[ParamBlock, int, int], ...], ...],
-                  chunk_ends: tuple[int, ...], chunk_bwd: tuple[int, ...]
-                  ) -> tuple[int, list[tuple[str, int, int]]]:
-    """When the data-parallel stream finishes the buckets of each chunk's last backward
-    (serially, in the order the trace issues them), and the ZeRO ≥ 1 gathers that follow, as
-    (axis, padded parameters, count). Buckets of equal layers come in runs issued at a fixed
-    interval, and a run of n equal transfers D issued from t every Δ leaves a stream busy until
-    max(max(s₀, t) + n·D, t + (n − 1)·Δ + D) (the busy time is linear in the run's index, so one
-    of its ends decides)."""
-    s = costs.s
-    end = max(chunk_ends)
-    if s.zero_stage == 3:
-        return end, []
-    coll: O.CollType = "REDUCE_SCATTER" if s.zero_stage >= 1 else "ALL_REDUCE"
-    overlap, gather, bucket = s.overlap_grad_reduce, s.zero_stage >= 1, s.dp_bucket_params
-    memo, shape_ns = costs.ctx.buckets, costs.net.shape_ns
-    idle = -(1 << 62)  # times are relative to the stage's last backward: no zero to start from
-    stream = {"dp": idle, "edp": idle}
-    gathers: list[tuple[str, int, int]] = []
-    if costs.moe:
-        axes = [(axis, dp_group_size(s, axis), costs.shape(axis, rank)) for axis in ("dp", "edp")]
-    else:
-        axes = [("dp", dp_group_size(s, "dp"), costs.shape("dp", rank))]
-    order = (0,) if len(chunk_ends) == 1 else sorted(range(len(chunk_ends)),
-                                                     key=chunk_ends.__getitem__)
-    for chunk in order:
-        start = chunk_ends[chunk] - chunk_bwd[chunk]
-        blocks = runs[chunk]
-        for axis, size, shape in axes:
-            if size < 2:
-                continue
-            # issue times are offsets from the chunk's start: found once per stage chunk
-            # (keyed by identity; the stage memo keeps ``blocks`` alive) and shifted
-            key = (id(blocks), axis, bucket)
-            got = memo.get(key)
-            if got is None or got[0] is not blocks:
-                got = memo[key] = (blocks, _bucket_runs(blocks, axis, bucket, 0))
-            lane = axis if overlap else "dp"  # without overlap: after the backward, in sequence
-            busy = stream[lane]
-            for t, step, n, params in got[1]:
-                padded = -(-params // size) * size
-                d = shape_ns(coll, padded * O.GRAD_REDUCE_BYTES, shape)
-                if overlap:
-                    t += start
-                else:
-                    t, step = end, 0
-                a = (busy if busy > t else t) + n * d
-                b = t + (n - 1) * step + d
-                busy = a if a > b else b
-                if gather:
-                    gathers.append((axis, padded, n))
-            stream[lane] = busy
-    return max(end, *stream.values()), gathers
-
-
-def _bucket_runs(runs: tuple[tuple[ParamBlock, int, int], ...], axis: str, bucket: int,
-                 t: int) -> list[_BucketRun]:
-    """Megatron-style buckets over one chunk's backward blocks: parameters accumulate block by
-    block and a bucket is issued when it holds ≥ ``bucket`` or at the chunk's last block."""
-    out: list[_BucketRun] = []
-    acc = 0
-    for i, (block, d, count) in enumerate(runs):
-        q = block.dense if axis == "dp" else block.expert
-        last_run = i == len(runs) - 1
-        left = count
-        while left and acc and q:  # finish the bucket left open by earlier blocks
-            t, acc, left = t + d, acc + q, left - 1
-            if acc >= bucket or (last_run and not left):
-                out.append((t, 0, 1, acc))
-                acc = 0
-        if not q:
-            t += left * d
-            if last_run and acc:
-                out.append((t, 0, 1, acc))
-            continue
-        k = max(1, -(-bucket // q))  # blocks per full bucket
-        full, rest = divmod(left, k)
-        if full:
-            out.append((t + k * d, k * d, full, k * q))
-        t += left * d
-        if rest:
-            if last_run:
-                out.append((t, 0, 1, rest * q))
-            else:
-                acc = rest * q
-    return out

@@ -95,14 +95,14 @@ def _buckets_block_by_block(blocks: list[tuple[int, int]], bucket: int, cost: di
 def test_bucket_runs_match_block_by_block(runs, bucket, overlap) -> None:
     """The run-length bucket evaluation (closed form per run of equal buckets) gives the same
     drain time as issuing every block's bucket one by one."""
-    from analysis import fastpath as F
+    from analysis.dp_tails import _bucket_runs
     from tracegen.program import ParamBlock
 
     blocks = [(q, d) for q, d, n in runs for _ in range(n)]
     cost = {n: 7 * n + 13 for n in range(1, 200 * 51)}
     start = 0
-    out = F._bucket_runs(tuple((ParamBlock("b", q), d, n) for q, d, n in runs), "dp", bucket,
-                         start)
+    out = _bucket_runs(tuple((ParamBlock("b", q), d, n) for q, d, n in runs), "dp", bucket,
+                       start)
     end = sum(d for _, d in blocks)
     stream = -(1 << 62)
     for t, step, n, params in out:
@@ -205,6 +205,7 @@ def test_interleaved_extrapolation_equals_the_full_walk(pp, v, rounds, zero, tp,
     """Long interleaved runs are extrapolated from 2p, 3p and 4p micro-batches; the answer is the
     one the step-by-step walk gives."""
     from analysis import fastpath as F
+    from analysis import pipeline_walk as W
 
     model = ModelSpec(name="x", num_layers=pp * v * 2, hidden_size=256, num_attention_heads=8,
                       num_kv_heads=4, ffn_hidden_size=512, vocab_size=1024, seq_len=256,
@@ -219,7 +220,7 @@ def test_interleaved_extrapolation_equals_the_full_walk(pp, v, rounds, zero, tp,
     fwd, bwd = [x.fwd for x in stages], [x.bwd for x in stages]
     early = {("F", 0, 0): 5000, ("B", pp - 1, v - 1): 7000} if zero == 3 else None
     late = {(1, 0): 3000} if zero == 3 else None
-    assert F._interleaved(s, fwd, bwd, c, early, late) == F._walk(
+    assert W.interleaved(s, fwd, bwd, c, early, late) == W._walk(
         s.schedule, pp, s.num_microbatches, v, fwd, bwd, c, early, late)
 
 

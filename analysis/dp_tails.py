@@ -1,0 +1,161 @@
+"""What follows a stage's last backward in the fast path (``analysis/fastpath.py``): the
+data-parallel gradient buckets drained on their stream exactly as the trace issues them (runs of
+equal buckets in closed form), the tied-embedding all-reduce, the optimizer step and the ZeRO
+parameter all-gathers. The step ends when the last checked stage finishes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from tracegen import ops as O
+from tracegen.program import ParamBlock, dp_group_size, sharded_params
+
+if TYPE_CHECKING:  # the fast path imports this module; its types are only annotations here
+    from analysis.fastpath import _Costs, _Stage
+
+
+def tails_ns(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[int],
+           chunk_ends: list[list[int]], check: Iterable[int]) -> int:
+    """When the last of the ``check`` stages finishes: gradient buckets drained after its last
+    backward, embedding all-reduce, optimizer and ZeRO parameter all-gather. ``reps``: a rank
+    whose data-parallel groups are shaped as the stage's."""
+    s, m = costs.s, costs.m
+    chain = list(ends)
+    if m.tied_embeddings and s.pp > 1:
+        size = m.vocab_size * m.hidden_size // s.tp * O.GRAD_REDUCE_BYTES
+        t = max(ends[0], ends[-1]) + costs.net.shape_ns("ALL_REDUCE", size,
+                                                         costs.shape("embd", 0))
+        chain[0] = chain[-1] = t
+    strategy_key = costs.ctx.intern((s.dp_bucket_params, s.overlap_grad_reduce, s.zero_stage,
+                                     s.dp, s.cp, s.ep, s.overlap_param_gather))
+    finish = 0
+    for st in check:
+        x = stages[st]
+        ce = chunk_ends[st]
+        rel: tuple[int, ...]
+        if len(ce) == 1:
+            end, rel = ce[0], (0,)
+        else:
+            end = max(ce)
+            rel = tuple(e - end for e in ce)
+        key = (id(x), rel, strategy_key, costs.shape("dp", reps[st]),
+               costs.shape("edp", reps[st]) if costs.moe else None)
+        got = costs.ctx.tails.get(key)
+        if got is None:
+            got = costs.ctx.tails[key] = _tail_costs(costs, x, reps[st], rel)
+        done_rel, after = got
+        if s.overlap_grad_reduce:
+            done = max(chain[st], end + done_rel)
+        else:  # the buckets follow the embedding all-reduce (``RoleProgram._finish``)
+            done = max(chain[st], end) + done_rel
+        finish = max(finish, done + after)
+    return finish
+
+
+def _tail_costs(costs: _Costs, x: _Stage, rank: int, rel_ends: tuple[int, ...]
+                ) -> tuple[int, int]:
+    """(when the gradient buckets are done, relative to the stage's last backward; optimizer
+    plus ZeRO parameter all-gathers after that)."""
+    s = costs.s
+    done, gathers = _buckets_done(costs, rank, x.runs_bwd, rel_ends, x.bwd)
+    after = costs.optimizer_ns(sharded_params(s, dict(x.params)))
+    if s.overlap_param_gather:  # the gathers open the next step (``_param_gather_delay``)
+        gathers = []
+    for axis, padded, count in gathers:
+        shard = padded // dp_group_size(s, axis) * O.PARAM_BYTES
+        after += count * costs.net.shape_ns("ALL_GATHER", shard, costs.shape(axis, rank))
+    return done, after
+
+
+# (issue time of the first, interval between issues, how many, parameters each)
+BucketRun = tuple[int, int, int, int]
+
+
+def _buckets_done(costs: _Costs, rank: int,
+                  runs: tuple[tuple[tuple[ParamBlock, int, int], ...], ...],
+                  chunk_ends: tuple[int, ...], chunk_bwd: tuple[int, ...]
+                  ) -> tuple[int, list[tuple[str, int, int]]]:
+    """When the data-parallel stream finishes the buckets of each chunk's last backward
+    (serially, in the order the trace issues them), and the ZeRO ≥ 1 gathers that follow, as
+    (axis, padded parameters, count). Buckets of equal layers come in runs issued at a fixed
+    interval, and a run of n equal transfers D issued from t every Δ leaves a stream busy until
+    max(max(s₀, t) + n·D, t + (n − 1)·Δ + D) (the busy time is linear in the run's index, so one
+    of its ends decides)."""
+    s = costs.s
+    end = max(chunk_ends)
+    if s.zero_stage == 3:
+        return end, []
+    coll: O.CollType = "REDUCE_SCATTER" if s.zero_stage >= 1 else "ALL_REDUCE"
+    overlap, gather, bucket = s.overlap_grad_reduce, s.zero_stage >= 1, s.dp_bucket_params
+    memo, shape_ns = costs.ctx.buckets, costs.net.shape_ns
+    idle = -(1 << 62)  # times are relative to the stage's last backward: no zero to start from
+    stream = {"dp": idle, "edp": idle}
+    gathers: list[tuple[str, int, int]] = []
+    if costs.moe:
+        axes = [(axis, dp_group_size(s, axis), costs.shape(axis, rank)) for axis in ("dp", "edp")]
+    else:
+        axes = [("dp", dp_group_size(s, "dp"), costs.shape("dp", rank))]
+    order = (0,) if len(chunk_ends) == 1 else sorted(range(len(chunk_ends)),
+                                                     key=chunk_ends.__getitem__)
+    for chunk in order:
+        start = chunk_ends[chunk] - chunk_bwd[chunk]
+        blocks = runs[chunk]
+        for axis, size, shape in axes:
+            if size < 2:
+                continue
+            # issue times are offsets from the chunk's start: found once per stage chunk
+            # (keyed by identity; the stage memo keeps ``blocks`` alive) and shifted
+            key = (id(blocks), axis, bucket)
+            got = memo.get(key)
+            if got is None or got[0] is not blocks:
+                got = memo[key] = (blocks, _bucket_runs(blocks, axis, bucket, 0))
+            lane = axis if overlap else "dp"  # without overlap: after the backward, in sequence
+            busy = stream[lane]
+            for t, step, n, params in got[1]:
+                padded = -(-params // size) * size
+                d = shape_ns(coll, padded * O.GRAD_REDUCE_BYTES, shape)
+                if overlap:
+                    t += start
+                else:
+                    t, step = end, 0
+                a = (busy if busy > t else t) + n * d
+                b = t + (n - 1) * step + d
+                busy = a if a > b else b
+                if gather:
+                    gathers.append((axis, padded, n))
+            stream[lane] = busy
+    return max(end, *stream.values()), gathers
+
+
+def _bucket_runs(runs: tuple[tuple[ParamBlock, int, int], ...], axis: str, bucket: int,
+                 t: int) -> list[BucketRun]:
+    """Megatron-style buckets over one chunk's backward blocks: parameters accumulate block by
+    block and a bucket is issued when it holds ≥ ``bucket`` or at the chunk's last block."""
+    out: list[BucketRun] = []
+    acc = 0
+    for i, (block, d, count) in enumerate(runs):
+        q = block.dense if axis == "dp" else block.expert
+        last_run = i == len(runs) - 1
+        left = count
+        while left and acc and q:  # finish the bucket left open by earlier blocks
+            t, acc, left = t + d, acc + q, left - 1
+            if acc >= bucket or (last_run and not left):
+                out.append((t, 0, 1, acc))
+                acc = 0
+        if not q:
+            t += left * d
+            if last_run and acc:
+                out.append((t, 0, 1, acc))
+            continue
+        k = max(1, -(-bucket // q))  # blocks per full bucket
+        full, rest = divmod(left, k)
+        if full:
+            out.append((t + k * d, k * d, full, k * q))
+        t += left * d
+        if rest:
+            if last_run:
+                out.append((t, 0, 1, rest * q))
+            else:
+                acc = rest * q
+    return out
