@@ -10,3 +10,13 @@ DGX_H100_ALL_REDUCE_BUSBW_GBPS: dict[int, float] = {
     1: 67.0, 4: 135.4, 16: 237.2, 64: 361.7, 128: 400.5, 256: 422.3, 512: 436.8, 1024: 466.3,
     2048: 473.4, 4096: 477.2, 8192: 480.2, 16384: 479.9,
 }
+
+# 8 H100s in one host, all-gather and reduce-scatter of the largest messages (MiB: the gathered
+# output, and the reduce-scatter's full input) as OpenXLA measured them for its collective cost
+# model: xla/service/gpu/model/collective_interpolator_data.h (kDefaultCollectivePTable, "sm_90",
+# one replica group of 8; 2025), network_throughput_bytes_per_sec / 1e9 = those bytes / time.
+# The same table's all-reduce is 18% below the nccl-tests sweep above (393 vs 473 GB/s bus
+# bandwidth at 2 GiB: no NVLS), so it documents a slower NCCL setting than NVIDIA's own runs.
+XLA_H100_ALL_GATHER_GBPS: dict[int, float] = {512: 384.03, 1024: 391.04, 2048: 400.12}
+XLA_H100_REDUCE_SCATTER_GBPS: dict[int, float] = {256: 347.90, 512: 359.21, 1024: 364.92,
+                                                  2048: 373.84}

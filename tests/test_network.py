@@ -9,7 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replay import get_system, nccl
-from replay.anchors import DGX_H100_ALL_REDUCE_BUSBW_GBPS
+from replay.anchors import (
+    DGX_H100_ALL_REDUCE_BUSBW_GBPS,
+    XLA_H100_ALL_GATHER_GBPS,
+    XLA_H100_REDUCE_SCATTER_GBPS,
+)
 from replay.network import AlphaBetaNetwork
 
 H100 = AlphaBetaNetwork(get_system("dgx-h100"))
@@ -52,6 +56,22 @@ def test_ring_plateau_where_there_is_no_nvls() -> None:
     assert _busbw_GBps(a100, "ALL_REDUCE", 16384 * MiB, NODE) == pytest.approx(232, rel=0.01)
     t = H100.collective("REDUCE_SCATTER", 16384 * MiB, NODE).total_ns * 1e-9
     assert 7 / 8 * 16384 * MiB / t / 1e9 == pytest.approx(370, rel=0.01)
+
+
+@pytest.mark.parametrize(("coll", "mib"), [("ALL_GATHER", m) for m in XLA_H100_ALL_GATHER_GBPS]
+                         + [("REDUCE_SCATTER", m) for m in XLA_H100_REDUCE_SCATTER_GBPS])
+def test_gather_and_scatter_against_xla_measurements(coll: str, mib: int) -> None:
+    """All-gather (trace size: one rank's shard) and reduce-scatter (the full input) on 8 H100s
+    against OpenXLA's measured table: the model runs them at the ring plateau of NVIDIA's
+    all-reduce slides (370 GB/s bus bandwidth), 4–6% (all-gather) and 12–16% (reduce-scatter)
+    faster than XLA measured. Kept, not refitted: the same table's all-reduce is 18% below
+    NVIDIA's nccl-tests run of the same node (replay/anchors.py), i.e. a slower NCCL setting."""
+    measured = (XLA_H100_ALL_GATHER_GBPS if coll == "ALL_GATHER" else
+                XLA_H100_REDUCE_SCATTER_GBPS)[mib]
+    size = mib * MiB // 8 if coll == "ALL_GATHER" else mib * MiB
+    t = H100.collective(coll, size, NODE).total_ns * 1e-9
+    ratio = mib * MiB / t / 1e9 / measured
+    assert 1.0 < ratio < 1.2
 
 
 def test_nvls_stays_inside_a_node() -> None:
