@@ -30,8 +30,12 @@ from tracegen import ConfigError, ModelSpec, Strategy, TrainsimError, generate
 from tracegen.strategy import with_shorter_end_chunks
 from tracegen.units import GiB
 
+# The schema's columns a prediction reads. A file that lacks some of them still loads (the
+# column reads as empty, so each row that needs it is skipped naming it), unless it lacks a key
+# column or most of them: then it is not this schema.
+KEY_COLUMNS = ("id", "measured_iter_time_s")
 REQUIRED_COLUMNS = (
-    "id", "source_short", "arch", "num_layers", "hidden_size", "num_attention_heads",
+    "id", "arch", "num_layers", "hidden_size", "num_attention_heads",
     "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_len", "activation", "global_batch_size",
     "micro_batch_size", "num_gpus", "tp", "pp", "dp", "cp", "ep", "sequence_parallel",
     "virtual_pp", "recompute", "zero_stage", "precision", "gpu", "gpus_per_node",
@@ -77,9 +81,10 @@ def load_runs(path: str | Path) -> pl.DataFrame:
     # a byte-order mark or stray spaces must not hide a column
     raw = raw.rename({c: c.lstrip("\ufeff").strip() for c in raw.columns})
     missing = [c for c in REQUIRED_COLUMNS if c not in raw.columns]
-    if missing:
+    if any(c in missing for c in KEY_COLUMNS) or len(missing) > len(REQUIRED_COLUMNS) // 2:
         raise ConfigError(f"{p} lacks the columns {', '.join(missing)} of the public-runs schema "
                           "(shared/validation/README.md)", what="runs file")
+    raw = raw.with_columns(pl.lit(None, dtype=pl.String).alias(c) for c in missing)
     text = {c: pl.col(c).str.strip_chars() for c in raw.columns}
     num = {c: text[c].cast(pl.Float64, strict=False) for c in (*INT_COLUMNS, *FLOAT_COLUMNS)}
     parsed = {

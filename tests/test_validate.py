@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from analysis.plots import predicted_vs_measured
-from analysis.validate import REQUIRED_COLUMNS, summarize, validate
+from analysis.validate import BAD, REQUIRED_COLUMNS, load_runs, summarize, validate
 from tracegen import ConfigError
 
 PUBLIC = Path(__file__).resolve().parents[2] / "shared" / "validation" / "public_runs.csv"
@@ -68,6 +68,23 @@ def test_missing_columns_are_named(tmp_path: Path) -> None:
         validate(f)
     assert "lacks the columns" in str(info.value) and "num_layers" in str(info.value)
     assert len(REQUIRED_COLUMNS) > 20
+
+
+def test_a_few_absent_columns_skip_only_the_rows_that_need_them(tmp_path: Path) -> None:
+    """A file without the MoE columns (all its rows dense) and without micro_batch_size loads:
+    rows are skipped naming the absent input, none is dropped, and the MoE columns are not
+    needed by dense rows."""
+    runs = load_runs(PUBLIC)
+    f = tmp_path / "r.csv"
+    runs.drop("num_experts", "experts_per_token", "moe_ffn_hidden_size", "micro_batch_size",
+              BAD).write_csv(f)
+    out = validate(f, fast=True)
+    assert out.height == runs.height
+    ok = out.filter(pl.col("status") == "ok")
+    assert ok.height == 0
+    usable = out.filter(pl.col("status").str.contains("micro_batch_size missing"))
+    assert usable.height >= ACHIEVED["rows"]
+    assert not out["status"].str.contains("num_experts").any()
 
 
 def test_validate_cli_writes_csv_and_plot(tmp_path: Path) -> None:
