@@ -374,45 +374,14 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     stages, reps, alike = _stages(costs)
     c = _sends(costs, reps, alike)
     # Interleaved schedules, and pipelines whose stages hold different layer counts, are walked
-    # step by step: the closed forms below charge every micro-batch at the slowest stage, which
-    # is exact for alike stages but not when a few short stages let the others run ahead.
+    # step by step: the closed forms charge every micro-batch at the slowest stage, which is
+    # exact for alike stages but not when a few short stages let the others run ahead.
+    check: Iterable[int]
     if s.schedule == "interleaved_1f1b" or s.first_stage_layers or s.last_stage_layers:
-        fwd, bwd = [x.fwd for x in stages], [x.bwd for x in stages]
-        zero3 = s.zero_stage == 3 and s.pp > 1
-        early = {(ph, st, ch): g for st, x in enumerate(stages) for ch in range(s.vpp)
-                 for ph, g in (("F", x.early_f[ch]), ("B", x.early_b[ch]))} if zero3 else None
-        late = {(st, ch): x.late_b[ch] for st, x in enumerate(stages)
-                for ch in range(s.vpp)} if zero3 else None
-        # chunk_ends: when each chunk's last backward ends (its gradient buckets go then)
-        # the walk depends on nothing else: strategies differing only in what comes after the
-        # pipeline (ZeRO 0 vs 1, bucket size) share it
-        key = (s.schedule, s.pp, s.num_microbatches, s.vpp, tuple(fwd), tuple(bwd), tuple(c),
-               tuple(sorted(early.items())) if early else None,
-               tuple(sorted(late.items())) if late else None)
-        walked = costs.ctx.walks.get(key)
-        if walked is None:
-            walked = costs.ctx.walks[key] = interleaved(s, fwd, bwd, c, early, late)
-        ends, chunk_ends = walked
-        pipe = max(ends)
-        check: Iterable[int] = range(s.pp)
+        pipe, ends, chunk_ends = _walked_ends(costs, stages, c)
+        check = range(s.pp)
     else:
-        f_s = [x.fwd[0] for x in stages]
-        b_s = [x.bwd[0] for x in stages]
-        hidden, late_s = 0, [0] * s.pp
-        if s.zero_stage == 3 and s.pp > 1:
-            # the first gather of a pass runs while the input is awaited; the last
-            # reduce-scatter of a stage's final backward runs after its gradient is sent
-            late_s = [0] + [x.late_b[0] for x in stages[1:]]
-            hidden = sum(x.early_f[0] for x in stages[1:]) + sum(
-                x.early_b[0] for x in stages[:-1]) + sum(late_s)
-        pipe = pipeline_ns(s, f_s, b_s, c, hidden)
-        # Stage st sends its last gradient Σ_{j<st} (B_j − late_j + c_j) before stage 0 ends,
-        # and ends late_st after that. (Spelled with map and itertools.accumulate this takes
-        # fewer bytecodes but more machine instructions on CPython 3.11: kept as a loop.)
-        ends, sent = [], pipe
-        for b, hop, lt in zip(b_s, c, late_s, strict=True):
-            ends.append(sent + lt)
-            sent -= b - lt + hop
+        pipe, ends = _closed_form_ends(s, stages, c)
         chunk_ends = [[e] for e in ends]
         # Alike stages: the first finishes no earlier than any middle one. Its layers are the
         # same blocks, issued later (by c₀ + B₁) into the same buckets, and its embedding only
@@ -428,6 +397,51 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     return FastEstimate(finish / NS_PER_S, pipe / NS_PER_S, peak / GiB,
                         peak <= system.gpu.hbm_bytes,
                         tuple([x.fwd_s for x in stages]), tuple([x.bwd_s for x in stages]))
+
+
+def _walked_ends(costs: _Costs, stages: list[_Stage], c: list[int]
+                 ) -> tuple[int, list[int], list[list[int]]]:
+    """(pipeline ns, end of each stage's last backward, end of each chunk's last backward —
+    its gradient buckets go then) from a walk of the schedule's order. The walk depends on
+    nothing else, so strategies differing only in what follows the pipeline (ZeRO 0 vs 1,
+    bucket size) share it."""
+    s = costs.s
+    fwd, bwd = [x.fwd for x in stages], [x.bwd for x in stages]
+    zero3 = s.zero_stage == 3 and s.pp > 1
+    early = {(ph, st, ch): g for st, x in enumerate(stages) for ch in range(s.vpp)
+             for ph, g in (("F", x.early_f[ch]), ("B", x.early_b[ch]))} if zero3 else None
+    late = {(st, ch): x.late_b[ch] for st, x in enumerate(stages)
+            for ch in range(s.vpp)} if zero3 else None
+    key = (s.schedule, s.pp, s.num_microbatches, s.vpp, tuple(fwd), tuple(bwd), tuple(c),
+           tuple(sorted(early.items())) if early else None,
+           tuple(sorted(late.items())) if late else None)
+    walked = costs.ctx.walks.get(key)
+    if walked is None:
+        walked = costs.ctx.walks[key] = interleaved(s, fwd, bwd, c, early, late)
+    ends, chunk_ends = walked
+    return max(ends), ends, chunk_ends
+
+
+def _closed_form_ends(s: Strategy, stages: list[_Stage], c: list[int]) -> tuple[int, list[int]]:
+    """(pipeline ns, end of each stage's last backward) from the GPipe / 1F1B closed forms."""
+    f_s = [x.fwd[0] for x in stages]
+    b_s = [x.bwd[0] for x in stages]
+    hidden, late_s = 0, [0] * s.pp
+    if s.zero_stage == 3 and s.pp > 1:
+        # the first gather of a pass runs while the input is awaited; the last reduce-scatter
+        # of a stage's final backward runs after its gradient is sent
+        late_s = [0] + [x.late_b[0] for x in stages[1:]]
+        hidden = sum(x.early_f[0] for x in stages[1:]) + sum(
+            x.early_b[0] for x in stages[:-1]) + sum(late_s)
+    pipe = pipeline_ns(s, f_s, b_s, c, hidden)
+    # Stage st sends its last gradient Σ_{j<st} (B_j − late_j + c_j) before stage 0 ends, and
+    # ends late_st after that. (Spelled with map and itertools.accumulate this takes fewer
+    # bytecodes but more machine instructions on CPython 3.11: kept as a loop.)
+    ends, sent = [], pipe
+    for b, hop, lt in zip(b_s, c, late_s, strict=True):
+        ends.append(sent + lt)
+        sent -= b - lt + hop
+    return pipe, ends
 
 
 def _stages(costs: _Costs) -> tuple[list[_Stage], list[int], bool]:
