@@ -149,8 +149,12 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None
     if precision is None:
         if base.gpu.peak_bf16_TFLOPs != base.gpu.peak_fp16_TFLOPs:
             return "skipped: precision missing"
-        precision = "bf16"
-        notes.append("precision unstated 16-bit: bf16 and fp16 peaks are equal on this GPU")
+        precision = "bf16" if base.gpu.bf16 else "fp16"
+        notes.append(f"precision unstated 16-bit: {precision} (bf16 and fp16 peaks are equal on "
+                     "this GPU)")
+    unsupported = _unsupported_precision(precision, row["gpu"], base)
+    if unsupported:
+        return f"skipped: {unsupported}"
     world = row["tp"] * row["pp"] * row["dp"] * row["cp"]
     if world != row["num_gpus"]:
         return (f"skipped: num_gpus {row['num_gpus']} ≠ tp·pp·dp·cp = {row['tp']}·{row['pp']}·"
@@ -166,6 +170,17 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None
         return RunInputs(model, strategy, _system(row, base), "; ".join(notes))
     except TrainsimError as exc:
         return f"skipped: {exc}"
+
+
+def _unsupported_precision(precision: str, gpu: str, system: SystemSpec) -> str | None:
+    """Why a row's precision cannot have run on its GPU (a data error, not a prediction)."""
+    if precision == "fp8" and system.gpu.peak_fp8_TFLOPs <= system.gpu.peak_bf16_TFLOPs:
+        return (f"precision fp8 on {gpu}: it has no FP8 tensor cores (FP8 training needs "
+                "Hopper or later); check the row's precision or gpu")
+    if precision == "bf16" and not system.gpu.bf16:
+        return (f"precision bf16 on {gpu}: Volta has no bf16 tensor cores (fp16 runs there); "
+                "check the row's precision or gpu")
+    return None
 
 
 def _model(row: dict[str, Any]) -> ModelSpec:

@@ -41,6 +41,9 @@ class GPUSpec:
     # False where FlashAttention does not run (Volta): attention is then two batched GEMMs over
     # the full score matrix plus memory-bound softmax and dropout (replay/compute.py).
     flash_attention: bool = True
+    # False where the tensor cores have no bf16 (Volta): the preset then runs bf16 at the fp16
+    # rate, and validation refuses a bf16 row on it as a data error.
+    bf16: bool = True
     # A GEMM's K-independent cost per output tile (pipeline fill, epilogue), in K elements of a
     # 16-bit GEMM, and the K of the MAMF's best shape, where ``gemm_efficiency`` was measured:
     # efficiency falls as K/(K + overhead) below it (replay/compute.py). 0: not measured.

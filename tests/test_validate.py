@@ -265,6 +265,35 @@ def test_enum_cells_are_read_case_insensitively(tmp_path: Path) -> None:
     assert inputs.strategy.recompute == "none" and inputs.model.activation == "gelu"
 
 
+@pytest.mark.parametrize(("gpu", "precision", "reason"), [
+    ("a100-80gb", "fp8", "precision fp8 on a100-80gb: it has no FP8 tensor cores"),
+    ("a800", "fp8", "precision fp8 on a800: it has no FP8 tensor cores"),
+    ("v100-32gb", "bf16", "precision bf16 on v100-32gb: Volta has no bf16 tensor cores"),
+])
+def test_a_precision_the_gpu_lacks_is_a_data_error(tmp_path: Path, gpu: str, precision: str,
+                                                   reason: str) -> None:
+    from analysis.validate import row_inputs
+
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    got = row_inputs(_row(tmp_path, "mpt-07", gpu=gpu, precision=precision))
+    assert isinstance(got, str) and got.startswith(f"skipped: {reason}"), got
+
+
+def test_unstated_precision_is_the_16_bit_type_the_gpu_has(tmp_path: Path) -> None:
+    from analysis.validate import RunInputs, row_inputs
+
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    for gpu, expected in (("v100-32gb", "fp16"), ("a100-80gb", "bf16"), ("h100-sxm", "bf16")):
+        got = row_inputs(_row(tmp_path, "mpt-07", gpu=gpu, precision=""))
+        assert isinstance(got, RunInputs), got
+        assert got.strategy.precision == expected
+        assert f"precision unstated 16-bit: {expected}" in got.assumptions
+    fp8 = row_inputs(_row(tmp_path, "mpt-07", gpu="h100-sxm", precision="fp8"))
+    assert isinstance(fp8, RunInputs) and fp8.strategy.precision == "fp8"
+
+
 def test_rows_predicted_in_parallel_equal_the_serial_run(tmp_path: Path) -> None:
     """``jobs`` > 1 spreads rows over processes; every row and the order stay the same."""
     if not PUBLIC.is_file():
