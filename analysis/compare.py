@@ -9,7 +9,7 @@ from typing import Any
 
 import polars as pl
 
-from analysis.evaluate import resilience_frame
+from analysis.evaluate import resilience_rows
 from analysis.fastpath import estimate
 from analysis.glance import strategy_rates
 from analysis.study import Study
@@ -118,9 +118,9 @@ def _union(frame: pl.DataFrame) -> list[tuple[float, float]]:
 
 
 def _failures(study: Study, s: Strategy, step_time_s: float, fast: Any) -> dict[str, Any]:
-    frame = resilience_frame(study, s, fast._replace(step_time_s=step_time_s))
-    g = frame.filter(pl.col("policy") == "global_restart").row(0, named=True)
-    best = frame.sort("expected_wall_clock_s").row(0, named=True)
+    rows = resilience_rows(study, s, fast._replace(step_time_s=step_time_s))
+    g = next(r for r in rows if r["policy"] == "global_restart")  # always among the policies
+    best = min(rows, key=lambda r: r["expected_wall_clock_s"])  # the first of equals, as a sort
     return {"goodput": g["goodput"], "time_to_train_s": g["expected_wall_clock_s"],
             "best_policy": best["policy"], "best_policy_goodput": best["goodput"],
             "best_policy_time_to_train_s": best["expected_wall_clock_s"]}

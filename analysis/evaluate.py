@@ -48,18 +48,28 @@ def _shrunk_throughput(study: Study, s: Strategy, fast: FastEstimate) -> float:
 def resilience_frame(study: Study, s: Strategy, fast: FastEstimate | None = None
                      ) -> pl.DataFrame:
     """Per recovery policy for one strategy (needs a study with [failures])."""
+    fast = fast or estimate(study.model, s, study.system)
+    work_s = _work_s(study, s, fast)
+    return pl.DataFrame(resilience_rows(study, s, fast)).with_columns(
+        pl.lit(s.label()).alias("strategy"), pl.lit(work_s).alias("failure_free_s"))
+
+
+def _work_s(study: Study, s: Strategy, fast: FastEstimate) -> float:
+    """Failure-free training time of the study's token budget (one step without one)."""
+    steps = study.tokens / tokens_per_step(study, s) if study.tokens else 1.0
+    return steps * fast.step_time_s
+
+
+def resilience_rows(study: Study, s: Strategy, fast: FastEstimate) -> list[dict[str, Any]]:
+    """``resilience_frame``'s per-policy rows as dicts, without the strategy columns."""
     if not study.has_failures:
         raise ConfigError("the study has no [failures] table: add preset = NAME or "
                           "rate_per_gpu_hour", what=f"study {study.name!r}")
-    fast = fast or estimate(study.model, s, study.system)
     failure = R.failure_model(study.failures, gpus_per_node=study.system.node.gpus_per_node)
     job = job_shape(study, s, fast)
     costs = R.recovery_costs(job, study.checkpoint, study.restart, study.policies)
-    steps = study.tokens / tokens_per_step(study, s) if study.tokens else 1.0
-    work_s = steps * fast.step_time_s
-    frame = R.policy_frame(failure=failure, gpus=s.world_size, work_s=work_s, costs=costs)
-    return frame.with_columns(pl.lit(s.label()).alias("strategy"),
-                              pl.lit(work_s).alias("failure_free_s"))
+    return R.policy_rows(failure=failure, gpus=s.world_size, work_s=_work_s(study, s, fast),
+                         costs=costs)
 
 
 def summary_dict(frame: pl.DataFrame) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import polars as pl
@@ -191,6 +191,14 @@ def policy_frame(*, failure: FailureModel, gpus: int, work_s: float,
                  costs: dict[str, RecoveryCosts], interval_s: float | None = None) -> pl.DataFrame:
     """One row per recovery policy: goodput, expected wall clock and GPU-hours for ``work_s`` of
     failure-free training, expected failures, and the checkpoint interval used."""
+    return pl.DataFrame(policy_rows(failure=failure, gpus=gpus, work_s=work_s, costs=costs,
+                                    interval_s=interval_s))
+
+
+def policy_rows(*, failure: FailureModel, gpus: int, work_s: float,
+                costs: dict[str, RecoveryCosts], interval_s: float | None = None
+                ) -> list[dict[str, Any]]:
+    """``policy_frame``'s rows as dicts (a sweep screens thousands: no frame per strategy)."""
     mttf = failure.job_mttf_s(gpus)
     rows = []
     for policy, c in costs.items():
@@ -214,7 +222,7 @@ def policy_frame(*, failure: FailureModel, gpus: int, work_s: float,
                      "expected_failures": wall / mttf, "checkpoint_interval_s": tau,
                      "job_mttf_s": mttf, "checkpoint_s": c.checkpoint_s,
                      "restart_s": c.restart_s})
-    return pl.DataFrame(rows)
+    return rows
 
 
 def goodput_vs_interval(*, c: RecoveryCosts, mttf_s: float, intervals_s: np.ndarray

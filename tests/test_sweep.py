@@ -120,3 +120,19 @@ def test_sweep_keeps_pipelines_whose_depth_does_not_divide_the_layers(tmp_path: 
     by_pp = {s.pp: s for s in valid}
     assert (by_pp[16].first_stage_layers, by_pp[16].last_stage_layers) == (7, 7)
     assert [len(by_pp[8].chunk_layers(126, g)) for g in range(8)] == [15] + [16] * 6 + [15]
+
+
+def test_strategy_ids_do_not_change_between_versions() -> None:
+    """A sweep resumes by strategy id: the key is every field (as ``dataclasses.astuple`` gives
+    it) and the id of a fixed strategy is the one earlier versions wrote to disk."""
+    import dataclasses
+
+    from analysis.runner import strategy_id, strategy_key
+    from tracegen import Strategy
+
+    s = Strategy(tp=8, pp=8, dp=16, vpp=3, schedule="interleaved_1f1b", micro_batch_size=1,
+                 global_batch_size=1536, recompute="selective", sequence_parallel=True,
+                 zero_stage=1)
+    assert strategy_key(s) == dataclasses.astuple(s)
+    assert strategy_key(Strategy()) == dataclasses.astuple(Strategy())
+    assert strategy_id(s) == "17e9ef7662b60f35"
