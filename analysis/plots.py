@@ -7,7 +7,7 @@ import polars as pl
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from replay.hardware import SystemSpec
+from replay.hardware import GPUSpec, SystemSpec
 from replay.results import union_intervals
 
 
@@ -204,5 +204,40 @@ def collective_ramp(system: SystemSpec, *, ranks: int = 8,
     ax.set_ylabel("all-reduce bus bandwidth (GB/s)")
     ax.set_title("Collective model: bandwidth grows with message size (NCCL protocols)")
     ax.legend(loc="upper left", fontsize="small")
+    ax.grid(True, which="both", alpha=0.3)
+    return fig
+
+
+def gemm_by_k(system: SystemSpec, measured: pl.DataFrame | None = None, *, m: int = 16384,
+              n: int = 8192) -> Figure:
+    """BF16 GEMM throughput against the reduction length K: trainsim's compute model for an
+    ``m``×``n`` output (wave quantization negligible) with and without its per-tile K term,
+    and measured points (columns ``b, m, n, k, bf16_tflops``) where given."""
+    import dataclasses
+
+    from replay.compute import RooflineCompute
+    from tracegen.ops import gemm
+    from tracegen.units import DTYPE_CODE
+
+    def tflops(gpu: GPUSpec, k: int, rows: int = m, cols: int = n) -> float:
+        op = gemm("g", rows, cols, k, "bf16")
+        ns = RooflineCompute(gpu).op_ns("gemm", op.flop, op.bytes, op.m, op.n,
+                                        DTYPE_CODE["bf16"], False, op.k)
+        return op.flop / ns / 1e3
+
+    ks = [int(k) for k in np.geomspace(128, 32768, 33)]
+    flat = dataclasses.replace(system.gpu, gemm_k_overhead=0.0)
+    fig, ax = _figure(6.4, 4.2)
+    ax.plot(ks, [tflops(system.gpu, k) for k in ks], label=f"trainsim ({system.gpu.name})")
+    ax.plot(ks, [tflops(flat, k) for k in ks], linestyle="--", color="tab:gray",
+            label="without the per-tile K term")
+    if measured is not None and measured.height:
+        ax.scatter(measured["k"], measured["bf16_tflops"], color="tab:red", s=18, zorder=3,
+                   alpha=0.7, label="measured (OpenXLA sm_90 table, largest shapes)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("reduction length K")
+    ax.set_ylabel("BF16 GEMM throughput (TFLOP/s)")
+    ax.set_title(f"Compute model: short-K GEMMs pay a per-tile cost ({m}×{n} output)")
+    ax.legend(loc="lower right", fontsize="small")
     ax.grid(True, which="both", alpha=0.3)
     return fig

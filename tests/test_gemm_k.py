@@ -77,3 +77,22 @@ def test_k_overhead_needs_the_mamf_shape() -> None:
     data["gpu"]["gemm_mamf_k"] = 0
     with pytest.raises(ConfigError, match="gemm_mamf_k"):
         SystemSpec.from_dict(data, name="bad")
+
+
+def test_gemm_by_k_plot_has_both_model_lines_and_the_measured_points(tmp_path: Path) -> None:
+    import polars as pl
+
+    from analysis.plots import gemm_by_k
+
+    measured = pl.DataFrame([{c: float(v) for c, v in r.items()} for r in _rows()])
+    fig = gemm_by_k(get_system("dgx-h100"), measured)
+    ax = fig.axes[0]
+    line, flat = ax.get_lines()
+    with_term, without = line.get_ydata(), flat.get_ydata()
+    assert all(a <= b for a, b in zip(with_term, without, strict=True))  # the term only slows
+    at = dict(zip(line.get_xdata(), zip(with_term, without, strict=True), strict=True))
+    assert at[512][0] < 0.9 * at[512][1]  # it matters at short K (where HBM does not bind)
+    assert at[max(at)][0] > 0.99 * at[max(at)][1]  # and fades at long K
+    assert len(ax.collections[0].get_offsets()) == 65
+    fig.savefig(tmp_path / "k.png")
+    assert (tmp_path / "k.png").read_bytes()[:4] == b"\x89PNG"
