@@ -22,6 +22,7 @@ stage's last backward (gradient buckets, optimizer, parameter gathers).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -396,7 +397,10 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     peak = _peak_memory_bytes(costs, stages, alike)
     return FastEstimate(finish / NS_PER_S, pipe / NS_PER_S, peak / GiB,
                         peak <= system.gpu.hbm_bytes,
-                        tuple([x.fwd_s for x in stages]), tuple([x.bwd_s for x in stages]))
+                        tuple(map(_FWD_S, stages)), tuple(map(_BWD_S, stages)))
+
+
+_FWD_S, _BWD_S = operator.attrgetter("fwd_s"), operator.attrgetter("bwd_s")
 
 
 def _walked_ends(costs: _Costs, stages: list[_Stage], c: list[int]
