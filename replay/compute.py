@@ -12,8 +12,9 @@ dtype, or from the trace's ``duration_micros``.
   at the op's head dim d (systems/README.md); the backward runs at ``ATTN_BWD_RATIO`` of it.
 * Attention without FlashAttention (GPUs it does not run on): the score and value GEMMs over the
   whole s×s matrix (twice the causal FLOPs the op carries; four of them in backward) at GEMM
-  efficiency, plus the score-matrix traffic of Megatron's unfused path — the tensors Korthikanti
-  et al. 2022 §4.1 list per score element: QKᵀ out (2 B), softmax in/out (2 + 2 B), dropout
+  efficiency (QKᵀ reduces over the head dim, P·V over the sequence: each at its K's factor),
+  plus the score-matrix traffic of Megatron's unfused path — the tensors Korthikanti et al. 2022
+  §4.1 list per score element: QKᵀ out (2 B), softmax in/out (2 + 2 B), dropout
   mask (1 B) and in/out (2 + 2 B), read again by the value GEMM (2 B): ``SCORE_BYTES`` = 13 B
   forward, twice that backward.
 * Memory-bound ops: ``bytes / (hbm · e_mem)`` (their few FLOPs per byte never bind).
@@ -95,7 +96,8 @@ class RooflineCompute:
         dtype = DTYPE_FROM_CODE.get(dtype_code, "bf16")
         mem_s = nbytes / (g.hbm_bytes_per_s * g.memory_efficiency)
         if op_type == "attention" and not g.flash_attention:
-            return self._unfused_attention_ns(flop, head_dim=k, dtype=dtype, backward=backward)
+            return self._unfused_attention_ns(flop, head_dim=k, kv_len=n, dtype=dtype,
+                                              backward=backward)
         if op_type == "attention":
             seq = max(m, 1)
             eff = (g.attention_efficiency * seq / (seq + g.attention_half_seq)
@@ -113,14 +115,17 @@ class RooflineCompute:
             comp_s = 0.0
         return round(max(comp_s, mem_s) * NS_PER_S) + g.launch_overhead_ns
 
-    def _unfused_attention_ns(self, flop: int, *, head_dim: int, dtype: str, backward: bool
-                              ) -> int:
+    def _unfused_attention_ns(self, flop: int, *, head_dim: int, kv_len: int, dtype: str,
+                              backward: bool) -> int:
         """Standard attention from the op's causal flash FLOPs 2·b·heads·s_q·s_kv·d (forward;
-        2.5× in backward): scores = b·heads·s_q·s_kv."""
+        2.5× in backward): scores = b·heads·s_q·s_kv. Half the GEMM work reduces over the head
+        dim (QKᵀ; dP = dO·Vᵀ), half over the sequence (P·V; dQ, dK, dV: s_kv taken for s_q),
+        each at its reduction length's efficiency (``GPUSpec.gemm_k_factor``)."""
         g = self.gpu
         fwd_flop = flop / ATTN_FLASH_BWD_FLOP if backward else flop
         scores = fwd_flop / (2 * max(head_dim, 1))
         passes = 2 if backward else 1
-        gemm_s = passes * 2 * fwd_flop / (g.peak_flop_per_s(dtype) * g.gemm_efficiency)
+        per_flop = 1 / g.gemm_k_factor(head_dim, dtype) + 1 / g.gemm_k_factor(kv_len, dtype)
+        gemm_s = passes * fwd_flop * per_flop / (g.peak_flop_per_s(dtype) * g.gemm_efficiency)
         mem_s = passes * SCORE_BYTES * scores / (g.hbm_bytes_per_s * g.memory_efficiency)
         return round((gemm_s + mem_s) * NS_PER_S) + (4 if backward else 3) * g.launch_overhead_ns

@@ -177,6 +177,24 @@ def test_unfused_attention_on_gpus_without_flash_attention() -> None:
     assert bwd == pytest.approx(2 * (gemm_s + mem_s) * 1e9 + 4 * gpu.launch_overhead_ns, rel=1e-6)
 
 
+def test_unfused_attention_on_hopper_pays_the_short_k_of_its_score_gemm() -> None:
+    """With FlashAttention switched off on an H100, QKᵀ reduces over the head dim (64 here),
+    P·V over the sequence: each half of the GEMM work runs at its K's efficiency."""
+    import dataclasses
+
+    from replay.compute import RooflineCompute
+
+    gpu = dataclasses.replace(get_system("dgx-h100").gpu, flash_attention=False)
+    flop, s_len, d = 2 * 32 * 2048 * 2048 * 64, 2048, 64  # causal flash FLOPs, b·heads = 32
+    got = RooflineCompute(gpu).op_ns("attention", flop, 0, s_len, s_len, 1, False, d)
+    peak = gpu.peak_bf16_TFLOPs * 1e12 * gpu.gemm_efficiency
+    gemm_s = flop * (1 / gpu.gemm_k_factor(d, "bf16") + 1 / gpu.gemm_k_factor(s_len, "bf16")) / peak
+    mem_s = 13 * flop / (2 * d) / (gpu.hbm_GBps * 1e9 * gpu.memory_efficiency)
+    assert got == pytest.approx((gemm_s + mem_s) * 1e9 + 3 * gpu.launch_overhead_ns, rel=1e-6)
+    flat = dataclasses.replace(gpu, gemm_k_overhead=0.0)
+    assert got > RooflineCompute(flat).op_ns("attention", flop, 0, s_len, s_len, 1, False, d)
+
+
 @pytest.mark.parametrize(("system", "hdim", "ratio"), [
     ("dgx-h100", 64, 473 / 616), ("dgx-h100", 256, 642 / 616), ("dgx-h100", 128, 1.0),
     ("dgx-a100-80gb", 64, 299 / 335), ("dgx-a100-80gb", 256, 298 / 335),
