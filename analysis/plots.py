@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import polars as pl
 from matplotlib.axes import Axes
@@ -15,6 +17,19 @@ def _figure(width: float, height: float) -> tuple[Figure, Axes]:
     """A Figure outside pyplot's global state: nothing to close, no window, any backend."""
     fig = Figure(figsize=(width, height), layout="constrained")
     return fig, fig.add_subplot()
+
+
+LegendLoc = Literal["best", "upper left", "upper right", "lower left", "lower right"]
+
+
+def _finish(ax: Axes, *, xlabel: str, ylabel: str, title: str, legend: LegendLoc = "best",
+            grid: Literal["major", "minor", "both"] = "both") -> None:
+    """Labels, title, a small legend at ``legend`` and a light grid (``grid`` ticks)."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(loc=legend, fontsize="small")
+    ax.grid(True, which=grid, alpha=0.3)
 
 
 def predicted_vs_measured(results: pl.DataFrame, *, band: float = 0.10, by: str = "gpu",
@@ -38,11 +53,8 @@ def predicted_vs_measured(results: pl.DataFrame, *, band: float = 0.10, by: str 
         ax.set_ylim(lo, hi)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("measured step time (s)")
-    ax.set_ylabel("predicted step time (s)")
-    ax.set_title(f"{title} ({ok.height} rows)")
-    ax.legend(loc="upper left", fontsize="small")
-    ax.grid(True, which="both", alpha=0.3)
+    _finish(ax, xlabel="measured step time (s)", ylabel="predicted step time (s)",
+            title=f"{title} ({ok.height} rows)", legend="upper left")
     return fig
 
 
@@ -55,11 +67,8 @@ def goodput_vs_interval(curve: pl.DataFrame, *, young_s: float, daly_s: float,
     for t, label, style in ((young_s, "Young", ":"), (daly_s, "Daly", "--")):
         ax.axvline(t / 60, color="tab:red", ls=style, label=f"{label} optimum ({t / 60:.1f} min)")
     ax.set_xscale("log")
-    ax.set_xlabel("checkpoint interval (min)")
-    ax.set_ylabel("effective training time ratio (%)")
-    ax.set_title(title or "Goodput vs checkpoint interval (global restart)")
-    ax.legend(fontsize="small")
-    ax.grid(True, which="both", alpha=0.3)
+    _finish(ax, xlabel="checkpoint interval (min)", ylabel="effective training time ratio (%)",
+            title=title or "Goodput vs checkpoint interval (global restart)")
     return fig
 
 
@@ -119,11 +128,8 @@ def pareto(results: pl.DataFrame) -> Figure:
                 front_x.append(mem[i])
                 front_y.append(tps[i])
         ax.step(front_x, front_y, where="post", color="tab:red", label="Pareto front")
-    ax.set_xlabel("peak memory per GPU (GiB)")
-    ax.set_ylabel("tokens / s")
-    ax.set_title("Throughput vs memory")
-    ax.legend(fontsize="small")
-    ax.grid(True, alpha=0.3)
+    _finish(ax, xlabel="peak memory per GPU (GiB)", ylabel="tokens / s",
+            title="Throughput vs memory", grid="major")
     return fig
 
 
@@ -200,11 +206,9 @@ def collective_ramp(system: SystemSpec, *, ranks: int = 8,
         ax.scatter(list(measured), list(measured.values()), color="tab:red", s=24, zorder=3,
                    label="measured (nccl-tests)")
     ax.set_xscale("log")
-    ax.set_xlabel("message size (MiB)")
-    ax.set_ylabel("all-reduce bus bandwidth (GB/s)")
-    ax.set_title("Collective model: bandwidth grows with message size (NCCL protocols)")
-    ax.legend(loc="upper left", fontsize="small")
-    ax.grid(True, which="both", alpha=0.3)
+    _finish(ax, xlabel="message size (MiB)", ylabel="all-reduce bus bandwidth (GB/s)",
+            title="Collective model: bandwidth grows with message size (NCCL protocols)",
+            legend="upper left")
     return fig
 
 
@@ -235,9 +239,7 @@ def gemm_by_k(system: SystemSpec, measured: pl.DataFrame | None = None, *, m: in
         ax.scatter(measured["k"], measured["bf16_tflops"], color="tab:red", s=18, zorder=3,
                    alpha=0.7, label="measured (OpenXLA sm_90 table, largest shapes)")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("reduction length K")
-    ax.set_ylabel("BF16 GEMM throughput (TFLOP/s)")
-    ax.set_title(f"Compute model: short-K GEMMs pay a per-tile cost ({m}×{n} output)")
-    ax.legend(loc="lower right", fontsize="small")
-    ax.grid(True, which="both", alpha=0.3)
+    _finish(ax, xlabel="reduction length K", ylabel="BF16 GEMM throughput (TFLOP/s)",
+            title=f"Compute model: short-K GEMMs pay a per-tile cost ({m}×{n} output)",
+            legend="lower right")
     return fig
