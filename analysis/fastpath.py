@@ -101,6 +101,8 @@ class _Context:
         # (op-list key, chunk) → the chunk's parameter blocks (``_Costs.chunk_runs``)
         self.chunks: dict[tuple[object, ...], list[tuple[ParamBlock, int]]] = {}
         self.p2p: dict[int, int] = {}  # op-list key → bytes of one pipeline send
+        # (same node?, bytes) → ns of one send: a point-to-point cost depends on nothing else
+        self.sends: dict[tuple[bool, int], int] = {}
         self.calls = 0  # strategies estimated (the memo limit is checked now and then)
         # a stage chunk's gradient buckets from its start: id(runs) → (runs, bucket runs)
         self.buckets: dict[tuple[int, str, int], tuple[object, list[BucketRun]]] = {}
@@ -116,7 +118,7 @@ class _Context:
     def entries(self) -> int:
         return (len(self.blocks) + len(self.stages) + len(self.tails) + len(self.lists)
                 + len(self.optimizer) + len(self.buckets) + len(self.shapes) + len(self.walks)
-                + len(self.activations) + len(self.chunks) + len(self.p2p))
+                + len(self.activations) + len(self.chunks) + len(self.p2p) + len(self.sends))
 
     def model_id(self, model: ModelSpec) -> int:
         """A small integer per model (by identity first: hashing a spec per strategy is slow)."""
@@ -523,5 +525,14 @@ def _sends(costs: _Costs, reps: list[int], alike: bool) -> list[int]:
         return [0]
     nbytes = costs.p2p_bytes()
     if alike:  # every hop leaves the node and costs the same
-        return [costs.net.p2p(reps[0], reps[1], nbytes).total_ns] * p
-    return [costs.net.p2p(reps[st], reps[(st + 1) % p], nbytes).total_ns for st in range(p)]
+        return [_send_ns(costs, reps[0], reps[1], nbytes)] * p
+    return [_send_ns(costs, reps[st], reps[(st + 1) % p], nbytes) for st in range(p)]
+
+
+def _send_ns(costs: _Costs, src: int, dst: int, nbytes: int) -> int:
+    """One pipeline send (replay's ``p2p``), memoized by whether it stays in the node."""
+    key = (src // costs.gpn == dst // costs.gpn, nbytes)
+    got = costs.ctx.sends.get(key)
+    if got is None:
+        got = costs.ctx.sends[key] = costs.net.p2p(src, dst, nbytes).total_ns
+    return got
