@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # the fast path imports this module; its types are only annot
 
 
 def tails_ns(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[int],
-           chunk_ends: list[list[int]], check: Iterable[int]) -> int:
+             chunk_ends: list[list[int]], check: Iterable[int]) -> int:
     """When the last of the ``check`` stages finishes: gradient buckets drained after its last
     backward, embedding all-reduce, optimizer and ZeRO parameter all-gather. ``reps``: a rank
     whose data-parallel groups are shaped as the stage's."""
