@@ -65,7 +65,7 @@ def _plan(schedule: str, m: int, p: int, v: int) -> tuple[tuple[int, bool, int, 
 def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ...]], c: list[int],
                 early: dict[tuple[str, int, int], int] | None = None,
                 late: dict[tuple[int, int], int] | None = None
-                 ) -> tuple[list[int], list[list[int]]]:
+                ) -> tuple[list[int], list[list[int]]]:
     """(end of each stage's last backward, when each chunk's last backward ends) under Megatron's
     interleaved order. The schedule is a max-plus linear system: once periodic, each further
     round of p micro-batches shifts every event by the same amount λ. Long runs are walked for
