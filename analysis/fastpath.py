@@ -171,7 +171,7 @@ class _Costs:
         self.ctx = _context(system)
         self.compute, self.net = self.ctx.compute, self.ctx.net
         self.gpn = system.node.gpus_per_node
-        self.prog = RoleProgram(model, strategy, 0)  # blocks and op lists: the same every stage
+        self._prog: RoleProgram | None = None  # built on the first memo miss that needs it
         s = strategy
         # What a block's cost depends on besides its group shapes (not pp, vpp, schedule, batch;
         # dp only through ZeRO-3's gathers); its op lists' costs do not depend on recompute.
@@ -186,6 +186,14 @@ class _Costs:
         # the shapes of this layout's groups (the layout is hashed once per strategy, not per
         # lookup)
         self._shapes = self.ctx.shapes.setdefault(self._degrees, {})
+
+    @property
+    def prog(self) -> RoleProgram:
+        """Blocks and op lists (the same on every stage), built only when a memo misses: a
+        strategy whose costs are all shared with earlier ones of the sweep never needs it."""
+        if self._prog is None:
+            self._prog = RoleProgram(self.m, self.s, 0)
+        return self._prog
 
     def p2p_bytes(self) -> int:
         """One pipeline send (it reads the model, micro-batch, cp, tp and sp: the op-list key)."""
