@@ -174,7 +174,9 @@ def _problems(s: SystemSpec) -> list[str]:
             v = getattr(section, field.name)
             if isinstance(v, int | float) and not isinstance(v, bool) and v <= 0 and not (
                     field.name in OPTIONAL_ZERO and v == 0):
-                out.append(f"{field.name} must be positive, got {v}")
+                out.append(f"{field.name} must be ≥ 0 (0: absent or not modelled), got {v}"
+                           if field.name in OPTIONAL_ZERO else
+                           f"{field.name} must be positive, got {v}")
     fractions: tuple[tuple[Any, str], ...] = (
         (s.gpu, "gemm_efficiency"), (s.gpu, "gemm_efficiency_fp8"),
         (s.gpu, "attention_efficiency"), (s.gpu, "memory_efficiency"),

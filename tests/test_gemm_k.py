@@ -83,10 +83,13 @@ def test_k_factor_properties() -> None:
     assert a100.gemm_k_overhead == 0 and a100.gemm_k_factor(256, "bf16") == 1.0
 
 
-def test_k_overhead_needs_the_mamf_shape() -> None:
+def test_k_overhead_needs_the_mamf_shape_and_is_not_negative() -> None:
     data = dataclasses.asdict(get_system("dgx-h100"))
     data["gpu"]["gemm_mamf_k"] = 0
     with pytest.raises(ConfigError, match="gemm_mamf_k"):
+        SystemSpec.from_dict(data, name="bad")
+    data["gpu"].update(gemm_mamf_k=13312, gemm_k_overhead=-1)
+    with pytest.raises(ConfigError, match=r"gemm_k_overhead must be ≥ 0 \(0: absent"):
         SystemSpec.from_dict(data, name="bad")
 
 
