@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from analysis.cli_common import app, console, progress_bar
 from tracegen import ConfigError
+
+if TYPE_CHECKING:  # polars is imported where a command needs it (fast CLI start-up)
+    import polars as pl
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -54,7 +57,7 @@ def validate_cmd(
 ) -> None:
     """Predict every published run and compare with its measured step time."""
     from analysis.plots import predicted_vs_measured
-    from analysis.validate import summarize, validate
+    from analysis.validate import pairs, summarize, summarize_pairs, validate
 
     with progress_bar() as bar:
         task = bar.add_task("predicting runs", total=None)
@@ -72,17 +75,25 @@ def validate_cmd(
                       f"{r['predicted_peak_memory_GiB']:.1f}" if ok else "",
                       str(r["fits"]) if ok else "")
     console.print(table)
-    summary = summarize(results)
-    st = Table(title="|error| summary (%)")
-    for col in summary.columns:
-        st.add_column(col, justify="right")
-    for row in summary.iter_rows():
-        st.add_row(*[f"{v:.1f}" if isinstance(v, float) else str(v) for v in row])
-    console.print(st)
+    console.print(_frame_table(summarize(results), "|error| summary (%)"))
+    pair_frame = pairs(results)
+    if pair_frame.height:
+        console.print(_frame_table(summarize_pairs(pair_frame), "relative accuracy: pairs of "
+                                   "runs of one model from one source (ratio of step times)"))
     if out is not None:
         results.write_csv(out)
     if plot is not None:
         predicted_vs_measured(results).savefig(plot, dpi=120)
+
+
+def _frame_table(frame: pl.DataFrame, title: str) -> Table:
+    """A small summary frame as a table, floats to one decimal."""
+    table = Table(title=title)
+    for col in frame.columns:
+        table.add_column(col, justify="right")
+    for row in frame.iter_rows():
+        table.add_row(*[f"{v:.1f}" if isinstance(v, float) else str(v) for v in row])
+    return table
 
 
 @app.command("resilience")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import functools
+import itertools
 import multiprocessing
 import tempfile
 from collections.abc import Callable, Iterable
@@ -316,7 +317,8 @@ def _safe_row(row: dict[str, Any], overrides: dict[str, Any] | None = None, fast
 
 
 RESULT_SCHEMA = {
-    "id": pl.String, "source": pl.String, "gpu": pl.String, "status": pl.String,
+    "id": pl.String, "source": pl.String, "model": pl.String, "gpu": pl.String,
+    "status": pl.String,
     "predicted_iter_time_s": pl.Float64, "measured_iter_time_s": pl.Float64,
     "error_pct": pl.Float64, "predicted_peak_memory_GiB": pl.Float64, "fits": pl.Boolean,
     "predicted_tokens_per_s": pl.Float64, "predicted_mfu": pl.Float64,
@@ -333,8 +335,8 @@ def _one_line(text: str) -> str:
 def _validate_row(row: dict[str, Any], overrides: dict[str, Any] | None = None,
                   fast: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {k: None for k in RESULT_SCHEMA}
-    out.update(id=row["id"], source=str(row["id"]).split("-")[0], gpu=row["gpu"],
-               measured_iter_time_s=row["measured_iter_time_s"])
+    out.update(id=row["id"], source=str(row["id"]).split("-")[0], model=row.get("model_name"),
+               gpu=row["gpu"], measured_iter_time_s=row["measured_iter_time_s"])
     inputs = row_inputs(row, overrides)
     if isinstance(inputs, str):
         out["status"] = _one_line(inputs)
@@ -369,3 +371,39 @@ def summarize(results: pl.DataFrame) -> pl.DataFrame:
         pl.col("abs_error_pct").max().alias("max_abs_error_pct"),
         pl.col("error_pct").mean().alias("mean_signed_error_pct"))
 
+
+
+PAIR_SCHEMA = {"source": pl.String, "model": pl.String, "a": pl.String, "b": pl.String,
+               "measured_ratio": pl.Float64, "predicted_ratio": pl.Float64,
+               "ratio_error_pct": pl.Float64, "order_right": pl.Boolean}
+
+
+def pairs(results: pl.DataFrame) -> pl.DataFrame:
+    """Relative accuracy, what a planner choosing between configurations relies on: every pair
+    of predicted runs of one model from one source (a before b by id), the measured and the
+    predicted ratio of their step times a/b, the ratio's error, and whether the prediction
+    orders them as the measurement does (a tie measured counts as ordered only if predicted)."""
+    ok = results.filter((pl.col("status") == "ok") & pl.col("model").is_not_null()).sort("id")
+    rows = []
+    for (source, model), g in ok.group_by(["source", "model"], maintain_order=True):
+        runs = list(g.iter_rows(named=True))
+        for a, b in itertools.combinations(runs, 2):
+            m = a["measured_iter_time_s"] / b["measured_iter_time_s"]
+            p = a["predicted_iter_time_s"] / b["predicted_iter_time_s"]
+            rows.append({"source": source, "model": model, "a": a["id"], "b": b["id"],
+                         "measured_ratio": m, "predicted_ratio": p,
+                         "ratio_error_pct": 100 * (p / m - 1),
+                         "order_right": (p > 1) - (p < 1) == (m > 1) - (m < 1)})
+    return pl.DataFrame(rows, schema=PAIR_SCHEMA)
+
+
+def summarize_pairs(frame: pl.DataFrame) -> pl.DataFrame:
+    """Pairs, median and max |ratio error| and the share ordered right, overall and by source."""
+    parts = [frame.with_columns(pl.lit("all").alias("group")),
+             frame.with_columns(("source=" + pl.col("source")).alias("group"))]
+    return pl.concat(parts).with_columns(pl.col("ratio_error_pct").abs().alias("abs")).group_by(
+        "group", maintain_order=True).agg(
+        pl.len().alias("pairs"),
+        pl.col("abs").median().alias("median_abs_ratio_error_pct"),
+        pl.col("abs").max().alias("max_abs_ratio_error_pct"),
+        (100 * pl.col("order_right").mean()).alias("ordered_right_pct"))
