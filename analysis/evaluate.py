@@ -48,6 +48,7 @@ def _shrunk_throughput(study: Study, s: Strategy, fast: FastEstimate) -> float:
 def resilience_frame(study: Study, s: Strategy, fast: FastEstimate | None = None
                      ) -> pl.DataFrame:
     """Per recovery policy for one strategy (needs a study with [failures])."""
+    _require_failures(study)  # before estimating: the missing table is the error to report
     fast = fast or estimate(study.model, s, study.system)
     work_s = _work_s(study, s, fast)
     return pl.DataFrame(resilience_rows(study, s, fast)).with_columns(
@@ -62,14 +63,18 @@ def _work_s(study: Study, s: Strategy, fast: FastEstimate) -> float:
 
 def resilience_rows(study: Study, s: Strategy, fast: FastEstimate) -> list[dict[str, Any]]:
     """``resilience_frame``'s per-policy rows as dicts, without the strategy columns."""
-    if not study.has_failures:
-        raise ConfigError("the study has no [failures] table: add preset = NAME or "
-                          "rate_per_gpu_hour", what=f"study {study.name!r}")
+    _require_failures(study)
     failure = R.failure_model(study.failures, gpus_per_node=study.system.node.gpus_per_node)
     job = job_shape(study, s, fast)
     costs = R.recovery_costs(job, study.checkpoint, study.restart, study.policies)
     return R.policy_rows(failure=failure, gpus=s.world_size, work_s=_work_s(study, s, fast),
                          costs=costs)
+
+
+def _require_failures(study: Study) -> None:
+    if not study.has_failures:
+        raise ConfigError("the study has no [failures] table: add preset = NAME or "
+                          "rate_per_gpu_hour", what=f"study {study.name!r}")
 
 
 def summary_dict(frame: pl.DataFrame) -> dict[str, Any]:
