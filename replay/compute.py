@@ -17,6 +17,9 @@ dtype, or from the trace's ``duration_micros``.
   §4.1 list per score element: QKᵀ out (2 B), softmax in/out (2 + 2 B), dropout
   mask (1 B) and in/out (2 + 2 B), read again by the value GEMM (2 B): ``SCORE_BYTES`` = 13 B
   forward, twice that backward.
+* Tensor-core work (GEMMs, attention) runs at the datasheet peak times the sustained-clock ratio
+  (``GPUSpec.tensor_flop_per_s``): the efficiencies above were measured in short bursts at boost
+  clock, training holds the chip at its power limit (systems/README.md, "Sustained clock").
 * Memory-bound ops: ``bytes / (hbm · e_mem)`` (their few FLOPs per byte never bind).
 * Every kernel pays the launch overhead.
 """
@@ -104,13 +107,13 @@ class RooflineCompute:
                    * g.attention_head_ratio(k))
             if backward:
                 eff *= ATTN_BWD_RATIO
-            comp_s = flop / (g.peak_flop_per_s(dtype) * eff)
+            comp_s = flop / (g.tensor_flop_per_s(dtype) * eff)
         elif op_type in ("gemm", "") and flop:
             eff = g.gemm_efficiency_fp8 if dtype == "fp8" else g.gemm_efficiency
             eff *= g.gemm_k_factor(k, dtype)
             if m and n:
                 eff *= wave_efficiency(m, n, g.sm_count)
-            comp_s = flop / (g.peak_flop_per_s(dtype) * eff)
+            comp_s = flop / (g.tensor_flop_per_s(dtype) * eff)
         else:  # memory-bound kernels: ~1-5 FLOP per 2-8 bytes, far below the ridge point
             comp_s = 0.0
         return round(max(comp_s, mem_s) * NS_PER_S) + g.launch_overhead_ns
@@ -126,6 +129,6 @@ class RooflineCompute:
         scores = fwd_flop / (2 * max(head_dim, 1))
         passes = 2 if backward else 1
         per_flop = 1 / g.gemm_k_factor(head_dim, dtype) + 1 / g.gemm_k_factor(kv_len, dtype)
-        gemm_s = passes * fwd_flop * per_flop / (g.peak_flop_per_s(dtype) * g.gemm_efficiency)
+        gemm_s = passes * fwd_flop * per_flop / (g.tensor_flop_per_s(dtype) * g.gemm_efficiency)
         mem_s = passes * SCORE_BYTES * scores / (g.hbm_bytes_per_s * g.memory_efficiency)
         return round((gemm_s + mem_s) * NS_PER_S) + (4 if backward else 3) * g.launch_overhead_ns

@@ -49,6 +49,11 @@ class GPUSpec:
     # efficiency falls as K/(K + overhead) below it (replay/compute.py). 0: not measured.
     gemm_k_overhead: float = 0.0
     gemm_mamf_k: int = 0
+    # Tensor-core throughput held under sustained load over the short burst in which the MAMF
+    # (``gemm_efficiency``) and the attention curves were measured: a saturated matmul drives the
+    # chip to its power limit and the clock settles below boost (systems/README.md, "Sustained
+    # clock"). Applies to GEMMs and attention, not to memory-bound kernels. 1: no measurement.
+    sustained_clock_ratio: float = 1.0
 
     def gemm_k_factor(self, k: int, dtype: str) -> float:
         """GEMM efficiency at reduction length ``k`` relative to the MAMF's best shape: every
@@ -62,6 +67,11 @@ class GPUSpec:
             k0 *= self.peak_fp8_TFLOPs / self.peak_bf16_TFLOPs
         ref = self.gemm_mamf_k
         return min(1.0, k * (ref + k0) / ((k + k0) * ref))
+
+    def tensor_flop_per_s(self, dtype: str) -> float:
+        """The datasheet peak at the sustained clock: what the efficiencies above multiply. MFU
+        and HFU stay against ``peak_flop_per_s``, the datasheet figure, as published."""
+        return self.peak_flop_per_s(dtype) * self.sustained_clock_ratio
 
     def peak_flop_per_s(self, dtype: str) -> float:
         tflops = {"bf16": self.peak_bf16_TFLOPs, "fp16": self.peak_fp16_TFLOPs,
@@ -180,7 +190,8 @@ def _problems(s: SystemSpec) -> list[str]:
     fractions: tuple[tuple[Any, str], ...] = (
         (s.gpu, "gemm_efficiency"), (s.gpu, "gemm_efficiency_fp8"),
         (s.gpu, "attention_efficiency"), (s.gpu, "memory_efficiency"),
-        (s.node, "nvlink_efficiency"), (s.scaleout, "nic_efficiency"))
+        (s.gpu, "sustained_clock_ratio"), (s.node, "nvlink_efficiency"),
+        (s.scaleout, "nic_efficiency"))
     for section, name in fractions:
         if getattr(section, name) > 1:
             out.append(f"{name} is a fraction in (0, 1], got {getattr(section, name)}")

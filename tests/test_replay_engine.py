@@ -187,7 +187,7 @@ def test_unfused_attention_on_hopper_pays_the_short_k_of_its_score_gemm() -> Non
     gpu = dataclasses.replace(get_system("dgx-h100").gpu, flash_attention=False)
     flop, s_len, d = 2 * 32 * 2048 * 2048 * 64, 2048, 64  # causal flash FLOPs, b·heads = 32
     got = RooflineCompute(gpu).op_ns("attention", flop, 0, s_len, s_len, 1, False, d)
-    peak = gpu.peak_bf16_TFLOPs * 1e12 * gpu.gemm_efficiency
+    peak = gpu.tensor_flop_per_s("bf16") * gpu.gemm_efficiency
     gemm_s = flop * (1 / gpu.gemm_k_factor(d, "bf16") + 1 / gpu.gemm_k_factor(s_len, "bf16")) / peak
     mem_s = 13 * flop / (2 * d) / (gpu.hbm_GBps * 1e9 * gpu.memory_efficiency)
     assert got == pytest.approx((gemm_s + mem_s) * 1e9 + 3 * gpu.launch_overhead_ns, rel=1e-6)

@@ -48,6 +48,34 @@ def gemms(peak: float) -> list[dict[str, float]]:
     return out
 
 
+def sustained(peak: float, window_s: float = 3.0) -> dict[str, float]:
+    """Burst vs sustained matmul (the catalog's ``sustained_clock_ratio``): one large bf16 GEMM
+    timed cold after an idle second (the burst, at boost clock), then back to back for
+    ``window_s`` seconds, the rate over the last second (the chip at its power limit)."""
+    import torch
+
+    m = n = k = 8192
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    flop = 2 * m * n * k
+    torch.cuda.synchronize()
+    time.sleep(1.0)
+    burst_ms = _time_ms(lambda: a @ b, warmup=2, reps=5)
+    t_end, done, last = time.time() + window_s, [], time.time()
+    while time.time() < t_end:
+        for _ in range(20):
+            a @ b
+        torch.cuda.synchronize()
+        now = time.time()
+        done.append((now, 20 * flop / (now - last)))
+        last = now
+    tail = [r for t, r in done if t > t_end - 1.0]
+    held = statistics.median(tail) / 1e12
+    return {"burst_tflops": flop / burst_ms / 1e9, "sustained_tflops": held,
+            "sustained_efficiency": held / peak,
+            "ratio": held / (flop / burst_ms / 1e9)}
+
+
 def attention(peak: float) -> list[dict[str, float]]:
     import torch
     import torch.nn.functional as F
@@ -115,9 +143,10 @@ def main() -> int:
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "gemm": gemms(args.peak_tflops),
               "attention": attention(args.peak_tflops),
-              "memory_bound": memory_bound(args.hbm_gbps)}
+              "memory_bound": memory_bound(args.hbm_gbps),
+              "sustained": [sustained(args.peak_tflops)]}
     result["seconds"] = time.time() - t0
-    for section in ("gemm", "attention", "memory_bound"):
+    for section in ("gemm", "attention", "memory_bound", "sustained"):
         print(f"## {section}")
         for row in result[section]:  # type: ignore[attr-defined]
             print("  " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
