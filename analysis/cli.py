@@ -43,6 +43,7 @@ def tracegen_cmd(
     recompute: C.RecomputeOpt = "none", zero: C.ZeroOpt = 0,
     overlap_param_gather: C.ParamGatherOpt = False, precision: C.PrecisionOpt = "bf16",
     first_stage_layers: C.FirstLayersOpt = 0, last_stage_layers: C.LastLayersOpt = 0,
+    grad_reduce_bf16: C.GradBf16Opt = False,
     mode: Annotated[str, typer.Option(help="full | representative")] = "representative",
     system: Annotated[str | None, typer.Option(help="Flag ranks whose estimated memory exceeds "
                                                     "this system's GPU memory.")] = None,
@@ -54,7 +55,8 @@ def tracegen_cmd(
         gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, sp=sp, tp_comm_overlap=tp_comm_overlap,
         mbs=mbs, gbs=gbs, schedule=schedule, recompute=recompute, zero=zero,
         overlap_param_gather=overlap_param_gather, precision=precision,
-        first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
+        first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
+        grad_reduce_bf16=grad_reduce_bf16)
     with progress_bar() as bar:
         task = bar.add_task("writing ranks", total=None)
         summary = generate(spec, strategy, out, mode=mode, name=name, gpus=gpus,  # type: ignore[arg-type]

@@ -39,6 +39,9 @@ ParamGatherOpt = Annotated[bool, typer.Option(
     "--overlap-param-gather", help="ZeRO-1/2: gather updated parameters during the next "
     "forward (Megatron --overlap-param-gather).")]
 PrecisionOpt = Annotated[str, typer.Option(help="bf16 | fp16 | fp8")]
+GradBf16Opt = Annotated[bool, typer.Option(
+    "--grad-reduce-bf16", help="Gradient buffer and data-parallel reduction in 16 bits, not "
+    "fp32 (Megatron --grad-reduce-in-bf16).")]
 FirstLayersOpt = Annotated[int, typer.Option(
     help="Layers of the first model chunk (stage at vpp 1); 0 = even split.")]
 LastLayersOpt = Annotated[int, typer.Option(
@@ -48,7 +51,8 @@ LastLayersOpt = Annotated[int, typer.Option(
 def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, sp: bool,
                    tp_comm_overlap: bool, mbs: int, gbs: int, schedule: str, recompute: str,
                    zero: int, overlap_param_gather: bool, precision: str,
-                   first_stage_layers: int, last_stage_layers: int) -> Strategy:
+                   first_stage_layers: int, last_stage_layers: int,
+                   grad_reduce_bf16: bool = False) -> Strategy:
     """The strategy the shared options describe (dp from the GPU count)."""
     denom = tp * pp * cp
     if gpus < 1 or denom < 1 or gpus % denom:
@@ -60,7 +64,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     schedule=schedule, recompute=recompute, zero_stage=zero,  # type: ignore[arg-type]
                     overlap_param_gather=overlap_param_gather,
                     precision=precision,  # type: ignore[arg-type]
-                    first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
+                    first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
+                    grad_reduce_in_bf16=grad_reduce_bf16)
 
 
 def note_param_gather(strategy: Strategy) -> None:

@@ -28,6 +28,7 @@ def estimate_cmd(
     recompute: C.RecomputeOpt = "none", zero: C.ZeroOpt = 0,
     overlap_param_gather: C.ParamGatherOpt = False, precision: C.PrecisionOpt = "bf16",
     first_stage_layers: C.FirstLayersOpt = 0, last_stage_layers: C.LastLayersOpt = 0,
+    grad_reduce_bf16: C.GradBf16Opt = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
                                                   "JSON to this file.")] = None,
 ) -> None:
@@ -40,7 +41,8 @@ def estimate_cmd(
         gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, sp=sp, tp_comm_overlap=tp_comm_overlap,
         mbs=mbs, gbs=gbs, schedule=schedule, recompute=recompute, zero=zero,
         overlap_param_gather=overlap_param_gather, precision=precision,
-        first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
+        first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
+        grad_reduce_bf16=grad_reduce_bf16)
     g = glance(spec, strategy, resolve_system(system))
     print_glance(g, strategy)
     note_param_gather(strategy)
@@ -51,7 +53,8 @@ def estimate_cmd(
 def print_glance(g: Glance, s: Strategy) -> None:
     console.print(f"[bold]{g.model}[/] {g.strategy} on {g.system} ({s.world_size:,} GPUs; "
                   f"{s.num_microbatches} micro-batches, {s.schedule}, recompute {s.recompute}, "
-                  f"ZeRO {s.zero_stage}, {s.precision})")
+                  f"ZeRO {s.zero_stage}, {s.precision}"
+                  + (", gradients reduced in bf16" if s.grad_reduce_in_bf16 else "") + ")")
     console.print(f"step time [bold]{g.step_time_s:.4f} s[/] (fast path; pipeline "
                   f"{g.pipeline_s:.4f} s, the busiest stage idle {g.pipeline_idle:.1%} of it): "
                   f"{g.tokens_per_s:,.0f} tokens/s, MFU {g.mfu:.1%}, HFU {g.hfu:.1%}")

@@ -23,12 +23,13 @@ def tails_ns(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[in
     s, m = costs.s, costs.m
     chain = list(ends)
     if m.tied_embeddings and s.pp > 1:
-        size = m.vocab_size * m.hidden_size // s.tp * O.GRAD_REDUCE_BYTES
+        size = m.vocab_size * m.hidden_size // s.tp * O.grad_reduce_bytes(s)
         t = max(ends[0], ends[-1]) + costs.net.shape_ns("ALL_REDUCE", size,
                                                          costs.shape("embd", 0))
         chain[0] = chain[-1] = t
     strategy_key = costs.ctx.intern((s.dp_bucket_params, s.overlap_grad_reduce, s.zero_stage,
-                                     s.dp, s.cp, s.ep, s.overlap_param_gather))
+                                     s.dp, s.cp, s.ep, s.overlap_param_gather,
+                                     s.grad_reduce_in_bf16))
     finish = 0
     for st in check:
         x = stages[st]
@@ -88,6 +89,7 @@ def _buckets_done(costs: _Costs, rank: int,
         return end, []
     coll: O.CollType = "REDUCE_SCATTER" if s.zero_stage >= 1 else "ALL_REDUCE"
     overlap, gather, bucket = s.overlap_grad_reduce, s.zero_stage >= 1, s.dp_bucket_params
+    grad_bytes = O.grad_reduce_bytes(s)
     memo, shape_ns = costs.ctx.buckets, costs.net.shape_ns
     idle = -(1 << 62)  # times are relative to the stage's last backward: no zero to start from
     stream = {"dp": idle, "edp": idle}
@@ -114,7 +116,7 @@ def _buckets_done(costs: _Costs, rank: int,
             busy = stream[lane]
             for t, step, n, params in got[1]:
                 padded = -(-params // size) * size
-                d = shape_ns(coll, padded * O.GRAD_REDUCE_BYTES, shape)
+                d = shape_ns(coll, padded * grad_bytes, shape)
                 if overlap:
                     t += start
                 else:

@@ -177,7 +177,7 @@ class _Costs:
         # dp only through ZeRO-3's gathers); its op lists' costs do not depend on recompute.
         self.lists_key = self.ctx.intern((self.ctx.model_id(model), O.op_key(s)))
         self.key = self.ctx.intern((self.lists_key, s.recompute,
-                                    (s.dp, s.zero3_gather_bucket_params)
+                                    (s.dp, s.zero3_gather_bucket_params, s.grad_reduce_in_bf16)
                                     if s.zero_stage == 3 else 0))
         self.moe = model.is_moe
         # all a group's shape depends on besides its axis and rank
@@ -368,7 +368,7 @@ def _zero3_axes(costs: _Costs, block: ParamBlock, rank: int, coll: O.CollType
         if not n or size < 2:
             continue
         if coll == "REDUCE_SCATTER":
-            nbytes = -(-n // size) * size * O.GRAD_REDUCE_BYTES
+            nbytes = -(-n // size) * size * O.grad_reduce_bytes(costs.s)
             out[i] = costs.coll_ns(O.Comm(coll.lower(), axis, coll, nbytes), rank)
             continue
         for piece in gather_pieces(n, costs.s.zero3_gather_bucket_params):

@@ -16,14 +16,27 @@ from analysis.study import Study
 from tracegen import Strategy
 from tracegen.gcpause import gc_paused
 
-# every field, in declaration order (all are scalars, so this is ``dataclasses.astuple`` without
-# its recursive deep copy, a fifth of a screening chunk's time)
-_STRATEGY_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(Strategy)))
+# The fields strategy ids were first made of, in declaration order (all are scalars, so this is
+# ``dataclasses.astuple`` without its recursive deep copy, a fifth of a screening chunk's time).
+# Fields added later join the key as (name, value) only when set away from their default, so a
+# strategy that does not use them keeps its id and finished sweeps resume.
+_ID_FIELDS = ("tp", "pp", "dp", "cp", "ep", "vpp", "sequence_parallel", "micro_batch_size",
+              "global_batch_size", "schedule", "recompute", "zero_stage", "precision",
+              "overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather",
+              "first_stage_layers", "last_stage_layers", "dp_bucket_params",
+              "zero3_gather_bucket_params")
+_STRATEGY_FIELDS = operator.attrgetter(*_ID_FIELDS)
+_LATER_FIELDS = tuple((f.name, f.default) for f in dataclasses.fields(Strategy)
+                      if f.name not in _ID_FIELDS)
 
 
 def strategy_key(s: Strategy) -> tuple[Any, ...]:
     """Every field: two strategies are the same only if nothing tells them apart."""
     key: tuple[Any, ...] = _STRATEGY_FIELDS(s)
+    for name, default in _LATER_FIELDS:
+        value = getattr(s, name)
+        if value != default:
+            key += ((name, value),)
     return key
 
 

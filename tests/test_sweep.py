@@ -123,16 +123,22 @@ def test_sweep_keeps_pipelines_whose_depth_does_not_divide_the_layers(tmp_path: 
 
 
 def test_strategy_ids_do_not_change_between_versions() -> None:
-    """A sweep resumes by strategy id: the key is every field (as ``dataclasses.astuple`` gives
-    it) and the id of a fixed strategy is the one earlier versions wrote to disk."""
+    """A sweep resumes by strategy id: the key is every field (the original ones as
+    ``dataclasses.astuple`` gave them, fields added since only where set) and the id of a fixed
+    strategy is the one earlier versions wrote to disk."""
     import dataclasses
 
-    from analysis.runner import strategy_id, strategy_key
+    from analysis.runner import _ID_FIELDS, strategy_id, strategy_key
     from tracegen import Strategy
 
     s = Strategy(tp=8, pp=8, dp=16, vpp=3, schedule="interleaved_1f1b", micro_batch_size=1,
                  global_batch_size=1536, recompute="selective", sequence_parallel=True,
                  zero_stage=1)
-    assert strategy_key(s) == dataclasses.astuple(s)
-    assert strategy_key(Strategy()) == dataclasses.astuple(Strategy())
+    first = dataclasses.astuple(s)[:len(_ID_FIELDS)]
+    assert strategy_key(s) == first
     assert strategy_id(s) == "17e9ef7662b60f35"
+    # a later field changes the id only when it is used, and then always
+    bf16 = dataclasses.replace(s, grad_reduce_in_bf16=True)
+    assert strategy_key(bf16) == (*first, ("grad_reduce_in_bf16", True))
+    assert strategy_id(bf16) != strategy_id(s)
+    assert [f.name for f in dataclasses.fields(Strategy)][:len(_ID_FIELDS)] == list(_ID_FIELDS)

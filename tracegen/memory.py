@@ -30,16 +30,16 @@ from __future__ import annotations
 import dataclasses
 
 from tracegen.model import ModelSpec
+from tracegen.ops import grad_reduce_bytes
 from tracegen.strategy import Strategy
 from tracegen.units import GiB
 
 # Mixed-precision Adam: fp32 master weight, momentum and variance (Rajbhandari et al. 2020, ZeRO
-# §3: K = 12 bytes of optimizer state per parameter), fp32 main gradients (Megatron DDP grad buffer)
-# and 16-bit weights.
-WEIGHT_BYTES, GRAD_BYTES, OPTIM_BYTES = 2, 4, 12
+# §3: K = 12 bytes of optimizer state per parameter), fp32 main gradients (Megatron DDP grad buffer;
+# 16-bit with --grad-reduce-in-bf16: ``grad_reduce_bytes``) and 16-bit weights.
+WEIGHT_BYTES, OPTIM_BYTES = 2, 12
 # FSDP (ZeRO-3): fp32 sharded parameter (the master copy), fp32 gradient shard, Adam m and v.
 ZERO3_PARAM_BYTES, ZERO3_OPTIM_BYTES = 4, 8
-UNSHARDED_GRAD_BYTES = 4  # a unit's gradient before its reduce-scatter (reduced in fp32, ops.py)
 # Runtime allowances — assumptions until measured on a device (bench/device): the CUDA context,
 # cuBLAS workspaces and NCCL channel buffers take ~1-2 GiB per process in PyTorch jobs (NCCL's
 # default NCCL_BUFFSIZE is 4 MiB per channel and peer); the caching allocator's fragmentation is
@@ -159,7 +159,8 @@ def transient_bytes(m: ModelSpec, s: Strategy, stage: int, *, flash_attention: b
     if s.recompute == "full":
         out += _layer_activation_bytes(m, s, "none", flash_attention)
     if s.zero_stage >= 3 and s.dp * s.cp > 1:
-        out += unit_params(m, s, stage) * (2 * WEIGHT_BYTES + UNSHARDED_GRAD_BYTES)
+        # the gathered unit and its gradient before the reduce-scatter (in the reduce dtype)
+        out += unit_params(m, s, stage) * (2 * WEIGHT_BYTES + grad_reduce_bytes(s))
     return out
 
 
@@ -168,7 +169,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
            ) -> tuple[int, int, int, int, int, int, int, int]:
     """The fields of ``MemoryEstimate`` in order."""
     dp_shard = s.dp * s.cp
-    grads = params_local * GRAD_BYTES
+    grads = params_local * grad_reduce_bytes(s)
     optim = params_local * OPTIM_BYTES
     weights = params_local * WEIGHT_BYTES
     if s.zero_stage >= 1:

@@ -56,6 +56,7 @@ ACT_BYTES = 2  # 16-bit activations (see module docstring)
 CE_FWD_BYTES = 38
 CE_BWD_BYTES = 14
 GRAD_REDUCE_BYTES = 4  # Megatron sets accumulate_allreduce_grads_in_fp32 for bf16 (arguments.py)
+GRAD_REDUCE_BYTES_16 = 2  # ... unless --grad-reduce-in-bf16 (``Strategy.grad_reduce_in_bf16``)
 PARAM_BYTES = 2  # 16-bit model weights
 # The optimizer step of mixed-precision training touches per parameter (Megatron-LM
 # megatron/core/optimizer/optimizer.py, MixedPrecisionOptimizer.step; the fp32 state is the 16
@@ -121,6 +122,11 @@ class Dims:
     def tokens_sp(self) -> int:
         """Tokens that norms and dropout see: split across TP with sequence parallelism."""
         return self.tokens // self.t if self.sp else self.tokens
+
+
+def grad_reduce_bytes(s: Strategy) -> int:
+    """Bytes per gradient element in the data-parallel buffer and its collectives."""
+    return GRAD_REDUCE_BYTES_16 if s.grad_reduce_in_bf16 else GRAD_REDUCE_BYTES
 
 
 def op_key(s: Strategy) -> tuple[object, ...]:

@@ -224,7 +224,7 @@ class RoleProgram:
         for axis, n in (("dp", block.dense), ("edp", block.expert)):
             size = dp_group_size(self.s, axis)
             if n and size > 1:
-                full = -(-n // size) * size * O.GRAD_REDUCE_BYTES
+                full = -(-n // size) * size * O.grad_reduce_bytes(self.s)
                 c = O.Comm(f"{block.name}_grad_rs", axis, "REDUCE_SCATTER", full)
                 self.pending_dp.append(self.coll(c, prefix, blocking=False, deps=(self._tail(),)))
 
@@ -248,7 +248,7 @@ class RoleProgram:
             return
         padded = -(-n // size) * size  # buckets are padded to a multiple of the group size
         coll: O.CollType = "REDUCE_SCATTER" if self.s.zero_stage >= 1 else "ALL_REDUCE"
-        c = O.Comm(f"grad_{coll.lower()}", axis, coll, padded * O.GRAD_REDUCE_BYTES)
+        c = O.Comm(f"grad_{coll.lower()}", axis, coll, padded * O.grad_reduce_bytes(self.s))
         if self.s.overlap_grad_reduce:
             self.pending_dp.append(self.coll(c, prefix, blocking=False, deps=(self._tail(),)))
         else:  # Megatron's finalize_model_grads: after the last backward and its send
@@ -394,7 +394,7 @@ class RoleProgram:
     def _finish(self) -> None:
         s, m = self.s, self.m
         if m.tied_embeddings and s.pp > 1 and self.stage in (0, s.pp - 1):
-            size = m.vocab_size * m.hidden_size // s.tp * O.GRAD_REDUCE_BYTES
+            size = m.vocab_size * m.hidden_size // s.tp * O.grad_reduce_bytes(s)
             self.coll(O.Comm("embedding_grad_ar", "embd", "ALL_REDUCE", size), "step",
                       blocking=True)
         for c in self.deferred_dp:

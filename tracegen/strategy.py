@@ -55,6 +55,10 @@ class Strategy:
     # ZeRO-3 parameter all-gathers in pieces of at most this many parameters; 0 = one gather per
     # block (a layer, the embedding, the head: PyTorch FSDP wrapped per layer). DESIGN.md.
     zero3_gather_bucket_params: int = 0
+    # Megatron --grad-reduce-in-bf16: the data-parallel gradient buffer and its reduction in 16
+    # bits instead of fp32 (Megatron's default for bf16 training, arguments.py), halving the
+    # gradient collectives' bytes and the buffer's memory (tracegen/ops.py ``grad_reduce_bytes``).
+    grad_reduce_in_bf16: bool = False
 
     def __post_init__(self) -> None:
         problems = _degree_problems(self)
