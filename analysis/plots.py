@@ -215,8 +215,9 @@ def collective_ramp(system: SystemSpec, *, ranks: int = 8,
 def gemm_by_k(system: SystemSpec, measured: pl.DataFrame | None = None, *, m: int = 16384,
               n: int = 8192) -> Figure:
     """BF16 GEMM throughput against the reduction length K: trainsim's compute model for an
-    ``m``×``n`` output (wave quantization negligible) with and without its per-tile K term,
-    and measured points (columns ``b, m, n, k, bf16_tflops``) where given."""
+    ``m``×``n`` output (wave quantization negligible) with and without its per-tile K term at
+    the burst clock microbenchmarks run at, the same in a training step (sustained clock), and
+    measured points (columns ``b, m, n, k, bf16_tflops``) where given."""
     import dataclasses
 
     from replay.compute import RooflineCompute
@@ -230,16 +231,43 @@ def gemm_by_k(system: SystemSpec, measured: pl.DataFrame | None = None, *, m: in
         return op.flop / ns / 1e3
 
     ks = [int(k) for k in np.geomspace(128, 32768, 33)]
-    flat = dataclasses.replace(system.gpu, gemm_k_overhead=0.0)
+    burst = dataclasses.replace(system.gpu, sustained_clock_ratio=1.0)
+    flat = dataclasses.replace(burst, gemm_k_overhead=0.0)
     fig, ax = _figure(6.4, 4.2)
-    ax.plot(ks, [tflops(system.gpu, k) for k in ks], label=f"trainsim ({system.gpu.name})")
+    ax.plot(ks, [tflops(burst, k) for k in ks],
+            label=f"trainsim ({system.gpu.name}, burst clock)")
     ax.plot(ks, [tflops(flat, k) for k in ks], linestyle="--", color="tab:gray",
             label="without the per-tile K term")
+    if system.gpu.sustained_clock_ratio < 1:
+        ax.plot(ks, [tflops(system.gpu, k) for k in ks], linestyle=":", color="tab:blue",
+                label="in a training step (sustained clock)")
     if measured is not None and measured.height:
         ax.scatter(measured["k"], measured["bf16_tflops"], color="tab:red", s=18, zorder=3,
                    alpha=0.7, label="measured (OpenXLA sm_90 table, largest shapes)")
     ax.set_xscale("log", base=2)
     _finish(ax, xlabel="reduction length K", ylabel="BF16 GEMM throughput (TFLOP/s)",
-            title=f"Compute model: short-K GEMMs pay a per-tile cost ({m}×{n} output)",
+            title=f"Short-K GEMMs pay a per-tile cost ({m}×{n} output)",
             legend="lower right")
+    return fig
+
+
+def gemm_ceilings(systems: list[SystemSpec]) -> Figure:
+    """Per GPU, three BF16 matmul ceilings: the datasheet peak, the best measured burst (MAMF:
+    ``gemm_efficiency``) and what a training step sustains at the power limit
+    (``sustained_clock_ratio``) — the rate trainsim costs large GEMMs at."""
+    gpus = {s.gpu.name: s.gpu for s in systems}  # presets that share a GPU draw it once
+    names = list(gpus)
+    peak = np.array([g.peak_bf16_TFLOPs for g in gpus.values()])
+    mamf = peak * np.array([g.gemm_efficiency for g in gpus.values()])
+    held = mamf * np.array([g.sustained_clock_ratio for g in gpus.values()])
+    x, w = np.arange(len(names)), 0.27
+    fig, ax = _figure(max(6.4, 0.9 * len(names) + 1.5), 4.2)
+    for i, (vals, label, color) in enumerate((
+            (peak, "datasheet peak", "tab:gray"), (mamf, "best measured burst (MAMF)", "tab:blue"),
+            (held, "sustained in training (trainsim)", "tab:orange"))):
+        ax.bar(x + (i - 1) * w, vals, w, label=label, color=color)
+    ax.set_xticks(x, names, rotation=30, ha="right")
+    _finish(ax, xlabel="GPU", ylabel="BF16 matmul (TFLOP/s)",
+            title="GEMM ceilings: spec, burst and sustained at the power limit",
+            legend="upper left", grid="major")
     return fig
