@@ -3,7 +3,9 @@
 Each row becomes a model, a strategy and a system; trainsim predicts its step time (by replaying a
 representative-mode trace set) and its peak memory per GPU, and compares with the measurement.
 A row that lacks an input the prediction needs is reported as ``skipped: <field> missing`` —
-never dropped, never guessed. The few conventions applied where the schema leaves one implicit
+never dropped, never guessed; an empty cell its other cells determine (virtual_pp at pp 1,
+sequence_parallel at tp 1, ep on a dense model, dp or cp from tp·pp·dp·cp = num_gpus) is
+filled and said so. The few conventions applied where the schema leaves one implicit
 (an unstated 16-bit precision where bf16 and fp16 peaks are equal, Megatron's vocabulary padding,
 shorter end chunks of a pipeline its depth does not divide) and any ``--set`` system override are
 stated per row in ``assumptions``.
@@ -134,6 +136,7 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None
         return "skipped: measured_iter_time_s missing"
     if row["measured_iter_time_s"] <= 0:
         return f"skipped: measured_iter_time_s must be > 0, got {row['measured_iter_time_s']}"
+    row, implied = _implied(row)
     missing = _missing(row, MODEL_FIELDS + STRATEGY_FIELDS)
     if row["arch"] == "moe":
         missing += _missing(row, ("num_experts", "experts_per_token", "moe_ffn_hidden_size"))
@@ -144,7 +147,7 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None
     base = get_system(GPU_ALIASES[row["gpu"]])
     if overrides:
         base = base.with_overrides(overrides)
-    notes: list[str] = [f"system override {k} = {v!r}" for k, v in overrides.items()]
+    notes: list[str] = implied + [f"system override {k} = {v!r}" for k, v in overrides.items()]
     notes += [f"strategy override {k} = {v!r}" for k, v in strategy_over.items()]
     precision = row["precision"]
     if precision is None:
@@ -229,6 +232,31 @@ def _uneven_pipeline(s: Strategy, layers: int, notes: list[str]) -> Strategy:
                      + f": first/last {unit} {out.first_stage_layers}/{out.last_stage_layers},"
                      f" others {per}")
     return out
+
+
+def _implied(row: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Empty cells the row's other cells determine (the schema README's identities, not
+    guesses): virtual_pp 1 at pp 1, sequence_parallel false at tp 1, ep 1 on a dense model, and
+    the one of dp and cp that tp·pp·dp·cp = num_gpus leaves. Each is stated per row."""
+    out, notes = dict(row), []
+
+    def fill(field: str, value: Any, why: str) -> None:
+        out[field] = value
+        notes.append(f"{field} = {value} implied ({why})")
+
+    if out["virtual_pp"] is None and out["pp"] == 1:
+        fill("virtual_pp", 1, "pp = 1")
+    if out["sequence_parallel"] is None and out["tp"] == 1:
+        fill("sequence_parallel", False, "tp = 1")
+    if out["ep"] is None and out["arch"] == "dense":
+        fill("ep", 1, "dense model")
+    n, tp, pp = out["num_gpus"], out["tp"], out["pp"]
+    if None not in (n, tp, pp) and tp > 0 and pp > 0:
+        for field, other in (("cp", "dp"), ("dp", "cp")):
+            known = out[other]
+            if out[field] is None and known and n % (tp * pp * known) == 0:
+                fill(field, n // (tp * pp * known), f"tp·pp·dp·cp = num_gpus = {n}")
+    return out, notes
 
 
 def _system(row: dict[str, Any], base: SystemSpec) -> SystemSpec:

@@ -284,6 +284,46 @@ def test_layers_pp_does_not_divide_go_to_shorter_end_chunks(
     assert f"{layers} layers on pp {pp}" in inputs.assumptions
 
 
+@pytest.mark.parametrize(("cells", "note"), [
+    ({"virtual_pp": ""}, "virtual_pp = 1 implied (pp = 1)"),
+    ({"sequence_parallel": ""}, "sequence_parallel = False implied (tp = 1)"),
+    ({"ep": ""}, "ep = 1 implied (dense model)"),
+    ({"cp": ""}, "cp = 1 implied (tp·pp·dp·cp = num_gpus = 8)"),
+    ({"dp": ""}, "dp = 8 implied (tp·pp·dp·cp = num_gpus = 8)"),
+])
+def test_a_cell_the_row_determines_is_filled_and_stated(tmp_path: Path, cells: dict[str, str],
+                                                        note: str) -> None:
+    """The schema's identities decide these cells, so leaving one empty loses nothing: the row
+    is predicted exactly as the complete one, and says what was filled."""
+    from analysis.validate import RunInputs, row_inputs
+
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    full = row_inputs(_row(tmp_path, "mpt-07"))
+    got = row_inputs(_row(tmp_path, "mpt-07", **cells))
+    assert isinstance(full, RunInputs) and isinstance(got, RunInputs), got
+    assert got.strategy == full.strategy and got.model == full.model
+    assert note in got.assumptions and note not in full.assumptions
+
+
+@pytest.mark.parametrize(("cells", "missing"), [
+    ({"virtual_pp": "", "pp": "2", "dp": "4"}, "virtual_pp"),  # interleaving is a choice at pp 2
+    ({"sequence_parallel": "", "tp": "2", "dp": "4"}, "sequence_parallel"),
+    ({"dp": "", "cp": ""}, "dp, cp"),  # two unknowns, one identity
+    ({"dp": "", "tp": "3"}, "dp"),  # 8 GPUs are no multiple of tp 3
+    ({"ep": "", "arch": "moe", "num_experts": "8", "experts_per_token": "2",
+      "moe_ffn_hidden_size": "1024"}, "ep"),
+])
+def test_a_cell_the_row_does_not_determine_stays_missing(tmp_path: Path, cells: dict[str, str],
+                                                         missing: str) -> None:
+    from analysis.validate import row_inputs
+
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    got = row_inputs(_row(tmp_path, "mpt-07", **cells))
+    assert isinstance(got, str) and f"{missing} missing" in got, got
+
+
 def test_enum_cells_are_read_case_insensitively(tmp_path: Path) -> None:
     from analysis.validate import RunInputs, row_inputs
 
