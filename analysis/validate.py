@@ -248,6 +248,8 @@ def _implied(row: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         fill("virtual_pp", 1, "pp = 1")
     if out["sequence_parallel"] is None and out["tp"] == 1:
         fill("sequence_parallel", False, "tp = 1")
+    elif out["sequence_parallel"] and out["tp"] == 1:  # Megatron-LM arguments.py does the same
+        fill("sequence_parallel", False, "Megatron disables it at tp = 1")
     if out["ep"] is None and out["arch"] == "dense":
         fill("ep", 1, "dense model")
     n, tp, pp = out["num_gpus"], out["tp"], out["pp"]

@@ -287,6 +287,8 @@ def test_layers_pp_does_not_divide_go_to_shorter_end_chunks(
 @pytest.mark.parametrize(("cells", "note"), [
     ({"virtual_pp": ""}, "virtual_pp = 1 implied (pp = 1)"),
     ({"sequence_parallel": ""}, "sequence_parallel = False implied (tp = 1)"),
+    ({"sequence_parallel": "true"},
+     "sequence_parallel = False implied (Megatron disables it at tp = 1)"),
     ({"ep": ""}, "ep = 1 implied (dense model)"),
     ({"cp": ""}, "cp = 1 implied (tp·pp·dp·cp = num_gpus = 8)"),
     ({"dp": ""}, "dp = 8 implied (tp·pp·dp·cp = num_gpus = 8)"),
