@@ -54,8 +54,14 @@ def validate_cmd(
         "--fast", help="Predict with the closed-form fast path instead of replay: seconds for "
                        "a large set, within 2% of replay on healthy symmetric runs, no "
                        "compute/communication split.")] = False,
+    assume: Annotated[list[str] | None, typer.Option(
+        "--assume", help="Fill a schema cell where a row leaves it empty, e.g. "
+                         "micro_batch_size=1 (repeatable). Your assumption, not the source's: "
+                         "stated per row, and the rows it completes are counted apart.")] = None,
 ) -> None:
     """Predict every published run and compare with its measured step time."""
+    import polars as pl
+
     from analysis.plots import predicted_vs_measured
     from analysis.validate import pairs, summarize, summarize_pairs, validate
 
@@ -63,7 +69,8 @@ def validate_cmd(
         task = bar.add_task("predicting runs", total=None)
         results = validate(runs, progress=lambda i, n: bar.update(task, completed=i, total=n),
                            jobs=jobs if jobs > 0 else 1 if fast else min(os.cpu_count() or 1, 4),
-                           overrides=parse_overrides(set_ or []), fast=fast)
+                           overrides=parse_overrides(set_ or []), fast=fast,
+                           assume=_parse_assume(assume or []))
     table = Table(title=f"Validation: {runs.name}")
     for col in ("id", "status", "predicted s", "measured s", "error %", "memory GiB", "fits"):
         table.add_column(col, justify="right" if col != "status" else "left")
@@ -76,6 +83,12 @@ def validate_cmd(
                       str(r["fits"]) if ok else "")
     console.print(table)
     console.print(_frame_table(summarize(results), "|error| summary (%)"))
+    n_assumed = results.filter((pl.col("status") == "ok")
+                               & pl.col("assumptions").str.contains("--assume")).height
+    if n_assumed:
+        console.print(f"{n_assumed} of the predicted rows rest on --assume values (their "
+                      "assumptions column says which): 'all' and the GPU and source groups count "
+                      "them, 'inputs=source' is the verdict on the rows as published")
     pair_frame = pairs(results)
     if pair_frame.height:
         console.print(_frame_table(summarize_pairs(pair_frame), "relative accuracy: pairs of "
@@ -84,6 +97,15 @@ def validate_cmd(
         results.write_csv(out)
     if plot is not None:
         predicted_vs_measured(results).savefig(plot, dpi=120)
+
+
+def _parse_assume(items: list[str]) -> dict[str, Any]:
+    """``column=value`` pairs (values read as --set reads them)."""
+    bad = [i for i in items if "=" not in i or "." in i.partition("=")[0]]
+    if bad:
+        raise ConfigError([f"--assume {i!r}: write column=value, e.g. micro_batch_size=1"
+                           for i in bad], what="--assume")
+    return parse_overrides(items)
 
 
 def _frame_table(frame: pl.DataFrame, title: str) -> Table:

@@ -147,7 +147,8 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None
     base = get_system(GPU_ALIASES[row["gpu"]])
     if overrides:
         base = base.with_overrides(overrides)
-    notes: list[str] = implied + [f"system override {k} = {v!r}" for k, v in overrides.items()]
+    notes: list[str] = ([row[ASSUMED]] if row.get(ASSUMED) else []) + implied + [
+        f"system override {k} = {v!r}" for k, v in overrides.items()]
     notes += [f"strategy override {k} = {v!r}" for k, v in strategy_over.items()]
     precision = row["precision"]
     if precision is None:
@@ -304,13 +305,16 @@ def predict_fast(inputs: RunInputs) -> dict[str, Any]:
 
 def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = None,
              jobs: int = 1, overrides: dict[str, Any] | None = None,
-             fast: bool = False) -> pl.DataFrame:
+             fast: bool = False, assume: dict[str, Any] | None = None) -> pl.DataFrame:
     """One row per run: status, predicted vs measured step time, error, memory and fit.
     ``jobs`` > 1 predicts rows in that many processes (rows are independent; order is kept).
     ``overrides`` replace system values for every row (checked on every preset first).
     ``fast`` predicts with the closed-form fast path instead of replay (seconds for a large set;
-    within 2% of replay on healthy symmetric cases; no compute/communication breakdown)."""
-    runs = list(load_runs(path).iter_rows(named=True))
+    within 2% of replay on healthy symmetric cases; no compute/communication breakdown).
+    ``assume`` fills schema cells a row leaves empty (``{"micro_batch_size": 1}``) — the
+    caller's assumption, stated per row; cells the row gives are kept."""
+    values = _assumptions(assume or {})
+    runs = [_assume(r, values) for r in load_runs(path).iter_rows(named=True)]
     system_over, strategy_over = split_overrides(overrides or {})
     for name in sorted(set(GPU_ALIASES.values())) if system_over else ():
         get_system(name).with_overrides(system_over)  # a bad override fails once, here
@@ -324,6 +328,41 @@ def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = 
     ctx = multiprocessing.get_context("spawn")
     with cf.ProcessPoolExecutor(max_workers=min(jobs, len(runs)), mp_context=ctx) as pool:
         return _collect(pool.map(one, runs), len(runs), progress)
+
+
+ASSUMED = "_assumed"  # per row: the cells ``assume`` filled, as text for its assumptions
+
+
+def _assumptions(assume: dict[str, Any]) -> dict[str, Any]:
+    """``assume`` checked against the schema: input columns only, each value of its type."""
+    problems, out = [], {}
+    allowed = set(REQUIRED_COLUMNS) - set(KEY_COLUMNS)
+    for col, v in assume.items():
+        if col not in allowed:
+            problems.append(f"{col!r} is not an input column of the schema (one of "
+                            f"{', '.join(sorted(allowed))})")
+        elif col in INT_COLUMNS and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            problems.append(f"{col} takes a whole number ≥ 0, got {v!r}")
+        elif col in FLOAT_COLUMNS and (isinstance(v, bool) or not isinstance(v, int | float)):
+            problems.append(f"{col} takes a number, got {v!r}")
+        elif col in BOOL_COLUMNS and not isinstance(v, bool):
+            problems.append(f"{col} takes true or false, got {v!r}")
+        elif col not in INT_COLUMNS + FLOAT_COLUMNS + BOOL_COLUMNS and not isinstance(v, str):
+            problems.append(f"{col} takes text, got {v!r}")
+        else:
+            out[col] = v.strip().lower() if col in ENUM_COLUMNS and isinstance(v, str) else v
+    if problems:
+        raise ConfigError(problems, what="--assume")
+    return out
+
+
+def _assume(row: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """The row with its empty cells among ``values`` filled, and what was filled noted."""
+    filled = {c: v for c, v in values.items() if row.get(c) is None}
+    if not filled:
+        return row
+    note = "; ".join(f"{c} = {v} assumed (--assume; not in the source)" for c, v in filled.items())
+    return {**row, **filled, ASSUMED: note}
 
 
 def _collect(results: Iterable[dict[str, Any]], n: int,
@@ -387,12 +426,17 @@ def _validate_row(row: dict[str, Any], overrides: dict[str, Any] | None = None,
 
 
 def summarize(results: pl.DataFrame) -> pl.DataFrame:
-    """Median, p90 and max |error| overall, by GPU type and by source."""
+    """Median, p90 and max |error| overall, by GPU type and by source; where ``assume`` completed
+    some rows, also apart: the rows from the source alone, and those."""
     ok = results.filter(pl.col("status") == "ok").with_columns(
         pl.col("error_pct").abs().alias("abs_error_pct"))
     parts = [ok.with_columns(pl.lit("all").alias("group"))]
     parts += [ok.with_columns(("gpu=" + pl.col("gpu")).alias("group")),
               ok.with_columns(("source=" + pl.col("source")).alias("group"))]
+    assumed = pl.col("assumptions").fill_null("").str.contains("--assume", literal=True)
+    if ok.filter(assumed).height:
+        parts += [ok.filter(~assumed).with_columns(pl.lit("inputs=source").alias("group")),
+                  ok.filter(assumed).with_columns(pl.lit("inputs=--assume").alias("group"))]
     frame = pl.concat(parts)
     return frame.group_by("group", maintain_order=True).agg(
         pl.len().alias("rows"),

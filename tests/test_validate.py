@@ -4,6 +4,7 @@ version achieves (so it cannot silently regress)."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import polars as pl
@@ -324,6 +325,73 @@ def test_a_cell_the_row_does_not_determine_stays_missing(tmp_path: Path, cells: 
         pytest.skip(f"{PUBLIC} not present")
     got = row_inputs(_row(tmp_path, "mpt-07", **cells))
     assert isinstance(got, str) and f"{missing} missing" in got, got
+
+
+def test_assume_fills_only_the_empty_cells_and_is_counted_apart(tmp_path: Path) -> None:
+    """``assume`` is the caller's statement, not the source's: it completes a row that lacks
+    the cell (predicted exactly as if the source gave it), leaves rows that give it alone, and
+    the summary shows the rows as published apart from those it completed."""
+    from analysis.validate import summarize
+
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    runs = pl.read_csv(PUBLIC, infer_schema_length=0).filter(pl.col("id").is_in(["mpt-07",
+                                                                                 "mpt-08"]))
+    mbs = dict(zip(runs["id"], runs["micro_batch_size"], strict=True))
+    f = tmp_path / "r.csv"
+    runs.with_columns(pl.when(pl.col("id") == "mpt-07").then(pl.lit(None))
+                      .otherwise(pl.col("micro_batch_size")).alias("micro_batch_size")).write_csv(f)
+    plain = validate(f, fast=True)
+    assert plain["status"].to_list() == ["skipped: micro_batch_size missing", "ok"]
+    got = validate(f, fast=True, assume={"micro_batch_size": int(mbs["mpt-07"])})
+    complete = validate(PUBLIC, fast=True).filter(pl.col("id").is_in(["mpt-07", "mpt-08"]))
+    assert got["status"].to_list() == ["ok", "ok"]
+    assert got["predicted_iter_time_s"].to_list() == pytest.approx(
+        complete["predicted_iter_time_s"].to_list(), rel=1e-12)
+    notes = got["assumptions"].to_list()
+    assert f"micro_batch_size = {mbs['mpt-07']} assumed (--assume" in notes[0]
+    assert "--assume" not in (notes[1] or "")
+    groups = dict(zip(summarize(got)["group"], summarize(got)["rows"], strict=True))
+    assert groups["inputs=source"] == 1 and groups["inputs=--assume"] == 1
+    assert "inputs=source" not in set(summarize(plain)["group"])
+
+
+@pytest.mark.parametrize(("assume", "message"), [
+    ({"foo": 1}, "'foo' is not an input column"),
+    ({"id": "x"}, "'id' is not an input column"),
+    ({"measured_iter_time_s": 1.0}, "'measured_iter_time_s' is not an input column"),
+    ({"tp": True}, "tp takes a whole number"),
+    ({"micro_batch_size": 1.5}, "micro_batch_size takes a whole number"),
+    ({"sequence_parallel": "yes"}, "sequence_parallel takes true or false"),
+    ({"recompute": 3}, "recompute takes text"),
+])
+def test_a_bad_assumption_is_refused_before_any_row(tmp_path: Path, assume: dict[str, object],
+                                                    message: str) -> None:
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate(PUBLIC, fast=True, assume=assume)
+
+
+def test_validate_cli_assume(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "analysis.cli", "validate", str(PUBLIC),
+                               "--fast", *extra], capture_output=True, text=True, timeout=300)
+
+    r = run("--assume", "micro_batch_size=1", "--assume", "recompute=none",
+            "--assume", "zero_stage=1")
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())  # rich wraps long lines
+    assert "rest on --assume values" in text and "inputs=source" in text
+    bad = run("--assume", "micro_batch_size")
+    assert bad.returncode != 0 and "write column=value" in bad.stdout + bad.stderr
+    assert "Traceback" not in bad.stdout + bad.stderr
 
 
 def test_enum_cells_are_read_case_insensitively(tmp_path: Path) -> None:
