@@ -60,10 +60,8 @@ def validate_cmd(
                          "stated per row, and the rows it completes are counted apart.")] = None,
 ) -> None:
     """Predict every published run and compare with its measured step time."""
-    import polars as pl
-
     from analysis.plots import predicted_vs_measured
-    from analysis.validate import pairs, summarize, summarize_pairs, validate
+    from analysis.validate import validate
 
     with progress_bar() as bar:
         task = bar.add_task("predicting runs", total=None)
@@ -71,7 +69,20 @@ def validate_cmd(
                            jobs=jobs if jobs > 0 else 1 if fast else min(os.cpu_count() or 1, 4),
                            overrides=parse_overrides(set_ or []), fast=fast,
                            assume=_parse_assume(assume or []))
-    table = Table(title=f"Validation: {runs.name}")
+    _print_validation(results, runs.name)
+    if out is not None:
+        results.write_csv(out)
+    if plot is not None:
+        predicted_vs_measured(results).savefig(plot, dpi=120)
+
+
+def _print_validation(results: pl.DataFrame, name: str) -> None:
+    """The per-row table, the |error| summary and the relative accuracy of pairs."""
+    import polars as pl
+
+    from analysis.validate import pairs, summarize, summarize_pairs
+
+    table = Table(title=f"Validation: {name}")
     for col in ("id", "status", "predicted s", "measured s", "error %", "memory GiB", "fits"):
         table.add_column(col, justify="right" if col != "status" else "left")
     for r in results.iter_rows(named=True):
@@ -93,10 +104,6 @@ def validate_cmd(
     if pair_frame.height:
         console.print(_frame_table(summarize_pairs(pair_frame), "relative accuracy: pairs of "
                                    "runs of one model from one source (ratio of step times)"))
-    if out is not None:
-        results.write_csv(out)
-    if plot is not None:
-        predicted_vs_measured(results).savefig(plot, dpi=120)
 
 
 def _parse_assume(items: list[str]) -> dict[str, Any]:
