@@ -124,3 +124,5 @@ def test_systems_lists_every_preset_with_its_nvls_bandwidth() -> None:
     assert "480" in h100  # NVLS all-reduce bus bandwidth (ANCHORS)
     a100 = next(line for line in r.stdout.splitlines() if "dgx-a100-80gb" in line)
     assert "—" in a100  # no NVLink SHARP before Hopper
+    # a large GEMM as trainsim costs it: MAMF at the sustained clock, 312 · 0.869 · 0.926
+    assert "│ 251 " in a100
