@@ -68,6 +68,9 @@ FLOAT_COLUMNS = ("scaleout_gbps_per_gpu", "measured_iter_time_s")
 BOOL_COLUMNS = ("sequence_parallel",)
 # Read case-insensitively (the schema spells them in lower case: "bf16", "h100-sxm", "full").
 ENUM_COLUMNS = ("arch", "activation", "recompute", "precision", "gpu")
+# Two 800 Gb/s NICs per GPU, twice what any system offers (ConnectX-8: one 800 Gb/s per GPU): a
+# larger per-GPU figure is a node's total in the wrong column.
+MAX_NIC_GBPS_PER_GPU = 1600
 VOCAB_PAD = 128  # Megatron-LM --make-vocab-size-divisible-by default
 BAD = "_unreadable"  # per row: the cells that did not parse, as "column 'text'"
 
@@ -167,6 +170,11 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None
     multi_node = row["num_gpus"] > row["gpus_per_node"]
     if multi_node and row["scaleout_gbps_per_gpu"] is None:
         return "skipped: scaleout_gbps_per_gpu missing (multi-node run)"
+    nic = row["scaleout_gbps_per_gpu"]
+    if nic is not None and nic > MAX_NIC_GBPS_PER_GPU:
+        return (f"skipped: scaleout_gbps_per_gpu {nic:g} is more than any GPU's network "
+                f"(≤ {MAX_NIC_GBPS_PER_GPU} Gb/s): the schema wants it per GPU — a node's total "
+                f"divided by gpus_per_node ({row['gpus_per_node']})")
     try:
         model = _padded_vocab(_model(row), row["tp"], notes)
         strategy = _uneven_pipeline(_strategy(row, precision), row["num_layers"], notes)

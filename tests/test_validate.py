@@ -394,6 +394,18 @@ def test_validate_cli_assume(tmp_path: Path) -> None:
     assert "Traceback" not in bad.stdout + bad.stderr
 
 
+def test_a_node_total_in_the_per_gpu_network_column_is_refused(tmp_path: Path) -> None:
+    """8 × 400 Gb/s written as the per-GPU figure would make every DP collective 8× too fast."""
+    from analysis.validate import RunInputs, row_inputs
+
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    got = row_inputs(_row(tmp_path, "mpt-07", scaleout_gbps_per_gpu="3200"))
+    assert isinstance(got, str) and "a node's total divided by gpus_per_node" in got, got
+    fine = row_inputs(_row(tmp_path, "mpt-07", scaleout_gbps_per_gpu="400"))
+    assert isinstance(fine, RunInputs), fine
+
+
 def test_enum_cells_are_read_case_insensitively(tmp_path: Path) -> None:
     from analysis.validate import RunInputs, row_inputs
 
