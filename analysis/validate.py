@@ -418,6 +418,10 @@ def _validate_row(row: dict[str, Any], overrides: dict[str, Any] | None = None,
     if isinstance(inputs, str):
         out["status"] = _one_line(inputs)
         return out
+    impossible = _faster_than_peak(inputs, row["measured_iter_time_s"])
+    if impossible:
+        out["status"] = impossible
+        return out
     try:
         pred = predict_fast(inputs) if fast else predict(inputs)
     except TrainsimError as exc:
@@ -431,6 +435,18 @@ def _validate_row(row: dict[str, Any], overrides: dict[str, Any] | None = None,
     measured = row["measured_iter_time_s"]
     out["error_pct"] = 100 * (pred["predicted_iter_time_s"] - measured) / measured
     return out
+
+
+def _faster_than_peak(inputs: RunInputs, measured_s: float) -> str | None:
+    """A measured step shorter than the model's FLOPs at the GPUs' datasheet peak is a data
+    error (milliseconds in the seconds column, a per-GPU batch as the global one): say so."""
+    m, s, system = inputs.model, inputs.strategy, inputs.system
+    mfu = strategy_rates(m, s, system, measured_s)["mfu"]
+    if mfu <= 1:
+        return None
+    return (f"skipped: measured_iter_time_s {measured_s:g} s would be {100 * mfu:.0f}% of the "
+            f"GPUs' {s.precision} peak in model FLOPs alone: not seconds per global batch "
+            "(milliseconds? a per-GPU batch?)")
 
 
 def summarize(results: pl.DataFrame) -> pl.DataFrame:

@@ -406,6 +406,18 @@ def test_a_node_total_in_the_per_gpu_network_column_is_refused(tmp_path: Path) -
     assert isinstance(fine, RunInputs), fine
 
 
+def test_a_step_faster_than_the_peak_is_a_data_error(tmp_path: Path) -> None:
+    """mpt-07 took 5.4 s; written as 0.0054 (ms → s twice) it would need ~58,000% MFU."""
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    runs = pl.read_csv(PUBLIC, infer_schema_length=0).filter(pl.col("id") == "mpt-07")
+    f = tmp_path / "r.csv"
+    runs.with_columns(pl.lit("0.0054").alias("measured_iter_time_s")).write_csv(f)
+    got = validate(f, fast=True)["status"][0]
+    assert got.startswith("skipped: measured_iter_time_s 0.0054 s would be"), got
+    assert "of the GPUs' bf16 peak" in got
+
+
 def test_enum_cells_are_read_case_insensitively(tmp_path: Path) -> None:
     from analysis.validate import RunInputs, row_inputs
 
