@@ -39,6 +39,9 @@ ParamGatherOpt = Annotated[bool, typer.Option(
     "--overlap-param-gather", help="ZeRO-1/2: gather updated parameters during the next "
     "forward (Megatron --overlap-param-gather).")]
 PrecisionOpt = Annotated[str, typer.Option(help="bf16 | fp16 | fp8")]
+CpCommOpt = Annotated[str, typer.Option(
+    help="p2p (ring alongside attention, Megatron's default) | all_gather (K/V gathered "
+         "first, Llama 3)")]
 GradBf16Opt = Annotated[bool, typer.Option(
     "--grad-reduce-bf16", help="Gradient buffer and data-parallel reduction in 16 bits, not "
     "fp32 (Megatron --grad-reduce-in-bf16).")]
@@ -52,7 +55,7 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    tp_comm_overlap: bool, mbs: int, gbs: int, schedule: str, recompute: str,
                    zero: int, overlap_param_gather: bool, precision: str,
                    first_stage_layers: int, last_stage_layers: int,
-                   grad_reduce_bf16: bool = False) -> Strategy:
+                   grad_reduce_bf16: bool = False, cp_comm_type: str = "p2p") -> Strategy:
     """The strategy the shared options describe (dp from the GPU count)."""
     denom = tp * pp * cp
     if gpus < 1 or denom < 1 or gpus % denom:
@@ -65,7 +68,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     overlap_param_gather=overlap_param_gather,
                     precision=precision,  # type: ignore[arg-type]
                     first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
-                    grad_reduce_in_bf16=grad_reduce_bf16)
+                    grad_reduce_in_bf16=grad_reduce_bf16,
+                    cp_comm_type=cp_comm_type)  # type: ignore[arg-type]
 
 
 def note_param_gather(strategy: Strategy) -> None:

@@ -134,7 +134,7 @@ def op_key(s: Strategy) -> tuple[object, ...]:
     two strategies with the same key get the same op lists. Keep it in step with the code.
     (Recompute picks which lists run again, not what they hold, so it is not here.)"""
     return (s.micro_batch_size, s.cp, s.tp, s.sequence_parallel, s.precision, s.tp_comm_overlap,
-            s.ep)
+            s.ep, s.cp_comm_type)
 
 
 def dims(m: ModelSpec, s: Strategy) -> Dims:
@@ -187,9 +187,13 @@ def attention_block_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
         items.append(eltwise("rope", n_tok * (h + m.kv_size) // t, reads=1, writes=1,
                              flop_per_elem=ROPE_FLOP))
     if st.cp > 1:
-        # Context parallelism: all-gather K and V of the whole sequence (Llama 3 §3.3.2).
+        # Context parallelism: every rank needs K and V of the whole sequence. all_gather:
+        # gathered before attention (Llama 3 §3.3.2); p2p: the ring's (cp − 1) chunk passes run
+        # alongside the attention over the chunk held, costed max(attention, passes).
         kv_shard = n_tok * 2 * m.kv_size // t * ACT_BYTES
-        items.append(Comm("cp_kv_ag", "cp", "ALL_GATHER", kv_shard))
+        ring = st.cp_comm_type == "p2p"
+        items.append(Comm("cp_kv_ring" if ring else "cp_kv_ag", "cp", "ALL_GATHER", kv_shard,
+                          overlapped=ring))
     items.append(attention_fwd(m, d, heads))
     items.append(gemm("attn_out", n_tok, h, h // t, d.dtype))
     items += _tp_comm(d, "attn_out_rs", gather=False)
@@ -295,7 +299,12 @@ def backward_of(items: list[Item], d: Dims) -> list[Item]:
     collective replaced by its conjugate (all-reduce ↔ identity/all-gather ↔ reduce-scatter)."""
     out: list[Item] = []
     for it in reversed(items):
-        out += _bwd_item(it, d)
+        bwd = _bwd_item(it, d)
+        if isinstance(it, Comm) and it.overlapped and it.axis == "cp" and out:
+            # the ring runs alongside the attention backward, so it goes before it
+            out[-1:-1] = bwd
+        else:
+            out += bwd
     return out
 
 
@@ -314,6 +323,8 @@ def _bwd_item(it: Item, d: Dims) -> list[Item]:
 def _bwd_comm(c: Comm, d: Dims) -> list[Item]:
     if c.axis == "ep":  # all-to-all is its own conjugate
         return [Comm(f"{c.name}_bwd", "ep", "ALL_TO_ALL", c.size_bytes)]
+    if c.axis == "cp" and c.overlapped:  # the ring again, with K/V and their gradients
+        return [Comm(f"{c.name}_bwd", "cp", "ALL_GATHER", 2 * c.size_bytes, overlapped=True)]
     if c.axis == "cp":  # gradients of K, V are reduce-scattered back to their owners
         cp = d.s_kv // d.s  # the gathered K/V span cp ranks' shards
         return [Comm(f"{c.name}_bwd", "cp", "REDUCE_SCATTER", c.size_bytes * cp)]

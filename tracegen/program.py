@@ -155,8 +155,11 @@ class RoleProgram:
               first_deps: tuple[int, ...] = ()) -> None:
         for it in items:
             if isinstance(it, O.Comm) and it.overlapped:
-                # Runs alongside the next chain node, from the same starting point.
-                deps = (*(() if self.tail is None else (self.tail,)), *first_deps)
+                # Runs alongside the next chain node, from the same starting point: after the
+                # tail and after what that node itself waits for (the collectives that ran
+                # alongside the tail), so back-to-back pairs do not start early.
+                deps = (*(() if self.tail is None else (self.tail,)), *first_deps,
+                        *self._waiting)
                 self._alongside.append(self.coll(it, prefix, blocking=False, deps=deps))
                 continue
             if isinstance(it, O.Comm):

@@ -13,6 +13,8 @@ from tracegen.model import ModelSpec
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8"]
+CpCommType = Literal["p2p", "all_gather"]
+CP_COMM_TYPES: tuple[str, ...] = ("p2p", "all_gather")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
@@ -59,6 +61,11 @@ class Strategy:
     # bits instead of fp32 (Megatron's default for bf16 training, arguments.py), halving the
     # gradient collectives' bytes and the buffer's memory (tracegen/ops.py ``grad_reduce_bytes``).
     grad_reduce_in_bf16: bool = False
+    # How context parallelism moves K and V (Megatron --cp-comm-type): "p2p", the ring that
+    # passes each rank's K/V chunk on while attention runs on the one it holds (Megatron-Core's
+    # default; Liu et al. 2023, ring attention), or "all_gather", K/V of the whole sequence
+    # gathered before attention, its latency exposed (Llama 3, Dubey et al. 2024 §3.3.2).
+    cp_comm_type: CpCommType = "p2p"
 
     def __post_init__(self) -> None:
         problems = _degree_problems(self)
@@ -135,6 +142,9 @@ def _degree_problems(s: Strategy) -> list[str]:
         out.append(f"recompute must be one of {', '.join(RECOMPUTES)}; got {s.recompute!r}")
     if s.precision not in PRECISIONS:
         out.append(f"precision must be one of {', '.join(PRECISIONS)}; got {s.precision!r}")
+    if s.cp_comm_type not in CP_COMM_TYPES:
+        out.append(f"cp_comm_type must be one of {', '.join(CP_COMM_TYPES)}; got "
+                   f"{s.cp_comm_type!r}")
     if s.zero_stage not in (0, 1, 2, 3):
         out.append(f"zero_stage must be 0, 1, 2 or 3; got {s.zero_stage}")
     if s.zero3_gather_bucket_params < 0:

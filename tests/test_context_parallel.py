@@ -1,0 +1,97 @@
+"""Context parallelism's two ways of moving K and V (``Strategy.cp_comm_type``): the ring of
+Megatron-Core's default (``p2p``: chunk passes alongside the attention) and Llama 3's all-gather
+before it (``all_gather``: its latency exposed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from analysis.fastpath import estimate
+from replay import get_system, replay
+from tracegen import ConfigError, ModelSpec, Strategy, generate
+
+MODEL = ModelSpec(name="cp", num_layers=4, hidden_size=1024, num_attention_heads=16,
+                  num_kv_heads=4, ffn_hidden_size=4096, vocab_size=8192, seq_len=16384,
+                  activation="swiglu")
+SYSTEM = get_system("dgx-h100")
+BASE = Strategy(tp=2, cp=4, dp=1, sequence_parallel=True, micro_batch_size=1,
+                global_batch_size=2)
+
+
+def _cp_bytes(s: Strategy, tmp: Path) -> int:
+    stages = generate(MODEL, s, tmp, mode="representative").stages
+    return sum(st.comm_bytes_by_axis.get("cp", 0) for st in stages)
+
+
+def test_the_ring_moves_the_traffic_it_should(tmp_path: Path) -> None:
+    """Per layer and micro-batch, with k the K/V shard a rank holds: the all-gather mode moves
+    k forward (recorded by its shard) and reduce-scatters cp·k of K/V gradients back; the ring
+    passes k forward and, in backward, K/V again and their gradients, 2k."""
+    ring = _cp_bytes(BASE, tmp_path / "p2p")
+    gather = _cp_bytes(dataclasses.replace(BASE, cp_comm_type="all_gather"), tmp_path / "ag")
+    k = 1 * MODEL.seq_len // BASE.cp * 2 * MODEL.kv_size // BASE.tp * 2  # tokens·K,V·bytes
+    passes = MODEL.num_layers * BASE.num_microbatches
+    assert ring == passes * 3 * k
+    assert gather == passes * (1 + BASE.cp) * k
+
+
+@pytest.mark.parametrize("s", [
+    BASE, dataclasses.replace(BASE, tp_comm_overlap=True),
+    dataclasses.replace(BASE, tp=1, sequence_parallel=False, dp=2, global_batch_size=4),
+    dataclasses.replace(BASE, cp=2, recompute="selective"),
+])
+def test_the_ring_hides_what_the_gather_exposes(s: Strategy) -> None:
+    """The ring runs alongside the attention, so it never costs more than the exposed
+    all-gather, and the fast path agrees with replay on it."""
+    ring = estimate(MODEL, s, SYSTEM).step_time_s
+    gather = estimate(MODEL, dataclasses.replace(s, cp_comm_type="all_gather"), SYSTEM)
+    assert ring < gather.step_time_s
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(MODEL, s, tmp, mode="representative")
+        assert ring == pytest.approx(replay(tmp, SYSTEM, contention=False).step_time_s,
+                                     rel=0.02)
+
+
+def test_back_to_back_overlapped_pairs_start_together(tmp_path: Path) -> None:
+    """The ring runs alongside the attention and the tensor-parallel reduce-scatter alongside the
+    output projection after it: the reduce-scatter may not start before that projection can
+    (it waits for the ring too), as the fast path charges max(attention, ring) then
+    max(projection, reduce-scatter)."""
+    s = dataclasses.replace(BASE, tp_comm_overlap=True)
+    generate(MODEL, s, tmp_path, mode="representative")
+    tl = replay(tmp_path, SYSTEM, contention=False).timeline.filter(pl.col("rank") == 0)
+    start = dict(zip(tl["name"], tl["start_s"], strict=False))
+    for layer in range(MODEL.num_layers):
+        p = f"F0.c0.L{layer}."
+        assert start[p + "attn_out_rs"] == pytest.approx(start[p + "attn_out"], abs=1e-12)
+
+
+def test_an_unknown_cp_comm_type_is_refused() -> None:
+    with pytest.raises(ConfigError, match="cp_comm_type must be one of p2p, all_gather"):
+        dataclasses.replace(BASE, cp_comm_type="a2a")  # type: ignore[arg-type]
+
+
+def test_cli_flag() -> None:
+    args = [sys.executable, "-m", "analysis.cli", "estimate", "--model", "llama3-8b", "--gpus",
+            "16", "--tp", "2", "--cp", "8", "--sp", "--mbs", "1", "--gbs", "8", "--system",
+            "dgx-h100"]
+    ring = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    gather = subprocess.run([*args, "--cp-comm-type", "all_gather"], capture_output=True,
+                            text=True, timeout=120)
+    bad = subprocess.run([*args, "--cp-comm-type", "ring"], capture_output=True, text=True,
+                         timeout=120)
+    assert ring.returncode == gather.returncode == 0, ring.stderr + gather.stderr
+
+    def step(out: str) -> float:
+        return float(out.split("step time ")[1].split(" s")[0])
+
+    assert step(ring.stdout) < step(gather.stdout)
+    assert bad.returncode != 0 and "cp_comm_type must be one of" in bad.stdout + bad.stderr
+    assert "Traceback" not in bad.stdout + bad.stderr
