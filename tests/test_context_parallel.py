@@ -95,3 +95,26 @@ def test_cli_flag() -> None:
     assert step(ring.stdout) < step(gather.stdout)
     assert bad.returncode != 0 and "cp_comm_type must be one of" in bad.stdout + bad.stderr
     assert "Traceback" not in bad.stdout + bad.stderr
+
+
+@pytest.mark.parametrize("nvlink_GBps", [450.0, 0.5])
+def test_the_ring_costs_its_pipeline(nvlink_GBps: float) -> None:
+    """A layer's forward under the ring (cp 4, no other parallelism, so no other collective):
+    every op once, except that the cp − 1 later attention steps and the cp − 1 passes cost the
+    longer of the two — hidden on NVLink (16K tokens), exposed on a link 900× slower."""
+    from analysis.fastpath import _Costs
+    from tracegen import ops as O
+    from tracegen.units import DTYPE_CODE
+
+    s = dataclasses.replace(BASE, tp=1, sequence_parallel=False)
+    system = SYSTEM.with_overrides({"node.nvlink_GBps": nvlink_GBps})
+    c = _Costs(MODEL, s, system)
+    items = O.layer_fwd(MODEL, s)
+    ops = {it.name: c.compute.op_ns(it.kind, it.flop, it.bytes, it.m, it.n,
+                                    DTYPE_CODE[it.dtype], False, it.k)
+           for it in items if isinstance(it, O.Op)}
+    (ring,) = [it for it in items if isinstance(it, O.Comm)]
+    passes, later = c.coll_ns(ring, 0), ops["flash_attn"]
+    got = c.list_ns(c.prog.layer_block(), "fwd", 0, c.signature(0))
+    assert got == sum(ops.values()) - later + max(later, passes)
+    assert (passes < later) == (nvlink_GBps > 1)  # both regimes are exercised

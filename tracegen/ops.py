@@ -186,15 +186,22 @@ def attention_block_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
         # Llama-family models use rotary position embeddings (Su et al. 2021) on q and k.
         items.append(eltwise("rope", n_tok * (h + m.kv_size) // t, reads=1, writes=1,
                              flop_per_elem=ROPE_FLOP))
-    if st.cp > 1:
-        # Context parallelism: every rank needs K and V of the whole sequence. all_gather:
-        # gathered before attention (Llama 3 §3.3.2); p2p: the ring's (cp − 1) chunk passes run
-        # alongside the attention over the chunk held, costed max(attention, passes).
+    attn = attention_fwd(m, d, heads)
+    if st.cp > 1 and st.cp_comm_type == "p2p":
+        # The ring: attention over the K/V chunk a rank holds while the next one arrives, cp
+        # steps of equal work (load-balanced causal chunks) and cp − 1 passes. The first step
+        # waits for nothing; the other cp − 1 run alongside the passes (an all-gather's bytes).
         kv_shard = n_tok * 2 * m.kv_size // t * ACT_BYTES
-        ring = st.cp_comm_type == "p2p"
-        items.append(Comm("cp_kv_ring" if ring else "cp_kv_ag", "cp", "ALL_GATHER", kv_shard,
-                          overlapped=ring))
-    items.append(attention_fwd(m, d, heads))
+        first = dataclasses.replace(attn, name="flash_attn_c0", flop=attn.flop // st.cp,
+                                    bytes=attn.bytes // st.cp)
+        rest = dataclasses.replace(attn, flop=attn.flop - first.flop,
+                                   bytes=attn.bytes - first.bytes)
+        items += [first, Comm("cp_kv_ring", "cp", "ALL_GATHER", kv_shard, overlapped=True), rest]
+    else:
+        if st.cp > 1:  # all_gather: K and V of the whole sequence first (Llama 3 §3.3.2)
+            kv_shard = n_tok * 2 * m.kv_size // t * ACT_BYTES
+            items.append(Comm("cp_kv_ag", "cp", "ALL_GATHER", kv_shard))
+        items.append(attn)
     items.append(gemm("attn_out", n_tok, h, h // t, d.dtype))
     items += _tp_comm(d, "attn_out_rs", gather=False)
     items.append(eltwise("resid1", d.tokens_sp * h, reads=2, writes=1, flop_per_elem=RESID_FLOP))
