@@ -186,26 +186,28 @@ def attention_block_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
         # Llama-family models use rotary position embeddings (Su et al. 2021) on q and k.
         items.append(eltwise("rope", n_tok * (h + m.kv_size) // t, reads=1, writes=1,
                              flop_per_elem=ROPE_FLOP))
-    attn = attention_fwd(m, d, heads)
-    if st.cp > 1 and st.cp_comm_type == "p2p":
-        # The ring: attention over the K/V chunk a rank holds while the next one arrives, cp
-        # steps of equal work (load-balanced causal chunks) and cp − 1 passes. The first step
-        # waits for nothing; the other cp − 1 run alongside the passes (an all-gather's bytes).
-        kv_shard = n_tok * 2 * m.kv_size // t * ACT_BYTES
-        first = dataclasses.replace(attn, name="flash_attn_c0", flop=attn.flop // st.cp,
-                                    bytes=attn.bytes // st.cp)
-        rest = dataclasses.replace(attn, flop=attn.flop - first.flop,
-                                   bytes=attn.bytes - first.bytes)
-        items += [first, Comm("cp_kv_ring", "cp", "ALL_GATHER", kv_shard, overlapped=True), rest]
-    else:
-        if st.cp > 1:  # all_gather: K and V of the whole sequence first (Llama 3 §3.3.2)
-            kv_shard = n_tok * 2 * m.kv_size // t * ACT_BYTES
-            items.append(Comm("cp_kv_ag", "cp", "ALL_GATHER", kv_shard))
-        items.append(attn)
+    items += _core_attention(m, st, d, heads)
     items.append(gemm("attn_out", n_tok, h, h // t, d.dtype))
     items += _tp_comm(d, "attn_out_rs", gather=False)
     items.append(eltwise("resid1", d.tokens_sp * h, reads=2, writes=1, flop_per_elem=RESID_FLOP))
     return items
+
+
+def _core_attention(m: ModelSpec, st: Strategy, d: Dims, heads: int) -> list[Item]:
+    """The attention, with context parallelism's K/V movement (``Strategy.cp_comm_type``)."""
+    attn = attention_fwd(m, d, heads)
+    if st.cp == 1:
+        return [attn]
+    kv_shard = d.tokens * 2 * m.kv_size // d.t * ACT_BYTES  # the K/V this rank holds
+    if st.cp_comm_type == "all_gather":  # the whole sequence's K/V first (Llama 3 §3.3.2)
+        return [Comm("cp_kv_ag", "cp", "ALL_GATHER", kv_shard), attn]
+    # The ring: attention over the K/V chunk a rank holds while the next one arrives, cp steps
+    # of equal work (load-balanced causal chunks) and cp − 1 passes. The first step waits for
+    # nothing; the other cp − 1 run alongside the passes (recorded as an all-gather's bytes).
+    first = dataclasses.replace(attn, name="flash_attn_c0", flop=attn.flop // st.cp,
+                                bytes=attn.bytes // st.cp)
+    rest = dataclasses.replace(attn, flop=attn.flop - first.flop, bytes=attn.bytes - first.bytes)
+    return [first, Comm("cp_kv_ring", "cp", "ALL_GATHER", kv_shard, overlapped=True), rest]
 
 
 def attention_fwd(m: ModelSpec, d: Dims, heads: int) -> Op:
