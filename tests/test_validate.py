@@ -198,13 +198,18 @@ def test_breakdown_adds_up_to_the_prediction(results: pl.DataFrame) -> None:
     assert (ok["predicted_compute_s"] > 0).all()
 
 
-def test_inconsistent_gpu_count_is_skipped(tmp_path: Path) -> None:
+def _row_file(tmp_path: Path, run_id: str, **cells: str) -> Path:
+    """A runs file of one public row with some cells replaced."""
     if not PUBLIC.is_file():
         pytest.skip(f"{PUBLIC} not present")
-    runs = pl.read_csv(PUBLIC, infer_schema_length=0).filter(pl.col("id") == "mpt-07")
-    f = tmp_path / "r.csv"
-    runs.with_columns(pl.lit("16").alias("num_gpus")).write_csv(f)
-    status = validate(f)["status"].item()
+    runs = pl.read_csv(PUBLIC, infer_schema_length=0).filter(pl.col("id") == run_id)
+    f = tmp_path / f"{run_id}.csv"
+    runs.with_columns(*(pl.lit(v).alias(k) for k, v in cells.items())).write_csv(f)
+    return f
+
+
+def test_inconsistent_gpu_count_is_skipped(tmp_path: Path) -> None:
+    status = validate(_row_file(tmp_path, "mpt-07", num_gpus="16"))["status"].item()
     assert status == "skipped: num_gpus 16 ≠ tp·pp·dp·cp = 1·1·8·1 = 8"
 
 
@@ -245,10 +250,7 @@ def _row(tmp_path: Path, run_id: str, **cells: str) -> dict:
     """One public row with some cells replaced, read back as validate reads it."""
     from analysis.validate import load_runs
 
-    runs = pl.read_csv(PUBLIC, infer_schema_length=0).filter(pl.col("id") == run_id)
-    f = tmp_path / "r.csv"
-    runs.with_columns(*(pl.lit(v).alias(k) for k, v in cells.items())).write_csv(f)
-    return load_runs(f).row(0, named=True)
+    return load_runs(_row_file(tmp_path, run_id, **cells)).row(0, named=True)
 
 
 def test_vocabulary_is_padded_as_megatron_pads_it(tmp_path: Path) -> None:
@@ -408,11 +410,7 @@ def test_a_node_total_in_the_per_gpu_network_column_is_refused(tmp_path: Path) -
 
 def test_a_step_faster_than_the_peak_is_a_data_error(tmp_path: Path) -> None:
     """mpt-07 took 5.4 s; written as 0.0054 (ms → s twice) it would need ~58,000% MFU."""
-    if not PUBLIC.is_file():
-        pytest.skip(f"{PUBLIC} not present")
-    runs = pl.read_csv(PUBLIC, infer_schema_length=0).filter(pl.col("id") == "mpt-07")
-    f = tmp_path / "r.csv"
-    runs.with_columns(pl.lit("0.0054").alias("measured_iter_time_s")).write_csv(f)
+    f = _row_file(tmp_path, "mpt-07", measured_iter_time_s="0.0054")
     got = validate(f, fast=True)["status"][0]
     assert got.startswith("skipped: measured_iter_time_s 0.0054 s would be"), got
     assert "of the GPUs' bf16 peak" in got
