@@ -41,3 +41,20 @@ def test_fp8_is_faster_than_bf16_but_by_less_than_the_gemm_speedup() -> None:
         system.gpu.peak_bf16_TFLOPs * system.gpu.gemm_efficiency)
     assert fp8 < bf16
     assert bf16 / fp8 < gemm_speedup
+
+
+def test_attention_and_output_head_stay_16_bit() -> None:
+    """An FP8 recipe casts the linear layers only: the core attention and the LM head keep the
+    16-bit dtype (so the 16-bit rate) and get no casts; the layer's four GEMMs are FP8."""
+    layer = O.layer_fwd(MODEL, FP8) + O.layer_bwd(MODEL, FP8)
+    head = O.head_fwd(MODEL, FP8) + O.head_bwd(MODEL, FP8)
+    ops = [it for it in layer + head if isinstance(it, O.Op)]
+    attention = [op for op in ops if op.kind == "attention"]
+    lm_head = [op for op in ops if op.name.startswith("lm_head")]
+    assert len(attention) == 2 and len(lm_head) == 3
+    assert {op.dtype for op in attention + lm_head} == {"bf16"}
+    assert {op.dtype for op in ops if op.kind == "gemm" and op not in lm_head} == {"fp8"}
+    assert not any(op.name.startswith("lm_head") for op in _casts(head))
+    bf16 = [op for op in O.layer_fwd(MODEL, BF16) if isinstance(op, O.Op)
+            and op.kind == "attention"]
+    assert bf16 == attention[:1]

@@ -119,6 +119,14 @@ class Dims:
         return self.b * self.s
 
     @property
+    def dtype16(self) -> str:
+        """The dtype of what an FP8 recipe keeps in 16 bits: the core attention and the output
+        head. Transformer Engine's recipes cast only the linear layers (FP8 attention is the
+        opt-in ``fp8_dpa``); DeepSeek-V3 (2024, §3.3.2) keeps embedding, output head, norms and
+        attention in BF16; Megatron's output layer is not a Transformer Engine module."""
+        return "bf16" if self.dtype == "fp8" else self.dtype
+
+    @property
     def tokens_sp(self) -> int:
         """Tokens that norms and dropout see: split across TP with sequence parallelism."""
         return self.tokens // self.t if self.sp else self.tokens
@@ -216,7 +224,7 @@ def attention_fwd(m: ModelSpec, d: Dims, heads: int) -> Op:
     flop = 4 * d.b * d.s * d.s_kv * hd * heads // 2
     kv_heads = m.num_kv_heads // d.t
     io = (d.tokens * heads * hd * 2 + d.b * d.s_kv * kv_heads * hd * 2) * ACT_BYTES
-    return Op("flash_attn", "attention", flop, io, d.s, d.s_kv, hd, d.dtype)
+    return Op("flash_attn", "attention", flop, io, d.s, d.s_kv, hd, d.dtype16)
 
 
 def mlp_block_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
@@ -434,7 +442,7 @@ def head_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
     items: list[Item] = [eltwise("final_norm", d.tokens_sp * d.h, reads=1, writes=1,
                                  flop_per_elem=NORM_FLOP, kind="norm")]
     items += _tp_comm(d, "final_norm_ag", gather=True)
-    items.append(gemm("lm_head", d.tokens, v, d.h, d.dtype))
+    items.append(gemm("lm_head", d.tokens, v, d.h, d.dtype16))
     items.append(Op("cross_entropy", "loss", 5 * d.tokens * v, CE_FWD_BYTES * d.tokens * v))
     if d.t > 1:
         items.append(Comm("loss_ar", "tp", "ALL_REDUCE", 3 * d.tokens * 4))
@@ -446,7 +454,7 @@ def head_bwd(m: ModelSpec, st: Strategy) -> list[Item]:
     v = m.vocab_size // d.t
     items: list[Item] = [Op("cross_entropy_bwd", "loss", 2 * d.tokens * v,
                             CE_BWD_BYTES * d.tokens * v)]
-    items += gemm_bwd("lm_head", d.tokens, v, d.h, d.dtype)
+    items += gemm_bwd("lm_head", d.tokens, v, d.h, d.dtype16)
     items += tp_input_grad_allreduce(d, "lm_head_in_grad_ar")
     if d.sp:  # the backward of the final norm's all-gather: a reduce-scatter of the gradient
         items += _bwd_comm(Comm("final_norm_ag", "tp", "ALL_GATHER",
