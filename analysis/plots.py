@@ -58,6 +58,26 @@ def predicted_vs_measured(results: pl.DataFrame, *, band: float = 0.10, by: str 
     return fig
 
 
+
+def error_trend(frame: pl.DataFrame, x: str, *, by: str = "gpu", band: float = 0.10,
+                title: str = "Prediction error against one input") -> Figure:
+    """Signed error (%) of the ``ok`` rows against column ``x`` (log₂ axis: sequence length,
+    GPU count, batch), one colour per value of ``by``, each group's median joined by a line,
+    the ±band region shaded: a trend the summary's percentiles hide."""
+    ok = frame.filter(pl.col("status") == "ok").sort(x)
+    fig, ax = _figure(7.0, 4.4)
+    ax.axhspan(-100 * band, 100 * band, color="tab:green", alpha=0.15, label=f"±{band:.0%}")
+    ax.axhline(0, color="tab:green", lw=1)
+    for i, (key, g) in enumerate(ok.group_by(by, maintain_order=True)):
+        colour = f"C{i}"
+        ax.scatter(g[x], g["error_pct"], s=16, alpha=0.6, color=colour, label=str(key[0]))
+        med = g.group_by(x).agg(pl.col("error_pct").median()).sort(x)
+        ax.plot(med[x], med["error_pct"], color=colour, lw=1.5)
+    ax.set_xscale("log", base=2)
+    _finish(ax, xlabel=x, ylabel="predicted vs measured step time (%)",
+            title=f"{title} ({ok.height} rows)", legend="lower left", grid="major")
+    return fig
+
 def goodput_vs_interval(curve: pl.DataFrame, *, young_s: float, daly_s: float,
                         title: str = "") -> Figure:
     """ETTR against the checkpoint interval, with Young's and Daly's optima marked."""

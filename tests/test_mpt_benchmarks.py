@@ -119,3 +119,16 @@ def test_the_schema_file_loads_without_unreadable_cells() -> None:
     runs = load_runs(mb.RUNS)
     assert runs.height == 201
     assert runs["_unreadable"].is_null().all() or (runs["_unreadable"] == "").all()
+
+
+def test_error_trend_plot_has_every_row_and_a_median_per_table(results: pl.DataFrame,
+                                                               tmp_path: Path) -> None:
+    from analysis.plots import error_trend
+
+    fig = error_trend(results, "seq", by="table")
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log"
+    assert sum(len(c.get_offsets()) for c in ax.collections) == 186
+    assert len(ax.lines) == 1 + 4  # the zero line and one median line per table
+    fig.savefig(tmp_path / "trend.png")
+    assert (tmp_path / "trend.png").read_bytes()[:4] == b"\x89PNG"
