@@ -58,6 +58,12 @@ def validate_cmd(
         "--assume", help="Fill a schema cell where a row leaves it empty, e.g. "
                          "micro_batch_size=1 (repeatable). Your assumption, not the source's: "
                          "stated per row, and the rows it completes are counted apart.")] = None,
+    attention: Annotated[str | None, typer.Option(
+        "--attention", help="The attention kernel the runs used, where the presets' (today's: "
+                            "FlashAttention-2 on Ampere, -3 on Hopper) is not it: unfused "
+                            "(Megatron 2021-22), flashattention-1 (Ampere, 2022-23), "
+                            "flashattention-2, flashattention-3. Rows on a GPU without a "
+                            "published curve for it are skipped, saying so.")] = None,
 ) -> None:
     """Predict every published run and compare with its measured step time."""
     from analysis.plots import predicted_vs_measured
@@ -68,7 +74,7 @@ def validate_cmd(
         results = validate(runs, progress=lambda i, n: bar.update(task, completed=i, total=n),
                            jobs=jobs if jobs > 0 else 1 if fast else min(os.cpu_count() or 1, 4),
                            overrides=parse_overrides(set_ or []), fast=fast,
-                           assume=_parse_assume(assume or []))
+                           assume=_parse_assume(assume or []), attention=attention)
     _print_validation(results, runs.name)
     if out is not None:
         results.write_csv(out)

@@ -28,6 +28,7 @@ import polars as pl
 from analysis.fastpath import estimate
 from analysis.glance import strategy_rates
 from replay import replay
+from replay.attention_kernels import KERNELS, kernel_overrides
 from replay.hardware import GPU_ALIASES, SystemSpec, get_system
 from tracegen import ConfigError, ModelSpec, Strategy, TrainsimError, generate
 from tracegen.strategy import with_shorter_end_chunks
@@ -126,12 +127,13 @@ def split_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str
     return system, strategy
 
 
-def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None
-               ) -> RunInputs | str:
+def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None,
+               attention: str | None = None) -> RunInputs | str:
     """The inputs of one row, or the reason it is skipped. ``overrides``: system values to
     replace for every row (``{"gpu.flash_attention": False}`` for a pre-FlashAttention stack)
     and strategy fields the schema has no column for (``{"strategy.zero3_gather_bucket_params":
-    50_000_000}``: ZeRO-3 gathers of at most 5e7 parameters)."""
+    50_000_000}``: ZeRO-3 gathers of at most 5e7 parameters). ``attention``: the attention
+    kernel the runs used (``replay/attention_kernels.py``), applied before ``overrides``."""
     overrides, strategy_over = split_overrides(overrides or {})
     if row.get(BAD):
         return f"skipped: unreadable {row[BAD]}"
@@ -148,9 +150,18 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None
     if row["gpu"] not in GPU_ALIASES:
         return f"skipped: gpu {row['gpu']!r} has no system preset"
     base = get_system(GPU_ALIASES[row["gpu"]])
+    kernel: list[str] = []
+    if attention:
+        try:
+            kernel_over = kernel_overrides(attention, base.gpu.name)
+        except ConfigError as exc:
+            return f"skipped: {exc}"
+        base = base.with_overrides(kernel_over) if kernel_over else base
+        kernel = [f"attention kernel {attention}"
+                  + "".join(f", {k} = {v!r}" for k, v in kernel_over.items())]
     if overrides:
         base = base.with_overrides(overrides)
-    notes: list[str] = ([row[ASSUMED]] if row.get(ASSUMED) else []) + implied + [
+    notes: list[str] = ([row[ASSUMED]] if row.get(ASSUMED) else []) + implied + kernel + [
         f"system override {k} = {v!r}" for k, v in overrides.items()]
     notes += [f"strategy override {k} = {v!r}" for k, v in strategy_over.items()]
     precision = row["precision"]
@@ -313,14 +324,19 @@ def predict_fast(inputs: RunInputs) -> dict[str, Any]:
 
 def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = None,
              jobs: int = 1, overrides: dict[str, Any] | None = None,
-             fast: bool = False, assume: dict[str, Any] | None = None) -> pl.DataFrame:
+             fast: bool = False, assume: dict[str, Any] | None = None,
+             attention: str | None = None) -> pl.DataFrame:
     """One row per run: status, predicted vs measured step time, error, memory and fit.
     ``jobs`` > 1 predicts rows in that many processes (rows are independent; order is kept).
     ``overrides`` replace system values for every row (checked on every preset first).
     ``fast`` predicts with the closed-form fast path instead of replay (seconds for a large set;
     within 2% of replay on healthy symmetric cases; no compute/communication breakdown).
     ``assume`` fills schema cells a row leaves empty (``{"micro_batch_size": 1}``) — the
-    caller's assumption, stated per row; cells the row gives are kept."""
+    caller's assumption, stated per row; cells the row gives are kept. ``attention`` names the
+    attention kernel the runs used (``replay/attention_kernels.py``; a GPU without a published
+    curve for it skips its rows, saying so)."""
+    if attention is not None and attention not in KERNELS:
+        kernel_overrides(attention, "")  # raises, naming the kernels there are
     values = _assumptions(assume or {})
     runs = [_assume(r, values) for r in load_runs(path).iter_rows(named=True)]
     system_over, strategy_over = split_overrides(overrides or {})
@@ -329,7 +345,7 @@ def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = 
     unknown = sorted(set(strategy_over) - {f.name for f in dataclasses.fields(Strategy)})
     if unknown:  # ... and here; values are checked per row, with the row's own fields
         raise ConfigError([f"unknown key {k!r}" for k in unknown], what="strategy override")
-    one = functools.partial(_safe_row, overrides=overrides, fast=fast)
+    one = functools.partial(_safe_row, overrides=overrides, fast=fast, attention=attention)
     if jobs <= 1 or len(runs) < 2:
         return _collect(map(one, runs), len(runs), progress)
     # "spawn", not fork: polars' thread pool does not survive a fork (as in analysis/runner.py)
@@ -383,10 +399,10 @@ def _collect(results: Iterable[dict[str, Any]], n: int,
     return pl.DataFrame(rows, schema=RESULT_SCHEMA)
 
 
-def _safe_row(row: dict[str, Any], overrides: dict[str, Any] | None = None, fast: bool = False
-              ) -> dict[str, Any]:
+def _safe_row(row: dict[str, Any], overrides: dict[str, Any] | None = None, fast: bool = False,
+              attention: str | None = None) -> dict[str, Any]:
     try:
-        return _validate_row(row, overrides, fast)
+        return _validate_row(row, overrides, fast, attention)
     except Exception as exc:  # one odd row must not sink a whole batch
         return {**{k: None for k in RESULT_SCHEMA}, "id": row.get("id"),
                 "status": _one_line(f"skipped: unexpected {type(exc).__name__}: "
@@ -410,11 +426,11 @@ def _one_line(text: str) -> str:
 
 
 def _validate_row(row: dict[str, Any], overrides: dict[str, Any] | None = None,
-                  fast: bool = False) -> dict[str, Any]:
+                  fast: bool = False, attention: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {k: None for k in RESULT_SCHEMA}
     out.update(id=row["id"], source=str(row["id"]).split("-")[0], model=row.get("model_name"),
                gpu=row["gpu"], measured_iter_time_s=row["measured_iter_time_s"])
-    inputs = row_inputs(row, overrides)
+    inputs = row_inputs(row, overrides, attention)
     if isinstance(inputs, str):
         out["status"] = _one_line(inputs)
         return out

@@ -1,0 +1,70 @@
+"""Attention kernels of earlier software stacks, per GPU architecture: what a published run used is
+a property of its stack, which the runs schema does not record. The system presets model the best
+kernel available now (FlashAttention-2 on Ampere, FlashAttention-3 on Hopper); a kernel named here
+replaces the preset's attention curve with that kernel's published one, so ``trainsim validate
+--attention flashattention-1`` describes a 2022-23 stack in one word instead of four constants.
+
+Each curve cites its measurement. A kernel with no published curve on a GPU is refused, never
+extrapolated:
+
+* ``unfused`` — the score and value GEMMs over the whole s×s matrix with Megatron's fused softmax
+  (Megatron-LM 2021-22; Korthikanti et al. 2022 §4.1): ``flash_attention = false``, costed from
+  first principles on every GPU (replay/compute.py).
+* ``flashattention-1`` — Ampere only (FlashAttention runs on Turing/Ampere; its Hopper port came as
+  FlashAttention-2). Dao 2023 (arXiv:2307.08691, abstract): FlashAttention reaches 25-40% of the
+  A100's peak, FlashAttention-2 50-73% and "around 2× speedup compared to FlashAttention": the
+  FlashAttention-2 curve at half its efficiency. Tri Dao's 2022 Triton kernel (MosaicML's
+  ``attn_impl: triton``) is "slightly slower than CUDA" forward + backward: the same class.
+* ``flashattention-2`` — Ampere: the preset's own curve. Hopper: the FlashAttention-2 line of the
+  FlashAttention-3 paper's causal forward charts (Shah et al. 2024, H100 SXM5): 191 / 260 / 298 /
+  319 / 333 / 335 TFLOP/s from 512 to 16K tokens at head dim 128, ≈ 0.345 · s/(s + 300) of the
+  peak, and 299 / 298 TFLOP/s at head dim 64 / 256 (ratios 0.893, 0.890 to 128).
+* ``flashattention-3`` — Hopper: the preset's own curve (FlashAttention-3 is Hopper-only).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from replay.hardware import SystemSpec
+from tracegen.errors import ConfigError
+
+AMPERE = ("a100-40gb", "a100-80gb", "a800")
+HOPPER = ("h100-sxm", "h800", "h200")
+# A curve is the system values it sets, as (section.key, value) pairs; () keeps the preset's.
+Curve = tuple[tuple[str, Any], ...]
+PRESET: Curve = ()
+_FA2_HOPPER: Curve = (("gpu.attention_efficiency", 0.345), ("gpu.attention_half_seq", 300),
+                      ("gpu.attention_hdim64_ratio", 0.893), ("gpu.attention_hdim256_ratio", 0.890))
+# Half of the Ampere presets' FlashAttention-2 efficiency (0.65 in their system files).
+_FA1_AMPERE: Curve = (("gpu.attention_efficiency", 0.325),)
+
+KERNELS: dict[str, dict[str, Curve]] = {
+    "unfused": {"*": (("gpu.flash_attention", False),)},
+    "flashattention-1": dict.fromkeys(AMPERE, _FA1_AMPERE),
+    "flashattention-2": {**dict.fromkeys(AMPERE, PRESET), **dict.fromkeys(HOPPER, _FA2_HOPPER)},
+    "flashattention-3": dict.fromkeys(HOPPER, PRESET),
+}
+
+
+def kernel_overrides(kernel: str, gpu: str) -> dict[str, Any]:
+    """The system values that give ``gpu`` the attention of ``kernel``; ConfigError where the
+    kernel is unknown or has no published curve on that GPU."""
+    if kernel not in KERNELS:
+        raise ConfigError(f"unknown attention kernel {kernel!r}; one of {', '.join(KERNELS)}",
+                          what="attention kernel")
+    curves = KERNELS[kernel]
+    if "*" in curves:
+        return dict(curves["*"])
+    if gpu not in curves:
+        raise ConfigError(f"{kernel} has no published curve on {gpu} (it has on "
+                          f"{', '.join(curves)}); describe the kernel with --set gpu."
+                          "attention_efficiency=… if you have a measurement",
+                          what="attention kernel")
+    return dict(curves[gpu])
+
+
+def with_attention_kernel(system: SystemSpec, kernel: str) -> SystemSpec:
+    """``system`` with the attention of ``kernel`` (``kernel_overrides``)."""
+    over = kernel_overrides(kernel, system.gpu.name)
+    return system.with_overrides(over) if over else system
