@@ -75,7 +75,9 @@ def replay_cmd(
     trace: Annotated[Path, typer.Argument(help="Trace-set directory, or a workload prefix "
                                                "path/name for path/name.<rank>.et")],
     system: Annotated[str, typer.Option(help="Preset system (see `trainsim systems`) or a TOML "
-                                             "system file.")],
+                                             "system file; append @KERNEL for an earlier "
+                                             "attention kernel, e.g. "
+                                             "dgx-h100@flashattention-2.")],
     comm_groups: Annotated[Path | None, typer.Option(help="ASTRA-sim comm-group JSON.")] = None,
     timeline: Annotated[Path | None, typer.Option(help="Write the Perfetto/Chrome trace JSON "
                                                        "of the simulated timeline.")] = None,

@@ -22,7 +22,9 @@ MEMORY_COLUMNS = ("weights", "gradients", "optimizer", "activations", "logits", 
 def estimate_cmd(
     model: C.ModelOpt, gpus: C.GpusOpt, mbs: C.MbsOpt, gbs: C.GbsOpt,
     system: Annotated[str, typer.Option(help="Preset system (see `trainsim systems`) or a TOML "
-                                             "system file.")],
+                                             "system file; append @KERNEL for an earlier "
+                                             "attention kernel, e.g. "
+                                             "dgx-h100@flashattention-2.")],
     tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, vpp: C.VppOpt = 1, sp: C.SpOpt = False,
     tp_comm_overlap: C.TpOverlapOpt = False, schedule: C.ScheduleOpt = "1f1b",
     recompute: C.RecomputeOpt = "none", zero: C.ZeroOpt = 0,

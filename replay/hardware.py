@@ -219,12 +219,19 @@ def get_system(name: str) -> SystemSpec:
 
 
 def resolve_system(name_or_file: str | Path) -> SystemSpec:
+    """A preset name, a TOML system file, or either with ``@KERNEL`` appended: the system with
+    an earlier attention kernel (``dgx-h100@flashattention-2``; replay/attention_kernels.py)."""
     s = str(name_or_file)
     if s in system_names():
         return get_system(s)
     if s.endswith(".toml") or Path(s).exists():
         p = Path(s)
         return SystemSpec.from_dict(load_mapping(p, what="system file"), name=p.stem)
+    if "@" in s:
+        from replay.attention_kernels import with_attention_kernel  # it imports this module
+
+        base, _, kernel = s.rpartition("@")
+        return dataclasses.replace(with_attention_kernel(resolve_system(base), kernel), name=s)
     return get_system(s)
 
 

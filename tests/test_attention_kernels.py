@@ -114,3 +114,40 @@ def test_validate_cli_attention_option(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     got = pl.read_csv(out)
     assert (got["status"] == "ok").sum() == 186  # every GPU of the tables has an FA2 curve
+
+
+def test_a_system_name_takes_a_kernel_suffix(tmp_path: Path) -> None:
+    """``PRESET@KERNEL`` everywhere a system is named (estimate, replay, sweep, study files):
+    the preset with that kernel's curve, named as written; a bad kernel says what is wrong."""
+    from replay import resolve_system
+
+    got = resolve_system("dgx-h100@flashattention-2")
+    assert got.name == "dgx-h100@flashattention-2"
+    assert dataclasses.replace(got, name="dgx-h100") == with_attention_kernel(
+        get_system("dgx-h100"), "flashattention-2")
+    toml = tmp_path / "mine.toml"
+    toml.write_text((Path(__file__).parents[1] / "replay" / "systems" / "dgx-a100-80gb.toml")
+                    .read_text())
+    assert not resolve_system(f"{toml}@unfused").gpu.flash_attention
+    with pytest.raises(ConfigError, match="flashattention-1 has no published curve on h100"):
+        resolve_system("dgx-h100@flashattention-1")
+
+
+def test_estimate_cli_with_a_kernel_suffix_is_slower(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from analysis.cli import app
+
+    def step_s(system: str) -> float:
+        out = tmp_path / "e.json"
+        res = CliRunner().invoke(app, ["estimate", "--model", "llama3-8b", "--gpus", "8",
+                                       "--mbs", "1", "--gbs", "8", "--system", system,
+                                       "--tp", "8", "--sp", "--json", str(out)])
+        assert res.exit_code == 0, res.output
+        got = json.loads(out.read_text())
+        assert got["system"] == system
+        return float(got["step_time_s"])
+
+    assert step_s("dgx-h100@flashattention-2") > step_s("dgx-h100")
