@@ -190,10 +190,22 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None,
         model = _padded_vocab(_model(row), row["tp"], notes)
         strategy = _uneven_pipeline(_strategy(row, precision), row["num_layers"], notes)
         if strategy_over:
-            strategy = Strategy.from_dict({**strategy.to_dict(), **strategy_over})
+            strategy = Strategy.from_dict({**strategy.to_dict(),
+                                           **_where_meaningful(strategy_over, row, notes)})
         return RunInputs(model, strategy, _system(row, base), "; ".join(notes))
     except TrainsimError as exc:
         return f"skipped: {exc}"
+
+
+def _where_meaningful(over: dict[str, Any], row: dict[str, Any], notes: list[str]
+                      ) -> dict[str, Any]:
+    """Strategy overrides for one row, less those its layout has nothing for: TP communication
+    overlap at tp 1 (no TP collectives; NeMo turns it off there, as Megatron turns sequence
+    parallelism off), so one ``--set`` can describe a stack across a mixed set. Said per row."""
+    if over.get("tp_comm_overlap") and row["tp"] == 1:
+        notes.append("strategy override tp_comm_overlap not applied at tp 1 (no TP collectives)")
+        return {k: v for k, v in over.items() if k != "tp_comm_overlap"}
+    return over
 
 
 def _unsupported_precision(precision: str, gpu: str, system: SystemSpec) -> str | None:

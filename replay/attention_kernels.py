@@ -20,6 +20,12 @@ extrapolated:
   319 / 333 / 335 TFLOP/s from 512 to 16K tokens at head dim 128, ≈ 0.345 · s/(s + 300) of the
   peak, and 299 / 298 TFLOP/s at head dim 64 / 256 (ratios 0.893, 0.890 to 128).
 * ``flashattention-3`` — Hopper: the preset's own curve (FlashAttention-3 is Hopper-only).
+* ``cudnn`` — Hopper: cuDNN's fused attention, what Transformer Engine (Megatron-Core, NeMo)
+  runs there. The cuDNN line of the same charts: 315 / 410 / 484 / 518 / 529 / 539 TFLOP/s from
+  512 to 16K tokens at head dim 128, ≈ 0.5576 · s/(s + 385) of the peak (through the 512 and
+  16K points, within 4% between), and 388 at head dim 64 (ratio 0.720 to 128). No causal BF16
+  chart gives head dim 256: the ratio is held at 128's (1), the rule for head dims beyond a
+  curve's measurements.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ Curve = tuple[tuple[str, Any], ...]
 PRESET: Curve = ()
 _FA2_HOPPER: Curve = (("gpu.attention_efficiency", 0.345), ("gpu.attention_half_seq", 300),
                       ("gpu.attention_hdim64_ratio", 0.893), ("gpu.attention_hdim256_ratio", 0.890))
+_CUDNN_HOPPER: Curve = (("gpu.attention_efficiency", 0.5576), ("gpu.attention_half_seq", 385),
+                       ("gpu.attention_hdim64_ratio", 0.720), ("gpu.attention_hdim256_ratio", 1.0))
 # Half of the Ampere presets' FlashAttention-2 efficiency (0.65 in their system files).
 _FA1_AMPERE: Curve = (("gpu.attention_efficiency", 0.325),)
 
@@ -44,6 +52,7 @@ KERNELS: dict[str, dict[str, Curve]] = {
     "flashattention-1": dict.fromkeys(AMPERE, _FA1_AMPERE),
     "flashattention-2": {**dict.fromkeys(AMPERE, PRESET), **dict.fromkeys(HOPPER, _FA2_HOPPER)},
     "flashattention-3": dict.fromkeys(HOPPER, PRESET),
+    "cudnn": dict.fromkeys(HOPPER, _CUDNN_HOPPER),
 }
 
 

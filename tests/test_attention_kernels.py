@@ -44,6 +44,18 @@ def test_flashattention2_on_hopper_is_its_published_line(seq: int, tflops: float
     assert _forward_tflops(gpu, seq) == pytest.approx(tflops, rel=0.02)
 
 
+# cuDNN's fused attention, same charts.
+CUDNN_H100 = {512: 315, 1024: 410, 2048: 484, 4096: 518, 8192: 529, 16384: 539}
+
+
+@pytest.mark.parametrize(("seq", "tflops"), sorted(CUDNN_H100.items()))
+def test_cudnn_on_hopper_is_its_published_line(seq: int, tflops: float) -> None:
+    """0.5576·s/(s + 385): through the 512 and 16K points, within 4.5% between."""
+    gpu = with_attention_kernel(get_system("dgx-h100"), "cudnn").gpu
+    assert _forward_tflops(gpu, seq) == pytest.approx(tflops, rel=0.045)
+    assert _forward_tflops(gpu, 16384, 64) == pytest.approx(388, rel=0.02)
+
+
 def test_flashattention2_on_hopper_head_dim_ratios() -> None:
     """299 / 298 TFLOP/s at head dim 64 / 256 against 335 at 128 (same charts, 16K)."""
     gpu = with_attention_kernel(get_system("dgx-h100"), "flashattention-2").gpu

@@ -1,0 +1,65 @@
+"""NVIDIA's own FP8 runs on DGX H100 (NeMo 24.07 performance table, tests/data/nemo2407_runs.csv):
+a diagnostic set on the stack the Hopper constants describe. The transcription is checked by the
+published model TFLOP/s, and the prediction held where it is (DESIGN.md, "NeMo's FP8 runs")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from analysis.glance import strategy_rates
+from analysis.validate import RunInputs, load_runs, row_inputs, validate
+
+NEMO = Path(__file__).parent / "data" / "nemo2407_runs.csv"
+# What the NeMo performance recipes run (the CSV's notes): cuDNN attention through Transformer
+# Engine, TP communication overlap where tp > 1, the distributed optimizer's overlapped gathers.
+STACK = {"strategy.tp_comm_overlap": True, "strategy.overlap_param_gather": True}
+
+
+def test_the_published_model_tflops_follow_from_the_rows() -> None:
+    """trainsim's model FLOPs of each row at its measured step time give the Model TFLOP/s/GPU
+    NVIDIA publishes for it within 0.5%: architecture, batch, throughput and FLOP convention
+    agree (a mistyped cell fails here)."""
+    runs = load_runs(NEMO)
+    assert runs.height == 7
+    for r in runs.iter_rows(named=True):
+        inputs = row_inputs(r)
+        assert isinstance(inputs, RunInputs), inputs
+        rates = strategy_rates(inputs.model, inputs.strategy, inputs.system,
+                               r["measured_iter_time_s"])
+        tflops = rates["mfu"] * inputs.system.gpu.peak_flop_per_s("fp8") / 1e12
+        assert tflops == pytest.approx(float(r["measured_tflops_per_gpu"]), rel=0.005), r["id"]
+
+
+@pytest.fixture(scope="module")
+def results() -> pl.DataFrame:
+    return validate(NEMO, fast=True, overrides=STACK, attention="cudnn")
+
+
+def test_nemo_stack_is_predicted_within_the_error_reached(results: pl.DataFrame) -> None:
+    """All seven come out 12-20% too fast (DESIGN.md says where that may come from); the bound
+    is the error reached, never to be loosened."""
+    assert (results["status"] == "ok").all()
+    assert results["error_pct"].abs().max() <= 20.5  # type: ignore[operator]
+
+
+def test_tp_overlap_is_not_applied_where_there_is_no_tp(results: pl.DataFrame) -> None:
+    """One ``--set strategy.tp_comm_overlap=true`` describes the stack across the set: rows at
+    tp 1 run without it (nothing to overlap) and say so, instead of being skipped."""
+    runs = load_runs(NEMO).select("id", "tp")
+    got = results.join(runs, on="id")
+    tp1 = got.filter(pl.col("tp") == 1)
+    assert tp1.height == 3
+    assert tp1["assumptions"].str.contains("tp_comm_overlap not applied at tp 1").all()
+    assert not got.filter(pl.col("tp") > 1)["assumptions"].str.contains("not applied").any()
+
+
+def test_memory_is_within_the_margin_reached(results: pl.DataFrame) -> None:
+    """They ran, so they fit; five of seven are predicted to. The two at 81 and 84 GiB (Llama 3
+    8B with cp 2, GPT-3 175B with micro-batch 2) are over by at most 6%: under FP8,
+    Transformer Engine keeps the FP8 copy of a linear layer's input for its weight gradient
+    (1 byte per element), where the memory model counts 16-bit activations."""
+    assert results["fits"].sum() >= 5
+    assert (results["predicted_peak_memory_GiB"] / 80).max() <= 1.06  # type: ignore[operator]
