@@ -58,3 +58,17 @@ def test_attention_and_output_head_stay_16_bit() -> None:
     bf16 = [op for op in O.layer_fwd(MODEL, BF16) if isinstance(op, O.Op)
             and op.kind == "attention"]
     assert bf16 == attention[:1]
+
+
+def test_fp8_keeps_one_byte_copies_of_gemm_inputs() -> None:
+    """Per token per layer, FP8 stores the QKV, FC1 and FC2 inputs at 1 byte instead of 2 and
+    adds the 1-byte copy of the output projection's input: 2h + f − h = h + f fewer bytes
+    (Transformer Engine's saved tensors; tracegen/memory.py)."""
+    from tracegen.memory import activation_bytes_per_layer
+
+    tokens, h, f = 2 * 1024, 1024, 4096
+    saved = activation_bytes_per_layer(MODEL, BF16) - activation_bytes_per_layer(MODEL, FP8)
+    assert saved == tokens * (h + f)
+    full = dataclasses.replace(FP8, recompute="full")  # only the 16-bit layer input is kept
+    assert activation_bytes_per_layer(MODEL, full) == activation_bytes_per_layer(
+        MODEL, dataclasses.replace(full, precision="bf16"))

@@ -56,10 +56,8 @@ def test_tp_overlap_is_not_applied_where_there_is_no_tp(results: pl.DataFrame) -
     assert not got.filter(pl.col("tp") > 1)["assumptions"].str.contains("not applied").any()
 
 
-def test_memory_is_within_the_margin_reached(results: pl.DataFrame) -> None:
-    """They ran, so they fit; five of seven are predicted to. The two at 81 and 84 GiB (Llama 3
-    8B with cp 2, GPT-3 175B with micro-batch 2) are over by at most 6%: under FP8,
-    Transformer Engine keeps the FP8 copy of a linear layer's input for its weight gradient
-    (1 byte per element), where the memory model counts 16-bit activations."""
-    assert results["fits"].sum() >= 5
-    assert (results["predicted_peak_memory_GiB"] / 80).max() <= 1.06  # type: ignore[operator]
+def test_every_run_fits(results: pl.DataFrame) -> None:
+    """They ran, so they fit — with the FP8 copies Transformer Engine keeps for the weight
+    gradients counted at 1 byte (tracegen/memory.py). Counted at 16 bits, Llama 3 8B with cp 2
+    and GPT-3 175B with micro-batch 2 came out at 81 and 84 GiB."""
+    assert results["fits"].all()

@@ -72,16 +72,24 @@ class MemoryEstimate:
         return d
 
 
-def _layer_terms(m: ModelSpec) -> tuple[float, float]:
+def _layer_terms(m: ModelSpec, fp8: bool = False) -> tuple[float, float]:
     """(replicated, tp-split) activation bytes per token per layer without recompute, before the
-    attention-score term. For GPT shapes these are Korthikanti's 10 and 24 (times h)."""
+    attention-score term. For GPT shapes these are Korthikanti's 10 and 24 (times h).
+
+    Under FP8 a linear layer keeps the FP8 copy of its input for the weight gradient, 1 byte per
+    element, instead of the 16-bit input (Transformer Engine: ``Linear`` saves the quantized
+    input, ``LayerNormLinear`` its quantized ``ln_out``, column-wise usage only): the inputs of
+    QKV, FC1 and FC2 shrink to 1 byte; the output projection's input is also the attention's
+    output, which the attention keeps in 16 bits for its own backward, so its FP8 copy adds 1."""
     h, kv = m.hidden_size, m.kv_size
     f = m.moe_ffn_hidden_size * m.experts_per_token if m.is_moe else m.ffn_hidden_size
     up = 2 if m.gated else 1
-    # LN1 in 2h, QKV in 2h, attn dropout mask h, LN2 in 2h, FC1 in 2h, MLP dropout mask h.
-    replicated = 10 * h
-    # Q 2h, K 2kv, V 2kv, out-proj in 2h, FC1 out 2·up·f, activation out 2f.
-    split = 2 * h + 4 * kv + 2 * h + 2 * up * f + 2 * f
+    gemm_in = 1 if fp8 else 2
+    # LN1 in 2h, QKV in, attn dropout mask h, LN2 in 2h, FC1 in, MLP dropout mask h.
+    replicated = 2 * h + gemm_in * h + h + 2 * h + gemm_in * h + h
+    # Q 2h, K 2kv, V 2kv, attention out 2h (+ its FP8 copy), FC1 out 2·up·f, activation out.
+    out_proj_in = 2 * h + (h if fp8 else 0)
+    split = 2 * h + 4 * kv + out_proj_in + 2 * up * f + gemm_in * f
     return replicated, split
 
 
@@ -96,7 +104,7 @@ def _layer_activation_bytes(m: ModelSpec, s: Strategy, recompute: str, flash_att
     tokens = s.micro_batch_size * m.seq_len // s.cp
     if recompute == "full":
         return 2 * tokens * m.hidden_size // (t if sp else 1)
-    replicated, split = _layer_terms(m)
+    replicated, split = _layer_terms(m, fp8=s.precision == "fp8")
     per_token = (replicated + split) / t if sp else replicated + split / t
     if recompute == "none" and not flash_attention:
         a, seq = m.num_attention_heads, m.seq_len
