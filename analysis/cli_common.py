@@ -42,6 +42,9 @@ PrecisionOpt = Annotated[str, typer.Option(help="bf16 | fp16 | fp8")]
 CpCommOpt = Annotated[str, typer.Option(
     help="p2p (ring alongside attention, Megatron's default) | all_gather (K/V gathered "
          "first, Llama 3)")]
+ExpertTpOpt = Annotated[int, typer.Option(
+    "--expert-tp", help="Tensor parallelism of the experts (Megatron --expert-tensor-parallel-"
+                        "size): 0 = tp; 1 folds ep over tp·cp·dp, whole experts per rank.")]
 GradBf16Opt = Annotated[bool, typer.Option(
     "--grad-reduce-bf16", help="Gradient buffer and data-parallel reduction in 16 bits, not "
     "fp32 (Megatron --grad-reduce-in-bf16).")]
@@ -55,7 +58,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    tp_comm_overlap: bool, mbs: int, gbs: int, schedule: str, recompute: str,
                    zero: int, overlap_param_gather: bool, precision: str,
                    first_stage_layers: int, last_stage_layers: int,
-                   grad_reduce_bf16: bool = False, cp_comm_type: str = "p2p") -> Strategy:
+                   grad_reduce_bf16: bool = False, cp_comm_type: str = "p2p",
+                   expert_tp: int = 0) -> Strategy:
     """The strategy the shared options describe (dp from the GPU count)."""
     denom = tp * pp * cp
     if gpus < 1 or denom < 1 or gpus % denom:
@@ -69,7 +73,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     precision=precision,  # type: ignore[arg-type]
                     first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
                     grad_reduce_in_bf16=grad_reduce_bf16,
-                    cp_comm_type=cp_comm_type)  # type: ignore[arg-type]
+                    cp_comm_type=cp_comm_type,  # type: ignore[arg-type]
+                    expert_tp=expert_tp)
 
 
 def note_param_gather(strategy: Strategy) -> None:

@@ -60,10 +60,12 @@ class FastEstimate(NamedTuple):
 
 
 def _group_shape(axis: str, rank: int, tp: int, cp: int, dp: int, pp: int, ep: int, tied: bool,
-                 moe: bool, gpus_per_node: int) -> tuple[int, int, int, bool]:
+                 moe: bool, gpus_per_node: int, expert_tp: int
+                 ) -> tuple[int, int, int, bool]:
     """(ranks, nodes spanned, ranks per node, rail-aligned) of ``rank``'s group on ``axis``
     (shared by every strategy with the same degrees: a sweep computes each once)."""
-    degrees = Strategy(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, global_batch_size=dp)
+    degrees = Strategy(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, global_batch_size=dp,
+                       expert_tp=expert_tp, sequence_parallel=tp > 1)
     mesh = Mesh(degrees, tied_embeddings=tied, moe=moe)
     return ranges_shape(mesh.member_ranges(axis, mesh.coord(rank)), gpus_per_node)
 
@@ -182,7 +184,7 @@ class _Costs:
         self.moe = model.is_moe
         # all a group's shape depends on besides its axis and rank
         self._degrees = (s.tp, s.cp, s.dp, s.pp, s.ep, model.tied_embeddings, self.moe,
-                         self.gpn)
+                         self.gpn, s.expert_tp if s.moe_folded else 0)
         # the shapes of this layout's groups (the layout is hashed once per strategy, not per
         # lookup)
         self._shapes = self.ctx.shapes.setdefault(self._degrees, {})

@@ -238,7 +238,8 @@ def _strategy(row: dict[str, Any], precision: str) -> Strategy:
         sequence_parallel=bool(row["sequence_parallel"]),
         micro_batch_size=row["micro_batch_size"], global_batch_size=row["global_batch_size"],
         schedule="interleaved_1f1b" if vpp > 1 else "1f1b", recompute=row["recompute"],
-        zero_stage=row["zero_stage"], precision=precision)  # type: ignore[arg-type]
+        zero_stage=row["zero_stage"], precision=precision,  # type: ignore[arg-type]
+        expert_tp=row.get("expert_tp") or 0)
 
 
 def _padded_vocab(model: ModelSpec, tp: int, notes: list[str]) -> ModelSpec:
@@ -290,7 +291,21 @@ def _implied(row: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             known = out[other]
             if out[field] is None and known and n % (tp * pp * known) == 0:
                 fill(field, n // (tp * pp * known), f"tp·pp·dp·cp = num_gpus = {n}")
+    ep, dp = out["ep"], out["dp"]
+    if _folded(out):
+        fill("expert_tp", 1, f"ep {ep} does not divide dp {dp}, only tp·cp·dp: expert "
+             "parallelism folded over them, whole experts per rank (Megatron-Core MoE parallel "
+             "folding)")
     return out, notes
+
+
+def _folded(row: dict[str, Any]) -> bool:
+    """A MoE row whose ep cannot be carved out of dp but divides tp·cp·dp: the one layout that
+    runs it is Megatron-Core's parallel folding with whole experts (expert_tp 1)."""
+    ep, dp, cp, tp = row["ep"], row["dp"], row["cp"], row["tp"]
+    if row["arch"] != "moe" or None in (ep, dp, cp, tp) or min(ep, dp, cp, tp) < 1:
+        return False
+    return bool(dp % ep) and (tp * cp * dp) % ep == 0
 
 
 def _system(row: dict[str, Any], base: SystemSpec) -> SystemSpec:

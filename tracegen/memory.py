@@ -154,10 +154,11 @@ def unit_params(m: ModelSpec, s: Strategy, stage: int) -> int:
     h, f = m.hidden_size, m.moe_ffn_hidden_size if m.is_moe else m.ffn_hidden_size
     up = 2 if m.gated else 1
     experts = m.num_experts // s.ep if m.is_moe else 1
-    unit = max(h * (h + 2 * m.kv_size), experts * up * h * f)
+    unit = max(h * (h + 2 * m.kv_size) // s.tp,
+               experts * up * h * f // (s.etp if m.is_moe else s.tp))
     if stage in (0, s.pp - 1):
-        unit = max(unit, m.vocab_size * h)
-    return unit // s.tp
+        unit = max(unit, m.vocab_size * h // s.tp)
+    return unit
 
 
 def transient_bytes(m: ModelSpec, s: Strategy, stage: int, *, flash_attention: bool = True

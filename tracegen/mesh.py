@@ -78,6 +78,8 @@ class Mesh:
         digits, so its members are at most dp/ep runs of equally spaced ranks."""
         s, r = self.s, self.rank_of
         tp, cp = s.tp, s.cp
+        if axis in ("ep", "edp") and s.moe_folded:
+            return self._folded_ranges(axis, c)
         if axis == "tp":
             start = r(pp=c.pp, dp=c.dp, cp=c.cp, tp=0)
             return [range(start, start + tp)]
@@ -102,6 +104,20 @@ class Mesh:
             ends = dict.fromkeys(r(pp=p, dp=c.dp, cp=c.cp, tp=c.tp) for p in (0, s.pp - 1))
             return [range(e, e + 1) for e in ends]
         raise ValueError(axis)
+
+    def _folded_ranges(self, axis: str, c: Coord) -> list[range]:
+        """MoE parallel folding (``Strategy.expert_tp`` 1): a stage's tp·cp·dp ranks in rank
+        order split into EP groups of ``ep`` consecutive ranks; the expert-data-parallel group
+        is every ep-th rank of the stage (Megatron-Core's expert rank order, tp-ep-dp with an
+        expert tensor-parallel size of 1)."""
+        s = self.s
+        stage = s.tp * s.cp * s.dp
+        base = c.pp * stage
+        local = c.rank - base
+        if axis == "ep":
+            start = base + local - local % s.ep
+            return [range(start, start + s.ep)]
+        return [range(base + local % s.ep, base + stage, s.ep)]
 
     def _axis_used(self, axis: str) -> bool:
         if axis == "embd":
@@ -140,7 +156,8 @@ class Mesh:
     def group_size(self, axis: str) -> int:
         s = self.s
         sizes = {"tp": s.tp, "cp": s.cp, "dp": s.dp * s.cp, "ep": s.ep,
-                 "edp": s.dp // s.ep * s.cp, "embd": 2 if s.pp > 1 else 1}
+                 "edp": s.tp * s.cp * s.dp // s.ep if s.moe_folded else s.dp // s.ep * s.cp,
+                 "embd": 2 if s.pp > 1 else 1}
         return sizes[axis] if self._axis_used(axis) else 1
 
     def pp_peer(self, rank: int, offset: int) -> int:

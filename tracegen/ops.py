@@ -142,7 +142,7 @@ def op_key(s: Strategy) -> tuple[object, ...]:
     two strategies with the same key get the same op lists. Keep it in step with the code.
     (Recompute picks which lists run again, not what they hold, so it is not here.)"""
     return (s.micro_batch_size, s.cp, s.tp, s.sequence_parallel, s.precision, s.tp_comm_overlap,
-            s.ep, s.cp_comm_type)
+            s.ep, s.cp_comm_type, s.moe_folded)
 
 
 def dims(m: ModelSpec, s: Strategy) -> Dims:
@@ -231,6 +231,9 @@ def mlp_block_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
     t, h, n_tok = d.t, d.h, d.tokens
     items: list[Item] = [eltwise("ln2", d.tokens_sp * h, reads=1, writes=1, flop_per_elem=NORM_FLOP,
                                  kind="norm")]
+    if m.is_moe and st.moe_folded:  # each rank routes its own tokens: no TP collectives
+        return items + _moe_fwd(m, st, d) + [
+            eltwise("resid2", d.tokens_sp * h, reads=2, writes=1, flop_per_elem=RESID_FLOP)]
     items += _tp_comm(d, "ln2_ag", gather=True)
     if m.is_moe:
         items += _moe_fwd(m, st, d)
@@ -247,12 +250,15 @@ def mlp_block_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
 
 def _moe_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
     """Top-k routing with balanced load: each rank's experts process tokens·k routed tokens
-    (Lepikhin et al. 2021, GShard §2; Megatron-Core MoE all-to-all token dispatcher)."""
+    (Lepikhin et al. 2021, GShard §2; Megatron-Core MoE all-to-all token dispatcher). Folded
+    (``Strategy.expert_tp`` 1), a rank routes its sequence-parallel share of the tokens to whole
+    experts; otherwise every TP rank routes all of them to its slice of each expert."""
     h, k = d.h, m.experts_per_token
-    routed = d.tokens * k
-    f = m.moe_ffn_hidden_size // d.t
+    tokens = d.tokens_sp if st.moe_folded else d.tokens
+    routed = tokens * k
+    f = m.moe_ffn_hidden_size // st.etp
     up = 2 if m.gated else 1
-    items: list[Item] = [gemm("router", d.tokens, m.num_experts, h, "fp32")]
+    items: list[Item] = [gemm("router", tokens, m.num_experts, h, "fp32")]
     if st.ep > 1:
         items.append(Comm("moe_dispatch", "ep", "ALL_TO_ALL", routed * h * ACT_BYTES))
     items.append(gemm("expert_fc1", routed, up * f, h, d.dtype))

@@ -175,7 +175,7 @@ class RoleProgram:
         attn = (h * (h + 2 * m.kv_size) + h * h) // s.tp
         if m.is_moe:
             up = 3 if m.gated else 2
-            expert = m.num_experts // s.ep * up * h * m.moe_ffn_hidden_size // s.tp
+            expert = m.num_experts // s.ep * up * h * m.moe_ffn_hidden_size // s.etp
             return ParamBlock("layer", attn + h * m.num_experts, expert)
         return ParamBlock("layer", attn + m.mlp_params() // s.tp)
 
@@ -430,8 +430,10 @@ class RoleProgram:
 
 def dp_group_size(s: Strategy, axis: str) -> int:
     """Ranks that reduce a gradient: dp × cp for dense weights ("dp"), dp / ep × cp for experts
-    ("edp")."""
-    return s.dp * s.cp if axis == "dp" else s.dp // s.ep * s.cp
+    ("edp"; tp·cp·dp / ep with expert parallelism folded)."""
+    if axis == "dp":
+        return s.dp * s.cp
+    return s.tp * s.cp * s.dp // s.ep if s.moe_folded else s.dp // s.ep * s.cp
 
 
 def gather_pieces(params: int, bucket: int) -> list[int]:

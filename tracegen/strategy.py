@@ -24,7 +24,9 @@ PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
 class Strategy:
     """Parallel layout of one training job. ``world_size = tp · cp · dp · pp``.
 
-    Expert parallelism (``ep``) is carved out of data parallelism, as Megatron does.
+    Expert parallelism (``ep``) is carved out of data parallelism, as Megatron does — or, with
+    ``expert_tp = 1``, folded over a stage's tp · cp · dp ranks (Megatron-Core MoE parallel
+    folding).
     """
 
     tp: int = 1
@@ -66,11 +68,27 @@ class Strategy:
     # default; Liu et al. 2023, ring attention), or "all_gather", K/V of the whole sequence
     # gathered before attention, its latency exposed (Llama 3, Dubey et al. 2024 §3.3.2).
     cp_comm_type: CpCommType = "p2p"
+    # Megatron --expert-tensor-parallel-size. 0 = tp (Megatron's default: experts TP-split like
+    # the dense MLP, ep carved out of dp). 1 with tp·cp > 1 folds expert parallelism over the
+    # stage's tp·cp·dp ranks instead (MoE Parallel Folding, Liu et al. 2025, arXiv:2504.14960,
+    # Megatron-Core ≥ 0.10): whole experts per rank, EP groups of consecutive ranks, each rank
+    # routing its own sequence-parallel tokens, no TP collectives around the MoE layer.
+    expert_tp: int = 0
 
     def __post_init__(self) -> None:
         problems = _degree_problems(self)
         if problems:
             raise ConfigError(problems, what="strategy")
+
+    @property
+    def moe_folded(self) -> bool:
+        """Expert parallelism folded over tp·cp·dp (``expert_tp`` 1 where tp·cp > 1)."""
+        return self.expert_tp == 1 and self.tp * self.cp > 1
+
+    @property
+    def etp(self) -> int:
+        """The tensor-parallel degree of the expert GEMMs."""
+        return 1 if self.moe_folded else self.tp
 
     @property
     def world_size(self) -> int:
@@ -116,7 +134,7 @@ class Strategy:
         if self.cp > 1:
             s += f"-cp{self.cp}"
         if self.ep > 1:
-            s += f"-ep{self.ep}"
+            s += f"-ep{self.ep}" + ("-etp1" if self.moe_folded else "")
         if self.vpp > 1:
             s += f"-vpp{self.vpp}"
         return s + f"-mbs{self.micro_batch_size}"
@@ -189,9 +207,24 @@ def _schedule_problems(s: Strategy) -> list[str]:
                 f"a multiple of pp ({s.pp}) (Megatron's interleaved schedule); change "
                 "global_batch_size or micro_batch_size"
             )
-    if s.dp % s.ep:
-        out.append(f"ep {s.ep} must divide dp {s.dp} (expert parallelism is carved out of data "
-                   "parallelism)")
+    return out + _expert_problems(s)
+
+
+def _expert_problems(s: Strategy) -> list[str]:
+    if s.expert_tp not in (0, 1, s.tp):
+        return [f"expert_tp {s.expert_tp}: 0 (= tp, Megatron's default) or 1 (whole experts, "
+                f"expert parallelism folded over tp·cp·dp); other degrees are not modelled"]
+    if not s.moe_folded:
+        return [f"ep {s.ep} must divide dp {s.dp} (expert parallelism is carved out of data "
+                "parallelism); or fold it over tp·cp·dp with expert_tp = 1 (Megatron-Core MoE "
+                "parallel folding)"] if s.dp % s.ep else []
+    ranks = s.tp * s.cp * s.dp
+    out = [f"ep {s.ep} must divide tp·cp·dp = {ranks} (expert parallelism folded over a "
+           "stage's ranks, expert_tp 1)"] if ranks % s.ep else []
+    if s.tp > 1 and not s.sequence_parallel:
+        out.append("expert_tp 1 with tp > 1 needs sequence_parallel: each TP rank routes its "
+                   "own share of the tokens (Megatron requires sequence parallelism for MoE "
+                   "with tensor parallelism)")
     return out
 
 
@@ -272,7 +305,7 @@ def _moe_fit_problems(s: Strategy, m: ModelSpec) -> list[str]:
     if m.num_experts % s.ep:
         return [f"num_experts {m.num_experts} is not divisible by ep {s.ep}; choose ep among "
                 f"{_divisors(m.num_experts)}"]
-    if m.moe_ffn_hidden_size % s.tp:
+    if m.moe_ffn_hidden_size % s.etp:
         return [f"moe_ffn_hidden_size {m.moe_ffn_hidden_size} is not divisible by tp {s.tp}"]
     return []
 
