@@ -3,10 +3,11 @@
 Megatron-LM's FLOP count (Narayanan et al. 2021 §5.1, generalised to GQA and gated MLPs as in
 Megatron-LM's ``num_floating_point_operations``): per step of B sequences of s tokens,
 
-    F = 12·B·s·l·h² · (1 + kv/heads + s/h + g·ffn/h + V/(2·l·h)),  g = 1.5 gated, 1 otherwise
+    F = 12·B·s·l·h² · ((1 + kv/heads + s/h)·q/h + g·ffn/h + V/(2·l·h)),  g = 1.5 gated, 1 else
 
-(forward + backward = 3 × forward; attention counted as full, not causal). For GPT shapes this is
-72·B·s·l·h²·(1 + s/6h + V/12lh). MoE layers count the top-k experts per token.
+(forward + backward = 3 × forward; attention counted as full, not causal; q = heads × head dim,
+h unless the model decouples them — Megatron's query_projection_to_hidden_size_ratio). For GPT
+shapes this is 72·B·s·l·h²·(1 + s/6h + V/12lh). MoE layers count the top-k experts per token.
 HFU adds the recomputed forward: full recompute one more forward of every layer, selective the
 attention scores and values (Korthikanti et al. 2022, §6).
 """
@@ -21,7 +22,9 @@ def model_flop_per_step(m: ModelSpec, global_batch: int) -> int:
     ffn = m.moe_ffn_hidden_size * m.experts_per_token if m.is_moe else m.ffn_hidden_size
     g = 1.5 if m.gated else 1.0
     kv = m.num_kv_heads / m.num_attention_heads
-    return round(12 * b * s * n_l * h * h * (1 + kv + s / h + g * ffn / h + v / (2 * n_l * h)))
+    q = m.q_size / h
+    return round(12 * b * s * n_l * h * h * ((1 + kv + s / h) * q + g * ffn / h
+                                             + v / (2 * n_l * h)))
 
 
 def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str) -> int:
@@ -29,7 +32,7 @@ def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str) -> 
     if recompute == "none":
         return 0
     b, s, n_l, h = global_batch, m.seq_len, m.num_layers, m.hidden_size
-    attention = 4 * b * s * s * h * n_l  # QKᵀ and attention·V, full (Megatron convention)
+    attention = 4 * b * s * s * m.q_size * n_l  # QKᵀ and attention·V, full (Megatron)
     if recompute == "selective":
         return attention
     logits = 2 * b * s * h * m.vocab_size

@@ -81,15 +81,16 @@ def _layer_terms(m: ModelSpec, fp8: bool = False) -> tuple[float, float]:
     input, ``LayerNormLinear`` its quantized ``ln_out``, column-wise usage only): the inputs of
     QKV, FC1 and FC2 shrink to 1 byte; the output projection's input is also the attention's
     output, which the attention keeps in 16 bits for its own backward, so its FP8 copy adds 1."""
-    h, kv = m.hidden_size, m.kv_size
+    h, kv, q = m.hidden_size, m.kv_size, m.q_size
     f = m.moe_ffn_hidden_size * m.experts_per_token if m.is_moe else m.ffn_hidden_size
     up = 2 if m.gated else 1
     gemm_in = 1 if fp8 else 2
     # LN1 in 2h, QKV in, attn dropout mask h, LN2 in 2h, FC1 in, MLP dropout mask h.
     replicated = 2 * h + gemm_in * h + h + 2 * h + gemm_in * h + h
-    # Q 2h, K 2kv, V 2kv, attention out 2h (+ its FP8 copy), FC1 out 2·up·f, activation out.
-    out_proj_in = 2 * h + (h if fp8 else 0)
-    split = 2 * h + 4 * kv + out_proj_in + 2 * up * f + gemm_in * f
+    # Q 2q, K 2kv, V 2kv, attention out 2q (+ its FP8 copy), FC1 out 2·up·f, activation out
+    # (q = h unless the model sets its own head_dim).
+    out_proj_in = 2 * q + (q if fp8 else 0)
+    split = 2 * q + 4 * kv + out_proj_in + 2 * up * f + gemm_in * f
     return replicated, split
 
 
@@ -154,7 +155,7 @@ def unit_params(m: ModelSpec, s: Strategy, stage: int) -> int:
     h, f = m.hidden_size, m.moe_ffn_hidden_size if m.is_moe else m.ffn_hidden_size
     up = 2 if m.gated else 1
     experts = m.num_experts // s.ep if m.is_moe else 1
-    unit = max(h * (h + 2 * m.kv_size) // s.tp,
+    unit = max(h * (m.q_size + 2 * m.kv_size) // s.tp,
                experts * up * h * f // (s.etp if m.is_moe else s.tp))
     if stage in (0, s.pp - 1):
         unit = max(unit, m.vocab_size * h // s.tp)

@@ -25,6 +25,10 @@ class ModelSpec:
     vocab_size: int
     seq_len: int
     num_kv_heads: int = 0  # 0 = same as num_attention_heads (multi-head attention)
+    # Width of one attention head; 0 = hidden_size / num_attention_heads. Set where a model
+    # decouples them (Qwen3: 64 heads of 128 on a 4,096-wide model; Gemma; Megatron's
+    # --kv-channels): Q and the attention output are then heads × head_dim wide.
+    head_dim: int = 0
     activation: Activation = "gelu"
     tied_embeddings: bool = False
     num_experts: int = 0  # 0 = dense
@@ -34,13 +38,18 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.num_kv_heads == 0:
             object.__setattr__(self, "num_kv_heads", self.num_attention_heads)
-        problems = _problems(self)
+        given = self.head_dim != 0
+        if not given and self.num_attention_heads > 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        problems = _problems(self, head_dim_given=given)
         if problems:
             raise ConfigError(problems, what=f"model {self.name!r}")
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def q_size(self) -> int:
+        """Width of Q (and of the attention output): heads × head dim (= hidden_size unless
+        ``head_dim`` decouples them)."""
+        return self.num_attention_heads * self.head_dim
 
     @property
     def is_moe(self) -> bool:
@@ -58,8 +67,8 @@ class ModelSpec:
 
     def layer_params(self) -> int:
         """Parameters of one transformer layer (weights only; biases and norms are ignored)."""
-        h = self.hidden_size
-        attn = h * (h + 2 * self.kv_size) + h * h
+        h, q = self.hidden_size, self.q_size
+        attn = h * (q + 2 * self.kv_size) + q * h
         return attn + self.mlp_params()
 
     def mlp_params(self) -> int:
@@ -94,7 +103,7 @@ class ModelSpec:
         return cls.from_dict(data)
 
 
-def _problems(m: ModelSpec) -> list[str]:
+def _problems(m: ModelSpec, *, head_dim_given: bool = True) -> list[str]:
     out: list[str] = []
     for field in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                   "vocab_size", "seq_len", "num_kv_heads"):
@@ -104,7 +113,10 @@ def _problems(m: ModelSpec) -> list[str]:
         return out
     if m.activation not in ACTIVATIONS:
         out.append(f"activation must be one of {', '.join(ACTIVATIONS)}; got {m.activation!r}")
-    if m.hidden_size % m.num_attention_heads:
+    if m.head_dim < 0:
+        out.append(f"head_dim must be ≥ 0 (0 = hidden_size / num_attention_heads), got "
+                   f"{m.head_dim}")
+    elif not head_dim_given and m.hidden_size % m.num_attention_heads:
         out.append(
             f"hidden_size {m.hidden_size} is not divisible by num_attention_heads "
             f"{m.num_attention_heads}; choose heads that divide the hidden size"

@@ -184,7 +184,8 @@ NORM_FLOP, ROPE_FLOP, ACT_FLOP, RESID_FLOP = 4, 3, 4, 2
 
 def attention_block_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
     t, h, n_tok = d.t, d.h, d.tokens
-    qkv_n = (h + 2 * m.kv_size) // t
+    q = m.q_size  # = h unless the model sets its own head_dim
+    qkv_n = (q + 2 * m.kv_size) // t
     heads = m.num_attention_heads // t
     items: list[Item] = [eltwise("ln1", d.tokens_sp * h, reads=1, writes=1, flop_per_elem=NORM_FLOP,
                                  kind="norm")]
@@ -192,10 +193,10 @@ def attention_block_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
     items.append(gemm("qkv", n_tok, qkv_n, h, d.dtype))
     if m.activation == "swiglu" or m.num_kv_heads != m.num_attention_heads:
         # Llama-family models use rotary position embeddings (Su et al. 2021) on q and k.
-        items.append(eltwise("rope", n_tok * (h + m.kv_size) // t, reads=1, writes=1,
+        items.append(eltwise("rope", n_tok * (q + m.kv_size) // t, reads=1, writes=1,
                              flop_per_elem=ROPE_FLOP))
     items += _core_attention(m, st, d, heads)
-    items.append(gemm("attn_out", n_tok, h, h // t, d.dtype))
+    items.append(gemm("attn_out", n_tok, h, q // t, d.dtype))
     items += _tp_comm(d, "attn_out_rs", gather=False)
     items.append(eltwise("resid1", d.tokens_sp * h, reads=2, writes=1, flop_per_elem=RESID_FLOP))
     return items

@@ -172,7 +172,7 @@ class RoleProgram:
     def layer_block(self) -> ParamBlock:
         m, s = self.m, self.s
         h = m.hidden_size
-        attn = (h * (h + 2 * m.kv_size) + h * h) // s.tp
+        attn = (h * (m.q_size + 2 * m.kv_size) + m.q_size * h) // s.tp
         if m.is_moe:
             up = 3 if m.gated else 2
             expert = m.num_experts // s.ep * up * h * m.moe_ffn_hidden_size // s.etp
