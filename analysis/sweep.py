@@ -29,7 +29,8 @@ DEFAULT_SPACE: dict[str, list[Any]] = {
     "recompute": ["none", "selective", "full"], "zero_stage": [0, 1],
     "sequence_parallel": [False, True],
 }
-OPTIONAL_DIMENSIONS = ("cp", "ep", "schedule", "tp_comm_overlap", "overlap_param_gather")
+OPTIONAL_DIMENSIONS = ("cp", "ep", "expert_tp", "schedule", "tp_comm_overlap",
+                       "overlap_param_gather")
 Progress = Callable[[str, int, int], None]
 
 
@@ -66,6 +67,7 @@ def _strategy(study: Study, d: dict[str, Any]) -> Strategy | None:
     schedule = d.get("schedule") or ("interleaved_1f1b" if vpp > 1 else "1f1b")
     try:
         s = Strategy(tp=tp, pp=pp, cp=cp, ep=int(d.get("ep", 1)), vpp=vpp,
+                     expert_tp=int(d.get("expert_tp", 0)),
                      dp=study.gpus // (tp * pp * cp),
                      sequence_parallel=bool(d["sequence_parallel"]),
                      tp_comm_overlap=bool(d.get("tp_comm_overlap", False)),

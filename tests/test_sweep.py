@@ -142,3 +142,24 @@ def test_strategy_ids_do_not_change_between_versions() -> None:
     assert strategy_key(bf16) == (*first, ("grad_reduce_in_bf16", True))
     assert strategy_id(bf16) != strategy_id(s)
     assert [f.name for f in dataclasses.fields(Strategy)][:len(_ID_FIELDS)] == list(_ID_FIELDS)
+
+
+def test_expert_parallel_folding_is_a_search_dimension(tmp_path: Path) -> None:
+    """On a MoE model, ``expert_tp: [0, 1]`` adds the folded layouts, including the ep that only
+    tp·dp holds (tp 2, dp 4, ep 8 on 8 GPUs), labelled apart."""
+    import dataclasses
+
+    from analysis.compare import strategy_fields
+    from tracegen import get_model
+
+    study = dataclasses.replace(
+        load_study(write_study(tmp_path / "s", strategies=False, failures=False, search=True)),
+        model=get_model("mixtral-8x7b"), search={
+            "tp": [2], "pp": [1], "vpp": [1], "micro_batch_size": [1], "recompute": ["full"],
+            "zero_stage": [1], "sequence_parallel": [True], "ep": [2, 4, 8],
+            "expert_tp": [0, 1]})
+    valid, _ = enumerate_space(study)
+    got = sorted((s.ep, s.moe_folded) for s in valid)
+    assert got == [(2, False), (2, True), (4, False), (4, True), (8, True)]
+    assert all(strategy_fields(s)["strategy"].endswith("-etp1-mbs1-rcf-z1-sp")
+               for s in valid if s.moe_folded)
