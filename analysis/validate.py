@@ -66,6 +66,10 @@ INT_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads
                "moe_ffn_hidden_size", "global_batch_size", "micro_batch_size", "num_gpus", "tp",
                "pp", "dp", "cp", "ep", "virtual_pp", "zero_stage", "gpus_per_node")
 FLOAT_COLUMNS = ("scaleout_gbps_per_gpu", "measured_iter_time_s")
+# Columns beyond the public schema, read when a file has them (empty = the default): what a
+# model or layout needs that the schema cannot say — attention heads wider than hidden / heads
+# (Qwen3) and the experts' tensor parallelism (1 = Megatron-Core's MoE parallel folding).
+EXTENSION_INT_COLUMNS = ("head_dim", "expert_tp")
 BOOL_COLUMNS = ("sequence_parallel",)
 # Read case-insensitively (the schema spells them in lower case: "bf16", "h100-sxm", "full").
 ENUM_COLUMNS = ("arch", "activation", "recompute", "precision", "gpu")
@@ -93,10 +97,11 @@ def load_runs(path: str | Path) -> pl.DataFrame:
                           "(shared/validation/README.md)", what="runs file")
     raw = raw.with_columns(pl.lit(None, dtype=pl.String).alias(c) for c in missing)
     text = {c: pl.col(c).str.strip_chars() for c in raw.columns}
-    num = {c: text[c].cast(pl.Float64, strict=False) for c in (*INT_COLUMNS, *FLOAT_COLUMNS)}
+    ints = (*INT_COLUMNS, *(c for c in EXTENSION_INT_COLUMNS if c in raw.columns))
+    num = {c: text[c].cast(pl.Float64, strict=False) for c in (*ints, *FLOAT_COLUMNS)}
     parsed = {
         **{c: pl.when(num[c] == num[c].round(0)).then(num[c]).cast(pl.Int64)
-           for c in INT_COLUMNS},
+           for c in ints},
         **{c: num[c] for c in FLOAT_COLUMNS},
         **{c: text[c].str.to_lowercase().replace_strict(
             {"true": True, "false": False}, default=None, return_dtype=pl.Boolean)
@@ -228,7 +233,8 @@ def _model(row: dict[str, Any]) -> ModelSpec:
         seq_len=row["seq_len"], activation=row["activation"],
         num_experts=row["num_experts"] if moe else 0,
         experts_per_token=row["experts_per_token"] if moe else 0,
-        moe_ffn_hidden_size=row["moe_ffn_hidden_size"] if moe else 0)
+        moe_ffn_hidden_size=row["moe_ffn_hidden_size"] if moe else 0,
+        head_dim=row.get("head_dim") or 0)
 
 
 def _strategy(row: dict[str, Any], precision: str) -> Strategy:
@@ -303,7 +309,8 @@ def _folded(row: dict[str, Any]) -> bool:
     """A MoE row whose ep cannot be carved out of dp but divides tp·cp·dp: the one layout that
     runs it is Megatron-Core's parallel folding with whole experts (expert_tp 1)."""
     ep, dp, cp, tp = row["ep"], row["dp"], row["cp"], row["tp"]
-    if row["arch"] != "moe" or None in (ep, dp, cp, tp) or min(ep, dp, cp, tp) < 1:
+    if (row["arch"] != "moe" or row.get("expert_tp") is not None or None in (ep, dp, cp, tp)
+            or min(ep, dp, cp, tp) < 1):
         return False
     return bool(dp % ep) and (tp * cp * dp) % ep == 0
 
