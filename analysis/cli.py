@@ -44,7 +44,7 @@ def tracegen_cmd(
     overlap_param_gather: C.ParamGatherOpt = False, precision: C.PrecisionOpt = "bf16",
     first_stage_layers: C.FirstLayersOpt = 0, last_stage_layers: C.LastLayersOpt = 0,
     grad_reduce_bf16: C.GradBf16Opt = False, cp_comm_type: C.CpCommOpt = "p2p",
-    expert_tp: C.ExpertTpOpt = 0,
+    expert_tp: C.ExpertTpOpt = 0, zero3_prefetch: C.Zero3PrefetchOpt = False,
     mode: Annotated[str, typer.Option(help="full | representative")] = "representative",
     system: Annotated[str | None, typer.Option(help="Flag ranks whose estimated memory exceeds "
                                                     "this system's GPU memory.")] = None,
@@ -57,7 +57,8 @@ def tracegen_cmd(
         mbs=mbs, gbs=gbs, schedule=schedule, recompute=recompute, zero=zero,
         overlap_param_gather=overlap_param_gather, precision=precision,
         first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
-        grad_reduce_bf16=grad_reduce_bf16, cp_comm_type=cp_comm_type, expert_tp=expert_tp)
+        grad_reduce_bf16=grad_reduce_bf16, cp_comm_type=cp_comm_type, expert_tp=expert_tp,
+        zero3_prefetch=zero3_prefetch)
     with progress_bar() as bar:
         task = bar.add_task("writing ranks", total=None)
         summary = generate(spec, strategy, out, mode=mode, name=name, gpus=gpus,  # type: ignore[arg-type]

@@ -42,6 +42,9 @@ PrecisionOpt = Annotated[str, typer.Option(help="bf16 | fp16 | fp8")]
 CpCommOpt = Annotated[str, typer.Option(
     help="p2p (ring alongside attention, Megatron's default) | all_gather (K/V gathered "
          "first, Llama 3)")]
+Zero3PrefetchOpt = Annotated[bool, typer.Option(
+    "--zero3-prefetch", help="ZeRO-3: gather the next block's parameters alongside the current "
+                             "block's compute (FSDP prefetch, Megatron-FSDP).")]
 ExpertTpOpt = Annotated[int, typer.Option(
     "--expert-tp", help="Tensor parallelism of the experts (Megatron --expert-tensor-parallel-"
                         "size): 0 = tp; 1 folds ep over tp·cp·dp, whole experts per rank.")]
@@ -59,7 +62,7 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    zero: int, overlap_param_gather: bool, precision: str,
                    first_stage_layers: int, last_stage_layers: int,
                    grad_reduce_bf16: bool = False, cp_comm_type: str = "p2p",
-                   expert_tp: int = 0) -> Strategy:
+                   expert_tp: int = 0, zero3_prefetch: bool = False) -> Strategy:
     """The strategy the shared options describe (dp from the GPU count)."""
     denom = tp * pp * cp
     if gpus < 1 or denom < 1 or gpus % denom:
@@ -74,7 +77,7 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
                     grad_reduce_in_bf16=grad_reduce_bf16,
                     cp_comm_type=cp_comm_type,  # type: ignore[arg-type]
-                    expert_tp=expert_tp)
+                    expert_tp=expert_tp, zero3_prefetch=zero3_prefetch)
 
 
 def note_param_gather(strategy: Strategy) -> None:

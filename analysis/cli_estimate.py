@@ -31,7 +31,7 @@ def estimate_cmd(
     overlap_param_gather: C.ParamGatherOpt = False, precision: C.PrecisionOpt = "bf16",
     first_stage_layers: C.FirstLayersOpt = 0, last_stage_layers: C.LastLayersOpt = 0,
     grad_reduce_bf16: C.GradBf16Opt = False, cp_comm_type: C.CpCommOpt = "p2p",
-    expert_tp: C.ExpertTpOpt = 0,
+    expert_tp: C.ExpertTpOpt = 0, zero3_prefetch: C.Zero3PrefetchOpt = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
                                                   "JSON to this file.")] = None,
 ) -> None:
@@ -45,7 +45,8 @@ def estimate_cmd(
         mbs=mbs, gbs=gbs, schedule=schedule, recompute=recompute, zero=zero,
         overlap_param_gather=overlap_param_gather, precision=precision,
         first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
-        grad_reduce_bf16=grad_reduce_bf16, cp_comm_type=cp_comm_type, expert_tp=expert_tp)
+        grad_reduce_bf16=grad_reduce_bf16, cp_comm_type=cp_comm_type, expert_tp=expert_tp,
+        zero3_prefetch=zero3_prefetch)
     g = glance(spec, strategy, resolve_system(system))
     print_glance(g, strategy)
     note_param_gather(strategy)

@@ -179,7 +179,8 @@ class _Costs:
         # dp only through ZeRO-3's gathers); its op lists' costs do not depend on recompute.
         self.lists_key = self.ctx.intern((self.ctx.model_id(model), O.op_key(s)))
         self.key = self.ctx.intern((self.lists_key, s.recompute,
-                                    (s.dp, s.zero3_gather_bucket_params, s.grad_reduce_in_bf16)
+                                    (s.dp, s.zero3_gather_bucket_params, s.grad_reduce_in_bf16,
+                                     s.zero3_prefetch)
                                     if s.zero_stage == 3 else 0))
         self.moe = model.is_moe
         # all a group's shape depends on besides its axis and rank
@@ -303,6 +304,7 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
     """Per chunk: forward and backward ns of one micro-batch, and the backward runs of blocks
     with their durations for the gradient buckets."""
     zero3 = costs.s.zero_stage == 3
+    prefetch = zero3 and costs.s.zero3_prefetch
     fwd, bwd, runs_bwd, early_f, early_b, late_b = [], [], [], [], [], []
     params = {"dp": 0, "edp": 0}
     layers = 0
@@ -319,9 +321,17 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
             params["edp"] += count * block.expert
             if block.name == "layer":
                 layers += count
+        runs_bwd.append(tuple(runs[::-1]))
+        if prefetch:
+            chunk_f, chunk_b, first_f, first_b, tail_b = _prefetched_chunk(costs, chunk, rank, sig)
+            fwd.append(chunk_f)
+            bwd.append(chunk_b)
+            early_f.append(first_f)
+            early_b.append(first_b)
+            late_b.append(tail_b)
+            continue
         fwd.append(f)
         bwd.append(b)
-        runs_bwd.append(tuple(runs[::-1]))
         early_f.append(_zero3_ns(costs, chunk[0][0], rank, "ALL_GATHER") if zero3 else 0)
         early_b.append(_zero3_ns(costs, chunk[-1][0], rank, "ALL_GATHER") if zero3 else 0)
         # the dense and expert reduce-scatters run on their own groups' streams, side by side
@@ -333,17 +343,69 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
                   params["dp"] + params["edp"], layers)
 
 
-def _block_ns(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...]
-              ) -> tuple[int, int]:
-    """(forward, backward) ns of one block for one micro-batch. The backward recomputes what
-    ``RoleProgram._recompute_items`` lists: a layer's forward (full) or its core attention
-    (selective)."""
+def _compute_ns(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...]
+                ) -> tuple[int, int]:
+    """(forward, backward) ns of one block's own op lists for one micro-batch. The backward
+    recomputes what ``RoleProgram._recompute_items`` lists: a layer's forward (full) or its
+    core attention (selective)."""
     s = costs.s
     fwd = costs.list_ns(block, "fwd", rank, sig)
     again = 0
     if block.name == "layer" and s.recompute != "none":
         again = fwd if s.recompute == "full" else costs.list_ns(block, "selective", rank, sig)
-    bwd = again + costs.list_ns(block, "bwd", rank, sig)
+    return fwd, again + costs.list_ns(block, "bwd", rank, sig)
+
+
+def _prefetched_chunk(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: int,
+                      sig: tuple[object, ...]) -> tuple[int, int, int, int, int]:
+    """ZeRO-3 with prefetch (``Strategy.zero3_prefetch``), one chunk and micro-batch: (forward,
+    backward, the first gathers of each pass, the backward's tail after its last compute),
+    timed as ``RoleProgram`` issues them — a pass's first block's gathers in the chain (every
+    stream drained: the pass's own clock starts there), each next block's issued as the
+    current one starts, each block's gradient reduce-scatters after its backward, every group
+    on its own stream in issue order. Walked block by block: the streams couple neighbours."""
+    blocks = [block for block, count in chunk for _ in range(count)]
+    comp = [_compute_ns(costs, b, rank, sig) for b in blocks]
+    gather = [_zero3_axes(costs, b, rank, "ALL_GATHER") for b in blocks]
+    scatter = [_zero3_axes(costs, b, rank, "REDUCE_SCATTER") for b in blocks]
+    fwd, first_f, _ = _prefetch_pass(range(len(blocks)), [c[0] for c in comp], gather, None)
+    order = range(len(blocks) - 1, -1, -1)
+    bwd, first_b, last = _prefetch_pass(order, [c[1] for c in comp], gather, scatter)
+    return fwd, bwd, first_f, first_b, bwd - last
+
+
+def _prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
+                   scatter: list[tuple[int, int]] | None) -> tuple[int, int, int]:
+    """(end with its streams drained, end of its first block's gathers, end of its last
+    compute) of one pass over blocks in ``order``; dense and expert groups, a stream each."""
+    stream = [0, 0]
+    chain = 0
+    for a in (0, 1):  # the first block's gathers block the chain, dense then expert
+        if gather[order[0]][a]:
+            chain = stream[a] = max(chain, stream[a]) + gather[order[0]][a]
+    first_done = ready = chain
+    for j, i in enumerate(order):
+        start = max(chain, ready)
+        if j + 1 < len(order):  # the next block's gathers start as this block does
+            ready = start
+            for a, g in enumerate(gather[order[j + 1]]):
+                if g:
+                    stream[a] = max(start, stream[a]) + g
+                    ready = max(ready, stream[a])
+        chain = start + comp[i]
+        if scatter is not None:
+            for a, r in enumerate(scatter[i]):
+                if r:
+                    stream[a] = max(chain, stream[a]) + r
+    return max(chain, *stream), first_done, chain
+
+
+def _block_ns(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...]
+              ) -> tuple[int, int]:
+    """(forward, backward) ns of one block for one micro-batch (``_compute_ns``), with ZeRO-3's
+    gathers and reduce-scatters where they block the chain."""
+    s = costs.s
+    fwd, bwd = _compute_ns(costs, block, rank, sig)
     if s.zero_stage != 3:
         return fwd, bwd
     g_dp, g_edp = _zero3_axes(costs, block, rank, "ALL_GATHER")
@@ -388,9 +450,11 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     c = _sends(costs, reps, alike)
     # Interleaved schedules, and pipelines whose stages hold different layer counts, are walked
     # step by step: the closed forms charge every micro-batch at the slowest stage, which is
-    # exact for alike stages but not when a few short stages let the others run ahead.
+    # exact for alike stages but not when a few short stages let the others run ahead. So are
+    # prefetched ZeRO-3 passes, whose gathers and scatter tails hide behind every wait.
     check: Iterable[int]
-    if s.schedule == "interleaved_1f1b" or s.first_stage_layers or s.last_stage_layers:
+    if (s.schedule == "interleaved_1f1b" or s.first_stage_layers or s.last_stage_layers
+            or s.zero3_prefetch):
         pipe, ends, chunk_ends = _walked_ends(costs, stages, c)
         check = range(s.pp)
     else:

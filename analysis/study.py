@@ -17,7 +17,8 @@
     [search]                        # sweep: the space to enumerate (lists of values)
     tp = [1, 2, 4, 8]               # also pp, vpp, micro_batch_size, recompute, zero_stage,
                                     # sequence_parallel; optional cp, ep, expert_tp,
-                                    # schedule, tp_comm_overlap, overlap_param_gather
+                                    # schedule, tp_comm_overlap, overlap_param_gather,
+                                    # zero3_prefetch
 
     [failures]                      # a preset, or rate_per_gpu_hour (+ weibull_shape)
     preset = "llama3-16k-h100"

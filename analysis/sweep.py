@@ -30,7 +30,7 @@ DEFAULT_SPACE: dict[str, list[Any]] = {
     "sequence_parallel": [False, True],
 }
 OPTIONAL_DIMENSIONS = ("cp", "ep", "expert_tp", "schedule", "tp_comm_overlap",
-                       "overlap_param_gather")
+                       "overlap_param_gather", "zero3_prefetch")
 Progress = Callable[[str, int, int], None]
 
 
@@ -68,6 +68,7 @@ def _strategy(study: Study, d: dict[str, Any]) -> Strategy | None:
     try:
         s = Strategy(tp=tp, pp=pp, cp=cp, ep=int(d.get("ep", 1)), vpp=vpp,
                      expert_tp=int(d.get("expert_tp", 0)),
+                     zero3_prefetch=bool(d.get("zero3_prefetch", False)),
                      dp=study.gpus // (tp * pp * cp),
                      sequence_parallel=bool(d["sequence_parallel"]),
                      tp_comm_overlap=bool(d.get("tp_comm_overlap", False)),

@@ -206,11 +206,17 @@ def _where_meaningful(over: dict[str, Any], row: dict[str, Any], notes: list[str
                       ) -> dict[str, Any]:
     """Strategy overrides for one row, less those its layout has nothing for: TP communication
     overlap at tp 1 (no TP collectives; NeMo turns it off there, as Megatron turns sequence
-    parallelism off), so one ``--set`` can describe a stack across a mixed set. Said per row."""
+    parallelism off), ZeRO-3 prefetch below ZeRO-3, so one ``--set`` can describe a stack
+    across a mixed set. Said per row."""
+    drop = []
     if over.get("tp_comm_overlap") and row["tp"] == 1:
         notes.append("strategy override tp_comm_overlap not applied at tp 1 (no TP collectives)")
-        return {k: v for k, v in over.items() if k != "tp_comm_overlap"}
-    return over
+        drop.append("tp_comm_overlap")
+    if over.get("zero3_prefetch") and row["zero_stage"] != 3:
+        notes.append("strategy override zero3_prefetch not applied at zero_stage "
+                     f"{row['zero_stage']} (no ZeRO-3 gathers)")
+        drop.append("zero3_prefetch")
+    return {k: v for k, v in over.items() if k not in drop}
 
 
 def _unsupported_precision(precision: str, gpu: str, system: SystemSpec) -> str | None:

@@ -30,10 +30,11 @@ SYSTEM = get_system("dgx-h100")
        uneven=st.booleans(), zbucket=st.sampled_from([0, 100_000]),
        dp_overlap=st.sampled_from(["both", "grad", "none"]), ep=st.sampled_from([0, 1, 2, 4]),
        cp=st.sampled_from([1, 1, 2]), fp8=st.booleans(), fold=st.booleans(),
+       prefetch=st.booleans(),
        system=st.sampled_from(["dgx-h100", "dgx-a100-80gb", "dgx-b200"]))
 def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, mb, schedule,
                                               overlap, uneven, zbucket, dp_overlap, ep, cp, fp8,
-                                              fold, system) -> None:
+                                              fold, prefetch, system) -> None:
     """``ep`` 0: the dense model; 1, 2 or 4: the MoE model with that expert parallelism, carved
     out of dp or (``fold``) folded over tp·cp·dp."""
     model, hw = MOE if ep else MODEL, get_system(system)
@@ -47,7 +48,8 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
                      micro_batch_size=1, global_batch_size=mb * dp * pp, schedule=schedule,
                      dp_bucket_params=200_000, zero3_gather_bucket_params=zbucket,
                      overlap_grad_reduce=dp_overlap != "none",
-                     overlap_param_gather=dp_overlap == "both", expert_tp=int(fold))
+                     overlap_param_gather=dp_overlap == "both", expert_tp=int(fold),
+                     zero3_prefetch=prefetch and zero == 3)
         fast = estimate(model, s, hw)
     except ConfigError:
         assume(False)
@@ -178,7 +180,7 @@ def test_op_key_covers_every_field_the_op_lists_read() -> None:
                 "overlap_param_gather": True,
                 "first_stage_layers": 3, "dp_bucket_params": 1000,
                 "zero3_gather_bucket_params": 1000, "grad_reduce_in_bf16": True,
-                "cp_comm_type": "all_gather", "expert_tp": 1}
+                "cp_comm_type": "all_gather", "expert_tp": 1, "zero3_prefetch": True}
     fields = {f.name for f in dataclasses.fields(Strategy)}
     assert fields <= set(variants) | {"last_stage_layers"}, "give the new field a variant here"
 

@@ -12,7 +12,11 @@ from analysis.glance import strategy_rates
 from analysis.validate import RunInputs, load_runs, row_inputs, validate
 
 RUNS = Path(__file__).parent / "data" / "megatron_bridge_h100_runs.csv"
-STACK = {"strategy.tp_comm_overlap": True, "strategy.overlap_param_gather": True}
+# The recipes' stack: TP communication overlap, overlapped parameter gathers (distributed
+# optimizer) and, for the Megatron-FSDP row, prefetched ZeRO-3 gathers (each not applied where
+# the row's layout has nothing for it, said per row).
+STACK = {"strategy.tp_comm_overlap": True, "strategy.overlap_param_gather": True,
+         "strategy.zero3_prefetch": True}
 
 
 def test_each_models_rows_agree_with_each_other() -> None:
@@ -37,15 +41,13 @@ def test_each_models_rows_agree_with_each_other() -> None:
 def test_newest_stack_is_predicted_within_the_error_reached() -> None:
     """With the stack described: Llama 3 70B (tp 4, pp 8, vpp 5) 3.3-4.5% too fast in all
     three releases, Llama 3.1 405B (tp 8, pp 8, cp 2, vpp 8) 16-20% too fast, Llama 3 8B under
-    Megatron FSDP 26% too slow — trainsim's ZeRO-3 gathers block the compute, Megatron's FSDP
-    overlaps them (DESIGN.md); Qwen3-235B-A22B (MoE, ep 32 folded over tp 2 × dp 16, heads of
+    Megatron FSDP +1.4% with its gathers prefetched (+26% with them blocking); Qwen3-235B-A22B (MoE, ep 32 folded over tp 2 × dp 16, heads of
     128 — the file's head_dim and expert_tp columns) −0.9 and +1.6%. Bounds are the errors
     reached."""
     got = validate(RUNS, fast=True, overrides=STACK, attention="cudnn")
     assert (got["status"] == "ok").all() and got["fits"].all()
     err = dict(zip(got["id"], got["error_pct"], strict=True))
     for rid, e in err.items():
-        bound = (5.0 if "70b" in rid else 20.5 if "405b" in rid else 2.0 if "qwen3" in rid
-                 else 27.0)
+        bound = 20.5 if "405b" in rid else 5.0 if "70b" in rid else 2.0
         assert abs(e) <= bound, (rid, e)
     assert pl.Series(list(err.values())).abs().median() <= 4.5  # type: ignore[operator]

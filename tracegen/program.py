@@ -68,6 +68,7 @@ class RoleProgram:
         self._waiting: list[int] = []  # ... and those the chain node after it waits for
         self.last_coll: dict[str, int] = {}
         self.pending_dp: list[int] = []
+        self._last_rs: dict[str, int] = {}  # ZeRO-3: each group's latest gradient scatter
         self.deferred_dp: list[O.Comm] = []  # buckets issued after the backward (no overlap)
         # overlap_param_gather: (micro-batch, chunk, block) → the gathers its forward waits for
         self.gather_waits: dict[tuple[int, int, int], list[int]] = {}
@@ -211,7 +212,13 @@ class RoleProgram:
         return out
 
     # ---- ZeRO-3 parameter gathers and gradient scatters ------------------------------------
-    def _zero3_gather(self, block: ParamBlock, prefix: str) -> None:
+    def _zero3_gather(self, block: ParamBlock, prefix: str, *,
+                      prefetch_deps: tuple[int, ...] | None = None,
+                      after: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """The block's parameter all-gathers: in the compute chain (the first also after the
+        nodes ``after``), or (``prefetch_deps``) alongside it, issued once those nodes are
+        done; returns their node ids."""
+        ids = []
         for axis, n in (("dp", block.dense), ("edp", block.expert)):
             size = dp_group_size(self.s, axis)
             if not n or size < 2:
@@ -220,16 +227,51 @@ class RoleProgram:
             for i, piece in enumerate(pieces):
                 name = f"{block.name}_param_ag" + (f"{i}" if len(pieces) > 1 else "")
                 shard = -(-piece // size) * O.PARAM_BYTES
-                self.coll(O.Comm(name, axis, "ALL_GATHER", shard), prefix, blocking=True)
+                c = O.Comm(name, axis, "ALL_GATHER", shard)
+                if prefetch_deps is not None:
+                    ids.append(self.coll(c, prefix, blocking=False, deps=prefetch_deps))
+                else:
+                    ids.append(self.coll(c, prefix, blocking=True, deps=after))
+                    after = ()
+        return tuple(ids)
+
+    def _zero3_gathers(self, blocks: list[ParamBlock], order: list[int], j: int, prefix: str,
+                       first: tuple[int, ...], ahead: tuple[int, ...]
+                       ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """ZeRO-3 gathers around the ``j``-th block of ``order``: (what its compute must also
+        wait for, the prefetched gathers of the block after it). Without prefetch the block's
+        own gathers block the chain. With it only a pass's first block's do — after the
+        previous pass's reduce-scatters on every group's stream — and the next block's are
+        issued as this one starts (after the chain, ``first`` and this block's gathers: FSDP's
+        limit of two blocks gathered)."""
+        i = order[j]
+        label = f"{prefix}.{blocks[i].label}"
+        if not self.s.zero3_prefetch:
+            self._zero3_gather(blocks[i], label)
+            return (), ()
+        if j == 0:  # the pass starts once every group's stream has drained
+            self._zero3_gather(blocks[i], label, after=tuple(self._last_rs.values()))
+            self._last_rs = {}
+            waits: tuple[int, ...] = ()
+        else:
+            waits = ahead
+        if j + 1 == len(order):
+            return waits, ()
+        nxt = blocks[order[j + 1]]
+        deps = (*(() if self.tail is None else (self.tail,)), *first, *waits)
+        return waits, self._zero3_gather(nxt, f"{prefix}.{nxt.label}", prefetch_deps=deps)
 
     def _grad_reduce(self, block: ParamBlock, prefix: str) -> None:
         """ZeRO-3: reduce-scatter this block's gradients now (every micro-batch, as FSDP does)."""
+        ids = []
         for axis, n in (("dp", block.dense), ("edp", block.expert)):
             size = dp_group_size(self.s, axis)
             if n and size > 1:
                 full = -(-n // size) * size * O.grad_reduce_bytes(self.s)
                 c = O.Comm(f"{block.name}_grad_rs", axis, "REDUCE_SCATTER", full)
-                self.pending_dp.append(self.coll(c, prefix, blocking=False, deps=(self._tail(),)))
+                ids.append(self.coll(c, prefix, blocking=False, deps=(self._tail(),)))
+                self._last_rs[axis] = ids[-1]
+        self.pending_dp += ids
 
     def _tail(self) -> int:
         if self.tail is None:  # pragma: no cover - every phase starts with an op
@@ -267,9 +309,12 @@ class RoleProgram:
         if gci > 0:
             first = (self._recv(mb, gci, grad=False),)
         blocks = self.blocks_of_chunk(gci)
+        order = list(range(len(blocks)))
+        ahead: tuple[int, ...] = ()
         for i, block in enumerate(blocks):
-            if self.s.zero_stage == 3:  # the gather does not wait for the received input
-                self._zero3_gather(block, f"{prefix}.{block.label}")
+            if self.s.zero_stage == 3:  # the first gather does not wait for the received input
+                own, ahead = self._zero3_gathers(blocks, order, i, prefix, first, ahead)
+                first = (*first, *own)
             waits = self.gather_waits.get((mb, gci, i))
             if waits:
                 first = (*first, *waits)
@@ -285,10 +330,13 @@ class RoleProgram:
         if gci < self.n_chunks - 1:
             first = (self._recv(mb, gci, grad=True),)
         blocks = self.blocks_of_chunk(gci)
-        for i in reversed(range(len(blocks))):
+        order = list(reversed(range(len(blocks))))
+        ahead: tuple[int, ...] = ()
+        for j, i in enumerate(order):
             block, name = blocks[i], f"{prefix}.{blocks[i].label}"
             if self.s.zero_stage == 3:
-                self._zero3_gather(block, name)
+                own, ahead = self._zero3_gathers(blocks, order, j, prefix, first, ahead)
+                first = (*first, *own)
             self.items(self._recompute_items(block), f"{name}.rc", "recompute", first)
             if self._recompute_items(block):
                 first = ()

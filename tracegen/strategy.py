@@ -74,6 +74,11 @@ class Strategy:
     # Megatron-Core ≥ 0.10): whole experts per rank, EP groups of consecutive ranks, each rank
     # routing its own sequence-parallel tokens, no TP collectives around the MoE layer.
     expert_tp: int = 0
+    # ZeRO-3 parameter prefetch (PyTorch FSDP's forward/backward prefetch, Megatron-FSDP): the
+    # all-gathers of the next block are issued as the current block starts and run alongside
+    # its compute (at most two blocks gathered); off, each block's gathers block the compute
+    # chain (tracegen/program.py; DESIGN.md, "ZeRO-3 gathers block the compute chain").
+    zero3_prefetch: bool = False
 
     def __post_init__(self) -> None:
         problems = _degree_problems(self)
@@ -207,6 +212,9 @@ def _schedule_problems(s: Strategy) -> list[str]:
                 f"a multiple of pp ({s.pp}) (Megatron's interleaved schedule); change "
                 "global_batch_size or micro_batch_size"
             )
+    if s.zero3_prefetch and s.zero_stage != 3:
+        out.append(f"zero3_prefetch needs zero_stage 3 (it prefetches ZeRO-3's parameter "
+                   f"gathers), got zero_stage {s.zero_stage}")
     return out + _expert_problems(s)
 
 
