@@ -29,7 +29,7 @@ def tails_ns(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[in
         chain[0] = chain[-1] = t
     strategy_key = costs.ctx.intern((s.dp_bucket_params, s.overlap_grad_reduce, s.zero_stage,
                                      s.dp, s.cp, s.ep, s.overlap_param_gather,
-                                     s.grad_reduce_in_bf16, s.moe_folded))
+                                     s.grad_reduce_in_bf16, s.expert_tp))
     finish = 0
     for st in check:
         x = stages[st]

@@ -185,7 +185,7 @@ class _Costs:
         self.moe = model.is_moe
         # all a group's shape depends on besides its axis and rank
         self._degrees = (s.tp, s.cp, s.dp, s.pp, s.ep, model.tied_embeddings, self.moe,
-                         self.gpn, s.expert_tp if s.moe_folded else 0)
+                         self.gpn, s.expert_tp)
         # the shapes of this layout's groups (the layout is hashed once per strategy, not per
         # lookup)
         self._shapes = self.ctx.shapes.setdefault(self._degrees, {})

@@ -142,7 +142,7 @@ def op_key(s: Strategy) -> tuple[object, ...]:
     two strategies with the same key get the same op lists. Keep it in step with the code.
     (Recompute picks which lists run again, not what they hold, so it is not here.)"""
     return (s.micro_batch_size, s.cp, s.tp, s.sequence_parallel, s.precision, s.tp_comm_overlap,
-            s.ep, s.cp_comm_type, s.moe_folded)
+            s.ep, s.cp_comm_type, s.expert_tp)
 
 
 def dims(m: ModelSpec, s: Strategy) -> Dims:
