@@ -22,7 +22,7 @@ RESULT_COLUMNS: dict[str, Any] = {
     "ep": pl.Int64, "vpp": pl.Int64, "micro_batch_size": pl.Int64, "schedule": pl.String,
     "recompute": pl.String, "zero_stage": pl.Int64, "sequence_parallel": pl.Boolean,
     "tp_comm_overlap": pl.Boolean, "overlap_param_gather": pl.Boolean,
-    "status": pl.String, "step_time_s": pl.Float64, "fast_step_time_s": pl.Float64,
+    "expert_tp": pl.Int64, "zero3_prefetch": pl.Boolean, "status": pl.String, "step_time_s": pl.Float64, "fast_step_time_s": pl.Float64,
     "tokens_per_s": pl.Float64, "mfu": pl.Float64, "hfu": pl.Float64,
     "peak_memory_GiB": pl.Float64, "fits": pl.Boolean, "compute_s": pl.Float64,
     "exposed_tp_s": pl.Float64, "exposed_pp_s": pl.Float64, "exposed_dp_s": pl.Float64,
@@ -36,12 +36,14 @@ def strategy_fields(s: Strategy) -> dict[str, Any]:
     return {"strategy": s.label() + ("" if s.schedule == "1f1b" else f"-{s.schedule}")
             + f"-rc{s.recompute[0]}-z{s.zero_stage}" + ("-sp" if s.sequence_parallel else "")
             + ("-tpo" if s.tp_comm_overlap else "")
-            + ("-opg" if s.overlap_param_gather and s.zero_stage in (1, 2) else ""),
+            + ("-opg" if s.overlap_param_gather and s.zero_stage in (1, 2) else "")
+            + ("-z3pf" if s.zero3_prefetch else ""),
             "tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep, "vpp": s.vpp,
             "micro_batch_size": s.micro_batch_size, "schedule": s.schedule,
             "recompute": s.recompute, "zero_stage": s.zero_stage,
             "sequence_parallel": s.sequence_parallel, "tp_comm_overlap": s.tp_comm_overlap,
-            "overlap_param_gather": s.overlap_param_gather}
+            "overlap_param_gather": s.overlap_param_gather, "expert_tp": s.expert_tp,
+            "zero3_prefetch": s.zero3_prefetch}
 
 
 def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,

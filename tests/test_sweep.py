@@ -163,3 +163,18 @@ def test_expert_parallel_folding_is_a_search_dimension(tmp_path: Path) -> None:
     assert got == [(2, False), (2, True), (4, False), (4, True), (8, True)]
     assert all(strategy_fields(s)["strategy"].endswith("-etp1-mbs1-rcf-z1-sp")
                for s in valid if s.moe_folded)
+
+
+def test_zero3_prefetch_is_a_search_dimension_labelled_apart(study_path: Path) -> None:
+    import dataclasses
+
+    from analysis.compare import strategy_fields
+
+    study = dataclasses.replace(load_study(study_path), search={
+        "tp": [1], "pp": [1], "vpp": [1], "micro_batch_size": [1], "recompute": ["none"],
+        "zero_stage": [1, 3], "sequence_parallel": [False], "zero3_prefetch": [False, True]})
+    valid, invalid = enumerate_space(study)
+    got = sorted((s.zero_stage, s.zero3_prefetch) for s in valid)
+    assert got == [(1, False), (3, False), (3, True)] and invalid == 1
+    labels = [strategy_fields(s)["strategy"] for s in valid]
+    assert len(set(labels)) == 3 and sum(lab.endswith("-z3pf") for lab in labels) == 1
