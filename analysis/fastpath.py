@@ -559,8 +559,10 @@ def _peak_memory_bytes(costs: _Costs, stages: list[_Stage], alike: bool) -> int:
         act = costs.ctx.activations[act_key] = activation_bytes_per_layer(
             m, s, flash_attention=flash)
     candidates = {0, s.pp - 1} if alike else {0, min(1, s.pp - 1), s.pp - 1}
+    # params: (("dp", dense), ("edp", expert)) — experts shard over their own group
     return max(memory_total_bytes(m, s, st, stages[st].total_params, act_per_layer=act,
-                                  flash_attention=flash, layers=stages[st].layers)
+                                  flash_attention=flash, layers=stages[st].layers,
+                                  expert_params=stages[st].params[1][1])
                for st in candidates)
 
 

@@ -84,7 +84,8 @@ def _stages(model: ModelSpec, s: Strategy, system: SystemSpec, est: FastEstimate
     flash = system.gpu.flash_attention
     out = []
     for st in range(s.pp):
-        params = sum(RoleProgram(model, s, st).stage_params().values())
-        mem = memory.estimate(model, s, st, params, flash_attention=flash)
+        held = RoleProgram(model, s, st).stage_params()
+        mem = memory.estimate(model, s, st, sum(held.values()), flash_attention=flash,
+                              expert_params=held["edp"])
         out.append(StageGlance(st, est.stage_fwd_s[st], est.stage_bwd_s[st], mem))
     return tuple(out)

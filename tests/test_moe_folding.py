@@ -170,3 +170,23 @@ def test_columns_beyond_the_schema_are_read_when_present(tmp_path: Path) -> None
     assert isinstance(default, str) and "ep 8 must divide dp 4" in default
     plain = inputs(head_dim="", expert_tp="")
     assert isinstance(plain, RunInputs) and plain.model.head_dim == 64
+
+
+@pytest.mark.parametrize(("zero", "state_bytes"), [(1, 12), (3, 4 + 8)])
+def test_expert_state_shards_over_the_expert_data_parallel_group(zero: int,
+                                                                 state_bytes: int) -> None:
+    """Megatron's distributed optimizer (and FSDP) shard each parameter's state over the ranks
+    that reduce its gradient: dense ones over dp·cp, experts over the expert-data-parallel group
+    — 1 rank when ep 8 folds over a stage's 8 ranks, so the experts' state is not divided at
+    all. With 2-byte weights at ZeRO 1 and FSDP's fp32 copy + Adam at ZeRO 3."""
+    from tracegen.memory import estimate as memory_estimate
+
+    s = dataclasses.replace(FOLDED, zero_stage=zero)
+    held = RoleProgram(MOE, s, 0).stage_params()
+    dense, expert = held["dp"], held["edp"]
+    got = memory_estimate(MOE, s, 0, dense + expert, expert_params=expert)
+    assert dp_group_size(s, "edp") == 1 and dp_group_size(s, "dp") == 4
+    state = got.optimizer_bytes + (got.weights_bytes if zero == 3 else 0)
+    assert state == -(-dense * state_bytes // 4) + expert * state_bytes
+    lumped = memory_estimate(MOE, s, 0, dense + expert)  # as if experts sharded over dp
+    assert got.total_bytes > lumped.total_bytes

@@ -31,6 +31,7 @@ import dataclasses
 
 from tracegen.model import ModelSpec
 from tracegen.ops import grad_reduce_bytes
+from tracegen.program import dp_group_size
 from tracegen.strategy import Strategy
 from tracegen.units import GiB
 
@@ -129,21 +130,34 @@ def inflight_microbatches(s: Strategy, stage: int) -> float:
 
 
 def estimate(m: ModelSpec, s: Strategy, stage: int, params_local: int,
-             *, flash_attention: bool = True, act_per_layer: int | None = None
-             ) -> MemoryEstimate:
-    """``act_per_layer``: ``activation_bytes_per_layer(m, s)`` where the caller has it."""
+             *, flash_attention: bool = True, act_per_layer: int | None = None,
+             expert_params: int = 0) -> MemoryEstimate:
+    """``act_per_layer``: ``activation_bytes_per_layer(m, s)`` where the caller has it.
+    ``expert_params``: the part of ``params_local`` in MoE experts (sharded over the expert-
+    data-parallel group, not the data-parallel one)."""
     if act_per_layer is None:
         act_per_layer = activation_bytes_per_layer(m, s, flash_attention=flash_attention)
     return MemoryEstimate(*_parts(m, s, stage, params_local, act_per_layer,
-                                  flash_attention=flash_attention))
+                                  flash_attention=flash_attention, expert_params=expert_params))
 
 
 def total_bytes(m: ModelSpec, s: Strategy, stage: int, params_local: int, *, act_per_layer: int,
-                flash_attention: bool = True, layers: int | None = None) -> int:
+                flash_attention: bool = True, layers: int | None = None,
+                expert_params: int = 0) -> int:
     """``estimate(...).total_bytes`` without building the breakdown (screening many).
     ``layers``: the stage's layer count where the caller has it."""
     return sum(_parts(m, s, stage, params_local, act_per_layer, flash_attention=flash_attention,
-                      layers=layers))
+                      layers=layers, expert_params=expert_params))
+
+
+def _sharded_bytes(s: Strategy, dense: int, expert: int, per_param: int) -> int:
+    """``per_param`` bytes of state per parameter, each group's share: dense parameters over
+    dp·cp, expert ones over the expert-data-parallel group (Megatron's distributed optimizer
+    and FSDP shard each over the ranks that reduce its gradient: ``dp_group_size``)."""
+    out = -(-dense * per_param // dp_group_size(s, "dp"))
+    if expert:
+        out += -(-expert * per_param // dp_group_size(s, "edp"))
+    return out
 
 
 def unit_params(m: ModelSpec, s: Strategy, stage: int) -> int:
@@ -175,20 +189,20 @@ def transient_bytes(m: ModelSpec, s: Strategy, stage: int, *, flash_attention: b
 
 
 def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *,
-           flash_attention: bool, layers: int | None = None
+           flash_attention: bool, layers: int | None = None, expert_params: int = 0
            ) -> tuple[int, int, int, int, int, int, int, int]:
     """The fields of ``MemoryEstimate`` in order."""
-    dp_shard = s.dp * s.cp
+    dense = params_local - expert_params
     grads = params_local * grad_reduce_bytes(s)
     optim = params_local * OPTIM_BYTES
     weights = params_local * WEIGHT_BYTES
     if s.zero_stage >= 1:
-        optim = -(-optim // dp_shard)
+        optim = _sharded_bytes(s, dense, expert_params, OPTIM_BYTES)
     if s.zero_stage >= 2:
-        grads = -(-grads // dp_shard)
+        grads = _sharded_bytes(s, dense, expert_params, grad_reduce_bytes(s))
     if s.zero_stage >= 3:
-        weights = -(-params_local * ZERO3_PARAM_BYTES // dp_shard)
-        optim = -(-params_local * ZERO3_OPTIM_BYTES // dp_shard)
+        weights = _sharded_bytes(s, dense, expert_params, ZERO3_PARAM_BYTES)
+        optim = _sharded_bytes(s, dense, expert_params, ZERO3_OPTIM_BYTES)
     if layers is None:
         layers = sum(len(s.chunk_layers(m.num_layers, c * s.pp + stage)) for c in range(s.vpp))
     # In-flight micro-batches are counted in units of the whole stage (all its chunks).

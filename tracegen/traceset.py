@@ -126,7 +126,8 @@ def generate(model: ModelSpec, strategy: Strategy, out_dir: str | Path, *,
         prog = RoleProgram(model, strategy, stage)
         nodes = prog.build()
         encodings[stage] = RoleEncoding(nodes)
-        mem = estimate(model, strategy, stage, sum(prog.stage_params().values()))
+        held = prog.stage_params()
+        mem = estimate(model, strategy, stage, sum(held.values()), expert_params=held["edp"])
         stats.append(stage_stats(stage, nodes, mem, mesh))
     total_nodes = 0
     ranks = list(ranks)
