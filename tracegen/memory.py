@@ -154,7 +154,7 @@ def _sharded_bytes(s: Strategy, dense: int, expert: int, per_param: int) -> int:
     """``per_param`` bytes of state per parameter, each group's share: dense parameters over
     dp·cp, expert ones over the expert-data-parallel group (Megatron's distributed optimizer
     and FSDP shard each over the ranks that reduce its gradient: ``dp_group_size``)."""
-    out = -(-dense * per_param // dp_group_size(s, "dp"))
+    out = -(-dense * per_param // (s.dp * s.cp))  # dp_group_size(s, "dp")
     if expert:
         out += -(-expert * per_param // dp_group_size(s, "edp"))
     return out
