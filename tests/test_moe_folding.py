@@ -190,3 +190,20 @@ def test_expert_state_shards_over_the_expert_data_parallel_group(zero: int,
     assert state == -(-dense * state_bytes // 4) + expert * state_bytes
     lumped = memory_estimate(MOE, s, 0, dense + expert)  # as if experts sharded over dp
     assert got.total_bytes > lumped.total_bytes
+
+
+def test_moe_layers_keep_their_dispatched_tokens() -> None:
+    """A MoE layer stores top-k dispatched copies of its input for the experts' first weight
+    gradient: k·h·2 bytes per token on every TP rank, or per sequence-parallel share (/tp)
+    when folded."""
+    from tracegen.memory import activation_bytes_per_layer
+
+    dense = dataclasses.replace(MOE, name="d", num_experts=0, experts_per_token=0,
+                                moe_ffn_hidden_size=0, ffn_hidden_size=256 * 4)
+    tokens, k, h = MOE.seq_len, MOE.experts_per_token, MOE.hidden_size
+    folded = activation_bytes_per_layer(MOE, FOLDED)
+    split = activation_bytes_per_layer(MOE, dataclasses.replace(FOLDED, ep=2, expert_tp=0))
+    assert split - folded == tokens * k * h * 2 - tokens * k * h * 2 // 2
+    # against a dense layer with the same routed MLP width (moe_ffn · k): just the copies
+    same = activation_bytes_per_layer(dense, dataclasses.replace(FOLDED, ep=1, expert_tp=0))
+    assert split - same == tokens * k * h * 2

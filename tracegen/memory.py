@@ -108,10 +108,22 @@ def _layer_activation_bytes(m: ModelSpec, s: Strategy, recompute: str, flash_att
         return 2 * tokens * m.hidden_size // (t if sp else 1)
     replicated, split = _layer_terms(m, fp8=s.precision == "fp8")
     per_token = (replicated + split) / t if sp else replicated + split / t
+    if m.is_moe:
+        per_token += _permuted_tokens_bytes(m, s)
     if recompute == "none" and not flash_attention:
         a, seq = m.num_attention_heads, m.seq_len
         per_token += 5 * a * seq / t  # softmax out 2as, dropout mask as, dropout out 2as
     return int(tokens * per_token)
+
+
+def _permuted_tokens_bytes(m: ModelSpec, s: Strategy) -> float:
+    """Per token of the micro-batch: the dispatched copies of a MoE layer's input that its
+    experts keep for their first GEMM's weight gradient, top-k of them (Megatron-Core's token
+    dispatcher permutes the tokens, and the grouped expert GEMM saves its input like any
+    linear layer: 1 byte under FP8). Every TP rank dispatches all tokens to its slice of each
+    expert; folded (``expert_tp`` 1), a rank dispatches its sequence-parallel share."""
+    copies = m.experts_per_token * m.hidden_size * (1 if s.precision == "fp8" else 2)
+    return copies / s.tp if s.moe_folded else copies
 
 
 def inflight_microbatches(s: Strategy, stage: int) -> float:
