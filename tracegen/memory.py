@@ -204,17 +204,25 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
            flash_attention: bool, layers: int | None = None, expert_params: int = 0
            ) -> tuple[int, int, int, int, int, int, int, int]:
     """The fields of ``MemoryEstimate`` in order."""
-    dense = params_local - expert_params
     grads = params_local * grad_reduce_bytes(s)
     optim = params_local * OPTIM_BYTES
     weights = params_local * WEIGHT_BYTES
-    if s.zero_stage >= 1:
+    if s.zero_stage and expert_params:
+        dense = params_local - expert_params
         optim = _sharded_bytes(s, dense, expert_params, OPTIM_BYTES)
-    if s.zero_stage >= 2:
-        grads = _sharded_bytes(s, dense, expert_params, grad_reduce_bytes(s))
-    if s.zero_stage >= 3:
-        weights = _sharded_bytes(s, dense, expert_params, ZERO3_PARAM_BYTES)
-        optim = _sharded_bytes(s, dense, expert_params, ZERO3_OPTIM_BYTES)
+        if s.zero_stage >= 2:
+            grads = _sharded_bytes(s, dense, expert_params, grad_reduce_bytes(s))
+        if s.zero_stage >= 3:
+            weights = _sharded_bytes(s, dense, expert_params, ZERO3_PARAM_BYTES)
+            optim = _sharded_bytes(s, dense, expert_params, ZERO3_OPTIM_BYTES)
+    elif s.zero_stage:  # dense parameters only: one group, dp·cp (the screening common case)
+        dp_shard = s.dp * s.cp
+        optim = -(-optim // dp_shard)
+        if s.zero_stage >= 2:
+            grads = -(-grads // dp_shard)
+        if s.zero_stage >= 3:
+            weights = -(-params_local * ZERO3_PARAM_BYTES // dp_shard)
+            optim = -(-params_local * ZERO3_OPTIM_BYTES // dp_shard)
     if layers is None:
         layers = sum(len(s.chunk_layers(m.num_layers, c * s.pp + stage)) for c in range(s.vpp))
     # In-flight micro-batches are counted in units of the whole stage (all its chunks).
