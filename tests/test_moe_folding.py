@@ -3,6 +3,7 @@ parallelism spans a stage's tp·cp·dp ranks, experts are whole on each rank."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import tempfile
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from analysis.fastpath import estimate
+from analysis.validate import RunInputs, load_runs, row_inputs
 from replay import get_system, replay
 from tracegen import ConfigError, ModelSpec, Strategy, generate
 from tracegen import ops as O
@@ -107,68 +109,50 @@ def test_a_fold_without_tp_or_cp_is_the_ordinary_layout() -> None:
     assert Mesh(s, moe=True).groups == Mesh(plain, moe=True).groups
 
 
+# One MoE run in the public-runs schema (the layout of ``FOLDED`` on a 16-GPU H100 system).
+ROW = dict(id="q", arch="moe", num_layers=8, hidden_size=512, num_attention_heads=8,
+           num_kv_heads=4, ffn_hidden_size=1024, vocab_size=2048, seq_len=512,
+           activation="swiglu", num_experts=16, experts_per_token=4, moe_ffn_hidden_size=256,
+           global_batch_size=16, micro_batch_size=1, num_gpus=16, tp=2, pp=2, dp=4, cp=1, ep=8,
+           sequence_parallel="true", virtual_pp=1, recompute="none", zero_stage=1,
+           precision="bf16", gpu="h100-sxm", gpus_per_node=8, scaleout_gbps_per_gpu=400,
+           measured_iter_time_s=1.0)
+
+
+def _row_inputs(tmp_path: Path, **cells: object) -> RunInputs | str:
+    """``ROW`` with ``cells`` replaced (or added), written as a runs file and read as validate
+    reads it."""
+    path = tmp_path / "runs.csv"
+    row = {**ROW, **cells}
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(row))
+        w.writeheader()
+        w.writerow(row)
+    return row_inputs(load_runs(path).row(0, named=True))
+
+
 def test_validate_folds_an_ep_that_dp_cannot_hold(tmp_path: Path) -> None:
     """A MoE row with ep ∤ dp but ep | tp·cp·dp ran Megatron-Core's parallel folding (no other
     layout runs it): validate sets expert_tp 1 and says so; an ep that not even tp·cp·dp holds
     is skipped naming both ways."""
-    import csv
-
-    from analysis.validate import RunInputs, load_runs, row_inputs
-
-    cells = dict(id="q", arch="moe", num_layers=8, hidden_size=512, num_attention_heads=8,
-                 num_kv_heads=4, ffn_hidden_size=1024, vocab_size=2048, seq_len=512,
-                 activation="swiglu", num_experts=16, experts_per_token=4,
-                 moe_ffn_hidden_size=256, global_batch_size=16, micro_batch_size=1,
-                 num_gpus=16, tp=2, pp=2, dp=4, cp=1, ep=8, sequence_parallel="true",
-                 virtual_pp=1, recompute="none", zero_stage=1, precision="bf16",
-                 gpu="h100-sxm", gpus_per_node=8, scaleout_gbps_per_gpu=400,
-                 measured_iter_time_s=1.0)
-    path = tmp_path / "runs.csv"
-    for ep, expect in ((8, "folded"), (16, "skipped")):
-        with path.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(cells))
-            w.writeheader()
-            w.writerow({**cells, "ep": ep})
-        got = row_inputs(load_runs(path).row(0, named=True))
-        if expect == "folded":
-            assert isinstance(got, RunInputs) and got.strategy.moe_folded
-            assert "expert_tp = 1 implied (ep 8 does not divide dp 4" in got.assumptions
-        else:
-            assert isinstance(got, str) and "ep 16 must divide dp 4" in got
+    got = _row_inputs(tmp_path, ep=8)
+    assert isinstance(got, RunInputs) and got.strategy.moe_folded
+    assert "expert_tp = 1 implied (ep 8 does not divide dp 4" in got.assumptions
+    got = _row_inputs(tmp_path, ep=16)
+    assert isinstance(got, str) and "ep 16 must divide dp 4" in got
 
 
 def test_columns_beyond_the_schema_are_read_when_present(tmp_path: Path) -> None:
     """A runs file may say what the schema cannot: ``head_dim`` (heads wider than hidden /
     heads) and ``expert_tp`` (an explicit 0 keeps Megatron's default layout, so an ep that dp
     cannot hold is then refused rather than folded)."""
-    import csv
-
-    from analysis.validate import RunInputs, load_runs, row_inputs
-
-    cells = dict(id="q", arch="moe", num_layers=8, hidden_size=512, num_attention_heads=8,
-                 num_kv_heads=4, ffn_hidden_size=1024, vocab_size=2048, seq_len=512,
-                 activation="swiglu", num_experts=16, experts_per_token=4,
-                 moe_ffn_hidden_size=256, global_batch_size=16, micro_batch_size=1,
-                 num_gpus=16, tp=2, pp=2, dp=4, cp=1, ep=8, sequence_parallel="true",
-                 virtual_pp=1, recompute="none", zero_stage=1, precision="bf16",
-                 gpu="h100-sxm", gpus_per_node=8, scaleout_gbps_per_gpu=400,
-                 measured_iter_time_s=1.0, head_dim=128, expert_tp=1)
-    path = tmp_path / "runs.csv"
-
-    def inputs(**kw: object) -> RunInputs | str:
-        with path.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(cells))
-            w.writeheader()
-            w.writerow({**cells, **kw})
-        return row_inputs(load_runs(path).row(0, named=True))
-
-    got = inputs()
+    got = _row_inputs(tmp_path, head_dim=128, expert_tp=1)
     assert isinstance(got, RunInputs)
     assert got.model.head_dim == 128 and got.model.q_size == 1024 and got.strategy.moe_folded
     assert "implied" not in got.assumptions  # stated by the file, not inferred
-    default = inputs(head_dim="", expert_tp=0)
+    default = _row_inputs(tmp_path, head_dim="", expert_tp=0)
     assert isinstance(default, str) and "ep 8 must divide dp 4" in default
-    plain = inputs(head_dim="", expert_tp="")
+    plain = _row_inputs(tmp_path, head_dim="", expert_tp="")
     assert isinstance(plain, RunInputs) and plain.model.head_dim == 64
 
 
