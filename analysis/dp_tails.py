@@ -59,7 +59,7 @@ def _tail_costs(costs: _Costs, x: _Stage, rank: int, rel_ends: tuple[int, ...]
     """(when the gradient buckets are done, relative to the stage's last backward; optimizer
     plus ZeRO parameter all-gathers after that)."""
     s = costs.s
-    done, gathers = _buckets_done(costs, rank, x.runs_bwd, rel_ends, x.bwd)
+    done, gathers, _ = _buckets_done(costs, rank, x.runs_bwd, rel_ends, x.bwd, x.busy_b)
     after = costs.optimizer_ns(sharded_params(s, dict(x.params)))
     if s.overlap_param_gather:  # the gathers open the next step (``_param_gather_delay``)
         gathers = []
@@ -75,18 +75,22 @@ BucketRun = tuple[int, int, int, int]
 
 def _buckets_done(costs: _Costs, rank: int,
                   runs: tuple[tuple[tuple[ParamBlock, int, int], ...], ...],
-                  chunk_ends: tuple[int, ...], chunk_bwd: tuple[int, ...]
-                  ) -> tuple[int, list[tuple[str, int, int]]]:
+                  chunk_ends: tuple[int, ...], chunk_bwd: tuple[int, ...],
+                  busy_b: tuple[float, ...] = ()
+                  ) -> tuple[int, list[tuple[str, int, int]], int]:
     """When the data-parallel stream finishes the buckets of each chunk's last backward
     (serially, in the order the trace issues them), and the ZeRO ≥ 1 gathers that follow, as
     (axis, padded parameters, count). Buckets of equal layers come in runs issued at a fixed
     interval, and a run of n equal transfers D issued from t every Δ leaves a stream busy until
     max(max(s₀, t) + n·D, t + (n − 1)·Δ + D) (the busy time is linear in the run's index, so one
-    of its ends decides)."""
+    of its ends decides). With interference (κ > 0) the backward runs slower while a bucket is in
+    flight, which spaces the issues out (``_interfered_run``; κ scaled by ``busy_b``, the share
+    of each chunk's backward that is compute on the critical path); the third value is how much
+    later the last backward ends for it."""
     s = costs.s
     end = max(chunk_ends)
     if s.zero_stage == 3:
-        return end, []
+        return end, [], 0
     coll: O.CollType = "REDUCE_SCATTER" if s.zero_stage >= 1 else "ALL_REDUCE"
     overlap, gather, bucket = s.overlap_grad_reduce, s.zero_stage >= 1, s.dp_bucket_params
     grad_bytes = O.grad_reduce_bytes(s)
@@ -100,6 +104,8 @@ def _buckets_done(costs: _Costs, rank: int,
         axes = [("dp", dp_group_size(s, "dp"), costs.shape("dp", rank))]
     order = (0,) if len(chunk_ends) == 1 else sorted(range(len(chunk_ends)),
                                                      key=chunk_ends.__getitem__)
+    kappa = costs.compute.gpu.comm_interference if overlap and busy_b else 0.0
+    extra = 0
     for chunk in order:
         start = chunk_ends[chunk] - chunk_bwd[chunk]
         blocks = runs[chunk]
@@ -114,6 +120,17 @@ def _buckets_done(costs: _Costs, rank: int,
                 got = memo[key] = (blocks, _bucket_runs(blocks, axis, bucket, 0))
             lane = axis if overlap else "dp"  # without overlap: after the backward, in sequence
             busy = stream[lane]
+            if kappa:
+                timed = []
+                for t, step, n, params in got[1]:
+                    padded = -(-params // size) * size
+                    timed.append((t, step, n, shape_ns(coll, padded * grad_bytes, shape)))
+                    if gather:
+                        gathers.append((axis, padded, n))
+                stream[lane], late = _interfered_lane(timed, start, chunk_ends[chunk], busy,
+                                                      kappa * busy_b[chunk])
+                extra += late
+                continue
             for t, step, n, params in got[1]:
                 padded = -(-params // size) * size
                 d = shape_ns(coll, padded * grad_bytes, shape)
@@ -127,7 +144,67 @@ def _buckets_done(costs: _Costs, rank: int,
                 if gather:
                     gathers.append((axis, padded, n))
             stream[lane] = busy
-    return max(end, *stream.values()), gathers
+    return max(end + extra, *stream.values()), gathers, extra
+
+
+def _interfered_lane(runs: list[BucketRun], start: int, end: int, busy: float, kappa: float
+                     ) -> tuple[int, int]:
+    """(when the stream is free, how much later the chunk's backward ends) for one chunk's
+    bucket runs on one stream, the backward slowed to 1/(1 + κ) while a bucket is in flight
+    (replay/sim.py). ``runs``: (issue, interval, count, duration of each); issue times are in
+    backward time from ``start``, wall time runs ahead."""
+    w = c = float(start)
+    for t, step, n, d in runs:
+        t += start
+        w = _advance(w, t - c, busy, kappa)
+        b0 = max(w, busy) + d - w
+        w, busy = _interfered_run(w, b0, step, n, d, kappa)
+        c = t + (n - 1) * step
+    w = _advance(w, end - c, busy, kappa)
+    return round(busy), round(w - end)
+
+
+def _advance(w: float, dt: float, busy: float, kappa: float) -> float:
+    """Wall time after ``dt`` of backward work from ``w``, slowed until the stream frees."""
+    if busy > w:
+        slow = (busy - w) / (1 + kappa)
+        return w + dt * (1 + kappa) if slow >= dt else busy + dt - slow
+    return w + dt
+
+
+def slowed(w: float, dt: float, busy: list[int], kappa: float) -> float:
+    """Wall time after ``dt`` of compute from ``w`` while streams are busy until each of
+    ``busy``: at 1/(1 + κ·n) of full speed with n of them busy (replay/sim.py)."""
+    for end in sorted(busy):
+        if end <= w:
+            continue
+        n = sum(1 for e in busy if e >= end)
+        rate = 1 + kappa * n
+        if (end - w) / rate >= dt:
+            return w + dt * rate
+        dt -= (end - w) / rate
+        w = end
+    return w + dt
+
+
+def _interfered_run(w0: float, b0: float, step: int, n: int, d: int, kappa: float
+                    ) -> tuple[float, float]:
+    """(wall time of the last issue, stream free) for n buckets of d issued every ``step`` of
+    backward work, the first at ``w0`` with the stream busy for ``b0`` from there. While the
+    backlog b covers the next interval (b ≥ step·(1 + κ)) the backward runs slowed throughout
+    and b shrinks by step·(1 + κ) − d per bucket (or never drains if that is ≤ 0); once it does
+    not, each interval takes step + κ/(1 + κ)·b and the stream drains before the next issue."""
+    if n == 1:
+        return w0, w0 + b0
+    full = step * (1 + kappa)
+    if d >= full:  # the stream never drains
+        return w0 + (n - 1) * full, w0 + b0 + (n - 1) * d
+    k = 0 if b0 < full else min(n - 1, int((b0 - full) // (full - d)) + 1)
+    w, b = w0 + k * full, b0 - k * (full - d)
+    if k == n - 1:
+        return w, w + b
+    w += step + kappa / (1 + kappa) * (b + (n - 2 - k) * d) + (n - 2 - k) * step
+    return w, w + d
 
 
 def _bucket_runs(runs: tuple[tuple[ParamBlock, int, int], ...], axis: str, bucket: int,

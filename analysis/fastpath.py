@@ -26,7 +26,7 @@ import operator
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from analysis.dp_tails import BucketRun, tails_ns
+from analysis.dp_tails import BucketRun, slowed, tails_ns
 from analysis.pipeline_walk import interleaved, pipeline_ns
 from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
@@ -86,6 +86,8 @@ class _Stage(NamedTuple):
     bwd_s: float = 0.0
     total_params: int = 0  # Σ params (the memory model's params_local)
     layers: int = 0  # transformer layers over all chunks (the memory model's)
+    # per chunk: the share of a backward that is compute on the critical path (interference)
+    busy_b: tuple[float, ...] = ()
 
 
 class _Context:
@@ -96,7 +98,8 @@ class _Context:
         self.compute = RooflineCompute(system.gpu)
         self.net = AlphaBetaNetwork(system)
         self.blocks: dict[tuple[object, ...], tuple[int, int]] = {}
-        self.lists: dict[tuple[object, ...], int] = {}
+        self.lists: dict[tuple[object, ...], tuple[int, int]] = {}
+        self.busy: dict[tuple[object, ...], int] = {}  # block → ``_Costs.block_busy``
         self.optimizer: dict[int, int] = {}
         # (op-list key, recompute) → stored activation bytes of one layer and micro-batch
         self.activations: dict[tuple[int, str], int] = {}
@@ -119,6 +122,7 @@ class _Context:
 
     def entries(self) -> int:
         return (len(self.blocks) + len(self.stages) + len(self.tails) + len(self.lists)
+                + len(self.busy)
                 + len(self.optimizer) + len(self.buckets) + len(self.shapes) + len(self.walks)
                 + len(self.activations) + len(self.chunks) + len(self.p2p) + len(self.sends))
 
@@ -218,9 +222,17 @@ class _Costs:
         return tuple(self.shape(axis, rank) for axis in axes)
 
     def items_ns(self, items: list[O.Item], rank: int) -> int:
-        """Duration of a list of ops and collectives on ``rank``: blocking ones add up; an
-        overlapped collective and the item after it take the longer of the two."""
-        total = alongside = 0
+        return self.items_cost(items, rank)[0]
+
+    def items_cost(self, items: list[O.Item], rank: int) -> tuple[int, int]:
+        """(duration, compute on the critical path) of a list of ops and collectives on
+        ``rank``: blocking ones add up; an overlapped collective and the item after it take the
+        longer of the two, the kernel slowed by interference while the collective runs
+        (replay/sim.py: at 1/(1 + κ) of its speed, so a kernel d beside a collective c takes
+        d + min(κ·d, κ/(1 + κ)·c)). The second value is the compute time that another
+        collective in flight would slow (``slowed``): kernels not hidden behind a collective."""
+        kappa = self.compute.gpu.comm_interference
+        total = alongside = busy = 0
         for it in items:
             if isinstance(it, O.Comm) and it.overlapped:
                 alongside += self.coll_ns(it, rank)
@@ -230,9 +242,13 @@ class _Costs:
             else:
                 d = self.compute.op_ns(it.kind, it.flop, it.bytes, it.m, it.n,
                                        DTYPE_CODE[it.dtype], it.name.endswith("_bwd"), it.k)
+                if alongside and kappa:
+                    d += round(min(kappa * d, kappa / (1 + kappa) * alongside))
+                if d >= alongside:
+                    busy += d
             total += max(d, alongside)
             alongside = 0
-        return total + alongside
+        return total + alongside, busy
 
     def coll_ns(self, c: O.Comm, rank: int) -> int:
         """Collective cost by the group's shape (size, nodes, ranks per node, rails) rather than
@@ -277,6 +293,14 @@ class _Costs:
             got = self.ctx.blocks[key] = _block_ns(self, block, rank, sig)
         return got
 
+    def block_busy(self, block: ParamBlock, rank: int, sig: tuple[object, ...]) -> int:
+        """The compute on the critical path of a block's backward (``_compute_busy``)."""
+        key = (self.key, block.name, block.dense, block.expert, sig)
+        got = self.ctx.busy.get(key)
+        if got is None:
+            got = self.ctx.busy[key] = _compute_busy(self, block, rank, sig)[1]
+        return got
+
     def optimizer_ns(self, params: int) -> int:
         """The optimizer step over ``params`` local parameters (memo: it depends on nothing
         else)."""
@@ -295,8 +319,14 @@ class _Costs:
             prog = self.prog
             items = (prog._fwd_items(block) if which == "fwd" else prog._bwd_items(block)
                      if which == "bwd" else prog._lists["selective"])
-            got = self.ctx.lists[key] = self.items_ns(items, rank)
-        return got
+            got = self.ctx.lists[key] = self.items_cost(items, rank)
+        return got[0]
+
+    def list_busy(self, block: ParamBlock, which: str, rank: int, sig: tuple[object, ...]
+                  ) -> int:
+        """The compute on the critical path of ``list_ns``'s list (``items_cost``)."""
+        self.list_ns(block, which, rank, sig)
+        return self.ctx.lists[self.lists_key, block.name, which, sig][1]
 
 
 def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object, ...], ...],
@@ -306,22 +336,28 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
     zero3 = costs.s.zero_stage == 3
     prefetch = zero3 and costs.s.zero3_prefetch
     fwd, bwd, runs_bwd, early_f, early_b, late_b = [], [], [], [], [], []
+    phi: list[float] = []
+    # the share of compute in a backward: what slows a gradient bucket's overlap (``dp_tails``)
+    kappa = costs.compute.gpu.comm_interference and not zero3 and costs.s.overlap_grad_reduce
     params = {"dp": 0, "edp": 0}
     layers = 0
     for gci, key in zip(gcis, chunks, strict=True):
-        f = b = 0
+        f = b = u = 0
         runs = []
         chunk = costs.chunk_runs(gci, key)
         for block, count in chunk:
             bf, bb = costs.block(block, rank, sig)
             f += count * bf
             b += count * bb
+            if kappa:
+                u += count * costs.block_busy(block, rank, sig)
             runs.append((block, bb, count))
             params["dp"] += count * block.dense
             params["edp"] += count * block.expert
             if block.name == "layer":
                 layers += count
         runs_bwd.append(tuple(runs[::-1]))
+        phi.append(u / b if b else 0.0)
         if prefetch:
             chunk_f, chunk_b, first_f, first_b, tail_b = _prefetched_chunk(costs, chunk, rank, sig)
             fwd.append(chunk_f)
@@ -340,20 +376,27 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
     return _Stage(tuple(fwd), tuple(bwd), tuple(runs_bwd), tuple(early_f), tuple(early_b),
                   tuple(late_b),
                   tuple(params.items()), sum(fwd) / NS_PER_S, sum(bwd) / NS_PER_S,
-                  params["dp"] + params["edp"], layers)
+                  params["dp"] + params["edp"], layers, tuple(phi))
 
 
-def _compute_ns(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...]
-                ) -> tuple[int, int]:
+def _compute_ns(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...],
+                busy: bool = False) -> tuple[int, int]:
     """(forward, backward) ns of one block's own op lists for one micro-batch. The backward
     recomputes what ``RoleProgram._recompute_items`` lists: a layer's forward (full) or its
-    core attention (selective)."""
+    core attention (selective). ``busy``: their compute on the critical path instead
+    (``_Costs.items_cost``)."""
     s = costs.s
-    fwd = costs.list_ns(block, "fwd", rank, sig)
+    get = costs.list_busy if busy else costs.list_ns
+    fwd = get(block, "fwd", rank, sig)
     again = 0
     if block.name == "layer" and s.recompute != "none":
-        again = fwd if s.recompute == "full" else costs.list_ns(block, "selective", rank, sig)
-    return fwd, again + costs.list_ns(block, "bwd", rank, sig)
+        again = fwd if s.recompute == "full" else get(block, "selective", rank, sig)
+    return fwd, again + get(block, "bwd", rank, sig)
+
+
+def _compute_busy(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...]
+                  ) -> tuple[int, int]:
+    return _compute_ns(costs, block, rank, sig, busy=True)
 
 
 def _prefetched_chunk(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: int,
@@ -368,16 +411,24 @@ def _prefetched_chunk(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: 
     comp = [_compute_ns(costs, b, rank, sig) for b in blocks]
     gather = [_zero3_axes(costs, b, rank, "ALL_GATHER") for b in blocks]
     scatter = [_zero3_axes(costs, b, rank, "REDUCE_SCATTER") for b in blocks]
-    fwd, first_f, _ = _prefetch_pass(range(len(blocks)), [c[0] for c in comp], gather, None)
+    kappa = costs.compute.gpu.comm_interference
+    busy = [_compute_busy(costs, b, rank, sig) for b in blocks] if kappa else comp
+    # κ per block, scaled to the part of it that is compute on the critical path
+    kf = [kappa * u[0] / c[0] if c[0] else 0.0 for u, c in zip(busy, comp, strict=True)]
+    kb = [kappa * u[1] / c[1] if c[1] else 0.0 for u, c in zip(busy, comp, strict=True)]
+    fwd, first_f, _ = _prefetch_pass(range(len(blocks)), [c[0] for c in comp], gather, None,
+                                     kf)
     order = range(len(blocks) - 1, -1, -1)
-    bwd, first_b, last = _prefetch_pass(order, [c[1] for c in comp], gather, scatter)
+    bwd, first_b, last = _prefetch_pass(order, [c[1] for c in comp], gather, scatter, kb)
     return fwd, bwd, first_f, first_b, bwd - last
 
 
 def _prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
-                   scatter: list[tuple[int, int]] | None) -> tuple[int, int, int]:
+                   scatter: list[tuple[int, int]] | None, kappa: list[float]
+                   ) -> tuple[int, int, int]:
     """(end with its streams drained, end of its first block's gathers, end of its last
-    compute) of one pass over blocks in ``order``; dense and expert groups, a stream each."""
+    compute) of one pass over blocks in ``order``; dense and expert groups, a stream each; a
+    block's compute slowed while the streams are busy (interference, ``slowed``)."""
     stream = [0, 0]
     chain = 0
     for a in (0, 1):  # the first block's gathers block the chain, dense then expert
@@ -392,7 +443,8 @@ def _prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
                 if g:
                     stream[a] = max(start, stream[a]) + g
                     ready = max(ready, stream[a])
-        chain = start + comp[i]
+        k = kappa[i]
+        chain = round(slowed(start, comp[i], stream, k)) if k else start + comp[i]
         if scatter is not None:
             for a, r in enumerate(scatter[i]):
                 if r:
@@ -574,10 +626,12 @@ def _param_gather_delay(costs: _Costs, stages: list[_Stage], reps: list[int], c:
     its input arrives in the fill (Σ_{j<s} F_j + c_j). Later chunks' buckets are gathered long
     before their first forward and are not charged."""
     s = costs.s
+    kappa = costs.compute.gpu.comm_interference
     worst, arrival = 0, 0
     for st, x in enumerate(stages):
         blocks = costs.prog.blocks_of_chunk(st, labels=False)
         need = [0] * len(blocks)
+        busy = []  # when each stream's gathers end: the forward runs slowed until then
         for axis in ("dp", "edp") if costs.moe else ("dp",):
             size = dp_group_size(s, axis)
             if size < 2:
@@ -586,9 +640,16 @@ def _param_gather_delay(costs: _Costs, stages: list[_Stage], reps: list[int], c:
             for first, n in reversed(bucket_plan(blocks, axis, s.dp_bucket_params)):
                 t += costs.net.shape_ns("ALL_GATHER", -(-n // size) * O.PARAM_BYTES, shape)
                 need[first] = max(need[first], t)
+            busy.append(t)
         sig, t = costs.signature(reps[st]), arrival
         for block, ready in zip(blocks, need, strict=True):
-            t = max(t, ready) + costs.block(block, reps[st], sig)[0]
+            f = costs.block(block, reps[st], sig)[0]
+            t = max(t, ready)
+            if kappa and busy and f:
+                k = kappa * _compute_busy(costs, block, reps[st], sig)[0] / f
+                t = round(slowed(t, f, busy, k))
+            else:
+                t += f
         worst = max(worst, t - arrival - x.fwd[0])
         arrival += x.fwd[0] + c[st]
     return worst

@@ -41,7 +41,8 @@ def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
         net = DegradedNetwork(net, scen.links)
     sim = Simulator(ts, model, net, astra_compat=astra_compat, contention=contention,
                     slowdown=scen.slowdown if scen and scen.episodes else None,
-                    compute_overrides=overrides, progress=progress)
+                    compute_overrides=overrides, progress=progress,
+                    interference=_interference(sys_spec, scen))
     end_ns = sim.run()
     timeline = timeline_frame(sim, ts)
     metrics = step_metrics(ts, timeline, end_ns, sys_spec.gpu.peak_flop_per_s(_dtype(ts)))
@@ -66,6 +67,14 @@ def _scenario(scenario: str | Path | Scenario | None, ts: TraceSet, sys_spec: Sy
     return load_scenario(scenario, world_size=ts.world_size,
                          gpus_per_node=sys_spec.node.gpus_per_node,
                          simulated={r.rank for r in ts.ranks})
+
+
+def _interference(sys_spec: SystemSpec, scen: Scenario | None) -> Callable[[int], float]:
+    """κ per rank: its GPU's ``comm_interference`` (a scenario may put a rank on another GPU)."""
+    base = sys_spec.gpu.comm_interference
+    other = {rank: resolve_system(name).gpu.comm_interference
+             for rank, name in (scen.gpus if scen else ())}
+    return lambda rank: other.get(rank, base)
 
 
 def _dtype(ts: TraceSet) -> str:

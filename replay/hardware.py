@@ -54,6 +54,12 @@ class GPUSpec:
     # chip to its power limit and the clock settles below boost (systems/README.md, "Sustained
     # clock"). Applies to GEMMs and attention, not to memory-bound kernels. 1: no measurement.
     sustained_clock_ratio: float = 1.0
+    # Interference of communication with compute: a compute kernel runs (1 + this) times longer
+    # while a collective of its rank is in flight (NCCL's kernels take SMs and HBM bandwidth
+    # from it). Lee et al. 2025 (arXiv:2507.03114) measured 18.9% on average (at most 40%) with
+    # GPT and Llama layers on 4 A100s and 4 H100s (systems/README.md, "Interference"). 0: not
+    # measured on this GPU, not modelled.
+    comm_interference: float = 0.0
 
     def gemm_k_factor(self, k: int, dtype: str) -> float:
         """GEMM efficiency at reduction length ``k`` relative to the MAMF's best shape: every
@@ -173,7 +179,8 @@ class SystemSpec:
 
 
 SECTIONS = ("gpu", "node", "scaleout", "astra")
-OPTIONAL_ZERO = ("nvls_busbw_GBps", "gemm_k_overhead", "gemm_mamf_k")  # 0: absent / unmeasured
+# 0: absent / unmeasured
+OPTIONAL_ZERO = ("nvls_busbw_GBps", "gemm_k_overhead", "gemm_mamf_k", "comm_interference")
 
 
 def _problems(s: SystemSpec) -> list[str]:

@@ -14,6 +14,11 @@ compatible mode each rank has a single communication stream: one collective or s
 * Sends and receives match on (src, dst, tag); the transfer starts when both are posted.
 * Transfers that share a link (per-rank NVLink port or NIC) share its bandwidth equally while they
   overlap (processor sharing); latency is not shared.
+* Interference: while collectives of a rank are in flight, its compute kernels run at
+  1 / (1 + κ·n) of their speed (n collectives, κ = ``GPUSpec.comm_interference``; Lee et al.
+  2025): a kernel is re-rated when a collective of its rank starts or ends. With κ > 0 compute
+  chains are not run back to back (a collective may start at any event), so every kernel on the
+  compute stream is an event of its own.
 * A trace set that cannot finish ends with ``ReplayError`` naming the stuck ranks and nodes.
 """
 
@@ -54,6 +59,13 @@ class _Rank:
     coll_seq: dict[str, int]
     seg_next: list[int]  # next node of a compute chain run back to back (-1: none)
     done: int = 0
+    # Interference (``GPUSpec.comm_interference``): κ, this rank's collectives in flight, and the
+    # compute kernel running on its compute stream as [pos, stream, start, work ns left at full
+    # rate, rate, since] with its generation.
+    kappa: float = 0.0
+    inflight: int = 0
+    kernel: list[Any] | None = None
+    kgen: int = 0
 
 
 @dataclasses.dataclass(slots=True)
@@ -131,7 +143,8 @@ class Simulator:
                  network: NetworkModel, *, astra_compat: bool = False, contention: bool = True,
                  slowdown: Callable[[int, int], float] | None = None,
                  compute_overrides: dict[int, ComputeModel] | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None,
+                 interference: Callable[[int], float] | None = None) -> None:
         self.ts, self.net, self.astra = ts, network, astra_compat
         self.contention = contention
         self._slowdown = slowdown
@@ -157,6 +170,8 @@ class Simulator:
         self._present = {r.rank for r in ts.ranks}
         for rt in ts.ranks:
             self.ranks[rt.rank] = self._prepare(rt.rank, rt.nodes)
+            if interference is not None and not astra_compat:
+                self.ranks[rt.rank].kappa = interference(rt.rank)
 
     # ---- set-up -----------------------------------------------------------------------------
     def _stream_id(self, name: str) -> int:
@@ -205,10 +220,12 @@ class Simulator:
             for i in range(len(r.nodes)):
                 if r.pending[i] == 0:
                     self.engine.schedule(0, PRIO_READY, self._ready, (r.rank, i))
-        end = self.engine.run()
+        self.engine.run()
         if self._finished != self._total:
             raise ReplayError(self._stuck_report())
-        return end
+        # the last node's end, not the engine's last event: a superseded kernel or flow end
+        # (re-rated to an earlier time) is still popped, later, and does nothing
+        return max(self.records.end, default=0)
 
     def _ready(self, t: int, arg: tuple[int, int]) -> list[Event] | None:
         rank, pos = arg
@@ -243,12 +260,15 @@ class Simulator:
         (see ``_compute_chains``) runs back to back here, and only its last node gets an event."""
         model = self._overrides.get(r.rank) or self._compute
         slowdown, seg_next, rec = self._slowdown, r.seg_next, self.records
+        interfered = r.kappa > 0 and sid == COMPUTE_STREAM
         releases: list[Event] = []
         while True:
             dur = model.duration_ns(r.nodes[pos])
             if slowdown is not None:
                 dur = round(dur * slowdown(r.rank, t))
             nxt = seg_next[pos]
+            if interfered:
+                return [*releases, self._start_kernel(t, r, pos, sid, dur)]
             if nxt < 0:
                 return [*releases, (t + dur, PRIO_FINISH, self._finish, (r.rank, pos, sid, t, t))]
             if len(r.dependents[pos]) > 1:  # its other dependents become ready at its end
@@ -263,6 +283,34 @@ class Simulator:
             self._finished += 1
             t += dur
             pos = nxt
+
+    def _start_kernel(self, t: int, r: _Rank, pos: int, sid: int, dur: int) -> Event:
+        """Run one compute kernel as an event of its own, at the rate its rank's collectives in
+        flight leave it (re-rated by ``_rerate_kernel``)."""
+        rate = 1.0 / (1.0 + r.kappa * r.inflight)
+        r.kernel = [pos, sid, t, float(dur), rate, t]
+        r.kgen += 1
+        return (t + round(dur / rate), PRIO_FINISH, self._kernel_end, (r.rank, r.kgen))
+
+    def _kernel_end(self, t: int, arg: tuple[int, int]) -> list[Event]:
+        rank, gen = arg
+        r = self.ranks[rank]
+        if gen != r.kgen or r.kernel is None:
+            return []  # superseded by a re-rate
+        pos, sid, start = r.kernel[0], r.kernel[1], r.kernel[2]
+        r.kernel = None
+        return self._finish(t, (rank, pos, sid, start, start))
+
+    def _rerate_kernel(self, t: int, r: _Rank) -> list[Event]:
+        """A collective of rank ``r`` started or ended: its running kernel changes speed."""
+        k = r.kernel
+        if k is None:
+            return []
+        k[3] -= (t - k[5]) * k[4]
+        k[4] = 1.0 / (1.0 + r.kappa * r.inflight)
+        k[5] = t
+        r.kgen += 1
+        return [(t + max(0, round(k[3] / k[4])), PRIO_FINISH, self._kernel_end, (r.rank, r.kgen))]
 
     def _release(self, t: int, arg: tuple[int, int, int]) -> list[Event]:
         """A chained compute node ended: dispatch its dependents other than the chain's next."""
@@ -300,6 +348,9 @@ class Simulator:
         if self._progress and not self._finished & 0xFFFF:
             self._progress(self._finished, self._total)
         out: list[Event] = []
+        if r.kappa and r.nodes[pos].type == pb.COMM_COLL_NODE:
+            r.inflight -= 1
+            out += self._rerate_kernel(t, r)
         if (sid != P2P_STREAM or self.astra) and r.busy.get(sid):
             nxt = self._start_next(t, r, sid)
             if nxt:
@@ -358,7 +409,13 @@ class Simulator:
                      (m, p, self.ranks[m].stream_of[p], t, wait)) for m, (p, wait) in
                     arrived.items()]
 
-        return self._transfer(t, cost, links, done)
+        started: list[Event] = []
+        for m in arrived:
+            rm = self.ranks[m]
+            if rm.kappa:
+                rm.inflight += 1
+                started += self._rerate_kernel(t, rm)
+        return started + self._transfer(t, cost, links, done)
 
     # ---- point-to-point ---------------------------------------------------------------------
     def _post_p2p(self, t: int, rank: int, pos: int) -> list[Event] | None:

@@ -569,26 +569,27 @@ def test_megatron_2022_stack_is_predicted_within_the_error_reached() -> None:
     """Megatron-LM in 2022 on A100-80GB (tp 8, pp 1-64, full or selective recompute) — the stack
     the A100 constants describe, with the unfused attention it had. Fast path per row (held
     within 2% of replay elsewhere; replay of the 64-stage rows takes minutes). All eight come
-    out 0.3-4.0% too fast (5-10% before the sustained clock; DESIGN.md); the bound is the error
-    reached, never to be loosened."""
+    out within 3.6% (−3.5 … +0.3%; 5-10% too fast before the sustained clock, 0.3-4.0% before
+    compute/communication interference; DESIGN.md); the bound is the error reached, never to be
+    loosened."""
     got = validate(MEGATRON_2022, overrides={"gpu.flash_attention": False}, fast=True)
     assert got.height == 8 and (got["status"] == "ok").all()
     for r in got.iter_rows(named=True):
-        assert abs(r["error_pct"]) <= 4.5, (r["id"], r["error_pct"])
+        assert abs(r["error_pct"]) <= 3.6, (r["id"], r["error_pct"])
         assert r["fits"], r["id"]
 
 
 def test_megatron_2022_recompute_choice_is_predicted_closer_than_the_step_time() -> None:
     """What a planner decides with: full recompute against sequence parallelism + selective
     recompute on the same model and layout. Measured (Korthikanti et al. Table 5) full costs
-    1.29-1.32× selective; predicted 1.32-1.35× — the ratio within 3.5% on all four models (as
-    close as the step times themselves, 0.3-4% off), and the order always right."""
+    1.29-1.32× selective; predicted 1.31-1.35× — the ratio within 3% on all four models (as
+    close as the step times themselves, 0-3.5% off), and the order always right."""
     got = pairs(validate(MEGATRON_2022, overrides={"gpu.flash_attention": False}, fast=True))
     assert got.height == 4  # one pair per model: a = full, b = selective (ids in order)
     for r in got.iter_rows(named=True):
         assert r["a"].endswith("-full") and r["b"].endswith("-selective")
         assert r["measured_ratio"] > 1 and r["order_right"]
-        assert abs(r["ratio_error_pct"]) < 3.5, r
+        assert abs(r["ratio_error_pct"]) < 3.0, r
 
 
 def test_fast_validation_agrees_with_replay(results: pl.DataFrame) -> None:
