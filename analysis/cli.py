@@ -134,7 +134,8 @@ def _print_replay(result: Any) -> None:
                       f"{m['ranks_simulated']} stage representatives were simulated (exact); "
                       "--no-fold simulates every rank[/]")
     table = Table(title="Per-rank breakdown (s)")
-    cols = ["rank", "compute_s", "exposed_comm_s", "overlapped_comm_s", "idle_s"]
+    cols = ["rank", "compute_s", "exposed_comm_s", "overlapped_comm_s", "idle_s",
+            "interference_s"]
     for c in cols:
         table.add_column(c, justify="right")
     frame = result.breakdown

@@ -342,6 +342,7 @@ def predict(inputs: RunInputs) -> dict[str, Any]:
     return {"predicted_iter_time_s": result.step_time_s,
             "predicted_compute_s": last["compute_s"],
             "predicted_exposed_comm_s": last["exposed_comm_s"],
+            "predicted_interference_s": last["interference_s"],
             "predicted_idle_s": last["idle_s"],
             "predicted_peak_memory_GiB": peak / GiB,
             "fits": peak <= inputs.system.gpu.hbm_bytes,
@@ -456,7 +457,8 @@ RESULT_SCHEMA = {
     "error_pct": pl.Float64, "predicted_peak_memory_GiB": pl.Float64, "fits": pl.Boolean,
     "predicted_tokens_per_s": pl.Float64, "predicted_mfu": pl.Float64,
     "predicted_compute_s": pl.Float64, "predicted_exposed_comm_s": pl.Float64,
-    "predicted_idle_s": pl.Float64, "assumptions": pl.String,
+    "predicted_idle_s": pl.Float64, "predicted_interference_s": pl.Float64,
+    "assumptions": pl.String,
 }
 
 

@@ -51,7 +51,7 @@ def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
         metrics["fits"] = metrics["peak_memory_GiB"] <= sys_spec.gpu.hbm_GiB
     metrics["folded"] = ts.folded
     metrics["group_axes"] = dict(ts.group_axis)
-    breakdown = breakdown_frame(timeline, metrics["step_time_s"])
+    breakdown = breakdown_frame(timeline, metrics["step_time_s"], sim.interference_ns)
     if ts.folded:
         breakdown = expand_folded(breakdown, ts)
     faults = tuple(scen.perfetto_events(end_ns)) if scen else ()

@@ -108,8 +108,12 @@ def intervals_overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]
     return total
 
 
-def breakdown_frame(timeline: pl.DataFrame, step_time_s: float) -> pl.DataFrame:
-    """Per rank: compute, exposed and overlapped communication, idle (bubbles included)."""
+def breakdown_frame(timeline: pl.DataFrame, step_time_s: float,
+                    interference_ns: dict[int, int] | None = None) -> pl.DataFrame:
+    """Per rank: compute, exposed and overlapped communication, idle (bubbles included), and
+    ``interference_s``: the part of its compute time that kernels lost to collectives in flight
+    beside them (replay/sim.py; included in ``compute_s``)."""
+    lost = interference_ns or {}
     rows = []
     for (rank,), g in timeline.group_by(["rank"], maintain_order=True):
         comp = g.filter((pl.col("stream") == "compute") & (pl.col("end_s") > pl.col("start_s")))
@@ -124,11 +128,13 @@ def breakdown_frame(timeline: pl.DataFrame, step_time_s: float) -> pl.DataFrame:
         rows.append({"rank": rank, "compute_s": compute, "exposed_comm_s": exposed,
                      "overlapped_comm_s": overlap, "idle_s": max(0.0, step_time_s - compute
                                                                  - exposed),
-                     "collective_wait_s": wait, "end_s": float(g["end_s"].max() or 0.0)})  # type: ignore[arg-type]
+                     "collective_wait_s": wait, "end_s": float(g["end_s"].max() or 0.0),  # type: ignore[arg-type]
+                     "interference_s": lost.get(rank, 0) / NS_PER_S})
     return pl.DataFrame(rows, schema={"rank": pl.Int64, "compute_s": pl.Float64,
                                       "exposed_comm_s": pl.Float64,
                                       "overlapped_comm_s": pl.Float64, "idle_s": pl.Float64,
-                                      "collective_wait_s": pl.Float64, "end_s": pl.Float64}
+                                      "collective_wait_s": pl.Float64, "end_s": pl.Float64,
+                                      "interference_s": pl.Float64}
                         ).sort("rank")
 
 

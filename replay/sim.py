@@ -61,7 +61,7 @@ class _Rank:
     done: int = 0
     # Interference (``GPUSpec.comm_interference``): κ, this rank's collectives in flight, and the
     # compute kernel running on its compute stream as [pos, stream, start, work ns left at full
-    # rate, rate, since] with its generation.
+    # rate, rate, since, duration at full rate] with its generation.
     kappa: float = 0.0
     inflight: int = 0
     kernel: list[Any] | None = None
@@ -151,6 +151,8 @@ class Simulator:
         self._overrides = compute_overrides or {}
         # (group, index, node name, last rank to arrive, its lateness ns, first arrival ns)
         self.coll_waits: list[tuple[str, int, str, int, int, int]] = []
+        # per rank: how much longer its compute kernels ran for collectives in flight (ns)
+        self.interference_ns: dict[int, int] = {}
         self._compute = compute
         self.engine = Engine()
         self.records = Records()
@@ -288,7 +290,7 @@ class Simulator:
         """Run one compute kernel as an event of its own, at the rate its rank's collectives in
         flight leave it (re-rated by ``_rerate_kernel``)."""
         rate = 1.0 / (1.0 + r.kappa * r.inflight)
-        r.kernel = [pos, sid, t, float(dur), rate, t]
+        r.kernel = [pos, sid, t, float(dur), rate, t, dur]
         r.kgen += 1
         return (t + round(dur / rate), PRIO_FINISH, self._kernel_end, (r.rank, r.kgen))
 
@@ -297,8 +299,10 @@ class Simulator:
         r = self.ranks[rank]
         if gen != r.kgen or r.kernel is None:
             return []  # superseded by a re-rate
-        pos, sid, start = r.kernel[0], r.kernel[1], r.kernel[2]
+        pos, sid, start, dur = r.kernel[0], r.kernel[1], r.kernel[2], r.kernel[6]
         r.kernel = None
+        if t - start != dur:
+            self.interference_ns[rank] = self.interference_ns.get(rank, 0) + t - start - dur
         return self._finish(t, (rank, pos, sid, start, start))
 
     def _rerate_kernel(self, t: int, r: _Rank) -> list[Event]:

@@ -103,14 +103,15 @@ def test_overlapped_compute_and_communication(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("pieces", [1, 4, 20])
-@pytest.mark.parametrize(("net_ns", "expected"), [(1500, 2300), (3000, 3000), (0, 2000)])
+@pytest.mark.parametrize(("net_ns", "expected", "lost"),
+                         [(1500, 2300, 300), (3000, 3000, 500), (0, 2000, 0)])
 def test_interference_slows_compute_while_a_collective_is_in_flight(
-        tmp_path: Path, pieces: int, net_ns: int, expected: int) -> None:
+        tmp_path: Path, pieces: int, net_ns: int, expected: int, lost: int) -> None:
     """κ = 0.25: while the all-reduce runs, compute runs at 1/(1 + κ) = 0.8 of its speed
     (GPUSpec.comm_interference, Lee et al. 2025). 2000 ns of compute beside 1500 ns of
-    communication: 1200 ns of work done in the first 1500, 800 after: 2300 (= W + κ/(1 + κ)·C);
-    beside 3000 ns all of it slowed (2500) and hidden: 3000. However the compute is split into
-    kernels (chains included), the answer is the same."""
+    communication: 1200 ns of work done in the first 1500, 800 after: 2300 (= W + κ/(1 + κ)·C),
+    300 ns lost; beside 3000 ns all of it slowed (2500, 500 lost) and hidden: 3000. However the
+    compute is split into kernels (chains included), the answer is the same."""
     ranks = []
     for _ in range(2):
         r = SynthRank()
@@ -123,6 +124,9 @@ def test_interference_slows_compute_while_a_collective_is_in_flight(
     sim = Simulator(ts, ConstantCompute(2000 // pieces), ConstantNetwork(net_ns),
                     interference=lambda rank: 0.25)
     assert sim.run() == pytest.approx(expected, abs=pieces)  # a ns of rounding per re-rate
+    # what the kernels lost is accounted per rank (the breakdown's interference_s)
+    for rank in (0, 1):
+        assert sim.interference_ns.get(rank, 0) == pytest.approx(lost, abs=pieces)
     plain = Simulator(load_trace_set(write_set(tmp_path / "b", ranks)),
                       ConstantCompute(2000 // pieces), ConstantNetwork(net_ns),
                       interference=lambda rank: 0.25, astra_compat=True)
