@@ -121,15 +121,13 @@ def _buckets_done(costs: _Costs, rank: int,
             lane = axis if overlap else "dp"  # without overlap: after the backward, in sequence
             busy = stream[lane]
             if kappa:
-                timed = []
-                for t, step, n, params in got[1]:
-                    padded = -(-params // size) * size
-                    timed.append((t, step, n, shape_ns(coll, padded * grad_bytes, shape)))
-                    if gather:
-                        gathers.append((axis, padded, n))
-                stream[lane], late = _interfered_lane(timed, start, chunk_ends[chunk], busy,
-                                                      kappa * busy_b[chunk])
+                padded = [-(-p // size) * size for _, _, _, p in got[1]]
+                stream[lane], late = _interfered_lane(
+                    got[1], [shape_ns(coll, p * grad_bytes, shape) for p in padded], start,
+                    chunk_ends[chunk], busy, kappa * busy_b[chunk])
                 extra += late
+                if gather:
+                    gathers += [(axis, p, r[2]) for p, r in zip(padded, got[1], strict=True)]
                 continue
             for t, step, n, params in got[1]:
                 padded = -(-params // size) * size
@@ -147,14 +145,14 @@ def _buckets_done(costs: _Costs, rank: int,
     return max(end + extra, *stream.values()), gathers, extra
 
 
-def _interfered_lane(runs: list[BucketRun], start: int, end: int, busy: float, kappa: float
-                     ) -> tuple[int, int]:
+def _interfered_lane(runs: list[BucketRun], durations: list[int], start: int, end: int,
+                     busy: float, kappa: float) -> tuple[int, int]:
     """(when the stream is free, how much later the chunk's backward ends) for one chunk's
     bucket runs on one stream, the backward slowed to 1/(1 + κ) while a bucket is in flight
-    (replay/sim.py). ``runs``: (issue, interval, count, duration of each); issue times are in
-    backward time from ``start``, wall time runs ahead."""
+    (replay/sim.py), each bucket of a run taking ``durations``; issue times are in backward
+    time from ``start``, wall time runs ahead."""
     w = c = float(start)
-    for t, step, n, d in runs:
+    for (t, step, n, _), d in zip(runs, durations, strict=True):
         t += start
         w = _advance(w, t - c, busy, kappa)
         b0 = max(w, busy) + d - w

@@ -97,9 +97,8 @@ class _Context:
     def __init__(self, system: SystemSpec) -> None:
         self.compute = RooflineCompute(system.gpu)
         self.net = AlphaBetaNetwork(system)
-        self.blocks: dict[tuple[object, ...], tuple[int, int]] = {}
+        self.blocks: dict[tuple[object, ...], tuple[int, int, int]] = {}
         self.lists: dict[tuple[object, ...], tuple[int, int]] = {}
-        self.busy: dict[tuple[object, ...], int] = {}  # block → ``_Costs.block_busy``
         self.optimizer: dict[int, int] = {}
         # (op-list key, recompute) → stored activation bytes of one layer and micro-batch
         self.activations: dict[tuple[int, str], int] = {}
@@ -122,7 +121,6 @@ class _Context:
 
     def entries(self) -> int:
         return (len(self.blocks) + len(self.stages) + len(self.tails) + len(self.lists)
-                + len(self.busy)
                 + len(self.optimizer) + len(self.buckets) + len(self.shapes) + len(self.walks)
                 + len(self.activations) + len(self.chunks) + len(self.p2p) + len(self.sends))
 
@@ -286,19 +284,14 @@ class _Costs:
             got = self.ctx.chunks[key] = self.prog.chunk_runs(gci)
         return got
 
-    def block(self, block: ParamBlock, rank: int, sig: tuple[object, ...]) -> tuple[int, int]:
+    def block(self, block: ParamBlock, rank: int, sig: tuple[object, ...]
+              ) -> tuple[int, int, int]:
+        """(forward, backward, the backward's compute on the critical path) of one block."""
         key = (self.key, block.name, block.dense, block.expert, sig)
         got = self.ctx.blocks.get(key)
         if got is None:
-            got = self.ctx.blocks[key] = _block_ns(self, block, rank, sig)
-        return got
-
-    def block_busy(self, block: ParamBlock, rank: int, sig: tuple[object, ...]) -> int:
-        """The compute on the critical path of a block's backward (``_compute_busy``)."""
-        key = (self.key, block.name, block.dense, block.expert, sig)
-        got = self.ctx.busy.get(key)
-        if got is None:
-            got = self.ctx.busy[key] = _compute_busy(self, block, rank, sig)[1]
+            got = self.ctx.blocks[key] = (*_block_ns(self, block, rank, sig),
+                                          _compute_busy(self, block, rank, sig)[1])
         return got
 
     def optimizer_ns(self, params: int) -> int:
@@ -336,9 +329,7 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
     zero3 = costs.s.zero_stage == 3
     prefetch = zero3 and costs.s.zero3_prefetch
     fwd, bwd, runs_bwd, early_f, early_b, late_b = [], [], [], [], [], []
-    phi: list[float] = []
-    # the share of compute in a backward: what slows a gradient bucket's overlap (``dp_tails``)
-    kappa = costs.compute.gpu.comm_interference and not zero3 and costs.s.overlap_grad_reduce
+    phi: list[float] = []  # the share of compute in a backward: it slows buckets (``dp_tails``)
     params = {"dp": 0, "edp": 0}
     layers = 0
     for gci, key in zip(gcis, chunks, strict=True):
@@ -346,11 +337,10 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
         runs = []
         chunk = costs.chunk_runs(gci, key)
         for block, count in chunk:
-            bf, bb = costs.block(block, rank, sig)
+            bf, bb, ub = costs.block(block, rank, sig)
             f += count * bf
             b += count * bb
-            if kappa:
-                u += count * costs.block_busy(block, rank, sig)
+            u += count * ub
             runs.append((block, bb, count))
             params["dp"] += count * block.dense
             params["edp"] += count * block.expert
