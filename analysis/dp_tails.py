@@ -121,13 +121,13 @@ def _buckets_done(costs: _Costs, rank: int,
             lane = axis if overlap else "dp"  # without overlap: after the backward, in sequence
             busy = stream[lane]
             if kappa:
-                padded = [-(-p // size) * size for _, _, _, p in got[1]]
+                sizes = [-(-p // size) * size for _, _, _, p in got[1]]
                 stream[lane], late = _interfered_lane(
-                    got[1], [shape_ns(coll, p * grad_bytes, shape) for p in padded], start,
+                    got[1], [shape_ns(coll, p * grad_bytes, shape) for p in sizes], start,
                     chunk_ends[chunk], busy, kappa * busy_b[chunk])
                 extra += late
                 if gather:
-                    gathers += [(axis, p, r[2]) for p, r in zip(padded, got[1], strict=True)]
+                    gathers += [(axis, p, r[2]) for p, r in zip(sizes, got[1], strict=True)]
                 continue
             for t, step, n, params in got[1]:
                 padded = -(-params // size) * size
