@@ -106,6 +106,7 @@ def _buckets_done(costs: _Costs, rank: int,
                                                      key=chunk_ends.__getitem__)
     kappa = costs.compute.gpu.comm_interference if overlap and busy_b else 0.0
     extra = 0
+    lane_extra = {"dp": 0, "edp": 0}
     for chunk in order:
         start = chunk_ends[chunk] - chunk_bwd[chunk]
         blocks = runs[chunk]
@@ -126,6 +127,7 @@ def _buckets_done(costs: _Costs, rank: int,
                     got[1], [shape_ns(coll, p * grad_bytes, shape) for p in sizes], start,
                     chunk_ends[chunk], busy, kappa * busy_b[chunk])
                 extra += late
+                lane_extra[lane] += late
                 if gather:
                     gathers += [(axis, p, r[2]) for p, r in zip(sizes, got[1], strict=True)]
                 continue
@@ -142,6 +144,9 @@ def _buckets_done(costs: _Costs, rank: int,
                 if gather:
                     gathers.append((axis, padded, n))
             stream[lane] = busy
+    if kappa and costs.moe:
+        # each lane was timed with its own slowdown; its last issues come later by the other's
+        stream = {lane: t + extra - lane_extra[lane] for lane, t in stream.items()}
     return max(end + extra, *stream.values()), gathers, extra
 
 
