@@ -246,3 +246,15 @@ def test_attention_speed_follows_the_head_dim(system: str, hdim: int, ratio: flo
         return c.op_ns("attention", flop, 0, seq, seq, 2, False, k) - gpu.launch_overhead_ns
 
     assert work_ns(128) / work_ns(hdim) == pytest.approx(ratio, rel=1e-3)
+
+
+def test_interference_is_per_gpu_and_never_negative() -> None:
+    """The measured GPUs carry Lee et al.'s 18.9%; unmeasured ones none; a negative value is a
+    clear configuration error."""
+    from replay.hardware import ConfigError
+
+    assert get_system("dgx-h100").gpu.comm_interference == 0.189
+    assert get_system("dgx-a100-80gb").gpu.comm_interference == 0.189
+    assert get_system("dgx-b200").gpu.comm_interference == 0.0
+    with pytest.raises(ConfigError, match=r"comm_interference must be ≥ 0 \(0: absent"):
+        get_system("dgx-h100").with_overrides({"gpu.comm_interference": -0.1})
