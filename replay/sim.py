@@ -259,7 +259,8 @@ class Simulator:
 
     def _run_compute(self, t: int, r: _Rank, pos: int, sid: int) -> list[Event]:
         """Start a compute node; a chain of compute nodes that nothing else can interleave with
-        (see ``_compute_chains``) runs back to back here, and only its last node gets an event."""
+        (see ``_compute_chains``) runs back to back here, and only its last node gets an event;
+        on a rank with interference every kernel is an event of its own (``_start_kernel``)."""
         model = self._overrides.get(r.rank) or self._compute
         slowdown, seg_next, rec = self._slowdown, r.seg_next, self.records
         interfered = r.kappa > 0 and sid == COMPUTE_STREAM
