@@ -28,6 +28,7 @@ RESULT_COLUMNS: dict[str, Any] = {
     "peak_memory_GiB": pl.Float64, "fits": pl.Boolean, "compute_s": pl.Float64,
     "exposed_tp_s": pl.Float64, "exposed_pp_s": pl.Float64, "exposed_dp_s": pl.Float64,
     "exposed_other_comm_s": pl.Float64, "bubble_s": pl.Float64, "optimizer_s": pl.Float64,
+    "interference_s": pl.Float64,
     "goodput": pl.Float64, "time_to_train_s": pl.Float64, "best_policy": pl.String,
     "best_policy_goodput": pl.Float64, "best_policy_time_to_train_s": pl.Float64,
 }
@@ -90,10 +91,12 @@ def _from_replay(res: ReplayResult) -> dict[str, Any]:
 
 
 def exposed_breakdown(res: ReplayResult) -> dict[str, float]:
-    """Where the step goes on the rank that finishes last: compute, communication per axis not
-    hidden under compute, optimizer, and the rest (pipeline bubble and waiting)."""
+    """Where the step goes on the rank that finishes last: compute, the compute time lost to
+    collectives in flight beside it (interference), communication per axis not hidden under
+    compute, optimizer, and the rest (pipeline bubble and waiting). They add up to the step."""
     tl = res.timeline
-    last = res.breakdown.sort("end_s", descending=True)["rank"][0]
+    by_end = res.breakdown.sort("end_s", descending=True)
+    last = by_end["rank"][0]
     r = tl.filter(pl.col("rank") == last)
     comp = r.filter(pl.col("stream") == "compute")
     step = res.step_time_s
@@ -111,9 +114,10 @@ def exposed_breakdown(res: ReplayResult) -> dict[str, float]:
     compute = intervals_length(compute_iv) - opt
     other_exposed = intervals_length(other) - intervals_overlap(other, compute_iv)
     bubble = max(0.0, step - compute - opt - sum(exposed.values()) - other_exposed)
-    return {"compute_s": compute, "exposed_tp_s": exposed["tp"], "exposed_pp_s": exposed["pp"],
-            "exposed_dp_s": exposed["dp"], "exposed_other_comm_s": other_exposed,
-            "optimizer_s": opt, "bubble_s": bubble}
+    lost = min(compute, float(by_end["interference_s"][0]))
+    return {"compute_s": compute - lost, "interference_s": lost, "exposed_tp_s": exposed["tp"],
+            "exposed_pp_s": exposed["pp"], "exposed_dp_s": exposed["dp"],
+            "exposed_other_comm_s": other_exposed, "optimizer_s": opt, "bubble_s": bubble}
 
 
 def _union(frame: pl.DataFrame) -> list[tuple[float, float]]:

@@ -108,6 +108,7 @@ def time_to_train_by_policy(frame: pl.DataFrame, *, title: str = "") -> Figure:
 
 
 BREAKDOWN = (("compute_s", "compute", "tab:blue"),
+             ("interference_s", "compute slowed by comm", "tab:cyan"),
              ("exposed_tp_s", "exposed TP comm", "tab:orange"),
              ("exposed_pp_s", "exposed PP comm", "tab:green"),
              ("exposed_dp_s", "exposed DP comm", "tab:red"),

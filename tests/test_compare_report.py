@@ -26,8 +26,10 @@ def test_compare_frame(tmp_path: Path) -> None:
     ok = frame.filter(pl.col("status") == "replayed")
     assert ok.height == 3
     for r in ok.iter_rows(named=True):
-        parts = sum(r[k] for k in ("compute_s", "exposed_tp_s", "exposed_pp_s", "exposed_dp_s",
-                                   "exposed_other_comm_s", "bubble_s", "optimizer_s"))
+        parts = sum(r[k] for k in ("compute_s", "interference_s", "exposed_tp_s",
+                                   "exposed_pp_s", "exposed_dp_s", "exposed_other_comm_s",
+                                   "bubble_s", "optimizer_s"))
+        assert 0 <= r["interference_s"] < r["compute_s"]
         assert parts == pytest.approx(r["step_time_s"], rel=1e-6)  # the breakdown adds up
         assert 0 < r["goodput"] <= 1 and r["time_to_train_s"] > 0
         assert 0 < r["mfu"] <= r["hfu"] < 1
