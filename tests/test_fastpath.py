@@ -116,6 +116,60 @@ def test_bucket_runs_match_block_by_block(runs, bucket, overlap) -> None:
     assert max(end, stream) == _buckets_block_by_block(blocks, bucket, cost, overlap)
 
 
+def _interfered_bucket_by_bucket(runs: list[tuple[int, int, int, int]], end: int,
+                                 kappa: float) -> tuple[float, float]:
+    """(stream free, backward end) issuing every bucket of every run one at a time, the
+    backward advancing at 1/(1 + kappa) while the stream is busy (replay's rule, by brute
+    force)."""
+    w = c = 0.0
+    busy = -1e18
+
+    def advance(to: float) -> None:
+        nonlocal w, c
+        while c < to:
+            if busy > w:
+                done = (busy - w) / (1 + kappa)
+                if c + done >= to:
+                    w += (to - c) * (1 + kappa)
+                    c = to
+                else:
+                    c += done
+                    w = busy
+            else:
+                w += to - c
+                c = to
+
+    for t0, step, n, d in runs:
+        for i in range(n):
+            advance(t0 + i * step)
+            busy = max(w, busy) + d
+    advance(end)
+    return busy, w
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(st.tuples(st.integers(0, 400), st.integers(1, 300), st.integers(1, 9),
+                                 st.integers(1, 900)), min_size=1, max_size=4),
+       tail=st.integers(0, 500), kappa=st.sampled_from([0.0, 0.189, 0.4, 1.0]))
+def test_interfered_bucket_runs_match_bucket_by_bucket(pieces, tail, kappa) -> None:
+    """The closed form of a run of buckets under interference (backlog, then drained regime;
+    ``dp_tails._interfered_run``) gives the stream's end and the backward's delay that issuing
+    the buckets one by one gives, the backward slowed while any is in flight."""
+    from analysis.dp_tails import _interfered_lane
+
+    runs, t = [], 0
+    for gap, step, n, d in pieces:  # runs in issue order, each after the last one's issues
+        t += gap
+        runs.append((t, step, n, d))
+        t += (n - 1) * step
+    end = t + tail
+    busy, late = _interfered_lane([(t0, step, n, 0) for t0, step, n, _ in runs], [r[3] for r in runs], 0, end,
+                                  -(1 << 62), kappa)
+    want_busy, want_w = _interfered_bucket_by_bucket(runs, end, kappa)
+    assert busy == pytest.approx(want_busy, abs=2)
+    assert late == pytest.approx(want_w - end, abs=2)
+
+
 def test_shared_memos_do_not_change_answers() -> None:
     """A sweep shares memos across strategies: the answers are the same in any order."""
     from analysis.fastpath import clear_cache
