@@ -170,6 +170,27 @@ def test_interfered_bucket_runs_match_bucket_by_bucket(pieces, tail, kappa) -> N
     assert late == pytest.approx(want_w - end, abs=2)
 
 
+@settings(max_examples=100, deadline=None)
+@given(w=st.integers(0, 1000), dt=st.integers(0, 2000),
+       busy=st.lists(st.integers(0, 3000), min_size=0, max_size=3),
+       kappa=st.sampled_from([0.0, 0.189, 1.0]))
+def test_slowed_compute_matches_stepping_through_time(w, dt, busy, kappa) -> None:
+    """``dp_tails.slowed``: compute of ``dt`` from ``w`` at 1/(1 + κ·n) while n streams are
+    busy, checked against stepping 0.05 ns at a time through the same rule."""
+    from analysis.dp_tails import slowed
+
+    t, left, tick = float(w), float(dt), 0.05
+    while left > 1e-9:
+        rate = 1 / (1 + kappa * sum(1 for b in busy if b > t))
+        if all(b <= t for b in busy):  # nothing in flight: the rest at full speed
+            t += left
+            break
+        step = min(tick, left / rate)
+        t += step
+        left -= step * rate
+    assert slowed(w, dt, busy, kappa) == pytest.approx(t, abs=0.2)
+
+
 def test_shared_memos_do_not_change_answers() -> None:
     """A sweep shares memos across strategies: the answers are the same in any order."""
     from analysis.fastpath import clear_cache
