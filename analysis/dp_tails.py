@@ -121,19 +121,16 @@ def _buckets_done(costs: _Costs, rank: int,
                 got = memo[key] = (blocks, _bucket_runs(blocks, axis, bucket, 0))
             lane = axis if overlap else "dp"  # without overlap: after the backward, in sequence
             busy = stream[lane]
-            if kappa:
-                sizes = [-(-p // size) * size for _, _, _, p in got[1]]
-                stream[lane], late = _interfered_lane(
-                    got[1], [shape_ns(coll, p * grad_bytes, shape) for p in sizes], start,
-                    chunk_ends[chunk], busy, kappa * busy_b[chunk])
-                extra += late
-                lane_extra[lane] += late
-                if gather:
-                    gathers += [(axis, p, r[2]) for p, r in zip(sizes, got[1], strict=True)]
-                continue
+            k = kappa * busy_b[chunk] if kappa else 0.0
+            w = c = float(start)  # with interference: wall time, backward time
             for t, step, n, params in got[1]:
                 padded = -(-params // size) * size
                 d = shape_ns(coll, padded * grad_bytes, shape)
+                if k:
+                    w, c, busy = _interfered_step(w, c, busy, t + start, step, n, d, k)
+                    if gather:
+                        gathers.append((axis, padded, n))
+                    continue
                 if overlap:
                     t += start
                 else:
@@ -143,6 +140,11 @@ def _buckets_done(costs: _Costs, rank: int,
                 busy = a if a > b else b
                 if gather:
                     gathers.append((axis, padded, n))
+            if k:
+                late = round(_advance(w, chunk_ends[chunk] - c, busy, k) - chunk_ends[chunk])
+                extra += late
+                lane_extra[lane] += late
+                busy = round(busy)
             stream[lane] = busy
     if kappa and costs.moe:
         # each lane was timed with its own slowdown; its last issues come later by the other's
@@ -158,13 +160,19 @@ def _interfered_lane(runs: list[BucketRun], durations: list[int], start: int, en
     time from ``start``, wall time runs ahead."""
     w = c = float(start)
     for (t, step, n, _), d in zip(runs, durations, strict=True):
-        t += start
-        w = _advance(w, t - c, busy, kappa)
-        b0 = max(w, busy) + d - w
-        w, busy = _interfered_run(w, b0, step, n, d, kappa)
-        c = t + (n - 1) * step
+        w, c, busy = _interfered_step(w, c, busy, t + start, step, n, d, kappa)
     w = _advance(w, end - c, busy, kappa)
     return round(busy), round(w - end)
+
+
+def _interfered_step(w: float, c: float, busy: float, t: int, step: int, n: int, d: int,
+                     kappa: float) -> tuple[float, float, float]:
+    """(wall time, backward time, stream free) after a run of n buckets of d, the first
+    issued at backward time t, the others every ``step``: the backward advances to t (slowed
+    while the stream is busy), then ``_interfered_run``."""
+    w = _advance(w, t - c, busy, kappa)
+    w, busy = _interfered_run(w, max(w, busy) + d - w, step, n, d, kappa)
+    return w, t + (n - 1) * step, busy
 
 
 def _advance(w: float, dt: float, busy: float, kappa: float) -> float:
