@@ -122,12 +122,13 @@ def _buckets_done(costs: _Costs, rank: int,
             lane = axis if overlap else "dp"  # without overlap: after the backward, in sequence
             busy = stream[lane]
             k = kappa * busy_b[chunk] if kappa else 0.0
-            w = c = float(start)  # with interference: wall time, backward time
+            w = c = float(start)  # with interference: wall time, backward time, stream free
+            free = float(busy)
             for t, step, n, params in got[1]:
                 padded = -(-params // size) * size
                 d = shape_ns(coll, padded * grad_bytes, shape)
                 if k:
-                    w, c, busy = _interfered_step(w, c, busy, t + start, step, n, d, k)
+                    w, c, free = _interfered_step(w, c, free, t + start, step, n, d, k)
                     if gather:
                         gathers.append((axis, padded, n))
                     continue
@@ -141,10 +142,10 @@ def _buckets_done(costs: _Costs, rank: int,
                 if gather:
                     gathers.append((axis, padded, n))
             if k:
-                late = round(_advance(w, chunk_ends[chunk] - c, busy, k) - chunk_ends[chunk])
+                late = round(_advance(w, chunk_ends[chunk] - c, free, k) - chunk_ends[chunk])
                 extra += late
                 lane_extra[lane] += late
-                busy = round(busy)
+                busy = round(free)
             stream[lane] = busy
     if kappa and costs.moe:
         # each lane was timed with its own slowdown; its last issues come later by the other's
