@@ -72,8 +72,12 @@ def _scenario(scenario: str | Path | Scenario | None, ts: TraceSet, sys_spec: Sy
 def _interference(sys_spec: SystemSpec, scen: Scenario | None) -> Callable[[int], float]:
     """κ per rank: its GPU's ``comm_interference`` (a scenario may put a rank on another GPU)."""
     base = sys_spec.gpu.comm_interference
-    other = {rank: resolve_system(name).gpu.comm_interference
-             for rank, name in (scen.gpus if scen else ())}
+    by_name: dict[str, float] = {}
+    other: dict[int, float] = {}
+    for rank, name in scen.gpus if scen else ():
+        if name not in by_name:  # a scenario may put hundreds of ranks on one other system
+            by_name[name] = resolve_system(name).gpu.comm_interference
+        other[rank] = by_name[name]
     return lambda rank: other.get(rank, base)
 
 
