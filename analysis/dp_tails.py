@@ -16,36 +16,47 @@ if TYPE_CHECKING:  # the fast path imports this module; its types are only annot
 
 
 def tails_ns(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[int],
-             chunk_ends: list[list[int]], check: Iterable[int]) -> int:
+             chunk_ends: list[list[int]], check: Iterable[int], alike: bool = False) -> int:
     """When the last of the ``check`` stages finishes: gradient buckets drained after its last
     backward, embedding all-reduce, optimizer and ZeRO parameter all-gather. ``reps``: a rank
-    whose data-parallel groups are shaped as the stage's."""
+    whose data-parallel groups are shaped as the stage's; ``alike``: the middle stages are one
+    stage (``fastpath._stages``). With interference a stage's buckets
+    slow its last backward, and every earlier stage's last backward waits for it in the drain:
+    stage st ends later by what the stages after it lost."""
     s, m = costs.s, costs.m
+    strategy_key = costs.ctx.intern((s.dp_bucket_params, s.overlap_grad_reduce, s.zero_stage,
+                                     s.dp, s.cp, s.ep, s.overlap_param_gather,
+                                     s.grad_reduce_in_bf16, s.expert_tp))
+    propagate = s.pp > 1 and s.overlap_grad_reduce and costs.compute.gpu.comm_interference > 0
+    if propagate and alike:
+        # stage 0 waits for what every later one lost; a middle stage loses what the first
+        # does (the same layers' buckets; the embedding's comes after its last compute)
+        tails = {st: _tail(costs, stages[st], reps[st], chunk_ends[st], strategy_key)
+                 for st in (0, s.pp - 1)}
+        later = tails[0][2] * (s.pp - 2) + tails[s.pp - 1][2]
+        ends, chunk_ends = list(ends), list(chunk_ends)  # (copies: memoized lists)
+        ends[0] += later
+        chunk_ends[0] = [e + later for e in chunk_ends[0]]
+    else:
+        tails = {st: _tail(costs, stages[st], reps[st], chunk_ends[st], strategy_key)
+                 for st in (range(s.pp) if propagate else check)}
+    if propagate and not alike:  # (copies: the walk's lists are memoized)
+        ends, chunk_ends, later = list(ends), list(chunk_ends), 0
+        for st in range(s.pp - 1, -1, -1):
+            if later:
+                ends[st] += later
+                chunk_ends[st] = [e + later for e in chunk_ends[st]]
+            later += tails[st][2]
     chain = list(ends)
     if m.tied_embeddings and s.pp > 1:
         size = m.vocab_size * m.hidden_size // s.tp * O.grad_reduce_bytes(s)
         t = max(ends[0], ends[-1]) + costs.net.shape_ns("ALL_REDUCE", size,
                                                          costs.shape("embd", 0))
         chain[0] = chain[-1] = t
-    strategy_key = costs.ctx.intern((s.dp_bucket_params, s.overlap_grad_reduce, s.zero_stage,
-                                     s.dp, s.cp, s.ep, s.overlap_param_gather,
-                                     s.grad_reduce_in_bf16, s.expert_tp))
     finish = 0
     for st in check:
-        x = stages[st]
-        ce = chunk_ends[st]
-        rel: tuple[int, ...]
-        if len(ce) == 1:
-            end, rel = ce[0], (0,)
-        else:
-            end = max(ce)
-            rel = tuple(e - end for e in ce)
-        key = (id(x), rel, strategy_key, costs.shape("dp", reps[st]),
-               costs.shape("edp", reps[st]) if costs.moe else None)
-        got = costs.ctx.tails.get(key)
-        if got is None:
-            got = costs.ctx.tails[key] = _tail_costs(costs, x, reps[st], rel)
-        done_rel, after = got
+        done_rel, after, _ = tails[st]
+        end = max(chunk_ends[st])
         if s.overlap_grad_reduce:
             done = max(chain[st], end + done_rel)
         else:  # the buckets follow the embedding all-reduce (``RoleProgram._finish``)
@@ -54,19 +65,38 @@ def tails_ns(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[in
     return finish
 
 
+def _tail(costs: _Costs, x: _Stage, rank: int, ce: list[int], strategy_key: int
+          ) -> tuple[int, int, int]:
+    """``_tail_costs`` of one stage, memoized by the stage, its chunks' relative end times and
+    everything in the strategy and layout the drain depends on."""
+    rel: tuple[int, ...]
+    if len(ce) == 1:
+        rel = (0,)
+    else:
+        end = max(ce)
+        rel = tuple(e - end for e in ce)
+    key = (id(x), rel, strategy_key, costs.shape("dp", rank),
+           costs.shape("edp", rank) if costs.moe else None)
+    got = costs.ctx.tails.get(key)
+    if got is None:
+        got = costs.ctx.tails[key] = _tail_costs(costs, x, rank, rel)
+    return got
+
+
 def _tail_costs(costs: _Costs, x: _Stage, rank: int, rel_ends: tuple[int, ...]
-                ) -> tuple[int, int]:
+                ) -> tuple[int, int, int]:
     """(when the gradient buckets are done, relative to the stage's last backward; optimizer
-    plus ZeRO parameter all-gathers after that)."""
+    plus ZeRO parameter all-gathers after that; how much later the buckets make the last
+    backward end, interference)."""
     s = costs.s
-    done, gathers, _ = _buckets_done(costs, rank, x.runs_bwd, rel_ends, x.bwd, x.busy_b)
+    done, gathers, extra = _buckets_done(costs, rank, x.runs_bwd, rel_ends, x.bwd, x.busy_b)
     after = costs.optimizer_ns(sharded_params(s, dict(x.params)))
     if s.overlap_param_gather:  # the gathers open the next step (``_param_gather_delay``)
         gathers = []
     for axis, padded, count in gathers:
         shard = padded // dp_group_size(s, axis) * O.PARAM_BYTES
         after += count * costs.net.shape_ns("ALL_GATHER", shard, costs.shape(axis, rank))
-    return done, after
+    return done, after, extra
 
 
 # (issue time of the first, interval between issues, how many, parameters each)

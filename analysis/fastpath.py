@@ -111,7 +111,7 @@ class _Context:
         # a stage chunk's gradient buckets from its start: id(runs) → (runs, bucket runs)
         self.buckets: dict[tuple[int, str, int], tuple[object, list[BucketRun]]] = {}
         self.stages: dict[tuple[object, ...], _Stage] = {}
-        self.tails: dict[tuple[object, ...], tuple[int, int]] = {}
+        self.tails: dict[tuple[object, ...], tuple[int, int, int]] = {}
         # layout (degrees) → (axis, rank) → group shape
         self.shapes: dict[tuple[object, ...],
                           dict[tuple[str, int], tuple[int, int, int, bool]]] = {}
@@ -511,7 +511,8 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
         pipe += held
         ends = [e + held for e in ends]
         chunk_ends = [[e + held for e in ce] for ce in chunk_ends]
-    finish = tails_ns(costs, stages, [0] * s.pp if alike else reps, ends, chunk_ends, check)
+    finish = tails_ns(costs, stages, [0] * s.pp if alike else reps, ends, chunk_ends, check,
+                      alike)
     peak = _peak_memory_bytes(costs, stages, alike)
     return FastEstimate(finish / NS_PER_S, pipe / NS_PER_S, peak / GiB,
                         peak <= system.gpu.hbm_bytes,
