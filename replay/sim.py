@@ -171,9 +171,8 @@ class Simulator:
         self._world = tuple(range(ts.world_size))
         self._present = {r.rank for r in ts.ranks}
         for rt in ts.ranks:
-            self.ranks[rt.rank] = self._prepare(rt.rank, rt.nodes)
-            if interference is not None and not astra_compat:
-                self.ranks[rt.rank].kappa = interference(rt.rank)
+            kappa = interference(rt.rank) if interference is not None and not astra_compat else 0
+            self.ranks[rt.rank] = self._prepare(rt.rank, rt.nodes, kappa)
 
     # ---- set-up -----------------------------------------------------------------------------
     def _stream_id(self, name: str) -> int:
@@ -183,7 +182,7 @@ class Simulator:
             self.stream_names[sid] = name
         return sid
 
-    def _prepare(self, rank: int, nodes: list[NodeRec]) -> _Rank:
+    def _prepare(self, rank: int, nodes: list[NodeRec], kappa: float = 0.0) -> _Rank:
         pos_of = {n.id: i for i, n in enumerate(nodes)}
         pending = array("q", [0]) * len(nodes)
         dependents: list[list[int]] = [[] for _ in nodes]
@@ -203,9 +202,11 @@ class Simulator:
             dep_pos.append(deps)
             stream_of.append(self._stream_for(n))
         queues: dict[int, deque[int]] = {s: deque() for s in set(stream_of)}
+        # with interference every kernel is an event of its own: no chains to find
+        chains = ([-1] * len(nodes) if kappa > 0
+                  else _compute_chains(nodes, dep_pos, dependents, stream_of))
         return _Rank(rank, nodes, pending, dependents, stream_of, queues,
-                     dict.fromkeys(queues, False), {},
-                     _compute_chains(nodes, dep_pos, dependents, stream_of))
+                     dict.fromkeys(queues, False), {}, chains, kappa=kappa)
 
     def _stream_for(self, n: NodeRec) -> int:
         if n.type == pb.COMP_NODE:
