@@ -183,19 +183,6 @@ def _buckets_done(costs: _Costs, rank: int,
     return max(end + extra, *stream.values()), gathers, extra
 
 
-def _interfered_lane(runs: list[BucketRun], durations: list[int], start: int, end: int,
-                     busy: float, kappa: float) -> tuple[int, int]:
-    """(when the stream is free, how much later the chunk's backward ends) for one chunk's
-    bucket runs on one stream, the backward slowed to 1/(1 + κ) while a bucket is in flight
-    (replay/sim.py), each bucket of a run taking ``durations``; issue times are in backward
-    time from ``start``, wall time runs ahead."""
-    w = c = float(start)
-    for (t, step, n, _), d in zip(runs, durations, strict=True):
-        w, c, busy = _interfered_step(w, c, busy, t + start, step, n, d, kappa)
-    w = _advance(w, end - c, busy, kappa)
-    return round(busy), round(w - end)
-
-
 def _interfered_step(w: float, c: float, busy: float, t: int, step: int, n: int, d: int,
                      kappa: float) -> tuple[float, float, float]:
     """(wall time, backward time, stream free) after a run of n buckets of d, the first

@@ -155,7 +155,7 @@ def test_interfered_bucket_runs_match_bucket_by_bucket(pieces, tail, kappa) -> N
     """The closed form of a run of buckets under interference (backlog, then drained regime;
     ``dp_tails._interfered_run``) gives the stream's end and the backward's delay that issuing
     the buckets one by one gives, the backward slowed while any is in flight."""
-    from analysis.dp_tails import _interfered_lane
+    from analysis.dp_tails import _advance, _interfered_step
 
     runs, t = [], 0
     for gap, step, n, d in pieces:  # runs in issue order, each after the last one's issues
@@ -163,8 +163,12 @@ def test_interfered_bucket_runs_match_bucket_by_bucket(pieces, tail, kappa) -> N
         runs.append((t, step, n, d))
         t += (n - 1) * step
     end = t + tail
-    busy, late = _interfered_lane([(t0, step, n, 0) for t0, step, n, _ in runs], [r[3] for r in runs], 0, end,
-                                  -(1 << 62), kappa)
+    # the drain loop of ``_buckets_done`` for one chunk starting at 0, stream idle
+    w = c = 0.0
+    free = float(-(1 << 62))
+    for t0, step, n, d in runs:
+        w, c, free = _interfered_step(w, c, free, t0, step, n, d, kappa)
+    busy, late = round(free), round(_advance(w, end - c, free, kappa) - end)
     want_busy, want_w = _interfered_bucket_by_bucket(runs, end, kappa)
     assert busy == pytest.approx(want_busy, abs=2)
     assert late == pytest.approx(want_w - end, abs=2)
