@@ -62,6 +62,10 @@ def print_glance(g: Glance, s: Strategy) -> None:
     console.print(f"step time [bold]{g.step_time_s:.4f} s[/] (fast path; pipeline "
                   f"{g.pipeline_s:.4f} s, the busiest stage idle {g.pipeline_idle:.1%} of it): "
                   f"{g.tokens_per_s:,.0f} tokens/s, MFU {g.mfu:.1%}, HFU {g.hfu:.1%}")
+    if g.interference_s > 0:
+        console.print(f"of which {g.interference_s:.4f} s is compute slowed beside overlapped "
+                      f"collectives (interference; {g.interference_s / g.step_time_s:.1%} of "
+                      "the step)")
     verdict = "fits" if g.fits else "[bold red]DOES NOT FIT[/]"
     console.print(f"peak memory {g.peak_memory_GiB:.1f} GiB per GPU: {verdict} in "
                   f"{g.capacity_GiB:g} GiB")

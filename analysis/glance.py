@@ -47,6 +47,9 @@ class Glance:
     capacity_GiB: float
     fits: bool
     stages: tuple[StageGlance, ...]
+    # how much longer the step is for compute slowed beside collectives in flight (the same
+    # strategy with the GPU's ``comm_interference`` set to 0; 0 where it is 0 already)
+    interference_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
@@ -68,10 +71,15 @@ def glance(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> Glance:
     est = estimate(model, strategy, system)
     s = strategy
     rates = strategy_rates(model, s, system, est.step_time_s)
+    lost = 0.0
+    if system.gpu.comm_interference:
+        free = dataclasses.replace(system, gpu=dataclasses.replace(system.gpu,
+                                                                  comm_interference=0.0))
+        lost = est.step_time_s - estimate(model, s, free).step_time_s
     return Glance(model.name, s.label(), system.name, est.step_time_s, est.pipeline_s,
                   _idle(est, s.num_microbatches), rates["tokens_per_s"], rates["mfu"],
                   rates["hfu"], est.peak_memory_GiB, system.gpu.hbm_bytes / GiB, est.fits,
-                  _stages(model, s, system, est))
+                  _stages(model, s, system, est), lost)
 
 
 def _idle(est: FastEstimate, microbatches: int) -> float:

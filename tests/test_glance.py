@@ -4,6 +4,7 @@ share against the 1F1B bubble's closed form."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -76,3 +77,19 @@ def test_a_batch_below_one_step_of_micro_batches_suggests_the_smallest_that_work
               "--gbs", "8", "--system", "dgx-a100-80gb")
     assert bad.returncode == 2
     assert "use a multiple of 125 (e.g. 125)" in bad.stderr, bad.stderr
+
+
+def test_glance_says_what_interference_costs() -> None:
+    """The step with the GPU's interference against the same strategy without it: positive
+    where collectives overlap compute (TP overlap on H100), 0 on a GPU without a measurement."""
+    model = get_model("llama3-8b")
+    s = Strategy(tp=2, dp=4, sequence_parallel=True, tp_comm_overlap=True,
+                 micro_batch_size=1, global_batch_size=32)
+    h100 = get_system("dgx-h100")
+    g = glance(model, s, h100)
+    free = dataclasses.replace(h100, gpu=dataclasses.replace(h100.gpu, comm_interference=0.0))
+    assert g.interference_s == pytest.approx(
+        g.step_time_s - estimate(model, s, free).step_time_s)
+    assert 0 < g.interference_s < 0.2 * g.step_time_s
+    assert glance(model, s, get_system("dgx-b200")).interference_s == 0
+    assert g.to_dict()["interference_s"] == g.interference_s
