@@ -20,9 +20,9 @@ def tails_ns(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[in
     """When the last of the ``check`` stages finishes: gradient buckets drained after its last
     backward, embedding all-reduce, optimizer and ZeRO parameter all-gather. ``reps``: a rank
     whose data-parallel groups are shaped as the stage's; ``alike``: the middle stages are one
-    stage (``fastpath._stages``). With interference a stage's buckets
-    slow its last backward, and every earlier stage's last backward waits for it in the drain:
-    stage st ends later by what the stages after it lost."""
+    stage (``fastpath._stages``). With interference a stage's buckets slow its last backward,
+    and every earlier stage's last backward waits for it in the drain: stage st ends later by
+    what the stages after it lost."""
     s, m = costs.s, costs.m
     strategy_key = costs.ctx.intern((s.dp_bucket_params, s.overlap_grad_reduce, s.zero_stage,
                                      s.dp, s.cp, s.ep, s.overlap_param_gather,
