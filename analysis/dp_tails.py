@@ -37,16 +37,18 @@ def tails_ns(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[in
         ends, chunk_ends = list(ends), list(chunk_ends)  # (copies: memoized lists)
         ends[0] += later
         chunk_ends[0] = [e + later for e in chunk_ends[0]]
-    else:
+    elif propagate:  # (copies: the walk's lists are memoized)
         tails = {st: _tail(costs, stages[st], reps[st], chunk_ends[st], strategy_key)
-                 for st in (range(s.pp) if propagate else check)}
-    if propagate and not alike:  # (copies: the walk's lists are memoized)
+                 for st in range(s.pp)}
         ends, chunk_ends, later = list(ends), list(chunk_ends), 0
         for st in range(s.pp - 1, -1, -1):
             if later:
                 ends[st] += later
                 chunk_ends[st] = [e + later for e in chunk_ends[st]]
             later += tails[st][2]
+    else:
+        tails = {st: _tail(costs, stages[st], reps[st], chunk_ends[st], strategy_key)
+                 for st in check}
     chain = list(ends)
     if m.tied_embeddings and s.pp > 1:
         size = m.vocab_size * m.hidden_size // s.tp * O.grad_reduce_bytes(s)

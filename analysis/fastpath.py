@@ -97,7 +97,7 @@ class _Context:
     def __init__(self, system: SystemSpec) -> None:
         self.compute = RooflineCompute(system.gpu)
         self.net = AlphaBetaNetwork(system)
-        self.blocks: dict[tuple[object, ...], tuple[int, int, int]] = {}
+        self.blocks: dict[tuple[object, ...], tuple[int, int, int, int]] = {}
         self.lists: dict[tuple[object, ...], tuple[int, int]] = {}
         self.optimizer: dict[int, int] = {}
         # (op-list key, recompute) → stored activation bytes of one layer and micro-batch
@@ -285,13 +285,13 @@ class _Costs:
         return got
 
     def block(self, block: ParamBlock, rank: int, sig: tuple[object, ...]
-              ) -> tuple[int, int, int]:
-        """(forward, backward, the backward's compute on the critical path) of one block."""
+              ) -> tuple[int, int, int, int]:
+        """(forward, backward, and the compute on the critical path of each) of one block."""
         key = (self.key, block.name, block.dense, block.expert, sig)
         got = self.ctx.blocks.get(key)
         if got is None:
             got = self.ctx.blocks[key] = (*_block_ns(self, block, rank, sig),
-                                          _compute_busy(self, block, rank, sig)[1])
+                                          *_compute_busy(self, block, rank, sig))
         return got
 
     def optimizer_ns(self, params: int) -> int:
@@ -337,7 +337,7 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
         runs = []
         chunk = costs.chunk_runs(gci, key)
         for block, count in chunk:
-            bf, bb, ub = costs.block(block, rank, sig)
+            bf, bb, _, ub = costs.block(block, rank, sig)
             f += count * bf
             b += count * bb
             u += count * ub
@@ -634,11 +634,10 @@ def _param_gather_delay(costs: _Costs, stages: list[_Stage], reps: list[int], c:
             busy.append(t)
         sig, t = costs.signature(reps[st]), arrival
         for block, ready in zip(blocks, need, strict=True):
-            f = costs.block(block, reps[st], sig)[0]
+            f, _, uf, _ = costs.block(block, reps[st], sig)
             t = max(t, ready)
             if kappa and busy and f:
-                k = kappa * _compute_busy(costs, block, reps[st], sig)[0] / f
-                t = round(slowed(t, f, busy, k))
+                t = round(slowed(t, f, busy, kappa * uf / f))
             else:
                 t += f
         worst = max(worst, t - arrival - x.fwd[0])

@@ -58,7 +58,6 @@ def predicted_vs_measured(results: pl.DataFrame, *, band: float = 0.10, by: str 
     return fig
 
 
-
 def error_trend(frame: pl.DataFrame, x: str, *, by: str = "gpu", band: float = 0.10,
                 title: str = "Prediction error against one input") -> Figure:
     """Signed error (%) of the ``ok`` rows against column ``x`` (log₂ axis: sequence length,
@@ -77,6 +76,7 @@ def error_trend(frame: pl.DataFrame, x: str, *, by: str = "gpu", band: float = 0
     _finish(ax, xlabel=x, ylabel="predicted vs measured step time (%)",
             title=f"{title} ({ok.height} rows)", legend="lower left", grid="major")
     return fig
+
 
 def goodput_vs_interval(curve: pl.DataFrame, *, young_s: float, daly_s: float,
                         title: str = "") -> Figure:
