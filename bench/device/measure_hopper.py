@@ -1,8 +1,10 @@
-"""Measure GEMM, attention and memory-bound kernel rates on one NVIDIA GPU (PyTorch).
+"""Measure GEMM, attention, context-parallel attention, memory-bound kernels, launch overhead and
+the sustained clock on one NVIDIA GPU (PyTorch), for the trainsim compute model's constants.
 
-Prints a table and, with --out, writes JSON with the implied efficiencies for the trainsim
-catalog (peak bf16 and HBM bandwidth given by --peak-tflops / --hbm-gbps; H200 defaults).
-Timing: CUDA events, warm-up then the median of repeated runs.
+Prints a table per section and, with --out, writes JSON after every section (a section that
+fails records its traceback and the others still run). Timing: CUDA events, warm-up, then the
+median of repeated runs; inputs are random (never zeros). Peak bf16 / fp8 and HBM bandwidth are
+given by --peak-tflops / --peak-fp8-tflops / --hbm-gbps (H200 SXM datasheet defaults).
 """
 
 from __future__ import annotations
@@ -12,9 +14,31 @@ import json
 import statistics
 import sys
 import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+Row = dict[str, Any]
+
+# (label, m, n, k) of Y[m,n] = X[m,k]·W[n,k]ᵀ: the MAMF anchors and transformer layers' GEMMs
+# (tokens × out × in) at the tensor-parallel widths of the validation rows.
+GEMM_SHAPES = [
+    ("mamf_best", 2048, 2048, 13312), ("cube8k", 8192, 8192, 8192), ("cube4k", 4096, 4096, 4096),
+    ("l8b_qkv", 8192, 6144, 4096), ("l8b_proj", 8192, 4096, 4096),
+    ("l8b_fc1", 8192, 28672, 4096), ("l8b_fc2", 8192, 4096, 14336),
+    ("l8b_fc1_wgrad", 28672, 4096, 8192), ("l70b_tp4_qkv", 8192, 2560, 8192),
+    ("l70b_tp4_proj", 8192, 8192, 2048), ("l70b_tp4_fc1", 8192, 14336, 8192),
+    ("l70b_tp4_fc2", 8192, 8192, 7168), ("l405b_tp8_qkv", 8192, 2304, 16384),
+    ("l405b_tp8_proj", 8192, 16384, 2048), ("l405b_tp8_fc1", 8192, 13312, 16384),
+    ("l405b_tp8_fc2", 8192, 16384, 6656), ("gpt175b_tp8_qkv", 2048, 4608, 12288),
+    ("gpt175b_tp8_proj", 2048, 12288, 1536), ("gpt175b_tp8_fc1", 2048, 6144, 12288),
+    ("gpt175b_tp8_fc2", 2048, 12288, 6144), ("gpt175b_tp8_fc1_wgrad", 6144, 12288, 2048),
+    ("small_m1024", 1024, 4096, 4096), ("small_m512", 512, 8192, 8192),
+    ("lmhead_tp8", 8192, 16032, 8192),
+]
 
 
-def _time_ms(fn, *, warmup: int = 3, reps: int = 10) -> float:  # type: ignore[no-untyped-def]
+def _time_ms(fn: Callable[[], object], *, warmup: int = 3, reps: int = 10) -> float:
     import torch
 
     for _ in range(warmup):
@@ -31,129 +55,300 @@ def _time_ms(fn, *, warmup: int = 3, reps: int = 10) -> float:  # type: ignore[n
     return statistics.median(times)
 
 
-def gemms(peak: float) -> list[dict[str, float]]:
+def _nvml() -> Any:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:  # nvml is optional: clocks are then not reported
+        return None
+
+
+def _clock_power(nv: Any) -> Row:
+    if nv is None:
+        return {}
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    return {"sm_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+            "power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
+            "temp_c": nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)}
+
+
+def env_info(args: argparse.Namespace) -> list[Row]:
     import torch
 
+    p = torch.cuda.get_device_properties(0)
+    nv = _nvml()
+    row: Row = {"device": p.name, "sms": p.multi_processor_count,
+                "mem_GiB": p.total_memory / 2**30, "torch": torch.__version__,
+                "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
+    if nv is not None:
+        h = nv.nvmlDeviceGetHandleByIndex(0)
+        row["power_limit_w"] = nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0
+        row["max_sm_mhz"] = nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM)
+        row.update(_clock_power(nv))
+    return [row]
+
+
+def _gemm_bf16(m: int, n: int, k: int) -> Callable[[], object]:
+    import torch
+
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    return lambda: a @ w.t()
+
+
+def _gemm_fp8(m: int, n: int, k: int, fast: bool = False) -> Callable[[], object]:
+    """Tensor-wise scaled FP8 (e4m3) GEMM, bf16 out, as Transformer Engine's delayed scaling
+    (which uses the fast, split accumulation in forward only)."""
+    import torch
+
+    a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+    one = torch.ones((), device="cuda")
+    return lambda: torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                    use_fast_accum=fast)
+
+
+def gemms(args: argparse.Namespace, dtype: str) -> list[Row]:
+    peak = args.peak_tflops if dtype == "bf16" else args.peak_fp8_tflops
     out = []
-    shapes = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 12288, 4096),
-              (16384, 4096, 12288), (8192, 28672, 8192), (8192, 8192, 28672),
-              (2048, 2048, 13312), (4096, 5120, 5120), (4096, 1536, 12288), (1000, 4096, 4096)]
-    for m, n, k in shapes:
-        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        ms = _time_ms(lambda a=a, b=b: a @ b)
+    for label, m, n, k in GEMM_SHAPES:
+        fn = _gemm_bf16(m, n, k) if dtype == "bf16" else _gemm_fp8(m, n, k, dtype == "fp8_fast")
+        ms = _time_ms(fn, reps=15)
         tflops = 2 * m * n * k / ms / 1e9
-        out.append({"m": m, "n": n, "k": k, "ms": ms, "tflops": tflops,
+        out.append({"shape": label, "m": m, "n": n, "k": k, "ms": ms, "tflops": tflops,
                     "efficiency": tflops / peak})
     return out
 
 
-def sustained(peak: float, window_s: float = 3.0) -> dict[str, float]:
-    """Burst vs sustained matmul (the catalog's ``sustained_clock_ratio``): one large bf16 GEMM
-    timed cold after an idle second (the burst, at boost clock), then back to back for
-    ``window_s`` seconds, the rate over the last second (the chip at its power limit)."""
-    import torch
-
-    m = n = k = 8192
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    flop = 2 * m * n * k
-    torch.cuda.synchronize()
-    time.sleep(1.0)
-    burst_ms = _time_ms(lambda: a @ b, warmup=2, reps=5)
-    t_end, done, last = time.time() + window_s, [], time.time()
-    while time.time() < t_end:
-        for _ in range(20):
-            a @ b
-        torch.cuda.synchronize()
-        now = time.time()
-        done.append((now, 20 * flop / (now - last)))
-        last = now
-    tail = [r for t, r in done if t > t_end - 1.0]
-    held = statistics.median(tail) / 1e12
-    return {"burst_tflops": flop / burst_ms / 1e9, "sustained_tflops": held,
-            "sustained_efficiency": held / peak,
-            "ratio": held / (flop / burst_ms / 1e9)}
-
-
-def attention(peak: float) -> list[dict[str, float]]:
-    import torch
+def _sdpa(backend: str, causal: bool) -> Callable[..., Any]:
     import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+
+    def run(q: Any, k: Any, v: Any) -> Any:
+        with sdpa_kernel(be):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return run
+
+
+def _attn_times(backend: str, causal: bool, b: int, h: int, sq: int, skv: int,
+                d: int) -> tuple[float, float]:
+    """Forward and backward milliseconds of one attention call, q [b,h,sq,d], k/v [b,h,skv,d]."""
+    import torch
+
+    def t(s: int) -> Any:
+        return torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    q, k, v = t(sq), t(skv), t(skv)
+    fwd = _sdpa(backend, causal)
+    ms_f = _time_ms(lambda: fwd(q, k, v))
+    o = fwd(q, k, v)
+    g = torch.randn_like(o)
+    ms_b = _time_ms(lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True))
+    return ms_f, ms_b
+
+
+def attention(args: argparse.Namespace) -> list[Row]:
+    """FlashAttention-3 paper's setup (Shah et al. 2024): 16 K tokens, hidden 2048, so heads =
+    2048 / head dim; forward FLOPs 4·b·h·s²·d (half if causal), backward 2.5× that."""
     out = []
-    heads, hd = 16, 128
-    for seq in (512, 1024, 2048, 4096, 8192, 16384):
-        batch = max(1, 16384 // seq)
-        q, k, v = (torch.randn(batch, heads, seq, hd, device="cuda", dtype=torch.bfloat16,
-                               requires_grad=True) for _ in range(3))
-        for causal in (False, True):
-            flop = 4 * batch * heads * seq * seq * hd / (2 if causal else 1)
-
-            def fwd(q=q, k=k, v=v, causal=causal):  # type: ignore[no-untyped-def]
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-            ms_f = _time_ms(fwd)
-            o = fwd()
-            g = torch.randn_like(o)
-            inputs = (q, k, v)
-            ms_b = _time_ms(lambda o=o, g=g, inputs=inputs: torch.autograd.grad(
-                o, inputs, g, retain_graph=True))
-            out.append({"seq": seq, "causal": causal, "fwd_tflops": flop / ms_f / 1e9,
-                        "bwd_tflops": 2.5 * flop / ms_b / 1e9,
-                        "fwd_efficiency": flop / ms_f / 1e9 / peak,
-                        "bwd_over_fwd": (2.5 * flop / ms_b) / (flop / ms_f)})
+    cases = [(d, c) for d in (64, 128, 256) for c in (True, False) if d == 128 or c]
+    for backend in ("cudnn", "flash"):
+        for d, causal in cases:
+            for seq in (512, 1024, 2048, 4096, 8192, 16384):
+                b, h = max(1, 16384 // seq), 2048 // d
+                try:
+                    ms_f, ms_b = _attn_times(backend, causal, b, h, seq, seq, d)
+                except Exception as e:  # a backend may not take a head dim
+                    out.append({"backend": backend, "d": d, "causal": causal, "seq": seq,
+                                "error": str(e).splitlines()[0][:120]})
+                    continue
+                flop = 4 * b * h * seq * seq * d / (2 if causal else 1)
+                f_tf, b_tf = flop / ms_f / 1e9, 2.5 * flop / ms_b / 1e9
+                out.append({"backend": backend, "d": d, "causal": causal, "seq": seq,
+                            "fwd_ms": ms_f, "bwd_ms": ms_b, "fwd_tflops": f_tf,
+                            "bwd_tflops": b_tf, "fwd_eff": f_tf / args.peak_tflops,
+                            "bwd_over_fwd": b_tf / f_tf})
     return out
 
 
-def memory_bound(hbm_gbps: float) -> list[dict[str, float]]:
+def _merge_ms(b: int, h: int, s: int, d: int) -> float:
+    """The ring's partial-softmax merge of one step (out = o₁·e^(l₁−l) + o₂·e^(l₂−l))."""
+    import torch
+
+    o1, o2 = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    l1, l2 = (torch.randn(b, h, s, device="cuda") for _ in range(2))
+
+    def merge() -> Any:
+        lse = torch.logaddexp(l1, l2)
+        w1, w2 = torch.exp(l1 - lse).unsqueeze(-1), torch.exp(l2 - lse).unsqueeze(-1)
+        return (o1.float() * w1 + o2.float() * w2).to(torch.bfloat16)
+
+    return _time_ms(merge)
+
+
+def cp_ring(args: argparse.Namespace) -> list[Row]:
+    """Context parallelism 2 on one GPU: a rank's work in Transformer Engine's load-balanced
+    ring (sequence in 4 chunks of c, rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2):
+    step 0 causal over its own 2c; step 1 rank 0's last chunk against the other's 2c K/V
+    (q c × kv 2c), rank 1's 2c queries against chunk 0 (q 2c × kv c), then the merge.
+    Against cp 1's whole causal attention over 4c: ideal is half of it."""
+    out = []
+    h, d = 8, 128
+    for backend in ("cudnn", "flash"):
+        for total in (8192, 16384, 32768):
+            c = total // 4
+            full_f, full_b = _attn_times(backend, True, 1, h, total, total, d)
+            s0_f, s0_b = _attn_times(backend, True, 1, h, 2 * c, 2 * c, d)
+            r0_f, r0_b = _attn_times(backend, False, 1, h, c, 2 * c, d)
+            r1_f, r1_b = _attn_times(backend, False, 1, h, 2 * c, c, d)
+            m0, m1 = _merge_ms(1, h, c, d), _merge_ms(1, h, 2 * c, d)
+            rank0 = s0_f + s0_b + r0_f + r0_b + 2 * m0  # merge in forward and its backward
+            rank1 = s0_f + s0_b + r1_f + r1_b + 2 * m1
+            half = (full_f + full_b) / 2
+            out.append({"backend": backend, "seq": total, "full_fwd_ms": full_f,
+                        "full_bwd_ms": full_b, "step0_ms": s0_f + s0_b,
+                        "step1_rank0_ms": r0_f + r0_b, "step1_rank1_ms": r1_f + r1_b,
+                        "merge_rank1_ms": m1, "rank0_over_half": rank0 / half,
+                        "rank1_over_half": rank1 / half})
+    return out
+
+
+def memory_bound(args: argparse.Namespace) -> list[Row]:
     import torch
     import torch.nn.functional as F
 
-    n = 1 << 28  # 256 Mi elements of bf16 = 512 MiB per tensor
+    n = 1 << 28  # 256 Mi bf16 elements, 512 MiB per tensor: far beyond the L2
     x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     y = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    rows = torch.randn(n // 8192, 8192, device="cuda", dtype=torch.bfloat16)
+    rows = x.view(n // 8192, 8192)
     ln = torch.nn.LayerNorm(8192, device="cuda", dtype=torch.bfloat16)
-    cases = {"copy": (lambda: x.clone(), 2), "add": (lambda: x + y, 3),
-             "gelu": (lambda: F.gelu(x), 2), "layernorm": (lambda: ln(rows), 2)}
+    w = torch.randn(8192, device="cuda", dtype=torch.bfloat16)
+    half = n // 2
+    a, g = x[:half].view(-1, 8192), y[:half].view(-1, 8192)
+    cases: dict[str, tuple[Callable[[], object], float]] = {
+        "copy": (lambda: x.clone(), 2), "add": (lambda: x + y, 3),
+        "gelu": (lambda: F.gelu(x), 2), "layernorm": (lambda: ln(rows), 2),
+        "rmsnorm": (lambda: F.rms_norm(rows, (8192,), w), 2),
+        "swiglu": (lambda: F.silu(a) * g, 1.5),  # two halves read, one half written
+        "softmax": (lambda: torch.softmax(rows, dim=-1), 2),
+        "cast_fp8": (lambda: x.to(torch.float8_e4m3fn), 1.5),
+    }
     out = []
     for name, (fn, tensors) in cases.items():
         ms = _time_ms(fn)
         gbps = tensors * n * 2 / ms / 1e6
-        out.append({"kernel": name, "ms": ms, "GBps": gbps, "efficiency": gbps / hbm_gbps})
+        out.append({"kernel": name, "ms": ms, "GBps": gbps, "efficiency": gbps / args.hbm_gbps})
     return out
+
+
+def launch(args: argparse.Namespace) -> list[Row]:
+    """Eager launch rate: back-to-back tiny kernels (host-bound), wall time per launch."""
+    import torch
+
+    x = torch.randn(256, device="cuda")
+    out = []
+    for reps in (1000, 5000):
+        for _ in range(100):
+            x.add_(1.0)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            x.add_(1.0)
+        torch.cuda.synchronize()
+        out.append({"kernels": reps, "us_per_launch": (time.perf_counter() - t0) / reps * 1e6})
+    return out
+
+
+def _hold(fn: Callable[[], object], flop: float, seconds: float, nv: Any) -> list[Row]:
+    import torch
+
+    samples, t_end, last = [], time.time() + seconds, time.time()
+    while time.time() < t_end:
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        now = time.time()
+        samples.append({"t": now, "tflops": 20 * flop / (now - last) / 1e12, **_clock_power(nv)})
+        last = now
+    return [r for r in samples if r["t"] > t_end - seconds / 2]
+
+
+def sustained(args: argparse.Namespace) -> list[Row]:
+    """Burst vs sustained (the catalog's ``sustained_clock_ratio``): an 8192³ GEMM timed after
+    two idle seconds (boost clock), then held back to back; the rate, SM clock and power over
+    the second half of the window (the chip at its power limit)."""
+    import torch
+
+    nv = _nvml()
+    out = []
+    m = 8192
+    for dtype, make, window in (("bf16", _gemm_bf16, args.hold_s), ("fp8", _gemm_fp8, 4.0)):
+        fn, flop = make(m, m, m), 2.0 * m**3
+        fn()
+        torch.cuda.synchronize()
+        time.sleep(2.0)
+        idle = _clock_power(nv)
+        burst_ms = _time_ms(fn, warmup=2, reps=5)
+        tail = _hold(fn, flop, window, nv)
+        med = {key: statistics.median(r[key] for r in tail) for key in tail[0] if key != "t"}
+        burst = flop / burst_ms / 1e9
+        out.append({"dtype": dtype, "burst_tflops": burst, "held_tflops": med["tflops"],
+                    "ratio": med["tflops"] / burst, "idle_sm_mhz": idle.get("sm_mhz"),
+                    "held_sm_mhz": med.get("sm_mhz"), "held_power_w": med.get("power_w"),
+                    "held_temp_c": med.get("temp_c")})
+    return out
+
+
+SECTIONS: list[tuple[str, Callable[..., list[Row]]]] = [
+    ("env", env_info), ("gemm_bf16", lambda a: gemms(a, "bf16")),
+    ("gemm_fp8", lambda a: gemms(a, "fp8")), ("gemm_fp8_fast", lambda a: gemms(a, "fp8_fast")),
+    ("attention", attention), ("cp_ring", cp_ring),
+    ("memory_bound", memory_bound), ("launch", launch), ("sustained", sustained),
+]
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--peak-tflops", type=float, default=989.4, help="dense bf16 peak")
+    ap.add_argument("--peak-fp8-tflops", type=float, default=1978.9, help="dense fp8 peak")
     ap.add_argument("--hbm-gbps", type=float, default=4800.0, help="HBM bandwidth, 10^9 B/s")
-    ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--hold-s", type=float, default=8.0, help="sustained window, seconds")
+    ap.add_argument("--only", nargs="*", help="run these sections only")
+    ap.add_argument("--out", help="write the results as JSON here (after every section)")
     args = ap.parse_args()
     try:
         import torch
     except ImportError:
         print("PyTorch is not installed: this script is for the device machine", file=sys.stderr)
         return 2
-
     if not torch.cuda.is_available():
         print("no CUDA device: this script is for the device machine", file=sys.stderr)
         return 2
-    t0 = time.time()
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "date": time.strftime("%Y-%m-%d"), "gemm": gemms(args.peak_tflops),
-              "attention": attention(args.peak_tflops),
-              "memory_bound": memory_bound(args.hbm_gbps),
-              "sustained": [sustained(args.peak_tflops)]}
-    result["seconds"] = time.time() - t0
-    for section in ("gemm", "attention", "memory_bound", "sustained"):
-        print(f"## {section}")
-        for row in result[section]:  # type: ignore[attr-defined]
-            print("  " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                                   for k, v in row.items()))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d")}
+    for name, fn in SECTIONS:
+        if args.only and name not in args.only:
+            continue
+        t0 = time.time()
+        try:
+            rows = fn(args)
+        except Exception:  # keep the other sections' numbers
+            rows = [{"error": traceback.format_exc()[-1500:]}]
+        result[name] = rows
+        print(f"## {name} ({time.time() - t0:.1f} s)", flush=True)
+        for row in rows:
+            print("  " + ", ".join(f"{k}={_fmt(v)}" for k, v in row.items()), flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
     return 0
 
 
