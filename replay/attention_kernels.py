@@ -25,7 +25,13 @@ extrapolated:
   512 to 16K tokens at head dim 128, ≈ 0.5576 · s/(s + 385) of the peak (through the 512 and
   16K points, within 4% between), and 388 at head dim 64 (ratio 0.720 to 128). No causal BF16
   chart gives head dim 256: the ratio is held at 128's (1), the rule for head dims beyond a
-  curve's measurements.
+  curve's measurements. That is cuDNN as of mid-2024 (NeMo 24.07's stack).
+* ``cudnn-9.19`` — Hopper: cuDNN 9.19's fused attention (PyTorch 2.11's SDPA cuDNN backend) as
+  ``bench/device/measure_hopper.py`` measured it on an H200 on 2026-11-30 (its results under
+  ``bench/device/results/``), the newest stack's kernel (Megatron-Bridge 25.11 and later):
+  causal forward at head dim 128, 16 K tokens, 353 / 458 / 537 / 590 / 621 / 631 TFLOP/s from
+  512 to 16K tokens, ≈ 0.658 · s/(s + 432) of the peak (least squares in log, within 0.5% at
+  every point); 469.5 and 655.3 TFLOP/s at head dim 64 and 256 (ratios 0.744, 1.038).
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ _FA2_HOPPER: Curve = (("gpu.attention_efficiency", 0.345), ("gpu.attention_half_
                       ("gpu.attention_hdim64_ratio", 0.893), ("gpu.attention_hdim256_ratio", 0.890))
 _CUDNN_HOPPER: Curve = (("gpu.attention_efficiency", 0.5576), ("gpu.attention_half_seq", 385),
                        ("gpu.attention_hdim64_ratio", 0.720), ("gpu.attention_hdim256_ratio", 1.0))
+_CUDNN919_HOPPER: Curve = (("gpu.attention_efficiency", 0.658), ("gpu.attention_half_seq", 432),
+                          ("gpu.attention_hdim64_ratio", 0.744),
+                          ("gpu.attention_hdim256_ratio", 1.038))
 # Half of the Ampere presets' FlashAttention-2 efficiency (0.65 in their system files).
 _FA1_AMPERE: Curve = (("gpu.attention_efficiency", 0.325),)
 
@@ -53,6 +62,7 @@ KERNELS: dict[str, dict[str, Curve]] = {
     "flashattention-2": {**dict.fromkeys(AMPERE, PRESET), **dict.fromkeys(HOPPER, _FA2_HOPPER)},
     "flashattention-3": dict.fromkeys(HOPPER, PRESET),
     "cudnn": dict.fromkeys(HOPPER, _CUDNN_HOPPER),
+    "cudnn-9.19": dict.fromkeys(HOPPER, _CUDNN919_HOPPER),
 }
 
 

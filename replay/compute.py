@@ -35,8 +35,10 @@ from tracegen.errors import ReplayError
 from tracegen.units import DTYPE_FROM_CODE, NS_PER_S, NS_PER_US
 
 TILE = 128  # output tile edge of the large-GEMM kernels of cuBLAS/CUTLASS on Ampere and Hopper
-# FlashAttention-2 reports its backward at lower utilisation than its forward (Dao 2023, §4.1,
-# Fig. 5-6: ~0.75-0.85×); an assumption until bench/device measures it.
+# The backward's throughput over the forward's: FlashAttention-2 reports ~0.75-0.85× (Dao 2023,
+# §4.1, Fig. 5-6); measured on an H200 (bench/device, 2026-11-30), cuDNN 9.19 causal at head
+# dim 128 rises from 0.60 at 512 tokens to 0.89 at 16K, median 0.80 (FlashAttention-2: 0.84-0.97,
+# median 0.88): tests/test_device_evidence.py.
 ATTN_BWD_RATIO = 0.8
 SCORE_BYTES = 13  # per score element, forward, without FlashAttention (see above)
 ATTN_FLASH_BWD_FLOP = 2.5  # the op's backward FLOPs over its forward (tracegen/ops.py, Dao 2023)

@@ -54,6 +54,9 @@ class GPUSpec:
     # chip to its power limit and the clock settles below boost (systems/README.md, "Sustained
     # clock"). Applies to GEMMs and attention, not to memory-bound kernels. 1: no measurement.
     sustained_clock_ratio: float = 1.0
+    # The same for FP8 GEMMs, whose denser arithmetic holds a lower clock at the same power
+    # limit (measured on H200: ~1400 against ~1500 MHz). 0: as ``sustained_clock_ratio``.
+    sustained_clock_ratio_fp8: float = 0.0
     # Interference of communication with compute: a compute kernel runs (1 + this) times longer
     # while a collective of its rank is in flight (NCCL's kernels take SMs and HBM bandwidth
     # from it). Lee et al. 2025 (arXiv:2507.03114) measured 18.9% on average (at most 40%) with
@@ -77,7 +80,10 @@ class GPUSpec:
     def tensor_flop_per_s(self, dtype: str) -> float:
         """The datasheet peak at the sustained clock: what the efficiencies above multiply. MFU
         and HFU stay against ``peak_flop_per_s``, the datasheet figure, as published."""
-        return self.peak_flop_per_s(dtype) * self.sustained_clock_ratio
+        ratio = self.sustained_clock_ratio
+        if dtype == "fp8" and self.sustained_clock_ratio_fp8:
+            ratio = self.sustained_clock_ratio_fp8
+        return self.peak_flop_per_s(dtype) * ratio
 
     def peak_flop_per_s(self, dtype: str) -> float:
         tflops = {"bf16": self.peak_bf16_TFLOPs, "fp16": self.peak_fp16_TFLOPs,
@@ -180,7 +186,8 @@ class SystemSpec:
 
 SECTIONS = ("gpu", "node", "scaleout", "astra")
 # 0: absent / unmeasured
-OPTIONAL_ZERO = ("nvls_busbw_GBps", "gemm_k_overhead", "gemm_mamf_k", "comm_interference")
+OPTIONAL_ZERO = ("nvls_busbw_GBps", "gemm_k_overhead", "gemm_mamf_k", "comm_interference",
+                 "sustained_clock_ratio_fp8")
 
 
 def _problems(s: SystemSpec) -> list[str]:
@@ -197,7 +204,8 @@ def _problems(s: SystemSpec) -> list[str]:
     fractions: tuple[tuple[Any, str], ...] = (
         (s.gpu, "gemm_efficiency"), (s.gpu, "gemm_efficiency_fp8"),
         (s.gpu, "attention_efficiency"), (s.gpu, "memory_efficiency"),
-        (s.gpu, "sustained_clock_ratio"), (s.node, "nvlink_efficiency"),
+        (s.gpu, "sustained_clock_ratio"), (s.gpu, "sustained_clock_ratio_fp8"),
+        (s.node, "nvlink_efficiency"),
         (s.scaleout, "nic_efficiency"))
     for section, name in fractions:
         if getattr(section, name) > 1:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 Row = dict[str, Any]
+SLEEP_CYCLES = 20_000_000  # ~10 ms at boost clock: longer than enqueuing a batch of calls
 
 # (label, m, n, k) of Y[m,n] = X[m,k]·W[n,k]ᵀ: the MAMF anchors and transformer layers' GEMMs
 # (tokens × out × in) at the tensor-parallel widths of the validation rows.
@@ -38,21 +39,50 @@ GEMM_SHAPES = [
 ]
 
 
-def _time_ms(fn: Callable[[], object], *, warmup: int = 3, reps: int = 10) -> float:
+def _time_ms(fn: Callable[[], object], *, warmup: int = 3, reps: int = 10,
+             batches: int = 5) -> float:
+    """GPU milliseconds per call, the calls queued back to back: a sleeping kernel holds the
+    stream while the host enqueues ``reps`` calls, so host dispatch (PyTorch, cuDNN plan
+    lookup, autograd) stays out of the time, as in training where the host runs ahead."""
     import torch
 
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
-    for _ in range(reps):
+    for _ in range(batches):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(SLEEP_CYCLES)
         start.record()
-        fn()
+        for _ in range(reps):
+            fn()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / reps)
     return statistics.median(times)
+
+
+def _held(fn: Callable[[], object], seconds: float = 1.2) -> tuple[float, Row]:
+    """Milliseconds per call with the calls back to back for ``seconds`` (the chip reaches its
+    power limit within a fraction of a second), over the second half; and the clock then."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    calls, mark, mark_calls = 0, None, 0
+    while True:
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        calls += 5
+        now = time.perf_counter()
+        if mark is None and now - t0 > seconds / 2:
+            mark, mark_calls = now, calls
+        if now - t0 > seconds:
+            break
+    assert mark is not None
+    return (now - mark) * 1e3 / max(calls - mark_calls, 1), _clock_power(NV)
 
 
 def _nvml() -> Any:
@@ -72,6 +102,9 @@ def _clock_power(nv: Any) -> Row:
     return {"sm_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
             "power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
             "temp_c": nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)}
+
+
+NV = _nvml()
 
 
 def env_info(args: argparse.Namespace) -> list[Row]:
@@ -117,8 +150,56 @@ def gemms(args: argparse.Namespace, dtype: str) -> list[Row]:
         fn = _gemm_bf16(m, n, k) if dtype == "bf16" else _gemm_fp8(m, n, k, dtype == "fp8_fast")
         ms = _time_ms(fn, reps=15)
         tflops = 2 * m * n * k / ms / 1e9
-        out.append({"shape": label, "m": m, "n": n, "k": k, "ms": ms, "tflops": tflops,
+        out.append({"shape": label, "m": m, "n": n, "k": k, "ms": ms,
+                    "sm_mhz": _clock_power(NV).get("sm_mhz"), "tflops": tflops,
                     "efficiency": tflops / peak})
+    return out
+
+
+def gemms_held(args: argparse.Namespace, dtype: str) -> list[Row]:
+    """Each shape back to back for 1.2 s: its rate at the clock the power limit allows."""
+    peak = args.peak_tflops if dtype == "bf16" else args.peak_fp8_tflops
+    out = []
+    for label, m, n, k in GEMM_SHAPES:
+        fn = _gemm_bf16(m, n, k) if dtype == "bf16" else _gemm_fp8(m, n, k)
+        ms, clk = _held(fn)
+        tflops = 2 * m * n * k / ms / 1e9
+        out.append({"shape": label, "m": m, "n": n, "k": k, "ms": ms, **clk,
+                    "tflops": tflops, "efficiency": tflops / peak})
+    return out
+
+
+def attention_held(args: argparse.Namespace) -> list[Row]:
+    """cuDNN causal attention, head dim 128, forward + backward back to back for 1.2 s."""
+    import torch
+
+    out = []
+    for seq in (1024, 2048, 4096, 8192, 16384):
+        b, h, d = max(1, 16384 // seq), 16, 128
+        q, k, v = (torch.randn(b, seq, h, d, device="cuda", dtype=torch.bfloat16,
+                               requires_grad=True) for _ in range(3))
+        fwd = _sdpa("cudnn", True)
+
+        def step(q: Any = q, k: Any = k, v: Any = v, fwd: Any = fwd) -> None:
+            o = fwd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+            o.backward(torch.ones_like(o))
+
+        ms, clk = _held(step)
+        flop = 3.5 * 4 * b * h * seq * seq * d / 2
+        out.append({"seq": seq, "ms": ms, **clk, "tflops": flop / ms / 1e9,
+                    "eff": flop / ms / 1e9 / args.peak_tflops})
+    return out
+
+
+def attention_occupancy(args: argparse.Namespace) -> list[Row]:
+    """Causal 4096 tokens, head dim 128, b 1, as the heads per call (b·h) shrink."""
+    out = []
+    for backend in ("cudnn", "flash"):
+        for h in (4, 8, 16, 32, 64):
+            ms_f, ms_b = _attn_times(backend, True, 1, h, 4096, 4096, 128)
+            flop = 4 * h * 4096 * 4096 * 128 / 2
+            out.append({"backend": backend, "heads": h, "fwd_eff": flop / ms_f / 1e9 /
+                        args.peak_tflops, "bwd_eff": 2.5 * flop / ms_b / 1e9 / args.peak_tflops})
     return out
 
 
@@ -137,18 +218,21 @@ def _sdpa(backend: str, causal: bool) -> Callable[..., Any]:
 
 def _attn_times(backend: str, causal: bool, b: int, h: int, sq: int, skv: int,
                 d: int) -> tuple[float, float]:
-    """Forward and backward milliseconds of one attention call, q [b,h,sq,d], k/v [b,h,skv,d]."""
+    """Forward and backward milliseconds of one attention call, q [b,h,sq,d], k/v [b,h,skv,d]
+    as views of [b,s,h,d] storage: the layout a transformer's projections produce and the one
+    the fused kernels take without a copy."""
     import torch
 
     def t(s: int) -> Any:
-        return torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        base = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        return base, base.transpose(1, 2)
 
-    q, k, v = t(sq), t(skv), t(skv)
+    (qb, q), (kb, k), (vb, v) = t(sq), t(skv), t(skv)
     fwd = _sdpa(backend, causal)
     ms_f = _time_ms(lambda: fwd(q, k, v))
     o = fwd(q, k, v)
     g = torch.randn_like(o)
-    ms_b = _time_ms(lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True))
+    ms_b = _time_ms(lambda: torch.autograd.grad(o, (qb, kb, vb), g, retain_graph=True))
     return ms_f, ms_b
 
 
@@ -170,7 +254,8 @@ def attention(args: argparse.Namespace) -> list[Row]:
                 flop = 4 * b * h * seq * seq * d / (2 if causal else 1)
                 f_tf, b_tf = flop / ms_f / 1e9, 2.5 * flop / ms_b / 1e9
                 out.append({"backend": backend, "d": d, "causal": causal, "seq": seq,
-                            "fwd_ms": ms_f, "bwd_ms": ms_b, "fwd_tflops": f_tf,
+                            "sm_mhz": _clock_power(NV).get("sm_mhz"), "fwd_ms": ms_f,
+                            "bwd_ms": ms_b, "fwd_tflops": f_tf,
                             "bwd_tflops": b_tf, "fwd_eff": f_tf / args.peak_tflops,
                             "bwd_over_fwd": b_tf / f_tf})
     return out
@@ -198,8 +283,8 @@ def cp_ring(args: argparse.Namespace) -> list[Row]:
     (q c × kv 2c), rank 1's 2c queries against chunk 0 (q 2c × kv c), then the merge.
     Against cp 1's whole causal attention over 4c: ideal is half of it."""
     out = []
-    h, d = 8, 128
-    for backend in ("cudnn", "flash"):
+    d = 128
+    for backend, h in (("cudnn", 8), ("cudnn", 16), ("flash", 8)):
         for total in (8192, 16384, 32768):
             c = total // 4
             full_f, full_b = _attn_times(backend, True, 1, h, total, total, d)
@@ -210,7 +295,7 @@ def cp_ring(args: argparse.Namespace) -> list[Row]:
             rank0 = s0_f + s0_b + r0_f + r0_b + 2 * m0  # merge in forward and its backward
             rank1 = s0_f + s0_b + r1_f + r1_b + 2 * m1
             half = (full_f + full_b) / 2
-            out.append({"backend": backend, "seq": total, "full_fwd_ms": full_f,
+            out.append({"backend": backend, "heads": h, "seq": total, "full_fwd_ms": full_f,
                         "full_bwd_ms": full_b, "step0_ms": s0_f + s0_b,
                         "step1_rank0_ms": r0_f + r0_b, "step1_rank1_ms": r1_f + r1_b,
                         "merge_rank1_ms": m1, "rank0_over_half": rank0 / half,
@@ -238,9 +323,24 @@ def memory_bound(args: argparse.Namespace) -> list[Row]:
         "softmax": (lambda: torch.softmax(rows, dim=-1), 2),
         "cast_fp8": (lambda: x.to(torch.float8_e4m3fn), 1.5),
     }
+    compiled = {"layernorm": lambda t: F.layer_norm(t, (8192,), w, w),
+                "rmsnorm": lambda t: F.rms_norm(t, (8192,), w),
+                "gelu": lambda t: F.gelu(t, approximate="tanh"),
+                "swiglu": lambda t: F.silu(t[:, :4096]) * t[:, 4096:]}
+    for name, f in compiled.items():
+        try:
+            cf = torch.compile(f)
+            cases[f"compiled_{name}"] = ((lambda cf=cf: cf(rows)),
+                                         1.5 if name == "swiglu" else 2)
+        except Exception:  # torch.compile may be unavailable; the eager rows still count
+            pass
     out = []
     for name, (fn, tensors) in cases.items():
-        ms = _time_ms(fn)
+        try:
+            ms = _time_ms(fn)
+        except Exception as e:  # a compile failure surfaces at the first call
+            out.append({"kernel": name, "error": str(e).splitlines()[0][:120]})
+            continue
         gbps = tensors * n * 2 / ms / 1e6
         out.append({"kernel": name, "ms": ms, "GBps": gbps, "efficiency": gbps / args.hbm_gbps})
     return out
@@ -261,6 +361,24 @@ def launch(args: argparse.Namespace) -> list[Row]:
             x.add_(1.0)
         torch.cuda.synchronize()
         out.append({"kernels": reps, "us_per_launch": (time.perf_counter() - t0) / reps * 1e6})
+    # GPU side: the stream held by a sleeping kernel while the host queues the tiny kernels, so
+    # the device runs them back to back (the per-kernel gap the catalog's launch overhead is)
+    for reps in (200, 1000):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(200_000_000)  # ~0.1 s at 1.98 GHz: longer than the queueing
+        start.record()
+        for _ in range(reps):
+            x.add_(1.0)
+        end.record()
+        torch.cuda.synchronize()
+        out.append({"kernels": reps, "gpu_us_per_kernel": start.elapsed_time(end) * 1e3 / reps})
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(1000):
+            x.add_(1.0)
+    g.replay()
+    ms = _time_ms(g.replay, warmup=2, reps=5)
+    out.append({"kernels": 1000, "graph_us_per_kernel": ms * 1e3 / 1000})
     return out
 
 
@@ -307,7 +425,11 @@ def sustained(args: argparse.Namespace) -> list[Row]:
 SECTIONS: list[tuple[str, Callable[..., list[Row]]]] = [
     ("env", env_info), ("gemm_bf16", lambda a: gemms(a, "bf16")),
     ("gemm_fp8", lambda a: gemms(a, "fp8")), ("gemm_fp8_fast", lambda a: gemms(a, "fp8_fast")),
-    ("attention", attention), ("cp_ring", cp_ring),
+    ("attention", attention),
+    ("gemm_bf16_held", lambda a: gemms_held(a, "bf16")),
+    ("gemm_fp8_held", lambda a: gemms_held(a, "fp8")),
+    ("attention_held", attention_held),
+    ("attention_occupancy", attention_occupancy), ("cp_ring", cp_ring),
     ("memory_bound", memory_bound), ("launch", launch), ("sustained", sustained),
 ]
 
