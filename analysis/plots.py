@@ -292,3 +292,37 @@ def gemm_ceilings(systems: list[SystemSpec]) -> Figure:
             title="GEMM ceilings: spec, burst and sustained at the power limit",
             legend="upper left", grid="major")
     return fig
+
+
+def device_evidence(gemms: pl.DataFrame, attention: pl.DataFrame, *, band: float = 0.05,
+                    title: str = "H200") -> Figure:
+    """Two panels from ``analysis.device_runs``: held GEMMs, modelled against measured TFLOP/s
+    (±``band`` shaded, one colour per dtype); and causal attention TFLOP/s against sequence
+    length, measured backends as points and the kernel curves as lines."""
+    fig = Figure(figsize=(11.0, 4.4), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    if gemms.height:
+        both = pl.concat([gemms["measured_tflops"], gemms["model_tflops"]])
+        lo, hi = float(both.min()) / 1.2, float(both.max()) * 1.2  # type: ignore[arg-type]
+        x = np.geomspace(lo, hi, 50)
+        left.fill_between(x, x * (1 - band), x * (1 + band), color="tab:green", alpha=0.15,
+                          label=f"±{band:.0%}")
+        left.plot(x, x, color="tab:green", lw=1)
+        for (dtype,), g in gemms.group_by("dtype", maintain_order=True):
+            left.scatter(g["measured_tflops"], g["model_tflops"], s=24, alpha=0.85,
+                         label=f"{dtype} ({g.height} shapes)")
+        left.set_xscale("log")
+        left.set_yscale("log")
+    _finish(left, xlabel="measured, held at the power limit (TFLOP/s)",
+            ylabel="trainsim (TFLOP/s)", title=f"GEMMs on {title}", legend="upper left")
+    for (kind, source), g in attention.group_by("kind", "source", maintain_order=True):
+        g = g.sort("seq")
+        if kind == "measured":
+            right.scatter(g["seq"], g["tflops"], s=34, zorder=3, color="black",
+                          marker="o" if source == "cudnn" else "s", label=f"measured: {source}")
+        else:
+            right.plot(g["seq"], g["tflops"], lw=1.2, label=f"curve: {source}")
+    right.set_xscale("log", base=2)
+    _finish(right, xlabel="sequence length (tokens)", ylabel="causal forward (TFLOP/s)",
+            title=f"Attention, head dim 128, on {title}", legend="lower right")
+    return fig

@@ -158,3 +158,45 @@ def test_launch_overhead_is_within_the_measured_gap() -> None:
     gap = statistics.median(r["gpu_us_per_kernel"] for r in rows if "gpu_us_per_kernel" in r)
     for name in HOPPER:
         assert get_system(name).gpu.launch_overhead_us == pytest.approx(gap, rel=0.15)
+
+
+def test_device_runs_frames_put_the_model_beside_each_measurement() -> None:
+    from analysis.device_runs import attention_curves, held_gemms, load_run
+
+    system = get_system("hgx-h200")
+    gemms = held_gemms(load_run(RUN), system)
+    assert gemms.height == 48 and set(gemms["dtype"]) == {"bf16", "fp8"}
+    assert gemms["error_pct"].abs().median() < 3.0  # type: ignore[operator]
+    att = attention_curves(load_run(RUN), system)
+    measured = dict(zip(att.filter(source="cudnn", kind="measured")["seq"],
+                        att.filter(source="cudnn", kind="measured")["tflops"], strict=True))
+    curve = att.filter(source="cudnn-9.19", kind="curve")
+    assert curve.height == len(measured) == 6
+    for seq, tflops in zip(curve["seq"], curve["tflops"], strict=True):
+        assert tflops == pytest.approx(measured[seq], rel=0.006)
+
+
+def test_a_file_that_is_not_device_results_is_refused(tmp_path: Path) -> None:
+    from analysis.device_runs import load_run
+    from tracegen.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="cannot read device results"):
+        load_run(tmp_path / "missing.json")
+    (tmp_path / "other.json").write_text('{"rows": []}', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"not a measure_hopper\.py results file"):
+        load_run(tmp_path / "other.json")
+
+
+def test_device_evidence_plot_draws_every_measurement(tmp_path: Path) -> None:
+    from analysis.device_runs import attention_curves, held_gemms, load_run
+    from analysis.plots import device_evidence
+
+    system = get_system("hgx-h200")
+    run = load_run(RUN)
+    fig = device_evidence(held_gemms(run, system), attention_curves(run, system))
+    left, right = fig.axes
+    assert [len(c.get_offsets()) for c in left.collections[1:]] == [24, 24]  # after the band
+    assert [len(c.get_offsets()) for c in right.collections] == [6, 6]  # cuDNN, flash
+    assert len(right.get_lines()) == 4  # the preset and three named kernels
+    fig.savefig(tmp_path / "d.png")
+    assert (tmp_path / "d.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,77 @@
+"""trainsim's own device measurements (``bench/device/measure_hopper.py``'s JSON, committed under
+``bench/device/results/``) as frames, each measurement beside what the compute model predicts
+for it on a given system: the evidence behind the Hopper constants, in a form a notebook can
+look at and a test can check."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from replay.attention_kernels import with_attention_kernel
+from replay.compute import RooflineCompute
+from replay.hardware import SystemSpec
+from tracegen.errors import ConfigError
+from tracegen.ops import gemm
+from tracegen.units import DTYPE_CODE
+
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "device" / "results"
+CURVE_FLOP = 4 * 10**12  # a compute-bound attention call: the curve, not HBM, decides its time
+
+
+def load_run(path: str | Path) -> dict[str, Any]:
+    """One results file; ConfigError naming the file when it is missing or not the script's."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"cannot read device results {p}: {e}", what="device results") from e
+    if not isinstance(data, dict) or "env" not in data:
+        raise ConfigError(f"{p} is not a measure_hopper.py results file (no 'env' section)",
+                          what="device results")
+    return data
+
+
+def held_gemms(run: dict[str, Any], system: SystemSpec) -> pl.DataFrame:
+    """Per held GEMM (BF16 and FP8): measured and modelled TFLOP/s on ``system`` at the
+    sustained clock, and the model's signed error in %."""
+    model, rows = RooflineCompute(system.gpu), []
+    for dtype in ("bf16", "fp8"):
+        for r in run.get(f"gemm_{dtype}_held", []):
+            op = gemm("g", r["m"], r["n"], r["k"], dtype)
+            ns = model.op_ns("gemm", op.flop, op.bytes, op.m, op.n, DTYPE_CODE[dtype], False,
+                             op.k) - system.gpu.launch_overhead_ns
+            rows.append({"dtype": dtype, "shape": r["shape"], "tflop": op.flop / 1e12,
+                         "measured_tflops": r["tflops"], "model_tflops": op.flop / ns / 1e3,
+                         "sm_mhz": r.get("sm_mhz")})
+    frame = pl.DataFrame(rows)
+    return frame.with_columns(
+        ((pl.col("model_tflops") / pl.col("measured_tflops") - 1) * 100).alias("error_pct"))
+
+
+def attention_curves(run: dict[str, Any], system: SystemSpec,
+                     kernels: tuple[str, ...] = ("preset", "cudnn-9.19", "cudnn",
+                                                 "flashattention-2")) -> pl.DataFrame:
+    """Causal forward attention at head dim 128: the measured TFLOP/s per backend and length
+    (``kind`` "measured", ``source`` the SDPA backend) and each kernel curve's at the same
+    lengths, at the burst clock the curves were measured at (``kind`` "curve", ``source`` the
+    kernel name, "preset" for the system's own)."""
+    rows = [{"kind": "measured", "source": r["backend"], "seq": r["seq"],
+             "tflops": r["fwd_tflops"]}
+            for r in run.get("attention", [])
+            if r.get("causal") and r.get("d") == 128 and "fwd_tflops" in r]
+    seqs = sorted({r["seq"] for r in rows})
+    for kernel in kernels:
+        s = system if kernel == "preset" else with_attention_kernel(system, kernel)
+        burst = dataclasses.replace(s.gpu, sustained_clock_ratio=1.0)
+        compute = RooflineCompute(burst)
+        for seq in seqs:
+            ns = compute.op_ns("attention", CURVE_FLOP, 0, seq, seq, DTYPE_CODE["bf16"], False,
+                               128) - burst.launch_overhead_ns
+            rows.append({"kind": "curve", "source": kernel, "seq": seq,
+                         "tflops": CURVE_FLOP / ns / 1e3})
+    return pl.DataFrame(rows)
