@@ -62,8 +62,10 @@ def validate_cmd(
         "--attention", help="The attention kernel the runs used, where the presets' (today's: "
                             "FlashAttention-2 on Ampere, -3 on Hopper) is not it: unfused "
                             "(Megatron 2021-22), flashattention-1 (Ampere, 2022-23), "
-                            "flashattention-2, flashattention-3. Rows on a GPU without a "
-                            "published curve for it are skipped, saying so.")] = None,
+                            "flashattention-2, flashattention-3, cudnn (Hopper, 2024), "
+                            "cudnn-9.19 (Hopper, measured 2026; Megatron-Bridge 2025-26). "
+                            "Rows on a GPU without a published curve for it are skipped, "
+                            "saying so.")] = None,
 ) -> None:
     """Predict every published run and compare with its measured step time."""
     from analysis.plots import predicted_vs_measured

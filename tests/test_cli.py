@@ -126,3 +126,13 @@ def test_systems_lists_every_preset_with_its_nvls_bandwidth() -> None:
     assert "—" in a100  # no NVLink SHARP before Hopper
     # a large GEMM as trainsim costs it: MAMF at the sustained clock, 312 · 0.869 · 0.926
     assert "│ 251 " in a100
+
+
+def test_validate_help_names_every_attention_kernel() -> None:
+    from replay.attention_kernels import KERNELS
+
+    r = run("validate", "--help")
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.replace("│", " ").split())
+    for kernel in KERNELS:
+        assert f"{kernel} " in text or f"{kernel}," in text, kernel
