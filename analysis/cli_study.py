@@ -60,7 +60,7 @@ def validate_cmd(
                          "stated per row, and the rows it completes are counted apart.")] = None,
     attention: Annotated[str | None, typer.Option(
         "--attention", help="The attention kernel the runs used, where the presets' (today's: "
-                            "FlashAttention-2 on Ampere, -3 on Hopper) is not it: unfused "
+                            "FlashAttention-2 on Ampere, cuDNN 9.19 on Hopper) is not it: unfused "
                             "(Megatron 2021-22), flashattention-1 (Ampere, 2022-23), "
                             "flashattention-2, flashattention-3, cudnn (Hopper, 2024), "
                             "cudnn-9.19 (Hopper, measured 2026; Megatron-Bridge 2025-26). "

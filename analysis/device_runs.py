@@ -54,7 +54,7 @@ def held_gemms(run: dict[str, Any], system: SystemSpec) -> pl.DataFrame:
 
 
 def attention_curves(run: dict[str, Any], system: SystemSpec,
-                     kernels: tuple[str, ...] = ("preset", "cudnn-9.19", "cudnn",
+                     kernels: tuple[str, ...] = ("preset", "flashattention-3", "cudnn",
                                                  "flashattention-2")) -> pl.DataFrame:
     """Causal forward attention at head dim 128: the measured TFLOP/s per backend and length
     (``kind`` "measured", ``source`` the SDPA backend) and each kernel curve's at the same

@@ -1,6 +1,8 @@
 """Attention kernels of earlier software stacks, per GPU architecture: what a published run used is
 a property of its stack, which the runs schema does not record. The system presets model the best
-kernel available now (FlashAttention-2 on Ampere, FlashAttention-3 on Hopper); a kernel named here
+kernel available now (FlashAttention-2 on Ampere; on Hopper causal cuDNN 9.19, as trainsim measured
+it on an H200 — at least as fast as FlashAttention-3's published causal line at every length
+that line gives); a kernel named here
 replaces the preset's attention curve with that kernel's published one, so ``trainsim validate
 --attention flashattention-1`` describes a 2022-23 stack in one word instead of four constants.
 
@@ -19,14 +21,20 @@ extrapolated:
   FlashAttention-3 paper's causal forward charts (Shah et al. 2024, H100 SXM5): 191 / 260 / 298 /
   319 / 333 / 335 TFLOP/s from 512 to 16K tokens at head dim 128, ≈ 0.345 · s/(s + 300) of the
   peak, and 299 / 298 TFLOP/s at head dim 64 / 256 (ratios 0.893, 0.890 to 128).
-* ``flashattention-3`` — Hopper: the preset's own curve (FlashAttention-3 is Hopper-only).
+* ``flashattention-3`` — Hopper only: the FlashAttention-3 line of the same causal charts, 292 at
+  512 tokens and 616 TFLOP/s at 16K (head dim 128), ≈ 0.646 · s/(s + 608) of the peak through
+  those two points; 473 / 642 at head dim 64 / 256 (ratios 0.768, 1.042). (The presets carried
+  pytorch/benchmark's FlashAttention-3 run, 430 → 621 TFLOP/s, until the eleventh session: that
+  run's 430 at 512 tokens is no causal figure — the paper's own causal chart gives 292 there and
+  its non-causal one 467 — so it had overstated causal attention at short lengths.)
 * ``cudnn`` — Hopper: cuDNN's fused attention, what Transformer Engine (Megatron-Core, NeMo)
   runs there. The cuDNN line of the same charts: 315 / 410 / 484 / 518 / 529 / 539 TFLOP/s from
   512 to 16K tokens at head dim 128, ≈ 0.5576 · s/(s + 385) of the peak (through the 512 and
   16K points, within 4% between), and 388 at head dim 64 (ratio 0.720 to 128). No causal BF16
   chart gives head dim 256: the ratio is held at 128's (1), the rule for head dims beyond a
   curve's measurements. That is cuDNN as of mid-2024 (NeMo 24.07's stack).
-* ``cudnn-9.19`` — Hopper: cuDNN 9.19's fused attention (PyTorch 2.11's SDPA cuDNN backend) as
+* ``cudnn-9.19`` — Hopper: the presets' own curve, by name: cuDNN 9.19's fused attention
+  (PyTorch 2.11's SDPA cuDNN backend) as
   ``bench/device/measure_hopper.py`` measured it on an H200 on 2026-11-30 (its results under
   ``bench/device/results/``), the newest stack's kernel (Megatron-Bridge 25.11 and later):
   causal forward at head dim 128, 16 K tokens, 353 / 458 / 537 / 590 / 621 / 631 TFLOP/s from
@@ -53,6 +61,8 @@ _CUDNN_HOPPER: Curve = (("gpu.attention_efficiency", 0.5576), ("gpu.attention_ha
 _CUDNN919_HOPPER: Curve = (("gpu.attention_efficiency", 0.658), ("gpu.attention_half_seq", 432),
                           ("gpu.attention_hdim64_ratio", 0.744),
                           ("gpu.attention_hdim256_ratio", 1.038))
+_FA3_HOPPER: Curve = (("gpu.attention_efficiency", 0.646), ("gpu.attention_half_seq", 608),
+                     ("gpu.attention_hdim64_ratio", 0.768), ("gpu.attention_hdim256_ratio", 1.042))
 # Half of the Ampere presets' FlashAttention-2 efficiency (0.65 in their system files).
 _FA1_AMPERE: Curve = (("gpu.attention_efficiency", 0.325),)
 
@@ -60,7 +70,7 @@ KERNELS: dict[str, dict[str, Curve]] = {
     "unfused": {"*": (("gpu.flash_attention", False),)},
     "flashattention-1": dict.fromkeys(AMPERE, _FA1_AMPERE),
     "flashattention-2": {**dict.fromkeys(AMPERE, PRESET), **dict.fromkeys(HOPPER, _FA2_HOPPER)},
-    "flashattention-3": dict.fromkeys(HOPPER, PRESET),
+    "flashattention-3": dict.fromkeys(HOPPER, _FA3_HOPPER),
     "cudnn": dict.fromkeys(HOPPER, _CUDNN_HOPPER),
     "cudnn-9.19": dict.fromkeys(HOPPER, _CUDNN919_HOPPER),
 }

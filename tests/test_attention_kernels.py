@@ -72,8 +72,23 @@ def test_flashattention1_takes_twice_flashattention2_on_ampere() -> None:
                                                           rel=1e-3)
 
 
+def test_flashattention3_on_hopper_is_its_published_causal_line() -> None:
+    """Through the causal chart's end points (292 at 512 tokens, 616 at 16K; Shah et al. 2024)
+    and its head-dim ratios at 16K (473 at 64, 642 at 256); below the presets' measured cuDNN
+    9.19 curve from 512 to 16K tokens."""
+    gpu = with_attention_kernel(get_system("dgx-h100"), "flashattention-3").gpu
+    preset = get_system("dgx-h100").gpu
+    assert _forward_tflops(gpu, 512) == pytest.approx(292, rel=0.01)
+    assert _forward_tflops(gpu, 16384) == pytest.approx(616, rel=0.01)
+    assert _forward_tflops(gpu, 16384, 64) == pytest.approx(473, rel=0.01)
+    assert _forward_tflops(gpu, 16384, 256) == pytest.approx(642, rel=0.01)
+    for seq in (512, 1024, 2048, 4096, 8192, 16384):
+        assert _forward_tflops(gpu, seq) < _forward_tflops(preset, seq)
+
+
 @pytest.mark.parametrize(("kernel", "system"), [("flashattention-2", "dgx-a100-80gb"),
-                                                ("flashattention-3", "dgx-h100")])
+                                                ("cudnn-9.19", "dgx-h100"),
+                                                ("cudnn-9.19", "hgx-h200")])
 def test_the_presets_kernel_changes_nothing(kernel: str, system: str) -> None:
     assert with_attention_kernel(get_system(system), kernel) == get_system(system)
 
