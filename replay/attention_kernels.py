@@ -37,9 +37,10 @@ extrapolated:
   (PyTorch 2.11's SDPA cuDNN backend) as
   ``bench/device/measure_hopper.py`` measured it on an H200 on 2026-11-30 (its results under
   ``bench/device/results/``), the newest stack's kernel (Megatron-Bridge 25.11 and later):
-  causal forward at head dim 128, 16 K tokens, 353 / 458 / 537 / 590 / 621 / 631 TFLOP/s from
-  512 to 16K tokens, ≈ 0.658 · s/(s + 432) of the peak (least squares in log, within 0.5% at
-  every point); 469.5 and 655.3 TFLOP/s at head dim 64 and 256 (ratios 0.744, 1.038).
+  causal forward at head dim 128, 16 K tokens per call, 353 / 458 / 537 / 590 / 621 / 631
+  TFLOP/s from 512 to 16K tokens (run 4; run 5 on another machine within 1%), ≈ 0.658 ·
+  s/(s + 437) of the peak (least squares in log over both runs, within 0.8% at every point);
+  469.6 and 653.1 TFLOP/s at head dim 64 and 256 against 633.6 (ratios 0.741, 1.031).
 """
 
 from __future__ import annotations
@@ -58,9 +59,9 @@ _FA2_HOPPER: Curve = (("gpu.attention_efficiency", 0.345), ("gpu.attention_half_
                       ("gpu.attention_hdim64_ratio", 0.893), ("gpu.attention_hdim256_ratio", 0.890))
 _CUDNN_HOPPER: Curve = (("gpu.attention_efficiency", 0.5576), ("gpu.attention_half_seq", 385),
                        ("gpu.attention_hdim64_ratio", 0.720), ("gpu.attention_hdim256_ratio", 1.0))
-_CUDNN919_HOPPER: Curve = (("gpu.attention_efficiency", 0.658), ("gpu.attention_half_seq", 432),
-                          ("gpu.attention_hdim64_ratio", 0.744),
-                          ("gpu.attention_hdim256_ratio", 1.038))
+_CUDNN919_HOPPER: Curve = (("gpu.attention_efficiency", 0.658), ("gpu.attention_half_seq", 437),
+                          ("gpu.attention_hdim64_ratio", 0.741),
+                          ("gpu.attention_hdim256_ratio", 1.031))
 _FA3_HOPPER: Curve = (("gpu.attention_efficiency", 0.646), ("gpu.attention_half_seq", 608),
                      ("gpu.attention_hdim64_ratio", 0.768), ("gpu.attention_hdim256_ratio", 1.042))
 # Half of the Ampere presets' FlashAttention-2 efficiency (0.65 in their system files).

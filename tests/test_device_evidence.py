@@ -1,7 +1,7 @@
 """The Hopper constants against trainsim's own device measurements: ``bench/device/
 measure_hopper.py`` on an H200 SXM (700 W) on 2026-11-30, results committed under
-``bench/device/results/`` (run 4: calls queued back to back, GEMMs also held at the power limit).
-Each constant the measurement sets is its fit, reproducible here; each it only checks is
+``bench/device/results/`` (runs 4 and 5, on two machines: calls queued back to back, GEMMs also
+held at the power limit; the constants are fitted to both together). Each constant the measurement sets is its fit, reproducible here; each it only checks is
 within the measured spread. No GPU is needed: the numbers are data."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from tracegen.units import DTYPE_CODE
 
 RESULTS = Path(__file__).parents[1] / "bench" / "device" / "results"
 RUN = RESULTS / "h200-2026-11-30-run4.json"
+FITTED = (RUN, RESULTS / "h200-2026-11-30-run5.json")  # the runs the constants are fitted to
 HOPPER = ("dgx-h100", "dgx-h800", "hgx-h200")  # one GH100 die at 700 W
 
 
@@ -35,10 +36,11 @@ def _run(path: Path = RUN) -> dict[str, Any]:
     return data
 
 
-def _gemm_log_errors(gpu: GPUSpec, section: str, dtype: str) -> list[float]:
-    """ln(modelled / measured time) per held GEMM shape."""
+def _gemm_log_errors(gpu: GPUSpec, section: str, dtype: str,
+                     runs: tuple[Path, ...] = FITTED) -> list[float]:
+    """ln(modelled / measured time) per held GEMM shape and run."""
     model, out = RooflineCompute(gpu), []
-    for r in _run()[section]:
+    for r in (row for path in runs for row in _run(path)[section]):
         op = gemm("g", r["m"], r["n"], r["k"], dtype)
         ns = model.op_ns("gemm", op.flop, op.bytes, op.m, op.n, DTYPE_CODE[dtype], False,
                          op.k) - gpu.launch_overhead_ns
@@ -46,11 +48,22 @@ def _gemm_log_errors(gpu: GPUSpec, section: str, dtype: str) -> list[float]:
     return out
 
 
-def test_the_measurement_is_an_h200_at_its_power_limit() -> None:
-    env = _run()["env"][0]
+@pytest.mark.parametrize("path", FITTED, ids=lambda p: p.stem)
+def test_the_measurement_is_an_h200_at_its_power_limit(path: Path) -> None:
+    env = _run(path)["env"][0]
     assert env["device"] == "NVIDIA H200" and env["sms"] == 132
     assert env["power_limit_w"] == 700
-    assert len(_run()["gemm_bf16_held"]) == len(_run()["gemm_fp8_held"]) == 24
+    assert len(_run(path)["gemm_bf16_held"]) == len(_run(path)["gemm_fp8_held"]) == 24
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_the_two_runs_agree_within_two_percent(dtype: str) -> None:
+    """The same 24 held GEMMs on two machines: their geometric-mean rates differ by 1.8% (BF16)
+    and 2.0% (FP8) — the spread the fitted ratios carry."""
+    gpu = get_system("hgx-h200").gpu
+    a, b = (statistics.fmean(_gemm_log_errors(gpu, f"gemm_{dtype}_held", dtype, (p,)))
+            for p in FITTED)
+    assert 0.01 < abs(a - b) < 0.025
 
 
 @pytest.mark.parametrize(("dtype", "field"), [("bf16", "sustained_clock_ratio"),
@@ -58,8 +71,9 @@ def test_the_measurement_is_an_h200_at_its_power_limit() -> None:
 def test_sustained_ratio_is_the_fit_to_held_gemms(dtype: str, field: str) -> None:
     """The ratio that makes the MAMF-based model (burst efficiency × wave quantization × K
     factor) match 24 transformer GEMMs each held 1.2 s at the power limit, on geometric mean:
-    0.878 for BF16, 0.846 for FP8 (whose denser arithmetic holds a lower clock: ~1400 against
-    ~1500 MHz). H100 and H800 take the H200's ratios: the same die at the same 700 W."""
+    0.870 for BF16, 0.837 for FP8 (whose denser arithmetic holds a lower clock: ~1400 against
+    ~1500 MHz), over both runs. H100 and H800 take the H200's ratios: the same die at the same
+    700 W."""
     gpu = get_system("hgx-h200").gpu
     burst = dataclasses.replace(gpu, sustained_clock_ratio=1.0, sustained_clock_ratio_fp8=0)
     fit = math.exp(statistics.fmean(_gemm_log_errors(burst, f"gemm_{dtype}_held", dtype)))
@@ -70,8 +84,8 @@ def test_sustained_ratio_is_the_fit_to_held_gemms(dtype: str, field: str) -> Non
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 def test_held_gemms_are_reproduced_shape_by_shape(dtype: str) -> None:
-    """With the catalog's constants: rms log error 3.1% (BF16) / 4.9% (FP8) over the 24
-    shapes, every one of ≥ 0.25 TFLOP within 4.5%. The outliers are small: GPT-3 175B's tp 8
+    """With the catalog's constants: rms log error 3.2% (BF16) / 5.2% (FP8) over the 24
+    shapes of both runs, every one of ≥ 0.25 TFLOP within 4% (BF16) / 5.5% (FP8). The outliers are small: GPT-3 175B's tp 8
     QKV GEMM (576 output tiles, 4.4 waves of 132) runs 10% faster than the wave model charges
     (cuBLAS picks other tiles there), and the smallest GEMMs (M 512-1024, or K 1536 in FP8) run
     5-11% slower than modelled."""
@@ -79,21 +93,23 @@ def test_held_gemms_are_reproduced_shape_by_shape(dtype: str) -> None:
     errs = _gemm_log_errors(gpu, f"gemm_{dtype}_held", dtype)
     rms = math.sqrt(statistics.fmean(e * e for e in errs))
     assert rms < (0.035 if dtype == "bf16" else 0.055)
-    for r, e in zip(_run()[f"gemm_{dtype}_held"], errs, strict=True):
+    rows = [r for path in FITTED for r in _run(path)[f"gemm_{dtype}_held"]]
+    for r, e in zip(rows, errs, strict=True):
         if 2 * r["m"] * r["n"] * r["k"] >= 2.5e11:
-            assert abs(e) < 0.045, r["shape"]
+            assert abs(e) < (0.04 if dtype == "bf16" else 0.055), r["shape"]
         assert abs(e) < 0.12, r["shape"]
 
 
 def _cudnn_rows(head_dim: int = 128) -> list[dict[str, Any]]:
-    return [r for r in _run()["attention"]
+    """The causal cuDNN rows of both fitted runs."""
+    return [r for path in FITTED for r in _run(path)["attention"]
             if r["backend"] == "cudnn" and r["causal"] and r["d"] == head_dim]
 
 
 def test_cudnn_919_curve_is_the_least_squares_fit() -> None:
     """``cudnn-9.19`` (replay/attention_kernels.py) is a·s/(s + s½) fitted in log to the
-    measured causal forward at head dim 128, 512-16K tokens: s½ scanned in steps of 1, a the
-    mean log ratio; the curve passes within 0.6% of every point."""
+    measured causal forward at head dim 128, 512-16K tokens, both runs: s½ scanned in steps of
+    1, a the mean log ratio; the curve passes within 0.8% of every point."""
     rows = _cudnn_rows()
     seqs, effs = [r["seq"] for r in rows], [r["fwd_eff"] for r in rows]
 
@@ -108,12 +124,12 @@ def test_cudnn_919_curve_is_the_least_squares_fit() -> None:
     assert gpu.attention_efficiency == pytest.approx(fit(best)[1], abs=1e-3)
     for s, e in zip(seqs, effs, strict=True):
         curve = gpu.attention_efficiency * s / (s + gpu.attention_half_seq)
-        assert curve == pytest.approx(e, rel=0.006), s
+        assert curve == pytest.approx(e, rel=0.008), s
 
 
 def test_cudnn_919_head_dim_ratios_are_measured() -> None:
-    """Head dim 64 and 256 over 128 at 16K tokens, causal forward."""
-    at16k = {d: next(r["fwd_tflops"] for r in _cudnn_rows(d) if r["seq"] == 16384)
+    """Head dim 64 and 256 over 128 at 16K tokens, causal forward, mean of both runs."""
+    at16k = {d: statistics.fmean(r["fwd_tflops"] for r in _cudnn_rows(d) if r["seq"] == 16384)
              for d in (64, 128, 256)}
     gpu = with_attention_kernel(get_system("hgx-h200"), "cudnn-9.19").gpu
     assert gpu.attention_hdim64_ratio == pytest.approx(at16k[64] / at16k[128], abs=1e-3)
@@ -123,7 +139,7 @@ def test_cudnn_919_head_dim_ratios_are_measured() -> None:
 def test_the_hopper_presets_are_the_measured_curve() -> None:
     """The Hopper presets carry the cuDNN 9.19 curve (``cudnn-9.19`` changes nothing), B200
     borrows it (no B200 measurement); FlashAttention-3's published causal head-dim ratios
-    (0.768, 1.042) lie within 3.5% of the measured ones."""
+    (0.768, 1.042) lie within 4% of the measured ones."""
     for name in (*HOPPER, "dgx-b200"):
         gpu = get_system(name).gpu
         cudnn = with_attention_kernel(get_system("hgx-h200"), "cudnn-9.19").gpu
@@ -132,8 +148,8 @@ def test_the_hopper_presets_are_the_measured_curve() -> None:
             assert getattr(gpu, field) == getattr(cudnn, field), (name, field)
     fa3 = with_attention_kernel(get_system("dgx-h100"), "flashattention-3").gpu
     gpu = get_system("dgx-h100").gpu
-    assert fa3.attention_hdim64_ratio == pytest.approx(gpu.attention_hdim64_ratio, rel=0.035)
-    assert fa3.attention_hdim256_ratio == pytest.approx(gpu.attention_hdim256_ratio, rel=0.035)
+    assert fa3.attention_hdim64_ratio == pytest.approx(gpu.attention_hdim64_ratio, rel=0.04)
+    assert fa3.attention_hdim256_ratio == pytest.approx(gpu.attention_hdim256_ratio, rel=0.04)
 
 
 def test_backward_ratio_is_the_measured_median() -> None:
