@@ -16,14 +16,12 @@ from typing import Any
 
 import pytest
 
+from analysis.device_runs import RESULTS, held_gemms
 from replay import get_system
 from replay.attention_kernels import with_attention_kernel
-from replay.compute import ATTN_BWD_RATIO, RooflineCompute
+from replay.compute import ATTN_BWD_RATIO
 from replay.hardware import GPUSpec
-from tracegen.ops import gemm
-from tracegen.units import DTYPE_CODE
 
-RESULTS = Path(__file__).parents[1] / "bench" / "device" / "results"
 RUN = RESULTS / "h200-2026-11-30-run4.json"
 FITTED = (RUN, RESULTS / "h200-2026-11-30-run5.json")  # the runs the constants are fitted to
 HOPPER = ("dgx-h100", "dgx-h800", "hgx-h200")  # one GH100 die at 700 W
@@ -38,13 +36,13 @@ def _run(path: Path = RUN) -> dict[str, Any]:
 
 def _gemm_log_errors(gpu: GPUSpec, section: str, dtype: str,
                      runs: tuple[Path, ...] = FITTED) -> list[float]:
-    """ln(modelled / measured time) per held GEMM shape and run."""
-    model, out = RooflineCompute(gpu), []
-    for r in (row for path in runs for row in _run(path)[section]):
-        op = gemm("g", r["m"], r["n"], r["k"], dtype)
-        ns = model.op_ns("gemm", op.flop, op.bytes, op.m, op.n, DTYPE_CODE[dtype], False,
-                         op.k) - gpu.launch_overhead_ns
-        out.append(math.log(ns / 1e6 / r["ms"]))
+    """ln(modelled / measured time) per held GEMM shape and run (``device_runs.held_gemms``)."""
+    system = dataclasses.replace(get_system("hgx-h200"), gpu=gpu)
+    out: list[float] = []
+    for path in runs:
+        frame = held_gemms({section: _run(path)[section]}, system)
+        out += [math.log(m / p) for m, p in zip(frame["measured_tflops"],
+                                                  frame["model_tflops"], strict=True)]
     return out
 
 
