@@ -203,6 +203,21 @@ def attention_occupancy(args: argparse.Namespace) -> list[Row]:
     return out
 
 
+def attention_grid(args: argparse.Namespace) -> list[Row]:
+    """cuDNN causal attention, b = 1, over head dim × sequence × heads per call: how the
+    efficiency falls as a call has fewer query tiles (b·heads·s/128) to spread over the SMs."""
+    out = []
+    for d in (64, 128, 256):
+        for seq in (1024, 2048, 4096, 8192):
+            for h in (4, 8, 16, 32, 64):
+                ms_f, ms_b = _attn_times("cudnn", True, 1, h, seq, seq, d)
+                flop = 4 * h * seq * seq * d / 2
+                out.append({"d": d, "seq": seq, "heads": h,
+                            "fwd_eff": flop / ms_f / 1e9 / args.peak_tflops,
+                            "bwd_eff": 2.5 * flop / ms_b / 1e9 / args.peak_tflops})
+    return out
+
+
 def _sdpa(backend: str, causal: bool) -> Callable[..., Any]:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -429,7 +444,8 @@ SECTIONS: list[tuple[str, Callable[..., list[Row]]]] = [
     ("gemm_bf16_held", lambda a: gemms_held(a, "bf16")),
     ("gemm_fp8_held", lambda a: gemms_held(a, "fp8")),
     ("attention_held", attention_held),
-    ("attention_occupancy", attention_occupancy), ("cp_ring", cp_ring),
+    ("attention_occupancy", attention_occupancy),
+    ("attention_grid", attention_grid), ("cp_ring", cp_ring),
     ("memory_bound", memory_bound), ("launch", launch), ("sustained", sustained),
 ]
 
