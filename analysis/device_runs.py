@@ -13,14 +13,13 @@ from typing import Any
 import polars as pl
 
 from replay.attention_kernels import with_attention_kernel
-from replay.compute import RooflineCompute
+from replay.compute import RooflineCompute, curve_call_flop
 from replay.hardware import SystemSpec
 from tracegen.errors import ConfigError
 from tracegen.ops import gemm
 from tracegen.units import DTYPE_CODE
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "device" / "results"
-CURVE_FLOP = 4 * 10**12  # a compute-bound attention call: the curve, not HBM, decides its time
 
 
 def load_run(path: str | Path) -> dict[str, Any]:
@@ -70,8 +69,9 @@ def attention_curves(run: dict[str, Any], system: SystemSpec,
         burst = dataclasses.replace(s.gpu, sustained_clock_ratio=1.0)
         compute = RooflineCompute(burst)
         for seq in seqs:
-            ns = compute.op_ns("attention", CURVE_FLOP, 0, seq, seq, DTYPE_CODE["bf16"], False,
+            flop = curve_call_flop(seq)  # shaped as the measured calls (16K tokens per call)
+            ns = compute.op_ns("attention", flop, 0, seq, seq, DTYPE_CODE["bf16"], False,
                                128) - burst.launch_overhead_ns
             rows.append({"kind": "curve", "source": kernel, "seq": seq,
-                         "tflops": CURVE_FLOP / ns / 1e3})
+                         "tflops": flop / ns / 1e3})
     return pl.DataFrame(rows)

@@ -38,9 +38,9 @@ extrapolated:
   ``bench/device/measure_hopper.py`` measured it on an H200 on 2026-11-30 (its results under
   ``bench/device/results/``), the newest stack's kernel (Megatron-Bridge 25.11 and later):
   causal forward at head dim 128, 16 K tokens per call, 353 / 458 / 537 / 590 / 621 / 631
-  TFLOP/s from 512 to 16K tokens (run 4; run 5 on another machine within 1%), ≈ 0.658 ·
-  s/(s + 437) of the peak (least squares in log over both runs, within 0.8% at every point);
-  469.6 and 653.1 TFLOP/s at head dim 64 and 256 against 633.6 (ratios 0.741, 1.031).
+  TFLOP/s from 512 to 16K tokens (run 4; runs 5, 6 within 1%), and over head dim × sequence
+  × heads (run 6): 0.664 · s/(s + 461), head-dim ratios 0.699 / 1.128 and the occupancy term
+  T/(T + 188) of a call's query tiles, fitted jointly to 114 calls (systems/README.md).
 """
 
 from __future__ import annotations
@@ -56,14 +56,18 @@ HOPPER = ("h100-sxm", "h800", "h200")
 Curve = tuple[tuple[str, Any], ...]
 PRESET: Curve = ()
 _FA2_HOPPER: Curve = (("gpu.attention_efficiency", 0.345), ("gpu.attention_half_seq", 300),
-                      ("gpu.attention_hdim64_ratio", 0.893), ("gpu.attention_hdim256_ratio", 0.890))
+                      ("gpu.attention_hdim64_ratio", 0.893), ("gpu.attention_hdim256_ratio", 0.890),
+                      ("gpu.attention_half_tiles", 0))
 _CUDNN_HOPPER: Curve = (("gpu.attention_efficiency", 0.5576), ("gpu.attention_half_seq", 385),
-                       ("gpu.attention_hdim64_ratio", 0.720), ("gpu.attention_hdim256_ratio", 1.0))
-_CUDNN919_HOPPER: Curve = (("gpu.attention_efficiency", 0.658), ("gpu.attention_half_seq", 437),
-                          ("gpu.attention_hdim64_ratio", 0.741),
-                          ("gpu.attention_hdim256_ratio", 1.031))
+                       ("gpu.attention_hdim64_ratio", 0.720), ("gpu.attention_hdim256_ratio", 1.0),
+                       ("gpu.attention_half_tiles", 0))
+_CUDNN919_HOPPER: Curve = (("gpu.attention_efficiency", 0.664), ("gpu.attention_half_seq", 461),
+                          ("gpu.attention_hdim64_ratio", 0.699),
+                          ("gpu.attention_hdim256_ratio", 1.128),
+                          ("gpu.attention_half_tiles", 188))
 _FA3_HOPPER: Curve = (("gpu.attention_efficiency", 0.646), ("gpu.attention_half_seq", 608),
-                     ("gpu.attention_hdim64_ratio", 0.768), ("gpu.attention_hdim256_ratio", 1.042))
+                     ("gpu.attention_hdim64_ratio", 0.768), ("gpu.attention_hdim256_ratio", 1.042),
+                     ("gpu.attention_half_tiles", 0))
 # Half of the Ampere presets' FlashAttention-2 efficiency (0.65 in their system files).
 _FA1_AMPERE: Curve = (("gpu.attention_efficiency", 0.325),)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from typing import Literal, Protocol
 
-from replay.hardware import GPUSpec
+from replay.hardware import ATTN_TILE_ROWS, GPUSpec
 from replay.reader import NodeRec
 from tracegen.errors import ReplayError
 from tracegen.units import DTYPE_FROM_CODE, NS_PER_S, NS_PER_US
@@ -43,6 +43,25 @@ ATTN_BWD_RATIO = 0.8
 SCORE_BYTES = 13  # per score element, forward, without FlashAttention (see above)
 ATTN_FLASH_BWD_FLOP = 2.5  # the op's backward FLOPs over its forward (tracegen/ops.py, Dao 2023)
 ComputeSource = Literal["model", "trace"]
+
+
+def curve_call_flop(seq: int) -> int:
+    """Forward FLOPs of one call as the attention curves were measured (16K tokens per call,
+    hidden 2048, causal; bench/device and the FlashAttention-3 paper): 2·16384·2048·s, whatever
+    the head dim (heads = 2048/d)."""
+    return 2 * 16384 * 2048 * seq
+
+
+def attention_tiles(flop: int, seq: int, kv_len: int, head_dim: int, backward: bool) -> float:
+    """Query tiles of one causal attention call: b·heads = forward FLOPs / (2·s·s_kv·d)
+    (tracegen's count, 4·b·s·s_kv·d·heads/2), times ⌈s/128⌉; 0 where the shape is unknown.
+    A context-parallel ring's ops carry a step's K/V length (s/cp): its first step is exact,
+    its cp − 1 later steps count as one call (exact at cp 2, more tiles than a step has
+    beyond)."""
+    if seq <= 0 or kv_len <= 0 or head_dim <= 0:
+        return 0.0
+    fwd = flop / ATTN_FLASH_BWD_FLOP if backward else flop
+    return fwd / (2 * seq * kv_len * head_dim) * -(-seq // ATTN_TILE_ROWS)
 
 
 class ComputeModel(Protocol):
@@ -106,7 +125,8 @@ class RooflineCompute:
         if op_type == "attention":
             seq = max(m, 1)
             eff = (g.attention_efficiency * seq / (seq + g.attention_half_seq)
-                   * g.attention_head_ratio(k))
+                   * g.attention_head_ratio(k) * g.attention_occupancy(
+                       attention_tiles(flop, m, n, k, backward)))
             if backward:
                 eff *= ATTN_BWD_RATIO
             comp_s = flop / (g.tensor_flop_per_s(dtype) * eff)

@@ -16,6 +16,11 @@ from tracegen.units import GB, NS_PER_US, TERA, GiB
 
 Topology = Literal["fat-tree", "rail-optimized"]
 HEAD_DIM_REF = 128  # head dim of the attention efficiency curves in the catalog
+# Query tiles of one call where the curves were measured: 16K tokens × 16 heads (hidden 2048,
+# the FlashAttention-3 paper's setup, kept by bench/device) in 128-row tiles.
+ATTN_REF_TILES = 2048
+ATTN_TILE_ROWS = 128
+ATTN_MAX_TILES = 4096  # the largest call measured (bench/device): larger ones are held there
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,6 +43,10 @@ class GPUSpec:
     # measured); log-linear between, held beyond (systems/README.md, "Attention head size").
     attention_hdim64_ratio: float = 1.0
     attention_hdim256_ratio: float = 1.0
+    # Occupancy: a call with T query tiles (b · heads · s/128) runs at T/(T + this), relative to
+    # the curves' ``ATTN_REF_TILES`` — few heads per call leave SMs idle in the last wave and
+    # causal tiles unbalanced (measured on H200, systems/README.md). 0: not measured, no term.
+    attention_half_tiles: float = 0.0
     # False where FlashAttention does not run (Volta): attention is then two batched GEMMs over
     # the full score matrix plus memory-bound softmax and dropout (replay/compute.py).
     flash_attention: bool = True
@@ -89,6 +98,16 @@ class GPUSpec:
         tflops = {"bf16": self.peak_bf16_TFLOPs, "fp16": self.peak_fp16_TFLOPs,
                   "fp8": self.peak_fp8_TFLOPs, "fp32": self.peak_fp32_TFLOPs}[dtype]
         return tflops * TERA
+
+    def attention_occupancy(self, tiles: float) -> float:
+        """Attention efficiency of a call with ``tiles`` query tiles relative to the curves'
+        calls: T/(T + T₀) over the same at ``ATTN_REF_TILES`` (1 where T₀ is 0 or T unknown),
+        T held at ``ATTN_MAX_TILES``, the largest call measured."""
+        t0 = self.attention_half_tiles
+        if t0 <= 0 or tiles <= 0:
+            return 1.0
+        tiles = min(tiles, ATTN_MAX_TILES)
+        return tiles / (tiles + t0) * (ATTN_REF_TILES + t0) / ATTN_REF_TILES
 
     def attention_head_ratio(self, head_dim: int) -> float:
         """Attention efficiency at ``head_dim`` over that at 128: log-linear in the head dim
@@ -187,7 +206,7 @@ class SystemSpec:
 SECTIONS = ("gpu", "node", "scaleout", "astra")
 # 0: absent / unmeasured
 OPTIONAL_ZERO = ("nvls_busbw_GBps", "gemm_k_overhead", "gemm_mamf_k", "comm_interference",
-                 "sustained_clock_ratio_fp8")
+                 "sustained_clock_ratio_fp8", "attention_half_tiles")
 
 
 def _problems(s: SystemSpec) -> list[str]:

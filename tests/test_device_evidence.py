@@ -98,56 +98,88 @@ def test_held_gemms_are_reproduced_shape_by_shape(dtype: str) -> None:
         assert abs(e) < 0.12, r["shape"]
 
 
+GRID = RESULTS / "h200-2026-11-30-run6.json"  # cuDNN over head dim × sequence × heads
+
+
 def _cudnn_rows(head_dim: int = 128) -> list[dict[str, Any]]:
-    """The causal cuDNN rows of both fitted runs."""
-    return [r for path in FITTED for r in _run(path)["attention"]
+    """The causal cuDNN rows of the attention sweeps (16K tokens, hidden 2048 per call) of
+    runs 4, 5 and 6."""
+    return [r for path in (*FITTED, GRID) for r in _run(path)["attention"]
             if r["backend"] == "cudnn" and r["causal"] and r["d"] == head_dim]
 
 
-def test_cudnn_919_curve_is_the_least_squares_fit() -> None:
-    """``cudnn-9.19`` (replay/attention_kernels.py) is a·s/(s + s½) fitted in log to the
-    measured causal forward at head dim 128, 512-16K tokens, both runs: s½ scanned in steps of
-    1, a the mean log ratio; the curve passes within 0.8% of every point."""
-    rows = _cudnn_rows()
-    seqs, effs = [r["seq"] for r in rows], [r["fwd_eff"] for r in rows]
-
-    def fit(half: float) -> tuple[float, float]:
-        logs = [math.log(e * (s + half) / s) for s, e in zip(seqs, effs, strict=True)]
-        a = math.exp(statistics.fmean(logs))
-        return sum((math.log(a) - x) ** 2 for x in logs), a
-
-    best = min(range(200, 800), key=lambda h: fit(h)[0])
-    gpu = with_attention_kernel(get_system("hgx-h200"), "cudnn-9.19").gpu
-    assert gpu.attention_half_seq == best
-    assert gpu.attention_efficiency == pytest.approx(fit(best)[1], abs=1e-3)
-    for s, e in zip(seqs, effs, strict=True):
-        curve = gpu.attention_efficiency * s / (s + gpu.attention_half_seq)
-        assert curve == pytest.approx(e, rel=0.008), s
+def _attention_calls() -> list[tuple[int, int, float, float]]:
+    """(head dim, tokens, query tiles, forward efficiency) of every measured causal cuDNN call:
+    the sweeps of runs 4-6 (b = 16K/s, heads = 2048/d) and the grid of run 6 (b = 1)."""
+    calls = [(r["d"], r["seq"], 16384 * 2048 / (r["d"] * 128), r["fwd_eff"])
+             for d in (64, 128, 256) for r in _cudnn_rows(d)]
+    calls += [(r["d"], r["seq"], r["heads"] * r["seq"] / 128, r["fwd_eff"])
+              for r in _run(GRID)["attention_grid"]]
+    return calls
 
 
-def test_cudnn_919_head_dim_ratios_are_measured() -> None:
-    """Head dim 64 and 256 over 128 at 16K tokens, causal forward, mean of both runs."""
-    at16k = {d: statistics.fmean(r["fwd_tflops"] for r in _cudnn_rows(d) if r["seq"] == 16384)
-             for d in (64, 128, 256)}
-    gpu = with_attention_kernel(get_system("hgx-h200"), "cudnn-9.19").gpu
-    assert gpu.attention_hdim64_ratio == pytest.approx(at16k[64] / at16k[128], abs=1e-3)
-    assert gpu.attention_hdim256_ratio == pytest.approx(at16k[256] / at16k[128], abs=1e-3)
+def _attention_fit(half_seq: float, half_tiles: float) -> tuple[float, dict[int, float],
+                                                                 list[float]]:
+    """For given s½ and T₀: the squared log error, a per head dim (the mean log ratio) and the
+    residuals of a·s/(s + s½)·T/(T + T₀)·(2048 + T₀)/2048 against every call."""
+    calls = _attention_calls()
+    logs = [math.log(e * (s + half_seq) / s * (t + half_tiles) / t * 2048 / (2048 + half_tiles))
+            for _, s, t, e in calls]
+    a = {d: statistics.fmean(x for (dd, _, _, _), x in zip(calls, logs, strict=True) if dd == d)
+         for d in (64, 128, 256)}
+    res = [x - a[d] for (d, _, _, _), x in zip(calls, logs, strict=True)]
+    return sum(r * r for r in res), {d: math.exp(v) for d, v in a.items()}, res
+
+
+def test_hopper_attention_is_the_joint_fit_of_the_measured_calls() -> None:
+    """The Hopper presets' attention (replay/compute.py: curve in sequence length × head-dim
+    ratio × occupancy) is the least-squares fit in log to 114 measured causal cuDNN 9.19 calls
+    — 512-16K tokens, head dim 64/128/256, 32-4,096 query tiles: s½ and T₀ the argmin over a
+    grid of steps of 1, a and the head-dim ratios the mean log ratios."""
+    gpu = get_system("hgx-h200").gpu
+    grid = {(h, t): _attention_fit(h, t)[0] for h in range(451, 472) for t in range(178, 199)}
+    assert min(grid, key=grid.__getitem__) == (gpu.attention_half_seq, gpu.attention_half_tiles)
+    _, a, _ = _attention_fit(gpu.attention_half_seq, gpu.attention_half_tiles)
+    assert gpu.attention_efficiency == pytest.approx(a[128], abs=1e-3)
+    assert gpu.attention_hdim64_ratio == pytest.approx(a[64] / a[128], abs=1e-3)
+    assert gpu.attention_hdim256_ratio == pytest.approx(a[256] / a[128], abs=1e-3)
+
+
+def test_the_fit_holds_where_training_calls_lie() -> None:
+    """Calls of ≥ 200 query tiles (a micro-batch of 1 with 8+ heads per rank from 4K tokens):
+    rms log error under 2.5%, none over 8%; without the occupancy term the same curve misses
+    the grid by 40% rms. Below one wave of 132 tiles, causal tiles leave SMs idle in a way the
+    hyperbola misses (up to 26%): no training call we model is that small."""
+    calls = _attention_calls()
+    gpu = get_system("hgx-h200").gpu
+    _, _, res = _attention_fit(gpu.attention_half_seq, gpu.attention_half_tiles)
+    big = [r for (_, _, t, _), r in zip(calls, res, strict=True) if t >= 200]
+    assert math.sqrt(statistics.fmean(r * r for r in big)) < 0.025
+    assert max(abs(r) for r in big) < 0.08
+    _, _, flat = _attention_fit(gpu.attention_half_seq, 1e-9)
+    assert math.sqrt(statistics.fmean(r * r for r in flat)) > 0.4
 
 
 def test_the_hopper_presets_are_the_measured_curve() -> None:
-    """The Hopper presets carry the cuDNN 9.19 curve (``cudnn-9.19`` changes nothing), B200
-    borrows it (no B200 measurement); FlashAttention-3's published causal head-dim ratios
-    (0.768, 1.042) lie within 4% of the measured ones."""
-    for name in (*HOPPER, "dgx-b200"):
+    """The Hopper presets carry the cuDNN 9.19 fit (``cudnn-9.19`` changes nothing); B200
+    borrows the curve as Hopper's 16K-token calls show it, without the occupancy term (its SMs
+    unmeasured): within 1.5% of the Hopper preset at those calls."""
+    from replay.compute import RooflineCompute, curve_call_flop
+
+    cudnn = with_attention_kernel(get_system("hgx-h200"), "cudnn-9.19").gpu
+    for name in HOPPER:
         gpu = get_system(name).gpu
-        cudnn = with_attention_kernel(get_system("hgx-h200"), "cudnn-9.19").gpu
         for field in ("attention_efficiency", "attention_half_seq", "attention_hdim64_ratio",
-                      "attention_hdim256_ratio"):
+                      "attention_hdim256_ratio", "attention_half_tiles"):
             assert getattr(gpu, field) == getattr(cudnn, field), (name, field)
-    fa3 = with_attention_kernel(get_system("dgx-h100"), "flashattention-3").gpu
-    gpu = get_system("dgx-h100").gpu
-    assert fa3.attention_hdim64_ratio == pytest.approx(gpu.attention_hdim64_ratio, rel=0.04)
-    assert fa3.attention_hdim256_ratio == pytest.approx(gpu.attention_hdim256_ratio, rel=0.04)
+    b200 = get_system("dgx-b200").gpu
+    assert b200.attention_half_tiles == 0
+    for seq in (1024, 2048, 4096, 8192, 16384):
+        flop = curve_call_flop(seq)
+        ns = [RooflineCompute(dataclasses.replace(g, sustained_clock_ratio=1.0)).op_ns(
+            "attention", flop, 0, seq, seq, 1, False, 128) * g.peak_bf16_TFLOPs
+            for g in (cudnn, b200)]
+        assert ns[0] == pytest.approx(ns[1], rel=0.015), seq
 
 
 def test_backward_ratio_is_the_measured_median() -> None:
@@ -194,7 +226,7 @@ def test_device_runs_frames_put_the_model_beside_each_measurement() -> None:
     curve = att.filter(source="preset", kind="curve")
     assert curve.height == len(measured) == 6
     for seq, tflops in zip(curve["seq"], curve["tflops"], strict=True):
-        assert tflops == pytest.approx(measured[seq], rel=0.006)
+        assert tflops == pytest.approx(measured[seq], rel=0.025)  # the joint fit's residual
 
 
 def test_a_file_that_is_not_device_results_is_refused(tmp_path: Path) -> None:

@@ -91,7 +91,9 @@ def test_one_bucket_leaves_nothing_to_hide_and_small_ones_save_at_most_the_gathe
     assert t_on < t_off
     assert t_off - t_on <= gathered_s + 1e-9
     fast = estimate(MODEL, dataclasses.replace(BASE, overlap_param_gather=True), SYSTEM)
-    assert fast.step_time_s == pytest.approx(t_on, rel=1e-6)
+    # to the tens of ns: the fast path rounds each block's slowed forward to a ns, replay its
+    # re-rated kernel ends (4 ns apart without the attention occupancy term, 18 with it)
+    assert fast.step_time_s == pytest.approx(t_on, abs=5e-8)
 
 
 @pytest.mark.parametrize("zero", [0, 3])

@@ -226,9 +226,10 @@ def test_unfused_attention_on_hopper_pays_the_short_k_of_its_score_gemm() -> Non
     assert got > RooflineCompute(flat).op_ns("attention", flop, 0, s_len, s_len, 1, False, d)
 
 
-# causal forward at 16K tokens: cuDNN 9.19 on an H200 (bench/device/results, runs 4 and 5), the
-# Hopper presets' kernel; FlashAttention-2's chart on H100 (Shah et al. 2024) for the Ampere ones
-H64, H256 = 0.741, 1.031
+# Hopper presets: cuDNN 9.19 on an H200 (bench/device/results, runs 4-6), the head-dim ratios
+# of calls with equal tile counts (fitted with the occupancy term; the large calls here are
+# held at the same tile count); FlashAttention-2's chart on H100 (Shah et al. 2024) for Ampere
+H64, H256 = 0.699, 1.128
 
 
 @pytest.mark.parametrize(("system", "hdim", "ratio"), [

@@ -213,9 +213,12 @@ def _core_attention(m: ModelSpec, st: Strategy, d: Dims, heads: int) -> list[Ite
     # The ring: attention over the K/V chunk a rank holds while the next one arrives, cp steps
     # of equal work (load-balanced causal chunks) and cp − 1 passes. The first step waits for
     # nothing; the other cp − 1 run alongside the passes (recorded as an all-gather's bytes).
+    # Each step attends over the s/cp keys of one chunk pair, which its K/V length says (the
+    # compute model counts a call's tiles from it; the later steps are one op).
     first = dataclasses.replace(attn, name="flash_attn_c0", flop=attn.flop // st.cp,
-                                bytes=attn.bytes // st.cp)
-    rest = dataclasses.replace(attn, flop=attn.flop - first.flop, bytes=attn.bytes - first.bytes)
+                                bytes=attn.bytes // st.cp, n=d.s)
+    rest = dataclasses.replace(attn, flop=attn.flop - first.flop, bytes=attn.bytes - first.bytes,
+                               n=d.s)
     return [first, Comm("cp_kv_ring", "cp", "ALL_GATHER", kv_shard, overlapped=True), rest]
 
 
