@@ -7,9 +7,11 @@ dtype, or from the trace's ``duration_micros``.
   Background User's Guide", §"Wave Quantization"): ``tiles / (ceil(tiles / SMs) · SMs)``, times
   the reduction-length factor ``K/(K + k₀)`` normalised to the MAMF's K (``GPUSpec.gemm_k_factor``;
   k₀ fitted to OpenXLA's measured sm_90 matmul table, tests/test_gemm_k.py).
-* Attention (flash): ``flop / (peak · e_attn · s / (s + s_half) · r(d))``, the FlashAttention
-  efficiency curve in sequence length, measured at head dim 128, times the measured ratio r(d)
-  at the op's head dim d (systems/README.md); the backward runs at ``ATTN_BWD_RATIO`` of it.
+* Attention (flash): ``flop / (peak · e_attn · s / (s + s_half) · r(d) · o(T))``, the fused
+  kernel's efficiency curve in sequence length, measured at head dim 128, times the measured
+  ratio r(d) at the op's head dim d and, where measured, the occupancy o(T) of a call with T
+  query tiles (``attention_tiles``; ``GPUSpec.attention_occupancy``) (systems/README.md); the
+  backward runs at ``ATTN_BWD_RATIO`` of it.
 * Attention without FlashAttention (GPUs it does not run on): the score and value GEMMs over the
   whole s×s matrix (twice the causal FLOPs the op carries; four of them in backward) at GEMM
   efficiency (QKᵀ reduces over the head dim, P·V over the sequence: each at its K's factor),
