@@ -253,3 +253,13 @@ def test_device_evidence_plot_draws_every_measurement(tmp_path: Path) -> None:
     assert len(right.get_lines()) == 4  # the preset and three named kernels
     fig.savefig(tmp_path / "d.png")
     assert (tmp_path / "d.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_occupancy_is_one_at_the_reference_and_held_beyond_the_largest_call() -> None:
+    from replay.hardware import ATTN_MAX_TILES, ATTN_REF_TILES
+
+    gpu = get_system("hgx-h200").gpu
+    assert gpu.attention_occupancy(ATTN_REF_TILES) == pytest.approx(1.0)
+    assert gpu.attention_occupancy(10 * ATTN_MAX_TILES) == gpu.attention_occupancy(ATTN_MAX_TILES)
+    assert gpu.attention_occupancy(256) < gpu.attention_occupancy(1024) < 1.0
+    assert get_system("dgx-a100-80gb").gpu.attention_occupancy(256) == 1.0  # unmeasured: none

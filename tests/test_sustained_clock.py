@@ -71,3 +71,20 @@ def test_utilisation_stays_against_the_datasheet_peak() -> None:
 def test_a_ratio_outside_zero_one_is_refused(bad: float) -> None:
     with pytest.raises(ConfigError, match="sustained_clock_ratio"):
         get_system("dgx-h100").with_overrides({"gpu.sustained_clock_ratio": bad})
+
+
+@pytest.mark.parametrize(("key", "bad", "message"), [
+    ("gpu.sustained_clock_ratio_fp8", 1.5, "sustained_clock_ratio_fp8 is a fraction"),
+    ("gpu.sustained_clock_ratio_fp8", -0.1, "sustained_clock_ratio_fp8 must be ≥ 0"),
+    ("gpu.attention_half_tiles", -5, "attention_half_tiles must be ≥ 0"),
+])
+def test_the_measured_fields_refuse_impossible_values(key: str, bad: float, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        get_system("dgx-h100").with_overrides({key: bad})
+
+
+def test_fp8_ratio_zero_means_the_bf16_one() -> None:
+    gpu = get_system("dgx-a100-80gb").gpu  # no FP8 measurement: the field is 0
+    assert gpu.sustained_clock_ratio_fp8 == 0
+    assert gpu.tensor_flop_per_s("fp8") == pytest.approx(
+        gpu.peak_flop_per_s("fp8") * gpu.sustained_clock_ratio)
