@@ -40,7 +40,8 @@ extrapolated:
   causal forward at head dim 128, 16 K tokens per call, 353 / 458 / 537 / 590 / 621 / 631
   TFLOP/s from 512 to 16K tokens (run 4; runs 5, 6 within 1%), and over head dim × sequence
   × heads (run 6): 0.664 · s/(s + 461), head-dim ratios 0.699 / 1.128 and the occupancy term
-  T/(T + 188) of a call's query tiles, fitted jointly to 114 calls (systems/README.md).
+  T/(T + 188) of a call's query tiles, fitted jointly to 114 calls (systems/README.md); the
+  backward/forward ratio at head dim 64 and 256 is 1.093 / 0.761 of 128's (96 calls).
 """
 
 from __future__ import annotations
@@ -57,16 +58,24 @@ Curve = tuple[tuple[str, Any], ...]
 PRESET: Curve = ()
 _FA2_HOPPER: Curve = (("gpu.attention_efficiency", 0.345), ("gpu.attention_half_seq", 300),
                       ("gpu.attention_hdim64_ratio", 0.893), ("gpu.attention_hdim256_ratio", 0.890),
+                      ("gpu.attention_bwd_hdim64_ratio", 1.0),
+                      ("gpu.attention_bwd_hdim256_ratio", 1.0),
                       ("gpu.attention_half_tiles", 0))
 _CUDNN_HOPPER: Curve = (("gpu.attention_efficiency", 0.5576), ("gpu.attention_half_seq", 385),
                        ("gpu.attention_hdim64_ratio", 0.720), ("gpu.attention_hdim256_ratio", 1.0),
+                       ("gpu.attention_bwd_hdim64_ratio", 1.0),
+                       ("gpu.attention_bwd_hdim256_ratio", 1.0),
                        ("gpu.attention_half_tiles", 0))
 _CUDNN919_HOPPER: Curve = (("gpu.attention_efficiency", 0.664), ("gpu.attention_half_seq", 461),
                           ("gpu.attention_hdim64_ratio", 0.699),
                           ("gpu.attention_hdim256_ratio", 1.128),
+                          ("gpu.attention_bwd_hdim64_ratio", 1.093),
+                          ("gpu.attention_bwd_hdim256_ratio", 0.761),
                           ("gpu.attention_half_tiles", 188))
 _FA3_HOPPER: Curve = (("gpu.attention_efficiency", 0.646), ("gpu.attention_half_seq", 608),
                      ("gpu.attention_hdim64_ratio", 0.768), ("gpu.attention_hdim256_ratio", 1.042),
+                     ("gpu.attention_bwd_hdim64_ratio", 1.0),
+                     ("gpu.attention_bwd_hdim256_ratio", 1.0),
                      ("gpu.attention_half_tiles", 0))
 # Half of the Ampere presets' FlashAttention-2 efficiency (0.65 in their system files).
 _FA1_AMPERE: Curve = (("gpu.attention_efficiency", 0.325),)

@@ -11,7 +11,8 @@ dtype, or from the trace's ``duration_micros``.
   kernel's efficiency curve in sequence length, measured at head dim 128, times the measured
   ratio r(d) at the op's head dim d and, where measured, the occupancy o(T) of a call with T
   query tiles (``attention_tiles``; ``GPUSpec.attention_occupancy``) (systems/README.md); the
-  backward runs at ``ATTN_BWD_RATIO`` of it.
+  backward runs at ``ATTN_BWD_RATIO`` of it, times its measured head-dim ratio where there is one
+  (``GPUSpec.attention_bwd_head_ratio``).
 * Attention without FlashAttention (GPUs it does not run on): the score and value GEMMs over the
   whole s×s matrix (twice the causal FLOPs the op carries; four of them in backward) at GEMM
   efficiency (QKᵀ reduces over the head dim, P·V over the sequence: each at its K's factor),
@@ -130,7 +131,7 @@ class RooflineCompute:
                    * g.attention_head_ratio(k) * g.attention_occupancy(
                        attention_tiles(flop, m, n, k, backward)))
             if backward:
-                eff *= ATTN_BWD_RATIO
+                eff *= ATTN_BWD_RATIO * g.attention_bwd_head_ratio(k)
             comp_s = flop / (g.tensor_flop_per_s(dtype) * eff)
         elif op_type in ("gemm", "") and flop:
             eff = g.gemm_efficiency_fp8 if dtype == "fp8" else g.gemm_efficiency

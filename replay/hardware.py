@@ -23,6 +23,15 @@ ATTN_TILE_ROWS = 128
 ATTN_MAX_TILES = 4096  # the largest call measured (bench/device): larger ones are held there
 
 
+def _by_head_dim(head_dim: int, at64: float, at256: float) -> float:
+    """A ratio to head dim 128 measured at 64 and 256: log-linear between, held beyond (0:
+    unknown head dim, taken as 128)."""
+    if head_dim <= 0 or head_dim == HEAD_DIM_REF:
+        return 1.0
+    x = max(-1.0, min(1.0, math.log2(head_dim / HEAD_DIM_REF)))
+    return 1.0 + abs(x) * ((at256 if x > 0 else at64) - 1.0)
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class GPUSpec:
     name: str
@@ -43,6 +52,10 @@ class GPUSpec:
     # measured); log-linear between, held beyond (systems/README.md, "Attention head size").
     attention_hdim64_ratio: float = 1.0
     attention_hdim256_ratio: float = 1.0
+    # The backward/forward throughput ratio at head dim 64 and 256 relative to 128's (the
+    # backward is relatively faster at 64 and far slower at 256 on cuDNN 9.19; measured on H200).
+    attention_bwd_hdim64_ratio: float = 1.0
+    attention_bwd_hdim256_ratio: float = 1.0
     # Occupancy: a call with T query tiles (b · heads · s/128) runs at T/(T + this), relative to
     # the curves' ``ATTN_REF_TILES`` — few heads per call leave SMs idle in the last wave and
     # causal tiles unbalanced (measured on H200, systems/README.md). 0: not measured, no term.
@@ -112,11 +125,13 @@ class GPUSpec:
     def attention_head_ratio(self, head_dim: int) -> float:
         """Attention efficiency at ``head_dim`` over that at 128: log-linear in the head dim
         between the measured 64, 128 and 256, constant outside (0: unknown, taken as 128)."""
-        if head_dim <= 0 or head_dim == HEAD_DIM_REF:
-            return 1.0
-        x = max(-1.0, min(1.0, math.log2(head_dim / HEAD_DIM_REF)))
-        end = self.attention_hdim256_ratio if x > 0 else self.attention_hdim64_ratio
-        return 1.0 + abs(x) * (end - 1.0)
+        return _by_head_dim(head_dim, self.attention_hdim64_ratio, self.attention_hdim256_ratio)
+
+    def attention_bwd_head_ratio(self, head_dim: int) -> float:
+        """The backward's throughput over the forward's at ``head_dim``, relative to that ratio
+        at 128 (``compute.ATTN_BWD_RATIO``); interpolated as ``attention_head_ratio``."""
+        return _by_head_dim(head_dim, self.attention_bwd_hdim64_ratio,
+                            self.attention_bwd_hdim256_ratio)
 
     @property
     def hbm_bytes(self) -> int:

@@ -182,6 +182,36 @@ def test_the_hopper_presets_are_the_measured_curve() -> None:
         assert ns[0] == pytest.approx(ns[1], rel=0.015), seq
 
 
+def test_backward_head_dim_ratios_are_the_fit() -> None:
+    """The backward's throughput over the model's forward, per head dim, over the measured
+    calls of ≥ 200 query tiles (runs 4-6, 32 per head dim): 0.79 of it at head dim 128 (the
+    ``ATTN_BWD_RATIO`` of 0.8 within 1.5%), 1.093× that at 64 and 0.761× at 256 — the
+    presets' ``attention_bwd_hdim64_ratio`` / ``attention_bwd_hdim256_ratio``."""
+    from replay.compute import RooflineCompute
+
+    gpu = get_system("hgx-h200").gpu
+    flat = dataclasses.replace(gpu, sustained_clock_ratio=1.0, attention_bwd_hdim64_ratio=1.0,
+                               attention_bwd_hdim256_ratio=1.0)
+    model = RooflineCompute(flat)
+    calls = [(r["d"], r["seq"], max(1, 16384 // r["seq"]) * 2048 // r["d"],
+              r["bwd_tflops"] / gpu.peak_bf16_TFLOPs)
+             for d in (64, 128, 256) for r in _cudnn_rows(d)]
+    calls += [(r["d"], r["seq"], r["heads"], r["bwd_eff"]) for r in _run(GRID)["attention_grid"]]
+    logs: dict[int, list[float]] = {64: [], 128: [], 256: []}
+    for d, s, heads, eff in calls:
+        if heads * s / 128 < 200:
+            continue
+        flop = 2 * heads * s * s * d
+        ns = model.op_ns("attention", int(flop * 2.5), 0, s, s, 1, True, d)
+        logs[d].append(math.log(eff / (2.5 * flop / (ns - flat.launch_overhead_ns) * 1e9
+                                       / (gpu.peak_bf16_TFLOPs * 1e12))))
+    got = {d: math.exp(statistics.fmean(v)) for d, v in logs.items()}
+    assert [len(v) for v in logs.values()] == [32, 32, 32]
+    assert got[128] == pytest.approx(1.0, abs=0.015)
+    assert gpu.attention_bwd_hdim64_ratio == pytest.approx(got[64] / got[128], abs=1e-3)
+    assert gpu.attention_bwd_hdim256_ratio == pytest.approx(got[256] / got[128], abs=1e-3)
+
+
 def test_backward_ratio_is_the_measured_median() -> None:
     """The backward's throughput over the forward's (2.5× the FLOPs): cuDNN, causal, head dim
     128, median over 512-16K tokens 0.80 (0.60 at 512 rising to 0.89 at 16K); ``ATTN_BWD_RATIO``
