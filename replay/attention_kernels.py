@@ -7,7 +7,9 @@ replaces the preset's attention curve with that kernel's published one, so ``tra
 --attention flashattention-1`` describes a 2022-23 stack in one word instead of four constants.
 
 Each curve cites its measurement. A kernel with no published curve on a GPU is refused, never
-extrapolated:
+extrapolated. On Hopper every curve also takes the occupancy term trainsim measured there (a
+call's query tiles; ``GPUSpec.attention_half_tiles``), the charts' head-dim ratios converted to
+per-tile ones (``_hopper_chart``):
 
 * ``unfused`` — the score and value GEMMs over the whole s×s matrix with Megatron's fused softmax
   (Megatron-LM 2021-22; Korthikanti et al. 2022 §4.1): ``flash_attention = false``, costed from
@@ -56,27 +58,32 @@ HOPPER = ("h100-sxm", "h800", "h200")
 # A curve is the system values it sets, as (section.key, value) pairs; () keeps the preset's.
 Curve = tuple[tuple[str, Any], ...]
 PRESET: Curve = ()
-_FA2_HOPPER: Curve = (("gpu.attention_efficiency", 0.345), ("gpu.attention_half_seq", 300),
-                      ("gpu.attention_hdim64_ratio", 0.893), ("gpu.attention_hdim256_ratio", 0.890),
-                      ("gpu.attention_bwd_hdim64_ratio", 1.0),
-                      ("gpu.attention_bwd_hdim256_ratio", 1.0),
-                      ("gpu.attention_half_tiles", 0))
-_CUDNN_HOPPER: Curve = (("gpu.attention_efficiency", 0.5576), ("gpu.attention_half_seq", 385),
-                       ("gpu.attention_hdim64_ratio", 0.720), ("gpu.attention_hdim256_ratio", 1.0),
-                       ("gpu.attention_bwd_hdim64_ratio", 1.0),
-                       ("gpu.attention_bwd_hdim256_ratio", 1.0),
-                       ("gpu.attention_half_tiles", 0))
+# The Hopper charts were read at 16K tokens and hidden 2048 per call: 2,048 query tiles at head
+# dim 128, 4,096 at 64 and 1,024 at 256. Their head-dim ratios are turned into per-tile ones by
+# the occupancy term the presets measured (T₀ 188; FlashAttention-2's own five points give 169):
+# ratio / o(4096) at 64, ratio / o(1024) at 256 (o = GPUSpec.attention_occupancy).
+HOPPER_HALF_TILES = 188
+_O64, _O256 = 1.04389, 0.92244  # o(4096), o(1024) at T₀ 188
+
+
+def _hopper_chart(eff: float, half_seq: float, at64: float, at256: float) -> Curve:
+    """A Hopper chart curve with the presets' occupancy term and per-tile head-dim ratios."""
+    return (("gpu.attention_efficiency", eff), ("gpu.attention_half_seq", half_seq),
+            ("gpu.attention_hdim64_ratio", round(at64 / _O64, 4)),
+            ("gpu.attention_hdim256_ratio", round(at256 / _O256, 4) if at256 != 1.0 else 1.0),
+            ("gpu.attention_bwd_hdim64_ratio", 1.0), ("gpu.attention_bwd_hdim256_ratio", 1.0),
+            ("gpu.attention_half_tiles", HOPPER_HALF_TILES))
+
+
+_FA2_HOPPER = _hopper_chart(0.345, 300, 0.893, 0.890)
+_CUDNN_HOPPER = _hopper_chart(0.5576, 385, 0.720, 1.0)  # no chart at 256: held at 128's
+_FA3_HOPPER = _hopper_chart(0.646, 608, 0.768, 1.042)
 _CUDNN919_HOPPER: Curve = (("gpu.attention_efficiency", 0.664), ("gpu.attention_half_seq", 461),
                           ("gpu.attention_hdim64_ratio", 0.699),
                           ("gpu.attention_hdim256_ratio", 1.128),
                           ("gpu.attention_bwd_hdim64_ratio", 1.093),
                           ("gpu.attention_bwd_hdim256_ratio", 0.761),
-                          ("gpu.attention_half_tiles", 188))
-_FA3_HOPPER: Curve = (("gpu.attention_efficiency", 0.646), ("gpu.attention_half_seq", 608),
-                     ("gpu.attention_hdim64_ratio", 0.768), ("gpu.attention_hdim256_ratio", 1.042),
-                     ("gpu.attention_bwd_hdim64_ratio", 1.0),
-                     ("gpu.attention_bwd_hdim256_ratio", 1.0),
-                     ("gpu.attention_half_tiles", 0))
+                          ("gpu.attention_half_tiles", HOPPER_HALF_TILES))
 # Half of the Ampere presets' FlashAttention-2 efficiency (0.65 in their system files).
 _FA1_AMPERE: Curve = (("gpu.attention_efficiency", 0.325),)
 
