@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from replay.hardware import SystemSpec
+from replay.hardware import SystemSpec, tile_occupancy
 from tracegen.errors import ConfigError
 
 AMPERE = ("a100-40gb", "a100-80gb", "a800")
@@ -63,7 +63,7 @@ PRESET: Curve = ()
 # the occupancy term the presets measured (T₀ 188; FlashAttention-2's own five points give 169):
 # ratio / o(4096) at 64, ratio / o(1024) at 256 (o = GPUSpec.attention_occupancy).
 HOPPER_HALF_TILES = 188
-_O64, _O256 = 1.04389, 0.92244  # o(4096), o(1024) at T₀ 188
+_O64, _O256 = (tile_occupancy(tiles, HOPPER_HALF_TILES) for tiles in (4096, 1024))
 
 
 def _hopper_chart(eff: float, half_seq: float, at64: float, at256: float) -> Curve:

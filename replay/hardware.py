@@ -23,6 +23,15 @@ ATTN_TILE_ROWS = 128
 ATTN_MAX_TILES = 4096  # the largest call measured (bench/device): larger ones are held there
 
 
+def tile_occupancy(tiles: float, half_tiles: float) -> float:
+    """T/(T + T₀) over the same at ``ATTN_REF_TILES``, T held at ``ATTN_MAX_TILES`` (1 where
+    T₀ or T is 0: unmeasured or unknown)."""
+    if half_tiles <= 0 or tiles <= 0:
+        return 1.0
+    tiles = min(tiles, ATTN_MAX_TILES)
+    return tiles / (tiles + half_tiles) * (ATTN_REF_TILES + half_tiles) / ATTN_REF_TILES
+
+
 def _by_head_dim(head_dim: int, at64: float, at256: float) -> float:
     """A ratio to head dim 128 measured at 64 and 256: log-linear between, held beyond (0:
     unknown head dim, taken as 128)."""
@@ -116,11 +125,7 @@ class GPUSpec:
         """Attention efficiency of a call with ``tiles`` query tiles relative to the curves'
         calls: T/(T + T₀) over the same at ``ATTN_REF_TILES`` (1 where T₀ is 0 or T unknown),
         T held at ``ATTN_MAX_TILES``, the largest call measured."""
-        t0 = self.attention_half_tiles
-        if t0 <= 0 or tiles <= 0:
-            return 1.0
-        tiles = min(tiles, ATTN_MAX_TILES)
-        return tiles / (tiles + t0) * (ATTN_REF_TILES + t0) / ATTN_REF_TILES
+        return tile_occupancy(tiles, self.attention_half_tiles)
 
     def attention_head_ratio(self, head_dim: int) -> float:
         """Attention efficiency at ``head_dim`` over that at 128: log-linear in the head dim
