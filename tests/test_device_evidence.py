@@ -108,12 +108,15 @@ def _cudnn_rows(head_dim: int = 128) -> list[dict[str, Any]]:
             if r["backend"] == "cudnn" and r["causal"] and r["d"] == head_dim]
 
 
-def _attention_calls() -> list[tuple[int, int, float, float]]:
-    """(head dim, tokens, query tiles, forward efficiency) of every measured causal cuDNN call:
-    the sweeps of runs 4-6 (b = 16K/s, heads = 2048/d) and the grid of run 6 (b = 1)."""
-    calls = [(r["d"], r["seq"], 16384 * 2048 / (r["d"] * 128), r["fwd_eff"])
+def _attention_calls(backward: bool = False) -> list[tuple[int, int, int, float]]:
+    """(head dim, tokens, b·heads, efficiency of the forward or backward) of every measured
+    causal cuDNN call: the sweeps of runs 4-6 (b = 16K/s, heads = 2048/d) and the grid of run 6
+    (b = 1). A call's query tiles are b·heads·tokens/128."""
+    peak = get_system("hgx-h200").gpu.peak_bf16_TFLOPs
+    calls = [(r["d"], r["seq"], 16384 // r["seq"] * 2048 // r["d"],
+              r["bwd_tflops"] / peak if backward else r["fwd_eff"])
              for d in (64, 128, 256) for r in _cudnn_rows(d)]
-    calls += [(r["d"], r["seq"], r["heads"] * r["seq"] / 128, r["fwd_eff"])
+    calls += [(r["d"], r["seq"], r["heads"], r["bwd_eff"] if backward else r["fwd_eff"])
               for r in _run(GRID)["attention_grid"]]
     return calls
 
@@ -124,7 +127,7 @@ def _attention_fit(half_seq: float, half_tiles: float) -> tuple[float, dict[int,
     residuals of a·s/(s + s½)·T/(T + T₀)·(2048 + T₀)/2048 against every call."""
     calls = _attention_calls()
     logs = [math.log(e * (s + half_seq) / s * (t + half_tiles) / t * 2048 / (2048 + half_tiles))
-            for _, s, t, e in calls]
+            for _, s, t, e in ((d, s, bh * s / 128, e) for d, s, bh, e in calls)]
     a = {d: statistics.fmean(x for (dd, _, _, _), x in zip(calls, logs, strict=True) if dd == d)
          for d in (64, 128, 256)}
     res = [x - a[d] for (d, _, _, _), x in zip(calls, logs, strict=True)]
@@ -153,7 +156,7 @@ def test_the_fit_holds_where_training_calls_lie() -> None:
     calls = _attention_calls()
     gpu = get_system("hgx-h200").gpu
     _, _, res = _attention_fit(gpu.attention_half_seq, gpu.attention_half_tiles)
-    big = [r for (_, _, t, _), r in zip(calls, res, strict=True) if t >= 200]
+    big = [r for (_, s, bh, _), r in zip(calls, res, strict=True) if bh * s / 128 >= 200]
     assert math.sqrt(statistics.fmean(r * r for r in big)) < 0.025
     assert max(abs(r) for r in big) < 0.08
     _, _, flat = _attention_fit(gpu.attention_half_seq, 1e-9)
@@ -193,12 +196,8 @@ def test_backward_head_dim_ratios_are_the_fit() -> None:
     flat = dataclasses.replace(gpu, sustained_clock_ratio=1.0, attention_bwd_hdim64_ratio=1.0,
                                attention_bwd_hdim256_ratio=1.0)
     model = RooflineCompute(flat)
-    calls = [(r["d"], r["seq"], max(1, 16384 // r["seq"]) * 2048 // r["d"],
-              r["bwd_tflops"] / gpu.peak_bf16_TFLOPs)
-             for d in (64, 128, 256) for r in _cudnn_rows(d)]
-    calls += [(r["d"], r["seq"], r["heads"], r["bwd_eff"]) for r in _run(GRID)["attention_grid"]]
     logs: dict[int, list[float]] = {64: [], 128: [], 256: []}
-    for d, s, heads, eff in calls:
+    for d, s, heads, eff in _attention_calls(backward=True):
         if heads * s / 128 < 200:
             continue
         flop = 2 * heads * s * s * d
