@@ -123,66 +123,84 @@ def _buckets_done(costs: _Costs, rank: int,
     end = max(chunk_ends)
     if s.zero_stage == 3:
         return end, [], 0
-    coll: O.CollType = "REDUCE_SCATTER" if s.zero_stage >= 1 else "ALL_REDUCE"
-    overlap, gather, bucket = s.overlap_grad_reduce, s.zero_stage >= 1, s.dp_bucket_params
-    grad_bytes = O.grad_reduce_bytes(s)
-    memo, shape_ns = costs.ctx.buckets, costs.net.shape_ns
-    idle = -(1 << 62)  # times are relative to the stage's last backward: no zero to start from
-    stream = {"dp": idle, "edp": idle}
     gathers: list[tuple[str, int, int]] = []
+    kappa = costs.compute.gpu.comm_interference if s.overlap_grad_reduce and busy_b else 0.0
+    if not costs.moe and len(chunk_ends) == 1:  # the common case: one chunk, one group
+        size = dp_group_size(s, "dp")
+        if size < 2:
+            return end, gathers, 0
+        free, late = _drain(costs, runs[0], "dp", size, costs.shape("dp", rank),
+                            end - chunk_bwd[0], end, end, _IDLE,
+                            kappa * busy_b[0] if kappa else 0.0, gathers)
+        return max(end + late, free), gathers, late
+    stream = {"dp": _IDLE, "edp": _IDLE}
     if costs.moe:
         axes = [(axis, dp_group_size(s, axis), costs.shape(axis, rank)) for axis in ("dp", "edp")]
     else:
         axes = [("dp", dp_group_size(s, "dp"), costs.shape("dp", rank))]
-    order = (0,) if len(chunk_ends) == 1 else sorted(range(len(chunk_ends)),
-                                                     key=chunk_ends.__getitem__)
-    kappa = costs.compute.gpu.comm_interference if overlap and busy_b else 0.0
+    order = sorted(range(len(chunk_ends)), key=chunk_ends.__getitem__)
     extra = 0
     lane_extra = {"dp": 0, "edp": 0}
     for chunk in order:
         start = chunk_ends[chunk] - chunk_bwd[chunk]
-        blocks = runs[chunk]
+        k = kappa * busy_b[chunk] if kappa else 0.0
         for axis, size, shape in axes:
             if size < 2:
                 continue
-            # issue times are offsets from the chunk's start: found once per stage chunk
-            # (keyed by identity; the stage memo keeps ``blocks`` alive) and shifted
-            key = (id(blocks), axis, bucket)
-            got = memo.get(key)
-            if got is None or got[0] is not blocks:
-                got = memo[key] = (blocks, _bucket_runs(blocks, axis, bucket, 0))
-            lane = axis if overlap else "dp"  # without overlap: after the backward, in sequence
-            busy = stream[lane]
-            k = kappa * busy_b[chunk] if kappa else 0.0
-            w = c = float(start)  # with interference: wall time, backward time, stream free
-            free = float(busy)
-            for t, step, n, params in got[1]:
-                padded = -(-params // size) * size
-                d = shape_ns(coll, padded * grad_bytes, shape)
-                if k:
-                    w, c, free = _interfered_step(w, c, free, t + start, step, n, d, k)
-                    if gather:
-                        gathers.append((axis, padded, n))
-                    continue
-                if overlap:
-                    t += start
-                else:
-                    t, step = end, 0
-                a = (busy if busy > t else t) + n * d
-                b = t + (n - 1) * step + d
-                busy = a if a > b else b
-                if gather:
-                    gathers.append((axis, padded, n))
-            if k:
-                late = round(_advance(w, chunk_ends[chunk] - c, free, k) - chunk_ends[chunk])
-                extra += late
-                lane_extra[lane] += late
-                busy = round(free)
-            stream[lane] = busy
+            lane = axis if s.overlap_grad_reduce else "dp"  # without overlap: one queue
+            stream[lane], late = _drain(costs, runs[chunk], axis, size, shape, start,
+                                        chunk_ends[chunk], end, stream[lane], k, gathers)
+            extra += late
+            lane_extra[lane] += late
     if kappa and costs.moe:
         # each lane was timed with its own slowdown; its last issues come later by the other's
         stream = {lane: t + extra - lane_extra[lane] for lane, t in stream.items()}
     return max(end + extra, *stream.values()), gathers, extra
+
+
+# times are relative to the stage's last backward: an idle stream has no zero to start from
+_IDLE = -(1 << 62)
+
+
+def _drain(costs: _Costs, blocks: tuple[tuple[ParamBlock, int, int], ...], axis: str,
+           size: int, shape: tuple[int, int, int, bool], start: int, chunk_end: int, end: int,
+           busy: int, k: float, gathers: list[tuple[str, int, int]]) -> tuple[int, int]:
+    """(when the stream is free, how much later the chunk's last backward ends) after one
+    chunk's buckets on one group's stream, busy until ``busy`` before them; the chunk's
+    backward runs from ``start`` to ``chunk_end``, the stage's last ends at ``end``; ``k``: κ
+    scaled to the chunk's compute share (0: no interference). Appends the ZeRO ≥ 1 gathers."""
+    s = costs.s
+    bucket = s.dp_bucket_params
+    # issue times are offsets from the chunk's start: found once per stage chunk (keyed by
+    # identity; the stage memo keeps ``blocks`` alive) and shifted
+    key = (id(blocks), axis, bucket)
+    memo = costs.ctx.buckets
+    got = memo.get(key)
+    if got is None or got[0] is not blocks:
+        got = memo[key] = (blocks, _bucket_runs(blocks, axis, bucket, 0))
+    coll: O.CollType = "REDUCE_SCATTER" if s.zero_stage >= 1 else "ALL_REDUCE"
+    grad_bytes, gather, overlap = O.grad_reduce_bytes(s), s.zero_stage >= 1, s.overlap_grad_reduce
+    shape_ns = costs.net.shape_ns
+    w = c = float(start)  # with interference: wall time, backward time, stream free
+    free = float(busy)
+    for t, step, n, params in got[1]:
+        padded = -(-params // size) * size
+        d = shape_ns(coll, padded * grad_bytes, shape)
+        if gather:
+            gathers.append((axis, padded, n))
+        if k:
+            w, c, free = _interfered_step(w, c, free, t + start, step, n, d, k)
+            continue
+        if overlap:
+            t += start
+        else:  # after the backward, in sequence
+            t, step = end, 0
+        a = (busy if busy > t else t) + n * d
+        b = t + (n - 1) * step + d
+        busy = a if a > b else b
+    if k:
+        return round(free), round(_advance(w, chunk_end - c, free, k) - chunk_end)
+    return busy, 0
 
 
 def _interfered_step(w: float, c: float, busy: float, t: int, step: int, n: int, d: int,
