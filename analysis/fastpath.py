@@ -239,7 +239,8 @@ class _Costs:
                 d = self.coll_ns(it, rank)
             else:
                 d = self.compute.op_ns(it.kind, it.flop, it.bytes, it.m, it.n,
-                                       DTYPE_CODE[it.dtype], it.name.endswith("_bwd"), it.k)
+                                       DTYPE_CODE[it.dtype], it.name.endswith("_bwd"), it.k,
+                                       it.splits)
                 if alongside and kappa:
                     d += round(min(kappa * d, kappa / (1 + kappa) * alongside))
                 if d >= alongside:

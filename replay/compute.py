@@ -1,12 +1,14 @@
 """GPU compute model: the duration of a COMP node from its FLOPs, bytes, op type, GEMM shape and
 dtype, or from the trace's ``duration_micros``.
 
-* GEMM: roofline ``max(flop / (peak · e_gemm · e_wave), bytes / (hbm · e_mem))`` where
-  ``e_gemm`` is the measured maximum achievable matmul efficiency (ANCHORS MAMF) and ``e_wave`` the
-  wave quantization of 128×128 output tiles over the SMs (NVIDIA, "Matrix Multiplication
-  Background User's Guide", §"Wave Quantization"): ``tiles / (ceil(tiles / SMs) · SMs)``, times
-  the reduction-length factor ``K/(K + k₀)`` normalised to the MAMF's K (``GPUSpec.gemm_k_factor``;
-  k₀ fitted to OpenXLA's measured sm_90 matmul table, tests/test_gemm_k.py).
+* GEMM: roofline ``max(flop / (peak · e_gemm · o(T) · f(K)), bytes / (hbm · e_mem))`` where
+  ``e_gemm`` is the measured maximum achievable matmul efficiency (ANCHORS MAMF), o(T) the
+  occupancy of its T 128×128 output tiles over the SMs (``GPUSpec.gemm_occupancy``: wave
+  quantization — NVIDIA, "Matrix Multiplication Background User's Guide" — as cuBLAS's tile and
+  split-K choices smooth it, ``1 − exp(−T/(w·SMs))``, where measured (Hopper); the textbook
+  ``T / (⌈T/SMs⌉·SMs)`` elsewhere), and f(K) the reduction-length factor ``K/(K + k₀)``
+  normalised to the MAMF's K (``GPUSpec.gemm_k_factor``); w and k₀ fitted together to OpenXLA's
+  measured sm_90 matmul table (tests/test_gemm_k.py).
 * Attention (flash): ``flop / (peak · e_attn · s / (s + s_half) · r(d) · o(T))``, the fused
   kernel's efficiency curve in sequence length, measured at head dim 128, times the measured
   ratio r(d) at the op's head dim d and, where measured, the occupancy o(T) of a call with T
@@ -29,7 +31,6 @@ dtype, or from the trace's ``duration_micros``.
 
 from __future__ import annotations
 
-import math
 from typing import Literal, Protocol
 
 from replay.hardware import ATTN_TILE_ROWS, GPUSpec
@@ -37,7 +38,6 @@ from replay.reader import NodeRec
 from tracegen.errors import ReplayError
 from tracegen.units import DTYPE_FROM_CODE, NS_PER_S, NS_PER_US
 
-TILE = 128  # output tile edge of the large-GEMM kernels of cuBLAS/CUTLASS on Ampere and Hopper
 # The backward's throughput over the forward's: FlashAttention-2 reports ~0.75-0.85× (Dao 2023,
 # §4.1, Fig. 5-6); measured on an H200 (bench/device, 2026-11-30), cuDNN 9.19 causal at head
 # dim 128 rises from 0.60 at 512 tokens to 0.89 at 16K, median 0.80 (FlashAttention-2: 0.84-0.97,
@@ -81,11 +81,6 @@ class ConstantCompute:
         return self.ns
 
 
-def wave_efficiency(m: int, n: int, sms: int) -> float:
-    tiles = math.ceil(m / TILE) * math.ceil(n / TILE)
-    return tiles / (math.ceil(tiles / sms) * sms)
-
-
 class RooflineCompute:
     """The calibrated roofline model of one GPU type."""
 
@@ -105,20 +100,21 @@ class RooflineCompute:
                               "nor duration_micros: nothing to time it by")
         return self.op_ns(a.get("op_type", ""), flop, nbytes, a.get("gemm_m", 0),
                           a.get("gemm_n", 0), a.get("dtype", 1), node.name.endswith("_bwd"),
-                          a.get("gemm_k", 0))
+                          a.get("gemm_k", 0), a.get("gemm_splits", 1))
 
     def op_ns(self, op_type: str, flop: int, nbytes: int, m: int, n: int, dtype_code: int,
-              backward: bool, k: int = 0) -> int:
+              backward: bool, k: int = 0, splits: int = 1) -> int:
         """Duration of an op described by its attributes (cached). For attention, m and n are
-        the query and key lengths and k the head dimension."""
-        key = (op_type, flop, nbytes, m, n, dtype_code, backward, k)
+        the query and key lengths and k the head dimension; a GEMM of ``splits`` > 1 runs as
+        that many kernels of m/splits rows (``Op.splits``), each launched."""
+        key = (op_type, flop, nbytes, m, n, dtype_code, backward, k, splits)
         t = self._cache.get(key)
         if t is None:
             t = self._cache[key] = self._model(*key)
         return t
 
     def _model(self, op_type: object, flop: int, nbytes: int, m: int, n: int, dtype_code: int,
-               backward: bool, k: int) -> int:
+               backward: bool, k: int, splits: int) -> int:
         g = self.gpu
         dtype = DTYPE_FROM_CODE.get(dtype_code, "bf16")
         mem_s = nbytes / (g.hbm_bytes_per_s * g.memory_efficiency)
@@ -136,12 +132,11 @@ class RooflineCompute:
         elif op_type in ("gemm", "") and flop:
             eff = g.gemm_efficiency_fp8 if dtype == "fp8" else g.gemm_efficiency
             eff *= g.gemm_k_factor(k, dtype)
-            if m and n:
-                eff *= wave_efficiency(m, n, g.sm_count)
+            eff *= g.gemm_occupancy(-(-m // max(splits, 1)), n)
             comp_s = flop / (g.tensor_flop_per_s(dtype) * eff)
         else:  # memory-bound kernels: ~1-5 FLOP per 2-8 bytes, far below the ridge point
             comp_s = 0.0
-        return round(max(comp_s, mem_s) * NS_PER_S) + g.launch_overhead_ns
+        return round(max(comp_s, mem_s) * NS_PER_S) + max(splits, 1) * g.launch_overhead_ns
 
     def _unfused_attention_ns(self, flop: int, *, head_dim: int, kv_len: int, dtype: str,
                               backward: bool) -> int:

@@ -20,6 +20,7 @@ HEAD_DIM_REF = 128  # head dim of the attention efficiency curves in the catalog
 # the FlashAttention-3 paper's setup, kept by bench/device) in 128-row tiles.
 ATTN_REF_TILES = 2048
 ATTN_TILE_ROWS = 128
+GEMM_TILE = 128  # output tile edge of the large-GEMM kernels of cuBLAS/CUTLASS (Ampere, Hopper)
 ATTN_MAX_TILES = 4096  # the largest call measured (bench/device): larger ones are held there
 
 
@@ -80,6 +81,13 @@ class GPUSpec:
     # efficiency falls as K/(K + overhead) below it (replay/compute.py). 0: not measured.
     gemm_k_overhead: float = 0.0
     gemm_mamf_k: int = 0
+    # GEMM occupancy: a GEMM of T 128×128 output tiles runs at 1 − exp(−T / (this · SMs)) of
+    # a large one's rate. Below a few waves the SMs are not all busy; cuBLAS's smaller tiles and
+    # split-K soften the whole-wave sawtooth of textbook wave quantization into this curve
+    # (fitted with ``gemm_k_overhead`` to OpenXLA's measured sm_90 table, systems/README.md,
+    # "GEMM occupancy"). 0: not measured on this GPU — textbook wave quantization, T over whole
+    # waves of SMs, which its other constants were validated with.
+    gemm_occupancy_waves: float = 0.0
     # Tensor-core throughput held under sustained load over the short burst in which the MAMF
     # (``gemm_efficiency``) and the attention curves were measured: a saturated matmul drives the
     # chip to its power limit and the clock settles below boost (systems/README.md, "Sustained
@@ -107,6 +115,17 @@ class GPUSpec:
             k0 *= self.peak_fp8_TFLOPs / self.peak_bf16_TFLOPs
         ref = self.gemm_mamf_k
         return min(1.0, k * (ref + k0) / ((k + k0) * ref))
+
+    def gemm_occupancy(self, m: int, n: int) -> float:
+        """1 − exp(−T / (``gemm_occupancy_waves`` · SMs)) for the T = ⌈m/128⌉·⌈n/128⌉ output
+        tiles of an m×n GEMM where measured; elsewhere wave quantization, T / (⌈T/SMs⌉ · SMs)
+        (NVIDIA, "Matrix Multiplication Background User's Guide"); 1 for an unknown shape."""
+        if m <= 0 or n <= 0:
+            return 1.0
+        tiles = -(-m // GEMM_TILE) * -(-n // GEMM_TILE)
+        if self.gemm_occupancy_waves <= 0:
+            return tiles / (-(-tiles // self.sm_count) * self.sm_count)
+        return -math.expm1(-tiles / (self.gemm_occupancy_waves * self.sm_count))
 
     def tensor_flop_per_s(self, dtype: str) -> float:
         """The datasheet peak at the sustained clock: what the efficiencies above multiply. MFU
@@ -226,7 +245,7 @@ class SystemSpec:
 SECTIONS = ("gpu", "node", "scaleout", "astra")
 # 0: absent / unmeasured
 OPTIONAL_ZERO = ("nvls_busbw_GBps", "gemm_k_overhead", "gemm_mamf_k", "comm_interference",
-                 "sustained_clock_ratio_fp8", "attention_half_tiles")
+                 "sustained_clock_ratio_fp8", "attention_half_tiles", "gemm_occupancy_waves")
 
 
 def _problems(s: SystemSpec) -> list[str]:

@@ -67,10 +67,11 @@ def test_the_two_runs_agree_within_two_percent(dtype: str) -> None:
 @pytest.mark.parametrize(("dtype", "field"), [("bf16", "sustained_clock_ratio"),
                                               ("fp8", "sustained_clock_ratio_fp8")])
 def test_sustained_ratio_is_the_fit_to_held_gemms(dtype: str, field: str) -> None:
-    """The ratio that makes the MAMF-based model (burst efficiency × wave quantization × K
-    factor) match 24 transformer GEMMs each held 1.2 s at the power limit, on geometric mean:
-    0.870 for BF16, 0.837 for FP8 (whose denser arithmetic holds a lower clock: ~1400 against
-    ~1500 MHz), over both runs. H100 and H800 take the H200's ratios: the same die at the same
+    """The ratio that makes the MAMF-based model (burst efficiency × occupancy × K factor)
+    match 24 transformer GEMMs each held 1.2 s at the power limit, on geometric mean: 0.850 for
+    BF16, 0.822 for FP8 (whose denser arithmetic holds a lower clock: ~1400 against ~1500 MHz),
+    over both runs (0.870 / 0.837 with the wave-quantization sawtooth the occupancy term
+    replaced, which charged whole waves even to these large GEMMs). H100 and H800 take the H200's ratios: the same die at the same
     700 W."""
     gpu = get_system("hgx-h200").gpu
     burst = dataclasses.replace(gpu, sustained_clock_ratio=1.0, sustained_clock_ratio_fp8=0)
@@ -82,19 +83,20 @@ def test_sustained_ratio_is_the_fit_to_held_gemms(dtype: str, field: str) -> Non
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 def test_held_gemms_are_reproduced_shape_by_shape(dtype: str) -> None:
-    """With the catalog's constants: rms log error 3.2% (BF16) / 5.2% (FP8) over the 24
-    shapes of both runs, every one of ≥ 0.25 TFLOP within 4% (BF16) / 5.5% (FP8). The outliers are small: GPT-3 175B's tp 8
-    QKV GEMM (576 output tiles, 4.4 waves of 132) runs 10% faster than the wave model charges
-    (cuBLAS picks other tiles there), and the smallest GEMMs (M 512-1024, or K 1536 in FP8) run
-    5-11% slower than modelled."""
+    """With the catalog's constants: rms log error 2.1% (BF16) / 4.6% (FP8) over the 24
+    shapes of both runs, every one of ≥ 0.25 TFLOP within 4% (BF16) / 6% (FP8). The outliers
+    are small: the smallest GEMMs (M 512-1024, or K 1536 in FP8) run 4-12% slower than
+    modelled. (The wave-quantization sawtooth gave 3.2% / 5.2%: it charged GPT-3 175B's tp 8
+    QKV GEMM, 576 output tiles or 4.4 waves of 132, a partial fifth wave cuBLAS does not run:
+    10% too slow.)"""
     gpu = get_system("hgx-h200").gpu
     errs = _gemm_log_errors(gpu, f"gemm_{dtype}_held", dtype)
     rms = math.sqrt(statistics.fmean(e * e for e in errs))
-    assert rms < (0.035 if dtype == "bf16" else 0.055)
+    assert rms < (0.025 if dtype == "bf16" else 0.05)
     rows = [r for path in FITTED for r in _run(path)[f"gemm_{dtype}_held"]]
     for r, e in zip(rows, errs, strict=True):
         if 2 * r["m"] * r["n"] * r["k"] >= 2.5e11:
-            assert abs(e) < (0.04 if dtype == "bf16" else 0.055), r["shape"]
+            assert abs(e) < (0.04 if dtype == "bf16" else 0.06), r["shape"]
         assert abs(e) < 0.12, r["shape"]
 
 

@@ -87,8 +87,9 @@ def test_rows_without_a_stated_network_are_skipped_by_name(results: pl.DataFrame
 
 def test_summary_does_not_regress(results: pl.DataFrame) -> None:
     """Held to the error reached (DESIGN.md, "MosaicML's benchmark tables"): 186 rows, median
-    |error| 13.3%, p90 37.1%, max 58.8% (14.3 / 38.3 / 57.8 before the Hopper constants were
-    measured on an H200: the measured attention runs large calls up to 4% faster than the old
+    |error| 13.3%, p90 36.4%, max 58.0% (13.3 / 37.1 / 58.8 before the GEMM occupancy was
+    fitted to OpenXLA's sm_90 table, twelfth session; 14.3 / 38.3 / 57.8 before the Hopper
+    constants were measured on an H200: the measured attention runs large calls up to 4% faster than the old
     preset, at the 32-65K tokens of the worst H100 rows, which ran a 2022 Triton kernel the
     preset does not describe) — the largest at long sequences, where MosaicML's 2022
     Triton attention kernel is far slower than the FlashAttention-2/3 curves the presets
@@ -97,8 +98,8 @@ def test_summary_does_not_regress(results: pl.DataFrame) -> None:
     err = ok["error_pct"].abs()
     assert ok.height == 186
     assert err.median() <= 13.4  # type: ignore[operator]
-    assert err.quantile(0.9) <= 37.1  # type: ignore[operator]
-    assert err.max() <= 58.9  # type: ignore[operator]
+    assert err.quantile(0.9) <= 36.5  # type: ignore[operator]
+    assert err.max() <= 58.1  # type: ignore[operator]
 
 
 def test_long_sequences_lie_between_the_flashattention_generations(

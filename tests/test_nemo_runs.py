@@ -39,12 +39,13 @@ def results() -> pl.DataFrame:
 
 
 def test_nemo_stack_is_predicted_within_the_error_reached(results: pl.DataFrame) -> None:
-    """All seven come out 3-10% too fast (6-11% before the occupancy term measured on an H200
-    applied to the 2024 cuDNN line; 11-17% with ml-engineering's H200 clock ratio before
+    """All seven come out 2-8.3% too fast (3-10% before their TP-overlapped GEMMs ran in
+    Transformer Engine's chunks at the GEMM occupancy fitted to OpenXLA's sm_90 table; 6-11%
+    before the occupancy term measured on an H200 applied to the 2024 cuDNN line; 11-17% with ml-engineering's H200 clock ratio before
     trainsim measured its own; 12-20% before compute/communication interference; DESIGN.md
     says where the rest may come from); the bound is the error reached, never to be loosened."""
     assert (results["status"] == "ok").all()
-    assert results["error_pct"].abs().max() <= 10.0  # type: ignore[operator]
+    assert results["error_pct"].abs().max() <= 8.5  # type: ignore[operator]
 
 
 def test_tp_overlap_is_not_applied_where_there_is_no_tp(results: pl.DataFrame) -> None:

@@ -95,7 +95,7 @@ def test_degraded_nic_slows_exactly_the_collectives_that_cross_it(tmp_path: Path
 def test_half_a100_half_h100(tmp_path: Path) -> None:
     """Each rank computes at its own GPU's speed: the A100 rank as in an all-A100 run, the H100
     rank as in an all-H100 run (within 5%: interference follows the collectives' timing), and
-    the A100 one clearly slower."""
+    the A100 one clearly slower (this small model's GEMMs: ~1.25×)."""
     d = _set(tmp_path / "h", dp=2)
     res = replay(d, H100, scenario=_scenario(
         tmp_path, "[[gpu]]\nranks = [1]\nsystem = \"dgx-a100-80gb\"\n"))
@@ -104,7 +104,7 @@ def test_half_a100_half_h100(tmp_path: Path) -> None:
     alone = [replay(d, get_system(n)).breakdown.filter(pl.col("rank") == r)["compute_s"].item()
              for r, n in ((0, "dgx-h100"), (1, "dgx-a100-80gb"))]
     assert mixed == pytest.approx(alone, rel=0.05)
-    assert mixed[1] > 1.3 * mixed[0]
+    assert mixed[1] > 1.2 * mixed[0]
     assert res.metrics["scenario"] == "scenario"
 
 

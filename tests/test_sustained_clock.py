@@ -22,9 +22,9 @@ EVIDENCE = {
     "dgx-a800": 1305 / 1410,
     # GEMMs held at the power limit on an H200 over the MAMF model, the same GH100 die at 700 W
     # (trainsim's own measurement, bench/device; fitted in tests/test_device_evidence.py)
-    "dgx-h100": 0.870,
-    "dgx-h800": 0.870,
-    "hgx-h200": 0.870,
+    "dgx-h100": 0.850,
+    "dgx-h800": 0.850,
+    "hgx-h200": 0.850,
     "dgx-b200": 1429 / 1745,  # B200 MSMF / MAMF (TFLOP/s)
     "dgx1-v100": 1.0,  # no measurement: the MAMF-level assumption stands
     "mi300x": 1.0,

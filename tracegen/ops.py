@@ -82,6 +82,9 @@ class Op:
     n: int = 0
     k: int = 0
     dtype: str = "bf16"
+    # A GEMM run as this many kernels of m/splits rows each: Transformer Engine's
+    # communication overlap splits it so each chunk's transfer hides behind another's GEMM.
+    splits: int = 1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -297,21 +300,35 @@ def _fp8_casts(items: list[Item]) -> list[Item]:
     return out
 
 
+# Transformer Engine's default split of a GEMM whose output is reduce-scattered alongside it
+# (``initialize_ub``: method "pipeline", num_splits 4); an all-gather feeding a GEMM runs as a
+# ring exchange of tp chunks, one GEMM per chunk (method "ring_exchange", num_splits = tp).
+PIPELINE_RS_SPLITS = 4
+
+
 def _overlap_fwd(items: list[Item], d: Dims) -> list[Item]:
     """With tp_comm_overlap: each sequence-parallel all-gather runs alongside the GEMM after it,
     each reduce-scatter alongside the GEMM before it (moved ahead of it, so the list reads
-    'collective, then the GEMM it overlaps')."""
+    'collective, then the GEMM it overlaps'); the GEMM runs in chunks as Transformer Engine's
+    userbuffers split it (tp for a ring exchange, ``PIPELINE_RS_SPLITS`` for a pipelined
+    reduce-scatter)."""
     if not d.overlap:
         return items
     out: list[Item] = []
+    ring = False  # the GEMM after an overlapped all-gather: a ring exchange
     for it, nxt in zip(items, [*items[1:], None], strict=True):
-        if not isinstance(it, Comm):
+        if ring and isinstance(it, Op):
+            out.append(dataclasses.replace(it, splits=d.t))
+            ring = False
+        elif not isinstance(it, Comm):
             out.append(it)
         elif _is_tp(it, "ALL_GATHER") and isinstance(nxt, Op) and nxt.kind == "gemm":
             out.append(dataclasses.replace(it, overlapped=True))
+            ring = True
         elif (_is_tp(it, "REDUCE_SCATTER") and out and isinstance(out[-1], Op)
               and out[-1].kind == "gemm"):
-            out.insert(len(out) - 1, dataclasses.replace(it, overlapped=True))
+            out[-1:] = [dataclasses.replace(it, overlapped=True),
+                        dataclasses.replace(out[-1], splits=PIPELINE_RS_SPLITS)]
         else:
             out.append(it)
     return out
@@ -400,14 +417,18 @@ def _column_parallel_bwd(items: list[Item], d: Dims, gemm: str, norm: str) -> li
 
 def _overlap_row_parallel_bwd(items: list[Item], d: Dims) -> list[Item]:
     """With tp_comm_overlap the all-gather of the output gradient runs alongside the
-    row-parallel data-gradient GEMM after it."""
+    row-parallel data-gradient GEMM after it, which runs in tp chunks (a ring exchange; the
+    bulk overlaps of the column-parallel backward keep their GEMMs whole)."""
     if not d.overlap:
         return items
     out: list[Item] = []
+    ring = False  # the data-gradient GEMM after it runs as a ring exchange of tp chunks
     for it, nxt in zip(items, [*items[1:], None], strict=True):
-        if (isinstance(it, Comm) and _is_tp(it, "ALL_GATHER") and not it.overlapped
+        if ring and isinstance(it, Op):
+            it, ring = dataclasses.replace(it, splits=d.t), False
+        elif (isinstance(it, Comm) and _is_tp(it, "ALL_GATHER") and not it.overlapped
                 and isinstance(nxt, Op) and nxt.kind == "gemm"):
-            it = dataclasses.replace(it, overlapped=True)
+            it, ring = dataclasses.replace(it, overlapped=True), True
         out.append(it)
     return out
 

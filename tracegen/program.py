@@ -97,6 +97,8 @@ class RoleProgram:
             if op.m:
                 attrs += [("gemm_m", "int64", op.m), ("gemm_n", "int64", op.n),
                           ("gemm_k", "int64", op.k)]
+            if op.splits > 1:  # kernels it runs as (Transformer Engine's overlap chunks)
+                attrs.append(("gemm_splits", "int64", op.splits))
             attrs.append(("dtype", "int64", DTYPE_CODE[op.dtype]))
             self._attr_cache[op] = attrs
         return attrs
