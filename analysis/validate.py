@@ -89,8 +89,10 @@ def load_runs(path: str | Path) -> pl.DataFrame:
         raw = pl.read_csv(p, infer_schema_length=0)
     except (OSError, pl.exceptions.PolarsError) as exc:
         raise ConfigError(f"cannot read {p} as CSV: {exc}", what="runs file") from None
-    # a byte-order mark or stray spaces must not hide a column
+    # a byte-order mark or stray spaces must not hide a column; a column of our own (a file
+    # written from this frame, read again) is recomputed, not kept
     raw = raw.rename({c: c.lstrip("\ufeff").strip() for c in raw.columns})
+    raw = raw.drop(BAD, strict=False)
     missing = [c for c in REQUIRED_COLUMNS if c not in raw.columns]
     if any(c in missing for c in KEY_COLUMNS) or len(missing) > len(REQUIRED_COLUMNS) // 2:
         raise ConfigError(f"{p} lacks the columns {', '.join(missing)} of the public-runs schema "

@@ -246,6 +246,22 @@ def test_a_byte_order_mark_does_not_hide_the_id_column(tmp_path: Path) -> None:
     assert validate(f)["id"].to_list() == [text.splitlines()[1].split(",")[0]]
 
 
+def test_runs_written_back_from_load_runs_read_again(tmp_path: Path) -> None:
+    """A file saved from ``load_runs``'s frame (it has the ``_unreadable`` column) is a runs
+    file like any other: that column is recomputed, not a clash deep inside polars."""
+    from analysis.validate import BAD, load_runs
+
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    first = load_runs(PUBLIC)
+    f = tmp_path / "again.csv"
+    first.with_columns(pl.when(pl.col("id") == first["id"][0]).then(pl.lit("stale"))
+                       .otherwise(pl.col(BAD)).alias(BAD)).write_csv(f)
+    again = load_runs(f)
+    assert again["id"].to_list() == first["id"].to_list()
+    assert again[BAD].to_list() == first[BAD].to_list()  # "stale" recomputed away
+
+
 def _row(tmp_path: Path, run_id: str, **cells: str) -> dict:
     """One public row with some cells replaced, read back as validate reads it."""
     from analysis.validate import load_runs
