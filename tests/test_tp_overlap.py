@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from replay import get_system, replay
 from replay.compute import RooflineCompute
+from replay.traceset import load_trace_set
 from tracegen import ConfigError, ModelSpec, Strategy, generate
 from tracegen import ops as O
 from tracegen.units import DTYPE_CODE
@@ -39,6 +40,37 @@ def test_column_parallel_backward_structure() -> None:
     names = [(it.name, getattr(it, "overlapped", None)) for it in O.layer_bwd(MODEL, no_sp)]
     i = names.index(("fc1_dgrad", None))
     assert names[i + 1] == ("ln2_in_grad_ar", True) and names[i + 2] == ("fc1_wgrad", None)
+
+
+def test_overlapped_gemms_run_in_transformer_engines_chunks(tmp_path: Path) -> None:
+    """With --tp-comm-overlap the GEMMs fed by a ring-exchange all-gather run as tp chunks
+    (QKV and FC1 forward, the output projection's and FC2's data gradients), those feeding a
+    pipelined reduce-scatter as 4 (TE's ``initialize_ub`` defaults), the bulk overlaps keep
+    theirs whole; the trace carries it (``gemm_splits``) and replay times each chunk's
+    occupancy and launch as the op lists say."""
+    s = dataclasses.replace(BASE, tp_comm_overlap=True)
+    splits = {it.name: it.splits for it in [*O.layer_fwd(MODEL, s), *O.layer_bwd(MODEL, s)]
+              if isinstance(it, O.Op) and it.kind == "gemm"}
+    assert splits == {"qkv": 4, "attn_out": 4, "fc1": 4, "fc2": 4, "fc2_dgrad": 4,
+                      "fc2_wgrad": 1, "fc1_dgrad": 1, "fc1_wgrad": 1, "attn_out_dgrad": 4,
+                      "attn_out_wgrad": 1, "qkv_dgrad": 1, "qkv_wgrad": 1}
+    tp8 = {it.name: it.splits for it in O.layer_fwd(MODEL, dataclasses.replace(s, tp=8, dp=1))
+           if isinstance(it, O.Op) and it.kind == "gemm"}
+    assert tp8 == {"qkv": 8, "attn_out": 4, "fc1": 8, "fc2": 4}  # ring: tp; pipeline: 4
+    plain = {it.name: it.splits for it in O.layer_fwd(MODEL, BASE) if isinstance(it, O.Op)}
+    assert set(plain.values()) == {1}
+    generate(MODEL, s, tmp_path, mode="representative")
+    ts = load_trace_set(tmp_path)
+    compute = RooflineCompute(SYSTEM.gpu)
+    ops = {it.name: it for it in O.layer_fwd(MODEL, s) if isinstance(it, O.Op)}
+    node = next(n for n in ts.ranks[0].nodes if n.name == "F0.c0.L0.qkv")
+    assert node.attrs["gemm_splits"] == 4 and node.attrs["gemm_m"] == ops["qkv"].m
+    qkv = ops["qkv"]
+    whole = compute.op_ns("gemm", qkv.flop, qkv.bytes, qkv.m, qkv.n, DTYPE_CODE[qkv.dtype],
+                          False, qkv.k)
+    assert compute.duration_ns(node) > whole  # a quarter of the rows: fewer tiles, 4 launches
+    assert compute.duration_ns(node) == compute.op_ns(
+        "gemm", qkv.flop, qkv.bytes, qkv.m, qkv.n, DTYPE_CODE[qkv.dtype], False, qkv.k, 4)
 
 
 def test_overlapped_collective_starts_with_its_gemm(tmp_path: Path) -> None:
