@@ -58,8 +58,8 @@ def test_b200_rows_count_flops_as_the_h100_rows_do() -> None:
 def test_b200_rows_are_predicted_within_the_error_reached() -> None:
     """On DGX B200 (whose FP8 GEMM efficiency is H100's for want of an anchor, and which has no
     interference measurement): Llama 3 8B on 8 GPUs 4.6% too fast, Llama 3.1 405B on 128 GPUs
-    (tp 4, pp 8, cp 2, vpp 8) 15.8% too fast (17.4% before its TP-overlapped GEMMs ran in
-    Transformer Engine's chunks) — the 405B optimism of the H100 rows, on another GPU and with
+    (tp 4, pp 8, cp 2, vpp 8) 15.2% too fast (17.4% before its TP-overlapped GEMMs ran in
+    Transformer Engine's chunks and its ring merged each step's output) — the 405B optimism of the H100 rows, on another GPU and with
     its cp inside a node (DESIGN.md). Bounds are the errors reached. The 405B run's
     memory is predicted 0.3% over its 180 GiB: within the memory model's margin (MosaicML's
     rows, up to 1.5%)."""
@@ -67,16 +67,17 @@ def test_b200_rows_are_predicted_within_the_error_reached() -> None:
     assert (got["status"] == "ok").all()
     err = dict(zip(got["id"], got["error_pct"], strict=True))
     assert -5.0 <= err["mbridge2511-b200-llama3-8b"] < 0
-    assert -16.5 <= err["mbridge2511-b200-llama3.1-405b"] < -15.0
+    assert -15.5 <= err["mbridge2511-b200-llama3.1-405b"] < -14.5
     assert (got["predicted_peak_memory_GiB"] / 180.0).max() <= 1.015  # type: ignore[operator]
 
 
 def test_newest_stack_is_predicted_within_the_error_reached() -> None:
     """With the stack described (cuDNN 9.19 attention as measured on an H200, the Hopper clock
     ratios and the attention's occupancy term measured there, the GEMM occupancy fitted to
-    OpenXLA's sm_90 table, TP-overlapped GEMMs in Transformer Engine's chunks): Llama 3 70B
-    (tp 4, pp 8, vpp 5) 2.6-3.8% too slow in all three releases, Llama 3.1 405B (tp 8, pp 8,
-    cp 2, vpp 8) 6.5-10.5% too fast, Llama 3 8B under Megatron FSDP +7.3% with its gathers
+    OpenXLA's sm_90 table, TP-overlapped GEMMs in Transformer Engine's chunks, the ring's
+    per-step output merges): Llama 3 70B (tp 4, pp 8, vpp 5) 2.6-3.8% too slow in all three
+    releases, Llama 3.1 405B (tp 8, pp 8, cp 2, vpp 8) 5.8-9.9% too fast, Llama 3 8B under
+    Megatron FSDP +7.3% with its gathers
     prefetched; Qwen3-235B-A22B (MoE, ep 32 folded over tp 2 × dp 16, heads of 128 — the file's
     head_dim and expert_tp columns) +0.8 and +3.3%. (Before the GEMM occupancy and chunks,
     twelfth session: 70B +2.0-3.2%, 405B −8…−12%, 8B +6.5%.)
@@ -87,6 +88,6 @@ def test_newest_stack_is_predicted_within_the_error_reached() -> None:
     assert (got["status"] == "ok").all() and got["fits"].all()
     err = dict(zip(got["id"], got["error_pct"], strict=True))
     for rid, e in err.items():
-        bound = 11.0 if "405b" in rid else 4.0 if "70b" in rid else 7.5 if "8b" in rid else 3.5
+        bound = 10.0 if "405b" in rid else 4.0 if "70b" in rid else 7.5 if "8b" in rid else 3.5
         assert abs(e) <= bound, (rid, e)
     assert pl.Series(list(err.values())).abs().median() <= 3.6  # type: ignore[operator]

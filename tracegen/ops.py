@@ -183,6 +183,7 @@ def _tp_comm(d: Dims, name: str, *, gather: bool) -> list[Item]:
 # Per-element FLOPs of the memory-bound ops (counted as in Korthikanti et al. 2022 Table 2
 # activation inventory; the FLOPs are a few per element and matter only for MFU bookkeeping).
 NORM_FLOP, ROPE_FLOP, ACT_FLOP, RESID_FLOP = 4, 3, 4, 2
+MERGE_FLOP = 4  # a context-parallel step's output correction: exp, two multiplies, an add
 
 
 def attention_block_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
@@ -222,7 +223,14 @@ def _core_attention(m: ModelSpec, st: Strategy, d: Dims, heads: int) -> list[Ite
                                 bytes=attn.bytes // st.cp, n=d.s)
     rest = dataclasses.replace(attn, flop=attn.flop - first.flop, bytes=attn.bytes - first.bytes,
                                n=d.s)
-    return [first, Comm("cp_kv_ring", "cp", "ALL_GATHER", kv_shard, overlapped=True), rest]
+    # Each step's output joins the result by its softmax statistics (out += out_i ·
+    # exp(lse_i − lse): Transformer Engine's fused ``flash_attn_fwd_out_correction``, one pass
+    # per step reading the step's output and the running one, writing it back); its backward
+    # stands for the per-step dq and dk/dv accumulation (``_bwd_item``: 1.5× the bytes).
+    merge = eltwise("cp_out_merge", st.cp * d.tokens * heads * m.head_dim, reads=2, writes=1,
+                    flop_per_elem=MERGE_FLOP)
+    return [first, Comm("cp_kv_ring", "cp", "ALL_GATHER", kv_shard, overlapped=True), rest,
+            merge]
 
 
 def attention_fwd(m: ModelSpec, d: Dims, heads: int) -> Op:
