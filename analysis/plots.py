@@ -272,6 +272,47 @@ def gemm_by_k(system: SystemSpec, measured: pl.DataFrame | None = None, *, m: in
     return fig
 
 
+def gemm_occupancy(system: SystemSpec, measured: pl.DataFrame, *, k: int = 4096) -> Figure:
+    """BF16 GEMM throughput against the number of 128×128 output tiles, at reduction length
+    ``k``: measured points (columns ``b, m, n, k, bf16_tflops``; a batch of b counts b times
+    the tiles), trainsim's model at the burst clock (its occupancy term), and the same model
+    with textbook wave quantization (tiles over whole waves of SMs) in its place."""
+    import dataclasses
+
+    from replay.compute import RooflineCompute
+    from tracegen.ops import gemm
+    from tracegen.units import DTYPE_CODE
+
+    burst = dataclasses.replace(system.gpu, sustained_clock_ratio=1.0)
+    sawtooth = dataclasses.replace(burst, gemm_occupancy_waves=0.0)
+
+    def tflops(gpu: GPUSpec, rows: int, cols: int) -> float:
+        op = gemm("g", 128 * rows, 128 * cols, k, "bf16")
+        ns = RooflineCompute(gpu).op_ns("gemm", op.flop, op.bytes, op.m, op.n,
+                                        DTYPE_CODE["bf16"], False, op.k)
+        return op.flop / ns / 1e3
+
+    rows = measured.filter(pl.col("k") == k)
+    tiles = rows["b"] * ((rows["m"] + 127) // 128) * ((rows["n"] + 127) // 128)
+    # near-square outputs of r × r and r × (r + 1) tiles: as compute-bound as T tiles can be
+    shapes = sorted((r * c, r, c) for r in range(3, 33) for c in (r, r + 1))
+    grid = [t for t, _, _ in shapes]
+    fig, ax = _figure(6.4, 4.2)
+    ax.plot(grid, [tflops(burst, r, c) for _, r, c in shapes],
+            label=f"trainsim ({system.gpu.name}: occupancy, burst clock)")
+    ax.plot(grid, [tflops(sawtooth, r, c) for _, r, c in shapes], linestyle="--",
+            color="tab:gray", label="textbook wave quantization (whole waves)")
+    ax.scatter(tiles, rows["bf16_tflops"], color="tab:red", s=18, zorder=3, alpha=0.7,
+               label="measured (OpenXLA sm_90 table)")
+    ax.axvline(system.gpu.sm_count, color="tab:gray", linewidth=0.8, linestyle=":")
+    ax.set_xscale("log", base=2)
+    _finish(ax, xlabel=f"128×128 output tiles (one wave = {system.gpu.sm_count} SMs, dotted)",
+            ylabel="BF16 GEMM throughput (TFLOP/s)",
+            title=f"GEMMs below a few waves: occupancy, not whole waves (K = {k})",
+            legend="lower right")
+    return fig
+
+
 def gemm_ceilings(systems: list[SystemSpec]) -> Figure:
     """Per GPU, three BF16 matmul ceilings: the datasheet peak, the best measured burst (MAMF:
     ``gemm_efficiency``) and what a training step sustains at the power limit

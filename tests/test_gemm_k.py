@@ -156,6 +156,29 @@ def test_gemm_by_k_plot_has_both_model_lines_and_the_measured_points(tmp_path: P
     assert (tmp_path / "k.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_gemm_occupancy_plot_has_both_models_and_the_measured_points(tmp_path: Path) -> None:
+    import polars as pl
+
+    from analysis.plots import gemm_occupancy
+
+    measured = pl.concat([pl.DataFrame([{c: float(v) for c, v in r.items()} for r in _rows(p)])
+                          for p in (TABLE, SMALL)])
+    system = get_system("dgx-h100")
+    fig = gemm_occupancy(system, measured.with_columns(pl.col("b", "m", "n", "k").cast(int)))
+    ax = fig.axes[0]
+    model, sawtooth = ax.get_lines()[:2]
+    tiles, ours, waves = model.get_xdata(), model.get_ydata(), sawtooth.get_ydata()
+    at = {t: (a, b) for t, a, b in zip(tiles, ours, waves, strict=True)}
+    assert at[64][1] < 0.75 * at[64][0]  # whole waves charge half a wave's GEMM far more
+    assert at[144][1] < 0.6 * at[132][1]  # ... and a cliff just past one wave
+    assert list(ours) == sorted(ours)  # the occupancy curve rises with the tiles ...
+    assert list(waves) != sorted(waves)  # ... whole waves fall at every wave's edge
+    k4096 = measured.filter(pl.col("k") == 4096).height
+    assert len(ax.collections[0].get_offsets()) == k4096 == 71  # 40 small, 31 large
+    fig.savefig(tmp_path / "o.png")
+    assert (tmp_path / "o.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_gemm_ceilings_plot_draws_the_catalog(tmp_path: Path) -> None:
     from analysis.plots import gemm_ceilings
 
