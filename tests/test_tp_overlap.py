@@ -59,6 +59,13 @@ def test_overlapped_gemms_run_in_transformer_engines_chunks(tmp_path: Path) -> N
     assert tp8 == {"qkv": 8, "attn_out": 4, "fc1": 8, "fc2": 4}  # ring: tp; pipeline: 4
     plain = {it.name: it.splits for it in O.layer_fwd(MODEL, BASE) if isinstance(it, O.Op)}
     assert set(plain.values()) == {1}
+    # a MoE layer's router and experts are not Transformer Engine's overlapped layers
+    moe = dataclasses.replace(MODEL, num_experts=4, experts_per_token=2, moe_ffn_hidden_size=512)
+    s_moe = dataclasses.replace(s, ep=2, dp=2)
+    moe_splits = {it.name: it.splits for it in [*O.layer_fwd(moe, s_moe), *O.layer_bwd(moe, s_moe)]
+                  if isinstance(it, O.Op) and it.kind == "gemm"}
+    assert moe_splits["qkv"] == 4 and moe_splits["attn_out_dgrad"] == 4
+    assert all(n == 1 for name, n in moe_splits.items() if not name.startswith(("qkv", "attn")))
     generate(MODEL, s, tmp_path, mode="representative")
     ts = load_trace_set(tmp_path)
     compute = RooflineCompute(SYSTEM.gpu)

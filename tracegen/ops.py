@@ -312,6 +312,9 @@ def _fp8_casts(items: list[Item]) -> list[Item]:
 # (``initialize_ub``: method "pipeline", num_splits 4); an all-gather feeding a GEMM runs as a
 # ring exchange of tp chunks, one GEMM per chunk (method "ring_exchange", num_splits = tp).
 PIPELINE_RS_SPLITS = 4
+# The layers Transformer Engine overlaps that way (``initialize_ub``: qkv, proj, fc1, fc2); a
+# MoE router or expert GEMM beside a TP collective is not one of them and runs whole.
+UB_GEMMS = frozenset({"qkv", "attn_out", "fc1", "fc2"})
 
 
 def _overlap_fwd(items: list[Item], d: Dims) -> list[Item]:
@@ -326,7 +329,7 @@ def _overlap_fwd(items: list[Item], d: Dims) -> list[Item]:
     ring = False  # the GEMM after an overlapped all-gather: a ring exchange
     for it, nxt in zip(items, [*items[1:], None], strict=True):
         if ring and isinstance(it, Op):
-            out.append(dataclasses.replace(it, splits=d.t))
+            out.append(dataclasses.replace(it, splits=d.t) if it.name in UB_GEMMS else it)
             ring = False
         elif not isinstance(it, Comm):
             out.append(it)
@@ -335,8 +338,10 @@ def _overlap_fwd(items: list[Item], d: Dims) -> list[Item]:
             ring = True
         elif (_is_tp(it, "REDUCE_SCATTER") and out and isinstance(out[-1], Op)
               and out[-1].kind == "gemm"):
-            out[-1:] = [dataclasses.replace(it, overlapped=True),
-                        dataclasses.replace(out[-1], splits=PIPELINE_RS_SPLITS)]
+            gemm = out[-1]
+            if gemm.name in UB_GEMMS:
+                gemm = dataclasses.replace(gemm, splits=PIPELINE_RS_SPLITS)
+            out[-1:] = [dataclasses.replace(it, overlapped=True), gemm]
         else:
             out.append(it)
     return out
@@ -433,7 +438,9 @@ def _overlap_row_parallel_bwd(items: list[Item], d: Dims) -> list[Item]:
     ring = False  # the data-gradient GEMM after it runs as a ring exchange of tp chunks
     for it, nxt in zip(items, [*items[1:], None], strict=True):
         if ring and isinstance(it, Op):
-            it, ring = dataclasses.replace(it, splits=d.t), False
+            if it.name.removesuffix("_dgrad") in UB_GEMMS:
+                it = dataclasses.replace(it, splits=d.t)
+            ring = False
         elif (isinstance(it, Comm) and _is_tp(it, "ALL_GATHER") and not it.overlapped
                 and isinstance(nxt, Op) and nxt.kind == "gemm"):
             it, ring = dataclasses.replace(it, overlapped=True), True
