@@ -31,7 +31,8 @@ GbsOpt = Annotated[int, typer.Option(help="Global batch size (sequences per step
 VppOpt = Annotated[int, typer.Option(help="Virtual stages per rank (interleaved 1F1B).")]
 SpOpt = Annotated[bool, typer.Option("--sp", help="Sequence parallelism.")]
 TpOverlapOpt = Annotated[bool, typer.Option(
-    "--tp-comm-overlap", help="Overlap SP collectives with their GEMMs (needs --sp).")]
+    "--tp-comm-overlap", help="Overlap SP collectives with their GEMMs, which then run in "
+    "Transformer Engine's chunks (needs --sp).")]
 ScheduleOpt = Annotated[str, typer.Option(help="gpipe | 1f1b | interleaved_1f1b")]
 RecomputeOpt = Annotated[str, typer.Option(help="none | selective | full")]
 ZeroOpt = Annotated[int, typer.Option(help="ZeRO stage 0-3 (1 = distributed optimizer).")]
