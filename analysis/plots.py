@@ -233,6 +233,18 @@ def collective_ramp(system: SystemSpec, *, ranks: int = 8,
     return fig
 
 
+def _gemm_tflops(gpu: GPUSpec, m: int, n: int, k: int) -> float:
+    """TFLOP/s of one BF16 m×n×k GEMM under the compute model (``RooflineCompute.op_ns``)."""
+    from replay.compute import RooflineCompute
+    from tracegen.ops import gemm
+    from tracegen.units import DTYPE_CODE
+
+    op = gemm("g", m, n, k, "bf16")
+    ns = RooflineCompute(gpu).op_ns("gemm", op.flop, op.bytes, op.m, op.n, DTYPE_CODE["bf16"],
+                                    False, op.k)
+    return op.flop / ns / 1e3
+
+
 def gemm_by_k(system: SystemSpec, measured: pl.DataFrame | None = None, *, m: int = 16384,
               n: int = 8192) -> Figure:
     """BF16 GEMM throughput against the reduction length K: trainsim's compute model for an
@@ -241,15 +253,8 @@ def gemm_by_k(system: SystemSpec, measured: pl.DataFrame | None = None, *, m: in
     measured points (columns ``b, m, n, k, bf16_tflops``) where given."""
     import dataclasses
 
-    from replay.compute import RooflineCompute
-    from tracegen.ops import gemm
-    from tracegen.units import DTYPE_CODE
-
-    def tflops(gpu: GPUSpec, k: int, rows: int = m, cols: int = n) -> float:
-        op = gemm("g", rows, cols, k, "bf16")
-        ns = RooflineCompute(gpu).op_ns("gemm", op.flop, op.bytes, op.m, op.n,
-                                        DTYPE_CODE["bf16"], False, op.k)
-        return op.flop / ns / 1e3
+    def tflops(gpu: GPUSpec, k: int) -> float:
+        return _gemm_tflops(gpu, m, n, k)
 
     ks = [int(k) for k in np.geomspace(128, 32768, 33)]
     burst = dataclasses.replace(system.gpu, sustained_clock_ratio=1.0)
@@ -279,18 +284,11 @@ def gemm_occupancy(system: SystemSpec, measured: pl.DataFrame, *, k: int = 4096)
     with textbook wave quantization (tiles over whole waves of SMs) in its place."""
     import dataclasses
 
-    from replay.compute import RooflineCompute
-    from tracegen.ops import gemm
-    from tracegen.units import DTYPE_CODE
-
     burst = dataclasses.replace(system.gpu, sustained_clock_ratio=1.0)
     sawtooth = dataclasses.replace(burst, gemm_occupancy_waves=0.0)
 
     def tflops(gpu: GPUSpec, rows: int, cols: int) -> float:
-        op = gemm("g", 128 * rows, 128 * cols, k, "bf16")
-        ns = RooflineCompute(gpu).op_ns("gemm", op.flop, op.bytes, op.m, op.n,
-                                        DTYPE_CODE["bf16"], False, op.k)
-        return op.flop / ns / 1e3
+        return _gemm_tflops(gpu, 128 * rows, 128 * cols, k)
 
     rows = measured.filter(pl.col("k") == k)
     tiles = rows["b"] * ((rows["m"] + 127) // 128) * ((rows["n"] + 127) // 128)

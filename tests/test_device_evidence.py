@@ -71,8 +71,8 @@ def test_sustained_ratio_is_the_fit_to_held_gemms(dtype: str, field: str) -> Non
     match 24 transformer GEMMs each held 1.2 s at the power limit, on geometric mean: 0.850 for
     BF16, 0.822 for FP8 (whose denser arithmetic holds a lower clock: ~1400 against ~1500 MHz),
     over both runs (0.870 / 0.837 with the wave-quantization sawtooth the occupancy term
-    replaced, which charged whole waves even to these large GEMMs). H100 and H800 take the H200's ratios: the same die at the same
-    700 W."""
+    replaced, which charged whole waves even to these large GEMMs). H100 and H800 take the
+    H200's ratios: the same die at the same 700 W."""
     gpu = get_system("hgx-h200").gpu
     burst = dataclasses.replace(gpu, sustained_clock_ratio=1.0, sustained_clock_ratio_fp8=0)
     fit = math.exp(statistics.fmean(_gemm_log_errors(burst, f"gemm_{dtype}_held", dtype)))
@@ -86,9 +86,9 @@ def test_attention_alone_holds_a_higher_clock_than_gemms() -> None:
     runs at 0.965 of its burst rate (a line through the five lengths: held = burst / 0.965 +
     0.18 ms, the intercept being the three gradient accumulations and the output-gradient fill
     of the harness, ~0.67 GB of HBM traffic per call), at 1800-1950 MHz where GEMMs hold
-    1455-1590 (1650 for the smallest). Recorded, not applied: in a training step attention runs between GEMMs and the
-    power controller sets one clock for the mix (GEMM-dominated), so the GEMMs' ratio stands
-    for both (DESIGN.md, "Sustained clock")."""
+    1455-1590 (1650 for the smallest). Recorded, not applied: in a training step attention
+    runs between GEMMs and the power controller sets one clock for the mix (GEMM-dominated),
+    so the GEMMs' ratio stands for both (DESIGN.md, "Sustained clock")."""
     run = _run()
     held = {r["seq"]: r for r in run["attention_held"]}
     burst = {r["seq"]: r["fwd_ms"] + r["bwd_ms"] for r in run["attention"]
