@@ -5,7 +5,7 @@ parameter all-gathers. The step ends when the last checked stage finishes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from tracegen import ops as O
@@ -16,7 +16,8 @@ if TYPE_CHECKING:  # the fast path imports this module; its types are only annot
 
 
 def tails_ns(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[int],
-             chunk_ends: list[list[int]], check: Iterable[int], alike: bool = False) -> int:
+             chunk_ends: Sequence[Sequence[int]], check: Iterable[int], alike: bool = False
+             ) -> int:
     """When the last of the ``check`` stages finishes: gradient buckets drained after its last
     backward, embedding all-reduce, optimizer and ZeRO parameter all-gather. ``reps``: a rank
     whose data-parallel groups are shaped as the stage's; ``alike``: the middle stages are one
@@ -67,7 +68,7 @@ def tails_ns(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[in
     return finish
 
 
-def _tail(costs: _Costs, x: _Stage, rank: int, ce: list[int], strategy_key: int
+def _tail(costs: _Costs, x: _Stage, rank: int, ce: Sequence[int], strategy_key: int
           ) -> tuple[int, int, int]:
     """``_tail_costs`` of one stage, memoized by the stage, its chunks' relative end times and
     everything in the strategy and layout the drain depends on."""

@@ -23,11 +23,11 @@ stage's last backward (gradient buckets, optimizer, parameter gathers).
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from analysis.dp_tails import BucketRun, slowed, tails_ns
-from analysis.pipeline_walk import interleaved, pipeline_ns
+from analysis.pipeline_walk import interleaved, pipeline_ns, span_ns
 from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
 from replay.network import AlphaBetaNetwork, ranges_shape
@@ -496,17 +496,22 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     # exact for alike stages but not when a few short stages let the others run ahead. So are
     # prefetched ZeRO-3 passes, whose gathers and scatter tails hide behind every wait.
     check: Iterable[int]
+    chunk_ends: Sequence[Sequence[int]]
     if (s.schedule == "interleaved_1f1b" or s.first_stage_layers or s.last_stage_layers
             or s.zero3_prefetch):
         pipe, ends, chunk_ends = _walked_ends(costs, stages, c)
         check = range(s.pp)
-    else:
-        pipe, ends = _closed_form_ends(s, stages, c)
-        chunk_ends = [[e] for e in ends]
+    elif alike:
         # Alike stages: the first finishes no earlier than any middle one. Its layers are the
         # same blocks, issued later (by c₀ + B₁) into the same buckets, and its embedding only
         # adds to the last bucket, the optimizer and the gathers.
-        check = sorted({0, s.pp - 1}) if alike else range(s.pp)
+        pipe, ends = _alike_ends(s, stages, c[0])
+        chunk_ends = list(zip(ends))  # one chunk a stage
+        check = sorted({0, s.pp - 1})
+    else:
+        pipe, ends = _closed_form_ends(s, stages, c)
+        chunk_ends = list(zip(ends))
+        check = range(s.pp)
     if s.overlap_param_gather and s.zero_stage in (1, 2):
         held = _param_gather_delay(costs, stages, reps, c)
         pipe += held
@@ -567,6 +572,34 @@ def _closed_form_ends(s: Strategy, stages: list[_Stage], c: list[int]) -> tuple[
     for b, hop, lt in zip(b_s, c, late_s, strict=True):
         ends.append(sent + lt)
         sent -= b - lt + hop
+    return pipe, ends
+
+
+def _alike_ends(s: Strategy, stages: list[_Stage], hop: int) -> tuple[int, list[int]]:
+    """``_closed_form_ends`` where the stages are alike (``_stages``): the middle stages are one
+    stage and every hop costs ``hop``, so the sums over stages are products, and only the ends
+    of the first and last stage, the ones ``tails_ns`` checks, are found (the list holds 0 for
+    the others: nothing reads them)."""
+    p = s.pp
+    first, last = stages[0], stages[-1]
+    f0, b0, fl, bl = first.fwd[0], first.bwd[0], last.fwd[0], last.bwd[0]
+    ends = [0] * p
+    if p == 1:
+        ends[0] = span_ns(s, f0, b0, f0, b0, f0 + b0, 0)
+        return ends[0], ends
+    mid = stages[1]  # the last stage when p = 2, counted 0 times below
+    f1, b1, n_mid = mid.fwd[0], mid.bwd[0], p - 2
+    hidden = lt1 = lt_last = 0
+    if s.zero_stage == 3:  # first gathers hidden behind the fill / drain waits, as there
+        lt1, lt_last = mid.late_b[0], last.late_b[0]
+        hidden = (n_mid * (mid.early_f[0] + mid.early_b[0] + lt1) + last.early_f[0]
+                  + first.early_b[0] + lt_last)
+    pipe = span_ns(s, f0 + n_mid * f1 + fl, b0 + n_mid * b1 + bl, max(f0, f1, fl),
+                   max(b0, b1, bl), max(f0 + b0, f1 + b1, fl + bl),
+                   2 * (p - 1) * hop - hidden)
+    # stage p−1 ends when stage 0 does, less each earlier stage's last gradient and its send
+    ends[0] = pipe
+    ends[-1] = pipe - (b0 + hop) - n_mid * (b1 - lt1 + hop) + lt_last
     return pipe, ends
 
 

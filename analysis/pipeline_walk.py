@@ -16,11 +16,21 @@ def pipeline_ns(s: Strategy, f_s: list[int], b_s: list[int], c: list[int], hidde
     """GPipe and 1F1B, from each stage's forward and backward of one micro-batch. ``hidden``:
     ZeRO-3 gathers that run while a stage waits for its input during the fill and the drain
     (the first gather of a pass does not depend on the received tensor)."""
-    p, m = s.pp, s.num_microbatches
-    comm = 2 * sum(c[: p - 1]) - hidden
+    comm = 2 * sum(c[: s.pp - 1]) - hidden
     if s.schedule == "gpipe":
-        return sum(f_s) + (m - 1) * max(f_s) + sum(b_s) + (m - 1) * max(b_s) + comm
-    return sum(f_s) + sum(b_s) + (m - 1) * max(map(int.__add__, f_s, b_s)) + comm
+        return span_ns(s, sum(f_s), sum(b_s), max(f_s), max(b_s), 0, comm)
+    return span_ns(s, sum(f_s), sum(b_s), 0, 0, max(map(int.__add__, f_s, b_s)), comm)
+
+
+def span_ns(s: Strategy, f_sum: int, b_sum: int, f_max: int, b_max: int, fb_max: int,
+            comm: int) -> int:
+    """``pipeline_ns`` from the sums and maxima over stages (GPipe reads ``f_max`` and
+    ``b_max``, 1F1B ``fb_max``) and the sends on the fill and drain path, ``comm``: the first
+    micro-batch crosses every stage forward and back, each further one adds the slowest stage."""
+    m = s.num_microbatches
+    if s.schedule == "gpipe":
+        return f_sum + (m - 1) * f_max + b_sum + (m - 1) * b_max + comm
+    return f_sum + b_sum + (m - 1) * fb_max + comm
 
 
 @functools.lru_cache(maxsize=256)

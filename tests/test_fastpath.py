@@ -308,6 +308,28 @@ def test_interleaved_extrapolation_equals_the_full_walk(pp, v, rounds, zero, tp,
         s.schedule, pp, s.num_microbatches, v, fwd, bwd, c, early, late)
 
 
+@settings(max_examples=120, deadline=None)
+@given(pp=st.sampled_from([1, 2, 3, 4, 6, 8]), mb=st.integers(1, 24),
+       zero=st.sampled_from([0, 1, 3]), tp=st.sampled_from([1, 2, 4]),
+       schedule=st.sampled_from(["1f1b", "gpipe"]), hop=st.integers(0, 10**6))
+def test_alike_closed_form_equals_the_general_one(pp, mb, zero, tp, schedule, hop) -> None:
+    """Alike stages: the O(1) closed form gives the pipeline span and the first and last
+    stages' ends that the per-stage one gives (what ``tails_ns`` reads of them)."""
+    from analysis import fastpath as F
+
+    model = ModelSpec(name="x", num_layers=24, hidden_size=256, num_attention_heads=8,
+                      num_kv_heads=4, ffn_hidden_size=512, vocab_size=1024, seq_len=256,
+                      activation="swiglu")
+    s = Strategy(tp=tp, pp=pp, dp=8 // tp, schedule=schedule, zero_stage=zero,
+                 micro_batch_size=1, global_batch_size=8 // tp * mb)
+    costs = F._Costs(model, s, SYSTEM)
+    stages, _, alike = F._stages(costs)
+    assert alike
+    pipe, ends = F._closed_form_ends(s, stages, [hop] * pp)
+    got_pipe, got_ends = F._alike_ends(s, stages, hop)
+    assert (got_pipe, got_ends[0], got_ends[-1]) == (pipe, ends[0], ends[-1])
+
+
 def test_memos_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """A long session starts a fresh context once the memos pass their limit; answers stay."""
     from analysis import fastpath as F
