@@ -114,36 +114,45 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
              for st, chunks in enumerate(last)])
 
 
-def _walk_plain(plan: tuple[tuple[int, bool, int, int, int], ...], p: int, m: int, v: int,
+@functools.lru_cache(maxsize=256)
+def _flat_plan(schedule: str, m: int, p: int, v: int) -> tuple[tuple[int, int, int, int], ...]:
+    """``_plan`` for ``_walk_plain``: per step (stage, slot, slot waited for, cost index). One
+    list of slots holds forward steps at their index and backward ones m·p·v further on; a step
+    that waits for nothing points at the last slot, which never holds a later time. The cost
+    index is (backward · p + stage) · v + chunk into the strategy's flattened costs."""
+    off = m * p * v
+    return tuple((st, k + off * bw, (dep + off * bw) if dep >= 0 else -1, (bw * p + st) * v + ch)
+                 for st, bw, k, dep, ch in _plan(schedule, m, p, v))
+
+
+_NEVER = -(1 << 62)  # the time of the slot a step that waits for nothing reads
+
+
+def _walk_plain(plan: tuple[tuple[int, int, int, int], ...], p: int, m: int, v: int,
                 fwd: list[tuple[int, ...]], bwd: list[tuple[int, ...]], c: list[int]
                 ) -> tuple[list[int], list[list[int]]]:
     """``_walk`` without ZeRO-3 gathers (the common case, and the hot loop of interleaved
-    screening): the same recurrences with the gather and late reduce-scatter terms at zero."""
+    screening): the same recurrences with the gather and late reduce-scatter terms at zero,
+    over ``_flat_plan``. Each step stores its end plus the send its successor pays (a forward
+    on stage st feeds stage st + 1 over c[st]; a backward feeds stage st − 1 over c[st − 1]),
+    so the successor reads one slot; the chunk ends take the send off again."""
     n = p * v
-    hop_in = [c[(st - 1) % p] for st in range(p)]
-    done_f, done_b = [0] * (m * n), [0] * (m * n)
+    cost = [d for per_stage in (fwd, bwd) for durs in per_stage for d in durs]
+    send = [c[st] for st in range(p) for _ in range(v)] + [
+        c[(st - 1) % p] for st in range(p) for _ in range(v)]
+    slot = [0] * (2 * m * n) + [_NEVER]
     clock = [0] * p
-    # The two branches are spelled out: indexing the arrays by the flag instead costs 11% more
-    # bytecodes in this, the fast path's hottest loop.
-    for st, backward, k, dep, ch in plan:
+    for st, k, dep, i in plan:
         t = clock[st]
-        if backward:
-            if dep >= 0:
-                u = done_b[dep] + c[st]
-                if u > t:
-                    t = u
-            t += bwd[st][ch]
-            done_b[k] = t
-        else:
-            if dep >= 0:
-                u = done_f[dep] + hop_in[st]
-                if u > t:
-                    t = u
-            t += fwd[st][ch]
-            done_f[k] = t
+        u = slot[dep]
+        if u > t:
+            t = u
+        t += cost[i]
         clock[st] = t
-    last = (m - 1) * n
-    return clock, [[done_b[last + ch * p + st] for ch in range(v)] for st in range(p)]
+        slot[k] = t + send[i]
+    last = (2 * m - 1) * n  # the last micro-batch's backward slots
+    back = c[-1:] + c[:-1]  # c[st − 1]: what a backward on stage st added to its slot
+    return clock, [[slot[last + ch * p + st] - back[st] for ch in range(v)] for st in range(p)]
 
 
 def _increments(a: tuple[list[int], list[list[int]]], b: tuple[list[int], list[list[int]]]
@@ -162,7 +171,7 @@ def _walk(schedule: str, p: int, m: int, v: int, fwd: list[tuple[int, ...]],
     neighbouring chunk's same micro-batch (+ one send). O(p·m·v)."""
     n = p * v
     if not early and not late:
-        return _walk_plain(_plan(schedule, m, p, v), p, m, v, fwd, bwd, c)
+        return _walk_plain(_flat_plan(schedule, m, p, v), p, m, v, fwd, bwd, c)
     e_f = [[early.get(("F", st, ch), 0) if early else 0 for ch in range(v)] for st in range(p)]
     e_b = [[early.get(("B", st, ch), 0) if early else 0 for ch in range(v)] for st in range(p)]
     lt = [[late.get((st, ch), 0) if late else 0 for ch in range(v)] for st in range(p)]
