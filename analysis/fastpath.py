@@ -497,8 +497,9 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     # prefetched ZeRO-3 passes, whose gathers and scatter tails hide behind every wait.
     check: Iterable[int]
     chunk_ends: Sequence[Sequence[int]]
-    if (s.schedule == "interleaved_1f1b" or s.first_stage_layers or s.last_stage_layers
-            or s.zero3_prefetch):
+    walked = (s.schedule == "interleaved_1f1b" or bool(s.first_stage_layers)
+              or bool(s.last_stage_layers) or s.zero3_prefetch)
+    if walked:  # every stage its own end: the tails check each, even of alike stages
         pipe, ends, chunk_ends = _walked_ends(costs, stages, c)
         check = range(s.pp)
     elif alike:
@@ -517,8 +518,8 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
         pipe += held
         ends = [e + held for e in ends]
         chunk_ends = [[e + held for e in ce] for ce in chunk_ends]
-    finish = tails_ns(costs, stages, [0] * s.pp if alike else reps, ends, chunk_ends, check,
-                      alike)
+    two = alike and not walked  # the first and last stage decide (``tails_ns``)
+    finish = tails_ns(costs, stages, [0] * s.pp if two else reps, ends, chunk_ends, check, two)
     peak = _peak_memory_bytes(costs, stages, alike)
     return FastEstimate(finish / NS_PER_S, pipe / NS_PER_S, peak / GiB,
                         peak <= system.gpu.hbm_bytes,

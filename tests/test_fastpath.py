@@ -6,7 +6,7 @@ import itertools
 import tempfile
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from analysis.fastpath import estimate
@@ -32,6 +32,9 @@ SYSTEM = get_system("dgx-h100")
        cp=st.sampled_from([1, 1, 2]), fp8=st.booleans(), fold=st.booleans(),
        prefetch=st.booleans(),
        system=st.sampled_from(["dgx-h100", "dgx-a100-80gb", "dgx-b200"]))
+@example(tp=2, pp=4, dp=4, sp=False, zero=3, recompute="none", mb=1, schedule="gpipe",
+         overlap=False, uneven=False, zbucket=0, dp_overlap="both", ep=0, cp=1, fp8=False,
+         fold=False, prefetch=True, system="dgx-h100")  # alike stages walked: every tail checked
 def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, mb, schedule,
                                               overlap, uneven, zbucket, dp_overlap, ep, cp, fp8,
                                               fold, prefetch, system) -> None:
