@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_replay.py
 	$(PY) bench/bench_fastpath.py
 	$(PY) bench/bench_fastpath_work.py
+	$(PY) bench/bench_fastpath_agreement.py
 	$(PY) bench/bench_sweep.py
 
 # Regenerate the committed golden trace set (only when the trace format changes on purpose).

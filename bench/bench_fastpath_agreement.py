@@ -1,0 +1,89 @@
+"""Fast path against replay on real model sizes: how far the closed forms land from the
+contention-free replay of the same strategy. The hypothesis test (tests/test_fastpath.py) holds
+2% on a tiny model, where every term weighs in; this draws random valid strategies of four
+preset models on their usual systems (GPT-3 175B on 1,024 A100s, Llama 3 8B on 64 H100s,
+Mixtral 8x7B on 128 H100s, Llama 2 70B on 48 H100s) and prints the distribution of
+|fast / replay − 1| and the worst cases. Seeded: the same draw on every machine.
+
+    python bench/bench_fastpath_agreement.py [--n 60] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+
+from analysis.fastpath import estimate
+from replay import get_system, replay
+from tracegen import ConfigError, Strategy, generate, get_model
+
+# (model, system, GPUs, global batch)
+CASES = (("gpt3-175b", "dgx-a100-80gb", 1024, 1536), ("llama3-8b", "dgx-h100", 64, 128),
+         ("mixtral-8x7b", "dgx-h100", 128, 256), ("llama2-70b", "dgx-h100", 48, 96))
+
+
+def draw(rng: random.Random) -> tuple[str, str, Strategy] | None:
+    """One random strategy of one case, or None where the draw is not a valid layout."""
+    model, system, gpus, gbs = rng.choice(CASES)
+    tp, pp, cp = rng.choice((1, 2, 4, 8)), rng.choice((1, 2, 4, 8)), rng.choice((1, 1, 2))
+    if gpus % (tp * pp * cp):
+        return None
+    vpp, zero = rng.choice((1, 1, 2)), rng.choice((0, 1, 3))
+    try:
+        s = Strategy(tp=tp, pp=pp, dp=gpus // (tp * pp * cp), cp=cp, vpp=vpp,
+                     micro_batch_size=rng.choice((1, 2)), global_batch_size=gbs,
+                     recompute=rng.choice(("none", "selective", "full")),  # type: ignore[arg-type]
+                     zero_stage=zero, sequence_parallel=tp > 1 and rng.random() < 0.6,
+                     schedule="interleaved_1f1b" if vpp > 1 else "1f1b",
+                     overlap_param_gather=zero == 1 and rng.random() < 0.5,
+                     zero3_prefetch=zero == 3 and rng.random() < 0.5)
+    except ConfigError:
+        return None
+    return model, system, s
+
+
+def label(s: Strategy) -> str:
+    return (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} vpp{s.vpp} mbs{s.micro_batch_size} "
+            f"zero{s.zero_stage}{' prefetch' if s.zero3_prefetch else ''} {s.recompute}"
+            f"{' sp' if s.sequence_parallel else ''}"
+            f"{' overlap-param-gather' if s.overlap_param_gather else ''}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=60, help="strategies to compare")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    rows: list[tuple[float, str, str]] = []
+    t0 = time.perf_counter()
+    while len(rows) < args.n:
+        got = draw(rng)
+        if got is None:
+            continue
+        model_name, system_name, s = got
+        model, system = get_model(model_name), get_system(system_name)
+        try:
+            fast = estimate(model, s, system)
+        except ConfigError:
+            continue
+        if not fast.fits:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            generate(model, s, tmp, mode="representative")
+            ref = replay(tmp, system, contention=False)
+        rows.append(((fast.step_time_s / ref.step_time_s - 1) * 100, model_name, label(s)))
+    errs = sorted(abs(e) for e, _, _ in rows)
+    print(f"fast path vs contention-free replay, {len(rows)} random strategies of 4 preset "
+          f"models (seed {args.seed}, {time.perf_counter() - t0:.0f} s): |error| median "
+          f"{statistics.median(errs):.2f}%, p90 {errs[int(0.9 * (len(errs) - 1))]:.2f}%, max "
+          f"{errs[-1]:.2f}%; {sum(e > 2 for e in errs)} above 2%")
+    for e, model_name, what in sorted(rows, key=lambda r: -abs(r[0]))[:5]:
+        print(f"  {e:+.2f}%  {model_name}  {what}")
+
+
+if __name__ == "__main__":
+    main()
