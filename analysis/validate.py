@@ -31,6 +31,7 @@ from replay import replay
 from replay.attention_kernels import KERNELS, kernel_overrides
 from replay.hardware import GPU_ALIASES, SystemSpec, get_system
 from tracegen import ConfigError, ModelSpec, Strategy, TrainsimError, generate
+from tracegen.program import RoleProgram
 from tracegen.strategy import with_shorter_end_chunks
 from tracegen.units import GiB
 
@@ -76,7 +77,19 @@ ENUM_COLUMNS = ("arch", "activation", "recompute", "precision", "gpu")
 # Two 800 Gb/s NICs per GPU, twice what any system offers (ConnectX-8: one 800 Gb/s per GPU): a
 # larger per-GPU figure is a node's total in the wrong column.
 MAX_NIC_GBPS_PER_GPU = 1600
+# ... and one 10 Gb/s Ethernet port shared by eight GPUs, 1.25 Gb/s each, is below any cluster
+# a published run used (the slowest in ANCHORS.md: 100 GbE TCP); a smaller figure is a unit slip.
+MIN_NIC_GBPS_PER_GPU = 1
 VOCAB_PAD = 128  # Megatron-LM --make-vocab-size-divisible-by default
+# No count in the schema comes near 2³¹ (the largest are vocabularies, ~10⁵–10⁶): a larger cell
+# (1e30 GPUs) is a typo, named as unreadable like any other, not a 64-bit overflow deep inside.
+MAX_INT_CELL = 2**31
+# A row whose replay trace would hold more nodes than this (the micro-batch count times the
+# model's ops; building and replaying run ~50 k nodes/s together: Megatron's 1T run, 2.6 M
+# nodes, takes ~1 min, the largest row of any set here) is predicted by the fast path instead,
+# which agrees with replay within 1% at real sizes (bench/bench_fastpath_agreement.py), and
+# the row says so.
+MAX_REPLAY_NODES = 10_000_000
 BAD = "_unreadable"  # per row: the cells that did not parse, as "column 'text'"
 
 
@@ -102,9 +115,9 @@ def load_runs(path: str | Path) -> pl.DataFrame:
     ints = (*INT_COLUMNS, *(c for c in EXTENSION_INT_COLUMNS if c in raw.columns))
     num = {c: text[c].cast(pl.Float64, strict=False) for c in (*ints, *FLOAT_COLUMNS)}
     parsed = {
-        **{c: pl.when(num[c] == num[c].round(0)).then(num[c]).cast(pl.Int64)
-           for c in ints},
-        **{c: num[c] for c in FLOAT_COLUMNS},
+        **{c: pl.when((num[c] == num[c].round(0)) & (num[c].abs() < MAX_INT_CELL))
+           .then(num[c]).cast(pl.Int64) for c in ints},
+        **{c: pl.when(num[c].is_finite()).then(num[c]) for c in FLOAT_COLUMNS},
         **{c: text[c].str.to_lowercase().replace_strict(
             {"true": True, "false": False}, default=None, return_dtype=pl.Boolean)
            for c in BOOL_COLUMNS},
@@ -189,6 +202,10 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None,
     if multi_node and row["scaleout_gbps_per_gpu"] is None:
         return "skipped: scaleout_gbps_per_gpu missing (multi-node run)"
     nic = row["scaleout_gbps_per_gpu"]
+    if nic is not None and 0 < nic < MIN_NIC_GBPS_PER_GPU:
+        return (f"skipped: scaleout_gbps_per_gpu {nic:g} is slower than any training network "
+                f"(≥ {MIN_NIC_GBPS_PER_GPU} Gb/s per GPU): the schema wants Gb/s per GPU — "
+                "GB/s or Tb/s in the column?")
     if nic is not None and nic > MAX_NIC_GBPS_PER_GPU:
         return (f"skipped: scaleout_gbps_per_gpu {nic:g} is more than any GPU's network "
                 f"(≤ {MAX_NIC_GBPS_PER_GPU} Gb/s): the schema wants it per GPU — a node's total "
@@ -482,6 +499,14 @@ def _validate_row(row: dict[str, Any], overrides: dict[str, Any] | None = None,
     if impossible:
         out["status"] = impossible
         return out
+    notes = inputs.assumptions
+    if not fast:
+        nodes = RoleProgram(inputs.model, inputs.strategy, 0).step_op_count()
+        if nodes > MAX_REPLAY_NODES:
+            fast = True
+            notes = "; ".join(filter(None, (notes, (
+                f"predicted by the fast path: the replay trace would hold ~{nodes / 1e6:,.0f} M "
+                f"nodes (more than {MAX_REPLAY_NODES // 10**6} M, minutes to build)"))))
     try:
         pred = predict_fast(inputs) if fast else predict(inputs)
     except TrainsimError as exc:
@@ -491,7 +516,7 @@ def _validate_row(row: dict[str, Any], overrides: dict[str, Any] | None = None,
         out["status"] = _one_line(f"skipped: unexpected {type(exc).__name__}: {exc} "
                                   "(a trainsim bug: please report this row)")
         return out
-    out.update(pred, status="ok", assumptions=inputs.assumptions)
+    out.update(pred, status="ok", assumptions=notes)
     measured = row["measured_iter_time_s"]
     out["error_pct"] = 100 * (pred["predicted_iter_time_s"] - measured) / measured
     return out

@@ -10,6 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from analysis import validate as V
 from analysis.plots import predicted_vs_measured
 from analysis.validate import (
     BAD,
@@ -20,7 +21,9 @@ from analysis.validate import (
     summarize_pairs,
     validate,
 )
-from tracegen import ConfigError
+from replay.traceset import load_trace_set
+from tracegen import ConfigError, Strategy, generate, get_model
+from tracegen.program import RoleProgram
 
 PUBLIC = Path(__file__).resolve().parents[2] / "shared" / "validation" / "public_runs.csv"
 # Fidelity reached by this version on the rows with complete inputs (closing note of issue #4).
@@ -227,14 +230,63 @@ def test_malformed_cells_skip_their_row_only(tmp_path: Path) -> None:
     base = pl.read_csv(PUBLIC, infer_schema_length=0).filter(pl.col("id") == "mpt-07")
     rows = [base.with_columns(pl.lit(i).alias("id"), *(pl.lit(v).alias(c) for c, v in kw.items()))
             for i, kw in [("na", {"tp": "N/A"}), ("half", {"num_gpus": "8.5"}),
-                          ("zero", {"measured_iter_time_s": "0"}), ("ok", {})]]
+                          ("zero", {"measured_iter_time_s": "0"}), ("huge", {"tp": "1e30"}),
+                          ("inf", {"micro_batch_size": "inf"}),
+                          ("infnet", {"scaleout_gbps_per_gpu": "inf"}),
+                          ("nantime", {"measured_iter_time_s": "nan"}),
+                          ("slow", {"scaleout_gbps_per_gpu": "1e-300"}), ("ok", {})]]
     f = tmp_path / "r.csv"
     pl.concat(rows).write_csv(f)
     status = dict(zip(*validate(f).select("id", "status").to_dict().values(), strict=True))
     assert status["na"] == "skipped: unreadable tp 'N/A'"
     assert status["half"] == "skipped: unreadable num_gpus '8.5'"
+    # whole numbers no count comes near (a 64-bit overflow inside polars, before)
+    assert status["huge"] == "skipped: unreadable tp '1e30'"
+    assert status["inf"] == "skipped: unreadable micro_batch_size 'inf'"
+    assert status["infnet"] == "skipped: unreadable scaleout_gbps_per_gpu 'inf'"
+    assert status["nantime"] == "skipped: unreadable measured_iter_time_s 'nan'"
+    assert status["slow"].startswith("skipped: scaleout_gbps_per_gpu 1e-300 is slower than")
     assert status["zero"] == "skipped: measured_iter_time_s must be > 0, got 0.0"
     assert status["ok"] == "ok"
+
+
+def test_a_row_too_large_to_replay_is_predicted_by_the_fast_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row whose replay trace would pass the node limit (a typo'd batch: minutes to hours of
+    trace building) gets the fast path's prediction, and its assumptions say so and why."""
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    rows = pl.read_csv(PUBLIC, infer_schema_length=0).filter(pl.col("id").is_in(["mpt-07",
+                                                                                "mpt-08"]))
+    f = tmp_path / "r.csv"
+    rows.write_csv(f)
+    size = {}
+    for r in load_runs(f).iter_rows(named=True):
+        inputs = V.row_inputs(r)
+        assert isinstance(inputs, V.RunInputs)
+        size[r["id"]] = RoleProgram(inputs.model, inputs.strategy, 0).step_op_count()
+    small, big = sorted(size, key=size.__getitem__)
+    assert size[small] < size[big]
+    monkeypatch.setattr(V, "MAX_REPLAY_NODES", (size[small] + size[big]) // 2)
+    got = {r["id"]: r for r in validate(f).iter_rows(named=True)}
+    fast = {r["id"]: r for r in validate(f, fast=True).iter_rows(named=True)}
+    assert "replay trace would hold" in got[big]["assumptions"]
+    assert got[big]["predicted_iter_time_s"] == fast[big]["predicted_iter_time_s"]
+    assert "fast path" not in (got[small]["assumptions"] or "")
+
+
+@pytest.mark.parametrize("kw", [
+    dict(tp=2, pp=4, dp=2, global_batch_size=32, recompute="full"),
+    dict(pp=2, dp=4, vpp=2, schedule="interleaved_1f1b", global_batch_size=32, zero_stage=1),
+    dict(tp=2, dp=8, global_batch_size=64, zero_stage=3),
+    dict(tp=8, pp=8, global_batch_size=64, sequence_parallel=True, recompute="selective")])
+def test_step_op_count_sizes_a_trace_set_before_it_is_built(tmp_path: Path, kw: dict) -> None:
+    """``RoleProgram.step_op_count`` (what the replay size limit reads) is within 15% of the
+    nodes the representative trace set holds (sends, buckets and gathers are the rest)."""
+    model, s = get_model("llama3-8b"), Strategy(micro_batch_size=1, **kw)
+    generate(model, s, tmp_path, mode="representative")
+    held = load_trace_set(tmp_path, fold=False).num_nodes
+    assert RoleProgram(model, s, 0).step_op_count() == pytest.approx(held, rel=0.15)
 
 
 def test_a_byte_order_mark_does_not_hide_the_id_column(tmp_path: Path) -> None:

@@ -377,6 +377,18 @@ class RoleProgram:
             return self._layer_bwd
         return self._lists[f"{block.name}_bwd"]
 
+    def step_op_count(self) -> int:
+        """Ops and collectives of one step over every model chunk, each micro-batch's forward,
+        recomputation and backward: about how many nodes a representative trace set holds (the
+        pipeline sends, gradient buckets and optimizer add few). Sizes a trace before it is
+        built."""
+        per_mb = 0
+        for gci in range(self.n_chunks):
+            for block, count in self.chunk_runs(gci):
+                per_mb += count * (len(self._fwd_items(block)) + len(self._bwd_items(block))
+                                   + len(self._recompute_items(block)))
+        return per_mb * self.m_mb
+
     def _recompute_items(self, block: ParamBlock) -> list[O.Item]:
         if block.name != "layer" or self.s.recompute == "none":
             return self._lists["none"]
