@@ -135,7 +135,7 @@ def _frame_table(frame: pl.DataFrame, title: str) -> Table:
 
 @app.command("resilience")
 def resilience_cmd(
-    study_file: Annotated[Path, typer.Argument(help="Study TOML with [failures] (see "
+    study_file: Annotated[Path, typer.Argument(help="Study TOML with a \\[failures] table (see "
                                                     "analysis/study.py).")],
     summary: Annotated[Path | None, typer.Option(help="Write per-policy results as JSON.")]
     = None,
@@ -271,7 +271,7 @@ def _print_ranking(results: Any, title: str) -> None:
 
 @app.command("sweep")
 def sweep_cmd(
-    study: Annotated[str, typer.Argument(help="Study TOML with a [search] space.")],
+    study: Annotated[str, typer.Argument(help="Study TOML with a \\[search] space.")],
     out: Annotated[Path, typer.Option("-o", "--out", help="Output directory (resumable).")],
     top_k: Annotated[int, typer.Option("--top-k", help="Replay the best K.")] = 10,
     workers: Annotated[int, typer.Option(help="Local worker processes.")] = 2,

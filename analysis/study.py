@@ -85,11 +85,12 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
     for key in ("model", "system", "gpus", "global_batch_size"):
         if key not in data:
             problems.append(f"missing required key {key!r}")
+    problems += _type_problems(data)
     if problems:
         raise ConfigError(problems, what=f"study {name!r}")
     model = resolve_model(_rel(data["model"], base))
     system = resolve_system(_rel(data["system"], base))
-    gpus, gbs = int(data["gpus"]), int(data["global_batch_size"])
+    gpus, gbs = data["gpus"], data["global_batch_size"]
     strategies = tuple(_strategy(s, gpus, gbs, i) for i, s in enumerate(data.get("strategies",
                                                                               [])))
     rank_by = str(data.get("rank_by", "time_to_train" if data.get("failures") else "step_time"))
@@ -100,6 +101,31 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
                  dict(data.get("search", {})), dict(data.get("failures", {})),
                  dict(data.get("checkpoint", {})), dict(data.get("restart", {})),
                  dict(data.get("policies", {})), rank_by)
+
+
+TABLE_KEYS = ("search", "failures", "checkpoint", "restart", "policies")
+
+
+def _type_problems(data: dict[str, Any]) -> list[str]:
+    """What is of the wrong type or out of range among the study's own values (the model,
+    system, strategies and tables are checked where they are read)."""
+    out = []
+    for key in ("gpus", "global_batch_size"):
+        v = data.get(key)
+        if key in data and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            out.append(f"{key} must be a whole number ≥ 1, got {v!r}")
+    tokens = data.get("tokens", 0.0)
+    if isinstance(tokens, bool) or not isinstance(tokens, int | float) or tokens < 0:
+        out.append(f"tokens must be a number ≥ 0 (tokens to train on), got {tokens!r}")
+    for key in ("model", "system"):
+        if key in data and not isinstance(data[key], str):
+            out.append(f"{key} must be a preset name or a file path, got {data[key]!r}")
+    out += [f"{key} must be a table ([{key}] in TOML), got {data[key]!r}"
+            for key in TABLE_KEYS if key in data and not isinstance(data[key], dict)]
+    if "strategies" in data and not (isinstance(data["strategies"], list)
+                                     and all(isinstance(s, dict) for s in data["strategies"])):
+        out.append("strategies must be a list of tables ([[strategies]] in TOML)")
+    return out
 
 
 def _rel(value: str, base: Path | None) -> str:

@@ -92,3 +92,20 @@ def test_bad_study(tmp_path: Path) -> None:
         load_study(f)
     assert "unknown key 'batch'" in str(info.value)
     assert "missing required key 'global_batch_size'" in str(info.value)
+
+
+def test_study_values_of_the_wrong_type_are_named_together(tmp_path: Path) -> None:
+    """A negative GPU count (which had run as an empty sweep), a quoted number, text for the
+    token count, a scalar for a table: each named, in one error, before anything runs."""
+    f = tmp_path / "s.toml"
+    f.write_text('model = "gpt-1.7b"\nsystem = "dgx-h100"\ngpus = -8\n'
+                 'global_batch_size = "64"\ntokens = "lots"\nsearch = 5\nstrategies = [1]\n')
+    with pytest.raises(ConfigError) as info:
+        load_study(f)
+    text = str(info.value)
+    for part in ("gpus must be a whole number ≥ 1, got -8",
+                 "global_batch_size must be a whole number ≥ 1, got '64'",
+                 "tokens must be a number ≥ 0 (tokens to train on), got 'lots'",
+                 "search must be a table ([search] in TOML), got 5",
+                 "strategies must be a list of tables ([[strategies]] in TOML)"):
+        assert part in text
