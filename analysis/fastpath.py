@@ -70,6 +70,18 @@ def _group_shape(axis: str, rank: int, tp: int, cp: int, dp: int, pp: int, ep: i
     return ranges_shape(mesh.member_ranges(axis, mesh.coord(rank)), gpus_per_node)
 
 
+# A list of ops as it runs: (compute on the critical path?, ns) in order
+Segments = tuple[tuple[bool, int], ...]
+
+
+def _extend(out: list[tuple[bool, int]], comp: bool, ns: int) -> None:
+    """Append a segment, merged into the last one when of the same kind."""
+    if out and out[-1][0] == comp:
+        out[-1] = (comp, out[-1][1] + ns)
+    elif ns:
+        out.append((comp, ns))
+
+
 class _Stage(NamedTuple):
     """What one pipeline stage costs per micro-batch, per chunk (shared by every stage, and every
     strategy, with the same blocks, layer shapes and group shapes)."""
@@ -99,6 +111,8 @@ class _Context:
         self.net = AlphaBetaNetwork(system)
         self.blocks: dict[tuple[object, ...], tuple[int, int, int, int]] = {}
         self.lists: dict[tuple[object, ...], tuple[int, int]] = {}
+        # the same key → the list as (compute?, ns) segments (``_Costs.list_segments``)
+        self.segments: dict[tuple[object, ...], Segments] = {}
         self.optimizer: dict[int, int] = {}
         # (op-list key, recompute) → stored activation bytes of one layer and micro-batch
         self.activations: dict[tuple[int, str], int] = {}
@@ -122,7 +136,8 @@ class _Context:
     def entries(self) -> int:
         return (len(self.blocks) + len(self.stages) + len(self.tails) + len(self.lists)
                 + len(self.optimizer) + len(self.buckets) + len(self.shapes) + len(self.walks)
-                + len(self.activations) + len(self.chunks) + len(self.p2p) + len(self.sends))
+                + len(self.activations) + len(self.chunks) + len(self.p2p) + len(self.sends)
+                + len(self.segments))
 
     def model_id(self, model: ModelSpec) -> int:
         """A small integer per model (by identity first: hashing a spec per strategy is slow)."""
@@ -310,11 +325,49 @@ class _Costs:
         key = (self.lists_key, block.name, which, sig)
         got = self.ctx.lists.get(key)
         if got is None:
-            prog = self.prog
-            items = (prog._fwd_items(block) if which == "fwd" else prog._bwd_items(block)
-                     if which == "bwd" else prog._lists["selective"])
-            got = self.ctx.lists[key] = self.items_cost(items, rank)
+            got = self.ctx.lists[key] = self.items_cost(self._items(block, which), rank)
         return got[0]
+
+    def _items(self, block: ParamBlock, which: str) -> list[O.Item]:
+        prog = self.prog
+        return (prog._fwd_items(block) if which == "fwd" else prog._bwd_items(block)
+                if which == "bwd" else prog._lists["selective"])
+
+    def list_segments(self, block: ParamBlock, which: str, rank: int, sig: tuple[object, ...]
+                      ) -> Segments:
+        """``list_ns``'s list as it runs: (compute?, ns) segments, neighbours of one kind
+        merged, summing to its duration (``items_segments``)."""
+        key = (self.lists_key, block.name, which, sig)
+        got = self.ctx.segments.get(key)
+        if got is None:
+            got = self.ctx.segments[key] = self.items_segments(self._items(block, which), rank)
+        return got
+
+    def items_segments(self, items: list[O.Item], rank: int) -> Segments:
+        """``items_cost`` item by item: what is compute on the critical path (``busy``) and
+        what is communication, in order — so a collective outside the list slows only the
+        former (replay slows kernels, not transfers)."""
+        kappa = self.compute.gpu.comm_interference
+        out: list[tuple[bool, int]] = []
+        alongside = 0
+        for it in items:
+            if isinstance(it, O.Comm) and it.overlapped:
+                alongside += self.coll_ns(it, rank)
+                continue
+            if isinstance(it, O.Comm):
+                d, comp = self.coll_ns(it, rank), False
+            else:
+                d = self.compute.op_ns(it.kind, it.flop, it.bytes, it.m, it.n,
+                                       DTYPE_CODE[it.dtype], it.name.endswith("_bwd"), it.k,
+                                       it.splits)
+                if alongside and kappa:
+                    d += round(min(kappa * d, kappa / (1 + kappa) * alongside))
+                comp = d >= alongside
+            _extend(out, comp, max(d, alongside))
+            alongside = 0
+        if alongside:
+            _extend(out, False, alongside)
+        return tuple(out)
 
     def list_busy(self, block: ParamBlock, which: str, rank: int, sig: tuple[object, ...]
                   ) -> int:
@@ -403,23 +456,35 @@ def _prefetched_chunk(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: 
     gather = [_zero3_axes(costs, b, rank, "ALL_GATHER") for b in blocks]
     scatter = [_zero3_axes(costs, b, rank, "REDUCE_SCATTER") for b in blocks]
     kappa = costs.compute.gpu.comm_interference
-    busy = [_compute_busy(costs, b, rank, sig) for b in blocks] if kappa else comp
-    # κ per block, scaled to the part of it that is compute on the critical path
-    kf = [kappa * u[0] / c[0] if c[0] else 0.0 for u, c in zip(busy, comp, strict=True)]
-    kb = [kappa * u[1] / c[1] if c[1] else 0.0 for u, c in zip(busy, comp, strict=True)]
+    # with interference, each block as it runs: its kernels slow while the streams are busy
+    segs = [_compute_segments(costs, b, rank, sig) for b in blocks] if kappa else None
     fwd, first_f, _ = _prefetch_pass(range(len(blocks)), [c[0] for c in comp], gather, None,
-                                     kf)
+                                     [s[0] for s in segs] if segs else None, kappa)
     order = range(len(blocks) - 1, -1, -1)
-    bwd, first_b, last = _prefetch_pass(order, [c[1] for c in comp], gather, scatter, kb)
+    bwd, first_b, last = _prefetch_pass(order, [c[1] for c in comp], gather, scatter,
+                                        [s[1] for s in segs] if segs else None, kappa)
     return fwd, bwd, first_f, first_b, bwd - last
 
 
+def _compute_segments(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...]
+                      ) -> tuple[Segments, Segments]:
+    """``_compute_ns`` as segments (``_Costs.list_segments``): the forward, and the backward
+    after what it recomputes."""
+    fwd = costs.list_segments(block, "fwd", rank, sig)
+    again: Segments = ()
+    if block.name == "layer" and costs.s.recompute != "none":
+        again = fwd if costs.s.recompute == "full" else costs.list_segments(
+            block, "selective", rank, sig)
+    return fwd, again + costs.list_segments(block, "bwd", rank, sig)
+
+
 def _prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
-                   scatter: list[tuple[int, int]] | None, kappa: list[float]
-                   ) -> tuple[int, int, int]:
+                   scatter: list[tuple[int, int]] | None, segs: list[Segments] | None,
+                   kappa: float) -> tuple[int, int, int]:
     """(end with its streams drained, end of its first block's gathers, end of its last
-    compute) of one pass over blocks in ``order``; dense and expert groups, a stream each; a
-    block's compute slowed while the streams are busy (interference, ``slowed``)."""
+    compute) of one pass over blocks in ``order``; dense and expert groups, a stream each; with
+    ``segs``, a block's kernels slowed while the streams are busy (interference, ``slowed``),
+    its own collectives not."""
     stream = [0, 0]
     chain = 0
     for a in (0, 1):  # the first block's gathers block the chain, dense then expert
@@ -434,8 +499,13 @@ def _prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
                 if g:
                     stream[a] = max(start, stream[a]) + g
                     ready = max(ready, stream[a])
-        k = kappa[i]
-        chain = round(slowed(start, comp[i], stream, k)) if k else start + comp[i]
+        if segs is None:
+            chain = start + comp[i]
+        else:
+            w: float = start
+            for is_comp, d in segs[i]:
+                w = slowed(w, d, stream, kappa) if is_comp else w + d
+            chain = round(w)
         if scatter is not None:
             for a, r in enumerate(scatter[i]):
                 if r:
