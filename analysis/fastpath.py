@@ -466,6 +466,15 @@ def _prefetched_chunk(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: 
     return fwd, bwd, first_f, first_b, bwd - last
 
 
+def _slowed_segments(w: float, segs: Segments, busy: list[int], kappa: float) -> float:
+    """Wall time after running ``segs`` from ``w`` while streams are busy until each of
+    ``busy``: the kernels slowed (``slowed``), the list's own collectives not (replay/sim.py
+    slows kernels, not transfers)."""
+    for is_comp, d in segs:
+        w = slowed(w, d, busy, kappa) if is_comp else w + d
+    return w
+
+
 def _compute_segments(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...]
                       ) -> tuple[Segments, Segments]:
     """``_compute_ns`` as segments (``_Costs.list_segments``): the forward, and the backward
@@ -499,13 +508,8 @@ def _prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
                 if g:
                     stream[a] = max(start, stream[a]) + g
                     ready = max(ready, stream[a])
-        if segs is None:
-            chain = start + comp[i]
-        else:
-            w: float = start
-            for is_comp, d in segs[i]:
-                w = slowed(w, d, stream, kappa) if is_comp else w + d
-            chain = round(w)
+        chain = (start + comp[i] if segs is None
+                 else round(_slowed_segments(start, segs[i], stream, kappa)))
         if scatter is not None:
             for a, r in enumerate(scatter[i]):
                 if r:
@@ -739,12 +743,12 @@ def _param_gather_delay(costs: _Costs, stages: list[_Stage], reps: list[int], c:
             busy.append(t)
         sig, t = costs.signature(reps[st]), arrival
         for block, ready in zip(blocks, need, strict=True):
-            f, _, uf, _ = costs.block(block, reps[st], sig)
             t = max(t, ready)
-            if kappa and busy and f:
-                t = round(slowed(t, f, busy, kappa * uf / f))
+            if kappa and busy:
+                segs = costs.list_segments(block, "fwd", reps[st], sig)
+                t = round(_slowed_segments(t, segs, busy, kappa))
             else:
-                t += f
+                t += costs.block(block, reps[st], sig)[0]
         worst = max(worst, t - arrival - x.fwd[0])
         arrival += x.fwd[0] + c[st]
     return worst
