@@ -157,7 +157,7 @@ def _try_fold(manifest: dict[str, Any], files: dict[int, Path], cache: ReadCache
             reps.append(rep)
             mult[rep.rank] = len(members)
             done += 1
-    except NotFoldable:
+    except (NotFoldable, KeyError, IndexError):  # a mesh the manifest does not close: unfolded
         return None
     return reps, mult
 

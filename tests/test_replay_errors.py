@@ -100,6 +100,33 @@ def test_missing_rank_file_of_a_manifest_set(tmp_path: Path) -> None:
         load_trace_set(tmp_path / "g")
 
 
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda m: m.pop("ranks_written"), "'ranks_written' is missing"),
+    (lambda m: m.update(world_size="8"), "'world_size' must be a whole number ≥ 1, got '8'"),
+    (lambda m: m.update(ranks_written=[0, 9]), "'ranks_written' must be a non-empty list of "
+                                               "ranks in 0..7"),
+    (lambda m: m.update(mode="half"), "'mode' must be 'full' or 'representative'"),
+    (lambda m: m["groups"]["1"].pop("axis"), "'groups' must be an object of groups"),
+    (lambda m: m["stages"][0].pop("memory"), "'stages' must be a list of stages"),
+    (lambda m: m.update(coords=[[0, 0, 0]]), "'coords' must be a list of [rank, pp, dp, cp, tp]"),
+])
+def test_a_damaged_manifest_is_named_field_by_field(tmp_path: Path, edit: Callable[..., object],
+                                                    message: str) -> None:
+    """A hand-edited or damaged manifest.json (replay reads its ranks, groups, mesh, model and
+    memory) fails with the field named and what to do, not a KeyError from inside replay."""
+    import json
+    import shutil
+
+    shutil.copytree(GOLDEN, tmp_path / "g")
+    path = tmp_path / "g" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(TraceFormatError) as info:
+        replay(tmp_path / "g", "dgx-h100")
+    assert message in str(info.value) and "regenerate the set" in str(info.value)
+
+
 def test_not_a_trace_set(tmp_path: Path) -> None:
     with pytest.raises(TraceFormatError, match=r"holds no NAME\.RANK\.et files"):
         load_trace_set(tmp_path)

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from tracegen import __version__
 from tracegen.errors import ConfigError, TraceFormatError
 from tracegen.gcpause import gc_paused
+from tracegen.manifest_check import manifest_problems
 from tracegen.memory import MemoryEstimate, estimate
 from tracegen.mesh import Mesh
 from tracegen.model import ModelSpec
@@ -179,4 +180,9 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
         raise TraceFormatError(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise TraceFormatError(f"{path} is not a {FORMAT} manifest")
+    problems = manifest_problems(data)
+    if problems:
+        raise TraceFormatError(f"{path}: " + "; ".join(problems) + " (regenerate the set with "
+                               "`trainsim tracegen`, or remove the manifest to replay the .et "
+                               "files as a foreign trace set)")
     return data
