@@ -243,6 +243,10 @@ class SystemSpec:
 
 
 SECTIONS = ("gpu", "node", "scaleout", "astra")
+# Every number of a system lies far inside this range in its own units (TFLOP/s, GB/s, Gb/s, µs,
+# GiB, fractions, counts): outside it, a value is a typo (or TOML's nan / inf), and it would turn
+# into an infinite or NaN duration deep inside a model.
+MIN_VALUE, MAX_VALUE = 1e-6, 1e7
 # 0: absent / unmeasured
 OPTIONAL_ZERO = ("nvls_busbw_GBps", "gemm_k_overhead", "gemm_mamf_k", "comm_interference",
                  "sustained_clock_ratio_fp8", "attention_half_tiles", "gemm_occupancy_waves")
@@ -254,8 +258,12 @@ def _problems(s: SystemSpec) -> list[str]:
     for section in sections:
         for field in dataclasses.fields(section):
             v = getattr(section, field.name)
-            if isinstance(v, int | float) and not isinstance(v, bool) and v <= 0 and not (
-                    field.name in OPTIONAL_ZERO and v == 0):
+            if not isinstance(v, int | float) or isinstance(v, bool):
+                continue
+            if not math.isfinite(v) or abs(v) > MAX_VALUE or 0 < abs(v) < MIN_VALUE:
+                out.append(f"{field.name} = {v} is no hardware figure (a finite number between "
+                           f"{MIN_VALUE:g} and {MAX_VALUE:g} in the units its name gives)")
+            elif v <= 0 and not (field.name in OPTIONAL_ZERO and v == 0):
                 out.append(f"{field.name} must be ≥ 0 (0: absent or not modelled), got {v}"
                            if field.name in OPTIONAL_ZERO else
                            f"{field.name} must be positive, got {v}")

@@ -4,6 +4,7 @@ a fuzz test feeds thousands of mutated ET files to the reader."""
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -200,6 +201,24 @@ def test_unknown_system_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match="no preset system named 'dgx-z9'"):
         replay(GOLDEN, "dgx-z9")
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ({"gpu.hbm_GBps": float("nan")}, "hbm_GBps = nan is no hardware figure"),
+    ({"scaleout.oversubscription": float("inf")}, "oversubscription = inf is no hardware figure"),
+    ({"gpu.memory_efficiency": 1e-300}, "memory_efficiency = 1e-300 is no hardware figure"),
+    ({"gpu.peak_bf16_TFLOPs": 1e30}, "peak_bf16_TFLOPs = 1e+30 is no hardware figure"),
+])
+def test_a_system_value_no_hardware_has_is_refused(override: dict[str, float],
+                                                   message: str) -> None:
+    """TOML's nan and inf, and values far outside any hardware's range, are named when the
+    system is read: before, they turned into infinite or NaN durations inside the models and
+    raised OverflowError / ValueError there (found by fuzzing system files)."""
+    from replay import get_system
+    from tracegen.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        get_system("dgx-h100").with_overrides(override)
 
 
 def _mutate(data: bytes, rng: random.Random) -> bytes:
