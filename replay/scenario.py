@@ -43,6 +43,9 @@ from tracegen.errors import ConfigError
 from tracegen.units import NS_PER_S, NS_PER_US
 
 SECTIONS = {"straggler", "random_stragglers", "link", "gpu", "name", "description"}
+# No time (s), slowdown (×), fraction or latency (µs) of one step comes near this: beyond it, a
+# value is a typo, and it would overflow the simulator's integer nanoseconds.
+MAX_NUMBER = 1e6
 # A degraded leaf switch slows every NIC below it: give the nodes under it with tier "switch".
 TIERS = {"nic": "nic", "nvlink": "nvl", "switch": "nic"}
 
@@ -145,6 +148,10 @@ class _Ctx:
     def ranks(self, d: dict[str, Any], section: str) -> list[int]:
         if ("ranks" in d) == ("nodes" in d):
             raise self.fail(f"[[{section}]] needs exactly one of ranks = [...] or nodes = [...]")
+        key = "ranks" if "ranks" in d else "nodes"
+        if not isinstance(d[key], list):
+            raise self.fail(f"[[{section}]]: {key} must be a list of whole numbers, e.g. "
+                            f"{key} = [0, 1]; got {d[key]!r}")
         if "ranks" in d:
             ranks = list(d["ranks"])
         else:
@@ -172,6 +179,9 @@ class _Ctx:
         v = d.get(key, default)
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise self.fail(f"[[{section}]]: {key} must be a number, got {v!r}")
+        if not abs(v) <= MAX_NUMBER:  # also NaN: a step is seconds long, a slowdown a few ×
+            raise self.fail(f"[[{section}]]: {key} = {v} is beyond any step's scale (a finite "
+                            f"number within ±{MAX_NUMBER:g})")
         return float(v)
 
     def straggler(self, d: dict[str, Any]) -> list[Episode]:
@@ -206,7 +216,7 @@ class _Ctx:
         self._keys(d, "link", {"ranks", "nodes", "tier", "bandwidth_factor", "extra_latency_us",
                                "failed", "surviving_fraction"})
         tier = d.get("tier", "nic")
-        if tier not in TIERS:
+        if not isinstance(tier, str) or tier not in TIERS:
             raise self.fail(f"[[link]]: tier must be 'nic', 'nvlink' or 'switch', got {tier!r}")
         key = "surviving_fraction" if d.get("failed") else "bandwidth_factor"
         factor = self._number(d, key, "link", 0.5 if d.get("failed") else None)

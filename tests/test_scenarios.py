@@ -128,6 +128,11 @@ def test_fault_events_have_their_own_perfetto_track(tmp_path: Path) -> None:
     ("[[stragglers]]\nranks = [0]\n", r"unknown section\(s\) \['stragglers'\]"),
     ("[[gpu]]\nranks = [0]\nsystem = \"tpu-v9\"\n", "no preset system named 'tpu-v9'"),
     ("[[straggler]]\nnodes = [0]\nranks = [0]\nslowdown = 2.0\n", "exactly one of ranks"),
+    # found by fuzzing: each had raised from inside (TypeError, OverflowError)
+    ("[[straggler]]\nranks = 1\nslowdown = 2.0\n", r"ranks must be a list of whole numbers"),
+    ("[[link]]\nnodes = [0]\ntier = [\"nic\"]\nfailed = true\n", "tier must be 'nic'"),
+    ("[[straggler]]\nranks = [0]\nslowdown = 1e300\n", r"slowdown = 1e\+300 is beyond any step"),
+    ("[[straggler]]\nranks = [0]\nslowdown = 2.0\nend_s = inf\n", "end_s = inf is beyond"),
 ])
 def test_bad_scenario_files(tmp_path: Path, text: str, message: str) -> None:
     d = _set(tmp_path / "b", tp=2)
