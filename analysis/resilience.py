@@ -112,8 +112,11 @@ def expected_wall_s(work_s: float, interval_s: float, checkpoint_s: float, resta
                     mttf_s: float) -> float:
     """Daly 2006 eq. 13: expected wall time for ``work_s`` of failure-free compute."""
     m = mttf_s
-    return m * math.exp(restart_s / m) * math.expm1((interval_s + checkpoint_s) / m) * (
-        work_s / interval_s)
+    try:
+        return m * math.exp(restart_s / m) * math.expm1((interval_s + checkpoint_s) / m) * (
+            work_s / interval_s)
+    except OverflowError:  # restarts or segments hundreds of MTTFs long: no progress at all
+        return math.inf
 
 
 def ettr_checkpoint_restart(interval_s: float, checkpoint_s: float, restart_s: float,
@@ -135,6 +138,9 @@ def ettr_elastic(c: RecoveryCosts, mttf_s: float) -> float:
     return max(0.0, 1.0 - lost)
 
 
+MAX_SURVIVAL_EXPONENT = 30.0
+
+
 def monte_carlo_wall_s(work_s: float, interval_s: float, checkpoint_s: float, restart_s: float,
                        mttf_s: float, *, runs: int = 200, seed: int = 0,
                        weibull_shape: float = 1.0) -> np.ndarray:
@@ -144,6 +150,13 @@ def monte_carlo_wall_s(work_s: float, interval_s: float, checkpoint_s: float, re
     scale = mttf_s / math.gamma(1 + 1 / weibull_shape)
     out = np.empty(runs)
     segment = interval_s + checkpoint_s
+    # a segment (or restart) survives with probability exp(−(t/scale)^k): past e^-30 a run
+    # would draw ~10^13 failures before finishing one
+    if max(segment, restart_s) / scale > MAX_SURVIVAL_EXPONENT ** (1 / weibull_shape):
+        raise ConfigError(f"a {max(segment, restart_s):,.0f} s segment or restart against a "
+                          f"{mttf_s:,.0f} s MTTF almost never completes: the job makes no "
+                          "progress (expected_wall_s gives its closed form, infinite)",
+                          what="monte carlo")
     n_segments = math.ceil(work_s / interval_s)
     for i in range(runs):
         t = 0.0
@@ -267,12 +280,20 @@ def failure_model(spec: dict[str, object], *, gpus_per_node: int = 8) -> Failure
         raise ConfigError("give preset = NAME or rate_per_gpu_hour (failures per GPU per hour, "
                           f"> 0) with optional weibull_shape; unknown keys: {sorted(unknown)}",
                           what="failures")
-    rate = spec["rate_per_gpu_hour"]
-    shape = spec.get("weibull_shape", 1.0)
-    if not isinstance(rate, int | float) or not isinstance(shape, int | float):
-        raise ConfigError("rate_per_gpu_hour and weibull_shape must be numbers", what="failures")
-    return FailureModel(name=str(spec.get("name", "custom")), rate_per_gpu_hour=float(rate),
-                        weibull_shape=float(shape), source=str(spec.get("source", "")))
+    rate = number("failures", "rate_per_gpu_hour", spec["rate_per_gpu_hour"], positive=True)
+    shape = number("failures", "weibull_shape", spec.get("weibull_shape", 1.0))  # > 0: below
+    return FailureModel(name=str(spec.get("name", "custom")), rate_per_gpu_hour=rate,
+                        weibull_shape=shape, source=str(spec.get("source", "")))
+
+
+def number(table: str, key: str, value: object, *, positive: bool = False) -> float:
+    """A value of a study table: a finite number ≥ 0 (> 0 where ``positive``: a rate or a
+    bandwidth), or a ConfigError naming the table and key."""
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or value < 0 or (positive and value == 0)):
+        kind = "a positive number" if positive else "a number ≥ 0"
+        raise ConfigError(f"[{table}] {key} must be {kind}, got {value!r}", what="study")
+    return float(value)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -301,6 +322,27 @@ DEFAULT_POLICY = {"replica_local": {"stall_s": 180.0},
                   "elastic_shrink": {"stall_s": 180.0, "repair_s": 4 * HOUR_S}}
 
 
+def _policies(policies: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Each policy's parameters, the study's [policies.NAME] tables over the defaults."""
+    unknown = sorted(set(policies) - set(POLICIES))
+    if unknown:
+        raise ConfigError(f"unknown [policies] {unknown}; known: {', '.join(POLICIES)}",
+                          what="study")
+    out = {}
+    for name in POLICIES:
+        given = policies.get(name, {})
+        if not isinstance(given, dict):
+            raise ConfigError(f"[policies.{name}] must be a table, got {given!r}", what="study")
+        extra = sorted(set(given) - set(DEFAULT_POLICY.get(name, {})))
+        if extra:
+            raise ConfigError(f"[policies.{name}] has no {extra}; it takes "
+                              f"{sorted(DEFAULT_POLICY.get(name, {})) or 'no parameters'}",
+                              what="study")
+        table = {**DEFAULT_POLICY.get(name, {}), **given}
+        out[name] = {k: number(f"policies.{name}", k, v) for k, v in table.items()}
+    return out
+
+
 def recovery_costs(job: JobShape, checkpoint: dict[str, object], restart: dict[str, object],
                    policies: dict[str, dict[str, object]] | None = None
                    ) -> dict[str, RecoveryCosts]:
@@ -310,34 +352,34 @@ def recovery_costs(job: JobShape, checkpoint: dict[str, object], restart: dict[s
     if unknown:
         raise ConfigError(f"unknown [restart] key(s) {sorted(unknown)}; known: "
                           f"{', '.join(DEFAULT_RESTART)}", what="study")
-    rs = {**DEFAULT_RESTART, **restart}
-    pol = {k: {**DEFAULT_POLICY.get(k, {}), **(policies or {}).get(k, {})} for k in POLICIES}
+    rs = {k: number("restart", k, v) for k, v in {**DEFAULT_RESTART, **restart}.items()}
+    pol = _policies(policies or {})
     size = checkpoint_bytes(job.params)
     shard = size / job.model_parallel  # one data-parallel replica writes, each GPU its shard
-    storage = float(ck["storage_GBps"]) * 1e9  # type: ignore[arg-type]
-    host = float(ck["host_copy_GBps"]) * 1e9  # type: ignore[arg-type]
+    storage = number("checkpoint", "storage_GBps", ck["storage_GBps"], positive=True) * 1e9
+    host = number("checkpoint", "host_copy_GBps", ck["host_copy_GBps"], positive=True) * 1e9
     mode = ck["mode"]
     if mode not in ("sync", "async", "in_memory"):
         raise ConfigError(f"checkpoint mode must be sync, async or in_memory, got {mode!r}",
                           what="checkpoint")
     delta = {"sync": size / storage, "async": shard / host, "in_memory": shard / host}[str(mode)]
-    init = float(rs["init_s"]) + float(rs["init_s_per_1000_gpus"]) * job.gpus / 1000  # type: ignore[arg-type]
-    base = float(rs["scheduling_s"]) + init + float(rs["warmup_s"])  # type: ignore[arg-type]
+    init = rs["init_s"] + rs["init_s_per_1000_gpus"] * job.gpus / 1000
+    base = rs["scheduling_s"] + init + rs["warmup_s"]
     load_storage = size / storage
     load_peer = shard / job.nic_bytes_per_s
     costs = {
         "global_restart": RecoveryCosts(checkpoint_s=delta, restart_s=base + load_storage),
         "in_memory": RecoveryCosts(checkpoint_s=shard / host, restart_s=base + load_peer),
         "hot_spares": RecoveryCosts(
-            checkpoint_s=delta, restart_s=float(rs["spare_swap_s"]) + init  # type: ignore[arg-type]
-            + float(rs["warmup_s"]) + load_storage),  # type: ignore[arg-type]
+            checkpoint_s=delta, restart_s=rs["spare_swap_s"] + init + rs["warmup_s"]
+            + load_storage),
         "replica_local": RecoveryCosts(
             checkpoint_s=delta, restart_s=base + load_peer,
-            stall_s=float(pol["replica_local"]["stall_s"]), replicas=job.dp),  # type: ignore[arg-type]
+            stall_s=pol["replica_local"]["stall_s"], replicas=job.dp),
         "elastic_shrink": RecoveryCosts(
             checkpoint_s=delta, restart_s=base + load_peer,
-            stall_s=float(pol["elastic_shrink"]["stall_s"]),  # type: ignore[arg-type]
-            repair_s=float(pol["elastic_shrink"]["repair_s"]),  # type: ignore[arg-type]
+            stall_s=pol["elastic_shrink"]["stall_s"],
+            repair_s=pol["elastic_shrink"]["repair_s"],
             degraded_throughput=job.shrunk_throughput),
     }
     return costs

@@ -36,6 +36,12 @@ Progress = Callable[[str, int, int], None]
 
 def enumerate_space(study: Study) -> tuple[list[Strategy], int]:
     """(valid strategies, number of invalid combinations) of the study's search space."""
+    bad = [k for k, v in study.search.items()
+           if not (isinstance(v, list) and v and all(isinstance(x, int | str) for x in v))]
+    if bad:
+        raise ConfigError(f"search dimension(s) {sorted(bad)} must each be a non-empty list of "
+                          "values, e.g. tp = [1, 2, 4, 8] or recompute = [\"none\", \"full\"]",
+                          what=f"study {study.name!r}")
     space = {**DEFAULT_SPACE, **{k: list(v) for k, v in study.search.items()}}
     unknown = set(space) - set(DEFAULT_SPACE) - set(OPTIONAL_DIMENSIONS)
     if unknown:

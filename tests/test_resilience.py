@@ -86,6 +86,38 @@ def test_bad_failure_specs(spec: dict, message: str) -> None:
         R.failure_model(spec)
 
 
+JOB = R.JobShape(gpus=1024, params=70 * 10**9, model_parallel=32, dp=32,
+                 nic_bytes_per_s=50e9, step_time_s=10.0, shrunk_throughput=31 / 32)
+
+
+@pytest.mark.parametrize(("checkpoint", "restart", "policies", "message"), [
+    ({"storage_GBps": "fast"}, {}, {}, "[checkpoint] storage_GBps must be a positive number"),
+    ({"host_copy_GBps": 0}, {}, {}, "[checkpoint] host_copy_GBps must be a positive number"),
+    ({}, {"warmup_s": float("inf")}, {}, "[restart] warmup_s must be a number ≥ 0, got inf"),
+    ({}, {"init_s": [60]}, {}, "[restart] init_s must be a number ≥ 0"),
+    ({}, {}, {"replica_local": {"stall_s": -1}}, "[policies.replica_local] stall_s must be"),
+    ({}, {}, {"replica_local": 5}, "[policies.replica_local] must be a table"),
+    ({}, {}, {"replica": {}}, "unknown [policies] ['replica']"),
+    ({}, {}, {"hot_spares": {"stall_s": 1}}, "[policies.hot_spares] has no ['stall_s']"),
+])
+def test_bad_recovery_tables_are_named(checkpoint: dict, restart: dict, policies: dict,
+                                       message: str) -> None:
+    """Found by fuzzing studies: text, lists and infinities in these tables had raised
+    ValueError / TypeError / OverflowError from inside the cost model."""
+    with pytest.raises(ConfigError) as info:
+        R.recovery_costs(JOB, checkpoint, restart, policies)
+    assert message in str(info.value)
+
+
+def test_a_job_that_cannot_progress_has_zero_goodput_not_an_overflow() -> None:
+    """Restarts hundreds of MTTFs long: Daly's expected wall time is infinite and goodput 0;
+    the Monte Carlo, which would draw failures for ever, says why instead of hanging."""
+    assert R.expected_wall_s(3600, 600, 30, 10**6, 600) == math.inf
+    assert R.ettr_checkpoint_restart(600, 30, 10**6, 600) == 0
+    with pytest.raises(ConfigError, match="almost never completes"):
+        R.monte_carlo_wall_s(3600, 600, 30, 10**6, 600, runs=2)
+
+
 def test_resilience_cli_writes_summary_and_plots(tmp_path: Path) -> None:
     study = Path(__file__).resolve().parent.parent / "analysis" / "studies" / (
         "llama3-405b-failures.toml")

@@ -16,6 +16,7 @@ import pytest
 from analysis.study import load_study
 from analysis.sweep import PartStore, enumerate_space, sweep
 from tests.studies import write_study
+from tracegen import ConfigError
 
 COMPARED = ["id", "strategy", "status", "step_time_s", "fast_step_time_s", "peak_memory_GiB",
             "fits"]
@@ -120,6 +121,24 @@ def test_sweep_keeps_pipelines_whose_depth_does_not_divide_the_layers(tmp_path: 
     by_pp = {s.pp: s for s in valid}
     assert (by_pp[16].first_stage_layers, by_pp[16].last_stage_layers) == (7, 7)
     assert [len(by_pp[8].chunk_layers(126, g)) for g in range(8)] == [15] + [16] * 6 + [15]
+
+
+@pytest.mark.parametrize(("search", "message"), [
+    ({"tp": 4}, "search dimension(s) ['tp'] must each be a non-empty list of values"),
+    ({"pp": []}, "search dimension(s) ['pp'] must each be a non-empty list"),
+    ({"recompute": [["full"]]}, "search dimension(s) ['recompute'] must each be"),
+    ({"tpp": [1]}, "unknown search dimension(s) ['tpp']"),
+])
+def test_a_bad_search_space_is_named(search: dict, message: str) -> None:
+    """A scalar where a list belongs had raised TypeError from inside the enumeration (found
+    by fuzzing studies); a misspelt dimension is named with the known ones."""
+    from analysis.study import study_from_dict
+
+    study = study_from_dict({"model": "gpt-1.7b", "system": "dgx-h100", "gpus": 8,
+                             "global_batch_size": 8, "search": search})
+    with pytest.raises(ConfigError) as info:
+        enumerate_space(study)
+    assert message in str(info.value)
 
 
 def test_strategy_ids_do_not_change_between_versions() -> None:
