@@ -138,12 +138,17 @@ def _rel(value: str, base: Path | None) -> str:
 
 def _strategy(d: dict[str, Any], gpus: int, gbs: int, index: int) -> Strategy:
     d = dict(d)
-    tp, pp, cp = int(d.get("tp", 1)), int(d.get("pp", 1)), int(d.get("cp", 1))
+    degrees = {k: d.get(k, 1) for k in ("tp", "pp", "cp", "vpp")}  # what dp and schedule follow
+    bad = [f"{k} must be a whole number ≥ 1, got {v!r}" for k, v in degrees.items()
+           if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+    if bad:
+        raise ConfigError([f"strategy #{index + 1}: {b}" for b in bad], what="study")
+    tp, pp, cp = degrees["tp"], degrees["pp"], degrees["cp"]
     if gpus % (tp * pp * cp):
         raise ConfigError(f"strategy #{index + 1}: gpus {gpus} is not divisible by tp·pp·cp = "
                           f"{tp * pp * cp}", what="study")
     d.setdefault("dp", gpus // (tp * pp * cp))
     d.setdefault("global_batch_size", gbs)
-    if int(d.get("vpp", 1)) > 1:
+    if degrees["vpp"] > 1:
         d.setdefault("schedule", "interleaved_1f1b")
     return Strategy.from_dict(d)

@@ -94,6 +94,18 @@ def test_bad_study(tmp_path: Path) -> None:
     assert "missing required key 'global_batch_size'" in str(info.value)
 
 
+def test_a_strategys_degrees_are_checked_before_dp_is_derived(tmp_path: Path) -> None:
+    """dp follows from gpus / (tp·pp·cp): a zero or text degree had raised ZeroDivisionError
+    or ValueError there (found by fuzzing studies)."""
+    f = tmp_path / "s.toml"
+    f.write_text('model = "gpt-1.7b"\nsystem = "dgx-h100"\ngpus = 8\nglobal_batch_size = 8\n'
+                 '[[strategies]]\ntp = 0\npp = "two"\n')
+    with pytest.raises(ConfigError) as info:
+        load_study(f)
+    assert "strategy #1: tp must be a whole number ≥ 1, got 0" in str(info.value)
+    assert "strategy #1: pp must be a whole number ≥ 1, got 'two'" in str(info.value)
+
+
 def test_study_values_of_the_wrong_type_are_named_together(tmp_path: Path) -> None:
     """A negative GPU count (which had run as an empty sweep), a quoted number, text for the
     token count, a scalar for a table: each named, in one error, before anything runs."""
