@@ -65,8 +65,12 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    grad_reduce_bf16: bool = False, cp_comm_type: str = "p2p",
                    expert_tp: int = 0, zero3_prefetch: bool = False) -> Strategy:
     """The strategy the shared options describe (dp from the GPU count)."""
+    small = [f"--{k} must be ≥ 1, got {v}" for k, v in
+             (("gpus", gpus), ("tp", tp), ("pp", pp), ("cp", cp)) if v < 1]
+    if small:
+        raise ConfigError(small, what="strategy")
     denom = tp * pp * cp
-    if gpus < 1 or denom < 1 or gpus % denom:
+    if gpus % denom:
         raise ConfigError(f"--gpus {gpus} is not divisible by tp·pp·cp = {tp}·{pp}·{cp} = {denom}; "
                           "choose a GPU count that is a multiple of it", what="strategy")
     return Strategy(tp=tp, pp=pp, cp=cp, ep=ep, dp=gpus // denom, vpp=vpp,
