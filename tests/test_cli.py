@@ -60,10 +60,10 @@ def test_bad_input_is_one_plain_line_not_a_traceback(tmp_path: Path) -> None:
     r = run("tracegen", "--model", "llama3-8b", "--gpus", "12", "--tp", "3", "--mbs", "1",
             "--gbs", "8", "-o", str(tmp_path))
     assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "num_attention_heads 32 is not divisible by tp 3" in r.stderr
     r = run("tracegen", "--model", "llama3-8b", "--gpus", "8", "--tp", "0", "--mbs", "1",
             "--gbs", "8", "-o", str(tmp_path))  # was "not divisible by ... = 0"
     assert r.returncode == 2 and "invalid strategy: --tp must be ≥ 1, got 0" in r.stderr
-    assert "num_attention_heads 32 is not divisible by tp 3" in r.stderr
 
 
 def test_catalog_lists_presets() -> None:
