@@ -45,14 +45,46 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
+# What the report's tables and figures read of a results file (``compare`` / ``sweep`` write it)
+RESULT_COLUMNS_READ = ("strategy", "status", "tp", "pp", "step_time_s", "tokens_per_s",
+                       "peak_memory_GiB", "fits", "compute_s")
+TIMELINE_COLUMNS_READ = ("rank", "name", "kind", "stream", "start_s", "end_s")
+RESILIENCE_COLUMNS_READ = ("policy", "goodput", "expected_wall_clock_s", "expected_failures",
+                           "checkpoint_interval_s", "job_mttf_s", "checkpoint_s", "restart_s")
+
+
 def load_results(directory: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
     d = Path(directory)
     path = d / "results.parquet"
     if not path.is_file():
         raise TrainsimError(f"{path} not found: run `trainsim compare` or `trainsim sweep` with "
                             f"-o {d} first")
-    meta = json.loads((d / "study.json").read_text()) if (d / "study.json").is_file() else {}
-    return pl.read_parquet(path), meta
+    meta: dict[str, Any] = {}
+    if (d / "study.json").is_file():
+        try:
+            meta = json.loads((d / "study.json").read_text())
+        except json.JSONDecodeError as exc:
+            raise TrainsimError(f"{d / 'study.json'} is not valid JSON ({exc}): run the study "
+                                "again or delete the file") from None
+        if not isinstance(meta, dict):
+            raise TrainsimError(f"{d / 'study.json'} is not a JSON object: run the study again "
+                                "or delete the file")
+    return read_table(path, RESULT_COLUMNS_READ), meta
+
+
+def read_table(path: Path, columns: tuple[str, ...]) -> pl.DataFrame:
+    """A Parquet file of a results directory with the columns the report reads, or a
+    TrainsimError that names the file and what to do (never polars' own from inside)."""
+    try:
+        frame = pl.read_parquet(path)
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        raise TrainsimError(f"{path} cannot be read as Parquet ({str(exc).splitlines()[0]}): "
+                            "run `trainsim compare` or `trainsim sweep` again") from None
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise TrainsimError(f"{path} lacks the column(s) {', '.join(missing)}: not written by "
+                            "this trainsim's compare / sweep; run it again")
+    return frame
 
 
 def build_report(results_dir: str | Path, out_dir: str | Path) -> Path:
@@ -89,7 +121,7 @@ def _context(results: pl.DataFrame, meta: dict[str, Any], figures: list[dict[str
     res_rows = []
     rpath = src / "resilience.parquet"
     if rpath.is_file():
-        for r in pl.read_parquet(rpath).iter_rows(named=True):
+        for r in read_table(rpath, RESILIENCE_COLUMNS_READ).iter_rows(named=True):
             res_rows.append({"policy": r["policy"], "goodput": f"{r['goodput']:.1%}",
                              "days": f"{r['expected_wall_clock_s'] / 86400:.1f}",
                              "failures": f"{r['expected_failures']:,.0f}",
@@ -116,12 +148,12 @@ def _figures(results: pl.DataFrame, src: Path) -> list[dict[str, Any]]:
     tl = src / "timeline.parquet"
     if tl.is_file():
         figs.append(("timeline", "Pipeline timeline of the best strategy",
-                     P.pipeline_timeline(pl.read_parquet(tl)),
+                     P.pipeline_timeline(read_table(tl, TIMELINE_COLUMNS_READ)),
                      "The first simulated ranks (one per pipeline stage in representative "
                      "mode): forward, backward and communication."))
     rpath = src / "resilience.parquet"
     if rpath.is_file():
-        frame = pl.read_parquet(rpath)
+        frame = read_table(rpath, RESILIENCE_COLUMNS_READ)
         g = frame.filter(pl.col("policy") == "global_restart").row(0, named=True)
         mttf, delta = g["job_mttf_s"], max(g["checkpoint_s"], 1e-3)
         curve = R.goodput_vs_interval(c=R.RecoveryCosts(checkpoint_s=delta,

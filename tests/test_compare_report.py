@@ -85,6 +85,28 @@ def test_report_without_results_is_a_clear_error(tmp_path: Path) -> None:
     assert r.returncode == 2 and "run `trainsim compare` or `trainsim sweep`" in r.stderr
 
 
+def test_a_damaged_results_directory_is_a_clear_error(tmp_path: Path) -> None:
+    """A truncated Parquet file, a results table missing a column the report reads, or a
+    broken study.json is named with what to do — polars' and json's own errors had escaped."""
+    from analysis.report import build_report
+    from tracegen.errors import TrainsimError
+
+    results = pl.DataFrame({"strategy": ["a"], "status": ["screened"], "tp": [1], "pp": [1],
+                            "step_time_s": [1.0], "tokens_per_s": [1.0],
+                            "peak_memory_GiB": [1.0], "fits": [True]})  # no compute_s
+    results.write_parquet(tmp_path / "results.parquet")
+    with pytest.raises(TrainsimError, match="lacks the column"):
+        build_report(tmp_path, tmp_path / "o")
+    (tmp_path / "results.parquet").write_bytes(b"PAR1 truncated")
+    with pytest.raises(TrainsimError, match="cannot be read as Parquet"):
+        build_report(tmp_path, tmp_path / "o")
+    results.with_columns(pl.lit(0.5).alias("compute_s")).write_parquet(
+        tmp_path / "results.parquet")
+    (tmp_path / "study.json").write_text("{not json")
+    with pytest.raises(TrainsimError, match="study.json is not valid JSON"):
+        build_report(tmp_path, tmp_path / "o")
+
+
 def test_bad_study(tmp_path: Path) -> None:
     f = tmp_path / "s.toml"
     f.write_text('model = "gpt-1.7b"\nsystem = "dgx-h100"\ngpus = 8\nbatch = 8\n')
