@@ -103,7 +103,7 @@ def test_a_damaged_results_directory_is_a_clear_error(tmp_path: Path) -> None:
     results.with_columns(pl.lit(0.5).alias("compute_s")).write_parquet(
         tmp_path / "results.parquet")
     (tmp_path / "study.json").write_text("{not json")
-    with pytest.raises(TrainsimError, match="study.json is not valid JSON"):
+    with pytest.raises(TrainsimError, match=r"study\.json is not valid JSON"):
         build_report(tmp_path, tmp_path / "o")
 
 
