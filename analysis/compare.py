@@ -9,6 +9,7 @@ from typing import Any
 
 import polars as pl
 
+from analysis import replay_size
 from analysis.evaluate import resilience_rows
 from analysis.fastpath import estimate
 from analysis.glance import strategy_rates
@@ -63,7 +64,8 @@ def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,
     if not fast.fits:
         row["status"] = "does not fit"
         return row
-    if replay_it:
+    nodes = replay_size.oversized(study.model, s) if replay_it else None
+    if replay_it and not nodes:
         res = _replay(study, s)
         row.update(_from_replay(res), status="replayed")
         if timeline_path is not None:  # the first ranks, for the report's pipeline timeline
@@ -71,6 +73,8 @@ def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,
             res.timeline.filter(pl.col("rank").is_in(first)).write_parquet(timeline_path)
     else:
         row.update(strategy_rates(study.model, s, study.system, fast.step_time_s))
+        if nodes:
+            row["status"] = "screened: not replayed, " + replay_size.why(nodes)
     if study.has_failures:
         row.update(_failures(study, s, row["step_time_s"], fast))
     return row

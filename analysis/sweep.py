@@ -164,7 +164,8 @@ def sweep(study: Study, out_dir: str | Path, *, top_k: int = 10, scheduler: str 
     _write_atomic(final, out)
     counts = {"enumerated": len(valid) + invalid, "invalid": invalid, "valid": len(valid),
               "do_not_fit": int(screened.filter(~pl.col("fits").fill_null(False)).height),
-              "screened": screened.height, "replayed": replayed.height}
+              "screened": screened.height,
+              "replayed": replayed.filter(pl.col("status") == "replayed").height}
     return final, counts
 
 

@@ -25,13 +25,13 @@ from typing import Any
 
 import polars as pl
 
+from analysis import replay_size
 from analysis.fastpath import estimate
 from analysis.glance import strategy_rates
 from replay import replay
 from replay.attention_kernels import KERNELS, kernel_overrides
 from replay.hardware import GPU_ALIASES, SystemSpec, get_system
 from tracegen import ConfigError, ModelSpec, Strategy, TrainsimError, generate
-from tracegen.program import RoleProgram
 from tracegen.strategy import with_shorter_end_chunks
 from tracegen.units import GiB
 
@@ -84,12 +84,6 @@ VOCAB_PAD = 128  # Megatron-LM --make-vocab-size-divisible-by default
 # No count in the schema comes near 2³¹ (the largest are vocabularies, ~10⁵–10⁶): a larger cell
 # (1e30 GPUs) is a typo, named as unreadable like any other, not a 64-bit overflow deep inside.
 MAX_INT_CELL = 2**31
-# A row whose replay trace would hold more nodes than this (the micro-batch count times the
-# model's ops; building and replaying run ~50 k nodes/s together: Megatron's 1T run, 2.6 M
-# nodes, takes ~1 min, the largest row of any set here) is predicted by the fast path instead,
-# which agrees with replay within 1% at real sizes (bench/bench_fastpath_agreement.py), and
-# the row says so.
-MAX_REPLAY_NODES = 10_000_000
 BAD = "_unreadable"  # per row: the cells that did not parse, as "column 'text'"
 
 
@@ -500,13 +494,11 @@ def _validate_row(row: dict[str, Any], overrides: dict[str, Any] | None = None,
         out["status"] = impossible
         return out
     notes = inputs.assumptions
-    if not fast:
-        nodes = RoleProgram(inputs.model, inputs.strategy, 0).step_op_count()
-        if nodes > MAX_REPLAY_NODES:
-            fast = True
-            notes = "; ".join(filter(None, (notes, (
-                f"predicted by the fast path: the replay trace would hold ~{nodes / 1e6:,.0f} M "
-                f"nodes (more than {MAX_REPLAY_NODES // 10**6} M, minutes to build)"))))
+    nodes = None if fast else replay_size.oversized(inputs.model, inputs.strategy)
+    if nodes:
+        fast = True
+        notes = "; ".join(filter(None, (notes, "predicted by the fast path: "
+                                        + replay_size.why(nodes))))
     try:
         pred = predict_fast(inputs) if fast else predict(inputs)
     except TrainsimError as exc:

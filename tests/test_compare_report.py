@@ -107,6 +107,25 @@ def test_a_damaged_results_directory_is_a_clear_error(tmp_path: Path) -> None:
         build_report(tmp_path, tmp_path / "o")
 
 
+def test_a_strategy_too_large_to_replay_keeps_the_fast_paths_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """compare (and sweep's replay of its best) does not build a trace past the node limit:
+    the row keeps the fast path's step time and says why it was not replayed."""
+    from analysis import replay_size
+    from analysis.compare import evaluate_strategy
+    from analysis.study import study_from_dict
+
+    study = study_from_dict({"model": "gpt-1.7b", "system": "dgx-h100", "gpus": 8,
+                             "global_batch_size": 16, "strategies": [{"tp": 2, "pp": 2}]})
+    s = study.strategies[0]
+    monkeypatch.setattr(replay_size, "MAX_REPLAY_NODES", 1)
+    row = evaluate_strategy(study, s, replay_it=True)
+    assert row["status"].startswith("screened: not replayed, the replay trace would hold")
+    assert row["step_time_s"] == row["fast_step_time_s"] and row["tokens_per_s"] > 0
+    monkeypatch.setattr(replay_size, "MAX_REPLAY_NODES", 10**12)
+    assert evaluate_strategy(study, s, replay_it=True)["status"] == "replayed"
+
+
 def test_bad_study(tmp_path: Path) -> None:
     f = tmp_path / "s.toml"
     f.write_text('model = "gpt-1.7b"\nsystem = "dgx-h100"\ngpus = 8\nbatch = 8\n')

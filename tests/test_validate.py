@@ -10,6 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from analysis import replay_size
 from analysis import validate as V
 from analysis.plots import predicted_vs_measured
 from analysis.validate import (
@@ -267,7 +268,7 @@ def test_a_row_too_large_to_replay_is_predicted_by_the_fast_path(
         size[r["id"]] = RoleProgram(inputs.model, inputs.strategy, 0).step_op_count()
     small, big = sorted(size, key=size.__getitem__)
     assert size[small] < size[big]
-    monkeypatch.setattr(V, "MAX_REPLAY_NODES", (size[small] + size[big]) // 2)
+    monkeypatch.setattr(replay_size, "MAX_REPLAY_NODES", (size[small] + size[big]) // 2)
     got = {r["id"]: r for r in validate(f).iter_rows(named=True)}
     fast = {r["id"]: r for r in validate(f, fast=True).iter_rows(named=True)}
     assert "replay trace would hold" in got[big]["assumptions"]
