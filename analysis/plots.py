@@ -28,7 +28,8 @@ def _finish(ax: Axes, *, xlabel: str, ylabel: str, title: str, legend: LegendLoc
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(loc=legend, fontsize="small")
+    if ax.get_legend_handles_labels()[0]:  # nothing labelled (nothing fits): no empty legend
+        ax.legend(loc=legend, fontsize="small")
     ax.grid(True, which=grid, alpha=0.3)
 
 
