@@ -682,13 +682,14 @@ def _stages(costs: _Costs) -> tuple[list[_Stage], list[int], bool]:
     """Each stage's costs, its representative rank (pp = st, dp = cp = tp = 0 in Megatron
     order), and whether the stages are alike: each on whole nodes of its own (shifting a stage
     by whole nodes changes none of its group shapes), so the middle stages of an evenly split
-    pipeline cost the same."""
+    pipeline cost the same — with interleaving too: only stage 0's first chunk (embedding) and
+    stage p−1's last (head) differ, and the walk still walks every stage."""
     s = costs.s
     per_stage = s.world_size // s.pp
     reps = list(range(0, s.world_size, per_stage))
     uniform = per_stage % costs.gpn == 0
     sig0 = costs.signature(0)
-    alike = uniform and s.vpp == 1 and not (s.first_stage_layers or s.last_stage_layers)
+    alike = uniform and not (s.first_stage_layers or s.last_stage_layers)
     if alike:
         edge = [costs.stage(st, reps[st], sig0) for st in range(min(2, s.pp))]
         middle = [edge[-1]] * max(0, s.pp - 3)
