@@ -13,7 +13,7 @@ from typing import Any
 
 from analysis.compare import evaluate_strategy
 from analysis.study import Study
-from tracegen import Strategy
+from tracegen import Strategy, TrainsimError
 from tracegen.gcpause import gc_paused
 
 # The fields strategy ids were first made of, in declaration order (all are scalars, so this is
@@ -57,6 +57,23 @@ def evaluate_chunk(study: Study, strategies: list[Strategy], replay_it: bool,
     return rows
 
 
+SCHEDULER_TIMEOUT_S = 15  # an unreachable scheduler is reported after this long
+
+
+def _client(scheduler: str) -> Any:
+    """A Dask client of ``scheduler``, or a TrainsimError that says how to get one (distributed
+    raises OSError / ValueError from inside its comm layer)."""
+    from distributed import Client
+
+    try:
+        return Client(scheduler, timeout=SCHEDULER_TIMEOUT_S)  # type: ignore[no-untyped-call]
+    except (OSError, ValueError, TypeError) as exc:
+        raise TrainsimError(f"cannot reach the Dask scheduler at {scheduler!r} "
+                            f"({str(exc).splitlines()[0]}): start one (`dask scheduler` and "
+                            "`dask worker ADDRESS`) or leave out --scheduler to run on local "
+                            "processes") from None
+
+
 def map_chunks(study: Study, chunks: list[list[Strategy]], replay_it: bool,
                scheduler: str | None, workers: int, timeline_dir: str | None = None
                ) -> Iterable[list[dict[str, Any]]]:
@@ -64,9 +81,9 @@ def map_chunks(study: Study, chunks: list[list[Strategy]], replay_it: bool,
     if not chunks:
         return
     if scheduler is not None:
-        from distributed import Client, as_completed
+        from distributed import as_completed
 
-        with Client(scheduler) as client:  # type: ignore[no-untyped-call]
+        with _client(scheduler) as client:
             futures = [client.submit(evaluate_chunk, study, c, replay_it, timeline_dir,
                                      pure=False) for c in chunks]
             for fut in as_completed(futures):  # type: ignore[no-untyped-call]

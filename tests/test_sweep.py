@@ -16,7 +16,7 @@ import pytest
 from analysis.study import load_study
 from analysis.sweep import PartStore, enumerate_space, sweep
 from tests.studies import write_study
-from tracegen import ConfigError
+from tracegen import ConfigError, TrainsimError
 
 COMPARED = ["id", "strategy", "status", "step_time_s", "fast_step_time_s", "peak_memory_GiB",
             "fits"]
@@ -139,6 +139,21 @@ def test_a_bad_search_space_is_named(search: dict, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         enumerate_space(study)
     assert message in str(info.value)
+
+
+def test_an_unreachable_scheduler_is_a_clear_error(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrong --scheduler address, or one nothing listens on, says so and how to go on —
+    distributed's OSError / ValueError had escaped with its traceback."""
+    from analysis import runner
+    from analysis.study import study_from_dict
+
+    monkeypatch.setattr(runner, "SCHEDULER_TIMEOUT_S", 1)
+    study = study_from_dict({"model": "gpt-1.7b", "system": "dgx-h100", "gpus": 8,
+                             "global_batch_size": 8, "search": {"tp": [1], "pp": [1]}})
+    for address in ("not an address", "tcp://127.0.0.1:9"):
+        with pytest.raises(TrainsimError, match="cannot reach the Dask scheduler"):
+            sweep(study, tmp_path / "o", scheduler=address)
 
 
 def test_strategy_ids_do_not_change_between_versions() -> None:
