@@ -77,8 +77,8 @@ ENUM_COLUMNS = ("arch", "activation", "recompute", "precision", "gpu")
 # Two 800 Gb/s NICs per GPU, twice what any system offers (ConnectX-8: one 800 Gb/s per GPU): a
 # larger per-GPU figure is a node's total in the wrong column.
 MAX_NIC_GBPS_PER_GPU = 1600
-# ... and one 10 Gb/s Ethernet port shared by eight GPUs, 1.25 Gb/s each, is below any cluster
-# a published run used (the slowest in ANCHORS.md: 100 GbE TCP); a smaller figure is a unit slip.
+# ... and below 1 Gb/s per GPU (less than a 10 Gb/s Ethernet port shared by eight GPUs) no
+# published run trained (the slowest in ANCHORS.md: 100 GbE TCP): a smaller figure is a unit slip.
 MIN_NIC_GBPS_PER_GPU = 1
 VOCAB_PAD = 128  # Megatron-LM --make-vocab-size-divisible-by default
 # No count in the schema comes near 2³¹ (the largest are vocabularies, ~10⁵–10⁶): a larger cell
