@@ -239,30 +239,14 @@ class _Costs:
 
     def items_cost(self, items: list[O.Item], rank: int) -> tuple[int, int]:
         """(duration, compute on the critical path) of a list of ops and collectives on
-        ``rank``: blocking ones add up; an overlapped collective and the item after it take the
-        longer of the two, the kernel slowed by interference while the collective runs
-        (replay/sim.py: at 1/(1 + κ) of its speed, so a kernel d beside a collective c takes
-        d + min(κ·d, κ/(1 + κ)·c)). The second value is the compute time that another
-        collective in flight would slow (``slowed``): kernels not hidden behind a collective."""
-        kappa = self.compute.gpu.comm_interference
-        total = alongside = busy = 0
-        for it in items:
-            if isinstance(it, O.Comm) and it.overlapped:
-                alongside += self.coll_ns(it, rank)
-                continue
-            if isinstance(it, O.Comm):
-                d = self.coll_ns(it, rank)
-            else:
-                d = self.compute.op_ns(it.kind, it.flop, it.bytes, it.m, it.n,
-                                       DTYPE_CODE[it.dtype], it.name.endswith("_bwd"), it.k,
-                                       it.splits)
-                if alongside and kappa:
-                    d += round(min(kappa * d, kappa / (1 + kappa) * alongside))
-                if d >= alongside:
-                    busy += d
-            total += max(d, alongside)
-            alongside = 0
-        return total + alongside, busy
+        ``rank``: the sums of its segments (``items_segments``), all of them and the compute
+        ones — the compute time that another collective in flight would slow (``slowed``)."""
+        total = busy = 0
+        for comp, d in self.items_segments(items, rank):
+            total += d
+            if comp:
+                busy += d
+        return total, busy
 
     def coll_ns(self, c: O.Comm, rank: int) -> int:
         """Collective cost by the group's shape (size, nodes, ranks per node, rails) rather than
@@ -344,9 +328,13 @@ class _Costs:
         return got
 
     def items_segments(self, items: list[O.Item], rank: int) -> Segments:
-        """``items_cost`` item by item: what is compute on the critical path (``busy``) and
-        what is communication, in order — so a collective outside the list slows only the
-        former (replay slows kernels, not transfers)."""
+        """A list of ops and collectives on ``rank`` as it runs: (compute?, ns) segments in
+        order, neighbours of one kind merged. Blocking items follow one another; an overlapped
+        collective and the item after it take the longer of the two, the kernel slowed by
+        interference while the collective runs (replay/sim.py: at 1/(1 + κ) of its speed, so a
+        kernel d beside a collective c takes d + min(κ·d, κ/(1 + κ)·c)) — a compute segment
+        where the kernel is the longer, communication where the collective is. A collective
+        outside the list slows only the compute (replay slows kernels, not transfers)."""
         kappa = self.compute.gpu.comm_interference
         out: list[tuple[bool, int]] = []
         alongside = 0
