@@ -40,11 +40,11 @@ def bytecodes_per_strategy(interleaved: bool = False) -> float:
     """Per strategy of the benchmark's sweep, or of its interleaved (vpp 2) strategies alone.
     The interleaved schedule's step plans are built before the count (a sweep builds each once
     and keeps it across rounds; ``clear_cache`` leaves them)."""
-    from bench.bench_fastpath import strategies
-
     sweep(1)  # imports and first-call set-up happen outside the count
     model, system, cands, estimate, clear_cache = _setup()
     if interleaved:
+        from bench.bench_fastpath import strategies  # importable once _setup put ROOT on the path
+
         cands = strategies(vpps=(2,))
         for s in cands:
             estimate(model, s, system)
