@@ -100,6 +100,9 @@ class _Stage(NamedTuple):
     layers: int = 0  # transformer layers over all chunks (the memory model's)
     # per chunk: the share of a backward that is compute on the critical path (interference)
     busy_b: tuple[float, ...] = ()
+    # ZeRO-3, per chunk: how much of ``late_b`` the next backward hides when backwards run back
+    # to back (GPipe; ``_trailing_overlap``)
+    overlap_b: tuple[int, ...] = ()
 
 
 class _Context:
@@ -371,6 +374,7 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
     zero3 = costs.s.zero_stage == 3
     prefetch = zero3 and costs.s.zero3_prefetch
     fwd, bwd, runs_bwd, early_f, early_b, late_b = [], [], [], [], [], []
+    overlap_b: list[int] = []
     phi: list[float] = []  # the share of compute in a backward: it slows buckets (``dp_tails``)
     params = {"dp": 0, "edp": 0}
     layers = 0
@@ -397,6 +401,7 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
             early_f.append(first_f)
             early_b.append(first_b)
             late_b.append(tail_b)
+            overlap_b.append(0)  # (walked: the prefetch passes carry their streams)
             continue
         fwd.append(f)
         bwd.append(b)
@@ -405,10 +410,34 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
         # the dense and expert reduce-scatters run on their own groups' streams, side by side
         late_b.append(max(_zero3_axes(costs, chunk[0][0], rank, "REDUCE_SCATTER")) if zero3
                       else 0)
+        overlap_b.append(_trailing_overlap(costs, chunk, rank, sig) if zero3 else 0)
     return _Stage(tuple(fwd), tuple(bwd), tuple(runs_bwd), tuple(early_f), tuple(early_b),
                   tuple(late_b),
                   tuple(params.items()), sum(fwd) / NS_PER_S, sum(bwd) / NS_PER_S,
-                  params["dp"] + params["edp"], layers, tuple(phi))
+                  params["dp"] + params["edp"], layers, tuple(phi), tuple(overlap_b))
+
+
+def _trailing_overlap(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: int,
+                      sig: tuple[object, ...]) -> int:
+    """ZeRO-3 without prefetch, backward passes back to back (GPipe): how much of a pass's
+    trailing reduce-scatters (its last block's, ``late_b``) the next pass hides — its leading
+    blocks compute until one gathers on a stream still busy with them (each group's
+    collectives in order on its own stream). 0 where the next pass gathers at once."""
+    scatter = _zero3_axes(costs, chunk[0][0], rank, "REDUCE_SCATTER")
+    late = max(scatter)
+    if not late:
+        return 0
+    exposed = 0  # how long the next pass waits for the stream that frees last
+    for a in (0, 1):
+        if not scatter[a]:
+            continue
+        lead = 0
+        for block, count in reversed(chunk):  # backward order
+            if _zero3_axes(costs, block, rank, "ALL_GATHER")[a]:
+                exposed = max(exposed, scatter[a] - lead)
+                break
+            lead += count * _compute_ns(costs, block, rank, sig)[1]
+    return late - exposed
 
 
 def _compute_ns(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...],
@@ -620,6 +649,9 @@ def _closed_form_ends(s: Strategy, stages: list[_Stage], c: list[int]) -> tuple[
     """(pipeline ns, end of each stage's last backward) from the GPipe / 1F1B closed forms."""
     f_s = [x.fwd[0] for x in stages]
     b_s = [x.bwd[0] for x in stages]
+    # GPipe runs a stage's backwards back to back: each hides part of the one before's tail
+    b_rep = ([b - x.overlap_b[0] for b, x in zip(b_s, stages, strict=True)]
+             if s.schedule == "gpipe" and s.zero_stage == 3 else None)
     hidden, late_s = 0, [0] * s.pp
     if s.zero_stage == 3 and s.pp > 1:
         # the first gather of a pass runs while the input is awaited; the last reduce-scatter
@@ -627,7 +659,7 @@ def _closed_form_ends(s: Strategy, stages: list[_Stage], c: list[int]) -> tuple[
         late_s = [0] + [x.late_b[0] for x in stages[1:]]
         hidden = sum(x.early_f[0] for x in stages[1:]) + sum(
             x.early_b[0] for x in stages[:-1]) + sum(late_s)
-    pipe = pipeline_ns(s, f_s, b_s, c, hidden)
+    pipe = pipeline_ns(s, f_s, b_s, c, hidden, b_rep)
     # Stage st sends its last gradient Σ_{j<st} (B_j − late_j + c_j) before stage 0 ends, and
     # ends late_st after that. (Spelled with map and itertools.accumulate this takes fewer
     # bytecodes but more machine instructions on CPython 3.11: kept as a loop.)
@@ -657,9 +689,11 @@ def _alike_ends(s: Strategy, stages: list[_Stage], hop: int) -> tuple[int, list[
         lt1, lt_last = mid.late_b[0], last.late_b[0]
         hidden = (n_mid * (mid.early_f[0] + mid.early_b[0] + lt1) + last.early_f[0]
                   + first.early_b[0] + lt_last)
-    pipe = span_ns(s, f0 + n_mid * f1 + fl, b0 + n_mid * b1 + bl, max(f0, f1, fl),
-                   max(b0, b1, bl), max(f0 + b0, f1 + b1, fl + bl),
-                   2 * (p - 1) * hop - hidden)
+    b_max = max(b0, b1, bl)
+    if s.schedule == "gpipe" and s.zero_stage == 3:  # backwards back to back (_closed_form_ends)
+        b_max = max(b0 - first.overlap_b[0], b1 - mid.overlap_b[0], bl - last.overlap_b[0])
+    pipe = span_ns(s, f0 + n_mid * f1 + fl, b0 + n_mid * b1 + bl, max(f0, f1, fl), b_max,
+                   max(f0 + b0, f1 + b1, fl + bl), 2 * (p - 1) * hop - hidden)
     # stage p−1 ends when stage 0 does, less each earlier stage's last gradient and its send
     ends[0] = pipe
     ends[-1] = pipe - (b0 + hop) - n_mid * (b1 - lt1 + hop) + lt_last

@@ -11,14 +11,15 @@ from tracegen.schedule import stage_order
 from tracegen.strategy import Strategy
 
 
-def pipeline_ns(s: Strategy, f_s: list[int], b_s: list[int], c: list[int], hidden: int = 0
-                ) -> int:
+def pipeline_ns(s: Strategy, f_s: list[int], b_s: list[int], c: list[int], hidden: int = 0,
+                b_rep: list[int] | None = None) -> int:
     """GPipe and 1F1B, from each stage's forward and backward of one micro-batch. ``hidden``:
     ZeRO-3 gathers that run while a stage waits for its input during the fill and the drain
-    (the first gather of a pass does not depend on the received tensor)."""
+    (the first gather of a pass does not depend on the received tensor). ``b_rep``: GPipe,
+    what each further backward of a stage adds when they run back to back (default ``b_s``)."""
     comm = 2 * sum(c[: s.pp - 1]) - hidden
     if s.schedule == "gpipe":
-        return span_ns(s, sum(f_s), sum(b_s), max(f_s), max(b_s), 0, comm)
+        return span_ns(s, sum(f_s), sum(b_s), max(f_s), max(b_rep or b_s), 0, comm)
     return span_ns(s, sum(f_s), sum(b_s), 0, 0, max(map(int.__add__, f_s, b_s)), comm)
 
 
