@@ -32,12 +32,16 @@ def draw(rng: random.Random) -> tuple[str, str, Strategy] | None:
     if gpus % (tp * pp * cp):
         return None
     vpp, zero = rng.choice((1, 1, 2)), rng.choice((0, 1, 3))
+    moe = model == "mixtral-8x7b"
     try:
         s = Strategy(tp=tp, pp=pp, dp=gpus // (tp * pp * cp), cp=cp, vpp=vpp,
+                     ep=rng.choice((1, 2, 4, 8)) if moe else 1,
+                     expert_tp=rng.choice((0, 1)) if moe else 0,
                      micro_batch_size=rng.choice((1, 2)), global_batch_size=gbs,
                      recompute=rng.choice(("none", "selective", "full")),  # type: ignore[arg-type]
                      zero_stage=zero, sequence_parallel=tp > 1 and rng.random() < 0.6,
-                     schedule="interleaved_1f1b" if vpp > 1 else "1f1b",
+                     schedule="interleaved_1f1b" if vpp > 1 else rng.choice(("1f1b", "1f1b",
+                                                                             "1f1b", "gpipe")),
                      overlap_param_gather=zero == 1 and rng.random() < 0.5,
                      zero3_prefetch=zero == 3 and rng.random() < 0.5)
     except ConfigError:
@@ -46,7 +50,8 @@ def draw(rng: random.Random) -> tuple[str, str, Strategy] | None:
 
 
 def label(s: Strategy) -> str:
-    return (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} vpp{s.vpp} mbs{s.micro_batch_size} "
+    return (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} ep{s.ep} vpp{s.vpp} {s.schedule} "
+            f"mbs{s.micro_batch_size} "
             f"zero{s.zero_stage}{' prefetch' if s.zero3_prefetch else ''} {s.recompute}"
             f"{' sp' if s.sequence_parallel else ''}"
             f"{' overlap-param-gather' if s.overlap_param_gather else ''}")
