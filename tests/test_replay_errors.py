@@ -204,16 +204,18 @@ def test_unknown_system_is_a_config_error() -> None:
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ({"gpu.hbm_GBps": float("nan")}, "hbm_GBps = nan is no hardware figure"),
-    ({"scaleout.oversubscription": float("inf")}, "oversubscription = inf is no hardware figure"),
+    ({"gpu.hbm_GBps": float("nan")}, "hbm_GBps must be a finite number, got nan"),
+    ({"scaleout.oversubscription": float("inf")}, "oversubscription must be a finite number, "
+                                                  "got inf"),
     ({"gpu.memory_efficiency": 1e-300}, "memory_efficiency = 1e-300 is no hardware figure"),
     ({"gpu.peak_bf16_TFLOPs": 1e30}, "peak_bf16_TFLOPs = 1e+30 is no hardware figure"),
 ])
 def test_a_system_value_no_hardware_has_is_refused(override: dict[str, float],
                                                    message: str) -> None:
-    """TOML's nan and inf, and values far outside any hardware's range, are named when the
-    system is read: before, they turned into infinite or NaN durations inside the models and
-    raised OverflowError / ValueError there (found by fuzzing system files)."""
+    """TOML's nan and inf (refused for every config's numbers, tracegen/_config.py) and values
+    far outside any hardware's range are named when the system is read: before, they turned
+    into infinite or NaN durations inside the models and raised OverflowError / ValueError
+    there (found by fuzzing system files)."""
     from replay import get_system
     from tracegen.errors import ConfigError
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
@@ -65,7 +66,8 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+    """A finite number: TOML and JSON can spell nan and inf, which no config value means."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 # Annotation prefix → (check, what the value must be).
@@ -74,7 +76,7 @@ _TYPE_CHECKS: tuple[tuple[str, Any, str], ...] = (
     ("bool", lambda v: isinstance(v, bool), "true or false"),
     ("str", lambda v: isinstance(v, str), "a string"),
     ("Literal", lambda v: isinstance(v, str), "a string"),
-    ("float", _is_number, "a number"),
+    ("float", _is_number, "a finite number"),
 )
 
 
