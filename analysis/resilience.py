@@ -22,6 +22,7 @@ from typing import Any, Literal
 import numpy as np
 import polars as pl
 
+from tracegen._config import is_finite_number
 from tracegen.errors import ConfigError
 
 HOUR_S = 3600.0
@@ -289,8 +290,7 @@ def failure_model(spec: dict[str, object], *, gpus_per_node: int = 8) -> Failure
 def number(table: str, key: str, value: object, *, positive: bool = False) -> float:
     """A value of a study table: a finite number ≥ 0 (> 0 where ``positive``: a rate or a
     bandwidth), or a ConfigError naming the table and key."""
-    if (isinstance(value, bool) or not isinstance(value, int | float)
-            or not math.isfinite(value) or value < 0 or (positive and value == 0)):
+    if not is_finite_number(value) or value < 0 or (positive and value == 0):
         kind = "a positive number" if positive else "a number ≥ 0"
         raise ConfigError(f"[{table}] {key} must be {kind}, got {value!r}", what="study")
     return float(value)

@@ -40,13 +40,12 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 from typing import Any
 
 from replay.hardware import SystemSpec, resolve_system
 from tracegen import ConfigError, ModelSpec, Strategy, resolve_model
-from tracegen._config import load_mapping
+from tracegen._config import is_finite_number, load_mapping
 
 KNOWN_KEYS = {"model", "system", "gpus", "global_batch_size", "tokens", "strategies", "search",
               "failures", "checkpoint", "restart", "policies", "name", "rank_by"}
@@ -116,8 +115,7 @@ def _type_problems(data: dict[str, Any]) -> list[str]:
         if key in data and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             out.append(f"{key} must be a whole number ≥ 1, got {v!r}")
     tokens = data.get("tokens", 0.0)
-    if (isinstance(tokens, bool) or not isinstance(tokens, int | float)
-            or not math.isfinite(tokens) or tokens < 0):
+    if not is_finite_number(tokens) or tokens < 0:
         out.append(f"tokens must be a number ≥ 0 (tokens to train on), got {tokens!r}")
     for key in ("model", "system"):
         if key in data and not isinstance(data[key], str):

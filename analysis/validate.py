@@ -32,6 +32,7 @@ from replay import replay
 from replay.attention_kernels import KERNELS, kernel_overrides
 from replay.hardware import GPU_ALIASES, SystemSpec, get_system
 from tracegen import ConfigError, ModelSpec, Strategy, TrainsimError, generate
+from tracegen._config import is_finite_number
 from tracegen.strategy import with_shorter_end_chunks
 from tracegen.units import GiB
 
@@ -421,8 +422,8 @@ def _assumptions(assume: dict[str, Any]) -> dict[str, Any]:
                             f"{', '.join(sorted(allowed))})")
         elif col in INT_COLUMNS and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             problems.append(f"{col} takes a whole number ≥ 0, got {v!r}")
-        elif col in FLOAT_COLUMNS and (isinstance(v, bool) or not isinstance(v, int | float)):
-            problems.append(f"{col} takes a number, got {v!r}")
+        elif col in FLOAT_COLUMNS and not is_finite_number(v):
+            problems.append(f"{col} takes a finite number, got {v!r}")
         elif col in BOOL_COLUMNS and not isinstance(v, bool):
             problems.append(f"{col} takes true or false, got {v!r}")
         elif col not in INT_COLUMNS + FLOAT_COLUMNS + BOOL_COLUMNS and not isinstance(v, str):

@@ -7,7 +7,7 @@ import json
 import math
 import tomllib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 from tracegen.errors import ConfigError
 
@@ -65,7 +65,7 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_number(v: Any) -> bool:
+def is_finite_number(v: Any) -> TypeGuard[int | float]:
     """A finite number: TOML and JSON can spell nan and inf, which no config value means."""
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -76,7 +76,7 @@ _TYPE_CHECKS: tuple[tuple[str, Any, str], ...] = (
     ("bool", lambda v: isinstance(v, bool), "true or false"),
     ("str", lambda v: isinstance(v, str), "a string"),
     ("Literal", lambda v: isinstance(v, str), "a string"),
-    ("float", _is_number, "a finite number"),
+    ("float", is_finite_number, "a finite number"),
 )
 
 
