@@ -605,7 +605,7 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
         chunk_ends = list(zip(ends))
         check = range(s.pp)
     if s.overlap_param_gather and s.zero_stage in (1, 2):
-        held = _param_gather_delay(costs, stages, reps, c)
+        held = _param_gather_delay(costs, stages, reps, c, alike)
         pipe += held
         ends = [e + held for e in ends]
         chunk_ends = [[e + held for e in ce] for ce in chunk_ends]
@@ -741,40 +741,57 @@ def _peak_memory_bytes(costs: _Costs, stages: list[_Stage], alike: bool) -> int:
                for st in candidates)
 
 
-def _param_gather_delay(costs: _Costs, stages: list[_Stage], reps: list[int], c: list[int]
-                        ) -> int:
+def _param_gather_delay(costs: _Costs, stages: list[_Stage], reps: list[int], c: list[int],
+                        alike: bool) -> int:
     """``overlap_param_gather``: how much the step's parameter all-gathers (serial on each
     data-parallel stream from the start, bucket by bucket in forward order) delay the pipeline:
     the most any stage's first forward of its first chunk is held up, that forward starting when
     its input arrives in the fill (Σ_{j<s} F_j + c_j). Later chunks' buckets are gathered long
-    before their first forward and are not charged."""
-    s = costs.s
-    kappa = costs.compute.gpu.comm_interference
+    before their first forward and are not charged. A stage's forward delayed from a later
+    start is delayed no more (every step of it — waiting for a bucket, a kernel slowed while a
+    stream is busy — ends no more than the start's shift later), so of ``alike`` stages only the
+    first middle one is walked, and a stage that starts after its gathers is not delayed."""
     worst, arrival = 0, 0
     for st, x in enumerate(stages):
-        blocks = costs.prog.blocks_of_chunk(st, labels=False)
-        need = [0] * len(blocks)
-        busy = []  # when each stream's gathers end: the forward runs slowed until then
-        for axis in ("dp", "edp") if costs.moe else ("dp",):
-            size = dp_group_size(s, axis)
-            if size < 2:
-                continue
-            shape, t = costs.shape(axis, reps[st]), 0
-            for first, n in reversed(bucket_plan(blocks, axis, s.dp_bucket_params)):
-                t += costs.net.shape_ns("ALL_GATHER", -(-n // size) * O.PARAM_BYTES, shape)
-                need[first] = max(need[first], t)
-            busy.append(t)
-        sig, t = costs.signature(reps[st]), arrival
-        for block, ready in zip(blocks, need, strict=True):
-            t = max(t, ready)
-            if kappa and busy:
-                segs = costs.list_segments(block, "fwd", reps[st], sig)
-                t = round(_slowed_segments(t, segs, busy, kappa))
-            else:
-                t += costs.block(block, reps[st], sig)[0]
-        worst = max(worst, t - arrival - x.fwd[0])
+        if not alike or st in (0, 1, len(stages) - 1):
+            worst = max(worst, _held_forward(costs, st, reps[st], x.fwd[0], arrival))
         arrival += x.fwd[0] + c[st]
     return worst
+
+
+def _held_forward(costs: _Costs, st: int, rank: int, fwd: int, arrival: int) -> int:
+    """How much later than ``fwd`` after ``arrival`` stage ``st``'s first forward ends: each
+    block waits for its bucket's gather and, with interference, runs slowed while a stream is
+    busy; once every stream is free the rest runs at full speed."""
+    s = costs.s
+    kappa = costs.compute.gpu.comm_interference
+    blocks = costs.prog.blocks_of_chunk(st, labels=False)
+    need = [0] * len(blocks)
+    busy = []  # when each stream's gathers end: the forward runs slowed until then
+    for axis in ("dp", "edp") if costs.moe else ("dp",):
+        size = dp_group_size(s, axis)
+        if size < 2:
+            continue
+        shape, t = costs.shape(axis, rank), 0
+        for first, n in reversed(bucket_plan(blocks, axis, s.dp_bucket_params)):
+            t += costs.net.shape_ns("ALL_GATHER", -(-n // size) * O.PARAM_BYTES, shape)
+            need[first] = max(need[first], t)
+        busy.append(t)
+    free = max(busy, default=0)
+    if arrival >= free:
+        return 0
+    sig, t, plain = costs.signature(rank), arrival, 0
+    for block, ready in zip(blocks, need, strict=True):
+        if t >= free:  # every gather done: the rest at full speed
+            return t - plain - arrival
+        t = max(t, ready)
+        if kappa:
+            segs = costs.list_segments(block, "fwd", rank, sig)
+            t = round(_slowed_segments(t, segs, busy, kappa))
+        else:
+            t += costs.block(block, rank, sig)[0]
+        plain += costs.block(block, rank, sig)[0]
+    return t - arrival - fwd
 
 
 def _sends(costs: _Costs, reps: list[int], alike: bool) -> list[int]:

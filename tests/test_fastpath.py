@@ -389,6 +389,35 @@ def test_alike_closed_form_equals_the_general_one(pp, mb, zero, tp, schedule, ho
     assert (got_pipe, got_ends[0], got_ends[-1]) == (pipe, ends[0], ends[-1])
 
 
+@settings(max_examples=80, deadline=None)
+@given(pp=st.sampled_from([3, 4, 6, 8]), tp=st.sampled_from([1, 2, 4]),
+       bucket=st.sampled_from([10**4, 10**5, 10**6, 4 * 10**7]),
+       starts=st.lists(st.integers(0, 3 * 10**5), min_size=2, max_size=2),
+       hops=st.lists(st.integers(0, 10**5), min_size=8, max_size=8))
+def test_param_gather_delay_of_alike_stages_walks_three(pp, tp, bucket, starts, hops) -> None:
+    """``overlap_param_gather``: a stage's first forward started later is held up no more, and
+    alike middle stages are held up alike, so walking the first, the first middle and the
+    last stage gives the delay that walking every stage gives, whatever the hops."""
+    from analysis import fastpath as F
+
+    model = ModelSpec(name="x", num_layers=24, hidden_size=256, num_attention_heads=8,
+                      num_kv_heads=4, ffn_hidden_size=512, vocab_size=1024, seq_len=256,
+                      activation="swiglu")
+    s = Strategy(tp=tp, pp=pp, dp=8 // tp, zero_stage=1, overlap_param_gather=True,
+                 dp_bucket_params=bucket, micro_batch_size=1, global_batch_size=8 // tp * 4)
+    costs = F._Costs(model, s, SYSTEM)
+    stages, reps, alike = F._stages(costs)
+    assert alike
+    early, late = sorted(starts)
+    f = stages[1].fwd[0]
+    held = [F._held_forward(costs, st, reps[st], f, early) for st in range(1, pp - 1)]
+    assert held == [held[0]] * len(held)
+    assert F._held_forward(costs, 1, reps[1], f, late) <= held[0]
+    c = hops[:pp]
+    assert F._param_gather_delay(costs, stages, reps, c, True) == F._param_gather_delay(
+        costs, stages, reps, c, False)
+
+
 def test_memos_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """A long session starts a fresh context once the memos pass their limit; answers stay."""
     from analysis import fastpath as F
