@@ -277,7 +277,9 @@ def sweep_cmd(
     workers: Annotated[int, typer.Option(help="Local worker processes.")] = 2,
     scheduler: Annotated[str | None, typer.Option(help="Dask scheduler address, e.g. "
                                                        "tcp://host:8786.")] = None,
-    chunk: Annotated[int, typer.Option(help="Strategies per task.")] = 64,
+    chunk: Annotated[int | None, typer.Option(
+        help="Strategies per screening task (default: about an eighth of each local "
+             "worker's share, 64–4,096; 64 on a Dask cluster).")] = None,
 ) -> None:
     """Enumerate a strategy space, screen it with the fast path, replay the best K, rank."""
     import json

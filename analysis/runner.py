@@ -74,11 +74,31 @@ def _client(scheduler: str) -> Any:
                             "processes") from None
 
 
+def _ready() -> None:
+    """A no-op task: a worker that ran it has imported everything a chunk needs."""
+
+
+def local_pool(workers: int) -> cf.ProcessPoolExecutor:
+    """A pool of ``workers`` local processes, started at once (each imports the fast path and
+    replay while the caller goes on, e.g. enumerating a sweep's space) and reusable for every
+    phase of a sweep. "spawn", not fork: polars' thread pool does not survive a fork (the child
+    can deadlock)."""
+    pool = cf.ProcessPoolExecutor(max_workers=workers,
+                                  mp_context=multiprocessing.get_context("spawn"))
+    for _ in range(workers):
+        pool.submit(_ready)
+    return pool
+
+
 def map_chunks(study: Study, chunks: list[list[Strategy]], replay_it: bool,
-               scheduler: str | None, workers: int, timeline_dir: str | None = None
-               ) -> Iterable[list[dict[str, Any]]]:
-    """Results of each chunk as it finishes (order not kept)."""
+               scheduler: str | None, workers: int, timeline_dir: str | None = None,
+               pool: cf.Executor | None = None) -> Iterable[list[dict[str, Any]]]:
+    """Results of each chunk as it finishes (order not kept), on ``pool`` when given (the
+    caller shuts it down), else on a Dask cluster, in this process or on a pool of its own."""
     if not chunks:
+        return
+    if pool is not None:
+        yield from _on_pool(pool, study, chunks, replay_it, timeline_dir)
         return
     if scheduler is not None:
         from distributed import as_completed
@@ -93,9 +113,12 @@ def map_chunks(study: Study, chunks: list[list[Strategy]], replay_it: bool,
         for c in chunks:
             yield evaluate_chunk(study, c, replay_it, timeline_dir)
         return
-    # "spawn", not fork: polars' thread pool does not survive a fork (the child can deadlock).
-    ctx = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futs = [pool.submit(evaluate_chunk, study, c, replay_it, timeline_dir) for c in chunks]
-        for f in cf.as_completed(futs):
-            yield f.result()
+    with local_pool(workers) as own:
+        yield from _on_pool(own, study, chunks, replay_it, timeline_dir)
+
+
+def _on_pool(pool: cf.Executor, study: Study, chunks: list[list[Strategy]], replay_it: bool,
+             timeline_dir: str | None) -> Iterable[list[dict[str, Any]]]:
+    futs = [pool.submit(evaluate_chunk, study, c, replay_it, timeline_dir) for c in chunks]
+    for f in cf.as_completed(futs):
+        yield f.result()

@@ -10,6 +10,8 @@ skipped, never duplicated.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import contextlib
 import itertools
 import os
 from collections.abc import Callable
@@ -19,7 +21,7 @@ from typing import Any
 import polars as pl
 
 from analysis.compare import RESULT_COLUMNS, rank
-from analysis.runner import map_chunks, strategy_id, strategy_key
+from analysis.runner import local_pool, map_chunks, strategy_id, strategy_key
 from analysis.study import Study
 from tracegen import ConfigError, Strategy
 from tracegen.strategy import check_fits_model, with_shorter_end_chunks
@@ -36,6 +38,11 @@ Progress = Callable[[str, int, int], None]
 
 def enumerate_space(study: Study) -> tuple[list[Strategy], int]:
     """(valid strategies, number of invalid combinations) of the study's search space."""
+    return _enumerate(study, search_space(study))
+
+
+def search_space(study: Study) -> dict[str, list[Any]]:
+    """Every search dimension's values: the defaults, overridden by the study's [search]."""
     bad = [k for k, v in study.search.items()
            if not (isinstance(v, list) and v and all(isinstance(x, int | str) for x in v))]
     if bad:
@@ -48,6 +55,10 @@ def enumerate_space(study: Study) -> tuple[list[Strategy], int]:
         raise ConfigError(f"unknown search dimension(s) {sorted(unknown)}; known: "
                           f"{', '.join(sorted(DEFAULT_SPACE))}, {', '.join(OPTIONAL_DIMENSIONS)}",
                           what=f"study {study.name!r}")
+    return space
+
+
+def _enumerate(study: Study, space: dict[str, list[Any]]) -> tuple[list[Strategy], int]:
     keys = sorted(space)
     valid: list[Strategy] = []
     invalid = 0
@@ -122,41 +133,65 @@ class PartStore:
 
 
 def _run(study: Study, todo: list[Strategy], store: PartStore, *, replay_it: bool,
-         chunk: int, scheduler: str | None, workers: int, phase: str,
-         progress: Progress | None) -> None:
+         chunk: int, scheduler: str | None, workers: int, pool: cf.Executor | None,
+         phase: str, progress: Progress | None) -> None:
     chunks = [todo[i:i + chunk] for i in range(0, len(todo), chunk)]
     done = 0
     if progress:
         progress(phase, 0, len(todo))
-    for rows in map_chunks(study, chunks, replay_it, scheduler, workers):
+    for rows in map_chunks(study, chunks, replay_it, scheduler, workers, pool=pool):
         store.write(rows)
         done += len(rows)
         if progress:
             progress(phase, done, len(todo))
 
 
+SCREEN_CHUNKS_PER_WORKER = 8  # enough to balance slow (interleaved) and fast chunks
+SCREEN_CHUNK_MIN, SCREEN_CHUNK_MAX = 64, 4096
+
+
+def screening_chunk(n: int, workers: int) -> int:
+    """Strategies per screening task on a local pool: about an eighth of each worker's share,
+    64–4,096 (a part file per task: a few dozen, not thousands; a killed sweep loses at most a
+    second or so of screening per worker)."""
+    per = -(-n // (workers * SCREEN_CHUNKS_PER_WORKER))
+    return max(SCREEN_CHUNK_MIN, min(SCREEN_CHUNK_MAX, per))
+
+
 def sweep(study: Study, out_dir: str | Path, *, top_k: int = 10, scheduler: str | None = None,
-          workers: int | None = None, chunk: int = 64,
+          workers: int | None = None, chunk: int | None = None,
           progress: Progress | None = None) -> tuple[pl.DataFrame, dict[str, int]]:
-    """Screen the whole space, replay the best ``top_k``; returns (ranked frame, counts)."""
+    """Screen the whole space, replay the best ``top_k``; returns (ranked frame, counts).
+    ``chunk``: strategies per screening task (default ``screening_chunk`` on local workers, 64
+    on a Dask cluster). Local workers start before the space is enumerated and serve both
+    phases."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     workers = workers or min(2, os.cpu_count() or 1)
-    valid, invalid = enumerate_space(study)
-    screen = PartStore(out, "screen")
-    done = screen.done_ids()
-    todo = [s for s in valid if strategy_id(s) not in done]
-    _run(study, todo, screen, replay_it=False, chunk=chunk, scheduler=scheduler,
-         workers=workers, phase="screening", progress=progress)
-    screened = rank(screen.read().unique("id", keep="first"), study.rank_by)
-    fits = screened.filter(pl.col("fits").fill_null(False))
-    best_ids = fits.head(top_k)["id"].to_list()
-    by_id = {strategy_id(s): s for s in valid}
-    verify = PartStore(out, "replay")
-    replayed_ids = verify.done_ids()
-    todo = [by_id[i] for i in best_ids if i not in replayed_ids]
-    _run(study, todo, verify, replay_it=True, chunk=1, scheduler=scheduler, workers=workers,
-         phase="replaying", progress=progress)
+    if chunk is not None and chunk < 1:
+        raise ConfigError(f"chunk must be at least 1 strategy per task, not {chunk}",
+                          what=f"sweep of {study.name!r}")
+    space = search_space(study)
+    with contextlib.ExitStack() as stack:
+        pool = (stack.enter_context(local_pool(workers))
+                if scheduler is None and workers > 1 else None)
+        valid, invalid = _enumerate(study, space)
+        by_id = {strategy_id(s): s for s in valid}
+        screen = PartStore(out, "screen")
+        done = screen.done_ids()
+        todo = [s for i, s in by_id.items() if i not in done]
+        size = chunk or (screening_chunk(len(todo), workers) if scheduler is None
+                         else SCREEN_CHUNK_MIN)
+        _run(study, todo, screen, replay_it=False, chunk=size, scheduler=scheduler,
+             workers=workers, pool=pool, phase="screening", progress=progress)
+        screened = rank(screen.read().unique("id", keep="first"), study.rank_by)
+        fits = screened.filter(pl.col("fits").fill_null(False))
+        best_ids = fits.head(top_k)["id"].to_list()
+        verify = PartStore(out, "replay")
+        replayed_ids = verify.done_ids()
+        todo = [by_id[i] for i in best_ids if i not in replayed_ids]
+        _run(study, todo, verify, replay_it=True, chunk=1, scheduler=scheduler,
+             workers=workers, pool=pool, phase="replaying", progress=progress)
     replayed = verify.read().unique("id", keep="first")
     merged = pl.concat([replayed, screened.drop("rank").filter(
         ~pl.col("id").is_in(replayed["id"].to_list()))], how="vertical_relaxed")

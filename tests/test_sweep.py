@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from analysis.study import load_study
-from analysis.sweep import PartStore, enumerate_space, sweep
+from analysis.sweep import PartStore, enumerate_space, screening_chunk, sweep
 from tests.studies import write_study
 from tracegen import ConfigError, TrainsimError
 
@@ -139,6 +139,26 @@ def test_a_bad_search_space_is_named(search: dict, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         enumerate_space(study)
     assert message in str(info.value)
+
+
+def test_screening_tasks_are_sized_to_the_workers(tmp_path: Path) -> None:
+    """A local pool screens in about eight tasks per worker of 64–4,096 strategies each, one
+    part file a task (a part per 64 strategies had cost more to write than to screen); a
+    chunk below one strategy is named."""
+    from analysis.study import study_from_dict
+
+    assert [screening_chunk(n, 2) for n in (100, 8592, 10**6)] == [64, 537, 4096]
+    study = study_from_dict({"model": "gpt-1.7b", "system": "dgx-h100", "gpus": 512,
+                             "global_batch_size": 2048,
+                             "search": {"zero_stage": [0, 1, 2, 3],
+                                        "micro_batch_size": [1, 2, 4, 8]}})
+    _, counts = sweep(study, tmp_path / "o", top_k=0, workers=2)
+    size = screening_chunk(counts["valid"], 2)
+    assert size > 64
+    parts = list((tmp_path / "o" / "parts" / "screen").glob("part-*.parquet"))
+    assert len(parts) == -(-counts["valid"] // size)
+    with pytest.raises(ConfigError, match="chunk must be at least 1 strategy"):
+        sweep(study, tmp_path / "p", chunk=0)
 
 
 def test_an_unreachable_scheduler_is_a_clear_error(tmp_path: Path,
