@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from analysis.dp_tails import BucketRun, slowed, tails_ns
-from analysis.pipeline_walk import interleaved, pipeline_ns, span_ns
+from analysis.pipeline_walk import Z3Runs, interleaved, pipeline_ns, span_ns
 from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
 from replay.network import AlphaBetaNetwork, ranges_shape
@@ -103,6 +103,10 @@ class _Stage(NamedTuple):
     # ZeRO-3, per chunk: how much of ``late_b`` the next backward hides when backwards run back
     # to back (GPipe; ``_trailing_overlap``)
     overlap_b: tuple[int, ...] = ()
+    # ZeRO-3 without prefetch on a MoE model, per chunk, for the schedule walk: the forward's
+    # and the backward's blocks as the dense and expert streams see them (``_zero3_runs``)
+    z3_f: tuple[Z3Runs, ...] = ()
+    z3_b: tuple[Z3Runs, ...] = ()
 
 
 class _Context:
@@ -375,6 +379,8 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
     prefetch = zero3 and costs.s.zero3_prefetch
     fwd, bwd, runs_bwd, early_f, early_b, late_b = [], [], [], [], [], []
     overlap_b: list[int] = []
+    z3_f: list[Z3Runs] = []
+    z3_b: list[Z3Runs] = []
     phi: list[float] = []  # the share of compute in a backward: it slows buckets (``dp_tails``)
     params = {"dp": 0, "edp": 0}
     layers = 0
@@ -411,10 +417,14 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
         late_b.append(max(_zero3_axes(costs, chunk[0][0], rank, "REDUCE_SCATTER")) if zero3
                       else 0)
         overlap_b.append(_trailing_overlap(costs, chunk, rank, sig) if zero3 else 0)
+        if zero3 and costs.moe:
+            z3_f.append(_zero3_runs(costs, chunk, rank, sig, backward=False))
+            z3_b.append(_zero3_runs(costs, chunk[::-1], rank, sig, backward=True))
     return _Stage(tuple(fwd), tuple(bwd), tuple(runs_bwd), tuple(early_f), tuple(early_b),
                   tuple(late_b),
                   tuple(params.items()), sum(fwd) / NS_PER_S, sum(bwd) / NS_PER_S,
-                  params["dp"] + params["edp"], layers, tuple(phi), tuple(overlap_b))
+                  params["dp"] + params["edp"], layers, tuple(phi), tuple(overlap_b),
+                  tuple(z3_f), tuple(z3_b))
 
 
 def _trailing_overlap(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: int,
@@ -438,6 +448,24 @@ def _trailing_overlap(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: 
                 break
             lead += count * _compute_ns(costs, block, rank, sig)[1]
     return late - exposed
+
+
+def _zero3_runs(costs: _Costs, runs: list[tuple[ParamBlock, int]], rank: int,
+                sig: tuple[object, ...], backward: bool) -> Z3Runs:
+    """ZeRO-3 without prefetch on a MoE model: one chunk's pass in the order it runs, each run
+    of equal blocks as (dense gather, expert gather, compute, dense reduce-scatter, expert
+    reduce-scatter) ns and its count, for the schedule walk's two-stream state
+    (``pipeline_walk.z3_pass``). The per-block charge of ``_block_ns`` pairs a block's
+    reduce-scatters with its own gathers: exact for a chunk of equal blocks, not where a block
+    gathers on one stream only (the embedding, the head) and a layer's expert reduce-scatter
+    runs on beside it; nor can one number after the send carry two streams into the next step."""
+    out = []
+    for block, count in runs:
+        g = _zero3_axes(costs, block, rank, "ALL_GATHER")
+        r = _zero3_axes(costs, block, rank, "REDUCE_SCATTER") if backward else (0, 0)
+        comp = _compute_ns(costs, block, rank, sig)[1 if backward else 0]
+        out.append(((g[0], g[1], comp, r[0], r[1]), count))
+    return tuple(out)
 
 
 def _compute_ns(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...],
@@ -635,12 +663,15 @@ def _walked_ends(costs: _Costs, stages: list[_Stage], c: list[int]
              for ph, g in (("F", x.early_f[ch]), ("B", x.early_b[ch]))} if zero3 else None
     late = {(st, ch): x.late_b[ch] for st, x in enumerate(stages)
             for ch in range(s.vpp)} if zero3 else None
+    streams = ([x.z3_f for x in stages], [x.z3_b for x in stages]) if (
+        zero3 and stages[0].z3_b) else None
     key = (s.schedule, s.pp, s.num_microbatches, s.vpp, tuple(fwd), tuple(bwd), tuple(c),
            tuple(sorted(early.items())) if early else None,
-           tuple(sorted(late.items())) if late else None)
+           tuple(sorted(late.items())) if late else None,
+           (tuple(streams[0]), tuple(streams[1])) if streams else None)
     walked = costs.ctx.walks.get(key)
     if walked is None:
-        walked = costs.ctx.walks[key] = interleaved(s, fwd, bwd, c, early, late)
+        walked = costs.ctx.walks[key] = interleaved(s, fwd, bwd, c, early, late, streams)
     ends, chunk_ends = walked
     return max(ends), ends, chunk_ends
 

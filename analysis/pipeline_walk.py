@@ -75,7 +75,8 @@ def _plan(schedule: str, m: int, p: int, v: int) -> tuple[tuple[int, bool, int, 
 
 def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ...]], c: list[int],
                 early: dict[tuple[str, int, int], int] | None = None,
-                late: dict[tuple[int, int], int] | None = None
+                late: dict[tuple[int, int], int] | None = None,
+                streams: tuple[Z3Stages, Z3Stages] | None = None
                 ) -> tuple[list[int], list[list[int]]]:
     """(end of each stage's last backward, when each chunk's last backward ends) under Megatron's
     interleaved order. The schedule is a max-plus linear system: once periodic, each further
@@ -87,10 +88,15 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
     every case tried — 3,492 sweep strategies and a hypothesis test with the 2p/3p start; with
     the p/2p start (twelfth session: 40% less walking) 480 strategies of three real models
     (ZeRO 1 and 3, uneven first and last stages). On schedules with random per-stage, per-chunk
-    costs, which no pipeline has, either start can be off (15 and 13 of 3,000, by up to 2.8%)."""
+    costs, which no pipeline has, either start can be off (15 and 13 of 3,000, by up to 2.8%).
+    With ``streams`` (ZeRO-3 on a MoE model: each stage chunk's forward and backward as runs of
+    blocks) the steps are walked with each stage's dense and expert streams (``_walk_streams``)
+    instead of ``early`` and ``late``."""
     p, m, v = s.pp, s.num_microbatches, s.vpp
 
     def walk(mb: int) -> tuple[list[int], list[list[int]]]:
+        if streams:
+            return _walk_streams(s.schedule, p, mb, v, *streams, c)
         return _walk(s.schedule, p, mb, v, fwd, bwd, c, early, late)
 
     if m <= 3 * p:
@@ -211,3 +217,74 @@ def _walk(schedule: str, p: int, m: int, v: int, fwd: list[tuple[int, ...]],
             done_f[k] = clock[st]
     last = (m - 1) * n
     return clock, [[done_b[last + ch * p + st] for ch in range(v)] for st in range(p)]
+
+
+# ZeRO-3 on a MoE model: one pass of a stage chunk as runs of equal blocks, each block as (dense
+# gather, expert gather, compute, dense reduce-scatter, expert reduce-scatter) ns with its count
+# in a row (``fastpath._zero3_runs``); per stage, per chunk
+Z3Block = tuple[int, int, int, int, int]
+Z3Runs = tuple[tuple[Z3Block, int], ...]
+Z3Stages = list[tuple[Z3Runs, ...]]
+# a stage's chain (end of its last compute) and when its dense and expert streams are free
+Z3State = tuple[int, int, int]
+
+
+def _walk_streams(schedule: str, p: int, m: int, v: int, z3_f: Z3Stages, z3_b: Z3Stages,
+                  c: list[int]) -> tuple[list[int], list[list[int]]]:
+    """``_walk`` with each stage's two data-parallel streams carried from step to step (ZeRO-3
+    on a MoE model, where one number after a step cannot say which stream is still busy): a
+    step's first gathers go as soon as the chain and their stream allow, its first compute
+    waits for its input too, and its reduce-scatters stay on their streams while the next step
+    starts (``z3_pass``). A stage ends when its last compute and its streams are done; a
+    chunk's last backward ends at its last compute (its gradient is sent then)."""
+    n = p * v
+    hop_in = [c[(st - 1) % p] for st in range(p)]
+    done_f, done_b = [0] * (m * n), [0] * (m * n)
+    state: list[Z3State] = [(0, 0, 0)] * p
+    for st, backward, k, dep, ch in _plan(schedule, m, p, v):
+        if backward:
+            arrive = done_b[dep] + c[st] if dep >= 0 else 0
+            state[st] = z3_pass(z3_b[st][ch], state[st], arrive)
+            done_b[k] = state[st][0]
+        else:
+            arrive = done_f[dep] + hop_in[st] if dep >= 0 else 0
+            state[st] = z3_pass(z3_f[st][ch], state[st], arrive)
+            done_f[k] = state[st][0]
+    last = (m - 1) * n
+    return ([max(x) for x in state],
+            [[done_b[last + ch * p + st] for ch in range(v)] for st in range(p)])
+
+
+def z3_pass(runs: Z3Runs, state: Z3State, arrive: int) -> Z3State:
+    """A stage's state after one pass over ``runs`` whose input arrives at ``arrive``: each
+    block gathers on the dense, then the expert stream (the chain waits for each), computes —
+    the first block not before the input — and reduce-scatters on both streams. After two
+    blocks of a run the streams it uses are in step with the chain, so each further block moves
+    the chain and them by the same amount."""
+    t, fd, fe = state
+    for blk, count in runs:
+        t, fd, fe = _z3_block(blk, t, fd, fe, arrive)
+        arrive = 0
+        if count > 1:
+            t1 = t
+            t, fd, fe = _z3_block(blk, t, fd, fe, 0)
+            if count > 2:
+                step = (count - 2) * (t - t1)
+                t += step
+                fd += step if blk[0] else 0
+                fe += step if blk[1] else 0
+    return t, fd, fe
+
+
+def _z3_block(blk: Z3Block, t: int, fd: int, fe: int, arrive: int) -> Z3State:
+    g_dp, g_edp, comp, r_dp, r_edp = blk
+    if g_dp:
+        t = fd = max(t, fd) + g_dp
+    if g_edp:
+        t = fe = max(t, fe) + g_edp
+    t = max(t, arrive) + comp
+    if r_dp:
+        fd = max(t, fd) + r_dp
+    if r_edp:
+        fe = max(t, fe) + r_edp
+    return t, fd, fe
