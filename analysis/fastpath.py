@@ -613,11 +613,13 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     # Interleaved schedules, and pipelines whose stages hold different layer counts, are walked
     # step by step: the closed forms charge every micro-batch at the slowest stage, which is
     # exact for alike stages but not when a few short stages let the others run ahead. So are
-    # prefetched ZeRO-3 passes, whose gathers and scatter tails hide behind every wait.
+    # prefetched ZeRO-3 passes, whose gathers and scatter tails hide behind every wait, and ZeRO-3
+    # on a MoE model, whose dense and expert streams the walk carries from step to step.
     check: Iterable[int]
     chunk_ends: Sequence[Sequence[int]]
     walked = (s.schedule == "interleaved_1f1b" or bool(s.first_stage_layers)
-              or bool(s.last_stage_layers) or s.zero3_prefetch)
+              or bool(s.last_stage_layers) or s.zero3_prefetch
+              or (s.zero_stage == 3 and costs.moe and s.pp > 1))
     if walked:  # every stage its own end: the tails check each, even of alike stages
         pipe, ends, chunk_ends = _walked_ends(costs, stages, c)
         check = range(s.pp)
