@@ -455,7 +455,7 @@ def _zero3_runs(costs: _Costs, runs: list[tuple[ParamBlock, int]], rank: int,
     """ZeRO-3 without prefetch on a MoE model: one chunk's pass in the order it runs, each run
     of equal blocks as (dense gather, expert gather, compute, dense reduce-scatter, expert
     reduce-scatter) ns and its count, for the schedule walk's two-stream state
-    (``pipeline_walk.z3_pass``). The per-block charge of ``_block_ns`` pairs a block's
+    (``pipeline_walk.z3_map``). The per-block charge of ``_block_ns`` pairs a block's
     reduce-scatters with its own gathers: exact for a chunk of equal blocks, not where a block
     gathers on one stream only (the embedding, the head) and a layer's expert reduce-scatter
     runs on beside it; nor can one number after the send carry two streams into the next step."""

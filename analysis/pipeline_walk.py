@@ -225,8 +225,10 @@ def _walk(schedule: str, p: int, m: int, v: int, fwd: list[tuple[int, ...]],
 Z3Block = tuple[int, int, int, int, int]
 Z3Runs = tuple[tuple[Z3Block, int], ...]
 Z3Stages = list[tuple[Z3Runs, ...]]
-# a stage's chain (end of its last compute) and when its dense and expert streams are free
-Z3State = tuple[int, int, int]
+# A pass as a max-plus map: per output (chain, dense stream, expert stream), its offset from
+# each input (chain, dense stream, expert stream, the input's arrival); ``_NEVER`` (the
+# max-plus zero, far below any time even after a step's offsets) where it has none
+Z3Map = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 
 def _walk_streams(schedule: str, p: int, m: int, v: int, z3_f: Z3Stages, z3_b: Z3Stages,
@@ -235,56 +237,63 @@ def _walk_streams(schedule: str, p: int, m: int, v: int, z3_f: Z3Stages, z3_b: Z
     on a MoE model, where one number after a step cannot say which stream is still busy): a
     step's first gathers go as soon as the chain and their stream allow, its first compute
     waits for its input too, and its reduce-scatters stay on their streams while the next step
-    starts (``z3_pass``). A stage ends when its last compute and its streams are done; a
-    chunk's last backward ends at its last compute (its gradient is sent then)."""
+    starts (``z3_map``). A stage ends when its last compute and its streams are done; a chunk's
+    last backward ends at its last compute (its gradient is sent then)."""
     n = p * v
     hop_in = [c[(st - 1) % p] for st in range(p)]
+    maps_f = [[z3_map(runs) for runs in per_stage] for per_stage in z3_f]
+    maps_b = [[z3_map(runs) for runs in per_stage] for per_stage in z3_b]
     done_f, done_b = [0] * (m * n), [0] * (m * n)
-    state: list[Z3State] = [(0, 0, 0)] * p
+    chain, dense, expert = [0] * p, [0] * p, [0] * p
     for st, backward, k, dep, ch in _plan(schedule, m, p, v):
         if backward:
             arrive = done_b[dep] + c[st] if dep >= 0 else 0
-            state[st] = z3_pass(z3_b[st][ch], state[st], arrive)
-            done_b[k] = state[st][0]
+            mt, md, me = maps_b[st][ch]
         else:
             arrive = done_f[dep] + hop_in[st] if dep >= 0 else 0
-            state[st] = z3_pass(z3_f[st][ch], state[st], arrive)
-            done_f[k] = state[st][0]
+            mt, md, me = maps_f[st][ch]
+        t, fd, fe = chain[st], dense[st], expert[st]
+        end = chain[st] = max(t + mt[0], fd + mt[1], fe + mt[2], arrive + mt[3])
+        dense[st] = max(t + md[0], fd + md[1], fe + md[2], arrive + md[3])
+        expert[st] = max(t + me[0], fd + me[1], fe + me[2], arrive + me[3])
+        if backward:
+            done_b[k] = end
+        else:
+            done_f[k] = end
     last = (m - 1) * n
-    return ([max(x) for x in state],
+    return ([max(x) for x in zip(chain, dense, expert, strict=True)],
             [[done_b[last + ch * p + st] for ch in range(v)] for st in range(p)])
 
 
-def z3_pass(runs: Z3Runs, state: Z3State, arrive: int) -> Z3State:
-    """A stage's state after one pass over ``runs`` whose input arrives at ``arrive``: each
-    block gathers on the dense, then the expert stream (the chain waits for each), computes —
-    the first block not before the input — and reduce-scatters on both streams. After two
-    blocks of a run the streams it uses are in step with the chain, so each further block moves
-    the chain and them by the same amount."""
-    t, fd, fe = state
-    for blk, count in runs:
-        t, fd, fe = _z3_block(blk, t, fd, fe, arrive)
-        arrive = 0
-        if count > 1:
-            t1 = t
-            t, fd, fe = _z3_block(blk, t, fd, fe, 0)
-            if count > 2:
-                step = (count - 2) * (t - t1)
-                t += step
-                fd += step if blk[0] else 0
-                fe += step if blk[1] else 0
-    return t, fd, fe
+@functools.lru_cache(maxsize=4096)
+def z3_map(runs: Z3Runs) -> Z3Map:
+    """One pass over ``runs`` as a max-plus map of the stage's state before it and the input's
+    arrival: each block gathers on the dense, then the expert stream (the chain waits for each),
+    computes — the first block not before the input — and reduce-scatters on both streams. A
+    pass is maxima and sums, so each output is max_j(input_j + offset_j); the offsets are found
+    once per pass by stepping its blocks on offset vectors instead of times."""
+    no = _NEVER
+    t, fd, fe = [0, no, no, no], [no, 0, no, no], [no, no, 0, no]
+    arrive: list[int] | None = [no, no, no, 0]
+    for (g_dp, g_edp, comp, r_dp, r_edp), count in runs:
+        for _ in range(count):
+            if g_dp:
+                t = fd = _plus(_vmax(t, fd), g_dp)
+            if g_edp:
+                t = fe = _plus(_vmax(t, fe), g_edp)
+            if arrive is not None:
+                t, arrive = _vmax(t, arrive), None
+            t = _plus(t, comp)
+            if r_dp:
+                fd = _plus(_vmax(t, fd), r_dp)
+            if r_edp:
+                fe = _plus(_vmax(t, fe), r_edp)
+    return tuple(t), tuple(fd), tuple(fe)
 
 
-def _z3_block(blk: Z3Block, t: int, fd: int, fe: int, arrive: int) -> Z3State:
-    g_dp, g_edp, comp, r_dp, r_edp = blk
-    if g_dp:
-        t = fd = max(t, fd) + g_dp
-    if g_edp:
-        t = fe = max(t, fe) + g_edp
-    t = max(t, arrive) + comp
-    if r_dp:
-        fd = max(t, fd) + r_dp
-    if r_edp:
-        fe = max(t, fe) + r_edp
-    return t, fd, fe
+def _vmax(a: list[int], b: list[int]) -> list[int]:
+    return [x if x > y else y for x, y in zip(a, b, strict=True)]
+
+
+def _plus(a: list[int], d: int) -> list[int]:
+    return [x + d for x in a]

@@ -371,6 +371,39 @@ def test_plain_walk_equals_the_general_recurrence(pp, v, rounds, data) -> None:
         "interleaved_1f1b", pp, m, v, fwd, bwd, c, zero, None)
 
 
+def _z3_blocks_one_by_one(runs, t: int, fd: int, fe: int, arrive: int) -> tuple[int, int, int]:
+    """A ZeRO-3 pass over two streams stepped block by block, as the trace runs it: a block's
+    dense then expert gathers (each after its stream's last collective; the chain waits), its
+    compute (the first block's not before the input arrives), its reduce-scatters queued."""
+    for (g_dp, g_edp, comp, r_dp, r_edp), count in runs:
+        for _ in range(count):
+            if g_dp:
+                t = fd = max(t, fd) + g_dp
+            if g_edp:
+                t = fe = max(t, fe) + g_edp
+            t, arrive = max(t, arrive) + comp, 0
+            if r_dp:
+                fd = max(t, fd) + r_dp
+            if r_edp:
+                fe = max(t, fe) + r_edp
+    return t, fd, fe
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs=st.lists(st.tuples(st.tuples(*[st.sampled_from([0, 1, 7, 100, 2500])] * 5),
+                               st.integers(1, 6)), min_size=1, max_size=4),
+       state=st.tuples(*[st.integers(0, 10**4)] * 3), arrive=st.integers(0, 10**4))
+def test_a_pass_as_a_max_plus_map_equals_stepping_its_blocks(runs, state, arrive) -> None:
+    """``z3_map``: a pass's chain and two stream times, as max-plus offsets from the state
+    before it and the input's arrival, are what stepping its blocks one by one gives."""
+    from analysis.pipeline_walk import z3_map
+
+    t, fd, fe = state
+    got = tuple(max(t + m[0], fd + m[1], fe + m[2], arrive + m[3])
+                for m in z3_map(tuple(runs)))
+    assert got == _z3_blocks_one_by_one(runs, t, fd, fe, arrive)
+
+
 @settings(max_examples=150, deadline=None)
 @given(pp=st.sampled_from([2, 3, 4]), v=st.sampled_from([1, 2, 3]), rounds=st.integers(1, 3),
        data=st.data())
