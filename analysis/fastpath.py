@@ -817,13 +817,13 @@ def _held_forward(costs: _Costs, st: int, rank: int, fwd: int, arrival: int) -> 
     for block, ready in zip(blocks, need, strict=True):
         if t >= free:  # every gather done: the rest at full speed
             return t - plain - arrival
-        t = max(t, ready)
+        t, d = max(t, ready), costs.block(block, rank, sig)[0]
         if kappa:
             segs = costs.list_segments(block, "fwd", rank, sig)
             t = round(_slowed_segments(t, segs, busy, kappa))
         else:
-            t += costs.block(block, rank, sig)[0]
-        plain += costs.block(block, rank, sig)[0]
+            t += d
+        plain += d
     return t - arrival - fwd
 
 
