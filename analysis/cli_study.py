@@ -278,8 +278,8 @@ def sweep_cmd(
     scheduler: Annotated[str | None, typer.Option(help="Dask scheduler address, e.g. "
                                                        "tcp://host:8786.")] = None,
     chunk: Annotated[int | None, typer.Option(
-        help="Strategies per screening task (default: about an eighth of each local "
-             "worker's share, 64–4,096; 64 on a Dask cluster).")] = None,
+        help="Strategies per screening task (default: about an eighth of each worker's "
+             "share, 64–4,096; on a Dask cluster, each worker thread's).")] = None,
 ) -> None:
     """Enumerate a strategy space, screen it with the fast path, replay the best K, rank."""
     import json

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import dataclasses
 import hashlib
 import multiprocessing
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,11 +91,25 @@ def local_pool(workers: int) -> cf.ProcessPoolExecutor:
     return pool
 
 
+@contextlib.contextmanager
+def cluster_pool(scheduler: str) -> Iterator[tuple[cf.Executor, int]]:
+    """(an executor on the Dask cluster at ``scheduler``, its worker threads): one client for
+    every phase of a sweep, and the thread count sizes its tasks."""
+    with _client(scheduler) as client:
+        threads = sum(client.nthreads().values()) or 1
+        executor = client.get_executor(pure=False)
+        try:
+            yield executor, threads
+        finally:
+            executor.shutdown(wait=False)
+
+
 def map_chunks(study: Study, chunks: list[list[Strategy]], replay_it: bool,
                scheduler: str | None, workers: int, timeline_dir: str | None = None,
                pool: cf.Executor | None = None) -> Iterable[list[dict[str, Any]]]:
-    """Results of each chunk as it finishes (order not kept), on ``pool`` when given (the
-    caller shuts it down), else on a Dask cluster, in this process or on a pool of its own."""
+    """Results of each chunk as it finishes (order not kept), on ``pool`` when given (a local
+    pool or a cluster's executor; the caller shuts it down), else on a Dask cluster, in this
+    process or on a pool of its own."""
     if not chunks:
         return
     if pool is not None:

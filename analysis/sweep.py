@@ -21,7 +21,7 @@ from typing import Any
 import polars as pl
 
 from analysis.compare import RESULT_COLUMNS, rank
-from analysis.runner import local_pool, map_chunks, strategy_id, strategy_key
+from analysis.runner import cluster_pool, local_pool, map_chunks, strategy_id, strategy_key
 from analysis.study import Study
 from tracegen import ConfigError, Strategy
 from tracegen.strategy import check_fits_model, with_shorter_end_chunks
@@ -151,9 +151,9 @@ SCREEN_CHUNK_MIN, SCREEN_CHUNK_MAX = 64, 4096
 
 
 def screening_chunk(n: int, workers: int) -> int:
-    """Strategies per screening task on a local pool: about an eighth of each worker's share,
-    64–4,096 (a part file per task: a few dozen, not thousands; a killed sweep loses at most a
-    second or so of screening per worker)."""
+    """Strategies per screening task: about an eighth of each worker's (or cluster thread's)
+    share, 64–4,096 (a part file per task: a few dozen, not thousands; a killed sweep loses at
+    most a second or so of screening per worker)."""
     per = -(-n // (workers * SCREEN_CHUNKS_PER_WORKER))
     return max(SCREEN_CHUNK_MIN, min(SCREEN_CHUNK_MAX, per))
 
@@ -162,9 +162,9 @@ def sweep(study: Study, out_dir: str | Path, *, top_k: int = 10, scheduler: str 
           workers: int | None = None, chunk: int | None = None,
           progress: Progress | None = None) -> tuple[pl.DataFrame, dict[str, int]]:
     """Screen the whole space, replay the best ``top_k``; returns (ranked frame, counts).
-    ``chunk``: strategies per screening task (default ``screening_chunk`` on local workers, 64
-    on a Dask cluster). Local workers start before the space is enumerated and serve both
-    phases."""
+    ``chunk``: strategies per screening task (default ``screening_chunk`` of the local workers
+    or the cluster's threads). The local pool, or the one client of the cluster, starts before
+    the space is enumerated and serves both phases."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     workers = workers or min(2, os.cpu_count() or 1)
@@ -173,15 +173,17 @@ def sweep(study: Study, out_dir: str | Path, *, top_k: int = 10, scheduler: str 
                           what=f"sweep of {study.name!r}")
     space = search_space(study)
     with contextlib.ExitStack() as stack:
-        pool = (stack.enter_context(local_pool(workers))
-                if scheduler is None and workers > 1 else None)
+        pool: cf.Executor | None = None
+        if scheduler is not None:
+            pool, workers = stack.enter_context(cluster_pool(scheduler))
+        elif workers > 1:
+            pool = stack.enter_context(local_pool(workers))
         valid, invalid = _enumerate(study, space)
         by_id = {strategy_id(s): s for s in valid}
         screen = PartStore(out, "screen")
         done = screen.done_ids()
         todo = [s for i, s in by_id.items() if i not in done]
-        size = chunk or (screening_chunk(len(todo), workers) if scheduler is None
-                         else SCREEN_CHUNK_MIN)
+        size = chunk or screening_chunk(len(todo), workers)
         _run(study, todo, screen, replay_it=False, chunk=size, scheduler=scheduler,
              workers=workers, pool=pool, phase="screening", progress=progress)
         screened = rank(screen.read().unique("id", keep="first"), study.rank_by)

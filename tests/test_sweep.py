@@ -45,6 +45,10 @@ def test_dask_cluster_matches_local_pool(study_path: Path, tmp_path: Path) -> No
                       dashboard_address=None) as cluster:
         remote, counts2 = sweep(study, tmp_path / "dask", top_k=2, chunk=16,
                                 scheduler=cluster.scheduler_address)
+        # without --chunk, tasks are sized to the cluster's two worker threads
+        sweep(study, tmp_path / "sized", top_k=0, scheduler=cluster.scheduler_address)
+    parts = list((tmp_path / "sized" / "parts" / "screen").glob("part-*.parquet"))
+    assert len(parts) == -(-counts2["valid"] // screening_chunk(counts2["valid"], 2))
     assert counts == counts2
     a = local.select(COMPARED).sort("id")
     b = remote.select(COMPARED).sort("id")
