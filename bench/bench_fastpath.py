@@ -51,10 +51,16 @@ def rate(model: ModelSpec, system: SystemSpec, cands: list[Strategy], rounds: in
     return rates
 
 
+_SHARES: dict[tuple[int, int], list[Strategy]] = {}  # a worker's share, built once
+
+
 def _share(lo: int, hi: int) -> float:
-    """Seconds one worker takes to screen strategies [lo, hi) of the benchmark, cold."""
+    """Seconds one worker takes to screen strategies [lo, hi) of the benchmark, cold (its share
+    is built on the first call, the warm-up, not in the timed rounds)."""
     model, system = get_model("gpt3-175b"), get_system("dgx-a100-80gb")
-    cands = strategies()[lo:hi]
+    cands = _SHARES.get((lo, hi))
+    if cands is None:
+        cands = _SHARES[lo, hi] = strategies()[lo:hi]
     clear_cache()
     t0 = time.perf_counter()
     gc_paused(lambda: [estimate(model, s, system) for s in cands])()
