@@ -619,7 +619,7 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     chunk_ends: Sequence[Sequence[int]]
     walked = (s.schedule == "interleaved_1f1b" or bool(s.first_stage_layers)
               or bool(s.last_stage_layers) or s.zero3_prefetch
-              or (s.zero_stage == 3 and costs.moe and s.pp > 1))
+              or (s.zero_stage == 3 and costs.moe))
     if walked:  # every stage its own end: the tails check each, even of alike stages
         pipe, ends, chunk_ends = _walked_ends(costs, stages, c)
         check = range(s.pp)
@@ -666,7 +666,7 @@ def _walked_ends(costs: _Costs, stages: list[_Stage], c: list[int]
     late = {(st, ch): x.late_b[ch] for st, x in enumerate(stages)
             for ch in range(s.vpp)} if zero3 else None
     streams = ([x.z3_f for x in stages], [x.z3_b for x in stages]) if (
-        zero3 and stages[0].z3_b) else None
+        stages[0].z3_b) else None
     key = (s.schedule, s.pp, s.num_microbatches, s.vpp, tuple(fwd), tuple(bwd), tuple(c),
            tuple(sorted(early.items())) if early else None,
            tuple(sorted(late.items())) if late else None,
