@@ -237,32 +237,30 @@ def _walk_streams(schedule: str, p: int, m: int, v: int, z3_f: Z3Stages, z3_b: Z
     on a MoE model, where one number after a step cannot say which stream is still busy): a
     step's first gathers go as soon as the chain and their stream allow, its first compute
     waits for its input too, and its reduce-scatters stay on their streams while the next step
-    starts (``z3_map``). A stage ends when its last compute and its streams are done; a chunk's
-    last backward ends at its last compute (its gradient is sent then)."""
+    starts (``z3_map``). Over ``_flat_plan`` as ``_walk_plain``: each step's slot holds its end
+    plus the send its successor pays. A stage ends when its last compute and its streams are
+    done; a chunk's last backward ends at its last compute (its gradient is sent then)."""
     n = p * v
-    hop_in = [c[(st - 1) % p] for st in range(p)]
-    maps_f = [[z3_map(runs) for runs in per_stage] for per_stage in z3_f]
-    maps_b = [[z3_map(runs) for runs in per_stage] for per_stage in z3_b]
-    done_f, done_b = [0] * (m * n), [0] * (m * n)
+    maps = [z3_map(runs) for per_pass in (z3_f, z3_b) for per_stage in per_pass
+            for runs in per_stage]
+    send = [c[st] for st in range(p) for _ in range(v)] + [
+        c[(st - 1) % p] for st in range(p) for _ in range(v)]
+    slot = [0] * (2 * m * n) + [_NEVER]
     chain, dense, expert = [0] * p, [0] * p, [0] * p
-    for st, backward, k, dep, ch in _plan(schedule, m, p, v):
-        if backward:
-            arrive = done_b[dep] + c[st] if dep >= 0 else 0
-            mt, md, me = maps_b[st][ch]
-        else:
-            arrive = done_f[dep] + hop_in[st] if dep >= 0 else 0
-            mt, md, me = maps_f[st][ch]
+    for st, steps in _flat_plan(schedule, m, p, v):
         t, fd, fe = chain[st], dense[st], expert[st]
-        end = chain[st] = max(t + mt[0], fd + mt[1], fe + mt[2], arrive + mt[3])
-        dense[st] = max(t + md[0], fd + md[1], fe + md[2], arrive + md[3])
-        expert[st] = max(t + me[0], fd + me[1], fe + me[2], arrive + me[3])
-        if backward:
-            done_b[k] = end
-        else:
-            done_f[k] = end
-    last = (m - 1) * n
+        for k, dep, i in steps:
+            a = slot[dep]
+            (t0, t1, t2, t3), (d0, d1, d2, d3), (e0, e1, e2, e3) = maps[i]
+            t, fd, fe = (max(t + t0, fd + t1, fe + t2, a + t3),
+                         max(t + d0, fd + d1, fe + d2, a + d3),
+                         max(t + e0, fd + e1, fe + e2, a + e3))
+            slot[k] = t + send[i]
+        chain[st], dense[st], expert[st] = t, fd, fe
+    last = (2 * m - 1) * n  # the last micro-batch's backward slots
+    back = c[-1:] + c[:-1]  # c[st − 1]: what a backward on stage st added to its slot
     return ([max(x) for x in zip(chain, dense, expert, strict=True)],
-            [[done_b[last + ch * p + st] for ch in range(v)] for st in range(p)])
+            [[slot[last + ch * p + st] - back[st] for ch in range(v)] for st in range(p)])
 
 
 @functools.lru_cache(maxsize=4096)
