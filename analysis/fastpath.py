@@ -379,8 +379,6 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
     prefetch = zero3 and costs.s.zero3_prefetch
     fwd, bwd, runs_bwd, early_f, early_b, late_b = [], [], [], [], [], []
     overlap_b: list[int] = []
-    z3_f: list[Z3Runs] = []
-    z3_b: list[Z3Runs] = []
     phi: list[float] = []  # the share of compute in a backward: it slows buckets (``dp_tails``)
     params = {"dp": 0, "edp": 0}
     layers = 0
@@ -417,14 +415,16 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
         late_b.append(max(_zero3_axes(costs, chunk[0][0], rank, "REDUCE_SCATTER")) if zero3
                       else 0)
         overlap_b.append(_trailing_overlap(costs, chunk, rank, sig) if zero3 else 0)
-        if zero3 and costs.moe:
-            z3_f.append(_zero3_runs(costs, chunk, rank, sig, backward=False))
-            z3_b.append(_zero3_runs(costs, chunk[::-1], rank, sig, backward=True))
-    return _Stage(tuple(fwd), tuple(bwd), tuple(runs_bwd), tuple(early_f), tuple(early_b),
-                  tuple(late_b),
-                  tuple(params.items()), sum(fwd) / NS_PER_S, sum(bwd) / NS_PER_S,
-                  params["dp"] + params["edp"], layers, tuple(phi), tuple(overlap_b),
-                  tuple(z3_f), tuple(z3_b))
+    stage = _Stage(tuple(fwd), tuple(bwd), tuple(runs_bwd), tuple(early_f), tuple(early_b),
+                   tuple(late_b),
+                   tuple(params.items()), sum(fwd) / NS_PER_S, sum(bwd) / NS_PER_S,
+                   params["dp"] + params["edp"], layers, tuple(phi), tuple(overlap_b))
+    if zero3 and costs.moe and not prefetch:  # the passes the two-stream walk steps through
+        blocks = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
+        stage = stage._replace(
+            z3_f=tuple(_zero3_runs(costs, b, rank, sig, backward=False) for b in blocks),
+            z3_b=tuple(_zero3_runs(costs, b[::-1], rank, sig, backward=True) for b in blocks))
+    return stage
 
 
 def _trailing_overlap(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: int,
@@ -618,8 +618,8 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     check: Iterable[int]
     chunk_ends: Sequence[Sequence[int]]
     walked = (s.schedule == "interleaved_1f1b" or bool(s.first_stage_layers)
-              or bool(s.last_stage_layers) or s.zero3_prefetch
-              or (s.zero_stage == 3 and costs.moe))
+              or bool(s.last_stage_layers)
+              or (s.zero_stage == 3 and (s.zero3_prefetch or costs.moe)))
     if walked:  # every stage its own end: the tails check each, even of alike stages
         pipe, ends, chunk_ends = _walked_ends(costs, stages, c)
         check = range(s.pp)
