@@ -94,7 +94,7 @@ def test_fast_path_within_1_percent_of_replay_at_real_sizes(model_name: str, sys
                                                              kw: dict) -> None:
     """The 2% property above runs on a tiny model, where every term weighs in; at the sizes
     people plan, the closed forms land within 1% of contention-free replay
-    (bench/bench_fastpath_agreement.py: 120 random strategies, p90 0.16%)."""
+    (bench/bench_fastpath_agreement.py: 120 random strategies, p90 0.10%)."""
     model, hw, s = get_model(model_name), get_system(system_name), Strategy(**kw)
     fast = estimate(model, s, hw)
     with tempfile.TemporaryDirectory() as tmp:
