@@ -133,13 +133,14 @@ class PartStore:
 
 
 def _run(study: Study, todo: list[Strategy], store: PartStore, *, replay_it: bool,
-         chunk: int, scheduler: str | None, workers: int, pool: cf.Executor | None,
-         phase: str, progress: Progress | None) -> None:
+         chunk: int, pool: cf.Executor | None, phase: str, progress: Progress | None) -> None:
+    """``todo`` in chunks on ``pool`` (in this process without one), each part written as it
+    comes."""
     chunks = [todo[i:i + chunk] for i in range(0, len(todo), chunk)]
     done = 0
     if progress:
         progress(phase, 0, len(todo))
-    for rows in map_chunks(study, chunks, replay_it, scheduler, workers, pool=pool):
+    for rows in map_chunks(study, chunks, replay_it, None, 1, pool=pool):
         store.write(rows)
         done += len(rows)
         if progress:
@@ -184,16 +185,16 @@ def sweep(study: Study, out_dir: str | Path, *, top_k: int = 10, scheduler: str 
         done = screen.done_ids()
         todo = [s for i, s in by_id.items() if i not in done]
         size = chunk or screening_chunk(len(todo), workers)
-        _run(study, todo, screen, replay_it=False, chunk=size, scheduler=scheduler,
-             workers=workers, pool=pool, phase="screening", progress=progress)
+        _run(study, todo, screen, replay_it=False, chunk=size, pool=pool, phase="screening",
+             progress=progress)
         screened = rank(screen.read().unique("id", keep="first"), study.rank_by)
         fits = screened.filter(pl.col("fits").fill_null(False))
         best_ids = fits.head(top_k)["id"].to_list()
         verify = PartStore(out, "replay")
         replayed_ids = verify.done_ids()
         todo = [by_id[i] for i in best_ids if i not in replayed_ids]
-        _run(study, todo, verify, replay_it=True, chunk=1, scheduler=scheduler,
-             workers=workers, pool=pool, phase="replaying", progress=progress)
+        _run(study, todo, verify, replay_it=True, chunk=1, pool=pool, phase="replaying",
+             progress=progress)
     replayed = verify.read().unique("id", keep="first")
     merged = pl.concat([replayed, screened.drop("rank").filter(
         ~pl.col("id").is_in(replayed["id"].to_list()))], how="vertical_relaxed")
