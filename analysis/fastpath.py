@@ -132,6 +132,9 @@ class _Context:
         # a stage chunk's gradient buckets from its start: id(runs) → (runs, bucket runs)
         self.buckets: dict[tuple[int, str, int], tuple[object, list[BucketRun]]] = {}
         self.stages: dict[tuple[object, ...], _Stage] = {}
+        # a strategy's stage list (``_stages``) by all it depends on: ZeRO 0 / 1 / 2 pairs and
+        # strategies differing only in the batch, schedule or buckets share it
+        self.layouts: dict[tuple[object, ...], tuple[list[_Stage], list[int], bool]] = {}
         self.tails: dict[tuple[object, ...], tuple[int, int, int]] = {}
         # layout (degrees) → (axis, rank) → group shape
         self.shapes: dict[tuple[object, ...],
@@ -142,6 +145,7 @@ class _Context:
 
     def entries(self) -> int:
         return (len(self.blocks) + len(self.stages) + len(self.tails) + len(self.lists)
+                + len(self.layouts)
                 + len(self.optimizer) + len(self.buckets) + len(self.shapes) + len(self.walks)
                 + len(self.activations) + len(self.chunks) + len(self.p2p) + len(self.sends)
                 + len(self.segments))
@@ -734,6 +738,18 @@ def _alike_ends(s: Strategy, stages: list[_Stage], hop: int) -> tuple[int, list[
 
 
 def _stages(costs: _Costs) -> tuple[list[_Stage], list[int], bool]:
+    """``_layout_stages``, shared by every strategy with the same costs key (model, op lists,
+    recompute, ZeRO-3's fields), group layout, chunks and uneven end stages (a sweep's ZeRO 0 and
+    1 twins, its batch sizes and schedules; the stage list is never mutated)."""
+    s = costs.s
+    key = (costs.key, costs._degrees, s.vpp, s.first_stage_layers, s.last_stage_layers)
+    got = costs.ctx.layouts.get(key)
+    if got is None:
+        got = costs.ctx.layouts[key] = _layout_stages(costs)
+    return got
+
+
+def _layout_stages(costs: _Costs) -> tuple[list[_Stage], list[int], bool]:
     """Each stage's costs, its representative rank (pp = st, dp = cp = tp = 0 in Megatron
     order), and whether the stages are alike: each on whole nodes of its own (shifting a stage
     by whole nodes changes none of its group shapes), so the middle stages of an evenly split
