@@ -91,8 +91,12 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
     costs, which no pipeline has, either start can be off (15 and 13 of 3,000, by up to 2.8%).
     With ``streams`` (ZeRO-3 on a MoE model: each stage chunk's forward and backward as runs of
     blocks) the steps are walked with each stage's dense and expert streams (``_walk_streams``)
-    instead of ``early`` and ``late``."""
+    instead of ``early`` and ``late``. Without either, every walk after the first branches from
+    the one before (``_Plain``): only the steps the two do not share are walked, which changes
+    no answer."""
     p, m, v = s.pp, s.num_microbatches, s.vpp
+    if not streams and not early and not late:
+        return _Plain(s.schedule, p, v, fwd, bwd, c).extrapolated(m)
 
     def walk(mb: int) -> tuple[list[int], list[list[int]]]:
         if streams:
@@ -113,9 +117,15 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
             runs.append(walk(4 * p))
             if _increments(runs[1], runs[2]) != step:
                 return walk(m)
-    base = len(runs) + 1  # rounds of p micro-batches walked in the last run
+    return _extrapolate(runs[-1], step, len(runs) + 1, p, m, v)
+
+
+def _extrapolate(last_run: tuple[list[int], list[list[int]]], step: list[int], base: int,
+                 p: int, m: int, v: int) -> tuple[list[int], list[list[int]]]:
+    """The walk of ``m`` micro-batches from that of ``base``·p, every event moved by its
+    increment per further round of p."""
     rounds = (m - base * p) // p
-    ends, last = runs[-1]
+    ends, last = last_run
     return ([e + rounds * d for e, d in zip(ends, step[:p], strict=True)],
             [[t + rounds * step[p + st * v + ch] for ch, t in enumerate(chunks)]
              for st, chunks in enumerate(last)])
@@ -126,18 +136,32 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
 Run = tuple[int, tuple[tuple[int, int, int], ...]]
 
 
+def _slot(k: int, backward: bool) -> int:
+    """Where a walk keeps step ``k`` (``_plan``'s index) of a pass: forward and backward steps
+    side by side, after slot 0 (the time of the slot a step that waits for nothing reads), so a
+    step's slot does not depend on the number of micro-batches walked."""
+    return 1 + 2 * k + backward
+
+
 @functools.lru_cache(maxsize=256)
 def _flat_plan(schedule: str, m: int, p: int, v: int) -> tuple[Run, ...]:
     """``_plan`` for ``_walk_plain``, as runs of consecutive steps of one stage (3–4 on average:
-    a stage's clock is read and written once per run, not per step). Per step: its slot, the
-    slot it waits for and its cost index. One list of slots holds forward steps at their index
-    and backward ones m·p·v further on; a step that waits for nothing points at the last slot,
-    which never holds a later time. The cost index is (backward · p + stage) · v + chunk into
-    the strategy's flattened costs."""
-    off = m * p * v
+    a stage's clock is read and written once per run, not per step). Per step: its slot
+    (``_slot``), the slot it waits for (0 for none) and its cost index, (backward · p + stage)
+    · v + chunk into the strategy's flattened costs."""
+    return _runs(_plan(schedule, m, p, v), p, v, [0] * p)
+
+
+def _runs(plan: tuple[tuple[int, bool, int, int, int], ...], p: int, v: int,
+          skip: list[int]) -> tuple[Run, ...]:
+    """``plan`` as ``_flat_plan``'s runs, without each stage's first ``skip[stage]`` steps."""
     runs: list[tuple[int, list[tuple[int, int, int]]]] = []
-    for st, bw, k, dep, ch in _plan(schedule, m, p, v):
-        step = (k + off * bw, (dep + off * bw) if dep >= 0 else -1, (bw * p + st) * v + ch)
+    seen = [0] * p
+    for st, bw, k, dep, ch in plan:
+        seen[st] += 1
+        if seen[st] <= skip[st]:
+            continue
+        step = (_slot(k, bw), _slot(dep, bw) if dep >= 0 else 0, (bw * p + st) * v + ch)
         if runs and runs[-1][0] == st:
             runs[-1][1].append(step)
         else:
@@ -145,24 +169,114 @@ def _flat_plan(schedule: str, m: int, p: int, v: int) -> tuple[Run, ...]:
     return tuple((st, tuple(steps)) for st, steps in runs)
 
 
+@functools.lru_cache(maxsize=256)
+def _branch_plan(schedule: str, m: int, base: int, p: int, v: int
+                 ) -> tuple[tuple[Run, ...], tuple[tuple[int, int], ...]]:
+    """The walk of ``m`` micro-batches as a branch of the walk of ``base``: (the steps to walk,
+    and per stage the slot and cost index of its last step shared with that walk, (0, 0) for
+    none). A step is shared when it stands at the same place in its stage's order in both walks
+    and so do the step before it and the one it waits for: by induction it ends at the same
+    time in both, so the branch reads it from the base walk's slots. Each stage's shared steps
+    are a prefix of its order (the longest whose waits are all shared, found by shrinking the
+    common prefixes to a fixed point); the rest — a longer run's further rounds, a shorter
+    run's drain — is walked in ``_plan``'s order, which respects every wait."""
+    orders = [stage_order(schedule, m=m, p=p, v=v, stage=st) for st in range(p)]
+    others = [stage_order(schedule, m=base, p=p, v=v, stage=st) for st in range(p)]
+    # (orders of different lengths: the common prefix ends with the shorter one at the latest)
+    shared = [next((q for q, (x, y) in enumerate(zip(o, b, strict=False)) if x != y),
+                   min(len(o), len(b))) for o, b in zip(orders, others, strict=True)]
+    where = [{step: q for q, step in enumerate(o)} for o in orders]
+    n, changed = p * v, True
+    while changed:
+        changed = False
+        for st in range(p):
+            for q in range(shared[st]):
+                phase, mb, ch = orders[st][q]
+                dep = ch * p + st + (1 if phase == "B" else -1)
+                if 0 <= dep < n and where[dep % p][phase, mb, dep // p] >= shared[dep % p]:
+                    shared[st], changed = q, True
+                    break
+    starts = []
+    for st, q in enumerate(shared):
+        if not q:
+            starts.append((0, 0))
+            continue
+        phase, mb, ch = orders[st][q - 1]
+        bw = phase == "B"
+        starts.append((_slot(mb * n + ch * p + st, bw), (bw * p + st) * v + ch))
+    return _runs(_plan(schedule, m, p, v), p, v, shared), tuple(starts)
+
+
 _NEVER = -(1 << 62)  # the time of the slot a step that waits for nothing reads
 
+Walked = tuple[list[int], list[list[int]]]  # (each stage's end, each stage's chunk ends)
 
-def _walk_plain(plan: tuple[Run, ...], p: int, m: int, v: int,
-                fwd: list[tuple[int, ...]], bwd: list[tuple[int, ...]], c: list[int]
-                ) -> tuple[list[int], list[list[int]]]:
+
+class _Plain:
     """``_walk`` without ZeRO-3 gathers (the common case, and the hot loop of interleaved
-    screening): the same recurrences with the gather and late reduce-scatter terms at zero,
-    over ``_flat_plan``. Each step stores its end plus the send its successor pays (a forward
-    on stage st feeds stage st + 1 over c[st]; a backward feeds stage st − 1 over c[st − 1]),
-    so the successor reads one slot; the chunk ends take the send off again."""
-    n = p * v
-    cost = [d for per_stage in (fwd, bwd) for durs in per_stage for d in durs]
-    send = [c[st] for st in range(p) for _ in range(v)] + [
-        c[(st - 1) % p] for st in range(p) for _ in range(v)]
-    slot = [0] * (2 * m * n) + [_NEVER]
-    clock = [0] * p
-    for st, steps in plan:
+    screening) over ``_flat_plan``: the same recurrences with the gather and late
+    reduce-scatter terms at zero. Each step stores its end plus the send its successor pays (a
+    forward on stage st feeds stage st + 1 over c[st]; a backward feeds stage st − 1 over
+    c[st − 1]), so the successor reads one slot; the chunk ends take the send off again. A walk
+    of another length branches from an earlier one (``_branch_plan``): only the steps the two
+    do not share are walked."""
+
+    def __init__(self, schedule: str, p: int, v: int, fwd: list[tuple[int, ...]],
+                 bwd: list[tuple[int, ...]], c: list[int]) -> None:
+        self.schedule, self.p, self.v, self.c = schedule, p, v, c
+        self.cost = [d for per_stage in (fwd, bwd) for durs in per_stage for d in durs]
+        self.send = [c[st] for st in range(p) for _ in range(v)] + [
+            c[(st - 1) % p] for st in range(p) for _ in range(v)]
+        self.busiest = max(p * (sum(f) + sum(b)) for f, b in zip(fwd, bwd, strict=True))
+
+    def walk(self, m: int, base: tuple[int, list[int]] | None = None
+             ) -> tuple[Walked, tuple[int, list[int]]]:
+        """(the walk of ``m`` micro-batches, its slots), branched from ``base`` (an earlier
+        walk's micro-batches and slots) where given."""
+        p, n = self.p, self.p * self.v
+        size = 1 + 2 * m * n
+        if base is None:
+            runs, slot, clock = _flat_plan(self.schedule, m, p, self.v), [0] * size, [0] * p
+            slot[0] = _NEVER
+        else:
+            runs, starts = _branch_plan(self.schedule, m, base[0], p, self.v)
+            slot = base[1] + [0] * (size - len(base[1])) if size > len(base[1]) else base[1][:]
+            send = self.send
+            clock = [slot[k] - send[i] if k else 0 for k, i in starts]
+        _steps(runs, slot, clock, self.cost, self.send)
+        last = 2 + 2 * (m - 1) * n  # the last micro-batch's backward slots
+        back = self.c[-1:] + self.c[:-1]  # c[st − 1]: what a backward on stage st added
+        ends = [[slot[last + 2 * (ch * p + st)] - back[st] for ch in range(self.v)]
+                for st in range(p)]
+        return (clock, ends), (m, slot)
+
+    def extrapolated(self, m: int) -> Walked:
+        """``interleaved``'s walk of ``m`` micro-batches, every further walk a branch."""
+        p, busiest = self.p, self.busiest
+        if m <= 3 * p:
+            return self.walk(m)[0]
+        two, at_two = self.walk(2 * p)
+        runs = [two]
+        step = _increments(self.walk(p, at_two)[0], two)
+        if any(d != busiest for d in step):
+            three, at = self.walk(3 * p, at_two)
+            runs.append(three)
+            step = _increments(two, three)
+            if any(d != busiest for d in step):
+                if m == 4 * p:
+                    return self.walk(m, at)[0]
+                four, at = self.walk(4 * p, at)
+                runs.append(four)
+                if _increments(three, four) != step:
+                    return self.walk(m, at)[0]
+        return _extrapolate(runs[-1], step, len(runs) + 1, p, m, self.v)
+
+
+def _steps(runs: tuple[Run, ...], slot: list[int], clock: list[int], cost: list[int],
+           send: list[int]) -> None:
+    """Walk ``runs``: each stage's clock moves through its steps, each step waiting for the
+    slot it reads and storing its end plus its send."""
+    for st, steps in runs:
         t = clock[st]
         for k, dep, i in steps:
             u = slot[dep]
@@ -171,9 +285,6 @@ def _walk_plain(plan: tuple[Run, ...], p: int, m: int, v: int,
             t += cost[i]
             slot[k] = t + send[i]
         clock[st] = t
-    last = (2 * m - 1) * n  # the last micro-batch's backward slots
-    back = c[-1:] + c[:-1]  # c[st − 1]: what a backward on stage st added to its slot
-    return clock, [[slot[last + ch * p + st] - back[st] for ch in range(v)] for st in range(p)]
 
 
 def _increments(a: tuple[list[int], list[list[int]]], b: tuple[list[int], list[list[int]]]
@@ -192,7 +303,7 @@ def _walk(schedule: str, p: int, m: int, v: int, fwd: list[tuple[int, ...]],
     neighbouring chunk's same micro-batch (+ one send). O(p·m·v)."""
     n = p * v
     if not early and not late:
-        return _walk_plain(_flat_plan(schedule, m, p, v), p, m, v, fwd, bwd, c)
+        return _Plain(schedule, p, v, fwd, bwd, c).walk(m)[0]
     e_f = [[early.get(("F", st, ch), 0) if early else 0 for ch in range(v)] for st in range(p)]
     e_b = [[early.get(("B", st, ch), 0) if early else 0 for ch in range(v)] for st in range(p)]
     lt = [[late.get((st, ch), 0) if late else 0 for ch in range(v)] for st in range(p)]
@@ -237,7 +348,7 @@ def _walk_streams(schedule: str, p: int, m: int, v: int, z3_f: Z3Stages, z3_b: Z
     on a MoE model, where one number after a step cannot say which stream is still busy): a
     step's first gathers go as soon as the chain and their stream allow, its first compute
     waits for its input too, and its reduce-scatters stay on their streams while the next step
-    starts (``z3_map``). Over ``_flat_plan`` as ``_walk_plain``: each step's slot holds its end
+    starts (``z3_map``). Over ``_flat_plan`` as ``_Plain``: each step's slot holds its end
     plus the send its successor pays. A stage ends when its last compute and its streams are
     done; a chunk's last backward ends at its last compute (its gradient is sent then)."""
     n = p * v
@@ -245,7 +356,7 @@ def _walk_streams(schedule: str, p: int, m: int, v: int, z3_f: Z3Stages, z3_b: Z
             for runs in per_stage]
     send = [c[st] for st in range(p) for _ in range(v)] + [
         c[(st - 1) % p] for st in range(p) for _ in range(v)]
-    slot = [0] * (2 * m * n) + [_NEVER]
+    slot = [_NEVER] + [0] * (2 * m * n)
     chain, dense, expert = [0] * p, [0] * p, [0] * p
     for st, steps in _flat_plan(schedule, m, p, v):
         t, fd, fe = chain[st], dense[st], expert[st]
@@ -257,10 +368,11 @@ def _walk_streams(schedule: str, p: int, m: int, v: int, z3_f: Z3Stages, z3_b: Z
                          max(t + e0, fd + e1, fe + e2, a + e3))
             slot[k] = t + send[i]
         chain[st], dense[st], expert[st] = t, fd, fe
-    last = (2 * m - 1) * n  # the last micro-batch's backward slots
+    last = 2 + 2 * (m - 1) * n  # the last micro-batch's backward slots (``_slot``)
     back = c[-1:] + c[:-1]  # c[st − 1]: what a backward on stage st added to its slot
     return ([max(x) for x in zip(chain, dense, expert, strict=True)],
-            [[slot[last + ch * p + st] - back[st] for ch in range(v)] for st in range(p)])
+            [[slot[last + 2 * (ch * p + st)] - back[st] for ch in range(v)]
+             for st in range(p)])
 
 
 @functools.lru_cache(maxsize=4096)

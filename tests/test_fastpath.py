@@ -371,6 +371,32 @@ def test_plain_walk_equals_the_general_recurrence(pp, v, rounds, data) -> None:
         "interleaved_1f1b", pp, m, v, fwd, bwd, c, zero, None)
 
 
+@settings(max_examples=150, deadline=None)
+@given(pp=st.sampled_from([1, 2, 3, 4, 8]), v=st.sampled_from([1, 2, 3]),
+       schedule=st.sampled_from(["interleaved_1f1b", "1f1b", "gpipe"]),
+       rounds=st.integers(1, 5), base_rounds=st.integers(1, 5), data=st.data())
+def test_a_walk_branched_from_another_equals_walking_it_whole(pp, v, schedule, rounds,
+                                                             base_rounds, data) -> None:
+    """A walk of m micro-batches that reads the steps it shares with an earlier walk of
+    another length from that walk's slots (``_branch_plan``) ends every stage and chunk when
+    walking all of its steps does, for any per-stage, per-chunk costs and sends, longer or
+    shorter than the walk it branches from, and from a branch in turn."""
+    from analysis import pipeline_walk as W
+
+    if schedule != "interleaved_1f1b":
+        v = 1
+    m, base, third = pp * rounds, pp * base_rounds, pp * data.draw(st.integers(1, 5))
+    cost = st.integers(0, 10**6)
+    fwd = [tuple(data.draw(cost) for _ in range(v)) for _ in range(pp)]
+    bwd = [tuple(data.draw(cost) for _ in range(v)) for _ in range(pp)]
+    c = [data.draw(st.integers(0, 10**5)) for _ in range(pp)]
+    walker = W._Plain(schedule, pp, v, fwd, bwd, c)
+    first = walker.walk(base)[1]
+    branched, again = walker.walk(m, first)
+    assert branched == walker.walk(m)[0]
+    assert walker.walk(third, again)[0] == walker.walk(third)[0]
+
+
 def _z3_blocks_one_by_one(runs, t: int, fd: int, fe: int, arrive: int) -> tuple[int, int, int]:
     """A ZeRO-3 pass over two streams stepped block by block, as the trace runs it: a block's
     dense then expert gathers (each after its stream's last collective; the chain waits), its
