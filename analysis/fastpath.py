@@ -126,6 +126,9 @@ class _Context:
         # (op-list key, chunk) → the chunk's parameter blocks (``_Costs.chunk_runs``)
         self.chunks: dict[tuple[object, ...], list[tuple[ParamBlock, int]]] = {}
         self.p2p: dict[int, int] = {}  # op-list key → bytes of one pipeline send
+        # op-list key → the first program built with it: its op lists (built lazily, all of a
+        # kind at once) serve every later strategy with that key (``_Costs._items``)
+        self.programs: dict[int, RoleProgram] = {}
         # (same node?, bytes) → ns of one send: a point-to-point cost depends on nothing else
         self.sends: dict[tuple[bool, int], int] = {}
         self.calls = 0  # strategies estimated (the memo limit is checked now and then)
@@ -145,7 +148,7 @@ class _Context:
 
     def entries(self) -> int:
         return (len(self.blocks) + len(self.stages) + len(self.tails) + len(self.lists)
-                + len(self.layouts)
+                + len(self.layouts) + len(self.programs)
                 + len(self.optimizer) + len(self.buckets) + len(self.shapes) + len(self.walks)
                 + len(self.activations) + len(self.chunks) + len(self.p2p) + len(self.sends)
                 + len(self.segments))
@@ -324,7 +327,11 @@ class _Costs:
         return got[0]
 
     def _items(self, block: ParamBlock, which: str) -> list[O.Item]:
-        prog = self.prog
+        """A block's op list, from the program of the first strategy with this op-list key (the
+        lists depend on nothing else, and a program builds the non-layer ones together)."""
+        prog = self.ctx.programs.get(self.lists_key)
+        if prog is None:
+            prog = self.ctx.programs[self.lists_key] = self.prog
         return (prog._fwd_items(block) if which == "fwd" else prog._bwd_items(block)
                 if which == "bwd" else prog._lists["selective"])
 
