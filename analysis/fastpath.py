@@ -129,6 +129,8 @@ class _Context:
         # op-list key → the first program built with it: its op lists (built lazily, all of a
         # kind at once) serve every later strategy with that key (``_Costs._items``)
         self.programs: dict[int, RoleProgram] = {}
+        # ZeRO-3: (costs key, layout, rank, block parameters, collective) → (dense, expert) ns
+        self.zero3: dict[tuple[object, ...], tuple[int, int]] = {}
         # (same node?, bytes) → ns of one send: a point-to-point cost depends on nothing else
         self.sends: dict[tuple[bool, int], int] = {}
         self.calls = 0  # strategies estimated (the memo limit is checked now and then)
@@ -148,7 +150,7 @@ class _Context:
 
     def entries(self) -> int:
         return (len(self.blocks) + len(self.stages) + len(self.tails) + len(self.lists)
-                + len(self.layouts) + len(self.programs)
+                + len(self.layouts) + len(self.programs) + len(self.zero3)
                 + len(self.optimizer) + len(self.buckets) + len(self.shapes) + len(self.walks)
                 + len(self.activations) + len(self.chunks) + len(self.p2p) + len(self.sends)
                 + len(self.segments))
@@ -598,7 +600,17 @@ def _zero3_ns(costs: _Costs, block: ParamBlock, rank: int, coll: O.CollType) -> 
 
 def _zero3_axes(costs: _Costs, block: ParamBlock, rank: int, coll: O.CollType
                 ) -> tuple[int, int]:
-    """``_zero3_ns`` per group: (dense, expert)."""
+    """``_zero3_ns`` per group: (dense, expert), memoized: it reads the strategy only through
+    the costs key (dp, the gather pieces, the reduce dtype) and the layout of ``rank``'s groups."""
+    key = (costs.key, costs._degrees, rank, block.dense, block.expert, coll)
+    got = costs.ctx.zero3.get(key)
+    if got is None:
+        got = costs.ctx.zero3[key] = _zero3_axes_ns(costs, block, rank, coll)
+    return got
+
+
+def _zero3_axes_ns(costs: _Costs, block: ParamBlock, rank: int, coll: O.CollType
+                   ) -> tuple[int, int]:
     out = [0, 0]
     for i, (axis, n) in enumerate((("dp", block.dense), ("edp", block.expert))):
         size = dp_group_size(costs.s, axis)
