@@ -6,6 +6,7 @@ functions of integers (nanoseconds): no model, no memo of a sweep's costs."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from tracegen.schedule import stage_order
 from tracegen.strategy import Strategy
@@ -81,14 +82,17 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
     """(end of each stage's last backward, when each chunk's last backward ends) under Megatron's
     interleaved order. The schedule is a max-plus linear system: once periodic, each further
     round of p micro-batches shifts every event by the same amount λ. Long runs are walked for
-    p and 2p micro-batches; if every event moved by the busiest stage's work per round (the
-    usual λ) they are extrapolated from 2p. Otherwise 3p is walked and, if its increments over
-    2p are not all that λ, 4p must confirm a common increment; failing that (and for m ≤ 3p)
-    the whole run is walked. The shortcut is not a proof: it matched the full walk exactly on
-    every case tried — 3,492 sweep strategies and a hypothesis test with the 2p/3p start; with
-    the p/2p start (twelfth session: 40% less walking) 480 strategies of three real models
-    (ZeRO 1 and 3, uneven first and last stages). On schedules with random per-stage, per-chunk
-    costs, which no pipeline has, either start can be off (15 and 13 of 3,000, by up to 2.8%).
+    p and 2p micro-batches (each plus m mod p: a 1F1B or GPipe run need not be whole rounds); if
+    every event moved by the busiest stage's work per round (the usual λ; for GPipe passes with
+    two streams, ``_gpipe_round``) they are extrapolated from 2p. Otherwise 3p is walked and,
+    if its increments over 2p are not all that λ, 4p must confirm a common increment; failing
+    that (and for m < 4p) the whole run is walked. The shortcut is not a proof: it matched the
+    full walk exactly on every case tried — 3,492 sweep strategies and a hypothesis test with
+    the 2p/3p start; with the p/2p start (twelfth session: 40% less walking) 480 strategies of
+    three real models (ZeRO 1 and 3, uneven first and last stages); 6,700 MoE ZeRO-3 walks but
+    4, of pp 3 with a one-layer first stage (within 0.15%). On schedules with random
+    per-stage, per-chunk costs, which no pipeline has, either start can be off (15 and 13 of
+    3,000, by up to 2.8%).
     With ``streams`` (ZeRO-3 on a MoE model: each stage chunk's forward and backward as runs of
     blocks) the steps are walked with each stage's dense and expert streams (``_walk_streams``)
     instead of ``early`` and ``late``. Without either, every walk after the first branches from
@@ -96,28 +100,60 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
     no answer."""
     p, m, v = s.pp, s.num_microbatches, s.vpp
     if not streams and not early and not late:
-        return _Plain(s.schedule, p, v, fwd, bwd, c).extrapolated(m)
+        plain = _Plain(s.schedule, p, v, fwd, bwd, c)
+        return _periodic(plain.branched(), p, m, v, plain.busiest)
 
     def walk(mb: int) -> tuple[list[int], list[list[int]]]:
         if streams:
             return _walk_streams(s.schedule, p, mb, v, *streams, c)
         return _walk(s.schedule, p, mb, v, fwd, bwd, c, early, late)
 
-    if m <= 3 * p:
+    busiest = (_gpipe_round(p, *streams) if streams and s.schedule == "gpipe" else
+               max(p * (sum(f) + sum(b)) for f, b in zip(fwd, bwd, strict=True)))
+    return _periodic(walk, p, m, v, busiest)
+
+
+def _periodic(walk: Callable[[int], Walked], p: int, m: int, v: int, busiest: float
+              ) -> Walked:
+    """``interleaved``'s shortcut over ``walk`` (the walk of so many micro-batches): walks of
+    k·p + r micro-batches, r = m mod p, so that whole rounds of p lead from each to m (a 1F1B
+    or GPipe run need not be whole rounds)."""
+    r = m % p
+    if m < 4 * p:
         return walk(m)
-    busiest = max(p * (sum(f) + sum(b)) for f, b in zip(fwd, bwd, strict=True))
-    runs = [walk(2 * p)]
-    step = _increments(walk(p), runs[0])
+    runs = [walk(2 * p + r)]
+    step = _increments(walk(p + r), runs[0])
     if any(d != busiest for d in step):  # not yet periodic at p: the 2p/3p(/4p) start
-        runs.append(walk(3 * p))
+        runs.append(walk(3 * p + r))
         step = _increments(runs[0], runs[1])
         if any(d != busiest for d in step):
-            if m == 4 * p:
+            if m == 4 * p + r:
                 return walk(m)
-            runs.append(walk(4 * p))
+            runs.append(walk(4 * p + r))
             if _increments(runs[1], runs[2]) != step:
                 return walk(m)
     return _extrapolate(runs[-1], step, len(runs) + 1, p, m, v)
+
+
+def _gpipe_round(p: int, z3_f: Z3Stages, z3_b: Z3Stages) -> float:
+    """GPipe with two-stream passes: what p more micro-batches add once periodic — the slowest
+    stage's forward and the slowest stage's backward, each pass back to back with the one
+    before, p times: its map's max-plus eigenvalue (``_cycle_mean``), as the closed form's
+    (m − 1)·(max F + max B)."""
+    return p * (max(_cycle_mean(z3_map(x[0])) for x in z3_f)
+                + max(_cycle_mean(z3_map(x[0])) for x in z3_b))
+
+
+def _cycle_mean(pass_map: Z3Map) -> float:
+    """The max-plus eigenvalue of a pass's map on the stage's state (chain, dense, expert
+    stream; the input's arrival left out): the largest mean weight of a cycle, of length one,
+    two or three (the eigenvalue of a max-plus matrix: Baccelli, Cohen, Olsder and Quadrat
+    1992, *Synchronization and Linearity*, ch. 3)."""
+    a = [row[:3] for row in pass_map]
+    best: float = max(a[i][i] for i in range(3))
+    for i, j in ((0, 1), (0, 2), (1, 2)):
+        best = max(best, (a[i][j] + a[j][i]) / 2)
+    return max(best, (a[0][1] + a[1][2] + a[2][0]) / 3, (a[0][2] + a[2][1] + a[1][0]) / 3)
 
 
 def _extrapolate(last_run: tuple[list[int], list[list[int]]], step: list[int], base: int,
@@ -250,26 +286,16 @@ class _Plain:
                 for st in range(p)]
         return (clock, ends), (m, slot)
 
-    def extrapolated(self, m: int) -> Walked:
-        """``interleaved``'s walk of ``m`` micro-batches, every further walk a branch."""
-        p, busiest = self.p, self.busiest
-        if m <= 3 * p:
-            return self.walk(m)[0]
-        two, at_two = self.walk(2 * p)
-        runs = [two]
-        step = _increments(self.walk(p, at_two)[0], two)
-        if any(d != busiest for d in step):
-            three, at = self.walk(3 * p, at_two)
-            runs.append(three)
-            step = _increments(two, three)
-            if any(d != busiest for d in step):
-                if m == 4 * p:
-                    return self.walk(m, at)[0]
-                four, at = self.walk(4 * p, at)
-                runs.append(four)
-                if _increments(three, four) != step:
-                    return self.walk(m, at)[0]
-        return _extrapolate(runs[-1], step, len(runs) + 1, p, m, self.v)
+    def branched(self) -> Callable[[int], Walked]:
+        """A walk function for ``_periodic``: each walk branches from the longest one before."""
+        longest: list[tuple[int, list[int]]] = []
+
+        def walk(m: int) -> Walked:
+            walked, at = self.walk(m, longest[0] if longest else None)
+            if not longest or m > longest[0][0]:
+                longest[:] = [at]
+            return walked
+        return walk
 
 
 def _steps(runs: tuple[Run, ...], slot: list[int], clock: list[int], cost: list[int],

@@ -30,16 +30,20 @@ SYSTEM = get_system("dgx-h100")
        uneven=st.booleans(), zbucket=st.sampled_from([0, 100_000]),
        dp_overlap=st.sampled_from(["both", "grad", "none"]), ep=st.sampled_from([0, 1, 2, 4]),
        cp=st.sampled_from([1, 1, 2]), fp8=st.booleans(), fold=st.booleans(),
-       prefetch=st.booleans(),
+       prefetch=st.booleans(), extra=st.integers(0, 3),
        system=st.sampled_from(["dgx-h100", "dgx-a100-80gb", "dgx-b200"]))
 @example(tp=2, pp=4, dp=4, sp=False, zero=3, recompute="none", mb=1, schedule="gpipe",
          overlap=False, uneven=False, zbucket=0, dp_overlap="both", ep=0, cp=1, fp8=False,
-         fold=False, prefetch=True, system="dgx-h100")  # alike stages walked: every tail checked
+         fold=False, prefetch=True, extra=0, system="dgx-h100")  # alike stages walked
+@example(tp=1, pp=2, dp=2, sp=False, zero=3, recompute="none", mb=4, schedule="1f1b",
+         overlap=False, uneven=False, zbucket=0, dp_overlap="both", ep=2, cp=1, fp8=False,
+         fold=False, prefetch=False, extra=1, system="dgx-h100")  # 9 micro-batches on 2 stages
 def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, mb, schedule,
                                               overlap, uneven, zbucket, dp_overlap, ep, cp, fp8,
-                                              fold, prefetch, system) -> None:
+                                              fold, prefetch, extra, system) -> None:
     """``ep`` 0: the dense model; 1, 2 or 4: the MoE model with that expert parallelism, carved
-    out of dp or (``fold``) folded over tp·cp·dp."""
+    out of dp or (``fold``) folded over tp·cp·dp. 1F1B and GPipe runs of mb·pp + ``extra``
+    micro-batches (interleaved ones need whole rounds)."""
     model, hw = MOE if ep else MODEL, get_system(system)
     try:
         s = Strategy(tp=tp, pp=pp, dp=dp, ep=max(ep, 1), cp=cp,
@@ -48,7 +52,9 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
                      first_stage_layers=int(uneven), last_stage_layers=int(uneven),
                      sequence_parallel=sp and tp > 1, tp_comm_overlap=overlap and sp and tp > 1,
                      zero_stage=zero, recompute=recompute,
-                     micro_batch_size=1, global_batch_size=mb * dp * pp, schedule=schedule,
+                     micro_batch_size=1, schedule=schedule,
+                     global_batch_size=dp * (mb * pp + (0 if schedule == "interleaved_1f1b"
+                                                        else extra % pp)),
                      dp_bucket_params=200_000, zero3_gather_bucket_params=zbucket,
                      overlap_grad_reduce=dp_overlap != "none",
                      overlap_param_gather=dp_overlap == "both", expert_tp=int(fold),
@@ -350,6 +356,40 @@ def test_interleaved_extrapolation_equals_the_full_walk(pp, v, rounds, zero, tp,
     late = {(1, 0): 3000} if zero == 3 else None
     assert W.interleaved(s, fwd, bwd, c, early, late) == W._walk(
         s.schedule, pp, s.num_microbatches, v, fwd, bwd, c, early, late)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pp=st.sampled_from([2, 3, 4]), rounds=st.integers(4, 9), extra=st.integers(0, 3),
+       schedule=st.sampled_from(["1f1b", "gpipe"]), moe=st.booleans(), first=st.booleans())
+def test_walked_pipelines_of_any_micro_batch_count_equal_the_full_walk(pp, rounds, extra,
+                                                                       schedule, moe,
+                                                                       first) -> None:
+    """1F1B and GPipe pipelines the fast path walks (ZeRO-3 passes, on a MoE model with both
+    streams; a shorter first stage) need not run whole rounds of p micro-batches: the shortcut
+    walks lengths that reach m in whole rounds, and its answer is the whole walk's. (It walked
+    multiples of p and answered for the nearest one below m: 5.6% off at the median on 2,225
+    such walks, up to 16.6%.)"""
+    from analysis import fastpath as F
+    from analysis import pipeline_walk as W
+
+    m = pp * rounds + extra % pp
+    s = Strategy(tp=1, pp=pp, dp=2, schedule=schedule, zero_stage=3, micro_batch_size=1,
+                 global_batch_size=2 * m, first_stage_layers=1 if first else None)
+    model = MOE if moe else MODEL
+    costs = F._Costs(model, s, SYSTEM)
+    stages, reps, alike = F._stages(costs)
+    c = F._sends(costs, reps, alike)
+    fwd, bwd = [x.fwd for x in stages], [x.bwd for x in stages]
+    if moe:
+        streams = ([x.z3_f for x in stages], [x.z3_b for x in stages])
+        assert W.interleaved(s, fwd, bwd, c, streams=streams) == W._walk_streams(
+            schedule, pp, m, 1, *streams, c)
+        return
+    early = {(ph, st_, 0): g for st_, x in enumerate(stages)
+             for ph, g in (("F", x.early_f[0]), ("B", x.early_b[0]))}
+    late = {(st_, 0): x.late_b[0] for st_, x in enumerate(stages)}
+    assert W.interleaved(s, fwd, bwd, c, early, late) == W._walk(
+        schedule, pp, m, 1, fwd, bwd, c, early, late)
 
 
 @settings(max_examples=150, deadline=None)
