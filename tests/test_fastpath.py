@@ -374,7 +374,7 @@ def test_walked_pipelines_of_any_micro_batch_count_equal_the_full_walk(pp, round
 
     m = pp * rounds + extra % pp
     s = Strategy(tp=1, pp=pp, dp=2, schedule=schedule, zero_stage=3, micro_batch_size=1,
-                 global_batch_size=2 * m, first_stage_layers=1 if first else None)
+                 global_batch_size=2 * m, first_stage_layers=int(first))
     model = MOE if moe else MODEL
     costs = F._Costs(model, s, SYSTEM)
     stages, reps, alike = F._stages(costs)

@@ -23,6 +23,12 @@ STRATEGY_CASES = [
     (dict(pp=4, vpp=2, schedule="interleaved_1f1b", global_batch_size=6),
      "interleaved_1f1b needs the number of micro-batches (6) to be a multiple of pp (4)"),
     (dict(dp=4, ep=3, global_batch_size=12), "ep 3 must divide dp 4"),
+    # built directly in Python: a wrong type is named, not a TypeError from deep inside
+    (dict(tp="2"), "tp must be an integer, got '2'"),
+    (dict(first_stage_layers=None), "first_stage_layers must be an integer, got None"),
+    (dict(micro_batch_size=1.5), "micro_batch_size must be an integer, got 1.5"),
+    (dict(sequence_parallel="yes"), "sequence_parallel must be true or false, got 'yes'"),
+    (dict(schedule=3), "schedule must be a string, got 3"),
 ]
 
 
@@ -67,6 +73,8 @@ MODEL_CASES = [
     (dict(num_layers=0), "num_layers must be positive, got 0"),
     (dict(num_experts=8, experts_per_token=9, moe_ffn_hidden_size=8),
      "experts_per_token must be in 1..num_experts (8), got 9"),
+    (dict(hidden_size="64"), "hidden_size must be an integer, got '64'"),
+    (dict(tied_embeddings="yes"), "tied_embeddings must be true or false, got 'yes'"),
 ]
 
 
@@ -106,3 +114,19 @@ def test_strategy_file_unknown_key(tmp_path: Path) -> None:
 def test_generate_rejects_bad_mode(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="mode must be 'full' or 'representative'"):
         generate(get_model("llama3-8b"), Strategy(), tmp_path, mode="some")  # type: ignore[arg-type]
+
+
+def test_numpy_and_whole_float_fields_are_taken_as_python_values() -> None:
+    """A strategy or model built from a pandas or NumPy row: its integers (and whole floats, as
+    a column with gaps holds them) and booleans are stored as Python ones, equal to the same
+    config built from plain values."""
+    import numpy as np
+
+    s = Strategy(tp=np.int64(2), dp=np.int32(2), global_batch_size=8.0,
+                 sequence_parallel=np.bool_(True))
+    assert s == Strategy(tp=2, dp=2, global_batch_size=8, sequence_parallel=True)
+    assert type(s.tp) is int and type(s.global_batch_size) is int
+    assert type(s.sequence_parallel) is bool
+    m = ModelSpec(name="m", num_layers=np.int64(2), hidden_size=64.0, num_attention_heads=4,
+                  ffn_hidden_size=128, vocab_size=64, seq_len=16)
+    assert type(m.num_layers) is int and type(m.hidden_size) is int and m.head_dim == 16

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
+import operator
 import tomllib
 from pathlib import Path
 from typing import Any, TypeGuard, TypeVar
@@ -86,3 +88,62 @@ def _type_problem(name: str, value: Any, annotation: Any) -> str | None:
         if ann.startswith(prefix):
             return None if check(value) else f"{name} must be {what}, got {value!r}"
     return None
+
+
+class _FieldKinds:
+    """A config class's fields by kind, read once: the int, bool and string ones (``Literal``
+    aliases count as strings), and a getter of each kind's values as a tuple."""
+
+    def __init__(self, cls: type) -> None:
+        self.names: dict[str, tuple[str, ...]] = {"int": (), "bool": (), "str": ()}
+        for f in dataclasses.fields(cls):
+            ann = str(f.type)
+            kind = ann if ann in ("int", "bool") else "str"
+            self.names[kind] = (*self.names[kind], f.name)
+        self.get = operator.attrgetter(*self.names["int"], *self.names["bool"],
+                                       *self.names["str"])
+        self.types = tuple([int] * len(self.names["int"]) + [bool] * len(self.names["bool"])
+                           + [str] * len(self.names["str"]))
+
+
+_KINDS: dict[type, _FieldKinds] = {}
+
+
+def field_type_problems(obj: Any) -> list[str]:
+    """What is wrong with the field types of a config built directly (in Python, in a notebook)
+    rather than by ``build``: each int field must be an integer — a NumPy integer or a whole
+    float (a pandas column's) is taken as one and stored as an ``int`` — each bool field true
+    or false (NumPy's too), each string field a string. One comparison of type tuples when all
+    are plain (a sweep builds many)."""
+    kinds = _KINDS.get(type(obj))
+    if kinds is None:
+        kinds = _KINDS[type(obj)] = _FieldKinds(type(obj))
+    values = kinds.get(obj)
+    if tuple(map(type, values)) == kinds.types:
+        return []
+    problems = []
+    names = (*kinds.names["int"], *kinds.names["bool"], *kinds.names["str"])
+    for name, value, want in zip(names, values, kinds.types, strict=True):
+        fixed, problem = _coerced(want, name, value)
+        if problem:
+            problems.append(problem)
+        elif fixed is not value:
+            object.__setattr__(obj, name, fixed)
+    return problems
+
+
+def _coerced(kind: type, name: str, value: Any) -> tuple[Any, str | None]:
+    """(the value as the field's type, or a problem naming what it must be)."""
+    if kind is int:
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return int(value), None
+        if isinstance(value, float) and value.is_integer():
+            return int(value), None
+        return value, f"{name} must be an integer, got {value!r}"
+    if kind is bool:
+        if isinstance(value, bool) or getattr(getattr(value, "dtype", None), "kind", "") == "b":
+            return bool(value), None
+        return value, f"{name} must be true or false, got {value!r}"
+    if isinstance(value, str):
+        return value, None
+    return value, f"{name} must be a string, got {value!r}"

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
-from tracegen._config import build, load_mapping
+from tracegen._config import build, field_type_problems, load_mapping
 from tracegen.errors import ConfigError
 
 Activation = Literal["gelu", "swiglu", "relu2", "relu"]
@@ -36,6 +36,9 @@ class ModelSpec:
     moe_ffn_hidden_size: int = 0
 
     def __post_init__(self) -> None:
+        problems = field_type_problems(self)
+        if problems:
+            raise ConfigError(problems, what=f"model {self.name!r}")
         if self.num_kv_heads == 0:
             object.__setattr__(self, "num_kv_heads", self.num_attention_heads)
         given = self.head_dim != 0

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
-from tracegen._config import build, load_mapping
+from tracegen._config import build, field_type_problems, load_mapping
 from tracegen.errors import ConfigError
 from tracegen.model import ModelSpec
 
@@ -81,7 +81,7 @@ class Strategy:
     zero3_prefetch: bool = False
 
     def __post_init__(self) -> None:
-        problems = _degree_problems(self)
+        problems = field_type_problems(self) or _degree_problems(self)
         if problems:
             raise ConfigError(problems, what="strategy")
 
