@@ -103,13 +103,14 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
         plain = _Plain(s.schedule, p, v, fwd, bwd, c)
         return _periodic(plain.branched(), p, m, v, plain.busiest)
 
-    def walk(mb: int) -> tuple[list[int], list[list[int]]]:
-        if streams:
-            return _walk_streams(s.schedule, p, mb, v, *streams, c)
-        return _walk(s.schedule, p, mb, v, fwd, bwd, c, early, late)
-
     busiest = (_gpipe_round(p, *streams) if streams and s.schedule == "gpipe" else
                max(p * (sum(f) + sum(b)) for f, b in zip(fwd, bwd, strict=True)))
+    if streams:
+        return _periodic(_Streams(s.schedule, p, v, *streams, c).branched(), p, m, v, busiest)
+
+    def walk(mb: int) -> Walked:
+        return _walk(s.schedule, p, mb, v, fwd, bwd, c, early, late)
+
     return _periodic(walk, p, m, v, busiest)
 
 
@@ -248,47 +249,55 @@ _NEVER = -(1 << 62)  # the time of the slot a step that waits for nothing reads
 Walked = tuple[list[int], list[list[int]]]  # (each stage's end, each stage's chunk ends)
 
 
-class _Plain:
-    """``_walk`` without ZeRO-3 gathers (the common case, and the hot loop of interleaved
-    screening) over ``_flat_plan``: the same recurrences with the gather and late
-    reduce-scatter terms at zero. Each step stores its end plus the send its successor pays (a
-    forward on stage st feeds stage st + 1 over c[st]; a backward feeds stage st − 1 over
+# A walk's slots: per array (one, or three with streams) a value per step (``_slot``)
+Slots = list[list[int]]
+
+
+class _Walker:
+    """A walk over ``_flat_plan`` that stores per step its end plus the send its successor pays
+    (a forward on stage st feeds stage st + 1 over c[st]; a backward feeds stage st − 1 over
     c[st − 1]), so the successor reads one slot; the chunk ends take the send off again. A walk
     of another length branches from an earlier one (``_branch_plan``): only the steps the two
-    do not share are walked."""
+    do not share are walked, each stage resuming from its last shared step's state, which
+    ``arrays`` slots per step hold."""
 
-    def __init__(self, schedule: str, p: int, v: int, fwd: list[tuple[int, ...]],
-                 bwd: list[tuple[int, ...]], c: list[int]) -> None:
+    arrays = 1
+
+    def __init__(self, schedule: str, p: int, v: int, c: list[int]) -> None:
         self.schedule, self.p, self.v, self.c = schedule, p, v, c
-        self.cost = [d for per_stage in (fwd, bwd) for durs in per_stage for d in durs]
         self.send = [c[st] for st in range(p) for _ in range(v)] + [
             c[(st - 1) % p] for st in range(p) for _ in range(v)]
-        self.busiest = max(p * (sum(f) + sum(b)) for f, b in zip(fwd, bwd, strict=True))
 
-    def walk(self, m: int, base: tuple[int, list[int]] | None = None
-             ) -> tuple[Walked, tuple[int, list[int]]]:
+    def walk(self, m: int, base: tuple[int, Slots] | None = None
+             ) -> tuple[Walked, tuple[int, Slots]]:
         """(the walk of ``m`` micro-batches, its slots), branched from ``base`` (an earlier
         walk's micro-batches and slots) where given."""
         p, n = self.p, self.p * self.v
         size = 1 + 2 * m * n
         if base is None:
-            runs, slot, clock = _flat_plan(self.schedule, m, p, self.v), [0] * size, [0] * p
-            slot[0] = _NEVER
+            runs = _flat_plan(self.schedule, m, p, self.v)
+            slots = [[0] * size for _ in range(self.arrays)]
+            slots[0][0] = _NEVER
+            starts: tuple[tuple[int, int], ...] = ((0, 0),) * p
         else:
             runs, starts = _branch_plan(self.schedule, m, base[0], p, self.v)
-            slot = base[1] + [0] * (size - len(base[1])) if size > len(base[1]) else base[1][:]
-            send = self.send
-            clock = [slot[k] - send[i] if k else 0 for k, i in starts]
-        _steps(runs, slot, clock, self.cost, self.send)
+            slots = [a + [0] * (size - len(a)) if size > len(a) else a[:] for a in base[1]]
+        ends = self._steps(runs, slots, starts)
         last = 2 + 2 * (m - 1) * n  # the last micro-batch's backward slots
         back = self.c[-1:] + self.c[:-1]  # c[st − 1]: what a backward on stage st added
-        ends = [[slot[last + 2 * (ch * p + st)] - back[st] for ch in range(self.v)]
-                for st in range(p)]
-        return (clock, ends), (m, slot)
+        slot = slots[0]
+        return (ends, [[slot[last + 2 * (ch * p + st)] - back[st] for ch in range(self.v)]
+                       for st in range(p)]), (m, slots)
+
+    def _steps(self, runs: tuple[Run, ...], slots: Slots, starts: tuple[tuple[int, int], ...]
+               ) -> list[int]:
+        """Walk ``runs`` from each stage's state after the step of ``starts`` (its slot and
+        cost index; slot 0: the stage's start); each stage's end."""
+        raise NotImplementedError
 
     def branched(self) -> Callable[[int], Walked]:
         """A walk function for ``_periodic``: each walk branches from the longest one before."""
-        longest: list[tuple[int, list[int]]] = []
+        longest: list[tuple[int, Slots]] = []
 
         def walk(m: int) -> Walked:
             walked, at = self.walk(m, longest[0] if longest else None)
@@ -298,19 +307,91 @@ class _Plain:
         return walk
 
 
-def _steps(runs: tuple[Run, ...], slot: list[int], clock: list[int], cost: list[int],
-           send: list[int]) -> None:
-    """Walk ``runs``: each stage's clock moves through its steps, each step waiting for the
-    slot it reads and storing its end plus its send."""
-    for st, steps in runs:
-        t = clock[st]
-        for k, dep, i in steps:
-            u = slot[dep]
-            if u > t:
-                t = u
-            t += cost[i]
-            slot[k] = t + send[i]
-        clock[st] = t
+class _Plain(_Walker):
+    """``_walk`` without ZeRO-3 gathers (the common case, and the hot loop of interleaved
+    screening): the same recurrences with the gather and late reduce-scatter terms at zero."""
+
+    def __init__(self, schedule: str, p: int, v: int, fwd: list[tuple[int, ...]],
+                 bwd: list[tuple[int, ...]], c: list[int]) -> None:
+        super().__init__(schedule, p, v, c)
+        self.cost = [d for per_stage in (fwd, bwd) for durs in per_stage for d in durs]
+        self.busiest = max(p * (sum(f) + sum(b)) for f, b in zip(fwd, bwd, strict=True))
+
+    def _steps(self, runs: tuple[Run, ...], slots: Slots, starts: tuple[tuple[int, int], ...]
+               ) -> list[int]:
+        """Each stage's clock moves through its steps, each step waiting for the slot it reads
+        and storing its end plus its send."""
+        slot, cost, send = slots[0], self.cost, self.send
+        clock = [slot[k] - send[i] if k else 0 for k, i in starts]
+        for st, steps in runs:
+            t = clock[st]
+            for k, dep, i in steps:
+                u = slot[dep]
+                if u > t:
+                    t = u
+                t += cost[i]
+                slot[k] = t + send[i]
+            clock[st] = t
+        return clock
+
+
+class _Streams(_Walker):
+    """``_walk`` with each stage's two data-parallel streams carried from step to step (ZeRO-3
+    on a MoE model, where one number after a step cannot say which stream is still busy): a
+    step's first gathers go as soon as the chain and their stream allow, its first compute
+    waits for its input too, and its reduce-scatters stay on their streams while the next step
+    starts (``z3_map``). A stage ends when its last compute and its streams are done; a chunk's
+    last backward ends at its last compute (its gradient is sent then). The streams' times
+    after each step are kept beside its slot, for branches to resume from."""
+
+    arrays = 3
+
+    def __init__(self, schedule: str, p: int, v: int, z3_f: Z3Stages, z3_b: Z3Stages,
+                 c: list[int]) -> None:
+        super().__init__(schedule, p, v, c)
+        self.maps = [z3_map(runs) for per_pass in (z3_f, z3_b) for per_stage in per_pass
+                     for runs in per_stage]
+
+    def _steps(self, runs: tuple[Run, ...], slots: Slots, starts: tuple[tuple[int, int], ...]
+               ) -> list[int]:
+        slot, dense_at, expert_at = slots
+        maps, send = self.maps, self.send
+        chain = [slot[k] - send[i] if k else 0 for k, i in starts]
+        dense = [dense_at[k] for k, _ in starts]  # (slot 0 of these holds 0: a stage's start)
+        expert = [expert_at[k] for k, _ in starts]
+        for st, steps in runs:
+            t, fd, fe = chain[st], dense[st], expert[st]
+            for k, dep, i in steps:
+                a = slot[dep]
+                (t0, t1, t2, t3), (d0, d1, d2, d3), (e0, e1, e2, e3) = maps[i]
+                # the three maxima spelled out: a third of the time of calling max (the hot
+                # loop of screening MoE ZeRO-3 strategies)
+                x, y = t + t0, fd + t1
+                if y > x:
+                    x = y
+                if (y := fe + t2) > x:
+                    x = y
+                if (y := a + t3) > x:
+                    x = y
+                z, y = t + d0, fd + d1
+                if y > z:
+                    z = y
+                if (y := fe + d2) > z:
+                    z = y
+                if (y := a + d3) > z:
+                    z = y
+                w, y = t + e0, fd + e1
+                if y > w:
+                    w = y
+                if (y := fe + e2) > w:
+                    w = y
+                if (y := a + e3) > w:
+                    w = y
+                t, fd, fe = x, z, w
+                slot[k] = t + send[i]
+                dense_at[k], expert_at[k] = fd, fe
+            chain[st], dense[st], expert[st] = t, fd, fe
+        return [max(x) for x in zip(chain, dense, expert, strict=True)]
 
 
 def _increments(a: tuple[list[int], list[list[int]]], b: tuple[list[int], list[list[int]]]
@@ -369,57 +450,9 @@ Z3Map = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 
 def _walk_streams(schedule: str, p: int, m: int, v: int, z3_f: Z3Stages, z3_b: Z3Stages,
-                  c: list[int]) -> tuple[list[int], list[list[int]]]:
-    """``_walk`` with each stage's two data-parallel streams carried from step to step (ZeRO-3
-    on a MoE model, where one number after a step cannot say which stream is still busy): a
-    step's first gathers go as soon as the chain and their stream allow, its first compute
-    waits for its input too, and its reduce-scatters stay on their streams while the next step
-    starts (``z3_map``). Over ``_flat_plan`` as ``_Plain``: each step's slot holds its end
-    plus the send its successor pays. A stage ends when its last compute and its streams are
-    done; a chunk's last backward ends at its last compute (its gradient is sent then)."""
-    n = p * v
-    maps = [z3_map(runs) for per_pass in (z3_f, z3_b) for per_stage in per_pass
-            for runs in per_stage]
-    send = [c[st] for st in range(p) for _ in range(v)] + [
-        c[(st - 1) % p] for st in range(p) for _ in range(v)]
-    slot = [_NEVER] + [0] * (2 * m * n)
-    chain, dense, expert = [0] * p, [0] * p, [0] * p
-    for st, steps in _flat_plan(schedule, m, p, v):
-        t, fd, fe = chain[st], dense[st], expert[st]
-        for k, dep, i in steps:
-            a = slot[dep]
-            (t0, t1, t2, t3), (d0, d1, d2, d3), (e0, e1, e2, e3) = maps[i]
-            # the three maxima spelled out: a third of the time of calling max (the hot loop
-            # of screening MoE ZeRO-3 strategies)
-            x, y = t + t0, fd + t1
-            if y > x:
-                x = y
-            if (y := fe + t2) > x:
-                x = y
-            if (y := a + t3) > x:
-                x = y
-            z, y = t + d0, fd + d1
-            if y > z:
-                z = y
-            if (y := fe + d2) > z:
-                z = y
-            if (y := a + d3) > z:
-                z = y
-            w, y = t + e0, fd + e1
-            if y > w:
-                w = y
-            if (y := fe + e2) > w:
-                w = y
-            if (y := a + e3) > w:
-                w = y
-            t, fd, fe = x, z, w
-            slot[k] = t + send[i]
-        chain[st], dense[st], expert[st] = t, fd, fe
-    last = 2 + 2 * (m - 1) * n  # the last micro-batch's backward slots (``_slot``)
-    back = c[-1:] + c[:-1]  # c[st − 1]: what a backward on stage st added to its slot
-    return ([max(x) for x in zip(chain, dense, expert, strict=True)],
-            [[slot[last + 2 * (ch * p + st)] - back[st] for ch in range(v)]
-             for st in range(p)])
+                  c: list[int]) -> Walked:
+    """The two-stream walk of ``m`` micro-batches from the start (``_Streams``)."""
+    return _Streams(schedule, p, v, z3_f, z3_b, c).walk(m)[0]
 
 
 @functools.lru_cache(maxsize=4096)

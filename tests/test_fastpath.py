@@ -437,6 +437,34 @@ def test_a_walk_branched_from_another_equals_walking_it_whole(pp, v, schedule, r
     assert walker.walk(third, again)[0] == walker.walk(third)[0]
 
 
+@settings(max_examples=100, deadline=None)
+@given(pp=st.sampled_from([1, 2, 3, 4]), v=st.sampled_from([1, 2, 3]),
+       schedule=st.sampled_from(["interleaved_1f1b", "1f1b", "gpipe"]),
+       rounds=st.integers(1, 5), base_rounds=st.integers(1, 5), data=st.data())
+def test_a_two_stream_walk_branched_from_another_equals_walking_it_whole(
+        pp, v, schedule, rounds, base_rounds, data) -> None:
+    """The same for the two-stream walk (ZeRO-3 on a MoE model), whose branches resume each
+    stage's chain and both streams from the slots of its last shared step."""
+    from analysis import pipeline_walk as W
+
+    if schedule != "interleaved_1f1b":
+        v = 1
+    ns = st.sampled_from([0, 1, 7, 100, 2500, 40_000])
+    block = st.tuples(st.tuples(ns, ns, ns, ns, ns), st.integers(1, 3))
+
+    def passes() -> list[tuple[tuple[tuple[tuple[int, ...], int], ...], ...]]:
+        return [tuple(tuple(data.draw(st.lists(block, min_size=1, max_size=3)))
+                      for _ in range(v)) for _ in range(pp)]
+
+    z3_f, z3_b = passes(), passes()
+    c = [data.draw(st.integers(0, 10**4)) for _ in range(pp)]
+    walker = W._Streams(schedule, pp, v, z3_f, z3_b, c)
+    m, base = pp * rounds, pp * base_rounds
+    branched, again = walker.walk(m, walker.walk(base)[1])
+    assert branched == walker.walk(m)[0]
+    assert walker.walk(base + pp, again)[0] == walker.walk(base + pp)[0]
+
+
 def _z3_blocks_one_by_one(runs, t: int, fd: int, fe: int, arrive: int) -> tuple[int, int, int]:
     """A ZeRO-3 pass over two streams stepped block by block, as the trace runs it: a block's
     dense then expert gathers (each after its stream's last collective; the chain waits), its
