@@ -2,7 +2,8 @@
 contention-free replay of the same strategy. The hypothesis test (tests/test_fastpath.py) holds
 2% on a tiny model, where every term weighs in; this draws random valid strategies of four
 preset models on their usual systems (GPT-3 175B on 1,024 A100s, Llama 3 8B on 64 H100s,
-Mixtral 8x7B on 128 H100s, Llama 2 70B on 48 H100s) and prints the distribution of
+Mixtral 8x7B on 128 H100s, Llama 2 70B on 48 H100s; a third of the non-interleaved ones with a
+global batch of any count of micro-batches, not whole rounds of pp) and prints the distribution of
 |fast / replay − 1| and the worst cases. Seeded: the same draw on every machine.
 
     python bench/bench_fastpath_agreement.py [--n 60] [--seed 1]
@@ -33,11 +34,14 @@ def draw(rng: random.Random) -> tuple[str, str, Strategy] | None:
         return None
     vpp, zero = rng.choice((1, 1, 2)), rng.choice((0, 1, 3))
     moe = model == "mixtral-8x7b"
+    dp, mbs = gpus // (tp * pp * cp), rng.choice((1, 2))
+    if vpp == 1 and rng.random() < 1 / 3:  # a batch of any count of micro-batches, not rounds
+        gbs = dp * mbs * rng.randrange(pp, 6 * pp + 1)
     try:
-        s = Strategy(tp=tp, pp=pp, dp=gpus // (tp * pp * cp), cp=cp, vpp=vpp,
+        s = Strategy(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp,
                      ep=rng.choice((1, 2, 4, 8)) if moe else 1,
                      expert_tp=rng.choice((0, 1)) if moe else 0,
-                     micro_batch_size=rng.choice((1, 2)), global_batch_size=gbs,
+                     micro_batch_size=mbs, global_batch_size=gbs,
                      recompute=rng.choice(("none", "selective", "full")),  # type: ignore[arg-type]
                      zero_stage=zero, sequence_parallel=tp > 1 and rng.random() < 0.6,
                      schedule="interleaved_1f1b" if vpp > 1 else rng.choice(("1f1b", "1f1b",
