@@ -95,9 +95,9 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
     3,000, by up to 2.8%).
     With ``streams`` (ZeRO-3 on a MoE model: each stage chunk's forward and backward as runs of
     blocks) the steps are walked with each stage's dense and expert streams (``_walk_streams``)
-    instead of ``early`` and ``late``. Without either, every walk after the first branches from
-    the one before (``_Plain``): only the steps the two do not share are walked, which changes
-    no answer."""
+    instead of ``early`` and ``late``. Those and the plain walk (neither) branch: every walk
+    after the first branches from the longest before (``_Walker``), only the steps the two do
+    not share walked, which changes no answer."""
     p, m, v = s.pp, s.num_microbatches, s.vpp
     if not streams and not early and not late:
         plain = _Plain(s.schedule, p, v, fwd, bwd, c)
@@ -159,8 +159,8 @@ def _cycle_mean(pass_map: Z3Map) -> float:
 
 def _extrapolate(last_run: tuple[list[int], list[list[int]]], step: list[int], base: int,
                  p: int, m: int, v: int) -> tuple[list[int], list[list[int]]]:
-    """The walk of ``m`` micro-batches from that of ``base``·p, every event moved by its
-    increment per further round of p."""
+    """The walk of ``m`` micro-batches from that of ``base``·p + (m mod p), every event moved
+    by its increment per further round of p."""
     rounds = (m - base * p) // p
     ends, last = last_run
     return ([e + rounds * d for e, d in zip(ends, step[:p], strict=True)],
@@ -182,7 +182,7 @@ def _slot(k: int, backward: bool) -> int:
 
 @functools.lru_cache(maxsize=256)
 def _flat_plan(schedule: str, m: int, p: int, v: int) -> tuple[Run, ...]:
-    """``_plan`` for ``_walk_plain``, as runs of consecutive steps of one stage (3–4 on average:
+    """``_plan`` for ``_Walker``, as runs of consecutive steps of one stage (3–4 on average:
     a stage's clock is read and written once per run, not per step). Per step: its slot
     (``_slot``), the slot it waits for (0 for none) and its cost index, (backward · p + stage)
     · v + chunk into the strategy's flattened costs."""
