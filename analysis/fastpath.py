@@ -27,7 +27,14 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from analysis.dp_tails import BucketRun, slowed, tails_ns
-from analysis.pipeline_walk import Z3Runs, interleaved, pipeline_ns, span_ns
+from analysis.pipeline_walk import (
+    Opened,
+    Z3Runs,
+    first_forwards,
+    interleaved,
+    pipeline_ns,
+    span_ns,
+)
 from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
 from replay.network import AlphaBetaNetwork, ranges_shape
@@ -103,6 +110,9 @@ class _Stage(NamedTuple):
     # ZeRO-3, per chunk: how much of ``late_b`` the next backward hides when backwards run back
     # to back (GPipe; ``_trailing_overlap``)
     overlap_b: tuple[int, ...] = ()
+    # per chunk: the share of a forward that is compute on the critical path (the parameter
+    # gathers of ``overlap_param_gather`` slow it)
+    busy_f: tuple[float, ...] = ()
     # ZeRO-3 without prefetch on a MoE model, per chunk, for the schedule walk: the forward's
     # and the backward's blocks as the dense and expert streams see them (``_zero3_runs``)
     z3_f: tuple[Z3Runs, ...] = ()
@@ -393,17 +403,19 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
     fwd, bwd, runs_bwd, early_f, early_b, late_b = [], [], [], [], [], []
     overlap_b: list[int] = []
     phi: list[float] = []  # the share of compute in a backward: it slows buckets (``dp_tails``)
+    phi_f: list[float] = []  # and in a forward
     params = {"dp": 0, "edp": 0}
     layers = 0
     for gci, key in zip(gcis, chunks, strict=True):
-        f = b = u = 0
+        f = b = u = uf = 0
         runs = []
         chunk = costs.chunk_runs(gci, key)
         for block, count in chunk:
-            bf, bb, _, ub = costs.block(block, rank, sig)
+            bf, bb, uff, ub = costs.block(block, rank, sig)
             f += count * bf
             b += count * bb
             u += count * ub
+            uf += count * uff
             runs.append((block, bb, count))
             params["dp"] += count * block.dense
             params["edp"] += count * block.expert
@@ -411,6 +423,7 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
                 layers += count
         runs_bwd.append(tuple(runs[::-1]))
         phi.append(u / b if b else 0.0)
+        phi_f.append(uf / f if f else 0.0)
         if prefetch:
             chunk_f, chunk_b, first_f, first_b, tail_b = _prefetched_chunk(costs, chunk, rank, sig)
             fwd.append(chunk_f)
@@ -431,7 +444,8 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
     stage = _Stage(tuple(fwd), tuple(bwd), tuple(runs_bwd), tuple(early_f), tuple(early_b),
                    tuple(late_b),
                    tuple(params.items()), sum(fwd) / NS_PER_S, sum(bwd) / NS_PER_S,
-                   params["dp"] + params["edp"], layers, tuple(phi), tuple(overlap_b))
+                   params["dp"] + params["edp"], layers, tuple(phi), tuple(overlap_b),
+                   tuple(phi_f))
     if zero3 and costs.moe and not prefetch:  # the passes the two-stream walk steps through
         blocks = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
         stage = stage._replace(
@@ -643,8 +657,11 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     walked = (s.schedule == "interleaved_1f1b" or bool(s.first_stage_layers)
               or bool(s.last_stage_layers)
               or (s.zero_stage == 3 and (s.zero3_prefetch or costs.moe)))
+    gathers_open = s.overlap_param_gather and s.zero_stage in (1, 2)
+    # with chunks, each chunk's first forward waits for its gathers inside the walk
+    opened = _opened(costs, stages, reps, c) if gathers_open and s.vpp > 1 else None
     if walked:  # every stage its own end: the tails check each, even of alike stages
-        pipe, ends, chunk_ends = _walked_ends(costs, stages, c)
+        pipe, ends, chunk_ends = _walked_ends(costs, stages, c, opened)
         check = range(s.pp)
     elif alike:
         # Alike stages: the first finishes no earlier than any middle one. Its layers are the
@@ -657,7 +674,7 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
         pipe, ends = _closed_form_ends(s, stages, c)
         chunk_ends = list(zip(ends))
         check = range(s.pp)
-    if s.overlap_param_gather and s.zero_stage in (1, 2):
+    if gathers_open and opened is None:
         held = _param_gather_delay(costs, stages, reps, c, alike)
         pipe += held
         ends = [e + held for e in ends]
@@ -675,8 +692,8 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
 _FWD_S, _BWD_S = operator.attrgetter("fwd_s"), operator.attrgetter("bwd_s")
 
 
-def _walked_ends(costs: _Costs, stages: list[_Stage], c: list[int]
-                 ) -> tuple[int, list[int], list[list[int]]]:
+def _walked_ends(costs: _Costs, stages: list[_Stage], c: list[int],
+                 opened: Opened | None = None) -> tuple[int, list[int], list[list[int]]]:
     """(pipeline ns, end of each stage's last backward, end of each chunk's last backward —
     its gradient buckets go then) from a walk of the schedule's order. The walk depends on
     nothing else, so strategies differing only in what follows the pipeline (ZeRO 0 vs 1,
@@ -693,10 +710,12 @@ def _walked_ends(costs: _Costs, stages: list[_Stage], c: list[int]
     key = (s.schedule, s.pp, s.num_microbatches, s.vpp, tuple(fwd), tuple(bwd), tuple(c),
            tuple(sorted(early.items())) if early else None,
            tuple(sorted(late.items())) if late else None,
-           (tuple(streams[0]), tuple(streams[1])) if streams else None)
+           (tuple(streams[0]), tuple(streams[1])) if streams else None,
+           opened)
     walked = costs.ctx.walks.get(key)
     if walked is None:
-        walked = costs.ctx.walks[key] = interleaved(s, fwd, bwd, c, early, late, streams)
+        walked = costs.ctx.walks[key] = interleaved(s, fwd, bwd, c, early, late, streams,
+                                                    opened)
     ends, chunk_ends = walked
     return max(ends), ends, chunk_ends
 
@@ -827,24 +846,64 @@ def _param_gather_delay(costs: _Costs, stages: list[_Stage], reps: list[int], c:
     return worst
 
 
-def _held_forward(costs: _Costs, st: int, rank: int, fwd: int, arrival: int) -> int:
-    """How much later than ``fwd`` after ``arrival`` stage ``st``'s first forward ends: each
-    block waits for its bucket's gather and, with interference, runs slowed while a stream is
-    busy; once every stream is free the rest runs at full speed."""
+def _opened(costs: _Costs, stages: list[_Stage], reps: list[int], c: list[int]) -> Opened:
+    """``overlap_param_gather`` with chunks, for the walk (``pipeline_walk.Opened``). The
+    gathers run chunk after chunk on the stream; with few micro-batches per round and many
+    chunks they can outlast the fill, so later chunks' first forwards wait too, and every
+    kernel of the stage runs slowed until they are done — delays the walk passes on as far as
+    they reach. (``_param_gather_delay``'s worst first-chunk delay, added to the whole
+    pipeline, left such runs up to 14.7% too fast.) Each first forward is held from its start
+    in the fill without gathers (``first_forwards``); one starting later ends no earlier than
+    that (the buckets it waits for are the same)."""
     s = costs.s
-    kappa = costs.compute.gpu.comm_interference
-    blocks = costs.prog.blocks_of_chunk(st, labels=False)
-    need = [0] * len(blocks)
-    busy = []  # when each stream's gathers end: the forward runs slowed until then
+    starts = first_forwards(s.pp, s.vpp, [x.fwd for x in stages], c)
+    floors, busy = [], []
+    for st, x in enumerate(stages):
+        busy.append(tuple(_gather_timeline(costs, st, reps[st], 0)[2]))
+        for ch in range(s.vpp):
+            held = _held_forward(costs, st, reps[st], x.fwd[ch], starts[st][ch], ch)
+            if held:
+                floors.append(((st, ch), starts[st][ch] + x.fwd[ch] + held))
+    share = tuple(phi for per_pass in ([x.busy_f for x in stages], [x.busy_b for x in stages])
+                  for per_stage in per_pass for phi in per_stage)
+    return Opened(tuple(floors), tuple(busy), costs.compute.gpu.comm_interference, share)
+
+
+def _gather_timeline(costs: _Costs, st: int, rank: int, chunk: int
+                     ) -> tuple[list[ParamBlock], list[int], list[int]]:
+    """Stage ``st``'s parameter gathers (``overlap_param_gather``), each data-parallel stream's
+    serial from the step's start, chunk after chunk: (``chunk``'s blocks, when each block's
+    bucket is in — 0 for the blocks that open none — and when each stream's gathers end)."""
+    s = costs.s
+    blocks: list[ParamBlock] = []
+    busy = []
+    need: list[int] = []
     for axis in ("dp", "edp") if costs.moe else ("dp",):
         size = dp_group_size(s, axis)
         if size < 2:
             continue
         shape, t = costs.shape(axis, rank), 0
-        for first, n in reversed(bucket_plan(blocks, axis, s.dp_bucket_params)):
-            t += costs.net.shape_ns("ALL_GATHER", -(-n // size) * O.PARAM_BYTES, shape)
-            need[first] = max(need[first], t)
+        for ch in range(s.vpp):
+            own = costs.prog.blocks_of_chunk(ch * s.pp + st, labels=False)
+            if ch == chunk:
+                blocks = own
+                need = need or [0] * len(own)
+            for first, n in reversed(bucket_plan(own, axis, s.dp_bucket_params)):
+                t += costs.net.shape_ns("ALL_GATHER", -(-n // size) * O.PARAM_BYTES, shape)
+                if ch == chunk:
+                    need[first] = max(need[first], t)
         busy.append(t)
+    return blocks, need, busy
+
+
+def _held_forward(costs: _Costs, st: int, rank: int, fwd: int, arrival: int, chunk: int = 0
+                  ) -> int:
+    """How much later than ``fwd`` after ``arrival`` stage ``st``'s first forward of ``chunk``
+    ends: each block waits for its bucket's gather (after every earlier chunk's on the stream)
+    and, with interference, runs slowed while a stream is busy — until the last chunk's gathers
+    are done; then the rest runs at full speed."""
+    kappa = costs.compute.gpu.comm_interference
+    blocks, need, busy = _gather_timeline(costs, st, rank, chunk)
     free = max(busy, default=0)
     if arrival >= free:
         return 0

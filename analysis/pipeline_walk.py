@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
+from analysis.dp_tails import slowed
 from tracegen.schedule import stage_order
 from tracegen.strategy import Strategy
 
@@ -77,8 +79,8 @@ def _plan(schedule: str, m: int, p: int, v: int) -> tuple[tuple[int, bool, int, 
 def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ...]], c: list[int],
                 early: dict[tuple[str, int, int], int] | None = None,
                 late: dict[tuple[int, int], int] | None = None,
-                streams: tuple[Z3Stages, Z3Stages] | None = None
-                ) -> tuple[list[int], list[list[int]]]:
+                streams: tuple[Z3Stages, Z3Stages] | None = None,
+                opened: Opened | None = None) -> tuple[list[int], list[list[int]]]:
     """(end of each stage's last backward, when each chunk's last backward ends) under Megatron's
     interleaved order. The schedule is a max-plus linear system: once periodic, each further
     round of p micro-batches shifts every event by the same amount λ. Long runs are walked for
@@ -97,10 +99,11 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
     blocks) the steps are walked with each stage's dense and expert streams (``_walk_streams``)
     instead of ``early`` and ``late``. Those and the plain walk (neither) branch: every walk
     after the first branches from the longest before (``_Walker``), only the steps the two do
-    not share walked, which changes no answer."""
+    not share walked, which changes no answer. ``opened`` (plain walks): the parameter gathers
+    that open the step (``Opened``)."""
     p, m, v = s.pp, s.num_microbatches, s.vpp
     if not streams and not early and not late:
-        plain = _Plain(s.schedule, p, v, fwd, bwd, c)
+        plain = _Plain(s.schedule, p, v, fwd, bwd, c, opened)
         return _periodic(plain.branched(), p, m, v, plain.busiest)
 
     busiest = (_gpipe_round(p, *streams) if streams and s.schedule == "gpipe" else
@@ -112,6 +115,28 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
         return _walk(s.schedule, p, mb, v, fwd, bwd, c, early, late)
 
     return _periodic(walk, p, m, v, busiest)
+
+
+def first_forwards(p: int, v: int, fwd: list[tuple[int, ...]], c: list[int]) -> list[list[int]]:
+    """When each stage starts its first forward of each chunk under Megatron's interleaved order
+    (no gathers): virtual micro-batch k of a stage is micro-batch k mod p of chunk k // p for
+    k < p·v, and every stage's warm-up runs forwards only through k = (v − 1)·p (its warm-up is
+    (p − st − 1)·2 + (v − 1)·p; the last stage's k = (v − 1)·p opens its steady phase with a
+    forward), so walking those forwards alone — each after the stage's previous one and after
+    its input, sent over c from the previous global chunk — gives the starts exactly."""
+    end: list[list[int]] = []  # [k][stage]: when the forward of virtual micro-batch k ends
+    clock, out = [0] * p, [[0] * v for _ in range(p)]
+    for k in range((v - 1) * p + 1):
+        ch, mb = divmod(k, p)
+        end.append([0] * p)
+        for st in range(p):
+            ready = (end[k][st - 1] + c[st - 1] if st else
+                     end[k - p][p - 1] + c[p - 1] if ch else 0)
+            start = max(clock[st], ready)
+            clock[st] = end[k][st] = start + fwd[st][ch]
+            if not mb:
+                out[st][ch] = start
+    return out
 
 
 def _periodic(walk: Callable[[int], Walked], p: int, m: int, v: int, busiest: float
@@ -166,6 +191,16 @@ def _extrapolate(last_run: tuple[list[int], list[list[int]]], step: list[int], b
     return ([e + rounds * d for e, d in zip(ends, step[:p], strict=True)],
             [[t + rounds * step[p + st * v + ch] for ch, t in enumerate(chunks)]
              for st, chunks in enumerate(last)])
+
+
+class Opened(NamedTuple):
+    """``overlap_param_gather`` on an interleaved pipeline: the parameter all-gathers that open
+    the step (``fastpath._opened``), as the walk sees them."""
+
+    floors: tuple[tuple[tuple[int, int], int], ...]  # ((stage, chunk), earliest first-fwd end)
+    busy: tuple[tuple[int, ...], ...]  # per stage, when each of its gather streams is done
+    kappa: float  # a kernel's slowdown per busy stream (``GPUSpec.comm_interference``)
+    share: tuple[float, ...]  # per cost index: the share of the pass that is compute
 
 
 # One stage's run of consecutive steps in a walk order: (stage, ((slot, slot waited for, cost
@@ -312,17 +347,24 @@ class _Plain(_Walker):
     screening): the same recurrences with the gather and late reduce-scatter terms at zero."""
 
     def __init__(self, schedule: str, p: int, v: int, fwd: list[tuple[int, ...]],
-                 bwd: list[tuple[int, ...]], c: list[int]) -> None:
+                 bwd: list[tuple[int, ...]], c: list[int],
+                 opened: Opened | None = None) -> None:
         super().__init__(schedule, p, v, c)
         self.cost = [d for per_stage in (fwd, bwd) for durs in per_stage for d in durs]
         self.busiest = max(p * (sum(f) + sum(b)) for f, b in zip(fwd, bwd, strict=True))
+        self.opened = opened
+        # slot of a stage's first forward of a chunk (micro-batch 0) → the earliest it ends
+        self.floors = {_slot(ch * p + st, False): end for (st, ch), end in opened.floors
+                       } if opened else None
 
     def _steps(self, runs: tuple[Run, ...], slots: Slots, starts: tuple[tuple[int, int], ...]
                ) -> list[int]:
         """Each stage's clock moves through its steps, each step waiting for the slot it reads
-        and storing its end plus its send."""
+        and storing its end plus its send (no earlier than its floor, where it has one)."""
         slot, cost, send = slots[0], self.cost, self.send
         clock = [slot[k] - send[i] if k else 0 for k, i in starts]
+        if self.opened:
+            return self._opening(runs, slot, clock)
         for st, steps in runs:
             t = clock[st]
             for k, dep, i in steps:
@@ -330,6 +372,34 @@ class _Plain(_Walker):
                 if u > t:
                     t = u
                 t += cost[i]
+                slot[k] = t + send[i]
+            clock[st] = t
+        return clock
+
+    def _opening(self, runs: tuple[Run, ...], slot: list[int], clock: list[int]) -> list[int]:
+        """``_steps`` while the parameter gathers that open the step are in flight
+        (``Opened``): a step that starts before its stage's gathers are done has its compute
+        share slowed (``dp_tails.slowed``) until they are, and a first forward of a chunk ends
+        no earlier than its floor."""
+        assert self.opened and self.floors is not None
+        cost, send, floors = self.cost, self.send, self.floors
+        kappa, share, busy = self.opened.kappa, self.opened.share, self.opened.busy
+        for st, steps in runs:
+            t, gathers = clock[st], list(busy[st])
+            until = max(gathers, default=0)
+            for k, dep, i in steps:
+                u = slot[dep]
+                if u > t:
+                    t = u
+                d = cost[i]
+                if t < until and kappa:
+                    compute = d * share[i]
+                    t = round(slowed(t, compute, gathers, kappa) + d - compute)
+                else:
+                    t += d
+                floor = floors.get(k)
+                if floor is not None and floor > t:
+                    t = floor
                 slot[k] = t + send[i]
             clock[st] = t
         return clock
