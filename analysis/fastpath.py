@@ -141,6 +141,10 @@ class _Context:
         self.programs: dict[int, RoleProgram] = {}
         # ZeRO-3: (costs key, layout, rank, block parameters, collective) → (dense, expert) ns
         self.zero3: dict[tuple[object, ...], tuple[int, int]] = {}
+        # overlap_param_gather: a stage's gather timeline; a strategy's walk inputs (``_opened``)
+        self.gathers: dict[tuple[object, ...],
+                           tuple[list[list[ParamBlock]], list[list[int]], list[int]]] = {}
+        self.opened: dict[tuple[object, ...], Opened] = {}
         # (same node?, bytes) → ns of one send: a point-to-point cost depends on nothing else
         self.sends: dict[tuple[bool, int], int] = {}
         self.calls = 0  # strategies estimated (the memo limit is checked now and then)
@@ -161,6 +165,7 @@ class _Context:
     def entries(self) -> int:
         return (len(self.blocks) + len(self.stages) + len(self.tails) + len(self.lists)
                 + len(self.layouts) + len(self.programs) + len(self.zero3)
+                + len(self.gathers) + len(self.opened)
                 + len(self.optimizer) + len(self.buckets) + len(self.shapes) + len(self.walks)
                 + len(self.activations) + len(self.chunks) + len(self.p2p) + len(self.sends)
                 + len(self.segments))
@@ -854,46 +859,56 @@ def _opened(costs: _Costs, stages: list[_Stage], reps: list[int], c: list[int]) 
     they reach. (``_param_gather_delay``'s worst first-chunk delay, added to the whole
     pipeline, left such runs up to 14.7% too fast.) Each first forward is held from its start
     in the fill without gathers (``first_forwards``); one starting later ends no earlier than
-    that (the buckets it waits for are the same)."""
+    that (the buckets it waits for are the same). Shared by strategies that differ only in the
+    batch, ZeRO 1 or 2 and the gradients' dtype (the fill does not depend on them)."""
     s = costs.s
+    key = (costs.key, costs._degrees, s.vpp, s.first_stage_layers, s.last_stage_layers,
+           s.dp_bucket_params, tuple(c))
+    got = costs.ctx.opened.get(key)
+    if got is not None:
+        return got
     starts = first_forwards(s.pp, s.vpp, [x.fwd for x in stages], c)
     floors, busy = [], []
     for st, x in enumerate(stages):
-        busy.append(tuple(_gather_timeline(costs, st, reps[st], 0)[2]))
+        busy.append(tuple(_gather_timeline(costs, st, reps[st])[2]))
         for ch in range(s.vpp):
             held = _held_forward(costs, st, reps[st], x.fwd[ch], starts[st][ch], ch)
             if held:
                 floors.append(((st, ch), starts[st][ch] + x.fwd[ch] + held))
     share = tuple(phi for per_pass in ([x.busy_f for x in stages], [x.busy_b for x in stages])
                   for per_stage in per_pass for phi in per_stage)
-    return Opened(tuple(floors), tuple(busy), costs.compute.gpu.comm_interference, share)
+    got = costs.ctx.opened[key] = Opened(tuple(floors), tuple(busy),
+                                         costs.compute.gpu.comm_interference, share)
+    return got
 
 
-def _gather_timeline(costs: _Costs, st: int, rank: int, chunk: int
-                     ) -> tuple[list[ParamBlock], list[int], list[int]]:
+def _gather_timeline(costs: _Costs, st: int, rank: int
+                     ) -> tuple[list[list[ParamBlock]], list[list[int]], list[int]]:
     """Stage ``st``'s parameter gathers (``overlap_param_gather``), each data-parallel stream's
-    serial from the step's start, chunk after chunk: (``chunk``'s blocks, when each block's
-    bucket is in — 0 for the blocks that open none — and when each stream's gathers end)."""
+    serial from the step's start, chunk after chunk: per chunk its blocks and when each block's
+    bucket is in (0 for the blocks that open none), and when each stream's gathers end.
+    Memoized by all it reads: the op lists' key, layout, chunks, bucket size and rank."""
     s = costs.s
-    blocks: list[ParamBlock] = []
+    key = (costs.lists_key, costs._degrees, s.vpp, s.first_stage_layers, s.last_stage_layers,
+           s.dp_bucket_params, st, rank)
+    got = costs.ctx.gathers.get(key)
+    if got is not None:
+        return got
+    blocks = [costs.prog.blocks_of_chunk(ch * s.pp + st, labels=False) for ch in range(s.vpp)]
+    need = [[0] * len(own) for own in blocks]
     busy = []
-    need: list[int] = []
     for axis in ("dp", "edp") if costs.moe else ("dp",):
         size = dp_group_size(s, axis)
         if size < 2:
             continue
         shape, t = costs.shape(axis, rank), 0
-        for ch in range(s.vpp):
-            own = costs.prog.blocks_of_chunk(ch * s.pp + st, labels=False)
-            if ch == chunk:
-                blocks = own
-                need = need or [0] * len(own)
+        for own, ready in zip(blocks, need, strict=True):
             for first, n in reversed(bucket_plan(own, axis, s.dp_bucket_params)):
                 t += costs.net.shape_ns("ALL_GATHER", -(-n // size) * O.PARAM_BYTES, shape)
-                if ch == chunk:
-                    need[first] = max(need[first], t)
+                ready[first] = max(ready[first], t)
         busy.append(t)
-    return blocks, need, busy
+    got = costs.ctx.gathers[key] = (blocks, need, busy)
+    return got
 
 
 def _held_forward(costs: _Costs, st: int, rank: int, fwd: int, arrival: int, chunk: int = 0
@@ -903,7 +918,8 @@ def _held_forward(costs: _Costs, st: int, rank: int, fwd: int, arrival: int, chu
     and, with interference, runs slowed while a stream is busy — until the last chunk's gathers
     are done; then the rest runs at full speed."""
     kappa = costs.compute.gpu.comm_interference
-    blocks, need, busy = _gather_timeline(costs, st, rank, chunk)
+    per_chunk, needs, busy = _gather_timeline(costs, st, rank)
+    blocks, need = per_chunk[chunk], needs[chunk]
     free = max(busy, default=0)
     if arrival >= free:
         return 0

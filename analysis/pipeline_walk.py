@@ -380,25 +380,35 @@ class _Plain(_Walker):
         """``_steps`` while the parameter gathers that open the step are in flight
         (``Opened``): a step that starts before its stage's gathers are done has its compute
         share slowed (``dp_tails.slowed``) until they are, and a first forward of a chunk ends
-        no earlier than its floor."""
+        no earlier than its floor. A run that starts after both walks as ``_steps`` does."""
         assert self.opened and self.floors is not None
         cost, send, floors = self.cost, self.send, self.floors
         kappa, share, busy = self.opened.kappa, self.opened.share, self.opened.busy
+        until = [max(b, default=0) if kappa else 0 for b in busy]
+        floored = max(floors, default=0)  # (first forwards: the lowest slots of a walk)
         for st, steps in runs:
-            t, gathers = clock[st], list(busy[st])
-            until = max(gathers, default=0)
+            t = clock[st]
+            if t >= until[st] and steps[0][0] > floored:
+                for k, dep, i in steps:
+                    u = slot[dep]
+                    if u > t:
+                        t = u
+                    t += cost[i]
+                    slot[k] = t + send[i]
+                clock[st] = t
+                continue
+            gathers = list(busy[st])
             for k, dep, i in steps:
                 u = slot[dep]
                 if u > t:
                     t = u
                 d = cost[i]
-                if t < until and kappa:
+                if t < until[st]:
                     compute = d * share[i]
                     t = round(slowed(t, compute, gathers, kappa) + d - compute)
                 else:
                     t += d
-                floor = floors.get(k)
-                if floor is not None and floor > t:
+                if k <= floored and (floor := floors.get(k)) is not None and floor > t:
                     t = floor
                 slot[k] = t + send[i]
             clock[st] = t
