@@ -835,11 +835,11 @@ def _peak_memory_bytes(costs: _Costs, stages: list[_Stage], alike: bool) -> int:
 
 def _param_gather_delay(costs: _Costs, stages: list[_Stage], reps: list[int], c: list[int],
                         alike: bool) -> int:
-    """``overlap_param_gather``: how much the step's parameter all-gathers (serial on each
+    """``overlap_param_gather`` on a pipeline of one chunk per stage (with chunks, ``_opened``
+    puts the gathers in the walk): how much the step's parameter all-gathers (serial on each
     data-parallel stream from the start, bucket by bucket in forward order) delay the pipeline:
-    the most any stage's first forward of its first chunk is held up, that forward starting when
-    its input arrives in the fill (Σ_{j<s} F_j + c_j). Later chunks' buckets are gathered long
-    before their first forward and are not charged. A stage's forward delayed from a later
+    the most any stage's first forward is held up, that forward starting when its input
+    arrives in the fill (Σ_{j<s} F_j + c_j). A stage's forward delayed from a later
     start is delayed no more (every step of it — waiting for a bucket, a kernel slowed while a
     stream is busy — ends no more than the start's shift later), so of ``alike`` stages only the
     first middle one is walked, and a stage that starts after its gathers is not delayed."""
