@@ -24,7 +24,7 @@ from analysis.compare import RESULT_COLUMNS, rank
 from analysis.runner import cluster_pool, local_pool, map_chunks, strategy_id, strategy_key
 from analysis.study import Study
 from tracegen import ConfigError, Strategy
-from tracegen.strategy import check_fits_model, with_shorter_end_chunks
+from tracegen.strategy import check_fits_model, ruled_out, with_shorter_end_chunks
 
 DEFAULT_SPACE: dict[str, list[Any]] = {
     "tp": [1, 2, 4, 8], "pp": [1, 2, 4, 8, 16], "vpp": [1, 2], "micro_batch_size": [1, 2, 4],
@@ -80,13 +80,18 @@ def _strategy(study: Study, d: dict[str, Any]) -> Strategy | None:
     tp, pp, cp = int(d["tp"]), int(d["pp"]), int(d.get("cp", 1))
     if study.gpus % (tp * pp * cp):
         return None
-    vpp = int(d["vpp"])
+    vpp, dp = int(d["vpp"]), study.gpus // (tp * pp * cp)
     schedule = d.get("schedule") or ("interleaved_1f1b" if vpp > 1 else "1f1b")
+    if ruled_out(tp=tp, pp=pp, dp=dp, vpp=vpp, micro_batch_size=int(d["micro_batch_size"]),
+                 global_batch_size=study.global_batch_size,
+                 sequence_parallel=bool(d["sequence_parallel"]),
+                 tp_comm_overlap=bool(d.get("tp_comm_overlap", False)), schedule=schedule):
+        return None  # (most of a space: skipped before a Strategy and its message are built)
     try:
         s = Strategy(tp=tp, pp=pp, cp=cp, ep=int(d.get("ep", 1)), vpp=vpp,
                      expert_tp=int(d.get("expert_tp", 0)),
                      zero3_prefetch=bool(d.get("zero3_prefetch", False)),
-                     dp=study.gpus // (tp * pp * cp),
+                     dp=dp,
                      sequence_parallel=bool(d["sequence_parallel"]),
                      tp_comm_overlap=bool(d.get("tp_comm_overlap", False)),
                      overlap_param_gather=bool(d.get("overlap_param_gather", False)),

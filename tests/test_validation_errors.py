@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
 from tracegen.strategy import check_fits_model
@@ -130,3 +132,32 @@ def test_numpy_and_whole_float_fields_are_taken_as_python_values() -> None:
     m = ModelSpec(name="m", num_layers=np.int64(2), hidden_size=64.0, num_attention_heads=4,
                   ffn_hidden_size=128, vocab_size=64, seq_len=16)
     assert type(m.num_layers) is int and type(m.hidden_size) is int and m.head_dim == 16
+
+
+@settings(max_examples=400, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 3, 4]),
+       dp=st.sampled_from([1, 2, 3, 4, 8]), vpp=st.sampled_from([1, 2, 3]),
+       mbs=st.sampled_from([1, 2, 4]), gbs=st.integers(1, 200), sp=st.booleans(),
+       overlap=st.booleans(),
+       schedule=st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b"]))
+def test_what_a_sweep_rules_out_early_a_strategy_refuses(tp, pp, dp, vpp, mbs, gbs, sp, overlap,
+                                                         schedule) -> None:
+    """``ruled_out`` (a sweep's enumeration skips those combinations before building a
+    Strategy) says True only where the Strategy would be refused, and it catches every
+    refusal for the reasons it covers: what the sweep skips is exactly what it would drop."""
+    from tracegen.strategy import ruled_out
+
+    fields = dict(tp=tp, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs, global_batch_size=gbs,
+                  sequence_parallel=sp, tp_comm_overlap=overlap, schedule=schedule)
+    try:
+        Strategy(**fields)
+        refused = None
+    except ConfigError as exc:
+        refused = str(exc)
+    if ruled_out(**fields):
+        assert refused is not None
+    elif refused is not None:  # refused for another reason only
+        covered = ("not divisible by micro_batch_size", "sequence_parallel needs tp > 1",
+                   "tp_comm_overlap needs", "needs schedule 'interleaved_1f1b'",
+                   "interleaved_1f1b needs")
+        assert not any(text in refused for text in covered), refused
