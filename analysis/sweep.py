@@ -55,7 +55,31 @@ def search_space(study: Study) -> dict[str, list[Any]]:
         raise ConfigError(f"unknown search dimension(s) {sorted(unknown)}; known: "
                           f"{', '.join(sorted(DEFAULT_SPACE))}, {', '.join(OPTIONAL_DIMENSIONS)}",
                           what=f"study {study.name!r}")
+    problems = [p for k, v in space.items() if (p := _value_problem(k, v))]
+    if problems:
+        raise ConfigError(problems, what=f"study {study.name!r}")
     return space
+
+
+# what each dimension's values must be: (kind, least value for whole numbers)
+_WHOLE = {"tp": 1, "pp": 1, "vpp": 1, "micro_batch_size": 1, "cp": 1, "ep": 1,
+          "zero_stage": 0, "expert_tp": 0}
+_FLAGS = ("sequence_parallel", "tp_comm_overlap", "overlap_param_gather", "zero3_prefetch")
+
+
+def _value_problem(name: str, values: list[Any]) -> str | None:
+    """What is wrong with one search dimension's values, if anything: whole numbers (not
+    booleans) of at least 1 for degrees and sizes (0 for zero_stage and expert_tp), true or
+    false for switches, strings for the rest (the strategy names a wrong one)."""
+    if name in _WHOLE:
+        least = _WHOLE[name]
+        bad = [x for x in values if isinstance(x, bool) or not isinstance(x, int) or x < least]
+        return (f"search {name} must hold whole numbers ≥ {least}, got {bad}") if bad else None
+    if name in _FLAGS:
+        bad = [x for x in values if not isinstance(x, bool)]
+        return (f"search {name} must hold true or false, got {bad}") if bad else None
+    bad = [x for x in values if not isinstance(x, str)]
+    return (f"search {name} must hold strings, got {bad}") if bad else None
 
 
 def _enumerate(study: Study, space: dict[str, list[Any]]) -> tuple[list[Strategy], int]:

@@ -132,6 +132,13 @@ def test_sweep_keeps_pipelines_whose_depth_does_not_divide_the_layers(tmp_path: 
     ({"pp": []}, "search dimension(s) ['pp'] must each be a non-empty list"),
     ({"recompute": [["full"]]}, "search dimension(s) ['recompute'] must each be"),
     ({"tpp": [1]}, "unknown search dimension(s) ['tpp']"),
+    # values of the wrong kind or out of range (a zero had raised ZeroDivisionError, a string
+    # ValueError, from inside the enumeration)
+    ({"tp": [0, 1]}, "search tp must hold whole numbers ≥ 1, got [0]"),
+    ({"micro_batch_size": [0]}, "search micro_batch_size must hold whole numbers ≥ 1, got [0]"),
+    ({"micro_batch_size": ["x"]}, "search micro_batch_size must hold whole numbers ≥ 1"),
+    ({"sequence_parallel": [1]}, "search sequence_parallel must hold true or false, got [1]"),
+    ({"recompute": [1]}, "search recompute must hold strings, got [1]"),
 ])
 def test_a_bad_search_space_is_named(search: dict, message: str) -> None:
     """A scalar where a list belongs had raised TypeError from inside the enumeration (found
