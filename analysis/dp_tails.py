@@ -53,9 +53,14 @@ def tails_ns(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[in
     chain = list(ends)
     if m.tied_embeddings and s.pp > 1:
         size = m.vocab_size * m.hidden_size // s.tp * O.grad_reduce_bytes(s)
-        t = max(ends[0], ends[-1]) + costs.net.shape_ns("ALL_REDUCE", size,
-                                                         costs.shape("embd", 0))
-        chain[0] = chain[-1] = t
+        first, last = ends[0], ends[-1]
+        if s.zero_stage == 3:
+            # the all-reduce follows the last backward's compute (``RoleProgram._finish``), on
+            # its own stream beside that pass's trailing reduce-scatters (``_Stage.late_b``)
+            first -= stages[0].late_b[0]
+            last -= stages[-1].late_b[0]
+        t = max(first, last) + costs.net.shape_ns("ALL_REDUCE", size, costs.shape("embd", 0))
+        chain[0], chain[-1] = max(t, ends[0]), max(t, ends[-1])
     finish = 0
     for st in check:
         done_rel, after, _ = tails[st]
