@@ -155,6 +155,8 @@ class _Context:
         # strategies differing only in the batch, schedule or buckets share it
         self.layouts: dict[tuple[object, ...], tuple[list[_Stage], list[int], bool]] = {}
         self.tails: dict[tuple[object, ...], tuple[int, int, int]] = {}
+        # id(stage list of ``layouts``) → whether its 1F1B sends pace the pipeline
+        self.paced: dict[int, bool] = {}
         # layout (degrees) → (axis, rank) → group shape
         self.shapes: dict[tuple[object, ...],
                           dict[tuple[str, int], tuple[int, int, int, bool]]] = {}
@@ -164,7 +166,7 @@ class _Context:
 
     def entries(self) -> int:
         return (len(self.blocks) + len(self.stages) + len(self.tails) + len(self.lists)
-                + len(self.layouts) + len(self.programs) + len(self.zero3)
+                + len(self.layouts) + len(self.paced) + len(self.programs) + len(self.zero3)
                 + len(self.gathers) + len(self.opened)
                 + len(self.optimizer) + len(self.buckets) + len(self.shapes) + len(self.walks)
                 + len(self.activations) + len(self.chunks) + len(self.p2p) + len(self.sends)
@@ -661,7 +663,8 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     chunk_ends: Sequence[Sequence[int]]
     walked = (s.schedule == "interleaved_1f1b" or bool(s.first_stage_layers)
               or bool(s.last_stage_layers)
-              or (s.zero_stage == 3 and (s.zero3_prefetch or costs.moe)))
+              or (s.zero_stage == 3 and (s.zero3_prefetch or costs.moe))
+              or (s.schedule == "1f1b" and s.pp > 1 and _paced(costs, stages, c, alike)))
     gathers_open = s.overlap_param_gather and s.zero_stage in (1, 2)
     # with chunks, each chunk's first forward waits for its gathers inside the walk
     opened = _opened(costs, stages, reps, c) if gathers_open and s.vpp > 1 else None
@@ -723,6 +726,47 @@ def _walked_ends(costs: _Costs, stages: list[_Stage], c: list[int],
                                                     opened)
     ends, chunk_ends = walked
     return max(ends), ends, chunk_ends
+
+
+def _paced(costs: _Costs, stages: list[_Stage], c: list[int], alike: bool) -> bool:
+    """``_sends_bind``, once per stage list: the layout memo (``_stages``) keeps each list alive
+    for the context's life, and its sends follow from the same key. Alike stages first try
+    what suffices for no: every round trip term Σ(f_i + b_i + 2·c_i − F) is ≤ 0 when the first
+    and middle stages' f + b + 2c are ≤ F (the usual case: the head outweighs two sends)."""
+    got = costs.ctx.paced.get(id(stages))
+    if got is None:
+        if alike:
+            first, mid, last = stages[0], stages[1], stages[-1]
+            top = max(first.fwd[0] + first.bwd[0], mid.fwd[0] + mid.bwd[0],
+                      last.fwd[0] + last.bwd[0])
+            if max(first.fwd[0] + first.bwd[0], mid.fwd[0] + mid.bwd[0]) + 2 * c[0] <= top:
+                costs.ctx.paced[id(stages)] = False
+                return False
+        got = costs.ctx.paced[id(stages)] = _sends_bind(stages, c)
+    return got
+
+
+def _sends_bind(stages: list[_Stage], c: list[int]) -> bool:
+    """Whether a 1F1B pipeline's sends pace its steady state, where the closed form has the
+    slowest stage's forward + backward F do it. Stage s holds p − s micro-batches in flight, so
+    p − s of them take at least one round trip from s down to a stage t and back: F_j(s) …
+    B_j(s) is the forwards and backwards of stages s … t − 1, the sends both ways between them,
+    and stage t's own (p − t)·(f_t + b_t) before it returns B_j (Little's law on the 1F1B order;
+    the walk finds it step by step). The closed form holds while every such cycle fits in
+    (p − s)·F: Σ_{i=s}^{t−1}(f_i + b_i + 2·c_i) + (p − t)·(f_t + b_t) ≤ (p − s)·F, checked for
+    every s < t in one pass with P(t) = Σ_{i<t}(f_i + b_i + 2·c_i) and the running max over s of
+    s·F − P(s). True where a send outweighs half what the slowest stage adds over its
+    neighbour: small models, activations not split by sequence parallelism, slow links."""
+    p = len(stages)
+    fb = [x.fwd[0] + x.bwd[0] for x in stages]
+    top = max(fb)
+    prefix, best = 0, -(1 << 62)
+    for t in range(1, p):
+        best = max(best, (t - 1) * top - prefix)
+        prefix += fb[t - 1] + 2 * c[t - 1]
+        if prefix + best + (p - t) * fb[t] > p * top:
+            return True
+    return False
 
 
 def _closed_form_ends(s: Strategy, stages: list[_Stage], c: list[int]) -> tuple[int, list[int]]:

@@ -147,6 +147,23 @@ def test_tied_embedding_all_reduce_runs_beside_zero3s_last_reduce_scatter(model:
     assert fast.step_time_s == pytest.approx(ref.step_time_s, rel=0.002)
 
 
+def test_1f1b_paced_by_its_sends_is_walked() -> None:
+    """A small model at tp 4 without sequence parallelism sends whole activations between
+    nodes (0.36 ms a hop on B200s beside 0.5 ms forwards): the sends pace the steady state,
+    and the closed form was 9.7% too fast (``_sends_bind``)."""
+    model = ModelSpec(name="wide", num_layers=8, hidden_size=6400, num_attention_heads=40,
+                      num_kv_heads=4, head_dim=80, ffn_hidden_size=12928, vocab_size=32000,
+                      seq_len=1024, activation="relu")
+    s = Strategy(tp=4, pp=4, dp=4, global_batch_size=64, recompute="selective", zero_stage=1,
+                 precision="fp8", overlap_grad_reduce=False)
+    hw = get_system("dgx-b200")
+    fast = estimate(model, s, hw)
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(model, s, tmp, mode="representative")
+        ref = replay(tmp, hw, contention=False)
+    assert fast.step_time_s == pytest.approx(ref.step_time_s, rel=0.002)
+
+
 def test_fast_path_flags_what_does_not_fit() -> None:
     from tracegen import get_model
 
@@ -590,6 +607,38 @@ def test_alike_closed_form_equals_the_general_one(pp, mb, zero, tp, schedule, ho
     pipe, ends = F._closed_form_ends(s, stages, [hop] * pp)
     got_pipe, got_ends = F._alike_ends(s, stages, hop)
     assert (got_pipe, got_ends[0], got_ends[-1]) == (pipe, ends[0], ends[-1])
+
+
+@settings(max_examples=300, deadline=None)
+@given(pp=st.sampled_from([2, 3, 4, 5, 6, 8]), m=st.integers(1, 40),
+       mid=st.tuples(st.integers(1, 10**6), st.integers(1, 2 * 10**6)),
+       first=st.tuples(st.integers(0, 5 * 10**4), st.integers(0, 5 * 10**4)),
+       head=st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)),
+       hop=st.one_of(st.integers(0, 100), st.integers(0, 10**5), st.integers(0, 10**6)))
+def test_1f1b_closed_form_holds_exactly_while_the_sends_do_not_pace_it(pp, m, mid, first, head,
+                                                                       hop) -> None:
+    """A 1F1B pipeline of the fast path's shape (middle stages alike, the first a little more,
+    the last the head more): where ``_sends_bind`` says no round trip outlasts the slowest
+    stage, the closed form is the walk to the nanosecond — the span and every stage's end;
+    where it says one does, the walk of a long run (m ≥ 4p) is slower than the closed form,
+    which the fast path then no longer uses. (It had: 9.7% too fast on a small model on B200s
+    whose unsplit activations took 0.36 ms a hop.)"""
+    import types
+
+    from analysis import fastpath as F
+    from analysis import pipeline_walk as W
+
+    assume(sum(head) >= sum(first))  # the head outweighs the embedding (what models have)
+    f = [mid[0] + first[0]] + [mid[0]] * (pp - 2) + [mid[0] + head[0]]
+    b = [mid[1] + first[1]] + [mid[1]] * (pp - 2) + [mid[1] + head[1]]
+    c = [hop] * pp
+    stages = [types.SimpleNamespace(fwd=(f[i],), bwd=(b[i],)) for i in range(pp)]
+    s = Strategy(pp=pp, dp=1, micro_batch_size=1, global_batch_size=m, schedule="1f1b")
+    clock, _ = W._walk("1f1b", pp, m, 1, [(x,) for x in f], [(x,) for x in b], c, None, None)
+    if not F._sends_bind(stages, c):  # type: ignore[arg-type]
+        assert F._closed_form_ends(s, stages, c) == (max(clock), clock)  # type: ignore[arg-type]
+    elif m >= 4 * pp:
+        assert max(clock) > W.pipeline_ns(s, f, b, c)
 
 
 @settings(max_examples=150, deadline=None)
