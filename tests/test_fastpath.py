@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from analysis.fastpath import estimate
 from replay import get_system, replay
+from replay.hardware import SystemSpec
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
 
 MODEL = ModelSpec(name="fast", num_layers=8, hidden_size=256, num_attention_heads=8,
@@ -21,6 +22,13 @@ MOE = ModelSpec(name="fastmoe", num_layers=8, hidden_size=256, num_attention_hea
                 num_kv_heads=4, ffn_hidden_size=512, vocab_size=1024, seq_len=256,
                 activation="swiglu", num_experts=4, experts_per_token=2, moe_ffn_hidden_size=256)
 SYSTEM = get_system("dgx-h100")
+
+
+def _replayed_s(model: ModelSpec, s: Strategy, hw: SystemSpec) -> float:
+    """The reference: the strategy's traces replayed without link contention (step seconds)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(model, s, tmp, mode="representative")
+        return replay(tmp, hw, contention=False).step_time_s
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -64,10 +72,8 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
     except ConfigError:
         assume(False)
         raise
-    with tempfile.TemporaryDirectory() as tmp:
-        generate(model, s, tmp, mode="representative")
-        ref = replay(tmp, hw, contention=False)
-    assert fast.step_time_s == pytest.approx(ref.step_time_s, rel=0.02)
+    ref_s = _replayed_s(model, s, hw)
+    assert fast.step_time_s == pytest.approx(ref_s, rel=0.02)
 
 
 REAL_SIZES = [  # (preset model, system, strategy): one of each kind a sweep ranks
@@ -111,11 +117,9 @@ def test_fast_path_within_1_percent_of_replay_at_real_sizes(model_name: str, sys
     (bench/bench_fastpath_agreement.py: 120 random strategies, p90 0.10%)."""
     model, hw, s = get_model(model_name), get_system(system_name), Strategy(**kw)
     fast = estimate(model, s, hw)
-    with tempfile.TemporaryDirectory() as tmp:
-        generate(model, s, tmp, mode="representative")
-        ref = replay(tmp, hw, contention=False)
+    ref_s = _replayed_s(model, s, hw)
     assert fast.fits
-    assert fast.step_time_s == pytest.approx(ref.step_time_s, rel=0.01)
+    assert fast.step_time_s == pytest.approx(ref_s, rel=0.01)
 
 
 TIED_MOE = ModelSpec(name="tiedmoe", num_layers=10, hidden_size=2560, num_attention_heads=40,
@@ -141,10 +145,8 @@ def test_tied_embedding_all_reduce_runs_beside_zero3s_last_reduce_scatter(model:
     model = dataclasses.replace(model, tied_embeddings=True)
     s = Strategy(zero_stage=3, micro_batch_size=1, dp_bucket_params=200_000, **kw)
     fast = estimate(model, s, SYSTEM)
-    with tempfile.TemporaryDirectory() as tmp:
-        generate(model, s, tmp, mode="representative")
-        ref = replay(tmp, SYSTEM, contention=False)
-    assert fast.step_time_s == pytest.approx(ref.step_time_s, rel=0.002)
+    ref_s = _replayed_s(model, s, SYSTEM)
+    assert fast.step_time_s == pytest.approx(ref_s, rel=0.002)
 
 
 def test_1f1b_paced_by_its_sends_is_walked() -> None:
@@ -158,10 +160,8 @@ def test_1f1b_paced_by_its_sends_is_walked() -> None:
                  precision="fp8", overlap_grad_reduce=False)
     hw = get_system("dgx-b200")
     fast = estimate(model, s, hw)
-    with tempfile.TemporaryDirectory() as tmp:
-        generate(model, s, tmp, mode="representative")
-        ref = replay(tmp, hw, contention=False)
-    assert fast.step_time_s == pytest.approx(ref.step_time_s, rel=0.002)
+    ref_s = _replayed_s(model, s, hw)
+    assert fast.step_time_s == pytest.approx(ref_s, rel=0.002)
 
 
 def test_fast_path_flags_what_does_not_fit() -> None:
