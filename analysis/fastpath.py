@@ -466,22 +466,29 @@ def _trailing_overlap(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: 
     """ZeRO-3 without prefetch, backward passes back to back (GPipe): how much of a pass's
     trailing reduce-scatters (its last block's, ``late_b``) the next pass hides — its leading
     blocks compute until one gathers on a stream still busy with them (each group's
-    collectives in order on its own stream). 0 where the next pass gathers at once."""
+    collectives in order on its own stream). 0 where the next pass gathers at once. With
+    interference those leading kernels run slowed beside the scatters (replay/sim.py: a kernel
+    d beside a collective c takes d + min(κ·d, κ/(1 + κ)·c)), so the first gather on a stream
+    starts at max(lead + slow, scatter): the pass loses max(slow, scatter − lead) of the
+    scatter it hides. (Without the slowdown a tied-embedding model's GPipe run on one stage was
+    0.6–0.8% too fast: its head, which gathers nothing, hides the embedding's scatter.)"""
     scatter = _zero3_axes(costs, chunk[0][0], rank, "REDUCE_SCATTER")
     late = max(scatter)
     if not late:
         return 0
-    exposed = 0  # how long the next pass waits for the stream that frees last
+    kappa = costs.compute.gpu.comm_interference
+    exposed = 0.0  # how much later the next pass's first gather on a stream can start
     for a in (0, 1):
         if not scatter[a]:
             continue
         lead = 0
         for block, count in reversed(chunk):  # backward order
             if _zero3_axes(costs, block, rank, "ALL_GATHER")[a]:
-                exposed = max(exposed, scatter[a] - lead)
+                slow = min(kappa * lead, kappa / (1 + kappa) * late)
+                exposed = max(exposed, scatter[a] - lead, slow)
                 break
             lead += count * _compute_ns(costs, block, rank, sig)[1]
-    return late - exposed
+    return late - round(exposed)
 
 
 def _zero3_runs(costs: _Costs, runs: list[tuple[ParamBlock, int]], rank: int,
@@ -803,8 +810,9 @@ def _alike_ends(s: Strategy, stages: list[_Stage], hop: int) -> tuple[int, list[
     first, last = stages[0], stages[-1]
     f0, b0, fl, bl = first.fwd[0], first.bwd[0], last.fwd[0], last.bwd[0]
     ends = [0] * p
-    if p == 1:
-        ends[0] = span_ns(s, f0, b0, f0, b0, f0 + b0, 0)
+    gpipe3 = s.schedule == "gpipe" and s.zero_stage == 3
+    if p == 1:  # GPipe's backwards back to back hide each other's tails (_closed_form_ends)
+        ends[0] = span_ns(s, f0, b0, f0, b0 - first.overlap_b[0] if gpipe3 else b0, f0 + b0, 0)
         return ends[0], ends
     mid = stages[1]  # the last stage when p = 2, counted 0 times below
     f1, b1, n_mid = mid.fwd[0], mid.bwd[0], p - 2
@@ -814,7 +822,7 @@ def _alike_ends(s: Strategy, stages: list[_Stage], hop: int) -> tuple[int, list[
         hidden = (n_mid * (mid.early_f[0] + mid.early_b[0] + lt1) + last.early_f[0]
                   + first.early_b[0] + lt_last)
     b_max = max(b0, b1, bl)
-    if s.schedule == "gpipe" and s.zero_stage == 3:  # backwards back to back (_closed_form_ends)
+    if gpipe3:  # backwards back to back (_closed_form_ends)
         b_max = max(b0 - first.overlap_b[0], b1 - mid.overlap_b[0], bl - last.overlap_b[0])
     pipe = span_ns(s, f0 + n_mid * f1 + fl, b0 + n_mid * b1 + bl, max(f0, f1, fl), b_max,
                    max(f0 + b0, f1 + b1, fl + bl), 2 * (p - 1) * hop - hidden)
