@@ -432,13 +432,14 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
         phi.append(u / b if b else 0.0)
         phi_f.append(uf / f if f else 0.0)
         if prefetch:
-            chunk_f, chunk_b, first_f, first_b, tail_b = _prefetched_chunk(costs, chunk, rank, sig)
+            chunk_f, chunk_b, first_f, first_b, tail_b, hidden_b = _prefetched_chunk(
+                costs, chunk, rank, sig)
             fwd.append(chunk_f)
             bwd.append(chunk_b)
             early_f.append(first_f)
             early_b.append(first_b)
             late_b.append(tail_b)
-            overlap_b.append(0)  # (walked: the prefetch passes carry their streams)
+            overlap_b.append(hidden_b)  # (a pipeline's walk carries the streams instead)
             continue
         fwd.append(f)
         bwd.append(b)
@@ -530,13 +531,17 @@ def _compute_busy(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object
 
 
 def _prefetched_chunk(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: int,
-                      sig: tuple[object, ...]) -> tuple[int, int, int, int, int]:
+                      sig: tuple[object, ...]) -> tuple[int, int, int, int, int, int]:
     """ZeRO-3 with prefetch (``Strategy.zero3_prefetch``), one chunk and micro-batch: (forward,
-    backward, the first gathers of each pass, the backward's tail after its last compute),
-    timed as ``RoleProgram`` issues them — a pass's first block's gathers in the chain (every
-    stream drained: the pass's own clock starts there), each next block's issued as the
-    current one starts, each block's gradient reduce-scatters after its backward, every group
-    on its own stream in issue order. Walked block by block: the streams couple neighbours."""
+    backward, the first gathers of each pass, the backward's tail after its last compute, and
+    how much of that tail a backward started right after it hides — GPipe's back to back),
+    timed as ``RoleProgram`` issues them — a pass's first block's gathers in the chain (queued
+    behind what its streams still carry), each next block's issued as the current one starts,
+    each block's gradient reduce-scatters after its backward, every group on its own stream in
+    issue order. Walked block by block: the streams couple neighbours. A backward started with
+    the tail still in flight ends ``again`` after it starts instead of a whole ``bwd`` after
+    the tail: it hides bwd + tail − again (a tied-embedding head gathers nothing and computes
+    beside the embedding's scatter; any other first block waits for its stream)."""
     blocks = [block for block, count in chunk for _ in range(count)]
     comp = [_compute_ns(costs, b, rank, sig) for b in blocks]
     gather = [_zero3_axes(costs, b, rank, "ALL_GATHER") for b in blocks]
@@ -544,12 +549,13 @@ def _prefetched_chunk(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: 
     kappa = costs.compute.gpu.comm_interference
     # with interference, each block as it runs: its kernels slow while the streams are busy
     segs = [_compute_segments(costs, b, rank, sig) for b in blocks] if kappa else None
-    fwd, first_f, _ = _prefetch_pass(range(len(blocks)), [c[0] for c in comp], gather, None,
-                                     [s[0] for s in segs] if segs else None, kappa)
+    fwd, first_f, _, _ = _prefetch_pass(range(len(blocks)), [c[0] for c in comp], gather,
+                                        None, [s[0] for s in segs] if segs else None, kappa)
     order = range(len(blocks) - 1, -1, -1)
-    bwd, first_b, last = _prefetch_pass(order, [c[1] for c in comp], gather, scatter,
-                                        [s[1] for s in segs] if segs else None, kappa)
-    return fwd, bwd, first_f, first_b, bwd - last
+    comp_b, segs_b = [c[1] for c in comp], [s[1] for s in segs] if segs else None
+    bwd, first_b, last, tails = _prefetch_pass(order, comp_b, gather, scatter, segs_b, kappa)
+    again = _prefetch_pass(order, comp_b, gather, scatter, segs_b, kappa, tails)[0]
+    return fwd, bwd, first_f, first_b, bwd - last, 2 * bwd - last - again
 
 
 def _slowed_segments(w: float, segs: Segments, busy: list[int], kappa: float) -> float:
@@ -575,12 +581,14 @@ def _compute_segments(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[ob
 
 def _prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
                    scatter: list[tuple[int, int]] | None, segs: list[Segments] | None,
-                   kappa: float) -> tuple[int, int, int]:
+                   kappa: float, busy: tuple[int, int] = (0, 0)
+                   ) -> tuple[int, int, int, tuple[int, int]]:
     """(end with its streams drained, end of its first block's gathers, end of its last
-    compute) of one pass over blocks in ``order``; dense and expert groups, a stream each; with
+    compute, how long each stream runs on after that) of one pass over blocks in ``order``;
+    dense and expert groups, a stream each, busy until ``busy`` when the pass starts; with
     ``segs``, a block's kernels slowed while the streams are busy (interference, ``slowed``),
     its own collectives not."""
-    stream = [0, 0]
+    stream = list(busy)
     chain = 0
     for a in (0, 1):  # the first block's gathers block the chain, dense then expert
         if gather[order[0]][a]:
@@ -600,7 +608,8 @@ def _prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
             for a, r in enumerate(scatter[i]):
                 if r:
                     stream[a] = max(chain, stream[a]) + r
-    return max(chain, *stream), first_done, chain
+    tails = (max(stream[0] - chain, 0), max(stream[1] - chain, 0))
+    return max(chain, *stream), first_done, chain, tails
 
 
 def _block_ns(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...]
@@ -664,13 +673,16 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     # Interleaved schedules, and pipelines whose stages hold different layer counts, are walked
     # step by step: the closed forms charge every micro-batch at the slowest stage, which is
     # exact for alike stages but not when a few short stages let the others run ahead. So are
-    # prefetched ZeRO-3 passes, whose gathers and scatter tails hide behind every wait, and ZeRO-3
-    # on a MoE model, whose dense and expert streams the walk carries from step to step.
+    # prefetched ZeRO-3 passes on a pipeline, whose gathers and scatter tails hide behind every
+    # wait (one stage has no waits: the closed form, with GPipe's back-to-back overlap), ZeRO-3
+    # on a MoE model without prefetch, whose dense and expert streams the walk carries from step
+    # to step, and 1F1B pipelines whose sends pace the steady state (``_sends_bind``).
     check: Iterable[int]
     chunk_ends: Sequence[Sequence[int]]
     walked = (s.schedule == "interleaved_1f1b" or bool(s.first_stage_layers)
               or bool(s.last_stage_layers)
-              or (s.zero_stage == 3 and (s.zero3_prefetch or costs.moe))
+              or (s.zero_stage == 3 and ((s.zero3_prefetch and s.pp > 1)
+                                         or (costs.moe and not s.zero3_prefetch)))
               or (s.schedule == "1f1b" and s.pp > 1 and _paced(costs, stages, c, alike)))
     gathers_open = s.overlap_param_gather and s.zero_stage in (1, 2)
     # with chunks, each chunk's first forward waits for its gathers inside the walk

@@ -26,12 +26,12 @@ def test_a_pass_is_max_of_compute_and_the_next_gather_per_block() -> None:
     """Forward over blocks with compute f and gathers g: the first gather exposed, then each
     block takes max(f, next g) — the closed form of FSDP's prefetch with two blocks gathered."""
     comp, gathers = [5, 5, 5, 5], [(3, 0), (8, 0), (2, 0), (6, 0)]
-    end, first, last = _prefetch_pass(range(4), comp, gathers, None, None, 0.0)
+    end, first, last, _ = _prefetch_pass(range(4), comp, gathers, None, None, 0.0)
     assert first == 3
     assert end == last == 3 + max(5, 8) + max(5, 2) + max(5, 6) + 5
     # backward: each block's scatter follows its compute on the same stream as the gathers
-    end, first, last = _prefetch_pass(range(3, -1, -1), comp, gathers, [(1, 0)] * 4, None,
-                                      0.0)
+    end, first, last, _ = _prefetch_pass(range(3, -1, -1), comp, gathers, [(1, 0)] * 4, None,
+                                         0.0)
     assert first == 6 and end == last + 1  # the last scatter is the tail
 
 
@@ -44,7 +44,7 @@ def test_interference_slows_a_block_beside_the_next_gather() -> None:
         return max(f + min(k * f, k / (1 + k) * g), g)
 
     segs = [((True, 500),)] * 4  # all compute
-    end, _, _ = _prefetch_pass(range(4), comp, gathers, None, segs, k)
+    end, _, _, _ = _prefetch_pass(range(4), comp, gathers, None, segs, k)
     assert end == 300 + pair(500, 800) + pair(500, 200) + pair(500, 600) + 500
 
 
@@ -55,7 +55,7 @@ def test_interference_slows_a_blocks_kernels_not_its_collectives() -> None:
     span slows the second kernels — as replay slows kernels, not transfers."""
     k = 0.25
     segs = [((True, 200), (False, 100), (True, 200))] * 2
-    end, _, last = _prefetch_pass(range(2), [500, 500], [(0, 0), (400, 0)], None, segs, k)
+    end, _, last, _ = _prefetch_pass(range(2), [500, 500], [(0, 0), (400, 0)], None, segs, k)
     # 0–250: 200 of compute at 1/1.25; 250–350: the collective; 350–400: 40 of compute slowed;
     # then the remaining 160 at full speed → 560; the second block runs unslowed: + 500
     assert last == end == 560 + 500
