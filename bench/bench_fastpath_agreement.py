@@ -6,13 +6,18 @@ Mixtral 8x7B on 128 H100s, Llama 2 70B on 48 H100s; a third of the non-interleav
 global batch of any count of micro-batches, not whole rounds of pp) and prints the distribution of
 |fast / replay − 1| and the worst cases. Seeded: the same draw on every machine.
 
-    python bench/bench_fastpath_agreement.py [--n 60] [--seed 1] [--odd]
+    python bench/bench_fastpath_agreement.py [--n 60] [--seed 1] [--odd | --models]
 
 ``--odd`` draws sizes and options the default cases never reach (GPU counts with a factor 3,
 pp 3/5/6, up to 4 chunks, cp up to 4, any count of micro-batches, shorter end stages, B200 and
 H200, FP8, TP overlap, ZeRO 2, overlapped parameter gathers, the all-gather CP ring): the
 fifteenth session's start had 16 of 150 such strategies (seed 11) above 2%, up to 16.6%, from
 two bugs the default draw never reached (DESIGN.md); now 1 (+2.2%).
+
+``--models`` draws model shapes no preset has (head sizes 64-128 and doubled widths, GQA down to
+one K/V head, every activation, tied embeddings, vocabularies of 32 K-152 K, dense and MoE) with
+--odd's options: at the sixteenth session's start 13 of 2,040 such strategies were above 2%, up to
+−9.7%, from four bugs no preset reached (DESIGN.md).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import time
 
 from analysis.fastpath import estimate
 from replay import get_system, replay
-from tracegen import ConfigError, Strategy, generate, get_model
+from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
 
 # (model, system, GPUs, global batch)
 CASES = (("gpt3-175b", "dgx-a100-80gb", 1024, 1536), ("llama3-8b", "dgx-h100", 64, 128),
@@ -105,6 +110,65 @@ def draw_odd(rng: random.Random) -> tuple[str, str, Strategy] | None:
     return model, system, s
 
 
+# --models: model shapes no preset has (head sizes 64/80/128 and wider models, GQA down to one
+# K/V head, 2-4x FFNs, every activation, tied embeddings, vocabularies of 32 K-152 K, dense and
+# MoE) on the four newest systems, with the options --odd draws
+MODEL_SYSTEMS = ("dgx-h100", "dgx-a100-80gb", "dgx-b200", "hgx-h200")
+
+
+def draw_model(rng: random.Random) -> tuple[ModelSpec, str, Strategy] | None:
+    """A random model shape and a random strategy for it (``--models``)."""
+    heads, hd = rng.choice((8, 12, 16, 24, 32, 40)), rng.choice((64, 80, 128))
+    h = heads * hd * (1 if rng.random() < 0.8 else 2)
+    moe = rng.random() < 0.3
+    model = ModelSpec(name="drawn", num_layers=rng.choice((6, 8, 10, 12, 15, 16, 20, 24, 30)),
+                      hidden_size=h, num_attention_heads=heads,
+                      num_kv_heads=rng.choice([k for k in (1, 2, 4, 8, heads) if heads % k == 0]),
+                      head_dim=hd if h != heads * hd else 0,
+                      ffn_hidden_size=rng.choice((2, 3, 4)) * h + rng.choice((0, 0, 128)),
+                      vocab_size=rng.choice((32000, 50257, 65536, 128256, 151936)),
+                      seq_len=rng.choice((1024, 2048, 4096, 8192)),
+                      activation=rng.choice(("gelu", "swiglu", "relu2", "relu")),
+                      tied_embeddings=rng.random() < 0.3,
+                      num_experts=rng.choice((4, 8, 16)) if moe else 0,
+                      experts_per_token=rng.choice((1, 2)) if moe else 0,
+                      moe_ffn_hidden_size=rng.choice((512, 1024, 2048)) if moe else 0)
+    system, gpus = rng.choice(MODEL_SYSTEMS), rng.choice((8, 16, 32, 48, 64, 96, 128))
+    tp, pp, cp = rng.choice((1, 2, 4, 8)), rng.choice((1, 2, 3, 4, 6)), rng.choice((1, 1, 2))
+    if gpus % (tp * pp * cp):
+        return None
+    dp, vpp, zero = gpus // (tp * pp * cp), rng.choice((1, 1, 2, 3)), rng.choice((0, 1, 2, 3))
+    mbs = rng.choice((1, 2, 4))
+    m = pp * rng.randrange(1, 6) if vpp > 1 else rng.randrange(1, 6 * pp + 1)
+    sp = tp > 1 and rng.random() < 0.6
+    try:
+        s = Strategy(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, ep=rng.choice((1, 2, 4)) if moe else 1,
+                     expert_tp=rng.choice((0, 1)) if moe else 0, micro_batch_size=mbs,
+                     global_batch_size=dp * mbs * m,
+                     recompute=rng.choice(("none", "selective", "full")),  # type: ignore[arg-type]
+                     zero_stage=zero, sequence_parallel=sp,
+                     tp_comm_overlap=sp and rng.random() < 0.3,
+                     schedule="interleaved_1f1b" if vpp > 1 else rng.choice(("1f1b", "1f1b",
+                                                                             "gpipe")),
+                     first_stage_layers=rng.choice((0, 0, 1)) if pp > 1 else 0,
+                     last_stage_layers=rng.choice((0, 0, 1)) if pp > 1 else 0,
+                     overlap_grad_reduce=rng.random() < 0.8,
+                     overlap_param_gather=zero in (1, 2) and rng.random() < 0.4,
+                     precision=(rng.choice(("bf16", "bf16", "fp8"))  # type: ignore[arg-type]
+                                if system != "dgx-a100-80gb" else "bf16"),
+                     zero3_prefetch=zero == 3 and rng.random() < 0.5)
+    except ConfigError:
+        return None
+    return model, system, s
+
+
+def model_label(m: ModelSpec) -> str:
+    return (f"L{m.num_layers} h{m.hidden_size} heads {m.num_attention_heads}/{m.num_kv_heads} "
+            f"{m.activation}{' tied' if m.tied_embeddings else ''}"
+            f"{f' moe {m.num_experts}x{m.experts_per_token}' if m.is_moe else ''} "
+            f"V{m.vocab_size} s{m.seq_len}")
+
+
 def label(s: Strategy) -> str:
     return (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} ep{s.ep} vpp{s.vpp} {s.schedule} "
             f"mbs{s.micro_batch_size} "
@@ -121,17 +185,22 @@ def main() -> None:
                     help="odd sizes and options: GPU counts with a factor 3, pp 3/5/6, up to 4 "
                          "chunks, cp up to 4, any micro-batch count, shorter end stages, more "
                          "systems and options")
+    ap.add_argument("--models", action="store_true",
+                    help="random model shapes (head sizes, GQA, FFN widths, activations, tied "
+                         "embeddings, vocabularies, dense and MoE) with the options --odd draws")
     args = ap.parse_args()
     pick = draw_odd if args.odd else draw
     rng = random.Random(args.seed)
     rows: list[tuple[float, str, str]] = []
     t0 = time.perf_counter()
     while len(rows) < args.n:
-        got = pick(rng)
+        got = draw_model(rng) if args.models else pick(rng)
         if got is None:
             continue
-        model_name, system_name, s = got
-        model, system = get_model(model_name), get_system(system_name)
+        spec, system_name, s = got
+        model = spec if isinstance(spec, ModelSpec) else get_model(spec)
+        model_name = model_label(model) if isinstance(spec, ModelSpec) else spec
+        system = get_system(system_name)
         try:
             fast = estimate(model, s, system)
         except ConfigError:
@@ -143,8 +212,10 @@ def main() -> None:
             ref = replay(tmp, system, contention=False)
         rows.append(((fast.step_time_s / ref.step_time_s - 1) * 100, model_name, label(s)))
     errs = sorted(abs(e) for e, _, _ in rows)
-    print(f"fast path vs contention-free replay, {len(rows)} random strategies of 4 preset "
-          f"models{' at odd sizes' if args.odd else ''} (seed {args.seed}, "
+    what = ("random models" if args.models
+            else f"4 preset models{' at odd sizes' if args.odd else ''}")
+    print(f"fast path vs contention-free replay, {len(rows)} random strategies of {what} "
+          f"(seed {args.seed}, "
           f"{time.perf_counter() - t0:.0f} s): |error| median "
           f"{statistics.median(errs):.2f}%, p90 {errs[int(0.9 * (len(errs) - 1))]:.2f}%, max "
           f"{errs[-1]:.2f}%; {sum(e > 2 for e in errs)} above 2%")
