@@ -121,6 +121,46 @@ def test_flops_and_bytes_conserved(tp, pp, dp, vpp, sp, tied, recompute, zero, m
     assert comm == closed_form_comm(m, s)
 
 
+@settings(max_examples=30, deadline=None)
+@given(heads=st.sampled_from([4, 8, 12]), hd=st.sampled_from([8, 16, 24]),
+       width=st.sampled_from([1, 2]), kv_div=st.sampled_from([1, 2, 4, 0]),
+       ffn=st.sampled_from([64, 96, 192]), vocab=st.sampled_from([256, 500, 1000]),
+       activation=st.sampled_from(["gelu", "swiglu", "relu2", "relu"]), tied=st.booleans(),
+       tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 3]), cp=st.sampled_from([1, 2]),
+       vpp=st.sampled_from([1, 2]), sp=st.booleans(),
+       recompute=st.sampled_from(["none", "selective", "full"]), zero=st.sampled_from([0, 1, 3]))
+def test_flops_conserved_for_any_head_shape(heads, hd, width, kv_div, ffn, vocab, activation,
+                                            tied, tp, pp, cp, vpp, sp, recompute,
+                                            zero) -> None:
+    """Heads of their own width (q = heads·head_dim ≠ h), grouped K/V down to one head, every
+    activation, context parallelism's ring: the matmul FLOPs summed over all ranks are the
+    unsharded closed form with q in place of h — QKV 2·h·(q + 2·kv), the output projection
+    2·q·h, attention 2·s²·q per layer and sequence (the closed form above for q = h)."""
+    kv = heads // kv_div if kv_div else 1
+    try:
+        m = ModelSpec(name="shape", num_layers=pp * vpp * 2, hidden_size=heads * hd * width,
+                      num_attention_heads=heads, num_kv_heads=kv, head_dim=hd,
+                      ffn_hidden_size=ffn, vocab_size=vocab, seq_len=64, activation=activation,
+                      tied_embeddings=tied)
+        s = Strategy(tp=tp, pp=pp, cp=cp, vpp=vpp, sequence_parallel=sp and tp > 1,
+                     schedule="interleaved_1f1b" if vpp > 1 else "1f1b", recompute=recompute,
+                     zero_stage=zero, micro_batch_size=1, global_batch_size=2 * pp)
+        with tempfile.TemporaryDirectory() as tmp:
+            generate(m, s, tmp, mode="full", name="c")
+            flop, _ = measured(Path(tmp))
+    except ConfigError:
+        assume(False)
+        raise
+    h, q = m.hidden_size, m.q_size
+    layer = (2 * h * (q + 2 * m.kv_size) + 2 * q * h
+             + 2 * (2 if m.gated else 1) * h * ffn + 2 * ffn * h)
+    tokens, attn = s.global_batch_size * 64, s.global_batch_size * m.num_layers * 2 * 64 * 64 * q
+    lin = tokens * (m.num_layers * layer + 2 * h * vocab)
+    again = {"none": 0, "selective": attn, "full": tokens * m.num_layers * layer + attn}
+    assert flop == {"fwd": lin + attn, "bwd": 2 * lin + attn * 5 // 2,
+                    **({"recompute": again[recompute]} if recompute != "none" else {})}
+
+
 def test_representative_times_multiplicity_equals_full(tmp_path: Path) -> None:
     m = model(True)
     s = Strategy(tp=2, pp=2, dp=2, micro_batch_size=1, global_batch_size=8, zero_stage=1)
