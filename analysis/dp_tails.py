@@ -13,23 +13,30 @@ from tracegen.program import ParamBlock, dp_group_size, sharded_params
 
 if TYPE_CHECKING:  # the fast path imports this module; its types are only annotations here
     from analysis.fastpath import _Costs, _Stage
+    from analysis.pipeline_walk import Tails
 
 
 def tails_ns(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[int],
-             chunk_ends: Sequence[Sequence[int]], check: Iterable[int], alike: bool = False
-             ) -> int:
+             chunk_ends: Sequence[Sequence[int]], check: Iterable[int], alike: bool = False,
+             steps: Tails | None = None, sends: Sequence[int] = ()) -> int:
     """When the last of the ``check`` stages finishes: gradient buckets drained after its last
     backward, embedding all-reduce, optimizer and ZeRO parameter all-gather. ``reps``: a rank
     whose data-parallel groups are shaped as the stage's; ``alike``: the middle stages are one
     stage (``fastpath._stages``). With interference a stage's buckets slow its last backward,
     and every earlier stage's last backward waits for it in the drain: stage st ends later by
-    what the stages after it lost."""
+    what the stages after it lost — or, given an interleaved walk's cooldowns (``steps``, with
+    the ``sends`` between stages), exactly where each stage's inputs come late
+    (``_cooldowns``)."""
     s, m = costs.s, costs.m
     strategy_key = costs.ctx.intern((s.dp_bucket_params, s.overlap_grad_reduce, s.zero_stage,
                                      s.dp, s.cp, s.ep, s.overlap_param_gather,
                                      s.grad_reduce_in_bf16, s.expert_tp))
     propagate = s.pp > 1 and s.overlap_grad_reduce and costs.compute.gpu.comm_interference > 0
-    if propagate and alike:
+    if propagate and steps and s.zero_stage < 3:
+        tails = _cooldowns(costs, stages, reps, steps, sends, strategy_key)
+        ends = [e + tails[st][2] for st, e in enumerate(ends)]
+        chunk_ends = [[e + tails[st][2] for e in ce] for st, ce in enumerate(chunk_ends)]
+    elif propagate and alike:
         # stage 0 waits for what every later one lost; a middle stage loses what the first
         # does (the same layers' buckets; the embedding's comes after its last compute)
         tails = {st: _tail(costs, stages[st], reps[st], chunk_ends[st], strategy_key)
@@ -96,15 +103,85 @@ def _tail_costs(costs: _Costs, x: _Stage, rank: int, rel_ends: tuple[int, ...]
     """(when the gradient buckets are done, relative to the stage's last backward; optimizer
     plus ZeRO parameter all-gathers after that; how much later the buckets make the last
     backward end, interference)."""
-    s = costs.s
     done, gathers, extra = _buckets_done(costs, rank, x.runs_bwd, rel_ends, x.bwd, x.busy_b)
+    return done, _after(costs, x, rank, gathers), extra
+
+
+def _after(costs: _Costs, x: _Stage, rank: int, gathers: list[tuple[str, int, int]]) -> int:
+    """The optimizer step and the ZeRO ≥ 1 parameter all-gathers after a stage's buckets."""
+    s = costs.s
     after = costs.optimizer_ns(sharded_params(s, dict(x.params)))
     if s.overlap_param_gather:  # the gathers open the next step (``_param_gather_delay``)
         gathers = []
     for axis, padded, count in gathers:
         shard = padded // dp_group_size(s, axis) * O.PARAM_BYTES
         after += count * costs.net.shape_ns("ALL_GATHER", shard, costs.shape(axis, rank))
-    return done, after, extra
+    return after
+
+
+def _cooldowns(costs: _Costs, stages: list[_Stage], reps: list[int], steps: Tails,
+               sends: Sequence[int], strategy_key: int) -> dict[int, tuple[int, int, int]]:
+    """``_tail`` of every stage of an interleaved pipeline under interference, from its walk's
+    cooldowns (``pipeline_walk.Tails``; memoized). Per stage: (buckets done after its last
+    backward as it ran, optimizer and gathers after that, how much later than walked that
+    backward ends)."""
+    key = (id(steps), strategy_key, tuple(map(id, stages)),
+           tuple(costs.shape("dp", r) for r in reps),
+           tuple(costs.shape("edp", r) for r in reps) if costs.moe else None)
+    got = costs.ctx.cooldowns.get(key)
+    if got is None:
+        got = costs.ctx.cooldowns[key] = _cooldown_walk(costs, stages, reps, steps, sends)
+    return got
+
+
+def _cooldown_walk(costs: _Costs, stages: list[_Stage], reps: list[int], steps: Tails,
+                   sends: Sequence[int]) -> dict[int, tuple[int, int, int]]:
+    """The cooldowns walked again, every stage's steps in an order that respects each wait,
+    with the gradient buckets (``_cooldowns``). A step starts when its stage's previous one
+    ends and the gradient it waits for has come (that step's end as it ran, plus the send; a
+    step whose wait is not in a cooldown, when the walk started it if it waited then; the
+    first no earlier than walked: nothing before it is delayed). A chunk's last backward
+    issues its buckets (``_drain``, slowed while they fly); every other step runs slowed while
+    its stage's streams are busy (κ per busy stream, scaled to its chunk's compute share)."""
+    s, moe = costs.s, costs.moe
+    kappa = costs.compute.gpu.comm_interference
+    tails, order = steps
+    p = len(stages)
+    lanes = ("dp", "edp") if moe else ("dp",)
+    axes = [[(a, dp_group_size(s, a), costs.shape(a, r)) for a in lanes] for r in reps]
+    stream = [{"dp": _IDLE, "edp": _IDLE} for _ in range(p)]
+    w = [tail[0][0] - tail[0][1] for tail in tails]  # each stage's previous step, as it ran
+    walked = [_IDLE] * p  # and as walked
+    ran = [[0] * len(tail) for tail in tails]
+    gathers: list[list[tuple[str, int, int]]] = [[] for _ in range(p)]
+    for st, q in order:
+        end, d, ch, issues, dep = tails[st][q]
+        x = stages[st]
+        ready = (ran[st + 1 if st < p - 1 else 0][dep] + sends[st] if dep >= 0
+                 else end - d if end - d > walked[st] else _IDLE)
+        start = max(w[st], ready)
+        walked[st] = end
+        k = kappa * x.busy_b[ch]
+        lane = stream[st]
+        if issues:
+            late = {"dp": 0, "edp": 0}
+            for axis, size, shape in axes[st]:
+                if size > 1:
+                    lane[axis], late[axis] = _drain(costs, x.runs_bwd[ch], axis, size, shape,
+                                                    start, start + d, start + d, lane[axis], k,
+                                                    gathers[st])
+            both = late["dp"] + late["edp"]
+            if moe:  # each lane timed with its own slowdown: its last issues come later
+                lane = stream[st] = {a: t + both - late[a] for a, t in lane.items()}
+            end = start + d + both
+        elif moe:
+            end = round(slowed(start, d, list(lane.values()), k))
+        else:
+            end = round(_advance(start, d, lane["dp"], k))
+        w[st] = ran[st][q] = end
+    return {st: (max(*stream[st].values(), w[st]) - w[st],
+                 _after(costs, x, reps[st], gathers[st]), w[st] - tails[st][-1][0])
+            for st, x in enumerate(stages)}
 
 
 # (issue time of the first, interval between issues, how many, parameters each)

@@ -29,10 +29,12 @@ from typing import NamedTuple
 from analysis.dp_tails import BucketRun, slowed, tails_ns
 from analysis.pipeline_walk import (
     Opened,
+    Tails,
     Z3Runs,
     first_forwards,
     interleaved,
     pipeline_ns,
+    plain_tails,
     span_ns,
 )
 from replay.compute import RooflineCompute
@@ -155,18 +157,22 @@ class _Context:
         # strategies differing only in the batch, schedule or buckets share it
         self.layouts: dict[tuple[object, ...], tuple[list[_Stage], list[int], bool]] = {}
         self.tails: dict[tuple[object, ...], tuple[int, int, int]] = {}
+        # an interleaved pipeline's cooldowns under interference (``dp_tails._cooldowns``)
+        self.cooldowns: dict[tuple[object, ...], dict[int, tuple[int, int, int]]] = {}
         # id(stage list of ``layouts``) → whether its 1F1B sends pace the pipeline
         self.paced: dict[int, bool] = {}
         # layout (degrees) → (axis, rank) → group shape
         self.shapes: dict[tuple[object, ...],
                           dict[tuple[str, int], tuple[int, int, int, bool]]] = {}
-        self.walks: dict[tuple[object, ...], tuple[list[int], list[list[int]]]] = {}
+        self.walks: dict[tuple[object, ...],
+                         tuple[list[int], list[list[int]], Tails | None]] = {}
         self._models: dict[int, tuple[ModelSpec, int]] = {}
         self._interned: dict[tuple[object, ...], int] = {}
 
     def entries(self) -> int:
         return (len(self.blocks) + len(self.stages) + len(self.tails) + len(self.lists)
                 + len(self.layouts) + len(self.paced) + len(self.programs) + len(self.zero3)
+                + len(self.cooldowns)
                 + len(self.gathers) + len(self.opened)
                 + len(self.optimizer) + len(self.buckets) + len(self.shapes) + len(self.walks)
                 + len(self.activations) + len(self.chunks) + len(self.p2p) + len(self.sends)
@@ -687,8 +693,9 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     gathers_open = s.overlap_param_gather and s.zero_stage in (1, 2)
     # with chunks, each chunk's first forward waits for its gathers inside the walk
     opened = _opened(costs, stages, reps, c) if gathers_open and s.vpp > 1 else None
+    steps = None  # an interleaved walk's cooldowns, step by step (``pipeline_walk.Tails``)
     if walked:  # every stage its own end: the tails check each, even of alike stages
-        pipe, ends, chunk_ends = _walked_ends(costs, stages, c, opened)
+        pipe, ends, chunk_ends, steps = _walked_ends(costs, stages, c, opened)
         check = range(s.pp)
     elif alike:
         # Alike stages: the first finishes no earlier than any middle one. Its layers are the
@@ -707,7 +714,8 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
         ends = [e + held for e in ends]
         chunk_ends = [[e + held for e in ce] for ce in chunk_ends]
     two = alike and not walked  # the first and last stage decide (``tails_ns``)
-    finish = tails_ns(costs, stages, [0] * s.pp if two else reps, ends, chunk_ends, check, two)
+    finish = tails_ns(costs, stages, [0] * s.pp if two else reps, ends, chunk_ends, check, two,
+                      steps, c)
     peak = _peak_memory_bytes(costs, stages, alike)
     return FastEstimate(finish / NS_PER_S, pipe / NS_PER_S, peak / GiB,
                         peak <= system.gpu.hbm_bytes,
@@ -720,11 +728,13 @@ _FWD_S, _BWD_S = operator.attrgetter("fwd_s"), operator.attrgetter("bwd_s")
 
 
 def _walked_ends(costs: _Costs, stages: list[_Stage], c: list[int],
-                 opened: Opened | None = None) -> tuple[int, list[int], list[list[int]]]:
+                 opened: Opened | None = None
+                 ) -> tuple[int, list[int], list[list[int]], Tails | None]:
     """(pipeline ns, end of each stage's last backward, end of each chunk's last backward —
-    its gradient buckets go then) from a walk of the schedule's order. The walk depends on
-    nothing else, so strategies differing only in what follows the pipeline (ZeRO 0 vs 1,
-    bucket size) share it."""
+    its gradient buckets go then — and, for interleaved walks without ZeRO-3 terms, each
+    stage's steps from its first bucket-issuing backward on: ``pipeline_walk.Tail``) from a
+    walk of the schedule's order. The walk depends on nothing else, so strategies differing
+    only in what follows the pipeline (ZeRO 0 vs 1, bucket size) share it."""
     s = costs.s
     fwd, bwd = [x.fwd for x in stages], [x.bwd for x in stages]
     zero3 = s.zero_stage == 3 and s.pp > 1
@@ -741,10 +751,13 @@ def _walked_ends(costs: _Costs, stages: list[_Stage], c: list[int],
            opened)
     walked = costs.ctx.walks.get(key)
     if walked is None:
-        walked = costs.ctx.walks[key] = interleaved(s, fwd, bwd, c, early, late, streams,
-                                                    opened)
-    ends, chunk_ends = walked
-    return max(ends), ends, chunk_ends
+        if s.vpp > 1 and not (early or late or streams):
+            (ends, chunk_ends), cooldown = plain_tails(s, fwd, bwd, c, opened)
+            walked = costs.ctx.walks[key] = (ends, chunk_ends, cooldown)
+        else:
+            walked = costs.ctx.walks[key] = (*interleaved(s, fwd, bwd, c, early, late, streams,
+                                                          opened), None)
+    return max(walked[0]), *walked
 
 
 def _paced(costs: _Costs, stages: list[_Stage], c: list[int], alike: bool) -> bool:

@@ -117,6 +117,64 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
     return _periodic(walk, p, m, v, busiest)
 
 
+# A stage's steps from its first bucket-issuing backward (chunk v − 1's last) to its end, each
+# as (end, duration, chunk, whether it is its chunk's last backward: the one that issues the
+# chunk's gradient buckets, where the step it waits for stands in the tail of the stage that
+# runs it — the next stage, or stage 0 for the last — or −1); every stage's tail on one clock
+Tail = tuple[tuple[int, int, int, bool, int], ...]
+
+
+# Every stage's ``Tail``, and every tail step as (stage, place in its tail) in an order that
+# respects each stage's order and every wait
+Tails = tuple[tuple[Tail, ...], tuple[tuple[int, int], ...]]
+
+
+def plain_tails(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ...]],
+                c: list[int], opened: Opened | None = None) -> tuple[Walked, Tails]:
+    """``interleaved`` without ZeRO-3 terms, and each stage's ``Tail`` as the longest run it
+    walked ran it (all m micro-batches when m < 4p; else a run of k·p + m mod p, whose cooldown
+    is the extrapolated run's shifted, once the walk is periodic): the steps the gradient
+    buckets drain beside (``dp_tails``)."""
+    p, m, v = s.pp, s.num_microbatches, s.vpp
+    plain = _Plain(s.schedule, p, v, fwd, bwd, c, opened)
+    walked = _periodic(plain.branched(), p, m, v, plain.busiest)
+    assert plain.longest is not None
+    run, slots = plain.longest
+    slot, send, cost = slots[0], plain.send, plain.cost
+    plan, order = _tail_plan(s.schedule, run, p, v)
+    return walked, (tuple(tuple((slot[k] - send[i], cost[i], ch, last, dep)
+                                for k, i, ch, last, dep in steps) for steps in plan), order)
+
+
+@functools.lru_cache(maxsize=256)
+def _tail_plan(schedule: str, m: int, p: int, v: int
+               ) -> tuple[tuple[tuple[tuple[int, int, int, bool, int], ...], ...],
+                          tuple[tuple[int, int], ...]]:
+    """Per stage, the steps of ``Tail`` as (slot, cost index, chunk, last backward of its
+    chunk, where the step it waits for stands in its stage's tail or −1) (``_slot``,
+    ``_flat_plan``'s cost index); and every tail step as (stage, place in its tail) in
+    ``_plan``'s order, which respects each stage's order and every wait. A backward of global
+    chunk g waits for g + 1's: the next stage's same chunk, or for the last stage stage 0's
+    next chunk."""
+    n = p * v
+    tails = []
+    for st in range(p):
+        order = stage_order(schedule, m=m, p=p, v=v, stage=st)
+        tails.append(order[order.index(("B", m - 1, v - 1)):])
+    where = [{step: q for q, step in enumerate(tail)} for tail in tails]
+    out = []
+    for st, tail in enumerate(tails):
+        nxt, shift = (st + 1, 0) if st < p - 1 else (0, 1)
+        out.append(tuple((_slot(mb * n + ch * p + st, phase == "B"),
+                          ((phase == "B") * p + st) * v + ch, ch,
+                          phase == "B" and mb == m - 1,
+                          where[nxt].get((phase, mb, ch + shift), -1) if phase == "B" else -1)
+                         for phase, mb, ch in tail))
+    steps = ((st, where[st].get(("B" if bw else "F", k // n, k % n // p)))
+             for st, bw, k, _, _ in _plan(schedule, m, p, v))
+    return tuple(out), tuple((st, q) for st, q in steps if q is not None)
+
+
 def first_forwards(p: int, v: int, fwd: list[tuple[int, ...]], c: list[int]) -> list[list[int]]:
     """When each stage starts its first forward of each chunk under Megatron's interleaved order
     (no gathers): virtual micro-batch k of a stage is micro-batch k mod p of chunk k // p for
@@ -331,13 +389,14 @@ class _Walker:
         raise NotImplementedError
 
     def branched(self) -> Callable[[int], Walked]:
-        """A walk function for ``_periodic``: each walk branches from the longest one before."""
-        longest: list[tuple[int, Slots]] = []
+        """A walk function for ``_periodic``: each walk branches from the longest one before
+        (kept in ``longest``: its micro-batches and slots)."""
+        self.longest: tuple[int, Slots] | None = None
 
         def walk(m: int) -> Walked:
-            walked, at = self.walk(m, longest[0] if longest else None)
-            if not longest or m > longest[0][0]:
-                longest[:] = [at]
+            walked, at = self.walk(m, self.longest)
+            if self.longest is None or m > self.longest[0]:
+                self.longest = at
             return walked
         return walk
 

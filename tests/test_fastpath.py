@@ -172,6 +172,39 @@ def test_gpipe_backwards_hide_the_tied_embeddings_scatter(pp: int, system_name: 
     assert fast.step_time_s == pytest.approx(_replayed_s(model, s, hw), rel=0.002)
 
 
+COOLDOWN_CASES = [  # (model, system, strategy, how far the fast path was before)
+    (ModelSpec(name="wide", num_layers=30, hidden_size=4096, num_attention_heads=32,
+               num_kv_heads=2, ffn_hidden_size=8192, vocab_size=50257, seq_len=1024,
+               activation="swiglu"), "dgx-h100",
+     dict(pp=2, dp=48, vpp=3, micro_batch_size=4, global_batch_size=384,
+          schedule="interleaved_1f1b", recompute="selective", last_stage_layers=1),
+     -2.3),
+    ("gpt3-175b", "dgx-a100-80gb",
+     dict(tp=8, pp=4, dp=8, cp=4, vpp=4, global_batch_size=32, schedule="interleaved_1f1b",
+          recompute="selective", zero_stage=1, overlap_param_gather=True,
+          grad_reduce_in_bf16=True, cp_comm_type="all_gather"), +2.2),
+    ("mixtral-8x7b", "dgx-h100",
+     dict(tp=8, pp=3, cp=2, ep=2, vpp=3, sequence_parallel=True, micro_batch_size=2,
+          global_batch_size=12, schedule="interleaved_1f1b", recompute="selective",
+          zero_stage=1, last_stage_layers=1, expert_tp=1), +0.5),
+]
+
+
+@pytest.mark.parametrize(("model", "system_name", "kw", "before"), COOLDOWN_CASES)
+def test_buckets_drain_beside_the_interleaved_cooldown(model: ModelSpec | str,
+                                                       system_name: str, kw: dict,
+                                                       before: float) -> None:
+    """Under interference an interleaved pipeline's gradient buckets drain beside its cooldown:
+    they slow the backwards that follow a chunk's last one, and the delays travel from stage to
+    stage with the gradients, until a wait absorbs them. The fast path replays the walk's
+    cooldowns step by step with the buckets (``dp_tails._cooldown_walk``); it had timed each
+    chunk's buckets from its own last backward and added up the delays (``before``, % off)."""
+    spec = get_model(model) if isinstance(model, str) else model
+    s, hw = Strategy(**kw), get_system(system_name)
+    assert estimate(spec, s, hw).step_time_s == pytest.approx(_replayed_s(spec, s, hw),
+                                                              rel=0.002)
+
+
 def test_1f1b_paced_by_its_sends_is_walked() -> None:
     """A small model at tp 4 without sequence parallelism sends whole activations between
     nodes (0.36 ms a hop on B200s beside 0.5 ms forwards): the sends pace the steady state,
