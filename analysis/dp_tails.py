@@ -157,9 +157,13 @@ def _cooldown_walk(costs: _Costs, stages: list[_Stage], reps: list[int], steps: 
     for st, q in order:
         end, d, ch, issues, dep = tails[st][q]
         x = stages[st]
-        ready = (ran[st + 1 if st < p - 1 else 0][dep] + sends[st] if dep >= 0
-                 else end - d if end - d > walked[st] else _IDLE)
-        start = max(w[st], ready)
+        start = w[st]
+        if dep >= 0:
+            ready = ran[st + 1 if st < p - 1 else 0][dep] + sends[st]
+            if ready > start:
+                start = ready
+        elif end - d > walked[st] and end - d > start:
+            start = end - d
         walked[st] = end
         k = kappa * x.busy_b[ch]
         lane = stream[st]
@@ -176,12 +180,27 @@ def _cooldown_walk(costs: _Costs, stages: list[_Stage], reps: list[int], steps: 
             end = start + d + both
         elif moe:
             end = round(slowed(start, d, list(lane.values()), k))
-        else:
+        elif lane["dp"] > start:
             end = round(_advance(start, d, lane["dp"], k))
+        else:  # (the stream idle: nothing slows the step)
+            end = start + d
         w[st] = ran[st][q] = end
     return {st: (max(*stream[st].values(), w[st]) - w[st],
-                 _after(costs, x, reps[st], gathers[st]), w[st] - tails[st][-1][0])
+                 _after_memo(costs, x, reps[st], gathers[st]), w[st] - tails[st][-1][0])
             for st, x in enumerate(stages)}
+
+
+def _after_memo(costs: _Costs, x: _Stage, rank: int, gathers: list[tuple[str, int, int]]
+                ) -> int:
+    """``_after``, once per stage, strategy and group shapes (the gathers follow from them)."""
+    s = costs.s
+    key = (id(x), s.zero_stage, s.dp, s.cp, s.ep, s.expert_tp, s.overlap_param_gather,
+           s.dp_bucket_params, costs.shape("dp", rank),
+           costs.shape("edp", rank) if costs.moe else None)
+    got = costs.ctx.afters.get(key)
+    if got is None:
+        got = costs.ctx.afters[key] = _after(costs, x, rank, gathers)
+    return got
 
 
 # (issue time of the first, interval between issues, how many, parameters each)

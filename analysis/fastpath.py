@@ -159,6 +159,7 @@ class _Context:
         self.tails: dict[tuple[object, ...], tuple[int, int, int]] = {}
         # an interleaved pipeline's cooldowns under interference (``dp_tails._cooldowns``)
         self.cooldowns: dict[tuple[object, ...], dict[int, tuple[int, int, int]]] = {}
+        self.afters: dict[tuple[object, ...], int] = {}  # ``dp_tails._after_memo``
         # id(stage list of ``layouts``) → whether its 1F1B sends pace the pipeline
         self.paced: dict[int, bool] = {}
         # layout (degrees) → (axis, rank) → group shape
@@ -172,7 +173,7 @@ class _Context:
     def entries(self) -> int:
         return (len(self.blocks) + len(self.stages) + len(self.tails) + len(self.lists)
                 + len(self.layouts) + len(self.paced) + len(self.programs) + len(self.zero3)
-                + len(self.cooldowns)
+                + len(self.cooldowns) + len(self.afters)
                 + len(self.gathers) + len(self.opened)
                 + len(self.optimizer) + len(self.buckets) + len(self.shapes) + len(self.walks)
                 + len(self.activations) + len(self.chunks) + len(self.p2p) + len(self.sends)
