@@ -167,17 +167,16 @@ def _cooldown_walk(costs: _Costs, stages: list[_Stage], reps: list[int], steps: 
         walked[st] = end
         k = kappa * x.busy_b[ch]
         lane = stream[st]
-        if issues:
-            late = {"dp": 0, "edp": 0}
-            for axis, size, shape in axes[st]:
-                if size > 1:
-                    lane[axis], late[axis] = _drain(costs, x.runs_bwd[ch], axis, size, shape,
-                                                    start, start + d, start + d, lane[axis], k,
-                                                    gathers[st])
-            both = late["dp"] + late["edp"]
-            if moe:  # each lane timed with its own slowdown: its last issues come later
-                lane = stream[st] = {a: t + both - late[a] for a, t in lane.items()}
-            end = start + d + both
+        if issues and moe:  # both lanes beside the same backward: one timeline
+            end = start + d + _drain_lanes(costs, x.runs_bwd[ch], axes[st], start, start + d,
+                                           lane, k, gathers[st])
+        elif issues:
+            axis, size, shape = axes[st][0]
+            late = 0
+            if size > 1:
+                lane[axis], late = _drain(costs, x.runs_bwd[ch], axis, size, shape, start,
+                                          start + d, start + d, lane[axis], k, gathers[st])
+            end = start + d + late
         elif moe:
             end = round(slowed(start, d, list(lane.values()), k))
         elif lane["dp"] > start:
@@ -246,6 +245,13 @@ def _buckets_done(costs: _Costs, rank: int,
     for chunk in order:
         start = chunk_ends[chunk] - chunk_bwd[chunk]
         k = kappa * busy_b[chunk] if kappa else 0.0
+        if k and costs.moe:  # both lanes slow the same backward: one timeline
+            late = _drain_lanes(costs, runs[chunk], axes, start, chunk_ends[chunk], stream, k,
+                                gathers)
+            extra += late
+            lane_extra["dp"] += late  # (each lane's end already counts it)
+            lane_extra["edp"] += late
+            continue
         for axis, size, shape in axes:
             if size < 2:
                 continue
@@ -254,10 +260,49 @@ def _buckets_done(costs: _Costs, rank: int,
                                         chunk_ends[chunk], end, stream[lane], k, gathers)
             extra += late
             lane_extra[lane] += late
-    if kappa and costs.moe:
-        # each lane was timed with its own slowdown; its last issues come later by the other's
-        stream = {lane: t + extra - lane_extra[lane] for lane, t in stream.items()}
     return max(end + extra, *stream.values()), gathers, extra
+
+
+def _drain_lanes(costs: _Costs, blocks: tuple[tuple[ParamBlock, int, int], ...],
+                 axes: list[tuple[str, int, tuple[int, int, int, bool]]], start: int,
+                 chunk_end: int, stream: dict[str, int], k: float,
+                 gathers: list[tuple[str, int, int]]) -> int:
+    """``_drain`` for a MoE chunk's dense and expert buckets together, with interference: its
+    backward issues both lanes' buckets, and runs at 1/(1 + k·n) while n lanes are busy
+    (``slowed``), so the lanes are stepped bucket by bucket on one timeline instead of each in
+    closed form beside its own slowdown. Updates ``stream`` (each lane's end); returns how
+    much later the chunk's last backward ends. Appends the ZeRO ≥ 1 gathers."""
+    s = costs.s
+    coll: O.CollType = "REDUCE_SCATTER" if s.zero_stage >= 1 else "ALL_REDUCE"
+    grad_bytes, shape_ns = O.grad_reduce_bytes(s), costs.net.shape_ns
+    issues: list[tuple[int, str, int]] = []  # (backward time from the start, lane, duration)
+    for axis, size, shape in axes:
+        if size < 2:
+            continue
+        for t, step, n, params in _bucket_runs_of(costs, blocks, axis):
+            padded = -(-params // size) * size
+            d = shape_ns(coll, padded * grad_bytes, shape)
+            if s.zero_stage >= 1:
+                gathers.append((axis, padded, n))
+            issues += [(t + j * step, axis, d) for j in range(n)]
+    w, c = float(start), start  # wall time, backward time
+    for t, lane, d in sorted(issues):
+        w = slowed(w, start + t - c, list(stream.values()), k)
+        c = start + t
+        stream[lane] = max(stream[lane], round(w)) + d
+    return round(slowed(w, chunk_end - c, list(stream.values()), k)) - chunk_end
+
+
+def _bucket_runs_of(costs: _Costs, blocks: tuple[tuple[ParamBlock, int, int], ...], axis: str
+                    ) -> list[BucketRun]:
+    """A stage chunk's bucket runs on ``axis``, issue times from its start (``_bucket_runs``),
+    found once per stage chunk (keyed by identity; the stage memo keeps ``blocks`` alive)."""
+    key = (id(blocks), axis, costs.s.dp_bucket_params)
+    memo = costs.ctx.buckets
+    got = memo.get(key)
+    if got is None or got[0] is not blocks:
+        got = memo[key] = (blocks, _bucket_runs(blocks, axis, costs.s.dp_bucket_params, 0))
+    return got[1]
 
 
 # times are relative to the stage's last backward: an idle stream has no zero to start from
@@ -272,20 +317,13 @@ def _drain(costs: _Costs, blocks: tuple[tuple[ParamBlock, int, int], ...], axis:
     backward runs from ``start`` to ``chunk_end``, the stage's last ends at ``end``; ``k``: κ
     scaled to the chunk's compute share (0: no interference). Appends the ZeRO ≥ 1 gathers."""
     s = costs.s
-    bucket = s.dp_bucket_params
-    # issue times are offsets from the chunk's start: found once per stage chunk (keyed by
-    # identity; the stage memo keeps ``blocks`` alive) and shifted
-    key = (id(blocks), axis, bucket)
-    memo = costs.ctx.buckets
-    got = memo.get(key)
-    if got is None or got[0] is not blocks:
-        got = memo[key] = (blocks, _bucket_runs(blocks, axis, bucket, 0))
+    runs = _bucket_runs_of(costs, blocks, axis)  # issue times from the chunk's start
     coll: O.CollType = "REDUCE_SCATTER" if s.zero_stage >= 1 else "ALL_REDUCE"
     grad_bytes, gather, overlap = O.grad_reduce_bytes(s), s.zero_stage >= 1, s.overlap_grad_reduce
     shape_ns = costs.net.shape_ns
     w = c = float(start)  # with interference: wall time, backward time, stream free
     free = float(busy)
-    for t, step, n, params in got[1]:
+    for t, step, n, params in runs:
         padded = -(-params // size) * size
         d = shape_ns(coll, padded * grad_bytes, shape)
         if gather:
