@@ -6,7 +6,7 @@ Mixtral 8x7B on 128 H100s, Llama 2 70B on 48 H100s; a third of the non-interleav
 global batch of any count of micro-batches, not whole rounds of pp) and prints the distribution of
 |fast / replay − 1| and the worst cases. Seeded: the same draw on every machine.
 
-    python bench/bench_fastpath_agreement.py [--n 60] [--seed 1] [--odd | --models]
+    python bench/bench_fastpath_agreement.py [--n 60] [--seed 1] [--odd | --models] [--nodes]
 
 ``--odd`` draws sizes and options the default cases never reach (GPU counts with a factor 3,
 pp 3/5/6, up to 4 chunks, cp up to 4, any count of micro-batches, shorter end stages, B200 and
@@ -17,12 +17,15 @@ two bugs the default draw never reached (DESIGN.md); now 1 (+2.2%).
 ``--models`` draws model shapes no preset has (head sizes 64-128 and doubled widths, GQA down to
 one K/V head, every activation, tied embeddings, vocabularies of 32 K-152 K, dense and MoE) with
 --odd's options: at the sixteenth session's start 13 of 2,040 such strategies were above 2%, up to
-−9.7%, from four bugs no preset reached (DESIGN.md).
+−9.7%, from four bugs no preset reached (DESIGN.md). ``--nodes`` puts each draw on other node
+sizes and networks (2–72 GPUs per node, fat-tree or rail-optimized, 1:1 or 2:1): it found a
+fifth, the two MoE bucket lanes (+2.85% on four-GPU nodes).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import statistics
 import tempfile
@@ -30,6 +33,7 @@ import time
 
 from analysis.fastpath import estimate
 from replay import get_system, replay
+from replay.hardware import SystemSpec
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
 
 # (model, system, GPUs, global batch)
@@ -162,6 +166,17 @@ def draw_model(rng: random.Random) -> tuple[ModelSpec, str, Strategy] | None:
     return model, system, s
 
 
+def other_nodes(system: SystemSpec, rng: random.Random) -> tuple[SystemSpec, str]:
+    """``--nodes``: the system with another node size and scale-out network."""
+    gpn = rng.choice((2, 4, 8, 16, 72))
+    topology = rng.choice(("fat-tree", "rail-optimized"))
+    over = rng.choice((1.0, 1.0, 2.0))
+    node = dataclasses.replace(system.node, gpus_per_node=gpn)
+    scaleout = dataclasses.replace(system.scaleout, topology=topology, oversubscription=over)
+    return (dataclasses.replace(system, node=node, scaleout=scaleout),
+            f"{gpn}/node {topology} {over:g}:1")
+
+
 def model_label(m: ModelSpec) -> str:
     return (f"L{m.num_layers} h{m.hidden_size} heads {m.num_attention_heads}/{m.num_kv_heads} "
             f"{m.activation}{' tied' if m.tied_embeddings else ''}"
@@ -188,6 +203,9 @@ def main() -> None:
     ap.add_argument("--models", action="store_true",
                     help="random model shapes (head sizes, GQA, FFN widths, activations, tied "
                          "embeddings, vocabularies, dense and MoE) with the options --odd draws")
+    ap.add_argument("--nodes", action="store_true",
+                    help="each draw's system with 2, 4, 8, 16 or 72 GPUs per node, a fat-tree "
+                         "or rail-optimized network, non-blocking or 2:1 oversubscribed")
     args = ap.parse_args()
     pick = draw_odd if args.odd else draw
     rng = random.Random(args.seed)
@@ -201,6 +219,9 @@ def main() -> None:
         model = spec if isinstance(spec, ModelSpec) else get_model(spec)
         model_name = model_label(model) if isinstance(spec, ModelSpec) else spec
         system = get_system(system_name)
+        if args.nodes:
+            system, node_label = other_nodes(system, rng)
+            model_name += f"  {node_label}"
         try:
             fast = estimate(model, s, system)
         except ConfigError:
