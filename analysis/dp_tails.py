@@ -167,15 +167,17 @@ def _cooldown_walk(costs: _Costs, stages: list[_Stage], reps: list[int], steps: 
         walked[st] = end
         k = kappa * x.busy_b[ch]
         lane = stream[st]
-        if issues and moe:  # both lanes beside the same backward: one timeline
+        if issues and moe and min(size for _, size, _ in axes[st]) > 1:
+            # both lanes beside the same backward: one timeline
             end = start + d + _drain_lanes(costs, x.runs_bwd[ch], axes[st], start, start + d,
                                            lane, k, gathers[st])
-        elif issues:
-            axis, size, shape = axes[st][0]
+        elif issues:  # one lane (or none) reduces
             late = 0
-            if size > 1:
-                lane[axis], late = _drain(costs, x.runs_bwd[ch], axis, size, shape, start,
-                                          start + d, start + d, lane[axis], k, gathers[st])
+            for axis, size, shape in axes[st]:
+                if size > 1:
+                    lane[axis], late = _drain(costs, x.runs_bwd[ch], axis, size, shape, start,
+                                              start + d, start + d, lane[axis], k,
+                                              gathers[st])
             end = start + d + late
         elif moe:
             end = round(slowed(start, d, list(lane.values()), k))
@@ -245,7 +247,8 @@ def _buckets_done(costs: _Costs, rank: int,
     for chunk in order:
         start = chunk_ends[chunk] - chunk_bwd[chunk]
         k = kappa * busy_b[chunk] if kappa else 0.0
-        if k and costs.moe:  # both lanes slow the same backward: one timeline
+        if k and costs.moe and min(size for _, size, _ in axes) > 1:
+            # both lanes slow the same backward: one timeline
             late = _drain_lanes(costs, runs[chunk], axes, start, chunk_ends[chunk], stream, k,
                                 gathers)
             extra += late
@@ -287,10 +290,29 @@ def _drain_lanes(costs: _Costs, blocks: tuple[tuple[ParamBlock, int, int], ...],
             issues += [(t + j * step, axis, d) for j in range(n)]
     w, c = float(start), start  # wall time, backward time
     for t, lane, d in sorted(issues):
-        w = slowed(w, start + t - c, list(stream.values()), k)
+        w = _slowed2(w, start + t - c, stream["dp"], stream["edp"], k)
         c = start + t
         stream[lane] = max(stream[lane], round(w)) + d
-    return round(slowed(w, chunk_end - c, list(stream.values()), k)) - chunk_end
+    return round(_slowed2(w, chunk_end - c, stream["dp"], stream["edp"], k)) - chunk_end
+
+
+def _slowed2(w: float, dt: float, a: int, b: int, kappa: float) -> float:
+    """``slowed`` with two streams, busy until ``a`` and ``b``, spelled out (the two-lane
+    drain calls it once per bucket)."""
+    lo, hi = (a, b) if a < b else (b, a)
+    if lo > w:
+        rate = 1 + 2 * kappa
+        if (lo - w) / rate >= dt:
+            return w + dt * rate
+        dt -= (lo - w) / rate
+        w = lo
+    if hi > w:
+        rate = 1 + kappa
+        if (hi - w) / rate >= dt:
+            return w + dt * rate
+        dt -= (hi - w) / rate
+        w = hi
+    return w + dt
 
 
 def _bucket_runs_of(costs: _Costs, blocks: tuple[tuple[ParamBlock, int, int], ...], axis: str
