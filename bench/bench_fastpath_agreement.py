@@ -12,14 +12,16 @@ global batch of any count of micro-batches, not whole rounds of pp) and prints t
 pp 3/5/6, up to 4 chunks, cp up to 4, any count of micro-batches, shorter end stages, B200 and
 H200, FP8, TP overlap, ZeRO 2, overlapped parameter gathers, the all-gather CP ring): the
 fifteenth session's start had 16 of 150 such strategies (seed 11) above 2%, up to 16.6%, from
-two bugs the default draw never reached (DESIGN.md); now 1 (+2.2%).
+two bugs the default draw never reached (DESIGN.md); the sixteenth session's end none (0.41%
+at worst), once interleaved cooldowns were walked with their gradient buckets.
 
 ``--models`` draws model shapes no preset has (head sizes 64-128 and doubled widths, GQA down to
 one K/V head, every activation, tied embeddings, vocabularies of 32 K-152 K, dense and MoE) with
---odd's options: at the sixteenth session's start 13 of 2,040 such strategies were above 2%, up to
-−9.7%, from four bugs no preset reached (DESIGN.md). ``--nodes`` puts each draw on other node
-sizes and networks (2–72 GPUs per node, fat-tree or rail-optimized, 1:1 or 2:1): it found a
-fifth, the two MoE bucket lanes (+2.85% on four-GPU nodes).
+--odd's options. At the sixteenth session's start a probe of 2,040 such strategies (the same
+draw, its system picked after the strategy) had 13 above 2%, up to −9.7%, from four bugs no
+preset reached (DESIGN.md). ``--nodes`` puts each draw on other node sizes and networks (2–72
+GPUs per node, fat-tree or rail-optimized, 1:1 or 2:1); a probe of that kind found a fifth, the
+two MoE bucket lanes (+2.85% on four-GPU nodes).
 """
 
 from __future__ import annotations
