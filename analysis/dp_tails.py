@@ -32,7 +32,9 @@ def tails_ns(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[in
                                      s.dp, s.cp, s.ep, s.overlap_param_gather,
                                      s.grad_reduce_in_bf16, s.expert_tp))
     propagate = s.pp > 1 and s.overlap_grad_reduce and costs.compute.gpu.comm_interference > 0
-    if propagate and steps and s.zero_stage < 3:
+    shifted = propagate and bool(steps) and s.zero_stage < 3  # ends moved by their own delay
+    if shifted:
+        assert steps is not None
         tails = _cooldowns(costs, stages, reps, steps, sends, strategy_key)
         ends = [e + tails[st][2] for st, e in enumerate(ends)]
         chunk_ends = [[e + tails[st][2] for e in ce] for st, ce in enumerate(chunk_ends)]
@@ -61,6 +63,9 @@ def tails_ns(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[in
     if m.tied_embeddings and s.pp > 1:
         size = m.vocab_size * m.hidden_size // s.tp * O.grad_reduce_bytes(s)
         first, last = ends[0], ends[-1]
+        if not shifted:  # each ends later by what its own buckets slowed it (interference)
+            first += tails[0][2]
+            last += tails[s.pp - 1][2]
         if s.zero_stage == 3:
             # the all-reduce follows the last backward's compute (``RoleProgram._finish``), on
             # its own stream beside that pass's trailing reduce-scatters (``_Stage.late_b``)
