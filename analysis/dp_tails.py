@@ -248,7 +248,6 @@ def _buckets_done(costs: _Costs, rank: int,
         axes = [("dp", dp_group_size(s, "dp"), costs.shape("dp", rank))]
     order = sorted(range(len(chunk_ends)), key=chunk_ends.__getitem__)
     extra = 0
-    lane_extra = {"dp": 0, "edp": 0}
     for chunk in order:
         start = chunk_ends[chunk] - chunk_bwd[chunk]
         k = kappa * busy_b[chunk] if kappa else 0.0
@@ -257,8 +256,6 @@ def _buckets_done(costs: _Costs, rank: int,
             late = _drain_lanes(costs, runs[chunk], axes, start, chunk_ends[chunk], stream, k,
                                 gathers)
             extra += late
-            lane_extra["dp"] += late  # (each lane's end already counts it)
-            lane_extra["edp"] += late
             continue
         for axis, size, shape in axes:
             if size < 2:
@@ -267,7 +264,6 @@ def _buckets_done(costs: _Costs, rank: int,
             stream[lane], late = _drain(costs, runs[chunk], axis, size, shape, start,
                                         chunk_ends[chunk], end, stream[lane], k, gathers)
             extra += late
-            lane_extra[lane] += late
     return max(end + extra, *stream.values()), gathers, extra
 
 
