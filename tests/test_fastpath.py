@@ -257,6 +257,22 @@ def test_1f1b_paced_by_its_sends_is_walked() -> None:
                                                                rel=0.002)
 
 
+def test_held_first_forwards_add_up_down_the_fill() -> None:
+    """Overlapped parameter gathers under interference, with a short first stage whose
+    embedding gather holds its first forward up: the next stage's input comes late by that
+    much, and its own gathers hold it up from there. The fast path had taken the most any one
+    stage was held up from the unheld fill (exact without interference), 0.9% too fast here
+    and 2.0% on a 30-layer model of a random draw (``_param_gather_delay``)."""
+    model = ModelSpec(name="short-first", num_layers=8, hidden_size=2048,
+                      num_attention_heads=16, num_kv_heads=1, ffn_hidden_size=8192,
+                      vocab_size=128256, seq_len=2048, activation="relu")
+    s = Strategy(pp=2, dp=16, global_batch_size=16, zero_stage=1, overlap_param_gather=True,
+                 first_stage_layers=1)
+    hw = get_system("dgx-h100")
+    assert estimate(model, s, hw).step_time_s == pytest.approx(_replayed_s(model, s, hw),
+                                                               rel=0.001)
+
+
 def test_fast_path_flags_what_does_not_fit() -> None:
     from tracegen import get_model
 
@@ -761,10 +777,11 @@ def test_first_forwards_are_when_the_walk_starts_them(pp, v, rounds, data) -> No
        bucket=st.sampled_from([10**4, 10**5, 10**6, 4 * 10**7]),
        starts=st.lists(st.integers(0, 3 * 10**5), min_size=2, max_size=2),
        hops=st.lists(st.integers(0, 10**5), min_size=8, max_size=8))
-def test_param_gather_delay_of_alike_stages_walks_three(pp, tp, bucket, starts, hops) -> None:
+def test_param_gather_delay_of_alike_stages_stops_at_one_not_held(pp, tp, bucket, starts,
+                                                                  hops) -> None:
     """``overlap_param_gather``: a stage's first forward started later is held up no more, and
-    alike middle stages are held up alike, so walking the first, the first middle and the
-    last stage gives the delay that walking every stage gives, whatever the hops."""
+    alike middle stages are held up alike, so the walk that stops at the first middle stage
+    not held up gives the delay that walking every stage gives, whatever the hops."""
     from analysis import fastpath as F
 
     model = ModelSpec(name="x", num_layers=24, hidden_size=256, num_attention_heads=8,
