@@ -762,21 +762,36 @@ def _walked_ends(costs: _Costs, stages: list[_Stage], c: list[int],
 
 
 def _paced(costs: _Costs, stages: list[_Stage], c: list[int], alike: bool) -> bool:
-    """``_sends_bind``, once per stage list: the layout memo (``_stages``) keeps each list alive
-    for the context's life, and its sends follow from the same key. Alike stages first try
-    what suffices for no: every round trip term Σ(f_i + b_i + 2·c_i − F) is ≤ 0 when the first
-    and middle stages' f + b + 2c are ≤ F (the usual case: the head outweighs two sends)."""
+    """Whether a 1F1B pipeline lies outside the closed form's domain (``_off_closed_form``),
+    once per stage list: the layout memo (``_stages``) keeps each list alive for the context's
+    life, and its sends follow from the same key."""
     got = costs.ctx.paced.get(id(stages))
     if got is None:
-        if alike:
-            first, mid, last = stages[0], stages[1], stages[-1]
-            top = max(first.fwd[0] + first.bwd[0], mid.fwd[0] + mid.bwd[0],
-                      last.fwd[0] + last.bwd[0])
-            if max(first.fwd[0] + first.bwd[0], mid.fwd[0] + mid.bwd[0]) + 2 * c[0] <= top:
-                costs.ctx.paced[id(stages)] = False
-                return False
-        got = costs.ctx.paced[id(stages)] = _sends_bind(stages, c)
+        got = costs.ctx.paced[id(stages)] = _off_closed_form(stages, c, alike)
     return got
+
+
+def _off_closed_form(stages: list[_Stage], c: list[int], alike: bool) -> bool:
+    """Whether the 1F1B closed form may miss the walk. It is exact where the last stage is the
+    slowest (f + b: F) and no round trip outlasts it (``_sends_bind``). Elsewhere it charges
+    every micro-batch the slowest stage as if nothing waited for the stages after it: on
+    random stage costs up to 10% off either way, and GPT-3 on 72-GPU nodes, whose stages
+    straddle nodes and cost what their groups' shapes make them (the second stage slowest),
+    +2.4%. What suffices for no: every earlier stage's f + b + 2c is ≤ F (each round trip term
+    Σ(f_i + b_i + 2·c_i − F) is ≤ 0; the usual case, the head outweighing two sends). Beyond
+    that ``_sends_bind``'s cycles decide only for alike stages: on random costs of stages not
+    alike that it passed, 3 in 8,357 were up to 0.7% too fast with equal sends, and up to 6.7%
+    with sends that differ (stages sharing a node, then leaving it), so those are walked.
+    Alike stages need only the first, a middle and the last looked at."""
+    ends = (stages[0], stages[1], stages[-1]) if alike else stages
+    fb = [x.fwd[0] + x.bwd[0] for x in ends]
+    top = fb[-1]
+    if max(fb) > top:  # a stage before the last is the slowest
+        return True
+    hops = c[:1] * 2 if alike else c[:-1]  # the sends of every stage before the last
+    if all(f + 2 * h <= top for f, h in zip(fb[:-1], hops, strict=True)):
+        return False
+    return not alike or _sends_bind(stages, c)
 
 
 def _sends_bind(stages: list[_Stage], c: list[int]) -> bool:
