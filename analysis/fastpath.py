@@ -839,7 +839,20 @@ def _closed_form_ends(s: Strategy, stages: list[_Stage], c: list[int]) -> tuple[
     for b, hop, lt in zip(b_s, c, late_s, strict=True):
         ends.append(sent + lt)
         sent -= b - lt + hop
+    if s.schedule == "gpipe" and s.num_microbatches > 1:
+        _gpipe_drain(ends, b_rep or b_s, s.num_microbatches)
     return pipe, ends
+
+
+def _gpipe_drain(ends: list[int], b_s: list[int], m: int) -> None:
+    """GPipe's backwards drain as a flow shop (stage p − 1 first): the last micro-batch leaves
+    stage st after Σ_{i≥st} b_i + (m − 1)·max_{k≥st} b_k (and the sends), so a stage after the
+    slowest backward ends (m − 1)·(max_k b_k − max_{k≥st} b_k) before the chain from stage 0's
+    end says (which holds only where each stage's last backward waits for the one after it)."""
+    top, later = max(b_s), 0
+    for st in range(len(b_s) - 1, 0, -1):
+        later = max(later, b_s[st])
+        ends[st] -= (m - 1) * (top - later)
 
 
 def _alike_ends(s: Strategy, stages: list[_Stage], hop: int) -> tuple[int, list[int]]:
@@ -870,6 +883,9 @@ def _alike_ends(s: Strategy, stages: list[_Stage], hop: int) -> tuple[int, list[
     # stage p−1 ends when stage 0 does, less each earlier stage's last gradient and its send
     ends[0] = pipe
     ends[-1] = pipe - (b0 + hop) - n_mid * (b1 - lt1 + hop) + lt_last
+    if s.schedule == "gpipe":  # unless an earlier backward is the slower (``_gpipe_drain``)
+        ends[-1] -= (s.num_microbatches - 1) * (
+            b_max - (bl - last.overlap_b[0] if gpipe3 else bl))
     return pipe, ends
 
 

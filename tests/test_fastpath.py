@@ -778,6 +778,31 @@ def test_1f1b_closed_form_is_the_walk_wherever_it_is_used(pp, m, data, base, spr
     assert F._closed_form_ends(s, stages, c) == (max(clock), clock)  # type: ignore[arg-type]
 
 
+@settings(max_examples=200, deadline=None)
+@given(pp=st.sampled_from([2, 3, 4, 5, 6, 8]), m=st.integers(1, 40), data=st.data(),
+       base=st.tuples(st.integers(1, 10**6), st.integers(1, 3)),
+       spread=st.sampled_from([0.0, 0.01, 0.2, 0.5]),
+       hop=st.sampled_from([0, 100, 10**4, 10**5, 10**6]))
+def test_gpipe_closed_form_is_the_walk_for_any_stages(pp, m, data, base, spread, hop) -> None:
+    """GPipe's closed form, span and every stage's last-backward end, equals the walk for any
+    stage costs and sends: the drain is a flow shop, so a stage after the slowest backward
+    ends before the chain from stage 0's end says (``_gpipe_drain``; it had been up to
+    (m − 1)·(b₀ − b₁) late on two stages)."""
+    import types
+
+    from analysis import fastpath as F
+    from analysis import pipeline_walk as W
+
+    unit = st.floats(0, 1)
+    f = [round(base[0] * (1 + spread * data.draw(unit))) for _ in range(pp)]
+    b = [round(base[0] * base[1] * (1 + spread * data.draw(unit))) for _ in range(pp)]
+    c = [hop * data.draw(st.sampled_from([1, 1, 2, 5])) for _ in range(pp)]
+    stages = [types.SimpleNamespace(fwd=(f[i],), bwd=(b[i],)) for i in range(pp)]
+    s = Strategy(pp=pp, dp=1, micro_batch_size=1, global_batch_size=m, schedule="gpipe")
+    clock, _ = W._walk("gpipe", pp, m, 1, [(x,) for x in f], [(x,) for x in b], c, None, None)
+    assert F._closed_form_ends(s, stages, c) == (max(clock), clock)  # type: ignore[arg-type]
+
+
 def test_1f1b_with_a_middle_stage_slowest_is_walked() -> None:
     """GPT-3 on nodes of 72 GPUs: 96 GPUs a stage straddle nodes, so each stage's groups have
     their own shapes, and the second stage is the slowest. The closed form charged every
