@@ -24,7 +24,7 @@ def tails_ns(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[in
     whose data-parallel groups are shaped as the stage's; ``alike``: the middle stages are one
     stage (``fastpath._stages``). With interference a stage's buckets slow its last backward,
     and every earlier stage's last backward waits for it in the drain: stage st ends later by
-    what the stages after it lost — or, given an interleaved walk's cooldowns (``steps``, with
+    what the stages after it lost — or, given a walk's cooldowns (``steps``, with
     the ``sends`` between stages), exactly where each stage's inputs come late
     (``_cooldowns``)."""
     s, m = costs.s, costs.m
@@ -126,7 +126,7 @@ def _after(costs: _Costs, x: _Stage, rank: int, gathers: list[tuple[str, int, in
 
 def _cooldowns(costs: _Costs, stages: list[_Stage], reps: list[int], steps: Tails,
                sends: Sequence[int], strategy_key: int) -> dict[int, tuple[int, int, int]]:
-    """``_tail`` of every stage of an interleaved pipeline under interference, from its walk's
+    """``_tail`` of every stage of a walked pipeline under interference, from its walk's
     cooldowns (``pipeline_walk.Tails``; memoized). Per stage: (buckets done after its last
     backward as it ran, optimizer and gathers after that, how much later than walked that
     backward ends)."""

@@ -694,7 +694,7 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     gathers_open = s.overlap_param_gather and s.zero_stage in (1, 2)
     # with chunks, each chunk's first forward waits for its gathers inside the walk
     opened = _opened(costs, stages, reps, c) if gathers_open and s.vpp > 1 else None
-    steps = None  # an interleaved walk's cooldowns, step by step (``pipeline_walk.Tails``)
+    steps = None  # a walk's cooldowns, step by step (``pipeline_walk.Tails``)
     if walked:  # every stage its own end: the tails check each, even of alike stages
         pipe, ends, chunk_ends, steps = _walked_ends(costs, stages, c, opened)
         check = range(s.pp)
@@ -732,7 +732,7 @@ def _walked_ends(costs: _Costs, stages: list[_Stage], c: list[int],
                  opened: Opened | None = None
                  ) -> tuple[int, list[int], list[list[int]], Tails | None]:
     """(pipeline ns, end of each stage's last backward, end of each chunk's last backward —
-    its gradient buckets go then — and, for interleaved walks without ZeRO-3 terms, each
+    its gradient buckets go then — and, for walks without ZeRO-3 terms, each
     stage's steps from its first bucket-issuing backward on: ``pipeline_walk.Tail``) from a
     walk of the schedule's order. The walk depends on nothing else, so strategies differing
     only in what follows the pipeline (ZeRO 0 vs 1, bucket size) share it."""
@@ -752,7 +752,7 @@ def _walked_ends(costs: _Costs, stages: list[_Stage], c: list[int],
            opened)
     walked = costs.ctx.walks.get(key)
     if walked is None:
-        if s.vpp > 1 and not (early or late or streams):
+        if not (early or late or streams):
             (ends, chunk_ends), cooldown = plain_tails(s, fwd, bwd, c, opened)
             walked = costs.ctx.walks[key] = (ends, chunk_ends, cooldown)
         else:
