@@ -21,7 +21,12 @@ one K/V head, every activation, tied embeddings, vocabularies of 32 K-152 K, den
 draw, its system picked after the strategy) had 13 above 2%, up to −9.7%, from four bugs no
 preset reached (DESIGN.md). ``--nodes`` puts each draw on other node sizes and networks (2–72
 GPUs per node, fat-tree or rail-optimized, 1:1 or 2:1); a probe of that kind found a fifth, the
-two MoE bucket lanes (+2.85% on four-GPU nodes).
+two MoE bucket lanes (+2.85% on four-GPU nodes). In the seventeenth session about 11,000 draws
+(mostly ``--models --nodes``) found four more (DESIGN.md): first forwards held up by overlapped
+parameter gathers (−1.96%), the 1F1B closed form on stages straddling 72-GPU nodes (+2.44%),
+the walk's periodic shortcut on a pipeline whose rounds repeat every three (+0.78%; −1.7% on
+Llama 2 70B reference strategies), and a prefetched MoE pass's first gathers (−1.22%); a
+fifth, the bucket drain of walked 1F1B and GPipe cooldowns (+1.08% on GPT-3), came with them.
 """
 
 from __future__ import annotations
