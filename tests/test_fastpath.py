@@ -40,23 +40,28 @@ def _replayed_s(model: ModelSpec, s: Strategy, hw: SystemSpec) -> float:
        dp_overlap=st.sampled_from(["both", "grad", "none"]), ep=st.sampled_from([0, 1, 2, 4]),
        cp=st.sampled_from([1, 1, 2]), fp8=st.booleans(), fold=st.booleans(),
        prefetch=st.booleans(), extra=st.integers(0, 3), tied=st.booleans(),
-       system=st.sampled_from(["dgx-h100", "dgx-a100-80gb", "dgx-b200"]))
+       system=st.sampled_from(["dgx-h100", "dgx-a100-80gb", "dgx-b200"]),
+       gpn=st.sampled_from([8, 8, 2, 4]))
 @example(tp=2, pp=4, dp=4, sp=False, zero=3, recompute="none", mb=1, schedule="gpipe",
          overlap=False, uneven=False, zbucket=0, dp_overlap="both", ep=0, cp=1, fp8=False,
-         fold=False, prefetch=True, extra=0, tied=False, system="dgx-h100")  # alike, walked
+         fold=False, prefetch=True, extra=0, tied=False, system="dgx-h100",
+         gpn=8)  # alike, walked
 @example(tp=1, pp=2, dp=2, sp=False, zero=3, recompute="none", mb=4, schedule="1f1b",
          overlap=False, uneven=False, zbucket=0, dp_overlap="both", ep=2, cp=1, fp8=False,
          fold=False, prefetch=False, extra=1, tied=False,
-         system="dgx-h100")  # 9 micro-batches on 2 stages
+         system="dgx-h100", gpn=8)  # 9 micro-batches on 2 stages
 def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, mb, schedule,
                                               overlap, uneven, zbucket, dp_overlap, ep, cp, fp8,
-                                              fold, prefetch, extra, tied, system) -> None:
+                                              fold, prefetch, extra, tied, system,
+                                              gpn) -> None:
     """``ep`` 0: the dense model; 1, 2 or 4: the MoE model with that expert parallelism, carved
     out of dp or (``fold``) folded over tp·cp·dp; either with its embedding and head ``tied``.
     1F1B and GPipe runs of mb·pp + ``extra`` micro-batches (interleaved ones need whole
-    rounds)."""
+    rounds). Nodes of ``gpn`` GPUs: of 2 or 4, stages straddle or share nodes, so they are
+    not alike and their sends differ."""
     model = dataclasses.replace(MOE if ep else MODEL, tied_embeddings=tied)
     hw = get_system(system)
+    hw = dataclasses.replace(hw, node=dataclasses.replace(hw.node, gpus_per_node=gpn))
     try:
         s = Strategy(tp=tp, pp=pp, dp=dp, ep=max(ep, 1), cp=cp,
                      precision="fp8" if fp8 else "bf16",
