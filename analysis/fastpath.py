@@ -963,10 +963,11 @@ def _param_gather_delay(costs: _Costs, stages: list[_Stage], reps: list[int], c:
     stages the walk stops at the first one that is not held up."""
     delay, arrival, last, skip = 0, 0, len(stages) - 1, False
     for st, x in enumerate(stages):
-        if not (alike and 0 < st < last and skip):
+        middle = alike and 0 < st < last
+        if not (middle and skip):
             held = _held_forward(costs, st, reps[st], x.fwd[0], arrival + delay)
             delay += held
-            skip = held == 0
+            skip = middle and held == 0  # (only a middle stage speaks for the next ones)
         arrival += x.fwd[0] + c[st]
     return delay
 
