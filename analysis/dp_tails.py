@@ -149,6 +149,8 @@ def _cooldown_walk(costs: _Costs, stages: list[_Stage], reps: list[int], steps: 
     issues its buckets (``_drain``, slowed while they fly); every other step runs slowed while
     its stage's streams are busy (κ per busy stream, scaled to its chunk's compute share)."""
     s, moe = costs.s, costs.moe
+    if not moe:
+        return _dense_cooldown_walk(costs, stages, reps, steps, sends)
     kappa = costs.compute.gpu.comm_interference
     tails, order = steps
     p = len(stages)
@@ -193,6 +195,50 @@ def _cooldown_walk(costs: _Costs, stages: list[_Stage], reps: list[int], steps: 
         w[st] = ran[st][q] = end
     return {st: (max(*stream[st].values(), w[st]) - w[st],
                  _after_memo(costs, x, reps[st], gathers[st]), w[st] - tails[st][-1][0])
+            for st, x in enumerate(stages)}
+
+
+def _dense_cooldown_walk(costs: _Costs, stages: list[_Stage], reps: list[int], steps: Tails,
+                         sends: Sequence[int]) -> dict[int, tuple[int, int, int]]:
+    """``_cooldown_walk`` of a dense model: one data-parallel stream a stage, held as a number,
+    and ``_advance`` spelled out (the hot loop of interleaved screening; the same answers)."""
+    kappa = costs.compute.gpu.comm_interference
+    tails, order = steps
+    p = len(stages)
+    size = dp_group_size(costs.s, "dp")
+    shapes = [costs.shape("dp", r) for r in reps]
+    busy = [_IDLE] * p  # each stage's stream: free from then
+    w = [tail[0][0] - tail[0][1] for tail in tails]  # each stage's previous step, as it ran
+    walked = [_IDLE] * p  # and as walked
+    ran = [[0] * len(tail) for tail in tails]
+    after = [*range(1, p), 0]  # whose gradient a stage's backward waits for
+    gathers: list[list[tuple[str, int, int]]] = [[] for _ in range(p)]
+    for st, q in order:
+        end, d, ch, issues, dep = tails[st][q]
+        start = w[st]
+        if dep >= 0:
+            ready = ran[after[st]][dep] + sends[st]
+            if ready > start:
+                start = ready
+        elif end - d > walked[st] and end - d > start:
+            start = end - d
+        walked[st] = end
+        free = busy[st]
+        if issues and size > 1:
+            x = stages[st]
+            busy[st], late = _drain(costs, x.runs_bwd[ch], "dp", size, shapes[st], start,
+                                    start + d, start + d, free, kappa * x.busy_b[ch],
+                                    gathers[st])
+            end = start + d + late
+        elif free > start and not issues:  # slowed until the stream frees (``_advance``)
+            k = kappa * stages[st].busy_b[ch]
+            slow = (free - start) / (1 + k)
+            end = round(start + d * (1 + k) if slow >= d else free + d - slow)
+        else:
+            end = start + d
+        w[st] = ran[st][q] = end
+    return {st: (max(busy[st], w[st]) - w[st], _after_memo(costs, x, reps[st], gathers[st]),
+                 w[st] - tails[st][-1][0])
             for st, x in enumerate(stages)}
 
 
