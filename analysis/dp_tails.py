@@ -147,15 +147,16 @@ def _cooldown_walk(costs: _Costs, stages: list[_Stage], reps: list[int], steps: 
     step whose wait is not in a cooldown, when the walk started it if it waited then; the
     first no earlier than walked: nothing before it is delayed). A chunk's last backward
     issues its buckets (``_drain``, slowed while they fly); every other step runs slowed while
-    its stage's streams are busy (κ per busy stream, scaled to its chunk's compute share)."""
-    s, moe = costs.s, costs.moe
-    if not moe:
+    its stage's streams are busy (κ per busy stream, scaled to its chunk's compute share).
+    This is the MoE form, with a dense and an expert stream a stage; a dense model's is
+    ``_dense_cooldown_walk``."""
+    s = costs.s
+    if not costs.moe:
         return _dense_cooldown_walk(costs, stages, reps, steps, sends)
     kappa = costs.compute.gpu.comm_interference
     tails, order = steps
     p = len(stages)
-    lanes = ("dp", "edp") if moe else ("dp",)
-    axes = [[(a, dp_group_size(s, a), costs.shape(a, r)) for a in lanes] for r in reps]
+    axes = [[(a, dp_group_size(s, a), costs.shape(a, r)) for a in ("dp", "edp")] for r in reps]
     stream = [{"dp": _IDLE, "edp": _IDLE} for _ in range(p)]
     w = [tail[0][0] - tail[0][1] for tail in tails]  # each stage's previous step, as it ran
     walked = [_IDLE] * p  # and as walked
@@ -174,7 +175,7 @@ def _cooldown_walk(costs: _Costs, stages: list[_Stage], reps: list[int], steps: 
         walked[st] = end
         k = kappa * x.busy_b[ch]
         lane = stream[st]
-        if issues and moe and min(size for _, size, _ in axes[st]) > 1:
+        if issues and min(size for _, size, _ in axes[st]) > 1:
             # both lanes beside the same backward: one timeline
             end = start + d + _drain_lanes(costs, x.runs_bwd[ch], axes[st], start, start + d,
                                            lane, k, gathers[st])
@@ -186,12 +187,8 @@ def _cooldown_walk(costs: _Costs, stages: list[_Stage], reps: list[int], steps: 
                                               start + d, start + d, lane[axis], k,
                                               gathers[st])
             end = start + d + late
-        elif moe:
+        else:
             end = round(slowed(start, d, list(lane.values()), k))
-        elif lane["dp"] > start:
-            end = round(_advance(start, d, lane["dp"], k))
-        else:  # (the stream idle: nothing slows the step)
-            end = start + d
         w[st] = ran[st][q] = end
     return {st: (max(*stream[st].values(), w[st]) - w[st],
                  _after_memo(costs, x, reps[st], gathers[st]), w[st] - tails[st][-1][0])

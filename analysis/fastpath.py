@@ -157,7 +157,7 @@ class _Context:
         # strategies differing only in the batch, schedule or buckets share it
         self.layouts: dict[tuple[object, ...], tuple[list[_Stage], list[int], bool]] = {}
         self.tails: dict[tuple[object, ...], tuple[int, int, int]] = {}
-        # an interleaved pipeline's cooldowns under interference (``dp_tails._cooldowns``)
+        # a walked pipeline's cooldowns under interference (``dp_tails._cooldowns``)
         self.cooldowns: dict[tuple[object, ...], dict[int, tuple[int, int, int]]] = {}
         self.afters: dict[tuple[object, ...], int] = {}  # ``dp_tails._after_memo``
         # id(stage list of ``layouts``) → whether its 1F1B sends pace the pipeline

@@ -275,8 +275,11 @@ def _extrapolate(last_run: tuple[list[int], list[list[int]]], steps: list[list[i
     """The walk of ``m`` micro-batches from that of ``base``·p + (m mod p), every event moved
     per further round of p by the increments of ``steps`` in turn (one, or a cycle of them)."""
     rounds, q = (m - base * p) // p, len(steps)
-    whole, part = divmod(rounds, q)
-    step = [whole * sum(col) + sum(col[:part]) for col in zip(*steps, strict=True)]
+    if q == 1:  # (the usual case, and the hot one of interleaved screening)
+        step = [rounds * d for d in steps[0]]
+    else:
+        whole, part = divmod(rounds, q)
+        step = [whole * sum(col) + sum(col[:part]) for col in zip(*steps, strict=True)]
     ends, last = last_run
     return ([e + d for e, d in zip(ends, step[:p], strict=True)],
             [[t + step[p + st * v + ch] for ch, t in enumerate(chunks)]
