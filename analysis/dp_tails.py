@@ -427,7 +427,7 @@ def _advance(w: float, dt: float, busy: float, kappa: float) -> float:
     return w + dt
 
 
-def slowed(w: float, dt: float, busy: list[int], kappa: float) -> float:
+def slowed(w: float, dt: float, busy: Sequence[float], kappa: float) -> float:
     """Wall time after ``dt`` of compute from ``w`` while streams are busy until each of
     ``busy``: at 1/(1 + κ·n) of full speed with n of them busy (replay/sim.py)."""
     for end in sorted(busy):
