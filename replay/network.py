@@ -202,8 +202,9 @@ class AlphaBetaNetwork:
         This is below the isolated nccl-tests plateaus across nodes (DGX A100 126 vs 192 GB/s,
         DGX H100 224 vs 370–380 GB/s, ANCHORS), where NCCL pipelines NVLink and NIC hops; the
         pipelined form (min(B_nvl, l · B_nic)) made every multi-node FSDP/ZeRO-3 run of the
-        public set 2–9 points faster than measured, so the sequential form stays until
-        interference between overlapped collectives and compute is modelled (DESIGN.md)."""
+        public set 2–9 points faster than measured, and still does with interference modelled
+        (their gathers block the chain: nothing overlaps them), so the sequential form stays:
+        a known conflict with the isolated anchors (DESIGN.md)."""
         if n_nodes == 1:
             return self.nvl.bytes_per_s
         if local == 1:
