@@ -192,11 +192,18 @@ def model_label(m: ModelSpec) -> str:
 
 
 def label(s: Strategy) -> str:
+    """The strategy in one line, every option a draw sets away from its default named."""
+    extras = ((s.tp_comm_overlap, "tp-overlap"), (s.overlap_param_gather, "overlap-param-gather"),
+              (not s.overlap_grad_reduce, "no-grad-overlap"), (s.grad_reduce_in_bf16, "bf16-grads"),
+              (s.precision == "fp8", "fp8"), (s.cp_comm_type != "p2p", f"cp-{s.cp_comm_type}"),
+              (s.expert_tp == 1, "experts-folded"),
+              (bool(s.first_stage_layers), f"first{s.first_stage_layers}"),
+              (bool(s.last_stage_layers), f"last{s.last_stage_layers}"))
     return (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} ep{s.ep} vpp{s.vpp} {s.schedule} "
             f"mbs{s.micro_batch_size} "
             f"zero{s.zero_stage}{' prefetch' if s.zero3_prefetch else ''} {s.recompute}"
             f"{' sp' if s.sequence_parallel else ''}"
-            f"{' overlap-param-gather' if s.overlap_param_gather else ''}")
+            + "".join(f" {name}" for on, name in extras if on))
 
 
 def main() -> None:
@@ -224,7 +231,8 @@ def main() -> None:
             continue
         spec, system_name, s = got
         model = spec if isinstance(spec, ModelSpec) else get_model(spec)
-        model_name = model_label(model) if isinstance(spec, ModelSpec) else spec
+        model_name = (model_label(model) if isinstance(spec, ModelSpec) else spec) + (
+            f"  {system_name}")
         system = get_system(system_name)
         if args.nodes:
             system, node_label = other_nodes(system, rng)
