@@ -7,6 +7,7 @@ global batch of any count of micro-batches, not whole rounds of pp) and prints t
 |fast / replay − 1| and the worst cases. Seeded: the same draw on every machine.
 
     python bench/bench_fastpath_agreement.py [--n 60] [--seed 1] [--odd | --models] [--nodes]
+                                             [--buckets]
 
 ``--odd`` draws sizes and options the default cases never reach (GPU counts with a factor 3,
 pp 3/5/6, up to 4 chunks, cp up to 4, any count of micro-batches, shorter end stages, B200 and
@@ -27,6 +28,10 @@ parameter gathers (−1.96%), the 1F1B closed form on stages straddling 72-GPU n
 the walk's periodic shortcut on a pipeline whose rounds repeat every three (+0.78%; −1.7% on
 Llama 2 70B reference strategies), and a prefetched MoE pass's first gathers (−1.22%); a
 fifth, the bucket drain of walked 1F1B and GPipe cooldowns (+1.08% on GPT-3), came with them.
+In the eighteenth session one more (seed 66 of the seventeenth's draws): TP overlap beside
+prefetched ZeRO-3 gathers under interference (−1.80%). ``--buckets`` also draws the gradient
+bucket (1 M–1 G parameters) and ZeRO-3 gather pieces, which the draws above leave at their
+defaults: 300 such strategies (a probe of that kind, seed 101), none above 0.18%.
 """
 
 from __future__ import annotations
@@ -184,6 +189,16 @@ def other_nodes(system: SystemSpec, rng: random.Random) -> tuple[SystemSpec, str
             f"{gpn}/node {topology} {over:g}:1")
 
 
+def other_buckets(s: Strategy, rng: random.Random) -> Strategy:
+    """``--buckets``: the strategy with another gradient bucket and, under ZeRO-3, gathers in
+    pieces of at most so many parameters (0: a block's at once)."""
+    return dataclasses.replace(
+        s, dp_bucket_params=rng.choice((1_000_000, 10_000_000, 40_000_000, 100_000_000,
+                                        1_000_000_000)),
+        zero3_gather_bucket_params=(rng.choice((0, 0, 5_000_000, 50_000_000))
+                                    if s.zero_stage == 3 else 0))
+
+
 def model_label(m: ModelSpec) -> str:
     return (f"L{m.num_layers} h{m.hidden_size} heads {m.num_attention_heads}/{m.num_kv_heads} "
             f"{m.activation}{' tied' if m.tied_embeddings else ''}"
@@ -193,7 +208,9 @@ def model_label(m: ModelSpec) -> str:
 
 def label(s: Strategy) -> str:
     """The strategy in one line, every option a draw sets away from its default named."""
-    extras = ((s.tp_comm_overlap, "tp-overlap"), (s.overlap_param_gather, "overlap-param-gather"),
+    extras = ((s.dp_bucket_params != 40_000_000, f"bucket{s.dp_bucket_params:.0e}"),
+              (bool(s.zero3_gather_bucket_params), f"pieces{s.zero3_gather_bucket_params:.0e}"),
+              (s.tp_comm_overlap, "tp-overlap"), (s.overlap_param_gather, "overlap-param-gather"),
               (not s.overlap_grad_reduce, "no-grad-overlap"), (s.grad_reduce_in_bf16, "bf16-grads"),
               (s.precision == "fp8", "fp8"), (s.cp_comm_type != "p2p", f"cp-{s.cp_comm_type}"),
               (s.expert_tp == 1, "experts-folded"),
@@ -220,9 +237,15 @@ def main() -> None:
     ap.add_argument("--nodes", action="store_true",
                     help="each draw's system with 2, 4, 8, 16 or 72 GPUs per node, a fat-tree "
                          "or rail-optimized network, non-blocking or 2:1 oversubscribed")
+    ap.add_argument("--buckets", action="store_true",
+                    help="each draw's gradient bucket (1 M to 1 G parameters) and ZeRO-3 gather "
+                         "piece size drawn too, from a stream of their own: a seed draws the "
+                         "same strategies with and without (but for one that then no longer "
+                         "fits)")
     args = ap.parse_args()
     pick = draw_odd if args.odd else draw
     rng = random.Random(args.seed)
+    sizes = random.Random(-args.seed - 1)  # --buckets: their own stream
     rows: list[tuple[float, str, str]] = []
     t0 = time.perf_counter()
     while len(rows) < args.n:
@@ -237,6 +260,8 @@ def main() -> None:
         if args.nodes:
             system, node_label = other_nodes(system, rng)
             model_name += f"  {node_label}"
+        if args.buckets:
+            s = other_buckets(s, sizes)
         try:
             fast = estimate(model, s, system)
         except ConfigError:
