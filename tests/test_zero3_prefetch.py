@@ -43,7 +43,7 @@ def test_interference_slows_a_block_beside_the_next_gather() -> None:
     def pair(f: int, g: int) -> float:
         return max(f + min(k * f, k / (1 + k) * g), g)
 
-    segs = [((True, 500),)] * 4  # all compute
+    segs = [((500, 0),)] * 4  # runs of (kernel, overlapped collective): all compute
     end, _, _, _ = _prefetch_pass(range(4), comp, gathers, None, segs, k)
     assert end == 300 + pair(500, 800) + pair(500, 200) + pair(500, 600) + 500
 
@@ -54,11 +54,23 @@ def test_interference_slows_a_blocks_kernels_not_its_collectives() -> None:
     1/(1 + κ) while the gather flies, the collective at full speed, the rest of the gather's
     span slows the second kernels — as replay slows kernels, not transfers."""
     k = 0.25
-    segs = [((True, 200), (False, 100), (True, 200))] * 2
+    segs = [((200, 0), (0, 100), (200, 0))] * 2  # (kernel, collective) runs
     end, _, last, _ = _prefetch_pass(range(2), [500, 500], [(0, 0), (400, 0)], None, segs, k)
     # 0–250: 200 of compute at 1/1.25; 250–350: the collective; 350–400: 40 of compute slowed;
     # then the remaining 160 at full speed → 560; the second block runs unslowed: + 500
     assert last == end == 560 + 500
+
+
+def test_a_kernel_beside_its_own_collective_and_a_gather_is_slowed_by_both() -> None:
+    """A block's kernel of 400 with its own overlapped TP collective of 300 beside it, and the
+    next block's gather of 500 from its start: both in flight until 300 (1/(1 + 2κ): 200 of
+    work), the gather alone until 500 (160 more), then full speed (40): 540. The next block
+    waits for its gather (500) and runs slowed by its own collective alone: 400 + κ/(1 + κ)·300
+    = 460. Slowing the merged segment (460) by the gather alone gave 560 + 460."""
+    k = 0.25
+    segs = [((400, 300),)] * 2
+    end, _, last, _ = _prefetch_pass(range(2), [460, 460], [(0, 0), (500, 0)], None, segs, k)
+    assert last == end == 540 + 460
 
 
 def test_replay_runs_the_prefetched_trace_faster() -> None:
