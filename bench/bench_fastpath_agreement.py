@@ -31,7 +31,9 @@ fifth, the bucket drain of walked 1F1B and GPipe cooldowns (+1.08% on GPT-3), ca
 In the eighteenth session one more (seed 66 of the seventeenth's draws): TP overlap beside
 prefetched ZeRO-3 gathers under interference (−1.80%). ``--buckets`` also draws the gradient
 bucket (1 M–1 G parameters) and ZeRO-3 gather pieces, which the draws above leave at their
-defaults: 300 such strategies (a probe of that kind, seed 101), none above 0.18%.
+defaults: 300 such strategies (a probe of that kind, seed 101), none above 0.18%; seed 94
+(``--models --nodes``, 1,000) 0.72% at worst, seed 93 (``--odd --nodes``, 400) 0.38%. Slower:
+1 M-parameter buckets on GPT-3 make large traces (those 400 took 31 minutes, not 9).
 """
 
 from __future__ import annotations
