@@ -416,24 +416,10 @@ class _Costs:
         outside the list slows only the compute (replay slows kernels, not transfers)."""
         kappa = self.compute.gpu.comm_interference
         out: list[tuple[bool, int]] = []
-        alongside = 0
-        for it in items:
-            if isinstance(it, O.Comm) and it.overlapped:
-                alongside += self.coll_ns(it, rank)
-                continue
-            if isinstance(it, O.Comm):
-                d, comp = self.coll_ns(it, rank), False
-            else:
-                d = self.compute.op_ns(it.kind, it.flop, it.bytes, it.m, it.n,
-                                       DTYPE_CODE[it.dtype], it.name.endswith("_bwd"), it.k,
-                                       it.splits)
-                if alongside and kappa:
-                    d += round(min(kappa * d, kappa / (1 + kappa) * alongside))
-                comp = d >= alongside
-            _extend(out, comp, max(d, alongside))
-            alongside = 0
-        if alongside:
-            _extend(out, False, alongside)
+        for d, c in self.items_runs(items, rank):
+            if d and c and kappa:
+                d += round(min(kappa * d, kappa / (1 + kappa) * c))
+            _extend(out, d >= c, max(d, c))
         return tuple(out)
 
     def list_busy(self, block: ParamBlock, which: str, rank: int, sig: tuple[object, ...]
