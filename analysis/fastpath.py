@@ -81,7 +81,7 @@ def _group_shape(axis: str, rank: int, tp: int, cp: int, dp: int, pp: int, ep: i
 
 # A list of ops as it runs: (compute on the critical path?, ns) in order
 Segments = tuple[tuple[bool, int], ...]
-# The same list for slowing by streams outside it (``_slowed_segments``): (kernel ns, ns of the
+# The same list for slowing by streams outside it (``_slowed_runs``): (kernel ns, ns of the
 # overlapped collectives issued with it) in order; a blocking collective is (0, ns)
 Runs = tuple[tuple[int, int], ...]
 
@@ -134,7 +134,7 @@ class _Context:
         self.blocks: dict[tuple[object, ...], tuple[int, int, int, int]] = {}
         self.lists: dict[tuple[object, ...], tuple[int, int]] = {}
         # the same key → the list as (kernel, overlapped collective) runs (``_Costs.list_runs``)
-        self.segments: dict[tuple[object, ...], Runs] = {}
+        self.runs: dict[tuple[object, ...], Runs] = {}
         self.optimizer: dict[int, int] = {}
         # (op-list key, recompute) → stored activation bytes of one layer and micro-batch
         self.activations: dict[tuple[int, str], int] = {}
@@ -180,7 +180,7 @@ class _Context:
                 + len(self.gathers) + len(self.opened)
                 + len(self.optimizer) + len(self.buckets) + len(self.shapes) + len(self.walks)
                 + len(self.activations) + len(self.chunks) + len(self.p2p) + len(self.sends)
-                + len(self.segments))
+                + len(self.runs))
 
     def model_id(self, model: ModelSpec) -> int:
         """A small integer per model (by identity first: hashing a spec per strategy is slow)."""
@@ -368,9 +368,9 @@ class _Costs:
                   ) -> Runs:
         """``list_ns``'s list as it runs, for slowing by other streams (``items_runs``)."""
         key = (self.lists_key, block.name, which, sig)
-        got = self.ctx.segments.get(key)
+        got = self.ctx.runs.get(key)
         if got is None:
-            got = self.ctx.segments[key] = self.items_runs(self._items(block, which), rank)
+            got = self.ctx.runs[key] = self.items_runs(self._items(block, which), rank)
         return got
 
     def items_runs(self, items: list[O.Item], rank: int) -> Runs:
@@ -578,7 +578,7 @@ def _prefetched_chunk(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: 
     scatter = [_zero3_axes(costs, b, rank, "REDUCE_SCATTER") for b in blocks]
     kappa = costs.compute.gpu.comm_interference
     # with interference, each block as it runs: its kernels slow while the streams are busy
-    segs = [_compute_segments(costs, b, rank, sig) for b in blocks] if kappa else None
+    segs = [_compute_runs(costs, b, rank, sig) for b in blocks] if kappa else None
     fwd, first_f, _, _ = _prefetch_pass(range(len(blocks)), [c[0] for c in comp], gather,
                                         None, [s[0] for s in segs] if segs else None, kappa)
     order = range(len(blocks) - 1, -1, -1)
@@ -588,7 +588,7 @@ def _prefetched_chunk(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: 
     return fwd, bwd, first_f, first_b, bwd - last, 2 * bwd - last - again
 
 
-def _slowed_segments(w: float, runs: Runs, busy: list[int], kappa: float) -> float:
+def _slowed_runs(w: float, runs: Runs, busy: list[int], kappa: float) -> float:
     """Wall time after running ``runs`` (``_Costs.items_runs``) from ``w`` while streams are
     busy until each of ``busy``: each kernel slowed by those and by the list's own overlapped
     collectives in flight beside it, together (``slowed``); the collectives not (replay/sim.py
@@ -605,7 +605,7 @@ def _slowed_segments(w: float, runs: Runs, busy: list[int], kappa: float) -> flo
     return w
 
 
-def _compute_segments(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...]
+def _compute_runs(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...]
                       ) -> tuple[Runs, Runs]:
     """``_compute_ns`` as runs (``_Costs.list_runs``): the forward, and the backward after
     what it recomputes."""
@@ -644,7 +644,7 @@ def _prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
                     stream[a] = max(start, stream[a]) + g
                     ready = max(ready, stream[a])
         chain = (start + comp[i] if segs is None
-                 else round(_slowed_segments(start, segs[i], stream, kappa)))
+                 else round(_slowed_runs(start, segs[i], stream, kappa)))
         if scatter is not None:
             for a, r in enumerate(scatter[i]):
                 if r:
@@ -1080,7 +1080,7 @@ def _held_forward(costs: _Costs, st: int, rank: int, fwd: int, arrival: int, chu
         t, d = max(t, ready), costs.block(block, rank, sig)[0]
         if kappa:
             segs = costs.list_runs(block, "fwd", rank, sig)
-            t = round(_slowed_segments(t, segs, busy, kappa))
+            t = round(_slowed_runs(t, segs, busy, kappa))
         else:
             t += d
         plain += d
