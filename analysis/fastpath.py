@@ -122,6 +122,10 @@ class _Stage(NamedTuple):
     # and the backward's blocks as the dense and expert streams see them (``_zero3_runs``)
     z3_f: tuple[Z3Runs, ...] = ()
     z3_b: tuple[Z3Runs, ...] = ()
+    # and per chunk, each pass's leading blocks that gather and scatter nothing (a tied head's
+    # backward): (their ns, the compute on the critical path in it), or (0, 0) (``_z3_lead``)
+    z3_lead_f: tuple[tuple[int, int], ...] = ()
+    z3_lead_b: tuple[tuple[int, int], ...] = ()
 
 
 class _Context:
@@ -486,7 +490,9 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
         blocks = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
         stage = stage._replace(
             z3_f=tuple(_zero3_runs(costs, b, rank, sig, backward=False) for b in blocks),
-            z3_b=tuple(_zero3_runs(costs, b[::-1], rank, sig, backward=True) for b in blocks))
+            z3_b=tuple(_zero3_runs(costs, b[::-1], rank, sig, backward=True) for b in blocks),
+            z3_lead_f=tuple(_z3_lead(costs, b, rank, sig, backward=False) for b in blocks),
+            z3_lead_b=tuple(_z3_lead(costs, b[::-1], rank, sig, backward=True) for b in blocks))
     return stage
 
 
@@ -536,6 +542,23 @@ def _zero3_runs(costs: _Costs, runs: list[tuple[ParamBlock, int]], rank: int,
         comp = _compute_ns(costs, block, rank, sig)[1 if backward else 0]
         out.append(((g[0], g[1], comp, r[0], r[1]), count))
     return tuple(out)
+
+
+def _z3_lead(costs: _Costs, runs: list[tuple[ParamBlock, int]], rank: int,
+             sig: tuple[object, ...], backward: bool) -> tuple[int, int]:
+    """A pass's leading blocks that neither gather nor reduce-scatter (a tied head's backward:
+    its weight is the embedding's): (their ns, the compute on the critical path in it). They
+    start as the pass does, beside whatever the streams still carry from the pass before, and
+    replay slows their kernels for it (``_Streams``)."""
+    ns = busy = 0
+    side = 1 if backward else 0
+    for block, count in runs:
+        if any(_zero3_axes(costs, block, rank, "ALL_GATHER")) or (
+                backward and any(_zero3_axes(costs, block, rank, "REDUCE_SCATTER"))):
+            break
+        ns += count * _compute_ns(costs, block, rank, sig)[side]
+        busy += count * _compute_busy(costs, block, rank, sig)[side]
+    return ns, busy
 
 
 def _compute_ns(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...],
@@ -779,11 +802,12 @@ def _walked_ends(costs: _Costs, stages: list[_Stage], c: list[int],
             for ch in range(s.vpp)} if zero3 else None
     streams = ([x.z3_f for x in stages], [x.z3_b for x in stages]) if (
         stages[0].z3_b) else None
+    leads = _leads(costs, stages) if streams else None
     key = (s.schedule, s.pp, s.num_microbatches, s.vpp, tuple(fwd), tuple(bwd), tuple(c),
            tuple(sorted(early.items())) if early else None,
            tuple(sorted(late.items())) if late else None,
            (tuple(streams[0]), tuple(streams[1])) if streams else None,
-           opened)
+           opened, tuple(leads) if leads else None)
     walked = costs.ctx.walks.get(key)
     if walked is None:
         if not (early or late or streams):
@@ -791,8 +815,22 @@ def _walked_ends(costs: _Costs, stages: list[_Stage], c: list[int],
             walked = costs.ctx.walks[key] = (ends, chunk_ends, cooldown)
         else:
             walked = costs.ctx.walks[key] = (*interleaved(s, fwd, bwd, c, early, late, streams,
-                                                          opened), None)
+                                                          opened, leads), None)
     return max(walked[0]), *walked
+
+
+def _leads(costs: _Costs, stages: list[_Stage]) -> list[tuple[int, float] | None] | None:
+    """For the two-stream walk under interference, per pass in its maps' order (forwards, then
+    backwards; stage by stage, chunk by chunk): the pass's leading blocks that gather nothing
+    (``_Stage.z3_lead_f``/``_b``) as (ns, κ scaled to their compute share), or None; None
+    where no pass has any (or κ is 0)."""
+    kappa = costs.compute.gpu.comm_interference
+    if not kappa:
+        return None
+    out = [(ns, kappa * busy / ns) if ns else None
+           for per_pass in ([x.z3_lead_f for x in stages], [x.z3_lead_b for x in stages])
+           for per_stage in per_pass for ns, busy in per_stage]
+    return out if any(out) else None
 
 
 def _paced(costs: _Costs, stages: list[_Stage], c: list[int], alike: bool) -> bool:
