@@ -126,6 +126,10 @@ class _Stage(NamedTuple):
     # backward): (their ns, the compute on the critical path in it), or (0, 0) (``_z3_lead``)
     z3_lead_f: tuple[tuple[int, int], ...] = ()
     z3_lead_b: tuple[tuple[int, int], ...] = ()
+    # ZeRO-3 with prefetch, per chunk: a backward started with the streams still busy from the
+    # pass before ends, and ends its compute, these ns after the streams free at the latest
+    # (``_prefetched_chunk``; the schedule walk's ``hide``)
+    after_tail_b: tuple[tuple[int, int], ...] = ()
 
 
 class _Context:
@@ -441,6 +445,7 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
     prefetch = zero3 and costs.s.zero3_prefetch
     fwd, bwd, runs_bwd, early_f, early_b, late_b = [], [], [], [], [], []
     overlap_b: list[int] = []
+    after_tail: list[tuple[int, int]] = []
     phi: list[float] = []  # the share of compute in a backward: it slows buckets (``dp_tails``)
     phi_f: list[float] = []  # and in a forward
     params = {"dp": 0, "edp": 0}
@@ -464,14 +469,15 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
         phi.append(u / b if b else 0.0)
         phi_f.append(uf / f if f else 0.0)
         if prefetch:
-            chunk_f, chunk_b, first_f, first_b, tail_b, hidden_b = _prefetched_chunk(
+            chunk_f, chunk_b, first_f, first_b, tail_b, hidden_b, last_b = _prefetched_chunk(
                 costs, chunk, rank, sig)
             fwd.append(chunk_f)
             bwd.append(chunk_b)
             early_f.append(first_f)
             early_b.append(first_b)
             late_b.append(tail_b)
-            overlap_b.append(hidden_b)  # (a pipeline's walk carries the streams instead)
+            overlap_b.append(hidden_b)  # one stage's closed form (GPipe back to back)
+            after_tail.append((chunk_b - hidden_b, last_b))  # a pipeline's walk
             continue
         fwd.append(f)
         bwd.append(b)
@@ -485,7 +491,7 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
                    tuple(late_b),
                    tuple(params.items()), sum(fwd) / NS_PER_S, sum(bwd) / NS_PER_S,
                    params["dp"] + params["edp"], layers, tuple(phi), tuple(overlap_b),
-                   tuple(phi_f))
+                   tuple(phi_f), after_tail_b=tuple(after_tail))
     if zero3 and costs.moe and not prefetch:  # the passes the two-stream walk steps through
         blocks = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
         stage = stage._replace(
@@ -582,10 +588,11 @@ def _compute_busy(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object
 
 
 def _prefetched_chunk(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: int,
-                      sig: tuple[object, ...]) -> tuple[int, int, int, int, int, int]:
+                      sig: tuple[object, ...]) -> tuple[int, int, int, int, int, int, int]:
     """ZeRO-3 with prefetch (``Strategy.zero3_prefetch``), one chunk and micro-batch: (forward,
-    backward, the first gathers of each pass, the backward's tail after its last compute, and
-    how much of that tail a backward started right after it hides — GPipe's back to back),
+    backward, the first gathers of each pass, the backward's tail after its last compute, how
+    much of that tail a backward started right after it hides — GPipe's back to back — and
+    when that backward's last compute ends, after the tail it started beside),
     timed as ``RoleProgram`` issues them — a pass's first block's gathers in the chain (queued
     behind what its streams still carry), each next block's issued as the current one starts,
     each block's gradient reduce-scatters after its backward, every group on its own stream in
@@ -607,8 +614,9 @@ def _prefetched_chunk(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: 
     order = range(len(blocks) - 1, -1, -1)
     comp_b, segs_b = [c[1] for c in comp], [s[1] for s in segs] if segs else None
     bwd, first_b, last, tails = _prefetch_pass(order, comp_b, gather, scatter, segs_b, kappa)
-    again = _prefetch_pass(order, comp_b, gather, scatter, segs_b, kappa, tails)[0]
-    return fwd, bwd, first_f, first_b, bwd - last, 2 * bwd - last - again
+    again, _, again_last, _ = _prefetch_pass(order, comp_b, gather, scatter, segs_b, kappa,
+                                             tails)
+    return fwd, bwd, first_f, first_b, bwd - last, 2 * bwd - last - again, again_last - bwd + last
 
 
 def _slowed_runs(w: float, runs: Runs, busy: list[int], kappa: float) -> float:
@@ -800,6 +808,9 @@ def _walked_ends(costs: _Costs, stages: list[_Stage], c: list[int],
              for ph, g in (("F", x.early_f[ch]), ("B", x.early_b[ch]))} if zero3 else None
     late = {(st, ch): x.late_b[ch] for st, x in enumerate(stages)
             for ch in range(s.vpp)} if zero3 else None
+    # prefetched backwards may start beside the streams the step before left busy
+    hide = {(st, ch): x.after_tail_b[ch] for st, x in enumerate(stages)
+            for ch in range(s.vpp)} if zero3 and s.zero3_prefetch else None
     streams = ([x.z3_f for x in stages], [x.z3_b for x in stages]) if (
         stages[0].z3_b) else None
     leads = _leads(costs, stages) if streams else None
@@ -807,7 +818,8 @@ def _walked_ends(costs: _Costs, stages: list[_Stage], c: list[int],
            tuple(sorted(early.items())) if early else None,
            tuple(sorted(late.items())) if late else None,
            (tuple(streams[0]), tuple(streams[1])) if streams else None,
-           opened, tuple(leads) if leads else None)
+           opened, tuple(leads) if leads else None,
+           tuple(sorted(hide.items())) if hide else None)
     walked = costs.ctx.walks.get(key)
     if walked is None:
         if not (early or late or streams):
@@ -815,7 +827,7 @@ def _walked_ends(costs: _Costs, stages: list[_Stage], c: list[int],
             walked = costs.ctx.walks[key] = (ends, chunk_ends, cooldown)
         else:
             walked = costs.ctx.walks[key] = (*interleaved(s, fwd, bwd, c, early, late, streams,
-                                                          opened, leads), None)
+                                                          opened, leads, hide), None)
     return max(walked[0]), *walked
 
 
