@@ -491,7 +491,9 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
                    tuple(late_b),
                    tuple(params.items()), sum(fwd) / NS_PER_S, sum(bwd) / NS_PER_S,
                    params["dp"] + params["edp"], layers, tuple(phi), tuple(overlap_b),
-                   tuple(phi_f), after_tail_b=tuple(after_tail))
+                   tuple(phi_f))
+    if prefetch:
+        stage = stage._replace(after_tail_b=tuple(after_tail))
     if zero3 and costs.moe and not prefetch:  # the passes the two-stream walk steps through
         blocks = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
         stage = stage._replace(
