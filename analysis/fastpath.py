@@ -639,7 +639,7 @@ def _slowed_runs(w: float, runs: Runs, busy: list[int], kappa: float) -> float:
 
 
 def _compute_runs(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...]
-                      ) -> tuple[Runs, Runs]:
+                  ) -> tuple[Runs, Runs]:
     """``_compute_ns`` as runs (``_Costs.list_runs``): the forward, and the backward after
     what it recomputes."""
     fwd = costs.list_runs(block, "fwd", rank, sig)

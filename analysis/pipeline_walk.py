@@ -611,9 +611,9 @@ def _walk(schedule: str, p: int, m: int, v: int, fwd: list[tuple[int, ...]],
     backward may start as the step before ends its compute, its first block gathering nothing
     (a tied head's, or a head whose data-parallel group is one rank), and the pass is max-plus
     in its start and the streams' end, so it ends at the latest of the two ways; where its
-    first block gathers, those equal the step's end plus the whole backward, as without
-    ``hide``. (Without it GPipe's back-to-back backwards each waited for the tail before: +3.9%
-    on a folded MoE model at dp 1.)"""
+    first block gathers, and without ``hide``, those are the step's end plus the whole
+    backward (and its compute less the late reduce-scatter). (Without it GPipe's back-to-back
+    backwards each waited for the tail before: +3.9% on a folded MoE model at dp 1.)"""
     n = p * v
     if not early and not late:
         return _Plain(schedule, p, v, fwd, bwd, c).walk(m)[0]
@@ -627,22 +627,16 @@ def _walk(schedule: str, p: int, m: int, v: int, fwd: list[tuple[int, ...]],
     for st, backward, k, dep, ch in _plan(schedule, m, p, v):
         if backward:  # waits for the next chunk's gradient, sent out of this stage
             g = e_b[st][ch]  # a ZeRO-3 gather that runs before the input arrives
-            t = clock[st] + g
-            if dep >= 0 and done_b[dep] + c[st] > t:
-                t = done_b[dep] + c[st]
-            if hide is None:
-                clock[st] = t + bwd[st][ch] - g
-                # the last ZeRO-3 reduce-scatter of a backward runs after its send
-                done_b[k] = computed[st] = clock[st] - lt[st][ch]
-                continue
-            after, after_last = hide[st, ch]
+            b = bwd[st][ch]
+            # the last ZeRO-3 reduce-scatter of a backward runs after its send; without
+            # ``hide`` a backward waits for the tail before it: (b, b − late)
+            after, after_last = hide[st, ch] if hide else (b, b - lt[st][ch])
             start = computed[st] + g  # beside the tail, the input permitting
             if dep >= 0 and done_b[dep] + c[st] > start:
                 start = done_b[dep] + c[st]
             free = clock[st]  # when the streams the step before left busy free
-            clock[st] = max(start + bwd[st][ch] - g, free + after)
-            done_b[k] = computed[st] = max(start + bwd[st][ch] - g - lt[st][ch],
-                                           free + after_last)
+            clock[st] = max(start + b - g, free + after)
+            done_b[k] = computed[st] = max(start + b - g - lt[st][ch], free + after_last)
         else:  # waits for the previous chunk's activation, sent into this stage
             g = e_f[st][ch]
             t = clock[st] + g
