@@ -109,7 +109,7 @@ def _tail_costs(costs: _Costs, x: _Stage, rank: int, rel_ends: tuple[int, ...]
     plus ZeRO parameter all-gathers after that; how much later the buckets make the last
     backward end, interference)."""
     done, gathers, extra = _buckets_done(costs, rank, x.runs_bwd, rel_ends, x.bwd, x.busy_b)
-    return done, _after(costs, x, rank, gathers), extra
+    return done, _after_memo(costs, x, rank, gathers), extra
 
 
 def _after(costs: _Costs, x: _Stage, rank: int, gathers: list[tuple[str, int, int]]) -> int:
@@ -241,10 +241,12 @@ def _dense_cooldown_walk(costs: _Costs, stages: list[_Stage], reps: list[int], s
 
 def _after_memo(costs: _Costs, x: _Stage, rank: int, gathers: list[tuple[str, int, int]]
                 ) -> int:
-    """``_after``, once per stage, strategy and group shapes (the gathers follow from them)."""
+    """``_after``, memoized by all it depends on: the stage's parameters, the gathers, the
+    strategy's sharding and the groups' shapes (not the stage itself: strategies that differ
+    only in recompute, micro-batch or sequence parallelism share it)."""
     s = costs.s
-    key = (id(x), s.zero_stage, s.dp, s.cp, s.ep, s.expert_tp, s.overlap_param_gather,
-           s.dp_bucket_params, costs.shape("dp", rank),
+    key = (x.params, tuple(gathers), s.zero_stage, s.dp, s.cp, s.ep, s.tp, s.expert_tp,
+           s.overlap_param_gather, costs.shape("dp", rank),
            costs.shape("edp", rank) if costs.moe else None)
     got = costs.ctx.afters.get(key)
     if got is None:

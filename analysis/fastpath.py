@@ -279,11 +279,12 @@ class _Costs:
             got = self._shapes[axis, rank] = _group_shape(axis, rank, *self._degrees)
         return got
 
-    def signature(self, rank: int) -> tuple[tuple[int, ...], ...]:
+    def signature(self, rank: int) -> int:
         """The shapes of ``rank``'s groups on the axes a stage's blocks use (the data-parallel
-        ones only where ZeRO-3 gathers inside the blocks): all their collectives depend on."""
+        ones only where ZeRO-3 gathers inside the blocks): all their collectives depend on —
+        interned, so the memo keys that hold it hash an int."""
         axes = ("tp", "cp", "ep", "dp", "edp") if self.s.zero_stage == 3 else ("tp", "cp", "ep")
-        return tuple(self.shape(axis, rank) for axis in axes)
+        return self.ctx.intern(tuple([self.shape(axis, rank) for axis in axes]))
 
     def items_ns(self, items: list[O.Item], rank: int) -> int:
         return self.items_cost(items, rank)[0]
@@ -304,7 +305,7 @@ class _Costs:
         its rank list: the cost depends on nothing else."""
         return self.net.shape_ns(c.coll, c.size_bytes, self.shape(c.axis, rank))
 
-    def stage(self, stage: int, rank: int, sig: tuple[object, ...]) -> _Stage:
+    def stage(self, stage: int, rank: int, sig: int) -> _Stage:
         s, n_chunks = self.s, self.s.pp * self.s.vpp
         layers = self.m.num_layers
         uneven = s.first_stage_layers or s.last_stage_layers
@@ -335,7 +336,7 @@ class _Costs:
             got = self.ctx.chunks[key] = self.prog.chunk_runs(gci)
         return got
 
-    def block(self, block: ParamBlock, rank: int, sig: tuple[object, ...]
+    def block(self, block: ParamBlock, rank: int, sig: int
               ) -> tuple[int, int, int, int]:
         """(forward, backward, and the compute on the critical path of each) of one block."""
         key = (self.key, block.name, block.dense, block.expert, sig)
@@ -353,7 +354,7 @@ class _Costs:
             got = self.ctx.optimizer[params] = self.items_ns([O.optimizer_step(params)], 0)
         return got
 
-    def list_ns(self, block: ParamBlock, which: str, rank: int, sig: tuple[object, ...]) -> int:
+    def list_ns(self, block: ParamBlock, which: str, rank: int, sig: int) -> int:
         """Duration of one of a block's op lists ("fwd", "bwd", "selective": the recomputed
         core attention), shared by strategies that differ only in recompute or data parallelism
         (the op lists are built only on a miss)."""
@@ -372,7 +373,7 @@ class _Costs:
         return (prog._fwd_items(block) if which == "fwd" else prog._bwd_items(block)
                 if which == "bwd" else prog._lists["selective"])
 
-    def list_runs(self, block: ParamBlock, which: str, rank: int, sig: tuple[object, ...]
+    def list_runs(self, block: ParamBlock, which: str, rank: int, sig: int
                   ) -> Runs:
         """``list_ns``'s list as it runs, for slowing by other streams (``items_runs``)."""
         key = (self.lists_key, block.name, which, sig)
@@ -430,7 +431,7 @@ class _Costs:
             _extend(out, d >= c, max(d, c))
         return tuple(out)
 
-    def list_busy(self, block: ParamBlock, which: str, rank: int, sig: tuple[object, ...]
+    def list_busy(self, block: ParamBlock, which: str, rank: int, sig: int
                   ) -> int:
         """The compute on the critical path of ``list_ns``'s list (``items_cost``)."""
         self.list_ns(block, which, rank, sig)
@@ -438,7 +439,7 @@ class _Costs:
 
 
 def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object, ...], ...],
-                 rank: int, sig: tuple[object, ...]) -> _Stage:
+                 rank: int, sig: int) -> _Stage:
     """Per chunk: forward and backward ns of one micro-batch, and the backward runs of blocks
     with their durations for the gradient buckets."""
     zero3 = costs.s.zero_stage == 3
@@ -505,7 +506,7 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
 
 
 def _trailing_overlap(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: int,
-                      sig: tuple[object, ...]) -> int:
+                      sig: int) -> int:
     """ZeRO-3 without prefetch, backward passes back to back (GPipe): how much of a pass's
     trailing reduce-scatters (its last block's, ``late_b``) the next pass hides — its leading
     blocks compute until one gathers on a stream still busy with them (each group's
@@ -535,7 +536,7 @@ def _trailing_overlap(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: 
 
 
 def _zero3_runs(costs: _Costs, runs: list[tuple[ParamBlock, int]], rank: int,
-                sig: tuple[object, ...], backward: bool) -> Z3Runs:
+                sig: int, backward: bool) -> Z3Runs:
     """ZeRO-3 without prefetch on a MoE model: one chunk's pass in the order it runs, each run
     of equal blocks as (dense gather, expert gather, compute, dense reduce-scatter, expert
     reduce-scatter) ns and its count, for the schedule walk's two-stream state
@@ -553,7 +554,7 @@ def _zero3_runs(costs: _Costs, runs: list[tuple[ParamBlock, int]], rank: int,
 
 
 def _z3_lead(costs: _Costs, runs: list[tuple[ParamBlock, int]], rank: int,
-             sig: tuple[object, ...], backward: bool) -> tuple[int, int]:
+             sig: int, backward: bool) -> tuple[int, int]:
     """A pass's leading blocks that neither gather nor reduce-scatter (a tied head's backward:
     its weight is the embedding's): (their ns, the compute on the critical path in it). They
     start as the pass does, beside whatever the streams still carry from the pass before, and
@@ -569,7 +570,7 @@ def _z3_lead(costs: _Costs, runs: list[tuple[ParamBlock, int]], rank: int,
     return ns, busy
 
 
-def _compute_ns(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...],
+def _compute_ns(costs: _Costs, block: ParamBlock, rank: int, sig: int,
                 busy: bool = False) -> tuple[int, int]:
     """(forward, backward) ns of one block's own op lists for one micro-batch. The backward
     recomputes what ``RoleProgram._recompute_items`` lists: a layer's forward (full) or its
@@ -584,13 +585,13 @@ def _compute_ns(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, 
     return fwd, again + get(block, "bwd", rank, sig)
 
 
-def _compute_busy(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...]
+def _compute_busy(costs: _Costs, block: ParamBlock, rank: int, sig: int
                   ) -> tuple[int, int]:
     return _compute_ns(costs, block, rank, sig, busy=True)
 
 
 def _prefetched_chunk(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: int,
-                      sig: tuple[object, ...]) -> tuple[int, int, int, int, int, int, int]:
+                      sig: int) -> tuple[int, int, int, int, int, int, int]:
     """ZeRO-3 with prefetch (``Strategy.zero3_prefetch``), one chunk and micro-batch: (forward,
     backward, the first gathers of each pass, the backward's tail after its last compute, how
     much of that tail a backward started right after it hides — GPipe's back to back — and
@@ -638,7 +639,7 @@ def _slowed_runs(w: float, runs: Runs, busy: list[int], kappa: float) -> float:
     return w
 
 
-def _compute_runs(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...]
+def _compute_runs(costs: _Costs, block: ParamBlock, rank: int, sig: int
                   ) -> tuple[Runs, Runs]:
     """``_compute_ns`` as runs (``_Costs.list_runs``): the forward, and the backward after
     what it recomputes."""
@@ -686,7 +687,7 @@ def _prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
     return max(chain, *stream), first_done, chain, tails
 
 
-def _block_ns(costs: _Costs, block: ParamBlock, rank: int, sig: tuple[object, ...]
+def _block_ns(costs: _Costs, block: ParamBlock, rank: int, sig: int
               ) -> tuple[int, int]:
     """(forward, backward) ns of one block for one micro-batch (``_compute_ns``), with ZeRO-3's
     gathers and reduce-scatters where they block the chain."""
