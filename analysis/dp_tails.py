@@ -12,7 +12,8 @@ from tracegen import ops as O
 from tracegen.program import ParamBlock, dp_group_size, sharded_params
 
 if TYPE_CHECKING:  # the fast path imports this module; its types are only annotations here
-    from analysis.fastpath import _Costs, _Stage
+    from analysis.fastpath_costs import _Costs
+    from analysis.fastpath_stages import _Stage
     from analysis.pipeline_walk import Tails
 
 

@@ -607,7 +607,7 @@ def _walk(schedule: str, p: int, m: int, v: int, fwd: list[tuple[int, ...]],
     """Walk the interleaved order: each step waits for its stage's previous step and for the
     neighbouring chunk's same micro-batch (+ one send). O(p·m·v). ``hide`` (ZeRO-3 with
     prefetch), per stage and chunk: how long after the stage's streams free a backward that
-    started beside them ends, and ends its compute (``fastpath._prefetched_chunk``). Such a
+    started beside them ends, and ends its compute (``fastpath_stages._prefetched_chunk``). Such a
     backward may start as the step before ends its compute, its first block gathering nothing
     (a tied head's, or a head whose data-parallel group is one rank), and the pass is max-plus
     in its start and the streams' end, so it ends at the latest of the two ways; where its
@@ -650,7 +650,7 @@ def _walk(schedule: str, p: int, m: int, v: int, fwd: list[tuple[int, ...]],
 
 # ZeRO-3 on a MoE model: one pass of a stage chunk as runs of equal blocks, each block as (dense
 # gather, expert gather, compute, dense reduce-scatter, expert reduce-scatter) ns with its count
-# in a row (``fastpath._zero3_runs``); per stage, per chunk
+# in a row (``fastpath_stages._zero3_runs``); per stage, per chunk
 Z3Block = tuple[int, int, int, int, int]
 Z3Runs = tuple[tuple[Z3Block, int], ...]
 Z3Stages = list[tuple[Z3Runs, ...]]

@@ -134,7 +134,7 @@ def test_the_ring_costs_its_pipeline(nvlink_GBps: float) -> None:
     every op once, except that the cp − 1 later attention steps and the cp − 1 passes cost the
     longer of the two — hidden on NVLink (16K tokens), exposed on a link 900× slower — the
     attention slowed by interference while the passes run."""
-    from analysis.fastpath import _Costs
+    from analysis.fastpath_costs import _Costs
     from tracegen import ops as O
     from tracegen.units import DTYPE_CODE
 

@@ -9,7 +9,8 @@ import tempfile
 
 import pytest
 
-from analysis.fastpath import _prefetch_pass, estimate
+from analysis.fastpath import estimate
+from analysis.fastpath_stages import _prefetch_pass
 from replay import get_system, replay
 from tracegen import ConfigError, ModelSpec, Strategy, generate
 

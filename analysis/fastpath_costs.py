@@ -1,0 +1,344 @@
+"""The fast path's costs of one strategy (``analysis/fastpath.py``): op lists, blocks and group
+shapes from its program, durations from replay's GPU and network models, and the memos a sweep
+shares across strategies (``_Context``: every key holds all its value depends on, so sharing
+is exact). The stage costs themselves are ``analysis/fastpath_stages.py``."""
+
+from __future__ import annotations
+
+from analysis.dp_tails import BucketRun
+from analysis.fastpath_stages import (
+    Runs,
+    Segments,
+    _block_ns,
+    _compute_busy,
+    _extend,
+    _Stage,
+    _stage_costs,
+)
+from analysis.pipeline_walk import Opened, Tails
+from replay.compute import RooflineCompute
+from replay.hardware import SystemSpec
+from replay.network import AlphaBetaNetwork, ranges_shape
+from tracegen import ops as O
+from tracegen.mesh import Mesh
+from tracegen.model import ModelSpec
+from tracegen.program import ParamBlock, RoleProgram
+from tracegen.strategy import Strategy
+from tracegen.units import DTYPE_CODE
+
+
+def _group_shape(axis: str, rank: int, tp: int, cp: int, dp: int, pp: int, ep: int, tied: bool,
+                 moe: bool, gpus_per_node: int, expert_tp: int
+                 ) -> tuple[int, int, int, bool]:
+    """(ranks, nodes spanned, ranks per node, rail-aligned) of ``rank``'s group on ``axis``
+    (shared by every strategy with the same degrees: a sweep computes each once)."""
+    degrees = Strategy(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, global_batch_size=dp,
+                       expert_tp=expert_tp, sequence_parallel=tp > 1)
+    mesh = Mesh(degrees, tied_embeddings=tied, moe=moe)
+    return ranges_shape(mesh.member_ranges(axis, mesh.coord(rank)), gpus_per_node)
+
+
+class _Context:
+    """The GPU and network models of one system and the memos a sweep shares across strategies.
+    Every memo key holds all that its value depends on, so sharing is exact."""
+
+    def __init__(self, system: SystemSpec) -> None:
+        self.compute = RooflineCompute(system.gpu)
+        self.net = AlphaBetaNetwork(system)
+        self.blocks: dict[tuple[object, ...], tuple[int, int, int, int]] = {}
+        self.lists: dict[tuple[object, ...], tuple[int, int]] = {}
+        # the same key → the list as (kernel, overlapped collective) runs (``_Costs.list_runs``)
+        self.runs: dict[tuple[object, ...], Runs] = {}
+        self.optimizer: dict[int, int] = {}
+        # (op-list key, recompute) → stored activation bytes of one layer and micro-batch
+        self.activations: dict[tuple[int, str], int] = {}
+        # (op-list key, chunk) → the chunk's parameter blocks (``_Costs.chunk_runs``)
+        self.chunks: dict[tuple[object, ...], list[tuple[ParamBlock, int]]] = {}
+        self.p2p: dict[int, int] = {}  # op-list key → bytes of one pipeline send
+        # op-list key → the first program built with it: its op lists (built lazily, all of a
+        # kind at once) serve every later strategy with that key (``_Costs._items``)
+        self.programs: dict[int, RoleProgram] = {}
+        # ZeRO-3: (costs key, layout, rank, block parameters, collective) → (dense, expert) ns
+        self.zero3: dict[tuple[object, ...], tuple[int, int]] = {}
+        # overlap_param_gather: a stage's gather timeline; a strategy's walk inputs (``_opened``)
+        self.gathers: dict[tuple[object, ...],
+                           tuple[list[list[ParamBlock]], list[list[int]], list[int]]] = {}
+        self.opened: dict[tuple[object, ...], Opened] = {}
+        # (same node?, bytes) → ns of one send: a point-to-point cost depends on nothing else
+        self.sends: dict[tuple[bool, int], int] = {}
+        self.calls = 0  # strategies estimated (the memo limit is checked now and then)
+        # a stage chunk's gradient buckets from its start: id(runs) → (runs, bucket runs)
+        self.buckets: dict[tuple[int, str, int], tuple[object, list[BucketRun]]] = {}
+        self.stages: dict[tuple[object, ...], _Stage] = {}
+        # a strategy's stage list (``_stages``) by all it depends on: ZeRO 0 / 1 / 2 pairs and
+        # strategies differing only in the batch, schedule or buckets share it
+        self.layouts: dict[tuple[object, ...], tuple[list[_Stage], list[int], bool]] = {}
+        self.tails: dict[tuple[object, ...], tuple[int, int, int]] = {}
+        # a walked pipeline's cooldowns under interference (``dp_tails._cooldowns``)
+        self.cooldowns: dict[tuple[object, ...], dict[int, tuple[int, int, int]]] = {}
+        self.afters: dict[tuple[object, ...], int] = {}  # ``dp_tails._after_memo``
+        # id(stage list of ``layouts``) → whether its 1F1B sends pace the pipeline
+        self.paced: dict[int, bool] = {}
+        # layout (degrees) → (axis, rank) → group shape
+        self.shapes: dict[tuple[object, ...],
+                          dict[tuple[str, int], tuple[int, int, int, bool]]] = {}
+        self.walks: dict[tuple[object, ...],
+                         tuple[list[int], list[list[int]], Tails | None]] = {}
+        self._models: dict[int, tuple[ModelSpec, int]] = {}
+        self._interned: dict[tuple[object, ...], int] = {}
+
+    def entries(self) -> int:
+        return (len(self.blocks) + len(self.stages) + len(self.tails) + len(self.lists)
+                + len(self.layouts) + len(self.paced) + len(self.programs) + len(self.zero3)
+                + len(self.cooldowns) + len(self.afters)
+                + len(self.gathers) + len(self.opened)
+                + len(self.optimizer) + len(self.buckets) + len(self.shapes) + len(self.walks)
+                + len(self.activations) + len(self.chunks) + len(self.p2p) + len(self.sends)
+                + len(self.runs))
+
+    def model_id(self, model: ModelSpec) -> int:
+        """A small integer per model (by identity first: hashing a spec per strategy is slow)."""
+        got = self._models.get(id(model))
+        if got is None or got[0] is not model:
+            got = self._models[id(model)] = (model, self.intern((model,)))
+        return got[1]
+
+    def intern(self, key: tuple[object, ...]) -> int:
+        """A small integer for a long key (hashed once per strategy, not in every lookup)."""
+        return self._interned.setdefault(key, len(self._interned))
+
+
+_CONTEXTS: dict[int, tuple[SystemSpec, _Context]] = {}
+
+
+MEMO_LIMIT = 500_000  # entries per context before it starts afresh (bounds a long session)
+# how often the limit is checked (counting every memo on every call was 1.5% of the work; one
+# strategy adds a few dozen entries at most, so the overshoot is a few percent of the limit)
+MEMO_CHECK_EVERY = 256
+
+
+def _context(system: SystemSpec) -> _Context:
+    """The context of a system object (by identity first: hashing a system per call is slow)."""
+    got = _CONTEXTS.get(id(system))
+    if got is not None and got[0] is system:
+        ctx = got[1]
+        ctx.calls += 1
+        if ctx.calls % MEMO_CHECK_EVERY or ctx.entries() <= MEMO_LIMIT:
+            return ctx
+        _CONTEXTS.clear()
+    same = next((ctx for sys, ctx in _CONTEXTS.values() if sys == system), None)
+    if len(_CONTEXTS) > 16:
+        _CONTEXTS.clear()
+    ctx = same or _Context(system)
+    _CONTEXTS[id(system)] = (system, ctx)  # holding the system keeps its id from being reused
+    return ctx
+
+
+def clear_cache() -> None:
+    """Forget every memo (benchmarks call this to time a cold sweep)."""
+    _CONTEXTS.clear()
+
+
+class _Costs:
+    """Costs of one strategy: op lists and blocks from its program, durations from the models."""
+
+    def __init__(self, model: ModelSpec, strategy: Strategy, system: SystemSpec) -> None:
+        self.m, self.s = model, strategy
+        self.ctx = _context(system)
+        self.compute, self.net = self.ctx.compute, self.ctx.net
+        self.gpn = system.node.gpus_per_node
+        self._prog: RoleProgram | None = None  # built on the first memo miss that needs it
+        s = strategy
+        # What a block's cost depends on besides its group shapes (not pp, vpp, schedule, batch;
+        # dp only through ZeRO-3's gathers); its op lists' costs do not depend on recompute.
+        self.lists_key = self.ctx.intern((self.ctx.model_id(model), O.op_key(s)))
+        self.key = self.ctx.intern((self.lists_key, s.recompute,
+                                    (s.dp, s.zero3_gather_bucket_params, s.grad_reduce_in_bf16,
+                                     s.zero3_prefetch)
+                                    if s.zero_stage == 3 else 0))
+        self.moe = model.is_moe
+        # all a group's shape depends on besides its axis and rank
+        self._degrees = (s.tp, s.cp, s.dp, s.pp, s.ep, model.tied_embeddings, self.moe,
+                         self.gpn, s.expert_tp)
+        # the shapes of this layout's groups (the layout is hashed once per strategy, not per
+        # lookup)
+        self._shapes = self.ctx.shapes.setdefault(self._degrees, {})
+
+    @property
+    def prog(self) -> RoleProgram:
+        """Blocks and op lists (the same on every stage), built only when a memo misses: a
+        strategy whose costs are all shared with earlier ones of the sweep never needs it."""
+        if self._prog is None:
+            self._prog = RoleProgram(self.m, self.s, 0)
+        return self._prog
+
+    def p2p_bytes(self) -> int:
+        """One pipeline send (it reads the model, micro-batch, cp, tp and sp: the op-list key)."""
+        got = self.ctx.p2p.get(self.lists_key)
+        if got is None:
+            got = self.ctx.p2p[self.lists_key] = self.prog._p2p_bytes()
+        return got
+
+    def shape(self, axis: str, rank: int) -> tuple[int, int, int, bool]:
+        got = self._shapes.get((axis, rank))
+        if got is None:
+            got = self._shapes[axis, rank] = _group_shape(axis, rank, *self._degrees)
+        return got
+
+    def signature(self, rank: int) -> int:
+        """The shapes of ``rank``'s groups on the axes a stage's blocks use (the data-parallel
+        ones only where ZeRO-3 gathers inside the blocks): all their collectives depend on —
+        interned, so the memo keys that hold it hash an int."""
+        axes = ("tp", "cp", "ep", "dp", "edp") if self.s.zero_stage == 3 else ("tp", "cp", "ep")
+        return self.ctx.intern(tuple([self.shape(axis, rank) for axis in axes]))
+
+    def items_ns(self, items: list[O.Item], rank: int) -> int:
+        return self.items_cost(items, rank)[0]
+
+    def items_cost(self, items: list[O.Item], rank: int) -> tuple[int, int]:
+        """(duration, compute on the critical path) of a list of ops and collectives on
+        ``rank``: the sums of its segments (``items_segments``), all of them and the compute
+        ones — the compute time that another collective in flight would slow (``slowed``)."""
+        total = busy = 0
+        for comp, d in self.items_segments(items, rank):
+            total += d
+            if comp:
+                busy += d
+        return total, busy
+
+    def coll_ns(self, c: O.Comm, rank: int) -> int:
+        """Collective cost by the group's shape (size, nodes, ranks per node, rails) rather than
+        its rank list: the cost depends on nothing else."""
+        return self.net.shape_ns(c.coll, c.size_bytes, self.shape(c.axis, rank))
+
+    def stage(self, stage: int, rank: int, sig: int) -> _Stage:
+        s, n_chunks = self.s, self.s.pp * self.s.vpp
+        layers = self.m.num_layers
+        uneven = s.first_stage_layers or s.last_stage_layers
+        comp: tuple[object, ...]
+        if s.vpp == 1 and not uneven:
+            # the common case, spelled out: one chunk of layers / pp (a flat key; the general
+            # one is a tuple of such tuples, so the two never collide)
+            gcis: tuple[int, ...] = (stage,)
+            comp = (layers // n_chunks, stage == 0, stage == n_chunks - 1, n_chunks == 1)
+            chunks: tuple[tuple[object, ...], ...] = (comp,)
+        else:
+            gcis = (stage,) if s.vpp == 1 else tuple(ch * s.pp + stage for ch in range(s.vpp))
+            comp = chunks = tuple([(len(s.chunk_layers(layers, g)) if uneven
+                                    else layers // n_chunks,
+                                    g == 0, g == n_chunks - 1, n_chunks == 1) for g in gcis])
+        key = (self.key, comp, sig)
+        got = self.ctx.stages.get(key)
+        if got is None:
+            got = self.ctx.stages[key] = _stage_costs(self, gcis, chunks, rank, sig)
+        return got
+
+    def chunk_runs(self, gci: int, chunk: tuple[object, ...]) -> list[tuple[ParamBlock, int]]:
+        """``RoleProgram.chunk_runs`` shared by every strategy with the same model, tp, ep and
+        chunk (layer count, first, last, only): its blocks depend on nothing else."""
+        key = (self.lists_key, chunk)
+        got = self.ctx.chunks.get(key)
+        if got is None:
+            got = self.ctx.chunks[key] = self.prog.chunk_runs(gci)
+        return got
+
+    def block(self, block: ParamBlock, rank: int, sig: int
+              ) -> tuple[int, int, int, int]:
+        """(forward, backward, and the compute on the critical path of each) of one block."""
+        key = (self.key, block.name, block.dense, block.expert, sig)
+        got = self.ctx.blocks.get(key)
+        if got is None:
+            got = self.ctx.blocks[key] = (*_block_ns(self, block, rank, sig),
+                                          *_compute_busy(self, block, rank, sig))
+        return got
+
+    def optimizer_ns(self, params: int) -> int:
+        """The optimizer step over ``params`` local parameters (memo: it depends on nothing
+        else)."""
+        got = self.ctx.optimizer.get(params)
+        if got is None:
+            got = self.ctx.optimizer[params] = self.items_ns([O.optimizer_step(params)], 0)
+        return got
+
+    def list_ns(self, block: ParamBlock, which: str, rank: int, sig: int) -> int:
+        """Duration of one of a block's op lists ("fwd", "bwd", "selective": the recomputed
+        core attention), shared by strategies that differ only in recompute or data parallelism
+        (the op lists are built only on a miss)."""
+        key = (self.lists_key, block.name, which, sig)
+        got = self.ctx.lists.get(key)
+        if got is None:
+            got = self.ctx.lists[key] = self.items_cost(self._items(block, which), rank)
+        return got[0]
+
+    def _items(self, block: ParamBlock, which: str) -> list[O.Item]:
+        """A block's op list, from the program of the first strategy with this op-list key (the
+        lists depend on nothing else, and a program builds the non-layer ones together)."""
+        prog = self.ctx.programs.get(self.lists_key)
+        if prog is None:
+            prog = self.ctx.programs[self.lists_key] = self.prog
+        return (prog._fwd_items(block) if which == "fwd" else prog._bwd_items(block)
+                if which == "bwd" else prog._lists["selective"])
+
+    def list_runs(self, block: ParamBlock, which: str, rank: int, sig: int
+                  ) -> Runs:
+        """``list_ns``'s list as it runs, for slowing by other streams (``items_runs``)."""
+        key = (self.lists_key, block.name, which, sig)
+        got = self.ctx.runs.get(key)
+        if got is None:
+            got = self.ctx.runs[key] = self.items_runs(self._items(block, which), rank)
+        return got
+
+    def items_runs(self, items: list[O.Item], rank: int) -> Runs:
+        """A list of ops and collectives on ``rank`` as (kernel ns, overlapped collective ns)
+        runs: each kernel unslowed, beside the overlapped collectives issued just before it —
+        so that streams outside the list slow it together with them (replay/sim.py counts
+        every collective in flight: 1/(1 + κ·n)). Neighbouring kernels alone merge, and so do
+        neighbouring collectives alone; alone, a run costs what ``items_segments`` charges."""
+        out: list[tuple[int, int]] = []
+        alongside = 0
+        for it in items:
+            if isinstance(it, O.Comm):
+                if it.overlapped:
+                    alongside += self.coll_ns(it, rank)
+                    continue
+                d, c = 0, max(self.coll_ns(it, rank), alongside)
+            else:
+                d = self.compute.op_ns(it.kind, it.flop, it.bytes, it.m, it.n,
+                                       DTYPE_CODE[it.dtype], it.name.endswith("_bwd"), it.k,
+                                       it.splits)
+                c = alongside
+            alongside = 0
+            if out and not c and not out[-1][1]:
+                out[-1] = (out[-1][0] + d, 0)
+            elif out and not d and not out[-1][0]:
+                out[-1] = (0, out[-1][1] + c)
+            elif d or c:
+                out.append((d, c))
+        if alongside:
+            if out and not out[-1][0]:
+                out[-1] = (0, out[-1][1] + alongside)
+            else:
+                out.append((0, alongside))
+        return tuple(out)
+
+    def items_segments(self, items: list[O.Item], rank: int) -> Segments:
+        """A list of ops and collectives on ``rank`` as it runs: (compute?, ns) segments in
+        order, neighbours of one kind merged. Blocking items follow one another; an overlapped
+        collective and the item after it take the longer of the two, the kernel slowed by
+        interference while the collective runs (replay/sim.py: at 1/(1 + κ) of its speed, so a
+        kernel d beside a collective c takes d + min(κ·d, κ/(1 + κ)·c)) — a compute segment
+        where the kernel is the longer, communication where the collective is. A collective
+        outside the list slows only the compute (replay slows kernels, not transfers)."""
+        kappa = self.compute.gpu.comm_interference
+        out: list[tuple[bool, int]] = []
+        for d, c in self.items_runs(items, rank):
+            if d and c and kappa:
+                d += round(min(kappa * d, kappa / (1 + kappa) * c))
+            _extend(out, d >= c, max(d, c))
+        return tuple(out)
+
+    def list_busy(self, block: ParamBlock, which: str, rank: int, sig: int
+                  ) -> int:
+        """The compute on the critical path of ``list_ns``'s list (``items_cost``)."""
+        self.list_ns(block, which, rank, sig)
+        return self.ctx.lists[self.lists_key, block.name, which, sig][1]

@@ -1,0 +1,371 @@
+"""The fast path's stage costs (``analysis/fastpath.py``): what one pipeline stage costs per
+micro-batch and chunk — forward and backward ns from its blocks' op lists (replay's GPU and
+network models, through ``analysis/fastpath_costs.py``), the backward runs its gradient buckets
+follow, and ZeRO-3's gathers and reduce-scatters: blocking the chain, carried on the dense and
+expert streams for the schedule walk, or prefetched a block ahead."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+from analysis.dp_tails import slowed
+from analysis.pipeline_walk import Z3Runs
+from tracegen import ops as O
+from tracegen.program import ParamBlock, dp_group_size, gather_pieces
+from tracegen.units import NS_PER_S
+
+if TYPE_CHECKING:  # the costs module imports this one; its class is only an annotation here
+    from analysis.fastpath_costs import _Costs
+
+
+# A list of ops as it runs: (compute on the critical path?, ns) in order
+Segments = tuple[tuple[bool, int], ...]
+# The same list for slowing by streams outside it (``_slowed_runs``): (kernel ns, ns of the
+# overlapped collectives issued with it) in order; a blocking collective is (0, ns)
+Runs = tuple[tuple[int, int], ...]
+
+
+def _extend(out: list[tuple[bool, int]], comp: bool, ns: int) -> None:
+    """Append a segment, merged into the last one when of the same kind."""
+    if out and out[-1][0] == comp:
+        out[-1] = (comp, out[-1][1] + ns)
+    elif ns:
+        out.append((comp, ns))
+
+
+class _Stage(NamedTuple):
+    """What one pipeline stage costs per micro-batch, per chunk (shared by every stage, and every
+    strategy, with the same blocks, layer shapes and group shapes)."""
+
+    fwd: tuple[int, ...]
+    bwd: tuple[int, ...]
+    # Per chunk, in backward order: (block, backward ns of one, how many in a row).
+    runs_bwd: tuple[tuple[tuple[ParamBlock, int, int], ...], ...]
+    early_f: tuple[int, ...]  # ZeRO-3: the gather of the chunk's first block (needs no input)
+    early_b: tuple[int, ...]  # ZeRO-3: the gather of the chunk's last block
+    late_b: tuple[int, ...]  # ZeRO-3: the last reduce-scatter of a backward (after the send)
+    params: tuple[tuple[str, int], ...]  # ("dp", n), ("edp", n) before sharding
+    fwd_s: float = 0.0  # all chunks, one micro-batch
+    bwd_s: float = 0.0
+    total_params: int = 0  # Σ params (the memory model's params_local)
+    layers: int = 0  # transformer layers over all chunks (the memory model's)
+    # per chunk: the share of a backward that is compute on the critical path (interference)
+    busy_b: tuple[float, ...] = ()
+    # ZeRO-3, per chunk: how much of ``late_b`` the next backward hides when backwards run back
+    # to back (GPipe; ``_trailing_overlap``)
+    overlap_b: tuple[int, ...] = ()
+    # per chunk: the share of a forward that is compute on the critical path (the parameter
+    # gathers of ``overlap_param_gather`` slow it)
+    busy_f: tuple[float, ...] = ()
+    # ZeRO-3 without prefetch on a MoE model, per chunk, for the schedule walk: the forward's
+    # and the backward's blocks as the dense and expert streams see them (``_zero3_runs``)
+    z3_f: tuple[Z3Runs, ...] = ()
+    z3_b: tuple[Z3Runs, ...] = ()
+    # and per chunk, each pass's leading blocks that gather and scatter nothing (a tied head's
+    # backward): (their ns, the compute on the critical path in it), or (0, 0) (``_z3_lead``)
+    z3_lead_f: tuple[tuple[int, int], ...] = ()
+    z3_lead_b: tuple[tuple[int, int], ...] = ()
+    # ZeRO-3 with prefetch, per chunk: a backward started with the streams still busy from the
+    # pass before ends, and ends its compute, these ns after the streams free at the latest
+    # (``_prefetched_chunk``; the schedule walk's ``hide``)
+    after_tail_b: tuple[tuple[int, int], ...] = ()
+
+
+def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object, ...], ...],
+                 rank: int, sig: int) -> _Stage:
+    """Per chunk: forward and backward ns of one micro-batch, and the backward runs of blocks
+    with their durations for the gradient buckets."""
+    zero3 = costs.s.zero_stage == 3
+    prefetch = zero3 and costs.s.zero3_prefetch
+    fwd, bwd, runs_bwd, early_f, early_b, late_b = [], [], [], [], [], []
+    overlap_b: list[int] = []
+    after_tail: list[tuple[int, int]] = []
+    phi: list[float] = []  # the share of compute in a backward: it slows buckets (``dp_tails``)
+    phi_f: list[float] = []  # and in a forward
+    params = {"dp": 0, "edp": 0}
+    layers = 0
+    for gci, key in zip(gcis, chunks, strict=True):
+        f = b = u = uf = 0
+        runs = []
+        chunk = costs.chunk_runs(gci, key)
+        for block, count in chunk:
+            bf, bb, uff, ub = costs.block(block, rank, sig)
+            f += count * bf
+            b += count * bb
+            u += count * ub
+            uf += count * uff
+            runs.append((block, bb, count))
+            params["dp"] += count * block.dense
+            params["edp"] += count * block.expert
+            if block.name == "layer":
+                layers += count
+        runs_bwd.append(tuple(runs[::-1]))
+        phi.append(u / b if b else 0.0)
+        phi_f.append(uf / f if f else 0.0)
+        if prefetch:
+            chunk_f, chunk_b, first_f, first_b, tail_b, hidden_b, last_b = _prefetched_chunk(
+                costs, chunk, rank, sig)
+            fwd.append(chunk_f)
+            bwd.append(chunk_b)
+            early_f.append(first_f)
+            early_b.append(first_b)
+            late_b.append(tail_b)
+            overlap_b.append(hidden_b)  # one stage's closed form (GPipe back to back)
+            after_tail.append((chunk_b - hidden_b, last_b))  # a pipeline's walk
+            continue
+        fwd.append(f)
+        bwd.append(b)
+        early_f.append(_zero3_ns(costs, chunk[0][0], rank, "ALL_GATHER") if zero3 else 0)
+        early_b.append(_zero3_ns(costs, chunk[-1][0], rank, "ALL_GATHER") if zero3 else 0)
+        # the dense and expert reduce-scatters run on their own groups' streams, side by side
+        late_b.append(max(_zero3_axes(costs, chunk[0][0], rank, "REDUCE_SCATTER")) if zero3
+                      else 0)
+        overlap_b.append(_trailing_overlap(costs, chunk, rank, sig) if zero3 else 0)
+    stage = _Stage(tuple(fwd), tuple(bwd), tuple(runs_bwd), tuple(early_f), tuple(early_b),
+                   tuple(late_b),
+                   tuple(params.items()), sum(fwd) / NS_PER_S, sum(bwd) / NS_PER_S,
+                   params["dp"] + params["edp"], layers, tuple(phi), tuple(overlap_b),
+                   tuple(phi_f))
+    if prefetch:
+        stage = stage._replace(after_tail_b=tuple(after_tail))
+    if zero3 and costs.moe and not prefetch:  # the passes the two-stream walk steps through
+        blocks = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
+        stage = stage._replace(
+            z3_f=tuple(_zero3_runs(costs, b, rank, sig, backward=False) for b in blocks),
+            z3_b=tuple(_zero3_runs(costs, b[::-1], rank, sig, backward=True) for b in blocks),
+            z3_lead_f=tuple(_z3_lead(costs, b, rank, sig, backward=False) for b in blocks),
+            z3_lead_b=tuple(_z3_lead(costs, b[::-1], rank, sig, backward=True) for b in blocks))
+    return stage
+
+
+def _trailing_overlap(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: int,
+                      sig: int) -> int:
+    """ZeRO-3 without prefetch, backward passes back to back (GPipe): how much of a pass's
+    trailing reduce-scatters (its last block's, ``late_b``) the next pass hides — its leading
+    blocks compute until one gathers on a stream still busy with them (each group's
+    collectives in order on its own stream). 0 where the next pass gathers at once. With
+    interference those leading kernels run slowed beside the scatters (replay/sim.py: a kernel
+    d beside a collective c takes d + min(κ·d, κ/(1 + κ)·c)), so the first gather on a stream
+    starts at max(lead + slow, scatter): the pass loses max(slow, scatter − lead) of the
+    scatter it hides. (Without the slowdown a tied-embedding model's GPipe run on one stage was
+    0.6–0.8% too fast: its head, which gathers nothing, hides the embedding's scatter.)"""
+    scatter = _zero3_axes(costs, chunk[0][0], rank, "REDUCE_SCATTER")
+    late = max(scatter)
+    if not late:
+        return 0
+    kappa = costs.compute.gpu.comm_interference
+    exposed = 0.0  # how much later the next pass's first gather on a stream can start
+    for a in (0, 1):
+        if not scatter[a]:
+            continue
+        lead = 0
+        for block, count in reversed(chunk):  # backward order
+            if _zero3_axes(costs, block, rank, "ALL_GATHER")[a]:
+                slow = min(kappa * lead, kappa / (1 + kappa) * late)
+                exposed = max(exposed, scatter[a] - lead, slow)
+                break
+            lead += count * _compute_ns(costs, block, rank, sig)[1]
+    return late - round(exposed)
+
+
+def _zero3_runs(costs: _Costs, runs: list[tuple[ParamBlock, int]], rank: int,
+                sig: int, backward: bool) -> Z3Runs:
+    """ZeRO-3 without prefetch on a MoE model: one chunk's pass in the order it runs, each run
+    of equal blocks as (dense gather, expert gather, compute, dense reduce-scatter, expert
+    reduce-scatter) ns and its count, for the schedule walk's two-stream state
+    (``pipeline_walk.z3_map``). The per-block charge of ``_block_ns`` pairs a block's
+    reduce-scatters with its own gathers: exact for a chunk of equal blocks, not where a block
+    gathers on one stream only (the embedding, the head) and a layer's expert reduce-scatter
+    runs on beside it; nor can one number after the send carry two streams into the next step."""
+    out = []
+    for block, count in runs:
+        g = _zero3_axes(costs, block, rank, "ALL_GATHER")
+        r = _zero3_axes(costs, block, rank, "REDUCE_SCATTER") if backward else (0, 0)
+        comp = _compute_ns(costs, block, rank, sig)[1 if backward else 0]
+        out.append(((g[0], g[1], comp, r[0], r[1]), count))
+    return tuple(out)
+
+
+def _z3_lead(costs: _Costs, runs: list[tuple[ParamBlock, int]], rank: int,
+             sig: int, backward: bool) -> tuple[int, int]:
+    """A pass's leading blocks that neither gather nor reduce-scatter (a tied head's backward:
+    its weight is the embedding's): (their ns, the compute on the critical path in it). They
+    start as the pass does, beside whatever the streams still carry from the pass before, and
+    replay slows their kernels for it (``_Streams``)."""
+    ns = busy = 0
+    side = 1 if backward else 0
+    for block, count in runs:
+        if any(_zero3_axes(costs, block, rank, "ALL_GATHER")) or (
+                backward and any(_zero3_axes(costs, block, rank, "REDUCE_SCATTER"))):
+            break
+        ns += count * _compute_ns(costs, block, rank, sig)[side]
+        busy += count * _compute_busy(costs, block, rank, sig)[side]
+    return ns, busy
+
+
+def _compute_ns(costs: _Costs, block: ParamBlock, rank: int, sig: int,
+                busy: bool = False) -> tuple[int, int]:
+    """(forward, backward) ns of one block's own op lists for one micro-batch. The backward
+    recomputes what ``RoleProgram._recompute_items`` lists: a layer's forward (full) or its
+    core attention (selective). ``busy``: their compute on the critical path instead
+    (``_Costs.items_cost``)."""
+    s = costs.s
+    get = costs.list_busy if busy else costs.list_ns
+    fwd = get(block, "fwd", rank, sig)
+    again = 0
+    if block.name == "layer" and s.recompute != "none":
+        again = fwd if s.recompute == "full" else get(block, "selective", rank, sig)
+    return fwd, again + get(block, "bwd", rank, sig)
+
+
+def _compute_busy(costs: _Costs, block: ParamBlock, rank: int, sig: int
+                  ) -> tuple[int, int]:
+    return _compute_ns(costs, block, rank, sig, busy=True)
+
+
+def _prefetched_chunk(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: int,
+                      sig: int) -> tuple[int, int, int, int, int, int, int]:
+    """ZeRO-3 with prefetch (``Strategy.zero3_prefetch``), one chunk and micro-batch: (forward,
+    backward, the first gathers of each pass, the backward's tail after its last compute, how
+    much of that tail a backward started right after it hides — GPipe's back to back — and
+    when that backward's last compute ends, after the tail it started beside),
+    timed as ``RoleProgram`` issues them — a pass's first block's gathers in the chain (queued
+    behind what its streams still carry), each next block's issued as the current one starts,
+    each block's gradient reduce-scatters after its backward, every group on its own stream in
+    issue order. Walked block by block: the streams couple neighbours. A backward started with
+    the tail still in flight ends ``again`` after it starts instead of a whole ``bwd`` after
+    the tail: it hides bwd + tail − again (a tied-embedding head gathers nothing and computes
+    beside the embedding's scatter; any other first block waits for every stream: a MoE
+    model's last expert reduce-scatter too, which GPipe on one stage had left out, 1.2–1.5%
+    too fast)."""
+    blocks = [block for block, count in chunk for _ in range(count)]
+    comp = [_compute_ns(costs, b, rank, sig) for b in blocks]
+    gather = [_zero3_axes(costs, b, rank, "ALL_GATHER") for b in blocks]
+    scatter = [_zero3_axes(costs, b, rank, "REDUCE_SCATTER") for b in blocks]
+    kappa = costs.compute.gpu.comm_interference
+    # with interference, each block as it runs: its kernels slow while the streams are busy
+    segs = [_compute_runs(costs, b, rank, sig) for b in blocks] if kappa else None
+    fwd, first_f, _, _ = _prefetch_pass(range(len(blocks)), [c[0] for c in comp], gather,
+                                        None, [s[0] for s in segs] if segs else None, kappa)
+    order = range(len(blocks) - 1, -1, -1)
+    comp_b, segs_b = [c[1] for c in comp], [s[1] for s in segs] if segs else None
+    bwd, first_b, last, tails = _prefetch_pass(order, comp_b, gather, scatter, segs_b, kappa)
+    again, _, again_last, _ = _prefetch_pass(order, comp_b, gather, scatter, segs_b, kappa,
+                                             tails)
+    return fwd, bwd, first_f, first_b, bwd - last, 2 * bwd - last - again, again_last - bwd + last
+
+
+def _slowed_runs(w: float, runs: Runs, busy: list[int], kappa: float) -> float:
+    """Wall time after running ``runs`` (``_Costs.items_runs``) from ``w`` while streams are
+    busy until each of ``busy``: each kernel slowed by those and by the list's own overlapped
+    collectives in flight beside it, together (``slowed``); the collectives not (replay/sim.py
+    slows kernels, not transfers). Slowing a TP-overlapped block's merged segments by the
+    streams alone lost the kernels under a longer collective and charged the rest the two
+    slowdowns one on the other: −1.8% / +0.8% against replay with prefetched ZeRO-3 gathers."""
+    for d, c in runs:
+        if not c:
+            w = slowed(w, d, busy, kappa)
+        elif d:
+            w = max(slowed(w, d, [*busy, w + c], kappa), w + c)
+        else:
+            w += c
+    return w
+
+
+def _compute_runs(costs: _Costs, block: ParamBlock, rank: int, sig: int
+                  ) -> tuple[Runs, Runs]:
+    """``_compute_ns`` as runs (``_Costs.list_runs``): the forward, and the backward after
+    what it recomputes."""
+    fwd = costs.list_runs(block, "fwd", rank, sig)
+    again: Runs = ()
+    if block.name == "layer" and costs.s.recompute != "none":
+        again = fwd if costs.s.recompute == "full" else costs.list_runs(
+            block, "selective", rank, sig)
+    return fwd, again + costs.list_runs(block, "bwd", rank, sig)
+
+
+def _prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
+                   scatter: list[tuple[int, int]] | None, segs: list[Runs] | None,
+                   kappa: float, busy: tuple[int, int] = (0, 0)
+                   ) -> tuple[int, int, int, tuple[int, int]]:
+    """(end with its streams drained, end of its first block's gathers, end of its last
+    compute, how long each stream runs on after that) of one pass over blocks in ``order``;
+    dense and expert groups, a stream each, busy until ``busy`` when the pass starts (its first
+    gathers after all of them); with ``segs``, a block's kernels slowed while the streams are
+    busy (interference, ``slowed``), its own collectives not."""
+    stream = list(busy)
+    # the pass's first gathers wait for every group's last reduce-scatter, not only their own
+    # group's (``RoleProgram._zero3_gathers``); a first block that gathers nothing (a tied head)
+    # waits for none
+    chain = max(busy) if any(gather[order[0]]) else 0
+    for a in (0, 1):  # the first block's gathers block the chain, dense then expert
+        if gather[order[0]][a]:
+            chain = stream[a] = max(chain, stream[a]) + gather[order[0]][a]
+    first_done = ready = chain
+    for j, i in enumerate(order):
+        start = max(chain, ready)
+        if j + 1 < len(order):  # the next block's gathers start as this block does
+            ready = start
+            for a, g in enumerate(gather[order[j + 1]]):
+                if g:
+                    stream[a] = max(start, stream[a]) + g
+                    ready = max(ready, stream[a])
+        chain = (start + comp[i] if segs is None
+                 else round(_slowed_runs(start, segs[i], stream, kappa)))
+        if scatter is not None:
+            for a, r in enumerate(scatter[i]):
+                if r:
+                    stream[a] = max(chain, stream[a]) + r
+    tails = (max(stream[0] - chain, 0), max(stream[1] - chain, 0))
+    return max(chain, *stream), first_done, chain, tails
+
+
+def _block_ns(costs: _Costs, block: ParamBlock, rank: int, sig: int
+              ) -> tuple[int, int]:
+    """(forward, backward) ns of one block for one micro-batch (``_compute_ns``), with ZeRO-3's
+    gathers and reduce-scatters where they block the chain."""
+    s = costs.s
+    fwd, bwd = _compute_ns(costs, block, rank, sig)
+    if s.zero_stage != 3:
+        return fwd, bwd
+    g_dp, g_edp = _zero3_axes(costs, block, rank, "ALL_GATHER")
+    r_dp, r_edp = _zero3_axes(costs, block, rank, "REDUCE_SCATTER")
+    # The chain gathers the dense then the expert parameters. In backward the next block's
+    # dense gather waits for this one's dense reduce-scatter and its expert gather for the
+    # expert one (each group's collectives in order on its own stream), the two reduce-scatters
+    # running side by side: per block of a run, max(r_dp + g_dp, r_edp) + g_edp.
+    return g_dp + g_edp + fwd, bwd + max(r_dp + g_dp, r_edp) + g_edp
+
+
+def _zero3_ns(costs: _Costs, block: ParamBlock, rank: int, coll: O.CollType) -> int:
+    """ZeRO-3: the 16-bit parameter all-gathers (per-rank shard) or the gradient reduce-scatters
+    (full buffer) of a block, dense and expert one after the other."""
+    return sum(_zero3_axes(costs, block, rank, coll))
+
+
+def _zero3_axes(costs: _Costs, block: ParamBlock, rank: int, coll: O.CollType
+                ) -> tuple[int, int]:
+    """``_zero3_ns`` per group: (dense, expert), memoized: it reads the strategy only through
+    the costs key (dp, the gather pieces, the reduce dtype) and the layout of ``rank``'s groups."""
+    key = (costs.key, costs._degrees, rank, block.dense, block.expert, coll)
+    got = costs.ctx.zero3.get(key)
+    if got is None:
+        got = costs.ctx.zero3[key] = _zero3_axes_ns(costs, block, rank, coll)
+    return got
+
+
+def _zero3_axes_ns(costs: _Costs, block: ParamBlock, rank: int, coll: O.CollType
+                   ) -> tuple[int, int]:
+    out = [0, 0]
+    for i, (axis, n) in enumerate((("dp", block.dense), ("edp", block.expert))):
+        size = dp_group_size(costs.s, axis)
+        if not n or size < 2:
+            continue
+        if coll == "REDUCE_SCATTER":
+            nbytes = -(-n // size) * size * O.grad_reduce_bytes(costs.s)
+            out[i] = costs.coll_ns(O.Comm(coll.lower(), axis, coll, nbytes), rank)
+            continue
+        for piece in gather_pieces(n, costs.s.zero3_gather_bucket_params):
+            shard = -(-piece // size) * O.PARAM_BYTES
+            out[i] += costs.coll_ns(O.Comm(coll.lower(), axis, coll, shard), rank)
+    return out[0], out[1]
