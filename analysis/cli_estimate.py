@@ -35,8 +35,7 @@ def estimate_cmd(
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
                                                   "JSON to this file.")] = None,
 ) -> None:
-    """Step time, tokens/s, MFU and per-stage memory of one strategy from the fast path (no
-    traces; milliseconds)."""
+    """Step time, tokens/s, MFU and per-stage memory of one strategy (fast path; milliseconds)."""
     from replay import resolve_system
 
     spec = resolve_model(model)
