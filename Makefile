@@ -4,12 +4,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test check demo bench golden clean
+.PHONY: install test check demo bench golden lock clean
 
-$(STAMP): pyproject.toml
+# Installed with the versions CI was last green with (.ci/constraints.txt; `make lock` after an
+# upgrade that passes), so a release elsewhere cannot turn CI red.
+$(STAMP): pyproject.toml .ci/constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -c .ci/constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -34,6 +36,13 @@ bench: $(STAMP)
 	$(PY) bench/bench_fastpath_work.py
 	$(PY) bench/bench_fastpath_agreement.py
 	$(PY) bench/bench_sweep.py
+
+# Rewrite .ci/constraints.txt from the working venv (after `pip install -U …` and a green
+# `make test`): the versions every later `make install` gets.
+lock: $(STAMP)
+	{ sed -n '/^#/p' .ci/constraints.txt; \
+	  $(PY) -m pip freeze --all --exclude-editable | grep -v -E '^(pip|setuptools|wheel)=='; \
+	} > .ci/constraints.tmp && mv .ci/constraints.tmp .ci/constraints.txt
 
 # Regenerate the committed golden trace set (only when the trace format changes on purpose).
 golden: $(STAMP)
