@@ -12,12 +12,12 @@ from tracegen import ops as O
 from tracegen.program import ParamBlock, dp_group_size, sharded_params
 
 if TYPE_CHECKING:  # the fast path imports this module; its types are only annotations here
-    from analysis.fastpath_costs import _Costs
-    from analysis.fastpath_stages import _Stage
+    from analysis.fastpath_costs import Costs
+    from analysis.fastpath_stages import Stage
     from analysis.pipeline_walk import Tails
 
 
-def tails_ns(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[int],
+def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int],
              chunk_ends: Sequence[Sequence[int]], check: Iterable[int], alike: bool = False,
              steps: Tails | None = None, sends: Sequence[int] = ()) -> int:
     """When the last of the ``check`` stages finishes: gradient buckets drained after its last
@@ -69,7 +69,7 @@ def tails_ns(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[in
             last += tails[s.pp - 1][2]
         if s.zero_stage == 3:
             # the all-reduce follows the last backward's compute (``RoleProgram._finish``), on
-            # its own stream beside that pass's trailing reduce-scatters (``_Stage.late_b``)
+            # its own stream beside that pass's trailing reduce-scatters (``Stage.late_b``)
             first -= stages[0].late_b[0]
             last -= stages[-1].late_b[0]
         t = max(first, last) + costs.net.shape_ns("ALL_REDUCE", size, costs.shape("embd", 0))
@@ -86,7 +86,7 @@ def tails_ns(costs: _Costs, stages: list[_Stage], reps: list[int], ends: list[in
     return finish
 
 
-def _tail(costs: _Costs, x: _Stage, rank: int, ce: Sequence[int], strategy_key: int
+def _tail(costs: Costs, x: Stage, rank: int, ce: Sequence[int], strategy_key: int
           ) -> tuple[int, int, int]:
     """``_tail_costs`` of one stage, memoized by the stage, its chunks' relative end times and
     everything in the strategy and layout the drain depends on."""
@@ -104,7 +104,7 @@ def _tail(costs: _Costs, x: _Stage, rank: int, ce: Sequence[int], strategy_key: 
     return got
 
 
-def _tail_costs(costs: _Costs, x: _Stage, rank: int, rel_ends: tuple[int, ...]
+def _tail_costs(costs: Costs, x: Stage, rank: int, rel_ends: tuple[int, ...]
                 ) -> tuple[int, int, int]:
     """(when the gradient buckets are done, relative to the stage's last backward; optimizer
     plus ZeRO parameter all-gathers after that; how much later the buckets make the last
@@ -113,7 +113,7 @@ def _tail_costs(costs: _Costs, x: _Stage, rank: int, rel_ends: tuple[int, ...]
     return done, _after_memo(costs, x, rank, gathers), extra
 
 
-def _after(costs: _Costs, x: _Stage, rank: int, gathers: list[tuple[str, int, int]]) -> int:
+def _after(costs: Costs, x: Stage, rank: int, gathers: list[tuple[str, int, int]]) -> int:
     """The optimizer step and the ZeRO ≥ 1 parameter all-gathers after a stage's buckets."""
     s = costs.s
     after = costs.optimizer_ns(sharded_params(s, dict(x.params)))
@@ -125,7 +125,7 @@ def _after(costs: _Costs, x: _Stage, rank: int, gathers: list[tuple[str, int, in
     return after
 
 
-def _cooldowns(costs: _Costs, stages: list[_Stage], reps: list[int], steps: Tails,
+def _cooldowns(costs: Costs, stages: list[Stage], reps: list[int], steps: Tails,
                sends: Sequence[int], strategy_key: int) -> dict[int, tuple[int, int, int]]:
     """``_tail`` of every stage of a walked pipeline under interference, from its walk's
     cooldowns (``pipeline_walk.Tails``; memoized). Per stage: (buckets done after its last
@@ -140,7 +140,7 @@ def _cooldowns(costs: _Costs, stages: list[_Stage], reps: list[int], steps: Tail
     return got
 
 
-def _cooldown_walk(costs: _Costs, stages: list[_Stage], reps: list[int], steps: Tails,
+def _cooldown_walk(costs: Costs, stages: list[Stage], reps: list[int], steps: Tails,
                    sends: Sequence[int]) -> dict[int, tuple[int, int, int]]:
     """The cooldowns walked again, every stage's steps in an order that respects each wait,
     with the gradient buckets (``_cooldowns``). A step starts when its stage's previous one
@@ -196,7 +196,7 @@ def _cooldown_walk(costs: _Costs, stages: list[_Stage], reps: list[int], steps: 
             for st, x in enumerate(stages)}
 
 
-def _dense_cooldown_walk(costs: _Costs, stages: list[_Stage], reps: list[int], steps: Tails,
+def _dense_cooldown_walk(costs: Costs, stages: list[Stage], reps: list[int], steps: Tails,
                          sends: Sequence[int]) -> dict[int, tuple[int, int, int]]:
     """``_cooldown_walk`` of a dense model: one data-parallel stream a stage, held as a number,
     and ``_advance`` spelled out (the hot loop of interleaved screening; the same answers)."""
@@ -240,7 +240,7 @@ def _dense_cooldown_walk(costs: _Costs, stages: list[_Stage], reps: list[int], s
             for st, x in enumerate(stages)}
 
 
-def _after_memo(costs: _Costs, x: _Stage, rank: int, gathers: list[tuple[str, int, int]]
+def _after_memo(costs: Costs, x: Stage, rank: int, gathers: list[tuple[str, int, int]]
                 ) -> int:
     """``_after``, memoized by all it depends on: the stage's parameters, the gathers, the
     strategy's sharding and the groups' shapes (not the stage itself: strategies that differ
@@ -259,7 +259,7 @@ def _after_memo(costs: _Costs, x: _Stage, rank: int, gathers: list[tuple[str, in
 BucketRun = tuple[int, int, int, int]
 
 
-def _buckets_done(costs: _Costs, rank: int,
+def _buckets_done(costs: Costs, rank: int,
                   runs: tuple[tuple[tuple[ParamBlock, int, int], ...], ...],
                   chunk_ends: tuple[int, ...], chunk_bwd: tuple[int, ...],
                   busy_b: tuple[float, ...] = ()
@@ -313,7 +313,7 @@ def _buckets_done(costs: _Costs, rank: int,
     return max(end + extra, *stream.values()), gathers, extra
 
 
-def _drain_lanes(costs: _Costs, blocks: tuple[tuple[ParamBlock, int, int], ...],
+def _drain_lanes(costs: Costs, blocks: tuple[tuple[ParamBlock, int, int], ...],
                  axes: list[tuple[str, int, tuple[int, int, int, bool]]], start: int,
                  chunk_end: int, stream: dict[str, int], k: float,
                  gathers: list[tuple[str, int, int]]) -> int:
@@ -362,7 +362,7 @@ def _slowed2(w: float, dt: float, a: int, b: int, kappa: float) -> float:
     return w + dt
 
 
-def _bucket_runs_of(costs: _Costs, blocks: tuple[tuple[ParamBlock, int, int], ...], axis: str
+def _bucket_runs_of(costs: Costs, blocks: tuple[tuple[ParamBlock, int, int], ...], axis: str
                     ) -> list[BucketRun]:
     """A stage chunk's bucket runs on ``axis``, issue times from its start (``_bucket_runs``),
     found once per stage chunk (keyed by identity; the stage memo keeps ``blocks`` alive)."""
@@ -378,7 +378,7 @@ def _bucket_runs_of(costs: _Costs, blocks: tuple[tuple[ParamBlock, int, int], ..
 _IDLE = -(1 << 62)
 
 
-def _drain(costs: _Costs, blocks: tuple[tuple[ParamBlock, int, int], ...], axis: str,
+def _drain(costs: Costs, blocks: tuple[tuple[ParamBlock, int, int], ...], axis: str,
            size: int, shape: tuple[int, int, int, bool], start: int, chunk_end: int, end: int,
            busy: int, k: float, gathers: list[tuple[str, int, int]]) -> tuple[int, int]:
     """(when the stream is free, how much later the chunk's last backward ends) after one

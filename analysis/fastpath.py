@@ -30,8 +30,8 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from analysis.dp_tails import tails_ns
-from analysis.fastpath_costs import _Costs, clear_cache
-from analysis.fastpath_stages import _slowed_runs, _Stage
+from analysis.fastpath_costs import Costs, clear_cache
+from analysis.fastpath_stages import Stage, slowed_runs
 from analysis.pipeline_walk import (
     Opened,
     Tails,
@@ -69,7 +69,7 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
     """Step time and memory of one strategy without generating a trace."""
     check_fits_model(strategy, model)
     s = strategy
-    costs = _Costs(model, s, system)
+    costs = Costs(model, s, system)
     stages, reps, alike = _stages(costs)
     c = _sends(costs, reps, alike)
     # Interleaved schedules, and pipelines whose stages hold different layer counts, are walked
@@ -123,7 +123,7 @@ def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEs
 _FWD_S, _BWD_S = operator.attrgetter("fwd_s"), operator.attrgetter("bwd_s")
 
 
-def _walked_ends(costs: _Costs, stages: list[_Stage], c: list[int],
+def _walked_ends(costs: Costs, stages: list[Stage], c: list[int],
                  opened: Opened | None = None
                  ) -> tuple[int, list[int], list[list[int]], Tails | None]:
     """(pipeline ns, end of each stage's last backward, end of each chunk's last backward —
@@ -161,10 +161,10 @@ def _walked_ends(costs: _Costs, stages: list[_Stage], c: list[int],
     return max(walked[0]), *walked
 
 
-def _leads(costs: _Costs, stages: list[_Stage]) -> list[tuple[int, float] | None] | None:
+def _leads(costs: Costs, stages: list[Stage]) -> list[tuple[int, float] | None] | None:
     """For the two-stream walk under interference, per pass in its maps' order (forwards, then
     backwards; stage by stage, chunk by chunk): the pass's leading blocks that gather nothing
-    (``_Stage.z3_lead_f``/``_b``) as (ns, κ scaled to their compute share), or None; None
+    (``Stage.z3_lead_f``/``_b``) as (ns, κ scaled to their compute share), or None; None
     where no pass has any (or κ is 0)."""
     kappa = costs.compute.gpu.comm_interference
     if not kappa:
@@ -175,7 +175,7 @@ def _leads(costs: _Costs, stages: list[_Stage]) -> list[tuple[int, float] | None
     return out if any(out) else None
 
 
-def _paced(costs: _Costs, stages: list[_Stage], c: list[int], alike: bool) -> bool:
+def _paced(costs: Costs, stages: list[Stage], c: list[int], alike: bool) -> bool:
     """Whether a 1F1B pipeline lies outside the closed form's domain (``_off_closed_form``),
     once per stage list: the layout memo (``_stages``) keeps each list alive for the context's
     life, and its sends follow from the same key."""
@@ -185,7 +185,7 @@ def _paced(costs: _Costs, stages: list[_Stage], c: list[int], alike: bool) -> bo
     return got
 
 
-def _off_closed_form(stages: list[_Stage], c: list[int], alike: bool) -> bool:
+def _off_closed_form(stages: list[Stage], c: list[int], alike: bool) -> bool:
     """Whether the 1F1B closed form may miss the walk. It is exact where the last stage is the
     slowest (f + b: F) and no round trip outlasts it (``_sends_bind``). Elsewhere it charges
     every micro-batch the slowest stage as if nothing waited for the stages after it: on
@@ -208,7 +208,7 @@ def _off_closed_form(stages: list[_Stage], c: list[int], alike: bool) -> bool:
     return not alike or _sends_bind(stages, c)
 
 
-def _sends_bind(stages: list[_Stage], c: list[int]) -> bool:
+def _sends_bind(stages: list[Stage], c: list[int]) -> bool:
     """Whether a 1F1B pipeline's sends pace its steady state, where the closed form has the
     slowest stage's forward + backward F do it. Stage s holds p − s micro-batches in flight, so
     p − s of them take at least one round trip from s down to a stage t and back: F_j(s) …
@@ -231,7 +231,7 @@ def _sends_bind(stages: list[_Stage], c: list[int]) -> bool:
     return False
 
 
-def _closed_form_ends(s: Strategy, stages: list[_Stage], c: list[int]) -> tuple[int, list[int]]:
+def _closed_form_ends(s: Strategy, stages: list[Stage], c: list[int]) -> tuple[int, list[int]]:
     """(pipeline ns, end of each stage's last backward) from the GPipe / 1F1B closed forms."""
     f_s = [x.fwd[0] for x in stages]
     b_s = [x.bwd[0] for x in stages]
@@ -269,7 +269,7 @@ def _gpipe_drain(ends: list[int], b_s: list[int], m: int) -> None:
         ends[st] -= (m - 1) * (top - later)
 
 
-def _alike_ends(s: Strategy, stages: list[_Stage], hop: int) -> tuple[int, list[int]]:
+def _alike_ends(s: Strategy, stages: list[Stage], hop: int) -> tuple[int, list[int]]:
     """``_closed_form_ends`` where the stages are alike (``_stages``): the middle stages are one
     stage and every hop costs ``hop``, so the sums over stages are products, and only the ends
     of the first and last stage, the ones ``tails_ns`` checks, are found (the list holds 0 for
@@ -303,7 +303,7 @@ def _alike_ends(s: Strategy, stages: list[_Stage], hop: int) -> tuple[int, list[
     return pipe, ends
 
 
-def _stages(costs: _Costs) -> tuple[list[_Stage], list[int], bool]:
+def _stages(costs: Costs) -> tuple[list[Stage], list[int], bool]:
     """``_layout_stages``, shared by every strategy with the same costs key (model, op lists,
     recompute, ZeRO-3's fields), group layout, chunks and uneven end stages (a sweep's ZeRO 0 and
     1 twins, its batch sizes and schedules; the stage list is never mutated)."""
@@ -315,7 +315,7 @@ def _stages(costs: _Costs) -> tuple[list[_Stage], list[int], bool]:
     return got
 
 
-def _layout_stages(costs: _Costs) -> tuple[list[_Stage], list[int], bool]:
+def _layout_stages(costs: Costs) -> tuple[list[Stage], list[int], bool]:
     """Each stage's costs, its representative rank (pp = st, dp = cp = tp = 0 in Megatron
     order), and whether the stages are alike: each on whole nodes of its own (shifting a stage
     by whole nodes changes none of its group shapes), so the middle stages of an evenly split
@@ -336,7 +336,7 @@ def _layout_stages(costs: _Costs) -> tuple[list[_Stage], list[int], bool]:
             for st, r in enumerate(reps)], reps, False
 
 
-def _peak_memory_bytes(costs: _Costs, stages: list[_Stage], alike: bool) -> int:
+def _peak_memory_bytes(costs: Costs, stages: list[Stage], alike: bool) -> int:
     """The largest per-rank memory of any stage. In-flight micro-batches never grow with the
     stage index, so the peak is on the first stage (embedding, most in flight), the last (head,
     logits) or — when the first holds fewer layers than the rest — the second."""
@@ -356,7 +356,7 @@ def _peak_memory_bytes(costs: _Costs, stages: list[_Stage], alike: bool) -> int:
                for st in candidates)
 
 
-def _param_gather_delay(costs: _Costs, stages: list[_Stage], reps: list[int], c: list[int],
+def _param_gather_delay(costs: Costs, stages: list[Stage], reps: list[int], c: list[int],
                         alike: bool) -> int:
     """``overlap_param_gather`` on a pipeline of one chunk per stage (with chunks, ``_opened``
     puts the gathers in the walk): how much the step's parameter all-gathers (serial on each
@@ -381,7 +381,7 @@ def _param_gather_delay(costs: _Costs, stages: list[_Stage], reps: list[int], c:
     return delay
 
 
-def _opened(costs: _Costs, stages: list[_Stage], reps: list[int], c: list[int]) -> Opened:
+def _opened(costs: Costs, stages: list[Stage], reps: list[int], c: list[int]) -> Opened:
     """``overlap_param_gather`` with chunks, for the walk (``pipeline_walk.Opened``). The
     gathers run chunk after chunk on the stream; with few micro-batches per round and many
     chunks they can outlast the fill, so later chunks' first forwards wait too, and every
@@ -412,7 +412,7 @@ def _opened(costs: _Costs, stages: list[_Stage], reps: list[int], c: list[int]) 
     return got
 
 
-def _gather_timeline(costs: _Costs, st: int, rank: int
+def _gather_timeline(costs: Costs, st: int, rank: int
                      ) -> tuple[list[list[ParamBlock]], list[list[int]], list[int]]:
     """Stage ``st``'s parameter gathers (``overlap_param_gather``), each data-parallel stream's
     serial from the step's start, chunk after chunk: per chunk its blocks and when each block's
@@ -441,7 +441,7 @@ def _gather_timeline(costs: _Costs, st: int, rank: int
     return got
 
 
-def _held_forward(costs: _Costs, st: int, rank: int, fwd: int, arrival: int, chunk: int = 0
+def _held_forward(costs: Costs, st: int, rank: int, fwd: int, arrival: int, chunk: int = 0
                   ) -> int:
     """How much later than ``fwd`` after ``arrival`` stage ``st``'s first forward of ``chunk``
     ends: each block waits for its bucket's gather (after every earlier chunk's on the stream)
@@ -460,14 +460,14 @@ def _held_forward(costs: _Costs, st: int, rank: int, fwd: int, arrival: int, chu
         t, d = max(t, ready), costs.block(block, rank, sig)[0]
         if kappa:
             segs = costs.list_runs(block, "fwd", rank, sig)
-            t = round(_slowed_runs(t, segs, busy, kappa))
+            t = round(slowed_runs(t, segs, busy, kappa))
         else:
             t += d
         plain += d
     return t - arrival - fwd
 
 
-def _sends(costs: _Costs, reps: list[int], alike: bool) -> list[int]:
+def _sends(costs: Costs, reps: list[int], alike: bool) -> list[int]:
     """c[s]: one send between stage s and stage s + 1 (wrapping, for interleaved chunks)."""
     p = len(reps)
     if p == 1:
@@ -478,7 +478,7 @@ def _sends(costs: _Costs, reps: list[int], alike: bool) -> list[int]:
     return [_send_ns(costs, reps[st], reps[(st + 1) % p], nbytes) for st in range(p)]
 
 
-def _send_ns(costs: _Costs, src: int, dst: int, nbytes: int) -> int:
+def _send_ns(costs: Costs, src: int, dst: int, nbytes: int) -> int:
     """One pipeline send (replay's ``p2p``), memoized by whether it stays in the node."""
     key = (src // costs.gpn == dst // costs.gpn, nbytes)
     got = costs.ctx.sends.get(key)

@@ -9,11 +9,11 @@ from analysis.dp_tails import BucketRun
 from analysis.fastpath_stages import (
     Runs,
     Segments,
-    _block_ns,
-    _compute_busy,
-    _extend,
-    _Stage,
-    _stage_costs,
+    Stage,
+    block_ns,
+    compute_busy,
+    extend_segments,
+    stage_costs,
 )
 from analysis.pipeline_walk import Opened, Tails
 from replay.compute import RooflineCompute
@@ -47,16 +47,16 @@ class _Context:
         self.net = AlphaBetaNetwork(system)
         self.blocks: dict[tuple[object, ...], tuple[int, int, int, int]] = {}
         self.lists: dict[tuple[object, ...], tuple[int, int]] = {}
-        # the same key → the list as (kernel, overlapped collective) runs (``_Costs.list_runs``)
+        # the same key → the list as (kernel, overlapped collective) runs (``Costs.list_runs``)
         self.runs: dict[tuple[object, ...], Runs] = {}
         self.optimizer: dict[int, int] = {}
         # (op-list key, recompute) → stored activation bytes of one layer and micro-batch
         self.activations: dict[tuple[int, str], int] = {}
-        # (op-list key, chunk) → the chunk's parameter blocks (``_Costs.chunk_runs``)
+        # (op-list key, chunk) → the chunk's parameter blocks (``Costs.chunk_runs``)
         self.chunks: dict[tuple[object, ...], list[tuple[ParamBlock, int]]] = {}
         self.p2p: dict[int, int] = {}  # op-list key → bytes of one pipeline send
         # op-list key → the first program built with it: its op lists (built lazily, all of a
-        # kind at once) serve every later strategy with that key (``_Costs._items``)
+        # kind at once) serve every later strategy with that key (``Costs._items``)
         self.programs: dict[int, RoleProgram] = {}
         # ZeRO-3: (costs key, layout, rank, block parameters, collective) → (dense, expert) ns
         self.zero3: dict[tuple[object, ...], tuple[int, int]] = {}
@@ -69,10 +69,10 @@ class _Context:
         self.calls = 0  # strategies estimated (the memo limit is checked now and then)
         # a stage chunk's gradient buckets from its start: id(runs) → (runs, bucket runs)
         self.buckets: dict[tuple[int, str, int], tuple[object, list[BucketRun]]] = {}
-        self.stages: dict[tuple[object, ...], _Stage] = {}
+        self.stages: dict[tuple[object, ...], Stage] = {}
         # a strategy's stage list (``_stages``) by all it depends on: ZeRO 0 / 1 / 2 pairs and
         # strategies differing only in the batch, schedule or buckets share it
-        self.layouts: dict[tuple[object, ...], tuple[list[_Stage], list[int], bool]] = {}
+        self.layouts: dict[tuple[object, ...], tuple[list[Stage], list[int], bool]] = {}
         self.tails: dict[tuple[object, ...], tuple[int, int, int]] = {}
         # a walked pipeline's cooldowns under interference (``dp_tails._cooldowns``)
         self.cooldowns: dict[tuple[object, ...], dict[int, tuple[int, int, int]]] = {}
@@ -139,7 +139,7 @@ def clear_cache() -> None:
     _CONTEXTS.clear()
 
 
-class _Costs:
+class Costs:
     """Costs of one strategy: op lists and blocks from its program, durations from the models."""
 
     def __init__(self, model: ModelSpec, strategy: Strategy, system: SystemSpec) -> None:
@@ -211,7 +211,7 @@ class _Costs:
         its rank list: the cost depends on nothing else."""
         return self.net.shape_ns(c.coll, c.size_bytes, self.shape(c.axis, rank))
 
-    def stage(self, stage: int, rank: int, sig: int) -> _Stage:
+    def stage(self, stage: int, rank: int, sig: int) -> Stage:
         s, n_chunks = self.s, self.s.pp * self.s.vpp
         layers = self.m.num_layers
         uneven = s.first_stage_layers or s.last_stage_layers
@@ -230,7 +230,7 @@ class _Costs:
         key = (self.key, comp, sig)
         got = self.ctx.stages.get(key)
         if got is None:
-            got = self.ctx.stages[key] = _stage_costs(self, gcis, chunks, rank, sig)
+            got = self.ctx.stages[key] = stage_costs(self, gcis, chunks, rank, sig)
         return got
 
     def chunk_runs(self, gci: int, chunk: tuple[object, ...]) -> list[tuple[ParamBlock, int]]:
@@ -248,8 +248,8 @@ class _Costs:
         key = (self.key, block.name, block.dense, block.expert, sig)
         got = self.ctx.blocks.get(key)
         if got is None:
-            got = self.ctx.blocks[key] = (*_block_ns(self, block, rank, sig),
-                                          *_compute_busy(self, block, rank, sig))
+            got = self.ctx.blocks[key] = (*block_ns(self, block, rank, sig),
+                                          *compute_busy(self, block, rank, sig))
         return got
 
     def optimizer_ns(self, params: int) -> int:
@@ -334,7 +334,7 @@ class _Costs:
         for d, c in self.items_runs(items, rank):
             if d and c and kappa:
                 d += round(min(kappa * d, kappa / (1 + kappa) * c))
-            _extend(out, d >= c, max(d, c))
+            extend_segments(out, d >= c, max(d, c))
         return tuple(out)
 
     def list_busy(self, block: ParamBlock, which: str, rank: int, sig: int

@@ -15,17 +15,17 @@ from tracegen.program import ParamBlock, dp_group_size, gather_pieces
 from tracegen.units import NS_PER_S
 
 if TYPE_CHECKING:  # the costs module imports this one; its class is only an annotation here
-    from analysis.fastpath_costs import _Costs
+    from analysis.fastpath_costs import Costs
 
 
 # A list of ops as it runs: (compute on the critical path?, ns) in order
 Segments = tuple[tuple[bool, int], ...]
-# The same list for slowing by streams outside it (``_slowed_runs``): (kernel ns, ns of the
+# The same list for slowing by streams outside it (``slowed_runs``): (kernel ns, ns of the
 # overlapped collectives issued with it) in order; a blocking collective is (0, ns)
 Runs = tuple[tuple[int, int], ...]
 
 
-def _extend(out: list[tuple[bool, int]], comp: bool, ns: int) -> None:
+def extend_segments(out: list[tuple[bool, int]], comp: bool, ns: int) -> None:
     """Append a segment, merged into the last one when of the same kind."""
     if out and out[-1][0] == comp:
         out[-1] = (comp, out[-1][1] + ns)
@@ -33,7 +33,7 @@ def _extend(out: list[tuple[bool, int]], comp: bool, ns: int) -> None:
         out.append((comp, ns))
 
 
-class _Stage(NamedTuple):
+class Stage(NamedTuple):
     """What one pipeline stage costs per micro-batch, per chunk (shared by every stage, and every
     strategy, with the same blocks, layer shapes and group shapes)."""
 
@@ -71,8 +71,8 @@ class _Stage(NamedTuple):
     after_tail_b: tuple[tuple[int, int], ...] = ()
 
 
-def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object, ...], ...],
-                 rank: int, sig: int) -> _Stage:
+def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object, ...], ...],
+                 rank: int, sig: int) -> Stage:
     """Per chunk: forward and backward ns of one micro-batch, and the backward runs of blocks
     with their durations for the gradient buckets."""
     zero3 = costs.s.zero_stage == 3
@@ -121,7 +121,7 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
         late_b.append(max(_zero3_axes(costs, chunk[0][0], rank, "REDUCE_SCATTER")) if zero3
                       else 0)
         overlap_b.append(_trailing_overlap(costs, chunk, rank, sig) if zero3 else 0)
-    stage = _Stage(tuple(fwd), tuple(bwd), tuple(runs_bwd), tuple(early_f), tuple(early_b),
+    stage = Stage(tuple(fwd), tuple(bwd), tuple(runs_bwd), tuple(early_f), tuple(early_b),
                    tuple(late_b),
                    tuple(params.items()), sum(fwd) / NS_PER_S, sum(bwd) / NS_PER_S,
                    params["dp"] + params["edp"], layers, tuple(phi), tuple(overlap_b),
@@ -138,7 +138,7 @@ def _stage_costs(costs: _Costs, gcis: tuple[int, ...], chunks: tuple[tuple[objec
     return stage
 
 
-def _trailing_overlap(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: int,
+def _trailing_overlap(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: int,
                       sig: int) -> int:
     """ZeRO-3 without prefetch, backward passes back to back (GPipe): how much of a pass's
     trailing reduce-scatters (its last block's, ``late_b``) the next pass hides — its leading
@@ -168,12 +168,12 @@ def _trailing_overlap(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: 
     return late - round(exposed)
 
 
-def _zero3_runs(costs: _Costs, runs: list[tuple[ParamBlock, int]], rank: int,
+def _zero3_runs(costs: Costs, runs: list[tuple[ParamBlock, int]], rank: int,
                 sig: int, backward: bool) -> Z3Runs:
     """ZeRO-3 without prefetch on a MoE model: one chunk's pass in the order it runs, each run
     of equal blocks as (dense gather, expert gather, compute, dense reduce-scatter, expert
     reduce-scatter) ns and its count, for the schedule walk's two-stream state
-    (``pipeline_walk.z3_map``). The per-block charge of ``_block_ns`` pairs a block's
+    (``pipeline_walk.z3_map``). The per-block charge of ``block_ns`` pairs a block's
     reduce-scatters with its own gathers: exact for a chunk of equal blocks, not where a block
     gathers on one stream only (the embedding, the head) and a layer's expert reduce-scatter
     runs on beside it; nor can one number after the send carry two streams into the next step."""
@@ -186,7 +186,7 @@ def _zero3_runs(costs: _Costs, runs: list[tuple[ParamBlock, int]], rank: int,
     return tuple(out)
 
 
-def _z3_lead(costs: _Costs, runs: list[tuple[ParamBlock, int]], rank: int,
+def _z3_lead(costs: Costs, runs: list[tuple[ParamBlock, int]], rank: int,
              sig: int, backward: bool) -> tuple[int, int]:
     """A pass's leading blocks that neither gather nor reduce-scatter (a tied head's backward:
     its weight is the embedding's): (their ns, the compute on the critical path in it). They
@@ -199,16 +199,16 @@ def _z3_lead(costs: _Costs, runs: list[tuple[ParamBlock, int]], rank: int,
                 backward and any(_zero3_axes(costs, block, rank, "REDUCE_SCATTER"))):
             break
         ns += count * _compute_ns(costs, block, rank, sig)[side]
-        busy += count * _compute_busy(costs, block, rank, sig)[side]
+        busy += count * compute_busy(costs, block, rank, sig)[side]
     return ns, busy
 
 
-def _compute_ns(costs: _Costs, block: ParamBlock, rank: int, sig: int,
+def _compute_ns(costs: Costs, block: ParamBlock, rank: int, sig: int,
                 busy: bool = False) -> tuple[int, int]:
     """(forward, backward) ns of one block's own op lists for one micro-batch. The backward
     recomputes what ``RoleProgram._recompute_items`` lists: a layer's forward (full) or its
     core attention (selective). ``busy``: their compute on the critical path instead
-    (``_Costs.items_cost``)."""
+    (``Costs.items_cost``)."""
     s = costs.s
     get = costs.list_busy if busy else costs.list_ns
     fwd = get(block, "fwd", rank, sig)
@@ -218,12 +218,12 @@ def _compute_ns(costs: _Costs, block: ParamBlock, rank: int, sig: int,
     return fwd, again + get(block, "bwd", rank, sig)
 
 
-def _compute_busy(costs: _Costs, block: ParamBlock, rank: int, sig: int
+def compute_busy(costs: Costs, block: ParamBlock, rank: int, sig: int
                   ) -> tuple[int, int]:
     return _compute_ns(costs, block, rank, sig, busy=True)
 
 
-def _prefetched_chunk(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: int,
+def _prefetched_chunk(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: int,
                       sig: int) -> tuple[int, int, int, int, int, int, int]:
     """ZeRO-3 with prefetch (``Strategy.zero3_prefetch``), one chunk and micro-batch: (forward,
     backward, the first gathers of each pass, the backward's tail after its last compute, how
@@ -245,18 +245,18 @@ def _prefetched_chunk(costs: _Costs, chunk: list[tuple[ParamBlock, int]], rank: 
     kappa = costs.compute.gpu.comm_interference
     # with interference, each block as it runs: its kernels slow while the streams are busy
     segs = [_compute_runs(costs, b, rank, sig) for b in blocks] if kappa else None
-    fwd, first_f, _, _ = _prefetch_pass(range(len(blocks)), [c[0] for c in comp], gather,
+    fwd, first_f, _, _ = prefetch_pass(range(len(blocks)), [c[0] for c in comp], gather,
                                         None, [s[0] for s in segs] if segs else None, kappa)
     order = range(len(blocks) - 1, -1, -1)
     comp_b, segs_b = [c[1] for c in comp], [s[1] for s in segs] if segs else None
-    bwd, first_b, last, tails = _prefetch_pass(order, comp_b, gather, scatter, segs_b, kappa)
-    again, _, again_last, _ = _prefetch_pass(order, comp_b, gather, scatter, segs_b, kappa,
+    bwd, first_b, last, tails = prefetch_pass(order, comp_b, gather, scatter, segs_b, kappa)
+    again, _, again_last, _ = prefetch_pass(order, comp_b, gather, scatter, segs_b, kappa,
                                              tails)
     return fwd, bwd, first_f, first_b, bwd - last, 2 * bwd - last - again, again_last - bwd + last
 
 
-def _slowed_runs(w: float, runs: Runs, busy: list[int], kappa: float) -> float:
-    """Wall time after running ``runs`` (``_Costs.items_runs``) from ``w`` while streams are
+def slowed_runs(w: float, runs: Runs, busy: list[int], kappa: float) -> float:
+    """Wall time after running ``runs`` (``Costs.items_runs``) from ``w`` while streams are
     busy until each of ``busy``: each kernel slowed by those and by the list's own overlapped
     collectives in flight beside it, together (``slowed``); the collectives not (replay/sim.py
     slows kernels, not transfers). Slowing a TP-overlapped block's merged segments by the
@@ -272,9 +272,9 @@ def _slowed_runs(w: float, runs: Runs, busy: list[int], kappa: float) -> float:
     return w
 
 
-def _compute_runs(costs: _Costs, block: ParamBlock, rank: int, sig: int
+def _compute_runs(costs: Costs, block: ParamBlock, rank: int, sig: int
                   ) -> tuple[Runs, Runs]:
-    """``_compute_ns`` as runs (``_Costs.list_runs``): the forward, and the backward after
+    """``_compute_ns`` as runs (``Costs.list_runs``): the forward, and the backward after
     what it recomputes."""
     fwd = costs.list_runs(block, "fwd", rank, sig)
     again: Runs = ()
@@ -284,7 +284,7 @@ def _compute_runs(costs: _Costs, block: ParamBlock, rank: int, sig: int
     return fwd, again + costs.list_runs(block, "bwd", rank, sig)
 
 
-def _prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
+def prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
                    scatter: list[tuple[int, int]] | None, segs: list[Runs] | None,
                    kappa: float, busy: tuple[int, int] = (0, 0)
                    ) -> tuple[int, int, int, tuple[int, int]]:
@@ -311,7 +311,7 @@ def _prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
                     stream[a] = max(start, stream[a]) + g
                     ready = max(ready, stream[a])
         chain = (start + comp[i] if segs is None
-                 else round(_slowed_runs(start, segs[i], stream, kappa)))
+                 else round(slowed_runs(start, segs[i], stream, kappa)))
         if scatter is not None:
             for a, r in enumerate(scatter[i]):
                 if r:
@@ -320,7 +320,7 @@ def _prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
     return max(chain, *stream), first_done, chain, tails
 
 
-def _block_ns(costs: _Costs, block: ParamBlock, rank: int, sig: int
+def block_ns(costs: Costs, block: ParamBlock, rank: int, sig: int
               ) -> tuple[int, int]:
     """(forward, backward) ns of one block for one micro-batch (``_compute_ns``), with ZeRO-3's
     gathers and reduce-scatters where they block the chain."""
@@ -337,13 +337,13 @@ def _block_ns(costs: _Costs, block: ParamBlock, rank: int, sig: int
     return g_dp + g_edp + fwd, bwd + max(r_dp + g_dp, r_edp) + g_edp
 
 
-def _zero3_ns(costs: _Costs, block: ParamBlock, rank: int, coll: O.CollType) -> int:
+def _zero3_ns(costs: Costs, block: ParamBlock, rank: int, coll: O.CollType) -> int:
     """ZeRO-3: the 16-bit parameter all-gathers (per-rank shard) or the gradient reduce-scatters
     (full buffer) of a block, dense and expert one after the other."""
     return sum(_zero3_axes(costs, block, rank, coll))
 
 
-def _zero3_axes(costs: _Costs, block: ParamBlock, rank: int, coll: O.CollType
+def _zero3_axes(costs: Costs, block: ParamBlock, rank: int, coll: O.CollType
                 ) -> tuple[int, int]:
     """``_zero3_ns`` per group: (dense, expert), memoized: it reads the strategy only through
     the costs key (dp, the gather pieces, the reduce dtype) and the layout of ``rank``'s groups."""
@@ -354,7 +354,7 @@ def _zero3_axes(costs: _Costs, block: ParamBlock, rank: int, coll: O.CollType
     return got
 
 
-def _zero3_axes_ns(costs: _Costs, block: ParamBlock, rank: int, coll: O.CollType
+def _zero3_axes_ns(costs: Costs, block: ParamBlock, rank: int, coll: O.CollType
                    ) -> tuple[int, int]:
     out = [0, 0]
     for i, (axis, n) in enumerate((("dp", block.dense), ("edp", block.expert))):

@@ -134,13 +134,13 @@ def test_the_ring_costs_its_pipeline(nvlink_GBps: float) -> None:
     every op once, except that the cp − 1 later attention steps and the cp − 1 passes cost the
     longer of the two — hidden on NVLink (16K tokens), exposed on a link 900× slower — the
     attention slowed by interference while the passes run."""
-    from analysis.fastpath_costs import _Costs
+    from analysis.fastpath_costs import Costs
     from tracegen import ops as O
     from tracegen.units import DTYPE_CODE
 
     s = dataclasses.replace(BASE, tp=1, sequence_parallel=False)
     system = SYSTEM.with_overrides({"node.nvlink_GBps": nvlink_GBps})
-    c = _Costs(MODEL, s, system)
+    c = Costs(MODEL, s, system)
     items = O.layer_fwd(MODEL, s)
     ops = {it.name: c.compute.op_ns(it.kind, it.flop, it.bytes, it.m, it.n,
                                     DTYPE_CODE[it.dtype], False, it.k)

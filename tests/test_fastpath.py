@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from analysis.fastpath import estimate
-from analysis.fastpath_costs import _Costs
+from analysis.fastpath_costs import Costs
 from replay import get_system, replay
 from replay.hardware import SystemSpec
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
@@ -605,7 +605,7 @@ def test_interleaved_extrapolation_equals_the_full_walk(pp, v, rounds, zero, tp,
                       activation="swiglu")
     s = Strategy(tp=tp, pp=pp, dp=2, vpp=v, schedule="interleaved_1f1b", zero_stage=zero,
                  micro_batch_size=1, global_batch_size=2 * pp * rounds)
-    costs = _Costs(model, s, SYSTEM)
+    costs = Costs(model, s, SYSTEM)
     stages, reps, alike = F._stages(costs)
     c = F._sends(costs, reps, alike)
     if first:  # a slower first stage, as an embedding makes it
@@ -635,7 +635,7 @@ def test_walked_pipelines_of_any_micro_batch_count_equal_the_full_walk(pp, round
     s = Strategy(tp=1, pp=pp, dp=2, schedule=schedule, zero_stage=3, micro_batch_size=1,
                  global_batch_size=2 * m, first_stage_layers=int(first))
     model = MOE if moe else MODEL
-    costs = _Costs(model, s, SYSTEM)
+    costs = Costs(model, s, SYSTEM)
     stages, reps, alike = F._stages(costs)
     c = F._sends(costs, reps, alike)
     fwd, bwd = [x.fwd for x in stages], [x.bwd for x in stages]
@@ -844,7 +844,7 @@ def test_alike_closed_form_equals_the_general_one(pp, mb, zero, tp, schedule, ho
                       activation="swiglu")
     s = Strategy(tp=tp, pp=pp, dp=8 // tp, schedule=schedule, zero_stage=zero,
                  micro_batch_size=1, global_batch_size=8 // tp * mb)
-    costs = _Costs(model, s, SYSTEM)
+    costs = Costs(model, s, SYSTEM)
     stages, _, alike = F._stages(costs)
     assert alike
     pipe, ends = F._closed_form_ends(s, stages, [hop] * pp)
@@ -990,7 +990,7 @@ def test_param_gather_delay_of_alike_stages_stops_at_one_not_held(pp, tp, bucket
                       activation="swiglu")
     s = Strategy(tp=tp, pp=pp, dp=8 // tp, zero_stage=1, overlap_param_gather=True,
                  dp_bucket_params=bucket, micro_batch_size=1, global_batch_size=8 // tp * 4)
-    costs = _Costs(model, s, SYSTEM)
+    costs = Costs(model, s, SYSTEM)
     stages, reps, alike = F._stages(costs)
     assert alike
     early, late = sorted(starts)

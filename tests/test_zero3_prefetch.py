@@ -10,7 +10,7 @@ import tempfile
 import pytest
 
 from analysis.fastpath import estimate
-from analysis.fastpath_stages import _prefetch_pass
+from analysis.fastpath_stages import prefetch_pass
 from replay import get_system, replay
 from tracegen import ConfigError, ModelSpec, Strategy, generate
 
@@ -27,11 +27,11 @@ def test_a_pass_is_max_of_compute_and_the_next_gather_per_block() -> None:
     """Forward over blocks with compute f and gathers g: the first gather exposed, then each
     block takes max(f, next g) — the closed form of FSDP's prefetch with two blocks gathered."""
     comp, gathers = [5, 5, 5, 5], [(3, 0), (8, 0), (2, 0), (6, 0)]
-    end, first, last, _ = _prefetch_pass(range(4), comp, gathers, None, None, 0.0)
+    end, first, last, _ = prefetch_pass(range(4), comp, gathers, None, None, 0.0)
     assert first == 3
     assert end == last == 3 + max(5, 8) + max(5, 2) + max(5, 6) + 5
     # backward: each block's scatter follows its compute on the same stream as the gathers
-    end, first, last, _ = _prefetch_pass(range(3, -1, -1), comp, gathers, [(1, 0)] * 4, None,
+    end, first, last, _ = prefetch_pass(range(3, -1, -1), comp, gathers, [(1, 0)] * 4, None,
                                          0.0)
     assert first == 6 and end == last + 1  # the last scatter is the tail
 
@@ -45,7 +45,7 @@ def test_interference_slows_a_block_beside_the_next_gather() -> None:
         return max(f + min(k * f, k / (1 + k) * g), g)
 
     segs = [((500, 0),)] * 4  # runs of (kernel, overlapped collective): all compute
-    end, _, _, _ = _prefetch_pass(range(4), comp, gathers, None, segs, k)
+    end, _, _, _ = prefetch_pass(range(4), comp, gathers, None, segs, k)
     assert end == 300 + pair(500, 800) + pair(500, 200) + pair(500, 600) + 500
 
 
@@ -56,7 +56,7 @@ def test_interference_slows_a_blocks_kernels_not_its_collectives() -> None:
     span slows the second kernels — as replay slows kernels, not transfers."""
     k = 0.25
     segs = [((200, 0), (0, 100), (200, 0))] * 2  # (kernel, collective) runs
-    end, _, last, _ = _prefetch_pass(range(2), [500, 500], [(0, 0), (400, 0)], None, segs, k)
+    end, _, last, _ = prefetch_pass(range(2), [500, 500], [(0, 0), (400, 0)], None, segs, k)
     # 0–250: 200 of compute at 1/1.25; 250–350: the collective; 350–400: 40 of compute slowed;
     # then the remaining 160 at full speed → 560; the second block runs unslowed: + 500
     assert last == end == 560 + 500
@@ -70,7 +70,7 @@ def test_a_kernel_beside_its_own_collective_and_a_gather_is_slowed_by_both() -> 
     = 460. Slowing the merged segment (460) by the gather alone gave 560 + 460."""
     k = 0.25
     segs = [((400, 300),)] * 2
-    end, _, last, _ = _prefetch_pass(range(2), [460, 460], [(0, 0), (500, 0)], None, segs, k)
+    end, _, last, _ = prefetch_pass(range(2), [460, 460], [(0, 0), (500, 0)], None, segs, k)
     assert last == end == 540 + 460
 
 
@@ -94,7 +94,7 @@ def test_fast_path_equals_replay(model: ModelSpec, kw: dict[str, object],
                                  interference: bool) -> None:
     """The fast path walks each pass block by block and the pipeline step by step: the same
     times as replay (contention off), to the nanosecond on these layouts without interference.
-    With it, a block's compute is slowed at one rate over the block (``_compute_busy``'s share),
+    With it, a block's compute is slowed at one rate over the block (``compute_busy``'s share),
     while replay slows its kernels one by one around the block's blocking TP and EP
     collectives: within 0.5%."""
     s = dataclasses.replace(BASE, **kw)
