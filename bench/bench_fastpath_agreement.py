@@ -7,7 +7,7 @@ global batch of any count of micro-batches, not whole rounds of pp) and prints t
 |fast / replay − 1| and the worst cases. Seeded: the same draw on every machine.
 
     python bench/bench_fastpath_agreement.py [--n 60] [--seed 1] [--odd | --models] [--nodes]
-                                             [--buckets]
+                                             [--buckets] [--systems]
 
 ``--odd`` draws sizes and options the default cases never reach (GPU counts with a factor 3,
 pp 3/5/6, up to 4 chunks, cp up to 4, any count of micro-batches, shorter end stages, B200 and
@@ -36,7 +36,9 @@ defaults: 300 such strategies (a probe of that kind, seed 101), none above 0.18%
 found a bug no draw had reached (+3.93%: GPipe with prefetched ZeRO-3 gathers, a MoE model with
 folded experts at dp 1, whose back-to-back backwards the walk made wait for each other's
 tails); after the fix seeds 95 and 96 are within 0.36% and 0.48%. Slower: 1 M-parameter
-buckets on GPT-3 make large traces (those 400 took 31 minutes, not 9).
+buckets on GPT-3 make large traces (those 400 took 31 minutes, not 9). ``--systems`` (nineteenth
+session) puts each draw on any preset system, from a stream of its own: every draw before had
+used the four newest, never V100 (no bf16, no FlashAttention), MI300X, H800, A800 or A100 40GB.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ import time
 
 from analysis.fastpath import estimate
 from replay import get_system, replay
-from replay.hardware import SystemSpec
+from replay.hardware import SystemSpec, system_names
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
 
 # (model, system, GPUs, global batch)
@@ -242,6 +244,9 @@ def main() -> None:
     ap.add_argument("--nodes", action="store_true",
                     help="each draw's system with 2, 4, 8, 16 or 72 GPUs per node, a fat-tree "
                          "or rail-optimized network, non-blocking or 2:1 oversubscribed")
+    ap.add_argument("--systems", action="store_true",
+                    help="each draw's system any preset (V100 without bf16 or FlashAttention, "
+                         "MI300X, H800, A800, A100 40GB too), from a stream of its own")
     ap.add_argument("--buckets", action="store_true",
                     help="each draw's gradient bucket (1 M to 1 G parameters) and ZeRO-3 gather "
                          "piece size drawn too, from a stream of their own: a seed draws the "
@@ -251,6 +256,7 @@ def main() -> None:
     pick = draw_odd if args.odd else draw
     rng = random.Random(args.seed)
     sizes = random.Random(-args.seed - 1)  # --buckets: their own stream
+    systems = random.Random(-args.seed - 2)  # --systems: theirs
     rows: list[tuple[float, str, str]] = []
     t0 = time.perf_counter()
     while len(rows) < args.n:
@@ -258,6 +264,8 @@ def main() -> None:
         if got is None:
             continue
         spec, system_name, s = got
+        if args.systems:
+            system_name = systems.choice(system_names())
         model = spec if isinstance(spec, ModelSpec) else get_model(spec)
         model_name = (model_label(model) if isinstance(spec, ModelSpec) else spec) + (
             f"  {system_name}")
