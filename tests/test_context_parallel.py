@@ -36,13 +36,27 @@ def _cp_bytes(s: Strategy, tmp: Path) -> int:
 def test_the_ring_moves_the_traffic_it_should(tmp_path: Path) -> None:
     """Per layer and micro-batch, with k the K/V shard a rank holds: the all-gather mode moves
     k forward (recorded by its shard) and reduce-scatters cp·k of K/V gradients back; the ring
-    passes k forward and, in backward, K/V again and their gradients, 2k."""
+    passes k forward and, in backward, K/V again and their gradients, 2k, and then the
+    gradient chunks' last hop home: one of the ring's cp − 1 passes, k / (cp − 1) by its
+    convention (an all-gather of that shard moves k)."""
     ring = _cp_bytes(BASE, tmp_path / "p2p")
     gather = _cp_bytes(dataclasses.replace(BASE, cp_comm_type="all_gather"), tmp_path / "ag")
     k = 1 * MODEL.seq_len // BASE.cp * 2 * MODEL.kv_size // BASE.tp * 2  # tokens·K,V·bytes
     passes = MODEL.num_layers * BASE.num_microbatches
-    assert ring == passes * 3 * k
+    assert ring == passes * (3 * k + k // (BASE.cp - 1))
     assert gather == passes * (1 + BASE.cp) * k
+
+
+def test_selective_recompute_moves_k_v_again(tmp_path: Path) -> None:
+    """Selective recompute re-runs the core attention as the forward ran it, K/V movement
+    included (the checkpointed call holds the ring or the gather): k more per layer and
+    micro-batch in either mode, on top of ``test_the_ring_moves_the_traffic_it_should``."""
+    k = 1 * MODEL.seq_len // BASE.cp * 2 * MODEL.kv_size // BASE.tp * 2
+    passes = MODEL.num_layers * BASE.num_microbatches
+    sel = dataclasses.replace(BASE, recompute="selective")
+    assert _cp_bytes(sel, tmp_path / "p2p") == passes * (4 * k + k // (BASE.cp - 1))
+    gather = dataclasses.replace(sel, cp_comm_type="all_gather")
+    assert _cp_bytes(gather, tmp_path / "ag") == passes * (2 + BASE.cp) * k
 
 
 @pytest.mark.parametrize("s", [

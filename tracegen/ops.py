@@ -355,14 +355,28 @@ def backward_of(items: list[Item], d: Dims) -> list[Item]:
     """The backward pass of a forward list: reversed, GEMMs split into dgrad+wgrad, each TP
     collective replaced by its conjugate (all-reduce ↔ identity/all-gather ↔ reduce-scatter)."""
     out: list[Item] = []
+    after: list[Item] = []  # what follows the next item's backward
     for it in reversed(items):
         bwd = _bwd_item(it, d)
         if isinstance(it, Comm) and it.overlapped and it.axis == "cp" and out:
-            # the ring runs alongside the attention backward, so it goes before it
+            # the ring runs alongside the attention backward, so it goes before it; once the
+            # ring's first step is done, the gradient chunks take one more hop home
             out[-1:-1] = bwd
+            after = [_dkv_return(it, d)]
         else:
-            out += bwd
+            out += bwd + after
+            after = []
     return out
+
+
+def _dkv_return(ring: Comm, d: Dims) -> Comm:
+    """The ring's last hop in backward: each rank's dK/dV chunk, accumulated around the ring,
+    goes back to the rank that owns K and V (Transformer Engine's ``AttnFuncWithCPAndKVP2P``
+    waits for it after its last step), before the QKV projection's backward needs it. One pass
+    of the shard: the ring's all-gather bytes over its cp − 1 passes (the latency of the whole
+    ring stays, a few µs too many beyond cp 2)."""
+    cp = d.s_kv // d.s
+    return Comm("cp_dkv_return", "cp", "ALL_GATHER", ring.size_bytes // (cp - 1))
 
 
 def _bwd_item(it: Item, d: Dims) -> list[Item]:
@@ -459,9 +473,12 @@ def _insert_after_norm_bwd(items: list[Item], norm: str, d: Dims) -> list[Item]:
 
 
 def selective_recompute(m: ModelSpec, st: Strategy) -> list[Item]:
-    """Selective recompute re-runs the core attention forward (Korthikanti et al. 2022, §4.3)."""
+    """Selective recompute re-runs the core attention forward (Korthikanti et al. 2022, §4.3):
+    with context parallelism, as the forward ran it, its K/V movement included (Transformer
+    Engine's attention function holds the ring or the all-gather, so the checkpointed call
+    runs them again)."""
     d = dims(m, st)
-    return [attention_fwd(m, d, m.num_attention_heads // d.t)]
+    return _core_attention(m, st, d, m.num_attention_heads // d.t)
 
 
 def embedding_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
