@@ -58,7 +58,7 @@ def test_b200_rows_count_flops_as_the_h100_rows_do() -> None:
 def test_b200_rows_are_predicted_within_the_error_reached() -> None:
     """On DGX B200 (whose FP8 GEMM efficiency is H100's for want of an anchor, and which has no
     interference measurement): Llama 3 8B on 8 GPUs 4.6% too fast, Llama 3.1 405B on 128 GPUs
-    (tp 4, pp 8, cp 2, vpp 8) 15.2% too fast (17.4% before its TP-overlapped GEMMs ran in
+    (tp 4, pp 8, cp 2, vpp 8) 15.1% too fast (17.4% before its TP-overlapped GEMMs ran in
     Transformer Engine's chunks and its ring merged each step's output) — the 405B optimism of the H100 rows, on another GPU and with
     its cp inside a node (DESIGN.md). Bounds are the errors reached. The 405B run's
     memory is predicted 0.3% over its 180 GiB: within the memory model's margin (MosaicML's
@@ -76,7 +76,8 @@ def test_newest_stack_is_predicted_within_the_error_reached() -> None:
     ratios and the attention's occupancy term measured there, the GEMM occupancy fitted to
     OpenXLA's sm_90 table, TP-overlapped GEMMs in Transformer Engine's chunks, the ring's
     per-step output merges): Llama 3 70B (tp 4, pp 8, vpp 5) 2.6-3.8% too slow in all three
-    releases, Llama 3.1 405B (tp 8, pp 8, cp 2, vpp 8) 5.8-9.9% too fast, Llama 3 8B under
+    releases, Llama 3.1 405B (tp 8, pp 8, cp 2, vpp 8) 4.9-8.5% too fast (5.8-9.9% before the
+    ring's last hop home was charged), Llama 3 8B under
     Megatron FSDP +7.3% with its gathers
     prefetched; Qwen3-235B-A22B (MoE, ep 32 folded over tp 2 × dp 16, heads of 128 — the file's
     head_dim and expert_tp columns) +0.8 and +3.3%. (Before the GEMM occupancy and chunks,
@@ -88,6 +89,6 @@ def test_newest_stack_is_predicted_within_the_error_reached() -> None:
     assert (got["status"] == "ok").all() and got["fits"].all()
     err = dict(zip(got["id"], got["error_pct"], strict=True))
     for rid, e in err.items():
-        bound = 10.0 if "405b" in rid else 4.0 if "70b" in rid else 7.5 if "8b" in rid else 3.5
+        bound = 9.0 if "405b" in rid else 4.0 if "70b" in rid else 7.5 if "8b" in rid else 3.5
         assert abs(e) <= bound, (rid, e)
     assert pl.Series(list(err.values())).abs().median() <= 3.6  # type: ignore[operator]
