@@ -34,9 +34,11 @@ def _finish(ax: Axes, *, xlabel: str, ylabel: str, title: str, legend: LegendLoc
 
 
 def predicted_vs_measured(results: pl.DataFrame, *, band: float = 0.10, by: str = "gpu",
-                          title: str = "trainsim vs published runs") -> Figure:
+                          title: str = "trainsim vs published runs", name_beyond: float = 0.20
+                          ) -> Figure:
     """Log-log scatter of predicted vs measured step time with the ±band region shaded, one
-    colour per value of column ``by``."""
+    colour per value of column ``by``; the rows off by more than ``name_beyond`` carry their
+    ``id`` (the ones a reader looks up first)."""
     ok = results.filter(pl.col("status") == "ok")
     fig, ax = _figure(6.4, 6.0)
     if ok.height:
@@ -44,12 +46,15 @@ def predicted_vs_measured(results: pl.DataFrame, *, band: float = 0.10, by: str 
         pred = ok["predicted_iter_time_s"].to_numpy()
         lo, hi = min(meas.min(), pred.min()) / 1.5, max(meas.max(), pred.max()) * 1.5
         x = np.geomspace(lo, hi, 50)
-        ax.fill_between(x, x * (1 - band), x * (1 + band), color="tab:green", alpha=0.15,
+        # the band and the diagonal in grey, so that no series colour reads as the reference
+        ax.fill_between(x, x * (1 - band), x * (1 + band), color="0.5", alpha=0.15,
                         label=f"±{band:.0%}")
-        ax.plot(x, x, color="tab:green", lw=1)
+        ax.plot(x, x, color="0.3", lw=1)
         for key, g in ok.group_by(by, maintain_order=True):
             ax.scatter(g["measured_iter_time_s"], g["predicted_iter_time_s"], label=str(key[0]),
                        s=28, alpha=0.85)
+        if "id" in ok.columns:
+            _name_outliers(ax, ok, name_beyond)
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
     ax.set_xscale("log")
@@ -57,6 +62,16 @@ def predicted_vs_measured(results: pl.DataFrame, *, band: float = 0.10, by: str 
     _finish(ax, xlabel="measured step time (s)", ylabel="predicted step time (s)",
             title=f"{title} ({ok.height} rows)", legend="upper left")
     return fig
+
+
+def _name_outliers(ax: Axes, ok: pl.DataFrame, beyond: float) -> None:
+    """Each row whose prediction is off by more than ``beyond`` labelled with its id, beside
+    its point (small, so that a crowd of them stays readable)."""
+    off = ok.filter((pl.col("predicted_iter_time_s") / pl.col("measured_iter_time_s") - 1).abs()
+                    > beyond)
+    for r in off.iter_rows(named=True):
+        ax.annotate(str(r["id"]), (r["measured_iter_time_s"], r["predicted_iter_time_s"]),
+                    xytext=(4, -3), textcoords="offset points", fontsize="x-small", alpha=0.8)
 
 
 def error_trend(frame: pl.DataFrame, x: str, *, by: str = "gpu", band: float = 0.10,

@@ -94,6 +94,10 @@ def test_plot_has_points_and_band(results: pl.DataFrame, tmp_path: Path) -> None
     ax = fig.axes[0]
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
     assert sum(len(c.get_offsets()) for c in ax.collections[1:]) == ACHIEVED["rows"]
+    # the rows off by more than 20% (the target's maximum) carry their ids, and only they
+    ok = results.filter(pl.col("status") == "ok")
+    far = set(ok.filter(pl.col("error_pct").abs() > 20)["id"])
+    assert far and {text.get_text() for text in ax.texts} == far
     fig.savefig(tmp_path / "v.png")
     assert (tmp_path / "v.png").read_bytes()[:4] == b"\x89PNG"
 
