@@ -45,11 +45,7 @@ def predicted_vs_measured(results: pl.DataFrame, *, band: float = 0.10, by: str 
         meas = ok["measured_iter_time_s"].to_numpy()
         pred = ok["predicted_iter_time_s"].to_numpy()
         lo, hi = min(meas.min(), pred.min()) / 1.5, max(meas.max(), pred.max()) * 1.5
-        x = np.geomspace(lo, hi, 50)
-        # the band and the diagonal in grey, so that no series colour reads as the reference
-        ax.fill_between(x, x * (1 - band), x * (1 + band), color="0.5", alpha=0.15,
-                        label=f"±{band:.0%}")
-        ax.plot(x, x, color="0.3", lw=1)
+        _identity_band(ax, lo, hi, band)
         for key, g in ok.group_by(by, maintain_order=True):
             ax.scatter(g["measured_iter_time_s"], g["predicted_iter_time_s"], label=str(key[0]),
                        s=28, alpha=0.85)
@@ -62,6 +58,15 @@ def predicted_vs_measured(results: pl.DataFrame, *, band: float = 0.10, by: str 
     _finish(ax, xlabel="measured step time (s)", ylabel="predicted step time (s)",
             title=f"{title} ({ok.height} rows)", legend="upper left")
     return fig
+
+
+def _identity_band(ax: Axes, lo: float, hi: float, band: float) -> None:
+    """The y = x diagonal from ``lo`` to ``hi`` and the ±``band`` region around it, in grey, so
+    that no series colour reads as the reference."""
+    x = np.geomspace(lo, hi, 50)
+    ax.fill_between(x, x * (1 - band), x * (1 + band), color="0.5", alpha=0.15,
+                    label=f"±{band:.0%}")
+    ax.plot(x, x, color="0.3", lw=1)
 
 
 def _name_outliers(ax: Axes, ok: pl.DataFrame, beyond: float) -> None:
@@ -81,8 +86,8 @@ def error_trend(frame: pl.DataFrame, x: str, *, by: str = "gpu", band: float = 0
     the ±band region shaded: a trend the summary's percentiles hide."""
     ok = frame.filter(pl.col("status") == "ok").sort(x)
     fig, ax = _figure(7.0, 4.4)
-    ax.axhspan(-100 * band, 100 * band, color="tab:green", alpha=0.15, label=f"±{band:.0%}")
-    ax.axhline(0, color="tab:green", lw=1)
+    ax.axhspan(-100 * band, 100 * band, color="0.5", alpha=0.15, label=f"±{band:.0%}")
+    ax.axhline(0, color="0.3", lw=1)  # grey: the third group's colour is green
     for i, (key, g) in enumerate(ok.group_by(by, maintain_order=True)):
         colour = f"C{i}"
         ax.scatter(g[x], g["error_pct"], s=16, alpha=0.6, color=colour, label=str(key[0]))
@@ -359,10 +364,7 @@ def device_evidence(gemms: pl.DataFrame, attention: pl.DataFrame, *, band: float
     if gemms.height:
         both = pl.concat([gemms["measured_tflops"], gemms["model_tflops"]])
         lo, hi = float(both.min()) / 1.2, float(both.max()) * 1.2  # type: ignore[arg-type]
-        x = np.geomspace(lo, hi, 50)
-        left.fill_between(x, x * (1 - band), x * (1 + band), color="tab:green", alpha=0.15,
-                          label=f"±{band:.0%}")
-        left.plot(x, x, color="tab:green", lw=1)
+        _identity_band(left, lo, hi, band)
         for (dtype,), g in gemms.group_by("dtype", maintain_order=True):
             left.scatter(g["measured_tflops"], g["model_tflops"], s=24, alpha=0.85,
                          label=f"{dtype} ({g.height} shapes)")
