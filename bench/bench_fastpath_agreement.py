@@ -38,7 +38,8 @@ folded experts at dp 1, whose back-to-back backwards the walk made wait for each
 tails); after the fix seeds 95 and 96 are within 0.36% and 0.48%. Slower: 1 M-parameter
 buckets on GPT-3 make large traces (those 400 took 31 minutes, not 9). ``--systems`` (nineteenth
 session) puts each draw on any preset system, from a stream of its own: every draw before had
-used the four newest, never V100 (no bf16, no FlashAttention), MI300X, H800, A800 or A100 40GB.
+used four (A100 80GB, H100, H200, B200), never V100 (no bf16, no FlashAttention), MI300X, H800,
+A800 or A100 40GB.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ def draw_odd(rng: random.Random) -> tuple[str, str, Strategy] | None:
 
 # --models: model shapes no preset has (head sizes 64/80/128 and wider models, GQA down to one
 # K/V head, 2-4x FFNs, every activation, tied embeddings, vocabularies of 32 K-152 K, dense and
-# MoE) on the four newest systems, with the options --odd draws
+# MoE) on four systems (A100 80GB, H100, H200, B200), with the options --odd draws
 MODEL_SYSTEMS = ("dgx-h100", "dgx-a100-80gb", "dgx-b200", "hgx-h200")
 
 
