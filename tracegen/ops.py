@@ -359,8 +359,9 @@ def backward_of(items: list[Item], d: Dims) -> list[Item]:
     for it in reversed(items):
         bwd = _bwd_item(it, d)
         if isinstance(it, Comm) and it.overlapped and it.axis == "cp" and out:
-            # the ring runs alongside the attention backward, so it goes before it; once the
-            # ring's first step is done, the gradient chunks take one more hop home
+            # the ring runs alongside the attention backward, so it goes before it; after the
+            # backward of the ring's first step (the last one computed), the gradient chunks
+            # take one more hop home
             out[-1:-1] = bwd
             after = [_dkv_return(it, d)]
         else:
