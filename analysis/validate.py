@@ -14,6 +14,7 @@ stated per row in ``assumptions``.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import csv
 import dataclasses
 import functools
 import itertools
@@ -93,10 +94,7 @@ def load_runs(path: str | Path) -> pl.DataFrame:
     so one malformed cell (``N/A``, ``1.5`` GPUs, ``yes``) empties that cell and is named in
     the row's ``_unreadable`` column instead of failing the whole file."""
     p = Path(path)
-    try:
-        raw = pl.read_csv(p, infer_schema_length=0)
-    except (OSError, pl.exceptions.PolarsError) as exc:
-        raise ConfigError(f"cannot read {p} as CSV: {exc}", what="runs file") from None
+    raw = _read_text(p)
     # a byte-order mark or stray spaces must not hide a column; a column of our own (a file
     # written from this frame, read again) is recomputed, not kept
     raw = raw.rename({c: c.lstrip("\ufeff").strip() for c in raw.columns})
@@ -117,14 +115,51 @@ def load_runs(path: str | Path) -> pl.DataFrame:
             {"true": True, "false": False}, default=None, return_dtype=pl.Boolean)
            for c in BOOL_COLUMNS},
     }
-    bad = [pl.when(text[c].is_not_null() & (text[c] != "") & parsed[c].is_null())
+    bad: list[pl.Expr] = [pl.when(text[c].is_not_null() & (text[c] != "") & parsed[c].is_null())
            .then(pl.lit(f"{c} '") + text[c] + pl.lit("'")) for c in parsed]
+    if RAGGED in raw.columns:  # rows with more cells than the header (``_read_text``) first
+        bad.insert(0, pl.col(RAGGED))
     return raw.with_columns(
         pl.concat_str(bad, separator=", ", ignore_nulls=True).alias(BAD),
         *(e.alias(c) for c, e in parsed.items()),
         *(pl.when(text[c] == "").then(None)
           .otherwise(text[c].str.to_lowercase() if c in ENUM_COLUMNS else text[c]).alias(c)
-          for c in raw.columns if c not in parsed))
+          for c in raw.columns if c not in parsed)).drop(RAGGED, strict=False)
+
+
+RAGGED = "_ragged"  # a row's cell count, where it has more cells than the header
+
+
+def _read_text(p: Path) -> pl.DataFrame:
+    """Every cell of ``p`` as text. A row with more cells than the header (an unquoted comma in
+    a note, say) cannot be mapped to the columns, so its cells are emptied and ``RAGGED`` says
+    why; its first cell is kept, as it names the row. The other rows read as they are."""
+    try:
+        return pl.read_csv(p, infer_schema_length=0)
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        if "more fields" not in str(exc):
+            raise ConfigError(f"cannot read {p} as CSV: {exc}", what="runs file") from None
+    with p.open(newline="", encoding="utf-8", errors="replace") as f:
+        reader = csv.reader(f)
+        header = next(reader, [])
+        rows, last = [], reader.line_num
+        for row in reader:  # (the line the row starts on, its cells)
+            rows.append((last + 1, row))
+            last = reader.line_num
+    width, cols = len(header), {h: i for i, h in enumerate(header)}
+    if len(cols) < width:
+        raise ConfigError(f"{p} repeats a column name in its header", what="runs file")
+    cells: dict[str, list[str | None]] = {h: [] for h in header}
+    ragged: list[str | None] = []
+    for line, row in rows:
+        if not any(x.strip() for x in row):
+            continue  # a blank line (the CSV reader gives it as no cells)
+        over = len(row) > width
+        ragged.append(f"row (line {line}: {len(row)} cells where the header has {width}; "
+                      "quote a cell that holds a comma)" if over else None)
+        for h, i in cols.items():
+            cells[h].append(row[i] if i < len(row) and (not over or i == 0) else None)
+    return pl.DataFrame({**cells, RAGGED: ragged}, schema={h: pl.String for h in (*header, RAGGED)})
 
 
 def _missing(row: dict[str, Any], fields: tuple[str, ...]) -> list[str]:

@@ -3,6 +3,8 @@ version achieves (so it cannot silently regress)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 import re
 from pathlib import Path
@@ -254,6 +256,33 @@ def test_malformed_cells_skip_their_row_only(tmp_path: Path) -> None:
     assert status["zero"] == "skipped: measured_iter_time_s must be > 0, got 0.0"
     assert status["ok"] == "ok"
 
+
+def test_a_row_with_an_unquoted_comma_skips_only_its_row(tmp_path: Path) -> None:
+    """A row with more cells than the header (a note with an unquoted comma: every cell after
+    it shifted) is skipped with its line and cell count; its id still names it, and the rows
+    around it, one with a quoted comma, run. (Before, polars refused the whole file.)"""
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    header, *rows = list(csv.reader(io.StringIO(PUBLIC.read_text())))
+    row = next(r for r in rows if r[0] == "mpt-07")
+    name = header.index("model_name")
+
+    def line(cells: list[str]) -> str:
+        out = io.StringIO()
+        csv.writer(out).writerow(cells)
+        return out.getvalue()
+
+    quoted = line(["quoted", *row[1:name], "MPT, 7B", *row[name + 1:]])  # the writer quotes it
+    unquoted = line(["comma", *row[1:name], "@", *row[name + 1:]]).replace("@", "MPT, 7B")
+    f = tmp_path / "r.csv"
+    f.write_text(line(header) + line(row) + unquoted + quoted)
+    out = validate(f, fast=True)
+    status = dict(zip(out["id"], out["status"], strict=True))
+    width = len(header)
+    assert status["comma"] == (f"skipped: unreadable row (line 3: {width + 1} cells where the "
+                               f"header has {width}; quote a cell that holds a comma)")
+    assert status["mpt-07"] == status["quoted"] == "ok"
+    assert out.height == 3
 
 def test_a_row_too_large_to_replay_is_predicted_by_the_fast_path(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
