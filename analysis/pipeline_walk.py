@@ -101,7 +101,9 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
     4, of pp 3 with a one-layer first stage (within 0.15%). On schedules with random
     per-stage, per-chunk costs, which no pipeline has, either start can be off (15 and 13 of
     3,000, by up to 2.8%; with cycles looked for, 6 of 3,000, up to −2.5%, each where the first
-    round moved every event by the busiest stage's work and a longer transient followed).
+    round moved every event by the busiest stage's work and a longer transient followed;
+    plain 1F1B walks are now checked against their exact rate, ``one_f_one_b_rate``, and
+    interleaved ones were 3 of 3,000 off, up to −5.1%).
     With ``streams`` (ZeRO-3 on a MoE model: each stage chunk's forward and backward as runs of
     blocks) the steps are walked with each stage's dense and expert streams (``_walk_streams``)
     instead of ``early`` and ``late``. Those and the plain walk (neither) branch: every walk
@@ -110,8 +112,7 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
     that open the step (``Opened``)."""
     p, m, v = s.pp, s.num_microbatches, s.vpp
     if not streams and not early and not late:
-        plain = _Plain(s.schedule, p, v, fwd, bwd, c, opened)
-        return _periodic(plain.branched(), p, m, v, plain.busiest)
+        return _plain_periodic(s, _Plain(s.schedule, p, v, fwd, bwd, c, opened))
 
     busiest = (_gpipe_round(p, *streams) if streams and s.schedule == "gpipe" else
                max(p * (sum(f) + sum(b)) for f, b in zip(fwd, bwd, strict=True)))
@@ -143,15 +144,22 @@ def plain_tails(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
     walked ran it (all m micro-batches when m < 4p; else a run of k·p + m mod p, whose cooldown
     is the extrapolated run's shifted, once the walk is periodic): the steps the gradient
     buckets drain beside (``dp_tails``)."""
-    p, m, v = s.pp, s.num_microbatches, s.vpp
+    p, v = s.pp, s.vpp
     plain = _Plain(s.schedule, p, v, fwd, bwd, c, opened)
-    walked = _periodic(plain.branched(), p, m, v, plain.busiest)
+    walked = _plain_periodic(s, plain)
     assert plain.longest is not None
     run, slots = plain.longest
     slot, send, cost = slots[0], plain.send, plain.cost
     plan, order = _tail_plan(s.schedule, run, p, v)
     return walked, (tuple(tuple((slot[k] - send[i], cost[i], ch, last, dep)
                                 for k, i, ch, last, dep in steps) for steps in plan), order)
+
+
+def _plain_periodic(s: Strategy, plain: _Plain) -> Walked:
+    """``_periodic`` over a plain walk; for 1F1B with its exact steady rate."""
+    rate = one_f_one_b_rate(plain.cost[:s.pp], plain.cost[s.pp:], plain.c) if (
+        s.schedule == "1f1b") else None
+    return _periodic(plain.branched(), s.pp, s.num_microbatches, s.vpp, plain.busiest, rate)
 
 
 @functools.lru_cache(maxsize=256)
@@ -212,20 +220,46 @@ def first_forwards(p: int, v: int, fwd: list[tuple[int, ...]], c: list[int]) -> 
 CYCLE_ROUNDS = 4
 
 
-def _periodic(walk: Callable[[int], Walked], p: int, m: int, v: int, busiest: float
-              ) -> Walked:
+def one_f_one_b_rate(f: list[int], b: list[int], c: list[int]) -> tuple[int, int]:
+    """(W, A): a plain 1F1B pipeline's steady time per micro-batch as the ratio W / A, the
+    max-plus eigenvalue of its steady order (the largest weight-per-advance of a cycle; Baccelli
+    et al. 1992, ch. 3). Stage s runs F(j) then B(j − w_s), w_s = p − s − 1, so its cycles are
+    each stage's F + B (advance one micro-batch) and each round trip from stage s down to t and
+    back, F_s … F_t, B_t … B_s, then the next F_s: Σ_{u=s..t}(f_u + b_u) + 2·Σ_{u=s..t−1} c_u over
+    an advance of w_s − w_t + 1 = t − s + 1 micro-batches (every other simple cycle passes a
+    node twice). Checked against long walks (tests/test_fastpath.py)."""
+    best_w, best_a = max(map(int.__add__, f, b)), 1
+    p = len(f)
+    for s in range(p - 1):
+        w = f[s] + b[s]
+        for t in range(s + 1, p):
+            w += f[t] + b[t] + 2 * c[t - 1]
+            if w * best_a > best_w * (t - s + 1):
+                best_w, best_a = w, t - s + 1
+    return best_w, best_a
+
+
+def _periodic(walk: Callable[[int], Walked], p: int, m: int, v: int, busiest: float,
+              rate: tuple[int, int] | None = None) -> Walked:
     """``interleaved``'s shortcut over ``walk`` (the walk of so many micro-batches): walks of
     k·p + r micro-batches, r = m mod p, so that whole rounds of p lead from each to m (a 1F1B
     or GPipe run need not be whole rounds). Where the first round's increments are not the
     busiest stage's work, rounds are walked until the increments from 2p on repeat with a
     period of q ≤ ``CYCLE_ROUNDS`` rounds over q + ``CYCLE_ROUNDS`` rounds (enough, by Fine and
-    Wilf's theorem, that no other period up to ``CYCLE_ROUNDS`` fits them), then cycled on."""
+    Wilf's theorem, that no other period up to ``CYCLE_ROUNDS`` fits them), then cycled on.
+    ``rate`` (plain 1F1B: ``one_f_one_b_rate``): the steady rate W / A per micro-batch, which
+    every event reaches once periodic, so a round (or a period of q) that does not add p · W / A
+    per micro-batch (q · p · W / A) to every event is a transient and walking goes on. Without
+    it, a first round that moved every event by the busiest stage's work, or a few equal rounds
+    at another rate, were taken for the steady state where a round trip's sends set a higher
+    one: 5 of 1,500 random-cost 1F1B pipelines up to 2.5% too fast."""
     r = m % p
     if m < 4 * p:
         return walk(m)
     last = walk(2 * p + r)
     step = _increments(walk(p + r), last)
-    if all(d == busiest for d in step):
+    w, a = rate or (busiest, 1)  # (busiest is an int wherever ``rate`` is not given)
+    if all(d * a == p * w if rate else d == busiest for d in step):
         return _extrapolate(last, [step], 2, p, m, v)
     seen: list[list[int]] = []  # each further round's increments
     k = 2
@@ -237,7 +271,8 @@ def _periodic(walk: Callable[[int], Walked], p: int, m: int, v: int, busiest: fl
         seen.append(_increments(last, run))
         last = run
         q = _period(seen)
-        if q:
+        if q and (rate is None or all(sum(col) * a == q * p * w
+                                      for col in zip(*seen[-q:], strict=True))):
             return _extrapolate(last, seen[-q:], k, p, m, v)
 
 

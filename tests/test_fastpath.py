@@ -652,6 +652,47 @@ def test_walked_pipelines_of_any_micro_batch_count_equal_the_full_walk(pp, round
         schedule, pp, m, 1, fwd, bwd, c, early, late)
 
 
+@settings(max_examples=60, deadline=None)
+@given(pp=st.sampled_from([2, 3, 4, 6, 8]), data=st.data())
+def test_one_f_one_b_rate_is_the_long_run_time_per_micro_batch(pp, data) -> None:
+    """The steady 1F1B rate in closed form (each stage's f + b, and each round trip from stage
+    s to t and back over t − s + 1 micro-batches) is what a long walk adds per micro-batch on
+    average, for any per-stage costs and sends: the averaged increment over 24 rounds far past
+    the fill, which a cycle of up to 4 rounds divides."""
+    from analysis import pipeline_walk as W
+
+    f = [data.draw(st.integers(1, 10**6)) for _ in range(pp)]
+    b = [data.draw(st.integers(1, 2 * 10**6)) for _ in range(pp)]
+    c = [data.draw(st.integers(0, 3 * 10**5)) for _ in range(pp)]
+    fwd, bwd = [(x,) for x in f], [(x,) for x in b]
+    m, rounds = 60 * pp, 24
+    start = W._walk("1f1b", pp, m, 1, fwd, bwd, c, None, None)[0]
+    end = W._walk("1f1b", pp, m + rounds * pp, 1, fwd, bwd, c, None, None)[0]
+    w, a = W.one_f_one_b_rate(f, b, c)
+    assert all((y - x) * a == rounds * pp * w for x, y in zip(start, end, strict=True))
+
+
+@pytest.mark.parametrize(("m", "f", "b", "c"), [
+    (85, [702185, 594775, 192312, 54871, 803000, 962095, 51136, 385130],
+     [1809801, 1298239, 971751, 338732, 1390938, 1509817, 978658, 1201524],
+     [195671, 184585, 81911, 239790, 105371, 286432, 250209, 280996]),
+    (57, [391717, 698442, 332170, 489857, 801142, 761730],
+     [1976223, 1372381, 539595, 1075002, 308916, 1647671],
+     [294364, 84850, 61603, 221920, 71406, 36631])])
+def test_a_transient_at_another_rate_is_not_taken_for_the_steady_state(m, f, b, c) -> None:
+    """Two random-cost 1F1B pipelines whose first rounds add a steady-looking amount that is
+    not the pipeline's rate: eight rounds of 19.78 ms before 20.10 (the busiest stage's work);
+    two of 14.46 ms (the busiest stage's) before a round trip's 15.08. The shortcut took each
+    for the steady state (−0.2% and −2.5%); checked against the exact rate
+    (``one_f_one_b_rate``) it walks on, and equals the whole walk."""
+    from analysis import pipeline_walk as W
+
+    pp = len(f)
+    fwd, bwd = [(x,) for x in f], [(x,) for x in b]
+    s = Strategy(pp=pp, dp=1, micro_batch_size=1, global_batch_size=m)
+    assert W.interleaved(s, fwd, bwd, c) == W._walk("1f1b", pp, m, 1, fwd, bwd, c, None, None)
+
+
 def test_a_walk_whose_rounds_repeat_every_three_is_cycled_not_extended() -> None:
     """A 1F1B pipeline of stages not alike whose sends pace it (a one-layer first stage, tp 8
     without sequence parallelism): its rounds of p micro-batches add 32.5, 34.3, 34.3, 32.5, …
