@@ -12,7 +12,15 @@ from rich.console import Console
 from rich.table import Table
 
 from analysis import cli_common as C
-from analysis.cli_common import app, build_strategy, console, note_param_gather, progress_bar
+from analysis.cli_common import (
+    app,
+    build_strategy,
+    console,
+    note_param_gather,
+    output_dir,
+    output_file,
+    progress_bar,
+)
 from tracegen import ConfigError, Strategy, TrainsimError, generate, model_names, resolve_model
 from tracegen.catalog import get_model, model_source
 from tracegen.traceset import TraceSetSummary
@@ -59,6 +67,7 @@ def tracegen_cmd(
         first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
         grad_reduce_bf16=grad_reduce_bf16, cp_comm_type=cp_comm_type, expert_tp=expert_tp,
         zero3_prefetch=zero3_prefetch)
+    output_dir(out, "--out")
     with progress_bar() as bar:
         task = bar.add_task("writing ranks", total=None)
         summary = generate(spec, strategy, out, mode=mode, name=name, gpus=gpus,  # type: ignore[arg-type]
@@ -101,6 +110,7 @@ def replay_cmd(
 
     if compute not in ("model", "trace"):
         raise ConfigError(f"--compute must be 'model' or 'trace', got {compute!r}")
+    timeline, summary = output_file(timeline, "--timeline"), output_file(summary, "--summary")
     with progress_bar() as bar:
         task = bar.add_task("reading traces", total=None)
         fold = not (no_fold or astra_compat or scenario is not None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -15,6 +16,40 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="trainsim: trace-driven performance modeling of distributed training.")
 # Wide enough for the result tables when output goes to a file or a CI log (not a terminal).
 console = Console(width=None if sys.stdout.isatty() else 150)
+
+
+def output_file(path: Path | None, option: str, plot: bool = False) -> Path | None:
+    """``path`` made ready to write before any work: its folder created, and a clear error
+    where it cannot be written (a folder in the way, a plot format matplotlib cannot save)
+    instead of a traceback after minutes of simulation."""
+    if path is None:
+        return None
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder; give a file name", what=option)
+    if plot:
+        from matplotlib.figure import Figure
+
+        formats = Figure().canvas.get_supported_filetypes()
+        if path.suffix.lstrip(".").lower() not in formats:
+            raise ConfigError(f"{path.name!r}: a plot needs one of the endings "
+                              f"{', '.join('.' + f for f in sorted(formats))}", what=option)
+    output_dir(path.parent, option)
+    return path
+
+
+def output_dir(path: Path | None, option: str) -> Path | None:
+    """``path`` created as a folder before any work, or a clear error where a file is in the
+    way or it cannot be created."""
+    if path is None:
+        return None
+    blocked = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise ConfigError(f"{blocked} is a file, not a folder", what=option)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create {path}: {exc.strerror}", what=option) from None
+    return path
 
 
 def progress_bar() -> Progress:

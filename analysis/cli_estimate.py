@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from analysis import cli_common as C
-from analysis.cli_common import app, build_strategy, console, note_param_gather
+from analysis.cli_common import app, build_strategy, console, note_param_gather, output_file
 from analysis.glance import Glance, glance
 from tracegen import Strategy, resolve_model
 from tracegen.units import GiB
@@ -38,6 +38,7 @@ def estimate_cmd(
     """Step time, tokens/s, MFU and per-stage memory of one strategy (fast path; milliseconds)."""
     from replay import resolve_system
 
+    json_out = output_file(json_out, "--json")
     spec = resolve_model(model)
     strategy = build_strategy(
         gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, sp=sp, tp_comm_overlap=tp_comm_overlap,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from analysis.cli_common import app, console, progress_bar
+from analysis.cli_common import app, console, output_dir, output_file, progress_bar
 from tracegen import ConfigError
 
 if TYPE_CHECKING:  # polars is imported where a command needs it (fast CLI start-up)
@@ -71,6 +71,7 @@ def validate_cmd(
     from analysis.plots import predicted_vs_measured
     from analysis.validate import validate
 
+    out, plot = output_file(out, "--out"), output_file(plot, "--plot", plot=True)
     with progress_bar() as bar:
         task = bar.add_task("predicting runs", total=None)
         results = validate(runs, progress=lambda i, n: bar.update(task, completed=i, total=n),
@@ -152,6 +153,7 @@ def resilience_cmd(
     from analysis.evaluate import resilience_frame, summary_dict
     from analysis.study import load_study
 
+    summary, plots = output_file(summary, "--summary"), output_dir(plots, "--plots")
     study = load_study(study_file)
     if not study.strategies:
         raise ConfigError("the study lists no [[strategies]] to evaluate", what="study")
@@ -172,7 +174,6 @@ def resilience_cmd(
                           f"{r['restart_s']:.0f}")
         console.print(table)
         if plots is not None:
-            plots.mkdir(parents=True, exist_ok=True)
             g = frame.filter(frame["policy"] == "global_restart").row(0, named=True)
             mttf, delta = g["job_mttf_s"], g["checkpoint_s"]
             costs = R.RecoveryCosts(checkpoint_s=delta, restart_s=g["restart_s"])
@@ -245,7 +246,7 @@ def compare_cmd(
     if not st.strategies:
         raise ConfigError("the study lists no [[strategies]]; use `trainsim sweep` for a search "
                           "space", what="study")
-    out.mkdir(parents=True, exist_ok=True)
+    output_dir(out, "--out")
     with tempfile.TemporaryDirectory(prefix="trainsim-timelines-") as tl, progress_bar() as bar:
         task = bar.add_task("replaying strategies", total=len(st.strategies))
         results = compare(st, timeline_dir=tl, workers=workers, scheduler=scheduler,
@@ -287,7 +288,7 @@ def sweep_cmd(
     from analysis.sweep import sweep
 
     st = _resolve_study(study)
-    out.mkdir(parents=True, exist_ok=True)
+    output_dir(out, "--out")
     import time
 
     with progress_bar() as bar:
@@ -317,5 +318,6 @@ def report_cmd(
     """Write report.html (self-contained), report.md, figures and tables."""
     from analysis.report import build_report
 
+    output_dir(out, "--out")
     html = build_report(results, out)
     console.print(f"report: {html} (and {out / 'report.md'}, {out / 'results.csv'})")

@@ -66,6 +66,36 @@ def test_bad_input_is_one_plain_line_not_a_traceback(tmp_path: Path) -> None:
     assert r.returncode == 2 and "invalid strategy: --tp must be ≥ 1, got 0" in r.stderr
 
 
+
+def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_path: Path
+                                                                          ) -> None:
+    """A plot format matplotlib cannot write, a folder where a file goes, a file where a folder
+    goes: one line naming the option, before minutes of simulation (these were tracebacks from
+    polars and matplotlib at the end); a missing folder is created."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    est = ("estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "8", "--mbs", "1",
+           "--gbs", "8", "--system", "dgx-h100")
+    cases = [
+        (("validate", "runs.csv", "--plot", str(tmp_path / "v.txt")),
+         "invalid --plot: 'v.txt': a plot needs one of the endings"),
+        (("validate", "runs.csv", "--out", str(tmp_path)),
+         f"invalid --out: {tmp_path} is a folder; give a file name"),
+        ((*est, "--json", str(blocker / "e.json")),
+         f"invalid --json: {blocker} is a file, not a folder"),
+        (("tracegen", *est[1:-2], "-o", str(blocker)),
+         f"invalid --out: {blocker} is a file, not a folder"),
+        (("report", str(tmp_path), "-o", str(blocker / "r")),
+         f"invalid --out: {blocker} is a file, not a folder"),
+    ]
+    for args, message in cases:
+        r = run(*args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
+        assert message in r.stderr, (args, r.stderr)
+    r = run(*est, "--json", str(tmp_path / "new" / "deeper" / "e.json"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "new" / "deeper" / "e.json").read_text().startswith("{")
+
 def test_catalog_lists_presets() -> None:
     r = run("catalog")
     assert r.returncode == 0

@@ -118,7 +118,11 @@ def generate(model: ModelSpec, strategy: Strategy, out_dir: str | Path, *,
     if mode not in ("full", "representative"):
         raise ConfigError(f"mode must be 'full' or 'representative', got {mode!r}")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way, no permission
+        raise ConfigError(f"cannot create the trace folder {out}: {exc.strerror}",
+                          what="output folder") from None
     mesh = Mesh(strategy, tied_embeddings=model.tied_embeddings, moe=model.is_moe)
     ranks = mesh.representatives() if mode == "representative" else range(strategy.world_size)
     encodings: dict[int, RoleEncoding] = {}
