@@ -17,6 +17,7 @@ from analysis.cli_common import (
     build_strategy,
     console,
     note_param_gather,
+    note_precision,
     output_dir,
     output_file,
     progress_bar,
@@ -125,6 +126,11 @@ def replay_cmd(
     if summary is not None:
         summary.write_text(json.dumps(result.metrics, indent=1) + "\n")
     _print_replay(result)
+    if ts.manifest is not None and compute == "model":
+        from replay import resolve_system
+
+        note_precision({str(ts.manifest["strategy"].get("precision", "bf16"))},
+                       resolve_system(system))
 
 
 def _print_replay(result: Any) -> None:

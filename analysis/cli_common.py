@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from replay.hardware import SystemSpec
 from tracegen import ConfigError, Strategy
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -118,6 +119,18 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     grad_reduce_in_bf16=grad_reduce_bf16,
                     cp_comm_type=cp_comm_type,  # type: ignore[arg-type]
                     expert_tp=expert_tp, zero3_prefetch=zero3_prefetch)
+
+
+def note_precision(precisions: set[str], system: SystemSpec) -> None:
+    """Say where a precision runs on a GPU without its tensor cores: the catalog costs it at the
+    rate the GPU has (fp8 at its 16-bit rate, bf16 as fp16 on Volta), which no such run gets."""
+    gpu = system.gpu
+    if "fp8" in precisions and gpu.peak_fp8_TFLOPs <= gpu.peak_bf16_TFLOPs:
+        console.print(f"note: {system.name} has no FP8 tensor cores (FP8 training needs Hopper "
+                      "or later); fp8 GEMMs are costed at its 16-bit rate")
+    if "bf16" in precisions and not gpu.bf16:
+        console.print(f"note: {system.name} has no bf16 tensor cores (Volta); bf16 is costed as "
+                      "the fp16 it would run (--precision fp16 says so)")
 
 
 def note_param_gather(strategy: Strategy) -> None:

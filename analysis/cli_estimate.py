@@ -10,7 +10,14 @@ import typer
 from rich.table import Table
 
 from analysis import cli_common as C
-from analysis.cli_common import app, build_strategy, console, note_param_gather, output_file
+from analysis.cli_common import (
+    app,
+    build_strategy,
+    console,
+    note_param_gather,
+    note_precision,
+    output_file,
+)
 from analysis.glance import Glance, glance
 from tracegen import Strategy, resolve_model
 from tracegen.units import GiB
@@ -47,9 +54,11 @@ def estimate_cmd(
         first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
         grad_reduce_bf16=grad_reduce_bf16, cp_comm_type=cp_comm_type, expert_tp=expert_tp,
         zero3_prefetch=zero3_prefetch)
-    g = glance(spec, strategy, resolve_system(system))
+    sys_spec = resolve_system(system)
+    g = glance(spec, strategy, sys_spec)
     print_glance(g, strategy)
     note_param_gather(strategy)
+    note_precision({strategy.precision}, sys_spec)
     if json_out is not None:
         json_out.write_text(json.dumps(g.to_dict(), indent=1) + "\n")
 

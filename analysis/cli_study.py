@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from analysis.cli_common import app, console, output_dir, output_file, progress_bar
+from analysis.cli_common import app, console, note_precision, output_dir, output_file, progress_bar
 from tracegen import ConfigError
 
 if TYPE_CHECKING:  # polars is imported where a command needs it (fast CLI start-up)
@@ -243,6 +243,7 @@ def compare_cmd(
     from analysis.compare import compare
 
     st = _resolve_study(study)
+    note_precision({x.precision for x in st.strategies} or {"bf16"}, st.system)
     if not st.strategies:
         raise ConfigError("the study lists no [[strategies]]; use `trainsim sweep` for a search "
                           "space", what="study")
@@ -288,6 +289,7 @@ def sweep_cmd(
     from analysis.sweep import sweep
 
     st = _resolve_study(study)
+    note_precision({x.precision for x in st.strategies} or {"bf16"}, st.system)
     output_dir(out, "--out")
     import time
 

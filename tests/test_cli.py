@@ -146,6 +146,24 @@ def test_memory_that_does_not_fit_is_flagged(tmp_path: Path) -> None:
     assert r.returncode == 0 and "DOES NOT FIT" in r.stdout
 
 
+def test_a_precision_the_gpu_has_no_tensor_cores_for_is_noted() -> None:
+    """fp8 on an A100 or V100 and bf16 on a V100 are costed at the rate the GPU has; the user
+    is told so (validate refuses such a row as a data error instead). Hopper's fp8 is not."""
+    est = ("estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "8", "--mbs", "1",
+           "--gbs", "8", "--system")
+    notes = {}
+    for system, precision in (("dgx-a100-80gb", "fp8"), ("dgx1-v100", "bf16"),
+                              ("dgx-h100", "fp8"), ("dgx1-v100", "fp16")):
+        r = run(*est, system, "--precision", precision)
+        assert r.returncode == 0, r.stderr
+        notes[system, precision] = [x for x in r.stdout.splitlines() if x.startswith("note:")]
+    assert notes["dgx-a100-80gb", "fp8"] == [
+        "note: dgx-a100-80gb has no FP8 tensor cores (FP8 training needs Hopper or later); fp8 "
+        "GEMMs are costed at its 16-bit rate"]
+    assert "has no bf16 tensor cores (Volta)" in notes["dgx1-v100", "bf16"][0]
+    assert notes["dgx-h100", "fp8"] == notes["dgx1-v100", "fp16"] == []
+
+
 def test_systems_lists_every_preset_with_its_nvls_bandwidth() -> None:
     from replay import system_names
 
