@@ -41,8 +41,9 @@ from analysis.pipeline_walk import (
     plain_tails,
     span_ns,
 )
-from replay.hardware import SystemSpec
+from replay.hardware import SystemSpec, resolve_system
 from tracegen import ops as O
+from tracegen.catalog import resolve_model
 from tracegen.memory import activation_bytes_per_layer
 from tracegen.memory import total_bytes as memory_total_bytes
 from tracegen.model import ModelSpec
@@ -65,8 +66,14 @@ class FastEstimate(NamedTuple):
     stage_bwd_s: tuple[float, ...]
 
 
-def estimate(model: ModelSpec, strategy: Strategy, system: SystemSpec) -> FastEstimate:
-    """Step time and memory of one strategy without generating a trace."""
+def estimate(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str
+             ) -> FastEstimate:
+    """Step time and memory of one strategy without generating a trace. ``model`` and
+    ``system``: specs, or preset names / files as the CLI takes them."""
+    if not isinstance(model, ModelSpec):
+        model = resolve_model(model)
+    if not isinstance(system, SystemSpec):
+        system = resolve_system(system)
     check_fits_model(strategy, model)
     s = strategy
     costs = Costs(model, s, system)

@@ -67,7 +67,9 @@ def _find_files(path: Path) -> tuple[str, dict[int, Path]]:
         if m and m.group("name") == name:
             ranks[int(m.group("rank"))] = p
     if not ranks:
-        raise TraceFormatError(f"no {name}.<rank>.et files in {folder}")
+        raise TraceFormatError(f"{path} does not exist, and {folder} holds no {name}.<rank>.et "
+                               "files: pass a trace-set directory or a workload prefix "
+                               "(path/NAME for path/NAME.<rank>.et)")
     return name, ranks
 
 

@@ -93,3 +93,17 @@ def test_glance_says_what_interference_costs() -> None:
     assert 0 < g.interference_s < 0.2 * g.step_time_s
     assert glance(model, s, get_system("dgx-b200")).interference_s == 0
     assert g.to_dict()["interference_s"] == g.interference_s
+
+
+def test_model_and_system_may_be_named_as_the_cli_names_them() -> None:
+    """``glance`` and ``estimate`` take preset names (or files) as well as specs, as ``replay``
+    does; a name that is none is the catalog's error, not an AttributeError from inside."""
+    from tracegen import ConfigError
+
+    s = Strategy(tp=8, micro_batch_size=1, global_batch_size=8, dp=1)
+    spec = glance(get_model("llama3-8b"), s, get_system("dgx-h100"))
+    assert glance("llama3-8b", s, "dgx-h100") == spec
+    assert estimate("llama3-8b", s, "dgx-h100") == estimate(get_model("llama3-8b"), s,
+                                                           get_system("dgx-h100"))
+    with pytest.raises(ConfigError, match="no preset system named 'dgx-h1000'"):
+        glance("llama3-8b", s, "dgx-h1000")

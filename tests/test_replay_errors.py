@@ -133,6 +133,8 @@ def test_not_a_trace_set(tmp_path: Path) -> None:
         load_trace_set(tmp_path)
     with pytest.raises(TraceFormatError, match="neither a trace-set directory nor a workload"):
         load_trace_set(tmp_path / "nope" / "x")
+    with pytest.raises(TraceFormatError, match=r"x does not exist, and .* holds no x\.<rank>\.et"):
+        load_trace_set(tmp_path / "x")  # (a typo'd set name in an existing folder)
 
 
 def test_bad_comm_groups_file(tmp_path: Path) -> None:
