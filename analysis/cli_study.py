@@ -102,6 +102,12 @@ def _print_validation(results: pl.DataFrame, name: str) -> None:
                       f"{r['predicted_peak_memory_GiB']:.1f}" if ok else "",
                       str(r["fits"]) if ok else "")
     console.print(table)
+    n_ok = results.filter(pl.col("status") == "ok").height
+    if not n_ok:
+        console.print(f"none of the {results.height} rows could be predicted: each status says "
+                      "why (a missing input can be given with --assume COLUMN=VALUE, stated per "
+                      "row and counted apart)")
+        return
     console.print(_frame_table(summarize(results), "|error| summary (%)"))
     n_assumed = results.filter((pl.col("status") == "ok")
                                & pl.col("assumptions").str.contains("--assume")).height

@@ -152,6 +152,13 @@ def test_validate_cli_writes_csv_and_plot(tmp_path: Path) -> None:
                        timeout=300)
     assert r.returncode == 0, r.stderr
     assert pl.read_csv(tmp_path / "f.csv")["status"].to_list() == frame["status"].to_list()
+    skipped = tmp_path / "skipped.csv"  # rows that all lack an input: said in one line
+    pl.read_csv(PUBLIC, infer_schema_length=0).filter(
+        pl.col("id").str.starts_with("nar21-t1")).write_csv(skipped)
+    r = subprocess.run([sys.executable, "-m", "analysis.cli", "validate", str(skipped), "--fast"],
+                       capture_output=True, text=True, timeout=300, env={"COLUMNS": "300"})
+    assert r.returncode == 0, r.stderr
+    assert "none of the 10 rows could be predicted" in r.stdout and "|error|" not in r.stdout
 
 
 def _two_rows(tmp_path: Path) -> Path:
