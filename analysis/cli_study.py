@@ -42,9 +42,9 @@ def validate_cmd(
     = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write the predicted-vs-measured "
                                               "scatter (PNG).")] = None,
-    jobs: Annotated[int, typer.Option(help="Processes predicting rows in parallel (0: one per "
-                                           "CPU, at most 4: a deep pipeline's row can take "
-                                           "~2 GB; one with --fast).")] = 0,
+    jobs: Annotated[int, typer.Option(
+        min=0, help="Processes predicting rows in parallel (0: one per CPU, at most 4: a deep "
+                    "pipeline's row can take ~2 GB; one with --fast).")] = 0,
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="Replace a system value for every row, e.g. gpu.flash_attention=false "
                       "for a stack that predates FlashAttention, or set a strategy field the "
@@ -239,7 +239,7 @@ def _save_best(results: Any, study: Any, out: Path, timelines: Path) -> None:
 def compare_cmd(
     study: Annotated[str, typer.Argument(help="Study TOML, or a packaged study name.")],
     out: Annotated[Path, typer.Option("-o", "--out", help="Output directory.")],
-    workers: Annotated[int, typer.Option(help="Local worker processes.")] = 2,
+    workers: Annotated[int, typer.Option(min=1, help="Local worker processes.")] = 2,
     scheduler: Annotated[str | None, typer.Option(help="Dask scheduler address.")] = None,
 ) -> None:
     """Generate, replay and rank every strategy a study lists."""
@@ -282,7 +282,7 @@ def sweep_cmd(
     study: Annotated[str, typer.Argument(help="Study TOML with a \\[search] space.")],
     out: Annotated[Path, typer.Option("-o", "--out", help="Output directory (resumable).")],
     top_k: Annotated[int, typer.Option("--top-k", help="Replay the best K.")] = 10,
-    workers: Annotated[int, typer.Option(help="Local worker processes.")] = 2,
+    workers: Annotated[int, typer.Option(min=1, help="Local worker processes.")] = 2,
     scheduler: Annotated[str | None, typer.Option(help="Dask scheduler address, e.g. "
                                                        "tcp://host:8786.")] = None,
     chunk: Annotated[int | None, typer.Option(

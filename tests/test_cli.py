@@ -187,3 +187,17 @@ def test_validate_help_names_every_attention_kernel() -> None:
     text = " ".join(r.stdout.replace("│", " ").split())
     for kernel in KERNELS:
         assert f"{kernel} " in text or f"{kernel}," in text, kernel
+
+
+def test_worker_and_job_counts_below_their_least_are_refused(tmp_path: Path) -> None:
+    """--workers 0 or --jobs -1 had silently run serially; now typer's usage error names the
+    bound."""
+    for args, name, least in ((("compare", "default", "-o", str(tmp_path), "--workers", "0"),
+                               "--workers", 1),
+                              (("sweep", "default", "-o", str(tmp_path), "--workers", "-2"),
+                               "--workers", 1),
+                              (("validate", "runs.csv", "--jobs", "-1"), "--jobs", 0)):
+        r = run(*args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert f"Invalid value for '{name}'" in r.stderr, r.stderr
+        assert f"greater than or equal to {least}" in r.stderr, r.stderr
