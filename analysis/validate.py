@@ -87,6 +87,7 @@ VOCAB_PAD = 128  # Megatron-LM --make-vocab-size-divisible-by default
 # (1e30 GPUs) is a typo, named as unreadable like any other, not a 64-bit overflow deep inside.
 MAX_INT_CELL = 2**31
 BAD = "_unreadable"  # per row: the cells that did not parse, as "column 'text'"
+RAGGED = "_ragged"  # per row read by ``_read_text``: its cell count, where over the header's
 
 
 def load_runs(path: str | Path) -> pl.DataFrame:
@@ -125,9 +126,6 @@ def load_runs(path: str | Path) -> pl.DataFrame:
         *(pl.when(text[c] == "").then(None)
           .otherwise(text[c].str.to_lowercase() if c in ENUM_COLUMNS else text[c]).alias(c)
           for c in raw.columns if c not in parsed)).drop(RAGGED, strict=False)
-
-
-RAGGED = "_ragged"  # a row's cell count, where it has more cells than the header
 
 
 def _read_text(p: Path) -> pl.DataFrame:
