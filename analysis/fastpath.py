@@ -51,7 +51,7 @@ from tracegen.program import ParamBlock, bucket_plan, dp_group_size
 from tracegen.strategy import Strategy, check_fits_model
 from tracegen.units import NS_PER_S, GiB
 
-__all__ = ["FastEstimate", "clear_cache", "estimate"]
+__all__ = ["FastEstimate", "clear_cache", "estimate", "resolve_specs"]
 
 
 class FastEstimate(NamedTuple):
@@ -66,14 +66,19 @@ class FastEstimate(NamedTuple):
     stage_bwd_s: tuple[float, ...]
 
 
+def resolve_specs(model: ModelSpec | str, system: SystemSpec | str
+                  ) -> tuple[ModelSpec, SystemSpec]:
+    """The model and system as specs: given, or resolved from preset names or files as the CLI
+    takes them."""
+    return (model if isinstance(model, ModelSpec) else resolve_model(model),
+            system if isinstance(system, SystemSpec) else resolve_system(system))
+
+
 def estimate(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str
              ) -> FastEstimate:
     """Step time and memory of one strategy without generating a trace. ``model`` and
     ``system``: specs, or preset names / files as the CLI takes them."""
-    if not isinstance(model, ModelSpec):
-        model = resolve_model(model)
-    if not isinstance(system, SystemSpec):
-        system = resolve_system(system)
+    model, system = resolve_specs(model, system)
     check_fits_model(strategy, model)
     s = strategy
     costs = Costs(model, s, system)

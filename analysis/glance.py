@@ -14,10 +14,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from analysis.fastpath import FastEstimate, estimate
-from replay.hardware import SystemSpec, resolve_system
+from analysis.fastpath import FastEstimate, estimate, resolve_specs
+from replay.hardware import SystemSpec
 from tracegen import memory
-from tracegen.catalog import resolve_model
 from tracegen.flops import step_rates
 from tracegen.model import ModelSpec
 from tracegen.program import RoleProgram
@@ -70,10 +69,7 @@ def strategy_rates(model: ModelSpec, s: Strategy, system: SystemSpec, step_s: fl
 def glance(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str) -> Glance:
     """The fast-path estimate of one strategy with its per-stage breakdown. ``model`` and
     ``system``: specs, or preset names / files as the CLI takes them."""
-    if not isinstance(model, ModelSpec):
-        model = resolve_model(model)
-    if not isinstance(system, SystemSpec):
-        system = resolve_system(system)
+    model, system = resolve_specs(model, system)
     est = estimate(model, strategy, system)
     s = strategy
     rates = strategy_rates(model, s, system, est.step_time_s)

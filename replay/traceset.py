@@ -67,9 +67,9 @@ def _find_files(path: Path) -> tuple[str, dict[int, Path]]:
         if m and m.group("name") == name:
             ranks[int(m.group("rank"))] = p
     if not ranks:
-        raise TraceFormatError(f"{path} does not exist, and {folder} holds no {name}.<rank>.et "
-                               "files: pass a trace-set directory or a workload prefix "
-                               "(path/NAME for path/NAME.<rank>.et)")
+        raise TraceFormatError(f"{path} is not a trace-set directory, and {folder} holds no "
+                               f"{name}.<rank>.et files: pass a trace-set directory or a "
+                               "workload prefix (path/NAME for path/NAME.<rank>.et)")
     return name, ranks
 
 

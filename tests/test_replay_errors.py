@@ -133,7 +133,7 @@ def test_not_a_trace_set(tmp_path: Path) -> None:
         load_trace_set(tmp_path)
     with pytest.raises(TraceFormatError, match="neither a trace-set directory nor a workload"):
         load_trace_set(tmp_path / "nope" / "x")
-    with pytest.raises(TraceFormatError, match=r"x does not exist, and .* holds no x\.<rank>\.et"):
+    with pytest.raises(TraceFormatError, match=r"x is not a trace-set directory, and .* holds no x\.<rank>\.et"):
         load_trace_set(tmp_path / "x")  # (a typo'd set name in an existing folder)
 
 
