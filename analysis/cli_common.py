@@ -92,6 +92,14 @@ FirstLayersOpt = Annotated[int, typer.Option(
     help="Layers of the first model chunk (stage at vpp 1); 0 = even split.")]
 LastLayersOpt = Annotated[int, typer.Option(
     help="Layers of the last model chunk (stage at vpp 1); 0 = even split.")]
+EmbSplitOpt = Annotated[bool, typer.Option(
+    "--account-for-embedding-in-pipeline-split",
+    help="Count the embedding as a layer in the pipeline split: the first chunk holds one "
+         "layer fewer, none where chunks hold one (Megatron-Core; Llama 3).")]
+LossSplitOpt = Annotated[bool, typer.Option(
+    "--account-for-loss-in-pipeline-split",
+    help="Count the loss as a layer in the pipeline split: the last chunk holds one layer "
+         "fewer (Megatron-Core; Llama 3).")]
 
 
 def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, sp: bool,
@@ -99,7 +107,9 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    zero: int, overlap_param_gather: bool, precision: str,
                    first_stage_layers: int, last_stage_layers: int,
                    grad_reduce_bf16: bool = False, cp_comm_type: str = "p2p",
-                   expert_tp: int = 0, zero3_prefetch: bool = False) -> Strategy:
+                   expert_tp: int = 0, zero3_prefetch: bool = False,
+                   account_for_embedding: bool = False, account_for_loss: bool = False
+                   ) -> Strategy:
     """The strategy the shared options describe (dp from the GPU count)."""
     small = [f"--{k} must be ≥ 1, got {v}" for k, v in
              (("gpus", gpus), ("tp", tp), ("pp", pp), ("cp", cp)) if v < 1]
@@ -118,7 +128,9 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
                     grad_reduce_in_bf16=grad_reduce_bf16,
                     cp_comm_type=cp_comm_type,  # type: ignore[arg-type]
-                    expert_tp=expert_tp, zero3_prefetch=zero3_prefetch)
+                    expert_tp=expert_tp, zero3_prefetch=zero3_prefetch,
+                    account_for_embedding_in_pipeline_split=account_for_embedding,
+                    account_for_loss_in_pipeline_split=account_for_loss)
 
 
 def note_precision(precisions: set[str], system: SystemSpec) -> None:

@@ -93,8 +93,7 @@ def estimate(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | st
     # to step, and 1F1B pipelines whose sends pace the steady state (``_sends_bind``).
     check: Iterable[int]
     chunk_ends: Sequence[Sequence[int]]
-    walked = (s.schedule == "interleaved_1f1b" or bool(s.first_stage_layers)
-              or bool(s.last_stage_layers)
+    walked = (s.schedule == "interleaved_1f1b" or costs.uneven
               or (s.zero_stage == 3 and ((s.zero3_prefetch and s.pp > 1)
                                          or (costs.moe and not s.zero3_prefetch)))
               or (s.schedule == "1f1b" and s.pp > 1 and _paced(costs, stages, c, alike)))
@@ -320,7 +319,8 @@ def _stages(costs: Costs) -> tuple[list[Stage], list[int], bool]:
     recompute, ZeRO-3's fields), group layout, chunks and uneven end stages (a sweep's ZeRO 0 and
     1 twins, its batch sizes and schedules; the stage list is never mutated)."""
     s = costs.s
-    key = (costs.key, costs._degrees, s.vpp, s.first_stage_layers, s.last_stage_layers)
+    key = (costs.key, costs._degrees, s.vpp, s.first_stage_layers, s.last_stage_layers,
+           s.account_for_embedding_in_pipeline_split, s.account_for_loss_in_pipeline_split)
     got = costs.ctx.layouts.get(key)
     if got is None:
         got = costs.ctx.layouts[key] = _layout_stages(costs)
@@ -338,7 +338,7 @@ def _layout_stages(costs: Costs) -> tuple[list[Stage], list[int], bool]:
     reps = list(range(0, s.world_size, per_stage))
     uniform = per_stage % costs.gpn == 0
     sig0 = costs.signature(0)
-    alike = uniform and not (s.first_stage_layers or s.last_stage_layers)
+    alike = uniform and not costs.uneven
     if alike:
         edge = [costs.stage(st, reps[st], sig0) for st in range(min(2, s.pp))]
         middle = [edge[-1]] * max(0, s.pp - 3)
@@ -405,6 +405,7 @@ def _opened(costs: Costs, stages: list[Stage], reps: list[int], c: list[int]) ->
     batch, ZeRO 1 or 2 and the gradients' dtype (the fill does not depend on them)."""
     s = costs.s
     key = (costs.key, costs._degrees, s.vpp, s.first_stage_layers, s.last_stage_layers,
+           s.account_for_embedding_in_pipeline_split, s.account_for_loss_in_pipeline_split,
            s.dp_bucket_params, tuple(c))
     got = costs.ctx.opened.get(key)
     if got is not None:
@@ -432,6 +433,7 @@ def _gather_timeline(costs: Costs, st: int, rank: int
     Memoized by all it reads: the op lists' key, layout, chunks, bucket size and rank."""
     s = costs.s
     key = (costs.lists_key, costs._degrees, s.vpp, s.first_stage_layers, s.last_stage_layers,
+           s.account_for_embedding_in_pipeline_split, s.account_for_loss_in_pipeline_split,
            s.dp_bucket_params, st, rank)
     got = costs.ctx.gathers.get(key)
     if got is not None:

@@ -157,6 +157,7 @@ class Costs:
                                      s.zero3_prefetch)
                                     if s.zero_stage == 3 else 0))
         self.moe = model.is_moe
+        self.uneven = s.uneven  # (read per stage: a property call each time costs more)
         # all a group's shape depends on besides its axis and rank
         self._degrees = (s.tp, s.cp, s.dp, s.pp, s.ep, model.tied_embeddings, self.moe,
                          self.gpn, s.expert_tp)
@@ -214,7 +215,7 @@ class Costs:
     def stage(self, stage: int, rank: int, sig: int) -> Stage:
         s, n_chunks = self.s, self.s.pp * self.s.vpp
         layers = self.m.num_layers
-        uneven = s.first_stage_layers or s.last_stage_layers
+        uneven = self.uneven
         comp: tuple[object, ...]
         if s.vpp == 1 and not uneven:
             # the common case, spelled out: one chunk of layers / pp (a flat key; the general

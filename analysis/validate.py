@@ -319,10 +319,13 @@ def _uneven_pipeline(s: Strategy, layers: int, notes: list[str]) -> Strategy:
     out = with_shorter_end_chunks(s, layers)
     if out is not s:
         unit = "stages" if s.vpp == 1 else "model chunks"
-        per = -(-layers // (s.pp * s.vpp))
+        chunks = s.pp * s.vpp
+        first, last = (len(out.chunk_layers(layers, g)) for g in (0, chunks - 1))
         notes.append(f"{layers} layers on pp {s.pp}" + (f" × vpp {s.vpp}" if s.vpp > 1 else "")
-                     + f": first/last {unit} {out.first_stage_layers}/{out.last_stage_layers},"
-                     f" others {per}")
+                     + f": first/last {unit} {first}/{last}, others "
+                     f"{len(out.chunk_layers(layers, 1))}"
+                     + (" (the embedding / loss counted as layers, Megatron-Core)"
+                        if first == 0 or last == 0 else ""))
     return out
 
 

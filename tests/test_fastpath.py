@@ -570,7 +570,9 @@ def test_op_key_covers_every_field_the_op_lists_read() -> None:
                 "overlap_param_gather": True,
                 "first_stage_layers": 3, "dp_bucket_params": 1000,
                 "zero3_gather_bucket_params": 1000, "grad_reduce_in_bf16": True,
-                "cp_comm_type": "all_gather", "expert_tp": 1, "zero3_prefetch": True}
+                "cp_comm_type": "all_gather", "expert_tp": 1, "zero3_prefetch": True,
+                "account_for_embedding_in_pipeline_split": True,
+                "account_for_loss_in_pipeline_split": True}
     fields = {f.name for f in dataclasses.fields(Strategy)}
     assert fields <= set(variants) | {"last_stage_layers"}, "give the new field a variant here"
 

@@ -380,6 +380,7 @@ def test_vocabulary_is_padded_as_megatron_pads_it(tmp_path: Path) -> None:
     ("126", "16", "1", "4", [7] + [8] * 14 + [7]),  # Llama 3 405B (Dubey et al. 2024, §3.3.2)
     ("80", "3", "1", "21", [27, 27, 26]),
     ("126", "8", "8", "8", [1] + [2] * 62 + [1]),  # interleaved, embedding and loss as layers
+    ("126", "16", "8", "8", [0] + [1] * 126 + [0]),  # Llama 3's own: embedding, loss alone
 ])
 def test_layers_pp_does_not_divide_go_to_shorter_end_chunks(
         tmp_path: Path, layers: str, pp: str, vpp: str, dp: str, sizes: list[int]) -> None:

@@ -79,6 +79,15 @@ class Strategy:
     # its compute (at most two blocks gathered); off, each block's gathers block the compute
     # chain (tracegen/program.py; DESIGN.md, "ZeRO-3 gathers block the compute chain").
     zero3_prefetch: bool = False
+    # Megatron-Core's --account-for-embedding-in-pipeline-split / --account-for-loss-in-
+    # pipeline-split: the embedding (the loss) counts as one layer where the layers are split
+    # over the pp · vpp model chunks, so the first (last) chunk holds one layer fewer than the
+    # others — none where the others hold one: Llama 3 405B's 126 layers on pp 16 with an
+    # interleaved schedule, "the first model chunk on the first stage has only the embedding,
+    # and the last model chunk on the last stage has only output projection and loss
+    # calculation" (Dubey et al. 2024 §3.3.2), i.e. vpp 8 with both set.
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self) or _degree_problems(self)
@@ -96,6 +105,13 @@ class Strategy:
         return 1 if self.moe_folded else self.tp
 
     @property
+    def uneven(self) -> bool:
+        """The first or last model chunk holds another number of layers than the rest."""
+        return bool(self.first_stage_layers or self.last_stage_layers
+                    or self.account_for_embedding_in_pipeline_split
+                    or self.account_for_loss_in_pipeline_split)
+
+    @property
     def world_size(self) -> int:
         return self.tp * self.cp * self.dp * self.pp
 
@@ -110,7 +126,7 @@ class Strategy:
     def chunk_layers(self, num_layers: int, gci: int) -> range:
         """Global layer indices of global model chunk ``gci`` (= chunk · pp + stage)."""
         n_chunks = self.pp * self.vpp
-        if not (self.first_stage_layers or self.last_stage_layers) or n_chunks == 1:
+        if not self.uneven or n_chunks == 1:
             per = num_layers // n_chunks
             return range(gci * per, (gci + 1) * per)
         first, last = self._edge_layers(num_layers)
@@ -123,6 +139,11 @@ class Strategy:
         return range(start, start + middle)
 
     def _edge_layers(self, num_layers: int) -> tuple[int, int]:
+        emb = int(self.account_for_embedding_in_pipeline_split)
+        loss = int(self.account_for_loss_in_pipeline_split)
+        if emb or loss:  # Megatron-Core: the embedding / loss as one layer each in the split
+            per = (num_layers + emb + loss) // (self.pp * self.vpp)
+            return per - emb, per - loss
         rest = self.pp * self.vpp - 2
         first, last = self.first_stage_layers, self.last_stage_layers
         if first and last:
@@ -252,6 +273,23 @@ def _expert_problems(s: Strategy) -> list[str]:
     return out
 
 
+def _accounted_split_problems(s: Strategy, num_layers: int) -> list[str]:
+    """Megatron-Core's account-for-embedding/loss split: the layers plus the embedding and/or
+    loss counted as layers must split evenly over pp · vpp chunks, and the explicit end-chunk
+    sizes cannot be given beside it."""
+    if s.first_stage_layers or s.last_stage_layers:
+        return ["set first_stage_layers / last_stage_layers or the account_for_*_in_pipeline_"
+                "split flags, not both (each decides the end chunks' layers)"]
+    extra = int(s.account_for_embedding_in_pipeline_split) + int(
+        s.account_for_loss_in_pipeline_split)
+    total, chunks = num_layers + extra, s.pp * s.vpp
+    if total % chunks:
+        return [f"num_layers {num_layers} + {extra} (the embedding / loss counted as layers) = "
+                f"{total} is not divisible by pp · vpp = {s.pp} · {s.vpp} = {chunks}; choose "
+                f"pp·vpp among {_divisors(total)}"]
+    return []
+
+
 def check_fits_model(s: Strategy, m: ModelSpec, *, gpus: int | None = None) -> None:
     """Raise ConfigError naming every way ``s`` cannot run ``m`` (on ``gpus`` GPUs)."""
     out: list[str] = []
@@ -286,29 +324,42 @@ def with_shorter_end_chunks(s: Strategy, num_layers: int) -> Strategy:
     the first and last model chunks give up what is missing and the others hold
     ⌈layers / (pp · vpp)⌉, as Llama 3 did (126 layers on pp 16: 7, 8 × 14, 7; Dubey et al. 2024,
     §3.3.2) and as Megatron lays out an interleaved pipeline that counts the embedding and the
-    loss as layers (126 on pp 8 × vpp 8: 1, 2 × 62, 1). Unchanged where that leaves an end chunk
-    empty (the strategy check then says what is wrong)."""
+    loss as layers (126 on pp 8 × vpp 8: 1, 2 × 62, 1). Where that empties an end chunk (the
+    others holding one layer: 126 on pp 16 × vpp 8, Llama 3's own layout), the same split as
+    Megatron-Core's account-for-embedding/loss flags, which allow empty end chunks. Unchanged
+    where the end chunks would give up more than one layer each (the strategy check then says
+    what is wrong)."""
     chunks = s.pp * s.vpp
-    if s.pp == 1 or num_layers % chunks == 0 or s.first_stage_layers or s.last_stage_layers:
+    if s.pp == 1 or num_layers % chunks == 0 or s.uneven:
         return s
     per = -(-num_layers // chunks)
     short = per * chunks - num_layers  # layers the two end chunks give up
     first, last = per - short // 2, per - (short - short // 2)
-    if first < 1 or last < 1:
+    if first >= 1 and last >= 1:
+        return dataclasses.replace(s, first_stage_layers=first, last_stage_layers=last)
+    if short > 2:
         return s
-    return dataclasses.replace(s, first_stage_layers=first, last_stage_layers=last)
+    return dataclasses.replace(s, account_for_embedding_in_pipeline_split=short == 2,
+                               account_for_loss_in_pipeline_split=True)
 
 
 def _layer_split_problems(s: Strategy, m: ModelSpec) -> list[str]:
     chunks = s.pp * s.vpp
-    if not (s.first_stage_layers or s.last_stage_layers):
+    if not (s.first_stage_layers or s.last_stage_layers  # ``uneven``, inline: checked per
+            or s.account_for_embedding_in_pipeline_split  # screened strategy
+            or s.account_for_loss_in_pipeline_split):
         if m.num_layers % chunks:
             return [f"num_layers {m.num_layers} is not divisible by pp · vpp = {s.pp} · {s.vpp} = "
                     f"{chunks}; choose pp·vpp among {_divisors(m.num_layers)}, or set "
-                    "first_stage_layers / last_stage_layers for an uneven pipeline"]
+                    "first_stage_layers / last_stage_layers (or count the embedding and loss "
+                    "as layers: account_for_embedding/loss_in_pipeline_split) for an uneven "
+                    "pipeline"]
         return []
     if s.pp < 2:
-        return ["first_stage_layers / last_stage_layers need pp ≥ 2"]
+        return ["first_stage_layers / last_stage_layers and the account_for_*_in_pipeline_split "
+                "flags need pp ≥ 2"]
+    if s.account_for_embedding_in_pipeline_split or s.account_for_loss_in_pipeline_split:
+        return _accounted_split_problems(s, m.num_layers)
     if s.first_stage_layers < 0 or s.last_stage_layers < 0:
         return ["first_stage_layers / last_stage_layers must be ≥ 0"]
     n_chunks = s.pp * s.vpp

@@ -1,0 +1,104 @@
+"""Megatron-Core's account-for-embedding/loss pipeline split (``Strategy.account_for_*``): the
+embedding and the loss count as layers, so the end chunks hold one layer fewer — none where the
+others hold one, as in Llama 3 405B's own layout (Dubey et al. 2024 §3.3.2)."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+
+import pytest
+
+from analysis.fastpath import estimate
+from replay import get_system, replay
+from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
+from tracegen.strategy import check_fits_model, with_shorter_end_chunks
+
+SMALL = ModelSpec(name="split", num_layers=6, hidden_size=256, num_attention_heads=8,
+                  num_kv_heads=4, ffn_hidden_size=512, vocab_size=1024, seq_len=256,
+                  activation="swiglu")
+
+
+def _sizes(s: Strategy, layers: int) -> list[int]:
+    return [len(s.chunk_layers(layers, g)) for g in range(s.pp * s.vpp)]
+
+
+def _split(pp: int, vpp: int, emb: bool = True, loss: bool = True, **kw: object) -> Strategy:
+    return Strategy(pp=pp, vpp=vpp, schedule="interleaved_1f1b" if vpp > 1 else "1f1b",
+                    global_batch_size=4 * pp, account_for_embedding_in_pipeline_split=emb,
+                    account_for_loss_in_pipeline_split=loss, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("layers", "pp", "vpp", "emb", "loss", "sizes"), [
+    (126, 16, 8, True, True, [0] + [1] * 126 + [0]),  # Llama 3 405B: embedding, loss alone
+    (126, 16, 1, True, True, [7] + [8] * 14 + [7]),  # the same split on whole stages
+    (126, 8, 8, True, True, [1] + [2] * 62 + [1]),
+    (127, 16, 8, True, False, [0] + [1] * 127),
+    (127, 16, 8, False, True, [1] * 127 + [0]),
+])
+def test_end_chunks_give_up_a_layer_each(layers: int, pp: int, vpp: int, emb: bool,
+                                         loss: bool, sizes: list[int]) -> None:
+    s = _split(pp, vpp, emb, loss)
+    assert _sizes(s, layers) == sizes
+    assert sum(sizes) == layers
+    ranges = [s.chunk_layers(layers, g) for g in range(pp * vpp)]
+    assert [r.start for r in ranges[1:]] == [r.stop for r in ranges[:-1]]  # contiguous
+
+
+def test_on_whole_stages_it_is_the_explicit_end_stage_split() -> None:
+    """126 layers on pp 16 with both counted is Llama 3's 7, 8 × 14, 7 given as end-stage sizes."""
+    assert _sizes(_split(16, 1), 126) == _sizes(
+        Strategy(pp=16, global_batch_size=64, first_stage_layers=7, last_stage_layers=7), 126)
+
+
+@pytest.mark.parametrize(("strategy", "message"), [
+    (lambda: _split(5, 1), "126 + 2 (the embedding / loss counted as layers) = 128 is not "
+                           "divisible by pp · vpp = 5 · 1"),
+    (lambda: _split(16, 1, first_stage_layers=7), "not both"),
+])
+def test_bad_splits_say_what_is_wrong(strategy, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_fits_model(strategy(), get_model("llama3.1-405b"))
+
+
+def test_one_stage_cannot_split() -> None:
+    s = Strategy(account_for_loss_in_pipeline_split=True)
+    with pytest.raises(ConfigError, match="need pp ≥ 2"):
+        check_fits_model(s, SMALL)
+
+
+@pytest.mark.parametrize(("layers", "emb", "sizes_end"), [(126, True, (0, 0)),
+                                                          (127, False, (1, 0))])
+def test_shorter_end_chunks_use_the_split_where_an_end_chunk_empties(
+        layers: int, emb: bool, sizes_end: tuple[int, int]) -> None:
+    """``with_shorter_end_chunks`` (validate, sweep): 126 layers on pp 16 × vpp 8 were refused
+    (an end chunk would be empty); they now take Megatron-Core's split."""
+    s = with_shorter_end_chunks(Strategy(pp=16, vpp=8, schedule="interleaved_1f1b",
+                                         global_batch_size=64), layers)
+    assert s.account_for_embedding_in_pipeline_split is emb
+    assert s.account_for_loss_in_pipeline_split
+    sizes = _sizes(s, layers)
+    assert (sizes[0], sizes[-1]) == sizes_end and sum(sizes) == layers
+
+
+@pytest.mark.parametrize("kw", [
+    dict(pp=4, vpp=2, zero_stage=1),  # chunk 0 the embedding alone, chunk 7 the head alone
+    dict(pp=4, vpp=2, zero_stage=3),
+    dict(pp=4, vpp=1, zero_stage=0),  # 1, 2, 2, 1 layers
+    dict(pp=2, vpp=4, zero_stage=1, recompute="full"),
+    dict(pp=4, vpp=2, zero_stage=3, zero3_prefetch=True),
+    dict(pp=4, vpp=2, zero_stage=1, overlap_param_gather=True),
+])
+def test_fast_path_agrees_with_replay_on_empty_end_chunks(kw: dict) -> None:
+    """The fast path walks these pipelines (uneven) and stays within the 2% it holds elsewhere
+    (tests/test_fastpath.py) of the replayed traces, whose first rank runs a chunk that is the
+    embedding alone."""
+    pp, vpp = kw.pop("pp"), kw.pop("vpp")
+    s = _split(pp, vpp, dp=2, tp=2, sequence_parallel=True, **kw)
+    assert _sizes(s, SMALL.num_layers)[0] == (0 if vpp > 1 else 1)
+    hw = get_system("dgx-h100")
+    fast = estimate(SMALL, s, hw)
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(SMALL, s, tmp, mode="representative")
+        ref = replay(tmp, hw, contention=False).step_time_s
+    assert fast.step_time_s == pytest.approx(ref, rel=0.02)
