@@ -81,7 +81,8 @@ def print_glance(g: Glance, s: Strategy) -> None:
     console.print(f"peak memory {g.peak_memory_GiB:.1f} GiB per GPU: {verdict} in "
                   f"{g.capacity_GiB:g} GiB")
     table = Table(title="Per pipeline stage (one micro-batch; memory per GPU in GiB)")
-    for col in ("stage", "fwd ms", "bwd ms", *MEMORY_COLUMNS, "runtime+alloc", "total"):
+    for col in ("stage", "layers", "fwd ms", "bwd ms", *MEMORY_COLUMNS, "runtime+alloc",
+                "total"):
         table.add_column(col, justify="right")
     for st in g.stages:
         mem = st.memory
@@ -89,7 +90,8 @@ def print_glance(g: Glance, s: Strategy) -> None:
         other = (mem.runtime_bytes + mem.fragmentation_bytes) / GiB
         total = mem.total_bytes / GiB
         total_cell = (f"[bold red]{total:.1f}[/]" if total > g.capacity_GiB else f"{total:.1f}")
-        table.add_row(str(st.stage), f"{st.fwd_s * 1e3:.2f}", f"{st.bwd_s * 1e3:.2f}",
+        table.add_row(str(st.stage), str(st.layers), f"{st.fwd_s * 1e3:.2f}",
+                      f"{st.bwd_s * 1e3:.2f}",
                       *[f"{x:.2f}" for x in parts], f"{other:.2f}", total_cell)
     console.print(table)
     console.print("[dim]The fast path's closed form; `trainsim tracegen` then `trainsim replay` "

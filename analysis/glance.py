@@ -30,6 +30,7 @@ class StageGlance:
     fwd_s: float  # one micro-batch, every chunk of the stage
     bwd_s: float  # with recomputation
     memory: memory.MemoryEstimate
+    layers: int = 0  # transformer layers the stage holds, every chunk of it
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -54,8 +55,8 @@ class Glance:
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if f.name != "stages"}
-        out["stages"] = [{"stage": st.stage, "fwd_s": st.fwd_s, "bwd_s": st.bwd_s,
-                          **st.memory.to_dict()} for st in self.stages]
+        out["stages"] = [{"stage": st.stage, "layers": st.layers, "fwd_s": st.fwd_s,
+                          "bwd_s": st.bwd_s, **st.memory.to_dict()} for st in self.stages]
         return out
 
 
@@ -97,5 +98,7 @@ def _stages(model: ModelSpec, s: Strategy, system: SystemSpec, est: FastEstimate
         held = RoleProgram(model, s, st).stage_params()
         mem = memory.estimate(model, s, st, sum(held.values()), flash_attention=flash,
                               expert_params=held["edp"])
-        out.append(StageGlance(st, est.stage_fwd_s[st], est.stage_bwd_s[st], mem))
+        layers = sum(len(s.chunk_layers(model.num_layers, ch * s.pp + st))
+                     for ch in range(s.vpp))
+        out.append(StageGlance(st, est.stage_fwd_s[st], est.stage_bwd_s[st], mem, layers))
     return tuple(out)

@@ -66,6 +66,7 @@ def test_estimate_cli_prints_and_writes_json(tmp_path: Path) -> None:
     d = json.loads(out.read_text())
     assert d["strategy"] == "tp8-pp8-dp16-mbs1" and len(d["stages"]) == 8
     assert d["peak_memory_GiB"] == pytest.approx(max(st["total_GiB"] for st in d["stages"]))
+    assert [st["layers"] for st in d["stages"]] == [12] * 8
     bad = run("estimate", "--model", "gpt3-175b", "--gpus", "1020", "--tp", "8", "--mbs", "1",
               "--gbs", "8", "--system", "dgx-a100-80gb")
     assert bad.returncode == 2 and "not divisible by tp·pp·cp" in bad.stderr
@@ -107,3 +108,19 @@ def test_model_and_system_may_be_named_as_the_cli_names_them() -> None:
                                                            get_system("dgx-h100"))
     with pytest.raises(ConfigError, match="no preset system named 'dgx-h1000'"):
         glance("llama3-8b", s, "dgx-h1000")
+
+
+def test_estimate_cli_takes_llama3s_own_pipeline_split(tmp_path: Path) -> None:
+    """Llama 3 405B as Dubey et al. 2024 (§3.3.2) laid it out: pp 16 × vpp 8, the first chunk
+    the embedding alone and the last the loss alone, so each end stage holds one layer fewer
+    (7, 8 × 14, 7); with FSDP's sharded gradients (ZeRO-2) it fits, as it trained, without
+    activation checkpointing."""
+    out = tmp_path / "e.json"
+    r = run("estimate", "--model", "llama3.1-405b", "--gpus", "16384", "--tp", "8", "--pp", "16",
+            "--vpp", "8", "--schedule", "interleaved_1f1b", "--sp", "--mbs", "1", "--gbs",
+            "2048", "--zero", "2", "--account-for-embedding-in-pipeline-split",
+            "--account-for-loss-in-pipeline-split", "--system", "dgx-h100", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    d = json.loads(out.read_text())
+    assert [st["layers"] for st in d["stages"]] == [7] + [8] * 14 + [7]
+    assert d["fits"]
