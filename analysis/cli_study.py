@@ -156,7 +156,7 @@ def resilience_cmd(
 
     from analysis import plots as P
     from analysis import resilience as R
-    from analysis.evaluate import resilience_frame, summary_dict
+    from analysis.evaluate import resilience_frame, strategy_dict, summary_dict
     from analysis.study import load_study
 
     summary, plots = output_file(summary, "--summary"), output_dir(plots, "--plots")
@@ -164,9 +164,11 @@ def resilience_cmd(
     if not study.strategies:
         raise ConfigError("the study lists no [[strategies]] to evaluate", what="study")
     out: dict[str, Any] = {}
+    shapes: dict[str, Any] = {}
     for s in study.strategies:
         frame = resilience_frame(study, s)
         out[s.label()] = summary_dict(frame)
+        shapes[s.label()] = strategy_dict(frame)
         table = Table(title=f"{study.name}: {s.label()} on {s.world_size} GPUs "
                             f"(job MTTF {frame['job_mttf_s'][0] / 3600:.2f} h)")
         for col in ("policy", "goodput", "days to train", "GPU-hours", "failures",
@@ -179,6 +181,7 @@ def resilience_cmd(
                           f"{r['checkpoint_interval_s'] / 60:.1f}", f"{r['checkpoint_s']:.1f}",
                           f"{r['restart_s']:.0f}")
         console.print(table)
+        console.print(_resilience_step_line(shapes[s.label()], study.system.gpu.hbm_bytes))
         if plots is not None:
             g = frame.filter(frame["policy"] == "global_restart").row(0, named=True)
             mttf, delta = g["job_mttf_s"], g["checkpoint_s"]
@@ -192,7 +195,22 @@ def resilience_cmd(
                                                      dpi=110)
     if summary is not None:
         first = next(iter(out.values()))
-        summary.write_text(json.dumps({"policies": first, "strategies": out}, indent=1) + "\n")
+        summary.write_text(json.dumps({"policies": first, "strategies": out,
+                                       "strategy_shapes": shapes}, indent=1) + "\n")
+
+
+def _resilience_step_line(shape: dict[str, Any], hbm_bytes: float) -> str:
+    """The failure-free step the policies rest on, and whether the strategy fits: a strategy
+    that does not is flagged here as everywhere (its goodput is that of a run that cannot
+    start)."""
+    line = (f"failure-free step {shape['step_time_s']:.3f} s (fast path), "
+            f"{shape['failure_free_s'] / 86400:.1f} days; peak memory "
+            f"{shape['peak_memory_GiB']:.1f} GiB per GPU")
+    capacity = hbm_bytes / 2**30
+    if shape["fits"]:
+        return f"{line}: fits in {capacity:.0f} GiB"
+    return (f"{line}: [bold red]DOES NOT FIT[/] in {capacity:.0f} GiB — these figures are for "
+            "a run that cannot start (try more pipeline stages, ZeRO, or recompute)")
 
 
 def _study_meta(study: Any, counts: dict[str, int] | None = None) -> dict[str, Any]:

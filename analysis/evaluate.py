@@ -52,7 +52,9 @@ def resilience_frame(study: Study, s: Strategy, fast: FastEstimate | None = None
     fast = fast or estimate(study.model, s, study.system)
     work_s = _work_s(study, s, fast)
     return pl.DataFrame(resilience_rows(study, s, fast)).with_columns(
-        pl.lit(s.label()).alias("strategy"), pl.lit(work_s).alias("failure_free_s"))
+        pl.lit(s.label()).alias("strategy"), pl.lit(work_s).alias("failure_free_s"),
+        pl.lit(fast.step_time_s).alias("step_time_s"),
+        pl.lit(fast.peak_memory_GiB).alias("peak_memory_GiB"), pl.lit(fast.fits).alias("fits"))
 
 
 def _work_s(study: Study, s: Strategy, fast: FastEstimate) -> float:
@@ -75,6 +77,13 @@ def _require_failures(study: Study) -> None:
     if not study.has_failures:
         raise ConfigError("the study has no [failures] table: add preset = NAME or "
                           "rate_per_gpu_hour", what=f"study {study.name!r}")
+
+
+def strategy_dict(frame: pl.DataFrame) -> dict[str, Any]:
+    """What ``resilience_frame`` says of its strategy itself: the failure-free step and
+    training time and whether it fits in memory (a run that cannot start has no goodput)."""
+    row = frame.row(0, named=True)
+    return {k: row[k] for k in ("step_time_s", "failure_free_s", "peak_memory_GiB", "fits")}
 
 
 def summary_dict(frame: pl.DataFrame) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -135,6 +136,32 @@ def test_resilience_cli_writes_summary_and_plots(tmp_path: Path) -> None:
         assert 0 < v["goodput"] <= 1
     assert data["hot_spares"]["goodput"] > data["global_restart"]["goodput"]
     assert len(list((tmp_path / "plots").glob("*.png"))) == 2
+    (shape,) = json.loads(out.read_text())["strategy_shapes"].values()
+    assert shape["fits"] and shape["peak_memory_GiB"] <= 80
+    assert "fits in 80 GiB" in r.stdout and "DOES NOT FIT" not in r.stdout
+
+
+def test_resilience_flags_a_strategy_that_does_not_fit(tmp_path: Path) -> None:
+    """Llama 3 405B on pp 16 without interleaving and with ZeRO-1 (gradients not sharded)
+    needs ~87 GiB a GPU: the policies are still tabulated, but the run is flagged as one that
+    cannot start, in the output and in the summary."""
+    study = Path(__file__).resolve().parent.parent / "analysis" / "studies" / (
+        "llama3-405b-failures.toml")
+    text = study.read_text()
+    head = text[:text.index("[[strategies]]")]
+    tail = text[text.index("[failures]"):]
+    bad = tmp_path / "bad.toml"
+    bad.write_text(head + "[[strategies]]\ntp = 8\npp = 16\nmicro_batch_size = 1\n"
+                   "sequence_parallel = true\nzero_stage = 1\nfirst_stage_layers = 7\n"
+                   "last_stage_layers = 7\n\n" + tail)
+    out = tmp_path / "s.json"
+    r = subprocess.run([sys.executable, "-m", "analysis.cli", "resilience", str(bad),
+                        "--summary", str(out)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    assert "DOES NOT FIT in 80 GiB" in r.stdout
+    (shape,) = json.loads(out.read_text())["strategy_shapes"].values()
+    assert not shape["fits"] and shape["peak_memory_GiB"] > 80
 
 
 def test_restart_cost_grows_with_job_size() -> None:
