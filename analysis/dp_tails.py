@@ -29,7 +29,10 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
     the ``sends`` between stages), exactly where each stage's inputs come late
     (``_cooldowns``)."""
     s, m = costs.s, costs.m
-    strategy_key = costs.ctx.intern((s.dp_bucket_params, s.overlap_grad_reduce, s.zero_stage,
+    # ZeRO-2 communicates as ZeRO-1 (it shards the gradients too, which only the memory model
+    # sees): the ZeRO stage as the timing sees it, so a sweep's ZeRO 1 and 2 twins share memos
+    strategy_key = costs.ctx.intern((s.dp_bucket_params, s.overlap_grad_reduce,
+                                     1 if s.zero_stage == 2 else s.zero_stage,
                                      s.dp, s.cp, s.ep, s.overlap_param_gather,
                                      s.grad_reduce_in_bf16, s.expert_tp))
     propagate = s.pp > 1 and s.overlap_grad_reduce and costs.compute.gpu.comm_interference > 0
@@ -246,7 +249,8 @@ def _after_memo(costs: Costs, x: Stage, rank: int, gathers: list[tuple[str, int,
     strategy's sharding and the groups' shapes (not the stage itself: strategies that differ
     only in recompute, micro-batch or sequence parallelism share it)."""
     s = costs.s
-    key = (x.params, tuple(gathers), s.zero_stage, s.dp, s.cp, s.ep, s.tp, s.expert_tp,
+    key = (x.params, tuple(gathers), 1 if s.zero_stage == 2 else s.zero_stage,  # (tails_ns)
+           s.dp, s.cp, s.ep, s.tp, s.expert_tp,
            s.overlap_param_gather, costs.shape("dp", rank),
            costs.shape("edp", rank) if costs.moe else None)
     got = costs.ctx.afters.get(key)

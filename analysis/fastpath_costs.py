@@ -49,6 +49,8 @@ class _Context:
         self.lists: dict[tuple[object, ...], tuple[int, int]] = {}
         # the same key → the list as (kernel, overlapped collective) runs (``Costs.list_runs``)
         self.runs: dict[tuple[object, ...], Runs] = {}
+        # (layers, pp, vpp, the uneven split's fields) → each global chunk's layer count
+        self.splits: dict[tuple[int, ...], tuple[int, ...]] = {}
         self.optimizer: dict[int, int] = {}
         # (op-list key, recompute) → stored activation bytes of one layer and micro-batch
         self.activations: dict[tuple[int, str], int] = {}
@@ -94,7 +96,7 @@ class _Context:
                 + len(self.gathers) + len(self.opened)
                 + len(self.optimizer) + len(self.buckets) + len(self.shapes) + len(self.walks)
                 + len(self.activations) + len(self.chunks) + len(self.p2p) + len(self.sends)
-                + len(self.runs))
+                + len(self.runs) + len(self.splits))
 
     def model_id(self, model: ModelSpec) -> int:
         """A small integer per model (by identity first: hashing a spec per strategy is slow)."""
@@ -225,13 +227,25 @@ class Costs:
             chunks: tuple[tuple[object, ...], ...] = (comp,)
         else:
             gcis = (stage,) if s.vpp == 1 else tuple(ch * s.pp + stage for ch in range(s.vpp))
-            comp = chunks = tuple([(len(s.chunk_layers(layers, g)) if uneven
-                                    else layers // n_chunks,
+            sizes = self.chunk_sizes() if uneven else None
+            comp = chunks = tuple([(sizes[g] if sizes else layers // n_chunks,
                                     g == 0, g == n_chunks - 1, n_chunks == 1) for g in gcis])
         key = (self.key, comp, sig)
         got = self.ctx.stages.get(key)
         if got is None:
             got = self.ctx.stages[key] = stage_costs(self, gcis, chunks, rank, sig)
+        return got
+
+    def chunk_sizes(self) -> tuple[int, ...]:
+        """Each global model chunk's layer count (``Strategy.chunk_layers``), found once per
+        split: every stage of an uneven pipeline reads it."""
+        s, layers = self.s, self.m.num_layers
+        key = (layers, s.pp, s.vpp, s.first_stage_layers, s.last_stage_layers,
+               s.account_for_embedding_in_pipeline_split, s.account_for_loss_in_pipeline_split)
+        got = self.ctx.splits.get(key)
+        if got is None:
+            got = self.ctx.splits[key] = tuple(len(s.chunk_layers(layers, g))
+                                               for g in range(s.pp * s.vpp))
         return got
 
     def chunk_runs(self, gci: int, chunk: tuple[object, ...]) -> list[tuple[ParamBlock, int]]:

@@ -129,3 +129,31 @@ def test_a_sweep_ranks_meta_s_published_llama3_layout_first(tmp_path: Path) -> N
     assert (best.tp, best.pp, best.vpp, best.recompute) == (8, 16, 8, "none")
     assert best.account_for_embedding_in_pipeline_split and best.account_for_loss_in_pipeline_split
     assert t1 > 1.05 * t0
+
+
+@pytest.mark.parametrize("kw", [dict(pp=2, vpp=2, schedule="interleaved_1f1b",
+                                     account_for_embedding_in_pipeline_split=True,
+                                     account_for_loss_in_pipeline_split=True),
+                                dict(pp=2, vpp=1, schedule="1f1b", overlap_param_gather=True)])
+def test_zero2_times_as_zero1_and_shares_its_memos(kw: dict) -> None:
+    """ZeRO-2 shards the gradients as well, which only the memory model sees: its traces replay
+    in the same time as ZeRO-1's, and the fast path, which shares the gradient drain between
+    the two (a sweep's twins), gives it the same answer cold or after its twin."""
+    from analysis.fastpath import clear_cache
+
+    hw = get_system("dgx-h100")
+    z1, z2 = (Strategy(tp=2, dp=4, micro_batch_size=1, global_batch_size=16, zero_stage=z,
+                       sequence_parallel=True, dp_bucket_params=200_000, **kw) for z in (1, 2))
+    clear_cache()
+    cold = estimate(SMALL, z2, hw).step_time_s
+    clear_cache()
+    estimate(SMALL, z1, hw)
+    assert estimate(SMALL, z2, hw).step_time_s == cold == estimate(SMALL, z1, hw).step_time_s
+    assert estimate(SMALL, z2, hw).peak_memory_GiB < estimate(SMALL, z1, hw).peak_memory_GiB
+    replayed = []
+    for s in (z1, z2):
+        with tempfile.TemporaryDirectory() as tmp:
+            generate(SMALL, s, tmp, mode="representative")
+            replayed.append(replay(tmp, hw, contention=False).step_time_s)
+    assert replayed[0] == replayed[1]
+    assert cold == pytest.approx(replayed[1], rel=0.02)

@@ -363,8 +363,13 @@ def _layer_split_problems(s: Strategy, m: ModelSpec) -> list[str]:
     if s.first_stage_layers < 0 or s.last_stage_layers < 0:
         return ["first_stage_layers / last_stage_layers must be ≥ 0"]
     n_chunks = s.pp * s.vpp
-    sizes = [len(s.chunk_layers(m.num_layers, g)) for g in range(n_chunks)]
-    if sum(sizes) != m.num_layers or min(sizes) < 1:
+    # ``chunk_layers``' sizes in closed form (checked per screened strategy): the end chunks,
+    # and n − 2 middle ones of ⌊rest / (n − 2)⌋ layers each
+    head, tail = s._edge_layers(m.num_layers)
+    middle = (m.num_layers - head - tail) // (n_chunks - 2) if n_chunks > 2 else head
+    if head + tail + (middle * (n_chunks - 2) if n_chunks > 2 else 0) != m.num_layers or min(
+            head, tail, middle) < 1:
+        sizes = [len(s.chunk_layers(m.num_layers, g)) for g in range(n_chunks)]
         first, last = s.first_stage_layers, s.last_stage_layers
         what = "stages" if s.vpp == 1 else "model chunks (pp · vpp)"
         return [f"first_stage_layers {first} and last_stage_layers {last} leave "
