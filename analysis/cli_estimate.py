@@ -69,7 +69,8 @@ def print_glance(g: Glance, s: Strategy) -> None:
     console.print(f"[bold]{g.model}[/] {g.strategy} on {g.system} ({s.world_size:,} GPUs; "
                   f"{s.num_microbatches} micro-batches, {s.schedule}, recompute {s.recompute}, "
                   f"ZeRO {s.zero_stage}, {s.precision}"
-                  + (", gradients reduced in bf16" if s.grad_reduce_in_bf16 else "") + ")")
+                  + (", gradients reduced in bf16" if s.grad_reduce_in_bf16 else "")
+                  + _split_words(s) + ")")
     console.print(f"step time [bold]{g.step_time_s:.4f} s[/] (fast path; pipeline "
                   f"{g.pipeline_s:.4f} s, the busiest stage idle {g.pipeline_idle:.1%} of it): "
                   f"{g.tokens_per_s:,.0f} tokens/s, MFU {g.mfu:.1%}, HFU {g.hfu:.1%}")
@@ -96,3 +97,10 @@ def print_glance(g: Glance, s: Strategy) -> None:
     console.print(table)
     console.print("[dim]The fast path's closed form; `trainsim tracegen` then `trainsim replay` "
                   "gives the simulated timeline and the compute / communication split.[/]")
+
+
+def _split_words(s: Strategy) -> str:
+    """The header's words for Megatron-Core's account-for-embedding/loss split, if set."""
+    counted = [w for w, on in (("embedding", s.account_for_embedding_in_pipeline_split),
+                               ("loss", s.account_for_loss_in_pipeline_split)) if on]
+    return f", {' and '.join(counted)} counted as layers in the split" if counted else ""

@@ -124,3 +124,4 @@ def test_estimate_cli_takes_llama3s_own_pipeline_split(tmp_path: Path) -> None:
     d = json.loads(out.read_text())
     assert [st["layers"] for st in d["stages"]] == [7] + [8] * 14 + [7]
     assert d["fits"]
+    assert "embedding and loss counted as layers in the split" in " ".join(r.stdout.split())
