@@ -199,7 +199,7 @@ def resilience_cmd(
                                        "strategy_shapes": shapes}, indent=1) + "\n")
 
 
-def _resilience_step_line(shape: dict[str, Any], hbm_bytes: float) -> str:
+def _resilience_step_line(shape: dict[str, Any], hbm_bytes: int) -> str:
     """The failure-free step the policies rest on, and whether the strategy fits: a strategy
     that does not is flagged here as everywhere (its goodput is that of a run that cannot
     start)."""

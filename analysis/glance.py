@@ -98,7 +98,6 @@ def _stages(model: ModelSpec, s: Strategy, system: SystemSpec, est: FastEstimate
         held = RoleProgram(model, s, st).stage_params()
         mem = memory.estimate(model, s, st, sum(held.values()), flash_attention=flash,
                               expert_params=held["edp"])
-        layers = sum(len(s.chunk_layers(model.num_layers, ch * s.pp + st))
-                     for ch in range(s.vpp))
-        out.append(StageGlance(st, est.stage_fwd_s[st], est.stage_bwd_s[st], mem, layers))
+        out.append(StageGlance(st, est.stage_fwd_s[st], est.stage_bwd_s[st], mem,
+                               s.stage_layers(model.num_layers, st)))
     return tuple(out)

@@ -224,7 +224,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
             weights = -(-params_local * ZERO3_PARAM_BYTES // dp_shard)
             optim = -(-params_local * ZERO3_OPTIM_BYTES // dp_shard)
     if layers is None:
-        layers = sum(len(s.chunk_layers(m.num_layers, c * s.pp + stage)) for c in range(s.vpp))
+        layers = s.stage_layers(m.num_layers, stage)
     # In-flight micro-batches are counted in units of the whole stage (all its chunks).
     activations = int(act * layers * inflight_microbatches(s, stage))
     logits = 0

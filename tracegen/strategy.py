@@ -138,6 +138,11 @@ class Strategy:
         start = first + (gci - 1) * middle
         return range(start, start + middle)
 
+    def stage_layers(self, num_layers: int, stage: int) -> int:
+        """Layers pipeline stage ``stage`` holds, over all its model chunks."""
+        return sum(len(self.chunk_layers(num_layers, ch * self.pp + stage))
+                   for ch in range(self.vpp))
+
     def _edge_layers(self, num_layers: int) -> tuple[int, int]:
         emb = int(self.account_for_embedding_in_pipeline_split)
         loss = int(self.account_for_loss_in_pipeline_split)
