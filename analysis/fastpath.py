@@ -155,7 +155,7 @@ def _walked_ends(costs: Costs, stages: list[Stage], c: list[int],
     streams = ([x.z3_f for x in stages], [x.z3_b for x in stages]) if (
         stages[0].z3_b) else None
     leads = _leads(costs, stages) if streams else None
-    key = (s.schedule, s.pp, s.num_microbatches, s.vpp, tuple(fwd), tuple(bwd), tuple(c),
+    key = (s.order_id, s.pp, s.num_microbatches, s.vpp, tuple(fwd), tuple(bwd), tuple(c),
            tuple(sorted(early.items())) if early else None,
            tuple(sorted(late.items())) if late else None,
            (tuple(streams[0]), tuple(streams[1])) if streams else None,
@@ -406,11 +406,11 @@ def _opened(costs: Costs, stages: list[Stage], reps: list[int], c: list[int]) ->
     s = costs.s
     key = (costs.key, costs._degrees, s.vpp, s.first_stage_layers, s.last_stage_layers,
            s.account_for_embedding_in_pipeline_split, s.account_for_loss_in_pipeline_split,
-           s.dp_bucket_params, tuple(c))
+           s.dp_bucket_params, s.schedule_group, tuple(c))
     got = costs.ctx.opened.get(key)
     if got is not None:
         return got
-    starts = first_forwards(s.pp, s.vpp, [x.fwd for x in stages], c)
+    starts = first_forwards(s.pp, s.vpp, [x.fwd for x in stages], c, s.schedule_group)
     floors, busy = [], []
     for st, x in enumerate(stages):
         busy.append(tuple(_gather_timeline(costs, st, reps[st])[2]))

@@ -112,18 +112,18 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
     that open the step (``Opened``)."""
     p, m, v = s.pp, s.num_microbatches, s.vpp
     if not streams and not early and not late:
-        return _plain_periodic(s, _Plain(s.schedule, p, v, fwd, bwd, c, opened))
+        return _plain_periodic(s, _Plain(s.order_id, p, v, fwd, bwd, c, opened))
 
     busiest = (_gpipe_round(p, *streams) if streams and s.schedule == "gpipe" else
                max(p * (sum(f) + sum(b)) for f, b in zip(fwd, bwd, strict=True)))
     if streams:
-        return _periodic(_Streams(s.schedule, p, v, *streams, c, leads).branched(), p, m, v,
-                         busiest)
+        return _periodic(_Streams(s.order_id, p, v, *streams, c, leads).branched(), p, m, v,
+                         busiest, group=s.schedule_group)
 
     def walk(mb: int) -> Walked:
-        return _walk(s.schedule, p, mb, v, fwd, bwd, c, early, late, hide)
+        return _walk(s.order_id, p, mb, v, fwd, bwd, c, early, late, hide)
 
-    return _periodic(walk, p, m, v, busiest)
+    return _periodic(walk, p, m, v, busiest, group=s.schedule_group)
 
 
 # A stage's steps from its first bucket-issuing backward (chunk v − 1's last) to its end, each
@@ -145,12 +145,12 @@ def plain_tails(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
     is the extrapolated run's shifted, once the walk is periodic): the steps the gradient
     buckets drain beside (``dp_tails``)."""
     p, v = s.pp, s.vpp
-    plain = _Plain(s.schedule, p, v, fwd, bwd, c, opened)
+    plain = _Plain(s.order_id, p, v, fwd, bwd, c, opened)
     walked = _plain_periodic(s, plain)
     assert plain.longest is not None
     run, slots = plain.longest
     slot, send, cost = slots[0], plain.send, plain.cost
-    plan, order = _tail_plan(s.schedule, run, p, v)
+    plan, order = _tail_plan(s.order_id, run, p, v)
     return walked, (tuple(tuple((slot[k] - send[i], cost[i], ch, last, dep)
                                 for k, i, ch, last, dep in steps) for steps in plan), order)
 
@@ -159,7 +159,8 @@ def _plain_periodic(s: Strategy, plain: _Plain) -> Walked:
     """``_periodic`` over a plain walk; for 1F1B with its exact steady rate."""
     rate = one_f_one_b_rate(plain.cost[:s.pp], plain.cost[s.pp:], plain.c) if (
         s.schedule == "1f1b") else None
-    return _periodic(plain.branched(), s.pp, s.num_microbatches, s.vpp, plain.busiest, rate)
+    return _periodic(plain.branched(), s.pp, s.num_microbatches, s.vpp, plain.busiest, rate,
+                     s.schedule_group)
 
 
 @functools.lru_cache(maxsize=256)
@@ -191,21 +192,24 @@ def _tail_plan(schedule: str, m: int, p: int, v: int
     return tuple(out), tuple((st, q) for st, q in steps if q is not None)
 
 
-def first_forwards(p: int, v: int, fwd: list[tuple[int, ...]], c: list[int]) -> list[list[int]]:
+def first_forwards(p: int, v: int, fwd: list[tuple[int, ...]], c: list[int], group: int = 0
+                   ) -> list[list[int]]:
     """When each stage starts its first forward of each chunk under Megatron's interleaved order
-    (no gathers): virtual micro-batch k of a stage is micro-batch k mod p of chunk k // p for
-    k < p·v, and every stage's warm-up runs forwards only through k = (v − 1)·p (its warm-up is
-    (p − st − 1)·2 + (v − 1)·p; the last stage's k = (v − 1)·p opens its steady phase with a
+    (no gathers), with micro-batch groups of N = ``group`` (p where 0): virtual micro-batch k
+    of a stage is micro-batch k mod N of chunk k // N for k < N·v (the first group is whole:
+    N ≤ m), and every stage's warm-up runs forwards only through k = (v − 1)·N (its warm-up is
+    (p − st − 1)·2 + (v − 1)·N; the last stage's k = (v − 1)·N opens its steady phase with a
     forward), so walking those forwards alone — each after the stage's previous one and after
     its input, sent over c from the previous global chunk — gives the starts exactly."""
+    n = group or p
     end: list[list[int]] = []  # [k][stage]: when the forward of virtual micro-batch k ends
     clock, out = [0] * p, [[0] * v for _ in range(p)]
-    for k in range((v - 1) * p + 1):
-        ch, mb = divmod(k, p)
+    for k in range((v - 1) * n + 1):
+        ch, mb = divmod(k, n)
         end.append([0] * p)
         for st in range(p):
             ready = (end[k][st - 1] + c[st - 1] if st else
-                     end[k - p][p - 1] + c[p - 1] if ch else 0)
+                     end[k - n][p - 1] + c[p - 1] if ch else 0)
             start = max(clock[st], ready)
             clock[st] = end[k][st] = start + fwd[st][ch]
             if not mb:
@@ -240,7 +244,7 @@ def one_f_one_b_rate(f: list[int], b: list[int], c: list[int]) -> tuple[int, int
 
 
 def _periodic(walk: Callable[[int], Walked], p: int, m: int, v: int, busiest: float,
-              rate: tuple[int, int] | None = None) -> Walked:
+              rate: tuple[int, int] | None = None, group: int = 0) -> Walked:
     """``interleaved``'s shortcut over ``walk`` (the walk of so many micro-batches): walks of
     k·p + r micro-batches, r = m mod p, so that whole rounds of p lead from each to m (a 1F1B
     or GPipe run need not be whole rounds). Where the first round's increments are not the
@@ -252,9 +256,11 @@ def _periodic(walk: Callable[[int], Walked], p: int, m: int, v: int, busiest: fl
     per micro-batch (q · p · W / A) to every event is a transient and walking goes on. Without
     it, a first round that moved every event by the busiest stage's work, or a few equal rounds
     at another rate, were taken for the steady state where a round trip's sends set a higher
-    one: 5 of 1,500 random-cost 1F1B pipelines up to 2.5% too fast."""
+    one: 5 of 1,500 random-cost 1F1B pipelines up to 2.5% too fast. A micro-batch ``group``
+    other than p (interleaved) repeats in groups, not rounds of p, and a shorter run need not
+    be a valid grouping: the whole run is walked."""
     r = m % p
-    if m < 4 * p:
+    if m < 4 * p or group:
         return walk(m)
     last = walk(2 * p + r)
     step = _increments(walk(p + r), last)

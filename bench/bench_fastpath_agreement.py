@@ -7,7 +7,7 @@ global batch of any count of micro-batches, not whole rounds of pp) and prints t
 |fast / replay − 1| and the worst cases. Seeded: the same draw on every machine.
 
     python bench/bench_fastpath_agreement.py [--n 60] [--seed 1] [--odd | --models] [--nodes]
-                                             [--buckets] [--systems]
+                                             [--buckets] [--systems] [--groups]
 
 ``--odd`` draws sizes and options the default cases never reach (GPU counts with a factor 3,
 pp 3/5/6, up to 4 chunks, cp up to 4, any count of micro-batches, shorter end stages, B200 and
@@ -15,6 +15,9 @@ H200, FP8, TP overlap, ZeRO 2, overlapped parameter gathers, the all-gather CP r
 fifteenth session's start had 16 of 150 such strategies (seed 11) above 2%, up to 16.6%, from
 two bugs the default draw never reached (DESIGN.md); the sixteenth session's end none (0.41%
 at worst), once interleaved cooldowns were walked with their gradient buckets.
+
+``--groups`` gives each interleaved draw any count of micro-batches from pp to 8·pp in a
+Megatron-Core micro-batch group that fits (``microbatch_group_size``), from a stream of its own.
 
 ``--models`` draws model shapes no preset has (head sizes 64-128 and doubled widths, GQA down to
 one K/V head, every activation, tied embeddings, vocabularies of 32 K-152 K, dense and MoE) with
@@ -207,6 +210,17 @@ def other_buckets(s: Strategy, rng: random.Random) -> Strategy:
                                     if s.zero_stage == 3 else 0))
 
 
+def other_grouping(s: Strategy, rng: random.Random) -> Strategy:
+    """``--groups``: an interleaved strategy with any count of micro-batches from pp to 8·pp
+    (the micro-batch size and dp kept) in a Megatron-Core micro-batch group that fits, drawn."""
+    if s.schedule != "interleaved_1f1b":
+        return s
+    m = rng.randrange(s.pp, 8 * s.pp + 1)
+    fits = [n for n in range(s.pp, m + 1) if not 0 < m % n < s.pp]
+    return dataclasses.replace(s, global_batch_size=s.dp * s.micro_batch_size * m,
+                               microbatch_group_size=rng.choice(fits))
+
+
 def model_label(m: ModelSpec) -> str:
     return (f"L{m.num_layers} h{m.hidden_size} heads {m.num_attention_heads}/{m.num_kv_heads} "
             f"{m.activation}{' tied' if m.tied_embeddings else ''}"
@@ -223,7 +237,8 @@ def label(s: Strategy) -> str:
               (s.precision == "fp8", "fp8"), (s.cp_comm_type != "p2p", f"cp-{s.cp_comm_type}"),
               (s.expert_tp == 1, "experts-folded"),
               (bool(s.first_stage_layers), f"first{s.first_stage_layers}"),
-              (bool(s.last_stage_layers), f"last{s.last_stage_layers}"))
+              (bool(s.last_stage_layers), f"last{s.last_stage_layers}"),
+              (bool(s.schedule_group), f"m{s.num_microbatches}-groups{s.schedule_group}"))
     return (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} ep{s.ep} vpp{s.vpp} {s.schedule} "
             f"mbs{s.micro_batch_size} "
             f"zero{s.zero_stage}{' prefetch' if s.zero3_prefetch else ''} {s.recompute}"
@@ -253,11 +268,15 @@ def main() -> None:
                          "piece size drawn too, from a stream of their own: a seed draws the "
                          "same strategies with and without (but for one that then no longer "
                          "fits)")
+    ap.add_argument("--groups", action="store_true",
+                    help="each interleaved draw with any count of micro-batches in a Megatron-"
+                         "Core micro-batch group that fits, from a stream of its own")
     args = ap.parse_args()
     pick = draw_odd if args.odd else draw
     rng = random.Random(args.seed)
     sizes = random.Random(-args.seed - 1)  # --buckets: their own stream
     systems = random.Random(-args.seed - 2)  # --systems: theirs
+    groups = random.Random(-args.seed - 3)  # --groups: theirs
     rows: list[tuple[float, str, str]] = []
     t0 = time.perf_counter()
     while len(rows) < args.n:
@@ -276,6 +295,8 @@ def main() -> None:
             model_name += f"  {node_label}"
         if args.buckets:
             s = other_buckets(s, sizes)
+        if args.groups:
+            s = other_grouping(s, groups)
         try:
             fast = estimate(model, s, system)
         except ConfigError:
@@ -293,7 +314,9 @@ def main() -> None:
           f"(seed {args.seed}, "
           f"{time.perf_counter() - t0:.0f} s): |error| median "
           f"{statistics.median(errs):.2f}%, p90 {errs[int(0.9 * (len(errs) - 1))]:.2f}%, max "
-          f"{errs[-1]:.2f}%; {sum(e > 2 for e in errs)} above 2%")
+          f"{errs[-1]:.2f}%; {sum(e > 2 for e in errs)} above 2%"
+          + (f" ({sum('-groups' in w for _, _, w in rows)} in micro-batch groups)"
+             if args.groups else ""))
     for e, model_name, what in sorted(rows, key=lambda r: -abs(r[0]))[:5]:
         print(f"  {e:+.2f}%  {model_name}  {what}")
 

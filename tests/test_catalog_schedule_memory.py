@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tracegen import ModelSpec, Strategy, get_model, model_names
+from tracegen import ConfigError, ModelSpec, Strategy, get_model, model_names
 from tracegen.memory import (
     activation_bytes_per_layer,
     estimate,
@@ -60,6 +60,64 @@ def test_schedule_runs_each_pass_once_and_backward_after_forward(m, p, v, kind, 
             peak = max(peak, live)
         assert peak == min(p - stage, m) == inflight_microbatches(
             Strategy(pp=p, dp=1, global_batch_size=m), stage)
+
+
+def _peak_in_flight(order: list[tuple[str, int, int]]) -> int:
+    live = peak = 0
+    for ph, _, _ in order:
+        live += 1 if ph == "F" else -1
+        peak = max(peak, live)
+    return peak
+
+
+def test_megatron_cores_grouped_schedule_table() -> None:
+    """The example in Megatron-Core's schedules.py (``get_schedule_table``): pp 2, N 3, m 5,
+    vpp 2 runs virtual micro-batches 0-9 as micro-batches 0 1 2 0 1 2 3 4 3 4 of chunks
+    0 0 0 1 1 1 0 0 1 1 — the last group holds the 2 left — and backwards mirror the chunks."""
+    s = Strategy(pp=2, vpp=2, dp=1, schedule="interleaved_1f1b", global_batch_size=5,
+                 microbatch_group_size=3)
+    order = stage_order(s.order_id, m=5, p=2, v=2, stage=1)
+    fwd = [(mb, ch) for ph, mb, ch in order if ph == "F"]
+    bwd = [(mb, ch) for ph, mb, ch in order if ph == "B"]
+    assert [mb for mb, _ in fwd] == [0, 1, 2, 0, 1, 2, 3, 4, 3, 4]
+    assert [ch for _, ch in fwd] == [0, 0, 0, 1, 1, 1, 0, 0, 1, 1]
+    assert bwd == [(mb, 1 - ch) for mb, ch in fwd]
+    # the last stage's warm-up: (p − 1 − 1)·2 + (v − 1)·N = 3 forwards, then 1F1B
+    assert [ph for ph, _, _ in order[:5]] == ["F", "F", "F", "F", "B"]
+
+
+@given(p=st.integers(2, 6), v=st.integers(2, 3), m=st.integers(2, 20), data=st.data())
+def test_grouped_interleaving_holds_what_the_memory_model_counts(p, v, m, data) -> None:
+    """Any micro-batch group Megatron-Core accepts runs every pass once, each backward after
+    its forward; a stage's peak of chunk passes in flight is the warm-up + 1 (at most m·v)
+    that ``inflight_microbatches`` counts; and a group of pp is the default order (m ≠ p)."""
+    fits = [n for n in range(p, m + 1) if not 0 < m % n < p]
+    if not fits:
+        with pytest.raises(ConfigError):
+            Strategy(pp=p, vpp=v, dp=1, schedule="interleaved_1f1b", global_batch_size=m,
+                     microbatch_group_size=data.draw(st.integers(1, m + 2)))
+        return
+    n = data.draw(st.sampled_from(fits))
+    s = Strategy(pp=p, vpp=v, dp=1, schedule="interleaved_1f1b", global_batch_size=m,
+                 microbatch_group_size=n)
+    stage = data.draw(st.integers(0, p - 1))
+    order = stage_order(s.order_id, m=m, p=p, v=v, stage=stage)
+    assert sorted(order) == sorted((ph, j, c) for ph in "FB" for j in range(m) for c in range(v))
+    pos = {x: i for i, x in enumerate(order)}
+    assert all(pos[("F", j, c)] < pos[("B", j, c)] for j in range(m) for c in range(v))
+    assert _peak_in_flight(order) == inflight_microbatches(s, stage) * v
+    if n == p and m != p:
+        assert order == stage_order("interleaved_1f1b", m=m, p=p, v=v, stage=stage)
+
+
+@given(p=st.integers(2, 6), v=st.integers(2, 3), rounds=st.integers(1, 3), data=st.data())
+def test_default_interleaving_holds_what_the_memory_model_counts(p, v, rounds, data) -> None:
+    """Megatron's interleaved order (m = p: every forward first) peaks at the chunk passes
+    ``inflight_microbatches`` counts on every stage."""
+    m, stage = rounds * p, data.draw(st.integers(0, p - 1))
+    s = Strategy(pp=p, vpp=v, dp=1, schedule="interleaved_1f1b", global_batch_size=m)
+    order = stage_order("interleaved_1f1b", m=m, p=p, v=v, stage=stage)
+    assert _peak_in_flight(order) == inflight_microbatches(s, stage) * v
 
 
 GPT = dict(b=1, s=2048, h=12288, a=96)  # GPT-3 175B shapes (Korthikanti et al. 2022, Table 3)

@@ -42,28 +42,33 @@ def _replayed_s(model: ModelSpec, s: Strategy, hw: SystemSpec) -> float:
        cp=st.sampled_from([1, 1, 2]), fp8=st.booleans(), fold=st.booleans(),
        prefetch=st.booleans(), extra=st.integers(0, 3), tied=st.booleans(),
        system=st.sampled_from(["dgx-h100", "dgx-a100-80gb", "dgx-b200", "dgx1-v100", "mi300x"]),
-       gpn=st.sampled_from([8, 8, 2, 4]))
+       gpn=st.sampled_from([8, 8, 2, 4]), grouped=st.booleans())
 @example(tp=2, pp=4, dp=4, sp=False, zero=3, recompute="none", mb=1, schedule="gpipe",
          overlap=False, uneven=False, zbucket=0, dp_overlap="both", ep=0, cp=1, fp8=False,
          fold=False, prefetch=True, extra=0, tied=False, system="dgx-h100",
-         gpn=8)  # alike, walked
+         gpn=8, grouped=False)  # alike, walked
 @example(tp=1, pp=2, dp=2, sp=False, zero=3, recompute="none", mb=4, schedule="1f1b",
          overlap=False, uneven=False, zbucket=0, dp_overlap="both", ep=2, cp=1, fp8=False,
          fold=False, prefetch=False, extra=1, tied=False,
-         system="dgx-h100", gpn=8)  # 9 micro-batches on 2 stages
+         system="dgx-h100", gpn=8, grouped=False)  # 9 micro-batches on 2 stages
 def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, mb, schedule,
                                               overlap, uneven, zbucket, dp_overlap, ep, cp, fp8,
                                               fold, prefetch, extra, tied, system,
-                                              gpn) -> None:
+                                              gpn, grouped) -> None:
     """``ep`` 0: the dense model; 1, 2 or 4: the MoE model with that expert parallelism, carved
     out of dp or (``fold``) folded over tp·cp·dp; either with its embedding and head ``tied``.
     1F1B and GPipe runs of mb·pp + ``extra`` micro-batches (interleaved ones need whole
-    rounds). Nodes of ``gpn`` GPUs: of 2 or 4, stages straddle or share nodes, so they are
+    rounds, or, ``grouped``, Megatron-Core's micro-batch groups: the middle group size that
+    fits). Nodes of ``gpn`` GPUs: of 2 or 4, stages straddle or share nodes, so they are
     not alike and their sends differ. Systems include V100 (no bf16 tensor cores, unfused
     attention) and MI300X (no interference measured), whose models take other branches."""
     model = dataclasses.replace(MOE if ep else MODEL, tied_embeddings=tied)
     hw = get_system(system)
     hw = dataclasses.replace(hw, node=dataclasses.replace(hw.node, gpus_per_node=gpn))
+    interleaved = schedule == "interleaved_1f1b"
+    m = mb * pp + ((extra if grouped else 0) if interleaved else extra % pp)
+    fits = [n for n in range(pp, m + 1) if not 0 < m % n < pp]
+    group = fits[len(fits) // 2] if grouped and interleaved and fits else 0
     try:
         s = Strategy(tp=tp, pp=pp, dp=dp, ep=max(ep, 1), cp=cp,
                      precision="fp8" if fp8 else "bf16",
@@ -71,9 +76,8 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
                      first_stage_layers=int(uneven), last_stage_layers=int(uneven),
                      sequence_parallel=sp and tp > 1, tp_comm_overlap=overlap and sp and tp > 1,
                      zero_stage=zero, recompute=recompute,
-                     micro_batch_size=1, schedule=schedule,
-                     global_batch_size=dp * (mb * pp + (0 if schedule == "interleaved_1f1b"
-                                                        else extra % pp)),
+                     micro_batch_size=1, schedule=schedule, global_batch_size=dp * m,
+                     microbatch_group_size=group,
                      dp_bucket_params=200_000, zero3_gather_bucket_params=zbucket,
                      overlap_grad_reduce=dp_overlap != "none",
                      overlap_param_gather=dp_overlap == "both", expert_tp=int(fold),
@@ -109,6 +113,11 @@ REAL_SIZES = [  # (preset model, system, strategy): one of each kind a sweep ran
     # before, when one number after a step stood for both)
     ("mixtral-8x7b", "dgx-h100", dict(pp=8, dp=16, ep=2, vpp=2, schedule="interleaved_1f1b",
                                       micro_batch_size=2, global_batch_size=256, zero_stage=3)),
+    # Megatron-Core's micro-batch groups: 20 micro-batches on 8 stages in groups of 10
+    ("gpt3-175b", "dgx-a100-80gb", dict(tp=8, pp=8, dp=16, vpp=2, schedule="interleaved_1f1b",
+                                        global_batch_size=320, microbatch_group_size=10,
+                                        recompute="full", zero_stage=1,
+                                        overlap_param_gather=True)),
     # overlapped parameter gathers outlasting the fill of a short interleaved step: later
     # chunks' first forwards wait, and kernels run slowed until the gathers are done (−1.4%
     # before, when only the first chunk's forward was held)
@@ -572,7 +581,7 @@ def test_op_key_covers_every_field_the_op_lists_read() -> None:
                 "zero3_gather_bucket_params": 1000, "grad_reduce_in_bf16": True,
                 "cp_comm_type": "all_gather", "expert_tp": 1, "zero3_prefetch": True,
                 "account_for_embedding_in_pipeline_split": True,
-                "account_for_loss_in_pipeline_split": True}
+                "account_for_loss_in_pipeline_split": True, "microbatch_group_size": 4}
     fields = {f.name for f in dataclasses.fields(Strategy)}
     assert fields <= set(variants) | {"last_stage_layers"}, "give the new field a variant here"
 

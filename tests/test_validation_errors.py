@@ -24,6 +24,21 @@ STRATEGY_CASES = [
     (dict(pp=1, vpp=2, schedule="interleaved_1f1b"), "interleaved_1f1b needs pp ≥ 2 and vpp ≥ 2"),
     (dict(pp=4, vpp=2, schedule="interleaved_1f1b", global_batch_size=6),
      "interleaved_1f1b needs the number of micro-batches (6) to be a multiple of pp (4)"),
+    # Megatron-Core's micro-batch group lifts that rule, with its own (and names groups that fit)
+    (dict(pp=4, vpp=2, schedule="interleaved_1f1b", global_batch_size=10),
+     "or set microbatch_group_size (Megatron-Core's microbatch_group_size_per_vp_stage) to a "
+     "group of micro-batches that leaves a last group of 0 or at least pp; groups that fit: 5, "
+     "6, 10"),
+    (dict(pp=4, vpp=2, schedule="interleaved_1f1b", global_batch_size=10,
+          microbatch_group_size=3),
+     "microbatch_group_size 3 must lie in [pp, micro-batches] = [4, 10]"),
+    (dict(pp=4, vpp=2, schedule="interleaved_1f1b", global_batch_size=10,
+          microbatch_group_size=7),
+     "microbatch_group_size 7 leaves a last group of 3 micro-batches of 10, fewer than pp (4)"),
+    (dict(pp=4, vpp=2, schedule="interleaved_1f1b", global_batch_size=3,
+          microbatch_group_size=4), "microbatch_group_size needs at least pp (4) micro-batches"),
+    (dict(pp=4, global_batch_size=10, microbatch_group_size=5),
+     "microbatch_group_size needs schedule 'interleaved_1f1b'"),
     (dict(dp=4, ep=3, global_batch_size=12), "ep 3 must divide dp 4"),
     # built directly in Python: a wrong type is named, not a TypeError from deep inside
     (dict(tp="2"), "tp must be an integer, got '2'"),
@@ -39,6 +54,17 @@ def test_bad_strategy(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         Strategy(**kwargs)
     assert message in str(info.value)
+
+
+def test_a_micro_batch_group_names_the_order_it_runs() -> None:
+    """A group that fits runs its own order (its id and label say so); a group of pp is the
+    default schedule, not a variant of it."""
+    s = Strategy(pp=4, vpp=2, schedule="interleaved_1f1b", global_batch_size=10,
+                 microbatch_group_size=5)
+    assert (s.order_id, s.label()) == ("interleaved_1f1b/5", "tp1-pp4-dp1-vpp2-g5-mbs1")
+    same = Strategy(pp=4, vpp=2, schedule="interleaved_1f1b", global_batch_size=8,
+                    microbatch_group_size=4)
+    assert (same.schedule_group, same.order_id) == (0, "interleaved_1f1b")
 
 
 FIT_CASES = [

@@ -130,14 +130,17 @@ def inflight_microbatches(s: Strategy, stage: int) -> float:
     """Micro-batches whose activations a stage holds at its peak, in units of the stage's layers.
 
     1F1B: stage i holds min(p - i, m) (Narayanan et al. 2021 §2.2.1). Interleaved: the warm-up
-    count of virtual micro-batches + 1, each 1/v of the stage (Megatron schedules.py). GPipe: m.
+    count of virtual micro-batches + 1, each 1/v of the stage (Megatron schedules.py), with a
+    micro-batch group of N (pp unless set) (p − i − 1)·2 + (v − 1)·N of them. GPipe: m.
     """
     m, p, v = s.num_microbatches, s.pp, s.vpp
     if s.schedule == "gpipe":
         return float(m)
     if s.schedule == "1f1b":
         return float(min(p - stage, m))
-    warm = min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
+    if m == p and not s.schedule_group:  # every forward first (``tracegen.schedule``)
+        return float(m)
+    warm = min((p - stage - 1) * 2 + (v - 1) * (s.schedule_group or p) + 1, m * v)
     return warm / v
 
 

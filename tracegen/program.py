@@ -419,7 +419,7 @@ class RoleProgram:
     def build(self) -> list[PNode]:
         self.param_gathers: list[tuple[str, int]] = []
         s = self.s
-        order = stage_order(s.schedule, m=self.m_mb, p=s.pp, v=s.vpp, stage=self.stage)
+        order = stage_order(s.order_id, m=self.m_mb, p=s.pp, v=s.vpp, stage=self.stage)
         last_b = {c: max(j for ph, j, cc in order if ph == "B" and cc == c) for c in range(s.vpp)}
         if self.param_gather_overlapped:
             self._early_param_gathers(order)

@@ -10,7 +10,14 @@ stage index on this rank (0 unless interleaved).
   (``megatron/core/pipeline_parallel/schedules.py``): warm-up ``(p - i - 1)·2 + (v - 1)·p`` virtual
   micro-batches; virtual micro-batch ``k`` runs chunk ``(k // p) % v`` forward and chunk
   ``v - 1 - (k // p) % v`` backward, on micro-batch ``(k // (p·v))·p + k % p``
-  (Narayanan et al. 2021, §2.2.2).
+  (Narayanan et al. 2021, §2.2.2); with m = p every forward runs first, as Megatron-LM did
+  before the tunable group below.
+* Interleaved 1F1B with a micro-batch group of N (Megatron-Core's
+  ``microbatch_group_size_per_vp_stage``, ``get_schedule_table`` and
+  ``get_pp_rank_microbatches``; the tunable schedule Llama 3 used, Dubey et al. 2024 §3.3.2):
+  virtual micro-batches run group by group, each group's N micro-batches through chunk 0, then
+  chunk 1, …; the last group holds what is left (0 or ≥ p). Warm-up ``(p - i - 1)·2 +
+  (v - 1)·N``, at most every virtual micro-batch. N = p is the order above but for m = p.
 """
 
 from __future__ import annotations
@@ -37,34 +44,37 @@ def one_f_one_b(m: int, p: int, stage: int) -> list[Step]:
     return out
 
 
-def _virtual(k: int, p: int, v: int, *, forward: bool) -> tuple[int, int]:
-    """(microbatch, chunk) of virtual micro-batch ``k`` (Megatron's get_model_chunk_id)."""
-    in_group = k % (p * v)
-    chunk = in_group // p
-    if not forward:
-        chunk = v - 1 - chunk
-    mb = (k // (p * v)) * p + k % p
-    return mb, chunk
+def _table(m: int, v: int, group: int) -> list[tuple[int, int]]:
+    """(microbatch, chunk) of each virtual micro-batch (Megatron-Core's ``get_schedule_table``):
+    groups of ``group`` micro-batches (the last holds the rest), each through chunk 0, 1, … in
+    turn. A backward runs the mirrored chunk, v − 1 − chunk, of the same micro-batch."""
+    return [(mb, ch) for lo in range(0, m, group) for ch in range(v)
+            for mb in range(lo, min(lo + group, m))]
 
 
-def interleaved(m: int, p: int, v: int, stage: int) -> list[Step]:
+def interleaved(m: int, p: int, v: int, stage: int, group: int = 0) -> list[Step]:
+    """``group`` 0: Megatron's groups of p (every forward first where m = p); otherwise the
+    tunable group."""
     total = m * v
-    warmup = total if m == p else min((p - stage - 1) * 2 + (v - 1) * p, total)
-    out: list[Step] = []
-    for k in range(warmup):
-        out.append(("F", *_virtual(k, p, v, forward=True)))
+    table = _table(m, v, group or p)
+    fwd: list[Step] = [("F", mb, ch) for mb, ch in table]
+    bwd: list[Step] = [("B", mb, v - 1 - ch) for mb, ch in table]
+    warmup = total if m == p and not group else min(
+        (p - stage - 1) * 2 + (v - 1) * (group or p), total)
+    out = fwd[:warmup]
     for i in range(total - warmup):
-        out.append(("F", *_virtual(warmup + i, p, v, forward=True)))
-        out.append(("B", *_virtual(i, p, v, forward=False)))
-    for i in range(total - warmup, total):
-        out.append(("B", *_virtual(i, p, v, forward=False)))
-    return out
+        out.append(fwd[warmup + i])
+        out.append(bwd[i])
+    return out + bwd[total - warmup:]
 
 
 def stage_order(schedule: str, *, m: int, p: int, v: int, stage: int) -> list[Step]:
-    """The op order of ``stage`` for ``m`` micro-batches on ``p`` stages with ``v`` chunks."""
+    """The op order of ``stage`` for ``m`` micro-batches on ``p`` stages with ``v`` chunks.
+    ``schedule``: a schedule's name, or ``Strategy.order_id`` (``interleaved_1f1b/N`` for a
+    micro-batch group of N)."""
     if schedule == "gpipe":
         return gpipe(m)
     if schedule == "1f1b":
         return one_f_one_b(m, p, stage)
-    return interleaved(m, p, v, stage)
+    _, _, group = schedule.partition("/")
+    return interleaved(m, p, v, stage, int(group or 0))

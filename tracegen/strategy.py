@@ -88,6 +88,12 @@ class Strategy:
     # calculation" (Dubey et al. 2024 §3.3.2), i.e. vpp 8 with both set.
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    # Megatron-Core's microbatch_group_size_per_vp_stage (interleaved schedules): how many
+    # micro-batches run through a chunk before the next chunk, N in [pp, m]; the last group
+    # holds the rest, which must be 0 or at least pp. 0 = pp (the default). A group other than
+    # pp lets m be any count a group fits (Llama 3's "tunable" N, Dubey et al. 2024 §3.3.2) and
+    # holds (v − 1)·(N − pp) more virtual micro-batches in the warm-up (tracegen/schedule.py).
+    microbatch_group_size: int = 0
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self) or _degree_problems(self)
@@ -110,6 +116,19 @@ class Strategy:
         return bool(self.first_stage_layers or self.last_stage_layers
                     or self.account_for_embedding_in_pipeline_split
                     or self.account_for_loss_in_pipeline_split)
+
+    @property
+    def schedule_group(self) -> int:
+        """The interleaved schedule's micro-batch group where it is not pp, else 0."""
+        n = self.microbatch_group_size
+        return 0 if n in (0, self.pp) else n
+
+    @property
+    def order_id(self) -> str:
+        """What fixes each stage's order of passes with the counts: the schedule, and
+        ``/N`` for a micro-batch group N other than pp (``tracegen.schedule.stage_order``)."""
+        group = self.schedule_group
+        return f"{self.schedule}/{group}" if group else self.schedule
 
     @property
     def world_size(self) -> int:
@@ -168,6 +187,8 @@ class Strategy:
             s += f"-ep{self.ep}" + ("-etp1" if self.moe_folded else "")
         if self.vpp > 1:
             s += f"-vpp{self.vpp}"
+        if self.schedule_group:
+            s += f"-g{self.schedule_group}"
         return s + f"-mbs{self.micro_batch_size}"
 
     @classmethod
@@ -233,6 +254,41 @@ def _batch_problems(s: Strategy) -> list[str]:
     return []
 
 
+def _group_problems(s: Strategy) -> list[str]:
+    """Megatron-Core's checks on the interleaved schedule's micro-batch group (schedules.py,
+    ``forward_backward_pipelining_with_interleaving``), each naming groups that would do."""
+    m, p, n = s.num_microbatches, s.pp, s.microbatch_group_size
+    if not n:
+        if m % p:
+            return [f"interleaved_1f1b needs the number of micro-batches ({m}) to be a "
+                    f"multiple of pp ({p}) (Megatron's interleaved schedule); change "
+                    "global_batch_size or micro_batch_size" + (
+                        ", or set microbatch_group_size (Megatron-Core's microbatch_group_size_"
+                        "per_vp_stage) to a group of micro-batches that leaves a last group of 0 "
+                        f"or at least pp{_groups_that_fit(m, p)}" if m > p else "")]
+        return []
+    if m < p:
+        return [f"microbatch_group_size needs at least pp ({p}) micro-batches, got {m}; "
+                "raise global_batch_size or lower micro_batch_size"]
+    if not p <= n <= m:
+        return [f"microbatch_group_size {n} must lie in [pp, micro-batches] = [{p}, {m}] "
+                f"(Megatron-Core's range for microbatch_group_size_per_vp_stage)"
+                f"{_groups_that_fit(m, p)}"]
+    if 0 < m % n < p:
+        left = m % n
+        return [f"microbatch_group_size {n} leaves a last group of {left} "
+                f"micro-batch{'es' if left > 1 else ''} of {m}, fewer than pp ({p}), which "
+                f"Megatron-Core refuses (the pipeline would stall){_groups_that_fit(m, p)}"]
+    return []
+
+
+def _groups_that_fit(m: int, p: int) -> str:
+    """The hint of ``_group_problems``: the micro-batch groups Megatron-Core accepts."""
+    fits = [g for g in range(p, m + 1) if not 0 < m % g < p]
+    return f"; groups that fit: {', '.join(map(str, fits[:4]))}" + (
+        f" … {fits[-1]}" if len(fits) > 4 else "")
+
+
 def _schedule_problems(s: Strategy) -> list[str]:
     out: list[str] = []
     if s.sequence_parallel and s.tp == 1:
@@ -248,12 +304,12 @@ def _schedule_problems(s: Strategy) -> list[str]:
         if s.pp < 2 or s.vpp < 2:
             out.append(f"interleaved_1f1b needs pp ≥ 2 and vpp ≥ 2, got pp={s.pp} vpp={s.vpp}; "
                        "use schedule '1f1b' otherwise")
-        elif s.num_microbatches % s.pp and s.global_batch_size % (s.micro_batch_size * s.dp) == 0:
-            out.append(
-                f"interleaved_1f1b needs the number of micro-batches ({s.num_microbatches}) to be "
-                f"a multiple of pp ({s.pp}) (Megatron's interleaved schedule); change "
-                "global_batch_size or micro_batch_size"
-            )
+        elif s.global_batch_size % (s.micro_batch_size * s.dp) == 0:
+            out += _group_problems(s)
+    elif s.microbatch_group_size:
+        out.append(f"microbatch_group_size needs schedule 'interleaved_1f1b' (it groups the "
+                   f"micro-batches of an interleaved schedule), got {s.schedule!r}; set it "
+                   "to 0")
     if s.zero3_prefetch and s.zero_stage != 3:
         out.append(f"zero3_prefetch needs zero_stage 3 (it prefetches ZeRO-3's parameter "
                    f"gathers), got zero_stage {s.zero_stage}")
