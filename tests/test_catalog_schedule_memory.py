@@ -90,7 +90,7 @@ def test_megatron_cores_grouped_schedule_table() -> None:
 def test_grouped_interleaving_holds_what_the_memory_model_counts(p, v, m, data) -> None:
     """Any micro-batch group Megatron-Core accepts runs every pass once, each backward after
     its forward; a stage's peak of chunk passes in flight is the warm-up + 1 (at most m·v)
-    that ``inflight_microbatches`` counts; and a group of pp is the default order (m ≠ p)."""
+    that ``inflight_microbatches`` counts; and a group of pp is the default order."""
     fits = [n for n in range(p, m + 1) if not 0 < m % n < p]
     if not fits:
         with pytest.raises(ConfigError):
@@ -106,14 +106,14 @@ def test_grouped_interleaving_holds_what_the_memory_model_counts(p, v, m, data) 
     pos = {x: i for i, x in enumerate(order)}
     assert all(pos[("F", j, c)] < pos[("B", j, c)] for j in range(m) for c in range(v))
     assert _peak_in_flight(order) == inflight_microbatches(s, stage) * v
-    if n == p and m != p:
+    if n == p:
         assert order == stage_order("interleaved_1f1b", m=m, p=p, v=v, stage=stage)
 
 
 @given(p=st.integers(2, 6), v=st.integers(2, 3), rounds=st.integers(1, 3), data=st.data())
 def test_default_interleaving_holds_what_the_memory_model_counts(p, v, rounds, data) -> None:
-    """Megatron's interleaved order (m = p: every forward first) peaks at the chunk passes
-    ``inflight_microbatches`` counts on every stage."""
+    """Megatron-Core's interleaved order (m = p too: no longer every forward first) peaks at
+    the chunk passes ``inflight_microbatches`` counts on every stage."""
     m, stage = rounds * p, data.draw(st.integers(0, p - 1))
     s = Strategy(pp=p, vpp=v, dp=1, schedule="interleaved_1f1b", global_batch_size=m)
     order = stage_order("interleaved_1f1b", m=m, p=p, v=v, stage=stage)

@@ -138,8 +138,6 @@ def inflight_microbatches(s: Strategy, stage: int) -> float:
         return float(m)
     if s.schedule == "1f1b":
         return float(min(p - stage, m))
-    if m == p and not s.schedule_group:  # every forward first (``tracegen.schedule``)
-        return float(m)
     warm = min((p - stage - 1) * 2 + (v - 1) * (s.schedule_group or p) + 1, m * v)
     return warm / v
 

@@ -10,14 +10,15 @@ stage index on this rank (0 unless interleaved).
   (``megatron/core/pipeline_parallel/schedules.py``): warm-up ``(p - i - 1)·2 + (v - 1)·p`` virtual
   micro-batches; virtual micro-batch ``k`` runs chunk ``(k // p) % v`` forward and chunk
   ``v - 1 - (k // p) % v`` backward, on micro-batch ``(k // (p·v))·p + k % p``
-  (Narayanan et al. 2021, §2.2.2); with m = p every forward runs first, as Megatron-LM did
-  before the tunable group below.
+  (Narayanan et al. 2021, §2.2.2), at most every virtual micro-batch. (Megatron-LM before
+  Megatron-Core's tunable group ran every forward first where m = p; the current code does not,
+  and neither do we.)
 * Interleaved 1F1B with a micro-batch group of N (Megatron-Core's
   ``microbatch_group_size_per_vp_stage``, ``get_schedule_table`` and
   ``get_pp_rank_microbatches``; the tunable schedule Llama 3 used, Dubey et al. 2024 §3.3.2):
   virtual micro-batches run group by group, each group's N micro-batches through chunk 0, then
   chunk 1, …; the last group holds what is left (0 or ≥ p). Warm-up ``(p - i - 1)·2 +
-  (v - 1)·N``, at most every virtual micro-batch. N = p is the order above but for m = p.
+  (v - 1)·N``, at most every virtual micro-batch. N = p is the order above.
 """
 
 from __future__ import annotations
@@ -53,14 +54,12 @@ def _table(m: int, v: int, group: int) -> list[tuple[int, int]]:
 
 
 def interleaved(m: int, p: int, v: int, stage: int, group: int = 0) -> list[Step]:
-    """``group`` 0: Megatron's groups of p (every forward first where m = p); otherwise the
-    tunable group."""
-    total = m * v
-    table = _table(m, v, group or p)
+    """Micro-batch groups of ``group``, or of p where 0."""
+    total, n = m * v, group or p
+    table = _table(m, v, n)
     fwd: list[Step] = [("F", mb, ch) for mb, ch in table]
     bwd: list[Step] = [("B", mb, v - 1 - ch) for mb, ch in table]
-    warmup = total if m == p and not group else min(
-        (p - stage - 1) * 2 + (v - 1) * (group or p), total)
+    warmup = min((p - stage - 1) * 2 + (v - 1) * n, total)
     out = fwd[:warmup]
     for i in range(total - warmup):
         out.append(fwd[warmup + i])
