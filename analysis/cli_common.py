@@ -100,6 +100,11 @@ LossSplitOpt = Annotated[bool, typer.Option(
     "--account-for-loss-in-pipeline-split",
     help="Count the loss as a layer in the pipeline split: the last chunk holds one layer "
          "fewer (Megatron-Core; Llama 3).")]
+RecomputeLayersOpt = Annotated[int, typer.Option(
+    "--recompute-num-layers",
+    help="With --recompute full: only the first N layers of each model chunk recompute, the "
+         "rest keep their activations; 0 = every layer (Megatron --recompute-method block "
+         "--recompute-num-layers).")]
 GroupOpt = Annotated[int, typer.Option(
     "--microbatch-group-size",
     help="Interleaved 1F1B: micro-batches run through a chunk before the next, in [pp, "
@@ -114,7 +119,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    grad_reduce_bf16: bool = False, cp_comm_type: str = "p2p",
                    expert_tp: int = 0, zero3_prefetch: bool = False,
                    account_for_embedding: bool = False, account_for_loss: bool = False,
-                   microbatch_group_size: int = 0) -> Strategy:
+                   microbatch_group_size: int = 0, recompute_num_layers: int = 0
+                   ) -> Strategy:
     """The strategy the shared options describe (dp from the GPU count)."""
     small = [f"--{k} must be ≥ 1, got {v}" for k, v in
              (("gpus", gpus), ("tp", tp), ("pp", pp), ("cp", cp)) if v < 1]
@@ -136,7 +142,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     expert_tp=expert_tp, zero3_prefetch=zero3_prefetch,
                     account_for_embedding_in_pipeline_split=account_for_embedding,
                     account_for_loss_in_pipeline_split=account_for_loss,
-                    microbatch_group_size=microbatch_group_size)
+                    microbatch_group_size=microbatch_group_size,
+                    recompute_num_layers=recompute_num_layers)
 
 
 def note_precision(precisions: set[str], system: SystemSpec) -> None:

@@ -154,7 +154,8 @@ class Costs:
         # What a block's cost depends on besides its group shapes (not pp, vpp, schedule, batch;
         # dp only through ZeRO-3's gathers); its op lists' costs do not depend on recompute.
         self.lists_key = self.ctx.intern((self.ctx.model_id(model), O.op_key(s)))
-        self.key = self.ctx.intern((self.lists_key, s.recompute,
+        self.key = self.ctx.intern((self.lists_key, (s.recompute, s.recompute_num_layers)
+                                    if s.recompute_num_layers else s.recompute,
                                     (s.dp, s.zero3_gather_bucket_params, s.grad_reduce_in_bf16,
                                      s.zero3_prefetch)
                                     if s.zero_stage == 3 else 0))
@@ -249,9 +250,10 @@ class Costs:
         return got
 
     def chunk_runs(self, gci: int, chunk: tuple[object, ...]) -> list[tuple[ParamBlock, int]]:
-        """``RoleProgram.chunk_runs`` shared by every strategy with the same model, tp, ep and
-        chunk (layer count, first, last, only): its blocks depend on nothing else."""
-        key = (self.lists_key, chunk)
+        """``RoleProgram.chunk_runs`` shared by every strategy with the same model, tp, ep,
+        chunk (layer count, first, last, only) and layers recomputed of a chunk
+        (``recompute_num_layers``): its blocks depend on nothing else."""
+        key = (self.lists_key, chunk, self.s.recompute_num_layers)
         got = self.ctx.chunks.get(key)
         if got is None:
             got = self.ctx.chunks[key] = self.prog.chunk_runs(gci)
@@ -260,7 +262,7 @@ class Costs:
     def block(self, block: ParamBlock, rank: int, sig: int
               ) -> tuple[int, int, int, int]:
         """(forward, backward, and the compute on the critical path of each) of one block."""
-        key = (self.key, block.name, block.dense, block.expert, sig)
+        key = (self.key, block.name, block.dense, block.expert, block.stored, sig)
         got = self.ctx.blocks.get(key)
         if got is None:
             got = self.ctx.blocks[key] = (*block_ns(self, block, rank, sig),

@@ -213,7 +213,7 @@ def _compute_ns(costs: Costs, block: ParamBlock, rank: int, sig: int,
     get = costs.list_busy if busy else costs.list_ns
     fwd = get(block, "fwd", rank, sig)
     again = 0
-    if block.name == "layer" and s.recompute != "none":
+    if block.name == "layer" and s.recompute != "none" and not block.stored:
         again = fwd if s.recompute == "full" else get(block, "selective", rank, sig)
     return fwd, again + get(block, "bwd", rank, sig)
 
@@ -278,7 +278,7 @@ def _compute_runs(costs: Costs, block: ParamBlock, rank: int, sig: int
     what it recomputes."""
     fwd = costs.list_runs(block, "fwd", rank, sig)
     again: Runs = ()
-    if block.name == "layer" and costs.s.recompute != "none":
+    if block.name == "layer" and costs.s.recompute != "none" and not block.stored:
         again = fwd if costs.s.recompute == "full" else costs.list_runs(
             block, "selective", rank, sig)
     return fwd, again + costs.list_runs(block, "bwd", rank, sig)

@@ -64,6 +64,7 @@ def strategy_rates(model: ModelSpec, s: Strategy, system: SystemSpec, step_s: fl
                    ) -> dict[str, float]:
     """Tokens/s, MFU and HFU of a step of ``step_s`` seconds of ``s`` on ``system``."""
     return step_rates(model, s.global_batch_size, s.recompute, step_s=step_s, gpus=s.world_size,
+                      recomputed_layers=s.recomputed_layers(model.num_layers),
                       peak_flop_per_s=system.gpu.peak_flop_per_s(s.precision))
 
 

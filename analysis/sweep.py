@@ -32,7 +32,7 @@ DEFAULT_SPACE: dict[str, list[Any]] = {
     "sequence_parallel": [False, True],
 }
 OPTIONAL_DIMENSIONS = ("cp", "ep", "expert_tp", "schedule", "tp_comm_overlap",
-                       "overlap_param_gather", "zero3_prefetch")
+                       "overlap_param_gather", "zero3_prefetch", "recompute_num_layers")
 Progress = Callable[[str, int, int], None]
 
 
@@ -63,7 +63,7 @@ def search_space(study: Study) -> dict[str, list[Any]]:
 
 # what each dimension's values must be: (kind, least value for whole numbers)
 _WHOLE = {"tp": 1, "pp": 1, "vpp": 1, "micro_batch_size": 1, "cp": 1, "ep": 1,
-          "zero_stage": 0, "expert_tp": 0}
+          "zero_stage": 0, "expert_tp": 0, "recompute_num_layers": 0}
 _FLAGS = ("sequence_parallel", "tp_comm_overlap", "overlap_param_gather", "zero3_prefetch")
 
 
@@ -122,7 +122,8 @@ def _strategy(study: Study, d: dict[str, Any]) -> Strategy | None:
                      micro_batch_size=int(d["micro_batch_size"]),
                      global_batch_size=study.global_batch_size,
                      schedule=schedule,  # type: ignore[arg-type]
-                     recompute=d["recompute"], zero_stage=int(d["zero_stage"]))
+                     recompute=d["recompute"], zero_stage=int(d["zero_stage"]),
+                     recompute_num_layers=int(d.get("recompute_num_layers", 0)))
         # a layer count pp·vpp does not divide: shorter end chunks, as frameworks run it
         s = with_shorter_end_chunks(s, study.model.num_layers)
         check_fits_model(s, study.model)

@@ -7,7 +7,7 @@ global batch of any count of micro-batches, not whole rounds of pp) and prints t
 |fast / replay − 1| and the worst cases. Seeded: the same draw on every machine.
 
     python bench/bench_fastpath_agreement.py [--n 60] [--seed 1] [--odd | --models] [--nodes]
-                                             [--buckets] [--systems] [--groups]
+                                             [--buckets] [--systems] [--groups] [--partial]
 
 ``--odd`` draws sizes and options the default cases never reach (GPU counts with a factor 3,
 pp 3/5/6, up to 4 chunks, cp up to 4, any count of micro-batches, shorter end stages, B200 and
@@ -18,6 +18,9 @@ at worst), once interleaved cooldowns were walked with their gradient buckets.
 
 ``--groups`` gives each interleaved draw any count of micro-batches from pp to 8·pp in a
 Megatron-Core micro-batch group that fits (``microbatch_group_size``), from a stream of its own.
+
+``--partial`` makes each full-recompute draw recompute only the first N layers of each chunk
+(``recompute_num_layers``), N drawn below the chunk's layers, from a stream of its own.
 
 ``--models`` draws model shapes no preset has (head sizes 64-128 and doubled widths, GQA down to
 one K/V head, every activation, tied embeddings, vocabularies of 32 K-152 K, dense and MoE) with
@@ -221,6 +224,15 @@ def other_grouping(s: Strategy, rng: random.Random) -> Strategy:
                                microbatch_group_size=rng.choice(fits))
 
 
+def other_recompute(s: Strategy, layers: int, rng: random.Random) -> Strategy:
+    """``--partial``: a full-recompute strategy recomputing only the first N layers of each
+    chunk, N drawn below the chunk's layers (``recompute_num_layers``)."""
+    per_chunk = layers // (s.pp * s.vpp)
+    if s.recompute != "full" or per_chunk < 2:
+        return s
+    return dataclasses.replace(s, recompute_num_layers=rng.randrange(1, per_chunk))
+
+
 def model_label(m: ModelSpec) -> str:
     return (f"L{m.num_layers} h{m.hidden_size} heads {m.num_attention_heads}/{m.num_kv_heads} "
             f"{m.activation}{' tied' if m.tied_embeddings else ''}"
@@ -238,7 +250,8 @@ def label(s: Strategy) -> str:
               (s.expert_tp == 1, "experts-folded"),
               (bool(s.first_stage_layers), f"first{s.first_stage_layers}"),
               (bool(s.last_stage_layers), f"last{s.last_stage_layers}"),
-              (bool(s.schedule_group), f"m{s.num_microbatches}-groups{s.schedule_group}"))
+              (bool(s.schedule_group), f"m{s.num_microbatches}-groups{s.schedule_group}"),
+              (bool(s.recompute_num_layers), f"recompute-first{s.recompute_num_layers}"))
     return (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} ep{s.ep} vpp{s.vpp} {s.schedule} "
             f"mbs{s.micro_batch_size} "
             f"zero{s.zero_stage}{' prefetch' if s.zero3_prefetch else ''} {s.recompute}"
@@ -271,12 +284,16 @@ def main() -> None:
     ap.add_argument("--groups", action="store_true",
                     help="each interleaved draw with any count of micro-batches in a Megatron-"
                          "Core micro-batch group that fits, from a stream of its own")
+    ap.add_argument("--partial", action="store_true",
+                    help="each full-recompute draw recomputing only the first N layers of each "
+                         "chunk, from a stream of its own")
     args = ap.parse_args()
     pick = draw_odd if args.odd else draw
     rng = random.Random(args.seed)
     sizes = random.Random(-args.seed - 1)  # --buckets: their own stream
     systems = random.Random(-args.seed - 2)  # --systems: theirs
     groups = random.Random(-args.seed - 3)  # --groups: theirs
+    partial = random.Random(-args.seed - 4)  # --partial: theirs
     rows: list[tuple[float, str, str]] = []
     t0 = time.perf_counter()
     while len(rows) < args.n:
@@ -297,6 +314,8 @@ def main() -> None:
             s = other_buckets(s, sizes)
         if args.groups:
             s = other_grouping(s, groups)
+        if args.partial:
+            s = other_recompute(s, model.num_layers, partial)
         try:
             fast = estimate(model, s, system)
         except ConfigError:
@@ -316,7 +335,9 @@ def main() -> None:
           f"{statistics.median(errs):.2f}%, p90 {errs[int(0.9 * (len(errs) - 1))]:.2f}%, max "
           f"{errs[-1]:.2f}%; {sum(e > 2 for e in errs)} above 2%"
           + (f" ({sum('-groups' in w for _, _, w in rows)} in micro-batch groups)"
-             if args.groups else ""))
+             if args.groups else "")
+          + (f" ({sum('recompute-first' in w for _, _, w in rows)} recomputing some layers)"
+             if args.partial else ""))
     for e, model_name, what in sorted(rows, key=lambda r: -abs(r[0]))[:5]:
         print(f"  {e:+.2f}%  {model_name}  {what}")
 

@@ -16,6 +16,7 @@ from replay.sim import Simulator
 from replay.traceset import TraceSet
 from tracegen.flops import step_rates
 from tracegen.model import ModelSpec
+from tracegen.strategy import Strategy
 from tracegen.units import NS_PER_S
 
 
@@ -163,8 +164,11 @@ def step_metrics(ts: TraceSet, timeline: pl.DataFrame, end_ns: int, peak_flop_pe
         st = man["strategy"]
         gbs = int(st["global_batch_size"])
         out["tokens_per_step"] = gbs * m.seq_len
+        # full recompute of the first recompute_num_layers of each chunk: their share
+        recomputed = (Strategy.from_dict(st).recomputed_layers(m.num_layers)
+                      if st.get("recompute_num_layers") else None)
         out.update(step_rates(m, gbs, st["recompute"], step_s=step, gpus=ts.world_size,
-                              peak_flop_per_s=peak_flop_per_s))
+                              peak_flop_per_s=peak_flop_per_s, recomputed_layers=recomputed))
         out["comm_time_by_axis_s"] = _axis_times(ts, timeline)
         out["peak_memory_GiB"] = max(s["memory"]["total_GiB"] for s in man["stages"])
     return out

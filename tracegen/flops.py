@@ -27,8 +27,11 @@ def model_flop_per_step(m: ModelSpec, global_batch: int) -> int:
                                              + v / (2 * n_l * h)))
 
 
-def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str) -> int:
-    """Extra forward FLOPs that recomputation executes (hardware FLOPs − model FLOPs)."""
+def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str,
+                            recomputed_layers: int | None = None) -> int:
+    """Extra forward FLOPs that recomputation executes (hardware FLOPs − model FLOPs); under
+    full recompute of ``recomputed_layers`` of the layers (``Strategy.recomputed_layers``),
+    their share."""
     if recompute == "none":
         return 0
     b, s, n_l, h = global_batch, m.seq_len, m.num_layers, m.hidden_size
@@ -36,15 +39,17 @@ def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str) -> 
     if recompute == "selective":
         return attention
     logits = 2 * b * s * h * m.vocab_size
-    return (model_flop_per_step(m, global_batch) - 3 * logits) // 3
+    layers = (model_flop_per_step(m, global_batch) - 3 * logits) // 3
+    return layers if recomputed_layers is None else layers * recomputed_layers // n_l
 
 
 def step_rates(m: ModelSpec, global_batch: int, recompute: str, *, step_s: float, gpus: int,
-               peak_flop_per_s: float) -> dict[str, float]:
+               peak_flop_per_s: float, recomputed_layers: int | None = None) -> dict[str, float]:
     """Tokens/s, MFU and HFU of a step of ``step_s`` seconds on ``gpus`` GPUs of
     ``peak_flop_per_s`` each (the one place replay, the fast path and validate derive them)."""
     model_flop = model_flop_per_step(m, global_batch)
-    hw_flop = model_flop + recompute_flop_per_step(m, global_batch, recompute)
+    hw_flop = model_flop + recompute_flop_per_step(m, global_batch, recompute,
+                                                   recomputed_layers)
     peak = peak_flop_per_s * gpus
     return {"tokens_per_s": global_batch * m.seq_len / step_s,
             "mfu": model_flop / (step_s * peak), "hfu": hw_flop / (step_s * peak)}

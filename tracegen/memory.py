@@ -226,8 +226,13 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
             optim = -(-params_local * ZERO3_OPTIM_BYTES // dp_shard)
     if layers is None:
         layers = s.stage_layers(m.num_layers, stage)
-    # In-flight micro-batches are counted in units of the whole stage (all its chunks).
-    activations = int(act * layers * inflight_microbatches(s, stage))
+    # In-flight micro-batches are counted in units of the whole stage (all its chunks); under
+    # full recompute of the first recompute_num_layers of each chunk the rest keep everything.
+    per_mb = act * layers
+    if s.recompute_num_layers:
+        stored = s.stored_layers(m.num_layers, stage)
+        per_mb += stored * (_layer_activation_bytes(m, s, "none", flash_attention) - act)
+    activations = int(per_mb * inflight_microbatches(s, stage))
     logits = 0
     if stage == s.pp - 1:
         tokens = s.micro_batch_size * m.seq_len // s.cp

@@ -55,6 +55,7 @@ class ParamBlock:
     dense: int
     expert: int = 0
     label: str = ""  # e.g. "L12" (global layer index), "emb", "head"
+    stored: bool = False  # a layer that keeps its activations (``recompute_num_layers``)
 
 
 class RoleProgram:
@@ -192,8 +193,13 @@ class RoleProgram:
         if gci == 0:
             out.append((self.vocab_block("embedding", "emb"), 1))
         n_layers = len(self.s.chunk_layers(self.m.num_layers, gci))
-        if n_layers:
-            out.append((self.layer_block(), n_layers))
+        # under full recompute of the first recompute_num_layers, the rest keep activations
+        kept = max(0, n_layers - self.s.recompute_num_layers) if (
+            self.s.recompute_num_layers) else 0
+        if n_layers > kept:
+            out.append((self.layer_block(), n_layers - kept))
+        if kept:
+            out.append((dataclasses.replace(self.layer_block(), stored=True), kept))
         if gci == self.n_chunks - 1:
             head = self.vocab_block("lm_head", "head")
             if self.m.tied_embeddings and self.n_chunks == 1:
@@ -205,10 +211,11 @@ class RoleProgram:
         """Parameter blocks of global model chunk ``gci`` in forward order. Without ``labels``
         the layers share one block object (cheaper, for cost models that need no names)."""
         out: list[ParamBlock] = []
+        first = self.s.chunk_layers(self.m.num_layers, gci).start  # the next layer's index
         for block, count in self.chunk_runs(gci):
             if labels and block.name == "layer":
-                first = self.s.chunk_layers(self.m.num_layers, gci).start
                 out += [dataclasses.replace(block, label=f"L{first + i}") for i in range(count)]
+                first += count
             else:
                 out += [block] * count
         return out
@@ -390,7 +397,7 @@ class RoleProgram:
         return per_mb * self.m_mb
 
     def _recompute_items(self, block: ParamBlock) -> list[O.Item]:
-        if block.name != "layer" or self.s.recompute == "none":
+        if block.name != "layer" or block.stored or self.s.recompute == "none":
             return self._lists["none"]
         if self.s.recompute == "full":
             return self._layer_fwd

@@ -94,6 +94,12 @@ class Strategy:
     # pp lets m be any count a group fits (Llama 3's "tunable" N, Dubey et al. 2024 §3.3.2) and
     # holds (v − 1)·(N − pp) more virtual micro-batches in the warm-up (tracegen/schedule.py).
     microbatch_group_size: int = 0
+    # Megatron --recompute-granularity full --recompute-method block --recompute-num-layers N:
+    # in each model chunk (a stage, or a virtual stage when interleaved) the first N layers
+    # recompute their forward in the backward and the others keep their activations (Megatron-
+    # LM's TransformerBlock checkpoints layers below N; Korthikanti et al. 2022 §5 weigh the
+    # trade). 0 = every layer (needs recompute "full" otherwise).
+    recompute_num_layers: int = 0
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self) or _degree_problems(self)
@@ -161,6 +167,21 @@ class Strategy:
         """Layers pipeline stage ``stage`` holds, over all its model chunks."""
         return sum(len(self.chunk_layers(num_layers, ch * self.pp + stage))
                    for ch in range(self.vpp))
+
+    def stored_layers(self, num_layers: int, stage: int) -> int:
+        """Layers of pipeline stage ``stage`` that keep their activations under full recompute
+        of the first ``recompute_num_layers`` of each chunk (0 without it)."""
+        n = self.recompute_num_layers
+        if not n:
+            return 0
+        return sum(max(0, len(self.chunk_layers(num_layers, ch * self.pp + stage)) - n)
+                   for ch in range(self.vpp))
+
+    def recomputed_layers(self, num_layers: int) -> int:
+        """Layers whose forward full recompute runs again (all but the stored ones)."""
+        if not self.recompute_num_layers:
+            return num_layers
+        return num_layers - sum(self.stored_layers(num_layers, st) for st in range(self.pp))
 
     def _edge_layers(self, num_layers: int) -> tuple[int, int]:
         emb = int(self.account_for_embedding_in_pipeline_split)
@@ -310,6 +331,11 @@ def _schedule_problems(s: Strategy) -> list[str]:
         out.append(f"microbatch_group_size needs schedule 'interleaved_1f1b' (it groups the "
                    f"micro-batches of an interleaved schedule), got {s.schedule!r}; set it "
                    "to 0")
+    if s.recompute_num_layers < 0 or (s.recompute_num_layers and s.recompute != "full"):
+        out.append(f"recompute_num_layers {s.recompute_num_layers} needs recompute 'full' and a "
+                   "count ≥ 1 (the first that many layers of each model chunk recompute, as "
+                   "Megatron's --recompute-method block does); set it to 0 for every layer, "
+                   f"got recompute {s.recompute!r}")
     if s.zero3_prefetch and s.zero_stage != 3:
         out.append(f"zero3_prefetch needs zero_stage 3 (it prefetches ZeRO-3's parameter "
                    f"gathers), got zero_stage {s.zero_stage}")
