@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -87,6 +87,8 @@ def print_glance(g: Glance, s: Strategy) -> None:
     verdict = "fits" if g.fits else "[bold red]DOES NOT FIT[/]"
     console.print(f"peak memory {g.peak_memory_GiB:.1f} GiB per GPU: {verdict} in "
                   f"{g.capacity_GiB:g} GiB")
+    if not g.fits:
+        console.print(_fit_hint_line(g.fit_hint, s))
     table = Table(title="Per pipeline stage (one micro-batch; memory per GPU in GiB)")
     for col in ("stage", "layers", "fwd ms", "bwd ms", *MEMORY_COLUMNS, "runtime+alloc",
                 "total"):
@@ -103,6 +105,21 @@ def print_glance(g: Glance, s: Strategy) -> None:
     console.print(table)
     console.print("[dim]The fast path's closed form; `trainsim tracegen` then `trainsim replay` "
                   "gives the simulated timeline and the compute / communication split.[/]")
+
+
+def _fit_hint_line(hint: dict[str, Any] | None, s: Strategy) -> str:
+    """What recomputation would make a strategy that does not fit fit (``fit_by_recompute``)."""
+    if hint is None:
+        return ("no recomputation makes it fit: shard more (tp, pp, ZeRO)"
+                + (" or lower the micro-batch" if s.micro_batch_size > 1 else ""))
+    n = hint["recompute_num_layers"]
+    what, flags = (("selective recompute", "--recompute selective") if hint["recompute"] ==
+                   "selective" else
+                   (f"full recompute of the first {n} layers of each chunk",
+                    f"--recompute full --recompute-num-layers {n}") if n else
+                   ("full recompute", "--recompute full"))
+    return (f"it fits with {what} ({flags}): {hint['peak_memory_GiB']:.1f} GiB, "
+            f"{hint['step_time_s']:.4f} s a step")
 
 
 def _split_words(s: Strategy) -> str:

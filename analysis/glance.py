@@ -51,6 +51,8 @@ class Glance:
     # how much longer the step is for compute slowed beside collectives in flight (the same
     # strategy with the GPU's ``comm_interference`` set to 0; 0 where it is 0 already)
     interference_s: float = 0.0
+    # where it does not fit: the least recomputation that fits (``fit_by_recompute``)
+    fit_hint: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
@@ -80,10 +82,60 @@ def glance(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str)
         free = dataclasses.replace(system, gpu=dataclasses.replace(system.gpu,
                                                                   comm_interference=0.0))
         lost = est.step_time_s - estimate(model, s, free).step_time_s
+    hint = None if est.fits else fit_by_recompute(model, s, system)
     return Glance(model.name, s.label(), system.name, est.step_time_s, est.pipeline_s,
                   _idle(est, s.num_microbatches), rates["tokens_per_s"], rates["mfu"],
                   rates["hfu"], est.peak_memory_GiB, system.gpu.hbm_bytes / GiB, est.fits,
-                  _stages(model, s, system, est), lost)
+                  _stages(model, s, system, est), lost,
+                  None if hint is None else {
+                      "recompute": hint[0].recompute,
+                      "recompute_num_layers": hint[0].recompute_num_layers,
+                      "step_time_s": hint[1].step_time_s,
+                      "peak_memory_GiB": hint[1].peak_memory_GiB})
+
+
+def fit_by_recompute(model: ModelSpec, s: Strategy, system: SystemSpec
+                     ) -> tuple[Strategy, FastEstimate] | None:
+    """For a strategy that does not fit, the fastest of the recomputations that fit with
+    everything else kept: selective, and full recompute of the first N layers of each chunk
+    for the least N that fits (a chunk's memory falls as N grows: each recomputed layer keeps
+    its input instead of its activations; N = the largest chunk is every layer). None where
+    none fits, or none recomputes less than ``s`` does."""
+    options: list[tuple[Strategy, FastEstimate]] = []
+    if s.recompute == "none":
+        sel = dataclasses.replace(s, recompute="selective")
+        if (got := estimate(model, sel, system)).fits:
+            options.append((sel, got))
+    most = max(len(s.chunk_layers(model.num_layers, g)) for g in range(s.pp * s.vpp))
+    lo = s.recompute_num_layers + 1 if s.recompute == "full" and s.recompute_num_layers else 1
+    if s.recompute != "full" or s.recompute_num_layers:
+        hi = most  # the least N in [lo, most] that fits, if any
+        if lo <= hi:
+            found = _least_fitting(model, s, system, lo, hi)
+            if found is not None:
+                options.append(found)
+    return min(options, key=lambda o: o[1].step_time_s) if options else None
+
+
+def _least_fitting(model: ModelSpec, s: Strategy, system: SystemSpec, lo: int, hi: int
+                   ) -> tuple[Strategy, FastEstimate] | None:
+    """Bisection for the least N in [lo, hi] whose full recompute of the first N layers of
+    each chunk fits (N = hi: every layer, said as N = 0)."""
+    def at(n: int) -> tuple[Strategy, FastEstimate]:
+        full = dataclasses.replace(s, recompute="full", recompute_num_layers=0 if n >= hi else n)
+        return full, estimate(model, full, system)
+
+    best = at(hi)
+    if not best[1].fits:
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        got = at(mid)
+        if got[1].fits:
+            best, hi = got, mid
+        else:
+            lo = mid + 1
+    return best
 
 
 def _idle(est: FastEstimate, microbatches: int) -> float:

@@ -136,3 +136,65 @@ def test_a_sweep_searches_the_recomputed_layers(tmp_path: Path) -> None:
     assert sorted((s.recompute, s.recompute_num_layers) for s in valid) == [
         ("full", 0), ("full", 5), ("full", 10), ("none", 0)]
     assert invalid == 2  # none with 5 or 10
+
+
+def test_a_strategy_that_does_not_fit_is_told_the_least_recompute_that_fits() -> None:
+    """Llama 3 70B on 1,024 H100s at micro-batch 4 does not fit without recompute; the hint is
+    full recompute of the least N layers of each chunk that fits (N − 1 does not), at that
+    strategy's step time and memory, and faster than recomputing every layer."""
+    from analysis.glance import fit_by_recompute
+    from tracegen import get_model
+
+    model = get_model("llama3-70b")
+    s = Strategy(tp=8, pp=4, dp=32, sequence_parallel=True, micro_batch_size=4,
+                 global_batch_size=1024, zero_stage=1)
+    g = glance(model, s, SYSTEM)
+    assert not g.fits and g.fit_hint is not None
+    n = g.fit_hint["recompute_num_layers"]
+    assert g.fit_hint["recompute"] == "full" and 1 < n < 20
+    at = {k: estimate(model, Strategy(**{**s.to_dict(), "recompute": "full",
+                                         "recompute_num_layers": k}), SYSTEM)
+          for k in (n - 1, n)}
+    assert at[n].fits and not at[n - 1].fits
+    assert (g.fit_hint["step_time_s"], g.fit_hint["peak_memory_GiB"]) == (
+        at[n].step_time_s, at[n].peak_memory_GiB)
+    every = estimate(model, Strategy(**{**s.to_dict(), "recompute": "full"}), SYSTEM)
+    assert at[n].step_time_s < every.step_time_s
+    assert glance(model, Strategy(**{**s.to_dict(), "recompute": "full",
+                                     "recompute_num_layers": n}), SYSTEM).fit_hint is None
+    # where even every layer recomputed does not fit, nothing is suggested
+    tight = Strategy(tp=8, dp=1, micro_batch_size=1, global_batch_size=8, recompute="full")
+    assert fit_by_recompute(model, tight, SYSTEM) is None
+
+
+def test_selective_recompute_is_suggested_where_it_fits_and_is_faster() -> None:
+    """Without FlashAttention (V100) selective recompute drops the attention scores (Korthikanti
+    et al. 2022 §4.3): where that alone fits, it is the hint when it beats the full recompute
+    of some layers."""
+    from tracegen import get_model
+
+    model, v100 = get_model("gpt3-175b"), get_system("dgx1-v100")
+    s = Strategy(tp=8, pp=24, dp=1, micro_batch_size=1, global_batch_size=48,
+                 sequence_parallel=True)
+    g = glance(model, s, v100)
+    sel = estimate(model, Strategy(**{**s.to_dict(), "recompute": "selective"}), v100)
+    assert not g.fits and sel.fits
+    assert g.fit_hint is not None and g.fit_hint["recompute"] == "selective"
+    assert g.fit_hint["step_time_s"] == sel.step_time_s
+
+
+def test_estimate_cli_says_what_recompute_fits(tmp_path: Path) -> None:
+    from tests.test_cli import run
+
+    out = tmp_path / "e.json"
+    base = ("estimate", "--model", "llama3-70b", "--gpus", "1024", "--tp", "8", "--pp", "4",
+            "--sp", "--mbs", "4", "--gbs", "1024", "--zero", "1", "--system", "dgx-h100")
+    r = run(*base, "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    hint = json.loads(out.read_text())["fit_hint"]
+    n = hint["recompute_num_layers"]
+    assert (f"it fits with full recompute of the first {n} layers of each chunk (--recompute "
+            f"full --recompute-num-layers {n})") in " ".join(r.stdout.split())
+    again = run(*base, "--recompute", "full", "--recompute-num-layers", str(n))
+    assert again.returncode == 0 and "DOES NOT FIT" not in again.stdout
+    assert f"recompute full (first {n} layers of each chunk)" in " ".join(again.stdout.split())
