@@ -333,7 +333,9 @@ def sweep_cmd(
                                 chunk=chunk, progress=report)
     (out / "study.json").write_text(json.dumps(_study_meta(st, counts), indent=1) + "\n")
     console.print(" · ".join(f"{k.replace('_', ' ')}: {v:,}" for k, v in counts.items()))
-    _print_ranking(results, f"{st.name}: best of {counts['valid']:,} strategies")
+    fitted = counts.get("recomputed_to_fit", 0)
+    _print_ranking(results, f"{st.name}: best of {counts['valid']:,} strategies"
+                   + (f" and {fitted:,} recomputed to fit" if fitted else ""))
 
 
 @app.command("report")

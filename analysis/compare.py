@@ -37,7 +37,8 @@ RESULT_COLUMNS: dict[str, Any] = {
 
 def strategy_fields(s: Strategy) -> dict[str, Any]:
     return {"strategy": s.label() + ("" if s.schedule == "1f1b" else f"-{s.schedule}")
-            + f"-rc{s.recompute[0]}-z{s.zero_stage}" + ("-sp" if s.sequence_parallel else "")
+            + f"-rc{s.recompute[0]}{s.recompute_num_layers or ''}-z{s.zero_stage}"
+            + ("-sp" if s.sequence_parallel else "")
             + ("-tpo" if s.tp_comm_overlap else "")
             + ("-opg" if s.overlap_param_gather and s.zero_stage in (1, 2) else "")
             + ("-z3pf" if s.zero3_prefetch else ""),

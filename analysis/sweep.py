@@ -218,6 +218,12 @@ def sweep(study: Study, out_dir: str | Path, *, top_k: int = 10, scheduler: str 
         _run(study, todo, screen, replay_it=False, chunk=size, pool=pool, phase="screening",
              progress=progress)
         screened = rank(screen.read().unique("id", keep="first"), study.rank_by)
+        fitted = recompute_to_fit(study, screened, by_id, top_k)
+        if fitted:
+            _run(study, [s for s in fitted if strategy_id(s) not in done], screen,
+                 replay_it=False, chunk=size, pool=pool, phase="recomputing to fit",
+                 progress=progress)
+            screened = rank(screen.read().unique("id", keep="first"), study.rank_by)
         fits = screened.filter(pl.col("fits").fill_null(False))
         best_ids = fits.head(top_k)["id"].to_list()
         verify = PartStore(out, "replay")
@@ -231,10 +237,38 @@ def sweep(study: Study, out_dir: str | Path, *, top_k: int = 10, scheduler: str 
     final = rank(merged, study.rank_by, verified_first=True)
     _write_atomic(final, out)
     counts = {"enumerated": len(valid) + invalid, "invalid": invalid, "valid": len(valid),
+              "recomputed_to_fit": len(fitted),
               "do_not_fit": int(screened.filter(~pl.col("fits").fill_null(False)).height),
               "screened": screened.height,
               "replayed": replayed.filter(pl.col("status") == "replayed").height}
     return final, counts
+
+
+def recompute_to_fit(study: Study, screened: pl.DataFrame, by_id: dict[str, Strategy],
+                     limit: int) -> list[Strategy]:
+    """The least recompute that fits (``glance.fit_by_recompute``) of the fastest screened
+    strategies that do not fit and step faster than the fastest that does — at most ``limit``
+    of them (a recomputing variant is slower than its parent, so no slower parent can win):
+    the layouts the space's coarse recompute values rule out although a few recomputed layers
+    per chunk let them run. Each new strategy joins ``by_id``; the list holds them all, the
+    ones screened before (a resumed sweep) too."""
+    from analysis.glance import fit_by_recompute
+
+    fits = pl.col("fits").fill_null(False)
+    # of the enumerated strategies only, so that a resumed sweep finds the same ones
+    screened = screened.filter(pl.col("id").is_in(list(by_id)))
+    best = screened.filter(fits)["step_time_s"].min()
+    slow = screened.filter(~fits & pl.col("step_time_s").is_not_null())
+    if best is not None:
+        slow = slow.filter(pl.col("step_time_s") < best)
+    out: list[Strategy] = []
+    for sid in slow.sort("step_time_s").head(limit)["id"].to_list():
+        parent = by_id.get(sid)
+        got = None if parent is None else fit_by_recompute(study.model, parent, study.system)
+        if got is not None and strategy_id(got[0]) not in by_id:
+            by_id[strategy_id(got[0])] = got[0]
+            out.append(got[0])
+    return out
 
 
 def _write_atomic(frame: pl.DataFrame, out: Path) -> None:

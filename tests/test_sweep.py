@@ -243,3 +243,38 @@ def test_zero3_prefetch_is_a_search_dimension_labelled_apart(study_path: Path) -
     assert got == [(1, False), (3, False), (3, True)] and invalid == 1
     labels = [strategy_fields(s)["strategy"] for s in valid]
     assert len(set(labels)) == 3 and sum(lab.endswith("-z3pf") for lab in labels) == 1
+
+
+def test_a_sweep_recomputes_just_enough_to_fit(tmp_path: Path) -> None:
+    """Layouts that do not fit without recompute but step faster than every one that fits get
+    the least recompute that fits (``recompute_to_fit``): full recompute of the first N layers
+    of each stage, which the space's none / full values cannot say. On Llama 3 70B on 1,024
+    H100s such a layout then steps faster than any layout with every layer recomputed (it was
+    tp 4 · pp 2 with 32 of each stage's 40 layers when written). A resumed sweep finds the
+    same and screens nothing twice."""
+    from analysis.study import study_from_dict
+
+    study = study_from_dict({
+        "model": "llama3-70b", "system": "dgx-h100", "gpus": 1024, "global_batch_size": 1024,
+        "search": {"tp": [4, 8], "pp": [2, 4], "vpp": [1], "micro_batch_size": [2],
+                   "recompute": ["none", "full"], "zero_stage": [1],
+                   "sequence_parallel": [True]}}, name="fit")
+    final, counts = sweep(study, tmp_path / "s", top_k=1, workers=1)
+    assert counts["recomputed_to_fit"] >= 1
+    assert final.height == counts["valid"] + counts["recomputed_to_fit"]
+    partial = final.filter(pl.col("strategy").str.contains(r"-rcf\d+-"))
+    assert partial.height == counts["recomputed_to_fit"] and partial["fits"].all()
+    row = partial.row(0, named=True)
+    layout = row["strategy"].split("-rcf")[0]
+    same = final.filter(pl.col("strategy").str.starts_with(layout + "-rc"))
+    none = same.filter(pl.col("strategy").str.contains("-rcn-")).row(0, named=True)
+    full = same.filter(pl.col("strategy").str.contains("-rcf-")).row(0, named=True)
+    assert not none["fits"] and full["fits"]
+    assert none["step_time_s"] < row["fast_step_time_s"] < full["fast_step_time_s"]
+    fitting_full = final.filter(pl.col("fits") & pl.col("strategy").str.contains("-rcf-"))
+    assert row["fast_step_time_s"] < fitting_full["fast_step_time_s"].min()
+    again, counts2 = sweep(study, tmp_path / "s", top_k=1, workers=1)
+    assert counts2 == counts and again.sort("id").select(COMPARED).equals(
+        final.sort("id").select(COMPARED))
+    screened = PartStore(tmp_path / "s", "screen").read()
+    assert screened["id"].n_unique() == screened.height
