@@ -18,7 +18,7 @@ from analysis.cli_common import (
     note_precision,
     output_file,
 )
-from analysis.glance import Glance, glance
+from analysis.glance import Glance, fit_hint_words, glance
 from tracegen import Strategy, resolve_model
 from tracegen.units import GiB
 
@@ -72,7 +72,8 @@ def print_glance(g: Glance, s: Strategy) -> None:
                   f"{s.num_microbatches} micro-batches, {s.schedule}"
                   + (f" in groups of {s.schedule_group}" if s.schedule_group else "")
                   + f", recompute {s.recompute}"
-                  + (f" (first {s.recompute_num_layers} layers of each chunk)"
+                  + (" (first layer of each chunk)" if s.recompute_num_layers == 1 else
+                     f" (first {s.recompute_num_layers} layers of each chunk)"
                      if s.recompute_num_layers else "") + ", "
                   f"ZeRO {s.zero_stage}, {s.precision}"
                   + (", gradients reduced in bf16" if s.grad_reduce_in_bf16 else "")
@@ -112,12 +113,7 @@ def _fit_hint_line(hint: dict[str, Any] | None, s: Strategy) -> str:
     if hint is None:
         return ("no recomputation makes it fit: shard more (tp, pp, ZeRO)"
                 + (" or lower the micro-batch" if s.micro_batch_size > 1 else ""))
-    n = hint["recompute_num_layers"]
-    what, flags = (("selective recompute", "--recompute selective") if hint["recompute"] ==
-                   "selective" else
-                   (f"full recompute of the first {n} layers of each chunk",
-                    f"--recompute full --recompute-num-layers {n}") if n else
-                   ("full recompute", "--recompute full"))
+    what, flags, _ = fit_hint_words(hint)
     return (f"it fits with {what} ({flags}): {hint['peak_memory_GiB']:.1f} GiB, "
             f"{hint['step_time_s']:.4f} s a step")
 

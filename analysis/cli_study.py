@@ -157,6 +157,7 @@ def resilience_cmd(
     from analysis import plots as P
     from analysis import resilience as R
     from analysis.evaluate import resilience_frame, strategy_dict, summary_dict
+    from analysis.glance import fit_hint
     from analysis.study import load_study
 
     summary, plots = output_file(summary, "--summary"), output_dir(plots, "--plots")
@@ -169,6 +170,8 @@ def resilience_cmd(
         frame = resilience_frame(study, s)
         out[s.label()] = summary_dict(frame)
         shapes[s.label()] = strategy_dict(frame)
+        if not shapes[s.label()]["fits"]:
+            shapes[s.label()]["fit_hint"] = fit_hint(study.model, s, study.system)
         table = Table(title=f"{study.name}: {s.label()} on {s.world_size} GPUs "
                             f"(job MTTF {frame['job_mttf_s'][0] / 3600:.2f} h)")
         for col in ("policy", "goodput", "days to train", "GPU-hours", "failures",
@@ -209,8 +212,16 @@ def _resilience_step_line(shape: dict[str, Any], hbm_bytes: int) -> str:
     capacity = hbm_bytes / 2**30
     if shape["fits"]:
         return f"{line}: fits in {capacity:.0f} GiB"
+    hint = shape.get("fit_hint")
+    if hint is None:
+        advice = "try more pipeline stages, ZeRO, or a smaller micro-batch"
+    else:
+        from analysis.glance import fit_hint_words
+        what, _, fields = fit_hint_words(hint)
+        advice = (f"it fits with {what} ({fields}): {hint['peak_memory_GiB']:.1f} GiB, "
+                  f"{hint['step_time_s']:.3f} s a step")
     return (f"{line}: [bold red]DOES NOT FIT[/] in {capacity:.0f} GiB — these figures are for "
-            "a run that cannot start (try more pipeline stages, ZeRO, or recompute)")
+            f"a run that cannot start ({advice})")
 
 
 def _study_meta(study: Any, counts: dict[str, int] | None = None) -> dict[str, Any]:

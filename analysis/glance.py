@@ -82,16 +82,37 @@ def glance(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str)
         free = dataclasses.replace(system, gpu=dataclasses.replace(system.gpu,
                                                                   comm_interference=0.0))
         lost = est.step_time_s - estimate(model, s, free).step_time_s
-    hint = None if est.fits else fit_by_recompute(model, s, system)
     return Glance(model.name, s.label(), system.name, est.step_time_s, est.pipeline_s,
                   _idle(est, s.num_microbatches), rates["tokens_per_s"], rates["mfu"],
                   rates["hfu"], est.peak_memory_GiB, system.gpu.hbm_bytes / GiB, est.fits,
                   _stages(model, s, system, est), lost,
-                  None if hint is None else {
-                      "recompute": hint[0].recompute,
-                      "recompute_num_layers": hint[0].recompute_num_layers,
-                      "step_time_s": hint[1].step_time_s,
-                      "peak_memory_GiB": hint[1].peak_memory_GiB})
+                  None if est.fits else fit_hint(model, s, system))
+
+
+def fit_hint_words(hint: dict[str, Any]) -> tuple[str, str, str]:
+    """(what the hint recomputes, its CLI flags, its study-file fields) — ``Glance.fit_hint``
+    in words for ``estimate`` and ``resilience``."""
+    n = hint["recompute_num_layers"]
+    if hint["recompute"] == "selective":
+        return "selective recompute", "--recompute selective", 'recompute = "selective"'
+    if n:
+        return (f"full recompute of the first {_layers(n)} of each chunk",
+                f"--recompute full --recompute-num-layers {n}",
+                f'recompute = "full", recompute_num_layers = {n}')
+    return "full recompute", "--recompute full", 'recompute = "full"'
+
+
+def _layers(n: int) -> str:
+    return "layer" if n == 1 else f"{n} layers"
+
+
+def fit_hint(model: ModelSpec, s: Strategy, system: SystemSpec) -> dict[str, Any] | None:
+    """``fit_by_recompute`` as ``Glance.fit_hint``: the recompute fields, step and memory."""
+    got = fit_by_recompute(model, s, system)
+    if got is None:
+        return None
+    return {"recompute": got[0].recompute, "recompute_num_layers": got[0].recompute_num_layers,
+            "step_time_s": got[1].step_time_s, "peak_memory_GiB": got[1].peak_memory_GiB}
 
 
 def fit_by_recompute(model: ModelSpec, s: Strategy, system: SystemSpec

@@ -162,6 +162,13 @@ def test_resilience_flags_a_strategy_that_does_not_fit(tmp_path: Path) -> None:
     assert "DOES NOT FIT in 80 GiB" in r.stdout
     (shape,) = json.loads(out.read_text())["strategy_shapes"].values()
     assert not shape["fits"] and shape["peak_memory_GiB"] > 80
+    # and it is told the least recompute that fits, in the study file's words
+    hint = shape["fit_hint"]
+    assert hint["peak_memory_GiB"] <= 80 and hint["step_time_s"] > shape["step_time_s"]
+    words = " ".join(r.stdout.split())
+    fields = (f'recompute = "full", recompute_num_layers = {hint["recompute_num_layers"]}'
+              if hint["recompute_num_layers"] else f'recompute = "{hint["recompute"]}"')
+    assert f"({fields}): {hint['peak_memory_GiB']:.1f} GiB" in words
 
 
 def test_restart_cost_grows_with_job_size() -> None:
