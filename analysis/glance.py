@@ -127,14 +127,13 @@ def fit_by_recompute(model: ModelSpec, s: Strategy, system: SystemSpec
         sel = dataclasses.replace(s, recompute="selective")
         if (got := estimate(model, sel, system)).fits:
             options.append((sel, got))
+    # full recompute of more layers than ``s`` recomputes (recompute_num_layers is 0 unless
+    # full; full of every layer leaves nothing more)
     most = max(len(s.chunk_layers(model.num_layers, g)) for g in range(s.pp * s.vpp))
-    lo = s.recompute_num_layers + 1 if s.recompute == "full" and s.recompute_num_layers else 1
-    if s.recompute != "full" or s.recompute_num_layers:
-        hi = most  # the least N in [lo, most] that fits, if any
-        if lo <= hi:
-            found = _least_fitting(model, s, system, lo, hi)
-            if found is not None:
-                options.append(found)
+    if (s.recompute != "full" or s.recompute_num_layers) and s.recompute_num_layers < most:
+        found = _least_fitting(model, s, system, s.recompute_num_layers + 1, most)
+        if found is not None:
+            options.append(found)
     return min(options, key=lambda o: o[1].step_time_s) if options else None
 
 

@@ -19,7 +19,7 @@ from analysis.sweep import enumerate_space
 from replay import get_system, replay
 from tests.conftest import read_et
 from tracegen import ConfigError, ModelSpec, Strategy, generate
-from tracegen.flops import recompute_flop_per_step
+from tracegen.flops import model_flop_per_step, recompute_flop_per_step
 from tracegen.memory import activation_bytes_per_layer, inflight_microbatches
 
 MODEL = ModelSpec(name="rc", num_layers=8, hidden_size=256, num_attention_heads=8,
@@ -112,7 +112,6 @@ def test_fast_path_equals_replay_with_some_layers_recomputed(kw: dict, n: int) -
 
 
 def _model_flop(s: Strategy) -> int:
-    from tracegen.flops import model_flop_per_step
     return model_flop_per_step(MODEL, s.global_batch_size)
 
 
