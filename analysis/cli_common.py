@@ -107,9 +107,10 @@ RecomputeLayersOpt = Annotated[int, typer.Option(
          "--recompute-num-layers).")]
 GroupOpt = Annotated[int, typer.Option(
     "--microbatch-group-size",
-    help="Interleaved 1F1B: micro-batches run through a chunk before the next, in [pp, "
-         "micro-batches]; 0 = pp (Megatron-Core --microbatch-group-size-per-virtual-pipeline-"
-         "stage). Lets the micro-batch count be other than a multiple of pp.")]
+    help="Interleaved 1F1B: micro-batches run through a chunk before the next, from pp up "
+         "to the micro-batch count; 0 = pp (Megatron-Core "
+         "--microbatch-group-size-per-virtual-pipeline-stage). Lets the micro-batch count be other "
+         "than a multiple of pp.")]
 
 
 def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, sp: bool,

@@ -201,3 +201,21 @@ def test_worker_and_job_counts_below_their_least_are_refused(tmp_path: Path) -> 
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert f"Invalid value for '{name}'" in r.stderr, r.stderr
         assert f"greater than or equal to {least}" in r.stderr, r.stderr
+
+
+def test_no_help_text_loses_square_brackets_to_rich_markup() -> None:
+    """Typer renders help through Rich, which takes ``[word]`` as a style tag and drops it;
+    a literal bracket must be written ``\\[``."""
+    import re
+
+    import typer.main
+
+    from analysis.cli import app
+
+    group = typer.main.get_command(app)
+    texts = [group.help or ""]
+    for command in group.commands.values():  # type: ignore[attr-defined]
+        texts.append(command.help or "")
+        texts += [getattr(p, "help", None) or "" for p in command.params]
+    swallowed = [t for t in texts if re.search(r"(?<!\\)\[[a-z]", t)]
+    assert not swallowed, swallowed
