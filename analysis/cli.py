@@ -33,13 +33,13 @@ def catalog_cmd() -> None:
     """List the preset models."""
     table = Table(title="Preset models")
     for col in ("name", "params (B)", "layers", "hidden", "heads/kv", "ffn", "vocab", "seq",
-                "source"):
+                "dropout", "source"):
         table.add_column(col)
     for name in model_names():
         m = get_model(name)
         table.add_row(name, f"{m.num_params() / 1e9:.1f}", str(m.num_layers), str(m.hidden_size),
                       f"{m.num_attention_heads}/{m.num_kv_heads}", str(m.ffn_hidden_size),
-                      str(m.vocab_size), str(m.seq_len), model_source(name))
+                      str(m.vocab_size), str(m.seq_len), f"{m.dropout:g}", model_source(name))
     console.print(table)
 
 

@@ -47,9 +47,10 @@ def validate_cmd(
                     "pipeline's row can take ~2 GB; one with --fast).")] = 0,
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="Replace a system value for every row, e.g. gpu.flash_attention=false "
-                      "for a stack that predates FlashAttention, or set a strategy field the "
-                      "schema has no column for, e.g. "
-                      "strategy.zero3_gather_bucket_params=50000000 (repeatable).")] = None,
+                      "for a stack that predates FlashAttention, or set a strategy or model "
+                      "field the schema has no column for, e.g. "
+                      "strategy.zero3_gather_bucket_params=50000000 or model.dropout=0 "
+                      "(repeatable).")] = None,
     fast: Annotated[bool, typer.Option(
         "--fast", help="Predict with the closed-form fast path instead of replay: seconds for "
                        "a large set, within 2% of replay on healthy symmetric runs, no "

@@ -164,15 +164,21 @@ def _missing(row: dict[str, Any], fields: tuple[str, ...]) -> list[str]:
     return [f for f in fields if row.get(f) is None]
 
 
-STRATEGY_SECTION = "strategy."
+STRATEGY_SECTION, MODEL_SECTION = "strategy.", "model."
+# Model fields a row cannot give (no schema column), which ``model.field`` overrides may set.
+MODEL_OVERRIDABLE = ("dropout", "tied_embeddings")
 
 
-def split_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(system ``section.key`` values, strategy fields given as ``strategy.field``)."""
-    strategy = {k.removeprefix(STRATEGY_SECTION): v for k, v in overrides.items()
-                if k.startswith(STRATEGY_SECTION)}
-    system = {k: v for k, v in overrides.items() if not k.startswith(STRATEGY_SECTION)}
-    return system, strategy
+def split_overrides(overrides: dict[str, Any]
+                    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(system ``section.key`` values, strategy fields given as ``strategy.field``, model fields
+    given as ``model.field``)."""
+    def section(prefix: str) -> dict[str, Any]:
+        return {k.removeprefix(prefix): v for k, v in overrides.items() if k.startswith(prefix)}
+
+    system = {k: v for k, v in overrides.items()
+              if not k.startswith((STRATEGY_SECTION, MODEL_SECTION))}
+    return system, section(STRATEGY_SECTION), section(MODEL_SECTION)
 
 
 def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None,
@@ -182,7 +188,7 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None,
     and strategy fields the schema has no column for (``{"strategy.zero3_gather_bucket_params":
     50_000_000}``: ZeRO-3 gathers of at most 5e7 parameters). ``attention``: the attention
     kernel the runs used (``replay/attention_kernels.py``), applied before ``overrides``."""
-    overrides, strategy_over = split_overrides(overrides or {})
+    overrides, strategy_over, model_over = split_overrides(overrides or {})
     if row.get(BAD):
         return f"skipped: unreadable {row[BAD]}"
     if row["measured_iter_time_s"] is None:
@@ -211,7 +217,8 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None,
         base = base.with_overrides(overrides)
     notes: list[str] = ([row[ASSUMED]] if row.get(ASSUMED) else []) + implied + kernel + [
         f"system override {k} = {v!r}" for k, v in overrides.items()]
-    notes += [f"strategy override {k} = {v!r}" for k, v in strategy_over.items()]
+    notes += [f"{what} override {k} = {v!r}" for what, over in
+              (("model", model_over), ("strategy", strategy_over)) for k, v in over.items()]
     precision = row["precision"]
     if precision is None:
         if base.gpu.peak_bf16_TFLOPs != base.gpu.peak_fp16_TFLOPs:
@@ -239,7 +246,7 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None,
                 f"(≤ {MAX_NIC_GBPS_PER_GPU} Gb/s): the schema wants it per GPU — a node's total "
                 f"divided by gpus_per_node ({row['gpus_per_node']})")
     try:
-        model = _padded_vocab(_model(row), row["tp"], notes)
+        model = _padded_vocab(_model(row, model_over), row["tp"], notes)
         strategy = _uneven_pipeline(_strategy(row, precision), row["num_layers"], notes)
         if strategy_over:
             strategy = Strategy.from_dict({**strategy.to_dict(),
@@ -277,9 +284,10 @@ def _unsupported_precision(precision: str, gpu: str, system: SystemSpec) -> str 
     return None
 
 
-def _model(row: dict[str, Any]) -> ModelSpec:
+def _model(row: dict[str, Any], over: dict[str, Any]) -> ModelSpec:
     moe = row["arch"] == "moe"
     return ModelSpec(
+        **over,
         name=row["id"], num_layers=row["num_layers"], hidden_size=row["hidden_size"],
         num_attention_heads=row["num_attention_heads"], num_kv_heads=row["num_kv_heads"],
         ffn_hidden_size=row["ffn_hidden_size"], vocab_size=row["vocab_size"],
@@ -430,12 +438,23 @@ def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = 
         kernel_overrides(attention, "")  # raises, naming the kernels there are
     values = _assumptions(assume or {})
     runs = [_assume(r, values) for r in load_runs(path).iter_rows(named=True)]
-    system_over, strategy_over = split_overrides(overrides or {})
+    system_over, strategy_over, model_over = split_overrides(overrides or {})
     for name in sorted(set(GPU_ALIASES.values())) if system_over else ():
         get_system(name).with_overrides(system_over)  # a bad override fails once, here
     unknown = sorted(set(strategy_over) - {f.name for f in dataclasses.fields(Strategy)})
     if unknown:  # ... and here; values are checked per row, with the row's own fields
         raise ConfigError([f"unknown key {k!r}" for k in unknown], what="strategy override")
+    unknown = sorted(set(model_over) - set(MODEL_OVERRIDABLE))
+    if unknown:
+        raise ConfigError([f"model.{k}: not a model field a row leaves open (those are "
+                           f"{', '.join(MODEL_OVERRIDABLE)}; the rest come from the row's "
+                           "columns)" for k in unknown], what="model override")
+    if model_over:  # values checked once, on a placeholder shape
+        try:
+            ModelSpec(name="override", num_layers=1, hidden_size=8, num_attention_heads=1,
+                      ffn_hidden_size=8, vocab_size=8, seq_len=8, **model_over)
+        except ConfigError as exc:
+            raise ConfigError(exc.problems, what="model override") from None
     one = functools.partial(_safe_row, overrides=overrides, fast=fast, attention=attention)
     if jobs <= 1 or len(runs) < 2:
         return _collect(map(one, runs), len(runs), progress)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -123,28 +124,43 @@ def test_default_interleaving_holds_what_the_memory_model_counts(p, v, rounds, d
 GPT = dict(b=1, s=2048, h=12288, a=96)  # GPT-3 175B shapes (Korthikanti et al. 2022, Table 3)
 
 
+@pytest.mark.parametrize("dropout", [0.1, 0.0])
 @pytest.mark.parametrize("t", [1, 8])
 @pytest.mark.parametrize(("sp", "recompute"), [(False, "none"), (True, "none"),
                                                (True, "selective"), (False, "full"),
                                                (True, "full")])
-def test_korthikanti_activation_memory(t: int, sp: bool, recompute: str) -> None:
-    """Korthikanti et al. 2022 eqs. (2)-(5), with standard (non-flash) attention."""
-    m = get_model("gpt3-175b")
+def test_korthikanti_activation_memory(t: int, sp: bool, recompute: str, dropout: float) -> None:
+    """Korthikanti et al. 2022 eqs. (2)-(5), with standard (non-flash) attention. Without
+    dropout their §4.1 terms lose the two sbh masks (after attention, after the MLP), the
+    attention-dropout mask (as²b) and its output (2as²b): 10 → 8 and 5as/h → 2as/h."""
+    m = dataclasses.replace(get_model("gpt3-175b"), dropout=dropout)
     s = Strategy(tp=t, sequence_parallel=sp and t > 1, recompute=recompute)  # type: ignore[arg-type]
     sp = sp and t > 1
     b, seq, h, a = GPT["b"], GPT["s"], GPT["h"], GPT["a"]
     sbh = seq * b * h
-    attn = 5 * a * seq / (h * t)
+    rep, scores = (10, 5) if dropout else (8, 2)
+    attn = scores * a * seq / (h * t)
     expected = {
-        (False, "none"): sbh * (10 + 24 / t + attn),
-        (True, "none"): sbh * (34 / t + attn),
-        (True, "selective"): sbh * 34 / t,
-        (False, "selective"): sbh * (10 + 24 / t),
+        (False, "none"): sbh * (rep + 24 / t + attn),
+        (True, "none"): sbh * ((rep + 24) / t + attn),
+        (True, "selective"): sbh * (rep + 24) / t,
+        (False, "selective"): sbh * (rep + 24 / t),
         (False, "full"): 2 * sbh,
         (True, "full"): 2 * sbh / t,
     }[(sp, recompute)]
     got = activation_bytes_per_layer(m, s, flash_attention=False)
     assert got == pytest.approx(expected, rel=1e-9)
+
+
+def test_models_trained_without_dropout_say_so() -> None:
+    """Presets of models that train without dropout carry 0, GPT-3 keeps Megatron's 0.1; and
+    a bad probability is refused with what it must be."""
+    assert get_model("gpt3-175b").dropout == 0.1
+    for name in ("llama3.1-405b", "llama2-70b", "mixtral-8x7b", "qwen3-235b-a22b",
+                 "nemotron4-340b"):
+        assert get_model(name).dropout == 0.0, name
+    with pytest.raises(ConfigError, match=r"dropout is a probability in \[0, 1\)"):
+        dataclasses.replace(get_model("gpt3-175b"), dropout=1.0)
 
 
 @pytest.mark.parametrize("flash", [True, False])
@@ -197,8 +213,8 @@ def test_zero3_feasibility_boundary_of_narayanan_2021() -> None:
 # MosaicML's llm-foundry throughput tables (scripts/train/benchmarking/README.md): runs that
 # completed, each at the largest micro-batch or sequence its table lists for that model and GPU
 # (MPT shapes from the llm-foundry pretrain YAMLs: d_model, heads, layers; ffn 4·d, vocab 50368;
-# FSDP FULL_SHARD on 8 GPUs per node). (model, seq, GPUs, micro-batch, activation checkpointing,
-# GPU memory GiB.)
+# FSDP FULL_SHARD on 8 GPUs per node; no dropout: MPTConfig's resid_pdrop, emb_pdrop and
+# attn_pdrop default to 0). (model, seq, GPUs, micro-batch, activation checkpointing, GPU GiB.)
 MPT_SHAPES = {"125m": (768, 12, 12), "350m": (1024, 16, 24), "1b": (2048, 16, 24),
               "3b": (2560, 20, 32), "7b": (4096, 32, 32), "13b": (5120, 40, 40),
               "30b": (7168, 56, 48), "70b": (8192, 64, 80)}
@@ -216,7 +232,7 @@ def test_published_mosaicml_runs_fit(name: str, seq: int, gpus: int, mbs: int, c
     d, heads, layers = MPT_SHAPES[name]
     m = ModelSpec(name=f"mpt-{name}", num_layers=layers, hidden_size=d,
                   num_attention_heads=heads, ffn_hidden_size=4 * d, vocab_size=50368,
-                  seq_len=seq)
+                  seq_len=seq, dropout=0.0)
     s = Strategy(dp=gpus, zero_stage=3, recompute="full" if ckpt else "none",
                  micro_batch_size=mbs, global_batch_size=mbs * gpus)
     assert estimate(m, s, 0, m.num_params()).total_bytes / GiB <= hbm

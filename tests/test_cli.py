@@ -100,6 +100,9 @@ def test_catalog_lists_presets() -> None:
     r = run("catalog")
     assert r.returncode == 0
     assert "llama3.1-405b" in r.stdout and "405.8" in r.stdout
+    rows = {line.split("│")[1].strip(): line for line in r.stdout.splitlines()
+            if line.count("│") > 2}
+    assert "│ 0.1 " in rows["gpt3-175b"] and "│ 0 " in rows["llama3.1-405b"]  # dropout
 
 
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden_tiny_tp2pp2dp2"

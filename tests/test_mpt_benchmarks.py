@@ -14,11 +14,14 @@ from analysis.validate import load_runs, validate
 from tests import mpt_benchmarks as mb
 
 PUBLIC = Path(__file__).resolve().parents[2] / "shared" / "validation" / "public_runs.csv"
+# The stack as the source describes it: MPT trains without dropout (llm-foundry's MPTConfig:
+# resid_pdrop, emb_pdrop and attn_pdrop default to 0), which the schema has no column for.
+MPT_STACK = {"model.dropout": 0.0}
 
 
 @pytest.fixture(scope="module")
 def results() -> pl.DataFrame:
-    return _tagged(validate(mb.RUNS, fast=True))
+    return _tagged(validate(mb.RUNS, fast=True, overrides=MPT_STACK))
 
 
 def _tagged(frame: pl.DataFrame) -> pl.DataFrame:
@@ -111,7 +114,8 @@ def test_long_sequences_lie_between_the_flashattention_generations(
     must come out faster than measured with the FlashAttention-2 preset and slower with
     ``attention="flashattention-1"`` (its efficiency halved): the measurement lies between the
     two kernel generations."""
-    fa1 = _tagged(validate(mb.RUNS, fast=True, attention="flashattention-1"))
+    fa1 = _tagged(validate(mb.RUNS, fast=True, attention="flashattention-1",
+                            overrides=MPT_STACK))
     both = results.join(fa1, on="id", suffix="_fa1").filter(
         (pl.col("status") == "ok") & pl.col("table").str.starts_with("a100")
         & (pl.col("seq") >= 16384))
@@ -139,14 +143,15 @@ def test_error_trend_plot_has_every_row_and_a_median_per_table(results: pl.DataF
     assert (tmp_path / "trend.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_every_run_fits_to_within_the_memory_models_margin(results: pl.DataFrame) -> None:
+def test_every_run_fits(results: pl.DataFrame) -> None:
     """They ran, so they fit. MosaicML sized micro-batches to the memory (Composer's automatic
-    micro-batching), which makes these rows a tight check: the tightest are predicted at 98-101%
-    of their GPU's memory, none above 101.5%; 184 of 186 strictly fit (DESIGN.md, Memory)."""
+    micro-batching), which makes these rows a tight check: all 186 fit, the tightest at 94-96%
+    of their GPU's memory (DESIGN.md, Memory). Counted with dropout masks that MPT does not
+    store, two of them did not (101.3% at most)."""
     ok = results.filter(pl.col("status") == "ok")
     capacity = ok["gpu"].replace_strict({"a100-40gb": 40.0, "a100-80gb": 80.0,
                                          "h100-sxm": 80.0})
     ratio = ok["predicted_peak_memory_GiB"] / capacity
-    assert ratio.max() <= 1.015  # type: ignore[operator]
-    assert (ratio > 0.98).sum() >= 5  # the sizing really was at the edge
-    assert ok["fits"].sum() >= 184
+    assert ratio.max() <= 1.0  # type: ignore[operator]
+    assert (ratio > 0.94).sum() >= 5  # the sizing really was at the edge
+    assert ok["fits"].all()

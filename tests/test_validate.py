@@ -27,6 +27,7 @@ from analysis.validate import (
 from replay.traceset import load_trace_set
 from tracegen import ConfigError, Strategy, generate, get_model
 from tracegen.program import RoleProgram
+from tracegen.units import GiB
 
 PUBLIC = Path(__file__).resolve().parents[2] / "shared" / "validation" / "public_runs.csv"
 # Fidelity reached by this version on the rows with complete inputs (closing note of issue #4).
@@ -622,6 +623,38 @@ def test_strategy_overrides_apply_to_every_row_and_are_stated(tmp_path: Path) ->
     # a value that suits some rows and not others skips only those, with the reason
     mixed = validate(PUBLIC, overrides={"strategy.vpp": 2}, fast=True)
     assert mixed.filter(pl.col("id") == "nar21-t2-03")["status"].item().startswith("skipped:")
+
+
+def test_model_overrides_state_what_the_schema_cannot(tmp_path: Path) -> None:
+    """``--set model.dropout=0`` describes a stack that trains without dropout (MPT): the
+    row's model carries it and its assumptions say so, the peak memory drops by exactly the
+    two 1-byte masks per token of each layer in flight, and the step time does not move. A
+    field the row's columns give, or a bad value, fails the batch once."""
+    from analysis.validate import RunInputs, row_inputs
+
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    row = _row(tmp_path, "mpt-04")
+    plain, bare = row_inputs(row), row_inputs(row, {"model.dropout": 0})
+    assert isinstance(plain, RunInputs) and isinstance(bare, RunInputs)
+    assert plain.model.dropout == 0.1 and bare.model.dropout == 0.0
+    assert "model override dropout = 0" in bare.assumptions
+    s = bare.strategy
+    assert s.pp == 1 and s.recompute == "none"  # every layer, one micro-batch in flight
+    masks_GiB = (2 * s.micro_batch_size * bare.model.seq_len * bare.model.hidden_size
+                 * bare.model.num_layers / GiB)
+    f = tmp_path / "one.csv"
+    pl.read_csv(PUBLIC, infer_schema_length=0).filter(pl.col("id") == "mpt-04").write_csv(f)
+    with_masks, without = validate(f, fast=True), validate(f, fast=True,
+                                                            overrides={"model.dropout": 0})
+    assert (with_masks["predicted_peak_memory_GiB"].item()
+            - without["predicted_peak_memory_GiB"].item()) == pytest.approx(masks_GiB * 1.05)
+    assert (with_masks["predicted_iter_time_s"].item()
+            == without["predicted_iter_time_s"].item())
+    with pytest.raises(ConfigError, match=r"model\.num_layers: not a model field a row leaves"):
+        validate(f, overrides={"model.num_layers": 3})
+    with pytest.raises(ConfigError, match=r"dropout is a probability in \[0, 1\)"):
+        validate(f, overrides={"model.dropout": 1.5})
 
 
 def test_smaller_zero3_gathers_cost_ring_latency_that_grows_with_ranks(tmp_path: Path) -> None:

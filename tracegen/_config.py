@@ -91,19 +91,19 @@ def _type_problem(name: str, value: Any, annotation: Any) -> str | None:
 
 
 class _FieldKinds:
-    """A config class's fields by kind, read once: the int, bool and string ones (``Literal``
-    aliases count as strings), and a getter of each kind's values as a tuple."""
+    """A config class's fields by kind, read once: the int, bool, float and string ones
+    (``Literal`` aliases count as strings), and a getter of each kind's values as a tuple."""
 
     def __init__(self, cls: type) -> None:
-        self.names: dict[str, tuple[str, ...]] = {"int": (), "bool": (), "str": ()}
+        kinds: dict[str, type] = {"int": int, "bool": bool, "float": float, "str": str}
+        self.names: dict[str, tuple[str, ...]] = {k: () for k in kinds}
         for f in dataclasses.fields(cls):
             ann = str(f.type)
-            kind = ann if ann in ("int", "bool") else "str"
+            kind = ann if ann in kinds else "str"
             self.names[kind] = (*self.names[kind], f.name)
-        self.get = operator.attrgetter(*self.names["int"], *self.names["bool"],
-                                       *self.names["str"])
-        self.types = tuple([int] * len(self.names["int"]) + [bool] * len(self.names["bool"])
-                           + [str] * len(self.names["str"]))
+        self.order = tuple(n for k in kinds for n in self.names[k])
+        self.get = operator.attrgetter(*self.order)
+        self.types = tuple(t for k, t in kinds.items() for _ in self.names[k])
 
 
 _KINDS: dict[type, _FieldKinds] = {}
@@ -122,8 +122,7 @@ def field_type_problems(obj: Any) -> list[str]:
     if tuple(map(type, values)) == kinds.types:
         return []
     problems = []
-    names = (*kinds.names["int"], *kinds.names["bool"], *kinds.names["str"])
-    for name, value, want in zip(names, values, kinds.types, strict=True):
+    for name, value, want in zip(kinds.order, values, kinds.types, strict=True):
         fixed, problem = _coerced(want, name, value)
         if problem:
             problems.append(problem)
@@ -144,6 +143,11 @@ def _coerced(kind: type, name: str, value: Any) -> tuple[Any, str | None]:
         if isinstance(value, bool) or getattr(getattr(value, "dtype", None), "kind", "") == "b":
             return bool(value), None
         return value, f"{name} must be true or false, got {value!r}"
+    if kind is float:
+        if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(
+                value):
+            return float(value), None
+        return value, f"{name} must be a finite number, got {value!r}"
     if isinstance(value, str):
         return value, None
     return value, f"{name} must be a string, got {value!r}"

@@ -7,6 +7,8 @@ Recomputation in Large Transformer Models", §4, eqs. 1-5): with TP degree t and
 selective recompute drops the ``5·a·s/h`` term, full recompute keeps only the ``2·s·b·h`` layer
 input. The 34 is generalised here to GQA and gated MLPs term by term (see ``_layer_terms``), and
 with flash attention the ``5·a·s/h`` softmax/dropout term is not stored (Dao et al. 2022).
+A model trained without dropout (``ModelSpec.dropout`` 0) keeps none of the three dropout masks
+nor the attention-dropout output of those equations: ``10 → 8`` and ``5·a·s/h → 2·a·s/h``.
 
 Transient working set (``transient_bytes``), at the backward peak:
 
@@ -75,7 +77,8 @@ class MemoryEstimate:
 
 def _layer_terms(m: ModelSpec, fp8: bool = False) -> tuple[float, float]:
     """(replicated, tp-split) activation bytes per token per layer without recompute, before the
-    attention-score term. For GPT shapes these are Korthikanti's 10 and 24 (times h).
+    attention-score term. For GPT shapes these are Korthikanti's 10 and 24 (times h); without
+    dropout (``m.dropout`` 0) the two 1-byte dropout masks go, 8 and 24.
 
     Under FP8 a linear layer keeps the FP8 copy of its input for the weight gradient, 1 byte per
     element, instead of the 16-bit input (Transformer Engine: ``Linear`` saves the quantized
@@ -86,8 +89,9 @@ def _layer_terms(m: ModelSpec, fp8: bool = False) -> tuple[float, float]:
     f = m.moe_ffn_hidden_size * m.experts_per_token if m.is_moe else m.ffn_hidden_size
     up = 2 if m.gated else 1
     gemm_in = 1 if fp8 else 2
-    # LN1 in 2h, QKV in, attn dropout mask h, LN2 in 2h, FC1 in, MLP dropout mask h.
-    replicated = 2 * h + gemm_in * h + h + 2 * h + gemm_in * h + h
+    masks = 2 * h if m.dropout else 0  # after attention and after the MLP, 1 byte each
+    # LN1 in 2h, QKV in, LN2 in 2h, FC1 in, and the dropout masks.
+    replicated = 2 * h + gemm_in * h + 2 * h + gemm_in * h + masks
     # Q 2q, K 2kv, V 2kv, attention out 2q (+ its FP8 copy), FC1 out 2·up·f, activation out
     # (q = h unless the model sets its own head_dim).
     out_proj_in = 2 * q + (q if fp8 else 0)
@@ -111,8 +115,9 @@ def _layer_activation_bytes(m: ModelSpec, s: Strategy, recompute: str, flash_att
     if m.is_moe:
         per_token += _permuted_tokens_bytes(m, s)
     if recompute == "none" and not flash_attention:
+        # softmax out 2as, and with dropout its mask as and output 2as (Korthikanti §4.1)
         a, seq = m.num_attention_heads, m.seq_len
-        per_token += 5 * a * seq / t  # softmax out 2as, dropout mask as, dropout out 2as
+        per_token += (5 if m.dropout else 2) * a * seq / t
     return int(tokens * per_token)
 
 

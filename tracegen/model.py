@@ -34,6 +34,11 @@ class ModelSpec:
     num_experts: int = 0  # 0 = dense
     experts_per_token: int = 0
     moe_ffn_hidden_size: int = 0
+    # Dropout probability of hidden states and attention probabilities (Megatron
+    # --hidden-dropout / --attention-dropout, both 0.1 by default). At 0 nothing keeps a dropout
+    # mask: PyTorch's dropout returns its input unchanged when p = 0 (ATen ``_dropout_impl``).
+    # Most models since 2023 train without it (Llama, Mixtral, Qwen3, Nemotron-4, MPT).
+    dropout: float = 0.1
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self)
@@ -114,6 +119,8 @@ def _problems(m: ModelSpec, *, head_dim_given: bool = True) -> list[str]:
             out.append(f"{field} must be positive, got {getattr(m, field)}")
     if out:
         return out
+    if not 0 <= m.dropout < 1:
+        out.append(f"dropout is a probability in [0, 1), got {m.dropout} (0 = no dropout)")
     if m.activation not in ACTIVATIONS:
         out.append(f"activation must be one of {', '.join(ACTIVATIONS)}; got {m.activation!r}")
     if m.head_dim < 0:
