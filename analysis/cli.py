@@ -54,6 +54,7 @@ def tracegen_cmd(
     first_stage_layers: C.FirstLayersOpt = 0, last_stage_layers: C.LastLayersOpt = 0,
     account_for_embedding: C.EmbSplitOpt = False, account_for_loss: C.LossSplitOpt = False,
     microbatch_group_size: C.GroupOpt = 0, recompute_num_layers: C.RecomputeLayersOpt = 0,
+    recompute_modules: C.ModulesOpt = "core_attn",
     grad_reduce_bf16: C.GradBf16Opt = False, cp_comm_type: C.CpCommOpt = "p2p",
     expert_tp: C.ExpertTpOpt = 0, zero3_prefetch: C.Zero3PrefetchOpt = False,
     mode: Annotated[str, typer.Option(help="full | representative")] = "representative",
@@ -71,7 +72,7 @@ def tracegen_cmd(
         grad_reduce_bf16=grad_reduce_bf16, cp_comm_type=cp_comm_type, expert_tp=expert_tp,
         zero3_prefetch=zero3_prefetch, account_for_embedding=account_for_embedding,
         account_for_loss=account_for_loss, microbatch_group_size=microbatch_group_size,
-        recompute_num_layers=recompute_num_layers)
+        recompute_num_layers=recompute_num_layers, recompute_modules=recompute_modules)
     output_dir(out, "--out")
     with progress_bar() as bar:
         task = bar.add_task("writing ranks", total=None)

@@ -105,6 +105,11 @@ RecomputeLayersOpt = Annotated[int, typer.Option(
     help="With --recompute full: only the first N layers of each model chunk recompute, the "
          "rest keep their activations; 0 = every layer (Megatron --recompute-method block "
          "--recompute-num-layers).")]
+ModulesOpt = Annotated[str, typer.Option(
+    "--recompute-modules",
+    help="With --recompute selective: what runs again in the backward, comma-separated among "
+         "layernorm, core_attn, mlp (a dense MLP) and moe_act (the experts' activation) "
+         "(Megatron-Core --recompute-modules).")]
 GroupOpt = Annotated[int, typer.Option(
     "--microbatch-group-size",
     help="Interleaved 1F1B: micro-batches run through a chunk before the next, from pp up "
@@ -120,8 +125,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    grad_reduce_bf16: bool = False, cp_comm_type: str = "p2p",
                    expert_tp: int = 0, zero3_prefetch: bool = False,
                    account_for_embedding: bool = False, account_for_loss: bool = False,
-                   microbatch_group_size: int = 0, recompute_num_layers: int = 0
-                   ) -> Strategy:
+                   microbatch_group_size: int = 0, recompute_num_layers: int = 0,
+                   recompute_modules: str = "core_attn") -> Strategy:
     """The strategy the shared options describe (dp from the GPU count)."""
     small = [f"--{k} must be ≥ 1, got {v}" for k, v in
              (("gpus", gpus), ("tp", tp), ("pp", pp), ("cp", cp)) if v < 1]
@@ -144,7 +149,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     account_for_embedding_in_pipeline_split=account_for_embedding,
                     account_for_loss_in_pipeline_split=account_for_loss,
                     microbatch_group_size=microbatch_group_size,
-                    recompute_num_layers=recompute_num_layers)
+                    recompute_num_layers=recompute_num_layers,
+                    recompute_modules=recompute_modules)
 
 
 def note_precision(precisions: set[str], system: SystemSpec) -> None:

@@ -39,6 +39,7 @@ def estimate_cmd(
     first_stage_layers: C.FirstLayersOpt = 0, last_stage_layers: C.LastLayersOpt = 0,
     account_for_embedding: C.EmbSplitOpt = False, account_for_loss: C.LossSplitOpt = False,
     microbatch_group_size: C.GroupOpt = 0, recompute_num_layers: C.RecomputeLayersOpt = 0,
+    recompute_modules: C.ModulesOpt = "core_attn",
     grad_reduce_bf16: C.GradBf16Opt = False, cp_comm_type: C.CpCommOpt = "p2p",
     expert_tp: C.ExpertTpOpt = 0, zero3_prefetch: C.Zero3PrefetchOpt = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
@@ -57,7 +58,7 @@ def estimate_cmd(
         grad_reduce_bf16=grad_reduce_bf16, cp_comm_type=cp_comm_type, expert_tp=expert_tp,
         zero3_prefetch=zero3_prefetch, account_for_embedding=account_for_embedding,
         account_for_loss=account_for_loss, microbatch_group_size=microbatch_group_size,
-        recompute_num_layers=recompute_num_layers)
+        recompute_num_layers=recompute_num_layers, recompute_modules=recompute_modules)
     sys_spec = resolve_system(system)
     g = glance(spec, strategy, sys_spec)
     print_glance(g, strategy)
@@ -74,7 +75,9 @@ def print_glance(g: Glance, s: Strategy) -> None:
                   + f", recompute {s.recompute}"
                   + (" (first layer of each chunk)" if s.recompute_num_layers == 1 else
                      f" (first {s.recompute_num_layers} layers of each chunk)"
-                     if s.recompute_num_layers else "") + ", "
+                     if s.recompute_num_layers else "")
+                  + (f" ({s.recompute_modules.replace(',', ', ')})"
+                     if s.recompute == "selective" else "") + ", "
                   f"ZeRO {s.zero_stage}, {s.precision}"
                   + (", gradients reduced in bf16" if s.grad_reduce_in_bf16 else "")
                   + _split_words(s) + ")")

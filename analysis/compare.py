@@ -37,7 +37,10 @@ RESULT_COLUMNS: dict[str, Any] = {
 
 def strategy_fields(s: Strategy) -> dict[str, Any]:
     return {"strategy": s.label() + ("" if s.schedule == "1f1b" else f"-{s.schedule}")
-            + f"-rc{s.recompute[0]}{s.recompute_num_layers or ''}-z{s.zero_stage}"
+            + f"-rc{s.recompute[0]}{s.recompute_num_layers or ''}"
+            + (f".{s.recompute_modules.replace(',', '+')}"
+               if s.recompute_modules != "core_attn" else "")
+            + f"-z{s.zero_stage}"
             + ("-sp" if s.sequence_parallel else "")
             + ("-tpo" if s.tp_comm_overlap else "")
             + ("-opg" if s.overlap_param_gather and s.zero_stage in (1, 2) else "")

@@ -354,8 +354,9 @@ def _peak_memory_bytes(costs: Costs, stages: list[Stage], alike: bool) -> int:
     logits) or — when the first holds fewer layers than the rest — the second."""
     m, s = costs.m, costs.s
     flash = costs.compute.gpu.flash_attention
-    # it reads the model, tp, sp, cp, micro-batch and recompute (and the system's attention)
-    act_key = (costs.lists_key, s.recompute)
+    # it reads the model, tp, sp, cp, micro-batch and recompute with its modules (and the
+    # system's attention)
+    act_key = (costs.lists_key, s.recompute, costs.recomputed)
     act = costs.ctx.activations.get(act_key)
     if act is None:
         act = costs.ctx.activations[act_key] = activation_bytes_per_layer(

@@ -52,8 +52,9 @@ class _Context:
         # (layers, pp, vpp, the uneven split's fields) → each global chunk's layer count
         self.splits: dict[tuple[int, ...], tuple[int, ...]] = {}
         self.optimizer: dict[int, int] = {}
-        # (op-list key, recompute) → stored activation bytes of one layer and micro-batch
-        self.activations: dict[tuple[int, str], int] = {}
+        # (op-list key, recompute, its selective modules) → stored activation bytes of one layer
+        # and micro-batch
+        self.activations: dict[tuple[int, str, tuple[str, ...]], int] = {}
         # (op-list key, chunk) → the chunk's parameter blocks (``Costs.chunk_runs``)
         self.chunks: dict[tuple[object, ...], list[tuple[ParamBlock, int]]] = {}
         self.p2p: dict[int, int] = {}  # op-list key → bytes of one pipeline send
@@ -154,8 +155,12 @@ class Costs:
         # What a block's cost depends on besides its group shapes (not pp, vpp, schedule, batch;
         # dp only through ZeRO-3's gathers); its op lists' costs do not depend on recompute.
         self.lists_key = self.ctx.intern((self.ctx.model_id(model), O.op_key(s)))
+        # the op list selective recompute runs again, by its modules (``list_ns``'s ``which``)
+        self.recomputed = s.selective_modules if s.recompute == "selective" else ()
         self.key = self.ctx.intern((self.lists_key, (s.recompute, s.recompute_num_layers)
-                                    if s.recompute_num_layers else s.recompute,
+                                    if s.recompute_num_layers else s.recompute
+                                    if s.recompute_modules == "core_attn" else
+                                    (s.recompute, s.recompute_modules),
                                     (s.dp, s.zero3_gather_bucket_params, s.grad_reduce_in_bf16,
                                      s.zero3_prefetch)
                                     if s.zero_stage == 3 else 0))
@@ -277,26 +282,28 @@ class Costs:
             got = self.ctx.optimizer[params] = self.items_ns([O.optimizer_step(params)], 0)
         return got
 
-    def list_ns(self, block: ParamBlock, which: str, rank: int, sig: int) -> int:
-        """Duration of one of a block's op lists ("fwd", "bwd", "selective": the recomputed
-        core attention), shared by strategies that differ only in recompute or data parallelism
-        (the op lists are built only on a miss)."""
+    def list_ns(self, block: ParamBlock, which: str | tuple[str, ...], rank: int, sig: int
+                ) -> int:
+        """Duration of one of a block's op lists ("fwd", "bwd", or the modules selective
+        recompute runs again: ``recomputed``), shared by strategies that differ only in
+        recompute or data parallelism (the op lists are built only on a miss)."""
         key = (self.lists_key, block.name, which, sig)
         got = self.ctx.lists.get(key)
         if got is None:
             got = self.ctx.lists[key] = self.items_cost(self._items(block, which), rank)
         return got[0]
 
-    def _items(self, block: ParamBlock, which: str) -> list[O.Item]:
+    def _items(self, block: ParamBlock, which: str | tuple[str, ...]) -> list[O.Item]:
         """A block's op list, from the program of the first strategy with this op-list key (the
         lists depend on nothing else, and a program builds the non-layer ones together)."""
         prog = self.ctx.programs.get(self.lists_key)
         if prog is None:
             prog = self.ctx.programs[self.lists_key] = self.prog
-        return (prog._fwd_items(block) if which == "fwd" else prog._bwd_items(block)
-                if which == "bwd" else prog._lists["selective"])
+        if isinstance(which, tuple):
+            return prog.selective_items(which)
+        return prog._fwd_items(block) if which == "fwd" else prog._bwd_items(block)
 
-    def list_runs(self, block: ParamBlock, which: str, rank: int, sig: int
+    def list_runs(self, block: ParamBlock, which: str | tuple[str, ...], rank: int, sig: int
                   ) -> Runs:
         """``list_ns``'s list as it runs, for slowing by other streams (``items_runs``)."""
         key = (self.lists_key, block.name, which, sig)
@@ -354,7 +361,7 @@ class Costs:
             extend_segments(out, d >= c, max(d, c))
         return tuple(out)
 
-    def list_busy(self, block: ParamBlock, which: str, rank: int, sig: int
+    def list_busy(self, block: ParamBlock, which: str | tuple[str, ...], rank: int, sig: int
                   ) -> int:
         """The compute on the critical path of ``list_ns``'s list (``items_cost``)."""
         self.list_ns(block, which, rank, sig)

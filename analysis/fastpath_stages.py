@@ -206,15 +206,15 @@ def _z3_lead(costs: Costs, runs: list[tuple[ParamBlock, int]], rank: int,
 def _compute_ns(costs: Costs, block: ParamBlock, rank: int, sig: int,
                 busy: bool = False) -> tuple[int, int]:
     """(forward, backward) ns of one block's own op lists for one micro-batch. The backward
-    recomputes what ``RoleProgram._recompute_items`` lists: a layer's forward (full) or its
-    core attention (selective). ``busy``: their compute on the critical path instead
-    (``Costs.items_cost``)."""
+    recomputes what ``RoleProgram._recompute_items`` lists: a layer's forward (full) or the
+    modules selective recompute names (``Strategy.recompute_modules``). ``busy``: their
+    compute on the critical path instead (``Costs.items_cost``)."""
     s = costs.s
     get = costs.list_busy if busy else costs.list_ns
     fwd = get(block, "fwd", rank, sig)
     again = 0
     if block.name == "layer" and s.recompute != "none" and not block.stored:
-        again = fwd if s.recompute == "full" else get(block, "selective", rank, sig)
+        again = fwd if s.recompute == "full" else get(block, costs.recomputed, rank, sig)
     return fwd, again + get(block, "bwd", rank, sig)
 
 
@@ -280,7 +280,7 @@ def _compute_runs(costs: Costs, block: ParamBlock, rank: int, sig: int
     again: Runs = ()
     if block.name == "layer" and costs.s.recompute != "none" and not block.stored:
         again = fwd if costs.s.recompute == "full" else costs.list_runs(
-            block, "selective", rank, sig)
+            block, costs.recomputed, rank, sig)
     return fwd, again + costs.list_runs(block, "bwd", rank, sig)
 
 

@@ -67,7 +67,8 @@ def strategy_rates(model: ModelSpec, s: Strategy, system: SystemSpec, step_s: fl
     """Tokens/s, MFU and HFU of a step of ``step_s`` seconds of ``s`` on ``system``."""
     return step_rates(model, s.global_batch_size, s.recompute, step_s=step_s, gpus=s.world_size,
                       recomputed_layers=s.recomputed_layers(model.num_layers),
-                      peak_flop_per_s=system.gpu.peak_flop_per_s(s.precision))
+                      peak_flop_per_s=system.gpu.peak_flop_per_s(s.precision),
+                      modules=s.selective_modules)
 
 
 def glance(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str) -> Glance:
@@ -94,7 +95,12 @@ def fit_hint_words(hint: dict[str, Any]) -> tuple[str, str, str]:
     in words for ``estimate`` and ``resilience``."""
     n = hint["recompute_num_layers"]
     if hint["recompute"] == "selective":
-        return "selective recompute", "--recompute selective", 'recompute = "selective"'
+        mods = hint.get("recompute_modules", "core_attn")
+        if mods == "core_attn":
+            return "selective recompute", "--recompute selective", 'recompute = "selective"'
+        return (f"selective recompute of {mods.replace(',', ', ')}",
+                f"--recompute selective --recompute-modules {mods}",
+                f'recompute = "selective", recompute_modules = "{mods}"')
     if n:
         return (f"full recompute of the first {_layers(n)} of each chunk",
                 f"--recompute full --recompute-num-layers {n}",
@@ -112,19 +118,25 @@ def fit_hint(model: ModelSpec, s: Strategy, system: SystemSpec) -> dict[str, Any
     if got is None:
         return None
     return {"recompute": got[0].recompute, "recompute_num_layers": got[0].recompute_num_layers,
+            "recompute_modules": got[0].recompute_modules,
             "step_time_s": got[1].step_time_s, "peak_memory_GiB": got[1].peak_memory_GiB}
 
 
 def fit_by_recompute(model: ModelSpec, s: Strategy, system: SystemSpec
                      ) -> tuple[Strategy, FastEstimate] | None:
     """For a strategy that does not fit, the fastest of the recomputations that fit with
-    everything else kept: selective, and full recompute of the first N layers of each chunk
-    for the least N that fits (a chunk's memory falls as N grows: each recomputed layer keeps
-    its input instead of its activations; N = the largest chunk is every layer). None where
-    none fits, or none recomputes less than ``s`` does."""
+    everything else kept: selective (of the core attention, and of it with the MLP or the
+    experts' activation: Megatron-Core's recompute modules), and full recompute of the first N
+    layers of each chunk for the least N that fits (a chunk's memory falls as N grows: each
+    recomputed layer keeps its input instead of its activations; N = the largest chunk is
+    every layer). None where none fits, or none recomputes less than ``s`` does."""
     options: list[tuple[Strategy, FastEstimate]] = []
-    if s.recompute == "none":
-        sel = dataclasses.replace(s, recompute="selective")
+    more = "core_attn,moe_act" if model.is_moe else "core_attn,mlp"
+    tried = s.selective_modules
+    for mods in ("core_attn", more):
+        if s.recompute == "full" or set(mods.split(",")) <= set(tried):
+            continue
+        sel = dataclasses.replace(s, recompute="selective", recompute_modules=mods)
         if (got := estimate(model, sel, system)).fits:
             options.append((sel, got))
     # full recompute of more layers than ``s`` recomputes (recompute_num_layers is 0 unless
@@ -142,7 +154,8 @@ def _least_fitting(model: ModelSpec, s: Strategy, system: SystemSpec, lo: int, h
     """Bisection for the least N in [lo, hi] whose full recompute of the first N layers of
     each chunk fits (N = hi: every layer, said as N = 0)."""
     def at(n: int) -> tuple[Strategy, FastEstimate]:
-        full = dataclasses.replace(s, recompute="full", recompute_num_layers=0 if n >= hi else n)
+        full = dataclasses.replace(s, recompute="full", recompute_num_layers=0 if n >= hi else n,
+                                   recompute_modules="core_attn")
         return full, estimate(model, full, system)
 
     best = at(hi)

@@ -8,6 +8,7 @@ global batch of any count of micro-batches, not whole rounds of pp) and prints t
 
     python bench/bench_fastpath_agreement.py [--n 60] [--seed 1] [--odd | --models] [--nodes]
                                              [--buckets] [--systems] [--groups] [--partial]
+                                             [--modules]
 
 ``--odd`` draws sizes and options the default cases never reach (GPU counts with a factor 3,
 pp 3/5/6, up to 4 chunks, cp up to 4, any count of micro-batches, shorter end stages, B200 and
@@ -21,6 +22,10 @@ Megatron-Core micro-batch group that fits (``microbatch_group_size``), from a st
 
 ``--partial`` makes each full-recompute draw recompute only the first N layers of each chunk
 (``recompute_num_layers``), N drawn below the chunk's layers, from a stream of its own.
+
+``--modules`` makes each selective-recompute draw recompute a drawn set of Megatron-Core modules
+(``recompute_modules``: norms, core attention, the MLP or the experts' activation), from a
+stream of its own.
 
 ``--models`` draws model shapes no preset has (head sizes 64-128 and doubled widths, GQA down to
 one K/V head, every activation, tied embeddings, vocabularies of 32 K-152 K, dense and MoE) with
@@ -233,6 +238,16 @@ def other_recompute(s: Strategy, layers: int, rng: random.Random) -> Strategy:
     return dataclasses.replace(s, recompute_num_layers=rng.randrange(1, per_chunk))
 
 
+def other_modules(s: Strategy, model: ModelSpec, rng: random.Random) -> Strategy:
+    """``--modules``: a selective-recompute strategy recomputing a drawn non-empty set of
+    Megatron-Core modules (the experts' activation for the MLP on a MoE model)."""
+    if s.recompute != "selective":
+        return s
+    names = ("layernorm", "core_attn", "moe_act" if model.is_moe else "mlp")
+    picked = [n for n in names if rng.random() < 0.5] or [rng.choice(names)]
+    return dataclasses.replace(s, recompute_modules=",".join(picked))
+
+
 def model_label(m: ModelSpec) -> str:
     return (f"L{m.num_layers} h{m.hidden_size} heads {m.num_attention_heads}/{m.num_kv_heads} "
             f"{m.activation}{' tied' if m.tied_embeddings else ''}"
@@ -251,7 +266,8 @@ def label(s: Strategy) -> str:
               (bool(s.first_stage_layers), f"first{s.first_stage_layers}"),
               (bool(s.last_stage_layers), f"last{s.last_stage_layers}"),
               (bool(s.schedule_group), f"m{s.num_microbatches}-groups{s.schedule_group}"),
-              (bool(s.recompute_num_layers), f"recompute-first{s.recompute_num_layers}"))
+              (bool(s.recompute_num_layers), f"recompute-first{s.recompute_num_layers}"),
+              (s.recompute_modules != "core_attn", f"modules:{s.recompute_modules}"))
     return (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} ep{s.ep} vpp{s.vpp} {s.schedule} "
             f"mbs{s.micro_batch_size} "
             f"zero{s.zero_stage}{' prefetch' if s.zero3_prefetch else ''} {s.recompute}"
@@ -287,6 +303,9 @@ def main() -> None:
     ap.add_argument("--partial", action="store_true",
                     help="each full-recompute draw recomputing only the first N layers of each "
                          "chunk, from a stream of its own")
+    ap.add_argument("--modules", action="store_true",
+                    help="each selective-recompute draw recomputing a drawn set of Megatron-"
+                         "Core modules, from a stream of its own")
     args = ap.parse_args()
     pick = draw_odd if args.odd else draw
     rng = random.Random(args.seed)
@@ -294,6 +313,7 @@ def main() -> None:
     systems = random.Random(-args.seed - 2)  # --systems: theirs
     groups = random.Random(-args.seed - 3)  # --groups: theirs
     partial = random.Random(-args.seed - 4)  # --partial: theirs
+    modules = random.Random(-args.seed - 5)  # --modules: theirs
     rows: list[tuple[float, str, str]] = []
     t0 = time.perf_counter()
     while len(rows) < args.n:
@@ -316,6 +336,8 @@ def main() -> None:
             s = other_grouping(s, groups)
         if args.partial:
             s = other_recompute(s, model.num_layers, partial)
+        if args.modules:
+            s = other_modules(s, model, modules)
         try:
             fast = estimate(model, s, system)
         except ConfigError:
@@ -337,7 +359,9 @@ def main() -> None:
           + (f" ({sum('-groups' in w for _, _, w in rows)} in micro-batch groups)"
              if args.groups else "")
           + (f" ({sum('recompute-first' in w for _, _, w in rows)} recomputing some layers)"
-             if args.partial else ""))
+             if args.partial else "")
+          + (f" ({sum('modules:' in w for _, _, w in rows)} recomputing other modules)"
+             if args.modules else ""))
     for e, model_name, what in sorted(rows, key=lambda r: -abs(r[0]))[:5]:
         print(f"  {e:+.2f}%  {model_name}  {what}")
 

@@ -167,8 +167,10 @@ def step_metrics(ts: TraceSet, timeline: pl.DataFrame, end_ns: int, peak_flop_pe
         # full recompute of the first recompute_num_layers of each chunk: their share
         recomputed = (Strategy.from_dict(st).recomputed_layers(m.num_layers)
                       if st.get("recompute_num_layers") else None)
+        modules = tuple(str(st.get("recompute_modules", "core_attn")).split(","))
         out.update(step_rates(m, gbs, st["recompute"], step_s=step, gpus=ts.world_size,
-                              peak_flop_per_s=peak_flop_per_s, recomputed_layers=recomputed))
+                              peak_flop_per_s=peak_flop_per_s, recomputed_layers=recomputed,
+                              modules=modules))
         out["comm_time_by_axis_s"] = _axis_times(ts, timeline)
         out["peak_memory_GiB"] = max(s["memory"]["total_GiB"] for s in man["stages"])
     return out

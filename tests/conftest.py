@@ -38,6 +38,19 @@ def read_et(path: Path) -> tuple[Any, list[Any]]:
         f.close()
 
 
+def replayed(model: ModelSpec, strategy: Any, system: Any) -> Any:
+    """The contention-free replay of ``strategy``'s representative trace set (the reference the
+    fast path is held to)."""
+    import tempfile
+
+    from replay import replay
+    from tracegen import generate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(model, strategy, tmp, mode="representative")
+        return replay(tmp, system, contention=False)
+
+
 def attrs(node: Any) -> dict[str, Any]:
     """name → (oneof kind, value) of a node's attributes."""
     out = {}

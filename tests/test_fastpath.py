@@ -43,24 +43,27 @@ def _replayed_s(model: ModelSpec, s: Strategy, hw: SystemSpec) -> float:
        prefetch=st.booleans(), extra=st.integers(0, 3), tied=st.booleans(),
        system=st.sampled_from(["dgx-h100", "dgx-a100-80gb", "dgx-b200", "dgx1-v100", "mi300x"]),
        gpn=st.sampled_from([8, 8, 2, 4]), grouped=st.booleans(),
-       rc_layers=st.sampled_from([0, 0, 1, 2]))
+       rc_layers=st.sampled_from([0, 0, 1, 2]),
+       modules=st.sampled_from(["core_attn", "core_attn", "layernorm,mlp", "core_attn,mlp"]))
 @example(tp=2, pp=4, dp=4, sp=False, zero=3, recompute="none", mb=1, schedule="gpipe",
          overlap=False, uneven=False, zbucket=0, dp_overlap="both", ep=0, cp=1, fp8=False,
          fold=False, prefetch=True, extra=0, tied=False, system="dgx-h100",
-         gpn=8, grouped=False, rc_layers=0)  # alike, walked
+         gpn=8, grouped=False, rc_layers=0, modules="core_attn")  # alike, walked
 @example(tp=1, pp=2, dp=2, sp=False, zero=3, recompute="none", mb=4, schedule="1f1b",
          overlap=False, uneven=False, zbucket=0, dp_overlap="both", ep=2, cp=1, fp8=False,
          fold=False, prefetch=False, extra=1, tied=False,
-         system="dgx-h100", gpn=8, grouped=False, rc_layers=0)  # 9 micro-batches on 2 stages
+         system="dgx-h100", gpn=8, grouped=False, rc_layers=0,
+         modules="core_attn")  # 9 micro-batches on 2 stages
 def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, mb, schedule,
                                               overlap, uneven, zbucket, dp_overlap, ep, cp, fp8,
                                               fold, prefetch, extra, tied, system,
-                                              gpn, grouped, rc_layers) -> None:
+                                              gpn, grouped, rc_layers, modules) -> None:
     """``ep`` 0: the dense model; 1, 2 or 4: the MoE model with that expert parallelism, carved
     out of dp or (``fold``) folded over tp·cp·dp; either with its embedding and head ``tied``.
     1F1B and GPipe runs of mb·pp + ``extra`` micro-batches (interleaved ones need whole
     rounds, or, ``grouped``, Megatron-Core's micro-batch groups: the middle group size that
-    fits). Full recompute of the first ``rc_layers`` of each chunk (0: all). Nodes of ``gpn``
+    fits). Full recompute of the first ``rc_layers`` of each chunk (0: all); selective of
+    ``modules`` (the MoE model's experts' activation for the MLP). Nodes of ``gpn``
     GPUs: of 2 or 4, stages straddle or share nodes, so they are not alike and their sends
     differ. Systems include V100 (no bf16 tensor cores, unfused
     attention) and MI300X (no interference measured), whose models take other branches."""
@@ -81,6 +84,8 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
                      micro_batch_size=1, schedule=schedule, global_batch_size=dp * m,
                      microbatch_group_size=group,
                      recompute_num_layers=rc_layers if recompute == "full" else 0,
+                     recompute_modules=(modules.replace("mlp", "moe_act") if ep else modules)
+                     if recompute == "selective" else "core_attn",
                      dp_bucket_params=200_000, zero3_gather_bucket_params=zbucket,
                      overlap_grad_reduce=dp_overlap != "none",
                      overlap_param_gather=dp_overlap == "both", expert_tp=int(fold),
@@ -585,7 +590,10 @@ def test_op_key_covers_every_field_the_op_lists_read() -> None:
                 "cp_comm_type": "all_gather", "expert_tp": 1, "zero3_prefetch": True,
                 "account_for_embedding_in_pipeline_split": True,
                 "account_for_loss_in_pipeline_split": True, "microbatch_group_size": 4,
-                "recompute_num_layers": 1}
+                "recompute_num_layers": 1,
+                # picks which lists run again, as recompute does: the memo keys carry it
+                # (``Costs.recomputed``), the op lists do not change
+                "recompute_modules": "core_attn,mlp"}
     fields = {f.name for f in dataclasses.fields(Strategy)}
     assert fields <= set(variants) | {"last_stage_layers"}, "give the new field a variant here"
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,8 @@ from analysis.fastpath import estimate
 from analysis.glance import glance
 from analysis.study import load_study
 from analysis.sweep import enumerate_space
-from replay import get_system, replay
-from tests.conftest import read_et
+from replay import get_system
+from tests.conftest import read_et, replayed
 from tracegen import ConfigError, ModelSpec, Strategy, generate
 from tracegen.flops import model_flop_per_step, recompute_flop_per_step
 from tracegen.memory import activation_bytes_per_layer, inflight_microbatches
@@ -95,9 +94,7 @@ def test_stored_layers_keep_every_activation(kw: dict) -> None:
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_fast_path_equals_replay_with_some_layers_recomputed(kw: dict, n: int) -> None:
     s = _full(n, **kw)
-    with tempfile.TemporaryDirectory() as tmp:
-        generate(MODEL, s, tmp, mode="representative")
-        ref = replay(tmp, SYSTEM, contention=False)
+    ref = replayed(MODEL, s, SYSTEM)
     fast = estimate(MODEL, s, SYSTEM)
     assert fast.step_time_s == pytest.approx(ref.step_time_s, rel=0.005)
     # fewer layers recomputed: no slower than recomputing all, no faster than none

@@ -9,7 +9,8 @@ Megatron-LM's ``num_floating_point_operations``): per step of B sequences of s t
 h unless the model decouples them — Megatron's query_projection_to_hidden_size_ratio). For GPT
 shapes this is 72·B·s·l·h²·(1 + s/6h + V/12lh). MoE layers count the top-k experts per token.
 HFU adds the recomputed forward: full recompute one more forward of every layer, selective the
-attention scores and values (Korthikanti et al. 2022, §6).
+attention scores and values (Korthikanti et al. 2022, §6) and, where its modules name the MLP,
+the MLP's GEMMs (the norms and activations it may also rebuild are not matrix FLOPs).
 """
 
 from __future__ import annotations
@@ -28,28 +29,32 @@ def model_flop_per_step(m: ModelSpec, global_batch: int) -> int:
 
 
 def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str,
-                            recomputed_layers: int | None = None) -> int:
+                            recomputed_layers: int | None = None,
+                            modules: tuple[str, ...] = ("core_attn",)) -> int:
     """Extra forward FLOPs that recomputation executes (hardware FLOPs − model FLOPs); under
     full recompute of ``recomputed_layers`` of the layers (``Strategy.recomputed_layers``),
-    their share."""
+    their share; under selective, of its ``modules`` (``Strategy.selective_modules``)."""
     if recompute == "none":
         return 0
     b, s, n_l, h = global_batch, m.seq_len, m.num_layers, m.hidden_size
     attention = 4 * b * s * s * m.q_size * n_l  # QKᵀ and attention·V, full (Megatron)
     if recompute == "selective":
-        return attention
+        # a dense MLP's forward: 4·g·B·s·l·h·ffn, a third of its term in the formula above
+        mlp = 4 * b * s * n_l * h * m.ffn_hidden_size * (3 if m.gated else 2) // 2
+        return (attention if "core_attn" in modules else 0) + (mlp if "mlp" in modules else 0)
     logits = 2 * b * s * h * m.vocab_size
     layers = (model_flop_per_step(m, global_batch) - 3 * logits) // 3
     return layers if recomputed_layers is None else layers * recomputed_layers // n_l
 
 
 def step_rates(m: ModelSpec, global_batch: int, recompute: str, *, step_s: float, gpus: int,
-               peak_flop_per_s: float, recomputed_layers: int | None = None) -> dict[str, float]:
+               peak_flop_per_s: float, recomputed_layers: int | None = None,
+               modules: tuple[str, ...] = ("core_attn",)) -> dict[str, float]:
     """Tokens/s, MFU and HFU of a step of ``step_s`` seconds on ``gpus`` GPUs of
     ``peak_flop_per_s`` each (the one place replay, the fast path and validate derive them)."""
     model_flop = model_flop_per_step(m, global_batch)
     hw_flop = model_flop + recompute_flop_per_step(m, global_batch, recompute,
-                                                   recomputed_layers)
+                                                   recomputed_layers, modules)
     peak = peak_flop_per_s * gpus
     return {"tokens_per_s": global_batch * m.seq_len / step_s,
             "mfu": model_flop / (step_s * peak), "hfu": hw_flop / (step_s * peak)}

@@ -14,7 +14,8 @@ Transient working set (``transient_bytes``), at the backward peak:
 
 * full recompute rebuilds one layer's activations from its checkpoint before that layer's backward,
   so one layer of one micro-batch is held in full besides every checkpoint (Chen et al. 2016,
-  "Training Deep Nets with Sublinear Memory Cost", §3: checkpoints plus one segment);
+  "Training Deep Nets with Sublinear Memory Cost", §3: checkpoints plus one segment); selective
+  recompute of modules beyond the core attention likewise holds what they rebuild for one layer;
 * ZeRO-3 / FSDP holds the unsharded 16-bit parameters of the unit it computes and of the next one,
   whose all-gather is prefetched ("the next all-gather's output tensor must be allocated while the
   current one is still in use", PyTorch FSDP notes, "FSDP Prefetch Nuances"), plus the unit's
@@ -111,14 +112,36 @@ def _layer_activation_bytes(m: ModelSpec, s: Strategy, recompute: str, flash_att
     if recompute == "full":
         return 2 * tokens * m.hidden_size // (t if sp else 1)
     replicated, split = _layer_terms(m, fp8=s.precision == "fp8")
+    modules = s.recompute_modules if recompute == "selective" else ""  # names, comma-separated
+    if modules and modules != "core_attn":
+        replicated, split = _recomputed_terms(m, s, s.selective_modules, replicated, split)
     per_token = (replicated + split) / t if sp else replicated + split / t
     if m.is_moe:
         per_token += _permuted_tokens_bytes(m, s)
-    if recompute == "none" and not flash_attention:
+    if not flash_attention and "core_attn" not in modules:
         # softmax out 2as, and with dropout its mask as and output 2as (Korthikanti §4.1)
         a, seq = m.num_attention_heads, m.seq_len
         per_token += (5 if m.dropout else 2) * a * seq / t
     return int(tokens * per_token)
+
+
+def _recomputed_terms(m: ModelSpec, s: Strategy, modules: tuple[str, ...], replicated: float,
+                      split: float) -> tuple[float, float]:
+    """``_layer_terms`` less what the recomputed modules rebuild instead of keeping (Megatron-
+    Core ``--recompute-modules``): layernorm the two norm outputs (the QKV and FC1 inputs), mlp
+    FC1's output and the activation's (its input, the FC1 input, is the checkpoint), moe_act
+    the experts' activation output. core_attn keeps no term with flash attention and the score
+    term without (``_layer_activation_bytes``)."""
+    gemm_in = 1 if s.precision == "fp8" else 2
+    h = m.hidden_size
+    f = m.moe_ffn_hidden_size * m.experts_per_token if m.is_moe else m.ffn_hidden_size
+    if "layernorm" in modules:
+        replicated -= 2 * gemm_in * h
+    if "mlp" in modules or "moe_act" in modules:
+        split -= gemm_in * f
+    if "mlp" in modules:
+        split -= 2 * (2 if m.gated else 1) * f
+    return replicated, split
 
 
 def _permuted_tokens_bytes(m: ModelSpec, s: Strategy) -> float:
@@ -200,6 +223,11 @@ def transient_bytes(m: ModelSpec, s: Strategy, stage: int, *, flash_attention: b
     out = 0
     if s.recompute == "full":
         out += _layer_activation_bytes(m, s, "none", flash_attention)
+    elif s.recompute_modules != "core_attn" and s.recompute == "selective":
+        # what the modules rebuild, held for one layer of one micro-batch (as full recompute's
+        # one layer)
+        out += (_layer_activation_bytes(m, s, "none", flash_attention)
+                - _layer_activation_bytes(m, s, "selective", flash_attention))
     if s.zero_stage >= 3 and s.dp * s.cp > 1:
         # the gathered unit and its gradient before the reduce-scatter (in the reduce dtype)
         out += unit_params(m, s, stage) * (2 * WEIGHT_BYTES + grad_reduce_bytes(s))

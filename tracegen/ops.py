@@ -473,13 +473,33 @@ def _insert_after_norm_bwd(items: list[Item], norm: str, d: Dims) -> list[Item]:
     return out
 
 
-def selective_recompute(m: ModelSpec, st: Strategy) -> list[Item]:
-    """Selective recompute re-runs the core attention forward (Korthikanti et al. 2022, §4.3):
-    with context parallelism, as the forward ran it, its K/V movement included (Transformer
-    Engine's attention function holds the ring or the all-gather, so the checkpointed call
-    runs them again)."""
+def selective_recompute(m: ModelSpec, st: Strategy, modules: tuple[str, ...] = ("core_attn",),
+                        layer: list[Item] | None = None) -> list[Item]:
+    """What selective recompute runs again before a layer's backward, module by module
+    (Megatron-Core ``--recompute-modules``; ``layer``: the layer's forward, ``layer_fwd``):
+
+    * core_attn: the core attention (Korthikanti et al. 2022, §4.3); with context parallelism
+      as the forward ran it, its K/V movement included (Transformer Engine's attention
+      function holds the ring or the all-gather, so the checkpointed call runs them again);
+    * layernorm: the two norms (their outputs are dropped and rebuilt);
+    * mlp: the dense MLP as the forward ran it from its input — the sequence-parallel gather,
+      FC1, activation, FC2 and the reduce-scatter (all-reduce without SP), FP8 casts and TP
+      overlap included (the checkpointed module holds its TP collectives);
+    * moe_act: the experts' activation."""
     d = dims(m, st)
-    return _core_attention(m, st, d, m.num_attention_heads // d.t)
+    fwd = layer if layer is not None else layer_fwd(m, st)
+    out: list[Item] = []
+    for module in modules:
+        if module == "core_attn":
+            out += _core_attention(m, st, d, m.num_attention_heads // d.t)
+        elif module == "layernorm":
+            out += [it for it in fwd if it.name in ("ln1", "ln2")]
+        elif module == "mlp":
+            names = [it.name for it in fwd]
+            out += fwd[names.index("ln2") + 1:names.index("resid2")]
+        elif module == "moe_act":
+            out += [it for it in fwd if it.name == "expert_act"]
+    return out
 
 
 def embedding_fwd(m: ModelSpec, st: Strategy) -> list[Item]:

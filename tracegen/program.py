@@ -368,11 +368,23 @@ class RoleProgram:
 
     @functools.cached_property
     def _lists(self) -> dict[str, list[O.Item]]:
-        """Op lists of the non-layer blocks and of selective recompute, built once."""
+        """Op lists of the non-layer blocks, built once."""
         m, s = self.m, self.s
         return {"embedding_fwd": O.embedding_fwd(m, s), "embedding_bwd": O.embedding_bwd(m, s),
-                "lm_head_fwd": O.head_fwd(m, s), "lm_head_bwd": O.head_bwd(m, s),
-                "selective": O.selective_recompute(m, s), "none": []}
+                "lm_head_fwd": O.head_fwd(m, s), "lm_head_bwd": O.head_bwd(m, s), "none": []}
+
+    @functools.cached_property
+    def _selective(self) -> dict[tuple[str, ...], list[O.Item]]:
+        return {}
+
+    def selective_items(self, modules: tuple[str, ...]) -> list[O.Item]:
+        """What selective recompute of ``modules`` runs again before a layer's backward (built
+        once per module set: the fast path asks a shared program for other strategies' sets)."""
+        got = self._selective.get(modules)
+        if got is None:
+            got = self._selective[modules] = O.selective_recompute(self.m, self.s, modules,
+                                                                   self._layer_fwd)
+        return got
 
     def _fwd_items(self, block: ParamBlock) -> list[O.Item]:
         if block.name == "layer":
@@ -401,7 +413,7 @@ class RoleProgram:
             return self._lists["none"]
         if self.s.recompute == "full":
             return self._layer_fwd
-        return self._lists["selective"]
+        return self.selective_items(self.s.selective_modules)
 
     def _tag(self, mb: int, gci_recv: int, grad: bool) -> int:
         return 1 + 2 * (gci_recv * self.m_mb + mb) + int(grad)

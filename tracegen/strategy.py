@@ -18,6 +18,10 @@ CP_COMM_TYPES: tuple[str, ...] = ("p2p", "all_gather")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
+# Megatron-Core's --recompute-modules for selective recompute, in the order a layer runs them:
+# the two norms, the core attention (the default), the dense MLP, the MoE experts' activation.
+RECOMPUTE_MODULES: tuple[str, ...] = ("layernorm", "core_attn", "mlp", "moe_act")
+_CORE_ATTN = ("core_attn",)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,11 +104,30 @@ class Strategy:
     # LM's TransformerBlock checkpoints layers below N; Korthikanti et al. 2022 §5 weigh the
     # trade). 0 = every layer (needs recompute "full" otherwise).
     recompute_num_layers: int = 0
+    # Megatron-Core --recompute-granularity selective --recompute-modules: what selective
+    # recompute runs again in the backward instead of keeping its activations, comma-separated
+    # from RECOMPUTE_MODULES — "core_attn" (the default; Korthikanti et al. 2022 §4.3), "mlp"
+    # (a dense MLP's FC1, activation and FC2 with their TP collectives, from its input),
+    # "layernorm" (the two norms' outputs), "moe_act" (the experts' activation). Kept in that
+    # order.
+    recompute_modules: str = "core_attn"
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self) or _degree_problems(self)
         if problems:
             raise ConfigError(problems, what="strategy")
+        if self.recompute_modules != "core_attn":
+            names = {x.strip() for x in self.recompute_modules.split(",")}
+            canonical = ",".join(x for x in RECOMPUTE_MODULES if x in names)
+            object.__setattr__(self, "recompute_modules", canonical)
+
+    @property
+    def selective_modules(self) -> tuple[str, ...]:
+        """The modules selective recompute runs again (none without selective recompute)."""
+        if self.recompute != "selective":
+            return ()
+        mods = self.recompute_modules
+        return _CORE_ATTN if mods == "core_attn" else tuple(mods.split(","))
 
     @property
     def moe_folded(self) -> bool:
@@ -331,6 +354,7 @@ def _schedule_problems(s: Strategy) -> list[str]:
         out.append(f"microbatch_group_size needs schedule 'interleaved_1f1b' (it groups the "
                    f"micro-batches of an interleaved schedule), got {s.schedule!r}; set it "
                    "to 0")
+    out += _module_problems(s)
     if s.recompute_num_layers < 0 or (s.recompute_num_layers and s.recompute != "full"):
         out.append(f"recompute_num_layers {s.recompute_num_layers} needs recompute 'full' and a "
                    "count ≥ 1 (the first that many layers of each model chunk recompute, as "
@@ -377,6 +401,21 @@ def _accounted_split_problems(s: Strategy, num_layers: int) -> list[str]:
     return []
 
 
+def _module_problems(s: Strategy) -> list[str]:
+    if s.recompute_modules == "core_attn":
+        return []
+    names = [x.strip() for x in s.recompute_modules.split(",")]
+    unknown = [x for x in names if x not in RECOMPUTE_MODULES]
+    if unknown or not names:
+        return [f"recompute_modules {s.recompute_modules!r}: name modules among "
+                f"{', '.join(RECOMPUTE_MODULES)}, comma-separated (unknown: "
+                f"{', '.join(map(repr, unknown))})"]
+    if s.recompute != "selective":
+        return [f"recompute_modules {s.recompute_modules!r} needs recompute 'selective' (they "
+                f"are what selective recompute runs again); got recompute {s.recompute!r}"]
+    return []
+
+
 def check_fits_model(s: Strategy, m: ModelSpec, *, gpus: int | None = None) -> None:
     """Raise ConfigError naming every way ``s`` cannot run ``m`` (on ``gpus`` GPUs)."""
     out: list[str] = []
@@ -402,8 +441,22 @@ def check_fits_model(s: Strategy, m: ModelSpec, *, gpus: int | None = None) -> N
         out.append(f"sequence_parallel needs seq_len / cp ({m.seq_len // s.cp}) divisible by tp "
                    f"({s.tp})")
     out += _moe_fit_problems(s, m)
+    if s.recompute_modules != "core_attn":
+        out += _module_fit_problems(s, m)
     if out:
         raise ConfigError(out, what=f"strategy {s.label()} for model {m.name!r}")
+
+
+def _module_fit_problems(s: Strategy, m: ModelSpec) -> list[str]:
+    out = []
+    if "mlp" in s.selective_modules and m.is_moe:
+        out.append("recompute module 'mlp' recomputes a dense MLP, and every layer of this "
+                   "model is mixture-of-experts; recompute the experts' activation with "
+                   "'moe_act' instead")
+    if "moe_act" in s.selective_modules and not m.is_moe:
+        out.append("recompute module 'moe_act' needs a mixture-of-experts model; recompute a "
+                   "dense MLP with 'mlp'")
+    return out
 
 
 def with_shorter_end_chunks(s: Strategy, num_layers: int) -> Strategy:
