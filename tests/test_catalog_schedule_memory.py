@@ -236,3 +236,33 @@ def test_published_mosaicml_runs_fit(name: str, seq: int, gpus: int, mbs: int, c
     s = Strategy(dp=gpus, zero_stage=3, recompute="full" if ckpt else "none",
                  micro_batch_size=mbs, global_batch_size=mbs * gpus)
     assert estimate(m, s, 0, m.num_params()).total_bytes / GiB <= hbm
+
+
+def test_an_uneven_interleaved_end_stage_holds_its_chunks_in_flight_by_their_size() -> None:
+    """7 layers on pp 2 × vpp 2 with the embedding counted as a layer: stage 0's chunks hold
+    1 and 2 layers. Its order (p 2, v 2, 4 micro-batches) runs F(0,c0) F(1,c0) F(0,c1) F(1,c1)
+    F(2,c0) B(0,c1) …: three chunk-0 and two chunk-1 passes in flight at the peak, 3·1 + 2·2
+    = 7 layers' activations, not the stage average (4 + 1)/2 passes × 3 layers = 7.5."""
+    m = ModelSpec(name="u", num_layers=7, hidden_size=256, num_attention_heads=8,
+                  ffn_hidden_size=1024, vocab_size=1024, seq_len=256)
+    s = Strategy(pp=2, vpp=2, schedule="interleaved_1f1b", global_batch_size=4,
+                 account_for_embedding_in_pipeline_split=True)
+    assert [len(s.chunk_layers(7, g)) for g in (0, 2)] == [1, 2]
+    act = activation_bytes_per_layer(m, s)
+    assert estimate(m, s, 0, 10**6).activations_bytes == 7 * act
+    # the other stage's chunks are even: the whole-stage count, (2·0 + 2 + 1)/2 passes × 4
+    assert estimate(m, s, 1, 10**6).activations_bytes == int(4 * act * inflight_microbatches(
+        s, 1))
+
+
+def test_llama3_first_stage_holds_no_activations_for_its_embedding_chunk() -> None:
+    """Llama 3 405B on 8,192 GPUs (pp 16, vpp 8, 32 micro-batches in groups of 16): at the end
+    of the warm-up stage 0 has run 143 forwards — 16 through each of its 8 chunks and 15 more
+    through chunk 0, which holds only the embedding — so 7 chunks × 16 passes × 1 layer."""
+    m = get_model("llama3.1-405b")
+    s = Strategy(tp=8, pp=16, dp=64, vpp=8, schedule="interleaved_1f1b", micro_batch_size=1,
+                 global_batch_size=2048, sequence_parallel=True, zero_stage=2,
+                 account_for_embedding_in_pipeline_split=True,
+                 account_for_loss_in_pipeline_split=True)
+    act = activation_bytes_per_layer(m, s)
+    assert estimate(m, s, 0, 10**9).activations_bytes == 7 * 16 * act

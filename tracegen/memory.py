@@ -31,10 +31,12 @@ parameter, against Megatron's 2 + 4 + 12 = 18 with ZeRO 0-2.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from tracegen.model import ModelSpec
 from tracegen.ops import grad_reduce_bytes
 from tracegen.program import dp_group_size
+from tracegen.schedule import stage_order
 from tracegen.strategy import Strategy
 from tracegen.units import GiB
 
@@ -170,6 +172,36 @@ def inflight_microbatches(s: Strategy, stage: int) -> float:
     return warm / v
 
 
+def _uneven_chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
+                              flash_attention: bool) -> int:
+    """Activations of an end stage of an interleaved pipeline whose end chunk holds another
+    number of layers than its other chunks (Llama 3's embedding-only first chunk): the peak
+    over the schedule of Σ over chunks of micro-batches in flight × that chunk's bytes. Counting
+    whole-stage units (``inflight_microbatches``) would charge the in-flight passes of a short
+    chunk as if they held the stage's average, where the warm-up runs more passes through some
+    chunks than others (N of each, then the next group's first chunk)."""
+    n = s.recompute_num_layers
+    keep = _layer_activation_bytes(m, s, "none", flash_attention) - act if n else 0
+    per_chunk = []
+    for ch in range(s.vpp):
+        layers = len(s.chunk_layers(m.num_layers, ch * s.pp + stage))
+        per_chunk.append(act * layers + (keep * max(0, layers - n) if n else 0))
+    return int(_peak_chunk_load(s.order_id, s.num_microbatches, s.pp, s.vpp, stage,
+                                tuple(per_chunk)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _peak_chunk_load(order_id: str, m: int, p: int, v: int, stage: int,
+                     per_chunk: tuple[int, ...]) -> int:
+    """The largest Σ in-flight micro-batches × ``per_chunk`` bytes over the stage's schedule
+    (``schedule.stage_order``): activations are held from a forward to its backward."""
+    peak = load = 0
+    for phase, _, ch in stage_order(order_id, m=m, p=p, v=v, stage=stage):
+        load += per_chunk[ch] if phase == "F" else -per_chunk[ch]
+        peak = max(peak, load)
+    return peak
+
+
 def estimate(m: ModelSpec, s: Strategy, stage: int, params_local: int,
              *, flash_attention: bool = True, act_per_layer: int | None = None,
              expert_params: int = 0) -> MemoryEstimate:
@@ -257,15 +289,19 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
         if s.zero_stage >= 3:
             weights = -(-params_local * ZERO3_PARAM_BYTES // dp_shard)
             optim = -(-params_local * ZERO3_OPTIM_BYTES // dp_shard)
-    if layers is None:
-        layers = s.stage_layers(m.num_layers, stage)
-    # In-flight micro-batches are counted in units of the whole stage (all its chunks); under
-    # full recompute of the first recompute_num_layers of each chunk the rest keep everything.
-    per_mb = act * layers
-    if s.recompute_num_layers:
-        stored = s.stored_layers(m.num_layers, stage)
-        per_mb += stored * (_layer_activation_bytes(m, s, "none", flash_attention) - act)
-    activations = int(per_mb * inflight_microbatches(s, stage))
+    if s.vpp > 1 and s.uneven and stage in (0, s.pp - 1):
+        activations = _uneven_chunk_activations(m, s, stage, act, flash_attention)
+    else:
+        if layers is None:
+            layers = s.stage_layers(m.num_layers, stage)
+        # In-flight micro-batches are counted in units of the whole stage (all its chunks);
+        # under full recompute of the first recompute_num_layers of each chunk the rest keep
+        # everything.
+        per_mb = act * layers
+        if s.recompute_num_layers:
+            stored = s.stored_layers(m.num_layers, stage)
+            per_mb += stored * (_layer_activation_bytes(m, s, "none", flash_attention) - act)
+        activations = int(per_mb * inflight_microbatches(s, stage))
     logits = 0
     if stage == s.pp - 1:
         tokens = s.micro_batch_size * m.seq_len // s.cp
