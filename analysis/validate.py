@@ -71,8 +71,9 @@ INT_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads
 FLOAT_COLUMNS = ("scaleout_gbps_per_gpu", "measured_iter_time_s")
 # Columns beyond the public schema, read when a file has them (empty = the default): what a
 # model or layout needs that the schema cannot say — attention heads wider than hidden / heads
-# (Qwen3) and the experts' tensor parallelism (1 = Megatron-Core's MoE parallel folding).
-EXTENSION_INT_COLUMNS = ("head_dim", "expert_tp")
+# (Qwen3), the experts' tensor parallelism (1 = Megatron-Core's MoE parallel folding) and the
+# shared experts' width (Qwen2-MoE).
+EXTENSION_INT_COLUMNS = ("head_dim", "expert_tp", "shared_expert_ffn_hidden_size")
 BOOL_COLUMNS = ("sequence_parallel",)
 # Read case-insensitively (the schema spells them in lower case: "bf16", "h100-sxm", "full").
 ENUM_COLUMNS = ("arch", "activation", "recompute", "precision", "gpu")
@@ -295,7 +296,9 @@ def _model(row: dict[str, Any], over: dict[str, Any]) -> ModelSpec:
         num_experts=row["num_experts"] if moe else 0,
         experts_per_token=row["experts_per_token"] if moe else 0,
         moe_ffn_hidden_size=row["moe_ffn_hidden_size"] if moe else 0,
-        head_dim=row.get("head_dim") or 0)
+        head_dim=row.get("head_dim") or 0,
+        shared_expert_ffn_hidden_size=(row.get("shared_expert_ffn_hidden_size") or 0) if moe
+        else 0)
 
 
 def _strategy(row: dict[str, Any], precision: str) -> Strategy:

@@ -7,7 +7,8 @@ Megatron-LM's ``num_floating_point_operations``): per step of B sequences of s t
 
 (forward + backward = 3 × forward; attention counted as full, not causal; q = heads × head dim,
 h unless the model decouples them — Megatron's query_projection_to_hidden_size_ratio). For GPT
-shapes this is 72·B·s·l·h²·(1 + s/6h + V/12lh). MoE layers count the top-k experts per token.
+shapes this is 72·B·s·l·h²·(1 + s/6h + V/12lh). MoE layers count the top-k experts per token
+and the shared experts (Megatron-LM: ``moe_ffn_hidden_size·topk + shared_expert_ffn_hidden_size``).
 HFU adds the recomputed forward: full recompute one more forward of every layer, selective the
 attention scores and values (Korthikanti et al. 2022, §6) and, where its modules name the MLP,
 the MLP's GEMMs (the norms and activations it may also rebuild are not matrix FLOPs).
@@ -20,7 +21,8 @@ from tracegen.model import ModelSpec
 
 def model_flop_per_step(m: ModelSpec, global_batch: int) -> int:
     b, s, n_l, h, v = global_batch, m.seq_len, m.num_layers, m.hidden_size, m.vocab_size
-    ffn = m.moe_ffn_hidden_size * m.experts_per_token if m.is_moe else m.ffn_hidden_size
+    ffn = (m.moe_ffn_hidden_size * m.experts_per_token + m.shared_expert_ffn_hidden_size
+           if m.is_moe else m.ffn_hidden_size)
     g = 1.5 if m.gated else 1.0
     kv = m.num_kv_heads / m.num_attention_heads
     q = m.q_size / h

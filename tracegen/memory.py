@@ -99,7 +99,8 @@ def _layer_terms(m: ModelSpec, fp8: bool = False) -> tuple[float, float]:
     # (q = h unless the model sets its own head_dim).
     out_proj_in = 2 * q + (q if fp8 else 0)
     split = 2 * q + 4 * kv + out_proj_in + 2 * up * f + gemm_in * f
-    return replicated, split
+    fs = m.shared_expert_ffn_hidden_size  # the shared experts' FC1 and activation outputs
+    return replicated, split + (2 * up * fs + gemm_in * fs if fs else 0)
 
 
 def activation_bytes_per_layer(m: ModelSpec, s: Strategy, *, flash_attention: bool = True) -> int:

@@ -39,6 +39,10 @@ class ModelSpec:
     # mask: PyTorch's dropout returns its input unchanged when p = 0 (ATen ``_dropout_impl``).
     # Most models since 2023 train without it (Llama, Mixtral, Qwen3, Nemotron-4, MPT).
     dropout: float = 0.1
+    # Megatron-Core --moe-shared-expert-intermediate-size: the FFN width of the shared experts
+    # (all of them together) that every token passes through beside its routed experts
+    # (DeepSeekMoE, Dai et al. 2024; Qwen2-MoE). 0 = none. MoE models only.
+    shared_expert_ffn_hidden_size: int = 0
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self)
@@ -82,9 +86,9 @@ class ModelSpec:
     def mlp_params(self) -> int:
         up = 3 if self.gated else 2
         if self.is_moe:
-            return self.num_experts * up * self.hidden_size * self.moe_ffn_hidden_size + (
-                self.hidden_size * self.num_experts
-            )
+            return (self.num_experts * up * self.hidden_size * self.moe_ffn_hidden_size
+                    + self.hidden_size * self.num_experts
+                    + up * self.hidden_size * self.shared_expert_ffn_hidden_size)
         return up * self.hidden_size * self.ffn_hidden_size
 
     def embedding_params(self) -> int:
@@ -144,11 +148,15 @@ def _moe_problems(m: ModelSpec) -> list[str]:
     if m.num_experts < 0:
         return [f"num_experts must be ≥ 0 (0 = dense), got {m.num_experts}"]
     if m.num_experts == 0:
-        if m.experts_per_token or m.moe_ffn_hidden_size:
-            return ["experts_per_token / moe_ffn_hidden_size are set but num_experts is 0; "
-                    "set num_experts for a mixture-of-experts model or drop them"]
+        if m.experts_per_token or m.moe_ffn_hidden_size or m.shared_expert_ffn_hidden_size:
+            return ["experts_per_token / moe_ffn_hidden_size / shared_expert_ffn_hidden_size "
+                    "are set but num_experts is 0; set num_experts for a mixture-of-experts "
+                    "model or drop them"]
         return []
     out = []
+    if m.shared_expert_ffn_hidden_size < 0:
+        out.append(f"shared_expert_ffn_hidden_size must be ≥ 0 (0 = no shared experts), got "
+                   f"{m.shared_expert_ffn_hidden_size}")
     if not 1 <= m.experts_per_token <= m.num_experts:
         out.append(f"experts_per_token must be in 1..num_experts ({m.num_experts}), "
                    f"got {m.experts_per_token}")

@@ -281,6 +281,13 @@ def _moe_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
     items.append(gemm("expert_fc2", routed, h, f, d.dtype))
     if st.ep > 1:
         items.append(Comm("moe_combine", "ep", "ALL_TO_ALL", routed * h * ACT_BYTES))
+    if m.shared_expert_ffn_hidden_size:
+        # every token through the shared experts, TP-split like a dense MLP, after the routed
+        # ones (Megatron-Core MoELayer without --moe-shared-expert-overlap)
+        fs = m.shared_expert_ffn_hidden_size // st.tp
+        items += [gemm("shared_fc1", d.tokens, up * fs, h, d.dtype),
+                  eltwise("shared_act", d.tokens * fs, reads=up, writes=1, flop_per_elem=ACT_FLOP),
+                  gemm("shared_fc2", d.tokens, h, fs, d.dtype)]
     return items
 
 

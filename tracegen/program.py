@@ -180,7 +180,9 @@ class RoleProgram:
         if m.is_moe:
             up = 3 if m.gated else 2
             expert = m.num_experts // s.ep * up * h * m.moe_ffn_hidden_size // s.etp
-            return ParamBlock("layer", attn + h * m.num_experts, expert)
+            # the router and the shared experts are dense (TP-split, reduced over dp)
+            shared = up * h * m.shared_expert_ffn_hidden_size // s.tp
+            return ParamBlock("layer", attn + h * m.num_experts + shared, expert)
         return ParamBlock("layer", attn + m.mlp_params() // s.tp)
 
     def vocab_block(self, name: str, label: str) -> ParamBlock:
