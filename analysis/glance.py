@@ -131,12 +131,13 @@ def fit_by_recompute(model: ModelSpec, s: Strategy, system: SystemSpec
     recomputed layer keeps its input instead of its activations; N = the largest chunk is
     every layer). None where none fits, or none recomputes less than ``s`` does."""
     options: list[tuple[Strategy, FastEstimate]] = []
-    more = "core_attn,moe_act" if model.is_moe else "core_attn,mlp"
-    tried = s.selective_modules
-    for mods in ("core_attn", more):
-        if s.recompute == "full" or set(mods.split(",")) <= set(tried):
+    more = "moe_act" if model.is_moe else "mlp"
+    kept = set(s.selective_modules)  # what ``s`` already recomputes stays recomputed
+    for add in ({"core_attn"}, {"core_attn", more}):
+        if s.recompute == "full" or add <= kept:
             continue
-        sel = dataclasses.replace(s, recompute="selective", recompute_modules=mods)
+        sel = dataclasses.replace(s, recompute="selective",
+                                  recompute_modules=",".join(sorted(kept | add)))
         if (got := estimate(model, sel, system)).fits:
             options.append((sel, got))
     # full recompute of more layers than ``s`` recomputes (recompute_num_layers is 0 unless

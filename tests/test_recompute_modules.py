@@ -200,3 +200,25 @@ def test_a_sweep_searches_the_recomputed_modules(tmp_path: Path) -> None:
         ("none", "core_attn"), ("selective", "core_attn"), ("selective", "core_attn,mlp"),
         ("selective", "layernorm,mlp")]
     assert invalid == 2  # none with a module list
+
+
+def test_the_fit_hint_keeps_the_modules_a_strategy_already_recomputes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A strategy recomputing the norms that does not fit is offered the norms plus the core
+    attention and the MLP — never a set without the norms."""
+    import analysis.glance as G
+
+    m = get_model("llama3-70b")
+    s = Strategy(tp=8, pp=4, dp=32, sequence_parallel=True, micro_batch_size=4,
+                 global_batch_size=1024, zero_stage=1, recompute="selective",
+                 recompute_modules="layernorm")
+    tried: list[str] = []
+
+    def spy(model: ModelSpec, strategy: Strategy, system: object) -> object:
+        if strategy.recompute == "selective":
+            tried.append(strategy.recompute_modules)
+        return estimate(model, strategy, system)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(G, "estimate", spy)
+    G.fit_by_recompute(m, s, SYSTEM)
+    assert tried == ["layernorm,core_attn", "layernorm,core_attn,mlp"]

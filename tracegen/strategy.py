@@ -406,7 +406,7 @@ def _module_problems(s: Strategy) -> list[str]:
         return []
     names = [x.strip() for x in s.recompute_modules.split(",")]
     unknown = [x for x in names if x not in RECOMPUTE_MODULES]
-    if unknown or not names:
+    if unknown:
         return [f"recompute_modules {s.recompute_modules!r}: name modules among "
                 f"{', '.join(RECOMPUTE_MODULES)}, comma-separated (unknown: "
                 f"{', '.join(map(repr, unknown))})"]
