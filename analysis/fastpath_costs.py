@@ -165,7 +165,9 @@ class Costs:
                                      s.zero3_prefetch)
                                     if s.zero_stage == 3 else 0))
         self.moe = model.is_moe
-        self.uneven = s.uneven  # (read per stage: a property call each time costs more)
+        # stages of unequal costs (read per stage: a property call each time costs more): an
+        # uneven split, or a MoE model's dense first layers
+        self.uneven = s.uneven or bool(model.first_dense_layers)
         # all a group's shape depends on besides its axis and rank
         self._degrees = (s.tp, s.cp, s.dp, s.pp, s.ep, model.tied_embeddings, self.moe,
                          self.gpn, s.expert_tp)
@@ -235,12 +237,19 @@ class Costs:
             gcis = (stage,) if s.vpp == 1 else tuple(ch * s.pp + stage for ch in range(s.vpp))
             sizes = self.chunk_sizes() if uneven else None
             comp = chunks = tuple([(sizes[g] if sizes else layers // n_chunks,
-                                    g == 0, g == n_chunks - 1, n_chunks == 1) for g in gcis])
+                                    g == 0, g == n_chunks - 1, n_chunks == 1,
+                                    *self._dense_in(g)) for g in gcis])
         key = (self.key, comp, sig)
         got = self.ctx.stages.get(key)
         if got is None:
             got = self.ctx.stages[key] = stage_costs(self, gcis, chunks, rank, sig)
         return got
+
+    def _dense_in(self, gci: int) -> tuple[int, ...]:
+        """A chunk's dense first layers, where the model has any (then part of a chunk's key)."""
+        if not self.m.first_dense_layers:
+            return ()
+        return (self.m.dense_layers_in(self.s.chunk_layers(self.m.num_layers, gci)),)
 
     def chunk_sizes(self) -> tuple[int, ...]:
         """Each global model chunk's layer count (``Strategy.chunk_layers``), found once per
@@ -300,7 +309,7 @@ class Costs:
         if prog is None:
             prog = self.ctx.programs[self.lists_key] = self.prog
         if isinstance(which, tuple):
-            return prog.selective_items(which)
+            return prog.selective_items(which, block.name)
         return prog._fwd_items(block) if which == "fwd" else prog._bwd_items(block)
 
     def list_runs(self, block: ParamBlock, which: str | tuple[str, ...], rank: int, sig: int

@@ -97,7 +97,7 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
             runs.append((block, bb, count))
             params["dp"] += count * block.dense
             params["edp"] += count * block.expert
-            if block.name == "layer":
+            if block.is_layer:
                 layers += count
         runs_bwd.append(tuple(runs[::-1]))
         phi.append(u / b if b else 0.0)
@@ -213,7 +213,7 @@ def _compute_ns(costs: Costs, block: ParamBlock, rank: int, sig: int,
     get = costs.list_busy if busy else costs.list_ns
     fwd = get(block, "fwd", rank, sig)
     again = 0
-    if block.name == "layer" and s.recompute != "none" and not block.stored:
+    if block.is_layer and s.recompute != "none" and not block.stored:
         again = fwd if s.recompute == "full" else get(block, costs.recomputed, rank, sig)
     return fwd, again + get(block, "bwd", rank, sig)
 
@@ -278,7 +278,7 @@ def _compute_runs(costs: Costs, block: ParamBlock, rank: int, sig: int
     what it recomputes."""
     fwd = costs.list_runs(block, "fwd", rank, sig)
     again: Runs = ()
-    if block.name == "layer" and costs.s.recompute != "none" and not block.stored:
+    if block.is_layer and costs.s.recompute != "none" and not block.stored:
         again = fwd if costs.s.recompute == "full" else costs.list_runs(
             block, costs.recomputed, rank, sig)
     return fwd, again + costs.list_runs(block, "bwd", rank, sig)

@@ -8,7 +8,7 @@ global batch of any count of micro-batches, not whole rounds of pp) and prints t
 
     python bench/bench_fastpath_agreement.py [--n 60] [--seed 1] [--odd | --models] [--nodes]
                                              [--buckets] [--systems] [--groups] [--partial]
-                                             [--modules]
+                                             [--modules] [--moe-layers]
 
 ``--odd`` draws sizes and options the default cases never reach (GPU counts with a factor 3,
 pp 3/5/6, up to 4 chunks, cp up to 4, any count of micro-batches, shorter end stages, B200 and
@@ -26,6 +26,9 @@ Megatron-Core micro-batch group that fits (``microbatch_group_size``), from a st
 ``--modules`` makes each selective-recompute draw recompute a drawn set of Megatron-Core modules
 (``recompute_modules``: norms, core attention, the MLP or the experts' activation), from a
 stream of its own.
+
+``--moe-layers`` gives each MoE model drawn shared experts and dense first layers
+(``shared_expert_ffn_hidden_size``, ``first_dense_layers``), from a stream of its own.
 
 ``--models`` draws model shapes no preset has (head sizes 64-128 and doubled widths, GQA down to
 one K/V head, every activation, tied embeddings, vocabularies of 32 K-152 K, dense and MoE) with
@@ -248,10 +251,22 @@ def other_modules(s: Strategy, model: ModelSpec, rng: random.Random) -> Strategy
     return dataclasses.replace(s, recompute_modules=",".join(picked))
 
 
+def other_moe_layers(m: ModelSpec, rng: random.Random) -> ModelSpec:
+    """``--moe-layers``: a MoE model with drawn shared experts (none, or 1-2 experts' width)
+    and dense first layers (0 to a quarter of the layers)."""
+    if not m.is_moe:
+        return m
+    return dataclasses.replace(
+        m, shared_expert_ffn_hidden_size=m.moe_ffn_hidden_size * rng.choice((0, 1, 2)),
+        first_dense_layers=rng.randrange(0, m.num_layers // 4 + 1))
+
+
 def model_label(m: ModelSpec) -> str:
     return (f"L{m.num_layers} h{m.hidden_size} heads {m.num_attention_heads}/{m.num_kv_heads} "
             f"{m.activation}{' tied' if m.tied_embeddings else ''}"
-            f"{f' moe {m.num_experts}x{m.experts_per_token}' if m.is_moe else ''} "
+            f"{f' moe {m.num_experts}x{m.experts_per_token}' if m.is_moe else ''}"
+            f"{f' shared{sh}' if (sh := m.shared_expert_ffn_hidden_size) else ''}"
+            f"{f' dense-first{m.first_dense_layers}' if m.first_dense_layers else ''} "
             f"V{m.vocab_size} s{m.seq_len}")
 
 
@@ -306,6 +321,9 @@ def main() -> None:
     ap.add_argument("--modules", action="store_true",
                     help="each selective-recompute draw recomputing a drawn set of Megatron-"
                          "Core modules, from a stream of its own")
+    ap.add_argument("--moe-layers", action="store_true",
+                    help="each MoE model with drawn shared experts and dense first layers, from "
+                         "a stream of its own")
     args = ap.parse_args()
     pick = draw_odd if args.odd else draw
     rng = random.Random(args.seed)
@@ -314,6 +332,7 @@ def main() -> None:
     groups = random.Random(-args.seed - 3)  # --groups: theirs
     partial = random.Random(-args.seed - 4)  # --partial: theirs
     modules = random.Random(-args.seed - 5)  # --modules: theirs
+    moe_layers = random.Random(-args.seed - 6)  # --moe-layers: theirs
     rows: list[tuple[float, str, str]] = []
     t0 = time.perf_counter()
     while len(rows) < args.n:
@@ -324,8 +343,10 @@ def main() -> None:
         if args.systems:
             system_name = systems.choice(system_names())
         model = spec if isinstance(spec, ModelSpec) else get_model(spec)
-        model_name = (model_label(model) if isinstance(spec, ModelSpec) else spec) + (
-            f"  {system_name}")
+        if args.moe_layers:
+            model = other_moe_layers(model, moe_layers)
+        model_name = (model_label(model) if isinstance(spec, ModelSpec) or args.moe_layers
+                      else spec) + f"  {system_name}"
         system = get_system(system_name)
         if args.nodes:
             system, node_label = other_nodes(system, rng)
@@ -361,7 +382,9 @@ def main() -> None:
           + (f" ({sum('recompute-first' in w for _, _, w in rows)} recomputing some layers)"
              if args.partial else "")
           + (f" ({sum('modules:' in w for _, _, w in rows)} recomputing other modules)"
-             if args.modules else ""))
+             if args.modules else "")
+          + (f" ({sum(' shared' in n or 'dense-first' in n for _, n, _ in rows)} MoE models "
+             "with shared experts or dense first layers)" if args.moe_layers else ""))
     for e, model_name, what in sorted(rows, key=lambda r: -abs(r[0]))[:5]:
         print(f"  {e:+.2f}%  {model_name}  {what}")
 

@@ -63,7 +63,7 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
                                               ) -> None:
     """``ep`` 0: the dense model; 1, 2 or 4: the MoE model with that expert parallelism, carved
     out of dp or (``fold``) folded over tp·cp·dp; either with its embedding and head ``tied``,
-    and unfolded with ``shared`` experts.
+    and with ``shared`` experts (unfolded) and ``extra`` dense first layers.
     1F1B and GPipe runs of mb·pp + ``extra`` micro-batches (interleaved ones need whole
     rounds, or, ``grouped``, Megatron-Core's micro-batch groups: the middle group size that
     fits). Full recompute of the first ``rc_layers`` of each chunk (0: all); selective of
@@ -73,7 +73,7 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
     attention) and MI300X (no interference measured), whose models take other branches."""
     model = dataclasses.replace(MOE if ep else MODEL, tied_embeddings=tied,
                                 shared_expert_ffn_hidden_size=512 if ep and shared and not fold
-                                else 0)
+                                else 0, first_dense_layers=extra if ep and shared else 0)
     hw = get_system(system)
     hw = dataclasses.replace(hw, node=dataclasses.replace(hw.node, gpus_per_node=gpn))
     interleaved = schedule == "interleaved_1f1b"

@@ -121,3 +121,6 @@ def test_a_runs_file_may_give_the_shared_experts_width(tmp_path: Path) -> None:
     plain = _row_inputs(tmp_path, shared_expert_ffn_hidden_size="", expert_tp=0, ep=4)
     assert not isinstance(plain, str), plain
     assert plain.model.shared_expert_ffn_hidden_size == 0
+    dense = _row_inputs(tmp_path, first_dense_layers=2, expert_tp=0, ep=4)
+    assert not isinstance(dense, str), dense
+    assert dense.model.first_dense_layers == 2

@@ -8,7 +8,8 @@ Megatron-LM's ``num_floating_point_operations``): per step of B sequences of s t
 (forward + backward = 3 × forward; attention counted as full, not causal; q = heads × head dim,
 h unless the model decouples them — Megatron's query_projection_to_hidden_size_ratio). For GPT
 shapes this is 72·B·s·l·h²·(1 + s/6h + V/12lh). MoE layers count the top-k experts per token
-and the shared experts (Megatron-LM: ``moe_ffn_hidden_size·topk + shared_expert_ffn_hidden_size``).
+and the shared experts (Megatron-LM: ``moe_ffn_hidden_size·topk + shared_expert_ffn_hidden_size``),
+a MoE model's dense first layers their own ffn (ffn above is then the layers' mean).
 HFU adds the recomputed forward: full recompute one more forward of every layer, selective the
 attention scores and values (Korthikanti et al. 2022, §6) and, where its modules name the MLP,
 the MLP's GEMMs (the norms and activations it may also rebuild are not matrix FLOPs).
@@ -21,8 +22,11 @@ from tracegen.model import ModelSpec
 
 def model_flop_per_step(m: ModelSpec, global_batch: int) -> int:
     b, s, n_l, h, v = global_batch, m.seq_len, m.num_layers, m.hidden_size, m.vocab_size
-    ffn = (m.moe_ffn_hidden_size * m.experts_per_token + m.shared_expert_ffn_hidden_size
-           if m.is_moe else m.ffn_hidden_size)
+    ffn: float = (m.moe_ffn_hidden_size * m.experts_per_token + m.shared_expert_ffn_hidden_size
+                  if m.is_moe else m.ffn_hidden_size)
+    if m.first_dense_layers:  # the layers' mean MLP width (Megatron-LM: per layer kind)
+        ffn = (ffn * (n_l - m.first_dense_layers) + m.ffn_hidden_size * m.first_dense_layers
+               ) / n_l
     g = 1.5 if m.gated else 1.0
     kv = m.num_kv_heads / m.num_attention_heads
     q = m.q_size / h
@@ -42,7 +46,9 @@ def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str,
     attention = 4 * b * s * s * m.q_size * n_l  # QKᵀ and attention·V, full (Megatron)
     if recompute == "selective":
         # a dense MLP's forward: 4·g·B·s·l·h·ffn, a third of its term in the formula above
-        mlp = 4 * b * s * n_l * h * m.ffn_hidden_size * (3 if m.gated else 2) // 2
+        # (a MoE model's dense first layers only)
+        dense = m.first_dense_layers if m.is_moe else n_l
+        mlp = 4 * b * s * dense * h * m.ffn_hidden_size * (3 if m.gated else 2) // 2
         return (attention if "core_attn" in modules else 0) + (mlp if "mlp" in modules else 0)
     logits = 2 * b * s * h * m.vocab_size
     layers = (model_flop_per_step(m, global_batch) - 3 * logits) // 3

@@ -138,11 +138,12 @@ def _recomputed_terms(m: ModelSpec, s: Strategy, modules: tuple[str, ...], repli
     gemm_in = 1 if s.precision == "fp8" else 2
     h = m.hidden_size
     f = m.moe_ffn_hidden_size * m.experts_per_token if m.is_moe else m.ffn_hidden_size
+    mlp = "mlp" in modules and not m.is_moe  # a dense layer's MLP (a MoE model's first ones)
     if "layernorm" in modules:
         replicated -= 2 * gemm_in * h
-    if "mlp" in modules or "moe_act" in modules:
+    if mlp or ("moe_act" in modules and m.is_moe):
         split -= gemm_in * f
-    if "mlp" in modules:
+    if mlp:
         split -= 2 * (2 if m.gated else 1) * f
     return replicated, split
 
@@ -173,20 +174,39 @@ def inflight_microbatches(s: Strategy, stage: int) -> float:
     return warm / v
 
 
-def _uneven_chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
-                              flash_attention: bool) -> int:
-    """Activations of an end stage of an interleaved pipeline whose end chunk holds another
-    number of layers than its other chunks (Llama 3's embedding-only first chunk): the peak
-    over the schedule of Σ over chunks of micro-batches in flight × that chunk's bytes. Counting
-    whole-stage units (``inflight_microbatches``) would charge the in-flight passes of a short
-    chunk as if they held the stage's average, where the warm-up runs more passes through some
-    chunks than others (N of each, then the next group's first chunk)."""
+def _holds_dense(m: ModelSpec, s: Strategy, stage: int) -> bool:
+    """Whether a stage holds any of a MoE model's dense first layers."""
+    return any(m.dense_layers_in(s.chunk_layers(m.num_layers, ch * s.pp + stage))
+               for ch in range(s.vpp))
+
+
+def _chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
+                       flash_attention: bool) -> int:
+    """Activations of a stage whose chunks hold unequal bytes: an interleaved end stage whose
+    end chunk holds another number of layers than its other chunks (Llama 3's embedding-only
+    first chunk), or a stage holding a MoE model's dense first layers (``act`` is a MoE
+    layer's). The peak over the schedule of Σ over chunks of micro-batches in flight × that
+    chunk's bytes. Counting whole-stage units (``inflight_microbatches``) would charge the
+    in-flight passes of a short chunk as if they held the stage's average, where the warm-up
+    runs more passes through some chunks than others (N of each, then the next group's first
+    chunk)."""
     n = s.recompute_num_layers
-    keep = _layer_activation_bytes(m, s, "none", flash_attention) - act if n else 0
+    kinds = {False: m, True: m.dense_view()} if m.first_dense_layers else {False: m}
+    # per kind (dense?): (bytes of a layer recomputed as the strategy says, of one stored)
+    per_layer = {}
+    for dense, mk in kinds.items():
+        rc = act if not dense else _layer_activation_bytes(mk, s, s.recompute, flash_attention)
+        per_layer[dense] = (rc, _layer_activation_bytes(mk, s, "none", flash_attention)
+                            if n else rc)
     per_chunk = []
     for ch in range(s.vpp):
-        layers = len(s.chunk_layers(m.num_layers, ch * s.pp + stage))
-        per_chunk.append(act * layers + (keep * max(0, layers - n) if n else 0))
+        layers = s.chunk_layers(m.num_layers, ch * s.pp + stage)
+        n_dense = m.dense_layers_in(layers)
+        total = 0
+        for i in range(len(layers)):
+            rc, kept = per_layer[i < n_dense]
+            total += kept if n and i >= n else rc
+        per_chunk.append(total)
     return int(_peak_chunk_load(s.order_id, s.num_microbatches, s.pp, s.vpp, stage,
                                 tuple(per_chunk)))
 
@@ -290,8 +310,9 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
         if s.zero_stage >= 3:
             weights = -(-params_local * ZERO3_PARAM_BYTES // dp_shard)
             optim = -(-params_local * ZERO3_OPTIM_BYTES // dp_shard)
-    if s.vpp > 1 and s.uneven and stage in (0, s.pp - 1):
-        activations = _uneven_chunk_activations(m, s, stage, act, flash_attention)
+    if (s.vpp > 1 and s.uneven and stage in (0, s.pp - 1)) or (
+            m.first_dense_layers and _holds_dense(m, s, stage)):
+        activations = _chunk_activations(m, s, stage, act, flash_attention)
     else:
         if layers is None:
             layers = s.stage_layers(m.num_layers, stage)

@@ -43,6 +43,10 @@ class ModelSpec:
     # (all of them together) that every token passes through beside its routed experts
     # (DeepSeekMoE, Dai et al. 2024; Qwen2-MoE). 0 = none. MoE models only.
     shared_expert_ffn_hidden_size: int = 0
+    # The first N layers of a MoE model are dense, an MLP of ffn_hidden_size (DeepSeek's and
+    # GLM-4.5's first_k_dense_replace; Megatron-Core --moe-layer-freq [0]*N+[1]*rest). 0 = every
+    # layer MoE.
+    first_dense_layers: int = 0
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self)
@@ -78,10 +82,21 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     def layer_params(self) -> int:
-        """Parameters of one transformer layer (weights only; biases and norms are ignored)."""
+        """Parameters of one transformer layer (weights only; biases and norms are ignored);
+        of a MoE one where the first layers are dense (``dense_view`` for those)."""
         h, q = self.hidden_size, self.q_size
         attn = h * (q + 2 * self.kv_size) + q * h
         return attn + self.mlp_params()
+
+    def dense_view(self) -> ModelSpec:
+        """The model as its dense first layers see it: an MLP of ffn_hidden_size, no experts."""
+        return dataclasses.replace(self, num_experts=0, experts_per_token=0,
+                                   moe_ffn_hidden_size=0, shared_expert_ffn_hidden_size=0,
+                                   first_dense_layers=0)
+
+    def dense_layers_in(self, layers: range) -> int:
+        """How many of the global layers ``layers`` are dense first layers."""
+        return max(0, min(layers.stop, self.first_dense_layers) - layers.start)
 
     def mlp_params(self) -> int:
         up = 3 if self.gated else 2
@@ -96,7 +111,10 @@ class ModelSpec:
         return copies * self.vocab_size * self.hidden_size
 
     def num_params(self) -> int:
-        return self.num_layers * self.layer_params() + self.embedding_params()
+        dense = self.first_dense_layers
+        return ((self.num_layers - dense) * self.layer_params()
+                + (dense * self.dense_view().layer_params() if dense else 0)
+                + self.embedding_params())
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -148,12 +166,16 @@ def _moe_problems(m: ModelSpec) -> list[str]:
     if m.num_experts < 0:
         return [f"num_experts must be ≥ 0 (0 = dense), got {m.num_experts}"]
     if m.num_experts == 0:
-        if m.experts_per_token or m.moe_ffn_hidden_size or m.shared_expert_ffn_hidden_size:
-            return ["experts_per_token / moe_ffn_hidden_size / shared_expert_ffn_hidden_size "
-                    "are set but num_experts is 0; set num_experts for a mixture-of-experts "
-                    "model or drop them"]
+        if (m.experts_per_token or m.moe_ffn_hidden_size or m.shared_expert_ffn_hidden_size
+                or m.first_dense_layers):
+            return ["experts_per_token / moe_ffn_hidden_size / shared_expert_ffn_hidden_size / "
+                    "first_dense_layers are set but num_experts is 0; set num_experts for a "
+                    "mixture-of-experts model or drop them"]
         return []
     out = []
+    if not 0 <= m.first_dense_layers < m.num_layers:
+        out.append(f"first_dense_layers must be in 0..num_layers − 1 ({m.num_layers - 1}), got "
+                   f"{m.first_dense_layers}")
     if m.shared_expert_ffn_hidden_size < 0:
         out.append(f"shared_expert_ffn_hidden_size must be ≥ 0 (0 = no shared experts), got "
                    f"{m.shared_expert_ffn_hidden_size}")

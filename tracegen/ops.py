@@ -501,7 +501,7 @@ def selective_recompute(m: ModelSpec, st: Strategy, modules: tuple[str, ...] = (
             out += _core_attention(m, st, d, m.num_attention_heads // d.t)
         elif module == "layernorm":
             out += [it for it in fwd if it.name in ("ln1", "ln2")]
-        elif module == "mlp":
+        elif module == "mlp" and not m.is_moe:  # a dense layer's (a MoE model's first ones)
             names = [it.name for it in fwd]
             out += fwd[names.index("ln2") + 1:names.index("resid2")]
         elif module == "moe_act":

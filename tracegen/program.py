@@ -51,11 +51,18 @@ class PNode:
 class ParamBlock:
     """Parameters this rank holds for one layer / embedding / head, split by reduction axis."""
 
-    name: str  # "layer", "embedding" or "lm_head"
+    name: str  # "layer", "dense_layer" (a MoE model's dense first layers), "embedding", "lm_head"
     dense: int
     expert: int = 0
     label: str = ""  # e.g. "L12" (global layer index), "emb", "head"
     stored: bool = False  # a layer that keeps its activations (``recompute_num_layers``)
+
+    @property
+    def is_layer(self) -> bool:
+        return self.name in LAYER_BLOCKS
+
+
+LAYER_BLOCKS = ("layer", "dense_layer")
 
 
 class RoleProgram:
@@ -173,10 +180,13 @@ class RoleProgram:
             first_deps = ()
 
     # ---- parameter blocks -----------------------------------------------------------------
-    def layer_block(self) -> ParamBlock:
-        m, s = self.m, self.s
+    def layer_block(self, dense: bool = False) -> ParamBlock:
+        """A layer's parameters; ``dense``: one of a MoE model's dense first layers."""
+        m, s = (self.m.dense_view(), self.s) if dense else (self.m, self.s)
         h = m.hidden_size
         attn = (h * (m.q_size + 2 * m.kv_size) + m.q_size * h) // s.tp
+        if dense:
+            return ParamBlock("dense_layer", attn + m.mlp_params() // s.tp)
         if m.is_moe:
             up = 3 if m.gated else 2
             expert = m.num_experts // s.ep * up * h * m.moe_ffn_hidden_size // s.etp
@@ -194,14 +204,18 @@ class RoleProgram:
         out = []
         if gci == 0:
             out.append((self.vocab_block("embedding", "emb"), 1))
-        n_layers = len(self.s.chunk_layers(self.m.num_layers, gci))
-        # under full recompute of the first recompute_num_layers, the rest keep activations
-        kept = max(0, n_layers - self.s.recompute_num_layers) if (
-            self.s.recompute_num_layers) else 0
-        if n_layers > kept:
-            out.append((self.layer_block(), n_layers - kept))
-        if kept:
-            out.append((dataclasses.replace(self.layer_block(), stored=True), kept))
+        layers = self.s.chunk_layers(self.m.num_layers, gci)
+        n_layers = len(layers)
+        # under full recompute of the first recompute_num_layers, the rest keep activations;
+        # a MoE model's dense first layers come first
+        n_rc = self.s.recompute_num_layers or n_layers
+        n_dense = self.m.dense_layers_in(layers)
+        for lo, hi, dense in ((0, n_dense, True), (n_dense, n_layers, False)):
+            for a, b, stored in ((lo, min(hi, n_rc), False), (max(lo, n_rc), hi, True)):
+                if b > a:
+                    block = self.layer_block(dense)
+                    out.append((dataclasses.replace(block, stored=True) if stored else block,
+                                b - a))
         if gci == self.n_chunks - 1:
             head = self.vocab_block("lm_head", "head")
             if self.m.tied_embeddings and self.n_chunks == 1:
@@ -215,7 +229,7 @@ class RoleProgram:
         out: list[ParamBlock] = []
         first = self.s.chunk_layers(self.m.num_layers, gci).start  # the next layer's index
         for block, count in self.chunk_runs(gci):
-            if labels and block.name == "layer":
+            if labels and block.is_layer:
                 out += [dataclasses.replace(block, label=f"L{first + i}") for i in range(count)]
                 first += count
             else:
@@ -379,23 +393,38 @@ class RoleProgram:
     def _selective(self) -> dict[tuple[str, ...], list[O.Item]]:
         return {}
 
-    def selective_items(self, modules: tuple[str, ...]) -> list[O.Item]:
+    def selective_items(self, modules: tuple[str, ...], block: str = "layer") -> list[O.Item]:
         """What selective recompute of ``modules`` runs again before a layer's backward (built
-        once per module set: the fast path asks a shared program for other strategies' sets)."""
-        got = self._selective.get(modules)
+        once per module set and layer kind: the fast path asks a shared program for other
+        strategies' sets)."""
+        got = self._selective.get((block, *modules))
         if got is None:
-            got = self._selective[modules] = O.selective_recompute(self.m, self.s, modules,
-                                                                   self._layer_fwd)
+            dense = block == "dense_layer"
+            got = self._selective[(block, *modules)] = O.selective_recompute(
+                self.m.dense_view() if dense else self.m, self.s, modules,
+                self._dense_fwd if dense else self._layer_fwd)
         return got
+
+    @functools.cached_property
+    def _dense_fwd(self) -> list[O.Item]:
+        return O.layer_fwd(self.m.dense_view(), self.s)
+
+    @functools.cached_property
+    def _dense_bwd(self) -> list[O.Item]:
+        return O.layer_bwd(self.m.dense_view(), self.s)
 
     def _fwd_items(self, block: ParamBlock) -> list[O.Item]:
         if block.name == "layer":
             return self._layer_fwd
+        if block.name == "dense_layer":
+            return self._dense_fwd
         return self._lists[f"{block.name}_fwd"]
 
     def _bwd_items(self, block: ParamBlock) -> list[O.Item]:
         if block.name == "layer":
             return self._layer_bwd
+        if block.name == "dense_layer":
+            return self._dense_bwd
         return self._lists[f"{block.name}_bwd"]
 
     def step_op_count(self) -> int:
@@ -411,11 +440,11 @@ class RoleProgram:
         return per_mb * self.m_mb
 
     def _recompute_items(self, block: ParamBlock) -> list[O.Item]:
-        if block.name != "layer" or block.stored or self.s.recompute == "none":
+        if not block.is_layer or block.stored or self.s.recompute == "none":
             return self._lists["none"]
         if self.s.recompute == "full":
-            return self._layer_fwd
-        return self.selective_items(self.s.selective_modules)
+            return self._fwd_items(block)
+        return self.selective_items(self.s.selective_modules, block.name)
 
     def _tag(self, mb: int, gci_recv: int, grad: bool) -> int:
         return 1 + 2 * (gci_recv * self.m_mb + mb) + int(grad)

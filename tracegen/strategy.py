@@ -449,7 +449,7 @@ def check_fits_model(s: Strategy, m: ModelSpec, *, gpus: int | None = None) -> N
 
 def _module_fit_problems(s: Strategy, m: ModelSpec) -> list[str]:
     out = []
-    if "mlp" in s.selective_modules and m.is_moe:
+    if "mlp" in s.selective_modules and m.is_moe and not m.first_dense_layers:
         out.append("recompute module 'mlp' recomputes a dense MLP, and every layer of this "
                    "model is mixture-of-experts; recompute the experts' activation with "
                    "'moe_act' instead")
