@@ -206,16 +206,20 @@ class RoleProgram:
             out.append((self.vocab_block("embedding", "emb"), 1))
         layers = self.s.chunk_layers(self.m.num_layers, gci)
         n_layers = len(layers)
-        # under full recompute of the first recompute_num_layers, the rest keep activations;
-        # a MoE model's dense first layers come first
-        n_rc = self.s.recompute_num_layers or n_layers
-        n_dense = self.m.dense_layers_in(layers)
-        for lo, hi, dense in ((0, n_dense, True), (n_dense, n_layers, False)):
-            for a, b, stored in ((lo, min(hi, n_rc), False), (max(lo, n_rc), hi, True)):
-                if b > a:
-                    block = self.layer_block(dense)
-                    out.append((dataclasses.replace(block, stored=True) if stored else block,
-                                b - a))
+        n_dense = self.m.dense_layers_in(layers) if self.m.first_dense_layers else 0
+        if not (n_dense or self.s.recompute_num_layers):
+            if n_layers:
+                out.append((self.layer_block(), n_layers))
+        else:
+            # under full recompute of the first recompute_num_layers, the rest keep
+            # activations; a MoE model's dense first layers come first
+            n_rc = self.s.recompute_num_layers or n_layers
+            for lo, hi, dense in ((0, n_dense, True), (n_dense, n_layers, False)):
+                for a, b, stored in ((lo, min(hi, n_rc), False), (max(lo, n_rc), hi, True)):
+                    if b > a:
+                        block = self.layer_block(dense)
+                        out.append((dataclasses.replace(block, stored=True) if stored
+                                    else block, b - a))
         if gci == self.n_chunks - 1:
             head = self.vocab_block("lm_head", "head")
             if self.m.tied_embeddings and self.n_chunks == 1:
