@@ -22,7 +22,15 @@ from analysis.cli_common import (
     output_file,
     progress_bar,
 )
-from tracegen import ConfigError, Strategy, TrainsimError, generate, model_names, resolve_model
+from tracegen import (
+    ConfigError,
+    ModelSpec,
+    Strategy,
+    TrainsimError,
+    generate,
+    model_names,
+    resolve_model,
+)
 from tracegen.catalog import get_model, model_source
 from tracegen.traceset import TraceSetSummary
 from tracegen.units import GiB
@@ -32,15 +40,26 @@ from tracegen.units import GiB
 def catalog_cmd() -> None:
     """List the preset models."""
     table = Table(title="Preset models")
-    for col in ("name", "params (B)", "layers", "hidden", "heads/kv", "ffn", "vocab", "seq",
-                "dropout", "source"):
+    for col in ("name", "params (B)", "layers", "hidden", "heads/kv", "ffn", "experts", "vocab",
+                "seq", "dropout", "source"):
         table.add_column(col)
     for name in model_names():
         m = get_model(name)
         table.add_row(name, f"{m.num_params() / 1e9:.1f}", str(m.num_layers), str(m.hidden_size),
                       f"{m.num_attention_heads}/{m.num_kv_heads}", str(m.ffn_hidden_size),
-                      str(m.vocab_size), str(m.seq_len), f"{m.dropout:g}", model_source(name))
+                      _experts(m), str(m.vocab_size), str(m.seq_len), f"{m.dropout:g}",
+                      model_source(name))
     console.print(table)
+
+
+def _experts(m: ModelSpec) -> str:
+    """A MoE model's experts in a catalog cell: routed × width, top-k, shared, dense first."""
+    if not m.is_moe:
+        return "–"
+    return (f"{m.num_experts}×{m.moe_ffn_hidden_size} top-{m.experts_per_token}"
+            + (f" +{m.shared_expert_ffn_hidden_size} shared" if m.shared_expert_ffn_hidden_size
+               else "")
+            + (f", first {m.first_dense_layers} dense" if m.first_dense_layers else ""))
 
 
 @app.command("tracegen")

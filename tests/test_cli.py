@@ -103,6 +103,7 @@ def test_catalog_lists_presets() -> None:
     rows = {line.split("│")[1].strip(): line for line in r.stdout.splitlines()
             if line.count("│") > 2}
     assert "│ 0.1 " in rows["gpt3-175b"] and "│ 0 " in rows["llama3.1-405b"]  # dropout
+    assert "160×1536 top-8" in rows["glm4.5-355b-a32b"] and "first 3 dense" in r.stdout
 
 
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden_tiny_tp2pp2dp2"
