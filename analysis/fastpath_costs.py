@@ -166,8 +166,8 @@ class Costs:
                                     if s.zero_stage == 3 else 0))
         self.moe = model.is_moe
         # stages of unequal costs (read per stage: a property call each time costs more): an
-        # uneven split, or a MoE model's dense first layers
-        self.uneven = s.uneven or bool(model.first_dense_layers)
+        # uneven split, or a MoE model's dense first layers on a pipeline
+        self.uneven = s.uneven or bool(model.first_dense_layers and s.pp > 1)
         # all a group's shape depends on besides its axis and rank
         self._degrees = (s.tp, s.cp, s.dp, s.pp, s.ep, model.tied_embeddings, self.moe,
                          self.gpn, s.expert_tp)
