@@ -8,7 +8,7 @@ global batch of any count of micro-batches, not whole rounds of pp) and prints t
 
     python bench/bench_fastpath_agreement.py [--n 60] [--seed 1] [--odd | --models] [--nodes]
                                              [--buckets] [--systems] [--groups] [--partial]
-                                             [--modules] [--moe-layers]
+                                             [--modules] [--moe-layers] [--mla]
 
 ``--odd`` draws sizes and options the default cases never reach (GPU counts with a factor 3,
 pp 3/5/6, up to 4 chunks, cp up to 4, any count of micro-batches, shorter end stages, B200 and
@@ -29,6 +29,9 @@ stream of its own.
 
 ``--moe-layers`` gives each MoE model drawn shared experts and dense first layers
 (``shared_expert_ffn_hidden_size``, ``first_dense_layers``), from a stream of its own.
+
+``--mla`` turns a third of the drawn models' attention into multi-head latent attention (K/V
+and Q latents, rotary and V head widths drawn), from a stream of its own.
 
 ``--models`` draws model shapes no preset has (head sizes 64-128 and doubled widths, GQA down to
 one K/V head, every activation, tied embeddings, vocabularies of 32 K-152 K, dense and MoE) with
@@ -261,12 +264,23 @@ def other_moe_layers(m: ModelSpec, rng: random.Random) -> ModelSpec:
         first_dense_layers=rng.randrange(0, m.num_layers // 4 + 1))
 
 
+def other_attention(m: ModelSpec, rng: random.Random) -> ModelSpec:
+    """``--mla``: a third of the models with multi-head latent attention instead."""
+    if rng.random() > 1 / 3:
+        return m
+    return dataclasses.replace(
+        m, num_kv_heads=m.num_attention_heads, kv_lora_rank=rng.choice((128, 256, 512)),
+        q_lora_rank=rng.choice((0, 384, 1536)), qk_rope_head_dim=rng.choice((32, 64)),
+        v_head_dim=rng.choice((0, 64, 128)))
+
+
 def model_label(m: ModelSpec) -> str:
     return (f"L{m.num_layers} h{m.hidden_size} heads {m.num_attention_heads}/{m.num_kv_heads} "
             f"{m.activation}{' tied' if m.tied_embeddings else ''}"
             f"{f' moe {m.num_experts}x{m.experts_per_token}' if m.is_moe else ''}"
             f"{f' shared{sh}' if (sh := m.shared_expert_ffn_hidden_size) else ''}"
-            f"{f' dense-first{m.first_dense_layers}' if m.first_dense_layers else ''} "
+            f"{f' dense-first{m.first_dense_layers}' if m.first_dense_layers else ''}"
+            f"{f' mla{m.kv_lora_rank}/{m.q_lora_rank}' if m.is_mla else ''} "
             f"V{m.vocab_size} s{m.seq_len}")
 
 
@@ -324,6 +338,9 @@ def main() -> None:
     ap.add_argument("--moe-layers", action="store_true",
                     help="each MoE model with drawn shared experts and dense first layers, from "
                          "a stream of its own")
+    ap.add_argument("--mla", action="store_true",
+                    help="a third of the models with multi-head latent attention, from a stream "
+                         "of its own")
     args = ap.parse_args()
     pick = draw_odd if args.odd else draw
     rng = random.Random(args.seed)
@@ -333,6 +350,7 @@ def main() -> None:
     partial = random.Random(-args.seed - 4)  # --partial: theirs
     modules = random.Random(-args.seed - 5)  # --modules: theirs
     moe_layers = random.Random(-args.seed - 6)  # --moe-layers: theirs
+    attention = random.Random(-args.seed - 7)  # --mla: theirs
     rows: list[tuple[float, str, str]] = []
     t0 = time.perf_counter()
     while len(rows) < args.n:
@@ -345,8 +363,10 @@ def main() -> None:
         model = spec if isinstance(spec, ModelSpec) else get_model(spec)
         if args.moe_layers:
             model = other_moe_layers(model, moe_layers)
+        if args.mla:
+            model = other_attention(model, attention)
         model_name = (model_label(model) if isinstance(spec, ModelSpec) or args.moe_layers
-                      else spec) + f"  {system_name}"
+                      or args.mla else spec) + f"  {system_name}"
         system = get_system(system_name)
         if args.nodes:
             system, node_label = other_nodes(system, rng)
@@ -384,7 +404,8 @@ def main() -> None:
           + (f" ({sum('modules:' in w for _, _, w in rows)} recomputing other modules)"
              if args.modules else "")
           + (f" ({sum(' shared' in n or 'dense-first' in n for _, n, _ in rows)} MoE models "
-             "with shared experts or dense first layers)" if args.moe_layers else ""))
+             "with shared experts or dense first layers)" if args.moe_layers else "")
+          + (f" ({sum(' mla' in n for _, n, _ in rows)} with MLA)" if args.mla else ""))
     for e, model_name, what in sorted(rows, key=lambda r: -abs(r[0]))[:5]:
         print(f"  {e:+.2f}%  {model_name}  {what}")
 

@@ -45,25 +45,26 @@ def _replayed_s(model: ModelSpec, s: Strategy, hw: SystemSpec) -> float:
        gpn=st.sampled_from([8, 8, 2, 4]), grouped=st.booleans(),
        rc_layers=st.sampled_from([0, 0, 1, 2]),
        modules=st.sampled_from(["core_attn", "core_attn", "layernorm,mlp", "core_attn,mlp"]),
-       shared=st.booleans())
+       shared=st.booleans(), mla=st.booleans())
 @example(tp=2, pp=4, dp=4, sp=False, zero=3, recompute="none", mb=1, schedule="gpipe",
          overlap=False, uneven=False, zbucket=0, dp_overlap="both", ep=0, cp=1, fp8=False,
          fold=False, prefetch=True, extra=0, tied=False, system="dgx-h100",
          gpn=8, grouped=False, rc_layers=0, modules="core_attn",
-         shared=False)  # alike, walked
+         shared=False, mla=False)  # alike, walked
 @example(tp=1, pp=2, dp=2, sp=False, zero=3, recompute="none", mb=4, schedule="1f1b",
          overlap=False, uneven=False, zbucket=0, dp_overlap="both", ep=2, cp=1, fp8=False,
          fold=False, prefetch=False, extra=1, tied=False,
          system="dgx-h100", gpn=8, grouped=False, rc_layers=0,
-         modules="core_attn", shared=False)  # 9 micro-batches on 2 stages
+         modules="core_attn", shared=False, mla=False)  # 9 micro-batches on 2 stages
 def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, mb, schedule,
                                               overlap, uneven, zbucket, dp_overlap, ep, cp, fp8,
                                               fold, prefetch, extra, tied, system,
-                                              gpn, grouped, rc_layers, modules, shared
-                                              ) -> None:
+                                              gpn, grouped, rc_layers, modules, shared,
+                                              mla) -> None:
     """``ep`` 0: the dense model; 1, 2 or 4: the MoE model with that expert parallelism, carved
     out of dp or (``fold``) folded over tp·cp·dp; either with its embedding and head ``tied``,
-    and with ``shared`` experts (unfolded) and ``extra`` dense first layers.
+    and with ``shared`` experts (unfolded) and ``extra`` dense first layers; ``mla``: multi-head
+    latent attention instead of GQA.
     1F1B and GPipe runs of mb·pp + ``extra`` micro-batches (interleaved ones need whole
     rounds, or, ``grouped``, Megatron-Core's micro-batch groups: the middle group size that
     fits). Full recompute of the first ``rc_layers`` of each chunk (0: all); selective of
@@ -74,6 +75,10 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
     model = dataclasses.replace(MOE if ep else MODEL, tied_embeddings=tied,
                                 shared_expert_ffn_hidden_size=512 if ep and shared and not fold
                                 else 0, first_dense_layers=extra if ep and shared else 0)
+    if mla:
+        model = dataclasses.replace(model, num_kv_heads=model.num_attention_heads,
+                                    kv_lora_rank=64, q_lora_rank=96 if extra % 2 else 0,
+                                    qk_rope_head_dim=16, v_head_dim=32)
     hw = get_system(system)
     hw = dataclasses.replace(hw, node=dataclasses.replace(hw.node, gpus_per_node=gpn))
     interleaved = schedule == "interleaved_1f1b"

@@ -9,7 +9,9 @@ Megatron-LM's ``num_floating_point_operations``): per step of B sequences of s t
 h unless the model decouples them — Megatron's query_projection_to_hidden_size_ratio). For GPT
 shapes this is 72·B·s·l·h²·(1 + s/6h + V/12lh). MoE layers count the top-k experts per token
 and the shared experts (Megatron-LM: ``moe_ffn_hidden_size·topk + shared_expert_ffn_hidden_size``),
-a MoE model's dense first layers their own ffn (ffn above is then the layers' mean).
+a MoE model's dense first layers their own ffn (ffn above is then the layers' mean). Under
+multi-head latent attention the attention terms are its projections' weights (2 FLOPs each per
+token) and QKᵀ / attention·V over its Q/K and V head widths.
 HFU adds the recomputed forward: full recompute one more forward of every layer, selective the
 attention scores and values (Korthikanti et al. 2022, §6) and, where its modules name the MLP,
 the MLP's GEMMs (the norms and activations it may also rebuild are not matrix FLOPs).
@@ -28,6 +30,13 @@ def model_flop_per_step(m: ModelSpec, global_batch: int) -> int:
         ffn = (ffn * (n_l - m.first_dense_layers) + m.ffn_hidden_size * m.first_dense_layers
                ) / n_l
     g = 1.5 if m.gated else 1.0
+    if m.is_mla:
+        # the same count with MLA's projections (their weights, twice per token) and
+        # attention over Q/K heads of qk_head_dim and V heads of v_dim (Megatron-LM's MLA term)
+        heads = m.num_attention_heads
+        per_token = (2 * m.attention_params() + 2 * s * heads * (m.qk_head_dim + m.v_dim)
+                     + 4 * (1.5 if m.gated else 1.0) * h * ffn)
+        return round(3 * b * s * n_l * per_token + 6 * b * s * h * v)
     kv = m.num_kv_heads / m.num_attention_heads
     q = m.q_size / h
     return round(12 * b * s * n_l * h * h * ((1 + kv + s / h) * q + g * ffn / h
@@ -43,7 +52,9 @@ def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str,
     if recompute == "none":
         return 0
     b, s, n_l, h = global_batch, m.seq_len, m.num_layers, m.hidden_size
-    attention = 4 * b * s * s * m.q_size * n_l  # QKᵀ and attention·V, full (Megatron)
+    # QKᵀ and attention·V, full (Megatron); MLA's Q/K and V heads differ
+    attention = (2 * b * s * s * m.num_attention_heads * (m.qk_head_dim + m.v_dim) * n_l
+                 if m.is_mla else 4 * b * s * s * m.q_size * n_l)
     if recompute == "selective":
         # a dense MLP's forward: 4·g·B·s·l·h·ffn, a third of its term in the formula above
         # (a MoE model's dense first layers only)

@@ -99,8 +99,26 @@ def _layer_terms(m: ModelSpec, fp8: bool = False) -> tuple[float, float]:
     # (q = h unless the model sets its own head_dim).
     out_proj_in = 2 * q + (q if fp8 else 0)
     split = 2 * q + 4 * kv + out_proj_in + 2 * up * f + gemm_in * f
+    if m.is_mla:  # the attention's terms as MLA keeps them (``_mla_terms``)
+        rep_attn, split_attn = _mla_terms(m, gemm_in, fp8)
+        replicated += rep_attn
+        split += split_attn - (2 * q + 4 * kv + out_proj_in)
     fs = m.shared_expert_ffn_hidden_size  # the shared experts' FC1 and activation outputs
     return replicated, split + (2 * up * fs + gemm_in * fs if fs else 0)
+
+
+def _mla_terms(m: ModelSpec, gemm_in: int, fp8: bool) -> tuple[int, int]:
+    """MLA's attention activations per token (replicated, tp-split) beyond LN1's input and the
+    down-projections' (the QKV input of ``_layer_terms``): the latents' norm inputs (2 bytes
+    each) and outputs, which the up-projections keep for their weight gradients (gemm_in), and
+    the rotary key (2·rope) — on each rank's own tokens, so split only with SP; then Q and K
+    (2·qk_head_dim per head each), V and the attention output (2·v_dim each, the output's FP8
+    copy too), split over TP."""
+    lat = m.q_lora_rank + m.kv_lora_rank
+    replicated = (2 + gemm_in) * lat + 2 * m.qk_rope_head_dim
+    heads, qk, v = m.num_attention_heads, m.qk_head_dim, m.v_dim
+    split = heads * (4 * qk + 4 * v + (v if fp8 else 0))
+    return replicated, split
 
 
 def activation_bytes_per_layer(m: ModelSpec, s: Strategy, *, flash_attention: bool = True) -> int:
@@ -263,8 +281,9 @@ def unit_params(m: ModelSpec, s: Strategy, stage: int) -> int:
     h, f = m.hidden_size, m.moe_ffn_hidden_size if m.is_moe else m.ffn_hidden_size
     up = 2 if m.gated else 1
     experts = m.num_experts // s.ep if m.is_moe else 1
-    unit = max(h * (m.q_size + 2 * m.kv_size) // s.tp,
-               experts * up * h * f // (s.etp if m.is_moe else s.tp))
+    attn = (max(m.mla_up_params() // s.tp, m.mla_down_params()) if m.is_mla
+            else h * (m.q_size + 2 * m.kv_size) // s.tp)
+    unit = max(attn, experts * up * h * f // (s.etp if m.is_moe else s.tp))
     if stage in (0, s.pp - 1):
         unit = max(unit, m.vocab_size * h // s.tp)
     return unit

@@ -47,6 +47,15 @@ class ModelSpec:
     # GLM-4.5's first_k_dense_replace; Megatron-Core --moe-layer-freq [0]*N+[1]*rest). 0 = every
     # layer MoE.
     first_dense_layers: int = 0
+    # Multi-head latent attention (DeepSeek-V2/V3, Liu et al. 2024; Megatron-Core
+    # --multi-latent-attention): K and V are up-projected per head from a compressed latent of
+    # kv_lora_rank (0 = standard attention), Q from one of q_lora_rank (0 = directly from the
+    # hidden state); head_dim is then the no-rope part of a Q/K head, qk_rope_head_dim the
+    # decoupled rotary part, v_head_dim a V head (0 = head_dim).
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self)
@@ -68,6 +77,41 @@ class ModelSpec:
         return self.num_attention_heads * self.head_dim
 
     @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """A Q or K head's width: head_dim, plus the rotary part under MLA."""
+        return self.head_dim + self.qk_rope_head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """A V head's width (and an attention output head's)."""
+        return self.v_head_dim or self.head_dim
+
+    def attention_params(self) -> int:
+        """Weights of one layer's attention projections."""
+        h = self.hidden_size
+        if not self.is_mla:
+            return h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        return self.mla_down_params() + self.mla_up_params()
+
+    def mla_down_params(self) -> int:
+        """MLA's down-projections (Q's, and K/V's with the shared rotary key): duplicated, not
+        split, over tensor parallelism (Megatron-Core's TELinear "duplicated")."""
+        h = self.hidden_size
+        return h * (self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim)
+
+    def mla_up_params(self) -> int:
+        """MLA's up-projections and output projection (split over tensor parallelism)."""
+        h, heads = self.hidden_size, self.num_attention_heads
+        q_in = self.q_lora_rank or h
+        return (q_in * heads * self.qk_head_dim
+                + self.kv_lora_rank * heads * (self.head_dim + self.v_dim)
+                + heads * self.v_dim * h)
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
@@ -84,9 +128,7 @@ class ModelSpec:
     def layer_params(self) -> int:
         """Parameters of one transformer layer (weights only; biases and norms are ignored);
         of a MoE one where the first layers are dense (``dense_view`` for those)."""
-        h, q = self.hidden_size, self.q_size
-        attn = h * (q + 2 * self.kv_size) + q * h
-        return attn + self.mlp_params()
+        return self.attention_params() + self.mlp_params()
 
     def dense_view(self) -> ModelSpec:
         """The model as its dense first layers see it: an MLP of ffn_hidden_size, no experts."""
@@ -153,6 +195,7 @@ def _problems(m: ModelSpec, *, head_dim_given: bool = True) -> list[str]:
             f"hidden_size {m.hidden_size} is not divisible by num_attention_heads "
             f"{m.num_attention_heads}; choose heads that divide the hidden size"
         )
+    out += _mla_problems(m)
     if m.num_attention_heads % m.num_kv_heads:
         out.append(
             f"num_attention_heads {m.num_attention_heads} is not a multiple of num_kv_heads "
@@ -160,6 +203,22 @@ def _problems(m: ModelSpec, *, head_dim_given: bool = True) -> list[str]:
         )
     out += _moe_problems(m)
     return out
+
+
+def _mla_problems(m: ModelSpec) -> list[str]:
+    out = [f"{f} must be ≥ 0, got {getattr(m, f)}" for f in
+           ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
+           if getattr(m, f) < 0]
+    if out:
+        return out
+    if not m.is_mla and (m.q_lora_rank or m.qk_rope_head_dim or m.v_head_dim):
+        return ["q_lora_rank / qk_rope_head_dim / v_head_dim describe multi-head latent "
+                "attention; set kv_lora_rank (its K/V latent) too, or drop them"]
+    if m.is_mla and m.num_kv_heads != m.num_attention_heads:
+        return [f"multi-head latent attention up-projects K and V for every head: num_kv_heads "
+                f"must equal num_attention_heads ({m.num_attention_heads}), got "
+                f"{m.num_kv_heads}"]
+    return []
 
 
 def _moe_problems(m: ModelSpec) -> list[str]:

@@ -187,6 +187,8 @@ MERGE_FLOP = 4  # a context-parallel step's output correction: exp, two multipli
 
 
 def attention_block_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
+    if m.is_mla:
+        return _mla_block_fwd(m, st, d)
     t, h, n_tok = d.t, d.h, d.tokens
     q = m.q_size  # = h unless the model sets its own head_dim
     qkv_n = (q + 2 * m.kv_size) // t
@@ -204,6 +206,61 @@ def attention_block_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
     items += _tp_comm(d, "attn_out_rs", gather=False)
     items.append(eltwise("resid1", d.tokens_sp * h, reads=2, writes=1, flop_per_elem=RESID_FLOP))
     return items
+
+
+def mla_latent_width(m: ModelSpec) -> int:
+    """What MLA's up-projections take per token: the Q latent (the hidden state without one),
+    the K/V latent and the shared rotary key."""
+    return (m.q_lora_rank or m.hidden_size) + m.kv_lora_rank + m.qk_rope_head_dim
+
+
+def _mla_block_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
+    """Multi-head latent attention as Megatron-Core's MLASelfAttention runs it (DeepSeek-V2
+    §2.1, Liu et al. 2024): the down-projections, duplicated over TP, on each rank's own tokens
+    (its sequence-parallel share), their latents normed; with SP the latents — not the hidden
+    states — all-gathered for the column-parallel up-projections; the rotary part of Q and of
+    the shared key; attention with Q/K heads of head_dim + qk_rope_head_dim and V heads of
+    v_head_dim; the row-parallel output projection."""
+    t, h, n_tok, local = d.t, d.h, d.tokens, d.tokens_sp
+    heads = m.num_attention_heads // t
+    items: list[Item] = [eltwise("ln1", local * h, reads=1, writes=1, flop_per_elem=NORM_FLOP,
+                                 kind="norm")]
+    if m.q_lora_rank:
+        items += [gemm("q_down", local, m.q_lora_rank, h, d.dtype),
+                  eltwise("q_norm", local * m.q_lora_rank, reads=1, writes=1,
+                          flop_per_elem=NORM_FLOP, kind="norm")]
+    items += [gemm("kv_down", local, m.kv_lora_rank + m.qk_rope_head_dim, h, d.dtype),
+              eltwise("kv_norm", local * m.kv_lora_rank, reads=1, writes=1,
+                      flop_per_elem=NORM_FLOP, kind="norm")]
+    if d.sp and t > 1:
+        items.append(Comm("mla_latent_ag", "tp", "ALL_GATHER",
+                          n_tok * mla_latent_width(m) * ACT_BYTES // t))
+    items += [gemm("q_up", n_tok, heads * m.qk_head_dim, m.q_lora_rank or h, d.dtype),
+              gemm("kv_up", n_tok, heads * (m.head_dim + m.v_dim), m.kv_lora_rank, d.dtype),
+              eltwise("rope", n_tok * (heads + 1) * m.qk_rope_head_dim, reads=1, writes=1,
+                      flop_per_elem=ROPE_FLOP)]
+    items.append(attention_fwd(m, d, heads))
+    items.append(gemm("attn_out", n_tok, h, heads * m.v_dim, d.dtype))
+    items += _tp_comm(d, "attn_out_rs", gather=False)
+    items.append(eltwise("resid1", d.tokens_sp * h, reads=2, writes=1, flop_per_elem=RESID_FLOP))
+    return items
+
+
+def _mla_bwd(items: list[Item], m: ModelSpec, d: Dims) -> list[Item]:
+    """MLA's backward TP collectives around its column-parallel up-projections: with SP the
+    saved latents gathered again beside their data gradients (the reduce-scatter of the latent
+    gradients is the forward gather's conjugate); without SP the latent gradients all-reduced
+    before the norms' backward (Megatron's f operator on the up-projections' input)."""
+    if d.t == 1:
+        return items
+    names = [it.name for it in items]
+    latent = d.tokens * mla_latent_width(m) * ACT_BYTES
+    if d.sp:
+        i = names.index("kv_up_dgrad")
+        return [*items[:i], Comm("mla_latent_in_ag", "tp", "ALL_GATHER", latent // d.t, True),
+                *items[i:]]
+    i = names.index("kv_norm_bwd")
+    return [*items[:i], Comm("mla_latent_grad_ar", "tp", "ALL_REDUCE", latent), *items[i:]]
 
 
 def _core_attention(m: ModelSpec, st: Strategy, d: Dims, heads: int) -> list[Item]:
@@ -234,11 +291,13 @@ def _core_attention(m: ModelSpec, st: Strategy, d: Dims, heads: int) -> list[Ite
 
 
 def attention_fwd(m: ModelSpec, d: Dims, heads: int) -> Op:
-    """Causal flash attention: 4·b·s_q·s_kv·d·heads/2 FLOPs (Dao 2023)."""
-    hd = m.head_dim
+    """Causal flash attention: 4·b·s_q·s_kv·d·heads/2 FLOPs (Dao 2023); under MLA QKᵀ with
+    Q/K heads of qk_head_dim and attention·V with V heads of v_dim, i.e. d their mean."""
+    qk, v = (m.qk_head_dim, m.v_dim) if m.is_mla else (m.head_dim, m.head_dim)
+    hd = (qk + v) // 2
     flop = 4 * d.b * d.s * d.s_kv * hd * heads // 2
     kv_heads = m.num_kv_heads // d.t
-    io = (d.tokens * heads * hd * 2 + d.b * d.s_kv * kv_heads * hd * 2) * ACT_BYTES
+    io = (d.tokens * heads * (qk + v) + d.b * d.s_kv * kv_heads * (qk + v)) * ACT_BYTES
     return Op("flash_attn", "attention", flop, io, d.s, d.s_kv, hd, d.dtype16)
 
 
@@ -425,7 +484,8 @@ def tp_input_grad_allreduce(d: Dims, name: str) -> list[Item]:
 def layer_bwd(m: ModelSpec, st: Strategy) -> list[Item]:
     d = dims(m, st)
     mlp = _column_parallel_bwd(backward_of(mlp_block_fwd(m, st, d), d), d, "fc1", "ln2")
-    attn = _column_parallel_bwd(backward_of(attention_block_fwd(m, st, d), d), d, "qkv", "ln1")
+    attn = backward_of(attention_block_fwd(m, st, d), d)
+    attn = _mla_bwd(attn, m, d) if m.is_mla else _column_parallel_bwd(attn, d, "qkv", "ln1")
     return _fp8_casts(_overlap_row_parallel_bwd(mlp + attn, d))
 
 

@@ -184,7 +184,9 @@ class RoleProgram:
         """A layer's parameters; ``dense``: one of a MoE model's dense first layers."""
         m, s = (self.m.dense_view(), self.s) if dense else (self.m, self.s)
         h = m.hidden_size
-        attn = (h * (m.q_size + 2 * m.kv_size) + m.q_size * h) // s.tp
+        # MLA's down-projections are duplicated over TP, the rest split
+        attn = (m.mla_down_params() + m.mla_up_params() // s.tp if m.is_mla
+                else m.attention_params() // s.tp)
         if dense:
             return ParamBlock("dense_layer", attn + m.mlp_params() // s.tp)
         if m.is_moe:

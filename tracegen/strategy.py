@@ -443,6 +443,9 @@ def check_fits_model(s: Strategy, m: ModelSpec, *, gpus: int | None = None) -> N
     out += _moe_fit_problems(s, m)
     if s.recompute_modules != "core_attn":
         out += _module_fit_problems(s, m)
+    if m.is_mla and (s.cp > 1 or s.tp_comm_overlap):
+        out.append("multi-head latent attention with context parallelism or TP communication "
+                   "overlap is not modelled; use cp 1 and no tp_comm_overlap")
     if out:
         raise ConfigError(out, what=f"strategy {s.label()} for model {m.name!r}")
 
