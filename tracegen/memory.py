@@ -99,7 +99,7 @@ def _layer_terms(m: ModelSpec, fp8: bool = False) -> tuple[float, float]:
     # (q = h unless the model sets its own head_dim).
     out_proj_in = 2 * q + (q if fp8 else 0)
     split = 2 * q + 4 * kv + out_proj_in + 2 * up * f + gemm_in * f
-    if m.is_mla:  # the attention's terms as MLA keeps them (``_mla_terms``)
+    if m.kv_lora_rank:  # MLA: the attention's terms as it keeps them (``_mla_terms``)
         rep_attn, split_attn = _mla_terms(m, gemm_in, fp8)
         replicated += rep_attn
         split += split_attn - (2 * q + 4 * kv + out_proj_in)
@@ -281,7 +281,7 @@ def unit_params(m: ModelSpec, s: Strategy, stage: int) -> int:
     h, f = m.hidden_size, m.moe_ffn_hidden_size if m.is_moe else m.ffn_hidden_size
     up = 2 if m.gated else 1
     experts = m.num_experts // s.ep if m.is_moe else 1
-    attn = (max(m.mla_up_params() // s.tp, m.mla_down_params()) if m.is_mla
+    attn = (max(m.mla_up_params() // s.tp, m.mla_down_params()) if m.kv_lora_rank
             else h * (m.q_size + 2 * m.kv_size) // s.tp)
     unit = max(attn, experts * up * h * f // (s.etp if m.is_moe else s.tp))
     if stage in (0, s.pp - 1):
