@@ -63,7 +63,7 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
                                               mla) -> None:
     """``ep`` 0: the dense model; 1, 2 or 4: the MoE model with that expert parallelism, carved
     out of dp or (``fold``) folded over tp·cp·dp; either with its embedding and head ``tied``,
-    and with ``shared`` experts (unfolded) and ``extra`` dense first layers; ``mla``: multi-head
+    and with ``shared`` experts and ``extra`` dense first layers; ``mla``: multi-head
     latent attention instead of GQA.
     1F1B and GPipe runs of mb·pp + ``extra`` micro-batches (interleaved ones need whole
     rounds, or, ``grouped``, Megatron-Core's micro-batch groups: the middle group size that
@@ -73,8 +73,8 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
     differ. Systems include V100 (no bf16 tensor cores, unfused
     attention) and MI300X (no interference measured), whose models take other branches."""
     model = dataclasses.replace(MOE if ep else MODEL, tied_embeddings=tied,
-                                shared_expert_ffn_hidden_size=512 if ep and shared and not fold
-                                else 0, first_dense_layers=extra if ep and shared else 0)
+                                shared_expert_ffn_hidden_size=512 if ep and shared else 0,
+                                first_dense_layers=extra if ep and shared else 0)
     if mla:
         model = dataclasses.replace(model, num_kv_heads=model.num_attention_heads,
                                     kv_lora_rank=64, q_lora_rank=96 if extra % 2 else 0,

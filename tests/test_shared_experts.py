@@ -67,6 +67,22 @@ def test_every_token_runs_the_shared_experts_forward_and_backward(tmp_path: Path
     assert (fc1.m, fc1.n, fc1.k) == (SHARED.seq_len, 2 * 384 // 2, SHARED.hidden_size)
 
 
+def test_folded_experts_leave_the_shared_ones_their_tp_collectives() -> None:
+    """MoE parallel folding routes each rank's own tokens with no TP collective; the shared
+    experts, a tensor-parallel MLP, gather the sequence-parallel input and reduce-scatter their
+    output themselves (and the conjugates in backward)."""
+    from tracegen.ops import layer_bwd, layer_fwd
+
+    s = Strategy(tp=2, dp=2, ep=4, expert_tp=1, sequence_parallel=True, global_batch_size=2)
+    tp = [(it.name, it.coll) for it in layer_fwd(SHARED, s) + layer_bwd(SHARED, s)
+          if getattr(it, "axis", "") == "tp" and it.name.startswith("shared")]
+    assert tp == [("shared_ag", "ALL_GATHER"), ("shared_rs", "REDUCE_SCATTER"),
+                  ("shared_rs_bwd", "ALL_GATHER"), ("shared_ag_bwd", "REDUCE_SCATTER")]
+    routed = [it for it in layer_fwd(ROUTED, s) if getattr(it, "axis", "") == "tp"
+              and not it.name.startswith(("ln1", "attn", "qkv"))]
+    assert routed == []
+
+
 def test_shared_experts_are_dense_parameters_split_by_tp() -> None:
     """They join the data-parallel (dense) gradient group, not the expert one."""
     s = Strategy(tp=2, dp=4, ep=4, global_batch_size=4)
@@ -86,7 +102,8 @@ def test_activations_keep_the_shared_experts_outputs(sp: bool) -> None:
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(pp=2, zero_stage=1), dict(precision="fp8"),
-                                dict(tp_comm_overlap=True), dict(zero_stage=3, pp=1, dp=4)])
+                                dict(tp_comm_overlap=True), dict(zero_stage=3, pp=1, dp=4),
+                                dict(ep=4, expert_tp=1), dict(ep=4, expert_tp=1, pp=2)])
 def test_fast_path_equals_replay_with_shared_experts(kw: dict) -> None:
     base: dict[str, object] = dict(tp=2, dp=2, ep=2, sequence_parallel=True,
                                    global_batch_size=8, dp_bucket_params=100_000)
@@ -100,8 +117,6 @@ def test_fast_path_equals_replay_with_shared_experts(kw: dict) -> None:
     (dict(num_experts=0, experts_per_token=0, moe_ffn_hidden_size=0), None,
      "are set but num_experts is 0"),
     (dict(shared_expert_ffn_hidden_size=-1), None, "shared_expert_ffn_hidden_size must be ≥ 0"),
-    ({}, dict(tp=2, dp=2, ep=4, expert_tp=1, sequence_parallel=True, global_batch_size=2),
-     "shared experts with expert parallelism folded"),
     (dict(shared_expert_ffn_hidden_size=385), dict(tp=2), "not divisible by tp 2"),
 ])
 def test_impossible_shared_experts_say_what_is_wrong(model_kw: dict, strategy_kw: dict | None,

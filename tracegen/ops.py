@@ -342,11 +342,17 @@ def _moe_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
         items.append(Comm("moe_combine", "ep", "ALL_TO_ALL", routed * h * ACT_BYTES))
     if m.shared_expert_ffn_hidden_size:
         # every token through the shared experts, TP-split like a dense MLP, after the routed
-        # ones (Megatron-Core MoELayer without --moe-shared-expert-overlap)
+        # ones (Megatron-Core MoELayer without --moe-shared-expert-overlap); folded, the routed
+        # path has no TP collectives, so the shared experts gather their input and
+        # reduce-scatter their output themselves (Megatron-Core's SharedExpertMLP is a
+        # tensor-parallel MLP)
         fs = m.shared_expert_ffn_hidden_size // st.tp
-        items += [gemm("shared_fc1", d.tokens, up * fs, h, d.dtype),
+        folded = st.moe_folded
+        items += [*(_tp_comm(d, "shared_ag", gather=True) if folded else ()),
+                  gemm("shared_fc1", d.tokens, up * fs, h, d.dtype),
                   eltwise("shared_act", d.tokens * fs, reads=up, writes=1, flop_per_elem=ACT_FLOP),
-                  gemm("shared_fc2", d.tokens, h, fs, d.dtype)]
+                  gemm("shared_fc2", d.tokens, h, fs, d.dtype),
+                  *(_tp_comm(d, "shared_rs", gather=False) if folded else ())]
     return items
 
 

@@ -528,10 +528,6 @@ def _moe_fit_problems(s: Strategy, m: ModelSpec) -> list[str]:
     if m.num_experts % s.ep:
         return [f"num_experts {m.num_experts} is not divisible by ep {s.ep}; choose ep among "
                 f"{_divisors(m.num_experts)}"]
-    if m.shared_expert_ffn_hidden_size and s.moe_folded:
-        return ["shared experts with expert parallelism folded over tp·cp·dp (expert_tp 1) are "
-                "not modelled: their TP collectives differ from the routed experts'; use "
-                "expert_tp 0 (experts TP-split like the dense MLP)"]
     if m.shared_expert_ffn_hidden_size % s.tp:
         return [f"shared_expert_ffn_hidden_size {m.shared_expert_ffn_hidden_size} is not "
                 f"divisible by tp {s.tp}"]
