@@ -304,43 +304,37 @@ def label(s: Strategy) -> str:
             + "".join(f" {name}" for on, name in extras if on))
 
 
+# The draw's switches (each drawing from a stream of its own but --odd and --models).
+FLAGS = {
+    "odd": "odd sizes and options: GPU counts with a factor 3, pp 3/5/6, up to 4 chunks, cp up "
+           "to 4, any micro-batch count, shorter end stages, more systems and options",
+    "models": "random model shapes (head sizes, GQA, FFN widths, activations, tied embeddings, "
+              "vocabularies, dense and MoE) with the options --odd draws",
+    "nodes": "each draw's system with 2, 4, 8, 16 or 72 GPUs per node, a fat-tree or "
+             "rail-optimized network, non-blocking or 2:1 oversubscribed",
+    "systems": "each draw's system any preset (V100 without bf16 or FlashAttention, MI300X, "
+               "H800, A800, A100 40GB too), from a stream of its own",
+    "buckets": "each draw's gradient bucket (1 M to 1 G parameters) and ZeRO-3 gather piece "
+               "size drawn too, from a stream of their own: a seed draws the same strategies "
+               "with and without (but for one that then no longer fits)",
+    "groups": "each interleaved draw with any count of micro-batches in a Megatron-Core "
+              "micro-batch group that fits, from a stream of its own",
+    "partial": "each full-recompute draw recomputing only the first N layers of each chunk, "
+               "from a stream of its own",
+    "modules": "each selective-recompute draw recomputing a drawn set of Megatron-Core "
+               "modules, from a stream of its own",
+    "moe-layers": "each MoE model with drawn shared experts and dense first layers, from a "
+                  "stream of its own",
+    "mla": "a third of the models with multi-head latent attention, from a stream of its own",
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=60, help="strategies to compare")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--odd", action="store_true",
-                    help="odd sizes and options: GPU counts with a factor 3, pp 3/5/6, up to 4 "
-                         "chunks, cp up to 4, any micro-batch count, shorter end stages, more "
-                         "systems and options")
-    ap.add_argument("--models", action="store_true",
-                    help="random model shapes (head sizes, GQA, FFN widths, activations, tied "
-                         "embeddings, vocabularies, dense and MoE) with the options --odd draws")
-    ap.add_argument("--nodes", action="store_true",
-                    help="each draw's system with 2, 4, 8, 16 or 72 GPUs per node, a fat-tree "
-                         "or rail-optimized network, non-blocking or 2:1 oversubscribed")
-    ap.add_argument("--systems", action="store_true",
-                    help="each draw's system any preset (V100 without bf16 or FlashAttention, "
-                         "MI300X, H800, A800, A100 40GB too), from a stream of its own")
-    ap.add_argument("--buckets", action="store_true",
-                    help="each draw's gradient bucket (1 M to 1 G parameters) and ZeRO-3 gather "
-                         "piece size drawn too, from a stream of their own: a seed draws the "
-                         "same strategies with and without (but for one that then no longer "
-                         "fits)")
-    ap.add_argument("--groups", action="store_true",
-                    help="each interleaved draw with any count of micro-batches in a Megatron-"
-                         "Core micro-batch group that fits, from a stream of its own")
-    ap.add_argument("--partial", action="store_true",
-                    help="each full-recompute draw recomputing only the first N layers of each "
-                         "chunk, from a stream of its own")
-    ap.add_argument("--modules", action="store_true",
-                    help="each selective-recompute draw recomputing a drawn set of Megatron-"
-                         "Core modules, from a stream of its own")
-    ap.add_argument("--moe-layers", action="store_true",
-                    help="each MoE model with drawn shared experts and dense first layers, from "
-                         "a stream of its own")
-    ap.add_argument("--mla", action="store_true",
-                    help="a third of the models with multi-head latent attention, from a stream "
-                         "of its own")
+    for flag, text in FLAGS.items():
+        ap.add_argument(f"--{flag}", action="store_true", help=text)
     args = ap.parse_args()
     pick = draw_odd if args.odd else draw
     rng = random.Random(args.seed)

@@ -48,7 +48,8 @@ def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str,
                             modules: tuple[str, ...] = ("core_attn",)) -> int:
     """Extra forward FLOPs that recomputation executes (hardware FLOPs − model FLOPs); under
     full recompute of ``recomputed_layers`` of the layers (``Strategy.recomputed_layers``),
-    their share; under selective, of its ``modules`` (``Strategy.selective_modules``)."""
+    their share by count (a MoE model's dense first layers weighed as its mean layer); under
+    selective, of its ``modules`` (``Strategy.selective_modules``)."""
     if recompute == "none":
         return 0
     b, s, n_l, h = global_batch, m.seq_len, m.num_layers, m.hidden_size
