@@ -349,9 +349,12 @@ def _layout_stages(costs: Costs) -> tuple[list[Stage], list[int], bool]:
 
 
 def _peak_memory_bytes(costs: Costs, stages: list[Stage], alike: bool) -> int:
-    """The largest per-rank memory of any stage. In-flight micro-batches never grow with the
-    stage index, so the peak is on the first stage (embedding, most in flight), the last (head,
-    logits) or — when the first holds fewer layers than the rest — the second."""
+    """The largest per-rank memory of any stage. When the stages are alike, in-flight
+    micro-batches never grow with the stage index, so the peak is on the first stage
+    (embedding, most in flight) or the last (head, logits). Otherwise any stage can hold it:
+    one whose chunks hold more layers, or heavier ones (a MoE layer after dense first layers
+    carries more optimizer state), can outweigh an earlier stage's extra micro-batches — so
+    every stage is looked at."""
     m, s = costs.m, costs.s
     flash = costs.compute.gpu.flash_attention
     # it reads the model, tp, sp, cp, micro-batch and recompute with its modules (and the
@@ -361,7 +364,7 @@ def _peak_memory_bytes(costs: Costs, stages: list[Stage], alike: bool) -> int:
     if act is None:
         act = costs.ctx.activations[act_key] = activation_bytes_per_layer(
             m, s, flash_attention=flash)
-    candidates = {0, s.pp - 1} if alike else {0, min(1, s.pp - 1), s.pp - 1}
+    candidates = {0, s.pp - 1} if alike else range(s.pp)
     # params: (("dp", dense), ("edp", expert)) — experts shard over their own group
     return max(memory_total_bytes(m, s, st, stages[st].total_params, act_per_layer=act,
                                   flash_attention=flash, layers=stages[st].layers,
