@@ -76,6 +76,7 @@ def tracegen_cmd(
     recompute_modules: C.ModulesOpt = "core_attn",
     grad_reduce_bf16: C.GradBf16Opt = False, cp_comm_type: C.CpCommOpt = "p2p",
     expert_tp: C.ExpertTpOpt = 0, zero3_prefetch: C.Zero3PrefetchOpt = False,
+    moe_dispatcher: C.MoeDispatcherOpt = "alltoall",
     mode: Annotated[str, typer.Option(help="full | representative")] = "representative",
     system: Annotated[str | None, typer.Option(help="Flag ranks whose estimated memory exceeds "
                                                     "this system's GPU memory.")] = None,
@@ -91,7 +92,8 @@ def tracegen_cmd(
         grad_reduce_bf16=grad_reduce_bf16, cp_comm_type=cp_comm_type, expert_tp=expert_tp,
         zero3_prefetch=zero3_prefetch, account_for_embedding=account_for_embedding,
         account_for_loss=account_for_loss, microbatch_group_size=microbatch_group_size,
-        recompute_num_layers=recompute_num_layers, recompute_modules=recompute_modules)
+        recompute_num_layers=recompute_num_layers, recompute_modules=recompute_modules,
+        moe_dispatcher=moe_dispatcher)
     output_dir(out, "--out")
     with progress_bar() as bar:
         task = bar.add_task("writing ranks", total=None)

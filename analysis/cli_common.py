@@ -85,6 +85,11 @@ Zero3PrefetchOpt = Annotated[bool, typer.Option(
 ExpertTpOpt = Annotated[int, typer.Option(
     "--expert-tp", help="Tensor parallelism of the experts (Megatron --expert-tensor-parallel-"
                         "size): 0 = tp; 1 folds ep over tp·cp·dp, whole experts per rank.")]
+MoeDispatcherOpt = Annotated[str, typer.Option(
+    "--moe-dispatcher",
+    help="alltoall (Megatron-Core's all-to-all token dispatcher: a copy per token and expert) "
+         "| deepep (its flex dispatcher on DeepEP: a token crosses the NICs once per "
+         "destination node, then NVLink)")]
 GradBf16Opt = Annotated[bool, typer.Option(
     "--grad-reduce-bf16", help="Gradient buffer and data-parallel reduction in 16 bits, not "
     "fp32 (Megatron --grad-reduce-in-bf16).")]
@@ -126,7 +131,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    expert_tp: int = 0, zero3_prefetch: bool = False,
                    account_for_embedding: bool = False, account_for_loss: bool = False,
                    microbatch_group_size: int = 0, recompute_num_layers: int = 0,
-                   recompute_modules: str = "core_attn") -> Strategy:
+                   recompute_modules: str = "core_attn",
+                   moe_dispatcher: str = "alltoall") -> Strategy:
     """The strategy the shared options describe (dp from the GPU count)."""
     small = [f"--{k} must be ≥ 1, got {v}" for k, v in
              (("gpus", gpus), ("tp", tp), ("pp", pp), ("cp", cp)) if v < 1]
@@ -150,7 +156,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     account_for_loss_in_pipeline_split=account_for_loss,
                     microbatch_group_size=microbatch_group_size,
                     recompute_num_layers=recompute_num_layers,
-                    recompute_modules=recompute_modules)
+                    recompute_modules=recompute_modules,
+                    moe_dispatcher=moe_dispatcher)  # type: ignore[arg-type]
 
 
 def note_precision(precisions: set[str], system: SystemSpec) -> None:

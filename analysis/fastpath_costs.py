@@ -220,7 +220,7 @@ class Costs:
     def coll_ns(self, c: O.Comm, rank: int) -> int:
         """Collective cost by the group's shape (size, nodes, ranks per node, rails) rather than
         its rank list: the cost depends on nothing else."""
-        return self.net.shape_ns(c.coll, c.size_bytes, self.shape(c.axis, rank))
+        return self.net.shape_ns(c.coll, c.size_bytes, self.shape(c.axis, rank), c.route)
 
     def stage(self, stage: int, rank: int, sig: int) -> Stage:
         s, n_chunks = self.s, self.s.pp * self.s.vpp

@@ -33,7 +33,7 @@ DEFAULT_SPACE: dict[str, list[Any]] = {
 }
 OPTIONAL_DIMENSIONS = ("cp", "ep", "expert_tp", "schedule", "tp_comm_overlap",
                        "overlap_param_gather", "zero3_prefetch", "recompute_num_layers",
-                       "recompute_modules")
+                       "recompute_modules", "moe_dispatcher")
 Progress = Callable[[str, int, int], None]
 
 
@@ -125,7 +125,8 @@ def _strategy(study: Study, d: dict[str, Any]) -> Strategy | None:
                      schedule=schedule,  # type: ignore[arg-type]
                      recompute=d["recompute"], zero_stage=int(d["zero_stage"]),
                      recompute_num_layers=int(d.get("recompute_num_layers", 0)),
-                     recompute_modules=str(d.get("recompute_modules", "core_attn")))
+                     recompute_modules=str(d.get("recompute_modules", "core_attn")),
+                     moe_dispatcher=d.get("moe_dispatcher", "alltoall"))
         # a layer count pp·vpp does not divide: shorter end chunks, as frameworks run it
         s = with_shorter_end_chunks(s, study.model.num_layers)
         check_fits_model(s, study.model)

@@ -16,6 +16,10 @@ Rabenseifner & Gropp 2005, "Optimization of Collective Communication Operations 
 
 * all-to-all (S = per-rank buffer): (p−1)/p · S/B + (p−1)·α (direct); across nodes the NVLink and
   NIC shares move concurrently;
+* a MoE dispatch or combine that carries its routing (``tracegen.routing.Route``: DeepEP, which
+  sends a token once per destination node over the NICs and forwards it over NVLink to the
+  destination GPUs, DeepSeek-V3 §3.2.2): the same form with each tier's bytes deduplicated,
+  ``_deepep``;
 * broadcast / reduce / gather / scatter: S/B + ⌈log₂p⌉·α (pipelined tree); barrier 2⌈log₂p⌉·α;
 * point-to-point: S/B + α.
 
@@ -35,6 +39,7 @@ from typing import Any, Protocol
 
 from replay import nccl
 from replay.hardware import SystemSpec
+from tracegen.routing import Route, expected_units
 from tracegen.units import GB, NS_PER_S, GiB
 
 US = 1e-6  # seconds per microsecond
@@ -58,7 +63,8 @@ class CommCost:
 
 
 class NetworkModel(Protocol):
-    def collective(self, coll: str, size_bytes: int, ranks: tuple[int, ...]) -> CommCost: ...
+    def collective(self, coll: str, size_bytes: int, ranks: tuple[int, ...],
+                   route: Route | None = None) -> CommCost: ...
 
     def p2p(self, src: int, dst: int, size_bytes: int) -> CommCost: ...
 
@@ -69,7 +75,8 @@ class ConstantNetwork:
     def __init__(self, ns: int) -> None:
         self.ns = ns
 
-    def collective(self, coll: str, size_bytes: int, ranks: tuple[int, ...]) -> CommCost:
+    def collective(self, coll: str, size_bytes: int, ranks: tuple[int, ...],
+                   route: Route | None = None) -> CommCost:
         return CommCost(0, self.ns)
 
     def p2p(self, src: int, dst: int, size_bytes: int) -> CommCost:
@@ -143,37 +150,43 @@ class AlphaBetaNetwork:
         self.nic = Tier(nic_bytes, out.latency_us * US, "nic")
         self.nvls_Bps = 0.0 if astra_compat else node.nvls_busbw_GBps * unit
         self.nic_blocking = Tier(nic_bytes / out.oversubscription, out.latency_us * US, "nic")
-        self._cache: dict[tuple[str, int, tuple[int, ...]], CommCost] = {}
+        self._cache: dict[tuple[str, int, tuple[int, ...], Route | None], CommCost] = {}
         # (collective, bytes, (ranks, nodes, ranks per node, rail-aligned)) → total ns: the cost
         # depends only on the group's shape; the fast path screens strategies through it.
         self.shape_cache: dict[tuple[Any, ...], int] = {}
 
-    def collective(self, coll: str, size_bytes: int, ranks: tuple[int, ...]) -> CommCost:
-        key = (coll, size_bytes, ranks)
+    def collective(self, coll: str, size_bytes: int, ranks: tuple[int, ...],
+                   route: Route | None = None) -> CommCost:
+        key = (coll, size_bytes, ranks, route)
         cost = self._cache.get(key)
         if cost is None:
-            cost = self._cache[key] = self._collective(coll, size_bytes, ranks)
+            cost = self._cache[key] = self._collective(coll, size_bytes, ranks, route)
         return cost
 
-    def _collective(self, coll: str, size: int, ranks: tuple[int, ...]) -> CommCost:
+    def _collective(self, coll: str, size: int, ranks: tuple[int, ...], route: Route | None
+                    ) -> CommCost:
         lat, xfer, uses = self.shape_cost(coll, size,
-                                          group_shape(ranks, self.sys.node.gpus_per_node))
+                                          group_shape(ranks, self.sys.node.gpus_per_node), route)
         links = tuple((link, r) for link in uses for r in ranks)
         return _cost(lat, xfer, links)
 
-    def shape_ns(self, coll: str, size: int, shape: tuple[int, int, int, bool]) -> int:
+    def shape_ns(self, coll: str, size: int, shape: tuple[int, int, int, bool],
+                 route: Route | None = None) -> int:
         """Total ns of a collective on a group of this shape (cached; the fast path's entry)."""
-        key = (coll, size, shape)
+        key = (coll, size, shape, route) if route else (coll, size, shape)
         got = self.shape_cache.get(key)
         if got is None:
-            lat, xfer, _ = self.shape_cost(coll, size, shape)
+            lat, xfer, _ = self.shape_cost(coll, size, shape, route)
             got = self.shape_cache[key] = _cost(lat, xfer, ()).total_ns
         return got
 
-    def shape_cost(self, coll: str, size: int, shape: tuple[int, int, int, bool]
-                   ) -> tuple[float, float, tuple[str, ...]]:
+    def shape_cost(self, coll: str, size: int, shape: tuple[int, int, int, bool],
+                   route: Route | None = None) -> tuple[float, float, tuple[str, ...]]:
         """(latency_s, transfer_s, link kinds used) of a collective on a group of ``shape``:
-        (ranks, nodes spanned, ranks per node, rail-aligned). Nothing else decides the cost."""
+        (ranks, nodes spanned, ranks per node, rail-aligned) — and, for a MoE dispatch or
+        combine that deduplicates its tokens, the layer's ``route``. Nothing else decides the
+        cost. (ASTRA-sim's analytical mode has no such collective: a routed all-to-all is a
+        flat one there.)"""
         p, n_nodes, local, rail = shape
         if self.astra:
             tier = self.nvl if n_nodes == 1 else self.nic
@@ -181,6 +194,8 @@ class AlphaBetaNetwork:
         out = self.nic if (rail and self.sys.scaleout.topology == "rail-optimized") else (
             self.nic_blocking)
         uses = ("nvl",) if n_nodes == 1 else ("nic",) if local == 1 else ("nvl", "nic")
+        if route is not None and coll == "ALL_TO_ALL":
+            return (*self._deepep(size, shape, route, out), uses)
         if coll in NCCL_RING:
             nbytes = size * p if coll == "ALL_GATHER" else size
             return (*nccl.collective_time(NCCL_RING[coll], nbytes, p, n_nodes,
@@ -225,6 +240,33 @@ class AlphaBetaNetwork:
             inter = (out.alpha_s * (n - 1), (p - local) / p * size / out.bytes_per_s)
             return intra[0] + inter[0], max(intra[1], inter[1])
         return flat_cost(coll, size, n * local, out)
+
+    def _deepep(self, size: float, shape: tuple[int, int, int, bool], route: Route, out: Tier
+                ) -> tuple[float, float]:
+        """A dispatch (or combine) by DeepEP's normal kernels (deepseek-ai/DeepEP; DeepSeek-V3
+        §3.2.2). ``size`` is the per-rank buffer of the flat all-to-all, one copy per (token,
+        expert): u = size / k bytes per token. Across nodes a token crosses the NICs once per
+        destination node other than its own, to the GPU of its own index there, which forwards
+        it over NVLink to each destination GPU of that node; the two tiers are pipelined, so the
+        slower binds: max(u·D_n·(n−1)/n / B_nic, u·D_g·(l−1)/l / B_nvl), D_n and D_g the nodes
+        and GPUs of the expert-parallel group one token's experts fall on
+        (``tracegen.routing.expected_units``; the flat all-to-all moves k(p−l)/p copies across
+        nodes instead). Inside a node a token goes once to each destination GPU. Latency as the
+        flat all-to-all's. Group-limited routing sends fewer tokens across nodes: DeepSeek-V3's
+        top-8 within 4 of 8 groups on 8 nodes of 8 GPUs reaches D_n = 3.63 nodes and D_g = 7.36
+        GPUs, 3.2 NIC copies per token against the flat 7 (Liu et al. 2024 size it so: NVLink at
+        3.2× the IB bandwidth forwards up to 3.2 experts per node without binding)."""
+        p, n, local, _ = shape
+        u = size / route.topk
+        gpus = expected_units(route, p)
+        if n == 1:
+            lat, _ = flat_cost("ALL_TO_ALL", size, p, self.nvl)
+            return lat, u * gpus * (p - 1) / p / self.nvl.bytes_per_s
+        nodes = expected_units(route, n)
+        nic = u * nodes * (n - 1) / n / out.bytes_per_s
+        nvl = u * gpus * (local - 1) / local / self.nvl.bytes_per_s if local > 1 else 0.0
+        lat = out.alpha_s * (n - 1) + (self.nvl.alpha_s * (local - 1) if local > 1 else 0.0)
+        return lat, max(nic, nvl)
 
     def _astra(self, coll: str, size: int, p: int, tier: Tier) -> tuple[float, float]:
         a = self.sys.astra

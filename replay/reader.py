@@ -19,6 +19,7 @@ from chakra.schema.protobuf import et_def_pb2 as pb
 from google.protobuf.message import DecodeError
 
 from tracegen.errors import TraceFormatError
+from tracegen.routing import ROUTE_ATTRS, route_of, route_problems
 
 NODE_TYPE_NAMES: dict[int, str] = {v.number: v.name for v in pb.NodeType.DESCRIPTOR.values}
 COLL_TYPE_NAMES: dict[int, str] = {
@@ -35,7 +36,8 @@ _REQUIRED: dict[int, tuple[str, ...]] = {
     pb.COMM_RECV_NODE: ("comm_src", "comm_size"),
 }
 _INT_ATTRS = frozenset({"num_ops", "tensor_size", "comm_type", "comm_size", "comm_src", "comm_dst",
-                        "comm_tag", "comm_priority", "gemm_m", "gemm_n", "gemm_k", "dtype"})
+                        "comm_tag", "comm_priority", "gemm_m", "gemm_n", "gemm_k", "dtype",
+                        *ROUTE_ATTRS})
 _BOOL_ATTRS = frozenset({"is_cpu_op"})
 _SIZE_ATTRS = frozenset({"comm_size", "num_ops", "tensor_size"})
 _STR_ATTRS = frozenset({"pg_name", "op_type"})
@@ -265,7 +267,18 @@ def _attrs_of(node: Any, where: str, node_id: int, name: bytes) -> dict[str, Any
     if any(attrs.get(k, 0) < 0 for k in _SIZE_ATTRS):
         raise TraceFormatError(f"{where} (id {node_id}, {name!r}): negative size "
                                "(comm_size / num_ops / tensor_size)")
+    if "moe_topk" in attrs:
+        _check_route(attrs, f"{where} (id {node_id}, {name!r})")
     return attrs
+
+
+def _check_route(attrs: dict[str, Any], where: str) -> None:
+    """A dispatch's routing attributes (tracegen/routing.py) describe a possible routing."""
+    route = route_of(attrs)
+    problems = route_problems(route) if route else []
+    if problems:
+        raise TraceFormatError(f"{where}: routing attributes {', '.join(ROUTE_ATTRS)}: "
+                               f"{problems[0]}")
 
 
 def _check_attr(name: str, kind: str, value: Any, where: str) -> None:

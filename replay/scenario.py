@@ -40,6 +40,7 @@ from replay.hardware import resolve_system
 from replay.network import CommCost, NetworkModel
 from tracegen._config import load_mapping
 from tracegen.errors import ConfigError
+from tracegen.routing import Route
 from tracegen.units import NS_PER_S, NS_PER_US
 
 SECTIONS = {"straggler", "random_stragglers", "link", "gpu", "name", "description"}
@@ -254,8 +255,9 @@ class DegradedNetwork:
         extra = max(f.extra_latency_ns for f in hit)
         return CommCost(cost.latency_ns + extra, round(cost.transfer_ns / factor), cost.links)
 
-    def collective(self, coll: str, size_bytes: int, ranks: tuple[int, ...]) -> CommCost:
-        return self._apply(self.base.collective(coll, size_bytes, ranks))
+    def collective(self, coll: str, size_bytes: int, ranks: tuple[int, ...],
+                   route: Route | None = None) -> CommCost:
+        return self._apply(self.base.collective(coll, size_bytes, ranks, route))
 
     def p2p(self, src: int, dst: int, size_bytes: int) -> CommCost:
         return self._apply(self.base.p2p(src, dst, size_bytes))

@@ -39,6 +39,7 @@ from replay.network import CommCost, NetworkModel
 from replay.reader import COLL_TYPE_NAMES, NODE_TYPE_NAMES, NodeRec
 from replay.traceset import TraceSet
 from tracegen.errors import ReplayError
+from tracegen.routing import route_of
 
 COMPUTE_STREAM = 0
 P2P_STREAM = 1
@@ -406,7 +407,8 @@ class Simulator:
             last = max(c.arrived, key=lambda m: (c.arrived[m][1], m))
             first = min(a[1] for a in c.arrived.values())
             self.coll_waits.append((pg, k, node.name, last, t - first, first))
-        cost = self.net.collective(COLL_TYPE_NAMES[sig[0]], sig[1], members)
+        cost = self.net.collective(COLL_TYPE_NAMES[sig[0]], sig[1], members,
+                                   route_of(node.attrs) if "moe_topk" in node.attrs else None)
         links = tuple(ln for ln in cost.links if ln[1] in self._present)
         arrived = dict(c.arrived)
 

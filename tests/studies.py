@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 TINY_MODEL = """num_layers = 8
 hidden_size = 256
@@ -74,3 +75,13 @@ def write_study(directory: Path, *, strategies: bool = True, failures: bool = Tr
     path = directory / name
     path.write_text(STUDY.format(extra=extra))
     return path
+
+
+def enumerated(tmp_path: Path, text: str) -> tuple[list[Any], int]:
+    """(valid strategies, invalid combinations) of the search space of a study file's text."""
+    from analysis.study import load_study
+    from analysis.sweep import enumerate_space
+
+    study = tmp_path / "space.toml"
+    study.write_text(text)
+    return enumerate_space(load_study(study))

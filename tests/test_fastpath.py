@@ -45,26 +45,28 @@ def _replayed_s(model: ModelSpec, s: Strategy, hw: SystemSpec) -> float:
        gpn=st.sampled_from([8, 8, 2, 4]), grouped=st.booleans(),
        rc_layers=st.sampled_from([0, 0, 1, 2]),
        modules=st.sampled_from(["core_attn", "core_attn", "layernorm,mlp", "core_attn,mlp"]),
-       shared=st.booleans(), mla=st.booleans())
+       shared=st.booleans(), mla=st.booleans(), deepep=st.booleans())
 @example(tp=2, pp=4, dp=4, sp=False, zero=3, recompute="none", mb=1, schedule="gpipe",
          overlap=False, uneven=False, zbucket=0, dp_overlap="both", ep=0, cp=1, fp8=False,
          fold=False, prefetch=True, extra=0, tied=False, system="dgx-h100",
          gpn=8, grouped=False, rc_layers=0, modules="core_attn",
-         shared=False, mla=False)  # alike, walked
+         shared=False, mla=False, deepep=False)  # alike, walked
 @example(tp=1, pp=2, dp=2, sp=False, zero=3, recompute="none", mb=4, schedule="1f1b",
          overlap=False, uneven=False, zbucket=0, dp_overlap="both", ep=2, cp=1, fp8=False,
          fold=False, prefetch=False, extra=1, tied=False,
          system="dgx-h100", gpn=8, grouped=False, rc_layers=0,
-         modules="core_attn", shared=False, mla=False)  # 9 micro-batches on 2 stages
+         modules="core_attn", shared=False, mla=False,
+         deepep=False)  # 9 micro-batches on 2 stages
 def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, mb, schedule,
                                               overlap, uneven, zbucket, dp_overlap, ep, cp, fp8,
                                               fold, prefetch, extra, tied, system,
                                               gpn, grouped, rc_layers, modules, shared,
-                                              mla) -> None:
+                                              mla, deepep) -> None:
     """``ep`` 0: the dense model; 1, 2 or 4: the MoE model with that expert parallelism, carved
     out of dp or (``fold``) folded over tp·cp·dp; either with its embedding and head ``tied``,
     and with ``shared`` experts and ``extra`` dense first layers; ``mla``: multi-head
-    latent attention instead of GQA.
+    latent attention instead of GQA; ``deepep``: the MoE model's tokens dispatched by DeepEP
+    within 1 of 2 expert groups.
     1F1B and GPipe runs of mb·pp + ``extra`` micro-batches (interleaved ones need whole
     rounds, or, ``grouped``, Megatron-Core's micro-batch groups: the middle group size that
     fits). Full recompute of the first ``rc_layers`` of each chunk (0: all); selective of
@@ -75,6 +77,8 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
     model = dataclasses.replace(MOE if ep else MODEL, tied_embeddings=tied,
                                 shared_expert_ffn_hidden_size=512 if ep and shared else 0,
                                 first_dense_layers=extra if ep and shared else 0)
+    if deepep and ep:
+        model = dataclasses.replace(model, moe_router_num_groups=2, moe_router_group_topk=1)
     if mla:
         model = dataclasses.replace(model, num_kv_heads=model.num_attention_heads,
                                     kv_lora_rank=64, q_lora_rank=96 if extra % 2 else 0,
@@ -100,7 +104,8 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
                      dp_bucket_params=200_000, zero3_gather_bucket_params=zbucket,
                      overlap_grad_reduce=dp_overlap != "none",
                      overlap_param_gather=dp_overlap == "both", expert_tp=int(fold),
-                     zero3_prefetch=prefetch and zero == 3)
+                     zero3_prefetch=prefetch and zero == 3,
+                     moe_dispatcher="deepep" if deepep and ep > 1 else "alltoall")
         fast = estimate(model, s, hw)
     except ConfigError:
         assume(False)
@@ -612,7 +617,7 @@ def test_op_key_covers_every_field_the_op_lists_read() -> None:
                 "recompute_num_layers": 1,
                 # picks which lists run again, as recompute does: the memo keys carry it
                 # (``Costs.recomputed``), the op lists do not change
-                "recompute_modules": "core_attn,mlp"}
+                "recompute_modules": "core_attn,mlp", "moe_dispatcher": "deepep"}
     fields = {f.name for f in dataclasses.fields(Strategy)}
     assert fields <= set(variants) | {"last_stage_layers"}, "give the new field a variant here"
 

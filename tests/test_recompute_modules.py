@@ -16,6 +16,7 @@ from analysis.fastpath import estimate
 from analysis.glance import fit_by_recompute, fit_hint_words
 from replay import get_system
 from tests.conftest import read_et, replayed
+from tests.studies import enumerated
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
 from tracegen.flops import model_flop_per_step, recompute_flop_per_step
 from tracegen.memory import activation_bytes_per_layer
@@ -186,16 +187,12 @@ def test_modules_must_exist_in_the_model_and_are_kept_in_layer_order() -> None:
 
 def test_a_sweep_searches_the_recomputed_modules(tmp_path: Path) -> None:
     """A module list is a search dimension; it pairs only with selective recompute."""
-    from analysis.study import load_study
-    from analysis.sweep import enumerate_space
-
-    study = tmp_path / "s.toml"
-    study.write_text('model = "llama3-70b"\nsystem = "dgx-h100"\ngpus = 64\n'
-                     'global_batch_size = 64\n[search]\ntp = [8]\npp = [4]\nvpp = [1]\n'
-                     'micro_batch_size = [1]\nrecompute = ["none", "selective"]\n'
-                     'zero_stage = [1]\nsequence_parallel = [true]\n'
-                     'recompute_modules = ["core_attn", "core_attn,mlp", "mlp,layernorm"]\n')
-    valid, invalid = enumerate_space(load_study(study))
+    valid, invalid = enumerated(
+        tmp_path, 'model = "llama3-70b"\nsystem = "dgx-h100"\ngpus = 64\n'
+        'global_batch_size = 64\n[search]\ntp = [8]\npp = [4]\nvpp = [1]\n'
+        'micro_batch_size = [1]\nrecompute = ["none", "selective"]\nzero_stage = [1]\n'
+        'sequence_parallel = [true]\n'
+        'recompute_modules = ["core_attn", "core_attn,mlp", "mlp,layernorm"]\n')
     assert sorted((s.recompute, s.recompute_modules) for s in valid) == [
         ("none", "core_attn"), ("selective", "core_attn"), ("selective", "core_attn,mlp"),
         ("selective", "layernorm,mlp")]

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from tracegen._config import build, field_type_problems, load_mapping
 from tracegen.errors import ConfigError
+from tracegen.routing import Route, route_problems
 
 Activation = Literal["gelu", "swiglu", "relu2", "relu"]
 ACTIVATIONS: tuple[str, ...] = ("gelu", "swiglu", "relu2", "relu")
@@ -56,6 +57,14 @@ class ModelSpec:
     q_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # Group-limited routing (DeepSeek-V3 §2.1.2, "node-limited routing"; Megatron-Core
+    # --moe-router-num-groups / --moe-router-group-topk): the experts form
+    # moe_router_num_groups equal groups of consecutive experts, and each token picks its top-k
+    # experts within the moe_router_group_topk groups it scores highest. 0, 0 = no limit. Only
+    # a dispatcher that sends a token once per destination gains from it (DeepEP,
+    # Strategy.moe_dispatcher): with groups on nodes, fewer nodes receive each token.
+    moe_router_num_groups: int = 0
+    moe_router_group_topk: int = 0
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self)
@@ -134,7 +143,8 @@ class ModelSpec:
         """The model as its dense first layers see it: an MLP of ffn_hidden_size, no experts."""
         return dataclasses.replace(self, num_experts=0, experts_per_token=0,
                                    moe_ffn_hidden_size=0, shared_expert_ffn_hidden_size=0,
-                                   first_dense_layers=0)
+                                   first_dense_layers=0, moe_router_num_groups=0,
+                                   moe_router_group_topk=0)
 
     def dense_layers_in(self, layers: range) -> int:
         """How many of the global layers ``layers`` are dense first layers."""
@@ -226,10 +236,11 @@ def _moe_problems(m: ModelSpec) -> list[str]:
         return [f"num_experts must be ≥ 0 (0 = dense), got {m.num_experts}"]
     if m.num_experts == 0:
         if (m.experts_per_token or m.moe_ffn_hidden_size or m.shared_expert_ffn_hidden_size
-                or m.first_dense_layers):
+                or m.first_dense_layers or m.moe_router_num_groups or m.moe_router_group_topk):
             return ["experts_per_token / moe_ffn_hidden_size / shared_expert_ffn_hidden_size / "
-                    "first_dense_layers are set but num_experts is 0; set num_experts for a "
-                    "mixture-of-experts model or drop them"]
+                    "first_dense_layers / moe_router_num_groups / moe_router_group_topk are set "
+                    "but num_experts is 0; set num_experts for a mixture-of-experts model or "
+                    "drop them"]
         return []
     out = []
     if not 0 <= m.first_dense_layers < m.num_layers:
@@ -244,4 +255,8 @@ def _moe_problems(m: ModelSpec) -> list[str]:
     if m.moe_ffn_hidden_size <= 0:
         out.append(f"moe_ffn_hidden_size must be positive for an MoE model, got "
                    f"{m.moe_ffn_hidden_size}")
+    if not out:
+        out += [f"moe_router_num_groups / moe_router_group_topk: {p}" for p in route_problems(
+            Route(m.experts_per_token, m.num_experts, m.moe_router_num_groups,
+                  m.moe_router_group_topk))]
     return out

@@ -41,6 +41,7 @@ import dataclasses
 from typing import Literal
 
 from tracegen.model import ModelSpec
+from tracegen.routing import Route
 from tracegen.strategy import Strategy
 from tracegen.units import DTYPE_BYTES
 
@@ -99,6 +100,9 @@ class Comm:
     size_bytes: int
     # Runs alongside the next item of its list (a GEMM); the item after that waits for both.
     overlapped: bool = False
+    # A MoE dispatch or combine whose dispatcher sends a token once per destination (DeepEP):
+    # the layer's routing, from which the network finds the destinations (tracegen/routing.py).
+    route: Route | None = None
 
 
 Item = Op | Comm
@@ -145,7 +149,7 @@ def op_key(s: Strategy) -> tuple[object, ...]:
     two strategies with the same key get the same op lists. Keep it in step with the code.
     (Recompute picks which lists run again, not what they hold, so it is not here.)"""
     return (s.micro_batch_size, s.cp, s.tp, s.sequence_parallel, s.precision, s.tp_comm_overlap,
-            s.ep, s.cp_comm_type, s.expert_tp)
+            s.ep, s.cp_comm_type, s.expert_tp, s.moe_dispatcher)
 
 
 def dims(m: ModelSpec, s: Strategy) -> Dims:
@@ -326,20 +330,27 @@ def _moe_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
     """Top-k routing with balanced load: each rank's experts process tokens·k routed tokens
     (Lepikhin et al. 2021, GShard §2; Megatron-Core MoE all-to-all token dispatcher). Folded
     (``Strategy.expert_tp`` 1), a rank routes its sequence-parallel share of the tokens to whole
-    experts; otherwise every TP rank routes all of them to its slice of each expert."""
+    experts; otherwise every TP rank routes all of them to its slice of each expert. The
+    dispatch and combine carry one copy per (token, expert) as Megatron-Core's all-to-all
+    dispatcher sends them; under DeepEP (``Strategy.moe_dispatcher``) they also carry the
+    routing, and the network sends a token once per destination (replay/network.py)."""
     h, k = d.h, m.experts_per_token
     tokens = d.tokens_sp if st.moe_folded else d.tokens
     routed = tokens * k
     f = m.moe_ffn_hidden_size // st.etp
     up = 2 if m.gated else 1
     items: list[Item] = [gemm("router", tokens, m.num_experts, h, "fp32")]
+    route = (Route(k, m.num_experts, m.moe_router_num_groups, m.moe_router_group_topk)
+             if st.moe_dispatcher == "deepep" else None)
     if st.ep > 1:
-        items.append(Comm("moe_dispatch", "ep", "ALL_TO_ALL", routed * h * ACT_BYTES))
+        items.append(Comm("moe_dispatch", "ep", "ALL_TO_ALL", routed * h * ACT_BYTES,
+                          route=route))
     items.append(gemm("expert_fc1", routed, up * f, h, d.dtype))
     items.append(eltwise("expert_act", routed * f, reads=up, writes=1, flop_per_elem=ACT_FLOP))
     items.append(gemm("expert_fc2", routed, h, f, d.dtype))
     if st.ep > 1:
-        items.append(Comm("moe_combine", "ep", "ALL_TO_ALL", routed * h * ACT_BYTES))
+        items.append(Comm("moe_combine", "ep", "ALL_TO_ALL", routed * h * ACT_BYTES,
+                          route=route))
     if m.shared_expert_ffn_hidden_size:
         # every token through the shared experts, TP-split like a dense MLP, after the routed
         # ones (Megatron-Core MoELayer without --moe-shared-expert-overlap); folded, the routed
@@ -466,7 +477,7 @@ def _bwd_item(it: Item, d: Dims) -> list[Item]:
 
 def _bwd_comm(c: Comm, d: Dims) -> list[Item]:
     if c.axis == "ep":  # all-to-all is its own conjugate
-        return [Comm(f"{c.name}_bwd", "ep", "ALL_TO_ALL", c.size_bytes)]
+        return [Comm(f"{c.name}_bwd", "ep", "ALL_TO_ALL", c.size_bytes, route=c.route)]
     if c.axis == "cp" and c.overlapped:  # the ring again, with K/V and their gradients
         return [Comm(f"{c.name}_bwd", "cp", "ALL_GATHER", 2 * c.size_bytes, overlapped=True)]
     if c.axis == "cp":  # gradients of K, V are reduce-scattered back to their owners

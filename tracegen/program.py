@@ -22,6 +22,7 @@ from typing import Any
 
 from tracegen import ops as O
 from tracegen.model import ModelSpec
+from tracegen.routing import Route, route_attrs
 from tracegen.schedule import Step, stage_order
 from tracegen.strategy import Strategy
 from tracegen.units import DTYPE_CODE
@@ -82,7 +83,7 @@ class RoleProgram:
         self.gather_waits: dict[tuple[int, int, int], list[int]] = {}
         self.buckets: dict[str, int] = {"dp": 0, "edp": 0}
         self._attr_cache: dict[O.Op, list[Attr]] = {}
-        self._coll_attrs: dict[tuple[str, int], list[Attr]] = {}
+        self._coll_attrs: dict[tuple[str, int, Route | None], list[Attr]] = {}
         self.n_chunks = strategy.pp * strategy.vpp
         self.m_mb = strategy.num_microbatches
 
@@ -118,13 +119,14 @@ class RoleProgram:
         return node.id
 
     def coll(self, c: O.Comm, prefix: str, *, blocking: bool, deps: tuple[int, ...] = ()) -> int:
-        key = (c.coll, c.size_bytes)
+        key = (c.coll, c.size_bytes, c.route)
         attrs = self._coll_attrs.get(key)
         if attrs is None:  # one shared list per distinct collective, as for ops
             attrs = self._coll_attrs[key] = [
                 ("is_cpu_op", "bool", False),
                 ("comm_type", "int64", COLL_CODE[c.coll]),
                 ("comm_size", "int64", c.size_bytes),
+                *(route_attrs(c.route) if c.route else ()),
             ]
         node = self._new(f"{prefix}.{c.name}", COMM_COLL_NODE, attrs, axis=c.axis,
                          comm_bytes=c.size_bytes)

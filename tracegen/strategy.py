@@ -15,6 +15,8 @@ Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8"]
 CpCommType = Literal["p2p", "all_gather"]
 CP_COMM_TYPES: tuple[str, ...] = ("p2p", "all_gather")
+MoeDispatcher = Literal["alltoall", "deepep"]
+MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
@@ -111,6 +113,12 @@ class Strategy:
     # "layernorm" (the two norms' outputs), "moe_act" (the experts' activation). Kept in that
     # order.
     recompute_modules: str = "core_attn"
+    # How MoE tokens reach their experts' ranks: "alltoall", Megatron-Core's all-to-all token
+    # dispatcher (the default; one copy per (token, expert) pair, over the flat all-to-all), or
+    # "deepep", its flex dispatcher on DeepEP (--moe-token-dispatcher-type flex
+    # --moe-enable-deepep; deepseek-ai/DeepEP): a token crosses the NICs once per destination
+    # node and NVLink once per destination GPU (replay/network.py ``_deepep``).
+    moe_dispatcher: MoeDispatcher = "alltoall"
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self) or _degree_problems(self)
@@ -228,7 +236,8 @@ class Strategy:
         if self.cp > 1:
             s += f"-cp{self.cp}"
         if self.ep > 1:
-            s += f"-ep{self.ep}" + ("-etp1" if self.moe_folded else "")
+            s += (f"-ep{self.ep}" + ("-etp1" if self.moe_folded else "")
+                  + ("-deepep" if self.moe_dispatcher == "deepep" else ""))
         if self.vpp > 1:
             s += f"-vpp{self.vpp}"
         if self.schedule_group:
@@ -259,6 +268,9 @@ def _degree_problems(s: Strategy) -> list[str]:
     if s.cp_comm_type not in CP_COMM_TYPES:
         out.append(f"cp_comm_type must be one of {', '.join(CP_COMM_TYPES)}; got "
                    f"{s.cp_comm_type!r}")
+    if s.moe_dispatcher not in MOE_DISPATCHERS:
+        out.append(f"moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}; got "
+                   f"{s.moe_dispatcher!r}")
     if s.zero_stage not in (0, 1, 2, 3):
         out.append(f"zero_stage must be 0, 1, 2 or 3; got {s.zero_stage}")
     if s.zero3_gather_bucket_params < 0:
@@ -443,6 +455,10 @@ def check_fits_model(s: Strategy, m: ModelSpec, *, gpus: int | None = None) -> N
     out += _moe_fit_problems(s, m)
     if s.recompute_modules != "core_attn":
         out += _module_fit_problems(s, m)
+    if s.moe_dispatcher != "alltoall" and not (m.is_moe and s.ep > 1):
+        out.append(f"moe_dispatcher {s.moe_dispatcher!r} dispatches a mixture-of-experts "
+                   "model's tokens over expert parallelism; it needs num_experts and ep > 1 "
+                   "(leave it 'alltoall' otherwise)")
     if m.is_mla and (s.cp > 1 or s.tp_comm_overlap):
         out.append("multi-head latent attention with context parallelism or TP communication "
                    "overlap is not modelled; use cp 1 and no tp_comm_overlap")
