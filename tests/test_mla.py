@@ -125,6 +125,9 @@ def test_the_trace_holds_the_mla_ops(tmp_path: Path) -> None:
     (MLA, dict(zero_stage=3, dp=4, pp=1)), (MLA, dict(tp=2, sequence_parallel=True,
                                                      precision="fp8")),
     (dataclasses.replace(MLA, q_lora_rank=0), dict(tp=2, sequence_parallel=True)),
+    (MLA, dict(tp=2, sequence_parallel=True, recompute="selective",
+               recompute_modules="mla_up_proj,core_attn")),
+    (MLA, dict(tp=2, recompute="selective", recompute_modules="layernorm,mla_up_proj")),
 ])
 def test_fast_path_equals_replay_with_mla(model: ModelSpec, kw: dict) -> None:
     base: dict[str, object] = dict(pp=2, dp=2, global_batch_size=8, dp_bucket_params=100_000)
@@ -153,3 +156,58 @@ def test_a_runs_file_may_give_mla_widths(tmp_path: Path) -> None:
     assert not isinstance(got, str), got
     assert (got.model.kv_lora_rank, got.model.q_lora_rank, got.model.qk_rope_head_dim,
             got.model.v_head_dim) == (128, 256, 32, 64)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_recomputing_the_up_projections_drops_q_k_v(sp: bool) -> None:
+    """``mla_up_proj`` (Megatron-Core's MLA up-projection checkpoint): Q and K (2·48 bytes per
+    head each) and V (2·32) are rebuilt, not kept — 8 heads' worth per token split over TP; the
+    attention output and the latents stay."""
+    base = Strategy(tp=2, sequence_parallel=sp, global_batch_size=1, recompute="selective")
+    up = dataclasses.replace(base, recompute_modules="core_attn,mla_up_proj")
+    dropped = 8 * (2 * 48 + 2 * 48 + 2 * 32) / 2
+    got = activation_bytes_per_layer(MLA, base) - activation_bytes_per_layer(MLA, up)
+    assert got == pytest.approx(MLA.seq_len * dropped, abs=1)
+
+
+@pytest.mark.parametrize(("sp", "gather"), [(True, 1), (False, 0)])
+def test_the_recompute_reruns_the_up_projections(sp: bool, gather: int) -> None:
+    """What runs again before a layer's backward: the latents' gather (with SP), Q's and K/V's
+    up-projections and the rotary embedding, in the forward's order."""
+    s = Strategy(tp=2, sequence_parallel=sp, global_batch_size=1, recompute="selective",
+                 recompute_modules="mla_up_proj")
+    names = [it.name for it in RoleProgram(MLA, s, 0).selective_items(s.selective_modules)]
+    assert names == ["mla_latent_ag"] * gather + ["q_up", "kv_up", "rope"]
+
+
+def test_hfu_counts_the_recomputed_up_projections() -> None:
+    """2 FLOPs per weight per token: Q's 96 → 8·48 and K/V's 64 → 8·(32 + 32), every layer."""
+    extra = recompute_flop_per_step(MLA, 2, "selective", modules=("mla_up_proj",))
+    assert extra == 2 * 2 * MLA.seq_len * MLA.num_layers * (96 * 8 * 48 + 64 * 8 * 64)
+
+
+def test_up_projection_recompute_needs_mla() -> None:
+    plain = get_model("llama3-8b")
+    with pytest.raises(ConfigError, match="'mla_up_proj' recomputes multi-head latent"):
+        check_fits_model(Strategy(recompute="selective", recompute_modules="mla_up_proj"), plain)
+
+
+def test_deepseek_v3_fit_hint_may_recompute_the_up_projections() -> None:
+    """NVIDIA's DeepSeek-V3 layout on 1,024 H100s with the micro-batch doubled does not fit;
+    the hint weighs the up-projections with the MLP among its options and names the fastest
+    that fits."""
+    from analysis.glance import fit_by_recompute
+
+    m = get_model("deepseek-v3")
+    s = Strategy(tp=2, pp=8, dp=64, ep=64, expert_tp=1, sequence_parallel=True,
+                 micro_batch_size=2, global_batch_size=8192, zero_stage=1, precision="fp8",
+                 first_stage_layers=4, last_stage_layers=3)
+    hw = get_system("dgx-h100")
+    assert not estimate(m, s, hw).fits
+    got = fit_by_recompute(m, s, hw)
+    assert got is not None and got[1].fits
+    up = dataclasses.replace(s, recompute="selective",
+                             recompute_modules="mla_up_proj,core_attn,moe_act")
+    assert estimate(m, up, hw).peak_memory_GiB < estimate(
+        m, dataclasses.replace(up, recompute_modules="core_attn,moe_act"), hw).peak_memory_GiB
+    assert got[1].step_time_s <= estimate(m, up, hw).step_time_s or not estimate(m, up, hw).fits

@@ -61,7 +61,12 @@ def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str,
         # (a MoE model's dense first layers only)
         dense = m.first_dense_layers if m.is_moe else n_l
         mlp = 4 * b * s * dense * h * m.ffn_hidden_size * (3 if m.gated else 2) // 2
-        return (attention if "core_attn" in modules else 0) + (mlp if "mlp" in modules else 0)
+        # MLA's up-projections: Q's from its latent (or the hidden state), K/V's from theirs
+        up = (2 * b * s * n_l * m.num_attention_heads
+              * ((m.q_lora_rank or h) * m.qk_head_dim
+                 + m.kv_lora_rank * (m.head_dim + m.v_dim))) if m.is_mla else 0
+        return ((attention if "core_attn" in modules else 0) + (mlp if "mlp" in modules else 0)
+                + (up if "mla_up_proj" in modules else 0))
     logits = 2 * b * s * h * m.vocab_size
     layers = (model_flop_per_step(m, global_batch) - 3 * logits) // 3
     return layers if recomputed_layers is None else layers * recomputed_layers // n_l

@@ -151,14 +151,17 @@ def _recomputed_terms(m: ModelSpec, s: Strategy, modules: tuple[str, ...], repli
     """``_layer_terms`` less what the recomputed modules rebuild instead of keeping (Megatron-
     Core ``--recompute-modules``): layernorm the two norm outputs (the QKV and FC1 inputs), mlp
     FC1's output and the activation's (its input, the FC1 input, is the checkpoint), moe_act
-    the experts' activation output. core_attn keeps no term with flash attention and the score
-    term without (``_layer_activation_bytes``)."""
+    the experts' activation output, mla_up_proj MLA's Q, K and V (2·qk_head_dim per head for
+    Q and for K, 2·v_dim for V: the attention output stays). core_attn keeps no term with
+    flash attention and the score term without (``_layer_activation_bytes``)."""
     gemm_in = 1 if s.precision == "fp8" else 2
     h = m.hidden_size
     f = m.moe_ffn_hidden_size * m.experts_per_token if m.is_moe else m.ffn_hidden_size
     mlp = "mlp" in modules and not m.is_moe  # a dense layer's MLP (a MoE model's first ones)
     if "layernorm" in modules:
         replicated -= 2 * gemm_in * h
+    if "mla_up_proj" in modules and m.is_mla:
+        split -= m.num_attention_heads * (4 * m.qk_head_dim + 2 * m.v_dim)
     if mlp or ("moe_act" in modules and m.is_moe):
         split -= gemm_in * f
     if mlp:

@@ -566,6 +566,10 @@ def selective_recompute(m: ModelSpec, st: Strategy, modules: tuple[str, ...] = (
       as the forward ran it, its K/V movement included (Transformer Engine's attention
       function holds the ring or the all-gather, so the checkpointed call runs them again);
     * layernorm: the two norms (their outputs are dropped and rebuilt);
+    * mla_up_proj: multi-head latent attention's Q and K/V up-projections and rotary
+      embedding, from the latents the checkpoint keeps (sequence-parallel: gathered again by
+      the up-projections, Megatron-Core MLASelfAttention's CheckpointWithoutOutput, whose Q, K
+      and V are freed after the core attention and rebuilt before its backward);
     * mlp: the dense MLP as the forward ran it from its input — the sequence-parallel gather,
       FC1, activation, FC2 and the reduce-scatter (all-reduce without SP), FP8 casts and TP
       overlap included (the checkpointed module holds its TP collectives);
@@ -578,6 +582,8 @@ def selective_recompute(m: ModelSpec, st: Strategy, modules: tuple[str, ...] = (
             out += _core_attention(m, st, d, m.num_attention_heads // d.t)
         elif module == "layernorm":
             out += [it for it in fwd if it.name in ("ln1", "ln2")]
+        elif module == "mla_up_proj":
+            out += [it for it in fwd if it.name in ("mla_latent_ag", "q_up", "kv_up", "rope")]
         elif module == "mlp" and not m.is_moe:  # a dense layer's (a MoE model's first ones)
             names = [it.name for it in fwd]
             out += fwd[names.index("ln2") + 1:names.index("resid2")]
