@@ -10,6 +10,8 @@ import random
 from pathlib import Path
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from analysis.fastpath import estimate
 from replay import get_system, replay
@@ -19,7 +21,7 @@ from tests.studies import enumerated
 from tests.test_cli import run
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
 from tracegen.errors import TraceFormatError
-from tracegen.routing import Route, expected_units
+from tracegen.routing import Route, expected_units, route_problems
 
 MOE = ModelSpec(name="dep", num_layers=4, hidden_size=1024, num_attention_heads=8,
                 num_kv_heads=4, ffn_hidden_size=2048, vocab_size=4096, seq_len=1024,
@@ -68,6 +70,20 @@ def test_expected_destinations_limits() -> None:
     assert expected_units(Route(8, 64), 1) == 1.0
     assert expected_units(Route(8, 64), 64) == pytest.approx(8.0)
     assert expected_units(Route(8, 256, 8, 4), 8) < 4 < expected_units(Route(8, 256), 8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(experts=st.sampled_from([4, 8, 16, 60, 64, 128, 160, 256, 384]), k=st.integers(1, 12),
+       groups=st.sampled_from([0, 1, 2, 4, 8, 16, 32]), m=st.integers(1, 32),
+       units=st.integers(1, 80))
+def test_a_token_reaches_at_least_one_and_at_most_k_destinations(experts: int, k: int,
+                                                                 groups: int, m: int,
+                                                                 units: int) -> None:
+    """For any routing the router accepts and any split of the experts (also unequal ones, as
+    on nodes an expert-parallel group fills unevenly): 1 ≤ D ≤ min(k, units)."""
+    route = Route(min(k, experts), experts, groups, min(m, groups) if groups else 0)
+    assume(not route_problems(route))
+    assert 1 - 1e-9 <= expected_units(route, units) <= min(route.topk, units) + 1e-9
 
 
 def test_deepep_cost_is_its_closed_form() -> None:

@@ -57,16 +57,18 @@ def expected_units(route: Route, units: int) -> float:
     T = group_topk · E / groups experts they hold: a unit of q whole groups is missed with
     Σ_c P(c of its groups picked) · C(T − c · E/groups, k) / C(T, k), and a unit inside one
     group is hit only if its group is picked (group_topk / groups), then missed with
-    C(T − e, k) / C(T, k). Where units and groups do not nest, the group limit is left out
-    (more destinations: an upper bound on the traffic)."""
+    C(T − e, k) / C(T, k). Where units and groups do not nest, or the units hold unequal
+    shares of the experts, the group limit is left out (more destinations: an upper bound on
+    the traffic)."""
     e_total, k = route.experts, route.topk
     if units <= 1:
         return float(units)
-    e = e_total / units
+    if e_total % units:
+        return _spread(e_total, k, units)
+    e = e_total // units
     g, m = route.groups, route.group_topk
     if not g or m >= g or (g % units and units % g):
-        return units * (1 - _miss(e_total, round(e), k)) if e == int(e) else _spread(
-            e_total, k, units)
+        return units * (1 - _miss(e_total, e, k))
     per_group = e_total // g
     pool = m * per_group
     if g % units == 0:  # a unit holds q whole groups
@@ -74,7 +76,7 @@ def expected_units(route: Route, units: int) -> float:
         hit = sum(_hypergeom(g, q, m, c) * (1 - _miss(pool, c * per_group, k))
                   for c in range(1, min(q, m) + 1))
         return units * hit
-    return units * (m / g) * (1 - _miss(pool, e_total // units, k))  # units inside groups
+    return units * (m / g) * (1 - _miss(pool, e, k))  # units inside groups
 
 
 def _spread(experts: int, k: int, units: int) -> float:
