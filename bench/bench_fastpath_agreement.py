@@ -8,7 +8,7 @@ global batch of any count of micro-batches, not whole rounds of pp) and prints t
 
     python bench/bench_fastpath_agreement.py [--n 60] [--seed 1] [--odd | --models] [--nodes]
                                              [--buckets] [--systems] [--groups] [--partial]
-                                             [--modules] [--moe-layers] [--mla]
+                                             [--modules] [--moe-layers] [--mla] [--deepep]
 
 ``--odd`` draws sizes and options the default cases never reach (GPU counts with a factor 3,
 pp 3/5/6, up to 4 chunks, cp up to 4, any count of micro-batches, shorter end stages, B200 and
@@ -32,6 +32,9 @@ stream of its own.
 
 ``--mla`` turns a third of the drawn models' attention into multi-head latent attention (K/V
 and Q latents, rotary and V head widths drawn), from a stream of its own.
+
+``--deepep`` dispatches half the drawn MoE strategies' tokens with DeepEP, their models routing
+within drawn expert groups (none, or group top-k of 2–8 groups), from a stream of its own.
 
 ``--models`` draws model shapes no preset has (head sizes 64-128 and doubled widths, GQA down to
 one K/V head, every activation, tied embeddings, vocabularies of 32 K-152 K, dense and MoE) with
@@ -249,7 +252,8 @@ def other_modules(s: Strategy, model: ModelSpec, rng: random.Random) -> Strategy
     Megatron-Core modules (the experts' activation for the MLP on a MoE model)."""
     if s.recompute != "selective":
         return s
-    names = ("layernorm", "core_attn", "moe_act" if model.is_moe else "mlp")
+    names = ("layernorm", "core_attn", "moe_act" if model.is_moe else "mlp",
+             *(("mla_up_proj",) if model.is_mla else ()))
     picked = [n for n in names if rng.random() < 0.5] or [rng.choice(names)]
     return dataclasses.replace(s, recompute_modules=",".join(picked))
 
@@ -274,13 +278,27 @@ def other_attention(m: ModelSpec, rng: random.Random) -> ModelSpec:
         v_head_dim=rng.choice((0, 64, 128)))
 
 
+def other_dispatch(m: ModelSpec, s: Strategy, rng: random.Random
+                   ) -> tuple[ModelSpec, Strategy]:
+    """``--deepep``: half the MoE strategies with DeepEP, routing within drawn expert groups."""
+    if not (m.is_moe and s.ep > 1) or rng.random() < 0.5:
+        return m, s
+    groups = rng.choice([g for g in (0, 2, 4, 8) if m.num_experts % max(g, 1) == 0])
+    top = rng.randrange(1, groups) if groups else 0
+    if groups and m.experts_per_token > top * (m.num_experts // groups):
+        groups = top = 0
+    return (dataclasses.replace(m, moe_router_num_groups=groups, moe_router_group_topk=top),
+            dataclasses.replace(s, moe_dispatcher="deepep"))
+
+
 def model_label(m: ModelSpec) -> str:
     return (f"L{m.num_layers} h{m.hidden_size} heads {m.num_attention_heads}/{m.num_kv_heads} "
             f"{m.activation}{' tied' if m.tied_embeddings else ''}"
             f"{f' moe {m.num_experts}x{m.experts_per_token}' if m.is_moe else ''}"
             f"{f' shared{sh}' if (sh := m.shared_expert_ffn_hidden_size) else ''}"
             f"{f' dense-first{m.first_dense_layers}' if m.first_dense_layers else ''}"
-            f"{f' mla{m.kv_lora_rank}/{m.q_lora_rank}' if m.is_mla else ''} "
+            f"{f' mla{m.kv_lora_rank}/{m.q_lora_rank}' if m.is_mla else ''}"
+            f"{f' groups{m.moe_router_group_topk}/{g}' if (g := m.moe_router_num_groups) else ''} "
             f"V{m.vocab_size} s{m.seq_len}")
 
 
@@ -296,7 +314,8 @@ def label(s: Strategy) -> str:
               (bool(s.last_stage_layers), f"last{s.last_stage_layers}"),
               (bool(s.schedule_group), f"m{s.num_microbatches}-groups{s.schedule_group}"),
               (bool(s.recompute_num_layers), f"recompute-first{s.recompute_num_layers}"),
-              (s.recompute_modules != "core_attn", f"modules:{s.recompute_modules}"))
+              (s.recompute_modules != "core_attn", f"modules:{s.recompute_modules}"),
+              (s.moe_dispatcher != "alltoall", s.moe_dispatcher))
     return (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} ep{s.ep} vpp{s.vpp} {s.schedule} "
             f"mbs{s.micro_batch_size} "
             f"zero{s.zero_stage}{' prefetch' if s.zero3_prefetch else ''} {s.recompute}"
@@ -326,6 +345,8 @@ FLAGS = {
     "moe-layers": "each MoE model with drawn shared experts and dense first layers, from a "
                   "stream of its own",
     "mla": "a third of the models with multi-head latent attention, from a stream of its own",
+    "deepep": "half the MoE strategies dispatching with DeepEP, within drawn expert groups, "
+              "from a stream of its own",
 }
 
 
@@ -345,6 +366,7 @@ def main() -> None:
     modules = random.Random(-args.seed - 5)  # --modules: theirs
     moe_layers = random.Random(-args.seed - 6)  # --moe-layers: theirs
     attention = random.Random(-args.seed - 7)  # --mla: theirs
+    dispatch = random.Random(-args.seed - 8)  # --deepep: theirs
     rows: list[tuple[float, str, str]] = []
     t0 = time.perf_counter()
     while len(rows) < args.n:
@@ -373,6 +395,8 @@ def main() -> None:
             s = other_recompute(s, model.num_layers, partial)
         if args.modules:
             s = other_modules(s, model, modules)
+        if args.deepep:
+            model, s = other_dispatch(model, s, dispatch)
         try:
             fast = estimate(model, s, system)
         except ConfigError:
@@ -399,7 +423,8 @@ def main() -> None:
              if args.modules else "")
           + (f" ({sum(' shared' in n or 'dense-first' in n for _, n, _ in rows)} MoE models "
              "with shared experts or dense first layers)" if args.moe_layers else "")
-          + (f" ({sum(' mla' in n for _, n, _ in rows)} with MLA)" if args.mla else ""))
+          + (f" ({sum(' mla' in n for _, n, _ in rows)} with MLA)" if args.mla else "")
+          + (f" ({sum(' deepep' in w for _, _, w in rows)} with DeepEP)" if args.deepep else ""))
     for e, model_name, what in sorted(rows, key=lambda r: -abs(r[0]))[:5]:
         print(f"  {e:+.2f}%  {model_name}  {what}")
 

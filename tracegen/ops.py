@@ -41,7 +41,7 @@ import dataclasses
 from typing import Literal
 
 from tracegen.model import ModelSpec
-from tracegen.routing import Route
+from tracegen.routing import Route, expected_units
 from tracegen.strategy import Strategy
 from tracegen.units import DTYPE_BYTES
 
@@ -333,7 +333,8 @@ def _moe_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
     experts; otherwise every TP rank routes all of them to its slice of each expert. The
     dispatch and combine carry one copy per (token, expert) as Megatron-Core's all-to-all
     dispatcher sends them; under DeepEP (``Strategy.moe_dispatcher``) they also carry the
-    routing, and the network sends a token once per destination (replay/network.py)."""
+    routing, and the network sends a token once per destination (replay/network.py). Around
+    them the token permutations (``_permutations``)."""
     h, k = d.h, m.experts_per_token
     tokens = d.tokens_sp if st.moe_folded else d.tokens
     routed = tokens * k
@@ -342,15 +343,20 @@ def _moe_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
     items: list[Item] = [gemm("router", tokens, m.num_experts, h, "fp32")]
     route = (Route(k, m.num_experts, m.moe_router_num_groups, m.moe_router_group_topk)
              if st.moe_dispatcher == "deepep" else None)
+    before, after, restore, unpermute = _permutations(m, st, tokens, routed, h, route)
+    items += before
     if st.ep > 1:
         items.append(Comm("moe_dispatch", "ep", "ALL_TO_ALL", routed * h * ACT_BYTES,
                           route=route))
+    items += after
     items.append(gemm("expert_fc1", routed, up * f, h, d.dtype))
     items.append(eltwise("expert_act", routed * f, reads=up, writes=1, flop_per_elem=ACT_FLOP))
     items.append(gemm("expert_fc2", routed, h, f, d.dtype))
+    items += restore
     if st.ep > 1:
         items.append(Comm("moe_combine", "ep", "ALL_TO_ALL", routed * h * ACT_BYTES,
                           route=route))
+    items += unpermute
     if m.shared_expert_ffn_hidden_size:
         # every token through the shared experts, TP-split like a dense MLP, after the routed
         # ones (Megatron-Core MoELayer without --moe-shared-expert-overlap); folded, the routed
@@ -365,6 +371,39 @@ def _moe_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
                   gemm("shared_fc2", d.tokens, h, fs, d.dtype),
                   *(_tp_comm(d, "shared_rs", gather=False) if folded else ())]
     return items
+
+
+# Memory-bound token moves of a MoE layer; their backward moves the gradients back, the same
+# bytes (``_bwd_item``).
+PERMUTATIONS = frozenset({"moe_permute", "moe_sort", "moe_unsort", "moe_unpermute"})
+
+
+def _permutations(m: ModelSpec, st: Strategy, tokens: int, routed: int, h: int,
+                  route: Route | None) -> tuple[list[Op], list[Op], list[Op], list[Op]]:
+    """The token permutations around a MoE layer's dispatch and combine, as Megatron-Core's
+    dispatchers run them (``token_dispatcher.py``): (before the dispatch, after it, before the
+    combine, after it). The all-to-all dispatcher permutes the rank's tokens into one copy per
+    (token, expert), grouped by destination ("permutation 1"), and after the all-to-all sorts
+    what arrived by local expert where a rank holds more than one ("permutation 2"); the
+    combine undoes both, the last one summing each token's copies weighted by their router
+    probabilities. The flex dispatcher on DeepEP receives each token once per destination GPU
+    and permutes those into per-expert copies after the dispatch, and sums them back before
+    the combine. Each pass reads and writes its rows (2 bytes per element); the weighted sum
+    reads the copies and writes the tokens."""
+    moved = 2 * routed * h * ACT_BYTES
+
+    def move(name: str, nbytes: int, flop: int = 0) -> Op:
+        return Op(name, "elementwise", flop, nbytes)
+
+    if route is not None:  # DeepEP: tokens arrive once per destination GPU
+        arrived = round(tokens * expected_units(route, st.ep))
+        return ([], [move("moe_permute", moved)],
+                [move("moe_unpermute", (routed + arrived) * h * ACT_BYTES, 2 * routed * h)], [])
+    local = m.num_experts // st.ep > 1
+    sort: list[Op] = [move("moe_sort", moved)] if local else []
+    unsort: list[Op] = [move("moe_unsort", moved)] if local else []
+    return ([move("moe_permute", moved)], sort, unsort,
+            [move("moe_unpermute", (routed + tokens) * h * ACT_BYTES, 2 * routed * h)])
 
 
 def layer_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
@@ -466,6 +505,8 @@ def _dkv_return(ring: Comm, d: Dims) -> Comm:
 def _bwd_item(it: Item, d: Dims) -> list[Item]:
     if isinstance(it, Comm):
         return _bwd_comm(it, d)
+    if it.name in PERMUTATIONS:
+        return [Op(f"{it.name}_bwd", it.kind, it.flop, it.bytes)]
     if it.kind == "gemm":
         return list(gemm_bwd(it.name, it.m, it.n, it.k, it.dtype))
     if it.kind == "attention":
