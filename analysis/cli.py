@@ -53,10 +53,13 @@ def catalog_cmd() -> None:
 
 
 def _experts(m: ModelSpec) -> str:
-    """A MoE model's experts in a catalog cell: routed × width, top-k, shared, dense first."""
+    """A MoE model's experts in a catalog cell: routed × width, top-k (within groups), shared,
+    dense first."""
     if not m.is_moe:
         return "–"
     return (f"{m.num_experts}×{m.moe_ffn_hidden_size} top-{m.experts_per_token}"
+            + (f" in {m.moe_router_group_topk} of {m.moe_router_num_groups} groups"
+               if m.moe_router_num_groups else "")
             + (f" +{m.shared_expert_ffn_hidden_size} shared" if m.shared_expert_ffn_hidden_size
                else "")
             + (f", first {m.first_dense_layers} dense" if m.first_dense_layers else ""))
