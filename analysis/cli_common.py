@@ -113,8 +113,8 @@ RecomputeLayersOpt = Annotated[int, typer.Option(
 ModulesOpt = Annotated[str, typer.Option(
     "--recompute-modules",
     help="With --recompute selective: what runs again in the backward, comma-separated among "
-         "layernorm, mla_up_proj (MLA's up-projections), core_attn, mlp (a dense MLP) and "
-         "moe_act (the experts' activation) "
+         "layernorm, mla_up_proj (MLA's up-projections), core_attn, mlp (a dense MLP), moe "
+         "(a whole MoE layer) and moe_act (the experts' activation) "
          "(Megatron-Core --recompute-modules).")]
 GroupOpt = Annotated[int, typer.Option(
     "--microbatch-group-size",

@@ -126,15 +126,15 @@ def fit_by_recompute(model: ModelSpec, s: Strategy, system: SystemSpec
                      ) -> tuple[Strategy, FastEstimate] | None:
     """For a strategy that does not fit, the fastest of the recomputations that fit with
     everything else kept: selective (of the core attention, and of it with the MLP or the
-    experts' activation, and with MLA's up-projections where the model has them: Megatron-
-    Core's recompute modules), and full recompute of the first N
+    experts' activation or the whole MoE layer, and with MLA's up-projections where the model
+    has them: Megatron-Core's recompute modules), and full recompute of the first N
     layers of each chunk for the least N that fits (a chunk's memory falls as N grows: each
     recomputed layer keeps its input instead of its activations; N = the largest chunk is
     every layer). None where none fits, or none recomputes less than ``s`` does."""
     options: list[tuple[Strategy, FastEstimate]] = []
     more = "moe_act" if model.is_moe else "mlp"
     kept = set(s.selective_modules)  # what ``s`` already recomputes stays recomputed
-    adds = [{"core_attn"}, {"core_attn", more}]
+    adds = [{"core_attn"}, {"core_attn", more}, *([{"core_attn", "moe"}] if model.is_moe else [])]
     if model.is_mla:  # and MLA's up-projections (NVIDIA's DeepSeek-V3 recipe: with the MLP)
         adds += [{"core_attn", "mla_up_proj"}, {"core_attn", "mla_up_proj", more}]
     for add in adds:

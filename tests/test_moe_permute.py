@@ -56,3 +56,65 @@ def test_each_pass_moves_its_rows(disp: str) -> None:
     bwd = {it.name: it for it in layer_bwd(MOE, s)}
     for name in PERMUTATIONS & set(fwd):
         assert bwd[f"{name}_bwd"].bytes == fwd[name].bytes
+
+
+# ---- Megatron-Core's "moe" recompute module: the whole MoE layer again ----------------------
+
+def test_the_moe_module_reruns_the_layers_mlp_side_with_its_dispatch() -> None:
+    """Router, permutations, dispatch, experts and combine run again before the backward (the
+    checkpointed MoELayer holds its all-to-alls); ``moe_act`` beside it adds nothing."""
+    from tracegen.program import RoleProgram
+
+    s = Strategy(dp=8, ep=8, global_batch_size=8, recompute="selective",
+                 recompute_modules="moe,moe_act")
+    names = [it.name for it in RoleProgram(MOE, s, 0).selective_items(s.selective_modules)]
+    assert names == ["router", *_moe_names(layer_fwd(MOE, s))]
+
+
+def test_the_moe_module_drops_the_layers_expert_activations() -> None:
+    """Per token: the k dispatched copies (2h each), the experts' FC1 outputs (2·2f each, gated)
+    and activation outputs (2f), against selective recompute of the core attention alone."""
+    from tracegen.memory import activation_bytes_per_layer
+
+    base = Strategy(dp=8, ep=8, global_batch_size=8, recompute="selective")
+    moe = Strategy(dp=8, ep=8, global_batch_size=8, recompute="selective",
+                   recompute_modules="core_attn,moe")
+    f = MOE.moe_ffn_hidden_size * K
+    dropped = K * H * 2 + 2 * 2 * f + 2 * f
+    got = activation_bytes_per_layer(MOE, base) - activation_bytes_per_layer(MOE, moe)
+    assert got == pytest.approx(TOKENS * dropped, abs=1)
+
+
+@pytest.mark.parametrize("kw", [dict(dp=8, ep=8), dict(tp=2, dp=4, ep=8, expert_tp=1,
+                                                        sequence_parallel=True),
+                                dict(dp=8, ep=4, moe_dispatcher="deepep"),
+                                dict(tp=2, dp=4, ep=2, sequence_parallel=True)])
+def test_fast_path_equals_replay_recomputing_moe_layers(kw: dict) -> None:
+    from analysis.fastpath import estimate
+    from replay import get_system
+    from tests.conftest import replayed
+
+    hw = get_system("dgx-h100")
+    s = Strategy(**{**dict(pp=2, global_batch_size=16, recompute="selective",
+                           recompute_modules="layernorm,moe"), **kw})  # type: ignore[arg-type]
+    ref = replayed(MOE, s, hw).step_time_s
+    assert estimate(MOE, s, hw).step_time_s == pytest.approx(ref, rel=0.005)
+
+
+def test_hfu_counts_the_recomputed_moe_layers() -> None:
+    """2 FLOPs per weight per token through the k experts (3 matrices each, gated) and the
+    router, every layer."""
+    from tracegen.flops import recompute_flop_per_step
+
+    extra = recompute_flop_per_step(MOE, 2, "selective", modules=("moe",))
+    assert extra == 2 * 2 * TOKENS * MOE.num_layers * H * (
+        3 * K * MOE.moe_ffn_hidden_size + MOE.num_experts)
+
+
+def test_the_moe_module_needs_a_moe_model() -> None:
+    from tracegen import ConfigError, get_model
+    from tracegen.strategy import check_fits_model
+
+    with pytest.raises(ConfigError, match="'moe' recomputes a mixture-of-experts layer"):
+        check_fits_model(Strategy(recompute="selective", recompute_modules="moe"),
+                         get_model("llama3-8b"))

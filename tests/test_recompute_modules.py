@@ -166,7 +166,7 @@ def test_the_fit_hint_is_the_fastest_fitting_recompute_modules_included() -> Non
 
 @pytest.mark.parametrize(("kw", "message"), [
     (dict(recompute="selective", recompute_modules="mlp,attention"),
-     "name modules among layernorm, mla_up_proj, core_attn, mlp, moe_act"),
+     "name modules among layernorm, mla_up_proj, core_attn, mlp, moe, moe_act"),
     (dict(recompute="selective", recompute_modules=""), "name modules among"),
     (dict(recompute="full", recompute_modules="mlp"), "needs recompute 'selective'"),
     (dict(recompute="none", recompute_modules="core_attn,mlp"), "needs recompute 'selective'"),

@@ -65,8 +65,13 @@ def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str,
         up = (2 * b * s * n_l * m.num_attention_heads
               * ((m.q_lora_rank or h) * m.qk_head_dim
                  + m.kv_lora_rank * (m.head_dim + m.v_dim))) if m.is_mla else 0
+        # a MoE layer's experts (top-k of them), shared experts and router, its MoE layers
+        g = 3 if m.gated else 2
+        moe = (2 * b * s * (n_l - m.first_dense_layers) * h
+               * (g * (m.experts_per_token * m.moe_ffn_hidden_size
+                       + m.shared_expert_ffn_hidden_size) + m.num_experts)) if m.is_moe else 0
         return ((attention if "core_attn" in modules else 0) + (mlp if "mlp" in modules else 0)
-                + (up if "mla_up_proj" in modules else 0))
+                + (up if "mla_up_proj" in modules else 0) + (moe if "moe" in modules else 0))
     logits = 2 * b * s * h * m.vocab_size
     layers = (model_flop_per_step(m, global_batch) - 3 * logits) // 3
     return layers if recomputed_layers is None else layers * recomputed_layers // n_l

@@ -137,7 +137,7 @@ def _layer_activation_bytes(m: ModelSpec, s: Strategy, recompute: str, flash_att
     if modules and modules != "core_attn":
         replicated, split = _recomputed_terms(m, s, s.selective_modules, replicated, split)
     per_token = (replicated + split) / t if sp else replicated + split / t
-    if m.is_moe:
+    if m.is_moe and "moe" not in modules.split(","):
         per_token += _permuted_tokens_bytes(m, s)
     if not flash_attention and "core_attn" not in modules:
         # softmax out 2as, and with dropout its mask as and output 2as (Korthikanti §4.1)
@@ -153,7 +153,9 @@ def _recomputed_terms(m: ModelSpec, s: Strategy, modules: tuple[str, ...], repli
     FC1's output and the activation's (its input, the FC1 input, is the checkpoint), moe_act
     the experts' activation output, mla_up_proj MLA's Q, K and V (2·qk_head_dim per head for
     Q and for K, 2·v_dim for V: the attention output stays). core_attn keeps no term with
-    flash attention and the score term without (``_layer_activation_bytes``)."""
+    flash attention and the score term without (``_layer_activation_bytes``). moe a MoE layer's
+    whole MLP side but its input: the experts' FC1 and activation outputs, the shared experts'
+    (the dispatched copies, ``_permuted_tokens_bytes``, go too)."""
     gemm_in = 1 if s.precision == "fp8" else 2
     h = m.hidden_size
     f = m.moe_ffn_hidden_size * m.experts_per_token if m.is_moe else m.ffn_hidden_size
@@ -162,10 +164,13 @@ def _recomputed_terms(m: ModelSpec, s: Strategy, modules: tuple[str, ...], repli
         replicated -= 2 * gemm_in * h
     if "mla_up_proj" in modules and m.is_mla:
         split -= m.num_attention_heads * (4 * m.qk_head_dim + 2 * m.v_dim)
-    if mlp or ("moe_act" in modules and m.is_moe):
+    moe = "moe" in modules and m.is_moe
+    if mlp or moe or ("moe_act" in modules and m.is_moe):
         split -= gemm_in * f
-    if mlp:
+    if mlp or moe:
         split -= 2 * (2 if m.gated else 1) * f
+    if moe and (fs := m.shared_expert_ffn_hidden_size):
+        split -= 2 * (2 if m.gated else 1) * fs + gemm_in * fs
     return replicated, split
 
 

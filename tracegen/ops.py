@@ -614,7 +614,10 @@ def selective_recompute(m: ModelSpec, st: Strategy, modules: tuple[str, ...] = (
     * mlp: the dense MLP as the forward ran it from its input — the sequence-parallel gather,
       FC1, activation, FC2 and the reduce-scatter (all-reduce without SP), FP8 casts and TP
       overlap included (the checkpointed module holds its TP collectives);
-    * moe_act: the experts' activation."""
+    * moe: a MoE layer's MLP side as the forward ran it from its input — router, permutations,
+      dispatch, experts, combine and shared experts, with their collectives (Megatron-Core's
+      MoELayer checkpoints its whole forward when ``moe`` is named);
+    * moe_act: the experts' activation (part of ``moe`` where both are named)."""
     d = dims(m, st)
     fwd = layer if layer is not None else layer_fwd(m, st)
     out: list[Item] = []
@@ -625,10 +628,11 @@ def selective_recompute(m: ModelSpec, st: Strategy, modules: tuple[str, ...] = (
             out += [it for it in fwd if it.name in ("ln1", "ln2")]
         elif module == "mla_up_proj":
             out += [it for it in fwd if it.name in ("mla_latent_ag", "q_up", "kv_up", "rope")]
-        elif module == "mlp" and not m.is_moe:  # a dense layer's (a MoE model's first ones)
+        elif (module == "mlp" and not m.is_moe) or (module == "moe" and m.is_moe):
+            # a dense layer's MLP (a MoE model's first ones), a MoE layer's MLP side
             names = [it.name for it in fwd]
             out += fwd[names.index("ln2") + 1:names.index("resid2")]
-        elif module == "moe_act":
+        elif module == "moe_act" and "moe" not in modules:
             out += [it for it in fwd if it.name == "expert_act"]
     return out
 

@@ -22,8 +22,9 @@ RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
 # Megatron-Core's --recompute-modules for selective recompute, in the order a layer runs them:
 # the two norms, multi-head latent attention's up-projections, the core attention (the default),
-# the dense MLP, the MoE experts' activation.
-RECOMPUTE_MODULES: tuple[str, ...] = ("layernorm", "mla_up_proj", "core_attn", "mlp", "moe_act")
+# the dense MLP, the whole MoE layer, the MoE experts' activation.
+RECOMPUTE_MODULES: tuple[str, ...] = ("layernorm", "mla_up_proj", "core_attn", "mlp", "moe",
+                                      "moe_act")
 _CORE_ATTN = ("core_attn",)
 
 
@@ -112,8 +113,9 @@ class Strategy:
     # from RECOMPUTE_MODULES — "core_attn" (the default; Korthikanti et al. 2022 §4.3), "mlp"
     # (a dense MLP's FC1, activation and FC2 with their TP collectives, from its input),
     # "layernorm" (the two norms' outputs), "mla_up_proj" (multi-head latent attention's Q and
-    # K/V up-projections with their rotary embedding, from the latents), "moe_act" (the experts'
-    # activation). Kept in that order.
+    # K/V up-projections with their rotary embedding, from the latents), "moe" (a MoE layer's
+    # whole MLP side from its input: router, dispatch, experts, combine, shared experts),
+    # "moe_act" (the experts' activation). Kept in that order.
     recompute_modules: str = "core_attn"
     # How MoE tokens reach their experts' ranks: "alltoall", Megatron-Core's all-to-all token
     # dispatcher (the default; one copy per (token, expert) pair, over the flat all-to-all), or
@@ -477,6 +479,9 @@ def _module_fit_problems(s: Strategy, m: ModelSpec) -> list[str]:
     if "mla_up_proj" in s.selective_modules and not m.is_mla:
         out.append("recompute module 'mla_up_proj' recomputes multi-head latent attention's "
                    "up-projections; this model has none (set kv_lora_rank for MLA)")
+    if "moe" in s.selective_modules and not m.is_moe:
+        out.append("recompute module 'moe' recomputes a mixture-of-experts layer; this model "
+                   "is dense: recompute its MLP with 'mlp'")
     if "moe_act" in s.selective_modules and not m.is_moe:
         out.append("recompute module 'moe_act' needs a mixture-of-experts model; recompute a "
                    "dense MLP with 'mlp'")
