@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import itertools
 import multiprocessing
+import re
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -73,10 +74,13 @@ FLOAT_COLUMNS = ("scaleout_gbps_per_gpu", "measured_iter_time_s")
 # model or layout needs that the schema cannot say — attention heads wider than hidden / heads
 # (Qwen3), the experts' tensor parallelism (1 = Megatron-Core's MoE parallel folding), the
 # shared experts' width (Qwen2-MoE), a MoE model's dense first layers (GLM-4.5), multi-head
-# latent attention's widths and group-limited routing (DeepSeek-V3).
+# latent attention's widths and group-limited routing (DeepSeek-V3); and, as text, the MoE
+# dispatcher and the modules selective recompute names (Megatron-Core's --recompute-modules,
+# comma-separated).
 EXTENSION_INT_COLUMNS = ("head_dim", "expert_tp", "shared_expert_ffn_hidden_size",
                          "first_dense_layers", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
                          "v_head_dim", "moe_router_num_groups", "moe_router_group_topk")
+EXTENSION_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules")
 BOOL_COLUMNS = ("sequence_parallel",)
 # Read case-insensitively (the schema spells them in lower case: "bf16", "h100-sxm", "full").
 ENUM_COLUMNS = ("arch", "activation", "recompute", "precision", "gpu")
@@ -128,7 +132,8 @@ def load_runs(path: str | Path) -> pl.DataFrame:
         pl.concat_str(bad, separator=", ", ignore_nulls=True).alias(BAD),
         *(e.alias(c) for c, e in parsed.items()),
         *(pl.when(text[c] == "").then(None)
-          .otherwise(text[c].str.to_lowercase() if c in ENUM_COLUMNS else text[c]).alias(c)
+          .otherwise(text[c].str.to_lowercase() if c in (*ENUM_COLUMNS, *EXTENSION_TEXT_COLUMNS)
+                     else text[c]).alias(c)
           for c in raw.columns if c not in parsed)).drop(RAGGED, strict=False)
 
 
@@ -264,8 +269,9 @@ def _where_meaningful(over: dict[str, Any], row: dict[str, Any], notes: list[str
                       ) -> dict[str, Any]:
     """Strategy overrides for one row, less those its layout has nothing for: TP communication
     overlap at tp 1 (no TP collectives; NeMo turns it off there, as Megatron turns sequence
-    parallelism off), ZeRO-3 prefetch below ZeRO-3, so one ``--set`` can describe a stack
-    across a mixed set. Said per row."""
+    parallelism off), ZeRO-3 prefetch below ZeRO-3, a MoE dispatcher on a dense model or
+    without expert parallelism, so one ``--set`` can describe a stack across a mixed set. Said
+    per row."""
     drop = []
     if over.get("tp_comm_overlap") and row["tp"] == 1:
         notes.append("strategy override tp_comm_overlap not applied at tp 1 (no TP collectives)")
@@ -274,6 +280,11 @@ def _where_meaningful(over: dict[str, Any], row: dict[str, Any], notes: list[str
         notes.append("strategy override zero3_prefetch not applied at zero_stage "
                      f"{row['zero_stage']} (no ZeRO-3 gathers)")
         drop.append("zero3_prefetch")
+    if over.get("moe_dispatcher", "alltoall") != "alltoall" and not (
+            row["arch"] == "moe" and (row["ep"] or 1) > 1):
+        notes.append("strategy override moe_dispatcher not applied (no expert-parallel "
+                     "dispatch on this row)")
+        drop.append("moe_dispatcher")
     return {k: v for k, v in over.items() if k not in drop}
 
 
@@ -317,7 +328,11 @@ def _strategy(row: dict[str, Any], precision: str) -> Strategy:
         micro_batch_size=row["micro_batch_size"], global_batch_size=row["global_batch_size"],
         schedule="interleaved_1f1b" if vpp > 1 else "1f1b", recompute=row["recompute"],
         zero_stage=row["zero_stage"], precision=precision,  # type: ignore[arg-type]
-        expert_tp=row.get("expert_tp") or 0)
+        expert_tp=row.get("expert_tp") or 0,
+        moe_dispatcher=row.get("moe_dispatcher") or "alltoall",
+        # as Megatron's command line lists them (spaces) or as trainsim's (commas)
+        recompute_modules=",".join(re.split(r"[\s,;]+", row.get("recompute_modules") or "")
+                                   ).strip(",") or "core_attn")
 
 
 def _padded_vocab(model: ModelSpec, tp: int, notes: list[str]) -> ModelSpec:

@@ -1,0 +1,75 @@
+"""NVIDIA's MoE runs on DGX H100 beyond the public set (``tests/data/megatron_moe_h100_runs.csv``:
+Megatron-MoE-ModelZoo's Qwen3-235B table, BF16 on 256 GPUs), read with the runs file's text
+columns ``moe_dispatcher`` and ``recompute_modules``. Diagnostic, not part of the validation
+summary: the rows say where the MoE model stands (DESIGN.md, "DeepEP's dispatch")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from analysis.validate import load_runs, row_inputs, validate
+
+RUNS = Path(__file__).resolve().parent / "data" / "megatron_moe_h100_runs.csv"
+STACK = {"strategy.overlap_param_gather": True}
+
+
+@pytest.fixture(scope="module")
+def results() -> pl.DataFrame:
+    return validate(RUNS, fast=True, overrides=STACK, attention="cudnn-9.19")
+
+
+def test_the_text_columns_name_the_dispatcher_and_modules() -> None:
+    """Megatron's command line lists modules with spaces; the row's strategy holds them in
+    trainsim's canonical order, and the dispatcher in its label."""
+    rows = load_runs(RUNS).iter_rows(named=True)
+    got = {r["id"]: row_inputs(r) for r in rows}
+    ep32 = got["modelzoo-qwen3-235b-deepep-ep32"].strategy  # type: ignore[union-attr]
+    assert ep32.moe_dispatcher == "deepep" and ep32.recompute_modules == "layernorm,moe_act"
+    a2a = got["modelzoo-qwen3-235b-a2a-ep8"].strategy  # type: ignore[union-attr]
+    assert a2a.moe_dispatcher == "alltoall" and "deepep" not in a2a.label()
+    tp4 = got["modelzoo-qwen3-235b-deepep-tp4"].strategy  # type: ignore[union-attr]
+    assert tp4.recompute == "none" and tp4.recompute_modules == "core_attn"
+
+
+def test_the_moe_rows_are_predicted_within_the_error_reached(results: pl.DataFrame) -> None:
+    """All three too fast: DeepEP at ep 32 −13.4%, the flat all-to-all at ep 8 −27.6%, DeepEP
+    at tp 4 without recompute −52.8% (twenty-fourth session, with the dispatcher's
+    permutations; −16.4 / −30.6 / −54.3% without). The table's own ranking of its first two
+    layouts holds (DeepEP across nodes beats the flat all-to-all inside them); its third, the
+    slowest measured, trainsim puts fastest — nothing modelled explains it. Bounds are the
+    errors reached."""
+    assert (results["status"] == "ok").all() and results["fits"].all()
+    err = dict(zip(results["id"], results["error_pct"], strict=True))
+    assert -14.5 <= err["modelzoo-qwen3-235b-deepep-ep32"] < 0
+    assert -28.6 <= err["modelzoo-qwen3-235b-a2a-ep8"] < 0
+    assert -53.8 <= err["modelzoo-qwen3-235b-deepep-tp4"] < 0
+    step = dict(zip(results["id"], results["predicted_iter_time_s"], strict=True))
+    assert step["modelzoo-qwen3-235b-deepep-ep32"] < step["modelzoo-qwen3-235b-a2a-ep8"]
+
+
+def test_a_bad_text_cell_skips_its_row_by_name(tmp_path: Path) -> None:
+    rows = pl.read_csv(RUNS, infer_schema_length=0).with_columns(
+        pl.when(pl.col("id").str.ends_with("ep32")).then(pl.lit("nccl"))
+        .otherwise(pl.col("moe_dispatcher")).alias("moe_dispatcher"),
+        pl.when(pl.col("id").str.ends_with("a2a-ep8")).then(pl.lit("layernorm attention"))
+        .otherwise(pl.col("recompute_modules")).alias("recompute_modules"))
+    bad = tmp_path / "bad.csv"
+    rows.write_csv(bad)
+    got = validate(bad, fast=True)
+    status = dict(zip(got["id"], got["status"], strict=True))
+    first = status["modelzoo-qwen3-235b-deepep-ep32"]
+    assert first.startswith("skipped:") and "moe_dispatcher must be one of alltoall, deepep" in first
+    assert "unknown: 'attention'" in status["modelzoo-qwen3-235b-a2a-ep8"]
+
+
+def test_a_dispatcher_set_for_a_mixed_file_leaves_dense_rows_alone() -> None:
+    """``--set strategy.moe_dispatcher=deepep`` over the Megatron-Bridge file: the dense rows
+    are predicted as before, saying the override had nothing to apply to."""
+    mixed = RUNS.parent / "megatron_bridge_h100_runs.csv"
+    got = validate(mixed, fast=True, overrides={"strategy.moe_dispatcher": "deepep"})
+    assert (got["status"] == "ok").all()
+    dense = got.filter(~pl.col("id").str.contains("qwen3"))
+    assert dense["assumptions"].str.contains("moe_dispatcher not applied").all()
