@@ -44,7 +44,8 @@ def _replayed_s(model: ModelSpec, s: Strategy, hw: SystemSpec) -> float:
        system=st.sampled_from(["dgx-h100", "dgx-a100-80gb", "dgx-b200", "dgx1-v100", "mi300x"]),
        gpn=st.sampled_from([8, 8, 2, 4]), grouped=st.booleans(),
        rc_layers=st.sampled_from([0, 0, 1, 2]),
-       modules=st.sampled_from(["core_attn", "core_attn", "layernorm,mlp", "core_attn,mlp"]),
+       modules=st.sampled_from(["core_attn", "core_attn", "layernorm,mlp", "core_attn,mlp",
+                                "layernorm,moe", "mla_up_proj,core_attn"]),
        shared=st.booleans(), mla=st.booleans(), deepep=st.booleans())
 @example(tp=2, pp=4, dp=4, sp=False, zero=3, recompute="none", mb=1, schedule="gpipe",
          overlap=False, uneven=False, zbucket=0, dp_overlap="both", ep=0, cp=1, fp8=False,
@@ -70,7 +71,7 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
     1F1B and GPipe runs of mb·pp + ``extra`` micro-batches (interleaved ones need whole
     rounds, or, ``grouped``, Megatron-Core's micro-batch groups: the middle group size that
     fits). Full recompute of the first ``rc_layers`` of each chunk (0: all); selective of
-    ``modules`` (the MoE model's experts' activation for the MLP). Nodes of ``gpn``
+    ``modules`` (as the drawn model has them: ``_drawn_modules``). Nodes of ``gpn``
     GPUs: of 2 or 4, stages straddle or share nodes, so they are not alike and their sends
     differ. Systems include V100 (no bf16 tensor cores, unfused
     attention) and MI300X (no interference measured), whose models take other branches."""
@@ -99,7 +100,7 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
                      micro_batch_size=1, schedule=schedule, global_batch_size=dp * m,
                      microbatch_group_size=group,
                      recompute_num_layers=rc_layers if recompute == "full" else 0,
-                     recompute_modules=(modules.replace("mlp", "moe_act") if ep else modules)
+                     recompute_modules=_drawn_modules(modules, ep > 0, mla)
                      if recompute == "selective" else "core_attn",
                      dp_bucket_params=200_000, zero3_gather_bucket_params=zbucket,
                      overlap_grad_reduce=dp_overlap != "none",
@@ -112,6 +113,14 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
         raise
     ref_s = _replayed_s(model, s, hw)
     assert fast.step_time_s == pytest.approx(ref_s, rel=0.02)
+
+
+def _drawn_modules(modules: str, moe: bool, mla: bool) -> str:
+    """A drawn module set as the drawn model has them: the MoE model's experts' activation for
+    the dense MLP (and the dense model's MLP for a whole MoE layer), the norms for MLA's
+    up-projections where the model has no MLA."""
+    modules = modules.replace("mlp", "moe_act") if moe else modules.replace("moe", "mlp")
+    return modules if mla else modules.replace("mla_up_proj", "layernorm")
 
 
 REAL_SIZES = [  # (preset model, system, strategy): one of each kind a sweep ranks
