@@ -114,7 +114,7 @@ ModulesOpt = Annotated[str, typer.Option(
     "--recompute-modules",
     help="With --recompute selective: what runs again in the backward, comma-separated among "
          "layernorm, mla_up_proj (MLA's up-projections), core_attn, mlp (a dense MLP), moe "
-         "(a whole MoE layer) and moe_act (the experts' activation) "
+         "(a whole MoE layer), moe_act (the experts' activation) and shared_experts "
          "(Megatron-Core --recompute-modules).")]
 GroupOpt = Annotated[int, typer.Option(
     "--microbatch-group-size",

@@ -253,7 +253,8 @@ def other_modules(s: Strategy, model: ModelSpec, rng: random.Random) -> Strategy
     if s.recompute != "selective":
         return s
     names = ("layernorm", "core_attn", "moe_act" if model.is_moe else "mlp",
-             *(("mla_up_proj",) if model.is_mla else ()), *(("moe",) if model.is_moe else ()))
+             *(("mla_up_proj",) if model.is_mla else ()), *(("moe",) if model.is_moe else ()),
+             *(("shared_experts",) if model.shared_expert_ffn_hidden_size else ()))
     picked = [n for n in names if rng.random() < 0.5] or [rng.choice(names)]
     return dataclasses.replace(s, recompute_modules=",".join(picked))
 

@@ -139,3 +139,43 @@ def test_a_runs_file_may_give_the_shared_experts_width(tmp_path: Path) -> None:
     dense = _row_inputs(tmp_path, first_dense_layers=2, expert_tp=0, ep=4)
     assert not isinstance(dense, str), dense
     assert dense.model.first_dense_layers == 2
+
+
+# ---- Megatron-Core's "shared_experts" recompute module -------------------------------------
+
+@pytest.mark.parametrize(("kw", "names"), [
+    (dict(), ["shared_fc1", "shared_act", "shared_fc2"]),
+    (dict(tp=2, sequence_parallel=True, expert_tp=1, ep=4, dp=2),
+     ["shared_ag", "shared_fc1", "shared_act", "shared_fc2", "shared_rs"])])
+def test_recomputing_the_shared_experts_reruns_them(kw: dict, names: list[str]) -> None:
+    """Their FC1, activation and FC2 run again before the backward; folded, with the TP gather
+    and reduce-scatter they do themselves. Named beside ``moe`` they run once, with the layer."""
+    base: dict[str, object] = dict(dp=4, ep=2, global_batch_size=4, recompute="selective",
+                                   recompute_modules="shared_experts")
+    s = Strategy(**{**base, **kw})  # type: ignore[arg-type]
+    prog = RoleProgram(SHARED, s, 0)
+    assert [it.name for it in prog.selective_items(s.selective_modules)] == names
+    both = dataclasses.replace(s, recompute_modules="moe,shared_experts")
+    got = [it.name for it in prog.selective_items(both.selective_modules)]
+    assert [n for n in got if n.startswith("shared_")] == names
+
+
+def test_recomputing_the_shared_experts_drops_their_outputs() -> None:
+    """Per token: their FC1 output (2·2·384 bytes, gated) and activation output (2·384)."""
+    base = Strategy(dp=4, ep=2, global_batch_size=4, recompute="selective")
+    shared = dataclasses.replace(base, recompute_modules="core_attn,shared_experts")
+    got = activation_bytes_per_layer(SHARED, base) - activation_bytes_per_layer(SHARED, shared)
+    assert got == pytest.approx(SHARED.seq_len * (2 * 2 * 384 + 2 * 384), abs=1)
+
+
+def test_recomputing_the_shared_experts_costs_their_forward() -> None:
+    from tracegen.flops import recompute_flop_per_step
+
+    extra = recompute_flop_per_step(SHARED, 2, "selective", modules=("shared_experts",))
+    assert extra == 2 * 2 * SHARED.seq_len * SHARED.num_layers * 256 * 3 * 384
+    s = Strategy(pp=2, dp=2, ep=2, global_batch_size=8, recompute="selective",
+                 recompute_modules="layernorm,shared_experts")
+    ref = replayed(SHARED, s, SYSTEM)
+    assert estimate(SHARED, s, SYSTEM).step_time_s == pytest.approx(ref.step_time_s, rel=0.005)
+    with pytest.raises(ConfigError, match="'shared_experts' recomputes a MoE layer's shared"):
+        check_fits_model(s, ROUTED)

@@ -70,8 +70,11 @@ def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str,
         moe = (2 * b * s * (n_l - m.first_dense_layers) * h
                * (g * (m.experts_per_token * m.moe_ffn_hidden_size
                        + m.shared_expert_ffn_hidden_size) + m.num_experts)) if m.is_moe else 0
+        shared = (2 * b * s * (n_l - m.first_dense_layers) * h * g
+                  * m.shared_expert_ffn_hidden_size) if m.is_moe else 0
         return ((attention if "core_attn" in modules else 0) + (mlp if "mlp" in modules else 0)
-                + (up if "mla_up_proj" in modules else 0) + (moe if "moe" in modules else 0))
+                + (up if "mla_up_proj" in modules else 0) + (moe if "moe" in modules else 0)
+                + (shared if "shared_experts" in modules and "moe" not in modules else 0))
     logits = 2 * b * s * h * m.vocab_size
     layers = (model_flop_per_step(m, global_batch) - 3 * logits) // 3
     return layers if recomputed_layers is None else layers * recomputed_layers // n_l

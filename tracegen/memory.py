@@ -155,7 +155,8 @@ def _recomputed_terms(m: ModelSpec, s: Strategy, modules: tuple[str, ...], repli
     Q and for K, 2·v_dim for V: the attention output stays). core_attn keeps no term with
     flash attention and the score term without (``_layer_activation_bytes``). moe a MoE layer's
     whole MLP side but its input: the experts' FC1 and activation outputs, the shared experts'
-    (the dispatched copies, ``_permuted_tokens_bytes``, go too)."""
+    (the dispatched copies, ``_permuted_tokens_bytes``, go too); shared_experts the shared
+    experts' FC1 and activation outputs."""
     gemm_in = 1 if s.precision == "fp8" else 2
     h = m.hidden_size
     f = m.moe_ffn_hidden_size * m.experts_per_token if m.is_moe else m.ffn_hidden_size
@@ -169,7 +170,8 @@ def _recomputed_terms(m: ModelSpec, s: Strategy, modules: tuple[str, ...], repli
         split -= gemm_in * f
     if mlp or moe:
         split -= 2 * (2 if m.gated else 1) * f
-    if moe and (fs := m.shared_expert_ffn_hidden_size):
+    shared = moe or "shared_experts" in modules
+    if shared and (fs := m.shared_expert_ffn_hidden_size):
         split -= 2 * (2 if m.gated else 1) * fs + gemm_in * fs
     return replicated, split
 

@@ -617,7 +617,9 @@ def selective_recompute(m: ModelSpec, st: Strategy, modules: tuple[str, ...] = (
     * moe: a MoE layer's MLP side as the forward ran it from its input — router, permutations,
       dispatch, experts, combine and shared experts, with their collectives (Megatron-Core's
       MoELayer checkpoints its whole forward when ``moe`` is named);
-    * moe_act: the experts' activation (part of ``moe`` where both are named)."""
+    * moe_act: the experts' activation (part of ``moe`` where both are named);
+    * shared_experts: a MoE layer's shared experts from their input, with their own TP
+      collectives where the experts are folded (part of ``moe`` where both are named)."""
     d = dims(m, st)
     fwd = layer if layer is not None else layer_fwd(m, st)
     out: list[Item] = []
@@ -634,6 +636,8 @@ def selective_recompute(m: ModelSpec, st: Strategy, modules: tuple[str, ...] = (
             out += fwd[names.index("ln2") + 1:names.index("resid2")]
         elif module == "moe_act" and "moe" not in modules:
             out += [it for it in fwd if it.name == "expert_act"]
+        elif module == "shared_experts" and "moe" not in modules:
+            out += [it for it in fwd if it.name.startswith("shared_")]
     return out
 
 

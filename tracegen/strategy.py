@@ -22,9 +22,9 @@ RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
 # Megatron-Core's --recompute-modules for selective recompute, in the order a layer runs them:
 # the two norms, multi-head latent attention's up-projections, the core attention (the default),
-# the dense MLP, the whole MoE layer, the MoE experts' activation.
+# the dense MLP, the whole MoE layer, the MoE experts' activation, the shared experts.
 RECOMPUTE_MODULES: tuple[str, ...] = ("layernorm", "mla_up_proj", "core_attn", "mlp", "moe",
-                                      "moe_act")
+                                      "moe_act", "shared_experts")
 _CORE_ATTN = ("core_attn",)
 
 
@@ -115,7 +115,8 @@ class Strategy:
     # "layernorm" (the two norms' outputs), "mla_up_proj" (multi-head latent attention's Q and
     # K/V up-projections with their rotary embedding, from the latents), "moe" (a MoE layer's
     # whole MLP side from its input: router, dispatch, experts, combine, shared experts),
-    # "moe_act" (the experts' activation). Kept in that order.
+    # "moe_act" (the experts' activation), "shared_experts" (a MoE layer's shared experts).
+    # Kept in that order.
     recompute_modules: str = "core_attn"
     # How MoE tokens reach their experts' ranks: "alltoall", Megatron-Core's all-to-all token
     # dispatcher (the default; one copy per (token, expert) pair, over the flat all-to-all), or
@@ -482,6 +483,9 @@ def _module_fit_problems(s: Strategy, m: ModelSpec) -> list[str]:
     if "moe" in s.selective_modules and not m.is_moe:
         out.append("recompute module 'moe' recomputes a mixture-of-experts layer; this model "
                    "is dense: recompute its MLP with 'mlp'")
+    if "shared_experts" in s.selective_modules and not m.shared_expert_ffn_hidden_size:
+        out.append("recompute module 'shared_experts' recomputes a MoE layer's shared experts; "
+                   "this model has none (shared_expert_ffn_hidden_size is 0)")
     if "moe_act" in s.selective_modules and not m.is_moe:
         out.append("recompute module 'moe_act' needs a mixture-of-experts model; recompute a "
                    "dense MLP with 'mlp'")
