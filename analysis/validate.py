@@ -175,7 +175,7 @@ def _missing(row: dict[str, Any], fields: tuple[str, ...]) -> list[str]:
 
 STRATEGY_SECTION, MODEL_SECTION = "strategy.", "model."
 # Model fields a row cannot give (no schema column), which ``model.field`` overrides may set.
-MODEL_OVERRIDABLE = ("dropout", "tied_embeddings")
+MODEL_OVERRIDABLE = ("dropout", "tied_embeddings", "moe_load_imbalance")
 
 
 def split_overrides(overrides: dict[str, Any]
@@ -255,7 +255,8 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None,
                 f"(≤ {MAX_NIC_GBPS_PER_GPU} Gb/s): the schema wants it per GPU — a node's total "
                 f"divided by gpus_per_node ({row['gpus_per_node']})")
     try:
-        model = _padded_vocab(_model(row, model_over), row["tp"], notes)
+        model = _padded_vocab(_model(row, _model_over_where_meaningful(model_over, row, notes)),
+                              row["tp"], notes)
         strategy = _uneven_pipeline(_strategy(row, precision), row["num_layers"], notes)
         if strategy_over:
             strategy = Strategy.from_dict({**strategy.to_dict(),
@@ -286,6 +287,15 @@ def _where_meaningful(over: dict[str, Any], row: dict[str, Any], notes: list[str
                      "dispatch on this row)")
         drop.append("moe_dispatcher")
     return {k: v for k, v in over.items() if k not in drop}
+
+
+def _model_over_where_meaningful(over: dict[str, Any], row: dict[str, Any], notes: list[str]
+                                 ) -> dict[str, Any]:
+    """Model overrides for one row, less a MoE load imbalance on a dense model. Said."""
+    if "moe_load_imbalance" in over and row["arch"] != "moe":
+        notes.append("model override moe_load_imbalance not applied (a dense model)")
+        return {k: v for k, v in over.items() if k != "moe_load_imbalance"}
+    return over
 
 
 def _unsupported_precision(precision: str, gpu: str, system: SystemSpec) -> str | None:
@@ -477,8 +487,11 @@ def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = 
                            "columns)" for k in unknown], what="model override")
     if model_over:  # values checked once, on a placeholder shape
         try:
+            moe: dict[str, Any] = dict(num_experts=2, experts_per_token=1,
+                                       moe_ffn_hidden_size=8) if (
+                "moe_load_imbalance" in model_over) else {}
             ModelSpec(name="override", num_layers=1, hidden_size=8, num_attention_heads=1,
-                      ffn_hidden_size=8, vocab_size=8, seq_len=8, **model_over)
+                      ffn_hidden_size=8, vocab_size=8, seq_len=8, **moe, **model_over)
         except ConfigError as exc:
             raise ConfigError(exc.problems, what="model override") from None
     one = functools.partial(_safe_row, overrides=overrides, fast=fast, attention=attention)

@@ -118,3 +118,67 @@ def test_the_moe_module_needs_a_moe_model() -> None:
     with pytest.raises(ConfigError, match="'moe' recomputes a mixture-of-experts layer"):
         check_fits_model(Strategy(recompute="selective", recompute_modules="moe"),
                          get_model("llama3-8b"))
+
+
+# ---- uneven routing: ModelSpec.moe_load_imbalance ------------------------------------------
+
+def test_an_uneven_load_scales_what_the_busiest_rank_receives_and_computes() -> None:
+    """At 1.5× the mean the rank's dispatch and combine, expert GEMMs, activation and sorting
+    passes carry 1.5× the copies; permuting its own tokens does not change."""
+    import dataclasses
+
+    s = Strategy(dp=8, ep=8, global_batch_size=8)
+    even = {it.name: it for it in layer_fwd(MOE, s)}
+    heavy = {it.name: it for it in layer_fwd(
+        dataclasses.replace(MOE, moe_load_imbalance=1.5), s)}
+    for name in ("moe_dispatch", "moe_combine"):
+        assert heavy[name].size_bytes == 1.5 * even[name].size_bytes
+    for name in ("expert_fc1", "expert_fc2", "expert_act", "moe_sort", "moe_unsort"):
+        assert heavy[name].flop == pytest.approx(1.5 * even[name].flop, rel=1e-9) and (
+            heavy[name].bytes >= even[name].bytes)
+    assert heavy["expert_fc1"].m == 1.5 * even["expert_fc1"].m
+    for name in ("moe_permute", "moe_unpermute", "router"):
+        assert heavy[name] == even[name]
+
+
+def test_an_uneven_load_slows_the_step_and_keeps_more_copies() -> None:
+    """Replay and the fast path agree; memory holds 1.5× the dispatched copies and expert
+    activations; a load below the mean is refused."""
+    import dataclasses
+
+    from analysis.fastpath import estimate
+    from replay import get_system
+    from tests.conftest import replayed
+    from tracegen import ConfigError
+    from tracegen.memory import activation_bytes_per_layer
+
+    hw = get_system("dgx-h100")
+    heavy = dataclasses.replace(MOE, moe_load_imbalance=1.5)
+    s = Strategy(pp=2, dp=8, ep=8, global_batch_size=16)
+    ref = replayed(heavy, s, hw).step_time_s
+    assert estimate(heavy, s, hw).step_time_s == pytest.approx(ref, rel=0.005)
+    assert ref > replayed(MOE, s, hw).step_time_s
+    f = MOE.moe_ffn_hidden_size * K
+    extra = 0.5 * (K * H * 2 + 2 * 2 * f + 2 * f)  # copies, FC1 out (gated), activation out
+    got = activation_bytes_per_layer(heavy, s) - activation_bytes_per_layer(MOE, s)
+    assert got == pytest.approx(TOKENS * extra, abs=1)
+    with pytest.raises(ConfigError, match="moe_load_imbalance is the busiest rank's load"):
+        dataclasses.replace(MOE, moe_load_imbalance=0.8)
+
+
+def test_validate_takes_a_load_imbalance_for_the_moe_rows_only() -> None:
+    from pathlib import Path
+
+    from analysis.validate import validate
+
+    mixed = Path(__file__).resolve().parent / "data" / "megatron_bridge_h100_runs.csv"
+    even = validate(mixed, fast=True)
+    heavy = validate(mixed, fast=True, overrides={"model.moe_load_imbalance": 1.2})
+    assert (heavy["status"] == "ok").all()
+    moe = heavy["id"].str.contains("qwen3")
+    assert (heavy.filter(moe)["predicted_iter_time_s"]
+            > even.filter(moe)["predicted_iter_time_s"]).all()
+    assert heavy.filter(~moe)["predicted_iter_time_s"].equals(
+        even.filter(~moe)["predicted_iter_time_s"])
+    assert heavy.filter(~moe)["assumptions"].str.contains(
+        "moe_load_imbalance not applied").all()

@@ -65,6 +65,15 @@ class ModelSpec:
     # Strategy.moe_dispatcher): with groups on nodes, fewer nodes receive each token.
     moe_router_num_groups: int = 0
     moe_router_group_topk: int = 0
+    # The busiest expert-parallel rank's load over the mean (≥ 1; 1 = balanced, as Megatron's
+    # --moe-router-force-load-balancing benchmarks run). Dropless training routes unevenly, and
+    # every dispatch and combine waits for the rank with the most tokens, so each MoE layer
+    # runs at that rank's pace: its experts' GEMMs, activations and sorting passes, the tokens
+    # it receives and the copies it keeps all scale by this factor (tracegen/ops.py
+    # ``_moe_fwd``). An assumption the user states, not a fitted constant: NVIDIA's Qwen3-235B
+    # long-context runs on H100 measured 295 TFLOP/s a GPU forced-balanced and 237 dropless
+    # (Megatron-MoE-ModelZoo, best_practice/Qwen3).
+    moe_load_imbalance: float = 1.0
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self)
@@ -144,7 +153,7 @@ class ModelSpec:
         return dataclasses.replace(self, num_experts=0, experts_per_token=0,
                                    moe_ffn_hidden_size=0, shared_expert_ffn_hidden_size=0,
                                    first_dense_layers=0, moe_router_num_groups=0,
-                                   moe_router_group_topk=0)
+                                   moe_router_group_topk=0, moe_load_imbalance=1.0)
 
     def dense_layers_in(self, layers: range) -> int:
         """How many of the global layers ``layers`` are dense first layers."""
@@ -236,11 +245,12 @@ def _moe_problems(m: ModelSpec) -> list[str]:
         return [f"num_experts must be ≥ 0 (0 = dense), got {m.num_experts}"]
     if m.num_experts == 0:
         if (m.experts_per_token or m.moe_ffn_hidden_size or m.shared_expert_ffn_hidden_size
-                or m.first_dense_layers or m.moe_router_num_groups or m.moe_router_group_topk):
+                or m.first_dense_layers or m.moe_router_num_groups or m.moe_router_group_topk
+                or m.moe_load_imbalance != 1):
             return ["experts_per_token / moe_ffn_hidden_size / shared_expert_ffn_hidden_size / "
-                    "first_dense_layers / moe_router_num_groups / moe_router_group_topk are set "
-                    "but num_experts is 0; set num_experts for a mixture-of-experts model or "
-                    "drop them"]
+                    "first_dense_layers / moe_router_num_groups / moe_router_group_topk / "
+                    "moe_load_imbalance are set but num_experts is 0; set num_experts for a "
+                    "mixture-of-experts model or drop them"]
         return []
     out = []
     if not 0 <= m.first_dense_layers < m.num_layers:
@@ -255,6 +265,9 @@ def _moe_problems(m: ModelSpec) -> list[str]:
     if m.moe_ffn_hidden_size <= 0:
         out.append(f"moe_ffn_hidden_size must be positive for an MoE model, got "
                    f"{m.moe_ffn_hidden_size}")
+    if not m.moe_load_imbalance >= 1:
+        out.append(f"moe_load_imbalance is the busiest rank's load over the mean, ≥ 1 (1 = "
+                   f"balanced), got {m.moe_load_imbalance}")
     if not out:
         out += [f"moe_router_num_groups / moe_router_group_topk: {p}" for p in route_problems(
             Route(m.experts_per_token, m.num_experts, m.moe_router_num_groups,

@@ -330,20 +330,24 @@ def _moe_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
     """Top-k routing with balanced load: each rank's experts process tokens·k routed tokens
     (Lepikhin et al. 2021, GShard §2; Megatron-Core MoE all-to-all token dispatcher). Folded
     (``Strategy.expert_tp`` 1), a rank routes its sequence-parallel share of the tokens to whole
-    experts; otherwise every TP rank routes all of them to its slice of each expert. The
+    experts; otherwise every TP rank routes all of them to its slice of each expert. Under
+    uneven routing every rank is taken at the busiest one's load (the dispatch and combine
+    wait for it), its received copies and expert work scaled alike. The
     dispatch and combine carry one copy per (token, expert) as Megatron-Core's all-to-all
     dispatcher sends them; under DeepEP (``Strategy.moe_dispatcher``) they also carry the
     routing, and the network sends a token once per destination (replay/network.py). Around
     them the token permutations (``_permutations``)."""
     h, k = d.h, m.experts_per_token
     tokens = d.tokens_sp if st.moe_folded else d.tokens
-    routed = tokens * k
+    # what the busiest rank receives and computes (``ModelSpec.moe_load_imbalance``)
+    routed = round(tokens * k * m.moe_load_imbalance)
     f = m.moe_ffn_hidden_size // st.etp
     up = 2 if m.gated else 1
     items: list[Item] = [gemm("router", tokens, m.num_experts, h, "fp32")]
     route = (Route(k, m.num_experts, m.moe_router_num_groups, m.moe_router_group_topk)
              if st.moe_dispatcher == "deepep" else None)
     before, after, restore, unpermute = _permutations(m, st, tokens, routed, h, route)
+    # (the permutations of the rank's own tokens move balanced copies: tokens · k)
     items += before
     if st.ep > 1:
         items.append(Comm("moe_dispatch", "ep", "ALL_TO_ALL", routed * h * ACT_BYTES,
@@ -389,21 +393,23 @@ def _permutations(m: ModelSpec, st: Strategy, tokens: int, routed: int, h: int,
     probabilities. The flex dispatcher on DeepEP receives each token once per destination GPU
     and permutes those into per-expert copies after the dispatch, and sums them back before
     the combine. Each pass reads and writes its rows (2 bytes per element); the weighted sum
-    reads the copies and writes the tokens."""
+    reads the copies and writes the tokens. ``routed``: the copies the (busiest) rank
+    receives; its own tokens' copies are tokens · k."""
+    own = tokens * m.experts_per_token
     moved = 2 * routed * h * ACT_BYTES
 
     def move(name: str, nbytes: int, flop: int = 0) -> Op:
         return Op(name, "elementwise", flop, nbytes)
 
     if route is not None:  # DeepEP: tokens arrive once per destination GPU
-        arrived = round(tokens * expected_units(route, st.ep))
+        arrived = round(tokens * expected_units(route, st.ep) * m.moe_load_imbalance)
         return ([], [move("moe_permute", moved)],
                 [move("moe_unpermute", (routed + arrived) * h * ACT_BYTES, 2 * routed * h)], [])
     local = m.num_experts // st.ep > 1
     sort: list[Op] = [move("moe_sort", moved)] if local else []
     unsort: list[Op] = [move("moe_unsort", moved)] if local else []
-    return ([move("moe_permute", moved)], sort, unsort,
-            [move("moe_unpermute", (routed + tokens) * h * ACT_BYTES, 2 * routed * h)])
+    return ([move("moe_permute", 2 * own * h * ACT_BYTES)], sort, unsort,
+            [move("moe_unpermute", (own + tokens) * h * ACT_BYTES, 2 * own * h)])
 
 
 def layer_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
