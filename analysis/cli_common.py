@@ -90,6 +90,10 @@ MoeDispatcherOpt = Annotated[str, typer.Option(
     help="alltoall (Megatron-Core's all-to-all token dispatcher: a copy per token and expert) "
          "| deepep (its flex dispatcher on DeepEP: a token crosses the NICs once per "
          "destination node, then NVLink)")]
+SharedOverlapOpt = Annotated[bool, typer.Option(
+    "--moe-shared-expert-overlap",
+    help="Run a MoE layer's shared experts beside the dispatch and combine (Megatron-Core "
+         "--moe-shared-expert-overlap; all-to-all dispatcher).")]
 GradBf16Opt = Annotated[bool, typer.Option(
     "--grad-reduce-bf16", help="Gradient buffer and data-parallel reduction in 16 bits, not "
     "fp32 (Megatron --grad-reduce-in-bf16).")]
@@ -133,7 +137,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    account_for_embedding: bool = False, account_for_loss: bool = False,
                    microbatch_group_size: int = 0, recompute_num_layers: int = 0,
                    recompute_modules: str = "core_attn",
-                   moe_dispatcher: str = "alltoall") -> Strategy:
+                   moe_dispatcher: str = "alltoall",
+                   moe_shared_expert_overlap: bool = False) -> Strategy:
     """The strategy the shared options describe (dp from the GPU count)."""
     small = [f"--{k} must be ≥ 1, got {v}" for k, v in
              (("gpus", gpus), ("tp", tp), ("pp", pp), ("cp", cp)) if v < 1]
@@ -158,7 +163,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     microbatch_group_size=microbatch_group_size,
                     recompute_num_layers=recompute_num_layers,
                     recompute_modules=recompute_modules,
-                    moe_dispatcher=moe_dispatcher)  # type: ignore[arg-type]
+                    moe_dispatcher=moe_dispatcher,  # type: ignore[arg-type]
+                    moe_shared_expert_overlap=moe_shared_expert_overlap)
 
 
 def note_precision(precisions: set[str], system: SystemSpec) -> None:

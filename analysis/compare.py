@@ -44,7 +44,8 @@ def strategy_fields(s: Strategy) -> dict[str, Any]:
             + ("-sp" if s.sequence_parallel else "")
             + ("-tpo" if s.tp_comm_overlap else "")
             + ("-opg" if s.overlap_param_gather and s.zero_stage in (1, 2) else "")
-            + ("-z3pf" if s.zero3_prefetch else ""),
+            + ("-z3pf" if s.zero3_prefetch else "")
+            + ("-seo" if s.moe_shared_expert_overlap else ""),
             "tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep, "vpp": s.vpp,
             "micro_batch_size": s.micro_batch_size, "schedule": s.schedule,
             "recompute": s.recompute, "zero_stage": s.zero_stage,

@@ -33,7 +33,7 @@ DEFAULT_SPACE: dict[str, list[Any]] = {
 }
 OPTIONAL_DIMENSIONS = ("cp", "ep", "expert_tp", "schedule", "tp_comm_overlap",
                        "overlap_param_gather", "zero3_prefetch", "recompute_num_layers",
-                       "recompute_modules", "moe_dispatcher")
+                       "recompute_modules", "moe_dispatcher", "moe_shared_expert_overlap")
 Progress = Callable[[str, int, int], None]
 
 
@@ -65,7 +65,8 @@ def search_space(study: Study) -> dict[str, list[Any]]:
 # what each dimension's values must be: (kind, least value for whole numbers)
 _WHOLE = {"tp": 1, "pp": 1, "vpp": 1, "micro_batch_size": 1, "cp": 1, "ep": 1,
           "zero_stage": 0, "expert_tp": 0, "recompute_num_layers": 0}
-_FLAGS = ("sequence_parallel", "tp_comm_overlap", "overlap_param_gather", "zero3_prefetch")
+_FLAGS = ("sequence_parallel", "tp_comm_overlap", "overlap_param_gather", "zero3_prefetch",
+          "moe_shared_expert_overlap")
 
 
 def _value_problem(name: str, values: list[Any]) -> str | None:
@@ -126,7 +127,8 @@ def _strategy(study: Study, d: dict[str, Any]) -> Strategy | None:
                      recompute=d["recompute"], zero_stage=int(d["zero_stage"]),
                      recompute_num_layers=int(d.get("recompute_num_layers", 0)),
                      recompute_modules=str(d.get("recompute_modules", "core_attn")),
-                     moe_dispatcher=d.get("moe_dispatcher", "alltoall"))
+                     moe_dispatcher=d.get("moe_dispatcher", "alltoall"),
+                     moe_shared_expert_overlap=bool(d.get("moe_shared_expert_overlap", False)))
         # a layer count pp·vpp does not divide: shorter end chunks, as frameworks run it
         s = with_shorter_end_chunks(s, study.model.num_layers)
         check_fits_model(s, study.model)

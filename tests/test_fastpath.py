@@ -612,7 +612,7 @@ def test_op_key_covers_every_field_the_op_lists_read() -> None:
     moe = ModelSpec(name="m", num_layers=8, hidden_size=256, num_attention_heads=8,
                     num_kv_heads=4, ffn_hidden_size=512, vocab_size=1024, seq_len=256,
                     activation="swiglu", num_experts=4, experts_per_token=2,
-                    moe_ffn_hidden_size=256)
+                    moe_ffn_hidden_size=256, shared_expert_ffn_hidden_size=256)
     variants = {"tp": 4, "pp": 4, "dp": 8, "cp": 2, "ep": 4, "vpp": 2, "sequence_parallel": False,
                 "micro_batch_size": 2, "global_batch_size": 16, "schedule": "gpipe",
                 "recompute": "full", "zero_stage": 3, "precision": "fp8",
@@ -626,7 +626,8 @@ def test_op_key_covers_every_field_the_op_lists_read() -> None:
                 "recompute_num_layers": 1,
                 # picks which lists run again, as recompute does: the memo keys carry it
                 # (``Costs.recomputed``), the op lists do not change
-                "recompute_modules": "core_attn,mlp", "moe_dispatcher": "deepep"}
+                "recompute_modules": "core_attn,mlp", "moe_dispatcher": "deepep",
+                "moe_shared_expert_overlap": True}
     fields = {f.name for f in dataclasses.fields(Strategy)}
     assert fields <= set(variants) | {"last_stage_layers"}, "give the new field a variant here"
 

@@ -17,6 +17,7 @@ from tests.conftest import read_et, replayed
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
 from tracegen.flops import model_flop_per_step
 from tracegen.memory import activation_bytes_per_layer
+from tracegen.ops import Comm
 from tracegen.program import RoleProgram
 from tracegen.strategy import check_fits_model
 
@@ -179,3 +180,42 @@ def test_recomputing_the_shared_experts_costs_their_forward() -> None:
     assert estimate(SHARED, s, SYSTEM).step_time_s == pytest.approx(ref.step_time_s, rel=0.005)
     with pytest.raises(ConfigError, match="'shared_experts' recomputes a MoE layer's shared"):
         check_fits_model(s, ROUTED)
+
+
+# ---- Megatron-Core's --moe-shared-expert-overlap -------------------------------------------
+
+@pytest.mark.parametrize("kw", [dict(dp=4, ep=4), dict(tp=2, dp=2, ep=4, expert_tp=1,
+                                                        sequence_parallel=True),
+                                dict(tp=2, dp=2, ep=2, sequence_parallel=True, precision="fp8")])
+def test_shared_experts_beside_the_dispatch(kw: dict) -> None:
+    """Dispatch ‖ shared FC1 and combine ‖ shared FC2, forward and backward (their data
+    gradients): the fast path equals replay, and the step is shorter than with the shared
+    experts after the routed ones."""
+    from tracegen.ops import layer_bwd, layer_fwd
+
+    base: dict[str, object] = dict(pp=2, global_batch_size=8, moe_shared_expert_overlap=True)
+    s = Strategy(**{**base, **kw})  # type: ignore[arg-type]
+    fwd = [it.name for it in layer_fwd(SHARED, s)]
+    assert fwd[fwd.index("moe_dispatch") + 1] == "shared_fc1"  # (an FP8 cast goes before both)
+    assert fwd[fwd.index("moe_combine") + 1] == "shared_fc2"
+    bwd = layer_bwd(SHARED, s)
+    names = [it.name for it in bwd]
+    for comm, gemm_ in (("moe_combine_bwd", "shared_fc2_dgrad"),
+                        ("moe_dispatch_bwd", "shared_fc1_dgrad")):
+        c = bwd[names.index(comm)]
+        assert isinstance(c, Comm) and c.overlapped
+        assert names[names.index(comm) + 1] == gemm_
+    ref = replayed(SHARED, s, SYSTEM).step_time_s
+    assert estimate(SHARED, s, SYSTEM).step_time_s == pytest.approx(ref, rel=0.005)
+    after = dataclasses.replace(s, moe_shared_expert_overlap=False)
+    assert ref < replayed(SHARED, after, SYSTEM).step_time_s
+
+
+@pytest.mark.parametrize(("model", "kw"), [
+    (ROUTED, dict(dp=4, ep=2)), (SHARED, dict(dp=4, ep=1)),
+    (SHARED, dict(dp=4, ep=2, moe_dispatcher="deepep"))])
+def test_shared_expert_overlap_needs_shared_experts_ep_and_the_all_to_all(
+        model: ModelSpec, kw: dict) -> None:
+    s = Strategy(global_batch_size=4, moe_shared_expert_overlap=True, **kw)
+    with pytest.raises(ConfigError, match="it needs shared experts, ep > 1 and moe_dispatcher"):
+        check_fits_model(s, model)

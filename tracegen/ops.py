@@ -149,7 +149,7 @@ def op_key(s: Strategy) -> tuple[object, ...]:
     two strategies with the same key get the same op lists. Keep it in step with the code.
     (Recompute picks which lists run again, not what they hold, so it is not here.)"""
     return (s.micro_batch_size, s.cp, s.tp, s.sequence_parallel, s.precision, s.tp_comm_overlap,
-            s.ep, s.cp_comm_type, s.expert_tp, s.moe_dispatcher)
+            s.ep, s.cp_comm_type, s.expert_tp, s.moe_dispatcher, s.moe_shared_expert_overlap)
 
 
 def dims(m: ModelSpec, s: Strategy) -> Dims:
@@ -369,12 +369,48 @@ def _moe_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
         # tensor-parallel MLP)
         fs = m.shared_expert_ffn_hidden_size // st.tp
         folded = st.moe_folded
-        items += [*(_tp_comm(d, "shared_ag", gather=True) if folded else ()),
+        shared = [*(_tp_comm(d, "shared_ag", gather=True) if folded else ()),
                   gemm("shared_fc1", d.tokens, up * fs, h, d.dtype),
                   eltwise("shared_act", d.tokens * fs, reads=up, writes=1, flop_per_elem=ACT_FLOP),
                   gemm("shared_fc2", d.tokens, h, fs, d.dtype),
                   *(_tp_comm(d, "shared_rs", gather=False) if folded else ())]
+        items = (_shared_beside_dispatch(items, shared)
+                 if st.moe_shared_expert_overlap and st.ep > 1 else items + shared)
     return items
+
+
+def _shared_beside_dispatch(items: list[Item], shared: list[Item]) -> list[Item]:
+    """Megatron-Core's --moe-shared-expert-overlap: the shared experts run on a stream of their
+    own beside the token dispatcher's all-to-alls (``SharedExpertMLP`` with
+    ``moe_shared_expert_overlap``: its input gathered before the dispatch, FC1 and the
+    activation during it, FC2 during the combine, its output reduced after): the dispatch runs
+    alongside FC1, the combine alongside FC2. ``layer_bwd`` pairs their backward alike."""
+    names = [it.name for it in items]
+    i, j = names.index("moe_dispatch"), names.index("moe_combine")
+    at = {it.name: it for it in shared}
+    gather = [it for it in shared if it.name == "shared_ag"]
+    scatter = [it for it in shared if it.name == "shared_rs"]
+    dispatch, combine = items[i], items[j]
+    assert isinstance(dispatch, Comm) and isinstance(combine, Comm)
+    return [*items[:i], *gather, dataclasses.replace(dispatch, overlapped=True),
+            at["shared_fc1"], at["shared_act"], *items[i + 1:j],
+            dataclasses.replace(combine, overlapped=True), at["shared_fc2"], *scatter,
+            *items[j + 1:]]
+
+
+def _shared_beside_dispatch_bwd(items: list[Item]) -> list[Item]:
+    """The backward of ``_shared_beside_dispatch``: the combine's backward alongside the shared
+    FC2's data gradient, the dispatch's alongside the shared FC1's (autograd runs a backward
+    op on its forward op's stream, so the shared experts' backward keeps its own stream)."""
+    out = list(items)
+    for comm, gemm_ in (("moe_combine_bwd", "shared_fc2_dgrad"),
+                        ("moe_dispatch_bwd", "shared_fc1_dgrad")):
+        names = [it.name for it in out]
+        c = out.pop(names.index(comm))
+        assert isinstance(c, Comm)
+        out.insert([it.name for it in out].index(gemm_),
+                   dataclasses.replace(c, overlapped=True))
+    return out
 
 
 # Memory-bound token moves of a MoE layer; their backward moves the gradients back, the same
@@ -548,6 +584,8 @@ def tp_input_grad_allreduce(d: Dims, name: str) -> list[Item]:
 def layer_bwd(m: ModelSpec, st: Strategy) -> list[Item]:
     d = dims(m, st)
     mlp = _column_parallel_bwd(backward_of(mlp_block_fwd(m, st, d), d), d, "fc1", "ln2")
+    if st.moe_shared_expert_overlap and m.shared_expert_ffn_hidden_size and st.ep > 1:
+        mlp = _shared_beside_dispatch_bwd(mlp)
     attn = backward_of(attention_block_fwd(m, st, d), d)
     attn = _mla_bwd(attn, m, d) if m.is_mla else _column_parallel_bwd(attn, d, "qkv", "ln1")
     return _fp8_casts(_overlap_row_parallel_bwd(mlp + attn, d))

@@ -124,6 +124,11 @@ class Strategy:
     # --moe-enable-deepep; deepseek-ai/DeepEP): a token crosses the NICs once per destination
     # node and NVLink once per destination GPU (replay/network.py ``_deepep``).
     moe_dispatcher: MoeDispatcher = "alltoall"
+    # Megatron-Core --moe-shared-expert-overlap: a MoE layer's shared experts run beside the
+    # all-to-all dispatcher's dispatch (FC1, activation) and combine (FC2) instead of after the
+    # routed experts (tracegen/ops.py ``_shared_beside_dispatch``). Needs shared experts,
+    # expert parallelism and the all-to-all dispatcher.
+    moe_shared_expert_overlap: bool = False
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self) or _degree_problems(self)
@@ -464,6 +469,11 @@ def check_fits_model(s: Strategy, m: ModelSpec, *, gpus: int | None = None) -> N
         out.append(f"moe_dispatcher {s.moe_dispatcher!r} dispatches a mixture-of-experts "
                    "model's tokens over expert parallelism; it needs num_experts and ep > 1 "
                    "(leave it 'alltoall' otherwise)")
+    if s.moe_shared_expert_overlap and not (m.shared_expert_ffn_hidden_size and s.ep > 1
+                                            and s.moe_dispatcher == "alltoall"):
+        out.append("moe_shared_expert_overlap runs a MoE model's shared experts beside the "
+                   "all-to-all dispatcher's dispatch and combine: it needs shared experts, ep > 1 "
+                   "and moe_dispatcher 'alltoall' (beside DeepEP it is not modelled)")
     if m.is_mla and (s.cp > 1 or s.tp_comm_overlap):
         out.append("multi-head latent attention with context parallelism or TP communication "
                    "overlap is not modelled; use cp 1 and no tp_comm_overlap")
