@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from math import comb
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -42,7 +43,6 @@ def _miss(pool: int, held: int, k: int) -> float:
 
 def _hypergeom(total: int, marked: int, draws: int, c: int) -> float:
     """P(c marked among ``draws`` picks without replacement from ``total`` with ``marked``)."""
-    from math import comb
     return comb(marked, c) * comb(total - marked, draws - c) / comb(total, draws)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -481,25 +482,29 @@ def check_fits_model(s: Strategy, m: ModelSpec, *, gpus: int | None = None) -> N
         raise ConfigError(out, what=f"strategy {s.label()} for model {m.name!r}")
 
 
+# What each recompute module needs of the model, and what to say where it is missing.
+_MODULE_NEEDS: tuple[tuple[str, Callable[[ModelSpec], bool], str], ...] = (
+    ("mlp", lambda m: not m.is_moe or bool(m.first_dense_layers),
+     "recompute module 'mlp' recomputes a dense MLP, and every layer of this model is "
+     "mixture-of-experts; recompute the experts' activation with 'moe_act' instead"),
+    ("mla_up_proj", lambda m: m.is_mla,
+     "recompute module 'mla_up_proj' recomputes multi-head latent attention's up-projections; "
+     "this model has none (set kv_lora_rank for MLA)"),
+    ("moe", lambda m: m.is_moe,
+     "recompute module 'moe' recomputes a mixture-of-experts layer; this model is dense: "
+     "recompute its MLP with 'mlp'"),
+    ("shared_experts", lambda m: bool(m.shared_expert_ffn_hidden_size),
+     "recompute module 'shared_experts' recomputes a MoE layer's shared experts; this model "
+     "has none (shared_expert_ffn_hidden_size is 0)"),
+    ("moe_act", lambda m: m.is_moe,
+     "recompute module 'moe_act' needs a mixture-of-experts model; recompute a dense MLP with "
+     "'mlp'"),
+)
+
+
 def _module_fit_problems(s: Strategy, m: ModelSpec) -> list[str]:
-    out = []
-    if "mlp" in s.selective_modules and m.is_moe and not m.first_dense_layers:
-        out.append("recompute module 'mlp' recomputes a dense MLP, and every layer of this "
-                   "model is mixture-of-experts; recompute the experts' activation with "
-                   "'moe_act' instead")
-    if "mla_up_proj" in s.selective_modules and not m.is_mla:
-        out.append("recompute module 'mla_up_proj' recomputes multi-head latent attention's "
-                   "up-projections; this model has none (set kv_lora_rank for MLA)")
-    if "moe" in s.selective_modules and not m.is_moe:
-        out.append("recompute module 'moe' recomputes a mixture-of-experts layer; this model "
-                   "is dense: recompute its MLP with 'mlp'")
-    if "shared_experts" in s.selective_modules and not m.shared_expert_ffn_hidden_size:
-        out.append("recompute module 'shared_experts' recomputes a MoE layer's shared experts; "
-                   "this model has none (shared_expert_ffn_hidden_size is 0)")
-    if "moe_act" in s.selective_modules and not m.is_moe:
-        out.append("recompute module 'moe_act' needs a mixture-of-experts model; recompute a "
-                   "dense MLP with 'mlp'")
-    return out
+    mods = s.selective_modules
+    return [why for name, fits, why in _MODULE_NEEDS if name in mods and not fits(m)]
 
 
 def with_shorter_end_chunks(s: Strategy, num_layers: int) -> Strategy:
