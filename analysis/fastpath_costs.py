@@ -338,7 +338,7 @@ class Costs:
             else:
                 d = self.compute.op_ns(it.kind, it.flop, it.bytes, it.m, it.n,
                                        DTYPE_CODE[it.dtype], it.name.endswith("_bwd"), it.k,
-                                       it.splits)
+                                       it.splits, it.groups)
                 c = alongside
             alongside = 0
             if out and not c and not out[-1][1]:

@@ -44,6 +44,10 @@ from tracegen.units import DTYPE_FROM_CODE, NS_PER_S, NS_PER_US
 # median 0.88): tests/test_device_evidence.py.
 ATTN_BWD_RATIO = 0.8
 SCORE_BYTES = 13  # per score element, forward, without FlashAttention (see above)
+# A grouped GEMM's kernels go round-robin onto this many streams (Transformer Engine's
+# ``num_streams``, transformer_engine/common/include/transformer_engine/multi_streams.h, used by
+# ``nvte_multi_stream_cublas_gemm``): each stream pays its kernels' launch gaps in turn.
+GROUPED_GEMM_STREAMS = 4
 ATTN_FLASH_BWD_FLOP = 2.5  # the op's backward FLOPs over its forward (tracegen/ops.py, Dao 2023)
 ComputeSource = Literal["model", "trace"]
 
@@ -100,21 +104,22 @@ class RooflineCompute:
                               "nor duration_micros: nothing to time it by")
         return self.op_ns(a.get("op_type", ""), flop, nbytes, a.get("gemm_m", 0),
                           a.get("gemm_n", 0), a.get("dtype", 1), node.name.endswith("_bwd"),
-                          a.get("gemm_k", 0), a.get("gemm_splits", 1))
+                          a.get("gemm_k", 0), a.get("gemm_splits", 1), a.get("gemm_groups", 1))
 
     def op_ns(self, op_type: str, flop: int, nbytes: int, m: int, n: int, dtype_code: int,
-              backward: bool, k: int = 0, splits: int = 1) -> int:
+              backward: bool, k: int = 0, splits: int = 1, groups: int = 1) -> int:
         """Duration of an op described by its attributes (cached). For attention, m and n are
         the query and key lengths and k the head dimension; a GEMM of ``splits`` > 1 runs as
-        that many kernels of m/splits rows (``Op.splits``), each launched."""
-        key = (op_type, flop, nbytes, m, n, dtype_code, backward, k, splits)
+        that many kernels of m/splits rows (``Op.splits``), each launched; one of ``groups``
+        > 1 as that many m×n×k GEMMs side by side (``Op.groups``)."""
+        key = (op_type, flop, nbytes, m, n, dtype_code, backward, k, splits, groups)
         t = self._cache.get(key)
         if t is None:
             t = self._cache[key] = self._model(*key)
         return t
 
     def _model(self, op_type: object, flop: int, nbytes: int, m: int, n: int, dtype_code: int,
-               backward: bool, k: int, splits: int) -> int:
+               backward: bool, k: int, splits: int, groups: int) -> int:
         g = self.gpu
         dtype = DTYPE_FROM_CODE.get(dtype_code, "bf16")
         mem_s = nbytes / (g.hbm_bytes_per_s * g.memory_efficiency)
@@ -132,11 +137,15 @@ class RooflineCompute:
         elif op_type in ("gemm", "") and flop:
             eff = g.gemm_efficiency_fp8 if dtype == "fp8" else g.gemm_efficiency
             eff *= g.gemm_k_factor(k, dtype)
-            eff *= g.gemm_occupancy(-(-m // max(splits, 1)), n)
+            # a group's GEMMs fill the GPU together: with the output rows of all of them (the
+            # whole group's tokens, or each expert's own weight gradient for dW)
+            rows = flop // (2 * n * k) if groups > 1 and n and k else -(-m // max(splits, 1))
+            eff *= g.gemm_occupancy(rows, n)
             comp_s = flop / (g.tensor_flop_per_s(dtype) * eff)
         else:  # memory-bound kernels: ~1-5 FLOP per 2-8 bytes, far below the ridge point
             comp_s = 0.0
-        return round(max(comp_s, mem_s) * NS_PER_S) + max(splits, 1) * g.launch_overhead_ns
+        launches = max(splits, 1) * -(-max(groups, 1) // GROUPED_GEMM_STREAMS)
+        return round(max(comp_s, mem_s) * NS_PER_S) + launches * g.launch_overhead_ns
 
     def _unfused_attention_ns(self, flop: int, *, head_dim: int, kv_len: int, dtype: str,
                               backward: bool) -> int:

@@ -36,11 +36,13 @@ _REQUIRED: dict[int, tuple[str, ...]] = {
     pb.COMM_RECV_NODE: ("comm_src", "comm_size"),
 }
 _INT_ATTRS = frozenset({"num_ops", "tensor_size", "comm_type", "comm_size", "comm_src", "comm_dst",
-                        "comm_tag", "comm_priority", "gemm_m", "gemm_n", "gemm_k", "dtype",
+                        "comm_tag", "comm_priority", "gemm_m", "gemm_n", "gemm_k", "gemm_splits",
+                        "gemm_groups", "dtype",
                         *ROUTE_ATTRS})
 _BOOL_ATTRS = frozenset({"is_cpu_op"})
 _SIZE_ATTRS = frozenset({"comm_size", "num_ops", "tensor_size"})
 _STR_ATTRS = frozenset({"pg_name", "op_type"})
+_COUNT_ATTRS = ("gemm_splits", "gemm_groups")  # kernels a GEMM runs as; GEMMs of a group
 
 
 class NodeRec(NamedTuple):
@@ -267,6 +269,10 @@ def _attrs_of(node: Any, where: str, node_id: int, name: bytes) -> dict[str, Any
     if any(attrs.get(k, 0) < 0 for k in _SIZE_ATTRS):
         raise TraceFormatError(f"{where} (id {node_id}, {name!r}): negative size "
                                "(comm_size / num_ops / tensor_size)")
+    for k in _COUNT_ATTRS:
+        if attrs.get(k, 1) < 1:
+            raise TraceFormatError(f"{where} (id {node_id}, {name!r}): {k} = {attrs[k]}: a "
+                                   "count of kernels or GEMMs, at least 1 (leave it out for 1)")
     if "moe_topk" in attrs:
         _check_route(attrs, f"{where} (id {node_id}, {name!r})")
     return attrs

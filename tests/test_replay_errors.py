@@ -69,6 +69,10 @@ FORMAT_CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
         id=1, name="c", type=pb.COMM_COLL_NODE,
         attrs=[A(name="comm_type", int64_val=0), A(name="comm_size", string_val="big")])),
         "attribute 'comm_size' must be an integer, got string_val = 'big'"),
+    "zero gemm groups": (lambda p: _write(p, META, _node(
+        id=1, name="g", type=pb.COMP_NODE,
+        attrs=[A(name="num_ops", int64_val=8), A(name="gemm_groups", int64_val=0)])),
+        "gemm_groups = 0: a count of kernels or GEMMs, at least 1"),
     "bad utf-8 name": (lambda p: (p.write_bytes(
         GOLDEN.joinpath("tiny.0.et").read_bytes().replace(b"F0.c0", b"F0\xff\xfe0", 1)), p)[1],
         "UTF-8"),

@@ -86,6 +86,10 @@ class Op:
     # A GEMM run as this many kernels of m/splits rows each: Transformer Engine's
     # communication overlap splits it so each chunk's transfer hides behind another's GEMM.
     splits: int = 1
+    # A grouped GEMM: this many independent GEMMs of shape m×n×k (one per local expert; m or,
+    # for a weight gradient, k the expert's share of the tokens), run side by side. ``flop``
+    # and ``bytes`` are the group's total (``grouped_gemm``).
+    groups: int = 1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -165,6 +169,28 @@ def gemm(name: str, m: int, n: int, k: int, dtype: str) -> Op:
 def gemm_bwd(name: str, m: int, n: int, k: int, dtype: str) -> list[Op]:
     """Data gradient dX = dY·Wᵀ (m×n·n×k) and weight gradient dW = Xᵀ·dY (k×m·m×n)."""
     return [gemm(f"{name}_dgrad", m, k, n, dtype), gemm(f"{name}_wgrad", k, n, m, dtype)]
+
+
+def grouped_gemm(name: str, rows: int, n: int, k: int, dtype: str, groups: int) -> Op:
+    """``rows`` tokens through ``groups`` experts' own n×k weights, ``rows/groups`` each
+    (balanced): Megatron-Core's grouped MLP (``TEGroupedMLP``: Transformer Engine's
+    ``GroupedLinear``, one GEMM per local expert) — the FLOPs of one rows×n×k GEMM, but each
+    expert's GEMM only as tall as its share and every expert's weights read."""
+    if groups <= 1:
+        return gemm(name, rows, n, k, dtype)
+    e = DTYPE_BYTES[dtype]
+    return Op(name, "gemm", 2 * rows * n * k, rows * k * e + groups * k * n * e
+              + rows * n * ACT_BYTES, -(-rows // groups), n, k, dtype, groups=groups)
+
+
+def grouped_gemm_bwd(op: Op) -> list[Op]:
+    """A grouped GEMM's data gradient (grouped like it) and weight gradient: each expert's
+    dW = X_eᵀ·dY_e reduces over that expert's tokens only, ``rows/groups`` long."""
+    rows, n, k, g = op.flop // (2 * op.n * op.k), op.n, op.k, op.groups
+    e = DTYPE_BYTES[op.dtype]
+    wgrad = Op(f"{op.name}_wgrad", "gemm", op.flop, rows * (k + n) * e + g * k * n * ACT_BYTES,
+               k, n, -(-rows // g), op.dtype, groups=g)
+    return [grouped_gemm(f"{op.name}_dgrad", rows, k, n, op.dtype, g), wgrad]
 
 
 def eltwise(name: str, elems: int, *, reads: int, writes: int, flop_per_elem: int,
@@ -353,9 +379,10 @@ def _moe_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
         items.append(Comm("moe_dispatch", "ep", "ALL_TO_ALL", routed * h * ACT_BYTES,
                           route=route))
     items += after
-    items.append(gemm("expert_fc1", routed, up * f, h, d.dtype))
+    local = m.num_experts // st.ep  # the rank's experts, one GEMM each
+    items.append(grouped_gemm("expert_fc1", routed, up * f, h, d.dtype, local))
     items.append(eltwise("expert_act", routed * f, reads=up, writes=1, flop_per_elem=ACT_FLOP))
-    items.append(gemm("expert_fc2", routed, h, f, d.dtype))
+    items.append(grouped_gemm("expert_fc2", routed, h, f, d.dtype, local))
     items += restore
     if st.ep > 1:
         items.append(Comm("moe_combine", "ep", "ALL_TO_ALL", routed * h * ACT_BYTES,
@@ -463,7 +490,7 @@ def _fp8_casts(items: list[Item]) -> list[Item]:
     for it in items:
         if (isinstance(it, Op) and it.kind == "gemm" and it.dtype == "fp8"
                 and not it.name.endswith("_wgrad")):
-            elems = it.m * it.k
+            elems = it.flop // (2 * it.n)  # its input, m·k (the whole group's)
             cast = Op(f"{it.name}_fp8_cast", "elementwise", elems, FP8_CAST_BYTES_PER_ELEM * elems)
             # before a collective that runs alongside the GEMM, so the pair stays together
             paired = out and isinstance(out[-1], Comm) and out[-1].overlapped
@@ -549,6 +576,8 @@ def _bwd_item(it: Item, d: Dims) -> list[Item]:
         return _bwd_comm(it, d)
     if it.name in PERMUTATIONS:
         return [Op(f"{it.name}_bwd", it.kind, it.flop, it.bytes)]
+    if it.kind == "gemm" and it.groups > 1:
+        return list(grouped_gemm_bwd(it))
     if it.kind == "gemm":
         return list(gemm_bwd(it.name, it.m, it.n, it.k, it.dtype))
     if it.kind == "attention":

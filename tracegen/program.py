@@ -108,6 +108,8 @@ class RoleProgram:
                           ("gemm_k", "int64", op.k)]
             if op.splits > 1:  # kernels it runs as (Transformer Engine's overlap chunks)
                 attrs.append(("gemm_splits", "int64", op.splits))
+            if op.groups > 1:  # GEMMs of that shape it runs side by side (one per local expert)
+                attrs.append(("gemm_groups", "int64", op.groups))
             attrs.append(("dtype", "int64", DTYPE_CODE[op.dtype]))
             self._attr_cache[op] = attrs
         return attrs
