@@ -45,7 +45,8 @@ def catalog_cmd() -> None:
         table.add_column(col)
     for name in model_names():
         m = get_model(name)
-        table.add_row(name, f"{m.num_params() / 1e9:.1f}", str(m.num_layers), str(m.hidden_size),
+        layers = str(m.num_layers) + (f" +{m.mtp_layers} MTP" if m.mtp_layers else "")
+        table.add_row(name, f"{m.num_params() / 1e9:.1f}", layers, str(m.hidden_size),
                       f"{m.num_attention_heads}/{m.num_kv_heads}", str(m.ffn_hidden_size),
                       _experts(m), str(m.vocab_size), str(m.seq_len), f"{m.dropout:g}",
                       model_source(name))

@@ -64,7 +64,7 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
         tails = {st: _tail(costs, stages[st], reps[st], chunk_ends[st], strategy_key)
                  for st in check}
     chain = list(ends)
-    if m.tied_embeddings and s.pp > 1:
+    if m.shares_embedding and s.pp > 1:
         size = m.vocab_size * m.hidden_size // s.tp * O.grad_reduce_bytes(s)
         first, last = ends[0], ends[-1]
         if not shifted:  # each ends later by what its own buckets slowed it (interference)

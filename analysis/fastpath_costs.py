@@ -169,7 +169,7 @@ class Costs:
         # uneven split, or a MoE model's dense first layers on a pipeline
         self.uneven = s.uneven or bool(model.first_dense_layers and s.pp > 1)
         # all a group's shape depends on besides its axis and rank
-        self._degrees = (s.tp, s.cp, s.dp, s.pp, s.ep, model.tied_embeddings, self.moe,
+        self._degrees = (s.tp, s.cp, s.dp, s.pp, s.ep, model.shares_embedding, self.moe,
                          self.gpn, s.expert_tp)
         # the shapes of this layout's groups (the layout is hashed once per strategy, not per
         # lookup)

@@ -74,12 +74,14 @@ FLOAT_COLUMNS = ("scaleout_gbps_per_gpu", "measured_iter_time_s")
 # model or layout needs that the schema cannot say — attention heads wider than hidden / heads
 # (Qwen3), the experts' tensor parallelism (1 = Megatron-Core's MoE parallel folding), the
 # shared experts' width (Qwen2-MoE), a MoE model's dense first layers (GLM-4.5), multi-head
-# latent attention's widths and group-limited routing (DeepSeek-V3); and, as text, the MoE
+# latent attention's widths, group-limited routing and multi-token prediction (DeepSeek-V3);
+# and, as text, the MoE
 # dispatcher and the modules selective recompute names (Megatron-Core's --recompute-modules,
 # comma-separated).
 EXTENSION_INT_COLUMNS = ("head_dim", "expert_tp", "shared_expert_ffn_hidden_size",
                          "first_dense_layers", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
-                         "v_head_dim", "moe_router_num_groups", "moe_router_group_topk")
+                         "v_head_dim", "moe_router_num_groups", "moe_router_group_topk",
+                         "mtp_layers")
 EXTENSION_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules")
 BOOL_COLUMNS = ("sequence_parallel",)
 # Read case-insensitively (the schema spells them in lower case: "bf16", "h100-sxm", "full").
@@ -327,7 +329,8 @@ def _model(row: dict[str, Any], over: dict[str, Any]) -> ModelSpec:
         qk_rope_head_dim=row.get("qk_rope_head_dim") or 0,
         v_head_dim=row.get("v_head_dim") or 0,
         moe_router_num_groups=(row.get("moe_router_num_groups") or 0) if moe else 0,
-        moe_router_group_topk=(row.get("moe_router_group_topk") or 0) if moe else 0)
+        moe_router_group_topk=(row.get("moe_router_group_topk") or 0) if moe else 0,
+        mtp_layers=row.get("mtp_layers") or 0)
 
 
 def _strategy(row: dict[str, Any], precision: str) -> Strategy:

@@ -9,7 +9,11 @@ Megatron-LM's ``num_floating_point_operations``): per step of B sequences of s t
 h unless the model decouples them — Megatron's query_projection_to_hidden_size_ratio). For GPT
 shapes this is 72·B·s·l·h²·(1 + s/6h + V/12lh). MoE layers count the top-k experts per token
 and the shared experts (Megatron-LM: ``moe_ffn_hidden_size·topk + shared_expert_ffn_hidden_size``),
-a MoE model's dense first layers their own ffn (ffn above is then the layers' mean). Under
+a MoE model's dense first layers their own ffn (ffn above is then the layers' mean). Multi-token
+prediction adds, per module, one layer of the last layer's kind, its 2h → h projection and
+norms (3·2·(3h + 2h²) per token) and one more pass of the output head (Megatron-LM
+``num_floating_point_operations``: num_layers + mtp_num_layers, logits × (mtp_num_layers + 1)).
+Under
 multi-head latent attention the attention terms are its projections' weights (2 FLOPs each per
 token) and QKᵀ / attention·V over its Q/K and V head widths.
 HFU adds the recomputed forward: full recompute one more forward of every layer, selective the
@@ -19,10 +23,23 @@ the MLP's GEMMs (the norms and activations it may also rebuild are not matrix FL
 
 from __future__ import annotations
 
+import dataclasses
+
 from tracegen.model import ModelSpec
 
 
 def model_flop_per_step(m: ModelSpec, global_batch: int) -> int:
+    if not m.mtp_layers:
+        return _main_flop(m, global_batch)
+    b, s, h, v = global_batch, m.seq_len, m.hidden_size, m.vocab_size
+    # one layer of the last layer's kind (a MoE model's last layer is a MoE one)
+    last = dataclasses.replace(m, num_layers=1, first_dense_layers=0, mtp_layers=0)
+    layer = _main_flop(last, b) - 6 * b * s * h * v
+    per_module = layer + 6 * b * s * (3 * h + 2 * h * h) + 6 * b * s * h * v
+    return _main_flop(m, b) + m.mtp_layers * per_module
+
+
+def _main_flop(m: ModelSpec, global_batch: int) -> int:
     b, s, n_l, h, v = global_batch, m.seq_len, m.num_layers, m.hidden_size, m.vocab_size
     ffn: float = (m.moe_ffn_hidden_size * m.experts_per_token + m.shared_expert_ffn_hidden_size
                   if m.is_moe else m.ffn_hidden_size)
@@ -76,7 +93,8 @@ def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str,
                 + (up if "mla_up_proj" in modules else 0) + (moe if "moe" in modules else 0)
                 + (shared if "shared_experts" in modules and "moe" not in modules else 0))
     logits = 2 * b * s * h * m.vocab_size
-    layers = (model_flop_per_step(m, global_batch) - 3 * logits) // 3
+    # the model's layers only: multi-token-prediction modules are not recomputed
+    layers = (_main_flop(m, global_batch) - 3 * logits) // 3
     return layers if recomputed_layers is None else layers * recomputed_layers // n_l
 
 

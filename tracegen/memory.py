@@ -34,7 +34,7 @@ import dataclasses
 import functools
 
 from tracegen.model import ModelSpec
-from tracegen.ops import grad_reduce_bytes
+from tracegen.ops import ACT_BYTES, grad_reduce_bytes
 from tracegen.program import dp_group_size
 from tracegen.schedule import stage_order
 from tracegen.strategy import Strategy
@@ -239,8 +239,22 @@ def _chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
             rc, kept = per_layer[i < n_dense]
             total += kept if n and i >= n else rc
         per_chunk.append(total)
+    if m.mtp_layers and stage == s.pp - 1:  # the last chunk's MTP modules
+        per_chunk[-1] += mtp_activation_bytes(m, s, flash_attention)
     return int(_peak_chunk_load(s.order_id, s.num_microbatches, s.pp, s.vpp, stage,
                                 tuple(per_chunk)))
+
+
+def mtp_activation_bytes(m: ModelSpec, s: Strategy, flash_attention: bool = True) -> int:
+    """What the multi-token-prediction modules keep for their backward, per micro-batch: each a
+    layer of the last layer's kind, never recomputed (trainsim recomputes the model's layers
+    only), and its input — the next tokens' embedding, the two normed halves the projection
+    reads and the projection's output, 16-bit, on the sequence shards (Korthikanti et al.'s
+    accounting of a layer's inputs). Their logits count with the head's (``_parts``)."""
+    tokens = s.micro_batch_size * m.seq_len // s.cp
+    shards = s.tp if s.sequence_parallel else 1
+    inputs = 4 * tokens * m.hidden_size * ACT_BYTES // shards
+    return m.mtp_layers * (_layer_activation_bytes(m, s, "none", flash_attention) + inputs)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -344,7 +358,8 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
             weights = -(-params_local * ZERO3_PARAM_BYTES // dp_shard)
             optim = -(-params_local * ZERO3_OPTIM_BYTES // dp_shard)
     if (s.vpp > 1 and s.uneven and stage in (0, s.pp - 1)) or (
-            m.first_dense_layers and _holds_dense(m, s, stage)):
+            m.first_dense_layers and _holds_dense(m, s, stage)) or (
+            m.mtp_layers and stage == s.pp - 1):
         activations = _chunk_activations(m, s, stage, act, flash_attention)
     else:
         if layers is None:
@@ -360,7 +375,8 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
     logits = 0
     if stage == s.pp - 1:
         tokens = s.micro_batch_size * m.seq_len // s.cp
-        logits = tokens * m.vocab_size // s.tp * 4  # fp32 logits for the loss
+        # fp32 logits for the loss, of the model's head and of each MTP module's pass of it
+        logits = tokens * m.vocab_size // s.tp * 4 * (1 + m.mtp_layers)
     transient = transient_bytes(m, s, stage, flash_attention=flash_attention)
     tensors = weights + grads + optim + activations + logits + transient
     return (weights, grads, optim, activations, logits, transient, RUNTIME_BYTES,

@@ -18,7 +18,7 @@ from tracegen.strategy import Strategy
 # Collective axes in the order their groups are numbered (group ids start at 1, ASTRA-sim style).
 # "dp" is the gradient-reduction group: every rank holding the same weights (dp × cp).
 # "edp" is the expert-data-parallel group (dp / ep), "embd" joins the first and last stage
-# for the tied-embedding gradient all-reduce.
+# for the shared embedding's gradient all-reduce (a tied head, or multi-token prediction).
 AXES: tuple[str, ...] = ("tp", "cp", "dp", "ep", "edp", "embd")
 
 

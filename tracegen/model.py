@@ -74,6 +74,14 @@ class ModelSpec:
     # long-context runs on H100 measured 295 TFLOP/s a GPU forced-balanced and 237 dropless
     # (Megatron-MoE-ModelZoo, best_practice/Qwen3).
     moe_load_imbalance: float = 1.0
+    # Multi-token prediction (DeepSeek-V3 §2.2; Megatron-Core --mtp-num-layers,
+    # ``MultiTokenPredictionLayer``): this many sequential modules after the last layer, each
+    # RMS-norming the hidden state and the next token's embedding, projecting their
+    # concatenation 2h → h, running one transformer layer of the last layer's kind and the
+    # shared output head with its own loss. They run on the last pipeline stage, which then
+    # also holds the embedding (shared with the first stage). 0 = none; not in num_params
+    # (DeepSeek-V3's 671B leave its 14B MTP module out).
+    mtp_layers: int = 0
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self)
@@ -153,7 +161,8 @@ class ModelSpec:
         return dataclasses.replace(self, num_experts=0, experts_per_token=0,
                                    moe_ffn_hidden_size=0, shared_expert_ffn_hidden_size=0,
                                    first_dense_layers=0, moe_router_num_groups=0,
-                                   moe_router_group_topk=0, moe_load_imbalance=1.0)
+                                   moe_router_group_topk=0, moe_load_imbalance=1.0,
+                                   mtp_layers=0)
 
     def dense_layers_in(self, layers: range) -> int:
         """How many of the global layers ``layers`` are dense first layers."""
@@ -166,6 +175,19 @@ class ModelSpec:
                     + self.hidden_size * self.num_experts
                     + up * self.hidden_size * self.shared_expert_ffn_hidden_size)
         return up * self.hidden_size * self.ffn_hidden_size
+
+    @property
+    def shares_embedding(self) -> bool:
+        """Whether the last pipeline stage holds the word embedding too (a tied output head, or
+        the multi-token-prediction modules' input), its gradient all-reduced with the first's
+        (Megatron's embedding group)."""
+        return self.tied_embeddings or self.mtp_layers > 0
+
+    def mtp_params(self) -> int:
+        """Weights of the multi-token-prediction modules: each a 2h → h projection and a layer
+        of the last layer's kind (the embedding and output head are the model's, shared)."""
+        h = self.hidden_size
+        return self.mtp_layers * (2 * h * h + self.layer_params())
 
     def embedding_params(self) -> int:
         copies = 1 if self.tied_embeddings else 2
@@ -206,6 +228,9 @@ def _problems(m: ModelSpec, *, head_dim_given: bool = True) -> list[str]:
         out.append(f"dropout is a probability in [0, 1), got {m.dropout} (0 = no dropout)")
     if m.activation not in ACTIVATIONS:
         out.append(f"activation must be one of {', '.join(ACTIVATIONS)}; got {m.activation!r}")
+    if m.mtp_layers < 0:
+        out.append(f"mtp_layers must be ≥ 0 (0 = no multi-token prediction), got "
+                   f"{m.mtp_layers}")
     if m.head_dim < 0:
         out.append(f"head_dim must be ≥ 0 (0 = hidden_size / num_attention_heads), got "
                    f"{m.head_dim}")

@@ -714,6 +714,67 @@ def selective_recompute(m: ModelSpec, st: Strategy, modules: tuple[str, ...] = (
     return out
 
 
+def _mtp_input_fwd(d: Dims) -> list[Item]:
+    """What a multi-token-prediction module runs before its layer (Megatron-Core
+    ``MultiTokenPredictionLayer``): the next tokens' embedding (the shared, vocab-parallel one),
+    an RMSNorm of it and of the hidden state, their concatenation projected 2h → h by a
+    column-parallel GEMM (its input gathered over the sequence shards under SP), whose output
+    is gathered over TP (``all_gather_last_dim_from_tensor_parallel_region``) and sliced back
+    to the sequence shards."""
+    norm = d.tokens_sp * d.h
+    items: list[Item] = [eltwise("mtp_embedding", d.tokens * d.h, reads=1, writes=1,
+                                 flop_per_elem=0, kind="embedding")]
+    items += _tp_comm(d, "mtp_embedding_rs", gather=False)
+    items += [eltwise(f"mtp_{x}norm", norm, reads=1, writes=1, flop_per_elem=NORM_FLOP,
+                      kind="norm") for x in "eh"]
+    if d.t > 1 and d.sp:
+        items.append(Comm("mtp_eh_ag", "tp", "ALL_GATHER", d.tokens * 2 * d.h * ACT_BYTES // d.t))
+    items.append(gemm("mtp_eh_proj", d.tokens, d.h // d.t, 2 * d.h, d.dtype))
+    if d.t > 1:
+        items.append(Comm("mtp_eh_gather", "tp", "ALL_GATHER", d.tokens * d.h // d.t * ACT_BYTES))
+    return items
+
+
+def _mtp_input_bwd(d: Dims) -> list[Item]:
+    """The backward of ``_mtp_input_fwd``: under SP the slice's gradient gathered over the
+    sequence, the output gather's gradient reduce-scattered (``_reduce_scatter_along_last_dim``),
+    the projection's input gathered again for its weight gradient and its gradient
+    reduce-scattered back to the shards (without SP all-reduced); the norms' and the embedding's
+    backward."""
+    full, wide = d.tokens * d.h * ACT_BYTES, d.tokens * 2 * d.h * ACT_BYTES
+    items: list[Item] = []
+    if d.t > 1:
+        if d.sp:
+            items.append(Comm("mtp_eh_slice_bwd", "tp", "ALL_GATHER", full // d.t))
+        items.append(Comm("mtp_eh_gather_bwd", "tp", "REDUCE_SCATTER", full))
+        if d.sp:
+            items.append(Comm("mtp_eh_in_ag", "tp", "ALL_GATHER", wide // d.t))
+    items += gemm_bwd("mtp_eh_proj", d.tokens, d.h // d.t, 2 * d.h, d.dtype)
+    if d.t > 1:
+        items.append(Comm("mtp_eh_ag_bwd", "tp", "REDUCE_SCATTER", wide) if d.sp
+                     else Comm("mtp_eh_in_grad_ar", "tp", "ALL_REDUCE", wide))
+    items += [eltwise(f"mtp_{x}norm_bwd", d.tokens_sp * d.h, reads=2, writes=1,
+                      flop_per_elem=2 * NORM_FLOP, kind="norm") for x in "he"]
+    items += _tp_comm(d, "mtp_embedding_bwd_ag", gather=True)
+    items.append(eltwise("mtp_embedding_bwd", d.tokens * d.h, reads=2, writes=1,
+                         flop_per_elem=1, kind="embedding"))
+    return items
+
+
+def mtp_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
+    """One multi-token-prediction module (DeepSeek-V3 §2.2): its input (``_mtp_input_fwd``), a
+    transformer layer of the last layer's kind, and the shared output head with its loss
+    (Megatron-Core runs the head over the main and MTP hidden states: one more head pass
+    each)."""
+    d = dims(m, st)
+    return _fp8_casts(_mtp_input_fwd(d)) + layer_fwd(m, st) + head_fwd(m, st)
+
+
+def mtp_bwd(m: ModelSpec, st: Strategy) -> list[Item]:
+    d = dims(m, st)
+    return head_bwd(m, st) + layer_bwd(m, st) + _fp8_casts(_mtp_input_bwd(d))
+
+
 def embedding_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
     """Vocab-parallel embedding lookup + TP reduction (Shoeybi et al. 2019, §3)."""
     d = dims(m, st)

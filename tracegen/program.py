@@ -52,7 +52,9 @@ class PNode:
 class ParamBlock:
     """Parameters this rank holds for one layer / embedding / head, split by reduction axis."""
 
-    name: str  # "layer", "dense_layer" (a MoE model's dense first layers), "embedding", "lm_head"
+    # "layer", "dense_layer" (a MoE model's dense first layers), "embedding", "lm_head", "mtp"
+    # (a multi-token-prediction module)
+    name: str
     dense: int
     expert: int = 0
     label: str = ""  # e.g. "L12" (global layer index), "emb", "head"
@@ -230,8 +232,19 @@ class RoleProgram:
             head = self.vocab_block("lm_head", "head")
             if self.m.tied_embeddings and self.n_chunks == 1:
                 head = dataclasses.replace(head, dense=0)  # the same weight as the embedding
+            if self.m.mtp_layers:
+                out.append((self.mtp_block(), self.m.mtp_layers))
+                if self.s.pp > 1 and not self.m.tied_embeddings:
+                    # the MTP modules' embedding: the first stage's, shared (its own copy here)
+                    head = dataclasses.replace(head, dense=2 * head.dense)
             out.append((head, 1))
         return out
+
+    def mtp_block(self) -> ParamBlock:
+        """One multi-token-prediction module's parameters: its 2h → h projection (column-
+        parallel) and a layer of the last layer's kind."""
+        layer, h = self.layer_block(), self.m.hidden_size
+        return ParamBlock("mtp", layer.dense + 2 * h * h // self.s.tp, layer.expert)
 
     def blocks_of_chunk(self, gci: int, *, labels: bool = True) -> list[ParamBlock]:
         """Parameter blocks of global model chunk ``gci`` in forward order. Without ``labels``
@@ -242,6 +255,8 @@ class RoleProgram:
             if labels and block.is_layer:
                 out += [dataclasses.replace(block, label=f"L{first + i}") for i in range(count)]
                 first += count
+            elif labels and block.name == "mtp":
+                out += [dataclasses.replace(block, label=f"mtp{i}") for i in range(count)]
             else:
                 out += [block] * count
         return out
@@ -396,8 +411,11 @@ class RoleProgram:
     def _lists(self) -> dict[str, list[O.Item]]:
         """Op lists of the non-layer blocks, built once."""
         m, s = self.m, self.s
-        return {"embedding_fwd": O.embedding_fwd(m, s), "embedding_bwd": O.embedding_bwd(m, s),
-                "lm_head_fwd": O.head_fwd(m, s), "lm_head_bwd": O.head_bwd(m, s), "none": []}
+        lists = {"embedding_fwd": O.embedding_fwd(m, s), "embedding_bwd": O.embedding_bwd(m, s),
+                 "lm_head_fwd": O.head_fwd(m, s), "lm_head_bwd": O.head_bwd(m, s), "none": []}
+        if m.mtp_layers:
+            lists.update(mtp_fwd=O.mtp_fwd(m, s), mtp_bwd=O.mtp_bwd(m, s))
+        return lists
 
     @functools.cached_property
     def _selective(self) -> dict[tuple[str, ...], list[O.Item]]:
@@ -518,7 +536,7 @@ class RoleProgram:
 
     def _finish(self) -> None:
         s, m = self.s, self.m
-        if m.tied_embeddings and s.pp > 1 and self.stage in (0, s.pp - 1):
+        if m.shares_embedding and s.pp > 1 and self.stage in (0, s.pp - 1):
             size = m.vocab_size * m.hidden_size // s.tp * O.grad_reduce_bytes(s)
             self.coll(O.Comm("embedding_grad_ar", "embd", "ALL_REDUCE", size), "step",
                       blocking=True)

@@ -123,7 +123,7 @@ def generate(model: ModelSpec, strategy: Strategy, out_dir: str | Path, *,
     except OSError as exc:  # a file in the way, no permission
         raise ConfigError(f"cannot create the trace folder {out}: {exc.strerror}",
                           what="output folder") from None
-    mesh = Mesh(strategy, tied_embeddings=model.tied_embeddings, moe=model.is_moe)
+    mesh = Mesh(strategy, tied_embeddings=model.shares_embedding, moe=model.is_moe)
     ranks = mesh.representatives() if mode == "representative" else range(strategy.world_size)
     encodings: dict[int, RoleEncoding] = {}
     stats: list[StageStats] = []
