@@ -177,7 +177,10 @@ def _missing(row: dict[str, Any], fields: tuple[str, ...]) -> list[str]:
 
 STRATEGY_SECTION, MODEL_SECTION = "strategy.", "model."
 # Model fields a row cannot give (no schema column), which ``model.field`` overrides may set.
-MODEL_OVERRIDABLE = ("dropout", "tied_embeddings", "moe_load_imbalance")
+MODEL_OVERRIDABLE = ("dropout", "tied_embeddings", "moe_load_imbalance", "moe_capacity_factor",
+                     "moe_pad_to_capacity")
+# ... of which these describe a MoE layer's routing: applied to MoE rows only
+MOE_ONLY_OVERRIDES = ("moe_load_imbalance", "moe_capacity_factor", "moe_pad_to_capacity")
 
 
 def split_overrides(overrides: dict[str, Any]
@@ -293,10 +296,11 @@ def _where_meaningful(over: dict[str, Any], row: dict[str, Any], notes: list[str
 
 def _model_over_where_meaningful(over: dict[str, Any], row: dict[str, Any], notes: list[str]
                                  ) -> dict[str, Any]:
-    """Model overrides for one row, less a MoE load imbalance on a dense model. Said."""
-    if "moe_load_imbalance" in over and row["arch"] != "moe":
-        notes.append("model override moe_load_imbalance not applied (a dense model)")
-        return {k: v for k, v in over.items() if k != "moe_load_imbalance"}
+    """Model overrides for one row, less the MoE routing ones on a dense model. Said."""
+    moe_only = [k for k in MOE_ONLY_OVERRIDES if k in over]
+    if moe_only and row["arch"] != "moe":
+        notes.append(f"model override {', '.join(moe_only)} not applied (a dense model)")
+        return {k: v for k, v in over.items() if k not in moe_only}
     return over
 
 
@@ -492,7 +496,7 @@ def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = 
         try:
             moe: dict[str, Any] = dict(num_experts=2, experts_per_token=1,
                                        moe_ffn_hidden_size=8) if (
-                "moe_load_imbalance" in model_over) else {}
+                set(MOE_ONLY_OVERRIDES) & set(model_over)) else {}
             ModelSpec(name="override", num_layers=1, hidden_size=8, num_attention_heads=1,
                       ffn_hidden_size=8, vocab_size=8, seq_len=8, **moe, **model_over)
         except ConfigError as exc:

@@ -182,3 +182,69 @@ def test_validate_takes_a_load_imbalance_for_the_moe_rows_only() -> None:
         even.filter(~moe)["predicted_iter_time_s"])
     assert heavy.filter(~moe)["assumptions"].str.contains(
         "moe_load_imbalance not applied").all()
+
+
+# ---- token dropping: ModelSpec.moe_capacity_factor / moe_pad_to_capacity --------------------
+
+@pytest.mark.parametrize(("imbalance", "capacity", "pad", "load"), [
+    (1.5, 1.2, False, 1.2),   # dropped beyond capacity: the capacity binds
+    (1.5, 2.0, False, 1.5),   # capacity above the load: nothing dropped on the busiest rank
+    (1.0, 0.8, False, 0.8),   # below 1: tokens dropped even when balanced
+    (1.0, 1.25, True, 1.25),  # padded: every expert runs its capacity
+    (1.5, 1.25, True, 1.25),
+])
+def test_capacity_caps_or_pads_what_the_busiest_rank_runs(imbalance: float, capacity: float,
+                                                          pad: bool, load: float) -> None:
+    """Megatron-Core's capacity factor: an expert takes at most its balanced share times the
+    factor (the rest dropped), or exactly that with its input padded; the dispatch, combine and
+    expert work scale by the load that results, the rank's own permutation does not."""
+    import dataclasses
+
+    s = Strategy(dp=8, ep=8, global_batch_size=8)
+    even = {it.name: it for it in layer_fwd(MOE, s)}
+    m = dataclasses.replace(MOE, moe_load_imbalance=imbalance, moe_capacity_factor=capacity,
+                            moe_pad_to_capacity=pad)
+    assert m.moe_busiest_load == load
+    got = {it.name: it for it in layer_fwd(m, s)}
+    # (copies are whole: the load times the copies, rounded)
+    assert got["moe_dispatch"].size_bytes == pytest.approx(
+        load * even["moe_dispatch"].size_bytes, rel=1e-4)
+    assert got["expert_fc1"].flop == pytest.approx(load * even["expert_fc1"].flop, rel=1e-4)
+    assert got["moe_permute"] == even["moe_permute"]
+
+
+def test_capacity_settings_that_cannot_run_are_refused() -> None:
+    import dataclasses
+
+    from tracegen import ConfigError, get_model
+    from tracegen.strategy import check_fits_model
+
+    with pytest.raises(ConfigError, match="moe_capacity_factor must be ≥ 0"):
+        dataclasses.replace(MOE, moe_capacity_factor=-1.0)
+    with pytest.raises(ConfigError, match="set moe_capacity_factor > 0 with it"):
+        dataclasses.replace(MOE, moe_pad_to_capacity=True)
+    with pytest.raises(ConfigError, match="num_experts is 0"):
+        dataclasses.replace(get_model("llama3-8b"), moe_capacity_factor=1.0)
+    padded = dataclasses.replace(MOE, moe_capacity_factor=1.0, moe_pad_to_capacity=True)
+    with pytest.raises(ConfigError, match="flex dispatcher does not pad"):
+        check_fits_model(Strategy(dp=8, ep=8, global_batch_size=8, moe_dispatcher="deepep"),
+                         padded)
+
+
+def test_validate_takes_a_capacity_for_the_moe_rows_only() -> None:
+    from pathlib import Path
+
+    from analysis.validate import validate
+
+    mixed = Path(__file__).resolve().parent / "data" / "megatron_bridge_h100_runs.csv"
+    even = validate(mixed, fast=True)
+    padded = validate(mixed, fast=True, overrides={"model.moe_capacity_factor": 1.5,
+                                                   "model.moe_pad_to_capacity": True})
+    moe = padded["id"].str.contains("qwen3")
+    assert (padded["status"] == "ok").all()
+    assert (padded.filter(moe)["predicted_iter_time_s"]
+            > even.filter(moe)["predicted_iter_time_s"]).all()
+    assert padded.filter(~moe)["predicted_iter_time_s"].equals(
+        even.filter(~moe)["predicted_iter_time_s"])
+    assert padded.filter(~moe)["assumptions"].str.contains(
+        "moe_capacity_factor, moe_pad_to_capacity not applied").all()

@@ -89,8 +89,8 @@ def _layer_terms(m: ModelSpec, fp8: bool = False) -> tuple[float, float]:
     QKV, FC1 and FC2 shrink to 1 byte; the output projection's input is also the attention's
     output, which the attention keeps in 16 bits for its own backward, so its FP8 copy adds 1."""
     h, kv, q = m.hidden_size, m.kv_size, m.q_size
-    # a MoE layer's experts: the busiest rank's copies (``ModelSpec.moe_load_imbalance``)
-    f = (m.moe_ffn_hidden_size * m.experts_per_token * m.moe_load_imbalance if m.is_moe
+    # a MoE layer's experts: the busiest rank's copies (``ModelSpec.moe_busiest_load``)
+    f = (m.moe_ffn_hidden_size * m.experts_per_token * m.moe_busiest_load if m.is_moe
          else m.ffn_hidden_size)
     up = 2 if m.gated else 1
     gemm_in = 1 if fp8 else 2
@@ -161,7 +161,7 @@ def _recomputed_terms(m: ModelSpec, s: Strategy, modules: tuple[str, ...], repli
     experts' FC1 and activation outputs."""
     gemm_in = 1 if s.precision == "fp8" else 2
     h = m.hidden_size
-    f = (m.moe_ffn_hidden_size * m.experts_per_token * m.moe_load_imbalance if m.is_moe
+    f = (m.moe_ffn_hidden_size * m.experts_per_token * m.moe_busiest_load if m.is_moe
          else m.ffn_hidden_size)
     mlp = "mlp" in modules and not m.is_moe  # a dense layer's MLP (a MoE model's first ones)
     if "layernorm" in modules:
@@ -185,7 +185,7 @@ def _permuted_tokens_bytes(m: ModelSpec, s: Strategy) -> float:
     dispatcher permutes the tokens, and the grouped expert GEMM saves its input like any
     linear layer: 1 byte under FP8). Every TP rank dispatches all tokens to its slice of each
     expert; folded (``expert_tp`` 1), a rank dispatches its sequence-parallel share."""
-    copies = (m.experts_per_token * m.moe_load_imbalance * m.hidden_size
+    copies = (m.experts_per_token * m.moe_busiest_load * m.hidden_size
               * (1 if s.precision == "fp8" else 2))
     return copies / s.tp if s.moe_folded else copies
 

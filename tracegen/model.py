@@ -82,6 +82,14 @@ class ModelSpec:
     # also holds the embedding (shared with the first stage). 0 = none; not in num_params
     # (DeepSeek-V3's 671B leave its 14B MTP module out).
     mtp_layers: int = 0
+    # Token dropping (Megatron-Core --moe-expert-capacity-factor; GShard §2.2, Switch
+    # Transformer §2.2): each expert takes at most this many times its balanced share of the
+    # tokens·k copies (``get_capacity``: ⌈tokens·k / experts · factor⌉), the rest are dropped;
+    # 0 = dropless (Megatron's None). With moe_pad_to_capacity
+    # (--moe-pad-expert-input-to-capacity) every expert's input is padded to that capacity, so
+    # each runs exactly it. MoE models only.
+    moe_capacity_factor: float = 0.0
+    moe_pad_to_capacity: bool = False
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self)
@@ -162,7 +170,8 @@ class ModelSpec:
                                    moe_ffn_hidden_size=0, shared_expert_ffn_hidden_size=0,
                                    first_dense_layers=0, moe_router_num_groups=0,
                                    moe_router_group_topk=0, moe_load_imbalance=1.0,
-                                   mtp_layers=0)
+                                   mtp_layers=0, moe_capacity_factor=0.0,
+                                   moe_pad_to_capacity=False)
 
     def dense_layers_in(self, layers: range) -> int:
         """How many of the global layers ``layers`` are dense first layers."""
@@ -175,6 +184,18 @@ class ModelSpec:
                     + self.hidden_size * self.num_experts
                     + up * self.hidden_size * self.shared_expert_ffn_hidden_size)
         return up * self.hidden_size * self.ffn_hidden_size
+
+    @property
+    def moe_busiest_load(self) -> float:
+        """The busiest expert-parallel rank's load over the balanced one, as the layer runs it:
+        the routing's imbalance, capped by the capacity where tokens are dropped (an upper
+        bound: capacity caps each expert, and a rank's experts need not all overflow), or the
+        capacity itself where every expert's input is padded to it."""
+        if self.moe_pad_to_capacity:
+            return self.moe_capacity_factor
+        if self.moe_capacity_factor:
+            return min(self.moe_load_imbalance, self.moe_capacity_factor)
+        return self.moe_load_imbalance
 
     @property
     def shares_embedding(self) -> bool:
@@ -271,11 +292,12 @@ def _moe_problems(m: ModelSpec) -> list[str]:
     if m.num_experts == 0:
         if (m.experts_per_token or m.moe_ffn_hidden_size or m.shared_expert_ffn_hidden_size
                 or m.first_dense_layers or m.moe_router_num_groups or m.moe_router_group_topk
-                or m.moe_load_imbalance != 1):
+                or m.moe_load_imbalance != 1 or m.moe_capacity_factor or m.moe_pad_to_capacity):
             return ["experts_per_token / moe_ffn_hidden_size / shared_expert_ffn_hidden_size / "
                     "first_dense_layers / moe_router_num_groups / moe_router_group_topk / "
-                    "moe_load_imbalance are set but num_experts is 0; set num_experts for a "
-                    "mixture-of-experts model or drop them"]
+                    "moe_load_imbalance / moe_capacity_factor / moe_pad_to_capacity are set but "
+                    "num_experts is 0; set num_experts for a mixture-of-experts model or drop "
+                    "them"]
         return []
     out = []
     if not 0 <= m.first_dense_layers < m.num_layers:
@@ -293,6 +315,13 @@ def _moe_problems(m: ModelSpec) -> list[str]:
     if not m.moe_load_imbalance >= 1:
         out.append(f"moe_load_imbalance is the busiest rank's load over the mean, ≥ 1 (1 = "
                    f"balanced), got {m.moe_load_imbalance}")
+    if not m.moe_capacity_factor >= 0:
+        out.append(f"moe_capacity_factor must be ≥ 0 (0 = dropless), got "
+                   f"{m.moe_capacity_factor}")
+    elif m.moe_pad_to_capacity and not m.moe_capacity_factor:
+        out.append("moe_pad_to_capacity pads each expert's input to its capacity: set "
+                   "moe_capacity_factor > 0 with it (Megatron-Core needs "
+                   "--moe-expert-capacity-factor for --moe-pad-expert-input-to-capacity)")
     if not out:
         out += [f"moe_router_num_groups / moe_router_group_topk: {p}" for p in route_problems(
             Route(m.experts_per_token, m.num_experts, m.moe_router_num_groups,

@@ -358,15 +358,17 @@ def _moe_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
     (``Strategy.expert_tp`` 1), a rank routes its sequence-parallel share of the tokens to whole
     experts; otherwise every TP rank routes all of them to its slice of each expert. Under
     uneven routing every rank is taken at the busiest one's load (the dispatch and combine
-    wait for it), its received copies and expert work scaled alike. The
+    wait for it), its received copies and expert work scaled alike; with a capacity factor at
+    most that capacity (tokens dropped), or exactly it (padded). The
     dispatch and combine carry one copy per (token, expert) as Megatron-Core's all-to-all
     dispatcher sends them; under DeepEP (``Strategy.moe_dispatcher``) they also carry the
     routing, and the network sends a token once per destination (replay/network.py). Around
     them the token permutations (``_permutations``)."""
     h, k = d.h, m.experts_per_token
     tokens = d.tokens_sp if st.moe_folded else d.tokens
-    # what the busiest rank receives and computes (``ModelSpec.moe_load_imbalance``)
-    routed = round(tokens * k * m.moe_load_imbalance)
+    # what the busiest rank receives and computes: the routing's imbalance, or the experts'
+    # capacity where tokens are dropped or padded (``ModelSpec.moe_busiest_load``)
+    routed = round(tokens * k * m.moe_busiest_load)
     f = m.moe_ffn_hidden_size // st.etp
     up = 2 if m.gated else 1
     items: list[Item] = [gemm("router", tokens, m.num_experts, h, "fp32")]
@@ -465,7 +467,7 @@ def _permutations(m: ModelSpec, st: Strategy, tokens: int, routed: int, h: int,
         return Op(name, "elementwise", flop, nbytes)
 
     if route is not None:  # DeepEP: tokens arrive once per destination GPU
-        arrived = round(tokens * expected_units(route, st.ep) * m.moe_load_imbalance)
+        arrived = round(tokens * expected_units(route, st.ep) * m.moe_busiest_load)
         return ([], [move("moe_permute", moved)],
                 [move("moe_unpermute", (routed + arrived) * h * ACT_BYTES, 2 * routed * h)], [])
     local = m.num_experts // st.ep > 1

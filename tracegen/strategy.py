@@ -470,6 +470,10 @@ def check_fits_model(s: Strategy, m: ModelSpec, *, gpus: int | None = None) -> N
         out.append(f"moe_dispatcher {s.moe_dispatcher!r} dispatches a mixture-of-experts "
                    "model's tokens over expert parallelism; it needs num_experts and ep > 1 "
                    "(leave it 'alltoall' otherwise)")
+    if m.moe_pad_to_capacity and s.moe_dispatcher == "deepep":
+        out.append("moe_pad_to_capacity with moe_dispatcher 'deepep': Megatron-Core's flex "
+                   "dispatcher does not pad expert inputs to capacity; drop tokens without "
+                   "padding (moe_pad_to_capacity false) or use the 'alltoall' dispatcher")
     if s.moe_shared_expert_overlap and not (m.shared_expert_ffn_hidden_size and s.ep > 1
                                             and s.moe_dispatcher == "alltoall"):
         out.append("moe_shared_expert_overlap runs a MoE model's shared experts beside the "
