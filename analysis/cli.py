@@ -81,7 +81,7 @@ def tracegen_cmd(
     grad_reduce_bf16: C.GradBf16Opt = False, cp_comm_type: C.CpCommOpt = "p2p",
     expert_tp: C.ExpertTpOpt = 0, zero3_prefetch: C.Zero3PrefetchOpt = False,
     moe_dispatcher: C.MoeDispatcherOpt = "alltoall",
-    moe_shared_expert_overlap: C.SharedOverlapOpt = False,
+    moe_shared_expert_overlap: C.SharedOverlapOpt = False, pipeline_layout: C.LayoutOpt = "",
     mode: Annotated[str, typer.Option(help="full | representative")] = "representative",
     system: Annotated[str | None, typer.Option(help="Flag ranks whose estimated memory exceeds "
                                                     "this system's GPU memory.")] = None,
@@ -98,7 +98,8 @@ def tracegen_cmd(
         zero3_prefetch=zero3_prefetch, account_for_embedding=account_for_embedding,
         account_for_loss=account_for_loss, microbatch_group_size=microbatch_group_size,
         recompute_num_layers=recompute_num_layers, recompute_modules=recompute_modules,
-        moe_dispatcher=moe_dispatcher, moe_shared_expert_overlap=moe_shared_expert_overlap)
+        moe_dispatcher=moe_dispatcher, moe_shared_expert_overlap=moe_shared_expert_overlap,
+        pipeline_layout=pipeline_layout)
     output_dir(out, "--out")
     with progress_bar() as bar:
         task = bar.add_task("writing ranks", total=None)

@@ -97,6 +97,11 @@ SharedOverlapOpt = Annotated[bool, typer.Option(
 GradBf16Opt = Annotated[bool, typer.Option(
     "--grad-reduce-bf16", help="Gradient buffer and data-parallel reduction in 16 bits, not "
     "fp32 (Megatron --grad-reduce-in-bf16).")]
+LayoutOpt = Annotated[str, typer.Option(
+    "--pipeline-layout",
+    help="Megatron-Core's --pipeline-model-parallel-layout: what each model chunk holds, "
+         "e.g. 'Et*3|(tt|)*29,m|L' (E embedding, t layer, m MTP module, L loss; chunks split "
+         "by |, listed stage by stage for each virtual stage). Lists pp·vpp chunks.")]
 FirstLayersOpt = Annotated[int, typer.Option(
     help="Layers of the first model chunk (stage at vpp 1); 0 = even split.")]
 LastLayersOpt = Annotated[int, typer.Option(
@@ -138,7 +143,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    microbatch_group_size: int = 0, recompute_num_layers: int = 0,
                    recompute_modules: str = "core_attn",
                    moe_dispatcher: str = "alltoall",
-                   moe_shared_expert_overlap: bool = False) -> Strategy:
+                   moe_shared_expert_overlap: bool = False,
+                   pipeline_layout: str = "") -> Strategy:
     """The strategy the shared options describe (dp from the GPU count)."""
     small = [f"--{k} must be ≥ 1, got {v}" for k, v in
              (("gpus", gpus), ("tp", tp), ("pp", pp), ("cp", cp)) if v < 1]
@@ -164,7 +170,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     recompute_num_layers=recompute_num_layers,
                     recompute_modules=recompute_modules,
                     moe_dispatcher=moe_dispatcher,  # type: ignore[arg-type]
-                    moe_shared_expert_overlap=moe_shared_expert_overlap)
+                    moe_shared_expert_overlap=moe_shared_expert_overlap,
+                    pipeline_layout=pipeline_layout)
 
 
 def note_precision(precisions: set[str], system: SystemSpec) -> None:

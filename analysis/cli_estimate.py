@@ -43,7 +43,7 @@ def estimate_cmd(
     grad_reduce_bf16: C.GradBf16Opt = False, cp_comm_type: C.CpCommOpt = "p2p",
     expert_tp: C.ExpertTpOpt = 0, zero3_prefetch: C.Zero3PrefetchOpt = False,
     moe_dispatcher: C.MoeDispatcherOpt = "alltoall",
-    moe_shared_expert_overlap: C.SharedOverlapOpt = False,
+    moe_shared_expert_overlap: C.SharedOverlapOpt = False, pipeline_layout: C.LayoutOpt = "",
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
                                                   "JSON to this file.")] = None,
 ) -> None:
@@ -61,7 +61,8 @@ def estimate_cmd(
         zero3_prefetch=zero3_prefetch, account_for_embedding=account_for_embedding,
         account_for_loss=account_for_loss, microbatch_group_size=microbatch_group_size,
         recompute_num_layers=recompute_num_layers, recompute_modules=recompute_modules,
-        moe_dispatcher=moe_dispatcher, moe_shared_expert_overlap=moe_shared_expert_overlap)
+        moe_dispatcher=moe_dispatcher, moe_shared_expert_overlap=moe_shared_expert_overlap,
+        pipeline_layout=pipeline_layout)
     sys_spec = resolve_system(system)
     g = glance(spec, strategy, sys_spec)
     print_glance(g, strategy)

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from tracegen import ops as O
+from tracegen.mesh import embedding_partner
 from tracegen.program import ParamBlock, dp_group_size, sharded_params
 
 if TYPE_CHECKING:  # the fast path imports this module; its types are only annotations here
@@ -64,19 +65,20 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
         tails = {st: _tail(costs, stages[st], reps[st], chunk_ends[st], strategy_key)
                  for st in check}
     chain = list(ends)
-    if m.shares_embedding and s.pp > 1:
+    partner = embedding_partner(m, s)  # stage 0's embedding all-reduce partner (or None)
+    if partner is not None:
         size = m.vocab_size * m.hidden_size // s.tp * O.grad_reduce_bytes(s)
-        first, last = ends[0], ends[-1]
+        first, last = ends[0], ends[partner]
         if not shifted:  # each ends later by what its own buckets slowed it (interference)
             first += tails[0][2]
-            last += tails[s.pp - 1][2]
+            last += tails[partner][2]
         if s.zero_stage == 3:
             # the all-reduce follows the last backward's compute (``RoleProgram._finish``), on
             # its own stream beside that pass's trailing reduce-scatters (``Stage.late_b``)
             first -= stages[0].late_b[0]
-            last -= stages[-1].late_b[0]
+            last -= stages[partner].late_b[0]
         t = max(first, last) + costs.net.shape_ns("ALL_REDUCE", size, costs.shape("embd", 0))
-        chain[0], chain[-1] = max(t, ends[0]), max(t, ends[-1])
+        chain[0], chain[partner] = max(t, ends[0]), max(t, ends[partner])
     finish = 0
     for st in check:
         done_rel, after, _ = tails[st]

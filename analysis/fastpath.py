@@ -320,7 +320,8 @@ def _stages(costs: Costs) -> tuple[list[Stage], list[int], bool]:
     1 twins, its batch sizes and schedules; the stage list is never mutated)."""
     s = costs.s
     key = (costs.key, costs._degrees, s.vpp, s.first_stage_layers, s.last_stage_layers,
-           s.account_for_embedding_in_pipeline_split, s.account_for_loss_in_pipeline_split)
+           s.pipeline_layout, s.account_for_embedding_in_pipeline_split,
+           s.account_for_loss_in_pipeline_split)
     got = costs.ctx.layouts.get(key)
     if got is None:
         got = costs.ctx.layouts[key] = _layout_stages(costs)
@@ -409,7 +410,8 @@ def _opened(costs: Costs, stages: list[Stage], reps: list[int], c: list[int]) ->
     batch, ZeRO 1 or 2 and the gradients' dtype (the fill does not depend on them)."""
     s = costs.s
     key = (costs.key, costs._degrees, s.vpp, s.first_stage_layers, s.last_stage_layers,
-           s.account_for_embedding_in_pipeline_split, s.account_for_loss_in_pipeline_split,
+           s.pipeline_layout, s.account_for_embedding_in_pipeline_split,
+           s.account_for_loss_in_pipeline_split,
            s.dp_bucket_params, s.schedule_group, tuple(c))
     got = costs.ctx.opened.get(key)
     if got is not None:
@@ -437,7 +439,8 @@ def _gather_timeline(costs: Costs, st: int, rank: int
     Memoized by all it reads: the op lists' key, layout, chunks, bucket size and rank."""
     s = costs.s
     key = (costs.lists_key, costs._degrees, s.vpp, s.first_stage_layers, s.last_stage_layers,
-           s.account_for_embedding_in_pipeline_split, s.account_for_loss_in_pipeline_split,
+           s.pipeline_layout, s.account_for_embedding_in_pipeline_split,
+           s.account_for_loss_in_pipeline_split,
            s.dp_bucket_params, st, rank)
     got = costs.ctx.gathers.get(key)
     if got is not None:

@@ -20,21 +20,21 @@ from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
 from replay.network import AlphaBetaNetwork, ranges_shape
 from tracegen import ops as O
-from tracegen.mesh import Mesh
+from tracegen.mesh import Mesh, embedding_partner
 from tracegen.model import ModelSpec
 from tracegen.program import ParamBlock, RoleProgram
 from tracegen.strategy import Strategy
 from tracegen.units import DTYPE_CODE
 
 
-def _group_shape(axis: str, rank: int, tp: int, cp: int, dp: int, pp: int, ep: int, tied: bool,
-                 moe: bool, gpus_per_node: int, expert_tp: int
+def _group_shape(axis: str, rank: int, tp: int, cp: int, dp: int, pp: int, ep: int,
+                 embedding_stage: int | None, moe: bool, gpus_per_node: int, expert_tp: int
                  ) -> tuple[int, int, int, bool]:
     """(ranks, nodes spanned, ranks per node, rail-aligned) of ``rank``'s group on ``axis``
     (shared by every strategy with the same degrees: a sweep computes each once)."""
     degrees = Strategy(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, global_batch_size=dp,
                        expert_tp=expert_tp, sequence_parallel=tp > 1)
-    mesh = Mesh(degrees, tied_embeddings=tied, moe=moe)
+    mesh = Mesh(degrees, embedding_stage=embedding_stage, moe=moe)
     return ranges_shape(mesh.member_ranges(axis, mesh.coord(rank)), gpus_per_node)
 
 
@@ -50,7 +50,7 @@ class _Context:
         # the same key → the list as (kernel, overlapped collective) runs (``Costs.list_runs``)
         self.runs: dict[tuple[object, ...], Runs] = {}
         # (layers, pp, vpp, the uneven split's fields) → each global chunk's layer count
-        self.splits: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self.splits: dict[tuple[object, ...], tuple[int, ...]] = {}
         self.optimizer: dict[int, int] = {}
         # (op-list key, recompute, its selective modules) → stored activation bytes of one layer
         # and micro-batch
@@ -169,7 +169,7 @@ class Costs:
         # uneven split, or a MoE model's dense first layers on a pipeline
         self.uneven = s.uneven or bool(model.first_dense_layers and s.pp > 1)
         # all a group's shape depends on besides its axis and rank
-        self._degrees = (s.tp, s.cp, s.dp, s.pp, s.ep, model.shares_embedding, self.moe,
+        self._degrees = (s.tp, s.cp, s.dp, s.pp, s.ep, embedding_partner(model, s), self.moe,
                          self.gpn, s.expert_tp)
         # the shapes of this layout's groups (the layout is hashed once per strategy, not per
         # lookup)
@@ -238,7 +238,7 @@ class Costs:
             sizes = self.chunk_sizes() if uneven else None
             comp = chunks = tuple([(sizes[g] if sizes else layers // n_chunks,
                                     g == 0, g == n_chunks - 1, n_chunks == 1,
-                                    *self._dense_in(g)) for g in gcis])
+                                    *self._dense_in(g), *self._mtp_in(g)) for g in gcis])
         key = (self.key, comp, sig)
         got = self.ctx.stages.get(key)
         if got is None:
@@ -251,12 +251,20 @@ class Costs:
             return ()
         return (self.m.dense_layers_in(self.s.chunk_layers(self.m.num_layers, gci)),)
 
+    def _mtp_in(self, gci: int) -> tuple[bool, ...]:
+        """Whether a chunk runs the MTP modules, where the model has any and a layout places
+        them (then part of a chunk's key; elsewhere they run in the last chunk, keyed as such)."""
+        if not (self.m.mtp_layers and self.s.pipeline_layout):
+            return ()
+        return (gci == self.s.mtp_chunk,)
+
     def chunk_sizes(self) -> tuple[int, ...]:
         """Each global model chunk's layer count (``Strategy.chunk_layers``), found once per
         split: every stage of an uneven pipeline reads it."""
         s, layers = self.s, self.m.num_layers
         key = (layers, s.pp, s.vpp, s.first_stage_layers, s.last_stage_layers,
-               s.account_for_embedding_in_pipeline_split, s.account_for_loss_in_pipeline_split)
+               s.pipeline_layout, s.account_for_embedding_in_pipeline_split,
+               s.account_for_loss_in_pipeline_split)
         got = self.ctx.splits.get(key)
         if got is None:
             got = self.ctx.splits[key] = tuple(len(s.chunk_layers(layers, g))

@@ -76,13 +76,15 @@ FLOAT_COLUMNS = ("scaleout_gbps_per_gpu", "measured_iter_time_s")
 # shared experts' width (Qwen2-MoE), a MoE model's dense first layers (GLM-4.5), multi-head
 # latent attention's widths, group-limited routing and multi-token prediction (DeepSeek-V3);
 # and, as text, the MoE
-# dispatcher and the modules selective recompute names (Megatron-Core's --recompute-modules,
-# comma-separated).
+# dispatcher, the modules selective recompute names (Megatron-Core's --recompute-modules,
+# comma-separated) and the pipeline layout (--pipeline-model-parallel-layout).
 EXTENSION_INT_COLUMNS = ("head_dim", "expert_tp", "shared_expert_ffn_hidden_size",
                          "first_dense_layers", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
                          "v_head_dim", "moe_router_num_groups", "moe_router_group_topk",
                          "mtp_layers")
-EXTENSION_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules")
+EXTENSION_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "pipeline_layout")
+# read case-insensitively, as the enums below (a layout's E and L are upper case: kept)
+LOWERCASE_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules")
 BOOL_COLUMNS = ("sequence_parallel",)
 # Read case-insensitively (the schema spells them in lower case: "bf16", "h100-sxm", "full").
 ENUM_COLUMNS = ("arch", "activation", "recompute", "precision", "gpu")
@@ -134,7 +136,7 @@ def load_runs(path: str | Path) -> pl.DataFrame:
         pl.concat_str(bad, separator=", ", ignore_nulls=True).alias(BAD),
         *(e.alias(c) for c, e in parsed.items()),
         *(pl.when(text[c] == "").then(None)
-          .otherwise(text[c].str.to_lowercase() if c in (*ENUM_COLUMNS, *EXTENSION_TEXT_COLUMNS)
+          .otherwise(text[c].str.to_lowercase() if c in (*ENUM_COLUMNS, *LOWERCASE_TEXT_COLUMNS)
                      else text[c]).alias(c)
           for c in raw.columns if c not in parsed)).drop(RAGGED, strict=False)
 
@@ -349,7 +351,8 @@ def _strategy(row: dict[str, Any], precision: str) -> Strategy:
         moe_dispatcher=row.get("moe_dispatcher") or "alltoall",
         # as Megatron's command line lists them (spaces) or as trainsim's (commas)
         recompute_modules=",".join(re.split(r"[\s,;]+", row.get("recompute_modules") or "")
-                                   ).strip(",") or "core_attn")
+                                   ).strip(",") or "core_attn",
+        pipeline_layout=row.get("pipeline_layout") or "")
 
 
 def _padded_vocab(model: ModelSpec, tp: int, notes: list[str]) -> ModelSpec:

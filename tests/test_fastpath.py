@@ -629,13 +629,14 @@ def test_op_key_covers_every_field_the_op_lists_read() -> None:
                 # picks which lists run again, as recompute does: the memo keys carry it
                 # (``Costs.recomputed``), the op lists do not change
                 "recompute_modules": "core_attn,mlp", "moe_dispatcher": "deepep",
-                "moe_shared_expert_overlap": True}
+                "moe_shared_expert_overlap": True, "pipeline_layout": "Etttt|ttttL"}
     fields = {f.name for f in dataclasses.fields(Strategy)}
     assert fields <= set(variants) | {"last_stage_layers"}, "give the new field a variant here"
 
     def lists(s: Strategy) -> list[list[O.Item]]:
         return [f(m, s) for m in (MODEL, moe) for f in (O.layer_fwd, O.layer_bwd,
-                O.selective_recompute, O.embedding_fwd, O.head_fwd, O.head_bwd)]
+                O.selective_recompute, O.embedding_fwd, O.head_fwd, O.head_bwd,
+                O.mtp_fwd, O.mtp_bwd)]
 
     for name, value in variants.items():
         kw = {name: value}

@@ -29,15 +29,19 @@ def _names(items: list[O.Item]) -> list[str]:
     return [it.name for it in items]
 
 
-def test_a_module_runs_its_input_a_layer_and_the_head() -> None:
+def test_a_module_runs_its_input_and_a_layer_and_the_head_runs_once_more() -> None:
     """Embedding of the next tokens (vocab-parallel: reduce-scattered under SP), two norms, the
-    2h → h projection between its input's gather and its output's gather, then a layer and the
-    shared head with its loss — the same ops as the model's."""
+    2h → h projection between its input's gather and its output's gather, then a layer — the
+    model's ops; the shared head runs over the model's and every module's tokens together."""
     fwd = O.mtp_fwd(DENSE, S)
     names = _names(fwd)
     assert names[:7] == ["mtp_embedding", "mtp_embedding_rs", "mtp_enorm", "mtp_hnorm",
                          "mtp_eh_ag", "mtp_eh_proj", "mtp_eh_gather"]
-    assert names[7:] == _names(O.layer_fwd(DENSE, S)) + _names(O.head_fwd(DENSE, S))
+    assert names[7:] == _names(O.layer_fwd(DENSE, S))
+    two = dataclasses.replace(DENSE, mtp_layers=2)
+    heads = {m.mtp_layers: {it.name: it for it in O.head_fwd(m, S)} for m in (MODEL, two)}
+    assert heads[2]["lm_head"].m == 3 * heads[0]["lm_head"].m  # (1 + 2) × the tokens
+    assert heads[2]["cross_entropy"].flop == 3 * heads[0]["cross_entropy"].flop
     d = O.dims(DENSE, S)
     proj = fwd[5]
     assert isinstance(proj, O.Op) and (proj.m, proj.n, proj.k) == (d.tokens, DENSE.hidden_size
@@ -67,16 +71,16 @@ def test_the_backward_mirrors_the_forward() -> None:
 
 def test_the_last_stage_holds_the_modules_and_a_copy_of_the_embedding() -> None:
     """Two modules on the last stage, before the head: each a layer's weights and the 2h·h
-    projection (split over tp); the head block also holds the embedding the modules read,
-    the first stage's weights (pp > 1, untied). Summed over the stages at tp 1: the model, its
-    MTP modules and that copy."""
+    projection (split over tp), after a copy of the embedding they read, the first stage's
+    weights (pp > 1, untied). Summed over the stages at tp 1: the model, its MTP modules and
+    that copy."""
     m = dataclasses.replace(MODEL, mtp_layers=2)
     s = dataclasses.replace(S, tp=1, sequence_parallel=False, dp=4)
     last = RoleProgram(m, s, 1).chunk_runs(1)
-    (mtp, n), (head, _) = last[-2], last[-1]
-    assert (mtp.name, n, head.name) == ("mtp", 2, "lm_head")
+    (emb, _), (mtp, n), (head, _) = last[-3:]
+    assert (emb.name, mtp.name, n, head.name) == ("mtp_embedding", "mtp", 2, "lm_head")
     assert mtp.dense == m.layer_params() + 2 * m.hidden_size ** 2
-    assert head.dense == 2 * m.vocab_size * m.hidden_size
+    assert emb.dense == head.dense == m.vocab_size * m.hidden_size
     held = sum(sum(RoleProgram(m, s, st).stage_params().values()) for st in range(2))
     assert held == m.num_params() + m.mtp_params() + m.vocab_size * m.hidden_size
     # one stage: the embedding is already there

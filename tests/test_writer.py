@@ -95,7 +95,7 @@ def test_role_encoding_matches_protobuf(tiny_gqa_model, tp, pp, dp, sp, zero, re
                  dp_bucket_params=5000)
     stage %= pp
     nodes = build_role(tiny_gqa_model, s, stage)
-    mesh = Mesh(s, tied_embeddings=False)
+    mesh = Mesh(s)
     ranks = [r for r in range(s.world_size) if mesh.coord(r).pp == stage]
     binder = _Binder(mesh, ranks[rank_pick % len(ranks)])
     ours = RoleEncoding(nodes).encode_rank(binder)

@@ -216,12 +216,12 @@ def _chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
                        flash_attention: bool) -> int:
     """Activations of a stage whose chunks hold unequal bytes: an interleaved end stage whose
     end chunk holds another number of layers than its other chunks (Llama 3's embedding-only
-    first chunk), or a stage holding a MoE model's dense first layers (``act`` is a MoE
-    layer's). The peak over the schedule of Σ over chunks of micro-batches in flight × that
-    chunk's bytes. Counting whole-stage units (``inflight_microbatches``) would charge the
-    in-flight passes of a short chunk as if they held the stage's average, where the warm-up
-    runs more passes through some chunks than others (N of each, then the next group's first
-    chunk)."""
+    first chunk), any stage of a pipeline layout, the stage with the MTP modules, or a stage
+    holding a MoE model's dense first layers (``act`` is a MoE layer's). The peak over the
+    schedule of Σ over chunks of micro-batches in flight × that chunk's bytes. Counting
+    whole-stage units (``inflight_microbatches``) would charge the in-flight passes of a short
+    chunk as if they held the stage's average, where the warm-up runs more passes through some
+    chunks than others (N of each, then the next group's first chunk)."""
     n = s.recompute_num_layers
     kinds = {False: m, True: m.dense_view()} if m.first_dense_layers else {False: m}
     # per kind (dense?): (bytes of a layer recomputed as the strategy says, of one stored)
@@ -239,8 +239,8 @@ def _chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
             rc, kept = per_layer[i < n_dense]
             total += kept if n and i >= n else rc
         per_chunk.append(total)
-    if m.mtp_layers and stage == s.pp - 1:  # the last chunk's MTP modules
-        per_chunk[-1] += mtp_activation_bytes(m, s, flash_attention)
+    if m.mtp_layers and stage == s.mtp_chunk % s.pp:  # the chunk with the MTP modules
+        per_chunk[s.mtp_chunk // s.pp] += mtp_activation_bytes(m, s, flash_attention)
     return int(_peak_chunk_load(s.order_id, s.num_microbatches, s.pp, s.vpp, stage,
                                 tuple(per_chunk)))
 
@@ -357,9 +357,9 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
         if s.zero_stage >= 3:
             weights = -(-params_local * ZERO3_PARAM_BYTES // dp_shard)
             optim = -(-params_local * ZERO3_OPTIM_BYTES // dp_shard)
-    if (s.vpp > 1 and s.uneven and stage in (0, s.pp - 1)) or (
+    if (s.vpp > 1 and s.uneven and stage in (0, s.pp - 1)) or s.pipeline_layout or (
             m.first_dense_layers and _holds_dense(m, s, stage)) or (
-            m.mtp_layers and stage == s.pp - 1):
+            m.mtp_layers and stage == s.mtp_chunk % s.pp):
         activations = _chunk_activations(m, s, stage, act, flash_attention)
     else:
         if layers is None:

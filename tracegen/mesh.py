@@ -13,6 +13,7 @@ import dataclasses
 import itertools
 from functools import cached_property
 
+from tracegen.model import ModelSpec
 from tracegen.strategy import Strategy
 
 # Collective axes in the order their groups are numbered (group ids start at 1, ASTRA-sim style).
@@ -41,12 +42,29 @@ class Group:
     ranks: tuple[int, ...]
 
 
+def embedding_partner(m: ModelSpec, s: Strategy) -> int | None:
+    """The pipeline stage that holds stage 0's embedding weight too, its gradient all-reduced
+    with stage 0's (Megatron's embedding group): the last, for a tied output head; the MTP
+    modules' stage (``Strategy.mtp_chunk``), which reads the embedding; None on one stage or
+    where no other stage holds it."""
+    if s.pp == 1:
+        return None
+    if m.tied_embeddings:
+        return s.pp - 1
+    if m.mtp_layers and s.mtp_chunk % s.pp:
+        return s.mtp_chunk % s.pp
+    return None
+
+
 class Mesh:
     """The rank grid of a strategy and its collective groups (size-1 groups are omitted)."""
 
-    def __init__(self, strategy: Strategy, *, tied_embeddings: bool = False, moe: bool = False):
+    def __init__(self, strategy: Strategy, *, embedding_stage: int | None = None,
+                 moe: bool = False):
+        """``embedding_stage``: the stage that shares stage 0's embedding (``embedding_partner``),
+        joined with it in the "embd" group; None = no such stage."""
         self.s = strategy
-        self.tied_embeddings = tied_embeddings
+        self.embedding_stage = embedding_stage
         self.moe = moe
 
     def rank_of(self, *, pp: int, dp: int, cp: int, tp: int) -> int:
@@ -101,7 +119,8 @@ class Mesh:
             return [range(b, b + tp * cp, tp) for b in
                     (r(pp=c.pp, dp=d, cp=0, tp=c.tp) for d in range(c.dp % s.ep, s.dp, s.ep))]
         if axis == "embd":
-            ends = dict.fromkeys(r(pp=p, dp=c.dp, cp=c.cp, tp=c.tp) for p in (0, s.pp - 1))
+            partner = s.pp - 1 if self.embedding_stage is None else self.embedding_stage
+            ends = dict.fromkeys(r(pp=p, dp=c.dp, cp=c.cp, tp=c.tp) for p in (0, partner))
             return [range(e, e + 1) for e in ends]
         raise ValueError(axis)
 
@@ -121,7 +140,7 @@ class Mesh:
 
     def _axis_used(self, axis: str) -> bool:
         if axis == "embd":
-            return self.tied_embeddings and self.s.pp > 1
+            return self.embedding_stage is not None and self.s.pp > 1
         if axis in ("ep", "edp"):
             return self.moe
         return True

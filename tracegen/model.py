@@ -197,13 +197,6 @@ class ModelSpec:
             return min(self.moe_load_imbalance, self.moe_capacity_factor)
         return self.moe_load_imbalance
 
-    @property
-    def shares_embedding(self) -> bool:
-        """Whether the last pipeline stage holds the word embedding too (a tied output head, or
-        the multi-token-prediction modules' input), its gradient all-reduced with the first's
-        (Megatron's embedding group)."""
-        return self.tied_embeddings or self.mtp_layers > 0
-
     def mtp_params(self) -> int:
         """Weights of the multi-token-prediction modules: each a 2h → h projection and a layer
         of the last layer's kind (the embedding and output head are the model's, shared)."""

@@ -764,17 +764,17 @@ def _mtp_input_bwd(d: Dims) -> list[Item]:
 
 
 def mtp_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
-    """One multi-token-prediction module (DeepSeek-V3 §2.2): its input (``_mtp_input_fwd``), a
-    transformer layer of the last layer's kind, and the shared output head with its loss
-    (Megatron-Core runs the head over the main and MTP hidden states: one more head pass
-    each)."""
+    """One multi-token-prediction module (DeepSeek-V3 §2.2): its input (``_mtp_input_fwd``) and
+    a transformer layer of the last layer's kind. Its pass of the shared output head runs with
+    the model's: Megatron-Core concatenates the main and MTP hidden states along the sequence
+    and runs the head and the losses over all of them (``head_fwd``)."""
     d = dims(m, st)
-    return _fp8_casts(_mtp_input_fwd(d)) + layer_fwd(m, st) + head_fwd(m, st)
+    return _fp8_casts(_mtp_input_fwd(d)) + layer_fwd(m, st)
 
 
 def mtp_bwd(m: ModelSpec, st: Strategy) -> list[Item]:
     d = dims(m, st)
-    return head_bwd(m, st) + layer_bwd(m, st) + _fp8_casts(_mtp_input_bwd(d))
+    return layer_bwd(m, st) + _fp8_casts(_mtp_input_bwd(d))
 
 
 def embedding_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
@@ -793,10 +793,18 @@ def embedding_bwd(m: ModelSpec, st: Strategy) -> list[Item]:
                     kind="embedding")]
 
 
+def _head_dims(m: ModelSpec, st: Strategy) -> Dims:
+    """The output head's rows: the micro-batch's tokens, once more per multi-token-prediction
+    module (Megatron-Core concatenates their hidden states with the model's along the
+    sequence before the output layer; each module's final norm is counted here too)."""
+    d = dims(m, st)
+    return dataclasses.replace(d, b=d.b * (1 + m.mtp_layers)) if m.mtp_layers else d
+
+
 def head_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
     """Final norm, vocab-parallel LM head and cross-entropy. Megatron's vocab-parallel loss does
     three all-reduces of b·s fp32 values (max, target logit, sum of exps), counted as one."""
-    d = dims(m, st)
+    d = _head_dims(m, st)
     v = m.vocab_size // d.t
     items: list[Item] = [eltwise("final_norm", d.tokens_sp * d.h, reads=1, writes=1,
                                  flop_per_elem=NORM_FLOP, kind="norm")]
@@ -809,7 +817,7 @@ def head_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
 
 
 def head_bwd(m: ModelSpec, st: Strategy) -> list[Item]:
-    d = dims(m, st)
+    d = _head_dims(m, st)
     v = m.vocab_size // d.t
     items: list[Item] = [Op("cross_entropy_bwd", "loss", 2 * d.tokens * v,
                             CE_BWD_BYTES * d.tokens * v)]

@@ -21,6 +21,7 @@ import functools
 from typing import Any
 
 from tracegen import ops as O
+from tracegen.mesh import embedding_partner
 from tracegen.model import ModelSpec
 from tracegen.routing import Route, route_attrs
 from tracegen.schedule import Step, stage_order
@@ -53,7 +54,7 @@ class ParamBlock:
     """Parameters this rank holds for one layer / embedding / head, split by reduction axis."""
 
     # "layer", "dense_layer" (a MoE model's dense first layers), "embedding", "lm_head", "mtp"
-    # (a multi-token-prediction module)
+    # (a multi-token-prediction module), "mtp_embedding" (the copy of the embedding it reads)
     name: str
     dense: int
     expert: int = 0
@@ -228,17 +229,23 @@ class RoleProgram:
                         block = self.layer_block(dense)
                         out.append((dataclasses.replace(block, stored=True) if stored
                                     else block, b - a))
+        if self.m.mtp_layers and gci == self.s.mtp_chunk:
+            if self._mtp_embedding_copy:
+                out.append((self.vocab_block("mtp_embedding", "mtp_emb"), 1))
+            out.append((self.mtp_block(), self.m.mtp_layers))
         if gci == self.n_chunks - 1:
             head = self.vocab_block("lm_head", "head")
             if self.m.tied_embeddings and self.n_chunks == 1:
                 head = dataclasses.replace(head, dense=0)  # the same weight as the embedding
-            if self.m.mtp_layers:
-                out.append((self.mtp_block(), self.m.mtp_layers))
-                if self.s.pp > 1 and not self.m.tied_embeddings:
-                    # the MTP modules' embedding: the first stage's, shared (its own copy here)
-                    head = dataclasses.replace(head, dense=2 * head.dense)
             out.append((head, 1))
         return out
+
+    @property
+    def _mtp_embedding_copy(self) -> bool:
+        """Whether the MTP modules' stage holds its own copy of the embedding they read (the
+        first stage's, shared: Megatron builds it where ``pre_process or mtp_process``): off
+        the first stage, unless a tied head there already is that weight."""
+        return not self.m.tied_embeddings and embedding_partner(self.m, self.s) is not None
 
     def mtp_block(self) -> ParamBlock:
         """One multi-token-prediction module's parameters: its 2h → h projection (column-
@@ -368,8 +375,10 @@ class RoleProgram:
             waits = self.gather_waits.get((mb, gci, i))
             if waits:
                 first = (*first, *waits)
-            self.items(self._fwd_items(block), f"{prefix}.{block.label}", "fwd", first)
-            first = ()
+            items = self._fwd_items(block)
+            if items:  # (a block that runs nothing passes what the next must wait for on)
+                self.items(items, f"{prefix}.{block.label}", "fwd", first)
+                first = ()
         if gci < self.n_chunks - 1:
             self._send(mb, gci + 1, grad=False)
 
@@ -390,8 +399,10 @@ class RoleProgram:
             self.items(self._recompute_items(block), f"{name}.rc", "recompute", first)
             if self._recompute_items(block):
                 first = ()
-            self.items(self._bwd_items(block), name, "bwd", first)
-            first = ()
+            items = self._bwd_items(block)
+            if items:
+                self.items(items, name, "bwd", first)
+                first = ()
             if self.s.zero_stage == 3:
                 self._grad_reduce(block, name)
             elif last:
@@ -413,8 +424,9 @@ class RoleProgram:
         m, s = self.m, self.s
         lists = {"embedding_fwd": O.embedding_fwd(m, s), "embedding_bwd": O.embedding_bwd(m, s),
                  "lm_head_fwd": O.head_fwd(m, s), "lm_head_bwd": O.head_bwd(m, s), "none": []}
-        if m.mtp_layers:
-            lists.update(mtp_fwd=O.mtp_fwd(m, s), mtp_bwd=O.mtp_bwd(m, s))
+        if m.mtp_layers:  # (the embedding's copy runs nothing: the lookup is the module's)
+            lists.update(mtp_fwd=O.mtp_fwd(m, s), mtp_bwd=O.mtp_bwd(m, s),
+                         mtp_embedding_fwd=[], mtp_embedding_bwd=[])
         return lists
 
     @functools.cached_property
@@ -536,7 +548,8 @@ class RoleProgram:
 
     def _finish(self) -> None:
         s, m = self.s, self.m
-        if m.shares_embedding and s.pp > 1 and self.stage in (0, s.pp - 1):
+        partner = embedding_partner(m, s)
+        if partner is not None and self.stage in (0, partner):
             size = m.vocab_size * m.hidden_size // s.tp * O.grad_reduce_bytes(s)
             self.coll(O.Comm("embedding_grad_ar", "embd", "ALL_REDUCE", size), "step",
                       blocking=True)

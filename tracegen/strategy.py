@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from tracegen._config import build, field_type_problems, load_mapping
 from tracegen.errors import ConfigError
+from tracegen.layout import chunk_count_problem, parse_layout
 from tracegen.model import ModelSpec
 
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
@@ -130,6 +131,11 @@ class Strategy:
     # routed experts (tracegen/ops.py ``_shared_beside_dispatch``). Needs shared experts,
     # expert parallelism and the all-to-all dispatcher.
     moe_shared_expert_overlap: bool = False
+    # Megatron-Core --pipeline-model-parallel-layout: what each model chunk holds, in its
+    # syntax ("Et*3|(tt|)*29,m|L": DeepSeek-V3's embedding and 3 layers, 29 chunks of 2, its MTP
+    # module alone, the loss alone; tracegen/layout.py). "" = split by the fields above. Lists
+    # pp · vpp chunks; excludes first/last_stage_layers and the account_for_* flags.
+    pipeline_layout: str = ""
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self) or _degree_problems(self)
@@ -160,10 +166,21 @@ class Strategy:
 
     @property
     def uneven(self) -> bool:
-        """The first or last model chunk holds another number of layers than the rest."""
+        """The first or last model chunk holds another number of layers than the rest (or a
+        layout says what each holds)."""
         return bool(self.first_stage_layers or self.last_stage_layers
                     or self.account_for_embedding_in_pipeline_split
-                    or self.account_for_loss_in_pipeline_split)
+                    or self.account_for_loss_in_pipeline_split or self.pipeline_layout)
+
+    @property
+    def mtp_chunk(self) -> int:
+        """The global model chunk that runs the multi-token-prediction modules: the layout's
+        ``m`` chunk, else the last (with the output head)."""
+        if self.pipeline_layout:
+            for gci, chunk in enumerate(parse_layout(self.pipeline_layout)):
+                if chunk.mtp:
+                    return gci
+        return self.pp * self.vpp - 1
 
     @property
     def schedule_group(self) -> int:
@@ -193,6 +210,10 @@ class Strategy:
     def chunk_layers(self, num_layers: int, gci: int) -> range:
         """Global layer indices of global model chunk ``gci`` (= chunk · pp + stage)."""
         n_chunks = self.pp * self.vpp
+        if self.pipeline_layout:
+            chunks = parse_layout(self.pipeline_layout)
+            start = sum(c.layers for c in chunks[:gci])
+            return range(start, start + chunks[gci].layers)
         if not self.uneven or n_chunks == 1:
             per = num_layers // n_chunks
             return range(gci * per, (gci + 1) * per)
@@ -289,7 +310,26 @@ def _degree_problems(s: Strategy) -> list[str]:
                    f"{s.zero3_gather_bucket_params}")
     if out:
         return out
-    return _batch_problems(s) + _schedule_problems(s)
+    return _batch_problems(s) + _schedule_problems(s) + _layout_problems(s)
+
+
+def _layout_problems(s: Strategy) -> list[str]:
+    """A pipeline layout parses, lists pp · vpp chunks and is the only split given."""
+    if not s.pipeline_layout:
+        return []
+    try:
+        chunks = parse_layout(s.pipeline_layout)
+    except ConfigError as exc:
+        return list(exc.problems)
+    out = []
+    count = chunk_count_problem(chunks, s.pp, s.vpp)
+    if count:
+        out.append(count)
+    if (s.first_stage_layers or s.last_stage_layers or s.account_for_embedding_in_pipeline_split
+            or s.account_for_loss_in_pipeline_split):
+        out.append("set pipeline_layout or first_stage_layers / last_stage_layers / the "
+                   "account_for_*_in_pipeline_split flags, not both (each decides the split)")
+    return out
 
 
 def ruled_out(*, tp: int, pp: int, dp: int, vpp: int, micro_batch_size: int,
@@ -536,6 +576,8 @@ def with_shorter_end_chunks(s: Strategy, num_layers: int) -> Strategy:
 
 
 def _layer_split_problems(s: Strategy, m: ModelSpec) -> list[str]:
+    if s.pipeline_layout:
+        return _layout_fit_problems(s, m)
     chunks = s.pp * s.vpp
     if not (s.first_stage_layers or s.last_stage_layers  # ``uneven``, inline: checked per
             or s.account_for_embedding_in_pipeline_split  # screened strategy
@@ -568,6 +610,22 @@ def _layer_split_problems(s: Strategy, m: ModelSpec) -> list[str]:
                 f"{m.num_layers - first - last} layers that do not split evenly over the "
                 f"{max(n_chunks - 2, 0)} middle {what} (sizes would be {sizes})"]
     return []
+
+
+def _layout_fit_problems(s: Strategy, m: ModelSpec) -> list[str]:
+    """A layout's layers (t) are the model's and its MTP modules (m) too."""
+    chunks = parse_layout(s.pipeline_layout)
+    layers, mtp = sum(c.layers for c in chunks), sum(c.mtp for c in chunks)
+    out = []
+    if layers != m.num_layers:
+        out.append(f"pipeline_layout places {layers} layers (t), the model has {m.num_layers}")
+    if mtp != m.mtp_layers:
+        out.append(f"pipeline_layout places {mtp} MTP modules (m), the model has "
+                   f"{m.mtp_layers} (ModelSpec.mtp_layers)")
+    if m.tied_embeddings and mtp and s.mtp_chunk % s.pp != s.pp - 1:
+        out.append("a tied output head with MTP modules off the last stage is not modelled "
+                   "(the embedding would live on three stages); put m on the last stage")
+    return out
 
 
 def _moe_fit_problems(s: Strategy, m: ModelSpec) -> list[str]:

@@ -21,7 +21,7 @@ from tracegen.errors import ConfigError, TraceFormatError
 from tracegen.gcpause import gc_paused
 from tracegen.manifest_check import manifest_problems
 from tracegen.memory import MemoryEstimate, estimate
-from tracegen.mesh import Mesh
+from tracegen.mesh import Mesh, embedding_partner
 from tracegen.model import ModelSpec
 from tracegen.program import PNode, RoleProgram
 from tracegen.strategy import Strategy, check_fits_model
@@ -123,7 +123,7 @@ def generate(model: ModelSpec, strategy: Strategy, out_dir: str | Path, *,
     except OSError as exc:  # a file in the way, no permission
         raise ConfigError(f"cannot create the trace folder {out}: {exc.strerror}",
                           what="output folder") from None
-    mesh = Mesh(strategy, tied_embeddings=model.shares_embedding, moe=model.is_moe)
+    mesh = Mesh(strategy, embedding_stage=embedding_partner(model, strategy), moe=model.is_moe)
     ranks = mesh.representatives() if mode == "representative" else range(strategy.world_size)
     encodings: dict[int, RoleEncoding] = {}
     stats: list[StageStats] = []
