@@ -9,7 +9,6 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from tracegen import ops as O
-from tracegen.mesh import embedding_partner
 from tracegen.program import ParamBlock, dp_group_size, sharded_params
 
 if TYPE_CHECKING:  # the fast path imports this module; its types are only annotations here
@@ -65,7 +64,7 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
         tails = {st: _tail(costs, stages[st], reps[st], chunk_ends[st], strategy_key)
                  for st in check}
     chain = list(ends)
-    partner = embedding_partner(m, s)  # stage 0's embedding all-reduce partner (or None)
+    partner = costs.embd_partner  # stage 0's embedding all-reduce partner (or None)
     if partner is not None:
         size = m.vocab_size * m.hidden_size // s.tp * O.grad_reduce_bytes(s)
         first, last = ends[0], ends[partner]

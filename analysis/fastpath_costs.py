@@ -168,8 +168,10 @@ class Costs:
         # stages of unequal costs (read per stage: a property call each time costs more): an
         # uneven split, or a MoE model's dense first layers on a pipeline
         self.uneven = s.uneven or bool(model.first_dense_layers and s.pp > 1)
+        # the stage sharing stage 0's embedding (a tied head's, the MTP modules'), or None
+        self.embd_partner = embedding_partner(model, s) if s.pp > 1 else None
         # all a group's shape depends on besides its axis and rank
-        self._degrees = (s.tp, s.cp, s.dp, s.pp, s.ep, embedding_partner(model, s), self.moe,
+        self._degrees = (s.tp, s.cp, s.dp, s.pp, s.ep, self.embd_partner, self.moe,
                          self.gpn, s.expert_tp)
         # the shapes of this layout's groups (the layout is hashed once per strategy, not per
         # lookup)
