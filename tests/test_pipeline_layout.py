@@ -55,6 +55,8 @@ def test_megatrons_deepseek_v3_example() -> None:
     ("Et|m|t|L", "the MTP modules (m) come together in one chunk, after every layer (t)"),
     ("Etm|mL", "the MTP modules (m) come together in one chunk"),
     ("E||t|L", "chunk(s) 1 hold nothing"),
+    ("E(t*100000)*100000|L", "the layout expands past 1,048,576 symbols"),  # refused, unbuilt
+    ("E" + "(" * 40 + "t" + ")" * 40 + "L", "parentheses nest deeper than 32"),
 ])
 def test_a_malformed_layout_says_what_is_wrong(layout: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")

@@ -19,6 +19,10 @@ from typing import NamedTuple
 from tracegen.errors import ConfigError
 
 SYMBOLS = "EtmL"
+# An expanded layout longer than this is no pipeline (a million layers): refused before it is
+# built, so that a mistyped count cannot exhaust memory.
+MAX_SYMBOLS = 1 << 20
+MAX_NESTING = 32
 
 
 class Chunk(NamedTuple):
@@ -40,27 +44,34 @@ def parse_layout(text: str) -> tuple[Chunk, ...]:
     chunks = tuple(_chunk(piece) for piece in pieces)
     problems = _order_problems(expanded, pieces, chunks)
     if problems:
-        raise ConfigError([f"pipeline_layout {text!r}: {p}" for p in problems],
+        raise ConfigError([f"pipeline_layout {_shown(text)}: {p}" for p in problems],
                           what="pipeline layout")
     return chunks
 
 
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 80 else text[:77] + "...")
+
+
 def _error(text: str, pos: int, what: str) -> ConfigError:
-    return ConfigError(f"pipeline_layout {text!r}: {what} at position {pos} (symbols "
+    return ConfigError(f"pipeline_layout {_shown(text)}: {what} at position {pos} (symbols "
                        "E t m L, stages split by '|', x*N and (…)*N repeat, commas ignored)",
                        what="pipeline layout")
 
 
-def _sequence(text: str, pos: int) -> tuple[str, int]:
+def _sequence(text: str, pos: int, depth: int = 0) -> tuple[str, int]:
     """Expand from ``pos`` to the end or to the ')' that closes this piece."""
+    if depth > MAX_NESTING:
+        raise _error(text, pos, f"parentheses nest deeper than {MAX_NESTING}")
     out: list[str] = []
+    size = 0
     while pos < len(text) and text[pos] != ")":
         c = text[pos]
         if c in ", \t":
             pos += 1
             continue
         if c == "(":
-            piece, pos = _sequence(text, pos + 1)
+            piece, pos = _sequence(text, pos + 1, depth + 1)
             if pos >= len(text):
                 raise _error(text, pos, "a '(' is never closed")
             pos += 1
@@ -69,6 +80,9 @@ def _sequence(text: str, pos: int) -> tuple[str, int]:
         else:
             raise _error(text, pos, f"unknown symbol {c!r}")
         times, pos = _repeat(text, pos)
+        size += len(piece) * times
+        if size > MAX_SYMBOLS:
+            raise _error(text, pos, f"the layout expands past {MAX_SYMBOLS:,} symbols")
         out.append(piece * times)
     return "".join(out), pos
 
