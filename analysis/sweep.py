@@ -33,7 +33,8 @@ DEFAULT_SPACE: dict[str, list[Any]] = {
 }
 OPTIONAL_DIMENSIONS = ("cp", "ep", "expert_tp", "schedule", "tp_comm_overlap",
                        "overlap_param_gather", "zero3_prefetch", "recompute_num_layers",
-                       "recompute_modules", "moe_dispatcher", "moe_shared_expert_overlap")
+                       "recompute_modules", "moe_dispatcher", "moe_shared_expert_overlap",
+                       "pipeline_layout")
 Progress = Callable[[str, int, int], None]
 
 
@@ -128,7 +129,8 @@ def _strategy(study: Study, d: dict[str, Any]) -> Strategy | None:
                      recompute_num_layers=int(d.get("recompute_num_layers", 0)),
                      recompute_modules=str(d.get("recompute_modules", "core_attn")),
                      moe_dispatcher=d.get("moe_dispatcher", "alltoall"),
-                     moe_shared_expert_overlap=bool(d.get("moe_shared_expert_overlap", False)))
+                     moe_shared_expert_overlap=bool(d.get("moe_shared_expert_overlap", False)),
+                     pipeline_layout=str(d.get("pipeline_layout", "")))
         # a layer count pp·vpp does not divide: shorter end chunks, as frameworks run it
         s = with_shorter_end_chunks(s, study.model.num_layers)
         check_fits_model(s, study.model)

@@ -167,3 +167,19 @@ def test_the_cli_takes_a_layout_and_says_what_is_wrong_with_one() -> None:
     bad = run(*est, "Et*6|t*6|t*6|t*6")
     assert bad.returncode != 0 and "the loss (L) comes once" in bad.stdout + bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_a_sweep_searches_layouts(tmp_path: Path) -> None:
+    """Layouts are a search dimension: each pairs with the pp · vpp it lists, the others are
+    counted invalid; "" is the split by the fields."""
+    from tests.studies import enumerated
+
+    valid, invalid = enumerated(
+        tmp_path, 'model = "llama3-8b"\nsystem = "dgx-h100"\ngpus = 16\n'
+        'global_batch_size = 64\n[search]\ntp = [2]\npp = [2, 4]\nvpp = [1]\n'
+        'micro_batch_size = [1]\nrecompute = ["full"]\nzero_stage = [1]\n'
+        'sequence_parallel = [true]\n'
+        'pipeline_layout = ["", "Et*15|t*17L", "Et*7|t*8|t*8|t*9L"]\n')
+    assert sorted((s.pp, s.pipeline_layout) for s in valid) == [
+        (2, ""), (2, "Et*15|t*17L"), (4, ""), (4, "Et*7|t*8|t*8|t*9L")]
+    assert invalid == 2  # each layout with the other pp
