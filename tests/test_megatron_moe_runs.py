@@ -39,9 +39,10 @@ def test_the_text_columns_name_the_dispatcher_and_modules() -> None:
 
 
 def test_the_moe_rows_are_predicted_within_the_error_reached(results: pl.DataFrame) -> None:
-    """All three too fast: DeepEP at ep 32 −13.4%, the flat all-to-all at ep 8 −27.6%, DeepEP
-    at tp 4 without recompute −52.8% (twenty-fourth session, with the dispatcher's
-    permutations; −16.4 / −30.6 / −54.3% without). The table's own ranking of its first two
+    """All three too fast: DeepEP at ep 32 −13.2%, the flat all-to-all at ep 8 −26.9%, DeepEP
+    at tp 4 without recompute −51.3% (twenty-fifth session, the experts a grouped GEMM;
+    −13.4 / −27.6 / −52.8% before; −16.4 / −30.6 / −54.3% without the dispatcher's
+    permutations). The table's own ranking of its first two
     layouts holds (DeepEP across nodes beats the flat all-to-all inside them); its third, the
     slowest measured, trainsim puts fastest — nothing modelled explains it. Bounds are the
     errors reached."""
