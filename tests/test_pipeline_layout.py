@@ -19,7 +19,7 @@ from tests.test_cli import run
 from tests.test_fastpath import MODEL, MOE
 from tracegen import ConfigError, Strategy, generate, get_model
 from tracegen.layout import Chunk, parse_layout
-from tracegen.memory import mtp_activation_bytes
+from tracegen.memory import mtp_activation_bytes, unit_params
 from tracegen.mesh import embedding_partner
 from tracegen.program import RoleProgram
 from tracegen.strategy import check_fits_model
@@ -116,6 +116,8 @@ def test_mtp_on_a_chunk_of_its_own(tmp_path: Path) -> None:
     assert embd == [True, False, True, False]
     act = [st.memory.activations_bytes for st in summary.stages]
     assert act[2] == mtp_activation_bytes(m, s) * 2  # 1F1B: stage 2 of 4 holds 2 micro-batches
+    # under ZeRO-3 the embedding's copy is the largest weight stage 2 gathers whole
+    assert unit_params(m, s, 2) == m.vocab_size * m.hidden_size > unit_params(m, s, 1)
     assert estimate(m, s, H100).step_time_s == pytest.approx(
         replayed(m, s, H100).step_time_s, rel=1e-6)
 

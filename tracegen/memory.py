@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from tracegen.mesh import embedding_partner
 from tracegen.model import ModelSpec
 from tracegen.ops import ACT_BYTES, grad_reduce_bytes
 from tracegen.program import dp_group_size
@@ -303,16 +304,17 @@ def _sharded_bytes(s: Strategy, dense: int, expert: int, per_param: int) -> int:
 def unit_params(m: ModelSpec, s: Strategy, stage: int) -> int:
     """Parameters on one rank of the largest weight ZeRO-3 gathers whole on ``stage``: the QKV,
     output, or (fused) MLP projection — a MoE layer's local experts together — or the embedding /
-    LM head where the stage holds them. One weight, not one layer: the finest granularity a ZeRO-3
-    implementation gathers at (DeepSpeed partitions and gathers parameter by parameter; FSDP units
-    are at least one module), so the transient it sizes is a lower bound (DESIGN.md)."""
+    LM head (or the MTP modules' copy of the embedding) where the stage holds them. One weight,
+    not one layer: the finest granularity a ZeRO-3 implementation gathers at (DeepSpeed
+    partitions and gathers parameter by parameter; FSDP units are at least one module), so the
+    transient it sizes is a lower bound (DESIGN.md)."""
     h, f = m.hidden_size, m.moe_ffn_hidden_size if m.is_moe else m.ffn_hidden_size
     up = 2 if m.gated else 1
     experts = m.num_experts // s.ep if m.is_moe else 1
     attn = (max(m.mla_up_params() // s.tp, m.mla_down_params()) if m.kv_lora_rank
             else h * (m.q_size + 2 * m.kv_size) // s.tp)
     unit = max(attn, experts * up * h * f // (s.etp if m.is_moe else s.tp))
-    if stage in (0, s.pp - 1):
+    if stage in (0, s.pp - 1) or stage == embedding_partner(m, s):  # (the MTP modules')
         unit = max(unit, m.vocab_size * h // s.tp)
     return unit
 
