@@ -117,7 +117,8 @@ def test_mtp_on_a_chunk_of_its_own(tmp_path: Path) -> None:
     act = [st.memory.activations_bytes for st in summary.stages]
     assert act[2] == mtp_activation_bytes(m, s) * 2  # 1F1B: stage 2 of 4 holds 2 micro-batches
     # under ZeRO-3 the embedding's copy is the largest weight stage 2 gathers whole
-    assert unit_params(m, s, 2) == m.vocab_size * m.hidden_size > unit_params(m, s, 1)
+    wide = dataclasses.replace(m, vocab_size=4 * m.vocab_size)
+    assert unit_params(wide, s, 2) == wide.vocab_size * m.hidden_size > unit_params(wide, s, 1)
     assert estimate(m, s, H100).step_time_s == pytest.approx(
         replayed(m, s, H100).step_time_s, rel=1e-6)
 
