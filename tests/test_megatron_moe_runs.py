@@ -71,7 +71,9 @@ def test_a_bad_text_cell_skips_its_row_by_name(tmp_path: Path) -> None:
         pl.when(pl.col("id").str.ends_with("ep32")).then(pl.lit("nccl"))
         .otherwise(pl.col("moe_dispatcher")).alias("moe_dispatcher"),
         pl.when(pl.col("id").str.ends_with("a2a-ep8")).then(pl.lit("layernorm attention"))
-        .otherwise(pl.col("recompute_modules")).alias("recompute_modules"))
+        .otherwise(pl.col("recompute_modules")).alias("recompute_modules"),
+        pl.when(pl.col("id").str.contains("deepseek")).then(pl.lit("Et|(tt|)*30m"))
+        .otherwise(pl.col("pipeline_layout")).alias("pipeline_layout"))
     bad = tmp_path / "bad.csv"
     rows.write_csv(bad)
     got = validate(bad, fast=True)
@@ -79,6 +81,7 @@ def test_a_bad_text_cell_skips_its_row_by_name(tmp_path: Path) -> None:
     first = status["modelzoo-qwen3-235b-deepep-ep32"]
     assert first.startswith("skipped:") and "moe_dispatcher must be one of alltoall, deepep" in first
     assert "unknown: 'attention'" in status["modelzoo-qwen3-235b-a2a-ep8"]
+    assert "the loss (L) comes once, last in the last chunk" in status["mbridge2509-deepseek-v3"]
 
 
 def test_a_dispatcher_set_for_a_mixed_file_leaves_dense_rows_alone() -> None:
