@@ -107,7 +107,8 @@ def print_glance(g: Glance, s: Strategy) -> None:
         other = (mem.runtime_bytes + mem.fragmentation_bytes) / GiB
         total = mem.total_bytes / GiB
         total_cell = (f"[bold red]{total:.1f}[/]" if total > g.capacity_GiB else f"{total:.1f}")
-        table.add_row(str(st.stage), str(st.layers), f"{st.fwd_s * 1e3:.2f}",
+        mtp = f" +{st.mtp_layers} MTP" if st.mtp_layers else ""
+        table.add_row(str(st.stage), f"{st.layers}{mtp}", f"{st.fwd_s * 1e3:.2f}",
                       f"{st.bwd_s * 1e3:.2f}",
                       *[f"{x:.2f}" for x in parts], f"{other:.2f}", total_cell)
     console.print(table)

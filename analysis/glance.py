@@ -31,6 +31,7 @@ class StageGlance:
     bwd_s: float  # with recomputation
     memory: memory.MemoryEstimate
     layers: int = 0  # transformer layers the stage holds, every chunk of it
+    mtp_layers: int = 0  # multi-token-prediction modules it runs (``Strategy.mtp_chunk``)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -57,8 +58,9 @@ class Glance:
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if f.name != "stages"}
-        out["stages"] = [{"stage": st.stage, "layers": st.layers, "fwd_s": st.fwd_s,
-                          "bwd_s": st.bwd_s, **st.memory.to_dict()} for st in self.stages]
+        out["stages"] = [{"stage": st.stage, "layers": st.layers, "mtp_layers": st.mtp_layers,
+                          "fwd_s": st.fwd_s, "bwd_s": st.bwd_s, **st.memory.to_dict()}
+                         for st in self.stages]
         return out
 
 
@@ -189,6 +191,7 @@ def _stages(model: ModelSpec, s: Strategy, system: SystemSpec, est: FastEstimate
         held = RoleProgram(model, s, st).stage_params()
         mem = memory.estimate(model, s, st, sum(held.values()), flash_attention=flash,
                               expert_params=held["edp"])
+        mtp = model.mtp_layers if model.mtp_layers and st == s.mtp_chunk % s.pp else 0
         out.append(StageGlance(st, est.stage_fwd_s[st], est.stage_bwd_s[st], mem,
-                               s.stage_layers(model.num_layers, st)))
+                               s.stage_layers(model.num_layers, st), mtp))
     return tuple(out)

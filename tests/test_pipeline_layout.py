@@ -167,6 +167,14 @@ def test_the_cli_takes_a_layout_and_says_what_is_wrong_with_one() -> None:
            "--gbs", "16", "--system", "dgx-h100", "--pipeline-layout")
     good = run(*est, "Et*6|t*6|t*6|t*6L")
     assert good.returncode == 0, good.stderr
+    mtp = run("estimate", "--model", "deepseek-v3", "--gpus", "1024", "--tp", "2", "--pp", "8",
+              "--vpp", "4", "--schedule", "interleaved_1f1b", "--ep", "64", "--expert-tp", "1",
+              "--sp", "--mbs", "1", "--gbs", "8192", "--zero", "1", "--system", "dgx-h100",
+              "--precision", "fp8", "--moe-dispatcher", "deepep", "--pipeline-layout",
+              "Et|(tt|)*30mL")
+    assert mtp.returncode == 0, mtp.stderr
+    rows = [line.split("│")[1:3] for line in mtp.stdout.splitlines() if line.startswith("│")]
+    assert [layers.strip() for _, layers in rows] == ["7"] + ["8"] * 6 + ["6 +1 MTP"]
     bad = run(*est, "Et*6|t*6|t*6|t*6")
     assert bad.returncode != 0 and "the loss (L) comes once" in bad.stdout + bad.stderr
     assert "Traceback" not in bad.stderr
