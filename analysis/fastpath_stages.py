@@ -213,7 +213,7 @@ def _compute_ns(costs: Costs, block: ParamBlock, rank: int, sig: int,
     get = costs.list_busy if busy else costs.list_ns
     fwd = get(block, "fwd", rank, sig)
     again = 0
-    if block.is_layer and s.recompute != "none" and not block.stored:
+    if block.recomputes and s.recompute != "none":
         again = fwd if s.recompute == "full" else get(block, costs.recomputed, rank, sig)
     return fwd, again + get(block, "bwd", rank, sig)
 
@@ -278,7 +278,7 @@ def _compute_runs(costs: Costs, block: ParamBlock, rank: int, sig: int
     what it recomputes."""
     fwd = costs.list_runs(block, "fwd", rank, sig)
     again: Runs = ()
-    if block.is_layer and costs.s.recompute != "none" and not block.stored:
+    if block.recomputes and costs.s.recompute != "none":
         again = fwd if costs.s.recompute == "full" else costs.list_runs(
             block, costs.recomputed, rank, sig)
     return fwd, again + costs.list_runs(block, "bwd", rank, sig)

@@ -158,3 +158,30 @@ def test_the_preset_and_bad_input() -> None:
     assert get_model("deepseek-v3").mtp_params() == pytest.approx(11.6e9, rel=0.01)
     with pytest.raises(ConfigError, match="mtp_layers must be ≥ 0"):
         dataclasses.replace(MODEL, mtp_layers=-1)
+
+
+def test_recompute_runs_the_modules_again(tmp_path: Path) -> None:
+    """Full recompute checkpoints each module whole (Megatron-Core's
+    ``MultiTokenPredictionLayer``), keeping only its input; selective recompute applies its
+    modules to the module's layer. The trace runs them again, memory keeps what is said, HFU
+    counts one more forward of the module's layer, and the fast path agrees with replay."""
+    from tracegen.flops import recompute_flop_per_step
+
+    full = dataclasses.replace(S, recompute="full")
+    sel = dataclasses.replace(S, recompute="selective", recompute_modules="layernorm,mlp")
+    generate(DENSE, full, tmp_path)
+    last = max(tmp_path.glob("*.et"), key=lambda f: int(f.name.split(".")[-2]))
+    names = [n.name for n in read_et(last, int(last.name.split(".")[-2])).nodes]
+    assert any(".mtp0.rc." in n and n.endswith("mtp_eh_proj") for n in names)
+    d = O.dims(DENSE, S)
+    assert mtp_activation_bytes(DENSE, full) == 2 * d.tokens_sp * d.h  # the module's input
+    assert mtp_activation_bytes(DENSE, sel) < mtp_activation_bytes(DENSE, S)
+    b = 8
+    extra = (recompute_flop_per_step(DENSE, b, "full")
+             - recompute_flop_per_step(dataclasses.replace(DENSE, mtp_layers=0), b, "full"))
+    one_layer = (model_flop_per_step(dataclasses.replace(MODEL, num_layers=2), b)
+                 - model_flop_per_step(dataclasses.replace(MODEL, num_layers=1), b)) // 3
+    assert extra == pytest.approx(one_layer, rel=1e-9)
+    for st in (full, sel):
+        assert estimate(DENSE, st, H100).step_time_s == pytest.approx(
+            _replayed_s(DENSE, st, H100), rel=0.02)

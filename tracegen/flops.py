@@ -16,7 +16,8 @@ norms (3·2·(3h + 2h²) per token) and one more pass of the output head (Megatr
 Under
 multi-head latent attention the attention terms are its projections' weights (2 FLOPs each per
 token) and QKᵀ / attention·V over its Q/K and V head widths.
-HFU adds the recomputed forward: full recompute one more forward of every layer, selective the
+HFU adds the recomputed forward: full recompute one more forward of every layer (and of every
+multi-token-prediction module's layer), selective the
 attention scores and values (Korthikanti et al. 2022, §6) and, where its modules name the MLP,
 the MLP's GEMMs (the norms and activations it may also rebuild are not matrix FLOPs).
 """
@@ -69,6 +70,12 @@ def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str,
     selective, of its ``modules`` (``Strategy.selective_modules``)."""
     if recompute == "none":
         return 0
+    if m.mtp_layers:  # the MTP modules again, each as a layer of the last kind, all of them
+        last = dataclasses.replace(m, num_layers=m.mtp_layers, first_dense_layers=0,
+                                   mtp_layers=0)
+        return (recompute_flop_per_step(dataclasses.replace(m, mtp_layers=0), global_batch,
+                                        recompute, recomputed_layers, modules)
+                + recompute_flop_per_step(last, global_batch, recompute, None, modules))
     b, s, n_l, h = global_batch, m.seq_len, m.num_layers, m.hidden_size
     # QKᵀ and attention·V, full (Megatron); MLA's Q/K and V heads differ
     attention = (2 * b * s * s * m.num_attention_heads * (m.qk_head_dim + m.v_dim) * n_l
@@ -93,7 +100,6 @@ def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str,
                 + (up if "mla_up_proj" in modules else 0) + (moe if "moe" in modules else 0)
                 + (shared if "shared_experts" in modules and "moe" not in modules else 0))
     logits = 2 * b * s * h * m.vocab_size
-    # the model's layers only: multi-token-prediction modules are not recomputed
     layers = (_main_flop(m, global_batch) - 3 * logits) // 3
     return layers if recomputed_layers is None else layers * recomputed_layers // n_l
 

@@ -248,14 +248,19 @@ def _chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
 
 def mtp_activation_bytes(m: ModelSpec, s: Strategy, flash_attention: bool = True) -> int:
     """What the multi-token-prediction modules keep for their backward, per micro-batch: each a
-    layer of the last layer's kind, never recomputed (trainsim recomputes the model's layers
-    only), and its input — the next tokens' embedding, the two normed halves the projection
-    reads and the projection's output, 16-bit, on the sequence shards (Korthikanti et al.'s
-    accounting of a layer's inputs). Their logits count with the head's (``_parts``)."""
+    layer of the last layer's kind under the strategy's recompute (``ParamBlock.recomputes``)
+    and its input — the next tokens' embedding, the two normed halves the projection reads and
+    the projection's output, 16-bit, on the sequence shards (Korthikanti et al.'s accounting
+    of a layer's inputs); under full recompute only the module's input (the hidden state), as
+    Megatron-Core checkpoints the whole module. Their logits count with the head's
+    (``_parts``)."""
+    layer = _layer_activation_bytes(m, s, s.recompute, flash_attention)
+    if s.recompute == "full":
+        return m.mtp_layers * layer
     tokens = s.micro_batch_size * m.seq_len // s.cp
     shards = s.tp if s.sequence_parallel else 1
     inputs = 4 * tokens * m.hidden_size * ACT_BYTES // shards
-    return m.mtp_layers * (_layer_activation_bytes(m, s, "none", flash_attention) + inputs)
+    return m.mtp_layers * (layer + inputs)
 
 
 @functools.lru_cache(maxsize=4096)

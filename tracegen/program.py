@@ -65,8 +65,17 @@ class ParamBlock:
     def is_layer(self) -> bool:
         return self.name in LAYER_BLOCKS
 
+    @property
+    def recomputes(self) -> bool:
+        """Whether recomputation applies to it (unless it keeps its activations, ``stored``):
+        the layers, and an MTP module, whose layer is a transformer layer of the model's
+        config (Megatron-Core's selective modules apply to it; under full recompute
+        ``MultiTokenPredictionLayer`` checkpoints the whole module)."""
+        return self.name in RECOMPUTED_BLOCKS and not self.stored
+
 
 LAYER_BLOCKS = ("layer", "dense_layer")
+RECOMPUTED_BLOCKS = (*LAYER_BLOCKS, "mtp")
 
 
 class RoleProgram:
@@ -480,7 +489,7 @@ class RoleProgram:
         return per_mb * self.m_mb
 
     def _recompute_items(self, block: ParamBlock) -> list[O.Item]:
-        if not block.is_layer or block.stored or self.s.recompute == "none":
+        if not block.recomputes or self.s.recompute == "none":
             return self._lists["none"]
         if self.s.recompute == "full":
             return self._fwd_items(block)
