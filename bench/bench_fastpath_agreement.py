@@ -9,6 +9,7 @@ global batch of any count of micro-batches, not whole rounds of pp) and prints t
     python bench/bench_fastpath_agreement.py [--n 60] [--seed 1] [--odd | --models] [--nodes]
                                              [--buckets] [--systems] [--groups] [--partial]
                                              [--modules] [--moe-layers] [--mla] [--deepep]
+                                             [--mtp]
 
 ``--odd`` draws sizes and options the default cases never reach (GPU counts with a factor 3,
 pp 3/5/6, up to 4 chunks, cp up to 4, any count of micro-batches, shorter end stages, B200 and
@@ -35,6 +36,11 @@ and Q latents, rotary and V head widths drawn), from a stream of its own.
 
 ``--deepep`` dispatches half the drawn MoE strategies' tokens with DeepEP, their models routing
 within drawn expert groups (none, or group top-k of 2–8 groups), from a stream of its own.
+
+``--mtp`` gives half the drawn models 1 or 2 multi-token-prediction modules and puts half of
+those on pipelines of 3 or more chunks in a Megatron-Core layout (``pipeline_layout``: the
+layers spread over the chunks, the modules with the loss or alone in the chunk before it),
+from a stream of its own.
 
 ``--models`` draws model shapes no preset has (head sizes 64-128 and doubled widths, GQA down to
 one K/V head, every activation, tied embeddings, vocabularies of 32 K-152 K, dense and MoE) with
@@ -292,6 +298,26 @@ def other_dispatch(m: ModelSpec, s: Strategy, rng: random.Random
             dataclasses.replace(s, moe_dispatcher="deepep"))
 
 
+def other_mtp(m: ModelSpec, s: Strategy, rng: random.Random) -> tuple[ModelSpec, Strategy]:
+    """``--mtp``: half the models with 1 or 2 multi-token-prediction modules; of those on a
+    pipeline of 3 or more chunks (and no other uneven split), half in a Megatron-Core layout
+    — the layers spread over the chunks, the modules with the loss in the last or alone in the
+    one before it."""
+    if rng.random() < 0.5:
+        return m, s
+    m = dataclasses.replace(m, mtp_layers=rng.choice((1, 2)))
+    n = s.pp * s.vpp
+    alone = rng.random() < 0.5
+    k = n - 2 if alone else n - 1  # the chunks that hold layers
+    if n < 3 or s.uneven or rng.random() < 0.5 or m.num_layers < k:
+        return m, s
+    sizes = [m.num_layers // k + (i < m.num_layers % k) for i in range(k)]
+    pieces = ["t" * x for x in sizes]
+    pieces[0] = "E" + pieces[0]
+    tail = ["m" * m.mtp_layers, "L"] if alone else ["m" * m.mtp_layers + "L"]
+    return m, dataclasses.replace(s, pipeline_layout="|".join(pieces + tail))
+
+
 def model_label(m: ModelSpec) -> str:
     return (f"L{m.num_layers} h{m.hidden_size} heads {m.num_attention_heads}/{m.num_kv_heads} "
             f"{m.activation}{' tied' if m.tied_embeddings else ''}"
@@ -299,7 +325,8 @@ def model_label(m: ModelSpec) -> str:
             f"{f' shared{sh}' if (sh := m.shared_expert_ffn_hidden_size) else ''}"
             f"{f' dense-first{m.first_dense_layers}' if m.first_dense_layers else ''}"
             f"{f' mla{m.kv_lora_rank}/{m.q_lora_rank}' if m.is_mla else ''}"
-            f"{f' groups{m.moe_router_group_topk}/{g}' if (g := m.moe_router_num_groups) else ''} "
+            f"{f' groups{m.moe_router_group_topk}/{g}' if (g := m.moe_router_num_groups) else ''}"
+            f"{f' mtp{m.mtp_layers}' if m.mtp_layers else ''} "
             f"V{m.vocab_size} s{m.seq_len}")
 
 
@@ -316,7 +343,8 @@ def label(s: Strategy) -> str:
               (bool(s.schedule_group), f"m{s.num_microbatches}-groups{s.schedule_group}"),
               (bool(s.recompute_num_layers), f"recompute-first{s.recompute_num_layers}"),
               (s.recompute_modules != "core_attn", f"modules:{s.recompute_modules}"),
-              (s.moe_dispatcher != "alltoall", s.moe_dispatcher))
+              (s.moe_dispatcher != "alltoall", s.moe_dispatcher),
+              (bool(s.pipeline_layout), f"layout {s.pipeline_layout}"))
     return (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} ep{s.ep} vpp{s.vpp} {s.schedule} "
             f"mbs{s.micro_batch_size} "
             f"zero{s.zero_stage}{' prefetch' if s.zero3_prefetch else ''} {s.recompute}"
@@ -348,6 +376,9 @@ FLAGS = {
     "mla": "a third of the models with multi-head latent attention, from a stream of its own",
     "deepep": "half the MoE strategies dispatching with DeepEP, within drawn expert groups, "
               "from a stream of its own",
+    "mtp": "half the models with 1-2 multi-token-prediction modules, half of those pipelines "
+           "in a drawn Megatron-Core layout (the modules with the loss or alone), from a "
+           "stream of its own",
 }
 
 
@@ -368,6 +399,7 @@ def main() -> None:
     moe_layers = random.Random(-args.seed - 6)  # --moe-layers: theirs
     attention = random.Random(-args.seed - 7)  # --mla: theirs
     dispatch = random.Random(-args.seed - 8)  # --deepep: theirs
+    mtp = random.Random(-args.seed - 9)  # --mtp: theirs
     rows: list[tuple[float, str, str]] = []
     t0 = time.perf_counter()
     while len(rows) < args.n:
@@ -398,6 +430,10 @@ def main() -> None:
             s = other_modules(s, model, modules)
         if args.deepep:
             model, s = other_dispatch(model, s, dispatch)
+        if args.mtp:
+            model, s = other_mtp(model, s, mtp)
+            if model.mtp_layers:
+                model_name += f"  mtp{model.mtp_layers}"
         try:
             fast = estimate(model, s, system)
         except ConfigError:
@@ -425,7 +461,9 @@ def main() -> None:
           + (f" ({sum(' shared' in n or 'dense-first' in n for _, n, _ in rows)} MoE models "
              "with shared experts or dense first layers)" if args.moe_layers else "")
           + (f" ({sum(' mla' in n for _, n, _ in rows)} with MLA)" if args.mla else "")
-          + (f" ({sum(' deepep' in w for _, _, w in rows)} with DeepEP)" if args.deepep else ""))
+          + (f" ({sum(' deepep' in w for _, _, w in rows)} with DeepEP)" if args.deepep else "")
+          + (f" ({sum(' mtp' in n for _, n, _ in rows)} with MTP modules, "
+             f"{sum(' layout ' in w for _, _, w in rows)} in a layout)" if args.mtp else ""))
     for e, model_name, what in sorted(rows, key=lambda r: -abs(r[0]))[:5]:
         print(f"  {e:+.2f}%  {model_name}  {what}")
 
