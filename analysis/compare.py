@@ -45,7 +45,8 @@ def strategy_fields(s: Strategy) -> dict[str, Any]:
             + ("-tpo" if s.tp_comm_overlap else "")
             + ("-opg" if s.overlap_param_gather and s.zero_stage in (1, 2) else "")
             + ("-z3pf" if s.zero3_prefetch else "")
-            + ("-seo" if s.moe_shared_expert_overlap else ""),
+            + ("-seo" if s.moe_shared_expert_overlap else "")
+            + (f"-layout[{s.pipeline_layout}]" if s.pipeline_layout else ""),
             "tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep, "vpp": s.vpp,
             "micro_batch_size": s.micro_batch_size, "schedule": s.schedule,
             "recompute": s.recompute, "zero_stage": s.zero_stage,
