@@ -125,9 +125,10 @@ def test_mtp_on_a_chunk_of_its_own(tmp_path: Path) -> None:
 
 @st.composite
 def _layouts(draw: st.DrawFn) -> tuple[object, Strategy]:
-    """A model (dense or MoE, 0-2 MTP modules) and a strategy with a random layout: chunk sizes
-    summing to its 8 layers (the end chunks may hold none), the modules with the loss or on
-    a chunk of their own before it."""
+    """A model (dense or MoE, 0-2 MTP modules, its head tied or not) and a strategy with a
+    random layout: chunk sizes summing to its 8 layers (the end chunks may hold none), the
+    modules with the loss or on a chunk of their own before it; tp 1 or 2 (SP or not), ZeRO
+    0/1/3 (prefetched or not), BF16 or FP8, any recompute."""
     pp, vpp = draw(st.sampled_from([2, 3, 4])), draw(st.sampled_from([1, 1, 2]))
     n = pp * vpp
     mtp = draw(st.sampled_from([0, 1, 2]))
@@ -144,11 +145,16 @@ def _layouts(draw: st.DrawFn) -> tuple[object, Strategy]:
         pieces[-1] += "m" * mtp
     pieces[-1] += "L"
     moe = draw(st.booleans())
-    model = dataclasses.replace(MOE if moe else MODEL, mtp_layers=mtp)
-    s = Strategy(pp=pp, vpp=vpp, dp=2, ep=2 if moe else 1, global_batch_size=2 * pp * 2,
-                 schedule="interleaved_1f1b" if vpp > 1 else "1f1b",
-                 zero_stage=draw(st.sampled_from([0, 1, 3])),
-                 recompute=draw(st.sampled_from(["none", "full"])),
+    model = dataclasses.replace(MOE if moe else MODEL, mtp_layers=mtp,
+                                tied_embeddings=not alone and draw(st.booleans()))
+    tp = draw(st.sampled_from([1, 2]))
+    zero = draw(st.sampled_from([0, 1, 3]))
+    s = Strategy(pp=pp, vpp=vpp, dp=2, tp=tp, sequence_parallel=tp > 1 and draw(st.booleans()),
+                 ep=2 if moe else 1, global_batch_size=2 * pp * 2,
+                 schedule="interleaved_1f1b" if vpp > 1 else "1f1b", zero_stage=zero,
+                 zero3_prefetch=zero == 3 and draw(st.booleans()),
+                 precision=draw(st.sampled_from(["bf16", "fp8"])),
+                 recompute=draw(st.sampled_from(["none", "full", "selective"])),
                  pipeline_layout="|".join(pieces))
     return model, s
 
