@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from tracegen.deepep_buffers import buffer_bytes as deepep_buffer_bytes
 from tracegen.mesh import embedding_partner
 from tracegen.model import ModelSpec
 from tracegen.ops import ACT_BYTES, grad_reduce_bytes
@@ -63,7 +64,7 @@ class MemoryEstimate:
     activations_bytes: int
     logits_bytes: int
     transient_bytes: int = 0  # ZeRO-3 gathered units, the layer a full recompute rebuilds
-    runtime_bytes: int = 0  # CUDA context, workspaces, communication buffers
+    runtime_bytes: int = 0  # CUDA context, workspaces, communication buffers (DeepEP's too)
     fragmentation_bytes: int = 0  # allocator allowance
 
     @property
@@ -211,6 +212,27 @@ def _holds_dense(m: ModelSpec, s: Strategy, stage: int) -> bool:
     """Whether a stage holds any of a MoE model's dense first layers."""
     return any(m.dense_layers_in(s.chunk_layers(m.num_layers, ch * s.pp + stage))
                for ch in range(s.vpp))
+
+
+def _holds_moe(m: ModelSpec, s: Strategy, stage: int) -> bool:
+    """Whether a stage runs any MoE layer: one past the dense first layers in a chunk, or the
+    MTP modules (a layer of the last layer's kind)."""
+    if m.mtp_layers and stage == s.mtp_chunk % s.pp:
+        return True
+    for ch in range(s.vpp):
+        layers = s.chunk_layers(m.num_layers, ch * s.pp + stage)
+        if len(layers) > m.dense_layers_in(layers):
+            return True
+    return False
+
+
+def runtime_bytes(m: ModelSpec, s: Strategy, stage: int) -> int:
+    """Memory outside the caching allocator: the runtime allowance, and on a stage that runs
+    MoE layers through DeepEP the ``deep_ep.Buffer`` of its expert group (tracegen/deepep_buffers).
+    """
+    if s.moe_dispatcher != "deepep" or not m.is_moe or not _holds_moe(m, s, stage):
+        return RUNTIME_BYTES
+    return RUNTIME_BYTES + deepep_buffer_bytes(m.hidden_size, s.etp * s.ep)
 
 
 def _chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
@@ -386,5 +408,5 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
         logits = tokens * m.vocab_size // s.tp * 4 * (1 + m.mtp_layers)
     transient = transient_bytes(m, s, stage, flash_attention=flash_attention)
     tensors = weights + grads + optim + activations + logits + transient
-    return (weights, grads, optim, activations, logits, transient, RUNTIME_BYTES,
+    return (weights, grads, optim, activations, logits, transient, runtime_bytes(m, s, stage),
             int(tensors * FRAGMENTATION))
