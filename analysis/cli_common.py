@@ -97,6 +97,9 @@ SharedOverlapOpt = Annotated[bool, typer.Option(
 GradBf16Opt = Annotated[bool, typer.Option(
     "--grad-reduce-bf16", help="Gradient buffer and data-parallel reduction in 16 bits, not "
     "fp32 (Megatron --grad-reduce-in-bf16).")]
+AdamMomentsOpt = Annotated[str, typer.Option(
+    "--adam-moments", help="fp32 | bf16: Adam's moments in bf16 (Megatron-Core's precision-"
+    "aware optimizer, --exp-avg-dtype/--exp-avg-sq-dtype bf16; needs --zero ≥ 1).")]
 LayoutOpt = Annotated[str, typer.Option(
     "--pipeline-layout",
     help="Megatron-Core's --pipeline-model-parallel-layout: what each model chunk holds, "
@@ -144,7 +147,7 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    recompute_modules: str = "core_attn",
                    moe_dispatcher: str = "alltoall",
                    moe_shared_expert_overlap: bool = False,
-                   pipeline_layout: str = "") -> Strategy:
+                   pipeline_layout: str = "", adam_moments: str = "fp32") -> Strategy:
     """The strategy the shared options describe (dp from the GPU count)."""
     small = [f"--{k} must be ≥ 1, got {v}" for k, v in
              (("gpus", gpus), ("tp", tp), ("pp", pp), ("cp", cp)) if v < 1]
@@ -171,7 +174,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     recompute_modules=recompute_modules,
                     moe_dispatcher=moe_dispatcher,  # type: ignore[arg-type]
                     moe_shared_expert_overlap=moe_shared_expert_overlap,
-                    pipeline_layout=pipeline_layout)
+                    pipeline_layout=pipeline_layout,
+                    adam_moments_dtype=adam_moments)  # type: ignore[arg-type]
 
 
 def note_precision(precisions: set[str], system: SystemSpec) -> None:

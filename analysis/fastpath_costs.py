@@ -51,7 +51,7 @@ class _Context:
         self.runs: dict[tuple[object, ...], Runs] = {}
         # (layers, pp, vpp, the uneven split's fields) → each global chunk's layer count
         self.splits: dict[tuple[object, ...], tuple[int, ...]] = {}
-        self.optimizer: dict[int, int] = {}
+        self.optimizer: dict[int | tuple[int, int], int] = {}
         # (op-list key, recompute, its selective modules) → stored activation bytes of one layer
         # and micro-batch
         self.activations: dict[tuple[int, str, tuple[str, ...]], int] = {}
@@ -295,10 +295,13 @@ class Costs:
 
     def optimizer_ns(self, params: int) -> int:
         """The optimizer step over ``params`` local parameters (memo: it depends on nothing
-        else)."""
-        got = self.ctx.optimizer.get(params)
+        else but the bytes a parameter moves)."""
+        per_param = O.adam_bytes_per_param(self.s)
+        key = params if per_param == O.ADAM_BYTES_PER_PARAM else (params, per_param)
+        got = self.ctx.optimizer.get(key)
         if got is None:
-            got = self.ctx.optimizer[params] = self.items_ns([O.optimizer_step(params)], 0)
+            got = self.ctx.optimizer[key] = self.items_ns(
+                [O.optimizer_step(params, per_param)], 0)
         return got
 
     def list_ns(self, block: ParamBlock, which: str | tuple[str, ...], rank: int, sig: int

@@ -629,7 +629,8 @@ def test_op_key_covers_every_field_the_op_lists_read() -> None:
                 # picks which lists run again, as recompute does: the memo keys carry it
                 # (``Costs.recomputed``), the op lists do not change
                 "recompute_modules": "core_attn,mlp", "moe_dispatcher": "deepep",
-                "moe_shared_expert_overlap": True, "pipeline_layout": "Etttt|ttttL"}
+                "moe_shared_expert_overlap": True, "pipeline_layout": "Etttt|ttttL",
+                "adam_moments_dtype": "bf16"}
     fields = {f.name for f in dataclasses.fields(Strategy)}
     assert fields <= set(variants) | {"last_stage_layers"}, "give the new field a variant here"
 

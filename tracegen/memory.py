@@ -46,6 +46,9 @@ from tracegen.units import GiB
 # §3: K = 12 bytes of optimizer state per parameter), fp32 main gradients (Megatron DDP grad buffer;
 # 16-bit with --grad-reduce-in-bf16: ``grad_reduce_bytes``) and 16-bit weights.
 WEIGHT_BYTES, OPTIM_BYTES = 2, 12
+# Adam's moments in bf16 (``Strategy.adam_moments_dtype``, Megatron-Core's precision-aware
+# optimizer): m and v take 2 bytes each, the fp32 master copy stays — 4 fewer per parameter.
+BF16_MOMENTS_SAVING = 4
 # FSDP (ZeRO-3): fp32 sharded parameter (the master copy), fp32 gradient shard, Adam m and v.
 ZERO3_PARAM_BYTES, ZERO3_OPTIM_BYTES = 4, 8
 # Runtime allowances — assumptions until measured on a device (bench/device): the CUDA context,
@@ -370,22 +373,23 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
     grads = params_local * grad_reduce_bytes(s)
     optim = params_local * OPTIM_BYTES
     weights = params_local * WEIGHT_BYTES
+    optim_per_param = ZERO3_OPTIM_BYTES if s.zero_stage >= 3 else OPTIM_BYTES
+    if s.adam_moments_dtype == "bf16":  # needs ZeRO ≥ 1 (``Strategy``)
+        optim_per_param -= BF16_MOMENTS_SAVING
     if s.zero_stage and expert_params:
         dense = params_local - expert_params
-        optim = _sharded_bytes(s, dense, expert_params, OPTIM_BYTES)
+        optim = _sharded_bytes(s, dense, expert_params, optim_per_param)
         if s.zero_stage >= 2:
             grads = _sharded_bytes(s, dense, expert_params, grad_reduce_bytes(s))
         if s.zero_stage >= 3:
             weights = _sharded_bytes(s, dense, expert_params, ZERO3_PARAM_BYTES)
-            optim = _sharded_bytes(s, dense, expert_params, ZERO3_OPTIM_BYTES)
     elif s.zero_stage:  # dense parameters only: one group, dp·cp (the screening common case)
         dp_shard = s.dp * s.cp
-        optim = -(-optim // dp_shard)
+        optim = -(-params_local * optim_per_param // dp_shard)
         if s.zero_stage >= 2:
             grads = -(-grads // dp_shard)
         if s.zero_stage >= 3:
             weights = -(-params_local * ZERO3_PARAM_BYTES // dp_shard)
-            optim = -(-params_local * ZERO3_OPTIM_BYTES // dp_shard)
     if (s.vpp > 1 and s.uneven and stage in (0, s.pp - 1)) or s.pipeline_layout or (
             m.first_dense_layers and _holds_dense(m, s, stage)) or (
             m.mtp_layers and stage == s.mtp_chunk % s.pp):

@@ -68,6 +68,9 @@ PARAM_BYTES = 2  # 16-bit model weights
 # and zeroing the gradient buffer (framework-dependent; PyTorch's set_to_none writes nothing).
 # FLOPs: ~12 per parameter.
 ADAM_BYTES_PER_PARAM = 38
+# With Adam's moments in bf16 (``Strategy.adam_moments_dtype``; Megatron-Core's precision-aware
+# optimizer) m and v are each read and written in 2 bytes instead of 4: 38 − 4·2 = 30.
+ADAM_BYTES_PER_PARAM_BF16_MOMENTS = 30
 ADAM_FLOP_PER_PARAM = 12
 
 
@@ -141,6 +144,12 @@ class Dims:
     def tokens_sp(self) -> int:
         """Tokens that norms and dropout see: split across TP with sequence parallelism."""
         return self.tokens // self.t if self.sp else self.tokens
+
+
+def adam_bytes_per_param(s: Strategy) -> int:
+    """Bytes the optimizer step moves per local parameter (``ADAM_BYTES_PER_PARAM``)."""
+    return (ADAM_BYTES_PER_PARAM_BF16_MOMENTS if s.adam_moments_dtype == "bf16"
+            else ADAM_BYTES_PER_PARAM)
 
 
 def grad_reduce_bytes(s: Strategy) -> int:
@@ -831,7 +840,8 @@ def head_bwd(m: ModelSpec, st: Strategy) -> list[Item]:
     return items
 
 
-def optimizer_step(params_local: int) -> Op:
-    """Mixed-precision Adam over this rank's parameter shard (memory-bound)."""
+def optimizer_step(params_local: int, bytes_per_param: int = ADAM_BYTES_PER_PARAM) -> Op:
+    """Mixed-precision Adam over this rank's parameter shard (memory-bound);
+    ``bytes_per_param``: ``adam_bytes_per_param`` of the strategy."""
     return Op("adam_step", "optimizer", ADAM_FLOP_PER_PARAM * params_local,
-              ADAM_BYTES_PER_PARAM * params_local)
+              bytes_per_param * params_local)

@@ -565,7 +565,8 @@ class RoleProgram:
         for c in self.deferred_dp:
             self.pending_dp.append(self.coll(c, "step", blocking=True))
         params = self._local_params()
-        self.op(O.optimizer_step(params), "step", "optimizer", tuple(self.pending_dp))
+        self.op(O.optimizer_step(params, O.adam_bytes_per_param(s)), "step", "optimizer",
+                tuple(self.pending_dp))
         if self.param_gather_overlapped:  # they open the next step (``_early_param_gathers``)
             return
         for axis, padded in self.param_gathers:

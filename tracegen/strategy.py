@@ -17,6 +17,8 @@ Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8"]
 CpCommType = Literal["p2p", "all_gather"]
 CP_COMM_TYPES: tuple[str, ...] = ("p2p", "all_gather")
+AdamMomentsDtype = Literal["fp32", "bf16"]
+ADAM_MOMENTS_DTYPES: tuple[str, ...] = ("fp32", "bf16")
 MoeDispatcher = Literal["alltoall", "deepep"]
 MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b")
@@ -136,6 +138,13 @@ class Strategy:
     # module alone, the loss alone; tracegen/layout.py). "" = split by the fields above. Lists
     # pp · vpp chunks; excludes first/last_stage_layers and the account_for_* flags.
     pipeline_layout: str = ""
+    # Adam's moments (m and v) in "fp32" (the default) or "bf16": Megatron-Core's precision-
+    # aware optimizer (--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype
+    # bf16; OptimizerConfig.exp_avg_dtype / exp_avg_sq_dtype, Transformer Engine's FusedAdam),
+    # the fp32 master weights kept: 4 fewer bytes of state per parameter and 8 fewer moved by
+    # the step (tracegen/memory.py, tracegen/ops.py ``adam_bytes_per_param``). It runs in the
+    # distributed optimizer or Megatron-FSDP: needs zero_stage ≥ 1.
+    adam_moments_dtype: AdamMomentsDtype = "fp32"
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self) or _degree_problems(self)
@@ -303,6 +312,13 @@ def _degree_problems(s: Strategy) -> list[str]:
     if s.moe_dispatcher not in MOE_DISPATCHERS:
         out.append(f"moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}; got "
                    f"{s.moe_dispatcher!r}")
+    if s.adam_moments_dtype not in ADAM_MOMENTS_DTYPES:
+        out.append(f"adam_moments_dtype must be one of {', '.join(ADAM_MOMENTS_DTYPES)}; got "
+                   f"{s.adam_moments_dtype!r}")
+    elif s.adam_moments_dtype != "fp32" and s.zero_stage == 0:
+        out.append(f"adam_moments_dtype {s.adam_moments_dtype!r} (Megatron-Core's precision-"
+                   "aware optimizer) runs in the distributed optimizer or Megatron-FSDP: set "
+                   "zero_stage ≥ 1, or keep the moments in 'fp32'")
     if s.zero_stage not in (0, 1, 2, 3):
         out.append(f"zero_stage must be 0, 1, 2 or 3; got {s.zero_stage}")
     if s.zero3_gather_bucket_params < 0:

@@ -1,0 +1,116 @@
+"""``Strategy.adam_moments_dtype`` (Megatron-Core's precision-aware optimizer, Adam's m and v in
+bf16): the state memory, the step's bytes in the trace, the fast path against replay, and the
+refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from analysis.fastpath import estimate
+from replay import get_system
+from tests.conftest import attrs, read_et, replayed
+from tests.test_cli import run
+from tracegen import ConfigError, ModelSpec, Strategy, generate
+from tracegen import memory as mem
+from tracegen import ops as O
+
+MODEL = ModelSpec(name="am", num_layers=8, hidden_size=1024, num_attention_heads=16,
+                  ffn_hidden_size=4096, vocab_size=8192, seq_len=1024)
+MOE = ModelSpec(name="am-moe", num_layers=4, hidden_size=1024, num_attention_heads=8,
+                num_kv_heads=4, ffn_hidden_size=2048, vocab_size=4096, seq_len=1024,
+                activation="swiglu", num_experts=16, experts_per_token=2,
+                moe_ffn_hidden_size=512)
+SYSTEM = get_system("dgx-a100-80gb")
+BASE = Strategy(tp=2, pp=2, dp=8, micro_batch_size=1, global_batch_size=32, zero_stage=1)
+
+
+def _bf16(s: Strategy) -> Strategy:
+    return dataclasses.replace(s, adam_moments_dtype="bf16")
+
+
+@pytest.mark.parametrize(("zero", "per_param"), [(1, (8, 12)), (2, (8, 12)), (3, (4, 8))])
+def test_the_state_loses_four_bytes_a_parameter(zero: int, per_param: tuple[int, int]) -> None:
+    """Megatron's distributed optimizer keeps the fp32 master, m and v (12 bytes a parameter,
+    Rajbhandari et al. 2020 §3); FSDP's optimizer m and v beside its fp32 shard (8): with the
+    moments in bf16, 8 and 4, sharded as before. Nothing else in the breakdown moves but the
+    allocator's 5% of it."""
+    s = dataclasses.replace(BASE, zero_stage=zero)
+    params = 123_456_789
+    fp32, bf16 = mem.estimate(MODEL, s, 0, params), mem.estimate(MODEL, _bf16(s), 0, params)
+    shard = s.dp * s.cp
+    assert fp32.optimizer_bytes == -(-params * per_param[1] // shard)
+    assert bf16.optimizer_bytes == -(-params * per_param[0] // shard)
+    for field in ("weights_bytes", "gradients_bytes", "activations_bytes", "logits_bytes",
+                  "transient_bytes", "runtime_bytes"):
+        assert getattr(fp32, field) == getattr(bf16, field), field
+
+
+def test_expert_state_shards_over_its_own_group() -> None:
+    """A MoE stage: dense state over dp·cp, expert state over the expert-data-parallel group,
+    each at 8 bytes a parameter with bf16 moments."""
+    s = Strategy(tp=1, pp=1, dp=16, ep=4, micro_batch_size=1, global_batch_size=32,
+                 zero_stage=1, adam_moments_dtype="bf16")
+    dense, expert = 10_000_000, 40_000_000
+    got = mem.estimate(MOE, s, 0, dense + expert, expert_params=expert).optimizer_bytes
+    assert got == -(-dense * 8 // 16) + -(-expert * 8 // (16 // 4))
+
+
+def _step_bytes(s: Strategy, tmp: Path) -> int:
+    generate(MODEL, s, tmp, mode="representative")
+    total = 0
+    for f in sorted(tmp.glob("*.et")):
+        for node in read_et(f)[1]:
+            if node.name.endswith("adam_step"):
+                total += attrs(node)["tensor_size"][1]
+    return total
+
+
+def test_the_step_moves_thirty_bytes_a_parameter_in_the_trace(tmp_path: Path) -> None:
+    """The optimizer node's bytes: 38 a parameter (ops.ADAM_BYTES_PER_PARAM), 30 with m and v
+    each read and written in 2 bytes instead of 4."""
+    fp32 = _step_bytes(BASE, tmp_path / "fp32")
+    bf16 = _step_bytes(_bf16(BASE), tmp_path / "bf16")
+    assert fp32 > 0
+    assert bf16 * 38 == fp32 * 30
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_fast_path_matches_replay(zero: int) -> None:
+    s = _bf16(dataclasses.replace(BASE, zero_stage=zero))
+    fast = estimate(MODEL, s, SYSTEM).step_time_s
+    assert fast == pytest.approx(replayed(MODEL, s, SYSTEM).step_time_s, rel=0.02)
+    # a shorter optimizer step, by the bytes it no longer moves
+    assert fast < estimate(MODEL, dataclasses.replace(s, adam_moments_dtype="fp32"),
+                           SYSTEM).step_time_s
+
+
+def test_a_sweep_memo_does_not_mix_the_two() -> None:
+    """The fast path memoizes the optimizer step and the tails by what they read: the fp32
+    answer after the bf16 one is the fp32 answer computed cold."""
+    from analysis.fastpath import clear_cache
+
+    clear_cache()
+    cold = estimate(MODEL, BASE, SYSTEM)
+    clear_cache()
+    estimate(MODEL, _bf16(BASE), SYSTEM)
+    assert estimate(MODEL, BASE, SYSTEM) == cold
+
+
+def test_bad_input_is_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigError, match="set zero_stage ≥ 1"):
+        dataclasses.replace(BASE, zero_stage=0, adam_moments_dtype="bf16")
+    with pytest.raises(ConfigError, match="adam_moments_dtype must be one of fp32, bf16"):
+        dataclasses.replace(BASE, adam_moments_dtype="fp16")  # type: ignore[arg-type]
+    r = run("estimate", "--model", "llama3-8b", "--gpus", "8", "--mbs", "1", "--gbs", "8",
+            "--system", "dgx-h100", "--adam-moments", "bf16")
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "zero_stage ≥ 1" in out and "Traceback" not in out
+
+
+def test_estimate_reports_the_moments() -> None:
+    r = run("estimate", "--model", "llama3-8b", "--gpus", "8", "--mbs", "1", "--gbs", "8",
+            "--system", "dgx-h100", "--zero", "1", "--adam-moments", "bf16")
+    assert r.returncode == 0 and "Adam moments in bf16" in r.stdout
