@@ -15,7 +15,6 @@ from tests.conftest import attrs, read_et, replayed
 from tests.test_cli import run
 from tracegen import ConfigError, ModelSpec, Strategy, generate
 from tracegen import memory as mem
-from tracegen import ops as O
 
 MODEL = ModelSpec(name="am", num_layers=8, hidden_size=1024, num_attention_heads=16,
                   ffn_hidden_size=4096, vocab_size=8192, seq_len=1024)
