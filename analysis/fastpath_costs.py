@@ -296,12 +296,11 @@ class Costs:
     def optimizer_ns(self, params: int) -> int:
         """The optimizer step over ``params`` local parameters (memo: it depends on nothing
         else but the bytes a parameter moves)."""
-        per_param = O.adam_bytes_per_param(self.s)
-        key = params if per_param == O.ADAM_BYTES_PER_PARAM else (params, per_param)
+        key = params if self.s.adam_moments_dtype == "fp32" else (params, 0)
         got = self.ctx.optimizer.get(key)
         if got is None:
             got = self.ctx.optimizer[key] = self.items_ns(
-                [O.optimizer_step(params, per_param)], 0)
+                [O.optimizer_step(params, O.adam_bytes_per_param(self.s))], 0)
         return got
 
     def list_ns(self, block: ParamBlock, which: str | tuple[str, ...], rank: int, sig: int

@@ -373,9 +373,10 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
     grads = params_local * grad_reduce_bytes(s)
     optim = params_local * OPTIM_BYTES
     weights = params_local * WEIGHT_BYTES
-    optim_per_param = ZERO3_OPTIM_BYTES if s.zero_stage >= 3 else OPTIM_BYTES
-    if s.adam_moments_dtype == "bf16":  # needs ZeRO ≥ 1 (``Strategy``)
-        optim_per_param -= BF16_MOMENTS_SAVING
+    if s.zero_stage:
+        # (bf16 moments need ZeRO ≥ 1: ``Strategy``)
+        optim_per_param = ((ZERO3_OPTIM_BYTES if s.zero_stage == 3 else OPTIM_BYTES)
+                           - (BF16_MOMENTS_SAVING if s.adam_moments_dtype == "bf16" else 0))
     if s.zero_stage and expert_params:
         dense = params_local - expert_params
         optim = _sharded_bytes(s, dense, expert_params, optim_per_param)
@@ -412,5 +413,6 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
         logits = tokens * m.vocab_size // s.tp * 4 * (1 + m.mtp_layers)
     transient = transient_bytes(m, s, stage, flash_attention=flash_attention)
     tensors = weights + grads + optim + activations + logits + transient
-    return (weights, grads, optim, activations, logits, transient, runtime_bytes(m, s, stage),
+    runtime = RUNTIME_BYTES if s.moe_dispatcher == "alltoall" else runtime_bytes(m, s, stage)
+    return (weights, grads, optim, activations, logits, transient, runtime,
             int(tensors * FRAGMENTATION))
