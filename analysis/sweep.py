@@ -34,7 +34,7 @@ DEFAULT_SPACE: dict[str, list[Any]] = {
 OPTIONAL_DIMENSIONS = ("cp", "ep", "expert_tp", "schedule", "tp_comm_overlap",
                        "overlap_param_gather", "zero3_prefetch", "recompute_num_layers",
                        "recompute_modules", "moe_dispatcher", "moe_shared_expert_overlap",
-                       "pipeline_layout")
+                       "pipeline_layout", "adam_moments_dtype")
 Progress = Callable[[str, int, int], None]
 
 
@@ -130,7 +130,8 @@ def _strategy(study: Study, d: dict[str, Any]) -> Strategy | None:
                      recompute_modules=str(d.get("recompute_modules", "core_attn")),
                      moe_dispatcher=d.get("moe_dispatcher", "alltoall"),
                      moe_shared_expert_overlap=bool(d.get("moe_shared_expert_overlap", False)),
-                     pipeline_layout=str(d.get("pipeline_layout", "")))
+                     pipeline_layout=str(d.get("pipeline_layout", "")),
+                     adam_moments_dtype=d.get("adam_moments_dtype", "fp32"))
         # a layer count pp·vpp does not divide: shorter end chunks, as frameworks run it
         s = with_shorter_end_chunks(s, study.model.num_layers)
         check_fits_model(s, study.model)

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from analysis.compare import strategy_fields
 from analysis.fastpath import estimate
 from replay import get_system
 from tests.conftest import attrs, read_et, replayed
+from tests.studies import enumerated
 from tests.test_cli import run
 from tracegen import ConfigError, ModelSpec, Strategy, generate
 from tracegen import memory as mem
@@ -113,3 +115,18 @@ def test_estimate_reports_the_moments() -> None:
     r = run("estimate", "--model", "llama3-8b", "--gpus", "8", "--mbs", "1", "--gbs", "8",
             "--system", "dgx-h100", "--zero", "1", "--adam-moments", "bf16")
     assert r.returncode == 0 and "Adam moments in bf16" in r.stdout
+
+
+def test_a_sweep_searches_the_moments_and_a_report_tells_them_apart(tmp_path: Path) -> None:
+    """A search dimension; bf16 moments pair only with ZeRO ≥ 1, and the result row's strategy
+    name says which."""
+    valid, invalid = enumerated(
+        tmp_path, 'model = "llama3-8b"\nsystem = "dgx-h100"\ngpus = 8\n'
+        'global_batch_size = 64\n[search]\ntp = [2]\npp = [1]\nvpp = [1]\n'
+        'micro_batch_size = [1]\nrecompute = ["full"]\nzero_stage = [0, 1]\n'
+        'sequence_parallel = [true]\nadam_moments_dtype = ["fp32", "bf16"]\n')
+    assert sorted((s.zero_stage, s.adam_moments_dtype) for s in valid) == [
+        (0, "fp32"), (1, "bf16"), (1, "fp32")]
+    assert invalid == 1  # bf16 moments without the distributed optimizer
+    names = sorted(strategy_fields(s)["strategy"] for s in valid if s.zero_stage == 1)
+    assert names == ["tp2-pp1-dp4-mbs1-rcf-z1-sp", "tp2-pp1-dp4-mbs1-rcf-z1-sp-adambf16"]
