@@ -108,7 +108,8 @@ def draw(rng: random.Random) -> tuple[str, str, Strategy] | None:
                      schedule="interleaved_1f1b" if vpp > 1 else rng.choice(("1f1b", "1f1b",
                                                                              "1f1b", "gpipe")),
                      overlap_param_gather=zero == 1 and rng.random() < 0.5,
-                     zero3_prefetch=zero == 3 and rng.random() < 0.5)
+                     zero3_prefetch=zero == 3 and rng.random() < 0.5,
+                     adam_moments_dtype="bf16" if zero and rng.random() < 0.3 else "fp32")
     except ConfigError:
         return None
     return model, system, s
@@ -154,7 +155,8 @@ def draw_odd(rng: random.Random) -> tuple[str, str, Strategy] | None:
                      cp_comm_type=rng.choice(("p2p", "p2p", "all_gather")),  # type: ignore[arg-type]
                      precision=(rng.choice(("bf16", "bf16", "fp8"))  # type: ignore[arg-type]
                                 if system != "dgx-a100-80gb" else "bf16"),
-                     zero3_prefetch=zero == 3 and rng.random() < 0.5)
+                     zero3_prefetch=zero == 3 and rng.random() < 0.5,
+                     adam_moments_dtype="bf16" if zero and rng.random() < 0.3 else "fp32")
     except ConfigError:
         return None
     return model, system, s
@@ -206,7 +208,8 @@ def draw_model(rng: random.Random) -> tuple[ModelSpec, str, Strategy] | None:
                      overlap_param_gather=zero in (1, 2) and rng.random() < 0.4,
                      precision=(rng.choice(("bf16", "bf16", "fp8"))  # type: ignore[arg-type]
                                 if system != "dgx-a100-80gb" else "bf16"),
-                     zero3_prefetch=zero == 3 and rng.random() < 0.5)
+                     zero3_prefetch=zero == 3 and rng.random() < 0.5,
+                     adam_moments_dtype="bf16" if zero and rng.random() < 0.3 else "fp32")
     except ConfigError:
         return None
     return model, system, s
@@ -344,7 +347,8 @@ def label(s: Strategy) -> str:
               (bool(s.recompute_num_layers), f"recompute-first{s.recompute_num_layers}"),
               (s.recompute_modules != "core_attn", f"modules:{s.recompute_modules}"),
               (s.moe_dispatcher != "alltoall", s.moe_dispatcher),
-              (bool(s.pipeline_layout), f"layout {s.pipeline_layout}"))
+              (bool(s.pipeline_layout), f"layout {s.pipeline_layout}"),
+              (s.adam_moments_dtype != "fp32", f"adam-{s.adam_moments_dtype}"))
     return (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} ep{s.ep} vpp{s.vpp} {s.schedule} "
             f"mbs{s.micro_batch_size} "
             f"zero{s.zero_stage}{' prefetch' if s.zero3_prefetch else ''} {s.recompute}"
