@@ -82,7 +82,7 @@ def tracegen_cmd(
     expert_tp: C.ExpertTpOpt = 0, zero3_prefetch: C.Zero3PrefetchOpt = False,
     moe_dispatcher: C.MoeDispatcherOpt = "alltoall",
     moe_shared_expert_overlap: C.SharedOverlapOpt = False, pipeline_layout: C.LayoutOpt = "",
-    adam_moments: C.AdamMomentsOpt = "fp32",
+    adam_moments: C.AdamMomentsOpt = "fp32", fp8_param_gather: C.Fp8GatherOpt = False,
     mode: Annotated[str, typer.Option(help="full | representative")] = "representative",
     system: Annotated[str | None, typer.Option(help="Flag ranks whose estimated memory exceeds "
                                                     "this system's GPU memory.")] = None,
@@ -100,7 +100,8 @@ def tracegen_cmd(
         account_for_loss=account_for_loss, microbatch_group_size=microbatch_group_size,
         recompute_num_layers=recompute_num_layers, recompute_modules=recompute_modules,
         moe_dispatcher=moe_dispatcher, moe_shared_expert_overlap=moe_shared_expert_overlap,
-        pipeline_layout=pipeline_layout, adam_moments=adam_moments)
+        pipeline_layout=pipeline_layout, adam_moments=adam_moments,
+        fp8_param_gather=fp8_param_gather)
     output_dir(out, "--out")
     with progress_bar() as bar:
         task = bar.add_task("writing ranks", total=None)

@@ -100,6 +100,9 @@ GradBf16Opt = Annotated[bool, typer.Option(
 AdamMomentsOpt = Annotated[str, typer.Option(
     "--adam-moments", help="fp32 | bf16: Adam's moments in bf16 (Megatron-Core's precision-"
     "aware optimizer, --exp-avg-dtype/--exp-avg-sq-dtype bf16; needs --zero ≥ 1).")]
+Fp8GatherOpt = Annotated[bool, typer.Option(
+    "--fp8-param-gather", help="FP8 runs, ZeRO 1/2: all-gather the updated parameters in 1 "
+    "byte (Megatron --fp8-param-gather).")]
 LayoutOpt = Annotated[str, typer.Option(
     "--pipeline-layout",
     help="Megatron-Core's --pipeline-model-parallel-layout: what each model chunk holds, "
@@ -147,7 +150,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    recompute_modules: str = "core_attn",
                    moe_dispatcher: str = "alltoall",
                    moe_shared_expert_overlap: bool = False,
-                   pipeline_layout: str = "", adam_moments: str = "fp32") -> Strategy:
+                   pipeline_layout: str = "", adam_moments: str = "fp32",
+                   fp8_param_gather: bool = False) -> Strategy:
     """The strategy the shared options describe (dp from the GPU count)."""
     small = [f"--{k} must be ≥ 1, got {v}" for k, v in
              (("gpus", gpus), ("tp", tp), ("pp", pp), ("cp", cp)) if v < 1]
@@ -175,7 +179,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     moe_dispatcher=moe_dispatcher,  # type: ignore[arg-type]
                     moe_shared_expert_overlap=moe_shared_expert_overlap,
                     pipeline_layout=pipeline_layout,
-                    adam_moments_dtype=adam_moments)  # type: ignore[arg-type]
+                    adam_moments_dtype=adam_moments,  # type: ignore[arg-type]
+                    fp8_param_gather=fp8_param_gather)
 
 
 def note_precision(precisions: set[str], system: SystemSpec) -> None:

@@ -44,7 +44,7 @@ def estimate_cmd(
     expert_tp: C.ExpertTpOpt = 0, zero3_prefetch: C.Zero3PrefetchOpt = False,
     moe_dispatcher: C.MoeDispatcherOpt = "alltoall",
     moe_shared_expert_overlap: C.SharedOverlapOpt = False, pipeline_layout: C.LayoutOpt = "",
-    adam_moments: C.AdamMomentsOpt = "fp32",
+    adam_moments: C.AdamMomentsOpt = "fp32", fp8_param_gather: C.Fp8GatherOpt = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
                                                   "JSON to this file.")] = None,
 ) -> None:
@@ -63,7 +63,8 @@ def estimate_cmd(
         account_for_loss=account_for_loss, microbatch_group_size=microbatch_group_size,
         recompute_num_layers=recompute_num_layers, recompute_modules=recompute_modules,
         moe_dispatcher=moe_dispatcher, moe_shared_expert_overlap=moe_shared_expert_overlap,
-        pipeline_layout=pipeline_layout, adam_moments=adam_moments)
+        pipeline_layout=pipeline_layout, adam_moments=adam_moments,
+        fp8_param_gather=fp8_param_gather)
     sys_spec = resolve_system(system)
     g = glance(spec, strategy, sys_spec)
     print_glance(g, strategy)
@@ -86,6 +87,7 @@ def print_glance(g: Glance, s: Strategy) -> None:
                   f"ZeRO {s.zero_stage}, {s.precision}"
                   + (", gradients reduced in bf16" if s.grad_reduce_in_bf16 else "")
                   + (", Adam moments in bf16" if s.adam_moments_dtype == "bf16" else "")
+                  + (", parameters gathered in FP8" if s.fp8_param_gather else "")
                   + _split_words(s) + ")")
     console.print(f"step time [bold]{g.step_time_s:.4f} s[/] (fast path; pipeline "
                   f"{g.pipeline_s:.4f} s, the busiest stage idle {g.pipeline_idle:.1%} of it): "

@@ -41,12 +41,14 @@ def strategy_fields(s: Strategy) -> dict[str, Any]:
             + (f".{s.recompute_modules.replace(',', '+')}"
                if s.recompute_modules != "core_attn" else "")
             + f"-z{s.zero_stage}"
+            + ("" if s.precision == "bf16" else f"-{s.precision}")
             + ("-sp" if s.sequence_parallel else "")
             + ("-tpo" if s.tp_comm_overlap else "")
             + ("-opg" if s.overlap_param_gather and s.zero_stage in (1, 2) else "")
             + ("-z3pf" if s.zero3_prefetch else "")
             + ("-seo" if s.moe_shared_expert_overlap else "")
             + ("-adambf16" if s.adam_moments_dtype == "bf16" else "")
+            + ("-fp8pg" if s.fp8_param_gather else "")
             + (f"-layout[{s.pipeline_layout}]" if s.pipeline_layout else ""),
             "tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep, "vpp": s.vpp,
             "micro_batch_size": s.micro_batch_size, "schedule": s.schedule,

@@ -35,7 +35,7 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
                                      1 if s.zero_stage == 2 else s.zero_stage,
                                      s.dp, s.cp, s.ep, s.overlap_param_gather,
                                      s.grad_reduce_in_bf16, s.expert_tp,
-                                     s.adam_moments_dtype))
+                                     s.adam_moments_dtype, s.fp8_param_gather))
     propagate = s.pp > 1 and s.overlap_grad_reduce and costs.compute.gpu.comm_interference > 0
     shifted = propagate and bool(steps) and s.zero_stage < 3  # ends moved by their own delay
     if shifted:
@@ -125,7 +125,7 @@ def _after(costs: Costs, x: Stage, rank: int, gathers: list[tuple[str, int, int]
     if s.overlap_param_gather:  # the gathers open the next step (``_param_gather_delay``)
         gathers = []
     for axis, padded, count in gathers:
-        shard = padded // dp_group_size(s, axis) * O.PARAM_BYTES
+        shard = padded // dp_group_size(s, axis) * O.param_gather_bytes(s)
         after += count * costs.net.shape_ns("ALL_GATHER", shard, costs.shape(axis, rank))
     return after
 
@@ -253,7 +253,8 @@ def _after_memo(costs: Costs, x: Stage, rank: int, gathers: list[tuple[str, int,
     s = costs.s
     key = (x.params, tuple(gathers), 1 if s.zero_stage == 2 else s.zero_stage,  # (tails_ns)
            s.dp, s.cp, s.ep, s.tp, s.expert_tp,
-           s.overlap_param_gather, s.adam_moments_dtype, costs.shape("dp", rank),
+           s.overlap_param_gather, s.adam_moments_dtype, s.fp8_param_gather,
+           costs.shape("dp", rank),
            costs.shape("edp", rank) if costs.moe else None)
     got = costs.ctx.afters.get(key)
     if got is None:

@@ -412,7 +412,7 @@ def _opened(costs: Costs, stages: list[Stage], reps: list[int], c: list[int]) ->
     key = (costs.key, costs._degrees, s.vpp, s.first_stage_layers, s.last_stage_layers,
            s.pipeline_layout, s.account_for_embedding_in_pipeline_split,
            s.account_for_loss_in_pipeline_split,
-           s.dp_bucket_params, s.schedule_group, tuple(c))
+           s.dp_bucket_params, s.fp8_param_gather, s.schedule_group, tuple(c))
     got = costs.ctx.opened.get(key)
     if got is not None:
         return got
@@ -441,13 +441,14 @@ def _gather_timeline(costs: Costs, st: int, rank: int
     key = (costs.lists_key, costs._degrees, s.vpp, s.first_stage_layers, s.last_stage_layers,
            s.pipeline_layout, s.account_for_embedding_in_pipeline_split,
            s.account_for_loss_in_pipeline_split,
-           s.dp_bucket_params, st, rank)
+           s.dp_bucket_params, s.fp8_param_gather, st, rank)
     got = costs.ctx.gathers.get(key)
     if got is not None:
         return got
     blocks = [costs.prog.blocks_of_chunk(ch * s.pp + st, labels=False) for ch in range(s.vpp)]
     need = [[0] * len(own) for own in blocks]
     busy = []
+    per_param = O.param_gather_bytes(s)
     for axis in ("dp", "edp") if costs.moe else ("dp",):
         size = dp_group_size(s, axis)
         if size < 2:
@@ -455,7 +456,7 @@ def _gather_timeline(costs: Costs, st: int, rank: int
         shape, t = costs.shape(axis, rank), 0
         for own, ready in zip(blocks, need, strict=True):
             for first, n in reversed(bucket_plan(own, axis, s.dp_bucket_params)):
-                t += costs.net.shape_ns("ALL_GATHER", -(-n // size) * O.PARAM_BYTES, shape)
+                t += costs.net.shape_ns("ALL_GATHER", -(-n // size) * per_param, shape)
                 ready[first] = max(ready[first], t)
         busy.append(t)
     got = costs.ctx.gathers[key] = (blocks, need, busy)

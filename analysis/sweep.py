@@ -34,7 +34,8 @@ DEFAULT_SPACE: dict[str, list[Any]] = {
 OPTIONAL_DIMENSIONS = ("cp", "ep", "expert_tp", "schedule", "tp_comm_overlap",
                        "overlap_param_gather", "zero3_prefetch", "recompute_num_layers",
                        "recompute_modules", "moe_dispatcher", "moe_shared_expert_overlap",
-                       "pipeline_layout", "adam_moments_dtype")
+                       "pipeline_layout", "adam_moments_dtype", "fp8_param_gather",
+                       "precision")
 Progress = Callable[[str, int, int], None]
 
 
@@ -67,7 +68,7 @@ def search_space(study: Study) -> dict[str, list[Any]]:
 _WHOLE = {"tp": 1, "pp": 1, "vpp": 1, "micro_batch_size": 1, "cp": 1, "ep": 1,
           "zero_stage": 0, "expert_tp": 0, "recompute_num_layers": 0}
 _FLAGS = ("sequence_parallel", "tp_comm_overlap", "overlap_param_gather", "zero3_prefetch",
-          "moe_shared_expert_overlap")
+          "moe_shared_expert_overlap", "fp8_param_gather")
 
 
 def _value_problem(name: str, values: list[Any]) -> str | None:
@@ -131,7 +132,9 @@ def _strategy(study: Study, d: dict[str, Any]) -> Strategy | None:
                      moe_dispatcher=d.get("moe_dispatcher", "alltoall"),
                      moe_shared_expert_overlap=bool(d.get("moe_shared_expert_overlap", False)),
                      pipeline_layout=str(d.get("pipeline_layout", "")),
-                     adam_moments_dtype=d.get("adam_moments_dtype", "fp32"))
+                     adam_moments_dtype=d.get("adam_moments_dtype", "fp32"),
+                     fp8_param_gather=bool(d.get("fp8_param_gather", False)),
+                     precision=d.get("precision", "bf16"))
         # a layer count pp·vpp does not divide: shorter end chunks, as frameworks run it
         s = with_shorter_end_chunks(s, study.model.num_layers)
         check_fits_model(s, study.model)

@@ -157,6 +157,8 @@ def draw_odd(rng: random.Random) -> tuple[str, str, Strategy] | None:
                                 if system != "dgx-a100-80gb" else "bf16"),
                      zero3_prefetch=zero == 3 and rng.random() < 0.5,
                      adam_moments_dtype="bf16" if zero and rng.random() < 0.3 else "fp32")
+        if s.precision == "fp8" and zero in (1, 2) and rng.random() < 0.5:
+            s = dataclasses.replace(s, fp8_param_gather=True)
     except ConfigError:
         return None
     return model, system, s
@@ -210,6 +212,8 @@ def draw_model(rng: random.Random) -> tuple[ModelSpec, str, Strategy] | None:
                                 if system != "dgx-a100-80gb" else "bf16"),
                      zero3_prefetch=zero == 3 and rng.random() < 0.5,
                      adam_moments_dtype="bf16" if zero and rng.random() < 0.3 else "fp32")
+        if s.precision == "fp8" and zero in (1, 2) and rng.random() < 0.5:
+            s = dataclasses.replace(s, fp8_param_gather=True)
     except ConfigError:
         return None
     return model, system, s
@@ -348,7 +352,8 @@ def label(s: Strategy) -> str:
               (s.recompute_modules != "core_attn", f"modules:{s.recompute_modules}"),
               (s.moe_dispatcher != "alltoall", s.moe_dispatcher),
               (bool(s.pipeline_layout), f"layout {s.pipeline_layout}"),
-              (s.adam_moments_dtype != "fp32", f"adam-{s.adam_moments_dtype}"))
+              (s.adam_moments_dtype != "fp32", f"adam-{s.adam_moments_dtype}"),
+              (s.fp8_param_gather, "fp8-param-gather"))
     return (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} ep{s.ep} vpp{s.vpp} {s.schedule} "
             f"mbs{s.micro_batch_size} "
             f"zero{s.zero_stage}{' prefetch' if s.zero3_prefetch else ''} {s.recompute}"

@@ -59,6 +59,9 @@ CE_BWD_BYTES = 14
 GRAD_REDUCE_BYTES = 4  # Megatron sets accumulate_allreduce_grads_in_fp32 for bf16 (arguments.py)
 GRAD_REDUCE_BYTES_16 = 2  # ... unless --grad-reduce-in-bf16 (``Strategy.grad_reduce_in_bf16``)
 PARAM_BYTES = 2  # 16-bit model weights
+# ... that the distributed optimizer all-gathers in 1 byte with --fp8-param-gather
+# (``Strategy.fp8_param_gather``; ``param_gather_bytes``)
+FP8_PARAM_BYTES = 1
 # The optimizer step of mixed-precision training touches per parameter (Megatron-LM
 # megatron/core/optimizer/optimizer.py, MixedPrecisionOptimizer.step; the fp32 state is the 16
 # bytes of Rajbhandari et al. 2020, ZeRO §3): the gradient-norm pass of clip_grad_norm (read the
@@ -150,6 +153,13 @@ def adam_bytes_per_param(s: Strategy) -> int:
     """Bytes the optimizer step moves per local parameter (``ADAM_BYTES_PER_PARAM``)."""
     return (ADAM_BYTES_PER_PARAM_BF16_MOMENTS if s.adam_moments_dtype == "bf16"
             else ADAM_BYTES_PER_PARAM)
+
+
+def param_gather_bytes(s: Strategy) -> int:
+    """Bytes per parameter in the distributed optimizer's parameter all-gathers. With
+    ``fp8_param_gather`` every gathered parameter is counted at 1 byte, the embedding and norm
+    weights Megatron keeps in 16 bits too (DESIGN.md)."""
+    return FP8_PARAM_BYTES if s.fp8_param_gather else PARAM_BYTES
 
 
 def grad_reduce_bytes(s: Strategy) -> int:

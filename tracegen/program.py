@@ -550,7 +550,7 @@ class RoleProgram:
                 if size < 2:
                     continue
                 for first, n in reversed(bucket_plan(blocks, axis, self.s.dp_bucket_params)):
-                    shard = -(-n // size) * O.PARAM_BYTES
+                    shard = -(-n // size) * O.param_gather_bytes(self.s)
                     comm = O.Comm("param_all_gather", axis, "ALL_GATHER", shard)
                     node = self.coll(comm, f"step.c{gci}", blocking=False)
                     self.gather_waits.setdefault((first_f[c], gci, first), []).append(node)
@@ -570,7 +570,7 @@ class RoleProgram:
         if self.param_gather_overlapped:  # they open the next step (``_early_param_gathers``)
             return
         for axis, padded in self.param_gathers:
-            shard = padded // dp_group_size(self.s, axis) * O.PARAM_BYTES
+            shard = padded // dp_group_size(self.s, axis) * O.param_gather_bytes(self.s)
             self.coll(O.Comm("param_all_gather", axis, "ALL_GATHER", shard), "step",
                       blocking=True)
 

@@ -145,6 +145,11 @@ class Strategy:
     # the step (tracegen/memory.py, tracegen/ops.py ``adam_bytes_per_param``). It runs in the
     # distributed optimizer or Megatron-FSDP: needs zero_stage ≥ 1.
     adam_moments_dtype: AdamMomentsDtype = "fp32"
+    # Megatron --fp8-param-gather: FP8 runs keep their GEMM weights as FP8 tensors and the
+    # distributed optimizer all-gathers the updated parameters in 1 byte instead of 2 (Megatron-
+    # Bridge's FP8 current-scaling recipe sets it: ``bf16_with_fp8_current_scaling_mixed``).
+    # Needs precision "fp8" and ZeRO 1 or 2 (ZeRO-3's FP8 gathers are not modelled).
+    fp8_param_gather: bool = False
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self) or _degree_problems(self)
@@ -319,6 +324,11 @@ def _degree_problems(s: Strategy) -> list[str]:
         out.append(f"adam_moments_dtype {s.adam_moments_dtype!r} (Megatron-Core's precision-"
                    "aware optimizer) runs in the distributed optimizer or Megatron-FSDP: set "
                    "zero_stage ≥ 1, or keep the moments in 'fp32'")
+    if s.fp8_param_gather and not (s.precision == "fp8" and s.zero_stage in (1, 2)):
+        out.append("fp8_param_gather (Megatron --fp8-param-gather) all-gathers an FP8 run's "
+                   "updated parameters in 1 byte: it needs precision 'fp8' and zero_stage 1 or "
+                   f"2 (got {s.precision!r}, ZeRO {s.zero_stage}; ZeRO-3's FP8 gathers are not "
+                   "modelled)")
     if s.zero_stage not in (0, 1, 2, 3):
         out.append(f"zero_stage must be 0, 1, 2 or 3; got {s.zero_stage}")
     if s.zero3_gather_bucket_params < 0:

@@ -1,0 +1,126 @@
+"""``Strategy.fp8_param_gather`` (Megatron --fp8-param-gather): an FP8 run's distributed
+optimizer all-gathers its updated parameters in 1 byte. The trace's bytes, the fast path
+against replay, the refusals, and how ``validate --set`` and a sweep take it."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from analysis.compare import strategy_fields
+from analysis.fastpath import estimate
+from analysis.validate import validate
+from replay import get_system
+from tests.conftest import read_et, replayed
+from tests.studies import enumerated
+from tests.test_cli import run
+from tracegen import ConfigError, ModelSpec, Strategy, generate
+
+MODEL = ModelSpec(name="fpg", num_layers=8, hidden_size=1024, num_attention_heads=16,
+                  ffn_hidden_size=4096, vocab_size=8192, seq_len=1024)
+MOE = ModelSpec(name="fpg-moe", num_layers=4, hidden_size=1024, num_attention_heads=8,
+                num_kv_heads=4, ffn_hidden_size=2048, vocab_size=4096, seq_len=1024,
+                activation="swiglu", num_experts=8, experts_per_token=2, moe_ffn_hidden_size=512)
+H100 = get_system("dgx-h100")
+BASE = Strategy(tp=2, pp=2, dp=4, micro_batch_size=1, global_batch_size=32, zero_stage=1,
+                precision="fp8", dp_bucket_params=2_000_000)
+
+
+def _gathered(s: Strategy, tmp: Path, name: str) -> int:
+    """Bytes of every collective called ``name`` over the rank files written."""
+    generate(MODEL, s, tmp, mode="representative")
+    total = 0
+    for f in sorted(tmp.glob("*.et")):
+        for node in read_et(f)[1]:
+            if node.name.endswith(name):
+                total += next(a.int64_val for a in node.attr if a.name == "comm_size")
+    return total
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_parameter_gathers_halve_and_the_gradients_do_not(tmp_path: Path, overlap: bool) -> None:
+    """Each parameter all-gather's shard: 2 bytes a parameter, 1 with the flag (after the step
+    or, overlapped, opening the next one); the gradient reduce-scatters keep their bytes."""
+    s = dataclasses.replace(BASE, overlap_param_gather=overlap)
+    fp8 = dataclasses.replace(s, fp8_param_gather=True)
+    bf16_ag = _gathered(s, tmp_path / "a", "param_all_gather")
+    fp8_ag = _gathered(fp8, tmp_path / "b", "param_all_gather")
+    assert bf16_ag > 0 and bf16_ag == 2 * fp8_ag
+    rs = [_gathered(x, tmp_path / f"rs{i}", "grad_reduce_scatter") for i, x in enumerate((s, fp8))]
+    assert rs[0] > 0 and rs[0] == rs[1]
+
+
+@pytest.mark.parametrize(("model", "kw"), [
+    (MODEL, {}),
+    (MODEL, {"overlap_param_gather": True}),
+    (MODEL, {"pp": 2, "tp": 1, "dp": 8, "vpp": 2, "schedule": "interleaved_1f1b",
+             "overlap_param_gather": True, "zero_stage": 2}),
+    (MOE, {"ep": 2, "tp": 1, "dp": 8}),
+])
+def test_fast_path_matches_replay(model: ModelSpec, kw: dict) -> None:
+    s = dataclasses.replace(BASE, fp8_param_gather=True, **kw)
+    fast = estimate(model, s, H100).step_time_s
+    assert fast == pytest.approx(replayed(model, s, H100).step_time_s, rel=0.02)
+    assert fast <= estimate(model, dataclasses.replace(s, fp8_param_gather=False),
+                            H100).step_time_s
+
+
+def test_a_memo_does_not_mix_the_two() -> None:
+    from analysis.fastpath import clear_cache
+
+    s = dataclasses.replace(BASE, overlap_param_gather=True)
+    clear_cache()
+    cold = estimate(MODEL, s, H100)
+    clear_cache()
+    estimate(MODEL, dataclasses.replace(s, fp8_param_gather=True), H100)
+    assert estimate(MODEL, s, H100) == cold
+
+
+@pytest.mark.parametrize("kw", [{"precision": "bf16"}, {"zero_stage": 0}, {"zero_stage": 3}])
+def test_it_needs_an_fp8_run_on_zero_1_or_2(kw: dict) -> None:
+    with pytest.raises(ConfigError, match="needs precision 'fp8' and zero_stage 1 or 2"):
+        dataclasses.replace(BASE, fp8_param_gather=True, **kw)
+
+
+def test_the_command_line_takes_it_and_refuses_a_bf16_run() -> None:
+    args = ("estimate", "--model", "llama3-8b", "--gpus", "16", "--mbs", "1", "--gbs", "32",
+            "--system", "dgx-h100", "--zero", "1", "--fp8-param-gather")
+    ok = run(*args, "--precision", "fp8")
+    assert ok.returncode == 0 and "parameters gathered in FP8" in ok.stdout
+    bad = run(*args)
+    assert bad.returncode != 0 and "needs precision 'fp8'" in bad.stdout + bad.stderr
+    assert "Traceback" not in bad.stdout + bad.stderr
+
+
+def test_validate_applies_it_only_where_it_can(tmp_path: Path) -> None:
+    """``--set strategy.fp8_param_gather=true`` over Megatron-Bridge's FP8 rows: the ZeRO-3
+    (Megatron-FSDP) row is predicted as before, saying the override was not applied."""
+    runs = Path(__file__).parent / "data" / "megatron_bridge_h100_runs.csv"
+    got = validate(runs, fast=True, overrides={"strategy.fp8_param_gather": True})
+    assert (got["status"] == "ok").all()
+    fsdp = got.filter(pl.col("id") == "mbridge2511-llama3-8b")
+    assert "fp8_param_gather not applied" in fsdp["assumptions"].item()
+    others = got.filter(pl.col("id") != "mbridge2511-llama3-8b")
+    assert others["assumptions"].str.contains("override fp8_param_gather = True").all()
+    assert not others["assumptions"].str.contains("not applied").any()
+
+
+def test_a_sweep_searches_it_and_the_precision_and_names_them(tmp_path: Path) -> None:
+    """Both are search dimensions; FP8 gathers pair only with FP8 on ZeRO 1, and a result's
+    strategy name says the precision and the gathers."""
+    valid, invalid = enumerated(
+        tmp_path, 'model = "llama3-8b"\nsystem = "dgx-h100"\ngpus = 16\n'
+        'global_batch_size = 64\n[search]\ntp = [2]\npp = [1]\nvpp = [1]\n'
+        'micro_batch_size = [1]\nrecompute = ["full"]\nzero_stage = [0, 1]\n'
+        'sequence_parallel = [true]\nprecision = ["bf16", "fp8"]\n'
+        'fp8_param_gather = [false, true]\n')
+    assert sorted((s.precision, s.zero_stage, s.fp8_param_gather) for s in valid) == [
+        ("bf16", 0, False), ("bf16", 1, False), ("fp8", 0, False), ("fp8", 1, False),
+        ("fp8", 1, True)]
+    assert invalid == 3  # FP8 gathers on bf16 runs or without the distributed optimizer
+    names = sorted(strategy_fields(s)["strategy"] for s in valid if s.zero_stage == 1)
+    assert names == ["tp2-pp1-dp8-mbs1-rcf-z1-fp8-sp", "tp2-pp1-dp8-mbs1-rcf-z1-fp8-sp-fp8pg",
+                     "tp2-pp1-dp8-mbs1-rcf-z1-sp"]
