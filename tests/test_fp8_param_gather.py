@@ -124,3 +124,43 @@ def test_a_sweep_searches_it_and_the_precision_and_names_them(tmp_path: Path) ->
     names = sorted(strategy_fields(s)["strategy"] for s in valid if s.zero_stage == 1)
     assert names == ["tp2-pp1-dp8-mbs1-rcf-z1-fp8-sp", "tp2-pp1-dp8-mbs1-rcf-z1-fp8-sp-fp8pg",
                      "tp2-pp1-dp8-mbs1-rcf-z1-sp"]
+
+
+def _weights(m: ModelSpec, s: Strategy, stage: int, params: int) -> int:
+    from tracegen import memory as mem
+
+    return mem.estimate(m, s, stage, params).weights_bytes
+
+
+def test_fp8_weights_are_cached_beside_16_bit_ones_unless_they_are_the_parameters() -> None:
+    """Transformer Engine keeps a row-wise and a column-wise FP8 copy of every GEMM weight
+    across a step's micro-batches: a middle stage (layers only) holds 2 + 2 bytes a parameter
+    under FP8, 2 with FP8 parameters (the FP8 weight and its transpose), 2 in bf16."""
+    s = dataclasses.replace(BASE, pp=4, dp=2)
+    params = 100_000_000
+    assert _weights(MODEL, s, 1, params) == 4 * params
+    assert _weights(MODEL, dataclasses.replace(s, fp8_param_gather=True), 1, params) == 2 * params
+    assert _weights(MODEL, dataclasses.replace(s, precision="bf16"), 1, params) == 2 * params
+
+
+@pytest.mark.parametrize(("kw", "stage", "copies"), [
+    ({"pp": 4, "dp": 2}, 0, 1),  # the embedding
+    ({"pp": 4, "dp": 2}, 3, 1),  # the output head
+    ({"pp": 1, "dp": 8}, 0, 2),  # both on one stage
+])
+def test_the_embedding_and_head_are_not_cached(kw: dict, stage: int, copies: int) -> None:
+    """They are not Transformer Engine GEMMs (Megatron runs them in 16 bits): the cache is 2
+    bytes a parameter of the rest; a tied head on one chunk is the embedding itself."""
+    s = dataclasses.replace(BASE, **kw)
+    params, vocab = 300_000_000, MODEL.vocab_size * MODEL.hidden_size // s.tp
+    assert _weights(MODEL, s, stage, params) == 2 * params + 2 * (params - copies * vocab)
+    if copies == 2:
+        tied = dataclasses.replace(MODEL, tied_embeddings=True)
+        assert _weights(tied, s, stage, params) == 2 * params + 2 * (params - vocab)
+
+
+def test_fsdp_is_left_as_it_was() -> None:
+    """ZeRO-3 frees each gathered weight; no cache is charged there (not modelled)."""
+    s = dataclasses.replace(BASE, zero_stage=3)
+    assert _weights(MODEL, s, 1, 10**8) == _weights(
+        MODEL, dataclasses.replace(s, precision="bf16"), 1, 10**8)

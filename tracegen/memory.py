@@ -51,6 +51,13 @@ WEIGHT_BYTES, OPTIM_BYTES = 2, 12
 BF16_MOMENTS_SAVING = 4
 # FSDP (ZeRO-3): fp32 sharded parameter (the master copy), fp32 gradient shard, Adam m and v.
 ZERO3_PARAM_BYTES, ZERO3_OPTIM_BYTES = 4, 8
+# FP8 without FP8 parameters: Transformer Engine keeps each GEMM weight's quantized copies across
+# a step's micro-batches — a row-wise one for the forward GEMM and a column-wise (transposed) one
+# for the backward's dgrad (``get_weight_workspace(cache_name="weight")``, which Megatron-Core's
+# TE layers request by passing ``is_first_microbatch`` unless ``disable_parameter_transpose_cache``
+# is set): 1 + 1 bytes a parameter beside the 16-bit weight. With ``fp8_param_gather`` the FP8
+# weight (and its transpose) is the parameter itself, the 2 bytes of WEIGHT_BYTES.
+FP8_WEIGHT_CACHE_BYTES = 2
 # Runtime allowances — assumptions until measured on a device (bench/device): the CUDA context,
 # cuBLAS workspaces and NCCL channel buffers take ~1-2 GiB per process in PyTorch jobs (NCCL's
 # default NCCL_BUFFSIZE is 4 MiB per channel and peer); the caching allocator's fragmentation is
@@ -217,6 +224,33 @@ def _holds_dense(m: ModelSpec, s: Strategy, stage: int) -> bool:
                for ch in range(s.vpp))
 
 
+def _vocab_copies(m: ModelSpec, s: Strategy, stage: int) -> int:
+    """Embedding-sized weights a stage holds (``RoleProgram.chunk_runs``): the embedding on the
+    first chunk, the output head on the last (the embedding itself where tied on one chunk),
+    the MTP modules' copy of the embedding off the first stage (untied)."""
+    n_chunks = s.pp * s.vpp
+    out = 0
+    for ch in range(s.vpp):
+        gci = ch * s.pp + stage
+        out += (gci == 0) + (gci == n_chunks - 1 and not (m.tied_embeddings and n_chunks == 1))
+        if m.mtp_layers and gci == s.mtp_chunk and not m.tied_embeddings and (
+                embedding_partner(m, s) is not None):
+            out += 1
+    return out
+
+
+def fp8_weight_cache_bytes(m: ModelSpec, s: Strategy, stage: int, params_local: int) -> int:
+    """Transformer Engine's cached FP8 copies of a stage's GEMM weights (``FP8_WEIGHT_CACHE_BYTES``
+    a parameter): FP8 runs without FP8 parameters, below ZeRO-3 (FSDP frees each gathered
+    weight; the cache is not modelled there). The embedding and output head are not TE GEMMs
+    (Megatron runs them in 16 bits); the router and the norms, a few parameters in a thousand,
+    are counted with the GEMMs."""
+    if s.precision != "fp8" or s.fp8_param_gather or s.zero_stage >= 3:
+        return 0
+    gemm = params_local - _vocab_copies(m, s, stage) * (m.vocab_size * m.hidden_size // s.tp)
+    return FP8_WEIGHT_CACHE_BYTES * gemm
+
+
 def _holds_moe(m: ModelSpec, s: Strategy, stage: int) -> bool:
     """Whether a stage runs any MoE layer: one past the dense first layers in a chunk, or the
     MTP modules (a layer of the last layer's kind)."""
@@ -373,6 +407,8 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
     grads = params_local * grad_reduce_bytes(s)
     optim = params_local * OPTIM_BYTES
     weights = params_local * WEIGHT_BYTES
+    if s.precision == "fp8":
+        weights += fp8_weight_cache_bytes(m, s, stage, params_local)
     if s.zero_stage:
         # (bf16 moments need ZeRO ≥ 1: ``Strategy``)
         optim_per_param = ((ZERO3_OPTIM_BYTES if s.zero_stage == 3 else OPTIM_BYTES)
