@@ -14,7 +14,9 @@ import pytest
 from analysis.validate import load_runs, row_inputs, validate
 
 RUNS = Path(__file__).resolve().parent / "data" / "megatron_moe_h100_runs.csv"
-STACK = {"strategy.overlap_param_gather": True}
+# overlapped parameter gathers; in FP8 for the FP8 current-scaling row (Megatron-Bridge's
+# ``bf16_with_fp8_current_scaling_mixed`` sets fp8_param_gather; not applied to the BF16 rows)
+STACK = {"strategy.overlap_param_gather": True, "strategy.fp8_param_gather": True}
 
 
 @pytest.fixture(scope="module")
