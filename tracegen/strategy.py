@@ -147,8 +147,10 @@ class Strategy:
     adam_moments_dtype: AdamMomentsDtype = "fp32"
     # Megatron --fp8-param-gather: FP8 runs keep their GEMM weights as FP8 tensors and the
     # distributed optimizer all-gathers the updated parameters in 1 byte instead of 2 (Megatron-
-    # Bridge's FP8 current-scaling recipe sets it: ``bf16_with_fp8_current_scaling_mixed``).
-    # Needs precision "fp8" and ZeRO 1 or 2 (ZeRO-3's FP8 gathers are not modelled).
+    # Bridge's FP8 current-scaling recipe sets it: ``bf16_with_fp8_current_scaling_mixed``);
+    # without it the 16-bit weights hold Transformer Engine's cached FP8 copies beside them
+    # (tracegen/memory.py ``fp8_weight_cache_bytes``). Needs precision "fp8" and ZeRO 1 or 2
+    # (ZeRO-3's FP8 gathers are not modelled).
     fp8_param_gather: bool = False
 
     def __post_init__(self) -> None:
