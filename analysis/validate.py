@@ -77,15 +77,18 @@ FLOAT_COLUMNS = ("scaleout_gbps_per_gpu", "measured_iter_time_s")
 # latent attention's widths, group-limited routing and multi-token prediction (DeepSeek-V3);
 # and, as text, the MoE
 # dispatcher, the modules selective recompute names (Megatron-Core's --recompute-modules,
-# comma-separated) and the pipeline layout (--pipeline-model-parallel-layout).
+# comma-separated), the pipeline layout (--pipeline-model-parallel-layout) and Adam's moments'
+# dtype (--exp-avg-dtype); as true/false, FP8 parameter gathers (--fp8-param-gather).
 EXTENSION_INT_COLUMNS = ("head_dim", "expert_tp", "shared_expert_ffn_hidden_size",
                          "first_dense_layers", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
                          "v_head_dim", "moe_router_num_groups", "moe_router_group_topk",
                          "mtp_layers")
-EXTENSION_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "pipeline_layout")
+EXTENSION_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "pipeline_layout",
+                          "adam_moments_dtype")
 # read case-insensitively, as the enums below (a layout's E and L are upper case: kept)
-LOWERCASE_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules")
+LOWERCASE_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "adam_moments_dtype")
 BOOL_COLUMNS = ("sequence_parallel",)
+EXTENSION_BOOL_COLUMNS = ("fp8_param_gather",)
 # Read case-insensitively (the schema spells them in lower case: "bf16", "h100-sxm", "full").
 ENUM_COLUMNS = ("arch", "activation", "recompute", "precision", "gpu")
 # Two 800 Gb/s NICs per GPU, twice what any system offers (ConnectX-8: one 800 Gb/s per GPU): a
@@ -126,7 +129,7 @@ def load_runs(path: str | Path) -> pl.DataFrame:
         **{c: pl.when(num[c].is_finite()).then(num[c]) for c in FLOAT_COLUMNS},
         **{c: text[c].str.to_lowercase().replace_strict(
             {"true": True, "false": False}, default=None, return_dtype=pl.Boolean)
-           for c in BOOL_COLUMNS},
+           for c in (*BOOL_COLUMNS, *(c for c in EXTENSION_BOOL_COLUMNS if c in raw.columns))},
     }
     bad: list[pl.Expr] = [pl.when(text[c].is_not_null() & (text[c] != "") & parsed[c].is_null())
            .then(pl.lit(f"{c} '") + text[c] + pl.lit("'")) for c in parsed]
@@ -357,7 +360,9 @@ def _strategy(row: dict[str, Any], precision: str) -> Strategy:
         # as Megatron's command line lists them (spaces) or as trainsim's (commas)
         recompute_modules=",".join(re.split(r"[\s,;]+", row.get("recompute_modules") or "")
                                    ).strip(",") or "core_attn",
-        pipeline_layout=row.get("pipeline_layout") or "")
+        pipeline_layout=row.get("pipeline_layout") or "",
+        adam_moments_dtype=row.get("adam_moments_dtype") or "fp32",
+        fp8_param_gather=bool(row.get("fp8_param_gather")))
 
 
 def _padded_vocab(model: ModelSpec, tp: int, notes: list[str]) -> ModelSpec:

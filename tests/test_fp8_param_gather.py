@@ -164,3 +164,30 @@ def test_fsdp_is_left_as_it_was() -> None:
     s = dataclasses.replace(BASE, zero_stage=3)
     assert _weights(MODEL, s, 1, 10**8) == _weights(
         MODEL, dataclasses.replace(s, precision="bf16"), 1, 10**8)
+
+
+def test_a_runs_file_states_them_per_row(tmp_path: Path) -> None:
+    """Columns beyond the schema: ``fp8_param_gather`` (true/false) and ``adam_moments_dtype``
+    (text, any case) reach each row's strategy; a cell that does not parse, or a value the
+    strategy refuses, skips only its row, named."""
+    from analysis.validate import load_runs, row_inputs
+
+    runs = Path(__file__).parent / "data" / "megatron_bridge_h100_runs.csv"
+    rows = pl.read_csv(runs, infer_schema_length=0)
+    ids = rows["id"].to_list()
+    fp8pg = ["true" if "70b" in i else "False" if "405b" in i else "" for i in ids]
+    moments = ["BF16" if "70b" in i else "" for i in ids]
+    fp8pg[ids.index("mbridge2511-llama3.1-405b")] = "yes"  # unreadable
+    moments[ids.index("mbridge2602-qwen3-235b-a22b")] = "fp8"  # refused
+    edited = tmp_path / "runs.csv"
+    rows.with_columns(pl.Series("fp8_param_gather", fp8pg),
+                      pl.Series("adam_moments_dtype", moments)).write_csv(edited)
+    got = {r["id"]: row_inputs(r) for r in load_runs(edited).iter_rows(named=True)}
+    s70 = got["mbridge2511-llama3-70b"].strategy  # type: ignore[union-attr]
+    assert s70.fp8_param_gather and s70.adam_moments_dtype == "bf16"
+    s405 = got["mbridge2602-llama3.1-405b"].strategy  # type: ignore[union-attr]
+    assert not s405.fp8_param_gather and s405.adam_moments_dtype == "fp32"
+    status = dict(zip(*validate(edited, fast=True)[["id", "status"]], strict=True))
+    assert "fp8_param_gather 'yes'" in status["mbridge2511-llama3.1-405b"]
+    assert "adam_moments_dtype must be one of fp32, bf16" in status["mbridge2602-qwen3-235b-a22b"]
+    assert sum(v == "ok" for v in status.values()) == len(ids) - 2
