@@ -71,7 +71,9 @@ def estimate_cmd(
     note_param_gather(strategy)
     note_precision({strategy.precision}, sys_spec)
     if json_out is not None:
-        json_out.write_text(json.dumps(g.to_dict(), indent=1) + "\n")
+        # every field of the strategy, for what the label leaves out (moments, FP8 gathers…)
+        out = {**g.to_dict(), "strategy_fields": strategy.to_dict()}
+        json_out.write_text(json.dumps(out, indent=1) + "\n")
 
 
 def print_glance(g: Glance, s: Strategy) -> None:

@@ -67,6 +67,10 @@ def test_estimate_cli_prints_and_writes_json(tmp_path: Path) -> None:
     assert d["strategy"] == "tp8-pp8-dp16-mbs1" and len(d["stages"]) == 8
     assert d["peak_memory_GiB"] == pytest.approx(max(st["total_GiB"] for st in d["stages"]))
     assert [st["layers"] for st in d["stages"]] == [12] * 8
+    fields = d["strategy_fields"]  # what the label leaves out, every field by name
+    assert (fields["zero_stage"], fields["recompute"], fields["sequence_parallel"]) == (
+        1, "selective", True)
+    assert fields["adam_moments_dtype"] == "fp32" and fields["fp8_param_gather"] is False
     bad = run("estimate", "--model", "gpt3-175b", "--gpus", "1020", "--tp", "8", "--mbs", "1",
               "--gbs", "8", "--system", "dgx-a100-80gb")
     assert bad.returncode == 2 and "not divisible by tp·pp·cp" in bad.stderr
