@@ -48,7 +48,7 @@ from tracegen.units import GiB
 WEIGHT_BYTES, OPTIM_BYTES = 2, 12
 # Adam's moments in bf16 (``Strategy.adam_moments_dtype``, Megatron-Core's precision-aware
 # optimizer): m and v take 2 bytes each, the fp32 master copy stays — 4 fewer per parameter.
-BF16_MOMENTS_SAVING = 4
+BF16_MOMENTS_SAVED_BYTES = 4
 # FSDP (ZeRO-3): fp32 sharded parameter (the master copy), fp32 gradient shard, Adam m and v.
 ZERO3_PARAM_BYTES, ZERO3_OPTIM_BYTES = 4, 8
 # FP8 without FP8 parameters: Transformer Engine keeps each GEMM weight's quantized copies across
@@ -412,7 +412,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
     if s.zero_stage:
         # (bf16 moments need ZeRO ≥ 1: ``Strategy``)
         optim_per_param = ((ZERO3_OPTIM_BYTES if s.zero_stage == 3 else OPTIM_BYTES)
-                           - (BF16_MOMENTS_SAVING if s.adam_moments_dtype == "bf16" else 0))
+                           - (BF16_MOMENTS_SAVED_BYTES if s.adam_moments_dtype == "bf16" else 0))
     if s.zero_stage and expert_params:
         dense = params_local - expert_params
         optim = _sharded_bytes(s, dense, expert_params, optim_per_param)
