@@ -51,7 +51,7 @@ class _Context:
         self.runs: dict[tuple[object, ...], Runs] = {}
         # (layers, pp, vpp, the uneven split's fields) → each global chunk's layer count
         self.splits: dict[tuple[object, ...], tuple[int, ...]] = {}
-        self.optimizer: dict[int | tuple[int, int], int] = {}
+        self.optimizer: dict[int | tuple[int, str], int] = {}
         # (op-list key, recompute, its selective modules) → stored activation bytes of one layer
         # and micro-batch
         self.activations: dict[tuple[int, str, tuple[str, ...]], int] = {}
@@ -296,7 +296,8 @@ class Costs:
     def optimizer_ns(self, params: int) -> int:
         """The optimizer step over ``params`` local parameters (memo: it depends on nothing
         else but the bytes a parameter moves)."""
-        key = params if self.s.adam_moments_dtype == "fp32" else (params, 0)
+        moments = self.s.adam_moments_dtype
+        key = params if moments == "fp32" else (params, moments)
         got = self.ctx.optimizer.get(key)
         if got is None:
             got = self.ctx.optimizer[key] = self.items_ns(

@@ -57,13 +57,19 @@ def _align128(n: int) -> int:
     return -(-n // 128) * 128
 
 
+def _slot_bytes(hidden_bytes: int) -> int:
+    """One token slot of either buffer: hidden bytes, the source record, the top-k indices
+    (int64) and weights (float), the scales (float)."""
+    return hidden_bytes + SOURCE_META_BYTES + MAX_TOPK * (8 + 4) + MAX_SCALES * 4
+
+
 def nvl_bytes(hidden_bytes: int, ranks: int, recv_tokens: int) -> int:
     """``Config::get_nvl_buffer_size_hint``."""
     rdma_ranks = max(ranks // NUM_MAX_NVL_PEERS, 1)
     nvl_ranks = min(ranks, NUM_MAX_NVL_PEERS)
     lanes = NUM_SMS // 2 * nvl_ranks
-    slot = hidden_bytes + SOURCE_META_BYTES + MAX_TOPK * (8 + 4) + MAX_SCALES * 4
-    return _align128(lanes * (2 * rdma_ranks + 3) * 4 + lanes * recv_tokens * slot)
+    return _align128(lanes * (2 * rdma_ranks + 3) * 4
+                     + lanes * recv_tokens * _slot_bytes(hidden_bytes))
 
 
 def rdma_bytes(hidden_bytes: int, ranks: int, send_tokens: int, recv_tokens: int) -> int:
@@ -73,7 +79,7 @@ def rdma_bytes(hidden_bytes: int, ranks: int, send_tokens: int, recv_tokens: int
         return 0
     recv = -(-recv_tokens // send_tokens) * send_tokens
     lanes = NUM_SMS // 2 * (ranks // NUM_MAX_NVL_PEERS)
-    slot = hidden_bytes + SOURCE_META_BYTES + MAX_TOPK * (8 + 4) + MAX_SCALES * 4 + 16
+    slot = _slot_bytes(hidden_bytes) + 16  # and an int4 control word
     return _align128(lanes * (NUM_MAX_NVL_PEERS * 2 + 2) * 2 * 4 + lanes * recv * slot * 2
                      + 2**20)
 
