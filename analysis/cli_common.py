@@ -101,8 +101,8 @@ AdamMomentsOpt = Annotated[str, typer.Option(
     "--adam-moments", help="fp32 | bf16: Adam's moments in bf16 (Megatron-Core's precision-"
     "aware optimizer, --exp-avg-dtype/--exp-avg-sq-dtype bf16; needs --zero ≥ 1).")]
 Fp8GatherOpt = Annotated[bool, typer.Option(
-    "--fp8-param-gather", help="FP8 runs, ZeRO 1/2: all-gather the updated parameters in 1 "
-    "byte (Megatron --fp8-param-gather).")]
+    "--fp8-param-gather", help="FP8 runs, ZeRO ≥ 1: all-gather the parameters in 1 byte "
+    "(Megatron --fp8-param-gather; Megatron-FSDP's gathers under ZeRO-3).")]
 LayoutOpt = Annotated[str, typer.Option(
     "--pipeline-layout",
     help="Megatron-Core's --pipeline-model-parallel-layout: what each model chunk holds, "

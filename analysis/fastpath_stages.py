@@ -338,7 +338,8 @@ def block_ns(costs: Costs, block: ParamBlock, rank: int, sig: int
 
 
 def _zero3_ns(costs: Costs, block: ParamBlock, rank: int, coll: O.CollType) -> int:
-    """ZeRO-3: the 16-bit parameter all-gathers (per-rank shard) or the gradient reduce-scatters
+    """ZeRO-3: the parameter all-gathers (per-rank shard; 16-bit, or FP8 with
+    ``fp8_param_gather``) or the gradient reduce-scatters
     (full buffer) of a block, dense and expert one after the other."""
     return sum(_zero3_axes(costs, block, rank, coll))
 
@@ -346,7 +347,8 @@ def _zero3_ns(costs: Costs, block: ParamBlock, rank: int, coll: O.CollType) -> i
 def _zero3_axes(costs: Costs, block: ParamBlock, rank: int, coll: O.CollType
                 ) -> tuple[int, int]:
     """``_zero3_ns`` per group: (dense, expert), memoized: it reads the strategy only through
-    the costs key (dp, the gather pieces, the reduce dtype) and the layout of ``rank``'s groups."""
+    the costs key (dp, the gather pieces and dtype, the reduce dtype) and the layout of
+    ``rank``'s groups."""
     key = (costs.key, costs._degrees, rank, block.dense, block.expert, coll)
     got = costs.ctx.zero3.get(key)
     if got is None:
@@ -366,6 +368,6 @@ def _zero3_axes_ns(costs: Costs, block: ParamBlock, rank: int, coll: O.CollType
             out[i] = costs.coll_ns(O.Comm(coll.lower(), axis, coll, nbytes), rank)
             continue
         for piece in gather_pieces(n, costs.s.zero3_gather_bucket_params):
-            shard = -(-piece // size) * O.PARAM_BYTES
+            shard = -(-piece // size) * O.param_gather_bytes(costs.s)
             out[i] += costs.coll_ns(O.Comm(coll.lower(), axis, coll, shard), rank)
     return out[0], out[1]

@@ -297,9 +297,9 @@ def _where_meaningful(over: dict[str, Any], row: dict[str, Any], notes: list[str
                      "dispatch on this row)")
         drop.append("moe_dispatcher")
     if over.get("fp8_param_gather") and not (row.get("precision") == "fp8"
-                                             and row["zero_stage"] in (1, 2)):
+                                             and row["zero_stage"] >= 1):
         notes.append("strategy override fp8_param_gather not applied (it needs an FP8 run on "
-                     "ZeRO 1 or 2)")
+                     "ZeRO 1, 2 or 3)")
         drop.append("fp8_param_gather")
     return {k: v for k, v in over.items() if k not in drop}
 

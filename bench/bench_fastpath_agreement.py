@@ -157,7 +157,7 @@ def draw_odd(rng: random.Random) -> tuple[str, str, Strategy] | None:
                                 if system != "dgx-a100-80gb" else "bf16"),
                      zero3_prefetch=zero == 3 and rng.random() < 0.5,
                      adam_moments_dtype="bf16" if zero and rng.random() < 0.3 else "fp32")
-        if s.precision == "fp8" and zero in (1, 2) and rng.random() < 0.5:
+        if s.precision == "fp8" and zero and rng.random() < 0.5:
             s = dataclasses.replace(s, fp8_param_gather=True)
     except ConfigError:
         return None
@@ -212,7 +212,7 @@ def draw_model(rng: random.Random) -> tuple[ModelSpec, str, Strategy] | None:
                                 if system != "dgx-a100-80gb" else "bf16"),
                      zero3_prefetch=zero == 3 and rng.random() < 0.5,
                      adam_moments_dtype="bf16" if zero and rng.random() < 0.3 else "fp32")
-        if s.precision == "fp8" and zero in (1, 2) and rng.random() < 0.5:
+        if s.precision == "fp8" and zero and rng.random() < 0.5:
             s = dataclasses.replace(s, fp8_param_gather=True)
     except ConfigError:
         return None

@@ -1,5 +1,6 @@
 """``Strategy.fp8_param_gather`` (Megatron --fp8-param-gather): an FP8 run's distributed
-optimizer all-gathers its updated parameters in 1 byte. The trace's bytes, the fast path
+optimizer all-gathers its updated parameters in 1 byte, Megatron-FSDP (ZeRO-3) its forward's and
+backward's gathers. The trace's bytes, the fast path
 against replay, the refusals, and how ``validate --set`` and a sweep take it."""
 
 from __future__ import annotations
@@ -68,10 +69,52 @@ def test_fast_path_matches_replay(model: ModelSpec, kw: dict) -> None:
                             H100).step_time_s
 
 
-def test_a_memo_does_not_mix_the_two() -> None:
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_zero3_gathers_halve_before_forward_and_backward(tmp_path: Path, prefetch: bool
+                                                         ) -> None:
+    """Megatron-FSDP with FP8 parameters (its 1-byte weight buffers): every block's gathers,
+    forward and backward, move 1 byte a parameter; the reduce-scatters keep theirs."""
+    s = dataclasses.replace(BASE, zero_stage=3, zero3_prefetch=prefetch)
+    fp8 = dataclasses.replace(s, fp8_param_gather=True)
+    ag = [_gathered(x, tmp_path / f"ag{i}", "_param_ag") for i, x in enumerate((s, fp8))]
+    assert ag[0] > 0 and ag[0] == 2 * ag[1]
+    rs = [_gathered(x, tmp_path / f"rs{i}", "_grad_rs") for i, x in enumerate((s, fp8))]
+    assert rs[0] > 0 and rs[0] == rs[1]
+
+
+@pytest.mark.parametrize(("model", "kw"), [
+    (MODEL, {}),
+    (MODEL, {"zero3_prefetch": True}),
+    (MODEL, {"pp": 1, "dp": 8}),
+    (MOE, {"ep": 2, "tp": 1, "dp": 8}),
+])
+def test_zero3_fast_path_matches_replay(model: ModelSpec, kw: dict) -> None:
+    """The fast path's ZeRO-3 terms take the 1-byte gathers as the trace does, and they
+    never make a step slower."""
+    s = dataclasses.replace(BASE, zero_stage=3, fp8_param_gather=True, **kw)
+    fast = estimate(model, s, H100).step_time_s
+    assert fast == pytest.approx(replayed(model, s, H100).step_time_s, rel=0.02)
+    assert fast <= estimate(model, dataclasses.replace(s, fp8_param_gather=False),
+                            H100).step_time_s
+
+
+def test_zero3_memory_is_unchanged_by_it() -> None:
+    """Under ZeRO-3 the sharded state is the fp32 master and Adam's moments either way, and a
+    gathered FP8 weight (1 byte) with the transpose its backward makes (1 byte) takes what the
+    16-bit gathered weight did: the memory model charges both alike (DESIGN.md)."""
+    from tracegen import memory as mem
+
+    s = dataclasses.replace(BASE, zero_stage=3)
+    fp8 = dataclasses.replace(s, fp8_param_gather=True)
+    for stage in (0, 1):
+        assert mem.estimate(MODEL, s, stage, 10**8) == mem.estimate(MODEL, fp8, stage, 10**8)
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_a_memo_does_not_mix_the_two(zero: int) -> None:
     from analysis.fastpath import clear_cache
 
-    s = dataclasses.replace(BASE, overlap_param_gather=True)
+    s = dataclasses.replace(BASE, overlap_param_gather=True, zero_stage=zero)
     clear_cache()
     cold = estimate(MODEL, s, H100)
     clear_cache()
@@ -79,9 +122,10 @@ def test_a_memo_does_not_mix_the_two() -> None:
     assert estimate(MODEL, s, H100) == cold
 
 
-@pytest.mark.parametrize("kw", [{"precision": "bf16"}, {"zero_stage": 0}, {"zero_stage": 3}])
-def test_it_needs_an_fp8_run_on_zero_1_or_2(kw: dict) -> None:
-    with pytest.raises(ConfigError, match="needs precision 'fp8' and zero_stage 1 or 2"):
+@pytest.mark.parametrize("kw", [{"precision": "bf16"}, {"zero_stage": 0},
+                                {"precision": "bf16", "zero_stage": 3}])
+def test_it_needs_an_fp8_run_with_sharded_state(kw: dict) -> None:
+    with pytest.raises(ConfigError, match="needs precision 'fp8' and zero_stage 1, 2 or 3"):
         dataclasses.replace(BASE, fp8_param_gather=True, **kw)
 
 
@@ -96,14 +140,24 @@ def test_the_command_line_takes_it_and_refuses_a_bf16_run() -> None:
 
 
 def test_validate_applies_it_only_where_it_can(tmp_path: Path) -> None:
-    """``--set strategy.fp8_param_gather=true`` over Megatron-Bridge's FP8 rows: the ZeRO-3
-    (Megatron-FSDP) row is predicted as before, saying the override was not applied."""
-    runs = Path(__file__).parent / "data" / "megatron_bridge_h100_runs.csv"
-    got = validate(runs, fast=True, overrides={"strategy.fp8_param_gather": True})
+    """``--set strategy.fp8_param_gather=true`` over Megatron-Bridge's FP8 rows applies to
+    each, the ZeRO-3 (Megatron-FSDP) row's too; a row made BF16 is predicted as before, saying
+    the override was not applied."""
+    runs = pl.read_csv(Path(__file__).parent / "data" / "megatron_bridge_h100_runs.csv",
+                       infer_schema_length=0)
+    bf16_id = "mbridge2511-llama3-70b"
+    runs = runs.with_columns(pl.when(pl.col("id") == bf16_id).then(pl.lit("bf16"))
+                             .otherwise(pl.col("precision")).alias("precision"))
+    path = tmp_path / "runs.csv"
+    runs.write_csv(path)
+    over = {"strategy.fp8_param_gather": True}
+    got = validate(path, fast=True, overrides=over)
     assert (got["status"] == "ok").all()
-    fsdp = got.filter(pl.col("id") == "mbridge2511-llama3-8b")
-    assert "fp8_param_gather not applied" in fsdp["assumptions"].item()
-    others = got.filter(pl.col("id") != "mbridge2511-llama3-8b")
+    bf16 = got.filter(pl.col("id") == bf16_id)
+    assert "fp8_param_gather not applied" in bf16["assumptions"].item()
+    assert bf16["predicted_iter_time_s"].item() == validate(path, fast=True).filter(
+        pl.col("id") == bf16_id)["predicted_iter_time_s"].item()
+    others = got.filter(pl.col("id") != bf16_id)
     assert others["assumptions"].str.contains("override fp8_param_gather = True").all()
     assert not others["assumptions"].str.contains("not applied").any()
 

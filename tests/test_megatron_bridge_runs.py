@@ -16,7 +16,8 @@ RUNS = Path(__file__).parent / "data" / "megatron_bridge_h100_runs.csv"
 B200_RUNS = Path(__file__).parent / "data" / "megatron_bridge_b200_runs.csv"
 # The recipes' stack: TP communication overlap, overlapped parameter gathers (distributed
 # optimizer), in FP8 (the FP8 current-scaling precision config, Megatron-Bridge's
-# ``bf16_with_fp8_current_scaling_mixed``, sets fp8_param_gather) and, for the Megatron-FSDP row,
+# ``bf16_with_fp8_current_scaling_mixed``, sets fp8_param_gather; Megatron-FSDP's recipes keep
+# it, its FP8 parameter groups gathered from 1-byte buffers) and, for the Megatron-FSDP row,
 # prefetched ZeRO-3 gathers (each not applied where the row's layout has nothing for it, said
 # per row).
 STACK = {"strategy.tp_comm_overlap": True, "strategy.overlap_param_gather": True,
@@ -82,8 +83,9 @@ def test_newest_stack_is_predicted_within_the_error_reached() -> None:
     releases, Llama 3.1 405B (tp 8, pp 8, cp 2, vpp 8) 5.0-8.7% too fast (4.9-8.5% before its
     parameters were gathered in FP8, twenty-sixth session; 5.8-9.9% before the ring's last hop
     home was charged), Llama 3 8B under
-    Megatron FSDP +7.3% with its gathers
-    prefetched; Qwen3-235B-A22B (MoE, ep 32 folded over tp 2 × dp 16, heads of 128 — the file's
+    Megatron FSDP +5.8% with its gathers
+    prefetched, in FP8 (+7.3% in 16 bits, as before the twenty-seventh session modelled
+    Megatron-FSDP's FP8 parameters); Qwen3-235B-A22B (MoE, ep 32 folded over tp 2 × dp 16, heads of 128 — the file's
     head_dim and expert_tp columns) +5.7 and +8.4% (+5.6 and +8.2% before each local expert's
     GEMM was its own, twenty-fifth session: 4 experts of 4,096 tokens, the weight gradients
     reduce over 4,096 instead of 16,384; +0.8 and +3.3% before the token
@@ -98,6 +100,6 @@ def test_newest_stack_is_predicted_within_the_error_reached() -> None:
     assert (got["status"] == "ok").all() and got["fits"].all()
     err = dict(zip(got["id"], got["error_pct"], strict=True))
     for rid, e in err.items():
-        bound = 9.0 if "405b" in rid else 4.0 if "70b" in rid else 7.5 if "8b" in rid else 8.5
+        bound = 9.0 if "405b" in rid else 4.0 if "70b" in rid else 6.0 if "8b" in rid else 8.5
         assert abs(e) <= bound, (rid, e)
     assert pl.Series(list(err.values())).abs().median() <= 5.4  # type: ignore[operator]

@@ -59,7 +59,8 @@ CE_BWD_BYTES = 14
 GRAD_REDUCE_BYTES = 4  # Megatron sets accumulate_allreduce_grads_in_fp32 for bf16 (arguments.py)
 GRAD_REDUCE_BYTES_16 = 2  # ... unless --grad-reduce-in-bf16 (``Strategy.grad_reduce_in_bf16``)
 PARAM_BYTES = 2  # 16-bit model weights
-# ... that the distributed optimizer all-gathers in 1 byte with --fp8-param-gather
+# ... that the distributed optimizer (after the step) and Megatron-FSDP (ZeRO-3, before each
+# forward and backward) all-gather in 1 byte with --fp8-param-gather
 # (``Strategy.fp8_param_gather``; ``param_gather_bytes``)
 FP8_PARAM_BYTES = 1
 # The optimizer step of mixed-precision training touches per parameter (Megatron-LM
@@ -156,7 +157,8 @@ def adam_bytes_per_param(s: Strategy) -> int:
 
 
 def param_gather_bytes(s: Strategy) -> int:
-    """Bytes per parameter in the distributed optimizer's parameter all-gathers. With
+    """Bytes per parameter in the parameter all-gathers: the distributed optimizer's after the
+    step, ZeRO-3's before each block's forward and backward. With
     ``fp8_param_gather`` every gathered parameter is counted at 1 byte, the embedding and norm
     weights Megatron keeps in 16 bits too (DESIGN.md)."""
     return FP8_PARAM_BYTES if s.fp8_param_gather else PARAM_BYTES

@@ -292,7 +292,7 @@ class RoleProgram:
             pieces = gather_pieces(n, self.s.zero3_gather_bucket_params)
             for i, piece in enumerate(pieces):
                 name = f"{block.name}_param_ag" + (f"{i}" if len(pieces) > 1 else "")
-                shard = -(-piece // size) * O.PARAM_BYTES
+                shard = -(-piece // size) * O.param_gather_bytes(self.s)
                 c = O.Comm(name, axis, "ALL_GATHER", shard)
                 if prefetch_deps is not None:
                     ids.append(self.coll(c, prefix, blocking=False, deps=prefetch_deps))

@@ -149,8 +149,10 @@ class Strategy:
     # distributed optimizer all-gathers the updated parameters in 1 byte instead of 2 (Megatron-
     # Bridge's FP8 current-scaling recipe sets it: ``bf16_with_fp8_current_scaling_mixed``);
     # without it the 16-bit weights hold Transformer Engine's cached FP8 copies beside them
-    # (tracegen/memory.py ``fp8_weight_cache_bytes``). Needs precision "fp8" and ZeRO 1 or 2
-    # (ZeRO-3's FP8 gathers are not modelled).
+    # (tracegen/memory.py ``fp8_weight_cache_bytes``). Under ZeRO-3 (Megatron-FSDP, whose FP8
+    # parameter groups live in 1-byte weight buffers: ``ddp_config.fp8_param_gather``) the
+    # forward's and backward's gathers move 1 byte a parameter too. Needs precision "fp8" and
+    # ZeRO ≥ 1.
     fp8_param_gather: bool = False
 
     def __post_init__(self) -> None:
@@ -326,11 +328,11 @@ def _degree_problems(s: Strategy) -> list[str]:
         out.append(f"adam_moments_dtype {s.adam_moments_dtype!r} (Megatron-Core's precision-"
                    "aware optimizer) runs in the distributed optimizer or Megatron-FSDP: set "
                    "zero_stage ≥ 1, or keep the moments in 'fp32'")
-    if s.fp8_param_gather and not (s.precision == "fp8" and s.zero_stage in (1, 2)):
+    if s.fp8_param_gather and not (s.precision == "fp8" and s.zero_stage >= 1):
         out.append("fp8_param_gather (Megatron --fp8-param-gather) all-gathers an FP8 run's "
-                   "updated parameters in 1 byte: it needs precision 'fp8' and zero_stage 1 or "
-                   f"2 (got {s.precision!r}, ZeRO {s.zero_stage}; ZeRO-3's FP8 gathers are not "
-                   "modelled)")
+                   "parameters in 1 byte (the distributed optimizer's or Megatron-FSDP's "
+                   "gathers): it needs precision 'fp8' and zero_stage 1, 2 or 3 (got "
+                   f"{s.precision!r}, ZeRO {s.zero_stage})")
     if s.zero_stage not in (0, 1, 2, 3):
         out.append(f"zero_stage must be 0, 1, 2 or 3; got {s.zero_stage}")
     if s.zero3_gather_bucket_params < 0:
