@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from analysis.dp_tails import slowed
 from analysis.pipeline_walk import Z3Runs
 from tracegen import ops as O
-from tracegen.program import ParamBlock, dp_group_size, gather_pieces
+from tracegen.program import ParamBlock, dp_group_size, gather_pieces, zero3_gather_bytes
 from tracegen.units import NS_PER_S
 
 if TYPE_CHECKING:  # the costs module imports this one; its class is only an annotation here
@@ -348,8 +348,9 @@ def _zero3_axes(costs: Costs, block: ParamBlock, rank: int, coll: O.CollType
                 ) -> tuple[int, int]:
     """``_zero3_ns`` per group: (dense, expert), memoized: it reads the strategy only through
     the costs key (dp, the gather pieces and dtype, the reduce dtype) and the layout of
-    ``rank``'s groups."""
-    key = (costs.key, costs._degrees, rank, block.dense, block.expert, coll)
+    ``rank``'s groups; the block by its sizes and its name (a 16-bit embedding or head beside
+    FP8 layers: ``zero3_gather_bytes``)."""
+    key = (costs.key, costs._degrees, rank, block.dense, block.expert, block.name, coll)
     got = costs.ctx.zero3.get(key)
     if got is None:
         got = costs.ctx.zero3[key] = _zero3_axes_ns(costs, block, rank, coll)
@@ -368,6 +369,6 @@ def _zero3_axes_ns(costs: Costs, block: ParamBlock, rank: int, coll: O.CollType
             out[i] = costs.coll_ns(O.Comm(coll.lower(), axis, coll, nbytes), rank)
             continue
         for piece in gather_pieces(n, costs.s.zero3_gather_bucket_params):
-            shard = -(-piece // size) * O.param_gather_bytes(costs.s)
+            shard = -(-piece // size) * zero3_gather_bytes(costs.s, block.name)
             out[i] += costs.coll_ns(O.Comm(coll.lower(), axis, coll, shard), rank)
     return out[0], out[1]

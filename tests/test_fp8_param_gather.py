@@ -72,12 +72,15 @@ def test_fast_path_matches_replay(model: ModelSpec, kw: dict) -> None:
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_zero3_gathers_halve_before_forward_and_backward(tmp_path: Path, prefetch: bool
                                                          ) -> None:
-    """Megatron-FSDP with FP8 parameters (its 1-byte weight buffers): every block's gathers,
-    forward and backward, move 1 byte a parameter; the reduce-scatters keep theirs."""
+    """Megatron-FSDP with FP8 parameters (its 1-byte weight buffers): every layer's gathers,
+    forward and backward, move 1 byte a parameter; the embedding and the head, which Megatron
+    keeps in 16 bits, still 2; the reduce-scatters keep their bytes."""
     s = dataclasses.replace(BASE, zero_stage=3, zero3_prefetch=prefetch)
     fp8 = dataclasses.replace(s, fp8_param_gather=True)
-    ag = [_gathered(x, tmp_path / f"ag{i}", "_param_ag") for i, x in enumerate((s, fp8))]
-    assert ag[0] > 0 and ag[0] == 2 * ag[1]
+    for name, ratio in (("layer_param_ag", 2), ("embedding_param_ag", 1),
+                        ("lm_head_param_ag", 1)):
+        ag = [_gathered(x, tmp_path / f"{name}{i}", name) for i, x in enumerate((s, fp8))]
+        assert ag[0] > 0 and ag[0] == ratio * ag[1], name
     rs = [_gathered(x, tmp_path / f"rs{i}", "_grad_rs") for i, x in enumerate((s, fp8))]
     assert rs[0] > 0 and rs[0] == rs[1]
 

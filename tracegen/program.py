@@ -292,7 +292,7 @@ class RoleProgram:
             pieces = gather_pieces(n, self.s.zero3_gather_bucket_params)
             for i, piece in enumerate(pieces):
                 name = f"{block.name}_param_ag" + (f"{i}" if len(pieces) > 1 else "")
-                shard = -(-piece // size) * O.param_gather_bytes(self.s)
+                shard = -(-piece // size) * zero3_gather_bytes(self.s, block.name)
                 c = O.Comm(name, axis, "ALL_GATHER", shard)
                 if prefetch_deps is not None:
                     ids.append(self.coll(c, prefix, blocking=False, deps=prefetch_deps))
@@ -597,6 +597,20 @@ def dp_group_size(s: Strategy, axis: str) -> int:
     if axis == "dp":
         return s.dp * s.cp
     return s.tp * s.cp * s.dp // s.ep if s.moe_folded else s.dp // s.ep * s.cp
+
+
+# Blocks whose weights are no Transformer Engine GEMM: Megatron keeps them in 16 bits when the
+# GEMM weights are FP8 parameters (the embedding, the output head's ColumnParallelLinear, the MTP
+# modules' copy of the embedding)
+VOCAB_BLOCKS = ("embedding", "lm_head", "mtp_embedding")
+
+
+def zero3_gather_bytes(s: Strategy, block_name: str) -> int:
+    """Bytes a parameter in a ZeRO-3 gather of a block: 2, or 1 for FP8 parameters
+    (``fp8_param_gather``: Megatron-FSDP gathers each dtype's parameter groups from their own
+    buffer) except in the 16-bit embedding and head (``VOCAB_BLOCKS``). The norms inside a layer,
+    a few parameters in ten thousand, go with its GEMM weights."""
+    return O.PARAM_BYTES if block_name in VOCAB_BLOCKS else O.param_gather_bytes(s)
 
 
 def gather_pieces(params: int, bucket: int) -> list[int]:
