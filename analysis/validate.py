@@ -281,8 +281,8 @@ def _where_meaningful(over: dict[str, Any], row: dict[str, Any], notes: list[str
     """Strategy overrides for one row, less those its layout has nothing for: TP communication
     overlap at tp 1 (no TP collectives; NeMo turns it off there, as Megatron turns sequence
     parallelism off), ZeRO-3 prefetch below ZeRO-3, a MoE dispatcher on a dense model or
-    without expert parallelism, FP8 parameter gathers off an FP8 ZeRO 1/2 run, so one ``--set``
-    can describe a stack across a mixed set. Said per row."""
+    without expert parallelism, FP8 parameter gathers off an FP8 run with ZeRO ≥ 1, so one
+    ``--set`` can describe a stack across a mixed set. Said per row."""
     drop = []
     if over.get("tp_comm_overlap") and row["tp"] == 1:
         notes.append("strategy override tp_comm_overlap not applied at tp 1 (no TP collectives)")
