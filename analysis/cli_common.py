@@ -98,8 +98,9 @@ GradBf16Opt = Annotated[bool, typer.Option(
     "--grad-reduce-bf16", help="Gradient buffer and data-parallel reduction in 16 bits, not "
     "fp32 (Megatron --grad-reduce-in-bf16).")]
 AdamMomentsOpt = Annotated[str, typer.Option(
-    "--adam-moments", help="fp32 | bf16: Adam's moments in bf16 (Megatron-Core's precision-"
-    "aware optimizer, --exp-avg-dtype/--exp-avg-sq-dtype bf16; needs --zero ≥ 1).")]
+    "--adam-moments", help="fp32 | bf16 | fp16 | fp8: Adam's moments in that dtype "
+    "(Megatron-Core's precision-aware optimizer, --exp-avg-dtype/--exp-avg-sq-dtype; needs "
+    "--zero ≥ 1).")]
 Fp8GatherOpt = Annotated[bool, typer.Option(
     "--fp8-param-gather", help="FP8 runs, ZeRO ≥ 1: all-gather the parameters in 1 byte "
     "(Megatron --fp8-param-gather; Megatron-FSDP's gathers under ZeRO-3).")]

@@ -88,7 +88,8 @@ def print_glance(g: Glance, s: Strategy) -> None:
                      if s.recompute == "selective" else "") + ", "
                   f"ZeRO {s.zero_stage}, {s.precision}"
                   + (", gradients reduced in bf16" if s.grad_reduce_in_bf16 else "")
-                  + (", Adam moments in bf16" if s.adam_moments_dtype == "bf16" else "")
+                  + (f", Adam moments in {s.adam_moments_dtype}"
+                     if s.adam_moments_dtype != "fp32" else "")
                   + (", parameters gathered in FP8" if s.fp8_param_gather else "")
                   + _split_words(s) + ")")
     console.print(f"step time [bold]{g.step_time_s:.4f} s[/] (fast path; pipeline "

@@ -47,7 +47,7 @@ def strategy_fields(s: Strategy) -> dict[str, Any]:
             + ("-opg" if s.overlap_param_gather and s.zero_stage in (1, 2) else "")
             + ("-z3pf" if s.zero3_prefetch else "")
             + ("-seo" if s.moe_shared_expert_overlap else "")
-            + ("-adambf16" if s.adam_moments_dtype == "bf16" else "")
+            + (f"-adam{s.adam_moments_dtype}" if s.adam_moments_dtype != "fp32" else "")
             + ("-fp8pg" if s.fp8_param_gather else "")
             + (f"-layout[{s.pipeline_layout}]" if s.pipeline_layout else ""),
             "tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep, "vpp": s.vpp,

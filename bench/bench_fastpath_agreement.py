@@ -109,7 +109,8 @@ def draw(rng: random.Random) -> tuple[str, str, Strategy] | None:
                                                                              "1f1b", "gpipe")),
                      overlap_param_gather=zero == 1 and rng.random() < 0.5,
                      zero3_prefetch=zero == 3 and rng.random() < 0.5,
-                     adam_moments_dtype="bf16" if zero and rng.random() < 0.3 else "fp32")
+                     adam_moments_dtype=rng.choice(("bf16", "fp8")) if zero and rng.random() < 0.3
+                     else "fp32")
     except ConfigError:
         return None
     return model, system, s
@@ -156,7 +157,8 @@ def draw_odd(rng: random.Random) -> tuple[str, str, Strategy] | None:
                      precision=(rng.choice(("bf16", "bf16", "fp8"))  # type: ignore[arg-type]
                                 if system != "dgx-a100-80gb" else "bf16"),
                      zero3_prefetch=zero == 3 and rng.random() < 0.5,
-                     adam_moments_dtype="bf16" if zero and rng.random() < 0.3 else "fp32")
+                     adam_moments_dtype=rng.choice(("bf16", "fp8")) if zero and rng.random() < 0.3
+                     else "fp32")
         if s.precision == "fp8" and zero and rng.random() < 0.5:
             s = dataclasses.replace(s, fp8_param_gather=True)
     except ConfigError:
@@ -211,7 +213,8 @@ def draw_model(rng: random.Random) -> tuple[ModelSpec, str, Strategy] | None:
                      precision=(rng.choice(("bf16", "bf16", "fp8"))  # type: ignore[arg-type]
                                 if system != "dgx-a100-80gb" else "bf16"),
                      zero3_prefetch=zero == 3 and rng.random() < 0.5,
-                     adam_moments_dtype="bf16" if zero and rng.random() < 0.3 else "fp32")
+                     adam_moments_dtype=rng.choice(("bf16", "fp8")) if zero and rng.random() < 0.3
+                     else "fp32")
         if s.precision == "fp8" and zero and rng.random() < 0.5:
             s = dataclasses.replace(s, fp8_param_gather=True)
     except ConfigError:

@@ -1,6 +1,6 @@
 """``Strategy.adam_moments_dtype`` (Megatron-Core's precision-aware optimizer, Adam's m and v in
-bf16): the state memory, the step's bytes in the trace, the fast path against replay, and the
-refusals."""
+bf16, fp16 or FP8): the state memory, the step's bytes in the trace, the fast path against replay,
+and the refusals."""
 
 from __future__ import annotations
 
@@ -32,21 +32,25 @@ def _bf16(s: Strategy) -> Strategy:
     return dataclasses.replace(s, adam_moments_dtype="bf16")
 
 
-@pytest.mark.parametrize(("zero", "per_param"), [(1, (8, 12)), (2, (8, 12)), (3, (4, 8))])
-def test_the_state_loses_four_bytes_a_parameter(zero: int, per_param: tuple[int, int]) -> None:
+@pytest.mark.parametrize(("zero", "moments", "per_param"), [
+    (1, "bf16", (8, 12)), (2, "bf16", (8, 12)), (3, "bf16", (4, 8)),
+    (1, "fp16", (8, 12)), (1, "fp8", (6, 12)), (2, "fp8", (6, 12)), (3, "fp8", (2, 8))])
+def test_the_state_loses_what_the_moments_narrow(zero: int, moments: str,
+                                                 per_param: tuple[int, int]) -> None:
     """Megatron's distributed optimizer keeps the fp32 master, m and v (12 bytes a parameter,
     Rajbhandari et al. 2020 §3); FSDP's optimizer m and v beside its fp32 shard (8): with the
-    moments in bf16, 8 and 4, sharded as before. Nothing else in the breakdown moves but the
-    allocator's 5% of it."""
+    moments in 16 bits, 8 and 4; in FP8, 6 and 2 — sharded as before. Nothing else in the
+    breakdown moves but the allocator's 5% of it."""
     s = dataclasses.replace(BASE, zero_stage=zero)
     params = 123_456_789
-    fp32, bf16 = mem.estimate(MODEL, s, 0, params), mem.estimate(MODEL, _bf16(s), 0, params)
+    fp32 = mem.estimate(MODEL, s, 0, params)
+    narrow = mem.estimate(MODEL, dataclasses.replace(s, adam_moments_dtype=moments), 0, params)
     shard = s.dp * s.cp
     assert fp32.optimizer_bytes == -(-params * per_param[1] // shard)
-    assert bf16.optimizer_bytes == -(-params * per_param[0] // shard)
+    assert narrow.optimizer_bytes == -(-params * per_param[0] // shard)
     for field in ("weights_bytes", "gradients_bytes", "activations_bytes", "logits_bytes",
                   "transient_bytes", "runtime_bytes"):
-        assert getattr(fp32, field) == getattr(bf16, field), field
+        assert getattr(fp32, field) == getattr(narrow, field), field
 
 
 def test_expert_state_shards_over_its_own_group() -> None:
@@ -69,18 +73,22 @@ def _step_bytes(s: Strategy, tmp: Path) -> int:
     return total
 
 
-def test_the_step_moves_thirty_bytes_a_parameter_in_the_trace(tmp_path: Path) -> None:
-    """The optimizer node's bytes: 38 a parameter (ops.ADAM_BYTES_PER_PARAM), 30 with m and v
-    each read and written in 2 bytes instead of 4."""
+@pytest.mark.parametrize(("moments", "per_param"), [("bf16", 30), ("fp16", 30), ("fp8", 26)])
+def test_the_step_moves_fewer_bytes_a_parameter_in_the_trace(tmp_path: Path, moments: str,
+                                                             per_param: int) -> None:
+    """The optimizer node's bytes: 38 a parameter (ops.ADAM_BYTES_PER_PARAM); 30 with m and v
+    each read and written in 2 bytes instead of 4, 26 in 1."""
     fp32 = _step_bytes(BASE, tmp_path / "fp32")
-    bf16 = _step_bytes(_bf16(BASE), tmp_path / "bf16")
+    narrow = _step_bytes(dataclasses.replace(BASE, adam_moments_dtype=moments),
+                         tmp_path / moments)
     assert fp32 > 0
-    assert bf16 * 38 == fp32 * 30
+    assert narrow * 38 == fp32 * per_param
 
 
-@pytest.mark.parametrize("zero", [1, 3])
-def test_fast_path_matches_replay(zero: int) -> None:
-    s = _bf16(dataclasses.replace(BASE, zero_stage=zero))
+@pytest.mark.parametrize(("zero", "moments"), [(1, "bf16"), (3, "bf16"), (1, "fp8"),
+                                               (3, "fp8")])
+def test_fast_path_matches_replay(zero: int, moments: str) -> None:
+    s = dataclasses.replace(BASE, zero_stage=zero, adam_moments_dtype=moments)
     fast = estimate(MODEL, s, SYSTEM).step_time_s
     assert fast == pytest.approx(replayed(MODEL, s, SYSTEM).step_time_s, rel=0.02)
     # a shorter optimizer step, by the bytes it no longer moves
@@ -103,30 +111,33 @@ def test_a_sweep_memo_does_not_mix_the_two() -> None:
 def test_bad_input_is_refused_with_the_fix() -> None:
     with pytest.raises(ConfigError, match="set zero_stage ≥ 1"):
         dataclasses.replace(BASE, zero_stage=0, adam_moments_dtype="bf16")
-    with pytest.raises(ConfigError, match="adam_moments_dtype must be one of fp32, bf16"):
-        dataclasses.replace(BASE, adam_moments_dtype="fp16")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="adam_moments_dtype must be one of fp32, bf16, fp16, "
+                       "fp8"):
+        dataclasses.replace(BASE, adam_moments_dtype="fp4")  # type: ignore[arg-type]
     r = run("estimate", "--model", "llama3-8b", "--gpus", "8", "--mbs", "1", "--gbs", "8",
             "--system", "dgx-h100", "--adam-moments", "bf16")
     out = r.stdout + r.stderr
     assert r.returncode != 0 and "zero_stage ≥ 1" in out and "Traceback" not in out
 
 
-def test_estimate_reports_the_moments() -> None:
+@pytest.mark.parametrize("moments", ["bf16", "fp8"])
+def test_estimate_reports_the_moments(moments: str) -> None:
     r = run("estimate", "--model", "llama3-8b", "--gpus", "8", "--mbs", "1", "--gbs", "8",
-            "--system", "dgx-h100", "--zero", "1", "--adam-moments", "bf16")
-    assert r.returncode == 0 and "Adam moments in bf16" in r.stdout
+            "--system", "dgx-h100", "--zero", "1", "--adam-moments", moments)
+    assert r.returncode == 0 and f"Adam moments in {moments}" in r.stdout
 
 
 def test_a_sweep_searches_the_moments_and_a_report_tells_them_apart(tmp_path: Path) -> None:
-    """A search dimension; bf16 moments pair only with ZeRO ≥ 1, and the result row's strategy
-    name says which."""
+    """A search dimension; narrow moments pair only with ZeRO ≥ 1, and the result row's
+    strategy name says which."""
     valid, invalid = enumerated(
         tmp_path, 'model = "llama3-8b"\nsystem = "dgx-h100"\ngpus = 8\n'
         'global_batch_size = 64\n[search]\ntp = [2]\npp = [1]\nvpp = [1]\n'
         'micro_batch_size = [1]\nrecompute = ["full"]\nzero_stage = [0, 1]\n'
-        'sequence_parallel = [true]\nadam_moments_dtype = ["fp32", "bf16"]\n')
+        'sequence_parallel = [true]\nadam_moments_dtype = ["fp32", "bf16", "fp8"]\n')
     assert sorted((s.zero_stage, s.adam_moments_dtype) for s in valid) == [
-        (0, "fp32"), (1, "bf16"), (1, "fp32")]
-    assert invalid == 1  # bf16 moments without the distributed optimizer
+        (0, "fp32"), (1, "bf16"), (1, "fp32"), (1, "fp8")]
+    assert invalid == 2  # narrow moments without the distributed optimizer
     names = sorted(strategy_fields(s)["strategy"] for s in valid if s.zero_stage == 1)
-    assert names == ["tp2-pp1-dp4-mbs1-rcf-z1-sp", "tp2-pp1-dp4-mbs1-rcf-z1-sp-adambf16"]
+    assert names == ["tp2-pp1-dp4-mbs1-rcf-z1-sp", "tp2-pp1-dp4-mbs1-rcf-z1-sp-adambf16",
+                     "tp2-pp1-dp4-mbs1-rcf-z1-sp-adamfp8"]

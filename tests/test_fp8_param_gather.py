@@ -235,7 +235,7 @@ def test_a_runs_file_states_them_per_row(tmp_path: Path) -> None:
     fp8pg = ["true" if "70b" in i else "False" if "405b" in i else "" for i in ids]
     moments = ["BF16" if "70b" in i else "" for i in ids]
     fp8pg[ids.index("mbridge2511-llama3.1-405b")] = "yes"  # unreadable
-    moments[ids.index("mbridge2602-qwen3-235b-a22b")] = "fp8"  # refused
+    moments[ids.index("mbridge2602-qwen3-235b-a22b")] = "fp4"  # refused
     edited = tmp_path / "runs.csv"
     rows.with_columns(pl.Series("fp8_param_gather", fp8pg),
                       pl.Series("adam_moments_dtype", moments)).write_csv(edited)
@@ -246,5 +246,5 @@ def test_a_runs_file_states_them_per_row(tmp_path: Path) -> None:
     assert not s405.fp8_param_gather and s405.adam_moments_dtype == "fp32"
     status = dict(zip(*validate(edited, fast=True)[["id", "status"]], strict=True))
     assert "fp8_param_gather 'yes'" in status["mbridge2511-llama3.1-405b"]
-    assert "adam_moments_dtype must be one of fp32, bf16" in status["mbridge2602-qwen3-235b-a22b"]
+    assert "adam_moments_dtype must be one of fp32, bf16, fp16, fp8" in status["mbridge2602-qwen3-235b-a22b"]
     assert sum(v == "ok" for v in status.values()) == len(ids) - 2

@@ -36,7 +36,7 @@ import functools
 from tracegen.deepep_buffers import buffer_bytes as deepep_buffer_bytes
 from tracegen.mesh import embedding_partner
 from tracegen.model import ModelSpec
-from tracegen.ops import ACT_BYTES, grad_reduce_bytes
+from tracegen.ops import ACT_BYTES, MOMENT_BYTES, grad_reduce_bytes
 from tracegen.program import dp_group_size
 from tracegen.schedule import stage_order
 from tracegen.strategy import Strategy
@@ -46,9 +46,15 @@ from tracegen.units import GiB
 # §3: K = 12 bytes of optimizer state per parameter), fp32 main gradients (Megatron DDP grad buffer;
 # 16-bit with --grad-reduce-in-bf16: ``grad_reduce_bytes``) and 16-bit weights.
 WEIGHT_BYTES, OPTIM_BYTES = 2, 12
-# Adam's moments in bf16 (``Strategy.adam_moments_dtype``, Megatron-Core's precision-aware
-# optimizer): m and v take 2 bytes each, the fp32 master copy stays — 4 fewer per parameter.
-BF16_MOMENTS_SAVED_BYTES = 4
+# Adam's moments in 16 or 8 bits (``Strategy.adam_moments_dtype``, Megatron-Core's precision-
+# aware optimizer): m and v take 2 bytes each (bf16, fp16) or 1 (FP8), the fp32 master copy
+# stays — 4 or 6 fewer per parameter (``moments_saved_bytes``; the per-tensor fp32 scales of
+# narrow moments are a few bytes a tensor, not counted).
+
+
+def moments_saved_bytes(s: Strategy) -> int:
+    """Optimizer-state bytes a parameter that narrower Adam moments save: 2 × (4 − width)."""
+    return 2 * (4 - MOMENT_BYTES[s.adam_moments_dtype])
 # FSDP (ZeRO-3): fp32 sharded parameter (the master copy), fp32 gradient shard, Adam m and v.
 ZERO3_PARAM_BYTES, ZERO3_OPTIM_BYTES = 4, 8
 # FP8 without FP8 parameters: Transformer Engine keeps each GEMM weight's quantized copies across
@@ -412,7 +418,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
     if s.zero_stage:
         # (bf16 moments need ZeRO ≥ 1: ``Strategy``)
         optim_per_param = ((ZERO3_OPTIM_BYTES if s.zero_stage == 3 else OPTIM_BYTES)
-                           - (BF16_MOMENTS_SAVED_BYTES if s.adam_moments_dtype == "bf16" else 0))
+                           - moments_saved_bytes(s))
     if s.zero_stage and expert_params:
         dense = params_local - expert_params
         optim = _sharded_bytes(s, dense, expert_params, optim_per_param)

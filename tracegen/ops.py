@@ -72,9 +72,11 @@ FP8_PARAM_BYTES = 1
 # and zeroing the gradient buffer (framework-dependent; PyTorch's set_to_none writes nothing).
 # FLOPs: ~12 per parameter.
 ADAM_BYTES_PER_PARAM = 38
-# With Adam's moments in bf16 (``Strategy.adam_moments_dtype``; Megatron-Core's precision-aware
-# optimizer) m and v are each read and written in 2 bytes instead of 4: 38 − 4·2 = 30.
-ADAM_BYTES_PER_PARAM_BF16_MOMENTS = 30
+# With Adam's moments in 16 or 8 bits (``Strategy.adam_moments_dtype``; Megatron-Core's
+# precision-aware optimizer over Transformer Engine's FusedAdam, whose exp_avg / exp_avg_sq may
+# be fp16, bf16 or FP8 — torch.uint8 — each with one fp32 scale a tensor) m and v are each read
+# and written in their own width: 38 − 4·(4 − w), 30 for 2-byte moments, 26 for FP8.
+MOMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 ADAM_FLOP_PER_PARAM = 12
 
 
@@ -151,9 +153,9 @@ class Dims:
 
 
 def adam_bytes_per_param(s: Strategy) -> int:
-    """Bytes the optimizer step moves per local parameter (``ADAM_BYTES_PER_PARAM``)."""
-    return (ADAM_BYTES_PER_PARAM_BF16_MOMENTS if s.adam_moments_dtype == "bf16"
-            else ADAM_BYTES_PER_PARAM)
+    """Bytes the optimizer step moves per local parameter (``ADAM_BYTES_PER_PARAM``, less the
+    narrower moments' reads and writes: ``MOMENT_BYTES``)."""
+    return ADAM_BYTES_PER_PARAM - 4 * (4 - MOMENT_BYTES[s.adam_moments_dtype])
 
 
 def param_gather_bytes(s: Strategy) -> int:

@@ -17,8 +17,8 @@ Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8"]
 CpCommType = Literal["p2p", "all_gather"]
 CP_COMM_TYPES: tuple[str, ...] = ("p2p", "all_gather")
-AdamMomentsDtype = Literal["fp32", "bf16"]
-ADAM_MOMENTS_DTYPES: tuple[str, ...] = ("fp32", "bf16")
+AdamMomentsDtype = Literal["fp32", "bf16", "fp16", "fp8"]
+ADAM_MOMENTS_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8")
 MoeDispatcher = Literal["alltoall", "deepep"]
 MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b")
@@ -138,10 +138,11 @@ class Strategy:
     # module alone, the loss alone; tracegen/layout.py). "" = split by the fields above. Lists
     # pp · vpp chunks; excludes first/last_stage_layers and the account_for_* flags.
     pipeline_layout: str = ""
-    # Adam's moments (m and v) in "fp32" (the default) or "bf16": Megatron-Core's precision-
-    # aware optimizer (--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype
-    # bf16; OptimizerConfig.exp_avg_dtype / exp_avg_sq_dtype, Transformer Engine's FusedAdam),
-    # the fp32 master weights kept: 4 fewer bytes of state per parameter and 8 fewer moved by
+    # Adam's moments (m and v) in "fp32" (the default), "bf16", "fp16" or "fp8": Megatron-Core's
+    # precision-aware optimizer (--use-precision-aware-optimizer --exp-avg-dtype X
+    # --exp-avg-sq-dtype X; OptimizerConfig.exp_avg_dtype / exp_avg_sq_dtype, Transformer
+    # Engine's FusedAdam, FP8 as torch.uint8 with a scale a tensor), the fp32 master weights
+    # kept: 4 (16-bit) or 6 (FP8) fewer bytes of state per parameter and 8 or 12 fewer moved by
     # the step (tracegen/memory.py, tracegen/ops.py ``adam_bytes_per_param``). It runs in the
     # distributed optimizer or Megatron-FSDP: needs zero_stage ≥ 1.
     adam_moments_dtype: AdamMomentsDtype = "fp32"
