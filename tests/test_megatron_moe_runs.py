@@ -15,8 +15,10 @@ from analysis.validate import load_runs, row_inputs, validate
 
 RUNS = Path(__file__).resolve().parent / "data" / "megatron_moe_h100_runs.csv"
 # overlapped parameter gathers; in FP8 for the FP8 current-scaling row (Megatron-Bridge's
-# ``bf16_with_fp8_current_scaling_mixed`` sets fp8_param_gather; not applied to the BF16 rows)
-STACK = {"strategy.overlap_param_gather": True, "strategy.fp8_param_gather": True}
+# ``bf16_with_fp8_current_scaling_mixed`` sets fp8_param_gather; not applied to the BF16 rows);
+# prefetched for the Megatron-FSDP row (applied to ZeRO-3 rows only)
+STACK = {"strategy.overlap_param_gather": True, "strategy.fp8_param_gather": True,
+         "strategy.zero3_prefetch": True}
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +57,21 @@ def test_the_moe_rows_are_predicted_within_the_error_reached(results: pl.DataFra
     assert -53.8 <= err["modelzoo-qwen3-235b-deepep-tp4"] < 0
     step = dict(zip(results["id"], results["predicted_iter_time_s"], strict=True))
     assert step["modelzoo-qwen3-235b-deepep-ep32"] < step["modelzoo-qwen3-235b-a2a-ep8"]
+
+
+def test_the_megatron_fsdp_row_is_predicted_within_the_error_reached(
+        results: pl.DataFrame) -> None:
+    """The table's Megatron-FSDP row (tp 2, no pipeline, ep 8 inside a node, expert data
+    parallelism 32 across nodes, micro-batch 4, full recompute: 17.6 s) with its gathers
+    prefetched, as Megatron-FSDP overlaps them: +14.0% too slow (twenty-seventh session), where
+    the table's other rows come out too fast. Its gathers and reduce-scatters are large: each
+    rank's 302 M expert parameters a layer, gathered before each forward and backward and
+    reduced after it over 32 nodes, every micro-batch. Blocking gathers would make it +96%.
+    Bound: the error reached."""
+    row = results.filter(pl.col("id") == "modelzoo-qwen3-235b-deepep-fsdp")
+    assert row["status"].item() == "ok" and row["fits"].item()
+    assert 0 < row["error_pct"].item() <= 15.0
+    assert "override zero3_prefetch = True" in row["assumptions"].item()
 
 
 def test_deepseek_v3_in_nvidias_own_layout(results: pl.DataFrame) -> None:
