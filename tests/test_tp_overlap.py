@@ -156,3 +156,36 @@ def test_overlap_costs_the_compute_it_slows(tmp_path: Path) -> None:
     assert (lost > 0).all() and (lost < on.breakdown["compute_s"]).all()
     assert (free.breakdown["interference_s"] == 0).all()
     assert free.step_time_s < on.step_time_s <= free.step_time_s + lost.max() + 1e-9
+
+
+@pytest.mark.parametrize(("precision", "per_elem"), [("bf16", 24), ("fp8", 16)])
+def test_userbuffers_are_twelve_buffers_of_the_gathered_shape(precision: str,
+                                                              per_elem: int) -> None:
+    """Transformer Engine's userbuffers (``memory.tp_overlap_buffer_bytes``): 12 communicators,
+    each with a buffer of Megatron's shape (seq·mbs / cp, hidden), 16-bit — or, under FP8, the 8
+    all-gather ones in 1 byte: 24 or 16 bytes an element of that shape. None without the overlap
+    or at tp 1; outside the allocator (no fragmentation share), on every stage."""
+    from tracegen import memory as mem
+
+    s = dataclasses.replace(BASE, tp_comm_overlap=True, cp=2, precision=precision)
+    elems = s.micro_batch_size * MODEL.seq_len // 2 * MODEL.hidden_size
+    assert mem.tp_overlap_buffer_bytes(MODEL, s) == per_elem * elems
+    plain = dataclasses.replace(s, tp_comm_overlap=False)
+    assert mem.tp_overlap_buffer_bytes(MODEL, plain) == 0
+    one = dataclasses.replace(s, tp=1, sequence_parallel=False, tp_comm_overlap=False)
+    assert mem.tp_overlap_buffer_bytes(MODEL, one) == 0
+    with_ub, without = (mem.estimate(MODEL, x, 0, 10**8) for x in (s, plain))
+    assert with_ub.runtime_bytes - without.runtime_bytes == per_elem * elems
+    assert with_ub.fragmentation_bytes == without.fragmentation_bytes
+
+
+def test_the_fast_paths_peak_carries_the_userbuffers() -> None:
+    from analysis.fastpath import estimate
+    from tracegen import memory as mem
+    from tracegen.units import GiB
+
+    s = dataclasses.replace(BASE, tp_comm_overlap=True)
+    plain = dataclasses.replace(s, tp_comm_overlap=False)
+    gap = estimate(MODEL, s, SYSTEM).peak_memory_GiB - estimate(MODEL, plain,
+                                                                 SYSTEM).peak_memory_GiB
+    assert gap == pytest.approx(mem.tp_overlap_buffer_bytes(MODEL, s) / GiB, rel=1e-9)

@@ -70,6 +70,15 @@ FP8_WEIGHT_CACHE_BYTES = 2
 # taken as 5% of the tensors it holds.
 RUNTIME_BYTES = 3 * 2**29  # 1.5 GiB
 FRAGMENTATION = 0.05
+# TP communication overlap (``Strategy.tp_comm_overlap``): Transformer Engine's userbuffers, as
+# Megatron initialises them (``_initialize_tp_communicators``: ``initialize_ub`` with shape
+# (seq·mbs / cp, hidden)). TE 2.x registers one communicator per overlapped GEMM of a layer —
+# 4 ring-exchange all-gathers (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad), 2 pipelined
+# reduce-scatters (proj_fprop, fc2_fprop), 4 bulk (the qkv and fc1 dgrad and wgrad), 2 external
+# (proj_wgrad, fc2_wgrad) — each with a buffer of that whole shape, shared by every layer; under
+# FP8 the 8 of ``layers_all_gather_overlap`` hold 1-byte elements (``fp8_buf``), the rest 16-bit.
+# Registered communication memory, outside the caching allocator. (TE 1.x had the first 10.)
+UB_BUFFERS, UB_FP8_BUFFERS = 12, 8
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -270,12 +279,24 @@ def _holds_moe(m: ModelSpec, s: Strategy, stage: int) -> bool:
 
 
 def runtime_bytes(m: ModelSpec, s: Strategy, stage: int) -> int:
-    """Memory outside the caching allocator: the runtime allowance, and on a stage that runs
-    MoE layers through DeepEP the ``deep_ep.Buffer`` of its expert group (tracegen/deepep_buffers).
-    """
+    """Memory outside the caching allocator: the runtime allowance, TP communication overlap's
+    userbuffers (``tp_overlap_buffer_bytes``), and on a stage that runs MoE layers through
+    DeepEP the ``deep_ep.Buffer`` of its expert group (tracegen/deepep_buffers)."""
+    out = RUNTIME_BYTES + tp_overlap_buffer_bytes(m, s)
     if s.moe_dispatcher != "deepep" or not m.is_moe or not _holds_moe(m, s, stage):
-        return RUNTIME_BYTES
-    return RUNTIME_BYTES + deepep_buffer_bytes(m.hidden_size, s.etp * s.ep)
+        return out
+    return out + deepep_buffer_bytes(m.hidden_size, s.etp * s.ep)
+
+
+def tp_overlap_buffer_bytes(m: ModelSpec, s: Strategy) -> int:
+    """Transformer Engine's userbuffers for TP communication overlap (``UB_BUFFERS``): 0 without
+    it (or at tp 1, where nothing is overlapped)."""
+    if not s.tp_comm_overlap or s.tp == 1:
+        return 0
+    elems = s.micro_batch_size * m.seq_len // s.cp * m.hidden_size
+    if s.precision == "fp8":
+        return elems * (UB_FP8_BUFFERS + 2 * (UB_BUFFERS - UB_FP8_BUFFERS))
+    return elems * 2 * UB_BUFFERS
 
 
 def _chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
@@ -455,6 +476,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
         logits = tokens * m.vocab_size // s.tp * 4 * (1 + m.mtp_layers)
     transient = transient_bytes(m, s, stage, flash_attention=flash_attention)
     tensors = weights + grads + optim + activations + logits + transient
-    runtime = RUNTIME_BYTES if s.moe_dispatcher == "alltoall" else runtime_bytes(m, s, stage)
+    runtime = (RUNTIME_BYTES if s.moe_dispatcher == "alltoall" and not s.tp_comm_overlap
+               else runtime_bytes(m, s, stage))
     return (weights, grads, optim, activations, logits, transient, runtime,
             int(tensors * FRAGMENTATION))
