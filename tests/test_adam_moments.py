@@ -33,13 +33,15 @@ def _bf16(s: Strategy) -> Strategy:
 
 
 @pytest.mark.parametrize(("zero", "moments", "per_param"), [
-    (1, "bf16", (8, 12)), (2, "bf16", (8, 12)), (3, "bf16", (4, 8)),
-    (1, "fp16", (8, 12)), (1, "fp8", (6, 12)), (2, "fp8", (6, 12)), (3, "fp8", (2, 8))])
+    (1, "bf16", (6, 12)), (2, "bf16", (6, 12)), (3, "bf16", (4, 8)),
+    (1, "fp16", (6, 12)), (1, "fp8", (4, 12)), (2, "fp8", (4, 12)), (3, "fp8", (2, 8))])
 def test_the_state_loses_what_the_moments_narrow(zero: int, moments: str,
                                                  per_param: tuple[int, int]) -> None:
     """Megatron's distributed optimizer keeps the fp32 master, m and v (12 bytes a parameter,
-    Rajbhandari et al. 2020 §3); FSDP's optimizer m and v beside its fp32 shard (8): with the
-    moments in 16 bits, 8 and 4; in FP8, 6 and 2 — sharded as before. Nothing else in the
+    Rajbhandari et al. 2020 §3); FSDP's optimizer m and v beside its fp32 shard (8). With the
+    precision-aware optimizer the moments take 2 bytes each (1 in FP8) and, beside BF16
+    parameters, the distributed optimizer's master weight only the 2-byte remainder the BF16
+    parameter lacks: 6 (4 in FP8) and FSDP's 4 (2) — sharded as before. Nothing else in the
     breakdown moves but the allocator's 5% of it."""
     s = dataclasses.replace(BASE, zero_stage=zero)
     params = 123_456_789
@@ -53,14 +55,27 @@ def test_the_state_loses_what_the_moments_narrow(zero: int, moments: str,
         assert getattr(fp32, field) == getattr(narrow, field), field
 
 
+@pytest.mark.parametrize(("kw", "per_param"), [
+    ({}, 6), ({"precision": "fp16"}, 8),
+    ({"precision": "fp8", "fp8_param_gather": True}, 8), ({"precision": "fp8"}, 6)])
+def test_the_master_weight_is_a_remainder_beside_bf16_parameters(kw: dict,
+                                                                 per_param: int) -> None:
+    """Megatron's ``store_param_remainders`` (on by default): the int16 remainder of each fp32
+    master weight beside its BF16 parameter — not beside fp16 parameters, nor where the
+    parameters are FP8 (there Megatron keeps the fp32 master)."""
+    s = dataclasses.replace(BASE, adam_moments_dtype="bf16", **kw)
+    got = mem.estimate(MODEL, s, 0, 80_000_000).optimizer_bytes
+    assert got == 80_000_000 * per_param // (s.dp * s.cp)
+
+
 def test_expert_state_shards_over_its_own_group() -> None:
     """A MoE stage: dense state over dp·cp, expert state over the expert-data-parallel group,
-    each at 8 bytes a parameter with bf16 moments."""
+    each at 6 bytes a parameter with bf16 moments (and the master's remainder)."""
     s = Strategy(tp=1, pp=1, dp=16, ep=4, micro_batch_size=1, global_batch_size=32,
                  zero_stage=1, adam_moments_dtype="bf16")
     dense, expert = 10_000_000, 40_000_000
     got = mem.estimate(MOE, s, 0, dense + expert, expert_params=expert).optimizer_bytes
-    assert got == -(-dense * 8 // 16) + -(-expert * 8 // (16 // 4))
+    assert got == -(-dense * 6 // 16) + -(-expert * 6 // (16 // 4))
 
 
 def _step_bytes(s: Strategy, tmp: Path) -> int:
