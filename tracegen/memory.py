@@ -48,13 +48,13 @@ from tracegen.units import GiB
 WEIGHT_BYTES, OPTIM_BYTES = 2, 12
 # Adam's moments in 16 or 8 bits (``Strategy.adam_moments_dtype``, Megatron-Core's precision-
 # aware optimizer): m and v take 2 bytes each (bf16, fp16) or 1 (FP8), the fp32 master copy
-# stays — 4 or 6 fewer per parameter (``moments_saved_bytes``; the per-tensor fp32 scales of
-# narrow moments are a few bytes a tensor, not counted). With BF16 parameters the master copy
-# itself shrinks to the 16-bit remainder below them: 2 more (``master_remainders``).
+# stays — 4 or 6 fewer per parameter (``precision_aware_saved_bytes``; the per-tensor fp32
+# scales of narrow moments are a few bytes a tensor, not counted). With BF16 parameters the
+# master copy itself shrinks to the 16-bit remainder below them: 2 more (``master_remainders``).
 MASTER_REMAINDER_SAVED_BYTES = 2
 
 
-def moments_saved_bytes(s: Strategy) -> int:
+def precision_aware_saved_bytes(s: Strategy) -> int:
     """Optimizer-state bytes a parameter that the precision-aware optimizer saves: 2 × (4 −
     width) for narrower Adam moments, and 2 more where it keeps the fp32 master weight as the
     16-bit remainder beside the BF16 parameter (``master_remainders``)."""
@@ -455,7 +455,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
     if s.zero_stage:
         # (bf16 moments need ZeRO ≥ 1: ``Strategy``)
         optim_per_param = ((ZERO3_OPTIM_BYTES if s.zero_stage == 3 else OPTIM_BYTES)
-                           - moments_saved_bytes(s))
+                           - precision_aware_saved_bytes(s))
     if s.zero_stage and expert_params:
         dense = params_local - expert_params
         optim = _sharded_bytes(s, dense, expert_params, optim_per_param)
