@@ -453,9 +453,11 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
     if s.precision == "fp8":
         weights += fp8_weight_cache_bytes(m, s, stage, params_local)
     if s.zero_stage:
-        # (bf16 moments need ZeRO ≥ 1: ``Strategy``)
+        # (narrow moments need ZeRO ≥ 1: ``Strategy``; fp32 ones save nothing, the common
+        # case a screen meets, so it is tested inline)
         optim_per_param = ((ZERO3_OPTIM_BYTES if s.zero_stage == 3 else OPTIM_BYTES)
-                           - precision_aware_saved_bytes(s))
+                           - (precision_aware_saved_bytes(s)
+                              if s.adam_moments_dtype != "fp32" else 0))
     if s.zero_stage and expert_params:
         dense = params_local - expert_params
         optim = _sharded_bytes(s, dense, expert_params, optim_per_param)
