@@ -3,8 +3,10 @@ whole run. One row per strategy, as a polars frame."""
 
 from __future__ import annotations
 
+import io
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -58,9 +60,16 @@ def strategy_fields(s: Strategy) -> dict[str, Any]:
             "zero3_prefetch": s.zero3_prefetch}
 
 
+# A result row's replayed timeline (its first ranks) as Parquet bytes, under this key until
+# the caller writes it (``compare``): the row comes back from wherever it ran — a local
+# process or a Dask worker on another machine, whose disk the caller cannot see.
+TIMELINE_KEY = "_timeline_parquet"
+
+
 def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,
-                      timeline_path: str | None = None) -> dict[str, Any]:
-    """One result row: fast path always; replay when asked and the strategy fits."""
+                      keep_timeline: bool = False) -> dict[str, Any]:
+    """One result row: fast path always; replay when asked and the strategy fits. With
+    ``keep_timeline`` a replayed row carries its timeline's first ranks (``TIMELINE_KEY``)."""
     row: dict[str, Any] = dict.fromkeys(RESULT_COLUMNS)
     row.update(strategy_fields(s))
     try:
@@ -77,9 +86,11 @@ def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,
     if replay_it and not nodes:
         res = _replay(study, s)
         row.update(_from_replay(res), status="replayed")
-        if timeline_path is not None:  # the first ranks, for the report's pipeline timeline
+        if keep_timeline:  # the first ranks, for the report's pipeline timeline
             first = res.timeline["rank"].unique().sort().head(4).to_list()
-            res.timeline.filter(pl.col("rank").is_in(first)).write_parquet(timeline_path)
+            buf = io.BytesIO()
+            res.timeline.filter(pl.col("rank").is_in(first)).write_parquet(buf)
+            row[TIMELINE_KEY] = buf.getvalue()
     else:
         row.update(strategy_rates(study.model, s, study.system, fast.step_time_s))
         if nodes:
@@ -150,13 +161,22 @@ def compare(study: Study, *, progress: Callable[[int, int], None] | None = None,
             timeline_dir: str | None = None, workers: int = 1, scheduler: str | None = None
             ) -> pl.DataFrame:
     """Every listed strategy, replayed (in parallel with ``workers`` > 1 or on a Dask
-    ``scheduler``); ranked by the study's criterion. With ``timeline_dir``, each strategy's
-    timeline of its first ranks is saved there as ``<id>.parquet``."""
+    ``scheduler``); ranked by the study's criterion. With ``timeline_dir`` (made if missing),
+    each strategy's timeline of its first ranks is saved there as ``<id>.parquet``, written
+    by this process from the bytes its result brings back — a Dask worker on another machine
+    needs no disk shared with the caller."""
     from analysis.runner import map_chunks
 
     rows: list[dict[str, Any]] = []
     chunks = [[s] for s in study.strategies]
-    for done in map_chunks(study, chunks, True, scheduler, workers, timeline_dir):
+    out = Path(timeline_dir) if timeline_dir else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    for done in map_chunks(study, chunks, True, scheduler, workers, out is not None):
+        for row in done:  # timelines are written here, where the caller will read them
+            data = row.pop(TIMELINE_KEY, None)
+            if out is not None and data is not None:
+                (out / f"{row['id']}.parquet").write_bytes(data)
         rows += done
         if progress:
             progress(len(rows), len(study.strategies))

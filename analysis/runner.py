@@ -9,7 +9,6 @@ import hashlib
 import multiprocessing
 import operator
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 from analysis.compare import evaluate_strategy
@@ -47,13 +46,13 @@ def strategy_id(s: Strategy) -> str:
 
 @gc_paused  # a chunk fills the fast path's memos: long-lived objects the collector rescans
 def evaluate_chunk(study: Study, strategies: list[Strategy], replay_it: bool,
-                   timeline_dir: str | None = None) -> list[dict[str, Any]]:
+                   keep_timeline: bool = False) -> list[dict[str, Any]]:
+    """Result rows of a chunk of strategies, each with its id (and, with ``keep_timeline``,
+    its replayed timeline: ``compare.TIMELINE_KEY``)."""
     rows = []
     for s in strategies:
-        sid = strategy_id(s)
-        path = str(Path(timeline_dir) / f"{sid}.parquet") if timeline_dir else None
-        row = evaluate_strategy(study, s, replay_it=replay_it, timeline_path=path)
-        row["id"] = sid
+        row = evaluate_strategy(study, s, replay_it=replay_it, keep_timeline=keep_timeline)
+        row["id"] = strategy_id(s)
         rows.append(row)
     return rows
 
@@ -105,7 +104,7 @@ def cluster_pool(scheduler: str) -> Iterator[tuple[cf.Executor, int]]:
 
 
 def map_chunks(study: Study, chunks: list[list[Strategy]], replay_it: bool,
-               scheduler: str | None, workers: int, timeline_dir: str | None = None,
+               scheduler: str | None, workers: int, keep_timeline: bool = False,
                pool: cf.Executor | None = None) -> Iterable[list[dict[str, Any]]]:
     """Results of each chunk as it finishes (order not kept), on ``pool`` when given (a local
     pool or a cluster's executor; the caller shuts it down), else on a Dask cluster, in this
@@ -113,27 +112,27 @@ def map_chunks(study: Study, chunks: list[list[Strategy]], replay_it: bool,
     if not chunks:
         return
     if pool is not None:
-        yield from _on_pool(pool, study, chunks, replay_it, timeline_dir)
+        yield from _on_pool(pool, study, chunks, replay_it, keep_timeline)
         return
     if scheduler is not None:
         from distributed import as_completed
 
         with _client(scheduler) as client:
-            futures = [client.submit(evaluate_chunk, study, c, replay_it, timeline_dir,
+            futures = [client.submit(evaluate_chunk, study, c, replay_it, keep_timeline,
                                      pure=False) for c in chunks]
             for fut in as_completed(futures):  # type: ignore[no-untyped-call]
                 yield fut.result()
         return
     if workers <= 1 or len(chunks) == 1:
         for c in chunks:
-            yield evaluate_chunk(study, c, replay_it, timeline_dir)
+            yield evaluate_chunk(study, c, replay_it, keep_timeline)
         return
     with local_pool(workers) as own:
-        yield from _on_pool(own, study, chunks, replay_it, timeline_dir)
+        yield from _on_pool(own, study, chunks, replay_it, keep_timeline)
 
 
 def _on_pool(pool: cf.Executor, study: Study, chunks: list[list[Strategy]], replay_it: bool,
-             timeline_dir: str | None) -> Iterable[list[dict[str, Any]]]:
-    futs = [pool.submit(evaluate_chunk, study, c, replay_it, timeline_dir) for c in chunks]
+             keep_timeline: bool) -> Iterable[list[dict[str, Any]]]:
+    futs = [pool.submit(evaluate_chunk, study, c, replay_it, keep_timeline) for c in chunks]
     for f in cf.as_completed(futs):
         yield f.result()

@@ -37,6 +37,28 @@ def test_compare_frame(tmp_path: Path) -> None:
     assert ranked == sorted(ranked)
 
 
+def test_compare_on_a_dask_cluster_matches_the_local_run(tmp_path: Path) -> None:
+    """``compare(..., scheduler=...)`` replays each strategy as a task on a real Dask
+    LocalCluster (two worker processes): the same ranked frame as in this process, and every
+    strategy's timeline written where asked — by the caller, into a directory it makes, from
+    the bytes each task returns (a worker once wrote it on its own disk, into a directory that
+    had to exist there)."""
+    from distributed import LocalCluster
+
+    study = load_study(write_study(tmp_path))
+    local = compare(study)
+    seen: list[tuple[int, int]] = []
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster:
+        remote = compare(study, scheduler=cluster.scheduler_address,
+                         timeline_dir=str(tmp_path / "tl"),
+                         progress=lambda done, total: seen.append((done, total)))
+    assert remote.equals(local)
+    assert "_timeline_parquet" not in remote.columns
+    assert seen[-1] == (3, 3) and [d for d, _ in seen] == [1, 2, 3]
+    assert len(list((tmp_path / "tl").glob("*.parquet"))) == 3
+
+
 class _Collect(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
