@@ -152,6 +152,15 @@ def test_bad_comm_groups_file(tmp_path: Path) -> None:
     bad.write_text('{"1": [0, 9]}')
     with pytest.raises(TraceFormatError, match=r"names ranks \[9\] outside the world of 2"):
         load_trace_set(prefix, comm_groups=bad)
+    for text, message in (('{"1": [0, 1]', "cannot read JSON"),
+                          ('[[0, 1]]', "expected an object"),
+                          ('{"1": []}', "group 1 must be a non-empty list of ranks"),
+                          ('{"1": [0, "1"]}', "group 1 must be a non-empty list of ranks")):
+        bad.write_text(text)
+        with pytest.raises(TraceFormatError, match=message):
+            load_trace_set(prefix, comm_groups=bad)
+    with pytest.raises(TraceFormatError, match="cannot read JSON"):
+        load_trace_set(prefix, comm_groups=tmp_path / "missing.json")
 
 
 def _run(prefix: Path, **kw: object) -> int:
