@@ -278,3 +278,30 @@ def test_fuzz_reader_reads_or_raises_trace_format_error(tmp_path: Path) -> None:
         except TraceFormatError:
             outcomes["error"] += 1
     assert outcomes["error"] > 100 and outcomes["read"] > 100
+
+
+def test_a_collective_on_a_group_without_its_rank(tmp_path: Path) -> None:
+    a, b = SynthRank(), SynthRank()
+    a.coll("ar", pb.ALL_REDUCE, 64, pg="1")
+    b.coll("ar", pb.ALL_REDUCE, 64, pg="1")
+    prefix = write_set(tmp_path, [a, b, a], groups={"1": [0, 1]})
+    with pytest.raises(ReplayError, match=r"rank 2: node 0 \('ar'\) issues a collective on "
+                                          r"group 1 = \[0, 1\], which does not contain it"):
+        _run(prefix, comm_groups=tmp_path / "groups.json")
+
+
+def test_a_deadlock_report_names_unmatched_sends_and_missing_groups(tmp_path: Path) -> None:
+    """Rank 0 sends with tag 1 and then joins a collective on process group 1; rank 1 waits
+    for tag 2: the report names the receive that waits, the send nobody receives, and — the
+    traces naming process groups while none were given — the --comm-groups hint."""
+    a, b = SynthRank(), SynthRank()
+    a.p2p("s", send=True, peer=1, me=0, size=8, tag=1)
+    a.coll("ar", pb.ALL_REDUCE, 64, pg="1", deps=(0,))
+    b.p2p("r", send=False, peer=0, me=1, size=8, tag=2)
+    b.coll("ar", pb.ALL_REDUCE, 64, pg="1", deps=(0,))
+    with pytest.raises(ReplayError) as info:
+        _run(write_set(tmp_path, [a, b]))
+    text = str(info.value)
+    assert "rank 1 waits to receive from rank 0 (tag 2" in text
+    assert "rank 0 sends to rank 1 (tag 1) but no matching receive was posted" in text
+    assert "pass --comm-groups" in text
