@@ -52,25 +52,6 @@ WEIGHT_BYTES, OPTIM_BYTES = 2, 12
 # scales of narrow moments are a few bytes a tensor, not counted). With BF16 parameters the
 # master copy itself shrinks to the 16-bit remainder below them: 2 more (``master_remainders``).
 MASTER_REMAINDER_SAVED_BYTES = 2
-
-
-def precision_aware_saved_bytes(s: Strategy) -> int:
-    """Optimizer-state bytes a parameter that the precision-aware optimizer saves: 2 × (4 −
-    width) for narrower Adam moments, and 2 more where it keeps the fp32 master weight as the
-    16-bit remainder beside the BF16 parameter (``master_remainders``)."""
-    saved = 2 * (4 - MOMENT_BYTES[s.adam_moments_dtype])
-    return saved + MASTER_REMAINDER_SAVED_BYTES if master_remainders(s) else saved
-
-
-def master_remainders(s: Strategy) -> bool:
-    """Whether Megatron's distributed optimizer stores each fp32 master weight as the 16 bits
-    its BF16 parameter lacks (``OptimizerConfig.store_param_remainders``, on by default, with
-    Transformer Engine's FusedAdam ≥ 2.1): under the precision-aware optimizer (here: Adam's
-    moments narrowed), BF16 parameters (not fp16, not FP8 parameters) and ZeRO 1 or 2
-    (``DistributedOptimizer`` allocates the ``master_param`` shard as int16 when
-    ``store_param_remainders and bf16``; Megatron-FSDP keeps its own fp32 main weights)."""
-    return (s.adam_moments_dtype != "fp32" and s.zero_stage in (1, 2)
-            and s.precision != "fp16" and not s.fp8_param_gather)
 # FSDP (ZeRO-3): fp32 sharded parameter (the master copy), fp32 gradient shard, Adam m and v.
 ZERO3_PARAM_BYTES, ZERO3_OPTIM_BYTES = 4, 8
 # FP8 without FP8 parameters: Transformer Engine keeps each GEMM weight's quantized copies across
@@ -292,6 +273,25 @@ def _holds_moe(m: ModelSpec, s: Strategy, stage: int) -> bool:
         if len(layers) > m.dense_layers_in(layers):
             return True
     return False
+
+
+def precision_aware_saved_bytes(s: Strategy) -> int:
+    """Optimizer-state bytes a parameter that the precision-aware optimizer saves: 2 × (4 −
+    width) for narrower Adam moments, and 2 more where it keeps the fp32 master weight as the
+    16-bit remainder beside the BF16 parameter (``master_remainders``)."""
+    saved = 2 * (4 - MOMENT_BYTES[s.adam_moments_dtype])
+    return saved + MASTER_REMAINDER_SAVED_BYTES if master_remainders(s) else saved
+
+
+def master_remainders(s: Strategy) -> bool:
+    """Whether Megatron's distributed optimizer stores each fp32 master weight as the 16 bits
+    its BF16 parameter lacks (``OptimizerConfig.store_param_remainders``, on by default, with
+    Transformer Engine's FusedAdam ≥ 2.1): under the precision-aware optimizer (here: Adam's
+    moments narrowed), BF16 parameters (not fp16, not FP8 parameters) and ZeRO 1 or 2
+    (``DistributedOptimizer`` allocates the ``master_param`` shard as int16 when
+    ``store_param_remainders and bf16``; Megatron-FSDP keeps its own fp32 main weights)."""
+    return (s.adam_moments_dtype != "fp32" and s.zero_stage in (1, 2)
+            and s.precision != "fp16" and not s.fp8_param_gather)
 
 
 def runtime_bytes(m: ModelSpec, s: Strategy, stage: int) -> int:
