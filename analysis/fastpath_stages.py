@@ -118,7 +118,7 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
         early_f.append(_zero3_ns(costs, chunk[0][0], rank, "ALL_GATHER") if zero3 else 0)
         early_b.append(_zero3_ns(costs, chunk[-1][0], rank, "ALL_GATHER") if zero3 else 0)
         # the dense and expert reduce-scatters run on their own groups' streams, side by side
-        late_b.append(max(_zero3_axes(costs, chunk[0][0], rank, "REDUCE_SCATTER")) if zero3
+        late_b.append(max(zero3_axes(costs, chunk[0][0], rank, "REDUCE_SCATTER")) if zero3
                       else 0)
         overlap_b.append(_trailing_overlap(costs, chunk, rank, sig) if zero3 else 0)
     stage = Stage(tuple(fwd), tuple(bwd), tuple(runs_bwd), tuple(early_f), tuple(early_b),
@@ -149,7 +149,7 @@ def _trailing_overlap(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: i
     starts at max(lead + slow, scatter): the pass loses max(slow, scatter − lead) of the
     scatter it hides. (Without the slowdown a tied-embedding model's GPipe run on one stage was
     0.6–0.8% too fast: its head, which gathers nothing, hides the embedding's scatter.)"""
-    scatter = _zero3_axes(costs, chunk[0][0], rank, "REDUCE_SCATTER")
+    scatter = zero3_axes(costs, chunk[0][0], rank, "REDUCE_SCATTER")
     late = max(scatter)
     if not late:
         return 0
@@ -160,7 +160,7 @@ def _trailing_overlap(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: i
             continue
         lead = 0
         for block, count in reversed(chunk):  # backward order
-            if _zero3_axes(costs, block, rank, "ALL_GATHER")[a]:
+            if zero3_axes(costs, block, rank, "ALL_GATHER")[a]:
                 slow = min(kappa * lead, kappa / (1 + kappa) * late)
                 exposed = max(exposed, scatter[a] - lead, slow)
                 break
@@ -179,8 +179,8 @@ def _zero3_runs(costs: Costs, runs: list[tuple[ParamBlock, int]], rank: int,
     runs on beside it; nor can one number after the send carry two streams into the next step."""
     out = []
     for block, count in runs:
-        g = _zero3_axes(costs, block, rank, "ALL_GATHER")
-        r = _zero3_axes(costs, block, rank, "REDUCE_SCATTER") if backward else (0, 0)
+        g = zero3_axes(costs, block, rank, "ALL_GATHER")
+        r = zero3_axes(costs, block, rank, "REDUCE_SCATTER") if backward else (0, 0)
         comp = _compute_ns(costs, block, rank, sig)[1 if backward else 0]
         out.append(((g[0], g[1], comp, r[0], r[1]), count))
     return tuple(out)
@@ -195,8 +195,8 @@ def _z3_lead(costs: Costs, runs: list[tuple[ParamBlock, int]], rank: int,
     ns = busy = 0
     side = 1 if backward else 0
     for block, count in runs:
-        if any(_zero3_axes(costs, block, rank, "ALL_GATHER")) or (
-                backward and any(_zero3_axes(costs, block, rank, "REDUCE_SCATTER"))):
+        if any(zero3_axes(costs, block, rank, "ALL_GATHER")) or (
+                backward and any(zero3_axes(costs, block, rank, "REDUCE_SCATTER"))):
             break
         ns += count * _compute_ns(costs, block, rank, sig)[side]
         busy += count * compute_busy(costs, block, rank, sig)[side]
@@ -240,8 +240,8 @@ def _prefetched_chunk(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: i
     too fast)."""
     blocks = [block for block, count in chunk for _ in range(count)]
     comp = [_compute_ns(costs, b, rank, sig) for b in blocks]
-    gather = [_zero3_axes(costs, b, rank, "ALL_GATHER") for b in blocks]
-    scatter = [_zero3_axes(costs, b, rank, "REDUCE_SCATTER") for b in blocks]
+    gather = [zero3_axes(costs, b, rank, "ALL_GATHER") for b in blocks]
+    scatter = [zero3_axes(costs, b, rank, "REDUCE_SCATTER") for b in blocks]
     kappa = costs.compute.gpu.comm_interference
     # with interference, each block as it runs: its kernels slow while the streams are busy
     segs = [_compute_runs(costs, b, rank, sig) for b in blocks] if kappa else None
@@ -328,8 +328,8 @@ def block_ns(costs: Costs, block: ParamBlock, rank: int, sig: int
     fwd, bwd = _compute_ns(costs, block, rank, sig)
     if s.zero_stage != 3:
         return fwd, bwd
-    g_dp, g_edp = _zero3_axes(costs, block, rank, "ALL_GATHER")
-    r_dp, r_edp = _zero3_axes(costs, block, rank, "REDUCE_SCATTER")
+    g_dp, g_edp = zero3_axes(costs, block, rank, "ALL_GATHER")
+    r_dp, r_edp = zero3_axes(costs, block, rank, "REDUCE_SCATTER")
     # The chain gathers the dense then the expert parameters. In backward the next block's
     # dense gather waits for this one's dense reduce-scatter and its expert gather for the
     # expert one (each group's collectives in order on its own stream), the two reduce-scatters
@@ -341,10 +341,10 @@ def _zero3_ns(costs: Costs, block: ParamBlock, rank: int, coll: O.CollType) -> i
     """ZeRO-3: the parameter all-gathers (per-rank shard; 16-bit, or FP8 with
     ``fp8_param_gather``) or the gradient reduce-scatters
     (full buffer) of a block, dense and expert one after the other."""
-    return sum(_zero3_axes(costs, block, rank, coll))
+    return sum(zero3_axes(costs, block, rank, coll))
 
 
-def _zero3_axes(costs: Costs, block: ParamBlock, rank: int, coll: O.CollType
+def zero3_axes(costs: Costs, block: ParamBlock, rank: int, coll: O.CollType
                 ) -> tuple[int, int]:
     """``_zero3_ns`` per group: (dense, expert), memoized: it reads the strategy only through
     the costs key (dp, the gather pieces and dtype, the reduce dtype) and the layout of

@@ -31,7 +31,7 @@ dtype, or from the trace's ``duration_micros``.
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from replay.hardware import ATTN_TILE_ROWS, GPUSpec
 from replay.reader import NodeRec
@@ -69,6 +69,27 @@ def attention_tiles(flop: int, seq: int, kv_len: int, head_dim: int, backward: b
         return 0.0
     fwd = flop / ATTN_FLASH_BWD_FLOP if backward else flop
     return fwd / (2 * seq * kv_len * head_dim) * -(-seq // ATTN_TILE_ROWS)
+
+
+class OpCost(NamedTuple):
+    """One op's duration and the terms of the roofline it comes from (``RooflineCompute.explain``):
+    the tensor-core time at ``efficiency`` of the sustained peak (0 for memory-bound kernels),
+    the HBM time, the launch overheads, and their total — the larger of the first two plus the
+    launches (unfused attention: their sum, its GEMMs and score traffic in turn)."""
+
+    compute_ns: int
+    memory_ns: int
+    launch_ns: int
+    efficiency: float
+    total_ns: int
+
+    @property
+    def bound(self) -> str:
+        """What sets the op's time: ``compute``, ``memory`` or, where both are below the
+        launch overhead, ``launch``."""
+        if self.launch_ns >= max(self.compute_ns, self.memory_ns):
+            return "launch"
+        return "compute" if self.compute_ns > self.memory_ns else "memory"
 
 
 class ComputeModel(Protocol):
@@ -120,12 +141,20 @@ class RooflineCompute:
 
     def _model(self, op_type: object, flop: int, nbytes: int, m: int, n: int, dtype_code: int,
                backward: bool, k: int, splits: int, groups: int) -> int:
+        return self.explain(op_type, flop, nbytes, m, n, dtype_code, backward, k, splits,
+                            groups).total_ns
+
+    def explain(self, op_type: object, flop: int, nbytes: int, m: int, n: int,
+                dtype_code: int, backward: bool, k: int = 0, splits: int = 1, groups: int = 1
+                ) -> OpCost:
+        """``op_ns``'s duration with the terms it is made of (uncached: for tables, not sweeps)."""
         g = self.gpu
         dtype = DTYPE_FROM_CODE.get(dtype_code, "bf16")
         mem_s = nbytes / (g.hbm_bytes_per_s * g.memory_efficiency)
         if op_type == "attention" and not g.flash_attention:
-            return self._unfused_attention_ns(flop, head_dim=k, kv_len=n, dtype=dtype,
-                                              backward=backward)
+            return self._unfused_attention(flop, head_dim=k, kv_len=n, dtype=dtype,
+                                           backward=backward)
+        eff = 0.0
         if op_type == "attention":
             seq = max(m, 1)
             eff = (g.attention_efficiency * seq / (seq + g.attention_half_seq)
@@ -145,14 +174,17 @@ class RooflineCompute:
         else:  # memory-bound kernels: ~1-5 FLOP per 2-8 bytes, far below the ridge point
             comp_s = 0.0
         launches = max(splits, 1) * -(-max(groups, 1) // GROUPED_GEMM_STREAMS)
-        return round(max(comp_s, mem_s) * NS_PER_S) + launches * g.launch_overhead_ns
+        return OpCost(round(comp_s * NS_PER_S), round(mem_s * NS_PER_S),
+                      launches * g.launch_overhead_ns, eff,
+                      round(max(comp_s, mem_s) * NS_PER_S) + launches * g.launch_overhead_ns)
 
-    def _unfused_attention_ns(self, flop: int, *, head_dim: int, kv_len: int, dtype: str,
-                              backward: bool) -> int:
+    def _unfused_attention(self, flop: int, *, head_dim: int, kv_len: int, dtype: str,
+                           backward: bool) -> OpCost:
         """Standard attention from the op's causal flash FLOPs 2·b·heads·s_q·s_kv·d (forward;
         2.5× in backward): scores = b·heads·s_q·s_kv. Half the GEMM work reduces over the head
         dim (QKᵀ; dP = dO·Vᵀ), half over the sequence (P·V; dQ, dK, dV: s_kv taken for s_q),
-        each at its reduction length's efficiency (``GPUSpec.gemm_k_factor``)."""
+        each at its reduction length's efficiency (``GPUSpec.gemm_k_factor``). Its GEMMs and
+        its score traffic run one after the other: the time is their sum."""
         g = self.gpu
         fwd_flop = flop / ATTN_FLASH_BWD_FLOP if backward else flop
         scores = fwd_flop / (2 * max(head_dim, 1))
@@ -160,4 +192,9 @@ class RooflineCompute:
         per_flop = 1 / g.gemm_k_factor(head_dim, dtype) + 1 / g.gemm_k_factor(kv_len, dtype)
         gemm_s = passes * fwd_flop * per_flop / (g.tensor_flop_per_s(dtype) * g.gemm_efficiency)
         mem_s = passes * SCORE_BYTES * scores / (g.hbm_bytes_per_s * g.memory_efficiency)
-        return round((gemm_s + mem_s) * NS_PER_S) + (4 if backward else 3) * g.launch_overhead_ns
+        launch_ns = (4 if backward else 3) * g.launch_overhead_ns
+        eff = flop / (gemm_s * g.tensor_flop_per_s(dtype)) if gemm_s else 0.0
+        return OpCost(round(gemm_s * NS_PER_S), round(mem_s * NS_PER_S), launch_ns, eff,
+                      round((gemm_s + mem_s) * NS_PER_S) + launch_ns)
+
+

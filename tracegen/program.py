@@ -462,6 +462,12 @@ class RoleProgram:
     def _dense_bwd(self) -> list[O.Item]:
         return O.layer_bwd(self.m.dense_view(), self.s)
 
+    def block_items(self, block: ParamBlock, which: str) -> list[O.Item]:
+        """A block's forward (``which`` = "fwd") or backward ("bwd") op list for one
+        micro-batch, as the program issues it (the backward without what recompute runs
+        again before it: ``_recompute_items``)."""
+        return self._fwd_items(block) if which == "fwd" else self._bwd_items(block)
+
     def _fwd_items(self, block: ParamBlock) -> list[O.Item]:
         if block.name == "layer":
             return self._layer_fwd
