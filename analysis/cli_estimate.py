@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
+import polars as pl
 import typer
 from rich.table import Table
 
@@ -19,7 +20,9 @@ from analysis.cli_common import (
     output_file,
 )
 from analysis.glance import Glance, fit_hint_words, glance
-from tracegen import Strategy, resolve_model
+from analysis.op_table import by_kind, op_table
+from replay.hardware import SystemSpec
+from tracegen import ConfigError, Strategy, resolve_model
 from tracegen.units import GiB
 
 MEMORY_COLUMNS = ("weights", "gradients", "optimizer", "activations", "logits", "transient")
@@ -47,11 +50,25 @@ def estimate_cmd(
     adam_moments: C.AdamMomentsOpt = "fp32", fp8_param_gather: C.Fp8GatherOpt = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
                                                   "JSON to this file.")] = None,
+    ops: Annotated[int | None, typer.Option(
+        "--ops", help="Also list where pipeline stage OPS spends its time, op by op, with each "
+                      "op's roofline terms (0: the first stage).")] = None,
+    ops_out: Annotated[Path | None, typer.Option(
+        "--ops-out", help="Write that op table to this file (.csv or .parquet; stage 0 unless "
+                          "--ops).")] = None,
+    roofline_plot: Annotated[Path | None, typer.Option(
+        "--roofline", help="Plot that stage's ops on the GPU's roofline (.png, .svg, .pdf).")
+    ] = None,
 ) -> None:
     """Step time, tokens/s, MFU and per-stage memory of one strategy (fast path; milliseconds)."""
     from replay import resolve_system
 
     json_out = output_file(json_out, "--json")
+    ops_out = output_file(ops_out, "--ops-out")
+    if ops_out is not None and ops_out.suffix.lower() not in (".csv", ".parquet"):
+        raise ConfigError(f"{ops_out.name!r}: the op table is written as .csv or .parquet",
+                          what="--ops-out")
+    roofline_plot = output_file(roofline_plot, "--roofline", plot=True)
     spec = resolve_model(model)
     strategy = build_strategy(
         gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, sp=sp, tp_comm_overlap=tp_comm_overlap,
@@ -70,10 +87,71 @@ def estimate_cmd(
     print_glance(g, strategy)
     note_param_gather(strategy)
     note_precision({strategy.precision}, sys_spec)
+    table = None
+    if ops is not None or ops_out is not None or roofline_plot is not None:
+        table = op_table(spec, strategy, sys_spec, stage=ops or 0)
+        _write_ops(table, sys_spec, ops_out, roofline_plot, strategy.precision)
+        if ops is not None:
+            print_ops(table)
     if json_out is not None:
         # every field of the strategy, for what the label leaves out (moments, FP8 gathers…)
         out = {**g.to_dict(), "strategy_fields": strategy.to_dict()}
+        if ops is not None and table is not None:
+            out["ops"] = table.to_dicts()
         json_out.write_text(json.dumps(out, indent=1) + "\n")
+
+
+def _write_ops(table: pl.DataFrame, system: SystemSpec, out: Path | None,
+               plot: Path | None, precision: str) -> None:
+    if out is not None:
+        if out.suffix.lower() == ".parquet":
+            table.write_parquet(out)
+        else:
+            table.write_csv(out)
+        console.print(f"op table ({table.height} rows) → {out}")
+    if plot is not None:
+        from analysis.plots import roofline
+
+        dtype = "fp8" if precision == "fp8" else "bf16"
+        roofline(table, system.gpu, dtype=dtype).savefig(plot, dpi=120)
+        console.print(f"roofline → {plot}")
+
+
+OPS_SHOWN = 60  # rows of the op table printed; --ops-out has them all
+
+
+def print_ops(table: pl.DataFrame) -> None:
+    """The op table as the stage spends its time: the largest rows first where it is long,
+    then the time per pass and kind (``op_table.by_kind``)."""
+    stage = int(table["stage"][0]) if table.height else 0
+    shown = table.with_columns((pl.col("time_us") * pl.col("count") / 1e3).alias("stage_ms"))
+    if shown.height > OPS_SHOWN:
+        shown = shown.sort("stage_ms", descending=True).head(OPS_SHOWN)
+    out = Table(title=f"Stage {stage}, one micro-batch, op by op (time per op; × count for the "
+                      "stage)")
+    for col in ("block", "×", "pass", "op", "kind", "shape m×n×k", "µs", "TFLOP/s", "eff",
+                "bound"):
+        out.add_column(col, justify="left" if col in ("block", "pass", "op", "kind", "bound")
+                       else "right")
+    for r in shown.iter_rows(named=True):
+        shape = f"{r['m']}×{r['n']}×{r['k']}" if r["m"] else (r["axis"] or "")
+        out.add_row(r["block"], str(r["count"]), r["pass"], r["op"]
+                    + (" [dim](overlapped)[/]" if r["overlapped"] else ""), r["kind"], shape,
+                    f"{r['time_us']:,.1f}",
+                    f"{r['achieved_tflops']:,.1f}" if r["achieved_tflops"] else "",
+                    f"{r['efficiency']:.0%}" if r["efficiency"] else "", r["bound"])
+    console.print(out)
+    if table.height > OPS_SHOWN:
+        console.print(f"[dim]the {OPS_SHOWN} largest of {table.height} rows; --ops-out FILE "
+                      "writes them all[/]")
+    kinds = Table(title=f"Stage {stage}, one micro-batch, by kind")
+    for col in ("pass", "kind", "ms", "share"):
+        kinds.add_column(col, justify="right" if col in ("ms", "share") else "left")
+    for r in by_kind(table).iter_rows(named=True):
+        share = (f"{r['share_pct']:.1f}%" if r["share_pct"] is not None
+                 else "[dim]overlapped[/]")
+        kinds.add_row(r["pass"], r["kind"], f"{r['time_ms']:,.2f}", share)
+    console.print(kinds)
 
 
 def print_glance(g: Glance, s: Strategy) -> None:

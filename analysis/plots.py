@@ -383,3 +383,37 @@ def device_evidence(gemms: pl.DataFrame, attention: pl.DataFrame, *, band: float
     _finish(right, xlabel="sequence length (tokens)", ylabel="causal forward (TFLOP/s)",
             title=f"Attention, head dim 128, on {title}", legend="lower right")
     return fig
+
+
+def roofline(table: pl.DataFrame, gpu: GPUSpec, *, dtype: str = "bf16", title: str = ""
+             ) -> Figure:
+    """The ops of ``analysis.op_table.op_table`` on the GPU's roofline (Williams et al. 2009,
+    "Roofline: an insightful visual performance model", CACM 52(4)): achieved TFLOP/s against
+    arithmetic intensity (FLOP per byte of HBM traffic), log-log, one colour per kind of op, each
+    point's area its share of the stage's time. The roof: the sustained ``dtype`` peak and,
+    under it, the best measured matmul efficiency; the slope, HBM bandwidth at its modelled
+    efficiency. Collectives and ops without FLOPs (embedding lookups) have no point."""
+    ops = table.filter((pl.col("flop") > 0) & (pl.col("bytes") > 0))
+    fig, ax = _figure(7.0, 5.2)
+    peak = gpu.tensor_flop_per_s(dtype) / 1e12
+    hbm = gpu.hbm_bytes_per_s * gpu.memory_efficiency / 1e12  # TB/s: TFLOP/s per FLOP/byte
+    intensity = ops["flop_per_byte"].to_numpy()
+    lo = min(0.1, intensity.min() / 2) if ops.height else 0.1
+    hi = max(1e4, intensity.max() * 2) if ops.height else 1e4
+    x = np.geomspace(lo, hi, 200)
+    ax.plot(x, np.minimum(peak, hbm * x), color="black", lw=1.2,
+            label=f"roofline ({peak:,.0f} TFLOP/s sustained, {hbm:.2f} TB/s HBM)")
+    ax.axhline(peak * gpu.gemm_efficiency, color="grey", ls="--", lw=0.8,
+               label=f"best measured matmul ({gpu.gemm_efficiency:.0%})")
+    if ops.height:
+        time = ops["time_us"] * ops["count"]
+        total = float(time.sum())
+        for key, g in ops.with_columns(time.alias("_t")).group_by("kind", maintain_order=True):
+            ax.scatter(g["flop_per_byte"], g["achieved_tflops"], s=10 + 600 * g["_t"] / total,
+                       alpha=0.7, label=str(key[0]))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    _finish(ax, xlabel="arithmetic intensity (FLOP per byte)", ylabel="achieved TFLOP/s",
+            title=title or f"{gpu.name}: where the ops sit", legend="lower right")
+    return fig
