@@ -96,7 +96,7 @@ def estimate_cmd(
     if json_out is not None:
         # every field of the strategy, for what the label leaves out (moments, FP8 gathers…)
         out = {**g.to_dict(), "strategy_fields": strategy.to_dict()}
-        if ops is not None and table is not None:
+        if table is not None and ops is not None:  # printed, so in the JSON too
             out["ops"] = table.to_dicts()
         json_out.write_text(json.dumps(out, indent=1) + "\n")
 
@@ -112,8 +112,7 @@ def _write_ops(table: pl.DataFrame, system: SystemSpec, out: Path | None,
     if plot is not None:
         from analysis.plots import roofline
 
-        dtype = "fp8" if precision == "fp8" else "bf16"
-        roofline(table, system.gpu, dtype=dtype).savefig(plot, dpi=120)
+        roofline(table, system.gpu, dtype=precision).savefig(plot, dpi=120)
         console.print(f"roofline → {plot}")
 
 

@@ -323,7 +323,7 @@ class Costs:
             prog = self.ctx.programs[self.lists_key] = self.prog
         if isinstance(which, tuple):
             return prog.selective_items(which, block.name)
-        return prog._fwd_items(block) if which == "fwd" else prog._bwd_items(block)
+        return prog.block_items(block, which)
 
     def list_runs(self, block: ParamBlock, which: str | tuple[str, ...], rank: int, sig: int
                   ) -> Runs:

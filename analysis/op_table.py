@@ -6,11 +6,12 @@ groups), with the terms of each op's roofline: tensor-core time at its modelled 
 (the measured matmul or attention efficiency times wave quantization, reduction length,
 sequence length and head size), HBM time, launch overhead, and which of them sets its time.
 
-What the table leaves out: the pipeline's sends, the data-parallel gradient buckets and
-optimizer (``trainsim estimate``'s step breakdown), and ZeRO-3's per-block gathers. Its
-rows are the work the step is built from, not the step: overlapped collectives (``overlapped``)
-run beside the GEMM after them, and the slowdown that causes (interference) is charged in the
-step, not here."""
+What the table leaves out: the pipeline's sends and the data-parallel gradient buckets,
+optimizer and ZeRO 1-2 parameter gathers (``trainsim estimate``'s step breakdown); ZeRO-3's
+per-block gathers and reduce-scatters are rows. Overlapped collectives (``overlapped``) run
+beside the GEMM after them; what that costs a pass (kernels slowed beside them, a collective
+longer than the GEMM it hides behind) is one ``overlap`` row, so the rows in series add up to
+the fast path's stage forward and backward."""
 
 from __future__ import annotations
 

@@ -136,18 +136,13 @@ class RooflineCompute:
         key = (op_type, flop, nbytes, m, n, dtype_code, backward, k, splits, groups)
         t = self._cache.get(key)
         if t is None:
-            t = self._cache[key] = self._model(*key)
+            t = self._cache[key] = self.explain(*key).total_ns
         return t
-
-    def _model(self, op_type: object, flop: int, nbytes: int, m: int, n: int, dtype_code: int,
-               backward: bool, k: int, splits: int, groups: int) -> int:
-        return self.explain(op_type, flop, nbytes, m, n, dtype_code, backward, k, splits,
-                            groups).total_ns
 
     def explain(self, op_type: object, flop: int, nbytes: int, m: int, n: int,
                 dtype_code: int, backward: bool, k: int = 0, splits: int = 1, groups: int = 1
                 ) -> OpCost:
-        """``op_ns``'s duration with the terms it is made of (uncached: for tables, not sweeps)."""
+        """``op_ns``'s duration with the terms it is made of (``op_ns`` caches its total)."""
         g = self.gpu
         dtype = DTYPE_FROM_CODE.get(dtype_code, "bf16")
         mem_s = nbytes / (g.hbm_bytes_per_s * g.memory_efficiency)
@@ -196,5 +191,3 @@ class RooflineCompute:
         eff = flop / (gemm_s * g.tensor_flop_per_s(dtype)) if gemm_s else 0.0
         return OpCost(round(gemm_s * NS_PER_S), round(mem_s * NS_PER_S), launch_ns, eff,
                       round((gemm_s + mem_s) * NS_PER_S) + launch_ns)
-
-
