@@ -106,7 +106,8 @@ def test_a_certificate_is_given_only_where_no_cycle_is_slower(p, v, data) -> Non
     """Soundness: where the walk's potentials certify the busiest stage's work λ, no cycle of
     the steady schedule is slower than λ per round (checked exhaustively), and the potentials
     satisfy every edge, not only the few the certificate reads (the others hold by
-    construction). Drawn until both outcomes occur."""
+    construction). Where it is refused nothing is claimed: it may refuse a pipeline with no
+    slower cycle (a walk not yet periodic at 3p), which then walks on."""
     fwd, bwd, c = _costs(data, p, v)
     plain = W._Plain(ORDER, p, v, fwd, bwd, c)
     _, (m, slots) = plain.walk(3 * p)
