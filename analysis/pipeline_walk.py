@@ -104,7 +104,10 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
     round moved every event by the busiest stage's work and a longer transient followed;
     plain 1F1B walks are now checked against their exact rate, ``one_f_one_b_rate``, and
     plain interleaved ones against a certificate of theirs, ``_certified``: 0 of 12,000, where
-    24 of 3,000 had been off by up to −3.8%; walks with ZeRO-3 terms keep the first check).
+    24 of 3,000 had been off by up to −3.8%; interleaved ones with ZeRO-3 terms against
+    ``_certified_gathers``: 0 of 7,500, where 6 of 1,500 with prefetch had been off by up to
+    −1.6%, and 4 of 1,212 real ZeRO-3 strategies by up to −0.64%; the two-stream MoE walks
+    keep the first check).
     With ``streams`` (ZeRO-3 on a MoE model: each stage chunk's forward and backward as runs of
     blocks) the steps are walked with each stage's dense and expert streams (``_walk_streams``)
     instead of ``early`` and ``late``. Those and the plain walk (neither) branch: every walk
@@ -121,10 +124,22 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
         return _periodic(_Streams(s.order_id, p, v, *streams, c, leads).branched(), p, m, v,
                          busiest, group=s.schedule_group)
 
-    def walk(mb: int) -> Walked:
-        return _walk(s.order_id, p, mb, v, fwd, bwd, c, early, late, hide)
+    longest: list[int] = [0]  # the longest walk's micro-batches, then its ``record``
+    held: list[list[int]] = []
 
-    return _periodic(walk, p, m, v, busiest, group=s.schedule_group)
+    def walk(mb: int) -> Walked:
+        record: list[list[int]] = []
+        out = _walk(s.order_id, p, mb, v, fwd, bwd, c, early, late, hide, record)
+        if mb > longest[0]:
+            longest[0], held[:] = mb, record
+        return out
+
+    def certify(lam: int) -> bool:
+        return _certified_gathers(s.order_id, lam, longest[0], held, fwd, bwd, c, early, late,
+                                  hide)
+
+    return _periodic(walk, p, m, v, busiest, group=s.schedule_group,
+                     certify=certify if s.schedule == "interleaved_1f1b" else None)
 
 
 # A stage's steps from its first bucket-issuing backward (chunk v − 1's last) to its end, each
@@ -382,15 +397,15 @@ def _periodic(walk: Callable[[int], Walked], p: int, m: int, v: int, busiest: fl
     at another rate, were taken for the steady state where a round trip's sends set a higher
     one: 5 of 1,500 random-cost 1F1B pipelines up to 2.5% too fast. A micro-batch ``group``
     other than p (interleaved) repeats in groups, not rounds of p, and a shorter run need not
-    be a valid grouping: the whole run is walked. ``certify`` (plain interleaved walks,
-    ``_certified``): whether no cycle of the steady schedule is slower than a given rate per
-    round, read from the longest walk; the first round checked is then the one from 2p + r to
-    3p + r (the walk of 3p + r holds a steady round of every step class, which the potentials
-    need), taken where it adds the busiest stage's work to every event and the certificate
-    holds, and a period of one round found later only if certified at its increment. Without
-    it 24 of 3,000 random-cost interleaved pipelines came out up to 3.8% too fast: a round trip
-    through the stages slower than the busiest stage overtook it only after a few rounds at
-    its rate."""
+    be a valid grouping: the whole run is walked. ``certify`` (interleaved walks but the
+    two-stream ones, ``_certified`` and ``_certified_gathers``): whether no cycle of the
+    steady schedule is slower than a given rate per round, read from the longest walk; the
+    first round checked is then the one from 2p + r to 3p + r (the walk of 3p + r holds a
+    steady round of every step class, which the potentials need), taken where it adds the
+    busiest stage's work to every event and the certificate holds, and a period of one round
+    found later only if certified at its increment. Without it 24 of 3,000 random-cost
+    interleaved pipelines came out up to 3.8% too fast: a round trip through the stages slower
+    than the busiest stage overtook it only after a few rounds at its rate."""
     r = m % p
     if m < 4 * p or group:
         return walk(m)
@@ -783,8 +798,8 @@ def _walk(schedule: str, p: int, m: int, v: int, fwd: list[tuple[int, ...]],
           bwd: list[tuple[int, ...]], c: list[int],
           early: dict[tuple[str, int, int], int] | None,
           late: dict[tuple[int, int], int] | None,
-          hide: dict[tuple[int, int], tuple[int, int]] | None = None
-          ) -> tuple[list[int], list[list[int]]]:
+          hide: dict[tuple[int, int], tuple[int, int]] | None = None,
+          record: list[list[int]] | None = None) -> tuple[list[int], list[list[int]]]:
     """Walk the interleaved order: each step waits for its stage's previous step and for the
     neighbouring chunk's same micro-batch (+ one send). O(p·m·v). ``hide`` (ZeRO-3 with
     prefetch), per stage and chunk: how long after the stage's streams free a backward that
@@ -794,15 +809,18 @@ def _walk(schedule: str, p: int, m: int, v: int, fwd: list[tuple[int, ...]],
     in its start and the streams' end, so it ends at the latest of the two ways; where its
     first block gathers, and without ``hide``, those are the step's end plus the whole
     backward (and its compute less the late reduce-scatter). (Without it GPipe's back-to-back
-    backwards each waited for the tail before: +3.9% on a folded MoE model at dp 1.)"""
+    backwards each waited for the tail before: +3.9% on a folded MoE model at dp 1.)
+    ``record``: filled with every step's ends, for ``_certified_gathers`` — a forward's (its
+    streams' and its compute's are one), a backward's compute's and its streams', by step
+    index."""
     n = p * v
     if not early and not late:
         return _Plain(schedule, p, v, fwd, bwd, c).walk(m)[0]
-    e_f = [[early.get(("F", st, ch), 0) if early else 0 for ch in range(v)] for st in range(p)]
-    e_b = [[early.get(("B", st, ch), 0) if early else 0 for ch in range(v)] for st in range(p)]
-    lt = [[late.get((st, ch), 0) if late else 0 for ch in range(v)] for st in range(p)]
+    e_f, e_b, lt = _gather_terms(p, v, early, late)
     hop_in = [c[(st - 1) % p] for st in range(p)]
-    done_f, done_b = [0] * (m * n), [0] * (m * n)
+    done_f, done_b, clock_b = [0] * (m * n), [0] * (m * n), [0] * (m * n)
+    if record is not None:
+        record[:] = [done_f, done_b, clock_b]
     clock = [0] * p
     computed = [0] * p  # when each stage's last compute ended (its streams may run on)
     for st, backward, k, dep, ch in _plan(schedule, m, p, v):
@@ -816,7 +834,7 @@ def _walk(schedule: str, p: int, m: int, v: int, fwd: list[tuple[int, ...]],
             if dep >= 0 and done_b[dep] + c[st] > start:
                 start = done_b[dep] + c[st]
             free = clock[st]  # when the streams the step before left busy free
-            clock[st] = max(start + b - g, free + after)
+            clock_b[k] = clock[st] = max(start + b - g, free + after)
             done_b[k] = computed[st] = max(start + b - g - lt[st][ch], free + after_last)
         else:  # waits for the previous chunk's activation, sent into this stage
             g = e_f[st][ch]
@@ -827,6 +845,67 @@ def _walk(schedule: str, p: int, m: int, v: int, fwd: list[tuple[int, ...]],
             done_f[k] = clock[st]
     last = (m - 1) * n
     return clock, [[done_b[last + ch * p + st] for ch in range(v)] for st in range(p)]
+
+
+def _gather_terms(p: int, v: int, early: dict[tuple[str, int, int], int] | None,
+                  late: dict[tuple[int, int], int] | None
+                  ) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+    """Per stage and chunk: the ZeRO-3 gather before a forward and before a backward, and the
+    reduce-scatter after a backward's send (``_walk``)."""
+    return ([[early.get(("F", st, ch), 0) if early else 0 for ch in range(v)] for st in range(p)],
+            [[early.get(("B", st, ch), 0) if early else 0 for ch in range(v)] for st in range(p)],
+            [[late.get((st, ch), 0) if late else 0 for ch in range(v)] for st in range(p)])
+
+
+def _certified_gathers(schedule: str, lam: int, m: int, walked: list[list[int]],
+                       fwd: list[tuple[int, ...]], bwd: list[tuple[int, ...]], c: list[int],
+                       early: dict[tuple[str, int, int], int] | None,
+                       late: dict[tuple[int, int], int] | None,
+                       hide: dict[tuple[int, int], tuple[int, int]] | None) -> bool:
+    """``_certified`` for ``_walk``'s recurrences, whose steps have two ends (a backward's
+    compute, and its streams', which its stage's next step also waits for): the steady graph's
+    nodes are (class, end), its edges those ``_walk`` takes the maximum over — into a forward,
+    the stage's previous streams' end plus f and the input as sent plus f − g; into a
+    backward's streams' end, the previous compute's end plus b, the previous streams' end plus
+    what ``hide`` says (b without it) and the input as sent plus b − g; into its compute's end
+    the same less the late reduce-scatter. The same potential argument: the walk's own ends,
+    each class's at its latest steady round (``potential_rounds``) less that many λ, satisfying
+    every edge at λ bound every cycle by λ per round; edges whose ends are read from linked
+    rounds hold by themselves. ``walked``: the walk of ``m``'s ``record``."""
+    p, v = len(fwd), len(fwd[0])
+    n = p * v
+    done_f, done_b, clock_b = walked
+    e_f, e_b, lt = _gather_terms(p, v, early, late)
+    rounds = potential_rounds(schedule, m, p, v)
+
+    def end(cls: int, streams: bool) -> int:
+        r = max(rounds[cls], 0)
+        k, bw = divmod(cls, 2)
+        k += r * p * n
+        return (done_f[k] if not bw else clock_b[k] if streams else done_b[k]) - r * lam
+
+    for q, e, delta, _, data in steady_edges(schedule, p, v):
+        if rounds[e] >= 0 and rounds[q] == rounds[e] - delta:
+            continue
+        k, bw = divmod(e, 2)
+        st, ch = k % n % p, k % n // p
+        if not bw:  # a forward: both its ends are one
+            f, g = fwd[st][ch], e_f[st][ch]
+            need = end(q, False) + c[(st - 1) % p] + f - g if data else end(q, True) + f
+            if end(e, True) + delta * lam < need:
+                return False
+            continue
+        b, g, tail = bwd[st][ch], e_b[st][ch], lt[st][ch]
+        after, after_last = hide[st, ch] if hide else (b, b - tail)
+        if data:
+            need_streams = need_compute = end(q, False) + c[st] + b - g
+        else:
+            need_streams = max(end(q, False) + b, end(q, True) + after)
+            need_compute = max(end(q, False) + b, end(q, True) + after_last + tail)
+        if (end(e, True) + delta * lam < need_streams
+                or end(e, False) + delta * lam < need_compute - tail):
+            return False
+    return True
 
 
 # ZeRO-3 on a MoE model: one pass of a stage chunk as runs of equal blocks, each block as (dense
