@@ -107,7 +107,7 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
     24 of 3,000 had been off by up to −3.8%; interleaved ones with ZeRO-3 terms against
     ``_certified_gathers``: 0 of 7,500, where 6 of 1,500 with prefetch had been off by up to
     −1.6%, and 4 of 1,212 real ZeRO-3 strategies by up to −0.64%; the two-stream MoE walks
-    keep the first check).
+    against ``_certified_streams``, but where a pass is led by blocks that gather nothing).
     With ``streams`` (ZeRO-3 on a MoE model: each stage chunk's forward and backward as runs of
     blocks) the steps are walked with each stage's dense and expert streams (``_walk_streams``)
     instead of ``early`` and ``late``. Those and the plain walk (neither) branch: every walk
@@ -121,8 +121,14 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
     busiest = (_gpipe_round(p, *streams) if streams and s.schedule == "gpipe" else
                max(p * (sum(f) + sum(b)) for f, b in zip(fwd, bwd, strict=True)))
     if streams:
-        return _periodic(_Streams(s.order_id, p, v, *streams, c, leads).branched(), p, m, v,
-                         busiest, group=s.schedule_group)
+        walker = _Streams(s.order_id, p, v, *streams, c, leads)
+
+        def certify_streams(lam: int) -> bool:
+            assert walker.longest is not None
+            return _certified_streams(s.order_id, p, v, walker, lam, *walker.longest)
+
+        return _periodic(walker.branched(), p, m, v, busiest, group=s.schedule_group,
+                         certify=certify_streams if s.schedule == "interleaved_1f1b" else None)
 
     longest: list[int] = [0]  # the longest walk's micro-batches, then its ``record``
     held: list[list[int]] = []
@@ -397,8 +403,8 @@ def _periodic(walk: Callable[[int], Walked], p: int, m: int, v: int, busiest: fl
     at another rate, were taken for the steady state where a round trip's sends set a higher
     one: 5 of 1,500 random-cost 1F1B pipelines up to 2.5% too fast. A micro-batch ``group``
     other than p (interleaved) repeats in groups, not rounds of p, and a shorter run need not
-    be a valid grouping: the whole run is walked. ``certify`` (interleaved walks but the
-    two-stream ones, ``_certified`` and ``_certified_gathers``): whether no cycle of the
+    be a valid grouping: the whole run is walked. ``certify`` (interleaved walks,
+    ``_certified``, ``_certified_gathers``, ``_certified_streams``): whether no cycle of the
     steady schedule is slower than a given rate per round, read from the longest walk; the
     first round checked is then the one from 2p + r to 3p + r (the walk of 3p + r holds a
     steady round of every step class, which the potentials need), taken where it adds the
@@ -769,6 +775,41 @@ class _Streams(_Walker):
                 dense_at[k], expert_at[k] = fd, fe
             chain[st], dense[st], expert[st] = t, fd, fe
         return [max(x) for x in zip(chain, dense, expert, strict=True)]
+
+
+def _certified_streams(schedule: str, p: int, v: int, walker: _Streams, lam: int, m: int,
+                       slots: Slots) -> bool:
+    """``_certified`` for the two-stream walk (``_Streams``): a step's three ends (chain, dense
+    and expert stream) are each the maximum of its pass's map (``z3_map``) over the stage's
+    previous three and the input as sent, so the steady graph's nodes are (class, end) and its
+    edges the map's offsets; the same potential argument, and the same skipping of edges read
+    from linked rounds. A pass led by blocks that gather nothing (``leads``) is slowed by the
+    streams still busy, which is not a maximum of offsets: such walks are not certified."""
+    if walker.leads is not None and any(x is not None for x in walker.leads):
+        return False
+    slot, dense_at, expert_at = slots
+    maps, send = walker.maps, walker.send
+    per = 2 * p * p * v
+    rounds = potential_rounds(schedule, m, p, v)
+    index = _class_costs(p, v)
+
+    def ends(cls: int) -> tuple[int, int, int]:
+        r = max(rounds[cls], 0)
+        at = 1 + cls + r * per
+        return (slot[at] - send[index[cls]] - r * lam, dense_at[at] - r * lam,
+                expert_at[at] - r * lam)
+
+    for q, e, delta, i, data in steady_edges(schedule, p, v):
+        if rounds[e] >= 0 and rounds[q] == rounds[e] - delta:
+            continue
+        before, after = ends(q), ends(e)
+        # a data edge: the input as sent (its chain plus its send), the map's last column
+        sources = (((before[0] + send[index[q]], 3),) if data else
+                   ((before[0], 0), (before[1], 1), (before[2], 2)))
+        for out, row in zip(after, maps[i], strict=True):
+            if any(out + delta * lam < value + row[j] for value, j in sources):
+                return False
+    return True
 
 
 def _led(t: int, a: int, dense: int, expert: int, lead: tuple[int, float]) -> tuple[int, int]:
