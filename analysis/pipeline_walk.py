@@ -191,10 +191,12 @@ def _plain_periodic(s: Strategy, plain: _Plain) -> Walked:
                      s.schedule_group, certify)
 
 
-# The round of a long reference walk (in rounds of p micro-batches) read for the steady
-# schedule's edges: its warm-up and cool-down are each under two rounds (a stage's warm-up is
-# (p − st − 1)·2 + (v − 1)·p virtual micro-batches, under (v + 1)·p: below 2 rounds of p·v)
-_STEADY_ROUND, _REFERENCE_ROUNDS = 4, 8
+# The round of a reference order (in rounds of p micro-batches) read for the steady schedule's
+# edges, and its length. A stage's warm-up is (p − st − 1)·2 + (v − 1)·p < (v + 1)·p virtual
+# micro-batches (under two rounds of p·v), so every forward of round 2 is past it, and every
+# backward of round 2 has the forward that precedes it in the steady order (that many virtual
+# micro-batches later) when 6 rounds are ordered; a test holds it equal to round 6 of 12.
+_STEADY_ROUND, _REFERENCE_ROUNDS = 2, 6
 
 
 @functools.lru_cache(maxsize=64)
@@ -203,23 +205,27 @@ def steady_edges(schedule: str, p: int, v: int) -> tuple[tuple[int, int, int, in
     waited for, class of the step, rounds of p micro-batches between them, the step's cost index,
     whether it is a data edge — the neighbouring chunk's same micro-batch, which pays that
     step's send — or the stage's previous step). A class is a step's slot modulo a round
-    (``_slot``), the edges those into the steps of a round far from both ends of a long walk."""
+    (``_slot``), the edges those into the steps of a round far from both ends of each stage's
+    order (read from the orders: ``_plan``'s interleaving of the stages is not needed)."""
     n = p * v
     per = 2 * p * n  # slots a round
-    prev = [0] * p
     edges = set()
-    for st, bw, k, dep, ch in _plan(schedule, _REFERENCE_ROUNDS * p, p, v):
-        slot = _slot(k, bw)
-        if (slot - 1) // per == _STEADY_ROUND:
-            i = (bw * p + st) * v + ch
-            q = prev[st]
-            edges.add(((q - 1) % per, (slot - 1) % per, _STEADY_ROUND - (q - 1) // per, i,
-                       False))
-            if dep >= 0:
-                d = _slot(dep, bw)
-                edges.add(((d - 1) % per, (slot - 1) % per, _STEADY_ROUND - (d - 1) // per,
-                           i, True))
-        prev[st] = slot
+    for st in range(p):
+        prev = 0
+        for phase, mb, ch in stage_order(schedule, m=_REFERENCE_ROUNDS * p, p=p, v=v, stage=st):
+            bw, gci = phase == "B", ch * p + st
+            k = mb * n + gci
+            slot = _slot(k, bw)
+            if (slot - 1) // per == _STEADY_ROUND:
+                i = (bw * p + st) * v + ch
+                edges.add(((prev - 1) % per, (slot - 1) % per,
+                           _STEADY_ROUND - (prev - 1) // per, i, False))
+                dep = (k + 1 if gci < n - 1 else -1) if bw else (k - 1 if gci > 0 else -1)
+                if dep >= 0:  # as ``_plan``: the next chunk's gradient, the previous one's output
+                    d = _slot(dep, bw)
+                    edges.add(((d - 1) % per, (slot - 1) % per,
+                               _STEADY_ROUND - (d - 1) // per, i, True))
+            prev = slot
     return tuple(sorted(edges))
 
 
@@ -227,23 +233,24 @@ def steady_edges(schedule: str, p: int, v: int) -> tuple[tuple[int, int, int, in
 def potential_rounds(schedule: str, m: int, p: int, v: int) -> tuple[int, ...]:
     """Per class of the steady graph (``steady_edges``), the round of a walk of ``m``
     micro-batches whose step ``_certified`` reads for the potential: the latest whose step waits
-    as the steady state's does (its stage's previous step and its data edge of the same
-    classes, as many rounds back), or −1 where none does. Any round is valid; a steady one is
-    what lets a steady walk pass."""
+    as the steady state's does, or −1 where none does. Any round is valid; a steady one is what
+    lets a steady walk pass. A step's data edge (the neighbouring chunk's same micro-batch) is
+    the steady one in every round, so a step waits as the steady state's does when its stage's
+    previous step is of the steady class, as many rounds back."""
     per = 2 * p * p * v
-    steady: dict[int, set[tuple[int, int, bool]]] = {}
+    clock_edge = [(-1, 0)] * per  # per class: its stage's previous step's class, rounds back
     for q, e, delta, _, data in steady_edges(schedule, p, v):
-        steady.setdefault(e, set()).add((q, delta, data))
+        if not data:
+            clock_edge[e] = (q, delta)
     rounds = [-1] * per
     prev = [0] * p
-    for st, bw, k, dep, _ in _plan(schedule, m, p, v):
+    for st, bw, k, _, _ in _plan(schedule, m, p, v):
         slot = _slot(k, bw)
         r, c = divmod(slot - 1, per)
-        waits = {((prev[st] - 1) % per, r - (prev[st] - 1) // per, False)} if prev[st] else set()
-        if dep >= 0:
-            d = _slot(dep, bw)
-            waits.add(((d - 1) % per, r - (d - 1) // per, True))
-        if waits == steady.get(c) and r > rounds[c]:
+        before = prev[st]
+        q, delta = clock_edge[c]
+        if before and (before - 1) % per == q and r - (before - 1) // per == delta \
+                and r > rounds[c]:
             rounds[c] = r
         prev[st] = slot
     return tuple(rounds)

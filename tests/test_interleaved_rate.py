@@ -60,11 +60,11 @@ def test_the_shortcut_equals_the_whole_walk_for_any_costs(p, v, rounds, data) ->
 
 
 def test_the_steady_edges_are_every_wait_of_a_middle_round_of_a_longer_walk() -> None:
-    """The periodic graph read from round 4 of an 8-round walk is the one round 6 of a
-    12-round walk has: every class waits on its stage's previous step and (but for a first
+    """The periodic graph read from round 2 of each stage's order of 6 rounds is the one round 6
+    of a 12-round walk has: every class waits on its stage's previous step and (but for a first
     chunk's forward on the first stage and a last chunk's backward on the last) the neighbouring
     chunk's same micro-batch, the same number of rounds back."""
-    for p, v in ((2, 2), (3, 2), (4, 3), (8, 2)):
+    for p, v in ((2, 2), (3, 2), (4, 3), (8, 2), (5, 7), (16, 4)):
         per = 2 * p * p * v
         edges = set(W.steady_edges(ORDER, p, v))
         later, prev = set(), [0] * p
