@@ -107,7 +107,10 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
     24 of 3,000 had been off by up to −3.8%; interleaved ones with ZeRO-3 terms against
     ``_certified_gathers``: 0 of 7,500, where 6 of 1,500 with prefetch had been off by up to
     −1.6%, and 4 of 1,212 real ZeRO-3 strategies by up to −0.64%; the two-stream MoE walks
-    against ``_certified_streams``, but where a pass is led by blocks that gather nothing).
+    against ``_certified_streams``, but where a pass is led by blocks that gather nothing;
+    1F1B walks with ZeRO-3 terms or two streams alike: 3 of 678 real ZeRO-3 1F1B strategies
+    had been off by up to −0.63%, 0 since; GPipe's order has no steady round and keeps the
+    first check).
     With ``streams`` (ZeRO-3 on a MoE model: each stage chunk's forward and backward as runs of
     blocks) the steps are walked with each stage's dense and expert streams (``_walk_streams``)
     instead of ``early`` and ``late``. Those and the plain walk (neither) branch: every walk
@@ -128,7 +131,7 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
             return _certified_streams(s.order_id, p, v, walker, lam, *walker.longest)
 
         return _periodic(walker.branched(), p, m, v, busiest, group=s.schedule_group,
-                         certify=certify_streams if s.schedule == "interleaved_1f1b" else None)
+                         certify=certify_streams if s.schedule != "gpipe" else None)
 
     longest: list[int] = [0]  # the longest walk's micro-batches, then its ``record``
     held: list[list[int]] = []
@@ -145,7 +148,7 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
                                   hide)
 
     return _periodic(walk, p, m, v, busiest, group=s.schedule_group,
-                     certify=certify if s.schedule == "interleaved_1f1b" else None)
+                     certify=certify if s.schedule != "gpipe" else None)
 
 
 # A stage's steps from its first bucket-issuing backward (chunk v − 1's last) to its end, each
@@ -201,7 +204,8 @@ _STEADY_ROUND, _REFERENCE_ROUNDS = 2, 6
 
 @functools.lru_cache(maxsize=64)
 def steady_edges(schedule: str, p: int, v: int) -> tuple[tuple[int, int, int, int, bool], ...]:
-    """The interleaved schedule's steady state as a periodic graph: per edge (class of the step
+    """An interleaved (or 1F1B: v 1) schedule's steady state as a periodic graph: per edge
+    (class of the step
     waited for, class of the step, rounds of p micro-batches between them, the step's cost index,
     whether it is a data edge — the neighbouring chunk's same micro-batch, which pays that
     step's send — or the stage's previous step). A class is a step's slot modulo a round
@@ -410,15 +414,16 @@ def _periodic(walk: Callable[[int], Walked], p: int, m: int, v: int, busiest: fl
     at another rate, were taken for the steady state where a round trip's sends set a higher
     one: 5 of 1,500 random-cost 1F1B pipelines up to 2.5% too fast. A micro-batch ``group``
     other than p (interleaved) repeats in groups, not rounds of p, and a shorter run need not
-    be a valid grouping: the whole run is walked. ``certify`` (interleaved walks,
-    ``_certified``, ``_certified_gathers``, ``_certified_streams``): whether no cycle of the
-    steady schedule is slower than a given rate per round, read from the longest walk; the
-    first round checked is then the one from 2p + r to 3p + r (the walk of 3p + r holds a
-    steady round of every step class, which the potentials need), taken where it adds the
-    busiest stage's work to every event and the certificate holds, and a period of one round
-    found later only if certified at its increment. Without it 24 of 3,000 random-cost
-    interleaved pipelines came out up to 3.8% too fast: a round trip through the stages slower
-    than the busiest stage overtook it only after a few rounds at its rate."""
+    be a valid grouping: the whole run is walked. ``certify`` (interleaved and, with ZeRO-3
+    terms, 1F1B walks: ``_certified``, ``_certified_gathers``, ``_certified_streams``):
+    whether no cycle of the steady schedule is slower than a given rate per round, read from
+    the longest walk; the first round checked is then the one from 2p + r to 3p + r (the walk
+    of 3p + r holds a steady round of every step class, which the potentials need), taken
+    where it adds the busiest stage's work to every event and the certificate holds, and a
+    period of one round found later only if certified at its increment. Without it 24 of
+    3,000 random-cost interleaved pipelines came out up to 3.8% too fast: a round trip through
+    the stages slower than the busiest stage overtook it only after a few rounds at its
+    rate."""
     r = m % p
     if m < 4 * p or group:
         return walk(m)

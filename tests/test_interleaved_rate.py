@@ -281,3 +281,47 @@ def test_a_random_two_stream_pipeline_the_first_check_took_early_is_walked_exact
     c = [30269, 68357]
     assert W.interleaved(_strategy(2, 2, 20), fwd, bwd, c, streams=(z3_f, z3_b)) == (
         W._walk_streams(ORDER, 2, 20, 2, z3_f, z3_b, c))
+
+
+@settings(max_examples=100, deadline=None)
+@given(p=st.sampled_from([2, 3, 4]), rounds=st.integers(4, 10), hide=st.booleans(),
+       streams=st.booleans(), data=st.data())
+def test_one_f_one_b_walks_with_zero3_terms_equal_the_whole_walk(p, rounds, hide, streams,
+                                                                 data) -> None:
+    """1F1B pipelines walked for ZeRO-3 (gathers, late reduce-scatters, prefetch; or MoE's two
+    streams) take the same certificates, with any number of micro-batches (m mod p left over):
+    every end as the whole walk's. Before them 8 and 2 of 1,500 random draws came out up to
+    1.7% and 0.39% too fast."""
+    fwd, bwd, c = _costs(data, p, 1)
+    m = rounds * p + data.draw(st.integers(0, p - 1))
+    s = Strategy(pp=p, dp=1, micro_batch_size=1, global_batch_size=m)
+    if streams:
+        z3_f = [(_passes(data),) for _ in range(p)]
+        z3_b = [(_passes(data),) for _ in range(p)]
+        fwd = [(sum(n * blk[2] for blk, n in x[0]),) for x in z3_f]
+        bwd = [(sum(n * blk[2] for blk, n in x[0]),) for x in z3_b]
+        assert W.interleaved(s, fwd, bwd, c, streams=(z3_f, z3_b)) == W._walk_streams(
+            "1f1b", p, m, 1, z3_f, z3_b, c)
+        return
+    early, late, held = _gather_terms(data, p, 1, bwd, hide)
+    assert W.interleaved(s, fwd, bwd, c, early, late, hide=held) == W._walk(
+        "1f1b", p, m, 1, fwd, bwd, c, early, late, held)
+
+
+def test_a_real_prefetched_zero3_one_f_one_b_pipeline_is_walked_exactly(monkeypatch) -> None:
+    """Llama 2 70B, ZeRO-3 with prefetch, tp 8, pp 8, 1F1B, full recompute: the first check
+    had taken a transient for the steady state (0.63% fast; 3 of 678 ZeRO-3 1F1B strategies
+    of four models were off); now the estimate is the whole walk's."""
+    from analysis import fastpath
+    from replay import get_system
+    from tracegen import get_model
+
+    model, system = get_model("llama2-70b"), get_system("dgx-h100")
+    s = Strategy(tp=8, pp=8, dp=4, micro_batch_size=1, global_batch_size=512, recompute="full",
+                 zero_stage=3, zero3_prefetch=True, sequence_parallel=True)
+    fastpath.clear_cache()
+    got = fastpath.estimate(model, s, system).step_time_s
+    monkeypatch.setattr(W, "_periodic", lambda walk, p, m, v, *a, **k: walk(m))
+    fastpath.clear_cache()
+    assert got == fastpath.estimate(model, s, system).step_time_s
+    fastpath.clear_cache()
