@@ -133,8 +133,8 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
         return _periodic(walker.branched(), p, m, v, busiest, group=s.schedule_group,
                          certify=certify_streams if s.schedule != "gpipe" else None)
 
-    longest: list[int] = [0]  # the longest walk's micro-batches, then its ``record``
-    held: list[list[int]] = []
+    longest: list[int] = [0]  # the longest walk's micro-batches so far
+    held: list[list[int]] = []  # and its ``record`` (``_walk``), for the certificate
 
     def walk(mb: int) -> Walked:
         record: list[list[int]] = []
@@ -196,21 +196,22 @@ def _plain_periodic(s: Strategy, plain: _Plain) -> Walked:
 
 # The round of a reference order (in rounds of p micro-batches) read for the steady schedule's
 # edges, and its length. A stage's warm-up is (p − st − 1)·2 + (v − 1)·p < (v + 1)·p virtual
-# micro-batches (under two rounds of p·v), so every forward of round 2 is past it, and every
-# backward of round 2 has the forward that precedes it in the steady order (that many virtual
-# micro-batches later) when 6 rounds are ordered; a test holds it equal to round 6 of 12.
+# micro-batches (under two rounds of p·v; 1F1B's p − st − 1), so every forward of round 2 is
+# past it, and every backward of round 2 has the forward that precedes it in the steady order
+# (that many virtual micro-batches later) when 6 rounds are ordered; a test holds it equal to
+# round 6 of 12.
 _STEADY_ROUND, _REFERENCE_ROUNDS = 2, 6
 
 
 @functools.lru_cache(maxsize=64)
 def steady_edges(schedule: str, p: int, v: int) -> tuple[tuple[int, int, int, int, bool], ...]:
     """An interleaved (or 1F1B: v 1) schedule's steady state as a periodic graph: per edge
-    (class of the step
-    waited for, class of the step, rounds of p micro-batches between them, the step's cost index,
-    whether it is a data edge — the neighbouring chunk's same micro-batch, which pays that
-    step's send — or the stage's previous step). A class is a step's slot modulo a round
-    (``_slot``), the edges those into the steps of a round far from both ends of each stage's
-    order (read from the orders: ``_plan``'s interleaving of the stages is not needed)."""
+    (class of the step waited for, class of the step, rounds of p micro-batches between them,
+    the step's cost index, whether it is a data edge — the neighbouring chunk's same
+    micro-batch, which pays that step's send — or the stage's previous step). A class is a
+    step's slot modulo a round (``_slot``), the edges those into the steps of a round far from
+    both ends of each stage's order (read from the orders: ``_plan``'s interleaving of the
+    stages is not needed)."""
     n = p * v
     per = 2 * p * n  # slots a round
     edges = set()
@@ -261,23 +262,32 @@ def potential_rounds(schedule: str, m: int, p: int, v: int) -> tuple[int, ...]:
 
 
 @functools.lru_cache(maxsize=256)
+def _checked_edges(schedule: str, m: int, p: int, v: int
+                   ) -> tuple[tuple[int, int, int, int, bool], ...]:
+    """The steady graph's edges (``steady_edges``) a certificate on a walk of ``m``
+    micro-batches checks. An edge into a step read at a steady round (``potential_rounds``)
+    from the step it waits for, read at that many rounds before, holds by itself (the walk
+    started the one after the other), so only the others are checked: a few per stage, where
+    the rounds read change, instead of 2·p²·v."""
+    rounds = potential_rounds(schedule, m, p, v)
+    return tuple(x for x in steady_edges(schedule, p, v)
+                 if rounds[x[1]] < 0 or rounds[x[0]] != rounds[x[1]] - x[2])
+
+
+@functools.lru_cache(maxsize=256)
 def _certificate_plan(schedule: str, m: int, p: int, v: int
                       ) -> tuple[tuple[int, int, int, int, int, int], ...]:
-    """For ``_certified`` on a walk of ``m`` micro-batches, the edges of the steady graph to
-    check, with where their ends are read (``potential_rounds``). An edge into a step read at a
-    steady round from the step it waits for, read at that many rounds before, holds by itself
-    (the walk started the one after the other), so only the others are checked: a few per
-    stage, where the rounds read change, instead of 2·p²·v. Per edge: (the step's slot, the
-    slot of the step it waits for, the rounds of λ between the two as read less the edge's
-    own, the step's cost index, the cost index whose send a stage edge takes off the step
-    waited for or −1 for a data edge, the cost index whose send the step's slot holds)."""
+    """For ``_certified`` on a walk of ``m`` micro-batches, the edges to check
+    (``_checked_edges``) with where their ends are read (``potential_rounds``): per edge, (the
+    step's slot, the slot of the step it waits for, the rounds of λ between the two as read
+    less the edge's own, the step's cost index, the cost index whose send a stage edge takes
+    off the step waited for or −1 for a data edge, the cost index whose send the step's slot
+    holds)."""
     per = 2 * p * p * v
     rounds = potential_rounds(schedule, m, p, v)
     index = _class_costs(p, v)
     out = []
-    for q, e, delta, i, data in steady_edges(schedule, p, v):
-        if rounds[e] >= 0 and rounds[q] == rounds[e] - delta:
-            continue
+    for q, e, delta, i, data in _checked_edges(schedule, m, p, v):
         rq, re_ = max(rounds[q], 0), max(rounds[e], 0)
         out.append((1 + e + re_ * per, 1 + q + rq * per, rq - re_ + delta, i,
                     -1 if data else index[q], index[e]))
@@ -811,9 +821,7 @@ def _certified_streams(schedule: str, p: int, v: int, walker: _Streams, lam: int
         return (slot[at] - send[index[cls]] - r * lam, dense_at[at] - r * lam,
                 expert_at[at] - r * lam)
 
-    for q, e, delta, i, data in steady_edges(schedule, p, v):
-        if rounds[e] >= 0 and rounds[q] == rounds[e] - delta:
-            continue
+    for q, e, delta, i, data in _checked_edges(schedule, m, p, v):
         before, after = ends(q), ends(e)
         # a data edge: the input as sent (its chain plus its send), the map's last column
         sources = (((before[0] + send[index[q]], 3),) if data else
@@ -937,9 +945,7 @@ def _certified_gathers(schedule: str, lam: int, m: int, walked: list[list[int]],
         k += r * p * n
         return (done_f[k] if not bw else clock_b[k] if streams else done_b[k]) - r * lam
 
-    for q, e, delta, _, data in steady_edges(schedule, p, v):
-        if rounds[e] >= 0 and rounds[q] == rounds[e] - delta:
-            continue
+    for q, e, delta, _, data in _checked_edges(schedule, m, p, v):
         k, bw = divmod(e, 2)
         st, ch = k % n % p, k % n // p
         if not bw:  # a forward: both its ends are one
