@@ -17,12 +17,17 @@ def test_the_four_notebooks_exist() -> None:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes(path: Path) -> None:
+def test_notebook_executes(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if path.name.startswith("04") and not PUBLIC.is_file():
         pytest.skip("the public runs file is not beside the repository")
+    # the notebooks write their traces and figures under tempfile.mkdtemp() for the reader to
+    # open; the kernel inherits TMPDIR, so a test run leaves them in pytest's own directory
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs)  # it draws something
+    if not path.name.startswith("04"):  # (the validation notebook writes nothing)
+        assert any(tmp_path.glob("trainsim-nb*")), "the notebook's files went elsewhere"
