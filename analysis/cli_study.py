@@ -1,4 +1,4 @@
-"""The study commands of ``trainsim``: validate, resilience, compare, sweep, report."""
+"""The study commands of ``trainsim``: validate, resilience, compare, sweep, scale, report."""
 
 from __future__ import annotations
 
@@ -327,27 +327,87 @@ def sweep_cmd(
     st = _resolve_study(study)
     note_precision({x.precision for x in st.strategies} or {"bf16"}, st.system)
     output_dir(out, "--out")
-    import time
-
     with progress_bar() as bar:
-        tasks: dict[str, Any] = {}
-        started: dict[str, float] = {}
-
-        def report(phase: str, done: int, total: int) -> None:
-            if phase not in tasks:
-                tasks[phase] = bar.add_task(phase, total=total)
-                started[phase] = time.perf_counter()
-            rate = done / max(time.perf_counter() - started[phase], 1e-9)
-            bar.update(tasks[phase], completed=done, total=total,
-                       description=f"{phase} ({rate:,.0f} strategies/s)")
-
         results, counts = sweep(st, out, top_k=top_k, scheduler=scheduler, workers=workers,
-                                chunk=chunk, progress=report)
+                                chunk=chunk, progress=_phase_reporter(bar))
     (out / "study.json").write_text(json.dumps(_study_meta(st, counts), indent=1) + "\n")
     console.print(" · ".join(f"{k.replace('_', ' ')}: {v:,}" for k, v in counts.items()))
     fitted = counts.get("recomputed_to_fit", 0)
     _print_ranking(results, f"{st.name}: best of {counts['valid']:,} strategies"
                    + (f" and {fitted:,} recomputed to fit" if fitted else ""))
+
+
+def _phase_reporter(bar: Any) -> Any:
+    """A sweep's ``progress`` callback: one bar per phase, with its rate."""
+    import time
+
+    tasks: dict[str, Any] = {}
+    started: dict[str, float] = {}
+
+    def report(phase: str, done: int, total: int) -> None:
+        if phase not in tasks:
+            tasks[phase] = bar.add_task(phase, total=total)
+            started[phase] = time.perf_counter()
+        rate = done / max(time.perf_counter() - started[phase], 1e-9)
+        bar.update(tasks[phase], completed=done, total=total,
+                   description=f"{phase} ({rate:,.0f} strategies/s)")
+    return report
+
+
+@app.command("scale")
+def scale_cmd(
+    study: Annotated[str, typer.Argument(help="Study TOML (its \\[search] space, failures and "
+                                               "token budget), or a packaged study name.")],
+    gpus: Annotated[str, typer.Option(help="GPU counts: 1024,2048,4096 or a doubling range "
+                                           "1024..16384.")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="Output directory (resumable).")],
+    batch_per_gpu: Annotated[bool, typer.Option(
+        "--batch-per-gpu", help="Scale the global batch with the GPU count (the study's batch "
+                                "per GPU kept); default: the study's global batch at every "
+                                "count.")] = False,
+    plot: Annotated[Path | None, typer.Option(help="Write the scaling figure (PNG).")] = None,
+    workers: Annotated[int, typer.Option(min=1, help="Local worker processes.")] = 2,
+    scheduler: Annotated[str | None, typer.Option(help="Dask scheduler address.")] = None,
+) -> None:
+    """The study on each GPU count: the best strategy that fits (a sweep, its best replayed),
+    throughput, goodput, scaling efficiency, GPU-hours."""
+    from analysis.scaling import parse_gpu_counts, scaling
+
+    counts = parse_gpu_counts(gpus)
+    st = _resolve_study(study)
+    output_dir(out, "--out")
+    plot = output_file(plot, "--plot", plot=True)
+    with progress_bar() as bar:
+        frame = scaling(st, counts, out, batch_per_gpu=batch_per_gpu, workers=workers,
+                        scheduler=scheduler, progress=_phase_reporter(bar))
+    _print_scaling(frame, f"{st.name}: {st.model.name} on {st.system.name}, "
+                   + ("global batch per GPU kept" if batch_per_gpu
+                      else f"global batch {st.global_batch_size:,}"))
+    if plot is not None:
+        from analysis import plots
+
+        plots.scaling(frame, title=f"{st.model.name} on {st.system.name}").savefig(plot,
+                                                                                   dpi=110)
+        console.print(f"figure: {plot}")
+
+
+def _print_scaling(frame: Any, title: str) -> None:
+    table = Table(title=title)
+    for col in ("GPUs", "batch", "best strategy that fits", "step s", "MFU", "goodput",
+                "efficiency", "GPU-h / 10⁹ tok", "days to train"):
+        table.add_column(col, justify="left" if col.startswith("best") else "right")
+    for r in frame.iter_rows(named=True):
+        if r["effective_tokens_per_s"] is None:
+            table.add_row(f"{r['gpus']:,}", f"{r['global_batch_size']:,}", str(r["status"]),
+                          *["–"] * 6)
+            continue
+        days = r["run_time_s"]
+        table.add_row(f"{r['gpus']:,}", f"{r['global_batch_size']:,}", r["strategy"],
+                      f"{r['step_time_s']:.3f}", f"{r['mfu']:.1%}",
+                      "–" if r.get("goodput") is None else f"{r['goodput']:.1%}",
+                      f"{r['scaling_efficiency']:.0%}", f"{r['gpu_hours_per_btok']:,.0f}",
+                      "–" if days is None else f"{days / 86400:.1f}")
+    console.print(table)
 
 
 @app.command("report")

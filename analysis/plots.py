@@ -417,3 +417,35 @@ def roofline(table: pl.DataFrame, gpu: GPUSpec, *, dtype: str = "bf16", title: s
     _finish(ax, xlabel="arithmetic intensity (FLOP per byte)", ylabel="achieved TFLOP/s",
             title=title or f"{gpu.name}: where the ops sit", legend="lower right")
     return fig
+
+
+def scaling(frame: pl.DataFrame, *, title: str = "") -> Figure:
+    """A scaling table (``analysis.scaling``) as two panels over the GPU count (log 2): the
+    effective throughput (tokens/s × goodput) against perfect scaling from the smallest count,
+    and the GPU-hours a billion tokens cost, each point labelled with its scaling efficiency
+    — what each doubling buys and what it costs."""
+    fig = Figure(figsize=(11.0, 4.2), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    ok = frame.filter(pl.col("effective_tokens_per_s").is_not_null())
+    if ok.height:
+        gpus = ok["gpus"].to_numpy()
+        eff = ok["effective_tokens_per_s"].to_numpy()
+        left.plot(gpus, eff, "o-", color="tab:blue", label="best strategy that fits")
+        left.plot(gpus, eff[0] * gpus / gpus[0], "--", color="grey", label="perfect scaling")
+        right.plot(gpus, ok["gpu_hours_per_btok"].to_numpy(), "o-", color="tab:red")
+        for x, y, e in zip(gpus, ok["gpu_hours_per_btok"].to_numpy(),
+                           ok["scaling_efficiency"].to_numpy(), strict=True):
+            right.annotate(f"{e:.0%}", (x, y), textcoords="offset points", xytext=(0, 6),
+                           ha="center", fontsize="small")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(frame["gpus"].to_list(), [f"{g:,}" for g in frame["gpus"].to_list()])
+        ax.minorticks_off()
+    left.set_yscale("log")
+    _finish(left, xlabel="GPUs", ylabel="tokens/s × goodput",
+            title=title or "throughput", legend="upper left")
+    missing = frame.height - ok.height
+    _finish(right, xlabel="GPUs", ylabel="GPU-hours per 10⁹ tokens",
+            title="cost (labels: scaling efficiency)"
+            + (f"; {missing} count(s) with no strategy that fits" if missing else ""))
+    return fig

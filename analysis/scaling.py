@@ -1,0 +1,162 @@
+"""Scaling: one study on several GPU counts — the planner's question of how many GPUs to use.
+
+At each count a sweep (``analysis.sweep``) finds the fastest strategy that fits; the row keeps
+it with what the whole run costs there: step time, MFU, goodput under the study's failures
+(more GPUs fail more often: ``FailureModel.job_mttf_s``), time to train and GPU-hours. Time to
+train falls as GPUs are added while GPU-hours grow — pipeline bubbles, exposed communication
+and failures do not shrink with the work per GPU — and the table says where.
+
+The global batch is the study's at every count (strong scaling), or grows with the count
+(``batch_per_gpu``: the study's batch per GPU kept, weak scaling). Each count's sweep is written
+to ``gpus-<N>/`` under the output directory, resumable as any sweep is; the scaling table to
+``scaling.parquet`` and ``scaling.csv``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from analysis.study import Study
+from analysis.sweep import Progress, sweep
+from tracegen import ConfigError
+
+SECONDS_PER_HOUR = 3600.0
+# the scaling table's columns besides the best strategy's result row (``compare.RESULT_COLUMNS``)
+SCALING_COLUMNS: dict[str, Any] = {
+    "gpus": pl.Int64, "global_batch_size": pl.Int64, "valid": pl.Int64, "fit": pl.Int64,
+    "effective_tokens_per_s": pl.Float64, "speedup": pl.Float64,
+    "scaling_efficiency": pl.Float64, "gpu_hours_per_btok": pl.Float64,
+    "run_time_s": pl.Float64, "gpu_hours": pl.Float64,
+}
+
+
+def parse_gpu_counts(text: str) -> tuple[int, ...]:
+    """GPU counts from the CLI: a comma list (``1024,2048,4096``) or a doubling range
+    (``1024..16384``: 1,024, 2,048, …, 16,384), in increasing order."""
+    text = text.strip()
+    try:
+        if ".." in text:
+            lo_s, hi_s = text.split("..", 1)
+            lo, hi = int(lo_s), int(hi_s)
+            if lo < 1 or hi < lo:
+                raise ValueError
+            counts = [lo]
+            while counts[-1] * 2 <= hi:
+                counts.append(counts[-1] * 2)
+        else:
+            counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--gpus {text!r}: give whole GPU counts as a comma list "
+                          "(1024,2048,4096) or a doubling range (1024..16384)",
+                          what="scaling") from None
+    return check_gpu_counts(counts)
+
+
+def check_gpu_counts(counts: Sequence[int]) -> tuple[int, ...]:
+    """The counts, sorted, once each; a clear error for none or a count below 1."""
+    bad = [n for n in counts if isinstance(n, bool) or not isinstance(n, int) or n < 1]
+    if bad or not counts:
+        raise ConfigError(f"GPU counts must be whole numbers ≥ 1, at least one; got "
+                          f"{list(counts)}", what="scaling")
+    return tuple(sorted(set(counts)))
+
+
+def study_at(study: Study, gpus: int, *, batch_per_gpu: bool = False) -> Study:
+    """The study on ``gpus`` GPUs: its search space (listed strategies, which fix dp for the
+    study's own count, are left out), its failures and checkpoints; the global batch the
+    study's, or with ``batch_per_gpu`` scaled with the count."""
+    gbs = study.global_batch_size
+    if batch_per_gpu:
+        scaled = gbs * gpus
+        if scaled % study.gpus:
+            raise ConfigError(f"a global batch of {gbs} on {study.gpus} GPUs scales to "
+                              f"{scaled / study.gpus:g} sequences on {gpus}, not a whole "
+                              "number; choose GPU counts that keep the batch per GPU whole",
+                              what=f"study {study.name!r}")
+        gbs = scaled // study.gpus
+    return dataclasses.replace(study, name=f"{study.name}-{gpus}gpus", gpus=gpus,
+                               global_batch_size=gbs, strategies=())
+
+
+def scaling(study: Study, gpu_counts: Sequence[int], out_dir: str | Path, *,
+            batch_per_gpu: bool = False, top_k: int = 1, workers: int | None = None,
+            scheduler: str | None = None, progress: Progress | None = None) -> pl.DataFrame:
+    """One row per GPU count: the best strategy of its sweep (replayed: ``top_k`` ≥ 1), or
+    where none fits, the count with its status. ``progress`` is called as the sweeps' is,
+    with the count in the phase's name."""
+    if top_k < 1:
+        raise ConfigError(f"top_k must be at least 1 (the best is replayed), got {top_k}",
+                          what="scaling")
+    counts = check_gpu_counts(gpu_counts)
+    studies = [study_at(study, n, batch_per_gpu=batch_per_gpu) for n in counts]  # fail early
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for n, sub in zip(counts, studies, strict=True):
+        phase_progress = None if progress is None else _prefixed(progress, f"{n:,} GPUs: ")
+        ranked, tally = sweep(sub, out / f"gpus-{n}", top_k=top_k, workers=workers,
+                              scheduler=scheduler, progress=phase_progress)
+        rows.append(_row(sub, ranked, tally))
+    frame = _derived(pl.DataFrame(rows, schema=_schema(ranked)), study.tokens)
+    for name, write in (("scaling.parquet", frame.write_parquet), ("scaling.csv",
+                                                                   frame.write_csv)):
+        write(out / name)
+    return frame
+
+
+def _prefixed(progress: Progress, prefix: str) -> Progress:
+    return lambda phase, done, total: progress(prefix + phase, done, total)
+
+
+def _schema(ranked: pl.DataFrame) -> dict[str, Any]:
+    return {**SCALING_COLUMNS, **{k: v for k, v in ranked.schema.items()
+                                  if k not in SCALING_COLUMNS and k != "rank"}}
+
+
+def _row(study: Study, ranked: pl.DataFrame, tally: dict[str, int]) -> dict[str, Any]:
+    """The best fitting strategy of one count's ranked sweep, with the count, or (none fits)
+    the count and a status that says why."""
+    fits = ranked.filter(pl.col("fits").fill_null(False))
+    base = {"gpus": study.gpus, "global_batch_size": study.global_batch_size,
+            "valid": tally["valid"], "fit": fits.height}
+    if fits.is_empty():
+        why = ("no valid strategy (the search space has no layout of this many GPUs for a "
+               f"global batch of {study.global_batch_size})" if not tally["valid"] else
+               f"none of {tally['valid']:,} valid strategies fits in memory")
+        return {**base, "status": why}
+    best = {k: v for k, v in fits.row(0, named=True).items() if k != "rank"}
+    return {**best, **base}
+
+
+def _derived(frame: pl.DataFrame, tokens: float) -> pl.DataFrame:
+    """What the counts are compared by. Throughput is tokens per second times goodput (1
+    without failures): it compares strong and weak scaling alike. Against the smallest count
+    with a result: the speed-up and the scaling efficiency, speed-up × smallest count / count
+    (1 = throughput grows as the GPUs). GPU-hours per billion tokens; with a token budget, the
+    run's time (the resilience model's expected time to train where the study has failures)
+    and its GPU-hours."""
+    goodput = (pl.col("goodput").fill_null(1.0) if "goodput" in frame.columns else pl.lit(1.0))
+    eff = pl.col("tokens_per_s") * goodput
+    healthy = pl.lit(tokens) / pl.col("tokens_per_s") if tokens > 0 else pl.lit(None, pl.Float64)
+    run = (pl.coalesce(pl.col("time_to_train_s"), healthy) if "time_to_train_s" in frame.columns
+           else healthy)
+    frame = frame.with_columns(
+        eff.alias("effective_tokens_per_s"), run.alias("run_time_s")).with_columns(
+        (pl.col("run_time_s") * pl.col("gpus") / SECONDS_PER_HOUR).alias("gpu_hours"),
+        (pl.col("gpus") * 1e9 / (pl.col("effective_tokens_per_s") * SECONDS_PER_HOUR)
+         ).alias("gpu_hours_per_btok"))
+    ok = frame.filter(pl.col("effective_tokens_per_s").is_not_null())
+    if ok.is_empty():
+        return frame
+    base_eff, base_gpus = ok["effective_tokens_per_s"][0], ok["gpus"][0]
+    speedup = pl.col("effective_tokens_per_s") / base_eff
+    return frame.with_columns(speedup.alias("speedup"),
+                              (speedup * base_gpus / pl.col("gpus")).alias("scaling_efficiency"))
+
+
+__all__ = ["parse_gpu_counts", "scaling", "study_at"]

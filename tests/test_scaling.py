@@ -1,0 +1,118 @@
+"""Scaling studies: each GPU count's row is the best fitting strategy of its own sweep, the
+derived columns are the closed forms they claim, the batch is kept or scaled as asked, and a
+count where nothing runs is a row that says why, not an error."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from analysis import plots
+from analysis.scaling import parse_gpu_counts, scaling, study_at
+from analysis.study import load_study
+from tests.studies import write_study
+from tracegen import ConfigError
+
+SMALL = ("[search]\ntp = [1, 2]\npp = [1, 2]\nvpp = [1]\nmicro_batch_size = [1, 2]\n"
+         "recompute = [\"none\"]\nzero_stage = [1]\nsequence_parallel = [false]\n")
+
+
+def _study(tmp_path: Path, *, failures: bool) -> Path:
+    path = write_study(tmp_path / "study", strategies=False, failures=failures)
+    path.write_text(path.read_text() + SMALL)
+    return path
+
+
+@pytest.mark.parametrize("text, counts", [
+    ("1024..8192", (1024, 2048, 4096, 8192)), ("8..8", (8,)), ("16..40", (16, 32)),
+    ("64, 8,16,8", (8, 16, 64))])
+def test_gpu_counts_from_the_command_line(text: str, counts: tuple[int, ...]) -> None:
+    assert parse_gpu_counts(text) == counts
+
+
+@pytest.mark.parametrize("text", ["", "abc", "0", "8,-16", "64..8", "0..8", "8..x"])
+def test_bad_gpu_counts_say_how_to_write_them(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"GPU counts|--gpus"):
+        parse_gpu_counts(text)
+
+
+def test_each_count_is_the_best_of_its_own_sweep(tmp_path: Path) -> None:
+    study = load_study(_study(tmp_path, failures=True))
+    got = scaling(study, [16, 8], tmp_path / "out", workers=1)
+    assert got["gpus"].to_list() == [8, 16]
+    assert (got["global_batch_size"] == study.global_batch_size).all()  # strong scaling
+    for row in got.iter_rows(named=True):
+        ranked = pl.read_parquet(tmp_path / "out" / f"gpus-{row['gpus']}" / "results.parquet")
+        best = ranked.filter(pl.col("fits")).row(0, named=True)
+        assert (row["id"], row["status"], row["step_time_s"]) == (
+            best["id"], "replayed", best["step_time_s"])
+        assert row["dp"] * row["tp"] * row["pp"] == row["gpus"]
+        assert 0 < row["goodput"] < 1
+    on_disk = pl.read_csv(tmp_path / "out" / "scaling.csv")
+    assert on_disk["id"].to_list() == got["id"].to_list()
+
+
+def test_derived_columns_are_their_closed_forms(tmp_path: Path) -> None:
+    """Without failures: throughput is tokens/s; the run lasts tokens ÷ tokens/s; GPU-hours are
+    that × GPUs; speed-up and efficiency are against the smallest count."""
+    study = load_study(_study(tmp_path, failures=False))
+    got = scaling(study, [8, 16, 32], tmp_path / "out", workers=1)
+    eff = got["tokens_per_s"].to_numpy()
+    assert got["effective_tokens_per_s"].to_numpy() == pytest.approx(eff)
+    assert got["run_time_s"].to_numpy() == pytest.approx(study.tokens / eff)
+    assert got["gpu_hours"].to_numpy() == pytest.approx(
+        study.tokens / eff * got["gpus"].to_numpy() / 3600)
+    assert got["gpu_hours_per_btok"].to_numpy() == pytest.approx(
+        got["gpu_hours"].to_numpy() * 1e9 / study.tokens)
+    assert got["speedup"].to_numpy() == pytest.approx(eff / eff[0])
+    assert got["scaling_efficiency"].to_numpy() == pytest.approx(
+        eff / eff[0] * 8 / got["gpus"].to_numpy())
+    assert got["scaling_efficiency"][0] == 1.0
+
+
+def test_batch_per_gpu_scales_the_global_batch(tmp_path: Path) -> None:
+    study = load_study(_study(tmp_path, failures=False))  # 32 sequences on 8 GPUs
+    assert study_at(study, 32, batch_per_gpu=True).global_batch_size == 128
+    assert study_at(study, 32).global_batch_size == 32
+    assert study_at(study, 32).strategies == ()
+    odd = dataclasses.replace(study, global_batch_size=36)  # 4.5 sequences a GPU
+    assert study_at(odd, 16, batch_per_gpu=True).global_batch_size == 72
+    with pytest.raises(ConfigError, match=r"40\.5 sequences on 9, not a whole number"):
+        study_at(odd, 9, batch_per_gpu=True)
+    with pytest.raises(ConfigError, match="not a whole number"):  # before any sweep runs
+        scaling(odd, [16, 9], tmp_path / "out", batch_per_gpu=True, workers=1)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_count_where_nothing_runs_is_a_row_that_says_why(tmp_path: Path) -> None:
+    """256 GPUs cannot share a global batch of 32: the space's tp·pp is at most 4, so dp is at
+    least 64, more replicas than sequences."""
+    study = load_study(_study(tmp_path, failures=False))
+    got = scaling(study, [8, 256], tmp_path / "out", workers=1)
+    last = got.row(1, named=True)
+    assert last["valid"] == 0 and last["effective_tokens_per_s"] is None
+    assert "no valid strategy" in last["status"] and "global batch of 32" in last["status"]
+    fig = plots.scaling(got)  # the count with no result is said, not drawn
+    assert "1 count(s) with no strategy that fits" in fig.axes[1].get_title()
+    fig.savefig(tmp_path / "s.png")
+
+
+def test_scale_command_writes_the_table_and_figure(tmp_path: Path) -> None:
+    path = _study(tmp_path, failures=True)
+    out, png = tmp_path / "out", tmp_path / "scaling.png"
+    run = subprocess.run([sys.executable, "-m", "analysis.cli", "scale", str(path), "--gpus",
+                          "8..16", "-o", str(out), "--plot", str(png), "--workers", "1"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "days to train" in run.stdout and "16" in run.stdout
+    assert pl.read_csv(out / "scaling.csv").height == 2
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = subprocess.run([sys.executable, "-m", "analysis.cli", "scale", str(path), "--gpus",
+                          "0", "-o", str(out)], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "GPU counts must be whole numbers" in bad.stdout + bad.stderr
+    assert "Traceback" not in bad.stdout + bad.stderr
