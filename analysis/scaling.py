@@ -22,7 +22,7 @@ from typing import Any
 import polars as pl
 
 from analysis.study import Study
-from analysis.sweep import Progress, sweep
+from analysis.sweep import SCHEMA, Progress, sweep
 from tracegen import ConfigError
 
 SECONDS_PER_HOUR = 3600.0
@@ -33,6 +33,8 @@ SCALING_COLUMNS: dict[str, Any] = {
     "scaling_efficiency": pl.Float64, "gpu_hours_per_btok": pl.Float64,
     "run_time_s": pl.Float64, "gpu_hours": pl.Float64,
 }
+# a row: the count's columns, then its best strategy's result row (as a sweep writes it)
+_SCHEMA = {**SCALING_COLUMNS, **{k: v for k, v in SCHEMA.items() if k not in SCALING_COLUMNS}}
 
 
 def parse_gpu_counts(text: str) -> tuple[int, ...]:
@@ -102,7 +104,7 @@ def scaling(study: Study, gpu_counts: Sequence[int], out_dir: str | Path, *,
         ranked, tally = sweep(sub, out / f"gpus-{n}", top_k=top_k, workers=workers,
                               scheduler=scheduler, progress=phase_progress)
         rows.append(_row(sub, ranked, tally))
-    frame = _derived(pl.DataFrame(rows, schema=_schema(ranked)), study.tokens)
+    frame = _derived(pl.DataFrame(rows, schema=_SCHEMA), study.tokens)
     for name, write in (("scaling.parquet", frame.write_parquet), ("scaling.csv",
                                                                    frame.write_csv)):
         write(out / name)
@@ -111,11 +113,6 @@ def scaling(study: Study, gpu_counts: Sequence[int], out_dir: str | Path, *,
 
 def _prefixed(progress: Progress, prefix: str) -> Progress:
     return lambda phase, done, total: progress(prefix + phase, done, total)
-
-
-def _schema(ranked: pl.DataFrame) -> dict[str, Any]:
-    return {**SCALING_COLUMNS, **{k: v for k, v in ranked.schema.items()
-                                  if k not in SCALING_COLUMNS and k != "rank"}}
 
 
 def _row(study: Study, ranked: pl.DataFrame, tally: dict[str, int]) -> dict[str, Any]:
