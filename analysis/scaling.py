@@ -137,11 +137,9 @@ def _derived(frame: pl.DataFrame, tokens: float) -> pl.DataFrame:
     (1 = throughput grows as the GPUs). GPU-hours per billion tokens; with a token budget, the
     run's time (the resilience model's expected time to train where the study has failures)
     and its GPU-hours."""
-    goodput = (pl.col("goodput").fill_null(1.0) if "goodput" in frame.columns else pl.lit(1.0))
-    eff = pl.col("tokens_per_s") * goodput
+    eff = pl.col("tokens_per_s") * pl.col("goodput").fill_null(1.0)
     healthy = pl.lit(tokens) / pl.col("tokens_per_s") if tokens > 0 else pl.lit(None, pl.Float64)
-    run = (pl.coalesce(pl.col("time_to_train_s"), healthy) if "time_to_train_s" in frame.columns
-           else healthy)
+    run = pl.coalesce(pl.col("time_to_train_s"), healthy)
     frame = frame.with_columns(
         eff.alias("effective_tokens_per_s"), run.alias("run_time_s")).with_columns(
         (pl.col("run_time_s") * pl.col("gpus") / SECONDS_PER_HOUR).alias("gpu_hours"),
