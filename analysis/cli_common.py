@@ -104,6 +104,10 @@ AdamMomentsOpt = Annotated[str, typer.Option(
 Fp8GatherOpt = Annotated[bool, typer.Option(
     "--fp8-param-gather", help="FP8 runs, ZeRO ≥ 1: all-gather the parameters in 1 byte "
     "(Megatron --fp8-param-gather; Megatron-FSDP's gathers under ZeRO-3).")]
+InstancesOpt = Annotated[int, typer.Option(
+    "--dist-opt-instances", help="ZeRO 1/2: shard the optimizer over dp·cp / N ranks, "
+    "replicated N times; gradients reduce-scattered inside an instance, then all-reduced "
+    "across them (Megatron-Core --num-distributed-optimizer-instances; dense models).")]
 LayoutOpt = Annotated[str, typer.Option(
     "--pipeline-layout",
     help="Megatron-Core's --pipeline-model-parallel-layout: what each model chunk holds, "
@@ -152,7 +156,7 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    moe_dispatcher: str = "alltoall",
                    moe_shared_expert_overlap: bool = False,
                    pipeline_layout: str = "", adam_moments: str = "fp32",
-                   fp8_param_gather: bool = False) -> Strategy:
+                   fp8_param_gather: bool = False, dist_opt_instances: int = 1) -> Strategy:
     """The strategy the shared options describe (dp from the GPU count)."""
     small = [f"--{k} must be ≥ 1, got {v}" for k, v in
              (("gpus", gpus), ("tp", tp), ("pp", pp), ("cp", cp)) if v < 1]
@@ -181,7 +185,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     moe_shared_expert_overlap=moe_shared_expert_overlap,
                     pipeline_layout=pipeline_layout,
                     adam_moments_dtype=adam_moments,  # type: ignore[arg-type]
-                    fp8_param_gather=fp8_param_gather)
+                    fp8_param_gather=fp8_param_gather,
+                    dist_opt_instances=dist_opt_instances)
 
 
 def note_precision(precisions: set[str], system: SystemSpec) -> None:

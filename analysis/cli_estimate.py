@@ -48,6 +48,7 @@ def estimate_cmd(
     moe_dispatcher: C.MoeDispatcherOpt = "alltoall",
     moe_shared_expert_overlap: C.SharedOverlapOpt = False, pipeline_layout: C.LayoutOpt = "",
     adam_moments: C.AdamMomentsOpt = "fp32", fp8_param_gather: C.Fp8GatherOpt = False,
+    dist_opt_instances: C.InstancesOpt = 1,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
                                                   "JSON to this file.")] = None,
     ops: Annotated[int | None, typer.Option(
@@ -81,7 +82,7 @@ def estimate_cmd(
         recompute_num_layers=recompute_num_layers, recompute_modules=recompute_modules,
         moe_dispatcher=moe_dispatcher, moe_shared_expert_overlap=moe_shared_expert_overlap,
         pipeline_layout=pipeline_layout, adam_moments=adam_moments,
-        fp8_param_gather=fp8_param_gather)
+        fp8_param_gather=fp8_param_gather, dist_opt_instances=dist_opt_instances)
     sys_spec = resolve_system(system)
     g = glance(spec, strategy, sys_spec)
     print_glance(g, strategy)
@@ -164,6 +165,9 @@ def print_glance(g: Glance, s: Strategy) -> None:
                   + (f" ({s.recompute_modules.replace(',', ', ')})"
                      if s.recompute == "selective" else "") + ", "
                   f"ZeRO {s.zero_stage}, {s.precision}"
+                  + (f", {s.dist_opt_instances} optimizer instances of "
+                     f"{s.dp * s.cp // s.dist_opt_instances} ranks"
+                     if s.dist_opt_instances > 1 else "")
                   + (", gradients reduced in bf16" if s.grad_reduce_in_bf16 else "")
                   + (f", Adam moments in {s.adam_moments_dtype}"
                      if s.adam_moments_dtype != "fp32" else "")

@@ -35,7 +35,8 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
                                      1 if s.zero_stage == 2 else s.zero_stage,
                                      s.dp, s.cp, s.ep, s.overlap_param_gather,
                                      s.grad_reduce_in_bf16, s.expert_tp,
-                                     s.adam_moments_dtype, s.fp8_param_gather))
+                                     s.adam_moments_dtype, s.fp8_param_gather,
+                                     s.dist_opt_instances))
     propagate = s.pp > 1 and s.overlap_grad_reduce and costs.compute.gpu.comm_interference > 0
     shifted = propagate and bool(steps) and s.zero_stage < 3  # ends moved by their own delay
     if shifted:
@@ -101,7 +102,9 @@ def _tail(costs: Costs, x: Stage, rank: int, ce: Sequence[int], strategy_key: in
     else:
         end = max(ce)
         rel = tuple(e - end for e in ce)
-    key = (id(x), rel, strategy_key, costs.shape("dp", rank),
+    key = (id(x), rel, strategy_key,
+           costs.shape("dp", rank) if costs.s.dist_opt_instances == 1 else
+           _dense_lane(costs, rank),
            costs.shape("edp", rank) if costs.moe else None)
     got = costs.ctx.tails.get(key)
     if got is None:
@@ -125,6 +128,8 @@ def _after(costs: Costs, x: Stage, rank: int, gathers: list[tuple[str, int, int]
     if s.overlap_param_gather:  # the gathers open the next step (``_param_gather_delay``)
         gathers = []
     for axis, padded, count in gathers:
+        if dp_group_size(s, axis) < 2:  # (an instance of one rank gathers nothing)
+            continue
         shard = padded // dp_group_size(s, axis) * O.param_gather_bytes(s)
         after += count * costs.net.shape_ns("ALL_GATHER", shard, costs.shape(axis, rank))
     return after
@@ -137,7 +142,8 @@ def _cooldowns(costs: Costs, stages: list[Stage], reps: list[int], steps: Tails,
     backward as it ran, optimizer and gathers after that, how much later than walked that
     backward ends)."""
     key = (id(steps), strategy_key, tuple(map(id, stages)),
-           tuple(costs.shape("dp", r) for r in reps),
+           tuple([costs.shape("dp", r) if costs.s.dist_opt_instances == 1 else
+                  _dense_lane(costs, r) for r in reps]),
            tuple(costs.shape("edp", r) for r in reps) if costs.moe else None)
     got = costs.ctx.cooldowns.get(key)
     if got is None:
@@ -209,7 +215,7 @@ def _dense_cooldown_walk(costs: Costs, stages: list[Stage], reps: list[int], ste
     tails, order = steps
     p = len(stages)
     size = dp_group_size(costs.s, "dp")
-    shapes = [costs.shape("dp", r) for r in reps]
+    lanes = [_dense_lane(costs, r) for r in reps]
     busy = [_IDLE] * p  # each stage's stream: free from then
     w = [tail[0][0] - tail[0][1] for tail in tails]  # each stage's previous step, as it ran
     walked = [_IDLE] * p  # and as walked
@@ -229,9 +235,10 @@ def _dense_cooldown_walk(costs: Costs, stages: list[Stage], reps: list[int], ste
         free = busy[st]
         if issues and size > 1:
             x = stages[st]
-            busy[st], late = _drain(costs, x.runs_bwd[ch], "dp", size, shapes[st], start,
+            shard, shape, inter = lanes[st]
+            busy[st], late = _drain(costs, x.runs_bwd[ch], "dp", shard, shape, start,
                                     start + d, start + d, free, kappa * x.busy_b[ch],
-                                    gathers[st])
+                                    gathers[st], inter)
             end = start + d + late
         elif free > start and not issues:  # slowed until the stream frees (``_advance``)
             k = kappa * stages[st].busy_b[ch]
@@ -254,7 +261,7 @@ def _after_memo(costs: Costs, x: Stage, rank: int, gathers: list[tuple[str, int,
     key = (x.params, tuple(gathers), 1 if s.zero_stage == 2 else s.zero_stage,  # (tails_ns)
            s.dp, s.cp, s.ep, s.tp, s.expert_tp,
            s.overlap_param_gather, s.adam_moments_dtype, s.fp8_param_gather,
-           costs.shape("dp", rank),
+           costs.shape("dp", rank) if s.dist_opt_instances == 1 else _dense_lane(costs, rank),
            costs.shape("edp", rank) if costs.moe else None)
     got = costs.ctx.afters.get(key)
     if got is None:
@@ -264,6 +271,17 @@ def _after_memo(costs: Costs, x: Stage, rank: int, gathers: list[tuple[str, int,
 
 # (issue time of the first, interval between issues, how many, parameters each)
 BucketRun = tuple[int, int, int, int]
+# a group's (ranks, nodes spanned, ranks per node, rail-aligned): ``Costs.shape``
+Shape = tuple[int, int, int, bool]
+
+
+def _dense_lane(costs: Costs, rank: int) -> tuple[int, Shape, Shape | None]:
+    """The dense gradient buckets' group on ``rank``: (the size ZeRO ≥ 1 shards over, its
+    shape, the shape of the group across optimizer instances or None with one instance)."""
+    s = costs.s
+    if s.dist_opt_instances == 1:
+        return dp_group_size(s, "dp"), costs.shape("dp", rank), None
+    return (dp_group_size(s, "dps"), costs.shape("dps", rank), costs.shape("dpr", rank))
 
 
 def _buckets_done(costs: Costs, rank: int,
@@ -290,15 +308,18 @@ def _buckets_done(costs: Costs, rank: int,
         size = dp_group_size(s, "dp")
         if size < 2:
             return end, gathers, 0
-        free, late = _drain(costs, runs[0], "dp", size, costs.shape("dp", rank),
-                            end - chunk_bwd[0], end, end, _IDLE,
-                            kappa * busy_b[0] if kappa else 0.0, gathers)
+        shape, inter = costs.shape("dp", rank), None
+        if s.dist_opt_instances > 1:
+            size, shape, inter = _dense_lane(costs, rank)
+        free, late = _drain(costs, runs[0], "dp", size, shape, end - chunk_bwd[0], end, end,
+                            _IDLE, kappa * busy_b[0] if kappa else 0.0, gathers, inter)
         return max(end + late, free), gathers, late
     stream = {"dp": _IDLE, "edp": _IDLE}
     if costs.moe:
         axes = [(axis, dp_group_size(s, axis), costs.shape(axis, rank)) for axis in ("dp", "edp")]
     else:
-        axes = [("dp", dp_group_size(s, "dp"), costs.shape("dp", rank))]
+        axes = [("dp", *_dense_lane(costs, rank)[:2])]
+    inter = None if costs.moe else _dense_lane(costs, rank)[2]
     order = sorted(range(len(chunk_ends)), key=chunk_ends.__getitem__)
     extra = 0
     for chunk in order:
@@ -311,11 +332,12 @@ def _buckets_done(costs: Costs, rank: int,
             extra += late
             continue
         for axis, size, shape in axes:
-            if size < 2:
+            if size < 2 and inter is None:
                 continue
             lane = axis if s.overlap_grad_reduce else "dp"  # without overlap: one queue
             stream[lane], late = _drain(costs, runs[chunk], axis, size, shape, start,
-                                        chunk_ends[chunk], end, stream[lane], k, gathers)
+                                        chunk_ends[chunk], end, stream[lane], k, gathers,
+                                        inter)
             extra += late
     return max(end + extra, *stream.values()), gathers, extra
 
@@ -386,24 +408,33 @@ _IDLE = -(1 << 62)
 
 
 def _drain(costs: Costs, blocks: tuple[tuple[ParamBlock, int, int], ...], axis: str,
-           size: int, shape: tuple[int, int, int, bool], start: int, chunk_end: int, end: int,
-           busy: int, k: float, gathers: list[tuple[str, int, int]]) -> tuple[int, int]:
+           size: int, shape: Shape, start: int, chunk_end: int, end: int,
+           busy: int, k: float, gathers: list[tuple[str, int, int]], inter: Shape | None = None
+           ) -> tuple[int, int]:
     """(when the stream is free, how much later the chunk's last backward ends) after one
     chunk's buckets on one group's stream, busy until ``busy`` before them; the chunk's
     backward runs from ``start`` to ``chunk_end``, the stage's last ends at ``end``; ``k``: κ
-    scaled to the chunk's compute share (0: no interference). Appends the ZeRO ≥ 1 gathers."""
+    scaled to the chunk's compute share (0: no interference). Appends the ZeRO ≥ 1 gathers.
+    ``inter``: with several optimizer instances, the shape of the group across them — each
+    bucket's reduce-scatter over the instance (``size``, ``shape``) is then followed on the
+    stream by its shard's all-reduce across instances (``program.bucket_comms``)."""
     s = costs.s
     runs = _bucket_runs_of(costs, blocks, axis)  # issue times from the chunk's start
     coll: O.CollType = "REDUCE_SCATTER" if s.zero_stage >= 1 else "ALL_REDUCE"
     grad_bytes, gather, overlap = O.grad_reduce_bytes(s), s.zero_stage >= 1, s.overlap_grad_reduce
     shape_ns = costs.net.shape_ns
+    gaxis = axis if inter is None else "dps"
     w = c = float(start)  # with interference: wall time, backward time, stream free
     free = float(busy)
     for t, step, n, params in runs:
         padded = -(-params // size) * size
-        d = shape_ns(coll, padded * grad_bytes, shape)
+        if inter is None:
+            d = shape_ns(coll, padded * grad_bytes, shape)
+        else:  # (an instance of one rank scatters nothing)
+            d = shape_ns(coll, padded * grad_bytes, shape) if size > 1 else 0
+            d += shape_ns("ALL_REDUCE", padded // size * grad_bytes, inter)
         if gather:
-            gathers.append((axis, padded, n))
+            gathers.append((gaxis, padded, n))
         if k:
             w, c, free = _interfered_step(w, c, free, t + start, step, n, d, k)
             continue

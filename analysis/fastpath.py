@@ -47,7 +47,7 @@ from tracegen.catalog import resolve_model
 from tracegen.memory import activation_bytes_per_layer
 from tracegen.memory import total_bytes as memory_total_bytes
 from tracegen.model import ModelSpec
-from tracegen.program import ParamBlock, bucket_plan, dp_group_size
+from tracegen.program import ParamBlock, bucket_plan, dp_group_size, shard_axis
 from tracegen.strategy import Strategy, check_fits_model
 from tracegen.units import NS_PER_S, GiB
 
@@ -450,10 +450,11 @@ def _gather_timeline(costs: Costs, st: int, rank: int
     busy = []
     per_param = O.param_gather_bytes(s)
     for axis in ("dp", "edp") if costs.moe else ("dp",):
-        size = dp_group_size(s, axis)
-        if size < 2:
+        group = shard_axis(s, axis)
+        size = dp_group_size(s, group)
+        if dp_group_size(s, axis) < 2 or size < 2:
             continue
-        shape, t = costs.shape(axis, rank), 0
+        shape, t = costs.shape(group, rank), 0
         for own, ready in zip(blocks, need, strict=True):
             for first, n in reversed(bucket_plan(own, axis, s.dp_bucket_params)):
                 t += costs.net.shape_ns("ALL_GATHER", -(-n // size) * per_param, shape)

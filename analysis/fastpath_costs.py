@@ -28,12 +28,13 @@ from tracegen.units import DTYPE_CODE
 
 
 def _group_shape(axis: str, rank: int, tp: int, cp: int, dp: int, pp: int, ep: int,
-                 embedding_stage: int | None, moe: bool, gpus_per_node: int, expert_tp: int
-                 ) -> tuple[int, int, int, bool]:
+                 embedding_stage: int | None, moe: bool, gpus_per_node: int, expert_tp: int,
+                 instances: int) -> tuple[int, int, int, bool]:
     """(ranks, nodes spanned, ranks per node, rail-aligned) of ``rank``'s group on ``axis``
     (shared by every strategy with the same degrees: a sweep computes each once)."""
     degrees = Strategy(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, global_batch_size=dp,
-                       expert_tp=expert_tp, sequence_parallel=tp > 1)
+                       expert_tp=expert_tp, sequence_parallel=tp > 1,
+                       dist_opt_instances=instances, zero_stage=1 if instances > 1 else 0)
     mesh = Mesh(degrees, embedding_stage=embedding_stage, moe=moe)
     return ranges_shape(mesh.member_ranges(axis, mesh.coord(rank)), gpus_per_node)
 
@@ -172,7 +173,7 @@ class Costs:
         self.embd_partner = embedding_partner(model, s) if s.pp > 1 else None
         # all a group's shape depends on besides its axis and rank
         self._degrees = (s.tp, s.cp, s.dp, s.pp, s.ep, self.embd_partner, self.moe,
-                         self.gpn, s.expert_tp)
+                         self.gpn, s.expert_tp, s.dist_opt_instances)
         # the shapes of this layout's groups (the layout is hashed once per strategy, not per
         # lookup)
         self._shapes = self.ctx.shapes.setdefault(self._degrees, {})

@@ -18,7 +18,8 @@
     tp = [1, 2, 4, 8]               # also pp, vpp, micro_batch_size, recompute, zero_stage,
                                     # sequence_parallel; optional cp, ep, expert_tp,
                                     # schedule, tp_comm_overlap, overlap_param_gather,
-                                    # zero3_prefetch, recompute_num_layers (with "full")
+                                    # zero3_prefetch, recompute_num_layers (with "full"),
+                                    # dist_opt_instances (ZeRO 1/2, dense models)
 
     [failures]                      # a preset, or rate_per_gpu_hour (+ weibull_shape)
     preset = "llama3-16k-h100"

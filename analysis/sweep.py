@@ -35,7 +35,7 @@ OPTIONAL_DIMENSIONS = ("cp", "ep", "expert_tp", "schedule", "tp_comm_overlap",
                        "overlap_param_gather", "zero3_prefetch", "recompute_num_layers",
                        "recompute_modules", "moe_dispatcher", "moe_shared_expert_overlap",
                        "pipeline_layout", "adam_moments_dtype", "fp8_param_gather",
-                       "precision")
+                       "precision", "dist_opt_instances")
 Progress = Callable[[str, int, int], None]
 
 
@@ -66,7 +66,7 @@ def search_space(study: Study) -> dict[str, list[Any]]:
 
 # what each dimension's values must be: (kind, least value for whole numbers)
 _WHOLE = {"tp": 1, "pp": 1, "vpp": 1, "micro_batch_size": 1, "cp": 1, "ep": 1,
-          "zero_stage": 0, "expert_tp": 0, "recompute_num_layers": 0}
+          "zero_stage": 0, "expert_tp": 0, "recompute_num_layers": 0, "dist_opt_instances": 1}
 _FLAGS = ("sequence_parallel", "tp_comm_overlap", "overlap_param_gather", "zero3_prefetch",
           "moe_shared_expert_overlap", "fp8_param_gather")
 
@@ -134,7 +134,8 @@ def _strategy(study: Study, d: dict[str, Any]) -> Strategy | None:
                      pipeline_layout=str(d.get("pipeline_layout", "")),
                      adam_moments_dtype=d.get("adam_moments_dtype", "fp32"),
                      fp8_param_gather=bool(d.get("fp8_param_gather", False)),
-                     precision=d.get("precision", "bf16"))
+                     precision=d.get("precision", "bf16"),
+                     dist_opt_instances=int(d.get("dist_opt_instances", 1)))
         # a layer count pp·vpp does not divide: shorter end chunks, as frameworks run it
         s = with_shorter_end_chunks(s, study.model.num_layers)
         check_fits_model(s, study.model)

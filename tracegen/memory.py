@@ -466,7 +466,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
         if s.zero_stage >= 3:
             weights = _sharded_bytes(s, dense, expert_params, ZERO3_PARAM_BYTES)
     elif s.zero_stage:  # dense parameters only: one group, dp·cp (the screening common case)
-        dp_shard = s.dp * s.cp
+        dp_shard = s.dp * s.cp // s.dist_opt_instances  # (an instance of the optimizer)
         optim = -(-params_local * optim_per_param // dp_shard)
         if s.zero_stage >= 2:
             grads = -(-grads // dp_shard)

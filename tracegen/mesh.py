@@ -20,7 +20,11 @@ from tracegen.strategy import Strategy
 # "dp" is the gradient-reduction group: every rank holding the same weights (dp × cp).
 # "edp" is the expert-data-parallel group (dp / ep), "embd" joins the first and last stage
 # for the shared embedding's gradient all-reduce (a tied head, or multi-token prediction).
-AXES: tuple[str, ...] = ("tp", "cp", "dp", "ep", "edp", "embd")
+# With several distributed-optimizer instances (``Strategy.dist_opt_instances`` R) "dps" is an
+# instance (dp·cp / R consecutive members of the "dp" group: Megatron-Core's intra-instance
+# partial data-parallel group) and "dpr" joins the members at one position of every instance
+# (its inter-instance group); last, so the other groups keep their ids.
+AXES: tuple[str, ...] = ("tp", "cp", "dp", "ep", "edp", "embd", "dps", "dpr")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -118,11 +122,26 @@ class Mesh:
         if axis == "edp":  # every ep-th dp index, each with all of cp
             return [range(b, b + tp * cp, tp) for b in
                     (r(pp=c.pp, dp=d, cp=0, tp=c.tp) for d in range(c.dp % s.ep, s.dp, s.ep))]
+        if axis in ("dps", "dpr"):
+            return [self._instance_range(axis, c)]
         if axis == "embd":
             partner = s.pp - 1 if self.embedding_stage is None else self.embedding_stage
             ends = dict.fromkeys(r(pp=p, dp=c.dp, cp=c.cp, tp=c.tp) for p in (0, partner))
             return [range(e, e + 1) for e in ends]
         raise ValueError(axis)
+
+    def _instance_range(self, axis: str, c: Coord) -> range:
+        """``c``'s distributed-optimizer instance ("dps": a block of ``dp·cp / R`` consecutive
+        members of its "dp" group) or the R members at its position in every instance ("dpr")."""
+        s = self.s
+        start = self.rank_of(pp=c.pp, dp=0, cp=0, tp=c.tp)
+        shard = s.dp * s.cp // s.dist_opt_instances
+        i = c.cp + s.cp * c.dp  # position in the "dp" group
+        if axis == "dps":
+            first = start + s.tp * (i - i % shard)
+            return range(first, first + s.tp * shard, s.tp)
+        first = start + s.tp * (i % shard)
+        return range(first, first + s.tp * s.dp * s.cp, s.tp * shard)
 
     def _folded_ranges(self, axis: str, c: Coord) -> list[range]:
         """MoE parallel folding (``Strategy.expert_tp`` 1): a stage's tp·cp·dp ranks in rank
@@ -143,6 +162,8 @@ class Mesh:
             return self.embedding_stage is not None and self.s.pp > 1
         if axis in ("ep", "edp"):
             return self.moe
+        if axis in ("dps", "dpr"):
+            return self.s.dist_opt_instances > 1
         return True
 
     @cached_property
@@ -176,7 +197,8 @@ class Mesh:
         s = self.s
         sizes = {"tp": s.tp, "cp": s.cp, "dp": s.dp * s.cp, "ep": s.ep,
                  "edp": s.tp * s.cp * s.dp // s.ep if s.moe_folded else s.dp // s.ep * s.cp,
-                 "embd": 2 if s.pp > 1 else 1}
+                 "embd": 2 if s.pp > 1 else 1,
+                 "dps": s.dp * s.cp // s.dist_opt_instances, "dpr": s.dist_opt_instances}
         return sizes[axis] if self._axis_used(axis) else 1
 
     def pp_peer(self, rank: int, offset: int) -> int:

@@ -90,6 +90,7 @@ class RoleProgram:
         self.last_coll: dict[str, int] = {}
         self.pending_dp: list[int] = []
         self._last_rs: dict[str, int] = {}  # ZeRO-3: each group's latest gradient scatter
+        self._last_ar: int | None = None  # optimizer instances: the latest cross-instance one
         self.deferred_dp: list[O.Comm] = []  # buckets issued after the backward (no overlap)
         # overlap_param_gather: (micro-batch, chunk, block) → the gathers its forward waits for
         self.gather_waits: dict[tuple[int, int, int], list[int]] = {}
@@ -357,15 +358,25 @@ class RoleProgram:
         self.buckets[axis] = 0
         if size < 2:
             return
-        padded = -(-n // size) * size  # buckets are padded to a multiple of the group size
-        coll: O.CollType = "REDUCE_SCATTER" if self.s.zero_stage >= 1 else "ALL_REDUCE"
-        c = O.Comm(f"grad_{coll.lower()}", axis, coll, padded * O.grad_reduce_bytes(self.s))
-        if self.s.overlap_grad_reduce:
-            self.pending_dp.append(self.coll(c, prefix, blocking=False, deps=(self._tail(),)))
-        else:  # Megatron's finalize_model_grads: after the last backward and its send
-            self.deferred_dp.append(c)
+        comms = bucket_comms(self.s, axis, n)
+        if not self.s.overlap_grad_reduce:  # Megatron's finalize_model_grads: after the last
+            self.deferred_dp += comms  # backward and its send
+        else:
+            # one stream: the reduce-scatter after the previous bucket's cross-instance
+            # all-reduce, which waits for it (Megatron-Core ``start_grad_sync``)
+            ids: list[int] = []
+            for c in comms:
+                ids.append(self.coll(c, prefix, blocking=False, deps=(ids[-1] if ids else
+                                                                     self._tail(),)))
+                if len(ids) == 1 and self._last_ar is not None:
+                    self.nodes[ids[0]].ctrl_deps.append(self._last_ar)
+            if len(ids) > 1:
+                self._last_ar = ids[-1]
+            self.pending_dp.append(ids[-1])
         if self.s.zero_stage >= 1:
-            self.param_gathers.append((axis, padded))
+            gaxis = shard_axis(self.s, axis)
+            self.param_gathers.append((gaxis, -(-n // dp_group_size(self.s, gaxis))
+                                       * dp_group_size(self.s, gaxis)))
 
     # ---- phases ---------------------------------------------------------------------------
     def forward(self, mb: int, chunk: int) -> None:
@@ -552,12 +563,13 @@ class RoleProgram:
             gci = c * self.s.pp + self.stage
             blocks = self.blocks_of_chunk(gci, labels=False)
             for axis in ("dp", "edp"):
-                size = dp_group_size(self.s, axis)
-                if size < 2:
+                group = shard_axis(self.s, axis)
+                size = dp_group_size(self.s, group)
+                if dp_group_size(self.s, axis) < 2 or size < 2:
                     continue
                 for first, n in reversed(bucket_plan(blocks, axis, self.s.dp_bucket_params)):
                     shard = -(-n // size) * O.param_gather_bytes(self.s)
-                    comm = O.Comm("param_all_gather", axis, "ALL_GATHER", shard)
+                    comm = O.Comm("param_all_gather", group, "ALL_GATHER", shard)
                     node = self.coll(comm, f"step.c{gci}", blocking=False)
                     self.gather_waits.setdefault((first_f[c], gci, first), []).append(node)
 
@@ -576,6 +588,8 @@ class RoleProgram:
         if self.param_gather_overlapped:  # they open the next step (``_early_param_gathers``)
             return
         for axis, padded in self.param_gathers:
+            if dp_group_size(self.s, axis) < 2:
+                continue
             shard = padded // dp_group_size(self.s, axis) * O.param_gather_bytes(self.s)
             self.coll(O.Comm("param_all_gather", axis, "ALL_GATHER", shard), "step",
                       blocking=True)
@@ -599,10 +613,40 @@ class RoleProgram:
 
 def dp_group_size(s: Strategy, axis: str) -> int:
     """Ranks that reduce a gradient: dp × cp for dense weights ("dp"), dp / ep × cp for experts
-    ("edp"; tp·cp·dp / ep with expert parallelism folded)."""
+    ("edp"; tp·cp·dp / ep with expert parallelism folded); with distributed-optimizer
+    instances, dp·cp / instances in one ("dps") and the instances ("dpr")."""
     if axis == "dp":
         return s.dp * s.cp
-    return s.tp * s.cp * s.dp // s.ep if s.moe_folded else s.dp // s.ep * s.cp
+    if axis == "edp":
+        return s.tp * s.cp * s.dp // s.ep if s.moe_folded else s.dp // s.ep * s.cp
+    return s.dp * s.cp // s.dist_opt_instances if axis == "dps" else s.dist_opt_instances
+
+
+def shard_axis(s: Strategy, axis: str) -> str:
+    """The group ZeRO ≥ 1 shards ``axis``'s optimizer state (and gathers its parameters) over:
+    an instance ("dps") where the dense optimizer has several (``dist_opt_instances``), else
+    the reduction group itself."""
+    return "dps" if axis == "dp" and s.dist_opt_instances > 1 else axis
+
+
+def bucket_comms(s: Strategy, axis: str, params: int) -> list[O.Comm]:
+    """The collectives that reduce one gradient bucket of ``params`` on ``axis``, in order:
+    an all-reduce (ZeRO 0) or a reduce-scatter (ZeRO ≥ 1) over the group, the bucket padded to
+    a multiple of its size; with several optimizer instances the reduce-scatter inside the
+    instance, then the instance's shard all-reduced across instances (Megatron-Core
+    ``_ParamAndGradBucketGroup.start_grad_sync``)."""
+    grad_bytes = O.grad_reduce_bytes(s)
+    group = shard_axis(s, axis)
+    size = dp_group_size(s, group)
+    padded = -(-params // size) * size
+    if s.zero_stage == 0:
+        return [O.Comm("grad_all_reduce", axis, "ALL_REDUCE", padded * grad_bytes)]
+    out = [O.Comm("grad_reduce_scatter", group, "REDUCE_SCATTER", padded * grad_bytes)
+           ] if size > 1 else []  # (an instance of one rank: the all-reduce alone)
+    if group != axis:
+        out.append(O.Comm("grad_instance_all_reduce", "dpr", "ALL_REDUCE",
+                          padded // size * grad_bytes))
+    return out
 
 
 # Blocks whose weights are no Transformer Engine GEMM: Megatron keeps them in 16 bits when the
@@ -648,7 +692,7 @@ def sharded_params(s: Strategy, params: dict[str, int]) -> int:
     each reduction group with ZeRO ≥ 1 (Rajbhandari et al. 2020)."""
     if s.zero_stage == 0:
         return params["dp"] + params["edp"]
-    return sum(-(-n // dp_group_size(s, axis)) for axis, n in params.items())
+    return sum(-(-n // dp_group_size(s, shard_axis(s, axis))) for axis, n in params.items())
 
 
 def build_role(model: ModelSpec, strategy: Strategy, stage: int) -> list[PNode]:

@@ -155,6 +155,15 @@ class Strategy:
     # forward's and backward's gathers move 1 byte a parameter too. Needs precision "fp8" and
     # ZeRO ≥ 1.
     fp8_param_gather: bool = False
+    # Megatron-Core --num-distributed-optimizer-instances R (the distributed optimizer's hybrid
+    # sharding, as PyTorch HSDP does for the optimizer): the optimizer state (and ZeRO-2's
+    # gradients) sharded over dp·cp / R ranks of the data-parallel group, replicated R times.
+    # Each gradient bucket is reduce-scattered inside its instance, then its shard all-reduced
+    # across the R instances, both on one communication stream (Megatron-Core
+    # ``_ParamAndGradBucketGroup.start_grad_sync``); the parameters are all-gathered inside the
+    # instance (tracegen/program.py ``_emit_bucket``). Needs ZeRO 1 or 2 and no expert
+    # parallelism (Megatron-Core asserts ep 1); 1 = one instance over the whole group.
+    dist_opt_instances: int = 1
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self) or _degree_problems(self)
@@ -293,6 +302,8 @@ class Strategy:
             s += f"-vpp{self.vpp}"
         if self.schedule_group:
             s += f"-g{self.schedule_group}"
+        if self.dist_opt_instances > 1:
+            s += f"-doi{self.dist_opt_instances}"
         return s + f"-mbs{self.micro_batch_size}"
 
     @classmethod
@@ -336,6 +347,8 @@ def _degree_problems(s: Strategy) -> list[str]:
                    f"{s.precision!r}, ZeRO {s.zero_stage})")
     if s.zero_stage not in (0, 1, 2, 3):
         out.append(f"zero_stage must be 0, 1, 2 or 3; got {s.zero_stage}")
+    if s.dist_opt_instances != 1:
+        out += _instance_problems(s)
     if s.zero3_gather_bucket_params < 0:
         out.append("zero3_gather_bucket_params must be ≥ 0 (0: one gather per block), got "
                    f"{s.zero3_gather_bucket_params}")
@@ -390,6 +403,29 @@ def _batch_problems(s: Strategy) -> list[str]:
             f"(e.g. {nearest})"
         ]
     return []
+
+
+def _instance_problems(s: Strategy) -> list[str]:
+    """Megatron-Core's conditions on distributed-optimizer instances (``dist_opt_instances``)."""
+    r = s.dist_opt_instances
+    if r < 1:
+        return [f"dist_opt_instances must be ≥ 1 (1: one optimizer instance over the whole "
+                f"data-parallel group), got {r}"]
+    out = []
+    if s.zero_stage not in (1, 2):
+        out.append(f"dist_opt_instances {r} shards the distributed optimizer over part of the "
+                   f"data-parallel group: it needs zero_stage 1 or 2 (got {s.zero_stage}; "
+                   "hybrid sharding of ZeRO-3's parameters is not modelled)")
+    if s.ep > 1:
+        out.append(f"dist_opt_instances {r} with ep {s.ep}: Megatron-Core does not support "
+                   "several distributed-optimizer instances with expert parallelism; use ep 1")
+    ranks = s.dp * s.cp
+    if ranks % r:
+        fits = [d for d in _divisors(ranks) if d > 1]
+        out.append(f"dist_opt_instances {r} must divide the data-parallel group's dp·cp = "
+                   f"{ranks} ranks (each instance shards over dp·cp / instances); choose among "
+                   f"{fits}")
+    return out
 
 
 def _group_problems(s: Strategy) -> list[str]:
@@ -660,6 +696,10 @@ def _layout_fit_problems(s: Strategy, m: ModelSpec) -> list[str]:
 
 
 def _moe_fit_problems(s: Strategy, m: ModelSpec) -> list[str]:
+    if s.dist_opt_instances > 1 and m.is_moe:
+        return [f"dist_opt_instances {s.dist_opt_instances} with a mixture-of-experts model: "
+                "several distributed-optimizer instances are modelled for dense models only "
+                "(Megatron-Core allows them with ep 1 alone); use dist_opt_instances 1"]
     if not m.is_moe:
         return [f"ep = {s.ep} needs a mixture-of-experts model; {m.name!r} is dense"] if (
             s.ep > 1) else []
