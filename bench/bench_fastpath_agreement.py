@@ -9,7 +9,7 @@ global batch of any count of micro-batches, not whole rounds of pp) and prints t
     python bench/bench_fastpath_agreement.py [--n 60] [--seed 1] [--odd | --models] [--nodes]
                                              [--buckets] [--systems] [--groups] [--partial]
                                              [--modules] [--moe-layers] [--mla] [--deepep]
-                                             [--mtp]
+                                             [--mtp] [--instances]
 
 ``--odd`` draws sizes and options the default cases never reach (GPU counts with a factor 3,
 pp 3/5/6, up to 4 chunks, cp up to 4, any count of micro-batches, shorter end stages, B200 and
@@ -41,6 +41,9 @@ within drawn expert groups (none, or group top-k of 2–8 groups), from a stream
 those on pipelines of 3 or more chunks in a Megatron-Core layout (``pipeline_layout``: the
 layers spread over the chunks, the modules with the loss or alone in the chunk before it),
 from a stream of its own.
+
+``--instances`` gives half the ZeRO 1/2 strategies of dense models several distributed-optimizer
+instances (``dist_opt_instances``, a divisor of dp·cp above 1), from a stream of its own.
 
 ``--models`` draws model shapes no preset has (head sizes 64-128 and doubled widths, GQA down to
 one K/V head, every activation, tied embeddings, vocabularies of 32 K-152 K, dense and MoE) with
@@ -308,6 +311,16 @@ def other_dispatch(m: ModelSpec, s: Strategy, rng: random.Random
             dataclasses.replace(s, moe_dispatcher="deepep"))
 
 
+def other_instances(m: ModelSpec, s: Strategy, rng: random.Random) -> Strategy:
+    """``--instances``: half the ZeRO 1/2 strategies of a dense model with a drawn number of
+    distributed-optimizer instances, a divisor of dp·cp above 1."""
+    ranks = s.dp * s.cp
+    fits = [r for r in range(2, ranks + 1) if ranks % r == 0]
+    if m.is_moe or s.zero_stage not in (1, 2) or s.ep > 1 or not fits or rng.random() < 0.5:
+        return s
+    return dataclasses.replace(s, dist_opt_instances=rng.choice(fits))
+
+
 def other_mtp(m: ModelSpec, s: Strategy, rng: random.Random) -> tuple[ModelSpec, Strategy]:
     """``--mtp``: half the models with 1 or 2 multi-token-prediction modules; of those on a
     pipeline of 3 or more chunks (and no other uneven split), half in a Megatron-Core layout
@@ -356,7 +369,8 @@ def label(s: Strategy) -> str:
               (s.moe_dispatcher != "alltoall", s.moe_dispatcher),
               (bool(s.pipeline_layout), f"layout {s.pipeline_layout}"),
               (s.adam_moments_dtype != "fp32", f"adam-{s.adam_moments_dtype}"),
-              (s.fp8_param_gather, "fp8-param-gather"))
+              (s.fp8_param_gather, "fp8-param-gather"),
+              (s.dist_opt_instances > 1, f"instances{s.dist_opt_instances}"))
     return (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} ep{s.ep} vpp{s.vpp} {s.schedule} "
             f"mbs{s.micro_batch_size} "
             f"zero{s.zero_stage}{' prefetch' if s.zero3_prefetch else ''} {s.recompute}"
@@ -391,6 +405,8 @@ FLAGS = {
     "mtp": "half the models with 1-2 multi-token-prediction modules, half of those pipelines "
            "in a drawn Megatron-Core layout (the modules with the loss or alone), from a "
            "stream of its own",
+    "instances": "half the ZeRO 1/2 strategies of dense models with several distributed-"
+                 "optimizer instances (a divisor of dp·cp), from a stream of its own",
 }
 
 
@@ -412,6 +428,7 @@ def main() -> None:
     attention = random.Random(-args.seed - 7)  # --mla: theirs
     dispatch = random.Random(-args.seed - 8)  # --deepep: theirs
     mtp = random.Random(-args.seed - 9)  # --mtp: theirs
+    instances = random.Random(-args.seed - 10)  # --instances: theirs
     rows: list[tuple[float, str, str]] = []
     t0 = time.perf_counter()
     while len(rows) < args.n:
@@ -446,6 +463,8 @@ def main() -> None:
             model, s = other_mtp(model, s, mtp)
             if model.mtp_layers:
                 model_name += f"  mtp{model.mtp_layers}"
+        if args.instances:
+            s = other_instances(model, s, instances)
         try:
             fast = estimate(model, s, system)
         except ConfigError:
@@ -475,7 +494,9 @@ def main() -> None:
           + (f" ({sum(' mla' in n for _, n, _ in rows)} with MLA)" if args.mla else "")
           + (f" ({sum(' deepep' in w for _, _, w in rows)} with DeepEP)" if args.deepep else "")
           + (f" ({sum(' mtp' in n for _, n, _ in rows)} with MTP modules, "
-             f"{sum(' layout ' in w for _, _, w in rows)} in a layout)" if args.mtp else ""))
+             f"{sum(' layout ' in w for _, _, w in rows)} in a layout)" if args.mtp else "")
+          + (f" ({sum(' instances' in w for _, _, w in rows)} with optimizer instances)"
+             if args.instances else ""))
     for e, model_name, what in sorted(rows, key=lambda r: -abs(r[0]))[:5]:
         print(f"  {e:+.2f}%  {model_name}  {what}")
 
