@@ -185,6 +185,13 @@ def print_glance(g: Glance, s: Strategy) -> None:
                   f"{g.capacity_GiB:g} GiB")
     if not g.fits:
         console.print(_fit_hint_line(g.fit_hint, s))
+    if g.instances_hint is not None:
+        h = g.instances_hint
+        n = h["dist_opt_instances"]
+        console.print(f"with {n:,} distributed-optimizer instance{'s' if n > 1 else ''} "
+                      f"(--dist-opt-instances {n}): {h['step_time_s']:.4f} s a step "
+                      f"({h['step_time_s'] / g.step_time_s - 1:+.1%}), "
+                      f"{h['peak_memory_GiB']:.1f} GiB")
     table = Table(title="Per pipeline stage (one micro-batch; memory per GPU in GiB)")
     for col in ("stage", "layers", "fwd ms", "bwd ms", *MEMORY_COLUMNS, "runtime+alloc",
                 "total"):

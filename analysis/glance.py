@@ -54,6 +54,9 @@ class Glance:
     interference_s: float = 0.0
     # where it does not fit: the least recomputation that fits (``fit_by_recompute``)
     fit_hint: dict[str, Any] | None = None
+    # where it fits and several distributed-optimizer instances would make the step at least
+    # ``INSTANCES_GAIN`` shorter: the fastest such count that fits (``instances_hint``)
+    instances_hint: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
@@ -89,7 +92,35 @@ def glance(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str)
                   _idle(est, s.num_microbatches), rates["tokens_per_s"], rates["mfu"],
                   rates["hfu"], est.peak_memory_GiB, system.gpu.hbm_bytes / GiB, est.fits,
                   _stages(model, s, system, est), lost,
-                  None if est.fits else fit_hint(model, s, system))
+                  None if est.fits else fit_hint(model, s, system),
+                  instances_hint(model, s, system, est.step_time_s) if est.fits else None)
+
+
+# the least share of a step several optimizer instances must save to be suggested
+INSTANCES_GAIN = 0.02
+
+
+def instances_hint(model: ModelSpec, s: Strategy, system: SystemSpec, step_s: float
+                   ) -> dict[str, Any] | None:
+    """For a ZeRO 1/2 strategy of a dense model: the number of distributed-optimizer instances
+    (``Strategy.dist_opt_instances``, every divisor of dp·cp tried with the fast path) whose
+    step is shortest and still fits, where it is at least ``INSTANCES_GAIN`` shorter than
+    ``step_s`` — a long data-parallel ring whose latency the reduce-scatters expose. None
+    otherwise."""
+    ranks = s.dp * s.cp
+    if s.zero_stage not in (1, 2) or model.is_moe or s.ep > 1 or ranks < 4:
+        return None
+    best: tuple[float, int, FastEstimate] | None = None
+    for r in range(1, ranks + 1):
+        if ranks % r or r == s.dist_opt_instances:
+            continue
+        est = estimate(model, dataclasses.replace(s, dist_opt_instances=r), system)
+        if est.fits and (best is None or est.step_time_s < best[0]):
+            best = (est.step_time_s, r, est)
+    if best is None or best[0] > step_s * (1 - INSTANCES_GAIN):
+        return None
+    return {"dist_opt_instances": best[1], "step_time_s": best[0],
+            "peak_memory_GiB": best[2].peak_memory_GiB}
 
 
 def fit_hint_words(hint: dict[str, Any]) -> tuple[str, str, str]:
