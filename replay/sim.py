@@ -3,7 +3,9 @@ the domain-free kernel in ``engine.py``.
 
 Per rank there is one compute stream and one communication stream per process group (an NCCL
 communicator has its own stream); point-to-point transfers run concurrently. In ASTRA-sim-
-compatible mode each rank has a single communication stream: one collective or send at a time.
+compatible mode each rank has a single communication stream: one collective or send at a time,
+receives posted beside it (ASTRA-sim's ``HardwareResource::occupy`` gives a COMM_RECV_NODE no
+slot: serialized behind the stream, a posted receive would stall every pipeline).
 
 * A node is ready when all its data and ctrl dependencies have finished; ready nodes queue on their
   stream in the order they became ready (ties by position in the file).
@@ -214,8 +216,10 @@ class Simulator:
             return self._stream_id("cpu") if n.attrs.get("is_cpu_op") else COMPUTE_STREAM
         if n.type == pb.COMM_COLL_NODE:
             return self._stream_id("comm" if self.astra else f"comm:{n.attrs.get('pg_name', '')}")
-        if n.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
+        if n.type == pb.COMM_SEND_NODE:
             return self._stream_id("comm") if self.astra else P2P_STREAM
+        if n.type == pb.COMM_RECV_NODE:  # (ASTRA-sim too: a receive holds no stream)
+            return P2P_STREAM
         return COMPUTE_STREAM  # METADATA_NODE: zero time
 
     # ---- run --------------------------------------------------------------------------------
@@ -234,9 +238,8 @@ class Simulator:
     def _ready(self, t: int, arg: tuple[int, int]) -> list[Event] | None:
         rank, pos = arg
         r = self.ranks[rank]
-        node = r.nodes[pos]
         sid = r.stream_of[pos]
-        if node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE) and not self.astra:
+        if sid == P2P_STREAM:  # point-to-point: posted at once (ASTRA mode: receives)
             return self._post_p2p(t, rank, pos)
         r.queues[sid].append(pos)
         if not r.busy[sid]:
@@ -255,7 +258,7 @@ class Simulator:
             return self._run_compute(t, r, pos, sid)
         if node.type == pb.COMM_COLL_NODE:
             return self._arrive(t, r, pos, sid)
-        if node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):  # ASTRA mode: on the comm stream
+        if node.type == pb.COMM_SEND_NODE:  # ASTRA mode: a send on the comm stream
             return self._post_p2p(t, r.rank, pos)
         return [(t, PRIO_FINISH, self._finish, (r.rank, pos, sid, t, t))]
 
@@ -358,7 +361,7 @@ class Simulator:
         if r.kappa and r.nodes[pos].type == pb.COMM_COLL_NODE:
             r.inflight -= 1
             out += self._rerate_kernel(t, r)
-        if (sid != P2P_STREAM or self.astra) and r.busy.get(sid):
+        if sid != P2P_STREAM and r.busy.get(sid):
             nxt = self._start_next(t, r, sid)
             if nxt:
                 out += nxt

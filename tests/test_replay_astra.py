@@ -98,3 +98,30 @@ def test_generator_send_without_destination_is_a_format_error(in_tmp: Path) -> N
     gen.one_comm_send_node(2, 1024)
     with pytest.raises(TraceFormatError, match="COMM_SEND_NODE needs attribute 'comm_dst'"):
         load_trace_set(in_tmp / "one_comm_send_node")
+
+
+@pytest.mark.parametrize(("tp", "pp", "zero"), [(1, 2, 0), (2, 2, 1)])
+def test_astra_compat_pipelines_finish_with_sends_in_the_comm_slot(tmp_path: Path, tp: int,
+                                                                   pp: int, zero: int) -> None:
+    """ASTRA-sim gives a rank one communication slot for collectives and sends, but a receive
+    takes none (``HardwareResource::occupy`` returns for COMM_RECV_NODE): posted at once, it
+    cannot hold the slot against the send it waits for. Queued behind the slot instead, every
+    pipeline's first backward receive stalled the stage's forward send (a deadlock before the
+    thirty-first session). On each rank no two slot holders overlap; receives do."""
+    from tracegen import ModelSpec, Strategy, generate
+
+    model = ModelSpec(name="ac", num_layers=4, hidden_size=128, num_attention_heads=4,
+                      ffn_hidden_size=512, vocab_size=256, seq_len=64)
+    s = Strategy(tp=tp, pp=pp, dp=2, micro_batch_size=1, global_batch_size=8, zero_stage=zero,
+                 sequence_parallel=tp > 1)
+    generate(model, s, tmp_path, mode="full")
+    res = replay(tmp_path, "dgx-h100", astra_compat=True)
+    tl = res.timeline
+    assert tl.height == load_trace_set(tmp_path, fold=False).num_nodes and res.step_time_s > 0
+    recv = tl.filter(tl["kind"] == "COMM_RECV_NODE")
+    assert recv.height and set(recv["stream"].to_list()) == {"p2p"}
+    for rank in range(s.world_size):
+        slot = tl.filter((tl["rank"] == rank) & (tl["stream"] == "comm")).sort("start_s")
+        assert "COMM_SEND_NODE" in slot["kind"].to_list()
+        starts, ends = slot["start_s"].to_list(), slot["end_s"].to_list()
+        assert all(b >= a - 1e-12 for a, b in zip(ends, starts[1:], strict=False))
