@@ -169,6 +169,7 @@ def test_instances_change_the_step_where_the_reduction_is_exposed() -> None:
     ({"dist_opt_instances": 3}, "choose among [2, 4, 8]"),
     ({"dist_opt_instances": 0}, "must be ≥ 1"),
     ({"ep": 2}, "use ep 1"),
+    ({"dp": 1, "global_batch_size": 2}, "one instance: use dist_opt_instances 1"),
 ])
 def test_impossible_instances_are_refused_with_the_fix(kw: dict[str, object], words: str
                                                        ) -> None:

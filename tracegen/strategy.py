@@ -423,8 +423,9 @@ def _instance_problems(s: Strategy) -> list[str]:
     if ranks % r:
         fits = [d for d in _divisors(ranks) if d > 1]
         out.append(f"dist_opt_instances {r} must divide the data-parallel group's dp·cp = "
-                   f"{ranks} ranks (each instance shards over dp·cp / instances); choose among "
-                   f"{fits}")
+                   f"{ranks} ranks (each instance shards over dp·cp / instances); "
+                   + (f"choose among {fits}" if fits else "with dp·cp = 1 there is one "
+                      "instance: use dist_opt_instances 1"))
     return out
 
 
