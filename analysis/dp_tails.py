@@ -317,9 +317,10 @@ def _buckets_done(costs: Costs, rank: int,
     stream = {"dp": _IDLE, "edp": _IDLE}
     if costs.moe:
         axes = [(axis, dp_group_size(s, axis), costs.shape(axis, rank)) for axis in ("dp", "edp")]
+        inter = None
     else:
-        axes = [("dp", *_dense_lane(costs, rank)[:2])]
-    inter = None if costs.moe else _dense_lane(costs, rank)[2]
+        size, shape, inter = _dense_lane(costs, rank)
+        axes = [("dp", size, shape)]
     order = sorted(range(len(chunk_ends)), key=chunk_ends.__getitem__)
     extra = 0
     for chunk in order:
