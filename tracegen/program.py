@@ -373,10 +373,10 @@ class RoleProgram:
             if len(ids) > 1:
                 self._last_ar = ids[-1]
             self.pending_dp.append(ids[-1])
-        if self.s.zero_stage >= 1:
-            gaxis = shard_axis(self.s, axis)
-            self.param_gathers.append((gaxis, -(-n // dp_group_size(self.s, gaxis))
-                                       * dp_group_size(self.s, gaxis)))
+        if self.s.zero_stage >= 1:  # the bucket padded to its shard group, gathered there
+            group = shard_axis(self.s, axis)
+            shards = dp_group_size(self.s, group)
+            self.param_gathers.append((group, -(-n // shards) * shards))
 
     # ---- phases ---------------------------------------------------------------------------
     def forward(self, mb: int, chunk: int) -> None:
