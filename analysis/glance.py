@@ -108,7 +108,7 @@ def instances_hint(model: ModelSpec, s: Strategy, system: SystemSpec, step_s: fl
     ``step_s`` — a long data-parallel ring whose latency the reduce-scatters expose. None
     otherwise."""
     ranks = s.dp * s.cp
-    if s.zero_stage not in (1, 2) or model.is_moe or s.ep > 1 or ranks < 4:
+    if s.zero_stage not in (1, 2) or model.is_moe or s.ep > 1:
         return None
     best: tuple[float, int, FastEstimate] | None = None
     for r in range(1, ranks + 1):

@@ -362,16 +362,14 @@ class RoleProgram:
         if not self.s.overlap_grad_reduce:  # Megatron's finalize_model_grads: after the last
             self.deferred_dp += comms  # backward and its send
         else:
-            # one stream: the reduce-scatter after the previous bucket's cross-instance
-            # all-reduce, which waits for it (Megatron-Core ``start_grad_sync``)
             ids: list[int] = []
-            for c in comms:
-                ids.append(self.coll(c, prefix, blocking=False, deps=(ids[-1] if ids else
-                                                                     self._tail(),)))
-                if len(ids) == 1 and self._last_ar is not None:
-                    self.nodes[ids[0]].ctrl_deps.append(self._last_ar)
-            if len(ids) > 1:
-                self._last_ar = ids[-1]
+            for c in comms:  # each after the one before it (the first after the backward)
+                deps = (ids[-1],) if ids else (self._tail(),)
+                ids.append(self.coll(c, prefix, blocking=False, deps=deps))
+            if len(ids) == 2:  # reduce-scatter, then the cross-instance all-reduce: one
+                if self._last_ar is not None:  # stream, so after the previous bucket's
+                    self.nodes[ids[0]].ctrl_deps.append(self._last_ar)  # (``start_grad_sync``)
+                self._last_ar = ids[1]
             self.pending_dp.append(ids[-1])
         if self.s.zero_stage >= 1:  # the bucket padded to its shard group, gathered there
             group = shard_axis(self.s, axis)
