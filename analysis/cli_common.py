@@ -105,9 +105,11 @@ Fp8GatherOpt = Annotated[bool, typer.Option(
     "--fp8-param-gather", help="FP8 runs, ZeRO ≥ 1: all-gather the parameters in 1 byte "
     "(Megatron --fp8-param-gather; Megatron-FSDP's gathers under ZeRO-3).")]
 InstancesOpt = Annotated[int, typer.Option(
-    "--dist-opt-instances", help="ZeRO 1/2: shard the optimizer over dp·cp / N ranks, "
-    "replicated N times; gradients reduce-scattered inside an instance, then all-reduced "
-    "across them (Megatron-Core --num-distributed-optimizer-instances; dense models).")]
+    "--dist-opt-instances", help="ZeRO ≥ 1: shard the optimizer (ZeRO-3: and the parameters "
+    "and gradients, HSDP) over dp·cp / N ranks, replicated N times; gradients reduce-scattered "
+    "inside an instance, then all-reduced across them (Megatron-Core "
+    "--num-distributed-optimizer-instances; ZeRO-3: on the last micro-batch, Megatron-FSDP's "
+    "HSDP; dense models).")]
 LayoutOpt = Annotated[str, typer.Option(
     "--pipeline-layout",
     help="Megatron-Core's --pipeline-model-parallel-layout: what each model chunk holds, "

@@ -167,6 +167,7 @@ def print_glance(g: Glance, s: Strategy) -> None:
                   f"ZeRO {s.zero_stage}, {s.precision}"
                   + (f", {s.dist_opt_instances} optimizer instances of "
                      f"{s.dp * s.cp // s.dist_opt_instances} ranks"
+                     + (" (HSDP)" if s.zero_stage == 3 else "")
                      if s.dist_opt_instances > 1 else "")
                   + (", gradients reduced in bf16" if s.grad_reduce_in_bf16 else "")
                   + (f", Adam moments in {s.adam_moments_dtype}"

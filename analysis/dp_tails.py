@@ -37,7 +37,10 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
                                      s.grad_reduce_in_bf16, s.expert_tp,
                                      s.adam_moments_dtype, s.fp8_param_gather,
                                      s.dist_opt_instances))
-    propagate = s.pp > 1 and s.overlap_grad_reduce and costs.compute.gpu.comm_interference > 0
+    # (ZeRO-3 reduce-scatters as the backward runs whatever the flag says; HSDP's all-reduces
+    # slow the last backwards, and the stages before wait for them)
+    overlapped = s.overlap_grad_reduce or s.zero_stage == 3
+    propagate = s.pp > 1 and overlapped and costs.compute.gpu.comm_interference > 0
     shifted = propagate and bool(steps) and s.zero_stage < 3  # ends moved by their own delay
     if shifted:
         assert steps is not None
@@ -84,7 +87,7 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
     for st in check:
         done_rel, after, _ = tails[st]
         end = max(chunk_ends[st])
-        if s.overlap_grad_reduce:
+        if overlapped:
             done = max(chain[st], end + done_rel)
         else:  # the buckets follow the embedding all-reduce (``RoleProgram._finish``)
             done = max(chain[st], end) + done_rel
@@ -117,8 +120,32 @@ def _tail_costs(costs: Costs, x: Stage, rank: int, rel_ends: tuple[int, ...]
     """(when the gradient buckets are done, relative to the stage's last backward; optimizer
     plus ZeRO parameter all-gathers after that; how much later the buckets make the last
     backward end, interference)."""
+    if x.outer_b:  # HSDP: each chunk's last backward with its cross-instance all-reduces
+        done, extra = _outer_tail(x.outer_b, rel_ends, costs.compute.gpu.comm_interference)
+        return done, _after_memo(costs, x, rank, []), extra
     done, gathers, extra = _buckets_done(costs, rank, x.runs_bwd, rel_ends, x.bwd, x.busy_b)
     return done, _after_memo(costs, x, rank, gathers), extra
+
+
+def _outer_tail(outer: tuple[tuple[int, int, int], ...], rel_ends: tuple[int, ...],
+                kappa: float) -> tuple[int, int]:
+    """HSDP: (when the cross-instance all-reduces of every chunk's last backward are done,
+    how much later the stage's last backward ends for them), relative to that end. Each
+    chunk's pass (``Stage.outer_b``: its own delay, its lane's end, the lane's work) in the
+    order the chunks end; a chunk's all-reduces queue behind an earlier chunk's on the one
+    stream, and those still running after an earlier chunk ends slow the compute that follows
+    by κ/(1 + κ) of the overlap (replay/sim.py: kernels at 1/(1 + κ) beside a collective)."""
+    busy, shift = float(_IDLE), 0.0
+    order = sorted(range(len(rel_ends)), key=rel_ends.__getitem__)
+    for chunk, after in zip(order, [*order[1:], -1], strict=True):
+        late, lane, work = outer[chunk]
+        start = rel_ends[chunk] + shift  # (the pass's end without the all-reduces)
+        busy = max(start + lane, busy + work)
+        if after >= 0:  # the compute up to the next chunk's end, as far as this one moved it
+            shift += late + kappa / (1 + kappa) * max(
+                0.0, min(busy, rel_ends[after] + shift + late) - start - late)
+    extra = round(shift) + outer[order[-1]][0]
+    return max(round(busy), extra), extra
 
 
 def _after(costs: Costs, x: Stage, rank: int, gathers: list[tuple[str, int, int]]) -> int:

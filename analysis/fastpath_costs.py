@@ -163,7 +163,7 @@ class Costs:
                                     if s.recompute_modules == "core_attn" else
                                     (s.recompute, s.recompute_modules),
                                     (s.dp, s.zero3_gather_bucket_params, s.grad_reduce_in_bf16,
-                                     s.zero3_prefetch, s.fp8_param_gather)
+                                     s.zero3_prefetch, s.fp8_param_gather, s.dist_opt_instances)
                                     if s.zero_stage == 3 else 0))
         self.moe = model.is_moe
         # stages of unequal costs (read per stage: a property call each time costs more): an
@@ -203,7 +203,9 @@ class Costs:
         """The shapes of ``rank``'s groups on the axes a stage's blocks use (the data-parallel
         ones only where ZeRO-3 gathers inside the blocks): all their collectives depend on —
         interned, so the memo keys that hold it hash an int."""
-        axes = ("tp", "cp", "ep", "dp", "edp") if self.s.zero_stage == 3 else ("tp", "cp", "ep")
+        axes = (("tp", "cp", "ep", "dps", "dpr", "edp") if self.s.dist_opt_instances > 1
+                else ("tp", "cp", "ep", "dp", "edp")) if self.s.zero_stage == 3 else (
+                    "tp", "cp", "ep")
         return self.ctx.intern(tuple([self.shape(axis, rank) for axis in axes]))
 
     def items_ns(self, items: list[O.Item], rank: int) -> int:

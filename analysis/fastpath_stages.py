@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, NamedTuple
 from analysis.dp_tails import slowed
 from analysis.pipeline_walk import Z3Runs
 from tracegen import ops as O
-from tracegen.program import ParamBlock, dp_group_size, gather_pieces, zero3_gather_bytes
+from tracegen.program import (
+    ParamBlock,
+    dp_group_size,
+    gather_pieces,
+    shard_axis,
+    zero3_gather_bytes,
+)
 from tracegen.units import NS_PER_S
 
 if TYPE_CHECKING:  # the costs module imports this one; its class is only an annotation here
@@ -69,6 +75,11 @@ class Stage(NamedTuple):
     # pass before ends, and ends its compute, these ns after the streams free at the latest
     # (``_prefetched_chunk``; the schedule walk's ``hide``)
     after_tail_b: tuple[tuple[int, int], ...] = ()
+    # ZeRO-3 with several instances (HSDP), per chunk: its last backward with the cross-instance
+    # all-reduces on their own stream, (how much later its compute ends for their interference,
+    # when the last of them ends from the backward's end without them, their sum)
+    # (``_outer_pass``)
+    outer_b: tuple[tuple[int, int, int], ...] = ()
 
 
 def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object, ...], ...],
@@ -79,6 +90,8 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
     prefetch = zero3 and costs.s.zero3_prefetch
     fwd, bwd, runs_bwd, early_f, early_b, late_b = [], [], [], [], [], []
     overlap_b: list[int] = []
+    hsdp = zero3 and costs.s.dist_opt_instances > 1
+    outer: list[tuple[int, int, int]] = []
     after_tail: list[tuple[int, int]] = []
     phi: list[float] = []  # the share of compute in a backward: it slows buckets (``dp_tails``)
     phi_f: list[float] = []  # and in a forward
@@ -102,6 +115,8 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
         runs_bwd.append(tuple(runs[::-1]))
         phi.append(u / b if b else 0.0)
         phi_f.append(uf / f if f else 0.0)
+        if hsdp:
+            outer.append(_outer_pass(costs, chunk, rank, sig))
         if prefetch:
             chunk_f, chunk_b, first_f, first_b, tail_b, hidden_b, last_b = _prefetched_chunk(
                 costs, chunk, rank, sig)
@@ -128,6 +143,8 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
                    tuple(phi_f))
     if prefetch:
         stage = stage._replace(after_tail_b=tuple(after_tail))
+    if hsdp:
+        stage = stage._replace(outer_b=tuple(outer))
     if zero3 and costs.moe and not prefetch:  # the passes the two-stream walk steps through
         blocks = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
         stage = stage._replace(
@@ -255,6 +272,44 @@ def _prefetched_chunk(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: i
     return fwd, bwd, first_f, first_b, bwd - last, 2 * bwd - last - again, again_last - bwd + last
 
 
+def _outer_pass(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: int, sig: int
+                ) -> tuple[int, int, int]:
+    """HSDP (ZeRO-3 with several instances): a chunk's last backward, each block's dense
+    reduce-scatter followed by its shard's all-reduce across the instances on their own
+    stream (``RoleProgram._grad_reduce``), walked block by block as the pass runs without
+    them (``prefetch_pass``, or the chain of gathers, backward and reduce-scatter of each block
+    without prefetch: ``block_ns``): (how much later its compute ends — kernels slowed while
+    the all-reduces run, interference — and when the last all-reduce ends, both from the
+    pass's end without them; what the all-reduces take together)."""
+    s = costs.s
+    blocks = [block for block, count in chunk for _ in range(count)][::-1]
+    size = dp_group_size(s, shard_axis(s, "dp"))
+    shape = costs.shape("dpr", rank)
+    outer = [costs.net.shape_ns("ALL_REDUCE", -(-b.dense // size) * O.grad_reduce_bytes(s),
+                                shape) if b.dense else 0 for b in blocks]
+    comp = [_compute_ns(costs, b, rank, sig)[1] for b in blocks]
+    gather = [zero3_axes(costs, b, rank, "ALL_GATHER") for b in blocks]
+    scatter = [zero3_axes(costs, b, rank, "REDUCE_SCATTER") for b in blocks]
+    kappa = costs.compute.gpu.comm_interference
+    segs = [_compute_runs(costs, b, rank, sig)[1] for b in blocks] if kappa else None
+    if s.zero3_prefetch:
+        order = range(len(blocks))
+        base = prefetch_pass(order, comp, gather, scatter, segs, kappa)[0]
+        lane = [0, 0]  # (busy until, since)
+        end = prefetch_pass(order, comp, gather, scatter, segs, kappa, lane=lane, outer=outer)[0]
+        return end - base, lane[0] - base, sum(outer)
+    w = base = lane_end = 0
+    for i in range(len(blocks)):  # each block's gathers, backward and scatter in the chain
+        g, r = sum(gather[i]), max(scatter[i])
+        base += g + comp[i] + r
+        w += g
+        w = (w + comp[i] if segs is None
+             else round(slowed_runs(w, segs[i], [lane_end], kappa))) + r
+        if outer[i]:
+            lane_end = max(lane_end, w) + outer[i]
+    return w - base, lane_end - base, sum(outer)
+
+
 def slowed_runs(w: float, runs: Runs, busy: list[int], kappa: float) -> float:
     """Wall time after running ``runs`` (``Costs.items_runs``) from ``w`` while streams are
     busy until each of ``busy``: each kernel slowed by those and by the list's own overlapped
@@ -286,13 +341,16 @@ def _compute_runs(costs: Costs, block: ParamBlock, rank: int, sig: int
 
 def prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
                    scatter: list[tuple[int, int]] | None, segs: list[Runs] | None,
-                   kappa: float, busy: tuple[int, int] = (0, 0)
+                   kappa: float, busy: tuple[int, int] = (0, 0),
+                   lane: list[int] | None = None, outer: list[int] | None = None
                    ) -> tuple[int, int, int, tuple[int, int]]:
     """(end with its streams drained, end of its first block's gathers, end of its last
     compute, how long each stream runs on after that) of one pass over blocks in ``order``;
     dense and expert groups, a stream each, busy until ``busy`` when the pass starts (its first
     gathers after all of them); with ``segs``, a block's kernels slowed while the streams are
-    busy (interference, ``slowed``), its own collectives not."""
+    busy (interference, ``slowed``), its own collectives not. HSDP's all-reduces (``outer``,
+    per block) follow each dense reduce-scatter on a third stream, busy from ``lane[1]`` until
+    ``lane[0]``."""
     stream = list(busy)
     # the pass's first gathers wait for every group's last reduce-scatter, not only their own
     # group's (``RoleProgram._zero3_gathers``); a first block that gathers nothing (a tied head)
@@ -311,13 +369,30 @@ def prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
                     stream[a] = max(start, stream[a]) + g
                     ready = max(ready, stream[a])
         chain = (start + comp[i] if segs is None
-                 else round(slowed_runs(start, segs[i], stream, kappa)))
+                 else round(slowed_runs(start, segs[i], stream if lane is None
+                                        else stream + _lane_busy(lane, start), kappa)))
         if scatter is not None:
             for a, r in enumerate(scatter[i]):
                 if r:
                     stream[a] = max(chain, stream[a]) + r
+            if lane is not None and outer is not None and outer[i]:
+                # (after the block's reduce-scatter; an instance of one rank has none)
+                after = stream[0] if scatter[i][0] else chain
+                if lane[0] < after:  # an idle lane: a new run of all-reduces begins
+                    lane[1] = after
+                lane[0] = max(lane[0], after) + outer[i]
     tails = (max(stream[0] - chain, 0), max(stream[1] - chain, 0))
     return max(chain, *stream), first_done, chain, tails
+
+
+def _lane_busy(lane: list[int], w: int) -> list[int]:
+    """HSDP's all-reduce stream as ``slowed`` sees streams, busy from ``w``: its run of
+    all-reduces that may begin after ``w`` (at a reduce-scatter's end) counted from ``w`` for
+    as long as it lasts — the same overlap with a kernel that the dense stream, busy
+    throughout, slows anyway."""
+    if lane[0] <= w:
+        return []
+    return [w + lane[0] - max(lane[1], w)]
 
 
 def block_ns(costs: Costs, block: ParamBlock, rank: int, sig: int
@@ -361,6 +436,7 @@ def _zero3_axes_ns(costs: Costs, block: ParamBlock, rank: int, coll: O.CollType
                    ) -> tuple[int, int]:
     out = [0, 0]
     for i, (axis, n) in enumerate((("dp", block.dense), ("edp", block.expert))):
+        axis = shard_axis(costs.s, axis)  # (HSDP: inside the instance)
         size = dp_group_size(costs.s, axis)
         if not n or size < 2:
             continue

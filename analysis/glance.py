@@ -98,29 +98,35 @@ def glance(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str)
 
 # the least share of a step several optimizer instances must save to be suggested
 INSTANCES_GAIN = 0.02
+# how much slower than the fastest count a suggested one may be where it needs less memory
+INSTANCES_NEAR = 0.01
 
 
 def instances_hint(model: ModelSpec, s: Strategy, system: SystemSpec, step_s: float
                    ) -> dict[str, Any] | None:
-    """For a ZeRO 1/2 strategy of a dense model: the number of distributed-optimizer instances
-    (``Strategy.dist_opt_instances``, every divisor of dp·cp tried with the fast path) whose
-    step is shortest and still fits, where it is at least ``INSTANCES_GAIN`` shorter than
-    ``step_s`` — a long data-parallel ring whose latency the reduce-scatters expose. None
-    otherwise."""
+    """For a ZeRO ≥ 1 strategy of a dense model: the number of distributed-optimizer instances
+    (``Strategy.dist_opt_instances``, ZeRO-3's HSDP replicas; every divisor of dp·cp tried
+    with the fast path) to suggest where the fastest that fits is at least ``INSTANCES_GAIN``
+    shorter than ``step_s`` — a long data-parallel ring whose latency the reduce-scatters
+    expose: of the counts within ``INSTANCES_NEAR`` of that fastest step, the one that needs
+    the least memory (more instances shard less; a step 0.5% shorter is not worth a GPU run
+    at the edge of its memory). None otherwise."""
     ranks = s.dp * s.cp
-    if s.zero_stage not in (1, 2) or model.is_moe or s.ep > 1:
+    if not s.zero_stage or model.is_moe or s.ep > 1:
         return None
-    best: tuple[float, int, FastEstimate] | None = None
+    fitting: list[tuple[float, int, FastEstimate]] = []
     for r in range(1, ranks + 1):
         if ranks % r or r == s.dist_opt_instances:
             continue
         est = estimate(model, dataclasses.replace(s, dist_opt_instances=r), system)
-        if est.fits and (best is None or est.step_time_s < best[0]):
-            best = (est.step_time_s, r, est)
-    if best is None or best[0] > step_s * (1 - INSTANCES_GAIN):
+        if est.fits:
+            fitting.append((est.step_time_s, r, est))
+    if not fitting or min(fitting)[0] > step_s * (1 - INSTANCES_GAIN):
         return None
-    return {"dist_opt_instances": best[1], "step_time_s": best[0],
-            "peak_memory_GiB": best[2].peak_memory_GiB}
+    near = min(fitting)[0] * (1 + INSTANCES_NEAR)
+    _, r, est = min((e.peak_memory_GiB, r, e) for t, r, e in fitting if t <= near)
+    return {"dist_opt_instances": r, "step_time_s": est.step_time_s,
+            "peak_memory_GiB": est.peak_memory_GiB}
 
 
 def fit_hint_words(hint: dict[str, Any]) -> tuple[str, str, str]:

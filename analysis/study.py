@@ -19,7 +19,7 @@
                                     # sequence_parallel; optional cp, ep, expert_tp,
                                     # schedule, tp_comm_overlap, overlap_param_gather,
                                     # zero3_prefetch, recompute_num_layers (with "full"),
-                                    # dist_opt_instances (ZeRO 1/2, dense models)
+                                    # dist_opt_instances (ZeRO ≥ 1, dense models)
 
     [failures]                      # a preset, or rate_per_gpu_hour (+ weibull_shape)
     preset = "llama3-16k-h100"

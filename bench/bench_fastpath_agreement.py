@@ -42,8 +42,9 @@ those on pipelines of 3 or more chunks in a Megatron-Core layout (``pipeline_lay
 layers spread over the chunks, the modules with the loss or alone in the chunk before it),
 from a stream of its own.
 
-``--instances`` gives half the ZeRO 1/2 strategies of dense models several distributed-optimizer
-instances (``dist_opt_instances``, a divisor of dp·cp above 1), from a stream of its own.
+``--instances`` gives half the ZeRO ≥ 1 strategies of dense models several distributed-optimizer
+instances (``dist_opt_instances``, a divisor of dp·cp above 1; ZeRO-3: HSDP), from a stream of
+its own.
 
 ``--models`` draws model shapes no preset has (head sizes 64-128 and doubled widths, GQA down to
 one K/V head, every activation, tied embeddings, vocabularies of 32 K-152 K, dense and MoE) with
@@ -312,11 +313,11 @@ def other_dispatch(m: ModelSpec, s: Strategy, rng: random.Random
 
 
 def other_instances(m: ModelSpec, s: Strategy, rng: random.Random) -> Strategy:
-    """``--instances``: half the ZeRO 1/2 strategies of a dense model with a drawn number of
-    distributed-optimizer instances, a divisor of dp·cp above 1."""
+    """``--instances``: half the ZeRO ≥ 1 strategies of a dense model with a drawn number of
+    distributed-optimizer instances (ZeRO-3: HSDP's replicas), a divisor of dp·cp above 1."""
     ranks = s.dp * s.cp
     fits = [r for r in range(2, ranks + 1) if ranks % r == 0]
-    if m.is_moe or s.zero_stage not in (1, 2) or s.ep > 1 or not fits or rng.random() < 0.5:
+    if m.is_moe or not s.zero_stage or s.ep > 1 or not fits or rng.random() < 0.5:
         return s
     return dataclasses.replace(s, dist_opt_instances=rng.choice(fits))
 
@@ -405,7 +406,7 @@ FLAGS = {
     "mtp": "half the models with 1-2 multi-token-prediction modules, half of those pipelines "
            "in a drawn Megatron-Core layout (the modules with the loss or alone), from a "
            "stream of its own",
-    "instances": "half the ZeRO 1/2 strategies of dense models with several distributed-"
+    "instances": "half the ZeRO ≥ 1 strategies of dense models with several distributed-"
                  "optimizer instances (a divisor of dp·cp), from a stream of its own",
 }
 

@@ -165,7 +165,6 @@ def test_instances_change_the_step_where_the_reduction_is_exposed() -> None:
 
 @pytest.mark.parametrize(("kw", "words"), [
     ({"zero_stage": 0}, "needs zero_stage 1 or 2"),
-    ({"zero_stage": 3}, "hybrid sharding of ZeRO-3"),
     ({"dist_opt_instances": 3}, "choose among [2, 4, 8]"),
     ({"dist_opt_instances": 0}, "must be ≥ 1"),
     ({"ep": 2}, "use ep 1"),
@@ -196,7 +195,7 @@ def test_cli_estimate_takes_instances_and_refuses_bad_ones() -> None:
     assert "8 optimizer instances of 8 ranks" in ok.stdout and "-doi8" in ok.stdout
     big = run("--zero", "1", "--gpus", "8192", "--gbs", "8192", "--recompute", "full")
     assert big.returncode == 0, big.stderr
-    assert "distributed-optimizer instances (--dist-opt-instances 1024)" in big.stdout
+    assert "distributed-optimizer instances (--dist-opt-instances 256)" in big.stdout
     bad = run("--gpus", "64", "--gbs", "256", "--zero", "1", "--dist-opt-instances", "5")
     assert bad.returncode != 0 and "Traceback" not in bad.stdout + bad.stderr
     assert "must divide the data-parallel group" in bad.stdout + bad.stderr
@@ -204,10 +203,11 @@ def test_cli_estimate_takes_instances_and_refuses_bad_ones() -> None:
 
 def test_estimate_suggests_the_fastest_instances_that_fit() -> None:
     """At 8,192-way data parallelism each bucket's reduce-scatter is a ring of 8,191 latency
-    steps: the hint is the divisor of dp·cp whose step is shortest among those that fit (every
-    one checked here against the fast path), ≥ 2% shorter than one instance's; at dp 32 on
-    1,024 GPUs none gains 2% and nothing is suggested, nor for ZeRO 0 or a MoE model."""
-    from analysis.glance import INSTANCES_GAIN, glance, instances_hint
+    steps: the fastest fitting divisor of dp·cp is ≥ 2% shorter than one instance's, and the
+    hint is the one needing least memory among those within 1% of it (every one checked here
+    against the fast path); at dp 32 on 1,024 GPUs none gains 2% and nothing is suggested,
+    nor for ZeRO 0 or a MoE model."""
+    from analysis.glance import INSTANCES_GAIN, INSTANCES_NEAR, glance, instances_hint
     from tracegen import get_model
 
     model, hw = get_model("llama3-8b"), get_system("dgx-h100")
@@ -218,14 +218,17 @@ def test_estimate_suggests_the_fastest_instances_that_fit() -> None:
     steps = {r: estimate(model, dataclasses.replace(s, dist_opt_instances=r), hw)
              for r in (2**k for k in range(1, 14))}
     fitting = {r: e.step_time_s for r, e in steps.items() if e.fits}
-    assert hint["step_time_s"] == min(fitting.values())
-    assert fitting[hint["dist_opt_instances"]] == hint["step_time_s"]
-    assert hint["step_time_s"] < g.step_time_s * (1 - INSTANCES_GAIN)
+    near = {r for r, t in fitting.items() if t <= min(fitting.values()) * (1 + INSTANCES_NEAR)}
+    assert hint["dist_opt_instances"] in near and fitting[hint["dist_opt_instances"]] == hint[
+        "step_time_s"]
+    assert hint["peak_memory_GiB"] == min(steps[r].peak_memory_GiB for r in near)
+    assert hint["dist_opt_instances"] != max(near)  # (the fastest is not the leanest here)
+    assert min(fitting.values()) < g.step_time_s * (1 - INSTANCES_GAIN)
     dense = get_model("llama3-70b")
     mid = Strategy(tp=8, pp=4, dp=32, sequence_parallel=True, zero_stage=1,
                    global_batch_size=512)
     assert glance(dense, mid, hw).instances_hint is None
-    # (however long the step: instances need ZeRO 1/2 and a dense model)
+    # (however long the step: instances need ZeRO ≥ 1 and a dense model)
     assert instances_hint(model, dataclasses.replace(s, zero_stage=0), hw, 1e9) is None
     moe = Strategy(tp=1, dp=64, zero_stage=1, global_batch_size=64)
     assert instances_hint(get_model("mixtral-8x7b"), moe, hw, 1e9) is None

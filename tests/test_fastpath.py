@@ -75,7 +75,7 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
     within 1 of 2 expert groups; ``mtp`` multi-token-prediction modules on the last stage;
     ``moments``: Adam's moments in bf16 where ZeRO ≥ 1; ``fp8pg``: FP8 parameter gathers where
     an FP8 run has ZeRO ≥ 1; ``instances``: distributed-optimizer instances where ZeRO 1 runs
-    a dense model and they divide dp·cp.
+    a dense model and they divide dp·cp (ZeRO-3: HSDP's replicas).
     1F1B and GPipe runs of mb·pp + ``extra`` micro-batches (interleaved ones need whole
     rounds, or, ``grouped``, Megatron-Core's micro-batch groups: the middle group size that
     fits). Full recompute of the first ``rc_layers`` of each chunk (0: all); selective of
@@ -118,7 +118,7 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
                      moe_dispatcher="deepep" if deepep and ep > 1 else "alltoall",
                      adam_moments_dtype="bf16" if moments and zero else "fp32",
                      fp8_param_gather=fp8pg and fp8 and zero > 0,
-                     dist_opt_instances=instances if zero == 1 and not ep
+                     dist_opt_instances=instances if zero and not ep
                      and dp * cp % instances == 0 else 1)
         fast = estimate(model, s, hw)
     except ConfigError:

@@ -437,7 +437,7 @@ def transient_bytes(m: ModelSpec, s: Strategy, stage: int, *, flash_attention: b
         # one layer)
         out += (_layer_activation_bytes(m, s, "none", flash_attention)
                 - _layer_activation_bytes(m, s, "selective", flash_attention))
-    if s.zero_stage >= 3 and s.dp * s.cp > 1:
+    if s.zero_stage >= 3 and s.dp * s.cp // s.dist_opt_instances > 1:
         # the gathered unit and its gradient before the reduce-scatter (in the reduce dtype)
         out += unit_params(m, s, stage) * (2 * WEIGHT_BYTES + grad_reduce_bytes(s))
     return out

@@ -287,6 +287,7 @@ class RoleProgram:
         done; returns their node ids."""
         ids = []
         for axis, n in (("dp", block.dense), ("edp", block.expert)):
+            axis = shard_axis(self.s, axis)
             size = dp_group_size(self.s, axis)
             if not n or size < 2:
                 continue
@@ -328,16 +329,27 @@ class RoleProgram:
         deps = (*(() if self.tail is None else (self.tail,)), *first, *waits)
         return waits, self._zero3_gather(nxt, f"{prefix}.{nxt.label}", prefetch_deps=deps)
 
-    def _grad_reduce(self, block: ParamBlock, prefix: str) -> None:
-        """ZeRO-3: reduce-scatter this block's gradients now (every micro-batch, as FSDP does)."""
+    def _grad_reduce(self, block: ParamBlock, prefix: str, *, last: bool) -> None:
+        """ZeRO-3: reduce-scatter this block's gradients now (every micro-batch, as FSDP does).
+        With several instances (HSDP) the scatter is inside the instance, and on a chunk's
+        last backward (``last``) its shard is then all-reduced across the instances on that
+        group's own stream (Megatron-FSDP ``_post_backward``: ``outer_fsdp_group_grad_reduce``
+        only on the last micro-batch, on ``outer_fsdp_group_grad_reduce_stream``)."""
         ids = []
         for axis, n in (("dp", block.dense), ("edp", block.expert)):
-            size = dp_group_size(self.s, axis)
-            if n and size > 1:
-                full = -(-n // size) * size * O.grad_reduce_bytes(self.s)
-                c = O.Comm(f"{block.name}_grad_rs", axis, "REDUCE_SCATTER", full)
-                ids.append(self.coll(c, prefix, blocking=False, deps=(self._tail(),)))
-                self._last_rs[axis] = ids[-1]
+            group = shard_axis(self.s, axis)
+            size = dp_group_size(self.s, group)
+            if not n or dp_group_size(self.s, axis) < 2:
+                continue
+            full = -(-n // size) * size * O.grad_reduce_bytes(self.s)
+            after = self._tail()
+            if size > 1:  # (an instance of one rank scatters nothing)
+                c = O.Comm(f"{block.name}_grad_rs", group, "REDUCE_SCATTER", full)
+                ids.append(self.coll(c, prefix, blocking=False, deps=(after,)))
+                self._last_rs[axis] = after = ids[-1]
+            if last and group != axis:
+                c = O.Comm(f"{block.name}_grad_ar", "dpr", "ALL_REDUCE", full // size)
+                ids.append(self.coll(c, prefix, blocking=False, deps=(after,)))
         self.pending_dp += ids
 
     def _tail(self) -> int:
@@ -422,7 +434,7 @@ class RoleProgram:
                 self.items(items, name, "bwd", first)
                 first = ()
             if self.s.zero_stage == 3:
-                self._grad_reduce(block, name)
+                self._grad_reduce(block, name, last=last)
             elif last:
                 self._bucket_add(block, name, flush=i == 0)
         if gci > 0:

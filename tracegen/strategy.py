@@ -161,8 +161,13 @@ class Strategy:
     # Each gradient bucket is reduce-scattered inside its instance, then its shard all-reduced
     # across the R instances, both on one communication stream (Megatron-Core
     # ``_ParamAndGradBucketGroup.start_grad_sync``); the parameters are all-gathered inside the
-    # instance (tracegen/program.py ``_emit_bucket``). Needs ZeRO 1 or 2 and no expert
-    # parallelism (Megatron-Core asserts ep 1); 1 = one instance over the whole group.
+    # instance (tracegen/program.py ``_emit_bucket``). Under ZeRO-3 this is hybrid sharding
+    # (HSDP; Megatron-FSDP --num-distributed-optimizer-instances with
+    # --outer-dp-sharding-strategy no_shard): parameters, gradients and optimizer sharded over
+    # the instance, each block's gradients reduce-scattered there every micro-batch and, on the
+    # last micro-batch only, its shard all-reduced across the instances on a stream of its own
+    # (``RoleProgram._grad_reduce``). Needs ZeRO ≥ 1 and no expert parallelism (Megatron-Core
+    # asserts ep 1); 1 = one instance over the whole group.
     dist_opt_instances: int = 1
 
     def __post_init__(self) -> None:
@@ -412,10 +417,10 @@ def _instance_problems(s: Strategy) -> list[str]:
         return [f"dist_opt_instances must be ≥ 1 (1: one optimizer instance over the whole "
                 f"data-parallel group), got {r}"]
     out = []
-    if s.zero_stage not in (1, 2):
-        out.append(f"dist_opt_instances {r} shards the distributed optimizer over part of the "
-                   f"data-parallel group: it needs zero_stage 1 or 2 (got {s.zero_stage}; "
-                   "hybrid sharding of ZeRO-3's parameters is not modelled)")
+    if s.zero_stage == 0:
+        out.append(f"dist_opt_instances {r} shards the optimizer over part of the data-parallel "
+                   "group: it needs zero_stage 1 or 2 (Megatron-Core's distributed optimizer) "
+                   "or 3 (hybrid sharding, HSDP), not 0")
     if s.ep > 1:
         out.append(f"dist_opt_instances {r} with ep {s.ep}: Megatron-Core does not support "
                    "several distributed-optimizer instances with expert parallelism; use ep 1")
