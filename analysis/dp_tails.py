@@ -87,10 +87,8 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
     for st in check:
         done_rel, after, _ = tails[st]
         end = max(chunk_ends[st])
-        if overlapped:
-            done = max(chain[st], end + done_rel)
-        else:  # the buckets follow the embedding all-reduce (``RoleProgram._finish``)
-            done = max(chain[st], end) + done_rel
+        # (without overlap the buckets follow the embedding all-reduce: ``RoleProgram._finish``)
+        done = max(chain[st], end + done_rel) if overlapped else max(chain[st], end) + done_rel
         finish = max(finish, done + after)
     return finish
 
