@@ -83,7 +83,7 @@ def tracegen_cmd(
     moe_dispatcher: C.MoeDispatcherOpt = "alltoall",
     moe_shared_expert_overlap: C.SharedOverlapOpt = False, pipeline_layout: C.LayoutOpt = "",
     adam_moments: C.AdamMomentsOpt = "fp32", fp8_param_gather: C.Fp8GatherOpt = False,
-    dist_opt_instances: C.InstancesOpt = 1,
+    dist_opt_instances: C.InstancesOpt = 1, outer_dp_sharding: C.OuterShardingOpt = "no_shard",
     mode: Annotated[str, typer.Option(help="full | representative")] = "representative",
     system: Annotated[str | None, typer.Option(help="Flag ranks whose estimated memory exceeds "
                                                     "this system's GPU memory.")] = None,
@@ -102,7 +102,8 @@ def tracegen_cmd(
         recompute_num_layers=recompute_num_layers, recompute_modules=recompute_modules,
         moe_dispatcher=moe_dispatcher, moe_shared_expert_overlap=moe_shared_expert_overlap,
         pipeline_layout=pipeline_layout, adam_moments=adam_moments,
-        fp8_param_gather=fp8_param_gather, dist_opt_instances=dist_opt_instances)
+        fp8_param_gather=fp8_param_gather, dist_opt_instances=dist_opt_instances,
+        outer_dp_sharding=outer_dp_sharding)
     output_dir(out, "--out")
     with progress_bar() as bar:
         task = bar.add_task("writing ranks", total=None)

@@ -110,6 +110,11 @@ InstancesOpt = Annotated[int, typer.Option(
     "inside an instance, then all-reduced across them (Megatron-Core "
     "--num-distributed-optimizer-instances; ZeRO-3: on the last micro-batch, Megatron-FSDP's "
     "HSDP; dense models).")]
+OuterShardingOpt = Annotated[str, typer.Option(
+    "--outer-dp-sharding", help="ZeRO-3 with --dist-opt-instances: 'no_shard' replicates the "
+    "optimizer across the instances (HSDP); 'optim' shards it across them too (HFSDP: each "
+    "block's shard reduce-scattered across the instances on the last micro-batch, gathered back "
+    "after the optimizer step; Megatron-FSDP's --outer-dp-sharding-strategy).")]
 LayoutOpt = Annotated[str, typer.Option(
     "--pipeline-layout",
     help="Megatron-Core's --pipeline-model-parallel-layout: what each model chunk holds, "
@@ -158,7 +163,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    moe_dispatcher: str = "alltoall",
                    moe_shared_expert_overlap: bool = False,
                    pipeline_layout: str = "", adam_moments: str = "fp32",
-                   fp8_param_gather: bool = False, dist_opt_instances: int = 1) -> Strategy:
+                   fp8_param_gather: bool = False, dist_opt_instances: int = 1,
+                   outer_dp_sharding: str = "no_shard") -> Strategy:
     """The strategy the shared options describe (dp from the GPU count)."""
     small = [f"--{k} must be ≥ 1, got {v}" for k, v in
              (("gpus", gpus), ("tp", tp), ("pp", pp), ("cp", cp)) if v < 1]
@@ -188,7 +194,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     pipeline_layout=pipeline_layout,
                     adam_moments_dtype=adam_moments,  # type: ignore[arg-type]
                     fp8_param_gather=fp8_param_gather,
-                    dist_opt_instances=dist_opt_instances)
+                    dist_opt_instances=dist_opt_instances,
+                    outer_dp_sharding_strategy=outer_dp_sharding)  # type: ignore[arg-type]
 
 
 def note_precision(precisions: set[str], system: SystemSpec) -> None:

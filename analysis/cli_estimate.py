@@ -48,7 +48,7 @@ def estimate_cmd(
     moe_dispatcher: C.MoeDispatcherOpt = "alltoall",
     moe_shared_expert_overlap: C.SharedOverlapOpt = False, pipeline_layout: C.LayoutOpt = "",
     adam_moments: C.AdamMomentsOpt = "fp32", fp8_param_gather: C.Fp8GatherOpt = False,
-    dist_opt_instances: C.InstancesOpt = 1,
+    dist_opt_instances: C.InstancesOpt = 1, outer_dp_sharding: C.OuterShardingOpt = "no_shard",
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
                                                   "JSON to this file.")] = None,
     ops: Annotated[int | None, typer.Option(
@@ -82,7 +82,8 @@ def estimate_cmd(
         recompute_num_layers=recompute_num_layers, recompute_modules=recompute_modules,
         moe_dispatcher=moe_dispatcher, moe_shared_expert_overlap=moe_shared_expert_overlap,
         pipeline_layout=pipeline_layout, adam_moments=adam_moments,
-        fp8_param_gather=fp8_param_gather, dist_opt_instances=dist_opt_instances)
+        fp8_param_gather=fp8_param_gather, dist_opt_instances=dist_opt_instances,
+        outer_dp_sharding=outer_dp_sharding)
     sys_spec = resolve_system(system)
     g = glance(spec, strategy, sys_spec)
     print_glance(g, strategy)
@@ -167,7 +168,7 @@ def print_glance(g: Glance, s: Strategy) -> None:
                   f"ZeRO {s.zero_stage}, {s.precision}"
                   + (f", {s.dist_opt_instances} optimizer instances of "
                      f"{s.dp * s.cp // s.dist_opt_instances} ranks"
-                     + (" (HSDP)" if s.zero_stage == 3 else "")
+                     + (" (HFSDP)" if s.hfsdp else " (HSDP)" if s.zero_stage == 3 else "")
                      if s.dist_opt_instances > 1 else "")
                   + (", gradients reduced in bf16" if s.grad_reduce_in_bf16 else "")
                   + (f", Adam moments in {s.adam_moments_dtype}"

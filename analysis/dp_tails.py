@@ -9,7 +9,13 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from tracegen import ops as O
-from tracegen.program import ParamBlock, dp_group_size, sharded_params
+from tracegen.program import (
+    ParamBlock,
+    dp_group_size,
+    outer_shard,
+    sharded_params,
+    zero3_gather_bytes,
+)
 
 if TYPE_CHECKING:  # the fast path imports this module; its types are only annotations here
     from analysis.fastpath_costs import Costs
@@ -36,7 +42,7 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
                                      s.dp, s.cp, s.ep, s.overlap_param_gather,
                                      s.grad_reduce_in_bf16, s.expert_tp,
                                      s.adam_moments_dtype, s.fp8_param_gather,
-                                     s.dist_opt_instances))
+                                     s.dist_opt_instances, s.outer_dp_sharding_strategy))
     # (ZeRO-3 reduce-scatters as the backward runs whatever the flag says; HSDP's all-reduces
     # slow the last backwards, and the stages before wait for them)
     overlapped = s.overlap_grad_reduce or s.zero_stage == 3
@@ -120,9 +126,19 @@ def _tail_costs(costs: Costs, x: Stage, rank: int, rel_ends: tuple[int, ...]
     backward end, interference)."""
     if x.outer_b:  # HSDP: each chunk's last backward with its cross-instance all-reduces
         done, extra = _outer_tail(x.outer_b, rel_ends, costs.compute.gpu.comm_interference)
-        return done, _after_memo(costs, x, rank, []), extra
+        after = _after_memo(costs, x, rank, [])
+        return done, after + (_outer_gathers_ns(costs, x, rank) if costs.s.hfsdp else 0), extra
     done, gathers, extra = _buckets_done(costs, rank, x.runs_bwd, rel_ends, x.bwd, x.busy_b)
     return done, _after_memo(costs, x, rank, gathers), extra
+
+
+def _outer_gathers_ns(costs: Costs, x: Stage, rank: int) -> int:
+    """HFSDP: the all-gathers across the instances after the optimizer step, one a block of
+    the stage, each of its updated piece (``RoleProgram._finish``), one after another."""
+    s, shape_ns, shape = costs.s, costs.net.shape_ns, costs.shape("dpr", rank)
+    return sum(count * shape_ns("ALL_GATHER", outer_shard(s, block.dense)
+                                * zero3_gather_bytes(s, block.name), shape)
+               for runs in x.runs_bwd for block, _, count in runs if block.dense)
 
 
 def _outer_tail(outer: tuple[tuple[int, int, int], ...], rel_ends: tuple[int, ...],
@@ -284,7 +300,7 @@ def _after_memo(costs: Costs, x: Stage, rank: int, gathers: list[tuple[str, int,
     only in recompute, micro-batch or sequence parallelism share it)."""
     s = costs.s
     key = (x.params, tuple(gathers), 1 if s.zero_stage == 2 else s.zero_stage,  # (tails_ns)
-           s.dp, s.cp, s.ep, s.tp, s.expert_tp,
+           s.dp, s.cp, s.ep, s.tp, s.expert_tp, s.outer_dp_sharding_strategy,
            s.overlap_param_gather, s.adam_moments_dtype, s.fp8_param_gather,
            costs.shape("dp", rank) if s.dist_opt_instances == 1 else _dense_lane(costs, rank),
            costs.shape("edp", rank) if costs.moe else None)

@@ -163,7 +163,8 @@ class Costs:
                                     if s.recompute_modules == "core_attn" else
                                     (s.recompute, s.recompute_modules),
                                     (s.dp, s.zero3_gather_bucket_params, s.grad_reduce_in_bf16,
-                                     s.zero3_prefetch, s.fp8_param_gather, s.dist_opt_instances)
+                                     s.zero3_prefetch, s.fp8_param_gather, s.dist_opt_instances,
+                                     s.outer_dp_sharding_strategy)
                                     if s.zero_stage == 3 else 0))
         self.moe = model.is_moe
         # stages of unequal costs (read per stage: a property call each time costs more): an

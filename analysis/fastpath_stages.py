@@ -15,6 +15,7 @@ from tracegen.program import (
     ParamBlock,
     dp_group_size,
     gather_pieces,
+    outer_shard,
     shard_axis,
     zero3_gather_bytes,
 )
@@ -275,18 +276,23 @@ def _prefetched_chunk(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: i
 def _outer_pass(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: int, sig: int
                 ) -> tuple[int, int, int]:
     """HSDP (ZeRO-3 with several instances): a chunk's last backward, each block's dense
-    reduce-scatter followed by its shard's all-reduce across the instances on their own
-    stream (``RoleProgram._grad_reduce``), walked block by block as the pass runs without
-    them (``prefetch_pass``, or the chain of gathers, backward and reduce-scatter of each block
-    without prefetch: ``block_ns``): (how much later its compute ends — kernels slowed while
-    the all-reduces run, interference — and when the last all-reduce ends, both from the
-    pass's end without them; what the all-reduces take together)."""
+    reduce-scatter followed by its shard's all-reduce (HFSDP: reduce-scatter) across the
+    instances on their own stream (``RoleProgram._grad_reduce``), walked block by block as the
+    pass runs without them (``prefetch_pass``, or the chain of gathers, backward and
+    reduce-scatter of each block without prefetch: ``block_ns``): (how much later its compute
+    ends — kernels slowed while the cross-instance collectives run, interference — and when
+    the last of them ends, both from the pass's end without them; what they take together)."""
     s = costs.s
     blocks = [block for block, count in chunk for _ in range(count)][::-1]
     size = dp_group_size(s, shard_axis(s, "dp"))
     shape = costs.shape("dpr", rank)
-    outer = [costs.net.shape_ns("ALL_REDUCE", -(-b.dense // size) * O.grad_reduce_bytes(s),
-                                shape) if b.dense else 0 for b in blocks]
+    if s.hfsdp:  # the shard scattered across the instances instead (``_grad_reduce``)
+        outer = [costs.net.shape_ns("REDUCE_SCATTER", outer_shard(s, b.dense)
+                                    * s.dist_opt_instances * O.grad_reduce_bytes(s), shape)
+                 if b.dense else 0 for b in blocks]
+    else:
+        outer = [costs.net.shape_ns("ALL_REDUCE", -(-b.dense // size) * O.grad_reduce_bytes(s),
+                                    shape) if b.dense else 0 for b in blocks]
     comp = [_compute_ns(costs, b, rank, sig)[1] for b in blocks]
     gather = [zero3_axes(costs, b, rank, "ALL_GATHER") for b in blocks]
     scatter = [zero3_axes(costs, b, rank, "REDUCE_SCATTER") for b in blocks]

@@ -115,7 +115,7 @@ def instances_hint(model: ModelSpec, s: Strategy, system: SystemSpec, step_s: fl
     if not s.zero_stage or model.is_moe or s.ep > 1:
         return None
     fitting: list[tuple[float, int, FastEstimate]] = []
-    for r in range(1, ranks + 1):
+    for r in range(2 if s.hfsdp else 1, ranks + 1):  # (HFSDP needs several: kept as asked)
         if ranks % r or r == s.dist_opt_instances:
             continue
         est = estimate(model, dataclasses.replace(s, dist_opt_instances=r), system)

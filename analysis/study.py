@@ -19,7 +19,8 @@
                                     # sequence_parallel; optional cp, ep, expert_tp,
                                     # schedule, tp_comm_overlap, overlap_param_gather,
                                     # zero3_prefetch, recompute_num_layers (with "full"),
-                                    # dist_opt_instances (ZeRO ≥ 1, dense models)
+                                    # dist_opt_instances (ZeRO ≥ 1, dense models),
+                                    # outer_dp_sharding_strategy ("optim": HFSDP)
 
     [failures]                      # a preset, or rate_per_gpu_hour (+ weibull_shape)
     preset = "llama3-16k-h100"

@@ -35,7 +35,7 @@ OPTIONAL_DIMENSIONS = ("cp", "ep", "expert_tp", "schedule", "tp_comm_overlap",
                        "overlap_param_gather", "zero3_prefetch", "recompute_num_layers",
                        "recompute_modules", "moe_dispatcher", "moe_shared_expert_overlap",
                        "pipeline_layout", "adam_moments_dtype", "fp8_param_gather",
-                       "precision", "dist_opt_instances")
+                       "precision", "dist_opt_instances", "outer_dp_sharding_strategy")
 Progress = Callable[[str, int, int], None]
 
 
@@ -135,7 +135,9 @@ def _strategy(study: Study, d: dict[str, Any]) -> Strategy | None:
                      adam_moments_dtype=d.get("adam_moments_dtype", "fp32"),
                      fp8_param_gather=bool(d.get("fp8_param_gather", False)),
                      precision=d.get("precision", "bf16"),
-                     dist_opt_instances=int(d.get("dist_opt_instances", 1)))
+                     dist_opt_instances=int(d.get("dist_opt_instances", 1)),
+                     outer_dp_sharding_strategy=d.get("outer_dp_sharding_strategy",
+                                                      "no_shard"))
         # a layer count pp·vpp does not divide: shorter end chunks, as frameworks run it
         s = with_shorter_end_chunks(s, study.model.num_layers)
         check_fits_model(s, study.model)

@@ -314,12 +314,15 @@ def other_dispatch(m: ModelSpec, s: Strategy, rng: random.Random
 
 def other_instances(m: ModelSpec, s: Strategy, rng: random.Random) -> Strategy:
     """``--instances``: half the ZeRO ≥ 1 strategies of a dense model with a drawn number of
-    distributed-optimizer instances (ZeRO-3: HSDP's replicas), a divisor of dp·cp above 1."""
+    distributed-optimizer instances (ZeRO-3: HSDP's replicas, half of them with the optimizer
+    sharded across the replicas too, HFSDP), a divisor of dp·cp above 1."""
     ranks = s.dp * s.cp
     fits = [r for r in range(2, ranks + 1) if ranks % r == 0]
     if m.is_moe or not s.zero_stage or s.ep > 1 or not fits or rng.random() < 0.5:
         return s
-    return dataclasses.replace(s, dist_opt_instances=rng.choice(fits))
+    outer = "optim" if s.zero_stage == 3 and rng.random() < 0.5 else "no_shard"
+    return dataclasses.replace(s, dist_opt_instances=rng.choice(fits),
+                               outer_dp_sharding_strategy=outer)
 
 
 def other_mtp(m: ModelSpec, s: Strategy, rng: random.Random) -> tuple[ModelSpec, Strategy]:
@@ -371,7 +374,8 @@ def label(s: Strategy) -> str:
               (bool(s.pipeline_layout), f"layout {s.pipeline_layout}"),
               (s.adam_moments_dtype != "fp32", f"adam-{s.adam_moments_dtype}"),
               (s.fp8_param_gather, "fp8-param-gather"),
-              (s.dist_opt_instances > 1, f"instances{s.dist_opt_instances}"))
+              (s.dist_opt_instances > 1, f"instances{s.dist_opt_instances}"),
+              (s.hfsdp, "hfsdp"))
     return (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} ep{s.ep} vpp{s.vpp} {s.schedule} "
             f"mbs{s.micro_batch_size} "
             f"zero{s.zero_stage}{' prefetch' if s.zero3_prefetch else ''} {s.recompute}"

@@ -48,26 +48,26 @@ def _replayed_s(model: ModelSpec, s: Strategy, hw: SystemSpec) -> float:
                                 "layernorm,moe", "mla_up_proj,core_attn"]),
        shared=st.booleans(), mla=st.booleans(), deepep=st.booleans(),
        mtp=st.sampled_from([0, 0, 1, 2]), moments=st.booleans(), fp8pg=st.booleans(),
-       instances=st.sampled_from([1, 1, 2, 4]))
+       instances=st.sampled_from([1, 1, 2, 4]), hfsdp=st.booleans())
 @example(tp=2, pp=4, dp=4, sp=False, zero=3, recompute="none", mb=1, schedule="gpipe",
          overlap=False, uneven=False, zbucket=0, dp_overlap="both", ep=0, cp=1, fp8=False,
          fold=False, prefetch=True, extra=0, tied=False, system="dgx-h100",
          gpn=8, grouped=False, rc_layers=0, modules="core_attn",
          shared=False, mla=False, deepep=False, mtp=0, moments=False,
-         fp8pg=False, instances=1)  # alike, walked
+         fp8pg=False, instances=1, hfsdp=False)  # alike, walked
 @example(tp=1, pp=2, dp=2, sp=False, zero=3, recompute="none", mb=4, schedule="1f1b",
          overlap=False, uneven=False, zbucket=0, dp_overlap="both", ep=2, cp=1, fp8=False,
          fold=False, prefetch=False, extra=1, tied=False,
          system="dgx-h100", gpn=8, grouped=False, rc_layers=0,
          modules="core_attn", shared=False, mla=False,
          deepep=False, mtp=1, moments=True,
-         fp8pg=False, instances=1)  # 9 micro-batches on 2 stages, an MTP module on the last
+         fp8pg=False, instances=1, hfsdp=False)  # 9 micro-batches on 2 stages, an MTP module on the last
 def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, mb, schedule,
                                               overlap, uneven, zbucket, dp_overlap, ep, cp, fp8,
                                               fold, prefetch, extra, tied, system,
                                               gpn, grouped, rc_layers, modules, shared,
-                                              mla, deepep, mtp, moments, fp8pg, instances
-                                              ) -> None:
+                                              mla, deepep, mtp, moments, fp8pg, instances,
+                                              hfsdp) -> None:
     """``ep`` 0: the dense model; 1, 2 or 4: the MoE model with that expert parallelism, carved
     out of dp or (``fold``) folded over tp·cp·dp; either with its embedding and head ``tied``,
     and with ``shared`` experts and ``extra`` dense first layers; ``mla``: multi-head
@@ -75,7 +75,8 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
     within 1 of 2 expert groups; ``mtp`` multi-token-prediction modules on the last stage;
     ``moments``: Adam's moments in bf16 where ZeRO ≥ 1; ``fp8pg``: FP8 parameter gathers where
     an FP8 run has ZeRO ≥ 1; ``instances``: distributed-optimizer instances where ZeRO 1 runs
-    a dense model and they divide dp·cp (ZeRO-3: HSDP's replicas).
+    a dense model and they divide dp·cp (ZeRO-3: HSDP's replicas; ``hfsdp``: with the optimizer
+    sharded across them, HFSDP).
     1F1B and GPipe runs of mb·pp + ``extra`` micro-batches (interleaved ones need whole
     rounds, or, ``grouped``, Megatron-Core's micro-batch groups: the middle group size that
     fits). Full recompute of the first ``rc_layers`` of each chunk (0: all); selective of
@@ -118,8 +119,10 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
                      moe_dispatcher="deepep" if deepep and ep > 1 else "alltoall",
                      adam_moments_dtype="bf16" if moments and zero else "fp32",
                      fp8_param_gather=fp8pg and fp8 and zero > 0,
-                     dist_opt_instances=instances if zero and not ep
-                     and dp * cp % instances == 0 else 1)
+                     dist_opt_instances=(r := instances if zero and not ep
+                                         and dp * cp % instances == 0 else 1),
+                     outer_dp_sharding_strategy="optim" if hfsdp and zero == 3 and r > 1
+                     else "no_shard")
         fast = estimate(model, s, hw)
     except ConfigError:
         assume(False)
@@ -642,7 +645,7 @@ def test_op_key_covers_every_field_the_op_lists_read() -> None:
                 "recompute_modules": "core_attn,mlp", "moe_dispatcher": "deepep",
                 "moe_shared_expert_overlap": True, "pipeline_layout": "Etttt|ttttL",
                 "adam_moments_dtype": "bf16", "fp8_param_gather": True,
-                "dist_opt_instances": 2}
+                "dist_opt_instances": 2, "outer_dp_sharding_strategy": "optim"}
     fields = {f.name for f in dataclasses.fields(Strategy)}
     assert fields <= set(variants) | {"last_stage_layers"}, "give the new field a variant here"
 

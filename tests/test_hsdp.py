@@ -126,14 +126,20 @@ def _replayed_s(model: ModelSpec, s: Strategy, hw) -> float:
         return replay(tmp, hw, contention=False).step_time_s
 
 
-@pytest.mark.parametrize(("gpn", "pp", "dp", "cp", "r", "schedule", "prefetch"), [
+# (GPUs a node, pp, dp, cp, instances, schedule, ZeRO-3 prefetch): instances inside and across
+# nodes, pipelines of each schedule (tests/test_hfsdp.py runs them too)
+LAYOUT_FIELDS = ("gpn", "pp", "dp", "cp", "r", "schedule", "prefetch")
+LAYOUTS = [
     (8, 1, 8, 1, 2, "1f1b", False),
     (2, 1, 8, 1, 4, "1f1b", False),
     (2, 2, 4, 2, 4, "1f1b", True),
     (8, 2, 8, 1, 8, "gpipe", False),
     (2, 2, 8, 1, 2, "interleaved_1f1b", False),
     (4, 1, 16, 1, 4, "1f1b", True),
-])
+]
+
+
+@pytest.mark.parametrize(LAYOUT_FIELDS, LAYOUTS)
 def test_fast_path_agrees_with_replay(gpn, pp, dp, cp, r, schedule, prefetch) -> None:
     """The fast path walks each chunk's last backward with the all-reduces on their own
     stream, their interference slowing its kernels (``fastpath_stages._outer_pass``); replay

@@ -25,7 +25,11 @@ Transient working set (``transient_bytes``), at the backward peak:
 State under ZeRO-3 is FSDP's: the sharded parameters stay in fp32 and serve as the optimizer's
 master copy ("outside forward and backward, the sharded parameters are kept in full precision",
 PyTorch ``MixedPrecision`` docs), so 4 (parameter) + 4 (gradient) + 8 (Adam m, v) = 16 bytes per
-parameter, against Megatron's 2 + 4 + 12 = 18 with ZeRO 0-2.
+parameter, against Megatron's 2 + 4 + 12 = 18 with ZeRO 0-2. HFSDP (ZeRO-3 with the optimizer
+also sharded across the instances, ``Strategy.hfsdp``) keeps Megatron-FSDP's two weight buffers:
+16-bit weights sharded in the instance, fp32 master weights with the moments over dp·cp (its
+``main_weight`` placement sharded on both data-parallel dimensions, ``weight`` on the inner
+one).
 """
 
 from __future__ import annotations
@@ -470,7 +474,12 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
         optim = -(-params_local * optim_per_param // dp_shard)
         if s.zero_stage >= 2:
             grads = -(-grads // dp_shard)
-        if s.zero_stage >= 3:
+        if s.zero_stage >= 3 and s.hfsdp:
+            # 16-bit weights in the instance, fp32 master weights and moments over dp·cp
+            optim = -(-params_local * (OPTIM_BYTES + optim_per_param - ZERO3_OPTIM_BYTES)
+                      // (s.dp * s.cp))
+            weights = -(-params_local * WEIGHT_BYTES // dp_shard)
+        elif s.zero_stage >= 3:
             weights = -(-params_local * ZERO3_PARAM_BYTES // dp_shard)
     if (s.vpp > 1 and s.uneven and stage in (0, s.pp - 1)) or s.pipeline_layout or (
             m.first_dense_layers and _holds_dense(m, s, stage)) or (

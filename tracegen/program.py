@@ -91,6 +91,9 @@ class RoleProgram:
         self.pending_dp: list[int] = []
         self._last_rs: dict[str, int] = {}  # ZeRO-3: each group's latest gradient scatter
         self._last_ar: int | None = None  # optimizer instances: the latest cross-instance one
+        # HFSDP: (block, parameters padded over the instances) of each block scattered across
+        # them on its last backward, in that order, gathered back after the optimizer step
+        self.outer_gathers: list[tuple[str, int]] = []
         self.deferred_dp: list[O.Comm] = []  # buckets issued after the backward (no overlap)
         # overlap_param_gather: (micro-batch, chunk, block) → the gathers its forward waits for
         self.gather_waits: dict[tuple[int, int, int], list[int]] = {}
@@ -347,7 +350,15 @@ class RoleProgram:
                 c = O.Comm(f"{block.name}_grad_rs", group, "REDUCE_SCATTER", full)
                 ids.append(self.coll(c, prefix, blocking=False, deps=(after,)))
                 self._last_rs[axis] = after = ids[-1]
-            if last and group != axis:
+            if last and group != axis and self.s.hfsdp:
+                # HFSDP: the shard scattered across the instances; the optimizer's update of
+                # each piece is gathered back after the step (``_finish``)
+                outer = outer_shard(self.s, n) * self.s.dist_opt_instances
+                c = O.Comm(f"{block.name}_grad_rs_outer", "dpr", "REDUCE_SCATTER",
+                           outer * O.grad_reduce_bytes(self.s))
+                ids.append(self.coll(c, prefix, blocking=False, deps=(after,)))
+                self.outer_gathers.append((block.name, outer))
+            elif last and group != axis:
                 c = O.Comm(f"{block.name}_grad_ar", "dpr", "ALL_REDUCE", full // size)
                 ids.append(self.coll(c, prefix, blocking=False, deps=(after,)))
         self.pending_dp += ids
@@ -595,6 +606,10 @@ class RoleProgram:
         params = self._local_params()
         self.op(O.optimizer_step(params, O.adam_bytes_per_param(s)), "step", "optimizer",
                 tuple(self.pending_dp))
+        for name, padded in self.outer_gathers:  # HFSDP (``_grad_reduce``)
+            shard = padded // self.s.dist_opt_instances * zero3_gather_bytes(self.s, name)
+            self.coll(O.Comm(f"{name}_param_all_gather_outer", "dpr", "ALL_GATHER", shard),
+                      "step", blocking=True)
         if self.param_gather_overlapped:  # they open the next step (``_early_param_gathers``)
             return
         for axis, padded in self.param_gathers:
@@ -702,7 +717,16 @@ def sharded_params(s: Strategy, params: dict[str, int]) -> int:
     each reduction group with ZeRO ≥ 1 (Rajbhandari et al. 2020)."""
     if s.zero_stage == 0:
         return params["dp"] + params["edp"]
+    if s.zero_stage == 3 and s.hfsdp:  # (dense models only: instances refuse experts)
+        return outer_shard(s, params["dp"])
     return sum(-(-n // dp_group_size(s, shard_axis(s, axis))) for axis, n in params.items())
+
+
+def outer_shard(s: Strategy, params: int) -> int:
+    """HFSDP: a block's shard of ``params`` in its instance, padded to a multiple of the
+    instances (what the cross-instance reduce-scatter splits, in parameters, over each)."""
+    inner = -(-params // dp_group_size(s, "dps"))
+    return -(-inner // s.dist_opt_instances)
 
 
 def build_role(model: ModelSpec, strategy: Strategy, stage: int) -> list[PNode]:

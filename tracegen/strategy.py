@@ -21,6 +21,8 @@ AdamMomentsDtype = Literal["fp32", "bf16", "fp16", "fp8"]
 ADAM_MOMENTS_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8")
 MoeDispatcher = Literal["alltoall", "deepep"]
 MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
+OuterDpSharding = Literal["no_shard", "optim"]
+OUTER_DP_SHARDINGS: tuple[str, ...] = ("no_shard", "optim")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
@@ -169,6 +171,16 @@ class Strategy:
     # (``RoleProgram._grad_reduce``). Needs ZeRO ≥ 1 and no expert parallelism (Megatron-Core
     # asserts ep 1); 1 = one instance over the whole group.
     dist_opt_instances: int = 1
+    # Megatron-FSDP --outer-dp-sharding-strategy (ZeRO-3 with several instances): "no_shard"
+    # replicates parameters, gradients and optimizer across the instances (HSDP, above);
+    # "optim" also shards the optimizer state across them (HFSDP, "fully-sharded optimizer
+    # state": Megatron-FSDP's ``main_weight`` placement SHARD on the outer dimension, weights
+    # and gradients still sharded over the instance alone), so on the last micro-batch each
+    # block's shard is reduce-scattered across the instances instead of all-reduced, the
+    # optimizer steps 1/instances of it, and after the step the updated shards are all-gathered
+    # across the instances (``RoleProgram._finish``). Megatron-FSDP requires inner
+    # optim_grads_params and more than one instance for it.
+    outer_dp_sharding_strategy: OuterDpSharding = "no_shard"
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self) or _degree_problems(self)
@@ -186,6 +198,11 @@ class Strategy:
             return ()
         mods = self.recompute_modules
         return _CORE_ATTN if mods == "core_attn" else tuple(mods.split(","))
+
+    @property
+    def hfsdp(self) -> bool:
+        """ZeRO-3 whose optimizer state is also sharded across the instances (HFSDP)."""
+        return self.outer_dp_sharding_strategy == "optim"
 
     @property
     def moe_folded(self) -> bool:
@@ -309,6 +326,8 @@ class Strategy:
             s += f"-g{self.schedule_group}"
         if self.dist_opt_instances > 1:
             s += f"-doi{self.dist_opt_instances}"
+        if self.hfsdp:
+            s += "-hfsdp"
         return s + f"-mbs{self.micro_batch_size}"
 
     @classmethod
@@ -354,6 +373,15 @@ def _degree_problems(s: Strategy) -> list[str]:
         out.append(f"zero_stage must be 0, 1, 2 or 3; got {s.zero_stage}")
     if s.dist_opt_instances != 1:
         out += _instance_problems(s)
+    if s.outer_dp_sharding_strategy not in OUTER_DP_SHARDINGS:
+        out.append("outer_dp_sharding_strategy must be one of "
+                   f"{', '.join(OUTER_DP_SHARDINGS)}; got {s.outer_dp_sharding_strategy!r}")
+    elif s.hfsdp and (s.zero_stage != 3 or s.dist_opt_instances < 2):
+        out.append("outer_dp_sharding_strategy 'optim' (HFSDP) shards the optimizer across "
+                   "the replicas of hybrid sharding: it needs zero_stage 3 and "
+                   "dist_opt_instances ≥ 2 (Megatron-FSDP's optim_grads_params with several "
+                   f"instances); got ZeRO {s.zero_stage} with {s.dist_opt_instances} "
+                   "instance(s) — set both, or use 'no_shard'")
     if s.zero3_gather_bucket_params < 0:
         out.append("zero3_gather_bucket_params must be ≥ 0 (0: one gather per block), got "
                    f"{s.zero3_gather_bucket_params}")
