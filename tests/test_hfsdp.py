@@ -148,3 +148,25 @@ def test_refusals_name_the_fix() -> None:
         _hfsdp(dist_opt_instances=1)
     with pytest.raises(ConfigError, match="one of no_shard, optim"):
         _strategy(outer_dp_sharding_strategy="full")
+
+
+def test_a_sweep_searches_the_outer_sharding(tmp_path: Path) -> None:
+    """``outer_dp_sharding_strategy`` is a search dimension: "optim" survives only where a
+    strategy is ZeRO-3 with several instances, and each survivor is its own strategy beside
+    its HSDP twin."""
+    from analysis.runner import strategy_id
+    from analysis.study import load_study
+    from analysis.sweep import enumerate_space
+    from tests.studies import write_study
+
+    study = dataclasses.replace(load_study(write_study(tmp_path / "s", strategies=False,
+                                                       failures=False, search=True)), search={
+        "tp": [1], "pp": [1], "vpp": [1], "micro_batch_size": [1], "recompute": ["full"],
+        "sequence_parallel": [False], "zero_stage": [1, 3], "dist_opt_instances": [1, 2],
+        "outer_dp_sharding_strategy": ["no_shard", "optim"]})
+    valid, invalid = enumerate_space(study)
+    hf = [s for s in valid if s.hfsdp]
+    assert [(s.zero_stage, s.dist_opt_instances) for s in hf] == [(3, 2)]
+    assert len(valid) == 5 and invalid == 3
+    assert len({strategy_id(s) for s in valid}) == len(valid)
+    assert "-hfsdp" in hf[0].label()
