@@ -9,13 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from tracegen import ops as O
-from tracegen.program import (
-    ParamBlock,
-    dp_group_size,
-    outer_shard,
-    sharded_params,
-    zero3_gather_bytes,
-)
+from tracegen.program import ParamBlock, dp_group_size, outer_gather_comm, sharded_params
 
 if TYPE_CHECKING:  # the fast path imports this module; its types are only annotations here
     from analysis.fastpath_costs import Costs
@@ -135,10 +129,10 @@ def _tail_costs(costs: Costs, x: Stage, rank: int, rel_ends: tuple[int, ...]
 def _outer_gathers_ns(costs: Costs, x: Stage, rank: int) -> int:
     """HFSDP: the all-gathers across the instances after the optimizer step, one a block of
     the stage, each of its updated piece (``RoleProgram._finish``), one after another."""
-    s, shape_ns, shape = costs.s, costs.net.shape_ns, costs.shape("dpr", rank)
-    return sum(count * shape_ns("ALL_GATHER", outer_shard(s, block.dense)
-                                * zero3_gather_bytes(s, block.name), shape)
-               for runs in x.runs_bwd for block, _, count in runs if block.dense)
+    shape = costs.shape("dpr", rank)
+    return sum(count * costs.net.shape_ns("ALL_GATHER", c.size_bytes, shape)
+               for runs in x.runs_bwd for block, _, count in runs if block.dense
+               for c in (outer_gather_comm(costs.s, block.name, block.dense),))
 
 
 def _outer_tail(outer: tuple[tuple[int, int, int], ...], rel_ends: tuple[int, ...],

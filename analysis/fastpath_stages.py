@@ -15,7 +15,7 @@ from tracegen.program import (
     ParamBlock,
     dp_group_size,
     gather_pieces,
-    outer_shard,
+    outer_grad_comm,
     shard_axis,
     zero3_gather_bytes,
 )
@@ -284,15 +284,9 @@ def _outer_pass(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: int, si
     the last of them ends, both from the pass's end without them; what they take together)."""
     s = costs.s
     blocks = [block for block, count in chunk for _ in range(count)][::-1]
-    size = dp_group_size(s, shard_axis(s, "dp"))
     shape = costs.shape("dpr", rank)
-    if s.hfsdp:  # the shard scattered across the instances instead (``_grad_reduce``)
-        outer = [costs.net.shape_ns("REDUCE_SCATTER", outer_shard(s, b.dense)
-                                    * s.dist_opt_instances * O.grad_reduce_bytes(s), shape)
-                 if b.dense else 0 for b in blocks]
-    else:
-        outer = [costs.net.shape_ns("ALL_REDUCE", -(-b.dense // size) * O.grad_reduce_bytes(s),
-                                    shape) if b.dense else 0 for b in blocks]
+    outer = [costs.net.shape_ns(c.coll, c.size_bytes, shape) if b.dense else 0
+             for b in blocks for c in (outer_grad_comm(s, b.name, b.dense),)]
     comp = [_compute_ns(costs, b, rank, sig)[1] for b in blocks]
     gather = [zero3_axes(costs, b, rank, "ALL_GATHER") for b in blocks]
     scatter = [zero3_axes(costs, b, rank, "REDUCE_SCATTER") for b in blocks]

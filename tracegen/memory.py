@@ -459,7 +459,9 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
     if s.zero_stage:
         # (narrow moments need ZeRO ≥ 1: ``Strategy``; fp32 ones save nothing, the common
         # case a screen meets, so it is tested inline)
-        optim_per_param = ((ZERO3_OPTIM_BYTES if s.zero_stage == 3 else OPTIM_BYTES)
+        # (FSDP's fp32 parameter shard is the master copy; HFSDP keeps its own, in OPTIM_BYTES)
+        optim_per_param = ((ZERO3_OPTIM_BYTES if s.zero_stage == 3 and not s.hfsdp
+                            else OPTIM_BYTES)
                            - (precision_aware_saved_bytes(s)
                               if s.adam_moments_dtype != "fp32" else 0))
     if s.zero_stage and expert_params:
@@ -476,8 +478,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
             grads = -(-grads // dp_shard)
         if s.zero_stage >= 3 and s.hfsdp:
             # 16-bit weights in the instance, fp32 master weights and moments over dp·cp
-            optim = -(-params_local * (OPTIM_BYTES + optim_per_param - ZERO3_OPTIM_BYTES)
-                      // (s.dp * s.cp))
+            optim = -(-params_local * optim_per_param // (s.dp * s.cp))
             weights = -(-params_local * WEIGHT_BYTES // dp_shard)
         elif s.zero_stage >= 3:
             weights = -(-params_local * ZERO3_PARAM_BYTES // dp_shard)

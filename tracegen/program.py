@@ -91,8 +91,8 @@ class RoleProgram:
         self.pending_dp: list[int] = []
         self._last_rs: dict[str, int] = {}  # ZeRO-3: each group's latest gradient scatter
         self._last_ar: int | None = None  # optimizer instances: the latest cross-instance one
-        # HFSDP: (block, parameters padded over the instances) of each block scattered across
-        # them on its last backward, in that order, gathered back after the optimizer step
+        # HFSDP: (block, dense parameters) of each block scattered across the instances on its
+        # last backward, in that order, gathered back after the optimizer step
         self.outer_gathers: list[tuple[str, int]] = []
         self.deferred_dp: list[O.Comm] = []  # buckets issued after the backward (no overlap)
         # overlap_param_gather: (micro-batch, chunk, block) → the gathers its forward waits for
@@ -350,17 +350,11 @@ class RoleProgram:
                 c = O.Comm(f"{block.name}_grad_rs", group, "REDUCE_SCATTER", full)
                 ids.append(self.coll(c, prefix, blocking=False, deps=(after,)))
                 self._last_rs[axis] = after = ids[-1]
-            if last and group != axis and self.s.hfsdp:
-                # HFSDP: the shard scattered across the instances; the optimizer's update of
-                # each piece is gathered back after the step (``_finish``)
-                outer = outer_shard(self.s, n) * self.s.dist_opt_instances
-                c = O.Comm(f"{block.name}_grad_rs_outer", "dpr", "REDUCE_SCATTER",
-                           outer * O.grad_reduce_bytes(self.s))
+            if last and group != axis:
+                c = outer_grad_comm(self.s, block.name, n)
                 ids.append(self.coll(c, prefix, blocking=False, deps=(after,)))
-                self.outer_gathers.append((block.name, outer))
-            elif last and group != axis:
-                c = O.Comm(f"{block.name}_grad_ar", "dpr", "ALL_REDUCE", full // size)
-                ids.append(self.coll(c, prefix, blocking=False, deps=(after,)))
+                if self.s.hfsdp:  # each updated piece gathered back after the step
+                    self.outer_gathers.append((block.name, n))
         self.pending_dp += ids
 
     def _tail(self) -> int:
@@ -606,10 +600,8 @@ class RoleProgram:
         params = self._local_params()
         self.op(O.optimizer_step(params, O.adam_bytes_per_param(s)), "step", "optimizer",
                 tuple(self.pending_dp))
-        for name, padded in self.outer_gathers:  # HFSDP (``_grad_reduce``)
-            shard = padded // self.s.dist_opt_instances * zero3_gather_bytes(self.s, name)
-            self.coll(O.Comm(f"{name}_param_all_gather_outer", "dpr", "ALL_GATHER", shard),
-                      "step", blocking=True)
+        for name, n in self.outer_gathers:  # HFSDP (``_grad_reduce``)
+            self.coll(outer_gather_comm(s, name, n), "step", blocking=True)
         if self.param_gather_overlapped:  # they open the next step (``_early_param_gathers``)
             return
         for axis, padded in self.param_gathers:
@@ -723,10 +715,30 @@ def sharded_params(s: Strategy, params: dict[str, int]) -> int:
 
 
 def outer_shard(s: Strategy, params: int) -> int:
-    """HFSDP: a block's shard of ``params`` in its instance, padded to a multiple of the
-    instances (what the cross-instance reduce-scatter splits, in parameters, over each)."""
+    """HFSDP: a rank's piece of a block's ``params``: its shard in the instance, cut in as many
+    pieces as there are instances (rounded up: the reduce-scatter across them pads to that)."""
     inner = -(-params // dp_group_size(s, "dps"))
     return -(-inner // s.dist_opt_instances)
+
+
+def outer_grad_comm(s: Strategy, block_name: str, params: int) -> O.Comm:
+    """ZeRO-3 with several instances: the collective across them that follows a block's
+    reduce-scatter in its instance on the last micro-batch — HSDP all-reduces the instance's
+    shard of its ``params`` (dense) gradients, HFSDP reduce-scatters it, padded to a piece per
+    instance (``RoleProgram._grad_reduce``; the fast path costs the same collective)."""
+    grad_bytes = O.grad_reduce_bytes(s)
+    if s.hfsdp:
+        return O.Comm(f"{block_name}_grad_rs_outer", "dpr", "REDUCE_SCATTER",
+                      outer_shard(s, params) * s.dist_opt_instances * grad_bytes)
+    return O.Comm(f"{block_name}_grad_ar", "dpr", "ALL_REDUCE",
+                  -(-params // dp_group_size(s, "dps")) * grad_bytes)
+
+
+def outer_gather_comm(s: Strategy, block_name: str, params: int) -> O.Comm:
+    """HFSDP: the all-gather across the instances after the optimizer step that returns each
+    rank's updated piece of a block (``outer_shard``), in the bytes its gathers use."""
+    return O.Comm(f"{block_name}_param_all_gather_outer", "dpr", "ALL_GATHER",
+                  outer_shard(s, params) * zero3_gather_bytes(s, block_name))
 
 
 def build_role(model: ModelSpec, strategy: Strategy, stage: int) -> list[PNode]:
