@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import polars as pl
 import typer
@@ -21,6 +21,7 @@ from analysis.cli_common import (
 )
 from analysis.glance import Glance, fit_hint_words, glance
 from analysis.op_table import by_kind, op_table
+from analysis.shard_hint import shard_hint_words
 from replay.hardware import SystemSpec
 from tracegen import ConfigError, Strategy, resolve_model
 from tracegen.units import GiB
@@ -157,7 +158,8 @@ def print_ops(table: pl.DataFrame) -> None:
 
 def print_glance(g: Glance, s: Strategy) -> None:
     console.print(f"[bold]{g.model}[/] {g.strategy} on {g.system} ({s.world_size:,} GPUs; "
-                  f"{s.num_microbatches} micro-batches, {s.schedule}"
+                  f"{s.num_microbatches} micro-batch{'es' if s.num_microbatches > 1 else ''}, "
+                  f"{s.schedule}"
                   + (f" in groups of {s.schedule_group}" if s.schedule_group else "")
                   + f", recompute {s.recompute}"
                   + (" (first layer of each chunk)" if s.recompute_num_layers == 1 else
@@ -186,7 +188,8 @@ def print_glance(g: Glance, s: Strategy) -> None:
     console.print(f"peak memory {g.peak_memory_GiB:.1f} GiB per GPU: {verdict} in "
                   f"{g.capacity_GiB:g} GiB")
     if not g.fits:
-        console.print(_fit_hint_line(g.fit_hint, s))
+        for line in _fit_hint_lines(g, s):
+            console.print(line)
     if g.instances_hint is not None:
         h = g.instances_hint
         n = h["dist_opt_instances"]
@@ -213,14 +216,18 @@ def print_glance(g: Glance, s: Strategy) -> None:
                   "gives the simulated timeline and the compute / communication split.[/]")
 
 
-def _fit_hint_line(hint: dict[str, Any] | None, s: Strategy) -> str:
-    """What recomputation would make a strategy that does not fit fit (``fit_by_recompute``)."""
-    if hint is None:
-        return ("no recomputation makes it fit: shard more (tp, pp, ZeRO)"
-                + (" or lower the micro-batch" if s.micro_batch_size > 1 else ""))
-    what, flags, _ = fit_hint_words(hint)
-    return (f"it fits with {what} ({flags}): {hint['peak_memory_GiB']:.1f} GiB, "
-            f"{hint['step_time_s']:.4f} s a step")
+def _fit_hint_lines(g: Glance, s: Strategy) -> list[str]:
+    """What recomputation (``fit_by_recompute``) and what sharding (``fit_by_sharding``) would
+    make a strategy that does not fit fit, each with its step and memory."""
+    lines = []
+    for hint, words in ((g.fit_hint, fit_hint_words),
+                        (g.shard_hint, lambda h: shard_hint_words(h, s))):
+        if hint is not None:
+            what, flags, _ = words(hint)
+            lines.append(f"it fits with {what} ({flags}): {hint['peak_memory_GiB']:.1f} GiB, "
+                         f"{hint['step_time_s']:.4f} s a step")
+    return lines or ["neither recomputation nor ZeRO sharding makes it fit: shard more (tp, pp)"
+                     + (" or lower the micro-batch" if s.micro_batch_size > 1 else "")]
 
 
 def _split_words(s: Strategy) -> str:

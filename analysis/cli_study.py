@@ -16,6 +16,8 @@ from tracegen import ConfigError
 if TYPE_CHECKING:  # polars is imported where a command needs it (fast CLI start-up)
     import polars as pl
 
+    from tracegen.strategy import Strategy
+
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """``section.key=value`` pairs; the value is read as a TOML value (true, 0.5, "text"), or as
@@ -159,6 +161,7 @@ def resilience_cmd(
     from analysis import resilience as R
     from analysis.evaluate import resilience_frame, strategy_dict, summary_dict
     from analysis.glance import fit_hint
+    from analysis.shard_hint import shard_hint
     from analysis.study import load_study
 
     summary, plots = output_file(summary, "--summary"), output_dir(plots, "--plots")
@@ -173,6 +176,7 @@ def resilience_cmd(
         shapes[s.label()] = strategy_dict(frame)
         if not shapes[s.label()]["fits"]:
             shapes[s.label()]["fit_hint"] = fit_hint(study.model, s, study.system)
+            shapes[s.label()]["shard_hint"] = shard_hint(study.model, s, study.system)
         table = Table(title=f"{study.name}: {s.label()} on {s.world_size} GPUs "
                             f"(job MTTF {frame['job_mttf_s'][0] / 3600:.2f} h)")
         for col in ("policy", "goodput", "days to train", "GPU-hours", "failures",
@@ -185,7 +189,7 @@ def resilience_cmd(
                           f"{r['checkpoint_interval_s'] / 60:.1f}", f"{r['checkpoint_s']:.1f}",
                           f"{r['restart_s']:.0f}")
         console.print(table)
-        console.print(_resilience_step_line(shapes[s.label()], study.system.gpu.hbm_bytes))
+        console.print(_resilience_step_line(shapes[s.label()], study.system.gpu.hbm_bytes, s))
         if plots is not None:
             g = frame.filter(frame["policy"] == "global_restart").row(0, named=True)
             mttf, delta = g["job_mttf_s"], g["checkpoint_s"]
@@ -203,26 +207,29 @@ def resilience_cmd(
                                        "strategy_shapes": shapes}, indent=1) + "\n")
 
 
-def _resilience_step_line(shape: dict[str, Any], hbm_bytes: int) -> str:
+def _resilience_step_line(shape: dict[str, Any], hbm_bytes: int, s: Strategy) -> str:
     """The failure-free step the policies rest on, and whether the strategy fits: a strategy
     that does not is flagged here as everywhere (its goodput is that of a run that cannot
-    start)."""
+    start), with the recomputation and the sharding that would make it fit."""
     line = (f"failure-free step {shape['step_time_s']:.3f} s (fast path), "
             f"{shape['failure_free_s'] / 86400:.1f} days; peak memory "
             f"{shape['peak_memory_GiB']:.1f} GiB per GPU")
     capacity = hbm_bytes / 2**30
     if shape["fits"]:
         return f"{line}: fits in {capacity:.0f} GiB"
-    hint = shape.get("fit_hint")
-    if hint is None:
-        advice = "try more pipeline stages, ZeRO, or a smaller micro-batch"
-    else:
-        from analysis.glance import fit_hint_words
-        what, _, fields = fit_hint_words(hint)
-        advice = (f"it fits with {what} ({fields}): {hint['peak_memory_GiB']:.1f} GiB, "
-                  f"{hint['step_time_s']:.3f} s a step")
+    from analysis.glance import fit_hint_words
+    from analysis.shard_hint import shard_hint_words
+
+    advice = []
+    for hint, words in ((shape.get("fit_hint"), fit_hint_words),
+                        (shape.get("shard_hint"), lambda h: shard_hint_words(h, s))):
+        if hint is not None:
+            what, _, fields = words(hint)
+            advice.append(f"it fits with {what} ({fields}): {hint['peak_memory_GiB']:.1f} GiB, "
+                          f"{hint['step_time_s']:.3f} s a step")
     return (f"{line}: [bold red]DOES NOT FIT[/] in {capacity:.0f} GiB — these figures are for "
-            f"a run that cannot start ({advice})")
+            f"a run that cannot start ("
+            + ("; ".join(advice) or "try more pipeline stages or a smaller micro-batch") + ")")
 
 
 def _study_meta(study: Any, counts: dict[str, int] | None = None) -> dict[str, Any]:

@@ -15,6 +15,8 @@ import dataclasses
 from typing import Any
 
 from analysis.fastpath import FastEstimate, estimate, resolve_specs
+from analysis.shard_hint import NEAR as INSTANCES_NEAR
+from analysis.shard_hint import shard_hint
 from replay.hardware import SystemSpec
 from tracegen import memory
 from tracegen.flops import step_rates
@@ -57,6 +59,8 @@ class Glance:
     # where it fits and several distributed-optimizer instances would make the step at least
     # ``INSTANCES_GAIN`` shorter: the fastest such count that fits (``instances_hint``)
     instances_hint: dict[str, Any] | None = None
+    # where it does not fit: the fastest sharding that fits (``analysis.shard_hint``)
+    shard_hint: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
@@ -93,13 +97,14 @@ def glance(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str)
                   rates["hfu"], est.peak_memory_GiB, system.gpu.hbm_bytes / GiB, est.fits,
                   _stages(model, s, system, est), lost,
                   None if est.fits else fit_hint(model, s, system),
-                  instances_hint(model, s, system, est.step_time_s) if est.fits else None)
+                  instances_hint(model, s, system, est.step_time_s) if est.fits else None,
+                  None if est.fits else shard_hint(model, s, system))
 
 
 # the least share of a step several optimizer instances must save to be suggested
 INSTANCES_GAIN = 0.02
-# how much slower than the fastest count a suggested one may be where it needs less memory
-INSTANCES_NEAR = 0.01
+# (``INSTANCES_NEAR``: how much slower than the fastest count a suggested one may be where it
+# needs less memory; the shard hint's ``NEAR``)
 
 
 def instances_hint(model: ModelSpec, s: Strategy, system: SystemSpec, step_s: float

@@ -169,6 +169,10 @@ def test_resilience_flags_a_strategy_that_does_not_fit(tmp_path: Path) -> None:
     fields = (f'recompute = "full", recompute_num_layers = {hint["recompute_num_layers"]}'
               if hint["recompute_num_layers"] else f'recompute = "{hint["recompute"]}"')
     assert f"({fields}): {hint['peak_memory_GiB']:.1f} GiB" in words
+    # and the sharding that fits: ZeRO-2's sharded gradients, without recomputing anything
+    shard = shape["shard_hint"]
+    assert shard["zero_stage"] >= 2 and shard["peak_memory_GiB"] <= 80
+    assert f"(zero_stage = {shard['zero_stage']}" in words
 
 
 def test_restart_cost_grows_with_job_size() -> None:

@@ -1,0 +1,108 @@
+"""Where a strategy does not fit: the sharding that makes it fit with everything else kept.
+
+``fit_by_recompute`` (analysis/glance.py) trades compute for memory; this trades communication:
+a higher ZeRO stage (1: the distributed optimizer's state over dp·cp, Rajbhandari et al. 2020
+§5; 2: and the gradients; 3: and the weights, gathered block by block — with prefetch or
+without), fewer distributed-optimizer instances (each shards over dp·cp / R ranks), or, for
+ZeRO-3 with several instances, the optimizer sharded across them too (HFSDP, Megatron-FSDP's
+``--outer-dp-sharding-strategy optim``). Every combination that shards at least as much as the
+strategy is costed with the fast path; of those that fit, the hint is the one that needs the
+least memory among those within ``NEAR`` of the fastest (as the instances hint: a step 0.5%
+shorter is not worth a run at the edge of its memory). Combinations the
+strategy's other fields forbid (Megatron-Core refuses instances with expert parallelism, say)
+are skipped, as ``Strategy`` and ``check_fits_model`` refuse them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from analysis.fastpath import FastEstimate, estimate
+from replay.hardware import SystemSpec
+from tracegen.errors import ConfigError
+from tracegen.model import ModelSpec
+from tracegen.strategy import OuterDpSharding, Strategy
+
+# how much slower than the fastest option a suggested one may be where it needs less memory
+NEAR = 0.01
+
+
+def candidates(s: Strategy) -> list[Strategy]:
+    """The strategies that shard at least as much as ``s`` and differ from it in the ZeRO
+    stage, the instance count, the outer sharding or (entering ZeRO-3) prefetch alone."""
+    ranks = s.dp * s.cp
+    fewer = [r for r in range(1, s.dist_opt_instances + 1) if ranks % r == 0]
+    out: list[Strategy] = []
+    for zero in range(max(s.zero_stage, 1), 4):
+        prefetch = ((s.zero3_prefetch,) if s.zero_stage == 3 else (True, False)) \
+            if zero == 3 else (False,)
+        for r in fewer:
+            outer: tuple[OuterDpSharding, ...] = (
+                ("optim", "no_shard") if zero == 3 and r > 1 else ("no_shard",))
+            for o in outer:
+                if s.hfsdp and r > 1 and o == "no_shard":
+                    continue  # HSDP replicates the optimizer HFSDP shards over every rank
+                for p in prefetch:
+                    try:
+                        c = dataclasses.replace(s, zero_stage=zero, dist_opt_instances=r,
+                                                outer_dp_sharding_strategy=o, zero3_prefetch=p)
+                    except ConfigError:
+                        continue
+                    if c != s:
+                        out.append(c)
+    return out
+
+
+def fit_by_sharding(model: ModelSpec, s: Strategy, system: SystemSpec
+                    ) -> tuple[Strategy, FastEstimate] | None:
+    """For a strategy that does not fit: of the ``candidates`` that fit, the one that needs the
+    least memory among those within ``NEAR`` of the fastest; None where none fits."""
+    options: list[tuple[float, int, Strategy, FastEstimate]] = []
+    for i, c in enumerate(candidates(s)):
+        try:
+            got = estimate(model, c, system)
+        except ConfigError:  # a field the model refuses with this sharding
+            continue
+        if got.fits:
+            options.append((got.peak_memory_GiB, i, c, got))
+    if not options:
+        return None
+    near = min(o[3].step_time_s for o in options) * (1 + NEAR)
+    *_, c, got = min(o for o in options if o[3].step_time_s <= near)
+    return c, got
+
+
+def shard_hint(model: ModelSpec, s: Strategy, system: SystemSpec) -> dict[str, Any] | None:
+    """``fit_by_sharding`` as ``Glance.shard_hint``: the sharding fields, step and memory."""
+    got = fit_by_sharding(model, s, system)
+    if got is None:
+        return None
+    c, est = got
+    return {"zero_stage": c.zero_stage, "dist_opt_instances": c.dist_opt_instances,
+            "outer_dp_sharding_strategy": c.outer_dp_sharding_strategy,
+            "zero3_prefetch": c.zero3_prefetch, "step_time_s": est.step_time_s,
+            "peak_memory_GiB": est.peak_memory_GiB}
+
+
+def shard_hint_words(hint: dict[str, Any], s: Strategy) -> tuple[str, str, str]:
+    """(what the hint shards, its CLI flags, its study-file fields), naming only what differs
+    from ``s``."""
+    words, flags, fields = [], [], []
+    zero, r = hint["zero_stage"], hint["dist_opt_instances"]
+    prefetch, optim = hint["zero3_prefetch"], hint["outer_dp_sharding_strategy"] == "optim"
+    if zero != s.zero_stage or prefetch != s.zero3_prefetch:
+        words.append(f"ZeRO-{zero}" + (" with prefetch" if prefetch else ""))
+        flags.append(f"--zero {zero}" + (" --zero3-prefetch" if prefetch else ""))
+        fields.append(f"zero_stage = {zero}" + (", zero3_prefetch = true" if prefetch else ""))
+    if r != s.dist_opt_instances:
+        words.append(f"{r} optimizer instances" if r > 1 else
+                     f"one optimizer instance over all {s.dp * s.cp:,} data-parallel ranks")
+        flags.append(f"--dist-opt-instances {r}")
+        fields.append(f"dist_opt_instances = {r}")
+    if optim != s.hfsdp:  # (back to no_shard only with one instance: its words said it)
+        if optim:
+            words.append("the optimizer sharded across the instances (HFSDP)")
+        flags.append(f"--outer-dp-sharding {hint['outer_dp_sharding_strategy']}")
+        fields.append(f'outer_dp_sharding_strategy = "{hint["outer_dp_sharding_strategy"]}"')
+    return ", ".join(words), " ".join(flags), ", ".join(fields)
