@@ -59,7 +59,8 @@ class Glance:
     # where it fits and several distributed-optimizer instances would make the step at least
     # ``INSTANCES_GAIN`` shorter: the fastest such count that fits (``instances_hint``)
     instances_hint: dict[str, Any] | None = None
-    # where it does not fit: the fastest sharding that fits (``analysis.shard_hint``)
+    # where it does not fit: the sharding that fits (``analysis.shard_hint``), with the
+    # recomputation it needs where neither alone fits
     shard_hint: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,13 +93,17 @@ def glance(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str)
         free = dataclasses.replace(system, gpu=dataclasses.replace(system.gpu,
                                                                   comm_interference=0.0))
         lost = est.step_time_s - estimate(model, s, free).step_time_s
+    recompute = shard = None
+    if not est.fits:  # the recomputation, the sharding, or (neither alone) both that fit
+        recompute, shard = fit_hint(model, s, system), shard_hint(model, s, system)
+        if recompute is None and shard is None:
+            shard = shard_hint(model, s, system, recompute=True)
     return Glance(model.name, s.label(), system.name, est.step_time_s, est.pipeline_s,
                   _idle(est, s.num_microbatches), rates["tokens_per_s"], rates["mfu"],
                   rates["hfu"], est.peak_memory_GiB, system.gpu.hbm_bytes / GiB, est.fits,
-                  _stages(model, s, system, est), lost,
-                  None if est.fits else fit_hint(model, s, system),
+                  _stages(model, s, system, est), lost, recompute,
                   instances_hint(model, s, system, est.step_time_s) if est.fits else None,
-                  None if est.fits else shard_hint(model, s, system))
+                  shard)
 
 
 # the least share of a step several optimizer instances must save to be suggested

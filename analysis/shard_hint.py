@@ -8,7 +8,9 @@ ZeRO-3 with several instances, the optimizer sharded across them too (HFSDP, Meg
 ``--outer-dp-sharding-strategy optim``). Every combination that shards at least as much as the
 strategy is costed with the fast path; of those that fit, the hint is the one that needs the
 least memory among those within ``NEAR`` of the fastest (as the instances hint: a step 0.5%
-shorter is not worth a run at the edge of its memory). Combinations the
+shorter is not worth a run at the edge of its memory). Where neither recomputation
+(``fit_by_recompute``) nor sharding alone fits, each candidate is given the least
+recomputation that makes it fit, and the same rule picks among those. Combinations the
 strategy's other fields forbid (Megatron-Core refuses instances with expert parallelism, say)
 are skipped, as ``Strategy`` and ``check_fits_model`` refuse them.
 """
@@ -54,40 +56,54 @@ def candidates(s: Strategy) -> list[Strategy]:
     return out
 
 
-def fit_by_sharding(model: ModelSpec, s: Strategy, system: SystemSpec
-                    ) -> tuple[Strategy, FastEstimate] | None:
+def fit_by_sharding(model: ModelSpec, s: Strategy, system: SystemSpec, *,
+                    recompute: bool = False) -> tuple[Strategy, FastEstimate] | None:
     """For a strategy that does not fit: of the ``candidates`` that fit, the one that needs the
-    least memory among those within ``NEAR`` of the fastest; None where none fits."""
+    least memory among those within ``NEAR`` of the fastest; None where none fits. With
+    ``recompute``, each candidate with the recomputation that makes it fit, where it needs
+    one (``fit_by_recompute``): for a strategy that neither alone rescues."""
+    from analysis.glance import fit_by_recompute  # (glance shows this module's hint)
+
     options: list[tuple[float, int, Strategy, FastEstimate]] = []
     for i, c in enumerate(candidates(s)):
         try:
-            got = estimate(model, c, system)
+            got: tuple[Strategy, FastEstimate] | None = (c, estimate(model, c, system))
+            if recompute and got is not None and not got[1].fits:
+                got = fit_by_recompute(model, c, system)
         except ConfigError:  # a field the model refuses with this sharding
             continue
-        if got.fits:
-            options.append((got.peak_memory_GiB, i, c, got))
+        if got is not None and got[1].fits:
+            options.append((got[1].peak_memory_GiB, i, *got))
     if not options:
         return None
     near = min(o[3].step_time_s for o in options) * (1 + NEAR)
-    *_, c, got = min(o for o in options if o[3].step_time_s <= near)
-    return c, got
+    *_, c, est = min(o for o in options if o[3].step_time_s <= near)
+    return c, est
 
 
-def shard_hint(model: ModelSpec, s: Strategy, system: SystemSpec) -> dict[str, Any] | None:
-    """``fit_by_sharding`` as ``Glance.shard_hint``: the sharding fields, step and memory."""
-    got = fit_by_sharding(model, s, system)
+def shard_hint(model: ModelSpec, s: Strategy, system: SystemSpec, *, recompute: bool = False
+               ) -> dict[str, Any] | None:
+    """``fit_by_sharding`` as ``Glance.shard_hint``: the sharding fields, step and memory, and
+    (``recompute``, where the hint recomputes more than ``s``) the recompute fields."""
+    got = fit_by_sharding(model, s, system, recompute=recompute)
     if got is None:
         return None
     c, est = got
-    return {"zero_stage": c.zero_stage, "dist_opt_instances": c.dist_opt_instances,
-            "outer_dp_sharding_strategy": c.outer_dp_sharding_strategy,
-            "zero3_prefetch": c.zero3_prefetch, "step_time_s": est.step_time_s,
-            "peak_memory_GiB": est.peak_memory_GiB}
+    out: dict[str, Any] = {
+        "zero_stage": c.zero_stage, "dist_opt_instances": c.dist_opt_instances,
+        "outer_dp_sharding_strategy": c.outer_dp_sharding_strategy,
+        "zero3_prefetch": c.zero3_prefetch, "step_time_s": est.step_time_s,
+        "peak_memory_GiB": est.peak_memory_GiB}
+    if (c.recompute, c.recompute_num_layers, c.recompute_modules) != (
+            s.recompute, s.recompute_num_layers, s.recompute_modules):
+        out |= {"recompute": c.recompute, "recompute_num_layers": c.recompute_num_layers,
+                "recompute_modules": c.recompute_modules}
+    return out
 
 
 def shard_hint_words(hint: dict[str, Any], s: Strategy) -> tuple[str, str, str]:
-    """(what the hint shards, its CLI flags, its study-file fields), naming only what differs
-    from ``s``."""
+    """(what the hint shards — and recomputes, where it does —, its CLI flags, its study-file
+    fields), naming only what differs from ``s``."""
     words, flags, fields = [], [], []
     zero, r = hint["zero_stage"], hint["dist_opt_instances"]
     prefetch, optim = hint["zero3_prefetch"], hint["outer_dp_sharding_strategy"] == "optim"
@@ -105,4 +121,9 @@ def shard_hint_words(hint: dict[str, Any], s: Strategy) -> tuple[str, str, str]:
             words.append("the optimizer sharded across the instances (HFSDP)")
         flags.append(f"--outer-dp-sharding {hint['outer_dp_sharding_strategy']}")
         fields.append(f'outer_dp_sharding_strategy = "{hint["outer_dp_sharding_strategy"]}"')
+    if "recompute" in hint:  # with the recomputation it needs too
+        from analysis.glance import fit_hint_words
+
+        more = fit_hint_words(hint)
+        words, flags, fields = [*words, more[0]], [*flags, more[1]], [*fields, more[2]]
     return ", ".join(words), " ".join(flags), ", ".join(fields)

@@ -138,3 +138,38 @@ def test_estimate_cli_without_any_fit_says_so() -> None:
     assert r.returncode == 0, r.stderr
     assert ("neither recomputation nor ZeRO sharding makes it fit: shard more (tp, pp) or lower "
             "the micro-batch") in " ".join(r.stdout.split())
+
+
+def test_where_neither_alone_fits_the_hint_shards_and_recomputes(tmp_path: Path) -> None:
+    """Llama 3 70B at tp 2 over 64 H100s under ZeRO-2 without recompute: ZeRO-3 alone leaves
+    the activations, recomputation alone the unsharded weights, too large; together they fit,
+    and the flags `estimate` prints build that strategy."""
+    from analysis.glance import fit_by_recompute
+    from tests.test_cli import run
+
+    s = Strategy(tp=2, dp=32, global_batch_size=64, zero_stage=2)
+    assert fit_by_recompute(LLAMA70, s, H100) is None
+    assert fit_by_sharding(LLAMA70, s, H100) is None
+    g = glance(LLAMA70, s, H100)
+    assert g.fit_hint is None and g.shard_hint is not None
+    hint = g.shard_hint
+    assert hint["zero_stage"] == 3 and hint["recompute"] in ("full", "selective")
+    fixed = dataclasses.replace(s, **{k: hint[k] for k in (
+        "zero_stage", "dist_opt_instances", "outer_dp_sharding_strategy", "zero3_prefetch",
+        "recompute", "recompute_num_layers", "recompute_modules")})
+    est = estimate(LLAMA70, fixed, H100)
+    assert est.fits and (est.step_time_s, est.peak_memory_GiB) == (
+        hint["step_time_s"], hint["peak_memory_GiB"])
+    # it is the hint of the sharding it names: the least recompute that fits there
+    again = fit_by_recompute(LLAMA70, dataclasses.replace(fixed, recompute="none",
+                                                          recompute_num_layers=0,
+                                                          recompute_modules="core_attn"), H100)
+    assert again is not None and again[0] == fixed
+    base = ("estimate", "--model", "llama3-70b", "--gpus", "64", "--tp", "2", "--mbs", "1",
+            "--gbs", "64", "--system", "dgx-h100")
+    r = run(*base, "--zero", "2")
+    assert r.returncode == 0, r.stderr
+    what, flags, _ = shard_hint_words(hint, s)
+    assert f"it fits with {what} ({flags})" in " ".join(r.stdout.split())
+    fitted = run(*base, *flags.split())
+    assert fitted.returncode == 0 and "DOES NOT FIT" not in fitted.stdout
