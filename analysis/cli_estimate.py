@@ -19,9 +19,8 @@ from analysis.cli_common import (
     note_precision,
     output_file,
 )
-from analysis.glance import Glance, fit_hint_words, glance
+from analysis.glance import Glance, fit_advice, glance
 from analysis.op_table import by_kind, op_table
-from analysis.shard_hint import shard_hint_words
 from replay.hardware import SystemSpec
 from tracegen import ConfigError, Strategy, resolve_model
 from tracegen.units import GiB
@@ -217,15 +216,11 @@ def print_glance(g: Glance, s: Strategy) -> None:
 
 
 def _fit_hint_lines(g: Glance, s: Strategy) -> list[str]:
-    """What recomputation (``fit_by_recompute``) and what sharding (``fit_by_sharding``) would
-    make a strategy that does not fit fit, each with its step and memory."""
-    lines = []
-    for hint, words in ((g.fit_hint, fit_hint_words),
-                        (g.shard_hint, lambda h: shard_hint_words(h, s))):
-        if hint is not None:
-            what, flags, _ = words(hint)
-            lines.append(f"it fits with {what} ({flags}): {hint['peak_memory_GiB']:.1f} GiB, "
-                         f"{hint['step_time_s']:.4f} s a step")
+    """What recomputation and what sharding would make a strategy that does not fit fit
+    (``glance.fit_hints``), each with its step and memory."""
+    lines = [f"it fits with {what} ({flags}): {hint['peak_memory_GiB']:.1f} GiB, "
+             f"{hint['step_time_s']:.4f} s a step"
+             for hint, what, flags, _ in fit_advice(g.fit_hint, g.shard_hint, s)]
     return lines or ["neither recomputation nor ZeRO sharding makes it fit: shard more (tp, pp)"
                      + (" or lower the micro-batch" if s.micro_batch_size > 1 else "")]
 

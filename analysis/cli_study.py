@@ -160,8 +160,7 @@ def resilience_cmd(
     from analysis import plots as P
     from analysis import resilience as R
     from analysis.evaluate import resilience_frame, strategy_dict, summary_dict
-    from analysis.glance import fit_hint
-    from analysis.shard_hint import shard_hint
+    from analysis.glance import fit_hints
     from analysis.study import load_study
 
     summary, plots = output_file(summary, "--summary"), output_dir(plots, "--plots")
@@ -175,8 +174,8 @@ def resilience_cmd(
         out[s.label()] = summary_dict(frame)
         shapes[s.label()] = strategy_dict(frame)
         if not shapes[s.label()]["fits"]:
-            shapes[s.label()]["fit_hint"] = fit_hint(study.model, s, study.system)
-            shapes[s.label()]["shard_hint"] = shard_hint(study.model, s, study.system)
+            shapes[s.label()]["fit_hint"], shapes[s.label()]["shard_hint"] = fit_hints(
+                study.model, s, study.system)
         table = Table(title=f"{study.name}: {s.label()} on {s.world_size} GPUs "
                             f"(job MTTF {frame['job_mttf_s'][0] / 3600:.2f} h)")
         for col in ("policy", "goodput", "days to train", "GPU-hours", "failures",
@@ -217,16 +216,12 @@ def _resilience_step_line(shape: dict[str, Any], hbm_bytes: int, s: Strategy) ->
     capacity = hbm_bytes / 2**30
     if shape["fits"]:
         return f"{line}: fits in {capacity:.0f} GiB"
-    from analysis.glance import fit_hint_words
-    from analysis.shard_hint import shard_hint_words
+    from analysis.glance import fit_advice
 
-    advice = []
-    for hint, words in ((shape.get("fit_hint"), fit_hint_words),
-                        (shape.get("shard_hint"), lambda h: shard_hint_words(h, s))):
-        if hint is not None:
-            what, _, fields = words(hint)
-            advice.append(f"it fits with {what} ({fields}): {hint['peak_memory_GiB']:.1f} GiB, "
-                          f"{hint['step_time_s']:.3f} s a step")
+    advice = [f"it fits with {what} ({fields}): {hint['peak_memory_GiB']:.1f} GiB, "
+              f"{hint['step_time_s']:.3f} s a step"
+              for hint, what, _, fields in fit_advice(shape.get("fit_hint"),
+                                                      shape.get("shard_hint"), s)]
     return (f"{line}: [bold red]DOES NOT FIT[/] in {capacity:.0f} GiB — these figures are for "
             f"a run that cannot start ("
             + ("; ".join(advice) or "try more pipeline stages or a smaller micro-batch") + ")")

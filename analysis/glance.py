@@ -16,7 +16,7 @@ from typing import Any
 
 from analysis.fastpath import FastEstimate, estimate, resolve_specs
 from analysis.shard_hint import NEAR as INSTANCES_NEAR
-from analysis.shard_hint import shard_hint
+from analysis.shard_hint import shard_hint, shard_hint_words
 from replay.hardware import SystemSpec
 from tracegen import memory
 from tracegen.flops import step_rates
@@ -93,11 +93,7 @@ def glance(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str)
         free = dataclasses.replace(system, gpu=dataclasses.replace(system.gpu,
                                                                   comm_interference=0.0))
         lost = est.step_time_s - estimate(model, s, free).step_time_s
-    recompute = shard = None
-    if not est.fits:  # the recomputation, the sharding, or (neither alone) both that fit
-        recompute, shard = fit_hint(model, s, system), shard_hint(model, s, system)
-        if recompute is None and shard is None:
-            shard = shard_hint(model, s, system, recompute=True)
+    recompute, shard = (None, None) if est.fits else fit_hints(model, s, system)
     return Glance(model.name, s.label(), system.name, est.step_time_s, est.pipeline_s,
                   _idle(est, s.num_microbatches), rates["tokens_per_s"], rates["mfu"],
                   rates["hfu"], est.peak_memory_GiB, system.gpu.hbm_bytes / GiB, est.fits,
@@ -137,6 +133,29 @@ def instances_hint(model: ModelSpec, s: Strategy, system: SystemSpec, step_s: fl
     _, r, est = min((e.peak_memory_GiB, r, e) for t, r, e in fitting if t <= near)
     return {"dist_opt_instances": r, "step_time_s": est.step_time_s,
             "peak_memory_GiB": est.peak_memory_GiB}
+
+
+def fit_hints(model: ModelSpec, s: Strategy, system: SystemSpec
+              ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """For a strategy that does not fit: (``fit_hint``, the recomputation that fits;
+    ``shard_hint``, the sharding that fits — with the recomputation it needs where neither
+    alone fits)."""
+    recompute, shard = fit_hint(model, s, system), shard_hint(model, s, system)
+    if recompute is None and shard is None:
+        shard = shard_hint(model, s, system, recompute=True)
+    return recompute, shard
+
+
+def fit_advice(recompute: dict[str, Any] | None, shard: dict[str, Any] | None, s: Strategy
+               ) -> list[tuple[dict[str, Any], str, str, str]]:
+    """``fit_hints`` in words, each hint with (what it changes, its CLI flags, its study-file
+    fields), for ``estimate`` and ``resilience``."""
+    out = []
+    if recompute is not None:
+        out.append((recompute, *fit_hint_words(recompute)))
+    if shard is not None:
+        out.append((shard, *shard_hint_words(shard, s)))
+    return out
 
 
 def fit_hint_words(hint: dict[str, Any]) -> tuple[str, str, str]:

@@ -67,9 +67,8 @@ def fit_by_sharding(model: ModelSpec, s: Strategy, system: SystemSpec, *,
     options: list[tuple[float, int, Strategy, FastEstimate]] = []
     for i, c in enumerate(candidates(s)):
         try:
-            got: tuple[Strategy, FastEstimate] | None = (c, estimate(model, c, system))
-            if recompute and got is not None and not got[1].fits:
-                got = fit_by_recompute(model, c, system)
+            est = estimate(model, c, system)
+            got = fit_by_recompute(model, c, system) if recompute and not est.fits else (c, est)
         except ConfigError:  # a field the model refuses with this sharding
             continue
         if got is not None and got[1].fits:
@@ -77,8 +76,8 @@ def fit_by_sharding(model: ModelSpec, s: Strategy, system: SystemSpec, *,
     if not options:
         return None
     near = min(o[3].step_time_s for o in options) * (1 + NEAR)
-    *_, c, est = min(o for o in options if o[3].step_time_s <= near)
-    return c, est
+    *_, c, best = min(o for o in options if o[3].step_time_s <= near)
+    return c, best
 
 
 def shard_hint(model: ModelSpec, s: Strategy, system: SystemSpec, *, recompute: bool = False
