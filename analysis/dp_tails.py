@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from tracegen import ops as O
-from tracegen.program import ParamBlock, dp_group_size, outer_gather_comm, sharded_params
+from tracegen.program import ParamBlock, dp_group_size, sharded_params
 
 if TYPE_CHECKING:  # the fast path imports this module; its types are only annotations here
     from analysis.fastpath_costs import Costs
@@ -121,18 +121,9 @@ def _tail_costs(costs: Costs, x: Stage, rank: int, rel_ends: tuple[int, ...]
     if x.outer_b:  # HSDP: each chunk's last backward with its cross-instance all-reduces
         done, extra = _outer_tail(x.outer_b, rel_ends, costs.compute.gpu.comm_interference)
         after = _after_memo(costs, x, rank, [])
-        return done, after + (_outer_gathers_ns(costs, x, rank) if costs.s.hfsdp else 0), extra
+        return done, after, extra
     done, gathers, extra = _buckets_done(costs, rank, x.runs_bwd, rel_ends, x.bwd, x.busy_b)
     return done, _after_memo(costs, x, rank, gathers), extra
-
-
-def _outer_gathers_ns(costs: Costs, x: Stage, rank: int) -> int:
-    """HFSDP: the all-gathers across the instances after the optimizer step, one a block of
-    the stage, each of its updated piece (``RoleProgram._finish``), one after another."""
-    shape = costs.shape("dpr", rank)
-    return sum(count * costs.net.shape_ns("ALL_GATHER", c.size_bytes, shape)
-               for runs in x.runs_bwd for block, _, count in runs if block.dense
-               for c in (outer_gather_comm(costs.s, block.name, block.dense),))
 
 
 def _outer_tail(outer: tuple[tuple[int, int, int], ...], rel_ends: tuple[int, ...],

@@ -84,6 +84,7 @@ def estimate(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | st
     costs = Costs(model, s, system)
     stages, reps, alike = _stages(costs)
     c = _sends(costs, reps, alike)
+    first_f = stages[0].first_f  # HFSDP: each chunk's first forward is longer
     # Interleaved schedules, and pipelines whose stages hold different layer counts, are walked
     # step by step: the closed forms charge every micro-batch at the slowest stage, which is
     # exact for alike stages but not when a few short stages let the others run ahead. So are
@@ -96,6 +97,7 @@ def estimate(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | st
     walked = (s.schedule == "interleaved_1f1b" or costs.uneven
               or (s.zero_stage == 3 and ((s.zero3_prefetch and s.pp > 1)
                                          or (costs.moe and not s.zero3_prefetch)))
+              or (first_f and s.pp > 1)
               or (s.schedule == "1f1b" and s.pp > 1 and _paced(costs, stages, c, alike)))
     gathers_open = s.overlap_param_gather and s.zero_stage in (1, 2)
     # with chunks, each chunk's first forward waits for its gathers inside the walk
@@ -115,6 +117,11 @@ def estimate(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | st
         pipe, ends = _closed_form_ends(s, stages, c)
         chunk_ends = list(zip(ends))
         check = range(s.pp)
+    if first_f and not walked:  # one stage: its first forward's outer gathers delay it all
+        held = first_f[0][1] - stages[0].fwd[0]
+        pipe += held
+        ends = [e + held for e in ends]
+        chunk_ends = [[e + held for e in ce] for ce in chunk_ends]
     if gathers_open and opened is None:
         held = _param_gather_delay(costs, stages, reps, c, alike)
         pipe += held
@@ -152,6 +159,7 @@ def _walked_ends(costs: Costs, stages: list[Stage], c: list[int],
     # prefetched backwards may start beside the streams the step before left busy
     hide = {(st, ch): x.after_tail_b[ch] for st, x in enumerate(stages)
             for ch in range(s.vpp)} if zero3 and s.zero3_prefetch else None
+    first = [x.first_f for x in stages] if stages[0].first_f else None  # HFSDP
     streams = ([x.z3_f for x in stages], [x.z3_b for x in stages]) if (
         stages[0].z3_b) else None
     leads = _leads(costs, stages) if streams else None
@@ -160,7 +168,7 @@ def _walked_ends(costs: Costs, stages: list[Stage], c: list[int],
            tuple(sorted(late.items())) if late else None,
            (tuple(streams[0]), tuple(streams[1])) if streams else None,
            opened, tuple(leads) if leads else None,
-           tuple(sorted(hide.items())) if hide else None)
+           tuple(sorted(hide.items())) if hide else None, tuple(first) if first else None)
     walked = costs.ctx.walks.get(key)
     if walked is None:
         if not (early or late or streams):
@@ -168,7 +176,7 @@ def _walked_ends(costs: Costs, stages: list[Stage], c: list[int],
             walked = costs.ctx.walks[key] = (ends, chunk_ends, cooldown)
         else:
             walked = costs.ctx.walks[key] = (*interleaved(s, fwd, bwd, c, early, late, streams,
-                                                          opened, leads, hide), None)
+                                                          opened, leads, hide, first), None)
     return max(walked[0]), *walked
 
 

@@ -15,6 +15,7 @@ from tracegen.program import (
     ParamBlock,
     dp_group_size,
     gather_pieces,
+    outer_gather_comm,
     outer_grad_comm,
     shard_axis,
     zero3_gather_bytes,
@@ -81,6 +82,10 @@ class Stage(NamedTuple):
     # when the last of them ends from the backward's end without them, their sum)
     # (``_outer_pass``)
     outer_b: tuple[tuple[int, int, int], ...] = ()
+    # HFSDP, per chunk: its first forward of the step, each block gathered across the
+    # instances before its inner gathers: (``early_f``, ``fwd``) of that forward
+    # (``_first_forward``)
+    first_f: tuple[tuple[int, int], ...] = ()
 
 
 def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object, ...], ...],
@@ -93,6 +98,8 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
     overlap_b: list[int] = []
     hsdp = zero3 and costs.s.dist_opt_instances > 1
     outer: list[tuple[int, int, int]] = []
+    first: list[tuple[int, int]] = []  # HFSDP's first forwards
+    hfsdp = hsdp and costs.s.hfsdp
     after_tail: list[tuple[int, int]] = []
     phi: list[float] = []  # the share of compute in a backward: it slows buckets (``dp_tails``)
     phi_f: list[float] = []  # and in a forward
@@ -118,9 +125,13 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
         phi_f.append(uf / f if f else 0.0)
         if hsdp:
             outer.append(_outer_pass(costs, chunk, rank, sig))
+        if hfsdp and not prefetch:  # each block's outer gather blocks the chain too
+            gathers = [count * _outer_gather_ns(costs, block, rank) for block, count in chunk]
+            first.append((_outer_gather_ns(costs, chunk[0][0], rank)
+                          + _zero3_ns(costs, chunk[0][0], rank, "ALL_GATHER"), f + sum(gathers)))
         if prefetch:
             chunk_f, chunk_b, first_f, first_b, tail_b, hidden_b, last_b = _prefetched_chunk(
-                costs, chunk, rank, sig)
+                costs, chunk, rank, sig, first if hfsdp else None)
             fwd.append(chunk_f)
             bwd.append(chunk_b)
             early_f.append(first_f)
@@ -145,7 +156,7 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
     if prefetch:
         stage = stage._replace(after_tail_b=tuple(after_tail))
     if hsdp:
-        stage = stage._replace(outer_b=tuple(outer))
+        stage = stage._replace(outer_b=tuple(outer), first_f=tuple(first))
     if zero3 and costs.moe and not prefetch:  # the passes the two-stream walk steps through
         blocks = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
         stage = stage._replace(
@@ -242,7 +253,8 @@ def compute_busy(costs: Costs, block: ParamBlock, rank: int, sig: int
 
 
 def _prefetched_chunk(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: int,
-                      sig: int) -> tuple[int, int, int, int, int, int, int]:
+                      sig: int, first: list[tuple[int, int]] | None = None
+                      ) -> tuple[int, int, int, int, int, int, int]:
     """ZeRO-3 with prefetch (``Strategy.zero3_prefetch``), one chunk and micro-batch: (forward,
     backward, the first gathers of each pass, the backward's tail after its last compute, how
     much of that tail a backward started right after it hides — GPipe's back to back — and
@@ -255,7 +267,9 @@ def _prefetched_chunk(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: i
     the tail: it hides bwd + tail − again (a tied-embedding head gathers nothing and computes
     beside the embedding's scatter; any other first block waits for every stream: a MoE
     model's last expert reduce-scatter too, which GPipe on one stage had left out, 1.2–1.5%
-    too fast)."""
+    too fast). ``first`` (HFSDP): appended with the chunk's first forward, each block's
+    gather across the instances issued where its inner gathers are, on its own stream, before
+    them (``RoleProgram._zero3_gather``): its (first gathers, forward)."""
     blocks = [block for block, count in chunk for _ in range(count)]
     comp = [_compute_ns(costs, b, rank, sig) for b in blocks]
     gather = [zero3_axes(costs, b, rank, "ALL_GATHER") for b in blocks]
@@ -263,8 +277,13 @@ def _prefetched_chunk(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: i
     kappa = costs.compute.gpu.comm_interference
     # with interference, each block as it runs: its kernels slow while the streams are busy
     segs = [_compute_runs(costs, b, rank, sig) for b in blocks] if kappa else None
-    fwd, first_f, _, _ = prefetch_pass(range(len(blocks)), [c[0] for c in comp], gather,
-                                        None, [s[0] for s in segs] if segs else None, kappa)
+    comp_f, segs_f = [c[0] for c in comp], [s[0] for s in segs] if segs else None
+    fwd, first_f, _, _ = prefetch_pass(range(len(blocks)), comp_f, gather, None, segs_f, kappa)
+    if first is not None:
+        pre = [_outer_gather_ns(costs, b, rank) for b in blocks]
+        once, once_first, _, _ = prefetch_pass(range(len(blocks)), comp_f, gather, None, segs_f,
+                                               kappa, pre=pre)
+        first.append((once_first, once))
     order = range(len(blocks) - 1, -1, -1)
     comp_b, segs_b = [c[1] for c in comp], [s[1] for s in segs] if segs else None
     bwd, first_b, last, tails = prefetch_pass(order, comp_b, gather, scatter, segs_b, kappa)
@@ -342,7 +361,8 @@ def _compute_runs(costs: Costs, block: ParamBlock, rank: int, sig: int
 def prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
                    scatter: list[tuple[int, int]] | None, segs: list[Runs] | None,
                    kappa: float, busy: tuple[int, int] = (0, 0),
-                   lane: list[int] | None = None, outer: list[int] | None = None
+                   lane: list[int] | None = None, outer: list[int] | None = None,
+                   pre: list[int] | None = None
                    ) -> tuple[int, int, int, tuple[int, int]]:
     """(end with its streams drained, end of its first block's gathers, end of its last
     compute, how long each stream runs on after that) of one pass over blocks in ``order``;
@@ -350,12 +370,15 @@ def prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
     gathers after all of them); with ``segs``, a block's kernels slowed while the streams are
     busy (interference, ``slowed``), its own collectives not. HSDP's all-reduces (``outer``,
     per block) follow each dense reduce-scatter on a third stream, busy from ``lane[1]`` until
-    ``lane[0]``."""
+    ``lane[0]``. HFSDP's gathers across the instances (``pre``, per block; a forward's) run
+    on a stream of their own, each before its block's dense gather, which waits for it."""
     stream = list(busy)
     # the pass's first gathers wait for every group's last reduce-scatter, not only their own
     # group's (``RoleProgram._zero3_gathers``); a first block that gathers nothing (a tied head)
     # waits for none
-    chain = max(busy) if any(gather[order[0]]) else 0
+    head = pre[order[0]] if pre else 0
+    chain = max(busy) if any(gather[order[0]]) or head else 0
+    chain = outer_end = chain + head
     for a in (0, 1):  # the first block's gathers block the chain, dense then expert
         if gather[order[0]][a]:
             chain = stream[a] = max(chain, stream[a]) + gather[order[0]][a]
@@ -363,14 +386,19 @@ def prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
     for j, i in enumerate(order):
         start = max(chain, ready)
         if j + 1 < len(order):  # the next block's gathers start as this block does
-            ready = start
+            ready = after = start
+            if pre and pre[order[j + 1]]:
+                ready = after = outer_end = max(start, outer_end) + pre[order[j + 1]]
             for a, g in enumerate(gather[order[j + 1]]):
                 if g:
-                    stream[a] = max(start, stream[a]) + g
+                    stream[a] = max(after, stream[a]) + g  # (HFSDP: dense models only)
                     ready = max(ready, stream[a])
-        chain = (start + comp[i] if segs is None
-                 else round(slowed_runs(start, segs[i], stream if lane is None
-                                        else stream + _lane_busy(lane, start), kappa)))
+        if segs is None:
+            chain = start + comp[i]
+        else:
+            busy_now = stream if lane is None else stream + _lane_busy(lane, start)
+            chain = round(slowed_runs(start, segs[i], [*busy_now, outer_end] if pre
+                                      else busy_now, kappa))
         if scatter is not None:
             for a, r in enumerate(scatter[i]):
                 if r:
@@ -393,6 +421,15 @@ def _lane_busy(lane: list[int], w: int) -> list[int]:
     if lane[0] <= w:
         return []
     return [w + lane[0] - max(lane[1], w)]
+
+
+def _outer_gather_ns(costs: Costs, block: ParamBlock, rank: int) -> int:
+    """HFSDP: a block's all-gather across the instances (``outer_gather_comm``), 0 for a block
+    of no dense parameters."""
+    if not block.dense:
+        return 0
+    c = outer_gather_comm(costs.s, block.name, block.dense)
+    return costs.net.shape_ns("ALL_GATHER", c.size_bytes, costs.shape("dpr", rank))
 
 
 def block_ns(costs: Costs, block: ParamBlock, rank: int, sig: int

@@ -82,7 +82,8 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
                 streams: tuple[Z3Stages, Z3Stages] | None = None,
                 opened: Opened | None = None,
                 leads: list[tuple[int, float] | None] | None = None,
-                hide: dict[tuple[int, int], tuple[int, int]] | None = None
+                hide: dict[tuple[int, int], tuple[int, int]] | None = None,
+                first: list[tuple[tuple[int, int], ...]] | None = None
                 ) -> tuple[list[int], list[list[int]]]:
     """(end of each stage's last backward, when each chunk's last backward ends) under Megatron's
     interleaved order. The schedule is a max-plus linear system: once periodic, each further
@@ -116,7 +117,9 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
     instead of ``early`` and ``late``. Those and the plain walk (neither) branch: every walk
     after the first branches from the longest before (``_Walker``), only the steps the two do
     not share walked, which changes no answer. ``opened`` (plain walks): the parameter gathers
-    that open the step (``Opened``)."""
+    that open the step (``Opened``). ``first`` (HFSDP, with ZeRO-3's terms), per stage and
+    chunk: the first forward's gather and duration, in place of ``early``'s and ``fwd``'s
+    (``_walk``)."""
     p, m, v = s.pp, s.num_microbatches, s.vpp
     if not streams and not early and not late:
         return _plain_periodic(s, _Plain(s.order_id, p, v, fwd, bwd, c, opened))
@@ -138,7 +141,7 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
 
     def walk(mb: int) -> Walked:
         record: list[list[int]] = []
-        out = _walk(s.order_id, p, mb, v, fwd, bwd, c, early, late, hide, record)
+        out = _walk(s.order_id, p, mb, v, fwd, bwd, c, early, late, hide, record, first)
         if mb > longest[0]:
             longest[0], held[:] = mb, record
         return out
@@ -860,7 +863,9 @@ def _walk(schedule: str, p: int, m: int, v: int, fwd: list[tuple[int, ...]],
           early: dict[tuple[str, int, int], int] | None,
           late: dict[tuple[int, int], int] | None,
           hide: dict[tuple[int, int], tuple[int, int]] | None = None,
-          record: list[list[int]] | None = None) -> tuple[list[int], list[list[int]]]:
+          record: list[list[int]] | None = None,
+          first: list[tuple[tuple[int, int], ...]] | None = None
+          ) -> tuple[list[int], list[list[int]]]:
     """Walk the interleaved order: each step waits for its stage's previous step and for the
     neighbouring chunk's same micro-batch (+ one send). O(p·m·v). ``hide`` (ZeRO-3 with
     prefetch), per stage and chunk: how long after the stage's streams free a backward that
@@ -873,7 +878,9 @@ def _walk(schedule: str, p: int, m: int, v: int, fwd: list[tuple[int, ...]],
     backwards each waited for the tail before: +3.9% on a folded MoE model at dp 1.)
     ``record``: filled with every step's ends, for ``_certified_gathers`` — a forward's (its
     streams' and its compute's are one), a backward's compute's and its streams', by step
-    index."""
+    index. ``first``: each stage chunk's first forward (micro-batch 0) as (gather, forward),
+    HFSDP's, whose blocks are gathered across the instances too; the certificate needs no
+    change: its walk's edges into and out of a longer first forward hold a fortiori."""
     n = p * v
     if not early and not late:
         return _Plain(schedule, p, v, fwd, bwd, c).walk(m)[0]
@@ -898,11 +905,11 @@ def _walk(schedule: str, p: int, m: int, v: int, fwd: list[tuple[int, ...]],
             clock_b[k] = clock[st] = max(start + b - g, free + after)
             done_b[k] = computed[st] = max(start + b - g - lt[st][ch], free + after_last)
         else:  # waits for the previous chunk's activation, sent into this stage
-            g = e_f[st][ch]
+            g, f = first[st][ch] if first and k < n else (e_f[st][ch], fwd[st][ch])
             t = clock[st] + g
             if dep >= 0 and done_f[dep] + hop_in[st] > t:
                 t = done_f[dep] + hop_in[st]
-            clock[st] = computed[st] = t + fwd[st][ch] - g
+            clock[st] = computed[st] = t + f - g
             done_f[k] = clock[st]
     last = (m - 1) * n
     return clock, [[done_b[last + ch * p + st] for ch in range(v)] for st in range(p)]

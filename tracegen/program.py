@@ -91,9 +91,6 @@ class RoleProgram:
         self.pending_dp: list[int] = []
         self._last_rs: dict[str, int] = {}  # ZeRO-3: each group's latest gradient scatter
         self._last_ar: int | None = None  # optimizer instances: the latest cross-instance one
-        # HFSDP: (block, dense parameters) of each block scattered across the instances on its
-        # last backward, in that order, gathered back after the optimizer step
-        self.outer_gathers: list[tuple[str, int]] = []
         self.deferred_dp: list[O.Comm] = []  # buckets issued after the backward (no overlap)
         # overlap_param_gather: (micro-batch, chunk, block) → the gathers its forward waits for
         self.gather_waits: dict[tuple[int, int, int], list[int]] = {}
@@ -284,11 +281,21 @@ class RoleProgram:
     # ---- ZeRO-3 parameter gathers and gradient scatters ------------------------------------
     def _zero3_gather(self, block: ParamBlock, prefix: str, *,
                       prefetch_deps: tuple[int, ...] | None = None,
-                      after: tuple[int, ...] = ()) -> tuple[int, ...]:
+                      after: tuple[int, ...] = (), outer: bool = False) -> tuple[int, ...]:
         """The block's parameter all-gathers: in the compute chain (the first also after the
         nodes ``after``), or (``prefetch_deps``) alongside it, issued once those nodes are
-        done; returns their node ids."""
+        done; returns their node ids. ``outer`` (HFSDP, a chunk's first forward): first the
+        all-gather across the instances that returns the instance's shard the previous step
+        updated, which the inner gathers wait for (``outer_gather_comm``)."""
         ids = []
+        if outer and block.dense:
+            c = outer_gather_comm(self.s, block.name, block.dense)
+            if prefetch_deps is not None:
+                ids.append(self.coll(c, prefix, blocking=False, deps=prefetch_deps))
+                prefetch_deps = (*prefetch_deps, ids[-1])
+            else:
+                ids.append(self.coll(c, prefix, blocking=True, deps=after))
+                after = ()
         for axis, n in (("dp", block.dense), ("edp", block.expert)):
             axis = shard_axis(self.s, axis)
             size = dp_group_size(self.s, axis)
@@ -307,21 +314,23 @@ class RoleProgram:
         return tuple(ids)
 
     def _zero3_gathers(self, blocks: list[ParamBlock], order: list[int], j: int, prefix: str,
-                       first: tuple[int, ...], ahead: tuple[int, ...]
+                       first: tuple[int, ...], ahead: tuple[int, ...], *, outer: bool = False
                        ) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """ZeRO-3 gathers around the ``j``-th block of ``order``: (what its compute must also
         wait for, the prefetched gathers of the block after it). Without prefetch the block's
         own gathers block the chain. With it only a pass's first block's do — after the
         previous pass's reduce-scatters on every group's stream — and the next block's are
         issued as this one starts (after the chain, ``first`` and this block's gathers: FSDP's
-        limit of two blocks gathered)."""
+        limit of two blocks gathered). ``outer``: each block's gathers begin with HFSDP's
+        cross-instance one (``_zero3_gather``)."""
         i = order[j]
         label = f"{prefix}.{blocks[i].label}"
         if not self.s.zero3_prefetch:
-            self._zero3_gather(blocks[i], label)
+            self._zero3_gather(blocks[i], label, outer=outer)
             return (), ()
         if j == 0:  # the pass starts once every group's stream has drained
-            self._zero3_gather(blocks[i], label, after=tuple(self._last_rs.values()))
+            self._zero3_gather(blocks[i], label, after=tuple(self._last_rs.values()),
+                               outer=outer)
             self._last_rs = {}
             waits: tuple[int, ...] = ()
         else:
@@ -330,7 +339,8 @@ class RoleProgram:
             return waits, ()
         nxt = blocks[order[j + 1]]
         deps = (*(() if self.tail is None else (self.tail,)), *first, *waits)
-        return waits, self._zero3_gather(nxt, f"{prefix}.{nxt.label}", prefetch_deps=deps)
+        return waits, self._zero3_gather(nxt, f"{prefix}.{nxt.label}", prefetch_deps=deps,
+                                         outer=outer)
 
     def _grad_reduce(self, block: ParamBlock, prefix: str, *, last: bool) -> None:
         """ZeRO-3: reduce-scatter this block's gradients now (every micro-batch, as FSDP does).
@@ -353,8 +363,6 @@ class RoleProgram:
             if last and group != axis:
                 c = outer_grad_comm(self.s, block.name, n)
                 ids.append(self.coll(c, prefix, blocking=False, deps=(after,)))
-                if self.s.hfsdp:  # each updated piece gathered back after the step
-                    self.outer_gathers.append((block.name, n))
         self.pending_dp += ids
 
     def _tail(self) -> int:
@@ -403,9 +411,14 @@ class RoleProgram:
         blocks = self.blocks_of_chunk(gci)
         order = list(range(len(blocks)))
         ahead: tuple[int, ...] = ()
+        # HFSDP: the chunk's first forward gathers each block across the instances first (the
+        # pieces the previous step's optimizer updated: Megatron-FSDP's outer gather runs only
+        # while ``microbatch_count == 0``)
+        outer = self.s.hfsdp and mb == 0
         for i, block in enumerate(blocks):
             if self.s.zero_stage == 3:  # the first gather does not wait for the received input
-                own, ahead = self._zero3_gathers(blocks, order, i, prefix, first, ahead)
+                own, ahead = self._zero3_gathers(blocks, order, i, prefix, first, ahead,
+                                                 outer=outer)
                 first = (*first, *own)
             waits = self.gather_waits.get((mb, gci, i))
             if waits:
@@ -600,8 +613,6 @@ class RoleProgram:
         params = self._local_params()
         self.op(O.optimizer_step(params, O.adam_bytes_per_param(s)), "step", "optimizer",
                 tuple(self.pending_dp))
-        for name, n in self.outer_gathers:  # HFSDP (``_grad_reduce``)
-            self.coll(outer_gather_comm(s, name, n), "step", blocking=True)
         if self.param_gather_overlapped:  # they open the next step (``_early_param_gathers``)
             return
         for axis, padded in self.param_gathers:
@@ -735,8 +746,9 @@ def outer_grad_comm(s: Strategy, block_name: str, params: int) -> O.Comm:
 
 
 def outer_gather_comm(s: Strategy, block_name: str, params: int) -> O.Comm:
-    """HFSDP: the all-gather across the instances after the optimizer step that returns each
-    rank's updated piece of a block (``outer_shard``), in the bytes its gathers use."""
+    """HFSDP: the all-gather across the instances that returns each rank's piece of a block
+    (``outer_shard``) the optimizer step updated, in the bytes its gathers use; in each chunk's
+    first forward of the next step, before the block's inner gathers (``_zero3_gather``)."""
     return O.Comm(f"{block_name}_param_all_gather_outer", "dpr", "ALL_GATHER",
                   outer_shard(s, params) * zero3_gather_bytes(s, block_name))
 
