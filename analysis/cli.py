@@ -22,6 +22,7 @@ from analysis.cli_common import (
     output_file,
     progress_bar,
 )
+from analysis.replay_size import MAX_REPLAY_NODES
 from tracegen import (
     ConfigError,
     ModelSpec,
@@ -276,6 +277,17 @@ def main() -> None:
         err.print(f"[bold red]{type(exc).__name__}[/]: ", end="")
         err.print(str(exc), markup=False)
         sys.exit(2)
+    except MemoryError:  # the stack unwound: what was built for the command is free again
+        Console(stderr=True, soft_wrap=True, highlight=False).print(OUT_OF_MEMORY, markup=False)
+        sys.exit(3)
+
+
+OUT_OF_MEMORY = (
+    "MemoryError: this machine ran out of memory. A replay holds every node of the ranks it "
+    "simulates: generate the set in representative mode (`trainsim tracegen --mode "
+    "representative`, one program a pipeline stage), simulate fewer GPUs, or screen the "
+    "strategy with `trainsim estimate` (the fast path builds no trace; `compare` and "
+    f"`validate` keep its answer for sets past {MAX_REPLAY_NODES // 10**6} M nodes).")
 
 
 if __name__ == "__main__":

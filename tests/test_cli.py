@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import read_et
 from tracegen import read_manifest
 
@@ -224,3 +226,23 @@ def test_no_help_text_loses_square_brackets_to_rich_markup() -> None:
         texts += [getattr(p, "help", None) or "" for p in command.params]
     swallowed = [t for t in texts if re.search(r"(?<!\\)\[[a-z]", t)]
     assert not swallowed, swallowed
+
+
+def test_out_of_memory_is_told_not_traced(monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A command that runs out of memory (a full-mode replay of thousands of ranks) ends with
+    what to do instead — representative mode, fewer GPUs, the fast path — and exit code 3, not
+    a traceback."""
+    import analysis.cli as cli
+
+    def exhausted() -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(cli, "app", exhausted)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == 3
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith("MemoryError: this machine ran out of memory")
+    assert "--mode representative" in err and "trainsim estimate" in err
+    assert "Traceback" not in err
