@@ -267,9 +267,17 @@ def _memory_cell(gib: float, capacity: float | None) -> str:
 import analysis.cli_estimate  # noqa: E402  (registers `estimate` on the app)
 import analysis.cli_study  # noqa: E402,F401  (registers the study commands on the app)
 
+OUT_OF_MEMORY = (
+    "MemoryError: this machine ran out of memory. A replay holds every node of the ranks it "
+    "simulates: generate the set in representative mode (`trainsim tracegen --mode "
+    "representative`, one program a pipeline stage), simulate fewer GPUs, or screen the "
+    "strategy with `trainsim estimate` (the fast path builds no trace; `compare` and "
+    f"`validate` keep its answer for sets past {MAX_REPLAY_NODES // 10**6} M nodes).")
+
 
 def main() -> None:
-    """Entry point: usage errors are typer's; trainsim's own errors print as ``Name: message``."""
+    """Entry point: usage errors are typer's; trainsim's own errors print as ``Name: message``
+    (exit 2), running out of memory as what to do instead (exit 3)."""
     try:
         app()
     except TrainsimError as exc:  # raised inside a command
@@ -280,14 +288,6 @@ def main() -> None:
     except MemoryError:  # the stack unwound: what was built for the command is free again
         Console(stderr=True, soft_wrap=True, highlight=False).print(OUT_OF_MEMORY, markup=False)
         sys.exit(3)
-
-
-OUT_OF_MEMORY = (
-    "MemoryError: this machine ran out of memory. A replay holds every node of the ranks it "
-    "simulates: generate the set in representative mode (`trainsim tracegen --mode "
-    "representative`, one program a pipeline stage), simulate fewer GPUs, or screen the "
-    "strategy with `trainsim estimate` (the fast path builds no trace; `compare` and "
-    f"`validate` keep its answer for sets past {MAX_REPLAY_NODES // 10**6} M nodes).")
 
 
 if __name__ == "__main__":

@@ -114,7 +114,7 @@ OuterShardingOpt = Annotated[str, typer.Option(
     "--outer-dp-sharding", help="ZeRO-3 with --dist-opt-instances: 'no_shard' replicates the "
     "optimizer across the instances (HSDP); 'optim' shards it across them too (HFSDP: each "
     "block's shard reduce-scattered across the instances on the last micro-batch, gathered back "
-    "after the optimizer step; Megatron-FSDP's --outer-dp-sharding-strategy).")]
+    "in the next step's first forward; Megatron-FSDP's --outer-dp-sharding-strategy).")]
 LayoutOpt = Annotated[str, typer.Option(
     "--pipeline-layout",
     help="Megatron-Core's --pipeline-model-parallel-layout: what each model chunk holds, "

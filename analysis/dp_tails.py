@@ -120,8 +120,7 @@ def _tail_costs(costs: Costs, x: Stage, rank: int, rel_ends: tuple[int, ...]
     backward end, interference)."""
     if x.outer_b:  # HSDP: each chunk's last backward with its cross-instance all-reduces
         done, extra = _outer_tail(x.outer_b, rel_ends, costs.compute.gpu.comm_interference)
-        after = _after_memo(costs, x, rank, [])
-        return done, after, extra
+        return done, _after_memo(costs, x, rank, []), extra
     done, gathers, extra = _buckets_done(costs, rank, x.runs_bwd, rel_ends, x.bwd, x.busy_b)
     return done, _after_memo(costs, x, rank, gathers), extra
 

@@ -83,8 +83,8 @@ class Stage(NamedTuple):
     # (``_outer_pass``)
     outer_b: tuple[tuple[int, int, int], ...] = ()
     # HFSDP, per chunk: its first forward of the step, each block gathered across the
-    # instances before its inner gathers: (``early_f``, ``fwd``) of that forward
-    # (``_first_forward``)
+    # instances before its inner gathers: (``early_f``, ``fwd``) of that forward (blocking
+    # the chain, or prefetched: ``_prefetched_chunk``)
     first_f: tuple[tuple[int, int], ...] = ()
 
 

@@ -177,8 +177,9 @@ class Strategy:
     # state": Megatron-FSDP's ``main_weight`` placement SHARD on the outer dimension, weights
     # and gradients still sharded over the instance alone), so on the last micro-batch each
     # block's shard is reduce-scattered across the instances instead of all-reduced, the
-    # optimizer steps 1/instances of it, and after the step the updated shards are all-gathered
-    # across the instances (``RoleProgram._finish``). Megatron-FSDP requires inner
+    # optimizer steps 1/instances of it, and each chunk's first forward of the next step
+    # all-gathers the updated pieces across the instances before each block's inner gather
+    # (``RoleProgram._zero3_gather``). Megatron-FSDP requires inner
     # optim_grads_params and more than one instance for it.
     outer_dp_sharding_strategy: OuterDpSharding = "no_shard"
 
