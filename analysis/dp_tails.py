@@ -122,9 +122,9 @@ def _tail_costs(costs: Costs, x: Stage, rank: int, rel_ends: tuple[int, ...]
     plus ZeRO parameter all-gathers after that; how much later the buckets make the last
     backward end, interference)."""
     if x.outer_b:  # HSDP: each chunk's last backward with its cross-instance all-reduces
-        done, extra, _ = _outer_tail(x.outer_b, rel_ends, costs.compute.gpu.comm_interference,
+        busy, extra, _ = _outer_tail(x.outer_b, rel_ends, costs.compute.gpu.comm_interference,
                                      x.busy_b)
-        return done, _after_memo(costs, x, rank, []), extra
+        return max(busy, extra), _after_memo(costs, x, rank, []), extra
     done, gathers, extra = _buckets_done(costs, rank, x.runs_bwd, rel_ends, x.bwd, x.busy_b)
     return done, _after_memo(costs, x, rank, gathers), extra
 
@@ -134,12 +134,13 @@ def _outer_tail(outer: tuple[tuple[int, int, int], ...], rel_ends: tuple[int, ..
                 ) -> tuple[int, int, tuple[int, ...]]:
     """HSDP: (when the cross-instance all-reduces of every chunk's last backward are done,
     how much later the stage's last backward ends for them, how much later each chunk's last
-    backward ends), relative to that end. Each chunk's pass (``Stage.outer_b``: its own delay,
-    its lane's end, the lane's work) in the order the chunks end; a chunk's all-reduces queue
-    behind an earlier chunk's on the one stream. While that backlog runs, the compute up to the
-    next chunk's end (its share ``busy_b`` of the time between the two ends) runs at 1/(1 + κ)
-    (replay/sim.py: kernels beside a collective in flight, one stream so one at a time), and
-    the next chunk's own delay is the larger of that and what its own all-reduces cost it."""
+    backward ends), relative to the stage's last backward's end without them. Each chunk's
+    pass (``Stage.outer_b``: its own delay, its lane's end, the lane's work) in the order the
+    chunks end; a chunk's all-reduces queue behind an earlier chunk's on the one stream. While
+    that backlog runs, the compute up to the next chunk's end (its share ``busy_b`` of the
+    time between the two ends) runs at 1/(1 + κ) (replay/sim.py: kernels beside a collective
+    in flight, one stream so one at a time), and the next chunk's own delay is the larger of
+    that and what its own all-reduces cost it."""
     busy, shift = float(_IDLE), 0.0
     order = sorted(range(len(rel_ends)), key=rel_ends.__getitem__)
     shifts = [0] * len(rel_ends)
@@ -156,33 +157,44 @@ def _outer_tail(outer: tuple[tuple[int, int, int], ...], rel_ends: tuple[int, ..
         busy = max(start + lane, busy + work)
         shifts[chunk] = round(shift)
         prev = chunk
-    extra = round(shift)
-    return max(round(busy), extra), extra, tuple(shifts)
+    return round(busy), round(shift), tuple(shifts)
 
 
 def _outer_propagate(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int],
                      chunk_ends: Sequence[Sequence[int]], strategy_key: int
                      ) -> tuple[dict[int, tuple[int, int, int]], list[int], list[list[int]]]:
-    """HSDP with chunks under interference: ``tails_ns``'s tails, ends and chunk ends, each
-    stage's chunk ends later by what the stages after it lost up to their own end of that
-    chunk (the last backward of chunk c on stage st waits for stage st + 1's), not by all
-    they lost: the lane the first chunk to end opens is what the step waits for, and the
-    later stages' losses after that point do not move it (``_outer_tail``'s per-chunk
-    delays). Charging every chunk the later stages' whole delay put the seed-415 agreement
-    draw (interleaved, 64 instances of 2) 1.05% above replay."""
-    kappa = costs.compute.gpu.comm_interference
+    """HSDP with chunks under interference: ``tails_ns``'s tails, ends and chunk ends. Each
+    chunk's last backward is a step of one chain, chunk by chunk in the order they end and in
+    each from the last stage to the first (stage st's waits for stage st + 1's, the last
+    stage's for stage 0's of the chunk after): it ends later by the larger of the delay of
+    the step it waits for plus its own pass's (``Stage.outer_b``), and its stage's delay at
+    its chunk before plus what the stage lost since (``_outer_tail``'s per-chunk delays: a
+    slowdown early between two chunk ends is absorbed where the stage then waits for its
+    input), a max-plus chain. Each stage's lanes then start from
+    its chunk ends moved by what the chain added to its own delays. Until the thirty-sixth
+    session every chunk end took the later stages' whole delay (summed, the chain's order
+    ignored): up to 5% above replay on interleaved pipelines of four stages."""
+    kappa, p = costs.compute.gpu.comm_interference, costs.s.pp
+    own, order = [], []
+    for x, ce in zip(stages, chunk_ends, strict=True):
+        top = max(ce)
+        own.append(_outer_tail(x.outer_b, tuple(e - top for e in ce), kappa, x.busy_b)[2])
+        order.append(sorted(range(len(ce)), key=ce.__getitem__))
+    delay = [[0] * len(ce) for ce in chunk_ends]
+    waited = 0  # the delay of the step the next one waits for
+    for k in range(costs.s.vpp):
+        for st in range(p - 1, -1, -1):
+            ch = order[st][k]
+            before = delay[st][order[st][k - 1]] if k else 0
+            gained = own[st][ch] - (own[st][order[st][k - 1]] if k else 0)
+            waited = delay[st][ch] = max(waited + stages[st].outer_b[ch][0], before + gained)
     tails: dict[int, tuple[int, int, int]] = {}
     ends, shifted = list(ends), [list(ce) for ce in chunk_ends]
-    later = [0] * costs.s.vpp
-    for st in range(costs.s.pp - 1, -1, -1):
-        ce = shifted[st]
-        ends[st] += later[max(range(len(ce)), key=ce.__getitem__)]
-        ce[:] = [e + d for e, d in zip(ce, later, strict=True)]
-        x = stages[st]
-        tails[st] = _tail(costs, x, reps[st], ce, strategy_key)
-        top = max(ce)
-        own = _outer_tail(x.outer_b, tuple(e - top for e in ce), kappa, x.busy_b)[2]
-        later = [a + b for a, b in zip(later, own, strict=True)]
+    for st, ce in enumerate(shifted):
+        moved = [d - o for d, o in zip(delay[st], own[st], strict=True)]
+        ends[st] += moved[order[st][-1]]
+        ce[:] = [e + d for e, d in zip(ce, moved, strict=True)]
+        tails[st] = _tail(costs, stages[st], reps[st], ce, strategy_key)
     return tails, ends, shifted
 
 

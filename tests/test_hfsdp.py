@@ -124,14 +124,15 @@ def test_fast_path_agrees_with_replay(gpn, pp, dp, cp, r, schedule, prefetch) ->
     """The fast path walks each chunk's last backward with the cross-instance reduce-scatters
     on their own stream (``fastpath_stages._outer_pass``) and each chunk's first forward with
     its cross-instance gathers (``Stage.first_f``: blocking the chain, or prefetched on their
-    own stream); replay runs the trace."""
+    own stream); replay runs the trace (0.10% apart at worst since the thirty-sixth session,
+    0.50% before: ``fastpath._drained``)."""
     hw = get_system("dgx-h100")
     hw = dataclasses.replace(hw, node=dataclasses.replace(hw.node, gpus_per_node=gpn))
     s = _hfsdp(pp=pp, dp=dp, cp=cp, dist_opt_instances=r, global_batch_size=dp * 4 * pp,
                schedule=schedule, vpp=2 if schedule == "interleaved_1f1b" else 1,
                zero3_prefetch=prefetch)
     assert estimate(MODEL, s, hw).step_time_s == pytest.approx(_replayed_s(MODEL, s, hw),
-                                                               rel=0.01)
+                                                               rel=0.003)
 
 
 @pytest.mark.parametrize("r", [2, 4, 8])
