@@ -170,10 +170,10 @@ def _outer_propagate(costs: Costs, stages: list[Stage], reps: list[int], ends: l
     the step it waits for plus its own pass's (``Stage.outer_b``), and its stage's delay at
     its chunk before plus what the stage lost since (``_outer_tail``'s per-chunk delays: a
     slowdown early between two chunk ends is absorbed where the stage then waits for its
-    input), a max-plus chain. Each stage's lanes then start from
-    its chunk ends moved by what the chain added to its own delays. Until the thirty-sixth
-    session every chunk end took the later stages' whole delay (summed, the chain's order
-    ignored): up to 5% above replay on interleaved pipelines of four stages."""
+    input), a max-plus chain. Each stage's lanes then start from its chunk ends moved by what
+    the chain added to its own delays. Until the thirty-sixth session every chunk end took
+    the later stages' whole delay (summed, the chain's order ignored): up to 5% above replay
+    on interleaved pipelines of four stages."""
     kappa, p = costs.compute.gpu.comm_interference, costs.s.pp
     own, order = [], []
     for x, ce in zip(stages, chunk_ends, strict=True):
