@@ -384,7 +384,10 @@ def prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
             chain = stream[a] = max(chain, stream[a]) + gather[order[0]][a]
     first_done = ready = chain
     for j, i in enumerate(order):
-        start = max(chain, ready)
+        # a pass's last block that computes nothing (the MTP stage's embedding copy, whose
+        # lookup's gradient the MTP module computes) has its gathers issued but waited for by
+        # nothing: the chain runs on to the send (``RoleProgram.backward``)
+        start = chain if j and j + 1 == len(order) and not comp[i] else max(chain, ready)
         if j + 1 < len(order):  # the next block's gathers start as this block does
             ready = after = start
             if pre and pre[order[j + 1]]:
