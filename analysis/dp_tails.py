@@ -62,8 +62,11 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
     elif propagate:  # (copies: the walk's lists are memoized)
         tails = {st: _tail(costs, stages[st], reps[st], chunk_ends[st], strategy_key)
                  for st in range(s.pp)}
-        ends, chunk_ends, later = list(ends), list(chunk_ends), 0
+        walked, later = chunk_ends, 0
+        ends, chunk_ends = list(ends), list(chunk_ends)
         for st in range(s.pp - 1, -1, -1):
+            if later and st < s.pp - 1 and len(walked[st]) == 1:
+                later = max(0, later - _slack(stages, walked, sends, st))
             if later:
                 ends[st] += later
                 chunk_ends[st] = [e + later for e in chunk_ends[st]]
@@ -94,6 +97,21 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
         done = max(chain[st], end + done_rel) if overlapped else max(chain[st], end) + done_rel
         finish = max(finish, done + after)
     return finish
+
+
+def _slack(stages: list[Stage], chunk_ends: Sequence[Sequence[int]], sends: Sequence[int],
+           st: int) -> int:
+    """How long before stage ``st``'s last backward starts its compute the gradient it waits
+    for has come (one chunk a stage): the part of a delay of stage st + 1's last backward that
+    stage st absorbs, busy with its own earlier steps (a light last stage — the head alone —
+    finishes well before the stage before it is ready for its gradient). A pass starts with
+    its first gathers (``Stage.early_b``, ZeRO-3), which do not wait for the gradient; HSDP's
+    chunk ends are drained passes (``fastpath._drained``), the gradient leaves the next stage
+    at its compute end, ``Stage.late_b`` before."""
+    x, nxt = stages[st], stages[st + 1]
+    compute = chunk_ends[st][0] - x.bwd[0] + x.early_b[0]
+    drained = nxt.late_b[0] if nxt.outer_b else 0
+    return max(0, compute - (chunk_ends[st + 1][0] - drained + sends[st]))
 
 
 def _tail(costs: Costs, x: Stage, rank: int, ce: Sequence[int], strategy_key: int

@@ -6,6 +6,7 @@ expert streams for the schedule walk, or prefetched a block ahead."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from analysis.dp_tails import slowed
@@ -329,21 +330,44 @@ def _outer_pass(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: int, si
     return w - base, lane_end - base, sum(outer)
 
 
-def slowed_runs(w: float, runs: Runs, busy: list[int], kappa: float) -> float:
+def slowed_runs(w: float, runs: Runs, busy: Sequence[float], kappa: float,
+                spans: list[tuple[float, float]] | None = None) -> float:
     """Wall time after running ``runs`` (``Costs.items_runs``) from ``w`` while streams are
     busy until each of ``busy``: each kernel slowed by those and by the list's own overlapped
     collectives in flight beside it, together (``slowed``); the collectives not (replay/sim.py
     slows kernels, not transfers). Slowing a TP-overlapped block's merged segments by the
     streams alone lost the kernels under a longer collective and charged the rest the two
-    slowdowns one on the other: −1.8% / +0.8% against replay with prefetched ZeRO-3 gathers."""
+    slowdowns one on the other: −1.8% / +0.8% against replay with prefetched ZeRO-3 gathers.
+    ``spans``: streams busy from one time to another (``slowed_spans``) besides."""
     for d, c in runs:
         if not c:
-            w = slowed(w, d, busy, kappa)
+            w = _slowed_by(w, d, busy, spans, kappa)
         elif d:
-            w = max(slowed(w, d, [*busy, w + c], kappa), w + c)
+            w = max(_slowed_by(w, d, [*busy, w + c], spans, kappa), w + c)
         else:
             w += c
     return w
+
+
+def _slowed_by(w: float, dt: float, busy: Sequence[float], spans: list[tuple[float, float]] | None,
+               kappa: float) -> float:
+    if not spans:
+        return slowed(w, dt, busy, kappa)
+    return slowed_spans(w, dt, [*((w, e) for e in busy), *spans], kappa)
+
+
+def slowed_spans(w: float, dt: float, spans: list[tuple[float, float]], kappa: float) -> float:
+    """``slowed`` with each stream busy over a span (from, until) instead of from now: a
+    stream whose collective is queued behind another stream's (HFSDP's inner gather behind
+    its outer one) slows nothing until it starts."""
+    for point in sorted({x for span in spans for x in span if x > w}):
+        n = sum(1 for lo, hi in spans if lo <= w < hi)
+        rate = 1 + kappa * n
+        if (point - w) / rate >= dt:
+            return w + dt * rate
+        dt -= (point - w) / rate
+        w = point
+    return w + dt
 
 
 def _compute_runs(costs: Costs, block: ParamBlock, rank: int, sig: int
@@ -383,6 +407,8 @@ def prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
         if gather[order[0]][a]:
             chain = stream[a] = max(chain, stream[a]) + gather[order[0]][a]
     first_done = ready = chain
+    # HFSDP's first forward (``pre``): each stream busy over a span
+    spans: list[tuple[float, float]] = [(0, e) for e in stream if e > chain]
     for j, i in enumerate(order):
         # a pass's last block that computes nothing (the MTP stage's embedding copy, whose
         # lookup's gradient the MTP module computes) has its gathers issued but waited for by
@@ -391,17 +417,23 @@ def prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
         if j + 1 < len(order):  # the next block's gathers start as this block does
             ready = after = start
             if pre and pre[order[j + 1]]:
-                ready = after = outer_end = max(start, outer_end) + pre[order[j + 1]]
+                lo = max(start, outer_end)
+                ready = after = outer_end = lo + pre[order[j + 1]]
+                spans.append((lo, outer_end))
             for a, g in enumerate(gather[order[j + 1]]):
                 if g:
-                    stream[a] = max(after, stream[a]) + g  # (HFSDP: dense models only)
+                    lo = max(after, stream[a])
+                    stream[a] = lo + g  # (HFSDP: dense models only)
                     ready = max(ready, stream[a])
+                    spans.append((lo, stream[a]))
         if segs is None:
             chain = start + comp[i]
+        elif pre:  # the inner gathers wait for the outer: each stream busy over its span
+            spans = [span for span in spans if span[1] > start]
+            chain = round(slowed_runs(start, segs[i], [], kappa, spans))
         else:
             busy_now = stream if lane is None else stream + _lane_busy(lane, start)
-            chain = round(slowed_runs(start, segs[i], [*busy_now, outer_end] if pre
-                                      else busy_now, kappa))
+            chain = round(slowed_runs(start, segs[i], busy_now, kappa))
         if scatter is not None:
             for a, r in enumerate(scatter[i]):
                 if r:
