@@ -50,7 +50,7 @@ class Stage(NamedTuple):
     bwd: tuple[int, ...]
     # Per chunk, in backward order: (block, backward ns of one, how many in a row).
     runs_bwd: tuple[tuple[tuple[ParamBlock, int, int], ...], ...]
-    early_f: tuple[int, ...]  # ZeRO-3: the gather of the chunk's first block (needs no input)
+    early_f: tuple[int, ...]  # ZeRO-3: the gathers before the chunk's first compute (need no input)
     early_b: tuple[int, ...]  # ZeRO-3: the gather of the chunk's last block
     late_b: tuple[int, ...]  # ZeRO-3: the last reduce-scatter of a backward (after the send)
     params: tuple[tuple[str, int], ...]  # ("dp", n), ("edp", n) before sharding
@@ -126,10 +126,12 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
         phi_f.append(uf / f if f else 0.0)
         if hsdp:
             outer.append(_outer_pass(costs, chunk, rank, sig))
+        lead = _leading(costs, chunk, rank, sig) if zero3 and not prefetch else ()
         if hfsdp and not prefetch:  # each block's outer gather blocks the chain too
             gathers = [count * _outer_gather_ns(costs, block, rank) for block, count in chunk]
-            first.append((_outer_gather_ns(costs, chunk[0][0], rank)
-                          + _zero3_ns(costs, chunk[0][0], rank, "ALL_GATHER"), f + sum(gathers)))
+            first.append((sum(_outer_gather_ns(costs, block, rank)
+                              + _zero3_ns(costs, block, rank, "ALL_GATHER") for block in lead),
+                          f + sum(gathers)))
         if prefetch:
             chunk_f, chunk_b, first_f, first_b, tail_b, hidden_b, last_b = _prefetched_chunk(
                 costs, chunk, rank, sig, first if hfsdp else None)
@@ -143,7 +145,7 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
             continue
         fwd.append(f)
         bwd.append(b)
-        early_f.append(_zero3_ns(costs, chunk[0][0], rank, "ALL_GATHER") if zero3 else 0)
+        early_f.append(sum(_zero3_ns(costs, block, rank, "ALL_GATHER") for block in lead))
         early_b.append(_zero3_ns(costs, chunk[-1][0], rank, "ALL_GATHER") if zero3 else 0)
         # the dense and expert reduce-scatters run on their own groups' streams, side by side
         late_b.append(max(zero3_axes(costs, chunk[0][0], rank, "REDUCE_SCATTER")) if zero3
@@ -166,6 +168,20 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
             z3_lead_f=tuple(_z3_lead(costs, b, rank, sig, backward=False) for b in blocks),
             z3_lead_b=tuple(_z3_lead(costs, b[::-1], rank, sig, backward=True) for b in blocks))
     return stage
+
+
+def _leading(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: int, sig: int
+             ) -> list[ParamBlock]:
+    """ZeRO-3 without prefetch: a chunk's blocks whose gathers the forward runs before it
+    needs its input — the first block, and before it any that compute nothing in the forward
+    (an MTP stage's embedding copy: a block without ops passes the input's wait on to the
+    next, ``RoleProgram.forward``, while the gathers are in the chain)."""
+    out = []
+    for block, _ in chunk:
+        out.append(block)
+        if _compute_ns(costs, block, rank, sig)[0]:
+            break
+    return out
 
 
 def _trailing_overlap(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: int,
