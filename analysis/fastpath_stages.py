@@ -424,7 +424,7 @@ def prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
             chain = stream[a] = max(chain, stream[a]) + gather[order[0]][a]
     first_done = ready = chain
     # HFSDP's first forward (``pre``): each stream busy over a span
-    spans: list[tuple[float, float]] = [(0, e) for e in stream if e > chain]
+    spans: list[tuple[float, float]] = [(0, e) for e in stream if e > chain] if pre else []
     for j, i in enumerate(order):
         # a pass's last block that computes nothing (the MTP stage's embedding copy, whose
         # lookup's gradient the MTP module computes) has its gathers issued but waited for by
@@ -441,7 +441,8 @@ def prefetch_pass(order: range, comp: list[int], gather: list[tuple[int, int]],
                     lo = max(after, stream[a])
                     stream[a] = lo + g  # (HFSDP: dense models only)
                     ready = max(ready, stream[a])
-                    spans.append((lo, stream[a]))
+                    if pre:
+                        spans.append((lo, stream[a]))
         if segs is None:
             chain = start + comp[i]
         elif pre:  # the inner gathers wait for the outer: each stream busy over its span
