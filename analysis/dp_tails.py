@@ -82,7 +82,13 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
         if not shifted:  # each ends later by what its own buckets slowed it (interference)
             first += tails[0][2]
             last += tails[partner][2]
-        if s.zero_stage == 3:
+        if s.zero_stage == 3 and stages[0].z3_b:
+            # the all-reduce follows the last backward's compute (``RoleProgram._finish``); a
+            # two-stream walk's stage ends with its streams drained, where an earlier block's
+            # expert reduce-scatter may outlast the last block's (``pipeline_walk._Streams``)
+            first += max(chunk_ends[0]) - ends[0]
+            last += max(chunk_ends[partner]) - ends[partner]
+        elif s.zero_stage == 3:
             # the all-reduce follows the last backward's compute (``RoleProgram._finish``), on
             # its own stream beside that pass's trailing reduce-scatters (``Stage.late_b``)
             first -= stages[0].late_b[0]
