@@ -5,11 +5,15 @@ updated (smaller drifts need a replay to see: `make demo`)."""
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from analysis.cli import app
 from analysis.compare import strategy_fields
 from analysis.fastpath import estimate
 from analysis.study import load_study
@@ -35,3 +39,53 @@ def test_readme_demo_table_matches_the_default_study() -> None:
         assert estimate(study.model, s, study.system).step_time_s == pytest.approx(step_s,
                                                                                   rel=0.01)
         assert tokens_per_step / step_s == pytest.approx(tokens_per_s, rel=0.001)
+
+
+# The README's `trainsim estimate` examples: each command (continued lines joined, optional
+# `[...]` parts left out) with the comment lines under it. The comment's first "N s" is the
+# step time and its first "N GiB" the peak memory, as that command prints them now.
+_EXAMPLE = re.compile(r"^trainsim estimate (?P<cmd>(?:.*\\\n)*.*)\n(?P<notes>(?:[ \t]+#.*\n)*)",
+                      re.MULTILINE)
+_SECONDS = re.compile(r"(?<![\w.,])(\d+\.\d+) s\b")
+_GIB = re.compile(r"(?<![\w.,])(\d+\.\d+) GiB\b")
+
+
+def _readme_examples() -> list[tuple[str, str]]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    out = []
+    for m in _EXAMPLE.finditer(text):
+        lines = [line.split("#", 1)[0] for line in m["cmd"].split("\\\n")]
+        cmd = re.sub(r"\[[^\]]*\]", " ", " ".join(lines))
+        notes = " ".join(line.split("#", 1)[1] for line in m["notes"].splitlines())
+        if _SECONDS.search(notes) or _GIB.search(notes):
+            out.append((cmd, notes))
+    return out
+
+
+def _agrees(printed: str, value: float) -> bool:
+    """Whether a README figure is the value as printed: within one unit of its last digit
+    (rounding either way), so a change of the tool's answer by more shows."""
+    unit = 10.0 ** -len(printed.partition(".")[2])
+    return abs(float(printed) - value) <= unit
+
+
+def test_readme_finds_its_estimate_examples() -> None:
+    cmds = [cmd for cmd, _ in _readme_examples()]
+    assert len(cmds) >= 7
+    assert any("--dist-opt-instances 128 --outer-dp-sharding optim" in c for c in cmds)
+
+
+@pytest.mark.parametrize("example", _readme_examples(), ids=lambda e: e[0][:60])
+def test_readme_estimate_examples_print_the_readme_figures(example: tuple[str, str],
+                                                            tmp_path: Path) -> None:
+    """Each README estimate example's step time and memory are the tool's current ones (the
+    HFSDP example said 8.37 s for two sessions after the fast path gave 8.33)."""
+    cmd, notes = example
+    out = tmp_path / "e.json"
+    result = CliRunner().invoke(app, ["estimate", *shlex.split(cmd), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    got = json.loads(out.read_text(encoding="utf-8"))
+    if (sec := _SECONDS.search(notes)) is not None:
+        assert _agrees(sec[1], got["step_time_s"]), (cmd, sec[1], got["step_time_s"])
+    if (gib := _GIB.search(notes)) is not None:
+        assert _agrees(gib[1], got["peak_memory_GiB"]), (cmd, gib[1], got["peak_memory_GiB"])
