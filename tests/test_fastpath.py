@@ -901,14 +901,18 @@ def test_a_two_stream_walk_branched_from_another_equals_walking_it_whole(
 def _z3_blocks_one_by_one(runs, t: int, fd: int, fe: int, arrive: int) -> tuple[int, int, int]:
     """A ZeRO-3 pass over two streams stepped block by block, as the trace runs it: a block's
     dense then expert gathers (each after its stream's last collective; the chain waits), its
-    compute (the first block's not before the input arrives), its reduce-scatters queued."""
-    for (g_dp, g_edp, comp, r_dp, r_edp), count in runs:
+    compute (the first block that computes not before the input arrives: the gathers of those
+    before it do not wait for it), its reduce-scatters queued."""
+    first = next((i for i, (run, _) in enumerate(runs) if run[2]), len(runs) - 1)
+    for i, ((g_dp, g_edp, comp, r_dp, r_edp), count) in enumerate(runs):
         for _ in range(count):
             if g_dp:
                 t = fd = max(t, fd) + g_dp
             if g_edp:
                 t = fe = max(t, fe) + g_edp
-            t, arrive = max(t, arrive) + comp, 0
+            if i >= first:
+                t, arrive = max(t, arrive), 0
+            t += comp
             if r_dp:
                 fd = max(t, fd) + r_dp
             if r_edp:
@@ -933,12 +937,26 @@ def test_a_pass_as_a_max_plus_map_equals_stepping_its_blocks(runs, state, arrive
     assert got == _z3_blocks_one_by_one(runs, t, fd, fe, arrive)
 
 
+def _leading_gathers(blocks: list[tuple[int, ...]], comp: int) -> int:
+    """What a pass's chain runs before its input comes: each block's gather (and in the
+    backward its reduce-scatter, which the next gather on the one stream waits for), times its
+    count, up to the first block that computes (``comp``: which of a block's fields is the
+    pass's compute), whose own first gather ends it (the last run's where none computes). In
+    the fast path's stages only the forward has such blocks (``fastpath_stages._leading``)."""
+    total = 0
+    for i, block in enumerate(blocks):
+        if block[comp] or i == len(blocks) - 1:
+            return total + block[0]
+        total += block[4] * (block[0] + (block[3] if comp == 2 else 0))
+    return total
+
+
 @settings(max_examples=150, deadline=None)
 @given(pp=st.sampled_from([2, 3, 4]), v=st.sampled_from([1, 2, 3]), rounds=st.integers(1, 3),
        data=st.data())
 def test_two_stream_walk_equals_the_one_number_walk_on_one_stream(pp, v, rounds, data) -> None:
     """ZeRO-3 with one data-parallel stream (no experts): walking each stage's stream state from
-    step to step gives what the walk with one number per step gives — a pass's first gather
+    step to step gives what the walk with one number per step gives — a pass's leading gathers
     before its input arrives, its last reduce-scatter after its send — for any blocks, counts
     and sends. (With two streams only the former is exact: ``_walk_streams``.)"""
     from analysis import pipeline_walk as W
@@ -956,8 +974,9 @@ def test_two_stream_walk_equals_the_one_number_walk_on_one_stream(pp, v, rounds,
     fwd = [tuple(sum(n * (g + f) for g, f, _, _, n in ch) for ch in stage) for stage in chunks]
     bwd = [tuple(sum(n * (b + r + g) for g, _, b, r, n in ch) for ch in stage)
            for stage in chunks]
-    early = {(ph, st_, ch): blocks[i][0] for st_, stage in enumerate(chunks)
-             for ch, blocks in enumerate(stage) for ph, i in (("F", 0), ("B", -1))}
+    early = {(ph, st_, ch): _leading_gathers(blocks if ph == "F" else blocks[::-1], i)
+             for st_, stage in enumerate(chunks)
+             for ch, blocks in enumerate(stage) for ph, i in (("F", 1), ("B", 2))}
     late = {(st_, ch): blocks[0][3] for st_, stage in enumerate(chunks)
             for ch, blocks in enumerate(stage)}
     c = [data.draw(ns) for _ in range(pp)]
