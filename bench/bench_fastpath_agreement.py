@@ -77,6 +77,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
+import re
 import statistics
 import tempfile
 import time
@@ -258,6 +259,16 @@ def other_grouping(s: Strategy, rng: random.Random) -> Strategy:
                                microbatch_group_size=rng.choice(fits))
 
 
+def fewer_microbatches(s: Strategy, rng: random.Random) -> Strategy:
+    """``--few``: a strategy without chunks with one or two micro-batches (the dp and
+    micro-batch size kept), where what a step adds once — fill, drain, gradient tail, a pass's
+    leading gathers — weighs most against the micro-batches' share, drawn."""
+    if s.vpp > 1:
+        return s
+    return dataclasses.replace(s, global_batch_size=s.dp * s.micro_batch_size
+                               * rng.choice((1, 2)))
+
+
 def other_recompute(s: Strategy, layers: int, rng: random.Random) -> Strategy:
     """``--partial``: a full-recompute strategy recomputing only the first N layers of each
     chunk, N drawn below the chunk's layers (``recompute_num_layers``)."""
@@ -368,6 +379,7 @@ def label(s: Strategy) -> str:
               (bool(s.first_stage_layers), f"first{s.first_stage_layers}"),
               (bool(s.last_stage_layers), f"last{s.last_stage_layers}"),
               (bool(s.schedule_group), f"m{s.num_microbatches}-groups{s.schedule_group}"),
+              (not s.schedule_group and s.num_microbatches <= 2, f"m{s.num_microbatches}"),
               (bool(s.recompute_num_layers), f"recompute-first{s.recompute_num_layers}"),
               (s.recompute_modules != "core_attn", f"modules:{s.recompute_modules}"),
               (s.moe_dispatcher != "alltoall", s.moe_dispatcher),
@@ -410,6 +422,8 @@ FLAGS = {
     "mtp": "half the models with 1-2 multi-token-prediction modules, half of those pipelines "
            "in a drawn Megatron-Core layout (the modules with the loss or alone), from a "
            "stream of its own",
+    "few": "each draw without chunks with one or two micro-batches, where a step's one-off "
+           "terms weigh most, from a stream of its own",
     "instances": "half the ZeRO ≥ 1 strategies of dense models with several distributed-"
                  "optimizer instances (a divisor of dp·cp), from a stream of its own",
 }
@@ -434,6 +448,7 @@ def main() -> None:
     dispatch = random.Random(-args.seed - 8)  # --deepep: theirs
     mtp = random.Random(-args.seed - 9)  # --mtp: theirs
     instances = random.Random(-args.seed - 10)  # --instances: theirs
+    few = random.Random(-args.seed - 11)  # --few: theirs
     rows: list[tuple[float, str, str]] = []
     t0 = time.perf_counter()
     while len(rows) < args.n:
@@ -470,6 +485,8 @@ def main() -> None:
                 model_name += f"  mtp{model.mtp_layers}"
         if args.instances:
             s = other_instances(model, s, instances)
+        if args.few:
+            s = fewer_microbatches(s, few)
         try:
             fast = estimate(model, s, system)
         except ConfigError:
@@ -501,7 +518,9 @@ def main() -> None:
           + (f" ({sum(' mtp' in n for _, n, _ in rows)} with MTP modules, "
              f"{sum(' layout ' in w for _, _, w in rows)} in a layout)" if args.mtp else "")
           + (f" ({sum(' instances' in w for _, _, w in rows)} with optimizer instances)"
-             if args.instances else ""))
+             if args.instances else "")
+          + (f" ({sum(bool(re.search(r' m[12]( |$)', w)) for _, _, w in rows)} with one or "
+             "two micro-batches)" if args.few else ""))
     for e, model_name, what in sorted(rows, key=lambda r: -abs(r[0]))[:5]:
         print(f"  {e:+.2f}%  {model_name}  {what}")
 
