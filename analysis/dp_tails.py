@@ -291,14 +291,14 @@ def _cooldown_walk(costs: Costs, stages: list[Stage], reps: list[int], steps: Ta
         if issues and min(size for _, size, _ in axes[st]) > 1:
             # both lanes beside the same backward: one timeline
             end = start + d + _drain_lanes(costs, x.runs_bwd[ch], axes[st], start, start + d,
-                                           lane, k, gathers[st])
+                                           lane, gathers[st], kappa)
         elif issues:  # one lane (or none) reduces
             late = 0
             for axis, size, shape in axes[st]:
                 if size > 1:
                     lane[axis], late = _drain(costs, x.runs_bwd[ch], axis, size, shape, start,
                                               start + d, start + d, lane[axis], k,
-                                              gathers[st])
+                                              gathers[st], None, kappa)
             end = start + d + late
         else:
             end = round(slowed(start, d, list(lane.values()), k))
@@ -339,7 +339,7 @@ def _dense_cooldown_walk(costs: Costs, stages: list[Stage], reps: list[int], ste
             shard, shape, inter = lanes[st]
             busy[st], late = _drain(costs, x.runs_bwd[ch], "dp", shard, shape, start,
                                     start + d, start + d, free, kappa * x.busy_b[ch],
-                                    gathers[st], inter)
+                                    gathers[st], inter, kappa)
             end = start + d + late
         elif free > start and not issues:  # slowed until the stream frees (``_advance``)
             k = kappa * stages[st].busy_b[ch]
@@ -370,8 +370,12 @@ def _after_memo(costs: Costs, x: Stage, rank: int, gathers: list[tuple[str, int,
     return got
 
 
-# (issue time of the first, interval between issues, how many, parameters each)
-BucketRun = tuple[int, int, int, int]
+# (issue time of the first, interval between issues, how many, parameters each, the compute
+# share of the blocks between issues: ``BlockRun``'s)
+BucketRun = tuple[int, int, int, int, float]
+# A run of equal blocks in a backward: (block, backward ns of one, how many in a row, the
+# share of that backward that is compute on the critical path) (``Stage.runs_bwd``)
+BlockRun = tuple[ParamBlock, int, int, float]
 # a group's (ranks, nodes spanned, ranks per node, rail-aligned): ``Costs.shape``
 Shape = tuple[int, int, int, bool]
 
@@ -386,7 +390,7 @@ def _dense_lane(costs: Costs, rank: int) -> tuple[int, Shape, Shape | None]:
 
 
 def _buckets_done(costs: Costs, rank: int,
-                  runs: tuple[tuple[tuple[ParamBlock, int, int], ...], ...],
+                  runs: tuple[tuple[BlockRun, ...], ...],
                   chunk_ends: tuple[int, ...], chunk_bwd: tuple[int, ...],
                   busy_b: tuple[float, ...] = ()
                   ) -> tuple[int, list[tuple[str, int, int]], int]:
@@ -413,7 +417,7 @@ def _buckets_done(costs: Costs, rank: int,
         if s.dist_opt_instances > 1:
             size, shape, inter = _dense_lane(costs, rank)
         free, late = _drain(costs, runs[0], "dp", size, shape, end - chunk_bwd[0], end, end,
-                            _IDLE, kappa * busy_b[0] if kappa else 0.0, gathers, inter)
+                            _IDLE, kappa * busy_b[0] if kappa else 0.0, gathers, inter, kappa)
         return max(end + late, free), gathers, late
     stream = {"dp": _IDLE, "edp": _IDLE}
     if costs.moe:
@@ -429,8 +433,8 @@ def _buckets_done(costs: Costs, rank: int,
         k = kappa * busy_b[chunk] if kappa else 0.0
         if k and costs.moe and min(size for _, size, _ in axes) > 1:
             # both lanes slow the same backward: one timeline
-            late = _drain_lanes(costs, runs[chunk], axes, start, chunk_ends[chunk], stream, k,
-                                gathers)
+            late = _drain_lanes(costs, runs[chunk], axes, start, chunk_ends[chunk], stream,
+                                gathers, kappa)
             extra += late
             continue
         for axis, size, shape in axes:
@@ -439,15 +443,15 @@ def _buckets_done(costs: Costs, rank: int,
             lane = axis if s.overlap_grad_reduce else "dp"  # without overlap: one queue
             stream[lane], late = _drain(costs, runs[chunk], axis, size, shape, start,
                                         chunk_ends[chunk], end, stream[lane], k, gathers,
-                                        inter)
+                                        inter, kappa)
             extra += late
     return max(end + extra, *stream.values()), gathers, extra
 
 
-def _drain_lanes(costs: Costs, blocks: tuple[tuple[ParamBlock, int, int], ...],
+def _drain_lanes(costs: Costs, blocks: tuple[BlockRun, ...],
                  axes: list[tuple[str, int, tuple[int, int, int, bool]]], start: int,
-                 chunk_end: int, stream: dict[str, int], k: float,
-                 gathers: list[tuple[str, int, int]]) -> int:
+                 chunk_end: int, stream: dict[str, int],
+                 gathers: list[tuple[str, int, int]], kappa: float) -> int:
     """``_drain`` for a MoE chunk's dense and expert buckets together, with interference: its
     backward issues both lanes' buckets, and runs at 1/(1 + k·n) while n lanes are busy
     (``slowed``), so the lanes are stepped bucket by bucket on one timeline instead of each in
@@ -460,7 +464,7 @@ def _drain_lanes(costs: Costs, blocks: tuple[tuple[ParamBlock, int, int], ...],
     for axis, size, shape in axes:
         if size < 2:
             continue
-        for t, step, n, params in _bucket_runs_of(costs, blocks, axis):
+        for t, step, n, params, _ in _bucket_runs_of(costs, blocks, axis):
             padded = -(-params // size) * size
             d = shape_ns(coll, padded * grad_bytes, shape)
             if s.zero_stage >= 1:
@@ -468,13 +472,14 @@ def _drain_lanes(costs: Costs, blocks: tuple[tuple[ParamBlock, int, int], ...],
             issues += [(t + j * step, axis, d) for j in range(n)]
     w, c = float(start), start  # wall time, backward time
     for t, lane, d in sorted(issues):
-        w = _slowed2(w, start + t - c, stream["dp"], stream["edp"], k)
+        w = _advance_runs(w, c, start + t - c, stream["dp"], stream["edp"], kappa, blocks, start)
         c = start + t
         stream[lane] = max(stream[lane], round(w)) + d
-    return round(_slowed2(w, chunk_end - c, stream["dp"], stream["edp"], k)) - chunk_end
+    w = _advance_runs(w, c, chunk_end - c, stream["dp"], stream["edp"], kappa, blocks, start)
+    return round(w) - chunk_end
 
 
-def _slowed2(w: float, dt: float, a: int, b: int, kappa: float) -> float:
+def _slowed2(w: float, dt: float, a: float, b: float, kappa: float) -> float:
     """``slowed`` with two streams, busy until ``a`` and ``b``, spelled out (the two-lane
     drain calls it once per bucket)."""
     lo, hi = (a, b) if a < b else (b, a)
@@ -493,7 +498,7 @@ def _slowed2(w: float, dt: float, a: int, b: int, kappa: float) -> float:
     return w + dt
 
 
-def _bucket_runs_of(costs: Costs, blocks: tuple[tuple[ParamBlock, int, int], ...], axis: str
+def _bucket_runs_of(costs: Costs, blocks: tuple[BlockRun, ...], axis: str
                     ) -> list[BucketRun]:
     """A stage chunk's bucket runs on ``axis``, issue times from its start (``_bucket_runs``),
     found once per stage chunk (keyed by identity; the stage memo keeps ``blocks`` alive)."""
@@ -509,17 +514,22 @@ def _bucket_runs_of(costs: Costs, blocks: tuple[tuple[ParamBlock, int, int], ...
 _IDLE = -(1 << 62)
 
 
-def _drain(costs: Costs, blocks: tuple[tuple[ParamBlock, int, int], ...], axis: str,
+def _drain(costs: Costs, blocks: tuple[BlockRun, ...], axis: str,
            size: int, shape: Shape, start: int, chunk_end: int, end: int,
-           busy: int, k: float, gathers: list[tuple[str, int, int]], inter: Shape | None = None
-           ) -> tuple[int, int]:
+           busy: int, k: float, gathers: list[tuple[str, int, int]], inter: Shape | None = None,
+           kappa: float = 0.0) -> tuple[int, int]:
     """(when the stream is free, how much later the chunk's last backward ends) after one
     chunk's buckets on one group's stream, busy until ``busy`` before them; the chunk's
     backward runs from ``start`` to ``chunk_end``, the stage's last ends at ``end``; ``k``: κ
     scaled to the chunk's compute share (0: no interference). Appends the ZeRO ≥ 1 gathers.
     ``inter``: with several optimizer instances, the shape of the group across them — each
     bucket's reduce-scatter over the instance (``size``, ``shape``) is then followed on the
-    stream by its shard's all-reduce across instances (``program.bucket_comms``)."""
+    stream by its shard's all-reduce across instances (``program.bucket_comms``). With
+    interference (``k``: κ scaled to the chunk's compute share, non-zero) each run of blocks
+    is slowed at ``kappa`` times its own share (``BlockRun``), not the chunk's: a wide head,
+    all compute, issues the first bucket, and the layers it then slows have their TP
+    collectives between kernels (at the chunk's share the fast path was up to 1.1% slower
+    than replay, the agreement benchmark's seed 452)."""
     s = costs.s
     runs = _bucket_runs_of(costs, blocks, axis)  # issue times from the chunk's start
     coll: O.CollType = "REDUCE_SCATTER" if s.zero_stage >= 1 else "ALL_REDUCE"
@@ -528,7 +538,7 @@ def _drain(costs: Costs, blocks: tuple[tuple[ParamBlock, int, int], ...], axis: 
     gaxis = axis if inter is None else "dps"
     w = c = float(start)  # with interference: wall time, backward time, stream free
     free = float(busy)
-    for t, step, n, params in runs:
+    for t, step, n, params, share in runs:
         padded = -(-params // size) * size
         if inter is None:
             d = shape_ns(coll, padded * grad_bytes, shape)
@@ -538,7 +548,11 @@ def _drain(costs: Costs, blocks: tuple[tuple[ParamBlock, int, int], ...], axis: 
         if gather:
             gathers.append((gaxis, padded, n))
         if k:
-            w, c, free = _interfered_step(w, c, free, t + start, step, n, d, k)
+            t += start
+            w = (w + t - c if free <= w else
+                 _advance_runs(w, c, t - c, free, _IDLE, kappa, blocks, start))
+            c = t + (n - 1) * step
+            w, free = _interfered_run(w, max(w, free) + d - w, step, n, d, kappa * share)
             continue
         if overlap:
             t += start
@@ -548,18 +562,33 @@ def _drain(costs: Costs, blocks: tuple[tuple[ParamBlock, int, int], ...], axis: 
         b = t + (n - 1) * step + d
         busy = a if a > b else b
     if k:
-        return round(free), round(_advance(w, chunk_end - c, free, k) - chunk_end)
+        w = (w + chunk_end - c if free <= w else
+             _advance_runs(w, c, chunk_end - c, free, _IDLE, kappa, blocks, start))
+        return round(free), round(w - chunk_end)
     return busy, 0
 
 
-def _interfered_step(w: float, c: float, busy: float, t: int, step: int, n: int, d: int,
-                     kappa: float) -> tuple[float, float, float]:
-    """(wall time, backward time, stream free) after a run of n buckets of d, the first
-    issued at backward time t, the others every ``step``: the backward advances to t (slowed
-    while the stream is busy), then ``_interfered_run``."""
-    w = _advance(w, t - c, busy, kappa)
-    w, busy = _interfered_run(w, max(w, busy) + d - w, step, n, d, kappa)
-    return w, t + (n - 1) * step, busy
+def _advance_runs(w: float, c: float, dt: float, a: float, b: float, kappa: float,
+                  blocks: tuple[BlockRun, ...], start: float) -> float:
+    """``_slowed2`` (``_advance`` where ``b`` is idle) over the backward's work from ``c`` (its
+    clock, the chunk's backward starting at ``start``) for ``dt``, each run of blocks slowed
+    at κ times its own compute share."""
+    busy = a if a > b else b
+    if busy <= w or dt <= 0:
+        return w + dt
+    end, t = c + dt, start
+    for _, d, count, share in blocks:
+        lo, t = (c if c > t else t), t + d * count
+        hi = end if end < t else t
+        if hi > lo:
+            w, c = _slowed2(w, hi - lo, a, b, kappa * share), hi
+            if w >= busy:
+                break
+        if t >= end:
+            break
+    return w + (end - c)
+
+
 
 
 def _advance(w: float, dt: float, busy: float, kappa: float) -> float:
@@ -605,34 +634,34 @@ def _interfered_run(w0: float, b0: float, step: int, n: int, d: int, kappa: floa
     return w, w + d
 
 
-def _bucket_runs(runs: tuple[tuple[ParamBlock, int, int], ...], axis: str, bucket: int,
+def _bucket_runs(runs: tuple[BlockRun, ...], axis: str, bucket: int,
                  t: int) -> list[BucketRun]:
     """Megatron-style buckets over one chunk's backward blocks: parameters accumulate block by
     block and a bucket is issued when it holds ≥ ``bucket`` or at the chunk's last block."""
     out: list[BucketRun] = []
     acc = 0
-    for i, (block, d, count) in enumerate(runs):
+    for i, (block, d, count, share) in enumerate(runs):
         q = block.dense if axis == "dp" else block.expert
         last_run = i == len(runs) - 1
         left = count
         while left and acc and q:  # finish the bucket left open by earlier blocks
             t, acc, left = t + d, acc + q, left - 1
             if acc >= bucket or (last_run and not left):
-                out.append((t, 0, 1, acc))
+                out.append((t, 0, 1, acc, share))
                 acc = 0
         if not q:
             t += left * d
             if last_run and acc:
-                out.append((t, 0, 1, acc))
+                out.append((t, 0, 1, acc, share))
             continue
         k = max(1, -(-bucket // q))  # blocks per full bucket
         full, rest = divmod(left, k)
         if full:
-            out.append((t + k * d, k * d, full, k * q))
+            out.append((t + k * d, k * d, full, k * q, share))
         t += left * d
         if rest:
             if last_run:
-                out.append((t, 0, 1, rest * q))
+                out.append((t, 0, 1, rest * q, share))
             else:
                 acc = rest * q
     return out

@@ -46,7 +46,7 @@ class _Context:
     def __init__(self, system: SystemSpec) -> None:
         self.compute = RooflineCompute(system.gpu)
         self.net = AlphaBetaNetwork(system)
-        self.blocks: dict[tuple[object, ...], tuple[int, int, int, int]] = {}
+        self.blocks: dict[tuple[object, ...], tuple[int, int, int, int, float]] = {}
         self.lists: dict[tuple[object, ...], tuple[int, int]] = {}
         # the same key → the list as (kernel, overlapped collective) runs (``Costs.list_runs``)
         self.runs: dict[tuple[object, ...], Runs] = {}
@@ -288,13 +288,15 @@ class Costs:
         return got
 
     def block(self, block: ParamBlock, rank: int, sig: int
-              ) -> tuple[int, int, int, int]:
-        """(forward, backward, and the compute on the critical path of each) of one block."""
+              ) -> tuple[int, int, int, int, float]:
+        """(forward, backward, and the compute on the critical path of each) of one block, and
+        the share of its backward that is such compute."""
         key = (self.key, block.name, block.dense, block.expert, block.stored, sig)
         got = self.ctx.blocks.get(key)
         if got is None:
-            got = self.ctx.blocks[key] = (*block_ns(self, block, rank, sig),
-                                          *compute_busy(self, block, rank, sig))
+            (bf, bb), (uf, ub) = (block_ns(self, block, rank, sig),
+                                  compute_busy(self, block, rank, sig))
+            got = self.ctx.blocks[key] = (bf, bb, uf, ub, ub / bb if bb else 0.0)
         return got
 
     def optimizer_ns(self, params: int) -> int:

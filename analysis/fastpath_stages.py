@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from analysis.dp_tails import slowed
+from analysis.dp_tails import BlockRun, slowed
 from analysis.pipeline_walk import Z3Runs
 from tracegen import ops as O
 from tracegen.program import (
@@ -48,8 +48,10 @@ class Stage(NamedTuple):
 
     fwd: tuple[int, ...]
     bwd: tuple[int, ...]
-    # Per chunk, in backward order: (block, backward ns of one, how many in a row).
-    runs_bwd: tuple[tuple[tuple[ParamBlock, int, int], ...], ...]
+    # Per chunk, in backward order: (block, backward ns of one, how many in a row, the share
+    # of its backward that is compute on the critical path — the gradient buckets' drain
+    # slows each run of blocks by its own, ``dp_tails._drain``).
+    runs_bwd: tuple[tuple[BlockRun, ...], ...]
     early_f: tuple[int, ...]  # ZeRO-3: the gathers before the chunk's first compute (need no input)
     early_b: tuple[int, ...]  # ZeRO-3: the gather of the chunk's last block
     late_b: tuple[int, ...]  # ZeRO-3: the last reduce-scatter of a backward (after the send)
@@ -111,12 +113,12 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
         runs = []
         chunk = costs.chunk_runs(gci, key)
         for block, count in chunk:
-            bf, bb, uff, ub = costs.block(block, rank, sig)
+            bf, bb, uff, ub, share = costs.block(block, rank, sig)
             f += count * bf
             b += count * bb
             u += count * ub
             uf += count * uff
-            runs.append((block, bb, count))
+            runs.append((block, bb, count, share))
             params["dp"] += count * block.dense
             params["edp"] += count * block.expert
             if block.is_layer:
