@@ -413,7 +413,7 @@ def test_buckets_slow_each_block_of_the_last_backward_by_its_own_compute_share(d
     """Gradient buckets under interference: the wide head's backward, all compute, issues the
     first bucket, whose reduce-scatter then slows the layers' backward — whose TP collectives
     (tp 4 across two-GPU nodes) sit between their kernels and are not slowed. Each run of
-    blocks is slowed at its own compute share (``Stage.prof_b``); at the chunk's, which the
+    blocks is slowed at its own compute share (``dp_tails.BlockRun``); at the chunk's, which the
     head raises, the fast path was 0.45-0.55% slower than replay (the agreement benchmark's
     seed 452: 1.08% with one micro-batch)."""
     h100 = get_system("dgx-h100")
