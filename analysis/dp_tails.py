@@ -297,8 +297,8 @@ def _cooldown_walk(costs: Costs, stages: list[Stage], reps: list[int], steps: Ta
             for axis, size, shape in axes[st]:
                 if size > 1:
                     lane[axis], late = _drain(costs, x.runs_bwd[ch], axis, size, shape, start,
-                                              start + d, start + d, lane[axis], k,
-                                              gathers[st], None, kappa)
+                                              start + d, start + d, lane[axis], kappa,
+                                              gathers[st])
             end = start + d + late
         else:
             end = round(slowed(start, d, list(lane.values()), k))
@@ -338,8 +338,7 @@ def _dense_cooldown_walk(costs: Costs, stages: list[Stage], reps: list[int], ste
             x = stages[st]
             shard, shape, inter = lanes[st]
             busy[st], late = _drain(costs, x.runs_bwd[ch], "dp", shard, shape, start,
-                                    start + d, start + d, free, kappa * x.busy_b[ch],
-                                    gathers[st], inter, kappa)
+                                    start + d, start + d, free, kappa, gathers[st], inter)
             end = start + d + late
         elif free > start and not issues:  # slowed until the stream frees (``_advance``)
             k = kappa * stages[st].busy_b[ch]
@@ -417,7 +416,7 @@ def _buckets_done(costs: Costs, rank: int,
         if s.dist_opt_instances > 1:
             size, shape, inter = _dense_lane(costs, rank)
         free, late = _drain(costs, runs[0], "dp", size, shape, end - chunk_bwd[0], end, end,
-                            _IDLE, kappa * busy_b[0] if kappa else 0.0, gathers, inter, kappa)
+                            _IDLE, kappa, gathers, inter)
         return max(end + late, free), gathers, late
     stream = {"dp": _IDLE, "edp": _IDLE}
     if costs.moe:
@@ -442,8 +441,8 @@ def _buckets_done(costs: Costs, rank: int,
                 continue
             lane = axis if s.overlap_grad_reduce else "dp"  # without overlap: one queue
             stream[lane], late = _drain(costs, runs[chunk], axis, size, shape, start,
-                                        chunk_ends[chunk], end, stream[lane], k, gathers,
-                                        inter, kappa)
+                                        chunk_ends[chunk], end, stream[lane], kappa, gathers,
+                                        inter)
             extra += late
     return max(end + extra, *stream.values()), gathers, extra
 
@@ -516,20 +515,19 @@ _IDLE = -(1 << 62)
 
 def _drain(costs: Costs, blocks: tuple[BlockRun, ...], axis: str,
            size: int, shape: Shape, start: int, chunk_end: int, end: int,
-           busy: int, k: float, gathers: list[tuple[str, int, int]], inter: Shape | None = None,
-           kappa: float = 0.0) -> tuple[int, int]:
+           busy: int, kappa: float, gathers: list[tuple[str, int, int]],
+           inter: Shape | None = None) -> tuple[int, int]:
     """(when the stream is free, how much later the chunk's last backward ends) after one
     chunk's buckets on one group's stream, busy until ``busy`` before them; the chunk's
-    backward runs from ``start`` to ``chunk_end``, the stage's last ends at ``end``; ``k``: κ
-    scaled to the chunk's compute share (0: no interference). Appends the ZeRO ≥ 1 gathers.
-    ``inter``: with several optimizer instances, the shape of the group across them — each
-    bucket's reduce-scatter over the instance (``size``, ``shape``) is then followed on the
-    stream by its shard's all-reduce across instances (``program.bucket_comms``). With
-    interference (``k``: κ scaled to the chunk's compute share, non-zero) each run of blocks
-    is slowed at ``kappa`` times its own share (``BlockRun``), not the chunk's: a wide head,
-    all compute, issues the first bucket, and the layers it then slows have their TP
-    collectives between kernels (at the chunk's share the fast path was up to 1.1% slower
-    than replay, the agreement benchmark's seed 452)."""
+    backward runs from ``start`` to ``chunk_end``, the stage's last ends at ``end``; ``kappa``:
+    κ, the interference of the buckets with overlapped compute (0: none, or no overlap).
+    Appends the ZeRO ≥ 1 gathers. ``inter``: with several optimizer instances, the shape of
+    the group across them — each bucket's reduce-scatter over the instance (``size``,
+    ``shape``) is then followed on the stream by its shard's all-reduce across instances
+    (``program.bucket_comms``). Each run of blocks is slowed at κ times its own compute share
+    (``BlockRun``), not the chunk's: a wide head, all compute, issues the first bucket, and the
+    layers it then slows have their TP collectives between kernels (at the chunk's share the
+    fast path was up to 1.1% slower than replay, the agreement benchmark's seed 452)."""
     s = costs.s
     runs = _bucket_runs_of(costs, blocks, axis)  # issue times from the chunk's start
     coll: O.CollType = "REDUCE_SCATTER" if s.zero_stage >= 1 else "ALL_REDUCE"
@@ -547,7 +545,7 @@ def _drain(costs: Costs, blocks: tuple[BlockRun, ...], axis: str,
             d += shape_ns("ALL_REDUCE", padded // size * grad_bytes, inter)
         if gather:
             gathers.append((gaxis, padded, n))
-        if k:
+        if kappa:
             t += start
             w = (w + t - c if free <= w else
                  _advance_runs(w, c, t - c, free, _IDLE, kappa, blocks, start))
@@ -561,7 +559,7 @@ def _drain(costs: Costs, blocks: tuple[BlockRun, ...], axis: str,
         a = (busy if busy > t else t) + n * d
         b = t + (n - 1) * step + d
         busy = a if a > b else b
-    if k:
+    if kappa:
         w = (w + chunk_end - c if free <= w else
              _advance_runs(w, c, chunk_end - c, free, _IDLE, kappa, blocks, start))
         return round(free), round(w - chunk_end)
@@ -587,8 +585,6 @@ def _advance_runs(w: float, c: float, dt: float, a: float, b: float, kappa: floa
         if t >= end:
             break
     return w + (end - c)
-
-
 
 
 def _advance(w: float, dt: float, busy: float, kappa: float) -> float:
