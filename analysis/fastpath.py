@@ -44,6 +44,7 @@ from analysis.pipeline_walk import (
 from replay.hardware import SystemSpec, resolve_system
 from tracegen import ops as O
 from tracegen.catalog import resolve_model
+from tracegen.errors import FastPathUnsupported
 from tracegen.memory import activation_bytes_per_layer
 from tracegen.memory import total_bytes as memory_total_bytes
 from tracegen.model import ModelSpec
@@ -81,6 +82,8 @@ def estimate(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | st
     model, system = resolve_specs(model, system)
     check_fits_model(strategy, model)
     s = strategy
+    if s.schedule == "zb_h1":  # (its W passes need a walk of their own: DESIGN.md)
+        raise FastPathUnsupported("schedule 'zb_h1'")
     costs = Costs(model, s, system)
     stages, reps, alike = _stages(costs)
     c = _sends(costs, reps, alike)

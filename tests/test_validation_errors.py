@@ -16,7 +16,7 @@ STRATEGY_CASES = [
     (dict(dp=2, micro_batch_size=2, global_batch_size=6),
      "global_batch_size 6 is not divisible by micro_batch_size · dp = 2 · 2 = 4; use a multiple "
      "of 4 (e.g. 4 or 8)"),
-    (dict(schedule="zigzag"), "schedule must be one of gpipe, 1f1b, interleaved_1f1b; got 'zigzag'"),
+    (dict(schedule="zigzag"), "schedule must be one of gpipe, 1f1b, interleaved_1f1b, zb_h1; got 'zigzag'"),
     (dict(recompute="most"), "recompute must be one of none, selective, full; got 'most'"),
     (dict(zero_stage=4), "zero_stage must be 0, 1, 2 or 3; got 4"),
     (dict(sequence_parallel=True), "sequence_parallel needs tp > 1"),

@@ -224,10 +224,17 @@ def inflight_microbatches(s: Strategy, stage: int) -> float:
     1F1B: stage i holds min(p - i, m) (Narayanan et al. 2021 §2.2.1). Interleaved: the warm-up
     count of virtual micro-batches + 1, each 1/v of the stage (Megatron schedules.py), with a
     micro-batch group of N (pp unless set) (p − i − 1)·2 + (v − 1)·N of them. GPipe: m.
+    ZB-H1: min(p, m) on every stage (``schedule.zb_h1``: stage i's 1F1B count and the i
+    micro-batches whose W it defers), each counted whole: a deferred W keeps the inputs of the
+    stage's GEMMs and their output gradients, nearly all a layer saves (Korthikanti et al.'s
+    count), so this bounds the ZB paper's (p − i)·M_B + i·M_W ≤ p·M_B (Qi et al. 2024 §3.1)
+    from above.
     """
     m, p, v = s.num_microbatches, s.pp, s.vpp
     if s.schedule == "gpipe":
         return float(m)
+    if s.schedule == "zb_h1":
+        return float(min(p, m))
     if s.schedule == "1f1b":
         return float(min(p - stage, m))
     warm = min((p - stage - 1) * 2 + (v - 1) * (s.schedule_group or p) + 1, m * v)
@@ -373,10 +380,15 @@ def mtp_activation_bytes(m: ModelSpec, s: Strategy, flash_attention: bool = True
 def _peak_chunk_load(order_id: str, m: int, p: int, v: int, stage: int,
                      per_chunk: tuple[int, ...]) -> int:
     """The largest Σ in-flight micro-batches × ``per_chunk`` bytes over the stage's schedule
-    (``schedule.stage_order``): activations are held from a forward to its backward."""
+    (``schedule.stage_order``): activations are held from a forward to its backward (ZB-H1:
+    to its W pass, ``inflight_microbatches``)."""
     peak = load = 0
+    freed_by = "W" if order_id == "zb_h1" else "B"
     for phase, _, ch in stage_order(order_id, m=m, p=p, v=v, stage=stage):
-        load += per_chunk[ch] if phase == "F" else -per_chunk[ch]
+        if phase == "F":
+            load += per_chunk[ch]
+        elif phase == freed_by:
+            load -= per_chunk[ch]
         peak = max(peak, load)
     return peak
 

@@ -587,6 +587,26 @@ def backward_of(items: list[Item], d: Dims) -> list[Item]:
     return out
 
 
+def split_weight_grads(items: list[Item]) -> tuple[list[Item], list[Item]]:
+    """A backward list as ZB-H1's B and W passes (Qi et al. 2024 §2: the backward of a linear
+    layer is the input gradient, which the layer below waits for, and the weight gradient,
+    which nothing in the pass needs): (the list without its weight-gradient GEMMs, those
+    GEMMs in order). A collective that ran beside a weight-gradient GEMM has nothing to run
+    beside in B and blocks there (its result is the next op's input). The norms' weight
+    gradients stay in their fused backward kernels and the embedding's backward in B (a
+    scatter-add on the first stage, whose B is last in its pipeline anyway)."""
+    b: list[Item] = []
+    w: list[Item] = []
+    for it in items:
+        if isinstance(it, Op) and it.name.endswith("_wgrad"):
+            if b and isinstance(b[-1], Comm) and b[-1].overlapped:
+                b[-1] = dataclasses.replace(b[-1], overlapped=False)
+            w.append(it)
+        else:
+            b.append(it)
+    return b, w
+
+
 def _dkv_return(ring: Comm, d: Dims) -> Comm:
     """The ring's last hop in backward: each rank's dK/dV chunk, accumulated around the ring,
     goes back to the rank that owns K and V (Transformer Engine's ``AttnFuncWithCPAndKVP2P``

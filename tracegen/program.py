@@ -97,6 +97,7 @@ class RoleProgram:
         self.buckets: dict[str, int] = {"dp": 0, "edp": 0}
         self._attr_cache: dict[O.Op, list[Attr]] = {}
         self._coll_attrs: dict[tuple[str, int, Route | None], list[Attr]] = {}
+        self._splits: dict[str, tuple[list[O.Item], list[O.Item]]] = {}  # ZB-H1: B and W items
         self.n_chunks = strategy.pp * strategy.vpp
         self.m_mb = strategy.num_microbatches
 
@@ -447,7 +448,7 @@ class RoleProgram:
             self.items(self._recompute_items(block), f"{name}.rc", "recompute", first)
             if self._recompute_items(block):
                 first = ()
-            items = self._bwd_items(block)
+            items = self._b_items(block) if self.split_w else self._bwd_items(block)
             if items:
                 self.items(items, name, "bwd", first)
                 first = ()
@@ -457,6 +458,37 @@ class RoleProgram:
                 self._bucket_add(block, name, flush=i == 0)
         if gci > 0:
             self._send(mb, gci - 1, grad=True)
+
+    def weight(self, mb: int, chunk: int, *, last: bool) -> None:
+        """ZB-H1's W pass: the weight-gradient GEMMs the B pass left (``_w_items``), block by
+        block in backward order; on the last micro-batch each block's gradients are then
+        complete and go to the buckets (the grad-ready hooks fire on the weight gradient)."""
+        gci = chunk * self.s.pp + self.stage
+        blocks = self.blocks_of_chunk(gci)
+        for i in reversed(range(len(blocks))):
+            name = f"W{mb}.c{gci}.{blocks[i].label}"
+            self.items(self._w_items(blocks[i]), name, "bwd")
+            if last:
+                self._bucket_add(blocks[i], name, flush=i == 0)
+
+    @property
+    def split_w(self) -> bool:
+        """Whether backward passes leave their weight gradients to W passes (ZB-H1)."""
+        return self.s.schedule == "zb_h1"
+
+    def _b_items(self, block: ParamBlock) -> list[O.Item]:
+        """A block's backward without its weight-gradient GEMMs (ZB-H1's B pass)."""
+        return self._split(block)[0]
+
+    def _w_items(self, block: ParamBlock) -> list[O.Item]:
+        """A block's weight-gradient GEMMs (ZB-H1's W pass)."""
+        return self._split(block)[1]
+
+    def _split(self, block: ParamBlock) -> tuple[list[O.Item], list[O.Item]]:
+        got = self._splits.get(block.name)
+        if got is None:
+            got = self._splits[block.name] = O.split_weight_grads(self._bwd_items(block))
+        return got
 
     @functools.cached_property
     def _layer_fwd(self) -> list[O.Item]:
@@ -564,14 +596,17 @@ class RoleProgram:
         self.param_gathers: list[tuple[str, int]] = []
         s = self.s
         order = stage_order(s.order_id, m=self.m_mb, p=s.pp, v=s.vpp, stage=self.stage)
-        last_b = {c: max(j for ph, j, cc in order if ph == "B" and cc == c) for c in range(s.vpp)}
+        grads = "W" if self.split_w else "B"  # the pass whose last one completes the gradients
+        last = {c: max(j for ph, j, cc in order if ph == grads and cc == c) for c in range(s.vpp)}
         if self.param_gather_overlapped:
             self._early_param_gathers(order)
         for phase, mb, chunk in order:
             if phase == "F":
                 self.forward(mb, chunk)
+            elif phase == "B":
+                self.backward(mb, chunk, last=grads == "B" and mb == last[chunk])
             else:
-                self.backward(mb, chunk, last=mb == last_b[chunk])
+                self.weight(mb, chunk, last=mb == last[chunk])
         self._finish()
         return self.nodes
 

@@ -1,7 +1,7 @@
 """Pipeline schedules: the order in which one stage runs its forward and backward passes.
 
-Each entry is ``(phase, microbatch, chunk)`` with phase ``"F"`` or ``"B"`` and chunk the virtual
-stage index on this rank (0 unless interleaved).
+Each entry is ``(phase, microbatch, chunk)`` with phase ``"F"``, ``"B"`` or (ZB-H1 only)
+``"W"``, and chunk the virtual stage index on this rank (0 unless interleaved).
 
 * GPipe: all forwards, then all backwards (Huang et al. 2019).
 * 1F1B (PipeDream-Flush): stage ``i`` of ``p`` runs ``min(p - i - 1, m)`` warm-up forwards, then
@@ -13,6 +13,14 @@ stage index on this rank (0 unless interleaved).
   (Narayanan et al. 2021, §2.2.2), at most every virtual micro-batch. (Megatron-LM before
   Megatron-Core's tunable group ran every forward first where m = p; the current code does not,
   and neither do we.)
+* ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ICLR, §3: the handcrafted
+  schedule of Fig. 3; the order of the authors' ``ZeroBubbleH1Pipeline`` in
+  sail-sg/zero-bubble-pipeline-parallelism): each backward split into B (the input
+  gradients, which the previous stage waits for) and W (the weight gradients, which nothing
+  waits for). Stage ``i`` runs 1F1B's ``p - i - 1`` warm-up forwards, then ``i`` pairs F B
+  whose W it defers, then F B W while forwards remain, then B W, then the ``i`` deferred W
+  (oldest first): at most p micro-batches started and not yet through W on any stage (stage
+  0's 1F1B peak), and the cooldown's waits for gradients filled with W passes.
 * Interleaved 1F1B with a micro-batch group of N (Megatron-Core's
   ``microbatch_group_size_per_vp_stage``, ``get_schedule_table`` and
   ``get_pp_rank_microbatches``; the tunable schedule Llama 3 used, Dubey et al. 2024 §3.3.2):
@@ -25,7 +33,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-Phase = Literal["F", "B"]
+Phase = Literal["F", "B", "W"]
 Step = tuple[Phase, int, int]
 
 
@@ -43,6 +51,22 @@ def one_f_one_b(m: int, p: int, stage: int) -> list[Step]:
         f, b = f + 1, b + 1
     out += [("B", j, 0) for j in range(b, m)]
     return out
+
+
+def zb_h1(m: int, p: int, stage: int) -> list[Step]:
+    warmup = min(p - stage - 1, m)
+    out: list[Step] = [("F", j, 0) for j in range(warmup)]
+    f, b, w = warmup, 0, 0
+    while f < m:  # F B, their W deferred on the first ``stage`` of them; then F B W
+        out += [("F", f, 0), ("B", b, 0)]
+        if b >= stage:
+            out.append(("W", w, 0))
+            w += 1
+        f, b = f + 1, b + 1
+    for j in range(b, m):
+        out += [("B", j, 0), ("W", w, 0)]
+        w += 1
+    return out + [("W", j, 0) for j in range(w, m)]
 
 
 def _table(m: int, v: int, group: int) -> list[tuple[int, int]]:
@@ -75,5 +99,7 @@ def stage_order(schedule: str, *, m: int, p: int, v: int, stage: int) -> list[St
         return gpipe(m)
     if schedule == "1f1b":
         return one_f_one_b(m, p, stage)
+    if schedule == "zb_h1":
+        return zb_h1(m, p, stage)
     _, _, group = schedule.partition("/")
     return interleaved(m, p, v, stage, int(group or 0))

@@ -12,7 +12,7 @@ from tracegen.errors import ConfigError
 from tracegen.layout import chunk_count_problem, parse_layout
 from tracegen.model import ModelSpec
 
-Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1"]
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8"]
 CpCommType = Literal["p2p", "all_gather"]
@@ -23,7 +23,7 @@ MoeDispatcher = Literal["alltoall", "deepep"]
 MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
 OuterDpSharding = Literal["no_shard", "optim"]
 OUTER_DP_SHARDINGS: tuple[str, ...] = ("no_shard", "optim")
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b")
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
 # Megatron-Core's --recompute-modules for selective recompute, in the order a layer runs them:
@@ -498,6 +498,30 @@ def _groups_that_fit(m: int, p: int) -> str:
         f" … {fits[-1]}" if len(fits) > 4 else "")
 
 
+def _zb_problems(s: Strategy) -> list[str]:
+    """What ZB-H1 (``tracegen.schedule.zb_h1``) is modelled with: a pipeline, gradients that
+    stay on their rank until the last W pass (ZeRO 0–2; ZeRO-3 reduce-scatters each block's
+    gradients in every backward), and each deferred W holding only what its GEMMs read
+    (without full recompute, whose recomputed layer would then be kept until W)."""
+    out = []
+    if s.pp < 2:
+        out.append(f"zb_h1 needs pp ≥ 2 (it fills pipeline bubbles), got pp={s.pp}; use "
+                   "schedule '1f1b'")
+    if s.zero_stage == 3:
+        out.append("zb_h1 is modelled with ZeRO 0-2 (ZeRO-3 reduce-scatters each block's "
+                   "gradients in every backward, before a deferred W pass has made them); set "
+                   "zero_stage ≤ 2 or use schedule '1f1b'")
+    if s.recompute == "full":
+        out.append("zb_h1 is modelled without full recompute (a deferred W pass would keep the "
+                   "recomputed layer's inputs until it runs); use recompute 'selective' or "
+                   "'none', or schedule '1f1b'")
+    if s.tp_comm_overlap:
+        out.append("zb_h1 is modelled without tp_comm_overlap (Transformer Engine overlaps "
+                   "the backward's reduce-scatter with the weight-gradient GEMM that ZB-H1 "
+                   "defers); set tp_comm_overlap = false")
+    return out
+
+
 def _schedule_problems(s: Strategy) -> list[str]:
     out: list[str] = []
     if s.sequence_parallel and s.tp == 1:
@@ -515,7 +539,9 @@ def _schedule_problems(s: Strategy) -> list[str]:
                        "use schedule '1f1b' otherwise")
         elif s.global_batch_size % (s.micro_batch_size * s.dp) == 0:
             out += _group_problems(s)
-    elif s.microbatch_group_size:
+    elif s.schedule == "zb_h1":
+        out += _zb_problems(s)
+    if s.schedule != "interleaved_1f1b" and s.microbatch_group_size:
         out.append(f"microbatch_group_size needs schedule 'interleaved_1f1b' (it groups the "
                    f"micro-batches of an interleaved schedule), got {s.schedule!r}; set it "
                    "to 0")

@@ -1,0 +1,195 @@
+"""ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism"): the order, the trace's B and W
+passes, its memory, and what the fast path and compare do with it."""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analysis.compare import evaluate_strategy
+from analysis.fastpath import estimate
+from analysis.study import study_from_dict
+from replay import get_system, replay
+from tracegen import ConfigError, FastPathUnsupported, ModelSpec, Strategy, generate
+from tracegen import ops as O
+from tracegen.memory import inflight_microbatches
+from tracegen.program import RoleProgram
+from tracegen.schedule import one_f_one_b, zb_h1
+
+MODEL = ModelSpec(name="zb", num_layers=8, hidden_size=256, num_attention_heads=8,
+                  num_kv_heads=4, ffn_hidden_size=512, vocab_size=1024, seq_len=256,
+                  activation="swiglu")
+SYSTEM = get_system("dgx-h100")
+
+
+def _walk(orders: list[list[tuple[str, int, int]]], f: float, b: float, w: float) -> float:
+    """The makespan of per-stage orders of passes of equal stages (no sends): a forward waits
+    for the previous stage's, a B for the next stage's, a W for nothing but its stage."""
+    p = len(orders)
+    end: dict[tuple[str, int, int], float] = {}
+    pos, clock = [0] * p, [0.0] * p
+    cost = {"F": f, "B": b, "W": w}
+    while any(pos[s] < len(orders[s]) for s in range(p)):
+        for s in range(p):
+            while pos[s] < len(orders[s]):
+                ph, j, _ = orders[s][pos[s]]
+                dep = (("F", j, s - 1) if ph == "F" and s else
+                       ("B", j, s + 1) if ph == "B" and s < p - 1 else None)
+                if dep is not None and dep not in end:
+                    break
+                clock[s] = max(clock[s], end.get(dep, 0.0) if dep else 0.0) + cost[ph]
+                end[ph, j, s] = clock[s]
+                pos[s] += 1
+    return max(clock)
+
+
+def test_the_order_of_the_authors_schedule() -> None:
+    """p 4, m 6 as the authors' ZB-H1 runs it: stage i defers the W of its first i B passes
+    and runs them last (sail-sg/zero-bubble-pipeline-parallelism, ``ZeroBubbleH1Pipeline``)."""
+    got = [" ".join(f"{ph}{j}" for ph, j, _ in zb_h1(6, 4, s)) for s in range(4)]
+    assert got == ["F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 B3 W3 B4 W4 B5 W5",
+                   "F0 F1 F2 B0 F3 B1 W0 F4 B2 W1 F5 B3 W2 B4 W3 B5 W4 W5",
+                   "F0 F1 B0 F2 B1 F3 B2 W0 F4 B3 W1 F5 B4 W2 B5 W3 W4 W5",
+                   "F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 W3 W4 W5"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(m=st.integers(1, 24), p=st.integers(2, 8), data=st.data())
+def test_every_pass_once_in_order_with_at_most_p_in_flight(m: int, p: int,
+                                                           data: st.DataObject) -> None:
+    stage = data.draw(st.integers(0, p - 1))
+    order = zb_h1(m, p, stage)
+    for ph in "FBW":  # each micro-batch's pass once, micro-batches in order
+        assert [j for x, j, _ in order if x == ph] == list(range(m))
+    at = {(ph, j): i for i, (ph, j, _) in enumerate(order)}
+    assert all(at["F", j] < at["B", j] < at["W", j] for j in range(m))
+    # B passes as 1F1B runs its backwards (so the pipeline's data dependences are 1F1B's)
+    assert [x for x in order if x[0] != "W"] == one_f_one_b(m, p, stage)
+    held = peak = 0
+    for ph, _, _ in order:
+        held += {"F": 1, "B": 0, "W": -1}[ph]
+        peak = max(peak, held)
+    assert peak == min(p, m) == inflight_microbatches(
+        Strategy(pp=p, micro_batch_size=1, global_batch_size=m, schedule="zb_h1"), stage)
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (4, 16), (8, 24)])
+def test_the_bubble_is_the_papers(p: int, m: int) -> None:
+    """Equal stages, F = B = W: 1F1B's bubble is (p − 1)(F + B + W), ZB-H1's (p − 1)(F + B −
+    W) (Qi et al. 2024 §3.1, Fig. 3): the walks of the two orders take exactly that."""
+    zb = _walk([zb_h1(m, p, s) for s in range(p)], 1.0, 1.0, 1.0)
+    fused = [[("B" if ph == "B" else ph, j, c) for ph, j, c in one_f_one_b(m, p, s)]
+             for s in range(p)]
+    one = _walk(fused, 1.0, 2.0, 0.0)  # 1F1B: each backward is B and W together
+    assert one == m * 3 + (p - 1) * 3
+    assert zb == m * 3 + (p - 1) * 1
+
+
+def _trace_nodes(s: Strategy) -> list[tuple[int, list[str]]]:
+    out = []
+    for stage in range(s.pp):
+        prog = RoleProgram(MODEL, s, stage)
+        out.append((stage, [n.name for n in prog.build()]))
+    return out
+
+
+def test_the_trace_moves_each_weight_gradient_into_its_w_pass() -> None:
+    """The same ops, kernels and FLOPs as 1F1B's trace; every ``_wgrad`` GEMM of micro-batch j
+    in a ``W{j}`` pass, none in a B pass, and the gradient buckets after the last W."""
+    base = Strategy(tp=2, pp=4, dp=2, sequence_parallel=True, micro_batch_size=1,
+                    global_batch_size=12)
+    zb = dataclasses.replace(base, schedule="zb_h1")
+    for (_, one), (_, two) in zip(_trace_nodes(base), _trace_nodes(zb), strict=True):
+        assert sorted(n.rsplit(".", 1)[-1] for n in one) == sorted(
+            n.rsplit(".", 1)[-1] for n in two)
+        wgrads = [n for n in two if n.endswith("_wgrad")]
+        assert wgrads and all(n.startswith("W") for n in wgrads)
+        assert not any(n.startswith("B") and n.endswith("_wgrad") for n in two)
+        # what else a W pass issues: the gradient buckets, on the last micro-batch's only
+        others = [i for i, n in enumerate(two) if n.startswith("W") and not n.endswith("_wgrad")]
+        last_b = max(i for i, n in enumerate(two) if n.startswith("B"))
+        assert others and all(two[i].startswith(f"W{zb.num_microbatches - 1}.")
+                              and "grad_all_reduce" in two[i] and i > last_b for i in others)
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        one_sum, two_sum = generate(MODEL, base, a), generate(MODEL, zb, b)
+        for x, y in zip(one_sum.stages, two_sum.stages, strict=True):
+            assert sum(x.flop_by_phase.values()) == sum(y.flop_by_phase.values())
+
+
+def test_a_collective_beside_a_deferred_wgrad_blocks_in_b() -> None:
+    """Without SP the input gradient's all-reduce ran beside the weight-gradient GEMM; in B it
+    has nothing to run beside and the next op reads its result."""
+    s = Strategy(tp=2, pp=2, micro_batch_size=1, global_batch_size=4)
+    bwd = O.layer_bwd(MODEL, s)
+    b, w = O.split_weight_grads(bwd)
+    assert [it.name for it in w] == [it.name for it in bwd if it.name.endswith("_wgrad")]
+    assert any(isinstance(it, O.Comm) and it.overlapped for it in bwd)
+    assert not any(isinstance(it, O.Comm) and it.overlapped for it in b)
+    assert len(b) + len(w) == len(bwd)
+
+
+@pytest.mark.parametrize(("pp", "gbs"), [(2, 8), (4, 8), (4, 16)])
+def test_replay_fills_the_cooldown_with_w_passes(pp: int, gbs: int) -> None:
+    """Replayed, ZB-H1 is faster than 1F1B by at most the paper's 2(p − 1)·W (the bubble it
+    removes: (p − 1)(F + B + W) → (p − 1)(F + B − W)) and by most of it, with W a stage's
+    weight-gradient time per micro-batch read off the replayed timeline (the stages differ by
+    the embedding and the head: the slowest's W bounds it above, the fastest's below)."""
+    base = Strategy(tp=1, pp=pp, micro_batch_size=1, global_batch_size=gbs)
+    zb = dataclasses.replace(base, schedule="zb_h1")
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        generate(MODEL, base, a, mode="representative")
+        generate(MODEL, zb, b, mode="representative")
+        one = replay(a, SYSTEM, contention=False)
+        two = replay(b, SYSTEM, contention=False)
+    tl = two.timeline.filter(pl.col("name").str.starts_with("W0.")
+                             & pl.col("name").str.ends_with("_wgrad"))
+    w_s = tl.group_by("rank").agg((pl.col("end_s") - pl.col("start_s")).sum())["end_s"]
+    saved = one.step_time_s - two.step_time_s
+    assert 0 < saved <= 2 * (pp - 1) * w_s.max() * 1.01  # (pp 2: equal to it, to 1e-6)
+    assert saved >= 0.5 * (pp - 1) * w_s.min()
+
+
+def test_memory_holds_p_micro_batches_on_every_stage() -> None:
+    """Stage 0 holds what 1F1B's stage 0 does; later stages the micro-batches whose W they
+    defer on top (Qi et al. 2024 §3.1: ≤ p·M_B)."""
+    base = Strategy(tp=1, pp=4, micro_batch_size=1, global_batch_size=16)
+    zb = dataclasses.replace(base, schedule="zb_h1")
+    assert [inflight_microbatches(base, s) for s in range(4)] == [4, 3, 2, 1]
+    assert [inflight_microbatches(zb, s) for s in range(4)] == [4, 4, 4, 4]
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"pp": 1}, "zb_h1 needs pp ≥ 2"),
+    ({"zero_stage": 3}, "set zero_stage ≤ 2"),
+    ({"recompute": "full"}, "use recompute 'selective' or 'none'"),
+    ({"tp": 2, "sequence_parallel": True, "tp_comm_overlap": True},
+     "set tp_comm_overlap = false"),
+])
+def test_what_zb_h1_is_not_modelled_with_is_refused(change: dict[str, object],
+                                                     says: str) -> None:
+    fields: dict[str, object] = {"pp": 2, "micro_batch_size": 1, "global_batch_size": 4,
+                                 "schedule": "zb_h1", **change}
+    with pytest.raises(ConfigError) as info:
+        Strategy(**fields)  # type: ignore[arg-type]
+    assert says in str(info.value)
+
+
+def test_the_fast_path_says_to_replay_and_compare_replays() -> None:
+    s = Strategy(tp=1, pp=4, micro_batch_size=1, global_batch_size=8, schedule="zb_h1")
+    with pytest.raises(FastPathUnsupported) as info:
+        estimate(MODEL, s, SYSTEM)
+    assert "schedule 'zb_h1'" in str(info.value) and "trainsim replay" in str(info.value)
+    study = study_from_dict({"model": "gpt-1.7b", "system": "dgx-h100", "gpus": 8,
+                             "global_batch_size": 16,
+                             "strategies": [{"tp": 2, "pp": 4, "schedule": "zb_h1"}]})
+    row = evaluate_strategy(study, study.strategies[0], replay_it=True)
+    assert row["status"] == "replayed" and row["fits"] is True
+    assert row["fast_step_time_s"] is None and row["step_time_s"] > 0
+    assert 0 < row["peak_memory_GiB"] < 80
+    unscreened = evaluate_strategy(study, study.strategies[0], replay_it=False)
+    assert unscreened["status"].startswith("not screened: ") and "zb_h1" in unscreened["status"]
