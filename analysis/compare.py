@@ -18,8 +18,7 @@ from analysis.glance import strategy_rates
 from analysis.study import Study
 from replay import ReplayResult, replay
 from replay.results import intervals_length, intervals_overlap, union_intervals
-from tracegen import FastPathUnsupported, Strategy, TrainsimError, generate
-from tracegen.units import GiB
+from tracegen import Strategy, TrainsimError, generate
 
 RESULT_COLUMNS: dict[str, Any] = {
     "strategy": pl.String, "tp": pl.Int64, "pp": pl.Int64, "dp": pl.Int64, "cp": pl.Int64,
@@ -75,9 +74,6 @@ def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,
     row.update(strategy_fields(s))
     try:
         fast = estimate(study.model, s, study.system)
-    except FastPathUnsupported as exc:  # valid, so replay is the estimate (ZB-H1)
-        return _replay_only(study, s, row, replay_it=replay_it, keep_timeline=keep_timeline,
-                            why=str(exc))
     except TrainsimError as exc:
         row["status"] = f"invalid: {exc}"
         return row
@@ -88,46 +84,19 @@ def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,
         return row
     nodes = replay_size.oversized(study.model, s) if replay_it else None
     if replay_it and not nodes:
-        _replayed_row(study, s, row, keep_timeline)
+        res = _replay(study, s)
+        row.update(_from_replay(res), status="replayed")
+        if keep_timeline:  # the first ranks, for the report's pipeline timeline
+            first = res.timeline["rank"].unique().sort().head(4).to_list()
+            buf = io.BytesIO()
+            res.timeline.filter(pl.col("rank").is_in(first)).write_parquet(buf)
+            row[TIMELINE_KEY] = buf.getvalue()
     else:
         row.update(strategy_rates(study.model, s, study.system, fast.step_time_s))
         if nodes:
             row["status"] = "screened: not replayed, " + replay_size.why(nodes)
     if study.has_failures:
         row.update(_failures(study, s, row["step_time_s"], fast))
-    return row
-
-
-def _replayed_row(study: Study, s: Strategy, row: dict[str, Any], keep_timeline: bool
-                  ) -> ReplayResult:
-    res = _replay(study, s)
-    row.update(_from_replay(res), status="replayed")
-    if keep_timeline:  # the first ranks, for the report's pipeline timeline
-        first = res.timeline["rank"].unique().sort().head(4).to_list()
-        buf = io.BytesIO()
-        res.timeline.filter(pl.col("rank").is_in(first)).write_parquet(buf)
-        row[TIMELINE_KEY] = buf.getvalue()
-    return res
-
-
-def _replay_only(study: Study, s: Strategy, row: dict[str, Any], *, replay_it: bool,
-                 keep_timeline: bool, why: str) -> dict[str, Any]:
-    """A valid strategy the fast path does not model: replayed (its memory from the trace
-    set's manifest, the same model as the fast path's), or left unscreened with the reason."""
-    if not replay_it:
-        row["status"] = "not screened: " + why
-        return row
-    nodes = replay_size.oversized(study.model, s)
-    if nodes:
-        row["status"] = "not screened: " + replay_size.why(nodes)
-        return row
-    res = _replayed_row(study, s, row, keep_timeline)
-    peak = res.metrics["peak_memory_GiB"]
-    row.update(peak_memory_GiB=peak, fits=peak * GiB <= study.system.gpu.hbm_bytes)
-    if not row["fits"]:
-        row["status"] = "does not fit"
-    elif study.has_failures:  # (their elastic policy re-plans with the fast path)
-        row["status"] = "replayed; failures not analysed: " + why
     return row
 
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # the fast path imports this module; its types are only annot
 
 def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int],
              chunk_ends: Sequence[Sequence[int]], check: Iterable[int], alike: bool = False,
-             steps: Tails | None = None, sends: Sequence[int] = ()) -> int:
+             steps: Tails | None = None, sends: Sequence[int] = (), waits: bool = True) -> int:
     """When the last of the ``check`` stages finishes: gradient buckets drained after its last
     backward, embedding all-reduce, optimizer and ZeRO parameter all-gather. ``reps``: a rank
     whose data-parallel groups are shaped as the stage's; ``alike``: the middle stages are one
@@ -27,7 +27,8 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
     and every earlier stage's last backward waits for it in the drain: stage st ends later by
     what the stages after it lost — or, given a walk's cooldowns (``steps``, with
     the ``sends`` between stages), exactly where each stage's inputs come late
-    (``_cooldowns``)."""
+    (``_cooldowns``). ``waits`` False: no stage waits for another's last pass (ZB-H1's
+    last W), so none ends later for what a later one lost."""
     s, m = costs.s, costs.m
     # ZeRO-2 communicates as ZeRO-1 (it shards the gradients too, which only the memory model
     # sees): the ZeRO stage as the timing sees it, so a sweep's ZeRO 1 and 2 twins share memos
@@ -40,7 +41,7 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
     # (ZeRO-3 reduce-scatters as the backward runs whatever the flag says; HSDP's all-reduces
     # slow the last backwards, and the stages before wait for them)
     overlapped = s.overlap_grad_reduce or s.zero_stage == 3
-    propagate = s.pp > 1 and overlapped and costs.compute.gpu.comm_interference > 0
+    propagate = waits and s.pp > 1 and overlapped and costs.compute.gpu.comm_interference > 0
     shifted = propagate and bool(steps) and s.zero_stage < 3  # ends moved by their own delay
     if shifted:
         assert steps is not None

@@ -40,11 +40,11 @@ from analysis.pipeline_walk import (
     pipeline_ns,
     plain_tails,
     span_ns,
+    zero_bubble,
 )
 from replay.hardware import SystemSpec, resolve_system
 from tracegen import ops as O
 from tracegen.catalog import resolve_model
-from tracegen.errors import FastPathUnsupported
 from tracegen.memory import activation_bytes_per_layer
 from tracegen.memory import total_bytes as memory_total_bytes
 from tracegen.model import ModelSpec
@@ -82,11 +82,11 @@ def estimate(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | st
     model, system = resolve_specs(model, system)
     check_fits_model(strategy, model)
     s = strategy
-    if s.schedule == "zb_h1":  # (its W passes need a walk of their own: DESIGN.md)
-        raise FastPathUnsupported("schedule 'zb_h1'")
     costs = Costs(model, s, system)
     stages, reps, alike = _stages(costs)
     c = _sends(costs, reps, alike)
+    if costs.zb:
+        return _zero_bubble(costs, stages, reps, c, alike, system.gpu.hbm_bytes)
     first_f = stages[0].first_f  # HFSDP: each chunk's first forward is longer
     # Interleaved schedules, and pipelines whose stages hold different layer counts, are walked
     # step by step: the closed forms charge every micro-batch at the slowest stage, which is
@@ -139,6 +139,28 @@ def estimate(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | st
     return FastEstimate(finish / NS_PER_S, pipe / NS_PER_S, peak / GiB,
                         peak <= system.gpu.hbm_bytes,
                         tuple(map(_FWD_S, stages)), tuple(map(_BWD_S, stages)))
+
+
+def _zero_bubble(costs: Costs, stages: list[Stage], reps: list[int], c: list[int],
+                 alike: bool, hbm_bytes: int) -> FastEstimate:
+    """ZB-H1: its passes walked (``pipeline_walk.zero_bubble``; ``Stage.bwd`` is then the B
+    pass); each stage's gradient buckets drain beside its last W pass (``Stage.w_view``),
+    which no other stage waits for, so no stage's tail moves another's end."""
+    s = costs.s
+    views = [x.w_view for x in stages]
+    assert all(views)  # (``stage_costs`` sets each where the costs are ZB-H1's)
+    ends = zero_bubble(s.num_microbatches, [x.fwd[0] for x in stages],
+                       [x.bwd[0] for x in stages], [v.bwd[0] for v in views if v], c)
+    if s.overlap_param_gather and s.zero_stage in (1, 2):
+        held = _param_gather_delay(costs, stages, reps, c, alike)
+        ends = [e + held for e in ends]
+    finish = tails_ns(costs, [v for v in views if v], reps, ends, [[e] for e in ends],
+                      range(s.pp), waits=False)
+    peak = _peak_memory_bytes(costs, stages, alike)
+    return FastEstimate(finish / NS_PER_S, max(ends) / NS_PER_S, peak / GiB, peak <= hbm_bytes,
+                        tuple(map(_FWD_S, stages)),
+                        tuple(x.bwd_s + v.bwd_s for x, v in zip(stages, views, strict=True)
+                              if v))
 
 
 # C-level field getters: per-stage lists built without a Python loop (fewer machine

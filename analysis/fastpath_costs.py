@@ -158,7 +158,9 @@ class Costs:
         self.lists_key = self.ctx.intern((self.ctx.model_id(model), O.op_key(s)))
         # the op list selective recompute runs again, by its modules (``list_ns``'s ``which``)
         self.recomputed = s.selective_modules if s.recompute == "selective" else ()
-        self.key = self.ctx.intern((self.lists_key, (s.recompute, s.recompute_num_layers)
+        # ZB-H1: a block's backward is its B pass (``fastpath_stages._compute_ns``)
+        self.zb = s.schedule == "zb_h1"
+        self.key = self.ctx.intern((self.lists_key, self.zb, (s.recompute, s.recompute_num_layers)
                                     if s.recompute_num_layers else s.recompute
                                     if s.recompute_modules == "core_attn" else
                                     (s.recompute, s.recompute_modules),

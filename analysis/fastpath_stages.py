@@ -89,6 +89,11 @@ class Stage(NamedTuple):
     # instances before its inner gathers: (``early_f``, ``fwd``) of that forward (blocking
     # the chain, or prefetched: ``_prefetched_chunk``)
     first_f: tuple[tuple[int, int], ...] = ()
+    # ZB-H1 (``fwd``/``bwd`` are then F and B): the stage's W pass as the gradient tails read
+    # a last backward — ``bwd`` its W ns per chunk, ``runs_bwd`` its blocks' W GEMMs, the
+    # rest this stage's (``_w_view``); kept here so that its identity, which the tails' memo
+    # keys, lives as long as the stage's
+    w_view: Stage | None = None
 
 
 def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object, ...], ...],
@@ -162,6 +167,9 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
         stage = stage._replace(after_tail_b=tuple(after_tail))
     if hsdp:
         stage = stage._replace(outer_b=tuple(outer), first_f=tuple(first))
+    if costs.zb:
+        blocks = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
+        stage = stage._replace(w_view=_w_view(costs, stage, blocks, rank, sig))
     if zero3 and costs.moe and not prefetch:  # the passes the two-stream walk steps through
         blocks = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
         stage = stage._replace(
@@ -170,6 +178,28 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
             z3_lead_f=tuple(_z3_lead(costs, b, rank, sig, backward=False) for b in blocks),
             z3_lead_b=tuple(_z3_lead(costs, b[::-1], rank, sig, backward=True) for b in blocks))
     return stage
+
+
+def _w_view(costs: Costs, stage: Stage, chunks: list[list[tuple[ParamBlock, int]]],
+            rank: int, sig: int) -> Stage:
+    """ZB-H1: ``stage`` with its W pass in place of its backward (``Stage.w_view``): per chunk
+    the weight-gradient GEMMs of its blocks (``ops.split_weight_grads``), in backward order
+    with their compute shares (all compute: W issues no collective before the buckets)."""
+    wgt, runs, busy = [], [], []
+    for chunk in chunks:
+        w = u = 0
+        out = []
+        for block, count in reversed(chunk):
+            d = costs.list_ns(block, "w", rank, sig)
+            c = costs.list_busy(block, "w", rank, sig)
+            w += count * d
+            u += count * c
+            out.append((block, d, count, c / d if d else 0.0))
+        wgt.append(w)
+        runs.append(tuple(out))
+        busy.append(u / w if w else 0.0)
+    return stage._replace(bwd=tuple(wgt), runs_bwd=tuple(runs), busy_b=tuple(busy),
+                          bwd_s=sum(wgt) / NS_PER_S)
 
 
 def _leading(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: int, sig: int
@@ -263,7 +293,7 @@ def _compute_ns(costs: Costs, block: ParamBlock, rank: int, sig: int,
     again = 0
     if block.recomputes and s.recompute != "none":
         again = fwd if s.recompute == "full" else get(block, costs.recomputed, rank, sig)
-    return fwd, again + get(block, "bwd", rank, sig)
+    return fwd, again + get(block, "b" if costs.zb else "bwd", rank, sig)  # (ZB-H1: B alone)
 
 
 def compute_busy(costs: Costs, block: ParamBlock, rank: int, sig: int

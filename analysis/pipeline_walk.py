@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from analysis.dp_tails import slowed
-from tracegen.schedule import stage_order
+from tracegen.schedule import stage_order, zb_h1
 from tracegen.strategy import Strategy
 
 
@@ -358,6 +358,51 @@ def _tail_plan(schedule: str, m: int, p: int, v: int
     steps = ((st, where[st].get(("B" if bw else "F", k // n, k % n // p)))
              for st, bw, k, _, _ in _plan(schedule, m, p, v))
     return tuple(out), tuple((st, q) for st, q in steps if q is not None)
+
+
+@functools.lru_cache(maxsize=64)
+def _zb_plan(m: int, p: int) -> tuple[tuple[int, int, int], ...]:
+    """ZB-H1's passes (``tracegen.schedule.zb_h1``) as (stage, kind 0/1/2 for F/B/W,
+    micro-batch) in an order that respects each stage's order and every wait (a forward
+    after the previous stage's, a B after the next stage's; a W waits for nothing else)."""
+    orders = [[("FBW".index(ph), j) for ph, j, _ in zb_h1(m, p, st)] for st in range(p)]
+    done = [[[False] * m for _ in range(p)] for _ in range(2)]
+    pos, plan = [0] * p, list[tuple[int, int, int]]()
+    while len(plan) < 3 * m * p:
+        for st in range(p):
+            while pos[st] < 3 * m:
+                kind, j = orders[st][pos[st]]
+                if (kind == 0 and st and not done[0][st - 1][j]) or (
+                        kind == 1 and st < p - 1 and not done[1][st + 1][j]):
+                    break
+                if kind < 2:
+                    done[kind][st][j] = True
+                plan.append((st, kind, j))
+                pos[st] += 1
+    return tuple(plan)
+
+
+def zero_bubble(m: int, f: list[int], b: list[int], w: list[int], c: list[int]) -> list[int]:
+    """ZB-H1, walked pass by pass: when each stage ends its last pass (the last micro-batch's
+    W, whose weight gradients fill the buckets). A forward starts after the stage's previous
+    pass and the previous stage's forward plus one send, a B after the next stage's B plus
+    one send, a W after the stage's previous pass (Qi et al. 2024 §3; the same waits replay
+    follows in the trace). The whole run is walked (3·m·p steps): the 1F1B closed form does not
+    hold, a stage's steady period being F + B + W and its cooldown paced by the Bs."""
+    p = len(f)
+    clock = [0] * p
+    ends: list[list[list[int]]] = [[[0] * m for _ in range(p)] for _ in range(2)]
+    cost = (f, b, w)
+    for st, kind, j in _zb_plan(m, p):
+        start = clock[st]
+        if kind == 0 and st:
+            start = max(start, ends[0][st - 1][j] + c[st - 1])
+        elif kind == 1 and st < p - 1:
+            start = max(start, ends[1][st + 1][j] + c[st])
+        clock[st] = start + cost[kind][st]
+        if kind < 2:
+            ends[kind][st][j] = clock[st]
+    return clock
 
 
 def first_forwards(p: int, v: int, fwd: list[tuple[int, ...]], c: list[int], group: int = 0

@@ -269,6 +269,15 @@ def fewer_microbatches(s: Strategy, rng: random.Random) -> Strategy:
                                * rng.choice((1, 2)))
 
 
+def zero_bubble(s: Strategy, rng: random.Random) -> Strategy:
+    """``--zb``: three in four strategies ZB-H1 can run (a pipeline without chunks, ZeRO 0-2,
+    no full recompute, no TP overlap) as ZB-H1, drawn; the rest as drawn."""
+    if (s.vpp > 1 or s.pp < 2 or s.zero_stage == 3 or s.recompute == "full"
+            or s.tp_comm_overlap or rng.random() < 0.25):
+        return s
+    return dataclasses.replace(s, schedule="zb_h1")
+
+
 def other_recompute(s: Strategy, layers: int, rng: random.Random) -> Strategy:
     """``--partial``: a full-recompute strategy recomputing only the first N layers of each
     chunk, N drawn below the chunk's layers (``recompute_num_layers``)."""
@@ -424,6 +433,8 @@ FLAGS = {
            "stream of its own",
     "few": "each draw without chunks with one or two micro-batches, where a step's one-off "
            "terms weigh most, from a stream of its own",
+    "zb": "three in four strategies ZB-H1 can run (a pipeline without chunks, ZeRO 0-2, no "
+          "full recompute or TP overlap) as ZB-H1, from a stream of its own",
     "instances": "half the ZeRO ≥ 1 strategies of dense models with several distributed-"
                  "optimizer instances (a divisor of dp·cp), from a stream of its own",
 }
@@ -449,6 +460,7 @@ def main() -> None:
     mtp = random.Random(-args.seed - 9)  # --mtp: theirs
     instances = random.Random(-args.seed - 10)  # --instances: theirs
     few = random.Random(-args.seed - 11)  # --few: theirs
+    zb = random.Random(-args.seed - 12)  # --zb: theirs
     rows: list[tuple[float, str, str]] = []
     t0 = time.perf_counter()
     while len(rows) < args.n:
@@ -487,6 +499,8 @@ def main() -> None:
             s = other_instances(model, s, instances)
         if args.few:
             s = fewer_microbatches(s, few)
+        if args.zb:
+            s = zero_bubble(s, zb)
         try:
             fast = estimate(model, s, system)
         except ConfigError:
@@ -520,7 +534,8 @@ def main() -> None:
           + (f" ({sum(' instances' in w for _, _, w in rows)} with optimizer instances)"
              if args.instances else "")
           + (f" ({sum(bool(re.search(r' m[12]( |$)', w)) for _, _, w in rows)} with one or "
-             "two micro-batches)" if args.few else ""))
+             "two micro-batches)" if args.few else "")
+          + (f" ({sum(' zb_h1 ' in w for _, _, w in rows)} ZB-H1)" if args.zb else ""))
     for e, model_name, what in sorted(rows, key=lambda r: -abs(r[0]))[:5]:
         print(f"  {e:+.2f}%  {model_name}  {what}")
 

@@ -5,20 +5,13 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from tracegen.catalog import get_model, model_names, resolve_model
-from tracegen.errors import (
-    ConfigError,
-    FastPathUnsupported,
-    ReplayError,
-    TraceFormatError,
-    TrainsimError,
-)
+from tracegen.errors import ConfigError, ReplayError, TraceFormatError, TrainsimError
 from tracegen.model import ModelSpec
 from tracegen.strategy import Strategy
 from tracegen.traceset import TraceSetSummary, generate, read_manifest
 
 __all__ = [
     "ConfigError",
-    "FastPathUnsupported",
     "ModelSpec",
     "ReplayError",
     "Strategy",

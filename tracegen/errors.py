@@ -4,7 +4,6 @@
 
     TrainsimError                 base: the CLI catches this and prints ``Name: message``
     ├── ConfigError               a model, strategy, system or study that is invalid
-    │   └── FastPathUnsupported   a valid strategy the fast path does not model (replay it)
     ├── TraceFormatError          a trace file or trace set that cannot be read
     └── ReplayError               a trace set that cannot be simulated to the end
 
@@ -29,15 +28,6 @@ class ConfigError(TrainsimError):
             lines = "\n".join(f"  - {p}" for p in self.problems)
             msg = f"invalid {what} ({len(self.problems)} problems):\n{lines}"
         super().__init__(msg)
-
-
-class FastPathUnsupported(ConfigError):
-    """A valid strategy that the fast path does not model; replay still simulates it."""
-
-    def __init__(self, what: str) -> None:
-        super().__init__(f"the fast path does not model {what} yet; replay simulates it: "
-                         "`trainsim tracegen` then `trainsim replay`, or `trainsim compare`, "
-                         "which replays such a strategy", what="strategy for the fast path")
 
 
 class TraceFormatError(TrainsimError):

@@ -536,8 +536,13 @@ class RoleProgram:
     def block_items(self, block: ParamBlock, which: str) -> list[O.Item]:
         """A block's forward (``which`` = "fwd") or backward ("bwd") op list for one
         micro-batch, as the program issues it (the backward without what recompute runs
-        again before it: ``_recompute_items``)."""
-        return self._fwd_items(block) if which == "fwd" else self._bwd_items(block)
+        again before it: ``_recompute_items``); ZB-H1's B and W parts of the backward: "b",
+        "w"."""
+        if which == "fwd":
+            return self._fwd_items(block)
+        if which == "b":
+            return self._b_items(block)
+        return self._w_items(block) if which == "w" else self._bwd_items(block)
 
     def _fwd_items(self, block: ParamBlock) -> list[O.Item]:
         if block.name == "layer":
