@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from analysis.compare import evaluate_strategy
 from analysis.fastpath import estimate
 from analysis.study import study_from_dict
+from analysis.sweep import enumerate_space
 from replay import get_system, replay
 from tracegen import ConfigError, ModelSpec, Strategy, generate
 from tracegen import ops as O
@@ -230,3 +231,21 @@ def test_compare_ranks_zb_h1_beside_1f1b() -> None:
     assert zb["step_time_s"] < one["step_time_s"]
     assert zb["peak_memory_GiB"] > one["peak_memory_GiB"]
     assert zb["fast_step_time_s"] == pytest.approx(zb["step_time_s"], rel=0.02)
+
+
+def test_a_sweep_space_with_zb_h1_keeps_what_it_can_run() -> None:
+    """A search over schedules: ZB-H1 where it runs (pp ≥ 2, no chunks, no full recompute),
+    each the twin of a 1F1B strategy of the space; never where it does not."""
+    study = study_from_dict({"model": "gpt-1.7b", "system": "dgx-h100", "gpus": 16,
+                             "global_batch_size": 64,
+                             "search": {"tp": [1, 2], "pp": [1, 2, 4], "vpp": [1, 2],
+                                        "micro_batch_size": [1],
+                                        "recompute": ["none", "selective", "full"],
+                                        "zero_stage": [1], "sequence_parallel": [False],
+                                        "schedule": ["1f1b", "interleaved_1f1b", "zb_h1"]}})
+    valid, _ = enumerate_space(study)
+    zb = [s for s in valid if s.schedule == "zb_h1"]
+    twins = {dataclasses.replace(s, schedule="zb_h1") for s in valid
+             if s.schedule == "1f1b" and s.pp >= 2 and s.recompute != "full"}
+    assert zb and all(s.pp >= 2 and s.vpp == 1 and s.recompute != "full" for s in zb)
+    assert set(zb) == twins
