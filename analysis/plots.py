@@ -210,11 +210,12 @@ def _spans(frame: pl.DataFrame) -> list[tuple[float, float]]:
 
 
 def pipeline_timeline(timeline: pl.DataFrame, *, ranks: int = 4, title: str = "") -> Figure:
-    """Gantt chart of the first ``ranks`` simulated ranks: forward, backward and optimizer on the
-    compute stream; collectives and sends below."""
+    """Gantt chart of the first ``ranks`` simulated ranks: forward, backward (ZB-H1: its B and
+    W passes) and optimizer on the compute stream; collectives and sends below."""
     chosen = timeline["rank"].unique().sort().head(ranks).to_list()
     fig, ax = _figure(10, 0.9 * len(chosen) + 1.4)
-    colors = {"F": "tab:blue", "B": "tab:orange", "s": "tab:purple"}
+    colors = {"F": "tab:blue", "B": "tab:orange", "W": "tab:red", "s": "tab:purple"}
+    split = timeline.filter(pl.col("name").str.starts_with("W")).height > 0
     for row, rank in enumerate(chosen):
         t = timeline.filter(pl.col("rank") == rank)
         comp = t.filter(pl.col("stream") == "compute")
@@ -226,8 +227,9 @@ def pipeline_timeline(timeline: pl.DataFrame, *, ranks: int = 4, title: str = ""
     ax.set_yticks(range(len(chosen)), [f"rank {r}" for r in chosen])
     ax.invert_yaxis()
     ax.set_xlabel("time (s)")
-    ax.set_title(title or "Pipeline timeline: forward (blue), backward (orange), optimizer "
-                          "(purple), communication (green)")
+    ax.set_title(title or "Pipeline timeline: forward (blue), backward "
+                 + ("inputs (orange), weights (red)" if split else "(orange)")
+                 + ", optimizer (purple), communication (green)")
     return fig
 
 

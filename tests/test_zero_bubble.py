@@ -249,3 +249,19 @@ def test_a_sweep_space_with_zb_h1_keeps_what_it_can_run() -> None:
              if s.schedule == "1f1b" and s.pp >= 2 and s.recompute != "full"}
     assert zb and all(s.pp >= 2 and s.vpp == 1 and s.recompute != "full" for s in zb)
     assert set(zb) == twins
+
+
+def test_the_timeline_plot_draws_the_w_passes() -> None:
+    """The report's Gantt chart: ZB-H1's W passes in their own colour, named in the title."""
+    from matplotlib.colors import to_rgba
+
+    from analysis.plots import pipeline_timeline
+
+    s = Strategy(tp=1, pp=2, micro_batch_size=1, global_batch_size=4, schedule="zb_h1")
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(MODEL, s, tmp, mode="representative")
+        fig = pipeline_timeline(replay(tmp, SYSTEM, contention=False).timeline)
+    ax = fig.axes[0]
+    assert "weights (red)" in ax.get_title()
+    red = [c for c in ax.collections if tuple(c.get_facecolor()[0]) == to_rgba("tab:red")]
+    assert len(red) == 2 and all(len(c.get_paths()) >= 3 for c in red)  # 4 W passes (two touch)
