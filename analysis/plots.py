@@ -227,8 +227,8 @@ def pipeline_timeline(timeline: pl.DataFrame, *, ranks: int = 4, title: str = ""
     ax.set_yticks(range(len(chosen)), [f"rank {r}" for r in chosen])
     ax.invert_yaxis()
     ax.set_xlabel("time (s)")
-    ax.set_title(title or "Pipeline timeline: forward (blue), backward "
-                 + ("inputs (orange), weights (red)" if split else "(orange)")
+    ax.set_title(title or "Pipeline timeline: forward (blue), " + (
+        "backward B (orange), W (red)" if split else "backward (orange)")
                  + ", optimizer (purple), communication (green)")
     return fig
 

@@ -262,6 +262,6 @@ def test_the_timeline_plot_draws_the_w_passes() -> None:
         generate(MODEL, s, tmp, mode="representative")
         fig = pipeline_timeline(replay(tmp, SYSTEM, contention=False).timeline)
     ax = fig.axes[0]
-    assert "weights (red)" in ax.get_title()
+    assert "W (red)" in ax.get_title()
     red = [c for c in ax.collections if tuple(c.get_facecolor()[0]) == to_rgba("tab:red")]
     assert len(red) == 2 and all(len(c.get_paths()) >= 3 for c in red)  # 4 W passes (two touch)
