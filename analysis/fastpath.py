@@ -147,20 +147,18 @@ def _zero_bubble(costs: Costs, stages: list[Stage], reps: list[int], c: list[int
     pass); each stage's gradient buckets drain beside its last W pass (``Stage.w_view``),
     which no other stage waits for, so no stage's tail moves another's end."""
     s = costs.s
-    views = [x.w_view for x in stages]
-    assert all(views)  # (``stage_costs`` sets each where the costs are ZB-H1's)
+    views = [x.w_view for x in stages if x.w_view is not None]
+    assert len(views) == s.pp  # (``stage_costs`` sets each where the costs are ZB-H1's)
     ends = zero_bubble(s.num_microbatches, [x.fwd[0] for x in stages],
-                       [x.bwd[0] for x in stages], [v.bwd[0] for v in views if v], c)
+                       [x.bwd[0] for x in stages], [v.bwd[0] for v in views], c)
     if s.overlap_param_gather and s.zero_stage in (1, 2):
         held = _param_gather_delay(costs, stages, reps, c, alike)
         ends = [e + held for e in ends]
-    finish = tails_ns(costs, [v for v in views if v], reps, ends, [[e] for e in ends],
-                      range(s.pp), waits=False)
+    finish = tails_ns(costs, views, reps, ends, [[e] for e in ends], range(s.pp), waits=False)
     peak = _peak_memory_bytes(costs, stages, alike)
     return FastEstimate(finish / NS_PER_S, max(ends) / NS_PER_S, peak / GiB, peak <= hbm_bytes,
                         tuple(map(_FWD_S, stages)),
-                        tuple(x.bwd_s + v.bwd_s for x, v in zip(stages, views, strict=True)
-                              if v))
+                        tuple(x.bwd_s + v.bwd_s for x, v in zip(stages, views, strict=True)))
 
 
 # C-level field getters: per-stage lists built without a Python loop (fewer machine

@@ -84,7 +84,7 @@ def test_every_pass_once_in_order_with_at_most_p_in_flight(m: int, p: int,
 @pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (4, 16), (8, 24)])
 def test_the_bubble_is_the_papers(p: int, m: int) -> None:
     """Equal stages, F = B = W: 1F1B's bubble is (p − 1)(F + B + W), ZB-H1's (p − 1)(F + B −
-    W) (Qi et al. 2024 §3.1, Fig. 3): the walks of the two orders take exactly that."""
+    W) (Qi et al. 2024 §3.1): the walks of the two orders take exactly that."""
     zb = _walk([zb_h1(m, p, s) for s in range(p)], 1.0, 1.0, 1.0)
     fused = [[("B" if ph == "B" else ph, j, c) for ph, j, c in one_f_one_b(m, p, s)]
              for s in range(p)]

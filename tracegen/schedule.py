@@ -13,8 +13,8 @@ Each entry is ``(phase, microbatch, chunk)`` with phase ``"F"``, ``"B"`` or (ZB-
   (Narayanan et al. 2021, §2.2.2), at most every virtual micro-batch. (Megatron-LM before
   Megatron-Core's tunable group ran every forward first where m = p; the current code does not,
   and neither do we.)
-* ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ICLR, §3: the handcrafted
-  schedule of Fig. 3; the order of the authors' ``ZeroBubbleH1Pipeline`` in
+* ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ICLR, §3.1, its handcrafted
+  schedules; the order of the authors' ``ZeroBubbleH1Pipeline`` in
   sail-sg/zero-bubble-pipeline-parallelism): each backward split into B (the input
   gradients, which the previous stage waits for) and W (the weight gradients, which nothing
   waits for). Stage ``i`` runs 1F1B's ``p - i - 1`` warm-up forwards, then ``i`` pairs F B
