@@ -24,6 +24,8 @@ CASES = {
     "cp2-tp2-pp2": dict(cp=2, tp=2, pp=2),
     "gpipe-pp4": dict(pp=4, schedule="gpipe"),
     "moe-ep2-tp2-pp2": dict(tp=2, pp=2, dp=4, ep=2, sequence_parallel=True, zero_stage=1),
+    "zb-h1-tp2-pp4-dp2": dict(tp=2, pp=4, dp=2, sequence_parallel=True, zero_stage=1,
+                              schedule="zb_h1"),
 }
 
 
