@@ -31,7 +31,7 @@ from tracegen.program import ParamBlock
 from tracegen.strategy import Strategy, check_fits_model
 from tracegen.units import DTYPE_CODE, NS_PER_US
 
-PASSES = ("forward", "recompute", "backward")
+PASSES = ("forward", "recompute", "backward", "weights")  # (weights: ZB-H1's W pass)
 SCHEMA = {
     "stage": pl.Int64, "block": pl.String, "count": pl.Int64, "pass": pl.String,
     "op": pl.String, "kind": pl.String, "axis": pl.String, "m": pl.Int64, "n": pl.Int64,
@@ -46,8 +46,9 @@ def op_table(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | st
              stage: int = 0) -> pl.DataFrame:
     """One row per op or collective of one micro-batch on pipeline ``stage`` (module docstring),
     in the order each block runs them: forward, what recomputation runs again before the
-    backward, backward. ``count``: how many of the block the stage holds (its layers), so
-    ``time_us × count`` summed over a pass is the stage's time for it."""
+    backward, backward (ZB-H1: its B pass, then its W pass as "weights"). ``count``: how many
+    of the block the stage holds (its layers), so ``time_us × count`` summed over a pass is the
+    stage's time for it."""
     model, system = resolve_specs(model, system)
     check_fits_model(strategy, model)
     if not 0 <= stage < strategy.pp:
@@ -84,7 +85,8 @@ def by_kind(table: pl.DataFrame) -> pl.DataFrame:
             .agg(pl.col("time_ms").sum(), pl.col("flop").mul(pl.col("count")).sum())
             .with_columns(pl.when(~pl.col("overlapped"))
                           .then(pl.col("time_ms") * 1e3 / total * 100).alias("share_pct"))
-            .sort(pl.col("pass").replace_strict(PASSES, range(3), return_dtype=pl.Int64),
+            .sort(pl.col("pass").replace_strict(PASSES, range(len(PASSES)),
+                                                return_dtype=pl.Int64),
                   pl.col("time_ms"), descending=[False, True]))
 
 
@@ -112,12 +114,16 @@ def _passes(costs: Costs, block: ParamBlock, rank: int, sig: int
     elif block.recomputes and s.recompute == "selective":
         out.append(("recompute", prog.selective_items(costs.recomputed, block.name),
                     costs.list_ns(block, costs.recomputed, rank, sig)))
-    bwd = costs.list_ns(block, "bwd", rank, sig)
+    which = "b" if costs.zb else "bwd"  # (ZB-H1: the B pass, its weight GEMMs in W)
+    bwd = costs.list_ns(block, which, rank, sig)
     if s.zero_stage == 3 and not s.zero3_prefetch:  # the gathers and scatters in the chain
         f, b = block_ns(costs, block, rank, sig)
         out[0] = ("forward", fwd, f)
         bwd = b - sum(charged for pass_, _, charged in out[1:])
-    out.append(("backward", prog.block_items(block, "bwd"), bwd))
+    out.append(("backward", prog.block_items(block, which), bwd))
+    if costs.zb:
+        out.append(("weights", prog.block_items(block, "w"), costs.list_ns(block, "w", rank,
+                                                                           sig)))
     return out
 
 

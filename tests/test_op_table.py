@@ -39,17 +39,19 @@ def _stage_sums(table: pl.DataFrame) -> tuple[float, float]:
        uneven=st.booleans(), rc_layers=st.sampled_from([0, 0, 1]),
        modules=st.sampled_from(["core_attn", "layernorm,mlp", "core_attn,moe_act"]),
        mtp=st.sampled_from([0, 0, 1]), tied=st.booleans(),
-       system=st.sampled_from(["dgx-h100", "dgx-a100-80gb", "dgx1-v100", "mi300x"]))
+       system=st.sampled_from(["dgx-h100", "dgx-a100-80gb", "dgx1-v100", "mi300x"]),
+       zb=st.booleans())
 def test_rows_add_up_to_the_fast_paths_stage_times(tp, pp, dp, cp, sp, overlap, zero,
                                                    recompute, interleaved, ep, fp8, uneven,
                                                    rc_layers, modules, mtp, tied,
-                                                   system) -> None:
+                                                   system, zb) -> None:
     """Conservation: on every stage, the forward rows (× count) add up to the fast path's
     forward of one micro-batch and the recompute and backward rows to its backward — to the
     nanosecond, the ``overlap`` rows carrying what overlapped collectives add — for dense and
     MoE models, every recompute, TP overlap, FP8, context parallelism, interleaving, uneven
     stages, MTP modules and ZeRO-3's gathers in the chain (not prefetched: those are timed by
-    chunk, not block), on GPUs whose models take other branches (V100: unfused attention)."""
+    chunk, not block), on GPUs whose models take other branches (V100: unfused attention);
+    under ZB-H1 (``zb``) the B and W rows add up to the stage's B + W."""
     moe = ep > 0
     model = dataclasses.replace(MOE if moe else MODEL, tied_embeddings=tied, mtp_layers=mtp)
     if moe:
@@ -62,7 +64,8 @@ def test_rows_add_up_to_the_fast_paths_stage_times(tp, pp, dp, cp, sp, overlap, 
                      recompute=recompute, recompute_modules=modules if recompute == "selective"
                      else "core_attn", recompute_num_layers=rc_layers if recompute == "full"
                      else 0, vpp=2 if interleaved and pp > 1 else 1,
-                     schedule="interleaved_1f1b" if interleaved and pp > 1 else "1f1b",
+                     schedule="interleaved_1f1b" if interleaved and pp > 1 else
+                     "zb_h1" if zb else "1f1b",
                      first_stage_layers=int(uneven and pp > 1),
                      last_stage_layers=int(uneven and pp > 1),
                      precision="fp8" if fp8 else "bf16", micro_batch_size=1,
