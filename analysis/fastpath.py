@@ -412,7 +412,8 @@ def _peak_memory_bytes(costs: Costs, stages: list[Stage], alike: bool) -> int:
     # params: (("dp", dense), ("edp", expert)) — experts shard over their own group
     return max(memory_total_bytes(m, s, st, stages[st].total_params, act_per_layer=act,
                                   flash_attention=flash, layers=stages[st].layers,
-                                  expert_params=stages[st].params[1][1])
+                                  expert_params=stages[st].params[1][1],
+                                  w_hold=stages[st].w_hold if costs.zb else None)
                for st in candidates)
 
 

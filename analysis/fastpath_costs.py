@@ -323,6 +323,10 @@ class Costs:
             got = self.ctx.lists[key] = self.items_cost(self._items(block, which), rank)
         return got[0]
 
+    def block_items(self, block: ParamBlock, which: str) -> list[O.Item]:
+        """One of a block's op lists (``RoleProgram.block_items``), from the shared program."""
+        return self._items(block, which)
+
     def _items(self, block: ParamBlock, which: str | tuple[str, ...]) -> list[O.Item]:
         """A block's op list, from the program of the first strategy with this op-list key (the
         lists depend on nothing else, and a program builds the non-layer ones together)."""

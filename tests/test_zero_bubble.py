@@ -16,7 +16,7 @@ from analysis.fastpath import estimate
 from analysis.study import study_from_dict
 from analysis.sweep import enumerate_space
 from replay import get_system, replay
-from tracegen import ConfigError, ModelSpec, Strategy, generate
+from tracegen import ConfigError, ModelSpec, Strategy, generate, memory
 from tracegen import ops as O
 from tracegen.memory import inflight_microbatches
 from tracegen.program import RoleProgram
@@ -265,3 +265,47 @@ def test_the_timeline_plot_draws_the_w_passes() -> None:
     assert "W (red)" in ax.get_title()
     red = [c for c in ax.collections if tuple(c.get_facecolor()[0]) == to_rgba("tab:red")]
     assert len(red) == 2 and all(len(c.get_paths()) >= 3 for c in red)  # 4 W passes (two touch)
+
+
+def test_a_deferred_w_keeps_its_gemms_operands() -> None:
+    """A layer's W-pass hold, from its GEMM shapes: dW = Xᵀ·dY keeps X as the GEMM reads it —
+    gathered over the sequence under SP — and dY. The toy layer (h 256, 8 heads of 32, 4 KV
+    heads, SwiGLU 512) at tp 2 with SP, 256 tokens: QKV X 256·256, dY 256·(256 + 256)/2;
+    proj X 256·256/2, dY 256·256; fc1 X 256·256, dY 256·1024/2; fc2 X 256·512/2, dY 256·256."""
+    s = Strategy(tp=2, pp=2, sequence_parallel=True, micro_batch_size=1, global_batch_size=4)
+    _, w = O.split_weight_grads(O.layer_bwd(MODEL, s))
+    elems = 256 * (256 + 256 + 128 + 256 + 256 + 512 + 256 + 256)
+    assert O.weight_grad_operand_bytes(w) == 2 * elems
+
+
+@pytest.mark.parametrize("m", [2, 4, 12])
+def test_the_last_stage_holds_its_deferred_ws_operands(m: int) -> None:
+    """Stage p − 1 defers the W of its first p − 1 B passes: its activations peak at (k − 1)·W
+    + max(M_B, W) with k = min(p, m) — W what one deferred pass keeps (``w_hold_bytes``),
+    M_B what one in-flight micro-batch does (1F1B's last stage holds one)."""
+    one = Strategy(tp=2, pp=4, dp=1, sequence_parallel=True, micro_batch_size=1,
+                   global_batch_size=m)
+    zb = dataclasses.replace(one, schedule="zb_h1")
+    last = one.pp - 1
+    held = RoleProgram(MODEL, one, last).stage_params()
+    mem = {s.schedule: memory.estimate(MODEL, s, last, sum(held.values())) for s in (one, zb)}
+    w, m_b = memory.w_hold_bytes(MODEL, zb, last), mem["1f1b"].activations_bytes
+    k = min(one.pp, m)
+    assert mem["zb_h1"].activations_bytes == (k - 1) * w + max(m_b, w)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(tp=2, pp=4, dp=2, sequence_parallel=True),
+    dict(tp=1, pp=2, dp=4, ep=2, zero_stage=1),
+    dict(tp=2, pp=4, dp=1, first_stage_layers=1, last_stage_layers=1, recompute="selective"),
+])
+def test_the_fast_paths_memory_is_the_trace_sets(kw: dict[str, object]) -> None:
+    """The fast path's peak (each stage's W hold from its memoized costs) equals the memory
+    model's on every stage as the trace set's manifest states it."""
+    model = MOE if kw.get("ep") else dataclasses.replace(MODEL, mtp_layers=1)
+    s = Strategy(micro_batch_size=1, global_batch_size=8 * int(kw["dp"]),  # type: ignore[call-overload]
+                 schedule="zb_h1", **kw)  # type: ignore[arg-type]
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = generate(model, s, tmp)
+    manifest = max(st.memory.total_bytes for st in summary.stages) / 2**30
+    assert estimate(model, s, SYSTEM).peak_memory_GiB == pytest.approx(manifest, rel=1e-12)

@@ -37,11 +37,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from tracegen import ops as O
 from tracegen.deepep_buffers import buffer_bytes as deepep_buffer_bytes
 from tracegen.mesh import embedding_partner
 from tracegen.model import ModelSpec
 from tracegen.ops import ACT_BYTES, MOMENT_BYTES, grad_reduce_bytes
-from tracegen.program import dp_group_size
+from tracegen.program import RoleProgram, dp_group_size
 from tracegen.schedule import stage_order
 from tracegen.strategy import Strategy
 from tracegen.units import GiB
@@ -225,10 +226,8 @@ def inflight_microbatches(s: Strategy, stage: int) -> float:
     count of virtual micro-batches + 1, each 1/v of the stage (Megatron schedules.py), with a
     micro-batch group of N (pp unless set) (p − i − 1)·2 + (v − 1)·N of them. GPipe: m.
     ZB-H1: min(p, m) on every stage (``schedule.zb_h1``: stage i's 1F1B count and the i
-    micro-batches whose W it defers), each counted whole: a deferred W keeps the inputs of the
-    stage's GEMMs and their output gradients, nearly all a layer saves (Korthikanti et al.'s
-    count), so this bounds the ZB paper's (p − i)·M_B + i·M_W ≤ p·M_B (Qi et al. 2024 §3.1)
-    from above.
+    micro-batches whose W it defers); the memory model charges the deferred ones what their W
+    passes keep instead (``w_hold_bytes``, ``_peak_chunk_load``).
     """
     m, p, v = s.num_microbatches, s.pp, s.vpp
     if s.schedule == "gpipe":
@@ -327,7 +326,7 @@ def tp_overlap_buffer_bytes(m: ModelSpec, s: Strategy) -> int:
 
 
 def _chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
-                       flash_attention: bool) -> int:
+                       flash_attention: bool, w_hold: int = 0) -> int:
     """Activations of a stage whose chunks hold unequal bytes: an interleaved end stage whose
     end chunk holds another number of layers than its other chunks (Llama 3's embedding-only
     first chunk), any stage of a pipeline layout, the stage with the MTP modules, or a stage
@@ -356,7 +355,7 @@ def _chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
     if m.mtp_layers and stage == s.mtp_chunk % s.pp:  # the chunk with the MTP modules
         per_chunk[s.mtp_chunk // s.pp] += mtp_activation_bytes(m, s, flash_attention)
     return int(_peak_chunk_load(s.order_id, s.num_microbatches, s.pp, s.vpp, stage,
-                                tuple(per_chunk)))
+                                tuple(per_chunk), w_hold))
 
 
 def mtp_activation_bytes(m: ModelSpec, s: Strategy, flash_attention: bool = True) -> int:
@@ -378,17 +377,18 @@ def mtp_activation_bytes(m: ModelSpec, s: Strategy, flash_attention: bool = True
 
 @functools.lru_cache(maxsize=4096)
 def _peak_chunk_load(order_id: str, m: int, p: int, v: int, stage: int,
-                     per_chunk: tuple[int, ...]) -> int:
+                     per_chunk: tuple[int, ...], w_hold: int = 0) -> int:
     """The largest Σ in-flight micro-batches × ``per_chunk`` bytes over the stage's schedule
-    (``schedule.stage_order``): activations are held from a forward to its backward (ZB-H1:
-    to its W pass, ``inflight_microbatches``)."""
+    (``schedule.stage_order``): activations are held from a forward to its backward; under
+    ZB-H1 a B pass frees them but for its W pass's operands, ``w_hold``, which the W frees."""
     peak = load = 0
-    freed_by = "W" if order_id == "zb_h1" else "B"
     for phase, _, ch in stage_order(order_id, m=m, p=p, v=v, stage=stage):
         if phase == "F":
             load += per_chunk[ch]
-        elif phase == freed_by:
-            load -= per_chunk[ch]
+        elif phase == "B":
+            load += (w_hold if order_id == "zb_h1" else 0) - per_chunk[ch]
+        else:
+            load -= w_hold
         peak = max(peak, load)
     return peak
 
@@ -407,11 +407,11 @@ def estimate(m: ModelSpec, s: Strategy, stage: int, params_local: int,
 
 def total_bytes(m: ModelSpec, s: Strategy, stage: int, params_local: int, *, act_per_layer: int,
                 flash_attention: bool = True, layers: int | None = None,
-                expert_params: int = 0) -> int:
+                expert_params: int = 0, w_hold: int | None = None) -> int:
     """``estimate(...).total_bytes`` without building the breakdown (screening many).
-    ``layers``: the stage's layer count where the caller has it."""
+    ``layers``: the stage's layer count where the caller has it; ``w_hold`` (ZB-H1) too."""
     return sum(_parts(m, s, stage, params_local, act_per_layer, flash_attention=flash_attention,
-                      layers=layers, expert_params=expert_params))
+                      layers=layers, expert_params=expert_params, w_hold=w_hold))
 
 
 def _sharded_bytes(s: Strategy, dense: int, expert: int, per_param: int) -> int:
@@ -459,10 +459,21 @@ def transient_bytes(m: ModelSpec, s: Strategy, stage: int, *, flash_attention: b
     return out
 
 
+def w_hold_bytes(m: ModelSpec, s: Strategy, stage: int) -> int:
+    """ZB-H1: what one micro-batch's deferred W pass keeps on ``stage`` after its B pass frees
+    the rest (``ops.weight_grad_operand_bytes`` over the stage's blocks)."""
+    prog = RoleProgram(m, s, stage)
+    return sum(count * O.weight_grad_operand_bytes(prog.block_items(block, "w"))
+               for ch in range(s.vpp) for block, count in prog.chunk_runs(ch * s.pp + stage))
+
+
 def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *,
-           flash_attention: bool, layers: int | None = None, expert_params: int = 0
-           ) -> tuple[int, int, int, int, int, int, int, int]:
-    """The fields of ``MemoryEstimate`` in order."""
+           flash_attention: bool, layers: int | None = None, expert_params: int = 0,
+           w_hold: int | None = None) -> tuple[int, int, int, int, int, int, int, int]:
+    """The fields of ``MemoryEstimate`` in order. ``w_hold``: ZB-H1's ``w_hold_bytes`` where
+    the caller has it."""
+    if s.schedule == "zb_h1" and w_hold is None:
+        w_hold = w_hold_bytes(m, s, stage)
     grads = params_local * grad_reduce_bytes(s)
     optim = params_local * OPTIM_BYTES
     weights = params_local * WEIGHT_BYTES
@@ -497,7 +508,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
     if (s.vpp > 1 and s.uneven and stage in (0, s.pp - 1)) or s.pipeline_layout or (
             m.first_dense_layers and _holds_dense(m, s, stage)) or (
             m.mtp_layers and stage == s.mtp_chunk % s.pp):
-        activations = _chunk_activations(m, s, stage, act, flash_attention)
+        activations = _chunk_activations(m, s, stage, act, flash_attention, w_hold or 0)
     else:
         if layers is None:
             layers = s.stage_layers(m.num_layers, stage)
@@ -508,7 +519,9 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
         if s.recompute_num_layers:
             stored = s.stored_layers(m.num_layers, stage)
             per_mb += stored * (_layer_activation_bytes(m, s, "none", flash_attention) - act)
-        activations = int(per_mb * inflight_microbatches(s, stage))
+        activations = (int(per_mb * inflight_microbatches(s, stage)) if w_hold is None else
+                       _peak_chunk_load(s.order_id, s.num_microbatches, s.pp, 1, stage,
+                                        (per_mb,), w_hold))
     logits = 0
     if stage == s.pp - 1:
         tokens = s.micro_batch_size * m.seq_len // s.cp

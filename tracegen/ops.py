@@ -607,6 +607,16 @@ def split_weight_grads(items: list[Item]) -> tuple[list[Item], list[Item]]:
     return b, w
 
 
+def weight_grad_operand_bytes(items: list[Item]) -> int:
+    """What a deferred W pass of ``items`` (its weight-gradient GEMMs) keeps until it runs: each
+    GEMM's two operands, dW = Xᵀ·dY, the input X as the GEMM reads it (gathered over the
+    sequence under SP) and the output gradient dY — the tensors the ZB implementations'
+    weight-gradient queue holds (``WeightGradStore.put(total_input, grad_output, …)``): a
+    GEMM's bytes less the weight gradient it writes."""
+    return sum(it.bytes - it.groups * it.m * it.n * ACT_BYTES for it in items
+               if isinstance(it, Op))
+
+
 def _dkv_return(ring: Comm, d: Dims) -> Comm:
     """The ring's last hop in backward: each rank's dK/dV chunk, accumulated around the ring,
     goes back to the rank that owns K and V (Transformer Engine's ``AttnFuncWithCPAndKVP2P``

@@ -501,8 +501,8 @@ def _groups_that_fit(m: int, p: int) -> str:
 def _zb_problems(s: Strategy) -> list[str]:
     """What ZB-H1 (``tracegen.schedule.zb_h1``) is modelled with: a pipeline, gradients that
     stay on their rank until the last W pass (ZeRO 0–2; ZeRO-3 reduce-scatters each block's
-    gradients in every backward), and each deferred W holding only what its GEMMs read
-    (without full recompute, whose recomputed layer would then be kept until W)."""
+    gradients in every backward), and without full recompute (a deferred W would keep the
+    recomputed layer's GEMM operands until it runs)."""
     out = []
     if s.pp < 2:
         out.append(f"zb_h1 needs pp ≥ 2 (it fills pipeline bubbles), got pp={s.pp}; use "
