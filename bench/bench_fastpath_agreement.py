@@ -271,9 +271,9 @@ def fewer_microbatches(s: Strategy, rng: random.Random) -> Strategy:
 
 def zero_bubble(s: Strategy, rng: random.Random) -> Strategy:
     """``--zb``: three in four strategies ZB-H1 can run (a pipeline without chunks, ZeRO 0-2,
-    no full recompute, no TP overlap) as ZB-H1, drawn; the rest as drawn."""
-    if (s.vpp > 1 or s.pp < 2 or s.zero_stage == 3 or s.recompute == "full"
-            or s.tp_comm_overlap or rng.random() < 0.25):
+    no TP overlap) as ZB-H1, drawn; the rest as drawn."""
+    if (s.vpp > 1 or s.pp < 2 or s.zero_stage == 3 or s.tp_comm_overlap
+            or rng.random() < 0.25):
         return s
     return dataclasses.replace(s, schedule="zb_h1")
 
@@ -434,7 +434,7 @@ FLAGS = {
     "few": "each draw without chunks with one or two micro-batches, where a step's one-off "
            "terms weigh most, from a stream of its own",
     "zb": "three in four strategies ZB-H1 can run (a pipeline without chunks, ZeRO 0-2, no "
-          "full recompute or TP overlap) as ZB-H1, from a stream of its own",
+          "TP overlap) as ZB-H1, from a stream of its own",
     "instances": "half the ZeRO ≥ 1 strategies of dense models with several distributed-"
                  "optimizer instances (a divisor of dp·cp), from a stream of its own",
 }

@@ -169,7 +169,6 @@ def test_memory_holds_p_micro_batches_on_every_stage() -> None:
 @pytest.mark.parametrize(("change", "says"), [
     ({"pp": 1}, "zb_h1 needs pp ≥ 2"),
     ({"zero_stage": 3}, "set zero_stage ≤ 2"),
-    ({"recompute": "full"}, "use recompute 'selective' or 'none'"),
     ({"tp": 2, "sequence_parallel": True, "tp_comm_overlap": True},
      "set tp_comm_overlap = false"),
 ])
@@ -185,7 +184,7 @@ def test_what_zb_h1_is_not_modelled_with_is_refused(change: dict[str, object],
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tp=st.sampled_from([1, 2]), pp=st.sampled_from([2, 3, 4]), dp=st.sampled_from([1, 2, 4]),
        sp=st.booleans(), zero=st.sampled_from([0, 1, 2]),
-       recompute=st.sampled_from(["none", "selective"]), m=st.integers(1, 10),
+       recompute=st.sampled_from(["none", "selective", "full"]), m=st.integers(1, 10),
        dp_overlap=st.sampled_from(["both", "grad", "none"]), ep=st.sampled_from([0, 1, 2]),
        cp=st.sampled_from([1, 1, 2]), tied=st.booleans(), uneven=st.booleans(),
        mtp=st.sampled_from([0, 0, 1]),
@@ -234,8 +233,8 @@ def test_compare_ranks_zb_h1_beside_1f1b() -> None:
 
 
 def test_a_sweep_space_with_zb_h1_keeps_what_it_can_run() -> None:
-    """A search over schedules: ZB-H1 where it runs (pp ≥ 2, no chunks, no full recompute),
-    each the twin of a 1F1B strategy of the space; never where it does not."""
+    """A search over schedules: ZB-H1 where it runs (pp ≥ 2, no chunks), each the twin of a
+    1F1B strategy of the space; never where it does not."""
     study = study_from_dict({"model": "gpt-1.7b", "system": "dgx-h100", "gpus": 16,
                              "global_batch_size": 64,
                              "search": {"tp": [1, 2], "pp": [1, 2, 4], "vpp": [1, 2],
@@ -246,8 +245,8 @@ def test_a_sweep_space_with_zb_h1_keeps_what_it_can_run() -> None:
     valid, _ = enumerate_space(study)
     zb = [s for s in valid if s.schedule == "zb_h1"]
     twins = {dataclasses.replace(s, schedule="zb_h1") for s in valid
-             if s.schedule == "1f1b" and s.pp >= 2 and s.recompute != "full"}
-    assert zb and all(s.pp >= 2 and s.vpp == 1 and s.recompute != "full" for s in zb)
+             if s.schedule == "1f1b" and s.pp >= 2}
+    assert zb and all(s.pp >= 2 and s.vpp == 1 for s in zb)
     assert set(zb) == twins
 
 
@@ -278,13 +277,15 @@ def test_a_deferred_w_keeps_its_gemms_operands() -> None:
     assert O.weight_grad_operand_bytes(w) == 2 * elems
 
 
+@pytest.mark.parametrize("recompute", ["none", "full"])
 @pytest.mark.parametrize("m", [2, 4, 12])
-def test_the_last_stage_holds_its_deferred_ws_operands(m: int) -> None:
+def test_the_last_stage_holds_its_deferred_ws_operands(m: int, recompute: str) -> None:
     """Stage p − 1 defers the W of its first p − 1 B passes: its activations peak at (k − 1)·W
     + max(M_B, W) with k = min(p, m) — W what one deferred pass keeps (``w_hold_bytes``),
-    M_B what one in-flight micro-batch does (1F1B's last stage holds one)."""
+    M_B what one in-flight micro-batch does (1F1B's last stage holds one). Under full recompute
+    M_B is the layers' inputs alone and W the larger by far."""
     one = Strategy(tp=2, pp=4, dp=1, sequence_parallel=True, micro_batch_size=1,
-                   global_batch_size=m)
+                   global_batch_size=m, recompute=recompute)  # type: ignore[arg-type]
     zb = dataclasses.replace(one, schedule="zb_h1")
     last = one.pp - 1
     held = RoleProgram(MODEL, one, last).stage_params()

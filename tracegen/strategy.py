@@ -499,10 +499,9 @@ def _groups_that_fit(m: int, p: int) -> str:
 
 
 def _zb_problems(s: Strategy) -> list[str]:
-    """What ZB-H1 (``tracegen.schedule.zb_h1``) is modelled with: a pipeline, gradients that
-    stay on their rank until the last W pass (ZeRO 0–2; ZeRO-3 reduce-scatters each block's
-    gradients in every backward), and without full recompute (a deferred W would keep the
-    recomputed layer's GEMM operands until it runs)."""
+    """What ZB-H1 (``tracegen.schedule.zb_h1``) is modelled with: a pipeline, and gradients
+    that stay on their rank until the last W pass (ZeRO 0–2; ZeRO-3 reduce-scatters each
+    block's gradients in every backward)."""
     out = []
     if s.pp < 2:
         out.append(f"zb_h1 needs pp ≥ 2 (it fills pipeline bubbles), got pp={s.pp}; use "
@@ -511,10 +510,6 @@ def _zb_problems(s: Strategy) -> list[str]:
         out.append("zb_h1 is modelled with ZeRO 0-2 (ZeRO-3 reduce-scatters each block's "
                    "gradients in every backward, before a deferred W pass has made them); set "
                    "zero_stage ≤ 2 or use schedule '1f1b'")
-    if s.recompute == "full":
-        out.append("zb_h1 is modelled without full recompute (a deferred W pass would keep the "
-                   "recomputed layer's inputs until it runs); use recompute 'selective' or "
-                   "'none', or schedule '1f1b'")
     if s.tp_comm_overlap:
         out.append("zb_h1 is modelled without tp_comm_overlap (Transformer Engine overlaps "
                    "the backward's reduce-scatter with the weight-gradient GEMM that ZB-H1 "
