@@ -165,7 +165,7 @@ def test_numpy_and_whole_float_fields_are_taken_as_python_values() -> None:
        dp=st.sampled_from([1, 2, 3, 4, 8]), vpp=st.sampled_from([1, 2, 3]),
        mbs=st.sampled_from([1, 2, 4]), gbs=st.integers(1, 200), sp=st.booleans(),
        overlap=st.booleans(),
-       schedule=st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b"]))
+       schedule=st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b", "zb_h1"]))
 def test_what_a_sweep_rules_out_early_a_strategy_refuses(tp, pp, dp, vpp, mbs, gbs, sp, overlap,
                                                          schedule) -> None:
     """``ruled_out`` (a sweep's enumeration skips those combinations before building a
@@ -185,5 +185,6 @@ def test_what_a_sweep_rules_out_early_a_strategy_refuses(tp, pp, dp, vpp, mbs, g
     elif refused is not None:  # refused for another reason only
         covered = ("not divisible by micro_batch_size", "sequence_parallel needs tp > 1",
                    "tp_comm_overlap needs", "needs schedule 'interleaved_1f1b'",
-                   "interleaved_1f1b needs")
+                   "interleaved_1f1b needs", "zb_h1 needs pp", "zb_h1 is modelled without "
+                   "tp_comm_overlap")
         assert not any(text in refused for text in covered), refused

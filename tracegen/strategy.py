@@ -414,14 +414,17 @@ def ruled_out(*, tp: int, pp: int, dp: int, vpp: int, micro_batch_size: int,
               global_batch_size: int, sequence_parallel: bool, tp_comm_overlap: bool,
               schedule: str) -> bool:
     """Whether these fields break one of the rules below that rule out most combinations of a
-    sweep's space (batch split, interleaving, sequence parallelism) — checked on plain values,
-    so an enumeration skips them without building a ``Strategy`` and its error message. True
+    sweep's space (batch split, interleaving, sequence parallelism, ZB-H1's pipeline) —
+    checked on plain values, so an enumeration skips them without building a ``Strategy`` and
+    its error message. True
     only where ``Strategy`` would raise (a property test holds that); False says nothing."""
     per_step = micro_batch_size * dp
     if global_batch_size % per_step or (sequence_parallel and tp == 1) or (
             tp_comm_overlap and not sequence_parallel) or (
             vpp > 1 and schedule != "interleaved_1f1b"):
         return True
+    if schedule == "zb_h1":
+        return pp < 2 or tp_comm_overlap
     return schedule == "interleaved_1f1b" and (
         pp < 2 or vpp < 2 or (global_batch_size // per_step) % pp != 0)
 
