@@ -361,23 +361,25 @@ def _tail_plan(schedule: str, m: int, p: int, v: int
 
 
 @functools.lru_cache(maxsize=64)
-def _zb_plan(m: int, p: int) -> tuple[tuple[int, int, int], ...]:
-    """ZB-H1's passes (``tracegen.schedule.zb_h1``) as (stage, kind 0/1/2 for F/B/W,
-    micro-batch) in an order that respects each stage's order and every wait (a forward
-    after the previous stage's, a B after the next stage's; a W waits for nothing else)."""
+def _zb_plan(m: int, p: int) -> tuple[tuple[int, int, int, int], ...]:
+    """ZB-H1's passes (``tracegen.schedule.zb_h1``) in an order that respects each stage's
+    order and every wait (a forward after the previous stage's, a B after the next stage's; a
+    W waits for nothing else), each as (stage, its cost index kind·p + stage for kind 0/1/2 =
+    F/B/W, the index of the pass it waits for in the walk's ends or −1, the index of the send
+    it then pays: stage − 1 for a forward, the stage for a B)."""
     orders = [[("FBW".index(ph), j) for ph, j, _ in zb_h1(m, p, st)] for st in range(p)]
-    done = [[[False] * m for _ in range(p)] for _ in range(2)]
-    pos, plan = [0] * p, list[tuple[int, int, int]]()
+    at: dict[tuple[int, int, int], int] = {}  # (kind, stage, micro-batch) → place in the plan
+    pos, plan = [0] * p, list[tuple[int, int, int, int]]()
     while len(plan) < 3 * m * p:
         for st in range(p):
             while pos[st] < 3 * m:
                 kind, j = orders[st][pos[st]]
-                if (kind == 0 and st and not done[0][st - 1][j]) or (
-                        kind == 1 and st < p - 1 and not done[1][st + 1][j]):
+                dep = (at.get((0, st - 1, j), -2) if kind == 0 and st else
+                       at.get((1, st + 1, j), -2) if kind == 1 and st < p - 1 else -1)
+                if dep == -2:  # (what it waits for has not been placed yet)
                     break
-                if kind < 2:
-                    done[kind][st][j] = True
-                plan.append((st, kind, j))
+                at[kind, st, j] = len(plan)
+                plan.append((st, kind * p + st, dep, st - 1 if kind == 0 else st))
                 pos[st] += 1
     return tuple(plan)
 
@@ -391,17 +393,16 @@ def zero_bubble(m: int, f: list[int], b: list[int], w: list[int], c: list[int]) 
     hold, a stage's steady period being F + B + W and its cooldown paced by the Bs."""
     p = len(f)
     clock = [0] * p
-    ends: list[list[list[int]]] = [[[0] * m for _ in range(p)] for _ in range(2)]
-    cost = (f, b, w)
-    for st, kind, j in _zb_plan(m, p):
+    cost = [*f, *b, *w]
+    plan = _zb_plan(m, p)
+    ends = [0] * len(plan)
+    for i, (st, k, dep, send) in enumerate(plan):
         start = clock[st]
-        if kind == 0 and st:
-            start = max(start, ends[0][st - 1][j] + c[st - 1])
-        elif kind == 1 and st < p - 1:
-            start = max(start, ends[1][st + 1][j] + c[st])
-        clock[st] = start + cost[kind][st]
-        if kind < 2:
-            ends[kind][st][j] = clock[st]
+        if dep >= 0:
+            ready = ends[dep] + c[send]
+            if ready > start:
+                start = ready
+        clock[st] = ends[i] = start + cost[k]
     return clock
 
 
