@@ -395,10 +395,11 @@ def _layout_stages(costs: Costs) -> tuple[list[Stage], list[int], bool]:
 def _peak_memory_bytes(costs: Costs, stages: list[Stage], alike: bool) -> int:
     """The largest per-rank memory of any stage. When the stages are alike, in-flight
     micro-batches never grow with the stage index, so the peak is on the first stage
-    (embedding, most in flight) or the last (head, logits). Otherwise any stage can hold it:
-    one whose chunks hold more layers, or heavier ones (a MoE layer after dense first layers
-    carries more optimizer state), can outweigh an earlier stage's extra micro-batches — so
-    every stage is looked at."""
+    (embedding, most in flight) or the last (head, logits) — under ZB-H1 too, where stage i
+    holds p − i micro-batches and i deferred W passes at most, linear in i. Otherwise any stage
+    can hold it: one whose chunks hold more layers, or heavier ones (a MoE layer after dense
+    first layers carries more optimizer state), can outweigh an earlier stage's extra
+    micro-batches — so every stage is looked at."""
     m, s = costs.m, costs.s
     flash = costs.compute.gpu.flash_attention
     # it reads the model, tp, sp, cp, micro-batch and recompute with its modules (and the
@@ -413,7 +414,7 @@ def _peak_memory_bytes(costs: Costs, stages: list[Stage], alike: bool) -> int:
     return max(memory_total_bytes(m, s, st, stages[st].total_params, act_per_layer=act,
                                   flash_attention=flash, layers=stages[st].layers,
                                   expert_params=stages[st].params[1][1],
-                                  w_hold=stages[st].w_hold if costs.zb else None)
+                                  w_hold=stages[st].w_hold)  # (read under ZB-H1 only)
                for st in candidates)
 
 

@@ -297,12 +297,14 @@ def test_the_last_stage_holds_its_deferred_ws_operands(m: int, recompute: str) -
 
 @pytest.mark.parametrize("kw", [
     dict(tp=2, pp=4, dp=2, sequence_parallel=True),
+    dict(tp=4, pp=4, dp=2, sequence_parallel=True),  # stages alike: whole nodes each
     dict(tp=1, pp=2, dp=4, ep=2, zero_stage=1),
     dict(tp=2, pp=4, dp=1, first_stage_layers=1, last_stage_layers=1, recompute="selective"),
 ])
 def test_the_fast_paths_memory_is_the_trace_sets(kw: dict[str, object]) -> None:
-    """The fast path's peak (each stage's W hold from its memoized costs) equals the memory
-    model's on every stage as the trace set's manifest states it."""
+    """The fast path's peak (each stage's W hold from its memoized costs; of alike stages the
+    first and last alone) equals the memory model's on every stage as the trace set's
+    manifest states it."""
     model = MOE if kw.get("ep") else dataclasses.replace(MODEL, mtp_layers=1)
     s = Strategy(micro_batch_size=1, global_batch_size=8 * int(kw["dp"]),  # type: ignore[call-overload]
                  schedule="zb_h1", **kw)  # type: ignore[arg-type]

@@ -232,10 +232,10 @@ def inflight_microbatches(s: Strategy, stage: int) -> float:
     m, p, v = s.num_microbatches, s.pp, s.vpp
     if s.schedule == "gpipe":
         return float(m)
-    if s.schedule == "zb_h1":
-        return float(min(p, m))
     if s.schedule == "1f1b":
         return float(min(p - stage, m))
+    if s.schedule == "zb_h1":
+        return float(min(p, m))
     warm = min((p - stage - 1) * 2 + (v - 1) * (s.schedule_group or p) + 1, m * v)
     return warm / v
 
@@ -326,7 +326,7 @@ def tp_overlap_buffer_bytes(m: ModelSpec, s: Strategy) -> int:
 
 
 def _chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
-                       flash_attention: bool, w_hold: int = 0) -> int:
+                       flash_attention: bool, w_hold: int | None = None) -> int:
     """Activations of a stage whose chunks hold unequal bytes: an interleaved end stage whose
     end chunk holds another number of layers than its other chunks (Llama 3's embedding-only
     first chunk), any stage of a pipeline layout, the stage with the MTP modules, or a stage
@@ -354,8 +354,9 @@ def _chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
         per_chunk.append(total)
     if m.mtp_layers and stage == s.mtp_chunk % s.pp:  # the chunk with the MTP modules
         per_chunk[s.mtp_chunk // s.pp] += mtp_activation_bytes(m, s, flash_attention)
+    hold = _w_hold(m, s, stage, w_hold) if s.schedule == "zb_h1" else 0
     return int(_peak_chunk_load(s.order_id, s.num_microbatches, s.pp, s.vpp, stage,
-                                tuple(per_chunk), w_hold))
+                                tuple(per_chunk), hold))
 
 
 def mtp_activation_bytes(m: ModelSpec, s: Strategy, flash_attention: bool = True) -> int:
@@ -467,13 +468,15 @@ def w_hold_bytes(m: ModelSpec, s: Strategy, stage: int) -> int:
                for ch in range(s.vpp) for block, count in prog.chunk_runs(ch * s.pp + stage))
 
 
+def _w_hold(m: ModelSpec, s: Strategy, stage: int, given: int | None) -> int:
+    return w_hold_bytes(m, s, stage) if given is None else given
+
+
 def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *,
            flash_attention: bool, layers: int | None = None, expert_params: int = 0,
            w_hold: int | None = None) -> tuple[int, int, int, int, int, int, int, int]:
     """The fields of ``MemoryEstimate`` in order. ``w_hold``: ZB-H1's ``w_hold_bytes`` where
-    the caller has it."""
-    if s.schedule == "zb_h1" and w_hold is None:
-        w_hold = w_hold_bytes(m, s, stage)
+    the caller has it (read only under ZB-H1)."""
     grads = params_local * grad_reduce_bytes(s)
     optim = params_local * OPTIM_BYTES
     weights = params_local * WEIGHT_BYTES
@@ -508,7 +511,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
     if (s.vpp > 1 and s.uneven and stage in (0, s.pp - 1)) or s.pipeline_layout or (
             m.first_dense_layers and _holds_dense(m, s, stage)) or (
             m.mtp_layers and stage == s.mtp_chunk % s.pp):
-        activations = _chunk_activations(m, s, stage, act, flash_attention, w_hold or 0)
+        activations = _chunk_activations(m, s, stage, act, flash_attention, w_hold)
     else:
         if layers is None:
             layers = s.stage_layers(m.num_layers, stage)
@@ -519,9 +522,10 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
         if s.recompute_num_layers:
             stored = s.stored_layers(m.num_layers, stage)
             per_mb += stored * (_layer_activation_bytes(m, s, "none", flash_attention) - act)
-        activations = (int(per_mb * inflight_microbatches(s, stage)) if w_hold is None else
-                       _peak_chunk_load(s.order_id, s.num_microbatches, s.pp, 1, stage,
-                                        (per_mb,), w_hold))
+        activations = int(per_mb * inflight_microbatches(s, stage))
+        if s.schedule == "zb_h1":  # deferred W passes keep their GEMMs' operands instead
+            activations = _peak_chunk_load(s.order_id, s.num_microbatches, s.pp, 1, stage,
+                                           (per_mb,), _w_hold(m, s, stage, w_hold))
     logits = 0
     if stage == s.pp - 1:
         tokens = s.micro_batch_size * m.seq_len // s.cp
