@@ -360,7 +360,7 @@ def _tail_plan(schedule: str, m: int, p: int, v: int
     return tuple(out), tuple((st, q) for st, q in steps if q is not None)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=8)  # (a plan holds 3·m·p steps: 7 MiB at m 1,536, pp 16)
 def _zb_plan(m: int, p: int) -> tuple[tuple[int, int, int, int], ...]:
     """ZB-H1's passes (``tracegen.schedule.zb_h1``) in an order that respects each stage's
     order and every wait (a forward after the previous stage's, a B after the next stage's; a
@@ -368,19 +368,22 @@ def _zb_plan(m: int, p: int) -> tuple[tuple[int, int, int, int], ...]:
     F/B/W, the index of the pass it waits for in the walk's ends or −1, the index of the send
     it then pays: stage − 1 for a forward, the stage for a B)."""
     orders = [[("FBW".index(ph), j) for ph, j, _ in zb_h1(m, p, st)] for st in range(p)]
-    at: dict[tuple[int, int, int], int] = {}  # (kind, stage, micro-batch) → place in the plan
+    placed = [[[-1] * m for _ in range(p)] for _ in range(2)]  # F's and B's places in the plan
     pos, plan = [0] * p, list[tuple[int, int, int, int]]()
     while len(plan) < 3 * m * p:
         for st in range(p):
-            while pos[st] < 3 * m:
-                kind, j = orders[st][pos[st]]
-                dep = (at.get((0, st - 1, j), -2) if kind == 0 and st else
-                       at.get((1, st + 1, j), -2) if kind == 1 and st < p - 1 else -1)
-                if dep == -2:  # (what it waits for has not been placed yet)
-                    break
-                at[kind, st, j] = len(plan)
+            order, at = orders[st], pos[st]
+            while at < 3 * m:
+                kind, j = order[at]
+                waits = (kind == 0 and st > 0) or (kind == 1 and st < p - 1)
+                dep = placed[kind][st - 1 if kind == 0 else st + 1][j] if waits else -1
+                if waits and dep < 0:
+                    break  # (what it waits for is not placed yet)
+                if kind < 2:
+                    placed[kind][st][j] = len(plan)
                 plan.append((st, kind * p + st, dep, st - 1 if kind == 0 else st))
-                pos[st] += 1
+                at += 1
+            pos[st] = at
     return tuple(plan)
 
 
