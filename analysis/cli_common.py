@@ -79,6 +79,10 @@ PrecisionOpt = Annotated[str, typer.Option(help="bf16 | fp16 | fp8")]
 CpCommOpt = Annotated[str, typer.Option(
     help="p2p (ring alongside attention, Megatron's default) | all_gather (K/V gathered "
          "first, Llama 3)")]
+ZbRegatherOpt = Annotated[bool, typer.Option(
+    "--zb-w-regather", help="ZB-H1 with --sp: each W pass gathers its GEMMs' inputs again "
+                            "instead of keeping them gathered from B (less memory, more "
+                            "communication).")]
 Zero3PrefetchOpt = Annotated[bool, typer.Option(
     "--zero3-prefetch", help="ZeRO-3: gather the next block's parameters alongside the current "
                              "block's compute (FSDP prefetch, Megatron-FSDP).")]
@@ -157,6 +161,7 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    first_stage_layers: int, last_stage_layers: int,
                    grad_reduce_bf16: bool = False, cp_comm_type: str = "p2p",
                    expert_tp: int = 0, zero3_prefetch: bool = False,
+                   zb_w_regather: bool = False,
                    account_for_embedding: bool = False, account_for_loss: bool = False,
                    microbatch_group_size: int = 0, recompute_num_layers: int = 0,
                    recompute_modules: str = "core_attn",
@@ -184,6 +189,7 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     grad_reduce_in_bf16=grad_reduce_bf16,
                     cp_comm_type=cp_comm_type,  # type: ignore[arg-type]
                     expert_tp=expert_tp, zero3_prefetch=zero3_prefetch,
+                    zb_w_regather=zb_w_regather,
                     account_for_embedding_in_pipeline_split=account_for_embedding,
                     account_for_loss_in_pipeline_split=account_for_loss,
                     microbatch_group_size=microbatch_group_size,

@@ -271,11 +271,13 @@ def fewer_microbatches(s: Strategy, rng: random.Random) -> Strategy:
 
 def zero_bubble(s: Strategy, rng: random.Random) -> Strategy:
     """``--zb``: three in four strategies ZB-H1 can run (a pipeline without chunks, ZeRO 0-2,
-    no TP overlap) as ZB-H1, drawn; the rest as drawn."""
+    no TP overlap) as ZB-H1, drawn, half of those with SP gathering the W passes' inputs
+    again (``zb_w_regather``); the rest as drawn."""
     if (s.vpp > 1 or s.pp < 2 or s.zero_stage == 3 or s.tp_comm_overlap
             or rng.random() < 0.25):
         return s
-    return dataclasses.replace(s, schedule="zb_h1")
+    return dataclasses.replace(s, schedule="zb_h1",
+                               zb_w_regather=s.sequence_parallel and rng.random() < 0.5)
 
 
 def other_recompute(s: Strategy, layers: int, rng: random.Random) -> Strategy:
@@ -396,6 +398,7 @@ def label(s: Strategy) -> str:
               (s.adam_moments_dtype != "fp32", f"adam-{s.adam_moments_dtype}"),
               (s.fp8_param_gather, "fp8-param-gather"),
               (s.dist_opt_instances > 1, f"instances{s.dist_opt_instances}"),
+              (s.zb_w_regather, "w-regather"),
               (s.hfsdp, "hfsdp"))
     return (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} ep{s.ep} vpp{s.vpp} {s.schedule} "
             f"mbs{s.micro_batch_size} "

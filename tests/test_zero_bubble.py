@@ -171,6 +171,9 @@ def test_memory_holds_p_micro_batches_on_every_stage() -> None:
     ({"zero_stage": 3}, "set zero_stage ≤ 2"),
     ({"tp": 2, "sequence_parallel": True, "tp_comm_overlap": True},
      "set tp_comm_overlap = false"),
+    ({"tp": 2, "zb_w_regather": True}, "zb_w_regather needs sequence_parallel"),
+    ({"tp": 2, "sequence_parallel": True, "zb_w_regather": True, "schedule": "1f1b"},
+     "zb_w_regather needs schedule 'zb_h1'"),
 ])
 def test_what_zb_h1_is_not_modelled_with_is_refused(change: dict[str, object],
                                                      says: str) -> None:
@@ -189,16 +192,18 @@ def test_what_zb_h1_is_not_modelled_with_is_refused(change: dict[str, object],
        cp=st.sampled_from([1, 1, 2]), tied=st.booleans(), uneven=st.booleans(),
        mtp=st.sampled_from([0, 0, 1]),
        system=st.sampled_from(["dgx-h100", "dgx-a100-80gb", "dgx1-v100", "mi300x"]),
-       gpn=st.sampled_from([8, 2, 4]))
+       gpn=st.sampled_from([8, 2, 4]), regather=st.booleans())
 @example(tp=2, pp=4, dp=2, sp=True, zero=1, recompute="selective", m=6, dp_overlap="both",
-         ep=0, cp=1, tied=True, uneven=False, mtp=0, system="dgx-h100", gpn=8)
+         ep=0, cp=1, tied=True, uneven=False, mtp=0, system="dgx-h100", gpn=8, regather=True)
 def test_the_fast_path_walks_zb_h1_as_replay_runs_it(tp: int, pp: int, dp: int, sp: bool,
                                                        zero: int, recompute: str, m: int,
                                                        dp_overlap: str, ep: int, cp: int,
                                                        tied: bool, uneven: bool, mtp: int,
-                                                       system: str, gpn: int) -> None:
+                                                       system: str, gpn: int,
+                                                       regather: bool) -> None:
     """Within 2% of contention-free replay (``pipeline_walk.zero_bubble`` and the buckets
-    beside the last W pass, ``Stage.w_view``); every draw came out within 1e-5."""
+    beside the last W pass, ``Stage.w_view``), with and without ``zb_w_regather``; every draw
+    came out within 2e-4 (within 1e-5 without regathering)."""
     model = dataclasses.replace(MOE if ep else MODEL, tied_embeddings=tied, mtp_layers=mtp)
     hw = get_system(system)
     hw = dataclasses.replace(hw, node=dataclasses.replace(hw.node, gpus_per_node=gpn))
@@ -208,7 +213,8 @@ def test_the_fast_path_walks_zb_h1_as_replay_runs_it(tp: int, pp: int, dp: int, 
                      micro_batch_size=1, global_batch_size=dp * m, schedule="zb_h1",
                      first_stage_layers=int(uneven), last_stage_layers=int(uneven),
                      dp_bucket_params=200_000, overlap_grad_reduce=dp_overlap != "none",
-                     overlap_param_gather=dp_overlap == "both" and zero > 0)
+                     overlap_param_gather=dp_overlap == "both" and zero > 0,
+                     zb_w_regather=regather and sp and tp > 1)
         fast = estimate(model, s, hw)
     except ConfigError:
         assume(False)
@@ -264,6 +270,25 @@ def test_the_timeline_plot_draws_the_w_passes() -> None:
     assert "W (red)" in ax.get_title()
     red = [c for c in ax.collections if tuple(c.get_facecolor()[0]) == to_rgba("tab:red")]
     assert len(red) == 2 and all(len(c.get_paths()) >= 3 for c in red)  # 4 W passes (two touch)
+
+
+def test_regathering_moves_the_input_gathers_into_w() -> None:
+    """``zb_w_regather``: each column-parallel GEMM's input all-gather leaves B (where it ran
+    beside the data gradient only for the weight gradient's sake) for W, blocking just before
+    its weight-gradient GEMM; nothing else moves."""
+    s = Strategy(tp=2, pp=2, sequence_parallel=True, micro_batch_size=1, global_batch_size=4,
+                 schedule="zb_h1")
+    bwd = O.layer_bwd(MODEL, s)
+    b0, w0 = O.split_weight_grads(bwd)
+    b1, w1 = O.split_weight_grads(bwd, regather=True)
+    gathers = [it.name for it in b0 if it.name.endswith("_in_ag")]
+    assert gathers == ["fc1_in_ag", "qkv_in_ag"]
+    assert [it.name for it in b1] == [it.name for it in b0 if it.name not in gathers]
+    assert [it.name for it in w1] == ["fc2_wgrad", "fc1_in_ag", "fc1_wgrad", "attn_out_wgrad",
+                                      "qkv_in_ag", "qkv_wgrad"]
+    assert not any(isinstance(it, O.Comm) and it.overlapped for it in w1)
+    # what W keeps: the two gathered inputs as shards (256·256 → 256·128 each)
+    assert O.weight_grad_operand_bytes(w0) - O.weight_grad_operand_bytes(w1) == 2 * 2 * 256 * 128
 
 
 def test_a_deferred_w_keeps_its_gemms_operands() -> None:

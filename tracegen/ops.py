@@ -177,7 +177,8 @@ def op_key(s: Strategy) -> tuple[object, ...]:
     two strategies with the same key get the same op lists. Keep it in step with the code.
     (Recompute picks which lists run again, not what they hold, so it is not here.)"""
     return (s.micro_batch_size, s.cp, s.tp, s.sequence_parallel, s.precision, s.tp_comm_overlap,
-            s.ep, s.cp_comm_type, s.expert_tp, s.moe_dispatcher, s.moe_shared_expert_overlap)
+            s.ep, s.cp_comm_type, s.expert_tp, s.moe_dispatcher, s.moe_shared_expert_overlap,
+            s.zb_w_regather)
 
 
 def dims(m: ModelSpec, s: Strategy) -> Dims:
@@ -587,21 +588,31 @@ def backward_of(items: list[Item], d: Dims) -> list[Item]:
     return out
 
 
-def split_weight_grads(items: list[Item]) -> tuple[list[Item], list[Item]]:
+def split_weight_grads(items: list[Item], *, regather: bool = False
+                       ) -> tuple[list[Item], list[Item]]:
     """A backward list as ZB-H1's B and W passes (Qi et al. 2024 §2: the backward of a linear
     layer is the input gradient, which the layer below waits for, and the weight gradient,
     which nothing in the pass needs): (the list without its weight-gradient GEMMs, those
     GEMMs in order). A collective that ran beside a weight-gradient GEMM has nothing to run
     beside in B and blocks there (its result is the next op's input). The norms' weight
     gradients stay in their fused backward kernels and the embedding's backward in B (a
-    scatter-add on the first stage, whose B is last in its pipeline anyway)."""
+    scatter-add on the first stage, whose B is last in its pipeline anyway). ``regather``
+    (``Strategy.zb_w_regather``, under SP): a column-parallel GEMM's input all-gather, which
+    ran beside its data-gradient GEMM only to have the input ready for the weight gradient,
+    moves to the W pass, blocking before that GEMM."""
     b: list[Item] = []
     w: list[Item] = []
+    wgrads = {it.name.removesuffix("_wgrad") for it in items if it.name.endswith("_wgrad")}
+    moved: dict[str, Comm] = {}
     for it in items:
-        if isinstance(it, Op) and it.name.endswith("_wgrad"):
+        if regather and isinstance(it, Comm) and it.name.endswith("_in_ag") and (
+                it.name.removesuffix("_in_ag") in wgrads):
+            moved[it.name.removesuffix("_in_ag")] = dataclasses.replace(it, overlapped=False)
+        elif isinstance(it, Op) and it.name.endswith("_wgrad"):
             if b and isinstance(b[-1], Comm) and b[-1].overlapped:
                 b[-1] = dataclasses.replace(b[-1], overlapped=False)
-            w.append(it)
+            gather = moved.pop(it.name.removesuffix("_wgrad"), None)
+            w += [gather, it] if gather else [it]
         else:
             b.append(it)
     return b, w
@@ -612,9 +623,18 @@ def weight_grad_operand_bytes(items: list[Item]) -> int:
     GEMM's two operands, dW = Xᵀ·dY, the input X as the GEMM reads it (gathered over the
     sequence under SP) and the output gradient dY — the tensors the ZB implementations'
     weight-gradient queue holds (``WeightGradStore.put(total_input, grad_output, …)``): a
-    GEMM's bytes less the weight gradient it writes."""
-    return sum(it.bytes - it.groups * it.m * it.n * ACT_BYTES for it in items
-               if isinstance(it, Op))
+    GEMM's bytes less the weight gradient it writes. A GEMM whose input the W pass gathers
+    again (``split_weight_grads``' ``regather``) keeps its shard: the gather's bytes."""
+    out, gather = 0, 0
+    for it in items:
+        if isinstance(it, Comm):
+            gather = it.size_bytes if it.coll == "ALL_GATHER" else 0
+            continue
+        out += it.bytes - it.groups * it.m * it.n * ACT_BYTES
+        if gather:  # (the input Xᵀ is the GEMM's m × k operand)
+            out += gather - it.m * it.k * DTYPE_BYTES[it.dtype]
+        gather = 0
+    return out
 
 
 def _dkv_return(ring: Comm, d: Dims) -> Comm:

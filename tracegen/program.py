@@ -487,7 +487,8 @@ class RoleProgram:
     def _split(self, block: ParamBlock) -> tuple[list[O.Item], list[O.Item]]:
         got = self._splits.get(block.name)
         if got is None:
-            got = self._splits[block.name] = O.split_weight_grads(self._bwd_items(block))
+            got = self._splits[block.name] = O.split_weight_grads(
+                self._bwd_items(block), regather=self.s.zb_w_regather)
         return got
 
     @functools.cached_property

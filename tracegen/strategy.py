@@ -93,6 +93,10 @@ class Strategy:
     # its compute (at most two blocks gathered); off, each block's gathers block the compute
     # chain (tracegen/program.py; DESIGN.md, "ZeRO-3 gathers block the compute chain").
     zero3_prefetch: bool = False
+    # ZB-H1 with sequence parallelism: each W pass gathers the column-parallel GEMMs' inputs
+    # again over the TP group instead of keeping them gathered from B (less memory, one more
+    # all-gather per GEMM on the W pass's critical path)
+    zb_w_regather: bool = False
     # Megatron-Core's --account-for-embedding-in-pipeline-split / --account-for-loss-in-
     # pipeline-split: the embedding (the loss) counts as one layer where the layers are split
     # over the pp · vpp model chunks, so the first (last) chunk holds one layer fewer than the
@@ -513,6 +517,9 @@ def _zb_problems(s: Strategy) -> list[str]:
         out.append("zb_h1 is modelled with ZeRO 0-2 (ZeRO-3 reduce-scatters each block's "
                    "gradients in every backward, before a deferred W pass has made them); set "
                    "zero_stage ≤ 2 or use schedule '1f1b'")
+    if s.zb_w_regather and not s.sequence_parallel:
+        out.append("zb_w_regather needs sequence_parallel = true (without it a GEMM's input is "
+                   "whole on every TP rank: nothing to gather again); set it to false")
     if s.tp_comm_overlap:
         out.append("zb_h1 is modelled without tp_comm_overlap (Transformer Engine overlaps "
                    "the backward's reduce-scatter with the weight-gradient GEMM that ZB-H1 "
@@ -539,6 +546,9 @@ def _schedule_problems(s: Strategy) -> list[str]:
             out += _group_problems(s)
     elif s.schedule == "zb_h1":
         out += _zb_problems(s)
+    if s.zb_w_regather and s.schedule != "zb_h1":
+        out.append(f"zb_w_regather needs schedule 'zb_h1' (it is where ZB-H1's W passes get "
+                   f"their inputs), got {s.schedule!r}; set it to false")
     if s.schedule != "interleaved_1f1b" and s.microbatch_group_size:
         out.append(f"microbatch_group_size needs schedule 'interleaved_1f1b' (it groups the "
                    f"micro-batches of an interleaved schedule), got {s.schedule!r}; set it "
