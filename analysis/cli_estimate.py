@@ -223,8 +223,12 @@ def _fit_hint_lines(g: Glance, s: Strategy) -> list[str]:
     lines = [f"it fits with {what} ({flags}): {hint['peak_memory_GiB']:.1f} GiB, "
              f"{hint['step_time_s']:.4f} s a step"
              for hint, what, flags, _ in fit_advice(g.fit_hint, g.shard_hint, s)]
-    return lines or ["neither recomputation nor ZeRO sharding makes it fit: shard more (tp, pp)"
-                     + (" or lower the micro-batch" if s.micro_batch_size > 1 else "")]
+    flags = {"zb_w_regather": "--zb-w-regather", "1f1b": "--schedule 1f1b"}
+    zb = [f"with {flags[name]}: {h['peak_memory_GiB']:.1f} GiB "
+          f"({'fits' if h['fits'] else 'does not fit'}), {h['step_time_s']:.4f} s a step"
+          for name, h in (g.zb_hint or {}).items()]
+    return (lines or ["neither recomputation nor ZeRO sharding makes it fit: shard more (tp, pp)"
+                      + (" or lower the micro-batch" if s.micro_batch_size > 1 else "")]) + zb
 
 
 def _split_words(s: Strategy) -> str:

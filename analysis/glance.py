@@ -62,6 +62,8 @@ class Glance:
     # where it does not fit: the sharding that fits (``analysis.shard_hint``), with the
     # recomputation it needs where neither alone fits
     shard_hint: dict[str, Any] | None = None
+    # ZB-H1 that does not fit: what its W passes' alternatives need (``zb_hint``)
+    zb_hint: dict[str, dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
@@ -99,7 +101,27 @@ def glance(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str)
                   rates["hfu"], est.peak_memory_GiB, system.gpu.hbm_bytes / GiB, est.fits,
                   _stages(model, s, system, est), lost, recompute,
                   instances_hint(model, s, system, est.step_time_s) if est.fits else None,
-                  shard)
+                  shard, zb_hint(model, s, system) if not est.fits else None)
+
+
+def zb_hint(model: ModelSpec, s: Strategy, system: SystemSpec
+            ) -> dict[str, dict[str, Any]] | None:
+    """For a ZB-H1 strategy: the step and memory of the same strategy with its W passes
+    gathering their inputs again ("zb_w_regather", where SP runs and it does not already) and
+    under 1F1B ("1f1b") — the deferred W passes' operands are what ZB-H1 adds to memory
+    (DESIGN.md, "Zero-bubble ZB-H1"). None for other schedules."""
+    if s.schedule != "zb_h1":
+        return None
+    alternatives = {"1f1b": dataclasses.replace(s, schedule="1f1b", zb_w_regather=False)}
+    if s.sequence_parallel and not s.zb_w_regather:
+        alternatives = {"zb_w_regather": dataclasses.replace(s, zb_w_regather=True),
+                        **alternatives}
+    out = {}
+    for name, alt in alternatives.items():
+        est = estimate(model, alt, system)
+        out[name] = {"step_time_s": est.step_time_s, "peak_memory_GiB": est.peak_memory_GiB,
+                     "fits": est.fits}
+    return out
 
 
 # the least share of a step several optimizer instances must save to be suggested

@@ -337,3 +337,30 @@ def test_the_fast_paths_memory_is_the_trace_sets(kw: dict[str, object]) -> None:
         summary = generate(model, s, tmp)
     manifest = max(st.memory.total_bytes for st in summary.stages) / 2**30
     assert estimate(model, s, SYSTEM).peak_memory_GiB == pytest.approx(manifest, rel=1e-12)
+
+
+def test_a_zb_h1_that_does_not_fit_is_told_its_alternatives() -> None:
+    """``estimate`` of a ZB-H1 strategy over the GPU's memory names what W regathering and
+    1F1B would need (``glance.zb_hint``: the same strategy estimated each way) — Llama 3 70B
+    at tp 8 with SP, micro-batch 2, where the deferred W passes' operands do not fit."""
+    from analysis.glance import glance
+    from tests.test_cli import run
+
+    args = ["--model", "llama3-70b", "--gpus", "1024", "--tp", "8", "--pp", "4", "--sp",
+            "--mbs", "2", "--gbs", "1024", "--zero", "1", "--system", "dgx-h100",
+            "--schedule", "zb_h1"]
+    s = Strategy(tp=8, pp=4, dp=32, sequence_parallel=True, micro_batch_size=2,
+                 global_batch_size=1024, zero_stage=1, schedule="zb_h1")
+    g = glance("llama3-70b", s, "dgx-h100")
+    assert not g.fits and g.zb_hint is not None and list(g.zb_hint) == ["zb_w_regather", "1f1b"]
+    for name, alt in (("zb_w_regather", dataclasses.replace(s, zb_w_regather=True)),
+                      ("1f1b", dataclasses.replace(s, schedule="1f1b"))):
+        est = estimate("llama3-70b", alt, "dgx-h100")
+        assert g.zb_hint[name] == {"step_time_s": est.step_time_s,
+                                   "peak_memory_GiB": est.peak_memory_GiB, "fits": est.fits}
+    assert g.zb_hint["1f1b"]["fits"] and not g.zb_hint["zb_w_regather"]["fits"]
+    out = run("estimate", *args).stdout
+    assert "with --zb-w-regather: 100.5 GiB (does not fit)" in out
+    assert "with --schedule 1f1b: 59.6 GiB (fits)" in out
+    assert glance("llama3-70b", dataclasses.replace(s, schedule="1f1b"),
+                  "dgx-h100").zb_hint is None
