@@ -16,18 +16,15 @@ from analysis.fastpath import estimate
 from analysis.study import study_from_dict
 from analysis.sweep import enumerate_space
 from replay import get_system, replay
-from tracegen import ConfigError, ModelSpec, Strategy, generate, memory
+
+# the fast path's toy models (h 256, 8 heads of 32, 4 KV heads, SwiGLU 512, 256 tokens; the
+# MoE one with 4 experts of 256, top 2) and its DGX H100
+from tests.test_fastpath import MODEL, MOE, SYSTEM
+from tracegen import ConfigError, Strategy, generate, memory
 from tracegen import ops as O
 from tracegen.memory import inflight_microbatches
 from tracegen.program import RoleProgram
 from tracegen.schedule import one_f_one_b, zb_h1
-
-MODEL = ModelSpec(name="zb", num_layers=8, hidden_size=256, num_attention_heads=8,
-                  num_kv_heads=4, ffn_hidden_size=512, vocab_size=1024, seq_len=256,
-                  activation="swiglu")
-MOE = dataclasses.replace(MODEL, name="zbmoe", num_experts=4, experts_per_token=2,
-                          moe_ffn_hidden_size=256)
-SYSTEM = get_system("dgx-h100")
 
 
 def _walk(orders: list[list[tuple[str, int, int]]], f: float, b: float, w: float) -> float:
