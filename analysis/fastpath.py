@@ -414,7 +414,7 @@ def _peak_memory_bytes(costs: Costs, stages: list[Stage], alike: bool) -> int:
     return max(memory_total_bytes(m, s, st, stages[st].total_params, act_per_layer=act,
                                   flash_attention=flash, layers=stages[st].layers,
                                   expert_params=stages[st].params[1][1],
-                                  w_hold=stages[st].w_hold)  # (read under ZB-H1 only)
+                                  hold_bytes=stages[st].w_hold_bytes)  # (read under ZB-H1)
                for st in candidates)
 
 

@@ -95,7 +95,7 @@ class Stage(NamedTuple):
     # keys, lives as long as the stage's
     w_view: Stage | None = None
     # ZB-H1: what one micro-batch's deferred W pass keeps (``memory.w_hold_bytes``)
-    w_hold: int = 0
+    w_hold_bytes: int = 0
 
 
 def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object, ...], ...],
@@ -172,7 +172,7 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
     if costs.zb:
         blocks = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
         stage = stage._replace(w_view=_w_view(costs, stage, blocks, rank, sig),
-                               w_hold=sum(count * O.weight_grad_operand_bytes(
+                               w_hold_bytes=sum(count * O.weight_grad_operand_bytes(
                                    costs.block_items(block, "w"))
                                    for chunk in blocks for block, count in chunk))
     if zero3 and costs.moe and not prefetch:  # the passes the two-stream walk steps through

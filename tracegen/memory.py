@@ -326,7 +326,7 @@ def tp_overlap_buffer_bytes(m: ModelSpec, s: Strategy) -> int:
 
 
 def _chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
-                       flash_attention: bool, w_hold: int | None = None) -> int:
+                       flash_attention: bool, hold_bytes: int | None = None) -> int:
     """Activations of a stage whose chunks hold unequal bytes: an interleaved end stage whose
     end chunk holds another number of layers than its other chunks (Llama 3's embedding-only
     first chunk), any stage of a pipeline layout, the stage with the MTP modules, or a stage
@@ -354,7 +354,7 @@ def _chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
         per_chunk.append(total)
     if m.mtp_layers and stage == s.mtp_chunk % s.pp:  # the chunk with the MTP modules
         per_chunk[s.mtp_chunk // s.pp] += mtp_activation_bytes(m, s, flash_attention)
-    hold = _w_hold(m, s, stage, w_hold) if s.schedule == "zb_h1" else 0
+    hold = _w_hold(m, s, stage, hold_bytes) if s.schedule == "zb_h1" else 0
     return int(_peak_chunk_load(s.order_id, s.num_microbatches, s.pp, s.vpp, stage,
                                 tuple(per_chunk), hold))
 
@@ -378,18 +378,18 @@ def mtp_activation_bytes(m: ModelSpec, s: Strategy, flash_attention: bool = True
 
 @functools.lru_cache(maxsize=4096)
 def _peak_chunk_load(order_id: str, m: int, p: int, v: int, stage: int,
-                     per_chunk: tuple[int, ...], w_hold: int = 0) -> int:
+                     per_chunk: tuple[int, ...], hold_bytes: int = 0) -> int:
     """The largest Σ in-flight micro-batches × ``per_chunk`` bytes over the stage's schedule
     (``schedule.stage_order``): activations are held from a forward to its backward; under
-    ZB-H1 a B pass frees them but for its W pass's operands, ``w_hold``, which the W frees."""
+    ZB-H1 a B pass frees them but for its W pass's operands, ``hold_bytes``, which the W frees."""
     peak = load = 0
     for phase, _, ch in stage_order(order_id, m=m, p=p, v=v, stage=stage):
         if phase == "F":
             load += per_chunk[ch]
         elif phase == "B":
-            load += (w_hold if order_id == "zb_h1" else 0) - per_chunk[ch]
+            load += (hold_bytes if order_id == "zb_h1" else 0) - per_chunk[ch]
         else:
-            load -= w_hold
+            load -= hold_bytes
         peak = max(peak, load)
     return peak
 
@@ -408,11 +408,11 @@ def estimate(m: ModelSpec, s: Strategy, stage: int, params_local: int,
 
 def total_bytes(m: ModelSpec, s: Strategy, stage: int, params_local: int, *, act_per_layer: int,
                 flash_attention: bool = True, layers: int | None = None,
-                expert_params: int = 0, w_hold: int | None = None) -> int:
+                expert_params: int = 0, hold_bytes: int | None = None) -> int:
     """``estimate(...).total_bytes`` without building the breakdown (screening many).
-    ``layers``: the stage's layer count where the caller has it; ``w_hold`` (ZB-H1) too."""
+    ``layers``: the stage's layer count where the caller has it; ``hold_bytes`` (ZB-H1) too."""
     return sum(_parts(m, s, stage, params_local, act_per_layer, flash_attention=flash_attention,
-                      layers=layers, expert_params=expert_params, w_hold=w_hold))
+                      layers=layers, expert_params=expert_params, hold_bytes=hold_bytes))
 
 
 def _sharded_bytes(s: Strategy, dense: int, expert: int, per_param: int) -> int:
@@ -474,8 +474,8 @@ def _w_hold(m: ModelSpec, s: Strategy, stage: int, given: int | None) -> int:
 
 def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *,
            flash_attention: bool, layers: int | None = None, expert_params: int = 0,
-           w_hold: int | None = None) -> tuple[int, int, int, int, int, int, int, int]:
-    """The fields of ``MemoryEstimate`` in order. ``w_hold``: ZB-H1's ``w_hold_bytes`` where
+           hold_bytes: int | None = None) -> tuple[int, int, int, int, int, int, int, int]:
+    """The fields of ``MemoryEstimate`` in order. ``hold_bytes``: ZB-H1's ``w_hold_bytes`` where
     the caller has it (read only under ZB-H1)."""
     grads = params_local * grad_reduce_bytes(s)
     optim = params_local * OPTIM_BYTES
@@ -511,7 +511,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
     if (s.vpp > 1 and s.uneven and stage in (0, s.pp - 1)) or s.pipeline_layout or (
             m.first_dense_layers and _holds_dense(m, s, stage)) or (
             m.mtp_layers and stage == s.mtp_chunk % s.pp):
-        activations = _chunk_activations(m, s, stage, act, flash_attention, w_hold)
+        activations = _chunk_activations(m, s, stage, act, flash_attention, hold_bytes)
     else:
         if layers is None:
             layers = s.stage_layers(m.num_layers, stage)
@@ -525,7 +525,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
         activations = int(per_mb * inflight_microbatches(s, stage))
         if s.schedule == "zb_h1":  # deferred W passes keep their GEMMs' operands instead
             activations = _peak_chunk_load(s.order_id, s.num_microbatches, s.pp, 1, stage,
-                                           (per_mb,), _w_hold(m, s, stage, w_hold))
+                                           (per_mb,), _w_hold(m, s, stage, hold_bytes))
     logits = 0
     if stage == s.pp - 1:
         tokens = s.micro_batch_size * m.seq_len // s.cp
