@@ -8,6 +8,7 @@ cold, so they share less than one process does)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import itertools
 import multiprocessing
 import os
@@ -102,6 +103,11 @@ def main() -> None:
     print(f"  with interleaved 1F1B (vpp 2) as the default sweep space has it: {len(mixed)} "
           f"strategies ({n_int} interleaved), {statistics.median(rates):,.0f} strategies/s "
           "median of 3")
+    # a space searching schedules: each pipelined strategy ZB-H1 can run, as ZB-H1 too
+    zb = [dataclasses.replace(s, schedule="zb_h1") for s in cands if s.pp > 1]
+    rates = gc_paused(rate)(model, system, zb, 3)
+    print(f"  ZB-H1 (its passes walked, 3·m·p steps): the {len(zb)} pipelined strategies as "
+          f"ZB-H1, {statistics.median(rates):,.0f} strategies/s median of 3")
 
 
 if __name__ == "__main__":
