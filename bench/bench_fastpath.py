@@ -106,7 +106,8 @@ def main() -> None:
     # a space searching schedules: each pipelined strategy ZB-H1 can run, as ZB-H1 too
     zb = [dataclasses.replace(s, schedule="zb_h1") for s in cands if s.pp > 1]
     rates = gc_paused(rate)(model, system, zb, 3)
-    print(f"  ZB-H1 (its passes walked, 3·m·p steps): the {len(zb)} pipelined strategies as "
+    print(f"  ZB-H1 (walked, from 4p micro-batches on to a steady round and extrapolated): the "
+          f"{len(zb)} pipelined strategies as "
           f"ZB-H1, {statistics.median(rates):,.0f} strategies/s median of 3")
 
 

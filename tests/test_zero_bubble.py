@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from analysis.compare import evaluate_strategy
 from analysis.fastpath import estimate
+from analysis.pipeline_walk import zb_h1_rate, zero_bubble
 from analysis.study import study_from_dict
 from analysis.sweep import enumerate_space
 from replay import get_system, replay
@@ -27,13 +28,17 @@ from tracegen.program import RoleProgram
 from tracegen.schedule import one_f_one_b, zb_h1
 
 
-def _walk(orders: list[list[tuple[str, int, int]]], f: float, b: float, w: float) -> float:
-    """The makespan of per-stage orders of passes of equal stages (no sends): a forward waits
-    for the previous stage's, a B for the next stage's, a W for nothing but its stage."""
+def _walk(orders: list[list[tuple[str, int, int]]], f: float | list[int], b: float | list[int],
+          w: float | list[int], c: list[int] | None = None) -> list[float]:
+    """Each stage's end for per-stage orders of passes (costs per stage, or one for all;
+    ``c``: the send after each stage, none where not given): a forward waits for the previous
+    stage's and one send, a B for the next stage's and one send, a W for nothing but its
+    stage — pass by pass, as the schedule says and nothing else."""
     p = len(orders)
+    cost = {ph: x if isinstance(x, list) else [x] * p for ph, x in zip("FBW", (f, b, w), strict=True)}
+    sends = c or [0] * p
     end: dict[tuple[str, int, int], float] = {}
     pos, clock = [0] * p, [0.0] * p
-    cost = {"F": f, "B": b, "W": w}
     while any(pos[s] < len(orders[s]) for s in range(p)):
         for s in range(p):
             while pos[s] < len(orders[s]):
@@ -42,10 +47,11 @@ def _walk(orders: list[list[tuple[str, int, int]]], f: float, b: float, w: float
                        ("B", j, s + 1) if ph == "B" and s < p - 1 else None)
                 if dep is not None and dep not in end:
                     break
-                clock[s] = max(clock[s], end.get(dep, 0.0) if dep else 0.0) + cost[ph]
+                ready = end[dep] + sends[s - 1 if ph == "F" else s] if dep else 0.0
+                clock[s] = max(clock[s], ready) + cost[ph][s]
                 end[ph, j, s] = clock[s]
                 pos[s] += 1
-    return max(clock)
+    return clock
 
 
 def test_the_order_of_the_authors_schedule() -> None:
@@ -82,12 +88,62 @@ def test_every_pass_once_in_order_with_at_most_p_in_flight(m: int, p: int,
 def test_the_bubble_is_the_papers(p: int, m: int) -> None:
     """Equal stages, F = B = W: 1F1B's bubble is (p − 1)(F + B + W), ZB-H1's (p − 1)(F + B −
     W) (Qi et al. 2024 §3.1): the walks of the two orders take exactly that."""
-    zb = _walk([zb_h1(m, p, s) for s in range(p)], 1.0, 1.0, 1.0)
+    zb = max(_walk([zb_h1(m, p, s) for s in range(p)], 1.0, 1.0, 1.0))
     fused = [[("B" if ph == "B" else ph, j, c) for ph, j, c in one_f_one_b(m, p, s)]
              for s in range(p)]
-    one = _walk(fused, 1.0, 2.0, 0.0)  # 1F1B: each backward is B and W together
+    one = max(_walk(fused, 1.0, 2.0, 0.0))  # 1F1B: each backward is B and W together
     assert one == m * 3 + (p - 1) * 3
     assert zb == m * 3 + (p - 1) * 1
+
+
+_COSTS = st.lists(st.integers(0, 400), min_size=1, max_size=10)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), p=st.integers(1, 10), rounds=st.integers(0, 20), r=st.integers(0, 9),
+       equal=st.booleans())
+@example(data=None, p=4, rounds=10, r=0, equal=True)  # a transient of two rounds
+def test_the_fast_paths_walk_is_the_schedules(data: st.DataObject | None, p: int, rounds: int,
+                                              r: int, equal: bool) -> None:
+    """``pipeline_walk.zero_bubble`` (W passes riding on the pass before them, and from 4p
+    micro-batches on the shortcut at ``zb_h1_rate``) gives each stage's end exactly as
+    walking every pass of the schedule does, for any costs and sends: stages alike but for
+    the ends (as a model's are) or each its own."""
+    m = rounds * p + r % p + 1
+    if data is None:  # the example: equal stages whose first round is still a transient
+        f, b, w, c = [185] * p, [370] * p, [370] * p, [45, 0, 8, 0]
+    else:
+        def costs(lo: int, hi: int) -> list[int]:
+            if equal:  # alike middle stages, their own first and last
+                first, mid, last = (data.draw(st.integers(lo, hi)) for _ in range(3))
+                return ([first] + [mid] * (p - 2) + [last])[-p:] if p > 1 else [mid]
+            return data.draw(st.lists(st.integers(lo, hi), min_size=p, max_size=p))
+        f, b, w = costs(1, 300), costs(1, 600), costs(0, 400)
+        c = data.draw(st.lists(st.sampled_from([0, 7, 60, 900, 2500]), min_size=p,
+                               max_size=p))
+    want = _walk([zb_h1(m, p, s) for s in range(p)], f, b, w, c)
+    assert zero_bubble(m, f, b, w, c) == want
+
+
+@pytest.mark.parametrize(("f", "b", "w", "c", "rate"), [
+    ([1, 1, 1], [1, 1, 1], [1, 1, 1], [0, 0, 0], (3, 1)),  # each stage's F + B + W
+    ([1, 1, 5], [2, 2, 9], [1, 1, 0], [0, 0, 0], (14, 1)),  # the slowest stage's
+    # a send of 10 from stage 0: the round trip through stage 1 and back, F₀ F₁ B₁ B₀ + W₀ +
+    # 2·10, over two micro-batches (through stage 2 it is 30 over three)
+    ([1, 1, 1], [2, 2, 2], [1, 1, 1], [10, 0, 0], (27, 2)),
+])
+def test_the_steady_rate_is_the_slowest_cycles(f: list[int], b: list[int], w: list[int],
+                                              c: list[int], rate: tuple[int, int]) -> None:
+    """ZB-H1's steady time per micro-batch (``zb_h1_rate``, W / A): the slowest of each stage's
+    F + B + W and the round trips; and every stage's end moves by A·p·W/A per further A rounds
+    of p micro-batches once steady (not by p·W/A each round: with sends the round trip of two
+    micro-batches on three stages adds 31 and 50 in turn)."""
+    got = zb_h1_rate(f, b, w, c)
+    assert got[0] * rate[1] == rate[0] * got[1]
+    p, a = len(f), got[1]
+    ends = [_walk([zb_h1(m, p, s) for s in range(p)], f, b, w, c)
+            for m in (12 * p, (12 + a) * p)]
+    assert all(y - x == p * got[0] for x, y in zip(*ends, strict=True))
 
 
 def _trace_nodes(s: Strategy) -> list[tuple[int, list[str]]]:
