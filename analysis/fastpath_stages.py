@@ -102,40 +102,85 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
                  rank: int, sig: int) -> Stage:
     """Per chunk: forward and backward ns of one micro-batch, and the backward runs of blocks
     with their durations for the gradient buckets."""
-    zero3 = costs.s.zero_stage == 3
-    prefetch = zero3 and costs.s.zero3_prefetch
+    stage = (_zero3_stage(costs, gcis, chunks, rank, sig) if costs.s.zero_stage == 3 else
+             _plain_stage(costs, gcis, chunks, rank, sig))
+    if costs.zb:
+        blocks = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
+        stage = stage._replace(w_view=_w_view(costs, stage, blocks, rank, sig),
+                               w_hold_bytes=sum(count * O.weight_grad_operand_bytes(
+                                   costs.block_items(block, "w"))
+                                   for chunk in blocks for block, count in chunk))
+    return stage
+
+
+def _plain_stage(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object, ...], ...],
+                 rank: int, sig: int) -> Stage:
+    """``stage_costs`` without ZeRO-3: no gathers or scatters in the passes (the screening
+    common case, spelled out: it has none of ``_zero3_stage``'s per-chunk terms to find)."""
+    fwd, bwd, runs_bwd, phi, phi_f = [], [], [], [], []
+    dense = expert = layers = 0
+    for gci, key in zip(gcis, chunks, strict=True):
+        f, b, busy_f, busy_b, runs, d, e, n = _chunk_sums(costs, costs.chunk_runs(gci, key),
+                                                          rank, sig)
+        dense, expert, layers = dense + d, expert + e, layers + n
+        fwd.append(f)
+        bwd.append(b)
+        runs_bwd.append(runs)
+        phi.append(busy_b)
+        phi_f.append(busy_f)
+    zeros = (0,) * len(gcis)
+    return Stage(tuple(fwd), tuple(bwd), tuple(runs_bwd), zeros, zeros, zeros,
+                 (("dp", dense), ("edp", expert)), sum(fwd) / NS_PER_S, sum(bwd) / NS_PER_S,
+                 dense + expert, layers, tuple(phi), zeros, tuple(phi_f))
+
+
+def _chunk_sums(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: int, sig: int
+                ) -> tuple[int, int, float, float, tuple[BlockRun, ...], int, int, int]:
+    """One chunk's blocks summed: (forward ns, backward ns, the share of each that is compute
+    on the critical path — forward, backward —, the backward's runs of blocks in backward
+    order, dense and expert parameters, transformer layers)."""
+    f = b = u = uf = dense = expert = layers = 0
+    runs = []
+    for block, count in chunk:
+        bf, bb, uff, ub, share = costs.block(block, rank, sig)
+        f += count * bf
+        b += count * bb
+        u += count * ub
+        uf += count * uff
+        runs.append((block, bb, count, share))
+        dense += count * block.dense
+        expert += count * block.expert
+        if block.is_layer:
+            layers += count
+    return (f, b, uf / f if f else 0.0, u / b if b else 0.0, tuple(runs[::-1]), dense, expert,
+            layers)
+
+
+def _zero3_stage(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object, ...], ...],
+                 rank: int, sig: int) -> Stage:
+    """``stage_costs`` under ZeRO-3: the gathers and scatters each chunk's passes run, blocking
+    or prefetched, and with several instances (HSDP) the cross-instance terms."""
+    prefetch = costs.s.zero3_prefetch
     fwd, bwd, runs_bwd, early_f, early_b, late_b = [], [], [], [], [], []
     overlap_b: list[int] = []
-    hsdp = zero3 and costs.s.dist_opt_instances > 1
+    hsdp = costs.s.dist_opt_instances > 1
     outer: list[tuple[int, int, int]] = []
     first: list[tuple[int, int]] = []  # HFSDP's first forwards
     hfsdp = hsdp and costs.s.hfsdp
     after_tail: list[tuple[int, int]] = []
     phi: list[float] = []  # the share of compute in a backward: it slows buckets (``dp_tails``)
     phi_f: list[float] = []  # and in a forward
-    params = {"dp": 0, "edp": 0}
-    layers = 0
+    dense = expert = layers = 0
     for gci, key in zip(gcis, chunks, strict=True):
-        f = b = u = uf = 0
-        runs = []
         chunk = costs.chunk_runs(gci, key)
-        for block, count in chunk:
-            bf, bb, uff, ub, share = costs.block(block, rank, sig)
-            f += count * bf
-            b += count * bb
-            u += count * ub
-            uf += count * uff
-            runs.append((block, bb, count, share))
-            params["dp"] += count * block.dense
-            params["edp"] += count * block.expert
-            if block.is_layer:
-                layers += count
-        runs_bwd.append(tuple(runs[::-1]))
-        phi.append(u / b if b else 0.0)
-        phi_f.append(uf / f if f else 0.0)
+        f, b, busy_f, busy_b, runs, d, e, n = _chunk_sums(costs, chunk, rank, sig)
+        dense, expert, layers = dense + d, expert + e, layers + n
+        runs_bwd.append(runs)
+        phi.append(busy_b)
+        phi_f.append(busy_f)
         if hsdp:
             outer.append(_outer_pass(costs, chunk, rank, sig))
-        lead = _leading(costs, chunk, rank, sig) if zero3 and not prefetch else ()
+        lead = _leading(costs, chunk, rank, sig) if not prefetch else ()
         if hfsdp and not prefetch:  # each block's outer gather blocks the chain too
             gathers = [count * _outer_gather_ns(costs, block, rank) for block, count in chunk]
             first.append((sum(_outer_gather_ns(costs, block, rank)
@@ -155,27 +200,20 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
         fwd.append(f)
         bwd.append(b)
         early_f.append(sum(_zero3_ns(costs, block, rank, "ALL_GATHER") for block in lead))
-        early_b.append(_zero3_ns(costs, chunk[-1][0], rank, "ALL_GATHER") if zero3 else 0)
+        early_b.append(_zero3_ns(costs, chunk[-1][0], rank, "ALL_GATHER"))
         # the dense and expert reduce-scatters run on their own groups' streams, side by side
-        late_b.append(max(zero3_axes(costs, chunk[0][0], rank, "REDUCE_SCATTER")) if zero3
-                      else 0)
-        overlap_b.append(_trailing_overlap(costs, chunk, rank, sig) if zero3 else 0)
+        late_b.append(max(zero3_axes(costs, chunk[0][0], rank, "REDUCE_SCATTER")))
+        overlap_b.append(_trailing_overlap(costs, chunk, rank, sig))
     stage = Stage(tuple(fwd), tuple(bwd), tuple(runs_bwd), tuple(early_f), tuple(early_b),
                    tuple(late_b),
-                   tuple(params.items()), sum(fwd) / NS_PER_S, sum(bwd) / NS_PER_S,
-                   params["dp"] + params["edp"], layers, tuple(phi), tuple(overlap_b),
+                   (("dp", dense), ("edp", expert)), sum(fwd) / NS_PER_S, sum(bwd) / NS_PER_S,
+                   dense + expert, layers, tuple(phi), tuple(overlap_b),
                    tuple(phi_f))
     if prefetch:
         stage = stage._replace(after_tail_b=tuple(after_tail))
     if hsdp:
         stage = stage._replace(outer_b=tuple(outer), first_f=tuple(first))
-    if costs.zb:
-        blocks = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
-        stage = stage._replace(w_view=_w_view(costs, stage, blocks, rank, sig),
-                               w_hold_bytes=sum(count * O.weight_grad_operand_bytes(
-                                   costs.block_items(block, "w"))
-                                   for chunk in blocks for block, count in chunk))
-    if zero3 and costs.moe and not prefetch:  # the passes the two-stream walk steps through
+    if costs.moe and not prefetch:  # the passes the two-stream walk steps through
         blocks = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
         stage = stage._replace(
             z3_f=tuple(_zero3_runs(costs, b, rank, sig, backward=False) for b in blocks),
