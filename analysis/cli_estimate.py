@@ -223,7 +223,8 @@ def _fit_hint_lines(g: Glance, s: Strategy) -> list[str]:
     lines = [f"it fits with {what} ({flags}): {hint['peak_memory_GiB']:.1f} GiB, "
              f"{hint['step_time_s']:.4f} s a step"
              for hint, what, flags, _ in fit_advice(g.fit_hint, g.shard_hint, s)]
-    flags = {"zb_w_regather": "--zb-w-regather", "1f1b": "--schedule 1f1b"}
+    flags = {"zb_w_regather": "--zb-w-regather",
+             "1f1b": "--schedule 1f1b" + (" --vpp 1" if s.v_shape else "")}
     zb = [f"with {flags[name]}: {h['peak_memory_GiB']:.1f} GiB "
           f"({'fits' if h['fits'] else 'does not fit'}), {h['step_time_s']:.4f} s a step"
           for name, h in (g.zb_hint or {}).items()]

@@ -41,6 +41,7 @@ from analysis.pipeline_walk import (
     plain_tails,
     span_ns,
     zero_bubble,
+    zero_bubble_v,
 )
 from replay.hardware import SystemSpec, resolve_system
 from tracegen import ops as O
@@ -143,19 +144,27 @@ def estimate(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | st
 
 def _zero_bubble(costs: Costs, stages: list[Stage], reps: list[int], c: list[int],
                  alike: bool, hbm_bytes: int) -> FastEstimate:
-    """ZB-H1: its passes walked (``pipeline_walk.zero_bubble``; ``Stage.bwd`` is then the B
-    pass); each stage's gradient buckets drain beside its last W pass (``Stage.w_view``),
-    which no other stage waits for, so no stage's tail moves another's end."""
+    """ZB-H1 and ZB-V: their passes walked (``pipeline_walk.zero_bubble``, ``zero_bubble_v``;
+    ``Stage.bwd`` is then the B pass); each stage's gradient buckets drain beside each chunk's
+    last W pass (``Stage.w_view``), which no other stage waits for, so no stage's tail moves
+    another's end."""
     s = costs.s
     views = [x.w_view for x in stages if x.w_view is not None]
     assert len(views) == s.pp  # (``stage_costs`` sets each where the costs are ZB-H1's)
-    ends = zero_bubble(s.num_microbatches, [x.fwd[0] for x in stages],
-                       [x.bwd[0] for x in stages], [v.bwd[0] for v in views], c)
-    if s.overlap_param_gather and s.zero_stage in (1, 2):
-        held = _param_gather_delay(costs, stages, reps, c, alike)
-        ends = [e + held for e in ends]
-    finish = tails_ns(costs, views, reps, ends, [[e] for e in ends], range(s.pp), waits=False)
-    peak = _peak_memory_bytes(costs, stages, alike)
+    chunk_ends: Sequence[Sequence[int]]
+    if s.v_shape:  # ZB-V: two chunks a stage (``zero_bubble_v``)
+        ends, chunk_ends = zero_bubble_v(s.num_microbatches, [x.fwd for x in stages],
+                                         [x.bwd for x in stages], [v.bwd for v in views], c)
+    else:
+        ends = zero_bubble(s.num_microbatches, [x.fwd[0] for x in stages],
+                           [x.bwd[0] for x in stages], [v.bwd[0] for v in views], c)
+        if s.overlap_param_gather and s.zero_stage in (1, 2):
+            held = _param_gather_delay(costs, stages, reps, c, alike)
+            ends = [e + held for e in ends]
+        chunk_ends = [[e] for e in ends]
+    finish = tails_ns(costs, views, reps, ends, chunk_ends, range(s.pp), waits=False)
+    # (a V's stages hold different counts of its two chunks in flight: each is looked at)
+    peak = _peak_memory_bytes(costs, stages, alike and not s.v_shape)
     return FastEstimate(finish / NS_PER_S, max(ends) / NS_PER_S, peak / GiB, peak <= hbm_bytes,
                         tuple(map(_FWD_S, stages)),
                         tuple(x.bwd_s + v.bwd_s for x, v in zip(stages, views, strict=True)))
@@ -490,7 +499,7 @@ def _gather_timeline(costs: Costs, st: int, rank: int
     got = costs.ctx.gathers.get(key)
     if got is not None:
         return got
-    blocks = [costs.prog.blocks_of_chunk(ch * s.pp + st, labels=False) for ch in range(s.vpp)]
+    blocks = [costs.prog.blocks_of_chunk(s.gci(st, ch), labels=False) for ch in range(s.vpp)]
     need = [[0] * len(own) for own in blocks]
     busy = []
     per_param = O.param_gather_bytes(s)

@@ -158,8 +158,8 @@ class Costs:
         self.lists_key = self.ctx.intern((self.ctx.model_id(model), O.op_key(s)))
         # the op list selective recompute runs again, by its modules (``list_ns``'s ``which``)
         self.recomputed = s.selective_modules if s.recompute == "selective" else ()
-        # ZB-H1: a block's backward is its B pass (``fastpath_stages._compute_ns``)
-        self.zb = s.schedule == "zb_h1"
+        # ZB-H1, ZB-V: a block's backward is its B pass (``fastpath_stages._compute_ns``)
+        self.zb = s.split_w
         self.key = self.ctx.intern((self.lists_key, self.zb, (s.recompute, s.recompute_num_layers)
                                     if s.recompute_num_layers else s.recompute
                                     if s.recompute_modules == "core_attn" else
@@ -242,7 +242,7 @@ class Costs:
             comp = (layers // n_chunks, stage == 0, stage == n_chunks - 1, n_chunks == 1)
             chunks: tuple[tuple[object, ...], ...] = (comp,)
         else:
-            gcis = (stage,) if s.vpp == 1 else tuple(ch * s.pp + stage for ch in range(s.vpp))
+            gcis = (stage,) if s.vpp == 1 else tuple(s.gci(stage, ch) for ch in range(s.vpp))
             sizes = self.chunk_sizes() if uneven else None
             comp = chunks = tuple([(sizes[g] if sizes else layers // n_chunks,
                                     g == 0, g == n_chunks - 1, n_chunks == 1,

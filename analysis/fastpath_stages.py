@@ -94,8 +94,9 @@ class Stage(NamedTuple):
     # rest this stage's (``_w_view``); kept here so that its identity, which the tails' memo
     # keys, lives as long as the stage's
     w_view: Stage | None = None
-    # ZB-H1: what one micro-batch's deferred W pass keeps (``memory.w_hold_bytes``)
-    w_hold_bytes: int = 0
+    # ZB-H1, ZB-V: what one micro-batch's deferred W pass keeps, per chunk
+    # (``memory.w_hold_bytes``)
+    w_hold_bytes: tuple[int, ...] = ()
 
 
 def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object, ...], ...],
@@ -107,9 +108,9 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
     if costs.zb:
         blocks = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
         stage = stage._replace(w_view=_w_view(costs, stage, blocks, rank, sig),
-                               w_hold_bytes=sum(count * O.weight_grad_operand_bytes(
-                                   costs.block_items(block, "w"))
-                                   for chunk in blocks for block, count in chunk))
+                               w_hold_bytes=tuple(sum(count * O.weight_grad_operand_bytes(
+                                   costs.block_items(block, "w")) for block, count in chunk)
+                                   for chunk in blocks))
     return stage
 
 

@@ -62,7 +62,7 @@ class Glance:
     # where it does not fit: the sharding that fits (``analysis.shard_hint``), with the
     # recomputation it needs where neither alone fits
     shard_hint: dict[str, Any] | None = None
-    # ZB-H1 that does not fit: what its W passes' alternatives need (``zb_hint``)
+    # ZB-H1 or ZB-V that does not fit: what its W passes' alternatives need (``zb_hint``)
     zb_hint: dict[str, dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -106,13 +106,14 @@ def glance(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str)
 
 def zb_hint(model: ModelSpec, s: Strategy, system: SystemSpec
             ) -> dict[str, dict[str, Any]] | None:
-    """For a ZB-H1 strategy: the step and memory of the same strategy with its W passes
-    gathering their inputs again ("zb_w_regather", where SP runs and it does not already) and
-    under 1F1B ("1f1b") — the deferred W passes' operands are what ZB-H1 adds to memory
-    (DESIGN.md, "Zero-bubble ZB-H1"). None for other schedules."""
-    if s.schedule != "zb_h1":
+    """For a ZB-H1 or ZB-V strategy: the step and memory of the same strategy with its W
+    passes gathering their inputs again ("zb_w_regather", where SP runs and it does not
+    already) and under 1F1B ("1f1b", one chunk a stage) — the deferred W passes' operands are
+    what the zero-bubble schedules add to memory (DESIGN.md, "Zero-bubble ZB-H1"). None for
+    other schedules."""
+    if not s.split_w:
         return None
-    alternatives = {"1f1b": dataclasses.replace(s, schedule="1f1b", zb_w_regather=False)}
+    alternatives = {"1f1b": dataclasses.replace(s, schedule="1f1b", vpp=1, zb_w_regather=False)}
     if s.sequence_parallel and not s.zb_w_regather:
         alternatives = {"zb_w_regather": dataclasses.replace(s, zb_w_regather=True),
                         **alternatives}

@@ -95,7 +95,7 @@ def _stage_blocks(costs: Costs, stage: int) -> dict[ParamBlock, int]:
     s = costs.s
     counts: dict[ParamBlock, int] = collections.Counter()
     for chunk in range(s.vpp):
-        for block, count in costs.prog.chunk_runs(chunk * s.pp + stage):
+        for block, count in costs.prog.chunk_runs(s.gci(stage, chunk)):
             counts[block] += count
     return dict(counts)
 

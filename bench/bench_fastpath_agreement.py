@@ -270,14 +270,21 @@ def fewer_microbatches(s: Strategy, rng: random.Random) -> Strategy:
 
 
 def zero_bubble(s: Strategy, rng: random.Random) -> Strategy:
-    """``--zb``: three in four strategies ZB-H1 can run (a pipeline without chunks, ZeRO 0-2,
-    no TP overlap) as ZB-H1, drawn, half of those with SP gathering the W passes' inputs
+    """``--zb``: three in four strategies ZB-H1 or ZB-V can run as that schedule, drawn — a
+    pipeline, ZeRO 0-2, no TP overlap; for ZB-H1 one chunk a stage, for ZB-V two, split
+    evenly (its strategies lose their overlapped parameter gathers and micro-batch group,
+    which it is not modelled with) — half of those with SP gathering the W passes' inputs
     again (``zb_w_regather``); the rest as drawn."""
-    if (s.vpp > 1 or s.pp < 2 or s.zero_stage == 3 or s.tp_comm_overlap
+    if (s.vpp > 2 or s.pp < 2 or s.zero_stage == 3 or s.tp_comm_overlap
             or rng.random() < 0.25):
         return s
-    return dataclasses.replace(s, schedule="zb_h1",
-                               zb_w_regather=s.sequence_parallel and rng.random() < 0.5)
+    regather = s.sequence_parallel and rng.random() < 0.5
+    if s.vpp == 1:
+        return dataclasses.replace(s, schedule="zb_h1", zb_w_regather=regather)
+    if s.uneven:
+        return s
+    return dataclasses.replace(s, schedule="zb_v", zb_w_regather=regather,
+                               overlap_param_gather=False, microbatch_group_size=0)
 
 
 def other_recompute(s: Strategy, layers: int, rng: random.Random) -> Strategy:
@@ -436,8 +443,8 @@ FLAGS = {
            "stream of its own",
     "few": "each draw without chunks with one or two micro-batches, where a step's one-off "
            "terms weigh most, from a stream of its own",
-    "zb": "three in four strategies ZB-H1 can run (a pipeline without chunks, ZeRO 0-2, no "
-          "TP overlap) as ZB-H1, from a stream of its own",
+    "zb": "three in four strategies ZB-H1 or ZB-V can run (a pipeline, ZeRO 0-2, no TP "
+          "overlap; ZB-V with two chunks a stage) as that schedule, from a stream of its own",
     "instances": "half the ZeRO ≥ 1 strategies of dense models with several distributed-"
                  "optimizer instances (a divisor of dp·cp), from a stream of its own",
 }
@@ -538,7 +545,8 @@ def main() -> None:
              if args.instances else "")
           + (f" ({sum(bool(re.search(r' m[12]( |$)', w)) for _, _, w in rows)} with one or "
              "two micro-batches)" if args.few else "")
-          + (f" ({sum(' zb_h1 ' in w for _, _, w in rows)} ZB-H1)" if args.zb else ""))
+          + (f" ({sum(' zb_h1 ' in w for _, _, w in rows)} ZB-H1, "
+             f"{sum(' zb_v ' in w for _, _, w in rows)} ZB-V)" if args.zb else ""))
     for e, model_name, what in sorted(rows, key=lambda r: -abs(r[0]))[:5]:
         print(f"  {e:+.2f}%  {model_name}  {what}")
 

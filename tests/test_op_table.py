@@ -51,7 +51,8 @@ def test_rows_add_up_to_the_fast_paths_stage_times(tp, pp, dp, cp, sp, overlap, 
     MoE models, every recompute, TP overlap, FP8, context parallelism, interleaving, uneven
     stages, MTP modules and ZeRO-3's gathers in the chain (not prefetched: those are timed by
     chunk, not block), on GPUs whose models take other branches (V100: unfused attention);
-    under ZB-H1 (``zb``) the B and W rows add up to the stage's B + W."""
+    under ZB-H1 and ZB-V (``zb``, with ``interleaved`` the V's two chunks a stage) the B and W
+    rows add up to the stage's B + W."""
     moe = ep > 0
     model = dataclasses.replace(MOE if moe else MODEL, tied_embeddings=tied, mtp_layers=mtp)
     if moe:
@@ -64,8 +65,8 @@ def test_rows_add_up_to_the_fast_paths_stage_times(tp, pp, dp, cp, sp, overlap, 
                      recompute=recompute, recompute_modules=modules if recompute == "selective"
                      else "core_attn", recompute_num_layers=rc_layers if recompute == "full"
                      else 0, vpp=2 if interleaved and pp > 1 else 1,
-                     schedule="interleaved_1f1b" if interleaved and pp > 1 else
-                     "zb_h1" if zb else "1f1b",
+                     schedule=("zb_v" if zb else "interleaved_1f1b") if interleaved and pp > 1
+                     else "zb_h1" if zb else "1f1b",
                      first_stage_layers=int(uneven and pp > 1),
                      last_stage_layers=int(uneven and pp > 1),
                      precision="fp8" if fp8 else "bf16", micro_batch_size=1,

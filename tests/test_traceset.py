@@ -26,6 +26,8 @@ CASES = {
     "moe-ep2-tp2-pp2": dict(tp=2, pp=2, dp=4, ep=2, sequence_parallel=True, zero_stage=1),
     "zb-h1-tp2-pp4-dp2": dict(tp=2, pp=4, dp=2, sequence_parallel=True, zero_stage=1,
                               schedule="zb_h1"),
+    "zb-v-tp2-pp4-dp2": dict(tp=2, pp=4, dp=2, vpp=2, sequence_parallel=True, zero_stage=1,
+                             schedule="zb_v"),
 }
 
 

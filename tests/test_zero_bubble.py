@@ -368,7 +368,7 @@ def test_the_last_stage_holds_its_deferred_ws_operands(m: int, recompute: str) -
     last = one.pp - 1
     held = RoleProgram(MODEL, one, last).stage_params()
     mem = {s.schedule: memory.estimate(MODEL, s, last, sum(held.values())) for s in (one, zb)}
-    w, m_b = memory.w_hold_bytes(MODEL, zb, last), mem["1f1b"].activations_bytes
+    (w,), m_b = memory.w_hold_bytes(MODEL, zb, last), mem["1f1b"].activations_bytes
     k = min(one.pp, m)
     assert mem["zb_h1"].activations_bytes == (k - 1) * w + max(m_b, w)
 

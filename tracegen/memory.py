@@ -227,7 +227,8 @@ def inflight_microbatches(s: Strategy, stage: int) -> float:
     micro-batch group of N (pp unless set) (p − i − 1)·2 + (v − 1)·N of them. GPipe: m.
     ZB-H1: min(p, m) on every stage (``schedule.zb_h1``: stage i's 1F1B count and the i
     micro-batches whose W it defers); the memory model charges the deferred ones what their W
-    passes keep instead (``w_hold_bytes``, ``_peak_chunk_load``).
+    passes keep instead (``w_hold_bytes``, ``_peak_chunk_load``). ZB-V: the peak of its order's
+    chunk passes between F and W, each half the stage.
     """
     m, p, v = s.num_microbatches, s.pp, s.vpp
     if s.schedule == "gpipe":
@@ -236,13 +237,15 @@ def inflight_microbatches(s: Strategy, stage: int) -> float:
         return float(min(p - stage, m))
     if s.schedule == "zb_h1":
         return float(min(p, m))
+    if s.v_shape:  # chunk passes from F to W at the peak of the order, two chunks a stage
+        return _peak_chunk_load(s.order_id, m, p, v, stage, (1, 1), (1, 1)) / v
     warm = min((p - stage - 1) * 2 + (v - 1) * (s.schedule_group or p) + 1, m * v)
     return warm / v
 
 
 def _holds_dense(m: ModelSpec, s: Strategy, stage: int) -> bool:
     """Whether a stage holds any of a MoE model's dense first layers."""
-    return any(m.dense_layers_in(s.chunk_layers(m.num_layers, ch * s.pp + stage))
+    return any(m.dense_layers_in(s.chunk_layers(m.num_layers, s.gci(stage, ch)))
                for ch in range(s.vpp))
 
 
@@ -253,8 +256,9 @@ def _vocab_copies(m: ModelSpec, s: Strategy, stage: int) -> int:
     n_chunks = s.pp * s.vpp
     out = 0
     for ch in range(s.vpp):
-        gci = ch * s.pp + stage
-        out += (gci == 0) + (gci == n_chunks - 1 and not (m.tied_embeddings and n_chunks == 1))
+        gci = s.gci(stage, ch)
+        out += (gci == 0) + (gci == n_chunks - 1 and not (m.tied_embeddings
+                                                         and s.head_stage == 0))
         if m.mtp_layers and gci == s.mtp_chunk and not m.tied_embeddings and (
                 embedding_partner(m, s) is not None):
             out += 1
@@ -279,7 +283,7 @@ def _holds_moe(m: ModelSpec, s: Strategy, stage: int) -> bool:
     if m.mtp_layers and stage == s.mtp_chunk % s.pp:
         return True
     for ch in range(s.vpp):
-        layers = s.chunk_layers(m.num_layers, ch * s.pp + stage)
+        layers = s.chunk_layers(m.num_layers, s.gci(stage, ch))
         if len(layers) > m.dense_layers_in(layers):
             return True
     return False
@@ -326,7 +330,7 @@ def tp_overlap_buffer_bytes(m: ModelSpec, s: Strategy) -> int:
 
 
 def _chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
-                       flash_attention: bool, hold_bytes: int | None = None) -> int:
+                       flash_attention: bool, hold_bytes: tuple[int, ...] | None = None) -> int:
     """Activations of a stage whose chunks hold unequal bytes: an interleaved end stage whose
     end chunk holds another number of layers than its other chunks (Llama 3's embedding-only
     first chunk), any stage of a pipeline layout, the stage with the MTP modules, or a stage
@@ -345,7 +349,7 @@ def _chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
                             if n else rc)
     per_chunk = []
     for ch in range(s.vpp):
-        layers = s.chunk_layers(m.num_layers, ch * s.pp + stage)
+        layers = s.chunk_layers(m.num_layers, s.gci(stage, ch))
         n_dense = m.dense_layers_in(layers)
         total = 0
         for i in range(len(layers)):
@@ -354,7 +358,7 @@ def _chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
         per_chunk.append(total)
     if m.mtp_layers and stage == s.mtp_chunk % s.pp:  # the chunk with the MTP modules
         per_chunk[s.mtp_chunk // s.pp] += mtp_activation_bytes(m, s, flash_attention)
-    hold = _w_hold(m, s, stage, hold_bytes) if s.schedule == "zb_h1" else 0
+    hold = _w_hold(m, s, stage, hold_bytes) if s.split_w else ()
     return int(_peak_chunk_load(s.order_id, s.num_microbatches, s.pp, s.vpp, stage,
                                 tuple(per_chunk), hold))
 
@@ -378,18 +382,19 @@ def mtp_activation_bytes(m: ModelSpec, s: Strategy, flash_attention: bool = True
 
 @functools.lru_cache(maxsize=4096)
 def _peak_chunk_load(order_id: str, m: int, p: int, v: int, stage: int,
-                     per_chunk: tuple[int, ...], hold_bytes: int = 0) -> int:
+                     per_chunk: tuple[int, ...], hold: tuple[int, ...] = ()) -> int:
     """The largest Σ in-flight micro-batches × ``per_chunk`` bytes over the stage's schedule
     (``schedule.stage_order``): activations are held from a forward to its backward; under
-    ZB-H1 a B pass frees them but for its W pass's operands, ``hold_bytes``, which the W frees."""
+    ZB-H1 and ZB-V a B pass frees them but for its W pass's operands, ``hold`` (per chunk),
+    which the W frees."""
     peak = load = 0
     for phase, _, ch in stage_order(order_id, m=m, p=p, v=v, stage=stage):
         if phase == "F":
             load += per_chunk[ch]
         elif phase == "B":
-            load += (hold_bytes if order_id == "zb_h1" else 0) - per_chunk[ch]
+            load += (hold[ch] if hold else 0) - per_chunk[ch]
         else:
-            load -= hold_bytes
+            load -= hold[ch]
         peak = max(peak, load)
     return peak
 
@@ -408,9 +413,10 @@ def estimate(m: ModelSpec, s: Strategy, stage: int, params_local: int,
 
 def total_bytes(m: ModelSpec, s: Strategy, stage: int, params_local: int, *, act_per_layer: int,
                 flash_attention: bool = True, layers: int | None = None,
-                expert_params: int = 0, hold_bytes: int | None = None) -> int:
+                expert_params: int = 0, hold_bytes: tuple[int, ...] | None = None) -> int:
     """``estimate(...).total_bytes`` without building the breakdown (screening many).
-    ``layers``: the stage's layer count where the caller has it; ``hold_bytes`` (ZB-H1) too."""
+    ``layers``: the stage's layer count where the caller has it; ``hold_bytes`` (ZB-H1, ZB-V:
+    per chunk) too."""
     return sum(_parts(m, s, stage, params_local, act_per_layer, flash_attention=flash_attention,
                       layers=layers, expert_params=expert_params, hold_bytes=hold_bytes))
 
@@ -438,7 +444,7 @@ def unit_params(m: ModelSpec, s: Strategy, stage: int) -> int:
     attn = (max(m.mla_up_params() // s.tp, m.mla_down_params()) if m.kv_lora_rank
             else h * (m.q_size + 2 * m.kv_size) // s.tp)
     unit = max(attn, experts * up * h * f // (s.etp if m.is_moe else s.tp))
-    if stage in (0, s.pp - 1) or stage == embedding_partner(m, s):  # (the MTP modules')
+    if stage in (0, s.head_stage) or stage == embedding_partner(m, s):  # (the MTP modules')
         unit = max(unit, m.vocab_size * h // s.tp)
     return unit
 
@@ -460,23 +466,26 @@ def transient_bytes(m: ModelSpec, s: Strategy, stage: int, *, flash_attention: b
     return out
 
 
-def w_hold_bytes(m: ModelSpec, s: Strategy, stage: int) -> int:
-    """ZB-H1: what one micro-batch's deferred W pass keeps on ``stage`` after its B pass frees
-    the rest (``ops.weight_grad_operand_bytes`` over the stage's blocks)."""
+def w_hold_bytes(m: ModelSpec, s: Strategy, stage: int) -> tuple[int, ...]:
+    """ZB-H1, ZB-V: what one micro-batch's deferred W pass keeps on ``stage`` after its B pass
+    frees the rest, per chunk (``ops.weight_grad_operand_bytes`` over the chunk's blocks)."""
     prog = RoleProgram(m, s, stage)
-    return sum(count * O.weight_grad_operand_bytes(prog.block_items(block, "w"))
-               for ch in range(s.vpp) for block, count in prog.chunk_runs(ch * s.pp + stage))
+    return tuple(sum(count * O.weight_grad_operand_bytes(prog.block_items(block, "w"))
+                     for block, count in prog.chunk_runs(s.gci(stage, ch)))
+                 for ch in range(s.vpp))
 
 
-def _w_hold(m: ModelSpec, s: Strategy, stage: int, given: int | None) -> int:
+def _w_hold(m: ModelSpec, s: Strategy, stage: int, given: tuple[int, ...] | None
+            ) -> tuple[int, ...]:
     return w_hold_bytes(m, s, stage) if given is None else given
 
 
 def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *,
            flash_attention: bool, layers: int | None = None, expert_params: int = 0,
-           hold_bytes: int | None = None) -> tuple[int, int, int, int, int, int, int, int]:
-    """The fields of ``MemoryEstimate`` in order. ``hold_bytes``: ZB-H1's ``w_hold_bytes`` where
-    the caller has it (read only under ZB-H1)."""
+           hold_bytes: tuple[int, ...] | None = None
+           ) -> tuple[int, int, int, int, int, int, int, int]:
+    """The fields of ``MemoryEstimate`` in order. ``hold_bytes``: ``w_hold_bytes`` where the
+    caller has it (read only under ZB-H1 and ZB-V)."""
     grads = params_local * grad_reduce_bytes(s)
     optim = params_local * OPTIM_BYTES
     weights = params_local * WEIGHT_BYTES
@@ -508,7 +517,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
             weights = -(-params_local * WEIGHT_BYTES // dp_shard)
         elif s.zero_stage >= 3:
             weights = -(-params_local * ZERO3_PARAM_BYTES // dp_shard)
-    if (s.vpp > 1 and s.uneven and stage in (0, s.pp - 1)) or s.pipeline_layout or (
+    if (s.vpp > 1 and s.uneven and stage in (0, s.pp - 1)) or s.pipeline_layout or s.v_shape or (
             m.first_dense_layers and _holds_dense(m, s, stage)) or (
             m.mtp_layers and stage == s.mtp_chunk % s.pp):
         activations = _chunk_activations(m, s, stage, act, flash_attention, hold_bytes)
@@ -523,11 +532,11 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
             stored = s.stored_layers(m.num_layers, stage)
             per_mb += stored * (_layer_activation_bytes(m, s, "none", flash_attention) - act)
         activations = int(per_mb * inflight_microbatches(s, stage))
-        if s.schedule == "zb_h1":  # deferred W passes keep their GEMMs' operands instead
+        if s.split_w:  # deferred W passes keep their GEMMs' operands instead
             activations = _peak_chunk_load(s.order_id, s.num_microbatches, s.pp, 1, stage,
                                            (per_mb,), _w_hold(m, s, stage, hold_bytes))
     logits = 0
-    if stage == s.pp - 1:
+    if stage == s.head_stage:
         tokens = s.micro_batch_size * m.seq_len // s.cp
         # fp32 logits for the loss, of the model's head and of each MTP module's pass of it
         logits = tokens * m.vocab_size // s.tp * 4 * (1 + m.mtp_layers)

@@ -50,11 +50,11 @@ def embedding_partner(m: ModelSpec, s: Strategy) -> int | None:
     """The pipeline stage that holds stage 0's embedding weight too, its gradient all-reduced
     with stage 0's (Megatron's embedding group): the last, for a tied output head; the MTP
     modules' stage (``Strategy.mtp_chunk``), which reads the embedding; None on one stage or
-    where no other stage holds it."""
+    where no other stage holds it (a V's head is on stage 0)."""
     if s.pp == 1:
         return None
-    if m.tied_embeddings:
-        return s.pp - 1
+    if m.tied_embeddings:  # (in a V the head is on stage 0 with the embedding: none)
+        return s.head_stage or None
     if m.mtp_layers and s.mtp_chunk % s.pp:
         return s.mtp_chunk % s.pp
     return None

@@ -246,8 +246,9 @@ class RoleProgram:
             out.append((self.mtp_block(), self.m.mtp_layers))
         if gci == self.n_chunks - 1:
             head = self.vocab_block("lm_head", "head")
-            if self.m.tied_embeddings and self.n_chunks == 1:
-                head = dataclasses.replace(head, dense=0)  # the same weight as the embedding
+            if self.m.tied_embeddings and self.s.head_stage == 0:
+                # the same weight as the embedding, on its stage (one stage, or a V)
+                head = dataclasses.replace(head, dense=0)
             out.append((head, 1))
         return out
 
@@ -404,10 +405,10 @@ class RoleProgram:
 
     # ---- phases ---------------------------------------------------------------------------
     def forward(self, mb: int, chunk: int) -> None:
-        gci = chunk * self.s.pp + self.stage
+        gci = self.s.gci(self.stage, chunk)
         prefix = f"F{mb}.c{gci}"
         first: tuple[int, ...] = ()
-        if gci > 0:
+        if gci > 0 and self._hop(gci - 1):
             first = (self._recv(mb, gci, grad=False),)
         blocks = self.blocks_of_chunk(gci)
         order = list(range(len(blocks)))
@@ -428,14 +429,14 @@ class RoleProgram:
             if items:  # (a block that runs nothing passes what the next must wait for on)
                 self.items(items, f"{prefix}.{block.label}", "fwd", first)
                 first = ()
-        if gci < self.n_chunks - 1:
+        if gci < self.n_chunks - 1 and self._hop(gci + 1):
             self._send(mb, gci + 1, grad=False)
 
     def backward(self, mb: int, chunk: int, *, last: bool) -> None:
-        gci = chunk * self.s.pp + self.stage
+        gci = self.s.gci(self.stage, chunk)
         prefix = f"B{mb}.c{gci}"
         first: tuple[int, ...] = ()
-        if gci < self.n_chunks - 1:
+        if gci < self.n_chunks - 1 and self._hop(gci + 1):
             first = (self._recv(mb, gci, grad=True),)
         blocks = self.blocks_of_chunk(gci)
         order = list(reversed(range(len(blocks))))
@@ -456,14 +457,14 @@ class RoleProgram:
                 self._grad_reduce(block, name, last=last)
             elif last:
                 self._bucket_add(block, name, flush=i == 0)
-        if gci > 0:
+        if gci > 0 and self._hop(gci - 1):
             self._send(mb, gci - 1, grad=True)
 
     def weight(self, mb: int, chunk: int, *, last: bool) -> None:
         """ZB-H1's W pass: the weight-gradient GEMMs the B pass left (``_w_items``), block by
         block in backward order; on the last micro-batch each block's gradients are then
         complete and go to the buckets (the grad-ready hooks fire on the weight gradient)."""
-        gci = chunk * self.s.pp + self.stage
+        gci = self.s.gci(self.stage, chunk)
         blocks = self.blocks_of_chunk(gci)
         for i in reversed(range(len(blocks))):
             name = f"W{mb}.c{gci}.{blocks[i].label}"
@@ -473,8 +474,8 @@ class RoleProgram:
 
     @property
     def split_w(self) -> bool:
-        """Whether backward passes leave their weight gradients to W passes (ZB-H1)."""
-        return self.s.schedule == "zb_h1"
+        """Whether backward passes leave their weight gradients to W passes (ZB-H1, ZB-V)."""
+        return self.s.split_w
 
     def _b_items(self, block: ParamBlock) -> list[O.Item]:
         """A block's backward without its weight-gradient GEMMs (ZB-H1's B pass)."""
@@ -587,14 +588,20 @@ class RoleProgram:
             tokens //= self.s.tp
         return tokens * self.m.hidden_size * O.ACT_BYTES
 
+    def _hop(self, gci: int) -> int:
+        """The pipeline-stage offset from this stage to the one running chunk ``gci`` (0: this
+        stage, where a V turns round: the pass hands its tensor on in place, no send)."""
+        return self.s.chunk_stage(gci) - self.stage
+
     def _recv(self, mb: int, gci: int, *, grad: bool) -> int:
         kind = "recv_grad" if grad else "recv_act"
-        return self.p2p(False, self._p2p_bytes(), self._tag(mb, gci, grad), 1 if grad else -1,
+        src = self._hop(gci + 1 if grad else gci - 1)
+        return self.p2p(False, self._p2p_bytes(), self._tag(mb, gci, grad), src,
                         f"{'B' if grad else 'F'}{mb}.c{gci}.{kind}")
 
     def _send(self, mb: int, gci_dst: int, *, grad: bool) -> None:
         kind = "send_grad" if grad else "send_act"
-        self.p2p(True, self._p2p_bytes(), self._tag(mb, gci_dst, grad), -1 if grad else 1,
+        self.p2p(True, self._p2p_bytes(), self._tag(mb, gci_dst, grad), self._hop(gci_dst),
                  f"{'B' if grad else 'F'}{mb}.c{gci_dst}.{kind}", deps=(self._tail(),))
 
     # ---- whole step -----------------------------------------------------------------------
@@ -629,7 +636,7 @@ class RoleProgram:
         first_f = {c: min(j for ph, j, cc in order if ph == "F" and cc == c)
                    for c in range(self.s.vpp)}
         for c in range(self.s.vpp):
-            gci = c * self.s.pp + self.stage
+            gci = self.s.gci(self.stage, c)
             blocks = self.blocks_of_chunk(gci, labels=False)
             for axis in ("dp", "edp"):
                 group = shard_axis(self.s, axis)
@@ -670,7 +677,7 @@ class RoleProgram:
     def params_of_stage(self, stage: int) -> dict[str, int]:
         total = {"dp": 0, "edp": 0}
         for c in range(self.s.vpp):
-            for b in self.blocks_of_chunk(c * self.s.pp + stage, labels=False):
+            for b in self.blocks_of_chunk(self.s.gci(stage, c), labels=False):
                 total["dp"] += b.dense
                 total["edp"] += b.expert
         return total

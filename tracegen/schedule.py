@@ -1,7 +1,7 @@
 """Pipeline schedules: the order in which one stage runs its forward and backward passes.
 
-Each entry is ``(phase, microbatch, chunk)`` with phase ``"F"``, ``"B"`` or (ZB-H1 only)
-``"W"``, and chunk the virtual stage index on this rank (0 unless interleaved).
+Each entry is ``(phase, microbatch, chunk)`` with phase ``"F"``, ``"B"`` or (ZB-H1, ZB-V)
+``"W"``, and chunk the virtual stage index on this rank (0 unless interleaved or ZB-V).
 
 * GPipe: all forwards, then all backwards (Huang et al. 2019).
 * 1F1B (PipeDream-Flush): stage ``i`` of ``p`` runs ``min(p - i - 1, m)`` warm-up forwards, then
@@ -21,6 +21,14 @@ Each entry is ``(phase, microbatch, chunk)`` with phase ``"F"``, ``"B"`` or (ZB-
   whose W it defers, then F B W while forwards remain, then B W, then the ``i`` deferred W
   (oldest first): at most p micro-batches started and not yet through W on any stage (stage
   0's 1F1B peak), and the cooldown's waits for gradients filled with W passes.
+* ZB-V (Qi et al. 2024 §6, its handcrafted V schedule; the order of PyTorch's
+  ``ScheduleZBVZeroBubble``, torch.distributed.pipelining): two model chunks a stage placed in
+  a V — stage i runs global chunks i and 2p − 1 − i, so the last stage turns each micro-batch
+  round and stage 0 holds the embedding and the loss. Stage i runs 2(p − i) − 1 forwards of
+  chunk 0, then i pairs (F chunk 1, F chunk 0), then p − i triples F B W of chunk 1, then
+  while forwards remain F B W of chunk 0 and of chunk 1, then i pairs (B chunk 0, B chunk 1)
+  whose W's wait, p − i pairs (B, W) of chunk 0, and the waiting W's, chunk 1's first. Runs
+  of m < 2p − 1 micro-batches keep the order of those they have.
 * Interleaved 1F1B with a micro-batch group of N (Megatron-Core's
   ``microbatch_group_size_per_vp_stage``, ``get_schedule_table`` and
   ``get_pp_rank_microbatches``; the tunable schedule Llama 3 used, Dubey et al. 2024 §3.3.2):
@@ -91,6 +99,40 @@ def interleaved(m: int, p: int, v: int, stage: int, group: int = 0) -> list[Step
     return out + bwd[total - warmup:]
 
 
+def zb_v(m: int, p: int, stage: int) -> list[Step]:
+    """ZB-V: chunk 0 is global chunk ``stage``, chunk 1 global chunk 2p − 1 − ``stage``. As
+    many micro-batches as the full pattern needs (2p − 1) are laid out and those past m left
+    out (a shorter run keeps the order of the ones it has)."""
+    n = max(2 * p - 1, m)
+    out: list[Step] = []
+    done = {(ph, ch): 0 for ph in "FBW" for ch in (0, 1)}
+
+    def run(*steps: tuple[Phase, int]) -> None:
+        for ph, ch in steps:
+            out.append((ph, done[ph, ch], ch))
+            done[ph, ch] += 1
+
+    for _ in range(2 * (p - stage) - 1):  # chunk 0's warm-up
+        run(("F", 0))
+    for _ in range(stage):
+        run(("F", 1), ("F", 0))
+    for _ in range(p - stage):  # chunk 1 turns round on this stage
+        run(("F", 1), ("B", 1), ("W", 1))
+    while done["F", 1] < done["F", 0] or done["F", 0] < n:  # steady: F B W on each chunk
+        if done["F", 0] < n:
+            run(("F", 0))
+        run(("B", 0), ("W", 0), ("F", 1), ("B", 1), ("W", 1))
+    for _ in range(stage):  # cool-down: B's whose W's wait, then B W on chunk 0
+        run(("B", 0), ("B", 1))
+    for _ in range(p - stage):
+        run(("B", 0), ("W", 0))
+    while done["W", 1] < done["B", 1]:  # the deferred W's, chunk 1's first
+        run(("W", 1))
+    while done["W", 0] < done["B", 0]:
+        run(("W", 0))
+    return [x for x in out if x[1] < m]
+
+
 def stage_order(schedule: str, *, m: int, p: int, v: int, stage: int) -> list[Step]:
     """The op order of ``stage`` for ``m`` micro-batches on ``p`` stages with ``v`` chunks.
     ``schedule``: a schedule's name, or ``Strategy.order_id`` (``interleaved_1f1b/N`` for a
@@ -101,5 +143,7 @@ def stage_order(schedule: str, *, m: int, p: int, v: int, stage: int) -> list[St
         return one_f_one_b(m, p, stage)
     if schedule == "zb_h1":
         return zb_h1(m, p, stage)
+    if schedule == "zb_v":
+        return zb_v(m, p, stage)
     _, _, group = schedule.partition("/")
     return interleaved(m, p, v, stage, int(group or 0))

@@ -12,7 +12,7 @@ from tracegen.errors import ConfigError
 from tracegen.layout import chunk_count_problem, parse_layout
 from tracegen.model import ModelSpec
 
-Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1"]
+Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"]
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8"]
 CpCommType = Literal["p2p", "all_gather"]
@@ -23,7 +23,7 @@ MoeDispatcher = Literal["alltoall", "deepep"]
 MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
 OuterDpSharding = Literal["no_shard", "optim"]
 OUTER_DP_SHARDINGS: tuple[str, ...] = ("no_shard", "optim")
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
 # Megatron-Core's --recompute-modules for selective recompute, in the order a layer runs them:
@@ -251,6 +251,35 @@ class Strategy:
         return f"{self.schedule}/{group}" if group else self.schedule
 
     @property
+    def v_shape(self) -> bool:
+        """Whether the model chunks are placed in a V (ZB-V: stage i holds chunks i and
+        2p − 1 − i, so stage 0 holds the embedding and the output head)."""
+        return self.schedule == "zb_v"
+
+    @property
+    def split_w(self) -> bool:
+        """Whether backward passes leave their weight-gradient GEMMs to W passes (ZB-H1, ZB-V)."""
+        return self.schedule in ("zb_h1", "zb_v")
+
+    def gci(self, stage: int, chunk: int) -> int:
+        """The global model chunk that ``stage`` runs as its local ``chunk``: chunk · pp + stage
+        (Megatron's interleaving), or in a V the second chunk on the way back."""
+        if self.v_shape and chunk:
+            return 2 * self.pp - 1 - stage
+        return chunk * self.pp + stage
+
+    def chunk_stage(self, gci: int) -> int:
+        """The pipeline stage that runs global model chunk ``gci`` (``gci``'s inverse)."""
+        if self.v_shape and gci >= self.pp:
+            return 2 * self.pp - 1 - gci
+        return gci % self.pp
+
+    @property
+    def head_stage(self) -> int:
+        """The stage with the last model chunk (the output head and the loss)."""
+        return self.chunk_stage(self.pp * self.vpp - 1)
+
+    @property
     def world_size(self) -> int:
         return self.tp * self.cp * self.dp * self.pp
 
@@ -283,7 +312,7 @@ class Strategy:
 
     def stage_layers(self, num_layers: int, stage: int) -> int:
         """Layers pipeline stage ``stage`` holds, over all its model chunks."""
-        return sum(len(self.chunk_layers(num_layers, ch * self.pp + stage))
+        return sum(len(self.chunk_layers(num_layers, self.gci(stage, ch)))
                    for ch in range(self.vpp))
 
     def stored_layers(self, num_layers: int, stage: int) -> int:
@@ -292,7 +321,7 @@ class Strategy:
         n = self.recompute_num_layers
         if not n:
             return 0
-        return sum(max(0, len(self.chunk_layers(num_layers, ch * self.pp + stage)) - n)
+        return sum(max(0, len(self.chunk_layers(num_layers, self.gci(stage, ch))) - n)
                    for ch in range(self.vpp))
 
     def recomputed_layers(self, num_layers: int) -> int:
@@ -425,10 +454,12 @@ def ruled_out(*, tp: int, pp: int, dp: int, vpp: int, micro_batch_size: int,
     per_step = micro_batch_size * dp
     if global_batch_size % per_step or (sequence_parallel and tp == 1) or (
             tp_comm_overlap and not sequence_parallel) or (
-            vpp > 1 and schedule != "interleaved_1f1b"):
+            vpp > 1 and schedule not in ("interleaved_1f1b", "zb_v")):
         return True
     if schedule == "zb_h1":
         return pp < 2 or tp_comm_overlap
+    if schedule == "zb_v":
+        return pp < 2 or vpp != 2 or tp_comm_overlap
     return schedule == "interleaved_1f1b" and (
         pp < 2 or vpp < 2 or (global_batch_size // per_step) % pp != 0)
 
@@ -506,24 +537,36 @@ def _groups_that_fit(m: int, p: int) -> str:
 
 
 def _zb_problems(s: Strategy) -> list[str]:
-    """What ZB-H1 (``tracegen.schedule.zb_h1``) is modelled with: a pipeline, and gradients
-    that stay on their rank until the last W pass (ZeRO 0–2; ZeRO-3 reduce-scatters each
-    block's gradients in every backward)."""
-    out = []
+    """What ZB-H1 and ZB-V (``tracegen.schedule.zb_h1``, ``zb_v``) are modelled with: a
+    pipeline (for ZB-V of two chunks a stage, split evenly), and gradients that stay on their
+    rank until the last W pass (ZeRO 0–2; ZeRO-3 reduce-scatters each block's gradients in
+    every backward)."""
+    out, name = [], s.schedule
     if s.pp < 2:
-        out.append(f"zb_h1 needs pp ≥ 2 (it fills pipeline bubbles), got pp={s.pp}; use "
+        out.append(f"{name} needs pp ≥ 2 (it fills pipeline bubbles), got pp={s.pp}; use "
                    "schedule '1f1b'")
+    if name == "zb_v" and s.vpp != 2:
+        out.append(f"zb_v runs two model chunks on each stage, placed in a V: set vpp = 2, got "
+                   f"vpp={s.vpp}")
+    if name == "zb_v" and s.uneven:
+        out.append("zb_v is modelled with an even split (every chunk pp·2-th of the layers); "
+                   "unset first/last_stage_layers, pipeline_layout and the account_for_* "
+                   "fields")
+    if name == "zb_v" and s.overlap_param_gather:
+        out.append("zb_v is modelled without overlap_param_gather (the step's parameter "
+                   "gathers are placed for one chunk a stage, or Megatron's interleaving); set "
+                   "overlap_param_gather = false")
     if s.zero_stage == 3:
-        out.append("zb_h1 is modelled with ZeRO 0-2 (ZeRO-3 reduce-scatters each block's "
+        out.append(f"{name} is modelled with ZeRO 0-2 (ZeRO-3 reduce-scatters each block's "
                    "gradients in every backward, before a deferred W pass has made them); set "
                    "zero_stage ≤ 2 or use schedule '1f1b'")
     if s.zb_w_regather and not s.sequence_parallel:
         out.append("zb_w_regather needs sequence_parallel = true (without it a GEMM's input is "
                    "whole on every TP rank: nothing to gather again); set it to false")
     if s.tp_comm_overlap:
-        out.append("zb_h1 is modelled without tp_comm_overlap (Transformer Engine overlaps "
-                   "the backward's reduce-scatter with the weight-gradient GEMM that ZB-H1 "
-                   "defers); set tp_comm_overlap = false")
+        out.append(f"{name} is modelled without tp_comm_overlap (Transformer Engine overlaps "
+                   "the backward's reduce-scatter with the weight-gradient GEMM that the "
+                   "schedule defers); set tp_comm_overlap = false")
     return out
 
 
@@ -536,19 +579,20 @@ def _schedule_problems(s: Strategy) -> list[str]:
         out.append("tp_comm_overlap needs sequence_parallel = true (Megatron overlaps the "
                    "sequence-parallel all-gather / reduce-scatter with the GEMMs); enable it or "
                    "set tp_comm_overlap = false")
-    if s.vpp > 1 and s.schedule != "interleaved_1f1b":
-        out.append(f"vpp = {s.vpp} needs schedule 'interleaved_1f1b', got {s.schedule!r}")
+    if s.vpp > 1 and s.schedule not in ("interleaved_1f1b", "zb_v"):
+        out.append(f"vpp = {s.vpp} needs schedule 'interleaved_1f1b' (or 'zb_v' with vpp 2), "
+                   f"got {s.schedule!r}")
     if s.schedule == "interleaved_1f1b":
         if s.pp < 2 or s.vpp < 2:
             out.append(f"interleaved_1f1b needs pp ≥ 2 and vpp ≥ 2, got pp={s.pp} vpp={s.vpp}; "
                        "use schedule '1f1b' otherwise")
         elif s.global_batch_size % (s.micro_batch_size * s.dp) == 0:
             out += _group_problems(s)
-    elif s.schedule == "zb_h1":
+    elif s.split_w:
         out += _zb_problems(s)
-    if s.zb_w_regather and s.schedule != "zb_h1":
-        out.append(f"zb_w_regather needs schedule 'zb_h1' (it is where ZB-H1's W passes get "
-                   f"their inputs), got {s.schedule!r}; set it to false")
+    if s.zb_w_regather and not s.split_w:
+        out.append(f"zb_w_regather needs schedule 'zb_h1' or 'zb_v' (it is where their W "
+                   f"passes get their inputs), got {s.schedule!r}; set it to false")
     if s.schedule != "interleaved_1f1b" and s.microbatch_group_size:
         out.append(f"microbatch_group_size needs schedule 'interleaved_1f1b' (it groups the "
                    f"micro-batches of an interleaved schedule), got {s.schedule!r}; set it "
@@ -633,6 +677,10 @@ def check_fits_model(s: Strategy, m: ModelSpec, *, gpus: int | None = None) -> N
         out.append(f"vocab_size {m.vocab_size} is not divisible by tp {s.tp}; pad the vocabulary "
                    "to a multiple of tp")
     out += _layer_split_problems(s, m)
+    if s.v_shape and m.mtp_layers:
+        out.append("zb_v is modelled without multi-token-prediction modules (their chunk and "
+                   "the embedding they read are placed for the interleaved layouts); use "
+                   "schedule 'zb_h1' or '1f1b'")
     if m.seq_len % (s.cp * (2 if s.cp > 1 else 1)):
         out.append(f"seq_len {m.seq_len} is not divisible by 2·cp = {2 * s.cp} (context "
                    "parallelism splits the sequence into 2·cp chunks for load balance)")
