@@ -97,7 +97,8 @@ class RoleProgram:
         self.buckets: dict[str, int] = {"dp": 0, "edp": 0}
         self._attr_cache: dict[O.Op, list[Attr]] = {}
         self._coll_attrs: dict[tuple[str, int, Route | None], list[Attr]] = {}
-        self._splits: dict[str, tuple[list[O.Item], list[O.Item]]] = {}  # ZB-H1: B and W items
+        # ZB-H1, ZB-V: B and W items
+        self._splits: dict[str, tuple[list[O.Item], list[O.Item]]] = {}
         self.n_chunks = strategy.pp * strategy.vpp
         self.m_mb = strategy.num_microbatches
 
@@ -461,9 +462,10 @@ class RoleProgram:
             self._send(mb, gci - 1, grad=True)
 
     def weight(self, mb: int, chunk: int, *, last: bool) -> None:
-        """ZB-H1's W pass: the weight-gradient GEMMs the B pass left (``_w_items``), block by
-        block in backward order; on the last micro-batch each block's gradients are then
-        complete and go to the buckets (the grad-ready hooks fire on the weight gradient)."""
+        """A W pass (ZB-H1, ZB-V): the weight-gradient GEMMs the B pass left (``_w_items``),
+        block by block in backward order; on the last micro-batch each block's gradients are
+        then complete and go to the buckets (the grad-ready hooks fire on the weight
+        gradient)."""
         gci = self.s.gci(self.stage, chunk)
         blocks = self.blocks_of_chunk(gci)
         for i in reversed(range(len(blocks))):

@@ -93,7 +93,7 @@ class Strategy:
     # its compute (at most two blocks gathered); off, each block's gathers block the compute
     # chain (tracegen/program.py; DESIGN.md, "ZeRO-3 gathers block the compute chain").
     zero3_prefetch: bool = False
-    # ZB-H1 with sequence parallelism: each W pass gathers the column-parallel GEMMs' inputs
+    # ZB-H1 / ZB-V with sequence parallelism: each W pass gathers the column-parallel GEMMs' inputs
     # again over the TP group instead of keeping them gathered from B (less memory, one more
     # all-gather per GEMM on the W pass's critical path)
     zb_w_regather: bool = False
@@ -447,7 +447,8 @@ def ruled_out(*, tp: int, pp: int, dp: int, vpp: int, micro_batch_size: int,
               global_batch_size: int, sequence_parallel: bool, tp_comm_overlap: bool,
               schedule: str) -> bool:
     """Whether these fields break one of the rules below that rule out most combinations of a
-    sweep's space (batch split, interleaving, sequence parallelism, ZB-H1's pipeline) —
+    sweep's space (batch split, interleaving, sequence parallelism, ZB-H1's and ZB-V's
+    pipelines and chunks) —
     checked on plain values, so an enumeration skips them without building a ``Strategy`` and
     its error message. True
     only where ``Strategy`` would raise (a property test holds that); False says nothing."""
