@@ -213,8 +213,9 @@ def print_glance(g: Glance, s: Strategy) -> None:
                       f"{st.bwd_s * 1e3:.2f}",
                       *[f"{x:.2f}" for x in parts], f"{other:.2f}", total_cell)
     console.print(table)
-    console.print("[dim]The fast path's closed form; `trainsim tracegen` then `trainsim replay` "
-                  "gives the simulated timeline and the compute / communication split.[/]")
+    console.print("[dim]The fast path (closed forms, or the schedule walked pass by pass; no "
+                  "event loop); `trainsim tracegen` then `trainsim replay` gives the simulated "
+                  "timeline and the compute / communication split.[/]")
 
 
 def _fit_hint_lines(g: Glance, s: Strategy) -> list[str]:
