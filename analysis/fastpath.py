@@ -40,6 +40,7 @@ from analysis.pipeline_walk import (
     pipeline_ns,
     plain_tails,
     span_ns,
+    zbv_first_forwards,
     zero_bubble,
     zero_bubble_v,
 )
@@ -153,8 +154,11 @@ def _zero_bubble(costs: Costs, stages: list[Stage], reps: list[int], c: list[int
     assert len(views) == s.pp  # (``stage_costs`` sets each where the costs are ZB-H1's)
     chunk_ends: Sequence[Sequence[int]]
     if s.v_shape:  # ZB-V: two chunks a stage (``zero_bubble_v``)
-        ends, chunk_ends = zero_bubble_v(s.num_microbatches, [x.fwd for x in stages],
-                                         [x.bwd for x in stages], [v.bwd for v in views], c)
+        passes: Passes = ([x.fwd for x in stages], [x.bwd for x in stages],
+                          [v.bwd for v in views])
+        opened = (_opened_v(costs, stages, views, reps, c, passes)
+                  if s.overlap_param_gather and s.zero_stage in (1, 2) else None)
+        ends, chunk_ends = zero_bubble_v(s.num_microbatches, *passes, c, opened)
     else:
         ends = zero_bubble(s.num_microbatches, [x.fwd[0] for x in stages],
                            [x.bwd[0] for x in stages], [v.bwd[0] for v in views], c)
@@ -483,6 +487,30 @@ def _opened(costs: Costs, stages: list[Stage], reps: list[int], c: list[int]) ->
     got = costs.ctx.opened[key] = Opened(tuple(floors), tuple(busy),
                                          costs.compute.gpu.comm_interference, share)
     return got
+
+
+Passes = tuple[list[tuple[int, ...]], list[tuple[int, ...]], list[tuple[int, ...]]]
+
+
+def _opened_v(costs: Costs, stages: list[Stage], views: list[Stage], reps: list[int],
+              c: list[int], passes: Passes) -> Opened:
+    """``_opened`` for ZB-V's walk: each chunk's first forward held from its start in the walk
+    without gathers (``zbv_first_forwards``), and each pass's compute share per cost index,
+    (kind·2 + chunk)·p + stage — of its F, its B, or its W (the W view's)."""
+    s = costs.s
+    starts = zbv_first_forwards(s.num_microbatches, *passes, c)
+    floors, busy = [], []
+    for st, x in enumerate(stages):
+        busy.append(tuple(_gather_timeline(costs, st, reps[st])[2]))
+        for ch in (0, 1):
+            held = _held_forward(costs, st, reps[st], x.fwd[ch], starts[st][ch], ch)
+            if held:
+                floors.append(((st, ch), starts[st][ch] + x.fwd[ch] + held))
+    share = tuple(per[ch] for per_stage in ([x.busy_f for x in stages],
+                                            [x.busy_b for x in stages],
+                                            [v.busy_b for v in views])
+                  for ch in (0, 1) for per in per_stage)
+    return Opened(tuple(floors), tuple(busy), costs.compute.gpu.comm_interference, share)
 
 
 def _gather_timeline(costs: Costs, st: int, rank: int

@@ -272,9 +272,9 @@ def fewer_microbatches(s: Strategy, rng: random.Random) -> Strategy:
 def zero_bubble(s: Strategy, rng: random.Random) -> Strategy:
     """``--zb``: three in four strategies ZB-H1 or ZB-V can run as that schedule, drawn — a
     pipeline, ZeRO 0-2, no TP overlap; for ZB-H1 one chunk a stage, for ZB-V two, split
-    evenly (its strategies lose their overlapped parameter gathers and micro-batch group,
-    which it is not modelled with) — half of those with SP gathering the W passes' inputs
-    again (``zb_w_regather``); the rest as drawn."""
+    evenly (its strategies lose their micro-batch group, which it does not have) — half of
+    those with SP gathering the W passes' inputs again (``zb_w_regather``); the rest as
+    drawn."""
     if (s.vpp > 2 or s.pp < 2 or s.zero_stage == 3 or s.tp_comm_overlap
             or rng.random() < 0.25):
         return s
@@ -284,7 +284,7 @@ def zero_bubble(s: Strategy, rng: random.Random) -> Strategy:
     if s.uneven:
         return s
     return dataclasses.replace(s, schedule="zb_v", zb_w_regather=regather,
-                               overlap_param_gather=False, microbatch_group_size=0)
+                               microbatch_group_size=0)
 
 
 def other_recompute(s: Strategy, layers: int, rng: random.Random) -> Strategy:

@@ -158,28 +158,33 @@ def test_stage_0_holds_the_embedding_and_the_tied_head_once() -> None:
 @given(tp=st.sampled_from([1, 2]), pp=st.sampled_from([2, 4]), dp=st.sampled_from([1, 2]),
        sp=st.booleans(), zero=st.sampled_from([0, 1, 2]),
        recompute=st.sampled_from(["none", "selective", "full"]), m=st.integers(1, 10),
-       overlap=st.booleans(), ep=st.sampled_from([0, 1, 2]), tied=st.booleans(),
-       system=st.sampled_from(["dgx-h100", "dgx-a100-80gb", "mi300x"]),
+       overlap=st.sampled_from(["both", "grad", "param", "none"]), ep=st.sampled_from([0, 1, 2]),
+       tied=st.booleans(), system=st.sampled_from(["dgx-h100", "dgx-a100-80gb", "mi300x"]),
        gpn=st.sampled_from([8, 2]), regather=st.booleans())
-@example(tp=2, pp=4, dp=2, sp=True, zero=1, recompute="selective", m=6, overlap=True, ep=0,
+@example(tp=2, pp=4, dp=2, sp=True, zero=1, recompute="selective", m=6, overlap="both", ep=0,
          tied=True, system="dgx-h100", gpn=8, regather=False)
+@example(tp=1, pp=2, dp=4, sp=False, zero=1, recompute="none", m=1, overlap="param", ep=0,
+         tied=False, system="dgx-h100", gpn=8, regather=False)
 def test_the_fast_path_walks_zb_v_as_replay_runs_it(tp: int, pp: int, dp: int, sp: bool,
                                                       zero: int, recompute: str, m: int,
-                                                      overlap: bool, ep: int, tied: bool,
+                                                      overlap: str, ep: int, tied: bool,
                                                       system: str, gpn: int,
                                                       regather: bool) -> None:
     """Within 2% of contention-free replay (``zero_bubble_v``; each chunk's buckets beside its
-    last W pass). Exact where nothing drains beside compute; with overlapped gradient
-    reduction the buckets of the chunk that finishes first slow the other chunk's cool-down
-    passes, which the tails do not step through (up to 0.6% below replay here at one to three
-    micro-batches, 1.4% on an agreement-benchmark draw at two: DESIGN.md)."""
+    last W pass; the step's overlapped parameter gathers holding each chunk's first forward
+    and slowing what runs beside them). Exact where nothing drains beside compute (with the
+    parameter gathers overlapped alone too); with overlapped gradient reduction the buckets of
+    the chunk that finishes first slow the other chunk's cool-down passes, which the tails do
+    not step through (up to 1.0% below replay here at one to three micro-batches, 1.4% on an
+    agreement-benchmark draw at two: DESIGN.md)."""
     model = dataclasses.replace(MOE if ep else MODEL, tied_embeddings=tied)
     base = get_system(system)
     hw = dataclasses.replace(base, node=dataclasses.replace(base.node, gpus_per_node=gpn))
     try:
         s = _v(tp=tp, pp=pp, dp=dp, ep=max(ep, 1), sequence_parallel=sp and tp > 1,
                zero_stage=zero, recompute=recompute, global_batch_size=dp * m,
-               dp_bucket_params=200_000, overlap_grad_reduce=overlap,
+               dp_bucket_params=200_000, overlap_grad_reduce=overlap in ("both", "grad"),
+               overlap_param_gather=overlap in ("both", "param") and zero > 0,
                zb_w_regather=regather and sp and tp > 1)
         fast = estimate(model, s, hw)
     except ConfigError:
@@ -209,7 +214,6 @@ def test_the_fast_paths_memory_is_the_trace_sets(kw: dict[str, object]) -> None:
     ({"first_stage_layers": 1, "last_stage_layers": 1}, "even split"),
     ({"zero_stage": 3}, "ZeRO 0-2"),
     ({"tp": 2, "sequence_parallel": True, "tp_comm_overlap": True}, "without tp_comm_overlap"),
-    ({"zero_stage": 1, "overlap_param_gather": True}, "without overlap_param_gather"),
     ({"pp": 1, "vpp": 2}, "needs pp ≥ 2"),
 ])
 def test_what_zb_v_is_not_modelled_with_is_refused(change: dict[str, object],

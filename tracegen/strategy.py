@@ -553,10 +553,6 @@ def _zb_problems(s: Strategy) -> list[str]:
         out.append("zb_v is modelled with an even split (every chunk pp·2-th of the layers); "
                    "unset first/last_stage_layers, pipeline_layout and the account_for_* "
                    "fields")
-    if name == "zb_v" and s.overlap_param_gather:
-        out.append("zb_v is modelled without overlap_param_gather (the step's parameter "
-                   "gathers are placed for one chunk a stage, or Megatron's interleaving); set "
-                   "overlap_param_gather = false")
     if s.zero_stage == 3:
         out.append(f"{name} is modelled with ZeRO 0-2 (ZeRO-3 reduce-scatters each block's "
                    "gradients in every backward, before a deferred W pass has made them); set "
