@@ -271,8 +271,8 @@ def fewer_microbatches(s: Strategy, rng: random.Random) -> Strategy:
 
 def zero_bubble(s: Strategy, rng: random.Random) -> Strategy:
     """``--zb``: three in four strategies ZB-H1 or ZB-V can run as that schedule, drawn — a
-    pipeline, ZeRO 0-2, no TP overlap; for ZB-H1 one chunk a stage, for ZB-V two, split
-    evenly (its strategies lose their micro-batch group, which it does not have) — half of
+    pipeline, ZeRO 0-2, no TP overlap; for ZB-H1 one chunk a stage, for ZB-V two (its
+    strategies lose their micro-batch group, which it does not have) — half of
     those with SP gathering the W passes' inputs again (``zb_w_regather``); the rest as
     drawn."""
     if (s.vpp > 2 or s.pp < 2 or s.zero_stage == 3 or s.tp_comm_overlap
@@ -281,8 +281,6 @@ def zero_bubble(s: Strategy, rng: random.Random) -> Strategy:
     regather = s.sequence_parallel and rng.random() < 0.5
     if s.vpp == 1:
         return dataclasses.replace(s, schedule="zb_h1", zb_w_regather=regather)
-    if s.uneven:
-        return s
     return dataclasses.replace(s, schedule="zb_v", zb_w_regather=regather,
                                microbatch_group_size=0)
 

@@ -539,9 +539,9 @@ def _groups_that_fit(m: int, p: int) -> str:
 
 def _zb_problems(s: Strategy) -> list[str]:
     """What ZB-H1 and ZB-V (``tracegen.schedule.zb_h1``, ``zb_v``) are modelled with: a
-    pipeline (for ZB-V of two chunks a stage, split evenly), and gradients that stay on their
-    rank until the last W pass (ZeRO 0–2; ZeRO-3 reduce-scatters each block's gradients in
-    every backward)."""
+    pipeline (for ZB-V of two chunks a stage), and gradients that stay on their rank until
+    the last W pass (ZeRO 0–2; ZeRO-3 reduce-scatters each block's gradients in every
+    backward)."""
     out, name = [], s.schedule
     if s.pp < 2:
         out.append(f"{name} needs pp ≥ 2 (it fills pipeline bubbles), got pp={s.pp}; use "
@@ -549,10 +549,6 @@ def _zb_problems(s: Strategy) -> list[str]:
     if name == "zb_v" and s.vpp != 2:
         out.append(f"zb_v runs two model chunks on each stage, placed in a V: set vpp = 2, got "
                    f"vpp={s.vpp}")
-    if name == "zb_v" and s.uneven:
-        out.append("zb_v is modelled with an even split (every chunk pp·2-th of the layers); "
-                   "unset first/last_stage_layers, pipeline_layout and the account_for_* "
-                   "fields")
     if s.zero_stage == 3:
         out.append(f"{name} is modelled with ZeRO 0-2 (ZeRO-3 reduce-scatters each block's "
                    "gradients in every backward, before a deferred W pass has made them); set "
