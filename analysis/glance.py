@@ -280,7 +280,7 @@ def _stages(model: ModelSpec, s: Strategy, system: SystemSpec, est: FastEstimate
         held = RoleProgram(model, s, st).stage_params()
         mem = memory.estimate(model, s, st, sum(held.values()), flash_attention=flash,
                               expert_params=held["edp"])
-        mtp = model.mtp_layers if model.mtp_layers and st == s.mtp_chunk % s.pp else 0
+        mtp = model.mtp_layers if model.mtp_layers and st == s.chunk_stage(s.mtp_chunk) else 0
         out.append(StageGlance(st, est.stage_fwd_s[st], est.stage_bwd_s[st], mem,
                                s.stage_layers(model.num_layers, st), mtp))
     return tuple(out)

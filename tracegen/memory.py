@@ -280,7 +280,7 @@ def fp8_weight_cache_bytes(m: ModelSpec, s: Strategy, stage: int, params_local: 
 def _holds_moe(m: ModelSpec, s: Strategy, stage: int) -> bool:
     """Whether a stage runs any MoE layer: one past the dense first layers in a chunk, or the
     MTP modules (a layer of the last layer's kind)."""
-    if m.mtp_layers and stage == s.mtp_chunk % s.pp:
+    if m.mtp_layers and stage == s.chunk_stage(s.mtp_chunk):
         return True
     for ch in range(s.vpp):
         layers = s.chunk_layers(m.num_layers, s.gci(stage, ch))
@@ -356,7 +356,7 @@ def _chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
             rc, kept = per_layer[i < n_dense]
             total += kept if n and i >= n else rc
         per_chunk.append(total)
-    if m.mtp_layers and stage == s.mtp_chunk % s.pp:  # the chunk with the MTP modules
+    if m.mtp_layers and stage == s.chunk_stage(s.mtp_chunk):  # the chunk with the MTP modules
         per_chunk[s.mtp_chunk // s.pp] += mtp_activation_bytes(m, s, flash_attention)
     hold = _w_hold(m, s, stage, hold_bytes) if s.split_w else ()
     return int(_peak_chunk_load(s.order_id, s.num_microbatches, s.pp, s.vpp, stage,
@@ -519,7 +519,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
             weights = -(-params_local * ZERO3_PARAM_BYTES // dp_shard)
     if (s.vpp > 1 and s.uneven and stage in (0, s.pp - 1)) or s.pipeline_layout or s.v_shape or (
             m.first_dense_layers and _holds_dense(m, s, stage)) or (
-            m.mtp_layers and stage == s.mtp_chunk % s.pp):
+            m.mtp_layers and stage == s.chunk_stage(s.mtp_chunk)):
         activations = _chunk_activations(m, s, stage, act, flash_attention, hold_bytes)
     else:
         if layers is None:

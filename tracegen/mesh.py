@@ -55,8 +55,8 @@ def embedding_partner(m: ModelSpec, s: Strategy) -> int | None:
         return None
     if m.tied_embeddings:  # (in a V the head is on stage 0 with the embedding: none)
         return s.head_stage or None
-    if m.mtp_layers and s.mtp_chunk % s.pp:
-        return s.mtp_chunk % s.pp
+    if m.mtp_layers and s.chunk_stage(s.mtp_chunk):
+        return s.chunk_stage(s.mtp_chunk)
     return None
 
 

@@ -670,10 +670,6 @@ def check_fits_model(s: Strategy, m: ModelSpec, *, gpus: int | None = None) -> N
         out.append(f"vocab_size {m.vocab_size} is not divisible by tp {s.tp}; pad the vocabulary "
                    "to a multiple of tp")
     out += _layer_split_problems(s, m)
-    if s.v_shape and m.mtp_layers:
-        out.append("zb_v is modelled without multi-token-prediction modules (their chunk and "
-                   "the embedding they read are placed for the interleaved layouts); use "
-                   "schedule 'zb_h1' or '1f1b'")
     if m.seq_len % (s.cp * (2 if s.cp > 1 else 1)):
         out.append(f"seq_len {m.seq_len} is not divisible by 2·cp = {2 * s.cp} (context "
                    "parallelism splits the sequence into 2·cp chunks for load balance)")
@@ -799,7 +795,7 @@ def _layout_fit_problems(s: Strategy, m: ModelSpec) -> list[str]:
     if mtp != m.mtp_layers:
         out.append(f"pipeline_layout places {mtp} MTP modules (m), the model has "
                    f"{m.mtp_layers} (ModelSpec.mtp_layers)")
-    if m.tied_embeddings and mtp and s.mtp_chunk % s.pp != s.pp - 1:
+    if m.tied_embeddings and mtp and s.chunk_stage(s.mtp_chunk) != s.head_stage:
         out.append("a tied output head with MTP modules off the last stage is not modelled "
                    "(the embedding would live on three stages); put m on the last stage")
     return out
