@@ -517,7 +517,8 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
             weights = -(-params_local * WEIGHT_BYTES // dp_shard)
         elif s.zero_stage >= 3:
             weights = -(-params_local * ZERO3_PARAM_BYTES // dp_shard)
-    if (s.vpp > 1 and s.uneven and stage in (0, s.pp - 1)) or s.pipeline_layout or s.v_shape or (
+    if (s.vpp > 1 and (s.v_shape or (s.uneven and stage in (0, s.pp - 1)))) or (
+            s.pipeline_layout) or (
             m.first_dense_layers and _holds_dense(m, s, stage)) or (
             m.mtp_layers and stage == s.chunk_stage(s.mtp_chunk)):
         activations = _chunk_activations(m, s, stage, act, flash_attention, hold_bytes)
@@ -532,7 +533,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
             stored = s.stored_layers(m.num_layers, stage)
             per_mb += stored * (_layer_activation_bytes(m, s, "none", flash_attention) - act)
         activations = int(per_mb * inflight_microbatches(s, stage))
-        if s.split_w:  # deferred W passes keep their GEMMs' operands instead
+        if s.schedule == "zb_h1":  # deferred W passes keep their operands (ZB-V: above)
             activations = _peak_chunk_load(s.order_id, s.num_microbatches, s.pp, 1, stage,
                                            (per_mb,), _w_hold(m, s, stage, hold_bytes))
     logits = 0

@@ -276,8 +276,9 @@ class Strategy:
 
     @property
     def head_stage(self) -> int:
-        """The stage with the last model chunk (the output head and the loss)."""
-        return self.chunk_stage(self.pp * self.vpp - 1)
+        """The stage with the last model chunk (the output head and the loss): ``chunk_stage``
+        of it, spelled out (the memory model reads it per stage of every strategy)."""
+        return 0 if self.schedule == "zb_v" else self.pp - 1
 
     @property
     def world_size(self) -> int:
