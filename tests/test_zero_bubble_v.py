@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from analysis.fastpath import estimate
-from analysis.pipeline_walk import zero_bubble_v
+from analysis.pipeline_walk import pipeline_ns, zero_bubble, zero_bubble_v
 from replay import get_system
 from tests.conftest import replayed
 
@@ -125,6 +125,12 @@ def test_equal_passes_leave_only_the_fill(p: int) -> None:
     for m in (2 * p - 1, 2 * p, 4 * p + 1):
         ends, _ = zero_bubble_v(m, [(t, t)] * p, [(t, t)] * p, [(t, t)] * p, [0] * p)
         assert max(ends) == 6 * m * t + (p - 1) * t
+        if p > 1:
+            h1 = zero_bubble(m, [2 * t] * p, [2 * t] * p, [2 * t] * p, [0] * p)
+            assert max(h1) == 6 * m * t + (p - 1) * 2 * t
+            one = Strategy(pp=p, micro_batch_size=1, global_batch_size=m)
+            assert pipeline_ns(one, [2 * t] * p, [4 * t] * p, [0] * p) == (
+                6 * m * t + (p - 1) * 6 * t)
 
 
 def test_the_trace_sends_twice_1f1b_and_turns_in_place() -> None:
