@@ -151,7 +151,7 @@ def _zero_bubble(costs: Costs, stages: list[Stage], reps: list[int], c: list[int
     another's end."""
     s = costs.s
     views = [x.w_view for x in stages if x.w_view is not None]
-    assert len(views) == s.pp  # (``stage_costs`` sets each where the costs are ZB-H1's)
+    assert len(views) == s.pp  # (``stage_costs`` sets each under ZB-H1 and ZB-V)
     chunk_ends: Sequence[Sequence[int]]
     if s.v_shape:  # ZB-V: two chunks a stage (``zero_bubble_v``)
         passes: Passes = ([x.fwd for x in stages], [x.bwd for x in stages],

@@ -365,11 +365,11 @@ def _zb_plan(m: int, p: int) -> tuple[tuple[int, int, int, int, int], ...]:
     """ZB-H1's forwards and B passes (``tracegen.schedule.zb_h1``) in an order that respects
     each stage's order and every wait (a forward after the previous stage's, a B after the next
     stage's), each as (stage, its cost index kind·p + stage for kind 0/1 = F/B, the index of
-    the pass it waits for in the walk's ends or −1, the index of the send it then pays: stage −
-    1 for a forward, the stage for a B, and n·p + stage for the n W passes that follow it on
-    its stage). A W waits for nothing but its stage's pass before it, and nothing waits for a W
-    but its stage's next pass, so each run of W's rides on the pass before it (one step in
-    three fewer than walking them)."""
+    the pass it waits for in the walk's ends or −1, the index of the send it then pays — stage
+    − 1 for a forward, the stage for a B —, and n·p + stage, the index of what the n W passes
+    that follow it on its stage cost). A W waits for nothing but its stage's pass before it,
+    and nothing waits for a W but its stage's next pass, so each run of W's rides on the pass
+    before it (one step in three fewer than walking them)."""
     orders = [_folded(zb_h1(m, p, st)) for st in range(p)]
     placed = [[[-1] * m for _ in range(p)] for _ in range(2)]  # F's and B's places in the plan
     pos, plan = [0] * p, list[tuple[int, int, int, int, int]]()
