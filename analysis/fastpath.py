@@ -40,10 +40,9 @@ from analysis.pipeline_walk import (
     pipeline_ns,
     plain_tails,
     span_ns,
-    zbv_first_forwards,
     zero_bubble,
-    zero_bubble_v,
 )
+from analysis.zbv_walk import zbv_first_forwards, zero_bubble_v
 from replay.hardware import SystemSpec, resolve_system
 from tracegen import ops as O
 from tracegen.catalog import resolve_model

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from analysis.dp_tails import slowed
-from tracegen.schedule import Step, stage_order, zb_h1, zb_v
+from tracegen.schedule import Step, stage_order, zb_h1
 from tracegen.strategy import Strategy
 
 
@@ -467,122 +467,6 @@ def _zb_walk(m: int, f: list[int], b: list[int], w: list[int], c: list[int]) -> 
         ends[i] = start = start + cost[k]
         clock[st] = start + extra[x]
     return clock
-
-
-@functools.lru_cache(maxsize=8)
-def _zbv_plan(m: int, p: int) -> tuple[tuple[tuple[int, int, int, int], ...],
-                                       tuple[tuple[int, int], ...],
-                                       tuple[tuple[int, int], ...]]:
-    """ZB-V's passes (``tracegen.schedule.zb_v``) in an order that respects each stage's order
-    and every wait, each as (stage, its cost index (kind·2 + chunk)·p + stage for kind 0/1/2 =
-    F/B/W, the index of the pass it waits for in the walk's ends or −1, the send it then pays:
-    the link below the higher of the two stages, or p where the V turns round on one stage
-    and the tensor stays); each stage's two chunks' last W passes and first forwards, as plan
-    indices. Global chunk g runs on stage g or 2p − 1 − g; a forward of chunk g waits for
-    chunk g − 1's, a B for chunk g + 1's (the last chunk's B for nothing but its stage: its
-    forward ran before)."""
-    v_stage = [*range(p), *reversed(range(p))]  # the stage of each global chunk
-    orders = [[("FBW".index(ph), j, ch, p * 2 - 1 - st if ch else st)
-               for ph, j, ch in zb_v(m, p, st)] for st in range(p)]
-    placed = [[[-1] * m for _ in range(2 * p)] for _ in range(2)]  # F's, B's by global chunk
-    last_w = [[-1, -1] for _ in range(p)]
-    pos, plan = [0] * p, list[tuple[int, int, int, int]]()
-    while len(plan) < 6 * m * p:
-        placed_before = len(plan)
-        for st in range(p):
-            order, at = orders[st], pos[st]
-            while at < 6 * m:
-                kind, j, ch, g = order[at]
-                src = g - 1 if kind == 0 else g + 1
-                waits = kind < 2 and 0 <= src < 2 * p
-                dep = placed[kind][src][j] if waits else -1
-                if waits and dep < 0:
-                    break  # (what it waits for is not placed yet)
-                other = v_stage[src] if waits else st
-                send = p if other == st else min(st, other)
-                if kind < 2:
-                    placed[kind][g][j] = len(plan)
-                else:
-                    last_w[st][ch] = len(plan)
-                plan.append((st, ((kind * 2) + ch) * p + st, dep, send))
-                at += 1
-            pos[st] = at
-        if len(plan) == placed_before:  # (the orders' tests hold that this never happens)
-            raise AssertionError(f"ZB-V's order waits on itself at m {m}, p {p}")
-    first_f = tuple((placed[0][st][0], placed[0][2 * p - 1 - st][0]) for st in range(p))
-    return tuple(plan), tuple((a, b) for a, b in last_w), first_f
-
-
-def zero_bubble_v(m: int, f: list[tuple[int, ...]], b: list[tuple[int, ...]],
-                  w: list[tuple[int, ...]], c: list[int], opened: Opened | None = None
-                  ) -> tuple[list[int], list[list[int]]]:
-    """ZB-V walked pass by pass (6·m·p of them): (each stage's end, each stage's chunks' last
-    W ends — their weight gradients fill the buckets) from per stage and chunk F, B and W ns
-    and ``c[s]``, one send between stages s and s + 1. A forward starts after its stage's
-    previous pass and the previous chunk's forward (plus a send where that ran on another
-    stage), a B after the next chunk's B likewise, a W after its stage's previous pass (Qi et
-    al. 2024 §6; the waits replay follows in the trace). ``opened``: the parameter gathers
-    that open the step (``overlap_param_gather``; its shares per cost index (kind·2 + chunk)·p
-    + stage, its floors per (stage, chunk)), as ``_Plain._opening`` walks them."""
-    clock, ends, _ = _zbv_walk(m, f, b, w, c, opened)
-    return clock, [[ends[i] for i in lw] for lw in _zbv_plan(m, len(f))[1]]
-
-
-def zbv_first_forwards(m: int, f: list[tuple[int, ...]], b: list[tuple[int, ...]],
-                       w: list[tuple[int, ...]], c: list[int]) -> list[list[int]]:
-    """When each stage starts its first forward of each chunk in ZB-V's walk without gathers
-    (``zero_bubble_v``): where ``overlap_param_gather``'s holds are measured from."""
-    plan, _, first_f = _zbv_plan(m, len(f))
-    _, ends, cost = _zbv_walk(m, f, b, w, c)
-    return [[ends[i] - cost[plan[i][1]] for i in ff] for ff in first_f]
-
-
-def _zbv_walk(m: int, f: list[tuple[int, ...]], b: list[tuple[int, ...]],
-              w: list[tuple[int, ...]], c: list[int], opened: Opened | None = None
-              ) -> tuple[list[int], list[int], list[int]]:
-    """(each stage's end, each pass's end, each cost index's ns) of ``zero_bubble_v``'s walk."""
-    plan, _, first_f = _zbv_plan(m, p := len(f))
-    clock = [0] * p
-    cost = [x[ch] for y in (f, b, w) for ch in (0, 1) for x in y]
-    sends = [*c[:p], 0]  # (index p: the V's turn, no send)
-    ends = [0] * len(plan)
-    if opened is not None:
-        _zbv_opening(plan, cost, sends, ends, clock, opened,
-                     {first_f[st][ch]: end for (st, ch), end in opened.floors})
-        return clock, ends, cost
-    for i, (st, k, dep, send) in enumerate(plan):
-        start = clock[st]
-        if dep >= 0:
-            ready = ends[dep] + sends[send]
-            if ready > start:
-                start = ready
-        clock[st] = ends[i] = start + cost[k]
-    return clock, ends, cost
-
-
-def _zbv_opening(plan: tuple[tuple[int, int, int, int], ...], cost: list[int],
-                 sends: list[int], ends: list[int], clock: list[int], opened: Opened,
-                 floors: dict[int, int]) -> None:
-    """``zero_bubble_v``'s walk while the parameter gathers that open the step are in flight:
-    a pass that starts before its stage's gathers are done has its compute share slowed
-    (``dp_tails.slowed``) until they are, and a chunk's first forward ends no earlier than its
-    floor (``_Plain._opening``, the interleaved walk's)."""
-    kappa, share, busy = opened.kappa, opened.share, opened.busy
-    until = [max(x, default=0) if kappa else 0 for x in busy]
-    for i, (st, k, dep, send) in enumerate(plan):
-        t = clock[st]
-        if dep >= 0 and ends[dep] + sends[send] > t:
-            t = ends[dep] + sends[send]
-        d = cost[k]
-        if t < until[st]:
-            compute = d * share[k]
-            t = round(slowed(t, compute, busy[st], kappa) + d - compute)
-        else:
-            t += d
-        floor = floors.get(i)
-        if floor is not None and floor > t:
-            t = floor
-        clock[st] = ends[i] = t
 
 
 def first_forwards(p: int, v: int, fwd: list[tuple[int, ...]], c: list[int], group: int = 0

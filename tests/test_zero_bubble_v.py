@@ -12,8 +12,10 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
+from analysis import zbv_walk
 from analysis.fastpath import estimate
-from analysis.pipeline_walk import pipeline_ns, zero_bubble, zero_bubble_v
+from analysis.pipeline_walk import Opened, pipeline_ns, zero_bubble
+from analysis.zbv_walk import zero_bubble_v
 from replay import get_system
 from tests.conftest import replayed
 
@@ -112,6 +114,113 @@ def test_the_fast_paths_walk_is_the_schedules(data: st.DataObject, p: int, m: in
     f, b, w = costs(1, 300), costs(1, 600), costs(0, 400)
     c = data.draw(st.lists(st.sampled_from([0, 7, 60, 900]), min_size=p, max_size=p))
     assert zero_bubble_v(m, f, b, w, c) == _walk_v(m, p, f, b, w, c)
+
+
+def _stage_costs(data: st.DataObject, p: int, shape: str, lo: int, hi: int
+                 ) -> list[tuple[int, int]]:
+    """Per stage (chunk 0, chunk 1) costs: all alike, alike but stage 0 (the embedding and the
+    head: its slower pace takes the others over one by one), or any."""
+    draw = lambda: data.draw(st.integers(lo, hi))  # noqa: E731
+    if shape == "any":
+        return [(draw(), draw()) for _ in range(p)]
+    rest = (draw(),) * 2
+    return [rest if shape == "alike" else (draw(), draw())] + [rest] * (p - 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), p=st.integers(2, 12), shape=st.sampled_from(["alike", "first", "any"]))
+def test_long_runs_jump_their_steady_rounds_exactly(data: st.DataObject, p: int, shape: str
+                                                    ) -> None:
+    """Runs of up to 300 micro-batches, whose steady rounds the walk jumps where they are
+    affine (``zbv_walk._regime``), end as walking every pass of the schedule does — through
+    a slower stage's pace taking the others over and periodic rounds of q > 1."""
+    m = data.draw(st.integers(2 * p + 3, min(300, 30 * p)))
+    f, b = _stage_costs(data, p, shape, 1, 300), _stage_costs(data, p, shape, 1, 600)
+    w = _stage_costs(data, p, shape, 0, 400)
+    c = data.draw(st.lists(st.sampled_from([0, 7, 60, 900]), min_size=p, max_size=p))
+    assert zero_bubble_v(m, f, b, w, c) == _walk_v(m, p, f, b, w, c)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), p=st.integers(2, 8), shape=st.sampled_from(["alike", "first", "any"]))
+def test_the_opening_walks_the_same_with_jumps(data: st.DataObject, p: int, shape: str
+                                               ) -> None:
+    """With the parameter gathers that open the step (``overlap_param_gather``: passes slowed
+    until a stage's gathers are done, first forwards held to their floors) the rounds are
+    looked at only once no pass is slowed, and the walk equals walking every pass."""
+    m = data.draw(st.integers(2 * p + 3, 20 * p))
+    f, b = _stage_costs(data, p, shape, 1, 300), _stage_costs(data, p, shape, 1, 600)
+    w = _stage_costs(data, p, shape, 0, 400)
+    c = data.draw(st.lists(st.sampled_from([0, 7, 60, 900]), min_size=p, max_size=p))
+    floors = tuple(((s, ch), data.draw(st.integers(0, 4_000))) for s in range(p)
+                   for ch in (0, 1) if data.draw(st.booleans()))
+    busy = tuple(tuple(data.draw(st.lists(st.integers(0, 20_000), max_size=2)))
+                 for _ in range(p))
+    share = tuple(data.draw(st.floats(0, 1)) for _ in range(6 * p))
+    opened = Opened(floors, busy, data.draw(st.sampled_from([0.0, 0.2, 0.5])), share)
+    jumped = zero_bubble_v(m, f, b, w, c, opened)
+    with pytest.MonkeyPatch.context() as patch:  # every run short: its whole plan walked
+        patch.setattr(zbv_walk, "STEADY_ROUNDS", 10**9)
+        assert zero_bubble_v(m, f, b, w, c, opened) == jumped
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), p=st.integers(2, 8), shape=st.sampled_from(["alike", "first", "any"]),
+       opening=st.booleans())
+def test_every_jump_lands_where_walking_its_rounds_does(data: st.DataObject, p: int, shape: str,
+                                                        opening: bool) -> None:
+    """Each jump ``zbv_walk._regime`` allows — k blocks of q rounds, each round position moved
+    k times its increment — gives the rounds that walking those k·q rounds gives (the final
+    ends alone would not show a jump one block too far: a pass whose other wait overtook it
+    is walked again right after, and the pace that took over hides the error)."""
+    m = data.draw(st.integers(2 * p + 3, 30 * p))
+    f, b = _stage_costs(data, p, shape, 90, 110), _stage_costs(data, p, shape, 180, 220)
+    w = _stage_costs(data, p, shape, 0, 120)
+    c = [data.draw(st.sampled_from([0, 7, 60]))] * p
+    opened = Opened((), tuple((data.draw(st.integers(0, 5_000)),) for _ in range(p)), 0.5,
+                    (0.5,) * 6 * p) if opening else None
+    landed: list[bool] = []
+    regime = zbv_walk._regime
+
+    def checked(run: zbv_walk._Run, pieces: zbv_walk._Pieces, q: int, most: int
+                ) -> tuple[int, list[int]] | None:
+        got = regime(run, pieces, q, most)
+        if got is not None and got[0]:
+            k, shift = got
+            again = zbv_walk._Run(run.cost, run.sends, list(run.clock), list(run.ends), opened)
+            for _ in range(k * q):
+                again.walk(pieces.body)
+            block = q * len(pieces.body)
+            landed.append(again.ends[-block:] == [e + k * d for e, d in
+                                                  zip(run.ends[-block:], shift, strict=True)])
+        return got
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(zbv_walk, "_regime", checked)
+        zero_bubble_v(m, f, b, w, c, opened)
+    assert all(landed)
+
+
+@pytest.mark.parametrize(("p", "m", "heavy", "most"), [
+    (4, 400, 0, 0.03), (4, 400, 7, 0.07), (16, 1536, 7, 0.08)])
+def test_steady_rounds_are_jumped_not_walked(p: int, m: int, heavy: int, most: float) -> None:
+    """The jump is taken: alike stages walk their warm-up, a few rounds and the cool-down (3%
+    of 6·m·p passes at p 4, m 400); a stage 0 heavier by 7% (its pace takes the others over
+    one by one) a few rounds more per stage."""
+    walked = 0
+    walk = zbv_walk._Run.walk
+
+    def counted(run: zbv_walk._Run, entries: tuple[zbv_walk.Entry, ...],
+                first_f: tuple[tuple[int, int], ...] = ()) -> None:
+        nonlocal walked
+        walked += len(entries)
+        walk(run, entries, first_f)
+
+    f = [(100 + heavy, 100 + heavy)] + [(100, 100)] * (p - 1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(zbv_walk._Run, "walk", counted)
+        zero_bubble_v(m, f, [(200, 200)] * p, [(100, 100)] * p, [20] * p)
+    assert 0 < walked <= most * 6 * m * p
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 8])
