@@ -102,7 +102,7 @@ def test_every_pass_once_in_order(m: int, p: int, data: st.DataObject) -> None:
 @given(data=st.data(), p=st.integers(2, 8), m=st.integers(1, 40), equal=st.booleans())
 def test_the_fast_paths_walk_is_the_schedules(data: st.DataObject, p: int, m: int,
                                               equal: bool) -> None:
-    """``pipeline_walk.zero_bubble_v`` gives each stage's end and its chunks' last W ends
+    """``zbv_walk.zero_bubble_v`` gives each stage's end and its chunks' last W ends
     exactly as walking the schedule pass by pass does, for any costs and sends."""
     def costs(lo: int, hi: int) -> list[tuple[int, int]]:
         if equal:  # alike stages but stage 0 (the embedding and the head)
