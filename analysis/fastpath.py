@@ -144,10 +144,10 @@ def estimate(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | st
 
 def _zero_bubble(costs: Costs, stages: list[Stage], reps: list[int], c: list[int],
                  alike: bool, hbm_bytes: int) -> FastEstimate:
-    """ZB-H1 and ZB-V: their passes walked (``pipeline_walk.zero_bubble``, ``zbv_walk.zero_bubble_v``;
-    ``Stage.bwd`` is then the B pass); each stage's gradient buckets drain beside each chunk's
-    last W pass (``Stage.w_view``), which no other stage waits for, so no stage's tail moves
-    another's end."""
+    """ZB-H1 and ZB-V: their passes walked (``pipeline_walk.zero_bubble``,
+    ``zbv_walk.zero_bubble_v``; ``Stage.bwd`` is then the B pass); each stage's gradient
+    buckets drain beside each chunk's last W pass (``Stage.w_view``), which no other stage
+    waits for, so no stage's tail moves another's end."""
     s = costs.s
     views = [x.w_view for x in stages if x.w_view is not None]
     assert len(views) == s.pp  # (``stage_costs`` sets each under ZB-H1 and ZB-V)
