@@ -45,7 +45,6 @@ class _Pieces(NamedTuple):
     first_f: tuple[tuple[int, int], ...]  # each stage's chunks' first forwards, in ``head``
     last_w: tuple[tuple[int, int], ...]  # each stage's chunks' last W's, from ``tail``'s start
     stage_last: tuple[int, ...]  # each stage's last pass in ``body``
-    reach: int  # how many of the last rounds the tail waits on (at least 1)
     prev: tuple[int, ...]  # per ``body`` pass, how many passes back its stage's previous one is
 
 
@@ -76,7 +75,7 @@ def _walk(m: int, f: list[tuple[int, ...]], b: list[tuple[int, ...]],
           ) -> tuple[list[int], list[list[int]], list[list[int]]]:
     """(each stage's end, its chunks' last W ends, its chunks' first forward starts): a short
     run walked pass by pass from its own plan (``_plan``), a long one from the repeating pieces
-    (``_pieces``) with the steady rounds jumped once periodic (``_rounds``)."""
+    (``_pieces``) with the steady rounds jumped where they are affine (``_rounds``)."""
     p = len(f)
     cost = [x[ch] for y in (f, b, w) for ch in (0, 1) for x in y]
     sends = [*c[:p], 0]  # (index p: the V's turn, no send)
@@ -305,7 +304,7 @@ def _pieces(p: int) -> _Pieces:
     ``STEADY_ROUNDS`` steady rounds: its warm-up placed as ready, then its steady rounds, each
     round's stages from the last to the first, then the rest as ready. The rounds after the
     first must be one block that waits on nothing before the round before it, and the tail on
-    no pass before the rounds it reaches into; both are checked here."""
+    no pass before the last three rounds; both are checked here."""
     m = 2 * p - 1 + STEADY_ROUNDS
     placer = _Placer(m, p)
     steady = [5 * p - 3 * st - 1 for st in range(p)]  # stage st's first steady pass
@@ -325,8 +324,8 @@ def _pieces(p: int) -> _Pieces:
         assert plan[head_end + r * size:head_end + (r + 1) * size] == body, (p, r)
     assert all(back <= at + size for at, (_, _, back, _) in enumerate(body)), p
     tail = plan[rounds_end:]
-    reach = max(1, -(-max(back - at for at, (_, _, back, _) in enumerate(tail)) // size))
-    assert reach < STEADY_ROUNDS, p  # (no further back than the rounds after the head's)
+    # no further back than the rounds after the head's, and than the three a jump writes
+    assert all(back - at <= 3 * size for at, (_, _, back, _) in enumerate(tail)), p
     stage_last = [max(at for at, e in enumerate(body) if e[0] == st) for st in range(p)]
     prev = [at - max(j for j in range(at - size, at) if body[j % size][0] == e[0])
             for at, e in enumerate(body)]
@@ -334,4 +333,4 @@ def _pieces(p: int) -> _Pieces:
     return _Pieces(tuple(plan[:head_end]), tuple(body), tuple(tail),
                    tuple(map(tuple, placer.first_f)),  # type: ignore[arg-type]
                    tuple((a - rounds_end, b - rounds_end) for a, b in placer.last_w),
-                   tuple(stage_last), reach, tuple(prev))
+                   tuple(stage_last), tuple(prev))
