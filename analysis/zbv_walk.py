@@ -166,7 +166,7 @@ def _rounds(run: _Run, pieces: _Pieces, n: int) -> None:
     body, ends, size = pieces.body, run.ends, len(pieces.body)
     done, fresh = 0, 1  # rounds walked or jumped; contiguous rounds at the end of ``ends``
     wait = 0  # rounds to walk before looking again (after a look that found nothing)
-    settled = 1 if run.settled() else n + 1  # the first round no opening gather slows
+    settled = n + 1  # the first round no opening gather slows (found as the rounds go)
     while done < n:
         if settled > n and run.settled():
             settled = done + 1
