@@ -51,13 +51,26 @@ def strategy_fields(s: Strategy) -> dict[str, Any]:
             + ("-seo" if s.moe_shared_expert_overlap else "")
             + (f"-adam{s.adam_moments_dtype}" if s.adam_moments_dtype != "fp32" else "")
             + ("-fp8pg" if s.fp8_param_gather else "")
-            + (f"-layout[{s.pipeline_layout}]" if s.pipeline_layout else ""),
+            + (f"-layout[{s.pipeline_layout}]" if s.pipeline_layout else "")
+            + _split_suffix(s),
             "tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep, "vpp": s.vpp,
             "micro_batch_size": s.micro_batch_size, "schedule": s.schedule,
             "recompute": s.recompute, "zero_stage": s.zero_stage,
             "sequence_parallel": s.sequence_parallel, "tp_comm_overlap": s.tp_comm_overlap,
             "overlap_param_gather": s.overlap_param_gather, "expert_tp": s.expert_tp,
             "zero3_prefetch": s.zero3_prefetch}
+
+
+def _split_suffix(s: Strategy) -> str:
+    """An uneven pipeline's split, as the CLI's flags set it: the layers of the first and last
+    chunk (``-first7-last7``), the embedding and loss counted as layers (``-embl``, ``-lossl``).
+    A sweep sets these itself where pp · vpp does not divide the layers
+    (``with_shorter_end_chunks``), so without them the label would name a strategy that
+    ``trainsim estimate`` rejects as it reads."""
+    return ((f"-first{s.first_stage_layers}" if s.first_stage_layers else "")
+            + (f"-last{s.last_stage_layers}" if s.last_stage_layers else "")
+            + ("-embl" if s.account_for_embedding_in_pipeline_split else "")
+            + ("-lossl" if s.account_for_loss_in_pipeline_split else ""))
 
 
 # A result row's replayed timeline (its first ranks) as Parquet bytes, under this key until

@@ -127,6 +127,40 @@ def test_sweep_keeps_pipelines_whose_depth_does_not_divide_the_layers(tmp_path: 
     assert [len(by_pp[8].chunk_layers(126, g)) for g in range(8)] == [15] + [16] * 6 + [15]
 
 
+def test_a_swept_uneven_split_is_in_the_label_and_the_label_reproduces_it() -> None:
+    """The sweep picks the split of 126 layers itself, so the label it reports must say it:
+    each label read back as the CLI's flags (``-firstN``, ``-lastN``, ``-embl``, ``-lossl``)
+    builds the strategy the sweep screened. Llama 3's own layout (pp 16 × vpp 8) has empty end
+    chunks, Megatron's embedding and loss counted as layers."""
+    import dataclasses
+    import re
+
+    from analysis.compare import strategy_fields
+    from analysis.study import study_from_dict
+
+    study = study_from_dict({"model": "llama3.1-405b", "system": "dgx-h100", "gpus": 16384,
+                             "global_batch_size": 2048,
+                             "search": {"tp": [8], "pp": [4, 8, 16], "vpp": [1, 2, 8],
+                                        "micro_batch_size": [1], "recompute": ["none"],
+                                        "zero_stage": [1], "sequence_parallel": [True]}})
+    valid, _ = enumerate_space(study)
+    labels = {strategy_fields(s)["strategy"]: s for s in valid}
+    assert len(labels) == len(valid) >= 6
+    for label, s in labels.items():
+        first = re.search(r"-first(\d+)", label)
+        last = re.search(r"-last(\d+)", label)
+        read = dataclasses.replace(
+            s, first_stage_layers=int(first[1]) if first else 0,
+            last_stage_layers=int(last[1]) if last else 0,
+            account_for_embedding_in_pipeline_split=label.endswith(("-embl", "-embl-lossl")),
+            account_for_loss_in_pipeline_split=label.endswith("-lossl"))
+        assert read == s, label
+    by_shape = {(s.pp, s.vpp): label for label, s in labels.items()}
+    assert by_shape[16, 1].endswith("-first7-last7")
+    assert by_shape[16, 8].endswith("-embl-lossl")
+    assert by_shape[8, 1].endswith("-first15-last15")
+
+
 @pytest.mark.parametrize(("search", "message"), [
     ({"tp": 4}, "search dimension(s) ['tp'] must each be a non-empty list of values"),
     ({"pp": []}, "search dimension(s) ['pp'] must each be a non-empty list"),
