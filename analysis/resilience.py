@@ -343,26 +343,49 @@ def _policies(policies: dict[str, Any]) -> dict[str, dict[str, float]]:
     return out
 
 
-def recovery_costs(job: JobShape, checkpoint: dict[str, object], restart: dict[str, object],
-                   policies: dict[str, dict[str, object]] | None = None
-                   ) -> dict[str, RecoveryCosts]:
-    """Per policy: checkpoint blocking time δ and restart cost R from sizes and bandwidths."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecoveryInputs:
+    """The [checkpoint], [restart] and [policies] tables checked, over their defaults."""
+
+    mode: str
+    storage_Bps: float
+    host_Bps: float
+    restart: dict[str, float]
+    policies: dict[str, dict[str, float]]
+
+
+def recovery_inputs(checkpoint: dict[str, object], restart: dict[str, object],
+                    policies: dict[str, dict[str, object]] | None = None) -> RecoveryInputs:
+    """The recovery tables of a study checked (a study checks them when it is loaded, before
+    any strategy is costed): unknown keys and values of the wrong kind are named."""
+    for table, given, known in (("checkpoint", checkpoint, DEFAULT_CHECKPOINT),
+                                ("restart", restart, DEFAULT_RESTART)):
+        unknown = set(given) - set(known)
+        if unknown:
+            raise ConfigError(f"unknown [{table}] key(s) {sorted(unknown)}; known: "
+                              f"{', '.join(known)}", what="study")
     ck = {**DEFAULT_CHECKPOINT, **checkpoint}
-    unknown = set(restart) - set(DEFAULT_RESTART)
-    if unknown:
-        raise ConfigError(f"unknown [restart] key(s) {sorted(unknown)}; known: "
-                          f"{', '.join(DEFAULT_RESTART)}", what="study")
-    rs = {k: number("restart", k, v) for k, v in {**DEFAULT_RESTART, **restart}.items()}
-    pol = _policies(policies or {})
-    size = checkpoint_bytes(job.params)
-    shard = size / job.model_parallel  # one data-parallel replica writes, each GPU its shard
-    storage = number("checkpoint", "storage_GBps", ck["storage_GBps"], positive=True) * 1e9
-    host = number("checkpoint", "host_copy_GBps", ck["host_copy_GBps"], positive=True) * 1e9
     mode = ck["mode"]
     if mode not in ("sync", "async", "in_memory"):
         raise ConfigError(f"checkpoint mode must be sync, async or in_memory, got {mode!r}",
                           what="checkpoint")
-    delta = {"sync": size / storage, "async": shard / host, "in_memory": shard / host}[str(mode)]
+    return RecoveryInputs(
+        str(mode), number("checkpoint", "storage_GBps", ck["storage_GBps"], positive=True) * 1e9,
+        number("checkpoint", "host_copy_GBps", ck["host_copy_GBps"], positive=True) * 1e9,
+        {k: number("restart", k, v) for k, v in {**DEFAULT_RESTART, **restart}.items()},
+        _policies(policies or {}))
+
+
+def recovery_costs(job: JobShape, checkpoint: dict[str, object], restart: dict[str, object],
+                   policies: dict[str, dict[str, object]] | None = None
+                   ) -> dict[str, RecoveryCosts]:
+    """Per policy: checkpoint blocking time δ and restart cost R from sizes and bandwidths."""
+    given = recovery_inputs(checkpoint, restart, policies)
+    rs, pol, mode = given.restart, given.policies, given.mode
+    size = checkpoint_bytes(job.params)
+    shard = size / job.model_parallel  # one data-parallel replica writes, each GPU its shard
+    storage, host = given.storage_Bps, given.host_Bps
+    delta = {"sync": size / storage, "async": shard / host, "in_memory": shard / host}[mode]
     init = rs["init_s"] + rs["init_s_per_1000_gpus"] * job.gpus / 1000
     base = rs["scheduling_s"] + init + rs["warmup_s"]
     load_storage = size / storage

@@ -47,6 +47,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from analysis.resilience import failure_model, recovery_inputs
 from replay.hardware import SystemSpec, resolve_system
 from tracegen import ConfigError, ModelSpec, Strategy, resolve_model
 from tracegen._config import is_finite_number, load_mapping
@@ -97,6 +98,7 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
     gpus, gbs = data["gpus"], data["global_batch_size"]
     strategies = tuple(_strategy(s, gpus, gbs, i) for i, s in enumerate(data.get("strategies",
                                                                               [])))
+    _check_resilience_tables(data, system)
     rank_by = str(data.get("rank_by", "time_to_train" if data.get("failures") else "step_time"))
     if rank_by not in ("step_time", "time_to_train"):
         raise ConfigError(f"rank_by must be 'step_time' or 'time_to_train', got {rank_by!r}",
@@ -112,7 +114,8 @@ TABLE_KEYS = ("search", "failures", "checkpoint", "restart", "policies")
 
 def _type_problems(data: dict[str, Any]) -> list[str]:
     """What is of the wrong type or out of range among the study's own values (the model,
-    system, strategies and tables are checked where they are read)."""
+    system and strategies are checked where they are read; the resilience tables by
+    ``_check_resilience_tables``)."""
     out = []
     for key in ("gpus", "global_batch_size"):
         v = data.get(key)
@@ -130,6 +133,16 @@ def _type_problems(data: dict[str, Any]) -> list[str]:
                                      and all(isinstance(s, dict) for s in data["strategies"])):
         out.append("strategies must be a list of tables ([[strategies]] in TOML)")
     return out
+
+
+def _check_resilience_tables(data: dict[str, Any], system: SystemSpec) -> None:
+    """[failures], [checkpoint], [restart] and [policies] checked as the study is read: they
+    are costed only after each strategy's step (and a failure model only for one that fits),
+    so a typo found there would cost a sweep's screening and replays first, or pass unseen."""
+    if data.get("failures"):
+        failure_model(dict(data["failures"]), gpus_per_node=system.node.gpus_per_node)
+    recovery_inputs(dict(data.get("checkpoint", {})), dict(data.get("restart", {})),
+                    dict(data.get("policies", {})))
 
 
 def _rel(value: str, base: Path | None) -> str:

@@ -110,6 +110,31 @@ def test_bad_recovery_tables_are_named(checkpoint: dict, restart: dict, policies
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize(("tables", "message"), [
+    # a misspelt key had been dropped in silence: the default 200 GB/s costed instead
+    ({"checkpoint": {"mode": "sync", "storage_gbps": 0.5}},
+     "unknown [checkpoint] key(s) ['storage_gbps']; known: mode, storage_GBps"),
+    ({"restart": {"warmup": 60}}, "unknown [restart] key(s) ['warmup']"),
+    ({"failures": {"preset": "llama3"}}, "no failure preset 'llama3'"),
+    ({"failures": {"rate_per_gpu_hour": -1}}, "rate_per_gpu_hour must be a positive number"),
+    ({"policies": {"replica": {}}}, "unknown [policies] ['replica']"),
+])
+def test_resilience_tables_are_checked_when_the_study_is_read(tables: dict, message: str
+                                                              ) -> None:
+    """Before any strategy is costed: each table is read only after a strategy's step (the
+    failure model only for one that fits), so a sweep would have screened and replayed first,
+    and a study whose strategies all exceed memory never reported the typo."""
+    from analysis.study import study_from_dict
+
+    base = {"model": "gpt-1.7b", "system": "dgx-h100", "gpus": 8, "global_batch_size": 8,
+            "strategies": [{"tp": 2}]}
+    with pytest.raises(ConfigError) as info:
+        study_from_dict({**base, **tables})
+    assert message in str(info.value)
+    study_from_dict({**base, "failures": {"preset": "llama3-16k-h100"},
+                     "checkpoint": {"mode": "sync", "storage_GBps": 0.5}})
+
+
 def test_a_job_that_cannot_progress_has_zero_goodput_not_an_overflow() -> None:
     """Restarts hundreds of MTTFs long: Daly's expected wall time is infinite and goodput 0;
     the Monte Carlo, which would draw failures for ever, says why instead of hanging."""
