@@ -16,6 +16,7 @@ from tracegen import ConfigError
 if TYPE_CHECKING:  # polars is imported where a command needs it (fast CLI start-up)
     import polars as pl
 
+    from analysis.study import Study
     from tracegen.strategy import Strategy
 
 
@@ -334,9 +335,25 @@ def sweep_cmd(
                                 chunk=chunk, progress=_phase_reporter(bar))
     (out / "study.json").write_text(json.dumps(_study_meta(st, counts), indent=1) + "\n")
     console.print(" · ".join(f"{k.replace('_', ' ')}: {v:,}" for k, v in counts.items()))
+    if counts["invalid"]:
+        _print_invalid_reasons(st, counts["invalid"])
     fitted = counts.get("recomputed_to_fit", 0)
     _print_ranking(results, f"{st.name}: best of {counts['valid']:,} strategies"
                    + (f" and {fitted:,} recomputed to fit" if fitted else ""))
+
+
+def _print_invalid_reasons(st: Study, invalid: int) -> None:
+    """The commonest reasons the space's combinations were invalid (``sweep.invalid_reasons``):
+    a space with none valid otherwise ends in an empty table that says nothing."""
+    from rich.markup import escape
+
+    from analysis.sweep import invalid_reasons
+
+    reasons, seen = invalid_reasons(st)
+    of = "" if seen >= invalid else f" (of the first {seen:,})"
+    console.print(f"why invalid{of}:")
+    for reason, n in reasons:
+        console.print(f"  {n:>7,} × {escape(reason)}", soft_wrap=True)
 
 
 def _phase_reporter(bar: Any) -> Any:

@@ -10,10 +10,12 @@ skipped, never duplicated.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import contextlib
 import itertools
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -104,6 +106,31 @@ def _enumerate(study: Study, space: dict[str, list[Any]]) -> tuple[list[Strategy
     return valid, invalid
 
 
+def invalid_reasons(study: Study, *, limit: int = 3, sample: int = 2000
+                    ) -> tuple[list[tuple[str, int]], int]:
+    """Why the space's invalid combinations are invalid: (a reason as the strategy check words
+    it, how many of the looked-at combinations it rules out) for the ``limit`` commonest, of
+    the first ``sample`` invalid combinations, and how many were looked at. Reasons that
+    differ only in their numbers count as one (the first met is shown)."""
+    space = search_space(study)
+    keys = sorted(space)
+    counts: collections.Counter[str] = collections.Counter()
+    first: dict[str, str] = {}
+    seen = 0
+    for values in itertools.product(*(space[k] for k in keys)):
+        try:
+            _build(study, dict(zip(keys, values, strict=True)))
+        except ConfigError as exc:
+            reason = exc.problems[0]
+            pattern = re.sub(r"\d+", "N", reason)
+            first.setdefault(pattern, reason)
+            counts[pattern] += 1
+            seen += 1
+            if seen >= sample:
+                break
+    return [(first[p], n) for p, n in counts.most_common(limit)], seen
+
+
 def _strategy(study: Study, d: dict[str, Any]) -> Strategy | None:
     tp, pp, cp = int(d["tp"]), int(d["pp"]), int(d.get("cp", 1))
     if study.gpus % (tp * pp * cp):
@@ -116,33 +143,44 @@ def _strategy(study: Study, d: dict[str, Any]) -> Strategy | None:
                  tp_comm_overlap=bool(d.get("tp_comm_overlap", False)), schedule=schedule):
         return None  # (most of a space: skipped before a Strategy and its message are built)
     try:
-        s = Strategy(tp=tp, pp=pp, cp=cp, ep=int(d.get("ep", 1)), vpp=vpp,
-                     expert_tp=int(d.get("expert_tp", 0)),
-                     zero3_prefetch=bool(d.get("zero3_prefetch", False)),
-                     dp=dp,
-                     sequence_parallel=bool(d["sequence_parallel"]),
-                     tp_comm_overlap=bool(d.get("tp_comm_overlap", False)),
-                     overlap_param_gather=bool(d.get("overlap_param_gather", False)),
-                     micro_batch_size=int(d["micro_batch_size"]),
-                     global_batch_size=study.global_batch_size,
-                     schedule=schedule,  # type: ignore[arg-type]
-                     recompute=d["recompute"], zero_stage=int(d["zero_stage"]),
-                     recompute_num_layers=int(d.get("recompute_num_layers", 0)),
-                     recompute_modules=str(d.get("recompute_modules", "core_attn")),
-                     moe_dispatcher=d.get("moe_dispatcher", "alltoall"),
-                     moe_shared_expert_overlap=bool(d.get("moe_shared_expert_overlap", False)),
-                     pipeline_layout=str(d.get("pipeline_layout", "")),
-                     adam_moments_dtype=d.get("adam_moments_dtype", "fp32"),
-                     fp8_param_gather=bool(d.get("fp8_param_gather", False)),
-                     precision=d.get("precision", "bf16"),
-                     dist_opt_instances=int(d.get("dist_opt_instances", 1)),
-                     outer_dp_sharding_strategy=d.get("outer_dp_sharding_strategy",
-                                                      "no_shard"))
-        # a layer count pp·vpp does not divide: shorter end chunks, as frameworks run it
-        s = with_shorter_end_chunks(s, study.model.num_layers)
-        check_fits_model(s, study.model)
+        return _build(study, d)
     except ConfigError:
         return None
+
+
+def _build(study: Study, d: dict[str, Any]) -> Strategy:
+    """The strategy of one combination of the space, or the ConfigError that says why none."""
+    tp, pp, cp = int(d["tp"]), int(d["pp"]), int(d.get("cp", 1))
+    if study.gpus % (tp * pp * cp):
+        raise ConfigError(f"gpus {study.gpus} is not divisible by tp·pp·cp = {tp}·{pp}·{cp} = "
+                          f"{tp * pp * cp}", what="strategy")
+    vpp, dp = int(d["vpp"]), study.gpus // (tp * pp * cp)
+    schedule = d.get("schedule") or ("interleaved_1f1b" if vpp > 1 else "1f1b")
+    s = Strategy(tp=tp, pp=pp, cp=cp, ep=int(d.get("ep", 1)), vpp=vpp,
+                 expert_tp=int(d.get("expert_tp", 0)),
+                 zero3_prefetch=bool(d.get("zero3_prefetch", False)),
+                 dp=dp,
+                 sequence_parallel=bool(d["sequence_parallel"]),
+                 tp_comm_overlap=bool(d.get("tp_comm_overlap", False)),
+                 overlap_param_gather=bool(d.get("overlap_param_gather", False)),
+                 micro_batch_size=int(d["micro_batch_size"]),
+                 global_batch_size=study.global_batch_size,
+                 schedule=schedule,  # type: ignore[arg-type]
+                 recompute=d["recompute"], zero_stage=int(d["zero_stage"]),
+                 recompute_num_layers=int(d.get("recompute_num_layers", 0)),
+                 recompute_modules=str(d.get("recompute_modules", "core_attn")),
+                 moe_dispatcher=d.get("moe_dispatcher", "alltoall"),
+                 moe_shared_expert_overlap=bool(d.get("moe_shared_expert_overlap", False)),
+                 pipeline_layout=str(d.get("pipeline_layout", "")),
+                 adam_moments_dtype=d.get("adam_moments_dtype", "fp32"),
+                 fp8_param_gather=bool(d.get("fp8_param_gather", False)),
+                 precision=d.get("precision", "bf16"),
+                 dist_opt_instances=int(d.get("dist_opt_instances", 1)),
+                 outer_dp_sharding_strategy=d.get("outer_dp_sharding_strategy",
+                                                  "no_shard"))
+    # a layer count pp·vpp does not divide: shorter end chunks, as frameworks run it
+    s = with_shorter_end_chunks(s, study.model.num_layers)
+    check_fits_model(s, study.model)
     return s
 
 

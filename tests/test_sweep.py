@@ -312,3 +312,39 @@ def test_a_sweep_recomputes_just_enough_to_fit(tmp_path: Path) -> None:
         final.sort("id").select(COMPARED))
     screened = PartStore(tmp_path / "s", "screen").read()
     assert screened["id"].n_unique() == screened.height
+
+
+def test_why_a_space_is_invalid_is_told(tmp_path: Path) -> None:
+    """Every invalid combination is counted under the reason the strategy check gives for it
+    (the counts add up to the space's invalid count), and a sweep whose space holds no valid
+    strategy says why instead of ending in an empty table."""
+    from typer.testing import CliRunner
+
+    from analysis.cli import app
+    from analysis.study import study_from_dict
+    from analysis.sweep import invalid_reasons
+
+    space = {"tp": [1, 2, 16], "pp": [1, 3], "vpp": [1, 2], "micro_batch_size": [1],
+             "recompute": ["full"], "zero_stage": [1], "sequence_parallel": [False, True]}
+    study = study_from_dict({"model": "llama3-8b", "system": "dgx-h100", "gpus": 96,
+                             "global_batch_size": 96, "search": space})
+    _, invalid = enumerate_space(study)
+    reasons, seen = invalid_reasons(study, limit=100)
+    assert seen == invalid == sum(n for _, n in reasons) > 0
+    text = " | ".join(r for r, _ in reasons)
+    assert "num_kv_heads 8 is not divisible by tp 16" in text
+    assert "sequence_parallel needs tp > 1" in text
+    assert "interleaved_1f1b needs pp ≥ 2 and vpp ≥ 2, got pp=1 vpp=2" in text
+    few, looked = invalid_reasons(study, limit=1, sample=3)
+    assert looked == 3 and len(few) == 1 and few[0][1] <= 3
+
+    f = tmp_path / "none.toml"
+    f.write_text('model = "llama3-70b"\nsystem = "dgx-h100"\ngpus = 64\n'
+                 'global_batch_size = 64\n[search]\ntp = [16]\npp = [2, 4]\nvpp = [1]\n'
+                 'micro_batch_size = [1]\nrecompute = ["full"]\nzero_stage = [1]\n'
+                 'sequence_parallel = [true]\n')
+    got = CliRunner().invoke(app, ["sweep", str(f), "-o", str(tmp_path / "o"), "--workers",
+                                   "1"])
+    assert got.exit_code == 0, got.output
+    assert "valid: 0" in got.output and "why invalid:" in got.output
+    assert "2 × num_kv_heads 8 is not divisible by tp 16" in got.output
