@@ -431,12 +431,16 @@ def _print_scaling(frame: Any, title: str) -> None:
 
 @app.command("report")
 def report_cmd(
-    results: Annotated[Path, typer.Argument(help="Directory written by compare or sweep.")],
+    results: Annotated[Path, typer.Argument(
+        help="Directory written by compare, sweep or scale.")],
     out: Annotated[Path, typer.Option("-o", "--out", help="Report directory.")],
 ) -> None:
-    """Write report.html (self-contained), report.md, figures and tables."""
+    """Write report.html (self-contained), report.md, figures and tables (of a comparison or
+    sweep, or of a scaling study)."""
     from analysis.report import build_report
+    from analysis.report_scaling import is_scaling_dir
 
     output_dir(out, "--out")
     html = build_report(results, out)
-    console.print(f"report: {html} (and {out / 'report.md'}, {out / 'results.csv'})")
+    table = "scaling.csv" if is_scaling_dir(results) else "results.csv"
+    console.print(f"report: {html} (and {out / 'report.md'}, {out / table})")

@@ -57,19 +57,25 @@ def load_results(directory: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
     d = Path(directory)
     path = d / "results.parquet"
     if not path.is_file():
-        raise TrainsimError(f"{path} not found: run `trainsim compare` or `trainsim sweep` with "
-                            f"-o {d} first")
-    meta: dict[str, Any] = {}
-    if (d / "study.json").is_file():
-        try:
-            meta = json.loads((d / "study.json").read_text())
-        except json.JSONDecodeError as exc:
-            raise TrainsimError(f"{d / 'study.json'} is not valid JSON ({exc}): run the study "
-                                "again or delete the file") from None
-        if not isinstance(meta, dict):
-            raise TrainsimError(f"{d / 'study.json'} is not a JSON object: run the study again "
-                                "or delete the file")
-    return read_table(path, RESULT_COLUMNS_READ), meta
+        raise TrainsimError(f"{path} not found: run `trainsim compare`, `trainsim sweep` or "
+                            f"`trainsim scale` with -o {d} first")
+    return read_table(path, RESULT_COLUMNS_READ), read_meta(d / "study.json", "the study")
+
+
+def read_meta(path: Path, what: str) -> dict[str, Any]:
+    """A results directory's JSON description of what it holds ({} where it has none), or a
+    TrainsimError that names the file and what to do (``what``: what to run again)."""
+    if not path.is_file():
+        return {}
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise TrainsimError(f"{path} is not valid JSON ({exc}): run {what} again or delete "
+                            "the file") from None
+    if not isinstance(meta, dict):
+        raise TrainsimError(f"{path} is not a JSON object: run {what} again or delete the "
+                            "file")
+    return meta
 
 
 def read_table(path: Path, columns: tuple[str, ...]) -> pl.DataFrame:
@@ -88,8 +94,13 @@ def read_table(path: Path, columns: tuple[str, ...]) -> pl.DataFrame:
 
 
 def build_report(results_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write report.html, report.md, figures and tables; returns the HTML path."""
+    """Write report.html, report.md, figures and tables; returns the HTML path. A directory
+    ``trainsim scale`` wrote gets the scaling report (``report_scaling``)."""
     src, out = Path(results_dir), Path(out_dir)
+    from analysis.report_scaling import build_scaling_report, is_scaling_dir
+
+    if is_scaling_dir(src):  # (``trainsim scale``'s directory: its own report)
+        return build_scaling_report(src, out)
     out.mkdir(parents=True, exist_ok=True)
     results, meta = load_results(src)
     figures = _figures(results, src)

@@ -15,6 +15,7 @@ to ``gpus-<N>/`` under the output directory, resumable as any sweep is; the scal
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from analysis.sweep import SCHEMA, Progress, sweep
 from tracegen import ConfigError
 
 SECONDS_PER_HOUR = 3600.0
+SCALING_META = "scaling.json"  # what the study was: the report's title and subtitle
 # the scaling table's columns besides the best strategy's result row (``compare.RESULT_COLUMNS``)
 SCALING_COLUMNS: dict[str, Any] = {
     "gpus": pl.Int64, "global_batch_size": pl.Int64, "valid": pl.Int64, "fit": pl.Int64,
@@ -108,6 +110,10 @@ def scaling(study: Study, gpu_counts: Sequence[int], out_dir: str | Path, *,
     for name, write in (("scaling.parquet", frame.write_parquet), ("scaling.csv",
                                                                    frame.write_csv)):
         write(out / name)
+    meta = {"name": study.name, "model": study.model.name, "system": study.system.name,
+            "global_batch_size": study.global_batch_size, "batch_per_gpu": batch_per_gpu,
+            "tokens": study.tokens, "failures": study.has_failures, "gpus": list(counts)}
+    (out / SCALING_META).write_text(json.dumps(meta, indent=1) + "\n")  # (``report_scaling``)
     return frame
 
 

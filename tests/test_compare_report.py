@@ -104,7 +104,7 @@ def test_cli_compare_then_report(tmp_path: Path) -> None:
 def test_report_without_results_is_a_clear_error(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "analysis.cli", "report", str(tmp_path), "-o",
                         str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "run `trainsim compare` or `trainsim sweep`" in r.stderr
+    assert r.returncode == 2 and "run `trainsim compare`, `trainsim sweep` or `trainsim scale`" in r.stderr
 
 
 def test_a_damaged_results_directory_is_a_clear_error(tmp_path: Path) -> None:

@@ -116,3 +116,42 @@ def test_scale_command_writes_the_table_and_figure(tmp_path: Path) -> None:
                           "0", "-o", str(out)], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "GPU counts must be whole numbers" in bad.stdout + bad.stderr
     assert "Traceback" not in bad.stdout + bad.stderr
+
+
+def test_a_scaling_directory_gets_its_own_report(tmp_path: Path) -> None:
+    """``trainsim report`` on what ``scale`` wrote: the scaling table (a count where nothing
+    runs keeps its reason), the figures embedded and beside the pages, each count's best
+    strategies from its own sweep (its first the table's), the study named from
+    ``scaling.json``."""
+    import base64
+    import re
+
+    from typer.testing import CliRunner
+
+    from analysis.cli import app
+
+    study = load_study(_study(tmp_path, failures=True))
+    got = scaling(study, [8, 256], tmp_path / "out", workers=1)
+    run = CliRunner().invoke(app, ["report", str(tmp_path / "out"), "-o", str(tmp_path / "rep")])
+    assert run.exit_code == 0, run.output
+    assert "scaling.csv" in run.output
+    html = (tmp_path / "rep" / "report.html").read_text()
+    md = (tmp_path / "rep" / "report.md").read_text()
+    best = got.row(0, named=True)
+    table = html[html.index('id="scaling-table"'):html.index("</table>")]
+    assert table.count("<tr>") == 3  # header and the two counts
+    assert best["strategy"] in table and f"{best['step_time_s']:.3f}" in table
+    assert "no valid strategy" in table and "global batch of 32" in table
+    assert study.model.name in html and "strong scaling" in html
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
+    assert len(images) == 2 and all(base64.b64decode(i)[:4] == b"\x89PNG" for i in images)
+    for name in ("scaling", "breakdown"):
+        png = tmp_path / "rep" / "figures" / f"{name}.png"
+        assert png.read_bytes()[:4] == b"\x89PNG" and f"(figures/{name}.png)" in md
+    runners = html[html.index('id="gpus-8"'):]
+    body = runners[runners.index("<tbody>"):]
+    first_row = body[:body.index("</tr>")]
+    assert best["strategy"] in first_row  # the count's sweep ranks the table's best first
+    assert 'id="gpus-256"' not in html  # (a count with no valid strategy has no runners-up)
+    assert f"| 8 | {best['global_batch_size']:,} | {best['strategy']} |" in md
+    assert pl.read_csv(tmp_path / "rep" / "scaling.csv").height == 2

@@ -1,0 +1,122 @@
+"""Scaling reports: ``trainsim report`` on a directory ``trainsim scale`` wrote (``scaling.parquet``
+and one sweep per GPU count under ``gpus-<N>/``) — the scaling table, the throughput and cost
+figure, where each count's best step goes, and each count's runners-up, as a self-contained
+HTML page and a Markdown file beside the figures and the table."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import polars as pl
+
+from analysis import plots as P
+from analysis.report import COLUMNS, RESULT_COLUMNS_READ, _fmt, _png, read_meta, read_table
+from analysis.scaling import SCALING_META
+from tracegen import __version__
+
+SCALING_COLUMNS_READ = ("gpus", "global_batch_size", "status", "strategy", "step_time_s", "mfu",
+                        "goodput", "scaling_efficiency", "gpu_hours_per_btok", "run_time_s",
+                        "effective_tokens_per_s", "peak_memory_GiB", "valid", "fit")
+RUNNERS_UP = 5  # of each count's sweep, after its best
+
+
+def is_scaling_dir(directory: Path) -> bool:
+    """A directory ``trainsim scale`` wrote (and no single comparison's results)."""
+    return (directory / "scaling.parquet").is_file() and not (
+        directory / "results.parquet").is_file()
+
+
+def build_scaling_report(src: Path, out: Path) -> Path:
+    """Write report.html, report.md, figures/ and the scaling table; returns the HTML path."""
+    frame = read_table(src / "scaling.parquet", SCALING_COLUMNS_READ)
+    meta = read_meta(src / SCALING_META, "`trainsim scale`")  # ({} before session 42)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "figures").mkdir(exist_ok=True)
+    figures = _figures(frame, meta)
+    for f in figures:
+        (out / f["file"]).write_bytes(f["bytes"])
+        f["png"] = base64.b64encode(f.pop("bytes")).decode()
+    context = {"title": f"trainsim scaling: {meta.get('name', src.name)}",
+               "subtitle": _subtitle(meta), "version": __version__,
+               "rows": [_row(r) for r in frame.iter_rows(named=True)],
+               "counts": [_count(src, g) for g in frame["gpus"].to_list()],
+               "columns": [{"key": k, "label": label, "left": left}
+                           for k, label, left in COLUMNS if k != "rank"],
+               "figures": figures}
+    loader = jinja2.PackageLoader("analysis", "templates")
+    html = jinja2.Environment(loader=loader, autoescape=jinja2.select_autoescape(["html", "j2"]))
+    (out / "report.html").write_text(html.get_template("scaling.html.j2").render(**context))
+    md = jinja2.Environment(loader=loader, autoescape=False)
+    md_figures = [{k: v for k, v in f.items() if k != "png"} for f in figures]
+    (out / "report.md").write_text(md.get_template("scaling.md.j2").render(
+        **{**context, "figures": md_figures}))
+    frame.write_csv(out / "scaling.csv")
+    frame.write_parquet(out / "scaling.parquet")
+    return out / "report.html"
+
+
+def _subtitle(meta: dict[str, Any]) -> str:
+    parts = [f"{meta[k]}" for k in ("model", "system") if k in meta]
+    if meta.get("batch_per_gpu"):
+        parts.append("global batch scaled with the GPU count (weak scaling)")
+    elif "global_batch_size" in meta:
+        parts.append(f"global batch {meta['global_batch_size']:,} at every count "
+                     "(strong scaling)")
+    if meta.get("tokens"):
+        parts.append(f"{meta['tokens']:.3g} tokens")
+    return ", ".join(parts)
+
+
+def _row(r: dict[str, Any]) -> dict[str, str]:
+    """One count's row, formatted (a count where nothing fits keeps its status)."""
+    ok = r["effective_tokens_per_s"] is not None
+
+    def num(key: str, fmt: str) -> str:
+        return "–" if not ok or r[key] is None else format(r[key], fmt)
+
+    return {"gpus": f"{r['gpus']:,}", "batch": f"{r['global_batch_size']:,}",
+            "strategy": r["strategy"] if ok else str(r["status"]),
+            "step": num("step_time_s", ".3f"), "tokens": num("effective_tokens_per_s", ",.0f"),
+            "mfu": num("mfu", ".1%"), "goodput": num("goodput", ".1%"),
+            "efficiency": num("scaling_efficiency", ".0%"),
+            "cost": num("gpu_hours_per_btok", ",.0f"),
+            "days": "–" if not ok or r["run_time_s"] is None else f"{r['run_time_s'] / 86400:.1f}",
+            "memory": num("peak_memory_GiB", ".1f"),
+            "valid": f"{r['valid']:,}" if r["valid"] is not None else "–",
+            "fit": f"{r['fit']:,}" if r["fit"] is not None else "–"}
+
+
+def _count(src: Path, gpus: int) -> dict[str, Any]:
+    """A count's sweep: its best strategies after the one in the table (none where its
+    directory is gone)."""
+    path = src / f"gpus-{gpus}" / "results.parquet"
+    if not path.is_file():
+        return {"gpus": f"{gpus:,}", "rows": []}
+    ranked = read_table(path, RESULT_COLUMNS_READ).head(RUNNERS_UP + 1)
+    keys = [k for k, _, _ in COLUMNS if k != "rank"]
+    return {"gpus": f"{gpus:,}",
+            "rows": [{k: _fmt(k, r.get(k)) for k in keys} for r in ranked.iter_rows(named=True)]}
+
+
+def _figures(frame: pl.DataFrame, meta: dict[str, Any]) -> list[dict[str, Any]]:
+    title = " on ".join(str(meta[k]) for k in ("model", "system") if k in meta)
+    figs = [("scaling", "Throughput and cost over the GPU count",
+             P.scaling(frame, title=title),
+             "Left: tokens/s × goodput of each count's best strategy that fits, against "
+             "perfect scaling from the smallest count. Right: GPU-hours per billion tokens, "
+             "labelled with the scaling efficiency.")]
+    best = frame.filter(pl.col("effective_tokens_per_s").is_not_null())
+    if "compute_s" in best.columns and best["compute_s"].is_not_null().any():
+        # (labelled by the count alone: the strategies are in the table above it)
+        labelled = best.with_columns(pl.Series(
+            "strategy", [f"{g:,} GPUs" for g in best["gpus"].to_list()], dtype=pl.String))
+        figs.append(("breakdown", "Where each count's best step goes",
+                     P.stacked_breakdown(labelled),
+                     "Compute, communication not hidden under compute (per axis), pipeline "
+                     "bubble and optimizer of each count's best strategy (the table's), on the "
+                     "rank that finishes last: what stops shrinking as GPUs are added."))
+    return [{"id": fid, "title": t, "caption": c, "bytes": _png(fig), "file": f"figures/{fid}.png"}
+            for fid, t, fig, c in figs]
