@@ -96,30 +96,34 @@ def read_table(path: Path, columns: tuple[str, ...]) -> pl.DataFrame:
 def build_report(results_dir: str | Path, out_dir: str | Path) -> Path:
     """Write report.html, report.md, figures and tables; returns the HTML path. A directory
     ``trainsim scale`` wrote gets the scaling report (``report_scaling``)."""
-    src, out = Path(results_dir), Path(out_dir)
     from analysis.report_scaling import build_scaling_report, is_scaling_dir
 
+    src, out = Path(results_dir), Path(out_dir)
     if is_scaling_dir(src):  # (``trainsim scale``'s directory: its own report)
         return build_scaling_report(src, out)
-    out.mkdir(parents=True, exist_ok=True)
     results, meta = load_results(src)
-    figures = _figures(results, src)
-    fig_dir = out / "figures"
-    fig_dir.mkdir(exist_ok=True)
-    for f in figures:
-        (fig_dir / f["file"].split("/")[-1]).write_bytes(f["bytes"])
-        f["png"] = base64.b64encode(f.pop("bytes")).decode()
-    context = _context(results, meta, figures, src)
-    env = jinja2.Environment(loader=jinja2.PackageLoader("analysis", "templates"),
-                             autoescape=jinja2.select_autoescape(["html", "j2"]))
-    (out / "report.html").write_text(env.get_template("report.html.j2").render(**context))
-    md_context = {**context, "figures": [{k: v for k, v in f.items() if k != "png"}
-                                         for f in figures]}
-    md_env = jinja2.Environment(loader=jinja2.PackageLoader("analysis", "templates"),
-                                autoescape=False)
-    (out / "report.md").write_text(md_env.get_template("report.md.j2").render(**md_context))
+    html = write_pages(out, "report", _context(results, meta, _figures(results, src), src))
     results.write_csv(out / "results.csv")
     results.write_parquet(out / "results.parquet")
+    return html
+
+
+def write_pages(out: Path, template: str, context: dict[str, Any]) -> Path:
+    """``out``/report.html (figures embedded) and report.md (figures linked) from the
+    templates ``template``.html.j2 and .md.j2; each of ``context["figures"]`` (its PNG as
+    ``bytes``) written to ``out``/figures. Returns the HTML path."""
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    figures = context["figures"]
+    for f in figures:
+        (out / f["file"]).write_bytes(f["bytes"])
+        f["png"] = base64.b64encode(f.pop("bytes")).decode()
+    loader = jinja2.PackageLoader("analysis", "templates")
+    html = jinja2.Environment(loader=loader, autoescape=jinja2.select_autoescape(["html", "j2"]))
+    (out / "report.html").write_text(html.get_template(f"{template}.html.j2").render(**context))
+    md = jinja2.Environment(loader=loader, autoescape=False)
+    linked = [{k: v for k, v in f.items() if k != "png"} for f in figures]
+    (out / "report.md").write_text(md.get_template(f"{template}.md.j2").render(
+        **{**context, "figures": linked}))
     return out / "report.html"
 
 

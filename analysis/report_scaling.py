@@ -5,22 +5,28 @@ HTML page and a Markdown file beside the figures and the table."""
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import polars as pl
 
 from analysis import plots as P
-from analysis.report import COLUMNS, RESULT_COLUMNS_READ, _fmt, _png, read_meta, read_table
+from analysis.report import (
+    COLUMNS,
+    RESULT_COLUMNS_READ,
+    _fmt,
+    _png,
+    read_meta,
+    read_table,
+    write_pages,
+)
 from analysis.scaling import SCALING_META
 from tracegen import __version__
 
 SCALING_COLUMNS_READ = ("gpus", "global_batch_size", "status", "strategy", "step_time_s", "mfu",
                         "goodput", "scaling_efficiency", "gpu_hours_per_btok", "run_time_s",
                         "effective_tokens_per_s", "peak_memory_GiB", "valid", "fit")
-RUNNERS_UP = 5  # of each count's sweep, after its best
+RUNNERS_UP = 5  # of each count's sweep, listed after its best
 
 
 def is_scaling_dir(directory: Path) -> bool:
@@ -33,29 +39,17 @@ def build_scaling_report(src: Path, out: Path) -> Path:
     """Write report.html, report.md, figures/ and the scaling table; returns the HTML path."""
     frame = read_table(src / "scaling.parquet", SCALING_COLUMNS_READ)
     meta = read_meta(src / SCALING_META, "`trainsim scale`")  # ({} before session 42)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "figures").mkdir(exist_ok=True)
-    figures = _figures(frame, meta)
-    for f in figures:
-        (out / f["file"]).write_bytes(f["bytes"])
-        f["png"] = base64.b64encode(f.pop("bytes")).decode()
-    context = {"title": f"trainsim scaling: {meta.get('name', src.name)}",
-               "subtitle": _subtitle(meta), "version": __version__,
-               "rows": [_row(r) for r in frame.iter_rows(named=True)],
-               "counts": [_count(src, g) for g in frame["gpus"].to_list()],
-               "columns": [{"key": k, "label": label, "left": left}
-                           for k, label, left in COLUMNS if k != "rank"],
-               "figures": figures}
-    loader = jinja2.PackageLoader("analysis", "templates")
-    html = jinja2.Environment(loader=loader, autoescape=jinja2.select_autoescape(["html", "j2"]))
-    (out / "report.html").write_text(html.get_template("scaling.html.j2").render(**context))
-    md = jinja2.Environment(loader=loader, autoescape=False)
-    md_figures = [{k: v for k, v in f.items() if k != "png"} for f in figures]
-    (out / "report.md").write_text(md.get_template("scaling.md.j2").render(
-        **{**context, "figures": md_figures}))
+    html = write_pages(out, "scaling", {
+        "title": f"trainsim scaling: {meta.get('name', src.name)}",
+        "subtitle": _subtitle(meta), "version": __version__,
+        "rows": [_row(r) for r in frame.iter_rows(named=True)],
+        "counts": [_count(src, g) for g in frame["gpus"].to_list()],
+        "columns": [{"key": k, "label": label, "left": left}
+                    for k, label, left in COLUMNS if k != "rank"],
+        "figures": _figures(frame, meta)})
     frame.write_csv(out / "scaling.csv")
     frame.write_parquet(out / "scaling.parquet")
-    return out / "report.html"
+    return html
 
 
 def _subtitle(meta: dict[str, Any]) -> str:
@@ -85,13 +79,12 @@ def _row(r: dict[str, Any]) -> dict[str, str]:
             "cost": num("gpu_hours_per_btok", ",.0f"),
             "days": "–" if not ok or r["run_time_s"] is None else f"{r['run_time_s'] / 86400:.1f}",
             "memory": num("peak_memory_GiB", ".1f"),
-            "valid": f"{r['valid']:,}" if r["valid"] is not None else "–",
-            "fit": f"{r['fit']:,}" if r["fit"] is not None else "–"}
+            "valid": f"{r['valid']:,}", "fit": f"{r['fit']:,}"}
 
 
 def _count(src: Path, gpus: int) -> dict[str, Any]:
-    """A count's sweep: its best strategies after the one in the table (none where its
-    directory is gone)."""
+    """A count's sweep: its best strategies, the table's first (none where its directory is
+    gone)."""
     path = src / f"gpus-{gpus}" / "results.parquet"
     if not path.is_file():
         return {"gpus": f"{gpus:,}", "rows": []}
