@@ -241,6 +241,9 @@ def print_summary(s: TraceSetSummary, strategy: Strategy, *, capacity_GiB: float
                   f"({strategy.label()}, {strategy.num_microbatches} micro-batches, "
                   f"{strategy.schedule}, recompute {strategy.recompute}, "
                   f"ZeRO {strategy.zero_stage})")
+    if s.stale_removed:
+        console.print(f"removed {s.stale_removed} rank file(s) {s.name}.<rank>.et of an earlier "
+                      "set in that folder that this set does not write")
     table = Table(title="Per rank of each pipeline stage")
     axes = sorted({a for st in s.stages for a in st.comm_bytes_by_axis})
     for col in ("stage", "nodes", "TFLOP fwd", "TFLOP bwd", "TFLOP recomp",

@@ -136,6 +136,26 @@ def test_representative_is_subset_of_full(tiny_gqa: ModelSpec, tmp_path: Path) -
         assert rep == (tmp_path / "full" / f"t.{r}.et").read_bytes()
 
 
+def test_rewriting_a_folder_leaves_only_the_new_sets_rank_files(tiny_gqa: ModelSpec,
+                                                                  tmp_path: Path) -> None:
+    """A smaller set written over a larger one removes the ranks it does not write (Chakra tools
+    read every NAME.<rank>.et of a folder); other workloads' files and the user's stay."""
+    full = Strategy(tp=2, pp=2, dp=2, micro_batch_size=1, global_batch_size=8)
+    generate(tiny_gqa, full, tmp_path, mode="full", name="t")
+    generate(tiny_gqa, full, tmp_path, mode="full", name="other")
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "t.x.et").write_text("not a rank file")
+    summary = generate(tiny_gqa, full, tmp_path, mode="representative", name="t")
+    assert summary.stale_removed == 6
+    man = read_manifest(tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("t.*.et")) == sorted(
+        [f"t.{r}.et" for r in man["ranks_written"]] + ["t.x.et"])
+    assert len(list(tmp_path.glob("other.*.et"))) == 8
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    again = generate(tiny_gqa, full, tmp_path, mode="representative", name="t")
+    assert again.stale_removed == 0
+
+
 @settings(max_examples=60, deadline=None)
 @given(tp=st.sampled_from([1, 2, 4]), cp=st.sampled_from([1, 2, 3]),
        dp=st.sampled_from([1, 2, 4, 6]), pp=st.sampled_from([1, 2, 3]),

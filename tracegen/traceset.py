@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -54,10 +55,31 @@ class TraceSetSummary:
     ranks_written: int
     nodes_written: int
     stages: list[StageStats]
+    stale_removed: int = 0  # rank files of an earlier set of this name in the folder, removed
 
 
 def et_path(directory: Path, name: str, rank: int) -> Path:
     return directory / f"{name}.{rank}.et"
+
+
+def _rank_files(directory: Path, name: str) -> dict[int, Path]:
+    """The ``name.<rank>.et`` files a folder holds, by rank."""
+    prefix, out = f"{name}.", {}
+    for p in directory.glob(f"{glob.escape(name)}.*.et"):
+        rank = p.name[len(prefix):-3]
+        if rank.isdigit():
+            out[int(rank)] = p
+    return out
+
+
+def _remove_stale(directory: Path, name: str, written: set[int]) -> int:
+    """Remove rank files of this workload name that the set just written does not hold (an
+    earlier set written to the same folder, with more ranks or the other mode): a Chakra tool
+    that reads every ``name.<rank>.et`` of the folder would otherwise mix two sets."""
+    stale = [p for r, p in _rank_files(directory, name).items() if r not in written]
+    for p in stale:
+        p.unlink()
+    return len(stale)
 
 
 def stage_stats(stage: int, nodes: list[PNode], mem: MemoryEstimate, mesh: Mesh) -> StageStats:
@@ -136,14 +158,18 @@ def generate(model: ModelSpec, strategy: Strategy, out_dir: str | Path, *,
         stats.append(stage_stats(stage, nodes, mem, mesh))
     total_nodes = 0
     ranks = list(ranks)
+    # The earlier set's manifest goes first: interrupted, the folder names no set it does not hold.
+    (out / MANIFEST).unlink(missing_ok=True)
     for i, rank in enumerate(ranks):
         enc = encodings[mesh.coord(rank).pp]
         et_path(out, name, rank).write_bytes(enc.encode_rank(_Binder(mesh, rank)))
         total_nodes += enc.num_nodes
         if progress is not None:
             progress(i + 1, len(ranks))
+    stale = _remove_stale(out, name, set(ranks))
     _write_manifest(out, name, mode, model, strategy, mesh, ranks, stats)
-    return TraceSetSummary(out, name, mode, strategy.world_size, len(ranks), total_nodes, stats)
+    return TraceSetSummary(out, name, mode, strategy.world_size, len(ranks), total_nodes, stats,
+                           stale)
 
 
 def _write_manifest(out: Path, name: str, mode: Mode, model: ModelSpec, strategy: Strategy,
