@@ -527,6 +527,24 @@ def test_a_step_faster_than_the_peak_is_a_data_error(tmp_path: Path) -> None:
     assert "of the GPUs' bf16 peak" in got
 
 
+@pytest.mark.parametrize(("cells", "factor"), [
+    ({"measured_iter_time_s": "5432"}, "1e+03×"),  # milliseconds in the seconds column
+    ({"measured_tokens_per_s_per_gpu": "18096"}, "8×"),  # the node's 8 GPUs' tokens/s
+])
+def test_a_step_time_its_own_throughput_contradicts_is_a_data_error(
+        tmp_path: Path, cells: dict[str, str], factor: str) -> None:
+    """mpt-07: 5.432 s and 2,262 tokens/s per GPU describe one step (48 × 2048 tokens on 8
+    GPUs); a step time 1,000× too slow, or a per-node throughput, skips the row and says why."""
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    got = validate(_row_file(tmp_path, "mpt-07", **cells), fast=True)["status"][0]
+    assert got.startswith("skipped: measured_iter_time_s"), got
+    assert "disagrees with the row's measured_tokens_per_s_per_gpu" in got and factor in got, got
+    fine = validate(_row_file(tmp_path, "mpt-07", measured_tokens_per_s_per_gpu="N/A"),
+                    fast=True)["status"][0]
+    assert fine == "ok", fine
+
+
 def test_enum_cells_are_read_case_insensitively(tmp_path: Path) -> None:
     from analysis.validate import RunInputs, row_inputs
 
