@@ -31,6 +31,7 @@ from tracegen import (
     generate,
     model_names,
     resolve_model,
+    with_seq_len,
 )
 from tracegen.catalog import get_model, model_source
 from tracegen.traceset import TraceSetSummary
@@ -86,6 +87,7 @@ def tracegen_cmd(
     moe_shared_expert_overlap: C.SharedOverlapOpt = False, pipeline_layout: C.LayoutOpt = "",
     adam_moments: C.AdamMomentsOpt = "fp32", fp8_param_gather: C.Fp8GatherOpt = False,
     dist_opt_instances: C.InstancesOpt = 1, outer_dp_sharding: C.OuterShardingOpt = "no_shard",
+    seq_len: C.SeqLenOpt = 0,
     mode: Annotated[str, typer.Option(help="full | representative")] = "representative",
     system: Annotated[str | None, typer.Option(help="Flag ranks whose estimated memory exceeds "
                                                     "this system's GPU memory.")] = None,
@@ -93,6 +95,7 @@ def tracegen_cmd(
 ) -> None:
     """Generate the per-rank Chakra execution traces of one training step."""
     spec = resolve_model(model)
+    spec = with_seq_len(spec, seq_len) if seq_len else spec
     strategy = build_strategy(
         gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, sp=sp, tp_comm_overlap=tp_comm_overlap,
         mbs=mbs, gbs=gbs, schedule=schedule, recompute=recompute, zero=zero,

@@ -60,7 +60,10 @@ def progress_bar() -> Progress:
 
 # The strategy options `tracegen` and `estimate` share (one declaration, one meaning).
 ModelOpt = Annotated[str, typer.Option(help="Preset name (see `trainsim catalog`) or a TOML/JSON "
-                                            "model file.")]
+                                            "model file (NAME@seqN: at N tokens a sequence).")]
+SeqLenOpt = Annotated[int, typer.Option(
+    "--seq-len", help="Tokens per sequence; 0 = the model's own (the model is then named "
+    "NAME@seqN).")]
 GpusOpt = Annotated[int, typer.Option(help="GPU count; dp = gpus / (tp·pp·cp).")]
 MbsOpt = Annotated[int, typer.Option(help="Micro-batch size (sequences).")]
 GbsOpt = Annotated[int, typer.Option(help="Global batch size (sequences per step).")]

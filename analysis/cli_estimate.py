@@ -22,7 +22,7 @@ from analysis.cli_common import (
 from analysis.glance import Glance, fit_advice, glance
 from analysis.op_table import by_kind, op_table
 from replay.hardware import SystemSpec
-from tracegen import ConfigError, Strategy, resolve_model
+from tracegen import ConfigError, Strategy, resolve_model, with_seq_len
 from tracegen.units import GiB
 
 MEMORY_COLUMNS = ("weights", "gradients", "optimizer", "activations", "logits", "transient")
@@ -50,6 +50,7 @@ def estimate_cmd(
     moe_shared_expert_overlap: C.SharedOverlapOpt = False, pipeline_layout: C.LayoutOpt = "",
     adam_moments: C.AdamMomentsOpt = "fp32", fp8_param_gather: C.Fp8GatherOpt = False,
     dist_opt_instances: C.InstancesOpt = 1, outer_dp_sharding: C.OuterShardingOpt = "no_shard",
+    seq_len: C.SeqLenOpt = 0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
                                                   "JSON to this file.")] = None,
     ops: Annotated[int | None, typer.Option(
@@ -72,6 +73,7 @@ def estimate_cmd(
                           what="--ops-out")
     roofline_plot = output_file(roofline_plot, "--roofline", plot=True)
     spec = resolve_model(model)
+    spec = with_seq_len(spec, seq_len) if seq_len else spec
     strategy = build_strategy(
         gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, sp=sp, tp_comm_overlap=tp_comm_overlap,
         mbs=mbs, gbs=gbs, schedule=schedule, recompute=recompute, zero=zero,

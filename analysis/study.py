@@ -3,6 +3,7 @@
 ::
 
     model = "llama3-70b"            # preset or path to a TOML/JSON model file
+    seq_len = 32768                 # optional: tokens a sequence (default: the model's own)
     system = "dgx-h100"             # preset or path to a TOML system file
     gpus = 1024
     global_batch_size = 512
@@ -49,11 +50,11 @@ from typing import Any
 
 from analysis.resilience import failure_model, recovery_inputs
 from replay.hardware import SystemSpec, resolve_system
-from tracegen import ConfigError, ModelSpec, Strategy, resolve_model
+from tracegen import ConfigError, ModelSpec, Strategy, resolve_model, with_seq_len
 from tracegen._config import is_finite_number, load_mapping
 
-KNOWN_KEYS = {"model", "system", "gpus", "global_batch_size", "tokens", "strategies", "search",
-              "failures", "checkpoint", "restart", "policies", "name", "rank_by"}
+KNOWN_KEYS = {"model", "seq_len", "system", "gpus", "global_batch_size", "tokens", "strategies",
+              "search", "failures", "checkpoint", "restart", "policies", "name", "rank_by"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -94,6 +95,7 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
     if problems:
         raise ConfigError(problems, what=f"study {name!r}")
     model = resolve_model(_rel(data["model"], base))
+    model = with_seq_len(model, data["seq_len"]) if "seq_len" in data else model
     system = resolve_system(_rel(data["system"], base))
     gpus, gbs = data["gpus"], data["global_batch_size"]
     strategies = tuple(_strategy(s, gpus, gbs, i) for i, s in enumerate(data.get("strategies",
@@ -117,7 +119,7 @@ def _type_problems(data: dict[str, Any]) -> list[str]:
     system and strategies are checked where they are read; the resilience tables by
     ``_check_resilience_tables``)."""
     out = []
-    for key in ("gpus", "global_batch_size"):
+    for key in ("gpus", "global_batch_size", "seq_len"):
         v = data.get(key)
         if key in data and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             out.append(f"{key} must be a whole number ≥ 1, got {v!r}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from tracegen.catalog import get_model, model_names, resolve_model
+from tracegen.catalog import get_model, model_names, resolve_model, with_seq_len
 from tracegen.errors import ConfigError, ReplayError, TraceFormatError, TrainsimError
 from tracegen.model import ModelSpec
 from tracegen.strategy import Strategy
@@ -24,4 +24,5 @@ __all__ = [
     "model_names",
     "read_manifest",
     "resolve_model",
+    "with_seq_len",
 ]

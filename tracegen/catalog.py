@@ -38,11 +38,34 @@ def get_model(name: str) -> ModelSpec:
     return ModelSpec.from_dict({"name": name, **data})
 
 
+SEQ_SUFFIX = "@seq"  # ``llama3-8b@seq32768``: the model trained at another sequence length
+
+
 def resolve_model(name_or_file: str | Path) -> ModelSpec:
-    """A preset name, or the path of a TOML/JSON model file."""
+    """A preset name, or the path of a TOML/JSON model file; either with ``@seqN`` appended is
+    that model trained at sequence length N (the name ``with_seq_len`` gives it)."""
     s = str(name_or_file)
     if s in _model_table():
         return get_model(s)
     if s.endswith((".toml", ".json")) or Path(s).exists():
         return ModelSpec.from_file(s)
+    base, sep, length = s.rpartition(SEQ_SUFFIX)
+    if sep and base:
+        if not length.isdigit():
+            raise ConfigError(f"{s!r}: write the sequence length after {SEQ_SUFFIX} as a whole "
+                              f"number of tokens, e.g. {base}{SEQ_SUFFIX}8192", what="model")
+        return with_seq_len(resolve_model(base), int(length))
     return get_model(s)
+
+
+def with_seq_len(model: ModelSpec, seq_len: int) -> ModelSpec:
+    """``model`` trained on sequences of ``seq_len`` tokens, named ``NAME@seqN`` so that tables
+    and reports say so (and the name resolves back to it); the same model at its own length."""
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
+        raise ConfigError(f"seq_len must be a positive whole number of tokens, got {seq_len!r}",
+                          what=f"model {model.name!r}")
+    if seq_len == model.seq_len:
+        return model
+    base = model.name.rpartition(SEQ_SUFFIX)[0] or model.name
+    return ModelSpec.from_dict({**model.to_dict(), "seq_len": seq_len,
+                                "name": f"{base}{SEQ_SUFFIX}{seq_len}"})
