@@ -14,6 +14,7 @@ import collections
 import concurrent.futures as cf
 import contextlib
 import itertools
+import math
 import os
 import re
 from collections.abc import Callable
@@ -88,13 +89,44 @@ def _value_problem(name: str, values: list[Any]) -> str | None:
     return (f"search {name} must hold strings, got {bad}") if bad else None
 
 
+PIPELINE_ONLY = ("interleaved_1f1b", "zb_h1", "zb_v")  # schedules that need pp > 1
+# A dimension that does not apply where another takes a value (sequence parallelism at tp 1,
+# interleaving at pp 1, prefetching below ZeRO-3, …): (dimension, its off value, where it does
+# not apply). A product of dimensions names such combinations by the dozen; as frameworks do
+# (Megatron-LM turns sequence parallelism off at tp 1), they mean the strategy with the switch
+# off, not an invalid one. Later rules see earlier rules' results.
+_OFF_WHERE: tuple[tuple[str, Any, Callable[[dict[str, Any]], bool]], ...] = (
+    ("sequence_parallel", False, lambda d: d["tp"] == 1),
+    ("tp_comm_overlap", False, lambda d: not d["sequence_parallel"]),
+    ("vpp", 1, lambda d: d["pp"] == 1),
+    ("schedule", "1f1b", lambda d: d["pp"] == 1 and d["schedule"] in PIPELINE_ONLY),
+    ("zero3_prefetch", False, lambda d: d["zero_stage"] != 3),
+    ("recompute_num_layers", 0, lambda d: d["recompute"] != "full"),
+    ("recompute_modules", "core_attn", lambda d: d["recompute"] != "selective"),
+    ("dist_opt_instances", 1, lambda d: d["zero_stage"] == 0),
+    ("outer_dp_sharding_strategy", "no_shard",
+     lambda d: d["zero_stage"] != 3 or d.get("dist_opt_instances", 1) == 1),
+    ("adam_moments_dtype", "fp32", lambda d: d["zero_stage"] == 0),
+    ("fp8_param_gather", False,
+     lambda d: d["zero_stage"] == 0 or d.get("precision", "bf16") != "fp8"),
+)
+def applicable(d: dict[str, Any]) -> dict[str, Any]:
+    """One combination of the space with each dimension that does not apply at its off value
+    (``_OFF_WHERE``); the combination itself where every dimension applies."""
+    out = d
+    for key, off, idle in _OFF_WHERE:
+        if key in out and out[key] != off and idle(out):
+            out = {**out, key: off}
+    return out
+
+
 def _enumerate(study: Study, space: dict[str, list[Any]]) -> tuple[list[Strategy], int]:
     keys = sorted(space)
     valid: list[Strategy] = []
     invalid = 0
     seen: set[tuple[Any, ...]] = set()
     for values in itertools.product(*(space[k] for k in keys)):
-        d = dict(zip(keys, values, strict=True))
+        d = applicable(dict(zip(keys, values, strict=True)))
         s = _strategy(study, d)
         if s is None:
             invalid += 1
@@ -110,8 +142,9 @@ def invalid_reasons(study: Study, *, limit: int = 3, sample: int = 2000
                     ) -> tuple[list[tuple[str, int]], int]:
     """Why the space's invalid combinations are invalid: (a reason as the strategy check words
     it, how many of the looked-at combinations it rules out) for the ``limit`` commonest, of
-    the first ``sample`` invalid combinations, and how many were looked at. Reasons that
-    differ only in their numbers count as one (the first met is shown)."""
+    the first ``sample`` invalid combinations, and how many were looked at. Reasons of one
+    rule count as one (they differ in numbers, examples or the advice after the rule; the
+    first met is shown)."""
     space = search_space(study)
     keys = sorted(space)
     counts: collections.Counter[str] = collections.Counter()
@@ -119,10 +152,12 @@ def invalid_reasons(study: Study, *, limit: int = 3, sample: int = 2000
     seen = 0
     for values in itertools.product(*(space[k] for k in keys)):
         try:
-            _build(study, dict(zip(keys, values, strict=True)))
+            _build(study, applicable(dict(zip(keys, values, strict=True))))
         except ConfigError as exc:
             reason = exc.problems[0]
-            pattern = re.sub(r"\d+", "N", reason)
+            # the rule, not its numbers, its examples or the advice after it
+            rule = re.sub(r"\s*\(e\.g\.[^)]*\)", "", reason.split("; ")[0])
+            pattern = re.sub(r"\d+", "N", rule)
             first.setdefault(pattern, reason)
             counts[pattern] += 1
             seen += 1
@@ -288,7 +323,10 @@ def sweep(study: Study, out_dir: str | Path, *, top_k: int = 10, scheduler: str 
         ~pl.col("id").is_in(replayed["id"].to_list()))], how="vertical_relaxed")
     final = rank(merged, study.rank_by, verified_first=True)
     _write_atomic(final, out)
-    counts = {"enumerated": len(valid) + invalid, "invalid": invalid, "valid": len(valid),
+    combinations = math.prod(len(v) for v in space.values())
+    counts = {"enumerated": combinations, "invalid": invalid,
+              # a switch where it does not apply, taken as off (``applicable``): another's twin
+              "same_as_another": combinations - invalid - len(valid), "valid": len(valid),
               "recomputed_to_fit": len(fitted),
               "do_not_fit": int(screened.filter(~pl.col("fits").fill_null(False)).height),
               "screened": screened.height,

@@ -203,6 +203,6 @@ def test_a_sweep_searches_the_outer_sharding(tmp_path: Path) -> None:
     valid, invalid = enumerate_space(study)
     hf = [s for s in valid if s.hfsdp]
     assert [(s.zero_stage, s.dist_opt_instances) for s in hf] == [(3, 2)]
-    assert len(valid) == 5 and invalid == 3
+    assert len(valid) == 5 and invalid == 0  # optim below ZeRO 3 or without instances: off
     assert len({strategy_id(s) for s in valid}) == len(valid)
     assert "-hfsdp" in hf[0].label()

@@ -196,7 +196,7 @@ def test_a_sweep_searches_the_recomputed_modules(tmp_path: Path) -> None:
     assert sorted((s.recompute, s.recompute_modules) for s in valid) == [
         ("none", "core_attn"), ("selective", "core_attn"), ("selective", "core_attn,mlp"),
         ("selective", "layernorm,mlp")]
-    assert invalid == 2  # none with a module list
+    assert invalid == 0  # a module list without selective recompute: taken as the default
 
 
 def test_the_fit_hint_keeps_the_modules_a_strategy_already_recomputes(

@@ -9,9 +9,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analysis.study import load_study
 from analysis.sweep import PartStore, enumerate_space, screening_chunk, sweep
@@ -28,12 +31,53 @@ def study_path(tmp_path: Path) -> Path:
 
 
 def test_enumeration_counts(study_path: Path) -> None:
+    """Every combination of the space is counted once: invalid, a strategy of its own, or the
+    same strategy as another (a switch where it does not apply, taken as off)."""
     study = load_study(study_path)
     valid, invalid = enumerate_space(study)
-    assert len(valid) + invalid == 3 * 3 * 2 * 2 * 2 * 2 * 2
+    combos = 3 * 3 * 2 * 2 * 2 * 2 * 2
+    assert len(valid) + invalid < combos  # SP at tp 1 and vpp 2 at pp 1 are others' twins
     assert len({(s.tp, s.pp, s.vpp, s.micro_batch_size, s.recompute, s.zero_stage,
                  s.sequence_parallel) for s in valid}) == len(valid)
     assert all(s.world_size == 8 for s in valid)
+    assert any(s.tp == 1 for s in valid) and any(s.pp == 1 for s in valid)
+
+
+SWITCHES = {"tp": [1, 2], "pp": [1, 2], "vpp": [1, 2], "sequence_parallel": [False, True],
+            "tp_comm_overlap": [False, True], "schedule": ["1f1b", "interleaved_1f1b", "zb_h1",
+                                                           "zb_v", "gpipe"],
+            "zero_stage": [0, 1, 3], "zero3_prefetch": [False, True],
+            "recompute": ["none", "selective", "full"], "recompute_num_layers": [0, 2],
+            "recompute_modules": ["core_attn", "mlp"], "dist_opt_instances": [1, 2],
+            "outer_dp_sharding_strategy": ["no_shard", "optim"],
+            "adam_moments_dtype": ["fp32", "bf16"], "precision": ["bf16", "fp8"],
+            "fp8_param_gather": [False, True], "micro_batch_size": [1]}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.fixed_dictionaries({k: st.sampled_from(v) for k, v in SWITCHES.items()}))
+def test_a_switch_is_turned_off_only_where_it_makes_the_combination_invalid(
+        combo: dict[str, Any]) -> None:
+    """``applicable`` changes a combination only where the strategy check refuses it as given,
+    and what it gives is refused for no reason of those switches (Megatron's own rules: SP
+    needs tp > 1, interleaving pp > 1, prefetching ZeRO-3, …)."""
+    from analysis.study import study_from_dict
+    from analysis.sweep import _build, applicable
+
+    study = study_from_dict({"model": "llama3-8b", "system": "dgx-h100", "gpus": 16,
+                             "global_batch_size": 64})
+    folded = applicable(combo)
+    if folded != combo:
+        with pytest.raises(ConfigError):
+            _build(study, combo)
+    try:
+        _build(study, folded)
+    except ConfigError as exc:  # still invalid: for a reason no switch rule covers
+        reason = exc.problems[0]
+        assert not reason.startswith(("sequence_parallel needs tp > 1",
+                                      "zero3_prefetch needs", "recompute_num_layers",
+                                      "recompute_modules", "adam_moments_dtype",
+                                      "fp8_param_gather", "dist_opt_instances")), reason
 
 
 def test_dask_cluster_matches_local_pool(study_path: Path, tmp_path: Path) -> None:
@@ -274,7 +318,8 @@ def test_zero3_prefetch_is_a_search_dimension_labelled_apart(study_path: Path) -
         "zero_stage": [1, 3], "sequence_parallel": [False], "zero3_prefetch": [False, True]})
     valid, invalid = enumerate_space(study)
     got = sorted((s.zero_stage, s.zero3_prefetch) for s in valid)
-    assert got == [(1, False), (3, False), (3, True)] and invalid == 1
+    assert got == [(1, False), (3, False), (3, True)] and invalid == 0  # ZeRO 1 prefetching:
+    # not a strategy of its own; prefetch taken as off, the same as ZeRO 1 without
     labels = [strategy_fields(s)["strategy"] for s in valid]
     assert len(set(labels)) == 3 and sum(lab.endswith("-z3pf") for lab in labels) == 1
 
@@ -333,8 +378,15 @@ def test_why_a_space_is_invalid_is_told(tmp_path: Path) -> None:
     assert seen == invalid == sum(n for _, n in reasons) > 0
     text = " | ".join(r for r, _ in reasons)
     assert "num_kv_heads 8 is not divisible by tp 16" in text
-    assert "sequence_parallel needs tp > 1" in text
-    assert "interleaved_1f1b needs pp ≥ 2 and vpp ≥ 2, got pp=1 vpp=2" in text
+    # a switch where it does not apply is off, not a reason (``applicable``)
+    assert "sequence_parallel needs tp > 1" not in text
+    assert "interleaved_1f1b needs pp ≥ 2 and vpp ≥ 2" not in text
+    assert [r.split(";")[0] for r, _ in reasons] == ["num_kv_heads 8 is not divisible by tp 16"]
+    # one rule, once, whatever its numbers, examples or advice: GPT-3's default space has two
+    default = load_study(Path(__file__).parents[1] / "analysis" / "studies" / "default.toml")
+    rules, seen = invalid_reasons(default, limit=100, sample=10**6)
+    assert sorted(r.split(" ")[0] for r, _ in rules) == ["global_batch_size", "interleaved_1f1b"]
+    assert sum(n for _, n in rules) == seen == enumerate_space(default)[1]
     few, looked = invalid_reasons(study, limit=1, sample=3)
     assert looked == 3 and len(few) == 1 and few[0][1] <= 3
 
@@ -348,3 +400,28 @@ def test_why_a_space_is_invalid_is_told(tmp_path: Path) -> None:
     assert got.exit_code == 0, got.output
     assert "valid: 0" in got.output and "why invalid:" in got.output
     assert "2 × num_kv_heads 8 is not divisible by tp 16" in got.output
+
+
+def test_a_sweep_report_accounts_for_every_combination(study_path: Path, tmp_path: Path) -> None:
+    """The counts a sweep prints and its report states add up to the space's combinations
+    (invalid, the same strategy as another, valid), in words, not the JSON's keys."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from analysis.cli import app
+
+    out, rep = tmp_path / "o", tmp_path / "rep"
+    run = CliRunner().invoke(app, ["sweep", str(study_path), "-o", str(out), "--workers", "1",
+                                   "--top-k", "1"])
+    assert run.exit_code == 0, run.output
+    counts = json.loads((out / "study.json").read_text())["counts"]
+    assert counts["enumerated"] == 3 * 3 * 2 * 2 * 2 * 2 * 2
+    assert counts["invalid"] + counts["same_as_another"] + counts["valid"] == \
+        counts["enumerated"] and counts["same_as_another"] > 0
+    assert f"same as another: {counts['same_as_another']:,}" in run.output
+    report = CliRunner().invoke(app, ["report", str(out), "-o", str(rep)])
+    assert report.exit_code == 0, report.output
+    md = (rep / "report.md").read_text()
+    assert f"enumerated: {counts['enumerated']:,} · invalid: {counts['invalid']:,}" in md
+    assert "same as another" in md and "same_as_another" not in md
