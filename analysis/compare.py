@@ -110,6 +110,8 @@ def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,
             row["status"] = "screened: not replayed, " + replay_size.why(nodes)
     if study.has_failures:
         row.update(_failures(study, s, row["step_time_s"], fast))
+    elif study.tokens > 0:  # nothing fails: the healthy run (goodput is not modelled: empty)
+        row["time_to_train_s"] = study.tokens / row["tokens_per_s"]
     return row
 
 

@@ -37,6 +37,17 @@ def test_compare_frame(tmp_path: Path) -> None:
     assert ranked == sorted(ranked)
 
 
+def test_without_failures_the_time_to_train_is_the_healthy_run(tmp_path: Path) -> None:
+    """A study with a token budget and no [failures]: the days to train are the budget at the
+    step's throughput (nothing fails, nothing is checkpointed for it); goodput is not modelled,
+    so it stays empty rather than 100%."""
+    study = load_study(write_study(tmp_path, failures=False))
+    frame = compare(study)
+    assert frame["goodput"].null_count() == frame.height
+    for r in frame.iter_rows(named=True):
+        assert r["time_to_train_s"] == pytest.approx(1e9 / r["tokens_per_s"], rel=1e-12)
+
+
 def test_compare_on_a_dask_cluster_matches_the_local_run(tmp_path: Path) -> None:
     """``compare(..., scheduler=...)`` replays each strategy as a task on a real Dask
     LocalCluster (two worker processes): the same ranked frame as in this process, and every
