@@ -24,6 +24,7 @@ from typing import Any
 import polars as pl
 
 from analysis.compare import RESULT_COLUMNS, rank
+from analysis.resume import claim
 from analysis.runner import cluster_pool, local_pool, map_chunks, strategy_id, strategy_key
 from analysis.study import Study
 from tracegen import ConfigError, Strategy
@@ -228,7 +229,11 @@ class PartStore:
     def __init__(self, directory: Path, phase: str) -> None:
         self.dir = directory / "parts" / phase
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._n = len(list(self.dir.glob("part-*.parquet")))
+        # numbered on from the highest part, not the count: where a part was lost, a count
+        # would name the next part as one that exists (and, in the same process, replace it)
+        numbers = [int(p.name.split("-")[1]) for p in self.dir.glob("part-*.parquet")
+                   if p.name.split("-")[1].isdigit()]
+        self._n = max(numbers, default=0)
 
     def done_ids(self) -> set[str]:
         frame = self.read()
@@ -285,6 +290,7 @@ def sweep(study: Study, out_dir: str | Path, *, top_k: int = 10, scheduler: str 
     the space is enumerated and serves both phases."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    claim(out / "parts", study)  # a re-run resumes its own study's parts, never another's
     workers = workers or min(2, os.cpu_count() or 1)
     if chunk is not None and chunk < 1:
         raise ConfigError(f"chunk must be at least 1 strategy per task, not {chunk}",

@@ -425,3 +425,40 @@ def test_a_sweep_report_accounts_for_every_combination(study_path: Path, tmp_pat
     md = (rep / "report.md").read_text()
     assert f"enumerated: {counts['enumerated']:,} · invalid: {counts['invalid']:,}" in md
     assert "same as another" in md and "same_as_another" not in md
+
+
+def test_a_folder_resumes_only_its_own_study(study_path: Path, tmp_path: Path) -> None:
+    """A strategy's id names its layout, not the system or model it was costed on: a re-run
+    into the same folder with another system had ranked the first run's rows as its own. It is
+    refused before any work, naming what differs; the same study over a wider space resumes,
+    re-costing nothing it already has."""
+    import dataclasses
+
+    from replay import get_system
+
+    small = {"tp": [1, 2], "pp": [1], "vpp": [1], "micro_batch_size": [1],
+             "recompute": ["full"], "zero_stage": [1], "sequence_parallel": [False]}
+    study = dataclasses.replace(load_study(study_path), search=small)
+    out = tmp_path / "o"
+    sweep(study, out, top_k=1, workers=1)
+    screened = PartStore(out, "screen").read()
+    other = dataclasses.replace(study, system=get_system("dgx-a100-80gb"))
+    with pytest.raises(ConfigError, match="holds results of another study "
+                                          r"\(system dgx-h100 → dgx-a100-80gb\)"):
+        sweep(other, out, top_k=1, workers=1)
+    h100 = study.system
+    edited = dataclasses.replace(study, system=dataclasses.replace(
+        h100, gpu=dataclasses.replace(h100.gpu, hbm_GiB=141.0)))
+    with pytest.raises(ConfigError, match=r"system dgx-h100: gpu changed"):
+        sweep(edited, out, top_k=1, workers=1)
+    with pytest.raises(ConfigError, match=r"global_batch_size 32 → 64"):
+        sweep(dataclasses.replace(study, global_batch_size=64), out, top_k=1, workers=1)
+    assert PartStore(out, "screen").read().equals(screened)  # nothing was added
+    wider = dataclasses.replace(study, name="renamed", search={**small, "pp": [1, 2]})
+    _, counts = sweep(wider, out, top_k=1, workers=1)
+    again = PartStore(out, "screen").read()
+    assert again.height == counts["valid"] > screened.height
+    assert again.head(screened.height).equals(screened)  # the first run's rows, kept as they were
+    (out / "parts" / "study.json").unlink()  # parts an earlier trainsim wrote: no record
+    with pytest.raises(ConfigError, match="no record of the study they belong to"):
+        sweep(study, out, top_k=1, workers=1)

@@ -1,0 +1,74 @@
+"""Which study a results folder holds, so that a re-run resumes only its own work.
+
+A sweep keeps each finished chunk as a part file and skips, when run again, every strategy a
+part already holds. A strategy's id says the layout, not the model, system or failure tables
+it was costed with: a re-run into the same folder with another system had taken the first
+run's rows as its own and ranked them beside its new ones. The folder therefore records what
+its rows depend on besides the strategy (``fingerprint``), and a run whose study differs there
+is refused before any work, naming what differs. The search space is not part of it: widening
+a space and running again into the same folder resumes, as it should.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from analysis.study import Study
+from tracegen import ConfigError, __version__
+
+RECORD = "study.json"  # in the folder's parts/ directory, beside the part files
+
+
+def fingerprint(study: Study) -> dict[str, Any]:
+    """What every result row of ``study`` depends on besides its strategy, as JSON values."""
+    data = {"trainsim": __version__, "model": study.model.to_dict(),
+            "system": dataclasses.asdict(study.system), "gpus": study.gpus,
+            "global_batch_size": study.global_batch_size, "tokens": study.tokens,
+            "failures": study.failures, "checkpoint": study.checkpoint,
+            "restart": study.restart, "policies": study.policies}
+    return dict(json.loads(json.dumps(data, sort_keys=True, default=str)))
+
+
+def claim(parts_dir: Path, study: Study) -> None:
+    """Record ``study`` as the owner of ``parts_dir``, or refuse if it holds another's parts."""
+    record = parts_dir / RECORD
+    now = fingerprint(study)
+    if record.is_file():
+        try:
+            before = json.loads(record.read_text())
+        except (OSError, json.JSONDecodeError):
+            before = None
+        if before == now:
+            return
+        raise ConfigError(_refusal(parts_dir, before, now), what="output folder")
+    if any(parts_dir.rglob("part-*.parquet")):
+        raise ConfigError(f"{parts_dir} holds results with no record of the study they belong "
+                          f"to (an earlier trainsim wrote them): give another --out, or delete "
+                          f"{parts_dir} to start afresh", what="output folder")
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(now, indent=1, sort_keys=True) + "\n")
+
+
+def _refusal(parts_dir: Path, before: Any, now: dict[str, Any]) -> str:
+    if not isinstance(before, dict):
+        return (f"{parts_dir / RECORD} is unreadable, so the results beside it cannot be "
+                f"matched to a study: delete {parts_dir} to start afresh")
+    differ = [_change(key, before.get(key), now.get(key))
+              for key in sorted(now.keys() | before.keys()) if before.get(key) != now.get(key)]
+    return (f"{parts_dir.parent} holds results of another study ({'; '.join(differ)}); a re-run "
+            f"resumes only the same study: give another --out, or delete {parts_dir} to start "
+            "afresh")
+
+
+def _change(key: str, before: Any, now: Any) -> str:
+    """One difference in words: a model or system by its name (or which of its values moved
+    where the name stayed), other values as they are."""
+    if key in ("model", "system") and isinstance(before, dict) and isinstance(now, dict):
+        if before.get("name") != now.get("name"):
+            return f"{key} {before.get('name')} → {now.get('name')}"
+        moved = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
+        return f"{key} {now.get('name')}: {', '.join(moved)} changed"
+    return f"{key} {json.dumps(before, sort_keys=True)} → {json.dumps(now, sort_keys=True)}"
