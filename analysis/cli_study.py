@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -261,7 +262,7 @@ def _save_best(results: Any, study: Any, out: Path, timelines: Path) -> None:
     bid = best["id"][0]
     src = timelines / f"{bid}.parquet"
     if src.is_file():
-        src.replace(out / "timeline.parquet")
+        shutil.copyfile(src, out / "timeline.parquet")
     if study.has_failures:
         by_id = {strategy_id(s): s for s in study.strategies}
         if bid in by_id:
@@ -277,7 +278,6 @@ def compare_cmd(
 ) -> None:
     """Generate, replay and rank every strategy a study lists."""
     import json
-    import tempfile
 
     from analysis.compare import compare
 
@@ -287,15 +287,32 @@ def compare_cmd(
         raise ConfigError("the study lists no [[strategies]]; use `trainsim sweep` for a search "
                           "space", what="study")
     output_dir(out, "--out")
-    with tempfile.TemporaryDirectory(prefix="trainsim-timelines-") as tl, progress_bar() as bar:
+    timelines = out / "parts" / "timelines"  # kept with the rows, for a resumed comparison
+    kept = _kept_rows(out, st)
+    with progress_bar() as bar:
         task = bar.add_task("replaying strategies", total=len(st.strategies))
-        results = compare(st, timeline_dir=tl, workers=workers, scheduler=scheduler,
+        results = compare(st, timeline_dir=str(timelines), workers=workers,
+                          scheduler=scheduler, out_dir=out,
                           progress=lambda i, n: bar.update(task, completed=i))
-        _save_best(results, st, out, Path(tl))
+        _save_best(results, st, out, timelines)
     results.write_parquet(out / "results.parquet")
     results.write_csv(out / "results.csv")
     (out / "study.json").write_text(json.dumps(_study_meta(st), indent=1) + "\n")
     _print_ranking(results, f"{st.name}: {st.model.name} on {st.gpus} GPUs ({st.system.name})")
+    if kept:
+        console.print(f"{kept} of {len(st.strategies)} strategies were kept from an earlier run "
+                      f"into {out}, not replayed again (delete {out / 'parts'} to replay all)")
+
+
+def _kept_rows(out: Path, st: Study) -> int:
+    """How many of the study's strategies a folder already holds rows of."""
+    from analysis.runner import strategy_id
+    from analysis.sweep import PartStore
+
+    if not (out / "parts" / "compare").is_dir():
+        return 0
+    have = set(PartStore(out, "compare").read()["id"].to_list())
+    return sum(strategy_id(s) in have for s in st.strategies)
 
 
 def _print_ranking(results: Any, title: str) -> None:

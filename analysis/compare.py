@@ -173,17 +173,30 @@ def _failures(study: Study, s: Strategy, step_time_s: float, fast: Any) -> dict[
 
 
 def compare(study: Study, *, progress: Callable[[int, int], None] | None = None,
-            timeline_dir: str | None = None, workers: int = 1, scheduler: str | None = None
-            ) -> pl.DataFrame:
+            timeline_dir: str | None = None, workers: int = 1, scheduler: str | None = None,
+            out_dir: str | Path | None = None) -> pl.DataFrame:
     """Every listed strategy, replayed (in parallel with ``workers`` > 1 or on a Dask
     ``scheduler``); ranked by the study's criterion. With ``timeline_dir`` (made if missing),
     each strategy's timeline of its first ranks is saved there as ``<id>.parquet``, written
     by this process from the bytes its result brings back — a Dask worker on another machine
-    needs no disk shared with the caller."""
-    from analysis.runner import map_chunks
+    needs no disk shared with the caller. With ``out_dir``, each strategy's row is kept there
+    as it finishes (``parts/compare``, as a sweep keeps its chunks), and a re-run of the same
+    study into it replays only the strategies it lacks (another study's folder is refused:
+    ``analysis.resume``)."""
+    from analysis.runner import map_chunks, strategy_id
+    from analysis.sweep import PartStore  # (it imports this module)
 
-    rows: list[dict[str, Any]] = []
-    chunks = [[s] for s in study.strategies]
+    store = kept = None
+    if out_dir is not None:
+        from analysis.resume import claim
+
+        claim(Path(out_dir) / "parts", study)
+        store = PartStore(Path(out_dir), "compare")
+        listed = [strategy_id(s) for s in study.strategies]  # a strategy struck off stays out
+        kept = store.read().unique("id", keep="first").filter(pl.col("id").is_in(listed))
+    have = set(kept["id"].to_list()) if kept is not None else set()
+    rows: list[dict[str, Any]] = kept.to_dicts() if kept is not None else []
+    chunks = [[s] for s in study.strategies if strategy_id(s) not in have]
     out = Path(timeline_dir) if timeline_dir else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -192,6 +205,8 @@ def compare(study: Study, *, progress: Callable[[int, int], None] | None = None,
             data = row.pop(TIMELINE_KEY, None)
             if out is not None and data is not None:
                 (out / f"{row['id']}.parquet").write_bytes(data)
+        if store is not None:
+            store.write(done)
         rows += done
         if progress:
             progress(len(rows), len(study.strategies))

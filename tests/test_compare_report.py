@@ -110,6 +110,41 @@ def test_cli_compare_then_report(tmp_path: Path) -> None:
     assert md.count("![") == len(FIGURES) and "| policy |" in md
     assert all((out / "figures" / f"{f}.png").is_file() for f in FIGURES)
     assert pl.read_csv(out / "results.csv").height == 3
+    r = subprocess.run([*cli, "compare", str(study), "-o", str(out), "--workers", "2"],
+                       capture_output=True, text=True, timeout=600, env={"COLUMNS": "300"})
+    assert r.returncode == 0, r.stderr
+    assert "3 of 3 strategies were kept from an earlier run" in r.stdout
+    assert (out / "timeline.parquet").is_file() and pl.read_csv(out / "results.csv").height == 3
+
+
+def test_a_comparison_keeps_each_row_and_resumes(tmp_path: Path) -> None:
+    """Each replayed strategy's row is kept as it finishes; a re-run of the same study replays
+    only what is missing (here: the strategy whose part was lost) and ranks the same frame;
+    a strategy struck off the list stays out; another study's folder is refused."""
+    import dataclasses
+
+    from analysis.runner import strategy_id
+    from analysis.sweep import PartStore
+    from replay import get_system
+
+    study = load_study(write_study(tmp_path))
+    out = tmp_path / "out"
+    first = compare(study, out_dir=out, timeline_dir=str(out / "tl"))
+    parts = sorted((out / "parts" / "compare").glob("part-*.parquet"))
+    assert len(parts) == 3 and PartStore(out, "compare").read().height == 3
+    lost = pl.read_parquet(parts[1])["id"][0]
+    parts[1].unlink()
+    seen: list[tuple[int, int]] = []
+    again = compare(study, out_dir=out, progress=lambda i, n: seen.append((i, n)))
+    assert seen == [(3, 3)]  # one replay: the lost strategy
+    assert again.equals(first)
+    kept = sorted(p.name for p in (out / "parts" / "compare").glob("part-*.parquet"))
+    assert len(kept) == 3 and lost in PartStore(out, "compare").read()["id"].to_list()
+    fewer = dataclasses.replace(study, strategies=study.strategies[:2])
+    assert sorted(compare(fewer, out_dir=out)["id"]) == sorted(
+        strategy_id(s) for s in study.strategies[:2])
+    with pytest.raises(ConfigError, match=r"system dgx-h100 → dgx-a100-80gb"):
+        compare(dataclasses.replace(study, system=get_system("dgx-a100-80gb")), out_dir=out)
 
 
 def test_report_without_results_is_a_clear_error(tmp_path: Path) -> None:
