@@ -21,6 +21,8 @@ from analysis.cli_common import (
     output_dir,
     output_file,
     progress_bar,
+    table_file,
+    write_table,
 )
 from analysis.replay_size import MAX_REPLAY_NODES
 from tracegen import (
@@ -133,9 +135,13 @@ def replay_cmd(
                                              "attention kernel, e.g. "
                                              "dgx-h100@flashattention-2.")],
     comm_groups: Annotated[Path | None, typer.Option(help="ASTRA-sim comm-group JSON.")] = None,
-    timeline: Annotated[Path | None, typer.Option(help="Write the Perfetto/Chrome trace JSON "
-                                                       "of the simulated timeline.")] = None,
+    timeline: Annotated[Path | None, typer.Option(
+        help="Write the simulated timeline: .json as a Perfetto/Chrome trace, .csv or .parquet "
+             "as a table (one row per node: rank, op, stream, start and end in s).")] = None,
     summary: Annotated[Path | None, typer.Option(help="Write the step metrics as JSON.")] = None,
+    breakdown: Annotated[Path | None, typer.Option(
+        help="Write the per-rank breakdown (compute, exposed and overlapped communication, "
+             "idle, interference; s) of every simulated rank as .csv or .parquet.")] = None,
     compute: Annotated[str, typer.Option(help="model | trace: time compute nodes with the GPU "
                                               "model or by their duration_micros")] = "model",
     astra_compat: Annotated[bool, typer.Option("--astra-compat", help="ASTRA-sim-compatible "
@@ -153,7 +159,9 @@ def replay_cmd(
 
     if compute not in ("model", "trace"):
         raise ConfigError(f"--compute must be 'model' or 'trace', got {compute!r}")
-    timeline, summary = output_file(timeline, "--timeline"), output_file(summary, "--summary")
+    timeline = table_file(timeline, "--timeline", also=(".json",), what="the timeline")
+    summary = output_file(summary, "--summary")
+    breakdown = table_file(breakdown, "--breakdown", what="the breakdown")
     with progress_bar() as bar:
         task = bar.add_task("reading traces", total=None)
         fold = not (no_fold or astra_compat or scenario is not None)
@@ -163,8 +171,12 @@ def replay_cmd(
         result = replay(ts, system, compute=compute, astra_compat=astra_compat,  # type: ignore[arg-type]
                         scenario=scenario,
                         progress=lambda i, n: bar.update(task, completed=i, total=n))
-    if timeline is not None:
+    if timeline is not None and timeline.suffix.lower() == ".json":
         result.to_perfetto(timeline)
+    elif timeline is not None:
+        write_table(result.timeline, timeline)
+    if breakdown is not None:
+        write_table(result.breakdown, breakdown)
     if summary is not None:
         summary.write_text(json.dumps(result.metrics, indent=1) + "\n")
     _print_replay(result)

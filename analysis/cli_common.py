@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -12,6 +12,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from replay.hardware import SystemSpec
 from tracegen import ConfigError, Strategy
+
+if TYPE_CHECKING:  # polars loads only where a table is written
+    import polars as pl
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="trainsim: trace-driven performance modeling of distributed training.")
@@ -36,6 +39,28 @@ def output_file(path: Path | None, option: str, plot: bool = False) -> Path | No
                               f"{', '.join('.' + f for f in sorted(formats))}", what=option)
     output_dir(path.parent, option)
     return path
+
+
+TABLE_SUFFIXES = (".csv", ".parquet")
+
+
+def table_file(path: Path | None, option: str, *, also: tuple[str, ...] = (),
+               what: str = "the table") -> Path | None:
+    """``output_file`` for a table, written as .csv or .parquet (or one of ``also``)."""
+    path = output_file(path, option)
+    endings = (*TABLE_SUFFIXES, *also)
+    if path is not None and path.suffix.lower() not in endings:
+        named = ", ".join(endings[:-1]) + " or " + endings[-1]
+        raise ConfigError(f"{path.name!r}: {what} is written as {named}", what=option)
+    return path
+
+
+def write_table(frame: pl.DataFrame, path: Path) -> None:
+    """A polars frame as Parquet or CSV, by the file's ending (``table_file`` checked it)."""
+    if path.suffix.lower() == ".parquet":
+        frame.write_parquet(path)
+    else:
+        frame.write_csv(path)
 
 
 def output_dir(path: Path | None, option: str) -> Path | None:

@@ -18,11 +18,13 @@ from analysis.cli_common import (
     note_param_gather,
     note_precision,
     output_file,
+    table_file,
+    write_table,
 )
 from analysis.glance import Glance, fit_advice, glance
 from analysis.op_table import by_kind, op_table
 from replay.hardware import SystemSpec
-from tracegen import ConfigError, Strategy, resolve_model, with_seq_len
+from tracegen import Strategy, resolve_model, with_seq_len
 from tracegen.units import GiB
 
 MEMORY_COLUMNS = ("weights", "gradients", "optimizer", "activations", "logits", "transient")
@@ -67,10 +69,7 @@ def estimate_cmd(
     from replay import resolve_system
 
     json_out = output_file(json_out, "--json")
-    ops_out = output_file(ops_out, "--ops-out")
-    if ops_out is not None and ops_out.suffix.lower() not in (".csv", ".parquet"):
-        raise ConfigError(f"{ops_out.name!r}: the op table is written as .csv or .parquet",
-                          what="--ops-out")
+    ops_out = table_file(ops_out, "--ops-out", what="the op table")
     roofline_plot = output_file(roofline_plot, "--roofline", plot=True)
     spec = resolve_model(model)
     spec = with_seq_len(spec, seq_len) if seq_len else spec
@@ -110,10 +109,7 @@ def estimate_cmd(
 def _write_ops(table: pl.DataFrame, system: SystemSpec, out: Path | None,
                plot: Path | None, precision: str) -> None:
     if out is not None:
-        if out.suffix.lower() == ".parquet":
-            table.write_parquet(out)
-        else:
-            table.write_csv(out)
+        write_table(table, out)
         console.print(f"op table ({table.height} rows) → {out}")
     if plot is not None:
         from analysis.plots import roofline

@@ -132,6 +132,29 @@ def test_replay_writes_summary_and_perfetto_timeline(tmp_path: Path) -> None:
     assert all(e["dur"] >= 0 for e in events if e["ph"] == "X")
 
 
+def test_replay_writes_the_timeline_and_breakdown_as_tables(tmp_path: Path) -> None:
+    """--timeline FILE.parquet is the timeline frame (a row per node of every simulated rank,
+    as decoded from the .et files), --breakdown FILE.csv the per-rank breakdown, whose ranks end
+    by the step's end; any other ending is refused before the replay."""
+    import json
+
+    import polars as pl
+
+    summary, timeline, breakdown = tmp_path / "s.json", tmp_path / "t.parquet", tmp_path / "b.csv"
+    r = run("replay", str(GOLDEN), "--system", "dgx-h100", "--summary", str(summary),
+            "--timeline", str(timeline), "--breakdown", str(breakdown), "--no-fold")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(summary.read_text())
+    frame, per_rank = pl.read_parquet(timeline), pl.read_csv(breakdown)
+    assert frame.height == s["nodes"] == sum(len(read_et(f)[1]) for f in GOLDEN.glob("*.et"))
+    assert sorted(per_rank["rank"]) == sorted(frame["rank"].unique()) == list(range(8))
+    assert per_rank["end_s"].max() == pytest.approx(s["step_time_s"], rel=1e-9)
+    assert frame["end_s"].max() == pytest.approx(s["step_time_s"], rel=1e-9)
+    bad = run("replay", str(GOLDEN), "--system", "dgx-h100", "--breakdown", str(tmp_path / "b.txt"))
+    assert bad.returncode != 0 and "the breakdown is written as .csv or .parquet" in bad.stdout + \
+        bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_replay_workload_prefix_and_bad_system(tmp_path: Path) -> None:
     r = run("replay", str(GOLDEN / "tiny"), "--system", "dgx-a100-80gb")
     assert r.returncode == 0, r.stderr
