@@ -11,7 +11,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from analysis.cli_common import app, console, note_precision, output_dir, output_file, progress_bar
+from analysis.cli_common import (
+    app,
+    console,
+    note_precision,
+    output_dir,
+    output_file,
+    progress_bar,
+    table_file,
+    write_table,
+)
 from tracegen import ConfigError
 
 if TYPE_CHECKING:  # polars is imported where a command needs it (fast CLI start-up)
@@ -42,8 +51,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 def validate_cmd(
     runs: Annotated[Path, typer.Argument(help="CSV in the public-runs schema "
                                               "(shared/validation/README.md).")],
-    out: Annotated[Path | None, typer.Option("--out", help="Write per-row results as CSV.")]
-    = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Write per-row results as CSV (or .parquet).")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write the predicted-vs-measured "
                                               "scatter (PNG).")] = None,
     jobs: Annotated[int, typer.Option(
@@ -76,7 +85,8 @@ def validate_cmd(
     from analysis.plots import predicted_vs_measured
     from analysis.validate import validate
 
-    out, plot = output_file(out, "--out"), output_file(plot, "--plot", plot=True)
+    out = table_file(out, "--out", what="the per-row results")
+    plot = output_file(plot, "--plot", plot=True)
     with progress_bar() as bar:
         task = bar.add_task("predicting runs", total=None)
         results = validate(runs, progress=lambda i, n: bar.update(task, completed=i, total=n),
@@ -85,7 +95,7 @@ def validate_cmd(
                            assume=_parse_assume(assume or []), attention=attention)
     _print_validation(results, runs.name)
     if out is not None:
-        results.write_csv(out)
+        write_table(results, out)
     if plot is not None:
         predicted_vs_measured(results).savefig(plot, dpi=120)
 

@@ -153,6 +153,11 @@ def test_validate_cli_writes_csv_and_plot(tmp_path: Path) -> None:
                        timeout=300)
     assert r.returncode == 0, r.stderr
     assert pl.read_csv(tmp_path / "f.csv")["status"].to_list() == frame["status"].to_list()
+    r = subprocess.run([sys.executable, "-m", "analysis.cli", "validate", str(PUBLIC), "--fast",
+                        "--out", str(tmp_path / "f.parquet")], capture_output=True, text=True,
+                       timeout=300)  # a Parquet file where the name says so (it had been CSV)
+    assert r.returncode == 0, r.stderr
+    assert pl.read_parquet(tmp_path / "f.parquet")["status"].to_list() == frame["status"].to_list()
     skipped = tmp_path / "skipped.csv"  # rows that all lack an input: said in one line
     pl.read_csv(PUBLIC, infer_schema_length=0).filter(
         pl.col("id").str.starts_with("nar21-t1")).write_csv(skipped)
