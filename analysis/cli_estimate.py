@@ -232,7 +232,11 @@ def _fit_hint_lines(g: Glance, s: Strategy) -> list[str]:
 
 
 def _split_words(s: Strategy) -> str:
-    """The header's words for Megatron-Core's account-for-embedding/loss split, if set."""
+    """The header's words for an uneven pipeline: the first and last chunk's layers where set,
+    Megatron-Core's account-for-embedding/loss split."""
+    ends = [f"{w} chunk {n} layer{'s' if n != 1 else ''}"
+            for w, n in (("first", s.first_stage_layers), ("last", s.last_stage_layers)) if n]
     counted = [w for w, on in (("embedding", s.account_for_embedding_in_pipeline_split),
                                ("loss", s.account_for_loss_in_pipeline_split)) if on]
-    return f", {' and '.join(counted)} counted as layers in the split" if counted else ""
+    return ("".join(f", {e}" for e in ends)
+            + (f", {' and '.join(counted)} counted as layers in the split" if counted else ""))

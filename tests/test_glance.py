@@ -129,3 +129,12 @@ def test_estimate_cli_takes_llama3s_own_pipeline_split(tmp_path: Path) -> None:
     assert [st["layers"] for st in d["stages"]] == [7] + [8] * 14 + [7]
     assert d["fits"]
     assert "embedding and loss counted as layers in the split" in " ".join(r.stdout.split())
+
+
+def test_estimate_says_the_uneven_split_it_costed() -> None:
+    """The header names the end chunks' layers (the label leaves them out), so that the
+    strategy printed is the strategy costed: Llama 3 70B's 80 layers as 29 + 3 × 17."""
+    r = run("estimate", "--model", "llama3-70b", "--gpus", "64", "--tp", "8", "--pp", "4",
+            "--mbs", "1", "--gbs", "64", "--first-stage-layers", "29", "--system", "dgx-h100")
+    assert r.returncode == 0, r.stderr
+    assert "bf16, first chunk 29 layers)" in " ".join(r.stdout.split())
