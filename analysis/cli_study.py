@@ -308,7 +308,8 @@ def compare_cmd(
     results.write_parquet(out / "results.parquet")
     results.write_csv(out / "results.csv")
     (out / "study.json").write_text(json.dumps(_study_meta(st), indent=1) + "\n")
-    _print_ranking(results, f"{st.name}: {st.model.name} on {st.gpus} GPUs ({st.system.name})")
+    _print_ranking(results, f"{st.name}: {st.model.name} on {st.gpus} GPUs ({st.system.name})",
+                   st.system.gpu.hbm_GiB)
     if kept:
         console.print(f"{kept} of {len(st.strategies)} strategies were kept from an earlier run "
                       f"into {out}, not replayed again (delete {out / 'parts'} to replay all)")
@@ -325,7 +326,7 @@ def _kept_rows(out: Path, st: Study) -> int:
     return sum(strategy_id(s) in have for s in st.strategies)
 
 
-def _print_ranking(results: Any, title: str) -> None:
+def _print_ranking(results: Any, title: str, capacity_GiB: float) -> None:
     from analysis.report import COLUMNS, _fmt
 
     table = Table(title=title)
@@ -335,6 +336,24 @@ def _print_ranking(results: Any, title: str) -> None:
     for r in results.head(15).iter_rows(named=True):
         table.add_row(*[_fmt(k, r.get(k)) for k, _ in cols])
     console.print(table)
+    _say_if_nothing_fits(results, capacity_GiB)
+
+
+def _say_if_nothing_fits(results: Any, capacity_GiB: float) -> None:
+    """Where no strategy fits, say so and name the one closest to fitting (a table of rows
+    that all say False is easy to misread as a ranking)."""
+    import polars as pl
+
+    sized = results.filter(pl.col("peak_memory_GiB").is_not_null())
+    if sized.is_empty() or sized["fits"].fill_null(False).any():
+        return
+    least = sized.sort("peak_memory_GiB").row(0, named=True)
+    console.print(f"[bold red]nothing fits[/]: the least memory any strategy needs is "
+                  f"{least['peak_memory_GiB']:.1f} GiB a GPU of {capacity_GiB:g} "
+                  f"({least['strategy']}); more GPUs, "
+                  "a deeper pipeline, a higher ZeRO stage or more recompute may fit — "
+                  "`trainsim estimate` on a strategy names the recompute or sharding that "
+                  "fits it, where one does")
 
 
 @app.command("sweep")
@@ -366,7 +385,8 @@ def sweep_cmd(
         _print_invalid_reasons(st, counts["invalid"])
     fitted = counts.get("recomputed_to_fit", 0)
     _print_ranking(results, f"{st.name}: best of {counts['valid']:,} strategies"
-                   + (f" and {fitted:,} recomputed to fit" if fitted else ""))
+                   + (f" and {fitted:,} recomputed to fit" if fitted else ""),
+                   st.system.gpu.hbm_GiB)
 
 
 def _print_invalid_reasons(st: Study, invalid: int) -> None:

@@ -462,3 +462,30 @@ def test_a_folder_resumes_only_its_own_study(study_path: Path, tmp_path: Path) -
     (out / "parts" / "study.json").unlink()  # parts an earlier trainsim wrote: no record
     with pytest.raises(ConfigError, match="no record of the study they belong to"):
         sweep(study, out, top_k=1, workers=1)
+
+
+def test_a_sweep_where_nothing_fits_says_so(tmp_path: Path) -> None:
+    """Llama 3.1 405B on one node: every layout needs far more than 80 GiB; the sweep says that
+    nothing fits and names the least memory any strategy needs (a table of rows that all say
+    False reads too easily as a ranking)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from analysis.cli import app
+
+    f = tmp_path / "s.toml"
+    f.write_text('model = "llama3.1-405b"\nsystem = "dgx-h100"\ngpus = 8\n'
+                 'global_batch_size = 64\n[search]\ntp = [4, 8]\npp = [1, 2]\nvpp = [1]\n'
+                 'micro_batch_size = [1]\nrecompute = ["full"]\nzero_stage = [1]\n'
+                 'sequence_parallel = [true]\n')
+    out = tmp_path / "o"
+    got = CliRunner().invoke(app, ["sweep", str(f), "-o", str(out), "--workers", "1"],
+                             env={"COLUMNS": "300"})
+    assert got.exit_code == 0, got.output
+    least = pl.read_parquet(out / "results.parquet")["peak_memory_GiB"].min()
+    assert least > 80
+    text = " ".join(got.output.split())
+    assert f"nothing fits: the least memory any strategy needs is {least:.1f} GiB a GPU of 80" \
+        in text
+    assert json.loads((out / "study.json").read_text())["counts"]["valid"] == 3  # tp8·pp2 > 8
