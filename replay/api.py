@@ -66,7 +66,21 @@ def _scenario(scenario: str | Path | Scenario | None, ts: TraceSet, sys_spec: Sy
         return scenario
     return load_scenario(scenario, world_size=ts.world_size,
                          gpus_per_node=sys_spec.node.gpus_per_node,
-                         simulated={r.rank for r in ts.ranks})
+                         simulated={r.rank for r in ts.ranks}, stands_for=_stands_for(ts))
+
+
+def _stands_for(ts: TraceSet) -> dict[int, tuple[int, ...]] | None:
+    """In a representative-mode set, each simulated rank → the ranks of its pipeline stage
+    (the manifest's coordinates), which it stands for; None where every rank is simulated."""
+    if not ts.representative or ts.manifest is None:
+        return None
+    order = ts.manifest["coords_order"]
+    rank_at, pp_at = order.index("rank"), order.index("pp")
+    stage = {c[rank_at]: c[pp_at] for c in ts.manifest["coords"]}
+    by_stage: dict[int, list[int]] = {}
+    for rank, pp in stage.items():
+        by_stage.setdefault(pp, []).append(rank)
+    return {r.rank: tuple(sorted(by_stage[stage[r.rank]])) for r in ts.ranks}
 
 
 def _interference(sys_spec: SystemSpec, scen: Scenario | None) -> Callable[[int], float]:

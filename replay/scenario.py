@@ -26,6 +26,9 @@ random with a seed), degraded or failed links, and heterogeneous GPU types.
     [[gpu]]                    # heterogeneous cluster: these ranks have another GPU type
     nodes = [0, 1]
     system = "dgx-a100-80gb"   # the GPU of this preset (compute only)
+
+In a representative-mode set (one rank per pipeline stage), ranks must be simulated ones and
+nodes must hold whole stages; a full-mode set takes any ranks and nodes.
 """
 
 from __future__ import annotations
@@ -109,20 +112,24 @@ class Scenario:
 
 
 def load_scenario(path: str | Path, *, world_size: int, gpus_per_node: int,
-                  simulated: set[int]) -> Scenario:
+                  simulated: set[int], stands_for: dict[int, tuple[int, ...]] | None = None
+                  ) -> Scenario:
     p = Path(path)
     return scenario_from_dict(load_mapping(p, what="scenario file"), name=p.stem,
                               world_size=world_size, gpus_per_node=gpus_per_node,
-                              simulated=simulated)
+                              simulated=simulated, stands_for=stands_for)
 
 
 def scenario_from_dict(data: dict[str, Any], *, name: str, world_size: int, gpus_per_node: int,
-                       simulated: set[int]) -> Scenario:
+                       simulated: set[int], stands_for: dict[int, tuple[int, ...]] | None = None
+                       ) -> Scenario:
+    """``stands_for``: in a representative-mode set, each simulated rank → every rank it
+    stands for (its pipeline stage); a perturbation by nodes must then cover whole stages."""
     unknown = set(data) - SECTIONS
     if unknown:
         raise ConfigError(f"unknown section(s) {sorted(unknown)}; known: straggler, "
                           "random_stragglers, link, gpu", what=f"scenario {name!r}")
-    ctx = _Ctx(name, world_size, gpus_per_node, simulated)
+    ctx = _Ctx(name, world_size, gpus_per_node, simulated, stands_for)
     episodes = [e for d in data.get("straggler", []) for e in ctx.straggler(d)]
     episodes += [e for d in data.get("random_stragglers", []) for e in ctx.random(d)]
     links = [lf for d in data.get("link", []) for lf in ctx.link(d)]
@@ -136,6 +143,7 @@ class _Ctx:
     world: int
     per_node: int
     simulated: set[int]
+    stands_for: dict[int, tuple[int, ...]] | None = None
 
     def fail(self, msg: str) -> ConfigError:
         return ConfigError(msg, what=f"scenario {self.name!r}")
@@ -173,7 +181,28 @@ class _Ctx:
             raise self.fail(
                 f"[[{section}]]: rank(s) {missing[:8]} are not simulated in this "
                 "representative-mode set; generate a full-mode set to perturb individual ranks")
+        if self.stands_for is not None and "nodes" in d:
+            return self._whole_stages(set(ranks), section)
         return [r for r in ranks if r in self.simulated]
+
+    def _whole_stages(self, listed: set[int], section: str) -> list[int]:
+        """The representatives of the stages the nodes hold whole. A representative stands for
+        every rank of its stage: a node holding part of a stage would perturb all of it, and a
+        node holding no representative none of it (a slow node had cost nothing)."""
+        assert self.stands_for is not None
+        chosen = []
+        for rep, group in sorted(self.stands_for.items()):
+            hit = listed.intersection(group)
+            if hit and len(hit) < len(group):
+                lo, hi = min(group), max(group)
+                raise self.fail(
+                    f"[[{section}]]: the nodes listed hold {len(hit)} of the {len(group)} ranks "
+                    f"({lo}–{hi}, nodes {lo // self.per_node}–{hi // self.per_node}) that this "
+                    f"representative-mode set simulates as one rank ({rep}); list every node "
+                    "of that pipeline stage, or generate a full-mode set to perturb part of it")
+            if hit:
+                chosen.append(rep)
+        return chosen
 
     def _number(self, d: dict[str, Any], key: str, section: str, default: float | None = None
                 ) -> float:

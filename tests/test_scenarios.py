@@ -182,3 +182,27 @@ def test_a_rank_on_another_gpu_takes_that_gpus_interference(tmp_path: Path) -> N
         tmp_path, "[[gpu]]\nranks = [1]\nsystem = \"dgx-b200\"\n"))
     lost = dict(zip(res.breakdown["rank"], res.breakdown["interference_s"], strict=True))
     assert lost[0] > 0 and lost[1] == 0
+
+
+@pytest.mark.parametrize("section", ["[[straggler]]\nslowdown = 1.5",
+                                     '[[gpu]]\nsystem = "dgx-a100-80gb"'])
+def test_a_representative_set_takes_whole_stages_by_node_or_refuses(tmp_path: Path,
+                                                                     section: str) -> None:
+    """One rank stands for its stage in a representative-mode set. Nodes holding a whole stage
+    perturb it exactly as the full-mode set with the same nodes replays (every rank); nodes
+    holding part of a stage are refused (they had perturbed the whole stage, or, holding no
+    representative, nothing at all: a slow node had cost nothing)."""
+    s = Strategy(tp=2, pp=2, dp=2, micro_batch_size=1, global_batch_size=8)
+    generate(MODEL, s, tmp_path / "rep", mode="representative")
+    generate(MODEL, s, tmp_path / "full", mode="full")
+    whole = _scenario(tmp_path, f"{section}\nnodes = [2, 3]\n")  # stage 1: ranks 4–7
+    rep = replay(tmp_path / "rep", TWO_PER_NODE, scenario=whole).metrics["step_time_s"]
+    full = replay(tmp_path / "full", TWO_PER_NODE, scenario=whole).metrics["step_time_s"]
+    healthy = replay(tmp_path / "rep", TWO_PER_NODE).metrics["step_time_s"]
+    assert rep == pytest.approx(full, rel=1e-9) and rep > healthy * 1.05
+    for nodes in ("[2]", "[3]"):  # half of stage 1: node 3 holds no representative
+        part = _scenario(tmp_path, f"{section}\nnodes = {nodes}\n")
+        with pytest.raises(ConfigError, match=r"hold 2 of the 4 ranks \(4–7, nodes 2–3\)"):
+            replay(tmp_path / "rep", TWO_PER_NODE, scenario=part)
+        assert replay(tmp_path / "full", TWO_PER_NODE, scenario=part).metrics[
+            "step_time_s"] > healthy * 1.02  # the full-mode set perturbs just those ranks
