@@ -28,7 +28,8 @@ random with a seed), degraded or failed links, and heterogeneous GPU types.
     system = "dgx-a100-80gb"   # the GPU of this preset (compute only)
 
 In a representative-mode set (one rank per pipeline stage), ranks must be simulated ones and
-nodes must hold whole stages; a full-mode set takes any ranks and nodes.
+nodes must hold whole stages, and random stragglers are refused (each would be a whole stage);
+a full-mode set takes any ranks and nodes.
 """
 
 from __future__ import annotations
@@ -237,6 +238,10 @@ class _Ctx:
         if not 0 < frac <= 1 or not 1 <= lo <= hi:
             raise self.fail("[[random_stragglers]]: need 0 < fraction ≤ 1 and 1 ≤ slowdown_min ≤ "
                             f"slowdown_max, got fraction {frac}, {lo}..{hi}")
+        if self.stands_for is not None:  # a drawn rank would be a whole stage of them
+            raise self.fail("[[random_stragglers]] draws individual ranks, and this "
+                            "representative-mode set simulates one rank per pipeline stage: "
+                            "generate a full-mode set (`trainsim tracegen --mode full`)")
         rng = random.Random(int(d.get("seed", 0)))
         pool = sorted(self.simulated)
         chosen = rng.sample(pool, max(1, round(frac * len(pool))))

@@ -204,5 +204,8 @@ def test_a_representative_set_takes_whole_stages_by_node_or_refuses(tmp_path: Pa
         part = _scenario(tmp_path, f"{section}\nnodes = {nodes}\n")
         with pytest.raises(ConfigError, match=r"hold 2 of the 4 ranks \(4–7, nodes 2–3\)"):
             replay(tmp_path / "rep", TWO_PER_NODE, scenario=part)
+    drawn = _scenario(tmp_path, "[[random_stragglers]]\nfraction = 0.25\n")
+    with pytest.raises(ConfigError, match="draws individual ranks"):
+        replay(tmp_path / "rep", TWO_PER_NODE, scenario=drawn)
         assert replay(tmp_path / "full", TWO_PER_NODE, scenario=part).metrics[
             "step_time_s"] > healthy * 1.02  # the full-mode set perturbs just those ranks
