@@ -121,21 +121,51 @@ def applicable(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _enumerate(study: Study, space: dict[str, list[Any]]) -> tuple[list[Strategy], int]:
+# The dimensions ``ruled_out`` reads (with the GPU count): a layout it rules out rules out every
+# value of the other dimensions, which are then counted, not built.
+_LAYOUT = ("tp", "pp", "cp", "vpp", "micro_batch_size", "sequence_parallel", "tp_comm_overlap",
+           "schedule")
+
+
+def _enumerate(study: Study, space: dict[str, list[Any]], progress: Progress | None = None
+               ) -> tuple[list[Strategy], int]:
+    """(valid strategies, invalid combinations): layout by layout, each layout's other
+    dimensions built only where ``ruled_out`` leaves the layout standing, and a combination
+    that ``applicable`` folds onto one already built counted as that one was."""
     keys = sorted(space)
+    layout_keys = [k for k in keys if k in _LAYOUT]
+    other_keys = [k for k in keys if k not in _LAYOUT]
+    others = [dict(zip(other_keys, v, strict=True))
+              for v in itertools.product(*(space[k] for k in other_keys))]
+    layouts = list(itertools.product(*(space[k] for k in layout_keys)))
     valid: list[Strategy] = []
     invalid = 0
     seen: set[tuple[Any, ...]] = set()
-    for values in itertools.product(*(space[k] for k in keys)):
-        d = applicable(dict(zip(keys, values, strict=True)))
-        s = _strategy(study, d)
-        if s is None:
-            invalid += 1
+    for i, values in enumerate(layouts):
+        if progress and i % 256 == 0:
+            progress("enumerating", i, len(layouts))
+        layout = applicable(dict(zip(layout_keys, values, strict=True)))
+        if _ruled_out_early(study, layout):
+            invalid += len(others)
             continue
-        key = strategy_key(s)
-        if key not in seen:
-            seen.add(key)
-            valid.append(s)
+        outcome: dict[tuple[Any, ...], bool] = {}  # folding stays inside a layout
+        for rest in others:
+            d = applicable({**layout, **rest})
+            folded = tuple(d[k] for k in keys)
+            if folded in outcome:
+                invalid += not outcome[folded]
+                continue
+            s = _strategy(study, d)
+            outcome[folded] = s is not None
+            if s is None:
+                invalid += 1
+                continue
+            key = strategy_key(s)
+            if key not in seen:
+                seen.add(key)
+                valid.append(s)
+    if progress:
+        progress("enumerating", len(layouts), len(layouts))
     return valid, invalid
 
 
@@ -167,17 +197,23 @@ def invalid_reasons(study: Study, *, limit: int = 3, sample: int = 2000
     return [(first[p], n) for p, n in counts.most_common(limit)], seen
 
 
-def _strategy(study: Study, d: dict[str, Any]) -> Strategy | None:
+def _ruled_out_early(study: Study, d: dict[str, Any]) -> bool:
+    """Whether the layout fields of ``d`` (``_LAYOUT``) already make it invalid, on plain
+    values (most of a space: skipped before a Strategy and its message are built)."""
     tp, pp, cp = int(d["tp"]), int(d["pp"]), int(d.get("cp", 1))
     if study.gpus % (tp * pp * cp):
-        return None
+        return True
     vpp, dp = int(d["vpp"]), study.gpus // (tp * pp * cp)
     schedule = d.get("schedule") or ("interleaved_1f1b" if vpp > 1 else "1f1b")
-    if ruled_out(tp=tp, pp=pp, dp=dp, vpp=vpp, micro_batch_size=int(d["micro_batch_size"]),
-                 global_batch_size=study.global_batch_size,
-                 sequence_parallel=bool(d["sequence_parallel"]),
-                 tp_comm_overlap=bool(d.get("tp_comm_overlap", False)), schedule=schedule):
-        return None  # (most of a space: skipped before a Strategy and its message are built)
+    return ruled_out(tp=tp, pp=pp, dp=dp, vpp=vpp, micro_batch_size=int(d["micro_batch_size"]),
+                     global_batch_size=study.global_batch_size,
+                     sequence_parallel=bool(d["sequence_parallel"]),
+                     tp_comm_overlap=bool(d.get("tp_comm_overlap", False)), schedule=schedule)
+
+
+def _strategy(study: Study, d: dict[str, Any]) -> Strategy | None:
+    if _ruled_out_early(study, d):
+        return None
     try:
         return _build(study, d)
     except ConfigError:
@@ -302,7 +338,7 @@ def sweep(study: Study, out_dir: str | Path, *, top_k: int = 10, scheduler: str 
             pool, workers = stack.enter_context(cluster_pool(scheduler))
         elif workers > 1:
             pool = stack.enter_context(local_pool(workers))
-        valid, invalid = _enumerate(study, space)
+        valid, invalid = _enumerate(study, space, progress)
         by_id = {strategy_id(s): s for s in valid}
         screen = PartStore(out, "screen")
         done = screen.done_ids()

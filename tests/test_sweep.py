@@ -43,6 +43,49 @@ def test_enumeration_counts(study_path: Path) -> None:
     assert any(s.tp == 1 for s in valid) and any(s.pp == 1 for s in valid)
 
 
+def _every_combination(study: Any, space: dict[str, list[Any]]) -> tuple[set[str], int]:
+    """The enumeration by its definition: every combination of the product, folded, built."""
+    import itertools
+
+    from analysis.runner import strategy_id
+    from analysis.sweep import _strategy, applicable
+
+    keys, ids, invalid = sorted(space), set(), 0
+    for values in itertools.product(*(space[k] for k in keys)):
+        s = _strategy(study, applicable(dict(zip(keys, values, strict=True))))
+        if s is None:
+            invalid += 1
+        else:
+            ids.add(strategy_id(s))
+    return ids, invalid
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_enumeration_by_layout_is_the_whole_product(data: st.DataObject) -> None:
+    """Layouts ``ruled_out`` rejects are counted without building their other dimensions, and
+    a folded twin is counted as its first: the same strategies and invalid count as building
+    every combination of the product; the progress reaches every layout."""
+    from analysis.runner import strategy_id
+    from analysis.study import study_from_dict
+    from analysis.sweep import _enumerate, search_space
+
+    space = {k: data.draw(st.lists(st.sampled_from(v), min_size=1, max_size=3, unique=True))
+             for k, v in {**SWITCHES, "tp": [1, 2, 4, 8], "pp": [1, 2, 4], "cp": [1, 2],
+                          "micro_batch_size": [1, 2]}.items()}
+    study = study_from_dict({"model": "llama3-8b", "system": "dgx-h100",
+                             "gpus": data.draw(st.sampled_from([16, 32, 48])),
+                             "global_batch_size": data.draw(st.sampled_from([32, 48, 64])),
+                             "search": space})
+    seen: list[tuple[str, int, int]] = []
+    valid, invalid = _enumerate(study, search_space(study),
+                                lambda phase, i, n: seen.append((phase, i, n)))
+    ids = [strategy_id(s) for s in valid]
+    assert len(set(ids)) == len(ids)
+    assert (set(ids), invalid) == _every_combination(study, search_space(study))
+    assert seen[-1][0] == "enumerating" and seen[-1][1] == seen[-1][2] > 0
+
+
 SWITCHES = {"tp": [1, 2], "pp": [1, 2], "vpp": [1, 2], "sequence_parallel": [False, True],
             "tp_comm_overlap": [False, True], "schedule": ["1f1b", "interleaved_1f1b", "zb_h1",
                                                            "zb_v", "gpipe"],
