@@ -169,19 +169,21 @@ def _enumerate(study: Study, space: dict[str, list[Any]], progress: Progress | N
     return valid, invalid
 
 
-def invalid_reasons(study: Study, *, limit: int = 3, sample: int = 2000
-                    ) -> tuple[list[tuple[str, int]], int]:
+def invalid_reasons(study: Study, *, limit: int = 3, sample: int = 2000,
+                    budget: int = 200_000) -> tuple[list[tuple[str, int]], int]:
     """Why the space's invalid combinations are invalid: (a reason as the strategy check words
     it, how many of the looked-at combinations it rules out) for the ``limit`` commonest, of
-    the first ``sample`` invalid combinations, and how many were looked at. Reasons of one
-    rule count as one (they differ in numbers, examples or the advice after the rule; the
-    first met is shown)."""
+    the first ``sample`` invalid combinations among the first ``budget`` combinations (each is
+    built: a vast space of mostly valid ones would otherwise take minutes), and how many were
+    looked at. Reasons of one rule count as one (they differ in numbers, examples or the advice
+    after the rule; the first met is shown)."""
     space = search_space(study)
     keys = sorted(space)
     counts: collections.Counter[str] = collections.Counter()
     first: dict[str, str] = {}
     seen = 0
-    for values in itertools.product(*(space[k] for k in keys)):
+    combinations = itertools.islice(itertools.product(*(space[k] for k in keys)), budget)
+    for values in combinations:
         try:
             _build(study, applicable(dict(zip(keys, values, strict=True))))
         except ConfigError as exc:
