@@ -57,6 +57,10 @@ def load_results(directory: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
     d = Path(directory)
     path = d / "results.parquet"
     if not path.is_file():
+        if any((d / "parts").glob("*/part-*.parquet")):  # a run stopped before its ranking
+            raise TrainsimError(f"{d} holds the parts of a comparison or sweep that stopped "
+                                f"before it ranked them: run it again with -o {d}, which "
+                                "resumes where it stopped, then the report")
         raise TrainsimError(f"{path} not found: run `trainsim compare`, `trainsim sweep` or "
                             f"`trainsim scale` with -o {d} first")
     return read_table(path, RESULT_COLUMNS_READ), read_meta(d / "study.json", "the study")

@@ -151,6 +151,15 @@ def test_report_without_results_is_a_clear_error(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "analysis.cli", "report", str(tmp_path), "-o",
                         str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "run `trainsim compare`, `trainsim sweep` or `trainsim scale`" in r.stderr
+    stopped = tmp_path / "stopped" / "parts" / "screen"  # a sweep killed before its ranking
+    stopped.mkdir(parents=True)
+    pl.DataFrame({"id": ["x"]}).write_parquet(stopped / "part-000001-1.parquet")
+    from analysis.report import build_report
+    from tracegen.errors import TrainsimError
+
+    with pytest.raises(TrainsimError, match=r"stopped before it ranked them: run it again with "
+                                            r"-o .*stopped, which resumes"):
+        build_report(tmp_path / "stopped", tmp_path / "o2")
 
 
 def test_a_damaged_results_directory_is_a_clear_error(tmp_path: Path) -> None:
