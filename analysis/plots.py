@@ -154,25 +154,46 @@ def stacked_breakdown(results: pl.DataFrame, *, top: int = 12) -> Figure:
     return fig
 
 
+# Beyond this many strategies a scatter is one solid blot (a sweep screens hundreds of
+# thousands): their density is drawn instead, on a log scale, with the front over it.
+DENSE_POINTS = 2000
+
+
 def pareto(results: pl.DataFrame) -> Figure:
-    """Throughput against peak memory per GPU; the Pareto front of strategies that fit."""
+    """Throughput against peak memory per GPU; the Pareto front of strategies that fit (a
+    strategy on it is the fastest at its memory or less). Many strategies are drawn as their
+    density."""
     ok = results.filter(pl.col("tokens_per_s").is_not_null() & pl.col("fits").fill_null(False))
     fig, ax = _figure(6.4, 4.4)
     if ok.height:
         mem = ok["peak_memory_GiB"].to_numpy()
         tps = ok["tokens_per_s"].to_numpy()
-        ax.scatter(mem, tps, s=18, alpha=0.6, label="strategies")
-        order = np.argsort(mem)
-        front_x, front_y, best = [], [], -1.0
-        for i in order:
-            if tps[i] > best:
-                best = tps[i]
-                front_x.append(mem[i])
-                front_y.append(tps[i])
-        ax.step(front_x, front_y, where="post", color="tab:red", label="Pareto front")
+        if ok.height > DENSE_POINTS:
+            cells = ax.hexbin(mem, tps, gridsize=60, bins="log", cmap="Blues", mincnt=1)
+            fig.colorbar(cells, ax=ax, label=f"strategies ({ok.height:,}; log scale)")
+        else:
+            ax.scatter(mem, tps, s=18, alpha=0.6, label="strategies")
+        front_x, front_y = pareto_front(mem, tps)
+        ax.step(front_x, front_y, where="post", color="tab:red",
+                label=f"Pareto front ({len(front_x)})")
+        ax.scatter(front_x, front_y, s=14, color="tab:red", zorder=3)
     _finish(ax, xlabel="peak memory per GPU (GiB)", ylabel="tokens / s",
             title="Throughput vs memory", grid="major")
     return fig
+
+
+def pareto_front(memory: np.ndarray, throughput: np.ndarray) -> tuple[list[float], list[float]]:
+    """The points no other point beats on both counts (less or equal memory, more throughput),
+    by memory."""
+    front_x: list[float] = []
+    front_y: list[float] = []
+    best = -np.inf
+    for i in np.lexsort((-throughput, memory)):  # by memory; at equal memory, fastest first
+        if throughput[i] > best:
+            best = throughput[i]
+            front_x.append(float(memory[i]))
+            front_y.append(float(throughput[i]))
+    return front_x, front_y
 
 
 def tp_pp_heatmap(results: pl.DataFrame) -> Figure:

@@ -7,8 +7,11 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analysis.compare import RESULT_COLUMNS, compare
 from analysis.study import load_study
@@ -239,3 +242,37 @@ def test_study_values_of_the_wrong_type_are_named_together(tmp_path: Path) -> No
                  "search must be a table ([search] in TOML), got 5",
                  "strategies must be a list of tables ([[strategies]] in TOML)"):
         assert part in text
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1.0, 2.5, 40.0, 80.0]) | st.floats(1, 80),
+                          st.sampled_from([1e3, 5e5]) | st.floats(1e3, 1e6)),
+                min_size=1, max_size=60))  # ties in memory and in throughput drawn often
+def test_the_pareto_front_is_what_no_strategy_beats(points: list[tuple[float, float]]) -> None:
+    """Every strategy off the front is beaten (as fast or faster at no more memory) by one on
+    it, and none on it is beaten by any: the front the report draws."""
+    from analysis.plots import pareto_front
+
+    mem, tps = np.array([p[0] for p in points]), np.array([p[1] for p in points])
+    front = set(zip(*pareto_front(mem, tps), strict=True))
+    for m, t in points:
+        beaten_by_front = any(fm <= m and ft >= t for fm, ft in front)
+        assert beaten_by_front
+        if (m, t) in front:
+            assert not any(om <= m and ot > t for om, ot in points)
+
+
+def test_a_large_sweep_is_drawn_as_a_density() -> None:
+    """Past ``DENSE_POINTS`` strategies the scatter (one solid blot at 500 k) becomes a log
+    density with the front over it; below, each strategy is a point."""
+    from matplotlib.collections import PathCollection, PolyCollection
+
+    from analysis.plots import DENSE_POINTS, pareto
+
+    rng = np.random.default_rng(0)
+    for n, kind in ((DENSE_POINTS + 1, PolyCollection), (50, PathCollection)):
+        frame = pl.DataFrame({"peak_memory_GiB": rng.uniform(5, 80, n),
+                              "tokens_per_s": rng.uniform(1e5, 1e6, n), "fits": [True] * n})
+        ax = pareto(frame).axes[0]
+        assert isinstance(ax.collections[0], kind)
+        assert ax.get_legend_handles_labels()[1][-1].startswith("Pareto front (")
