@@ -156,6 +156,39 @@ def test_rewriting_a_folder_leaves_only_the_new_sets_rank_files(tiny_gqa: ModelS
     assert again.stale_removed == 0
 
 
+def test_a_set_larger_than_the_free_space_is_refused_before_a_file(
+        tiny_gqa: ModelSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The set's size (each stage's first rank file times its files) is checked against the
+    folder's free space first: a set that does not fit writes nothing and leaves the earlier
+    set whole; a write that fails anyway is named with how many files were written."""
+    import shutil
+    from collections import namedtuple
+
+    from tracegen import ConfigError
+
+    s = Strategy(tp=2, pp=2, dp=2, micro_batch_size=1, global_batch_size=8)
+    generate(tiny_gqa, s, tmp_path, mode="representative", name="t")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    full_bytes = 4 * sum(len(before[f"t.{r}.et"]) for r in (0, 4))  # 4 ranks a stage
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(10**12, 0, full_bytes - 1))
+    with pytest.raises(ConfigError, match="the set would write about .* GB .* representative"):
+        generate(tiny_gqa, s, tmp_path, mode="full", name="t")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(10**12, 0, full_bytes))
+    calls = []
+
+    def fill(self: Path, data: bytes) -> int:
+        calls.append(self)
+        if len(calls) > 3:
+            raise OSError(28, "No space left on device")
+        return len(data)
+
+    monkeypatch.setattr(Path, "write_bytes", fill)
+    with pytest.raises(ConfigError, match=r"No space left on device; 3 of 8 rank files"):
+        generate(tiny_gqa, s, tmp_path, mode="full", name="t")
+
+
 @settings(max_examples=60, deadline=None)
 @given(tp=st.sampled_from([1, 2, 4]), cp=st.sampled_from([1, 2, 3]),
        dp=st.sampled_from([1, 2, 4, 6]), pp=st.sampled_from([1, 2, 3]),
