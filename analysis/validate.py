@@ -222,7 +222,8 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None,
     if missing:
         return f"skipped: {', '.join(missing)} missing"
     if row["gpu"] not in GPU_ALIASES:
-        return f"skipped: gpu {row['gpu']!r} has no system preset"
+        return (f"skipped: gpu {row['gpu']!r} has no system preset; the schema's names: "
+                f"{', '.join(GPU_ALIASES)} (an H100 of unstated form factor is h100-sxm)")
     base = get_system(GPU_ALIASES[row["gpu"]])
     kernel: list[str] = []
     if attention:

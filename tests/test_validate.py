@@ -769,3 +769,13 @@ def test_fast_validation_agrees_with_replay(results: pl.DataFrame) -> None:
         assert both[col].to_numpy() == pytest.approx(both[f"{col}_fast"].to_numpy(), rel=rel)
     assert both["fits"].to_list() == both["fits_fast"].to_list()
     assert fast.filter(pl.col("status") == "ok")["predicted_compute_s"].is_null().all()
+
+
+def test_a_gpu_outside_the_schema_is_skipped_naming_the_schemas_names(tmp_path: Path) -> None:
+    """'H100' is not a schema name (read case-insensitively: 'h100'); the status lists the
+    names a row can use, so the fix is in the message."""
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    got = validate(_row_file(tmp_path, "mpt-07", gpu="H100"), fast=True)["status"][0]
+    assert got.startswith("skipped: gpu 'h100' has no system preset; the schema's names: ")
+    assert "a100-80gb" in got and "an H100 of unstated form factor is h100-sxm" in got
