@@ -172,7 +172,7 @@ def test_a_set_larger_than_the_free_space_is_refused_before_a_file(
     full_bytes = 4 * sum(len(before[f"t.{r}.et"]) for r in (0, 4))  # 4 ranks a stage
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(10**12, 0, full_bytes - 1))
-    with pytest.raises(ConfigError, match="the set would write about .* GB .* representative"):
+    with pytest.raises(ConfigError, match=r"the set would write about .* GB .* representative"):
         generate(tiny_gqa, s, tmp_path, mode="full", name="t")
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
     monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(10**12, 0, full_bytes))
