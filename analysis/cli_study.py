@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -157,8 +159,9 @@ def _frame_table(frame: pl.DataFrame, title: str) -> Table:
 
 @app.command("resilience")
 def resilience_cmd(
-    study_file: Annotated[Path, typer.Argument(help="Study TOML with a \\[failures] table (see "
-                                                    "analysis/study.py).")],
+    study_file: Annotated[str, typer.Argument(
+        help="Study TOML with a \\[failures] table (see analysis/study.py), or a packaged "
+             "study name.")],
     summary: Annotated[Path | None, typer.Option(help="Write per-policy results as JSON.")]
     = None,
     plots: Annotated[Path | None, typer.Option(help="Folder for the goodput and "
@@ -173,22 +176,20 @@ def resilience_cmd(
     from analysis import resilience as R
     from analysis.evaluate import resilience_frame, strategy_dict, summary_dict
     from analysis.glance import fit_hints
-    from analysis.study import load_study
-
     summary, plots = output_file(summary, "--summary"), output_dir(plots, "--plots")
-    study = load_study(study_file)
+    study = _resolve_study(study_file)
     if not study.strategies:
         raise ConfigError("the study lists no [[strategies]] to evaluate", what="study")
     out: dict[str, Any] = {}
     shapes: dict[str, Any] = {}
-    for s in study.strategies:
+    for s, name in zip(study.strategies, _strategy_names(study.strategies), strict=True):
         frame = resilience_frame(study, s)
-        out[s.label()] = summary_dict(frame)
-        shapes[s.label()] = strategy_dict(frame)
-        if not shapes[s.label()]["fits"]:
-            shapes[s.label()]["fit_hint"], shapes[s.label()]["shard_hint"] = fit_hints(
+        out[name] = summary_dict(frame)
+        shapes[name] = strategy_dict(frame)
+        if not shapes[name]["fits"]:
+            shapes[name]["fit_hint"], shapes[name]["shard_hint"] = fit_hints(
                 study.model, s, study.system)
-        table = Table(title=f"{study.name}: {s.label()} on {s.world_size} GPUs "
+        table = Table(title=f"{study.name}: {name} on {s.world_size} GPUs "
                             f"(job MTTF {frame['job_mttf_s'][0] / 3600:.2f} h)")
         for col in ("policy", "goodput", "days to train", "GPU-hours", "failures",
                     "ckpt interval min", "ckpt s", "restart s"):
@@ -200,7 +201,7 @@ def resilience_cmd(
                           f"{r['checkpoint_interval_s'] / 60:.1f}", f"{r['checkpoint_s']:.1f}",
                           f"{r['restart_s']:.0f}")
         console.print(table)
-        console.print(_resilience_step_line(shapes[s.label()], study.system.gpu.hbm_bytes, s))
+        console.print(_resilience_step_line(shapes[name], study.system.gpu.hbm_bytes, s))
         if plots is not None:
             g = frame.filter(frame["policy"] == "global_restart").row(0, named=True)
             mttf, delta = g["job_mttf_s"], g["checkpoint_s"]
@@ -209,13 +210,32 @@ def resilience_cmd(
                 max(delta, 1.0), 20 * mttf, 120))
             P.goodput_vs_interval(curve, young_s=R.young_interval_s(delta, mttf),
                                   daly_s=R.daly_interval_s(delta, mttf)).savefig(
-                plots / f"goodput_{s.label()}.png", dpi=110)
-            P.time_to_train_by_policy(frame).savefig(plots / f"time_to_train_{s.label()}.png",
-                                                     dpi=110)
+                plots / f"goodput_{_file_safe(name)}.png", dpi=110)
+            P.time_to_train_by_policy(frame).savefig(
+                plots / f"time_to_train_{_file_safe(name)}.png", dpi=110)
     if summary is not None:
         first = next(iter(out.values()))
         summary.write_text(json.dumps({"policies": first, "strategies": out,
                                        "strategy_shapes": shapes}, indent=1) + "\n")
+
+
+def _strategy_names(strategies: Sequence[Strategy]) -> list[str]:
+    """Each strategy's full name (schedule, recompute, ZeRO, … — the short label leaves them
+    out, and two of the default study's layouts share one), made unique where two coincide."""
+    from analysis.compare import strategy_fields
+
+    names: list[str] = []
+    seen: dict[str, int] = {}
+    for s in strategies:
+        name = strategy_fields(s)["strategy"]
+        seen[name] = seen.get(name, 0) + 1
+        names.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return names
+
+
+def _file_safe(name: str) -> str:
+    """A strategy name as a file name (a pipeline layout brings '|' and '*')."""
+    return re.sub(r"[^A-Za-z0-9._+#-]", "_", name)
 
 
 def _resilience_step_line(shape: dict[str, Any], hbm_bytes: int, s: Strategy) -> str:

@@ -220,3 +220,21 @@ def test_per_node_rates_and_presets_have_sources() -> None:
     assert all(p.source for p in R.FAILURE_PRESETS.values())
     opt = R.FAILURE_PRESETS["opt-175b-992-a100"]
     assert 56 * R.DAY_S / opt.job_mttf_s(992) == pytest.approx(53.5)
+
+
+def test_resilience_keeps_every_strategy_of_a_study(tmp_path: Path) -> None:
+    """The default study's first and third layouts share the short label
+    (tp8-pp8-dp16-vpp3-mbs1: recompute and ZeRO differ): each is its own table, summary entry
+    and pair of plots under its full name (one had replaced the other)."""
+    study = Path(__file__).resolve().parent.parent / "analysis" / "studies" / "default.toml"
+    out = tmp_path / "s.json"
+    r = subprocess.run([sys.executable, "-m", "analysis.cli", "resilience", str(study),
+                        "--summary", str(out), "--plots", str(tmp_path / "plots")],
+                       capture_output=True, text=True, timeout=300, env={"COLUMNS": "300"})
+    assert r.returncode == 0, r.stderr
+    names = list(json.loads(out.read_text())["strategies"])
+    assert len(names) == len(set(names)) == 4
+    assert "tp8-pp8-dp16-vpp3-mbs1-interleaved_1f1b-rcs-z1-sp" in names
+    assert "tp8-pp8-dp16-vpp3-mbs1-interleaved_1f1b-rcf-z0" in names
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 8
+    assert all(f"default: {n} on 1024 GPUs" in r.stdout for n in names)
