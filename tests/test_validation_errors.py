@@ -139,6 +139,15 @@ def test_strategy_file_unknown_key(tmp_path: Path) -> None:
         Strategy.from_file(f)
 
 
+@pytest.mark.parametrize("name", ["", "../up", "a/b", ".hidden"])
+def test_generate_rejects_a_name_that_is_not_a_file_stem(tmp_path: Path, name: str) -> None:
+    """'../up' had written its rank files beside the folder, '' hidden ones named '.0.et'."""
+    s = Strategy(tp=2, pp=2, micro_batch_size=1, global_batch_size=4)
+    with pytest.raises(ConfigError, match="must be a file-name stem"):
+        generate(get_model("llama3-8b"), s, tmp_path / "o", name=name)
+    assert not list(tmp_path.rglob("*.et"))
+
+
 def test_generate_rejects_bad_mode(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="mode must be 'full' or 'representative'"):
         generate(get_model("llama3-8b"), Strategy(), tmp_path, mode="some")  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -140,6 +141,10 @@ def generate(model: ModelSpec, strategy: Strategy, out_dir: str | Path, *,
     check_fits_model(strategy, model, gpus=gpus)
     if mode not in ("full", "representative"):
         raise ConfigError(f"mode must be 'full' or 'representative', got {mode!r}")
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name):  # files are NAME.RANK.et
+        raise ConfigError(f"workload name {name!r} must be a file-name stem: letters, digits, "
+                          "'_', '-' or '.', not starting with '.' (no folders: use -o for "
+                          "where the set goes)", what="trace set")
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
