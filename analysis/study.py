@@ -52,6 +52,7 @@ from analysis.resilience import failure_model, recovery_inputs
 from replay.hardware import SystemSpec, resolve_system
 from tracegen import ConfigError, ModelSpec, Strategy, resolve_model, with_seq_len
 from tracegen._config import is_finite_number, load_mapping
+from tracegen.strategy import check_fits_model
 
 KNOWN_KEYS = {"model", "seq_len", "system", "gpus", "global_batch_size", "tokens", "strategies",
               "search", "failures", "checkpoint", "restart", "policies", "name", "rank_by"}
@@ -98,8 +99,7 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
     model = with_seq_len(model, data["seq_len"]) if "seq_len" in data else model
     system = resolve_system(_rel(data["system"], base))
     gpus, gbs = data["gpus"], data["global_batch_size"]
-    strategies = tuple(_strategy(s, gpus, gbs, i) for i, s in enumerate(data.get("strategies",
-                                                                              [])))
+    strategies = _strategies(data.get("strategies", []), gpus, gbs, model)
     _check_resilience_tables(data, system)
     rank_by = str(data.get("rank_by", "time_to_train" if data.get("failures") else "step_time"))
     if rank_by not in ("step_time", "time_to_train"):
@@ -155,17 +155,34 @@ def _rel(value: str, base: Path | None) -> str:
     return str(value)
 
 
-def _strategy(d: dict[str, Any], gpus: int, gbs: int, index: int) -> Strategy:
+def _strategies(listed: list[dict[str, Any]], gpus: int, gbs: int, model: ModelSpec
+                ) -> tuple[Strategy, ...]:
+    """Every listed strategy, checked against the model too, or one error naming each
+    strategy's problems (not the first alone, and not only when its replay comes up)."""
+    out, problems = [], []
+    for i, d in enumerate(listed):
+        try:
+            s = _strategy(d, gpus, gbs)
+            check_fits_model(s, model)
+            out.append(s)
+        except ConfigError as exc:
+            problems += [f"strategy #{i + 1}: {p}" for p in exc.problems]
+    if problems:
+        raise ConfigError(problems, what="study")
+    return tuple(out)
+
+
+def _strategy(d: dict[str, Any], gpus: int, gbs: int) -> Strategy:
     d = dict(d)
     degrees = {k: d.get(k, 1) for k in ("tp", "pp", "cp", "vpp")}  # what dp and schedule follow
     bad = [f"{k} must be a whole number ≥ 1, got {v!r}" for k, v in degrees.items()
            if isinstance(v, bool) or not isinstance(v, int) or v < 1]
     if bad:
-        raise ConfigError([f"strategy #{index + 1}: {b}" for b in bad], what="study")
+        raise ConfigError(bad, what="study")
     tp, pp, cp = degrees["tp"], degrees["pp"], degrees["cp"]
     if gpus % (tp * pp * cp):
-        raise ConfigError(f"strategy #{index + 1}: gpus {gpus} is not divisible by tp·pp·cp = "
-                          f"{tp * pp * cp}", what="study")
+        raise ConfigError(f"gpus {gpus} is not divisible by tp·pp·cp = {tp * pp * cp}",
+                          what="study")
     d.setdefault("dp", gpus // (tp * pp * cp))
     d.setdefault("global_batch_size", gbs)
     if degrees["vpp"] > 1:

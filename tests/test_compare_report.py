@@ -227,6 +227,25 @@ def test_a_strategys_degrees_are_checked_before_dp_is_derived(tmp_path: Path) ->
     assert "strategy #1: pp must be a whole number ≥ 1, got 'two'" in str(info.value)
 
 
+def test_every_listed_strategys_problems_are_named_at_once(tmp_path: Path) -> None:
+    """A study's strategies are checked together, against the model too, as it is read: a
+    layout the GPU count does not divide, a misspelt recompute and 16-way TP of 8 KV heads in
+    one error (the first alone had been named, and the model's check came only at its replay,
+    after the strategies before it had run)."""
+    f = tmp_path / "s.toml"
+    f.write_text('model = "llama3-70b"\nsystem = "dgx-h100"\ngpus = 1024\n'
+                 'global_batch_size = 512\n[[strategies]]\ntp = 8\npp = 3\n'
+                 '[[strategies]]\ntp = 8\npp = 4\nrecompute = "fulll"\n'
+                 '[[strategies]]\ntp = 16\npp = 4\n[[strategies]]\ntp = 8\npp = 4\n')
+    with pytest.raises(ConfigError) as info:
+        load_study(f)
+    text = str(info.value)
+    assert "(3 problems)" in text
+    assert "strategy #1: gpus 1024 is not divisible by tp·pp·cp = 24" in text
+    assert "strategy #2: recompute must be one of none, selective, full; got 'fulll'" in text
+    assert "strategy #3: num_kv_heads 8 is not divisible by tp 16" in text
+
+
 def test_study_values_of_the_wrong_type_are_named_together(tmp_path: Path) -> None:
     """A negative GPU count (which had run as an empty sweep), a quoted number, text for the
     token count, a scalar for a table: each named, in one error, before anything runs."""
