@@ -180,11 +180,25 @@ def replay_cmd(
     if summary is not None:
         summary.write_text(json.dumps(result.metrics, indent=1) + "\n")
     _print_replay(result)
+    if compute == "trace":
+        _note_untimed(ts)
     if ts.manifest is not None and compute == "model":
         from replay import resolve_system
 
         note_precision({str(ts.manifest["strategy"].get("precision", "bf16"))},
                        resolve_system(system))
+
+
+def _note_untimed(ts: Any) -> None:
+    """--compute trace times a compute node by its duration_micros; one without (every node of
+    a set trainsim wrote) falls back to the GPU model: say how many did."""
+    from tracegen.vocab import COMP_NODE
+
+    comp = [n for r in ts.ranks for n in r.nodes if n.type == COMP_NODE]
+    untimed = sum(not n.duration_micros for n in comp)
+    if untimed:
+        console.print(f"note: --compute trace: {untimed:,} of {len(comp):,} compute nodes carry "
+                      "no duration_micros and were timed by the GPU model")
 
 
 def _print_replay(result: Any) -> None:

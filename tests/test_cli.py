@@ -269,3 +269,19 @@ def test_out_of_memory_is_told_not_traced(monkeypatch: pytest.MonkeyPatch,
     assert err.startswith("MemoryError: this machine ran out of memory")
     assert "--mode representative" in err and "trainsim estimate" in err
     assert "Traceback" not in err
+
+
+def test_compute_trace_says_which_nodes_had_no_duration(tmp_path: Path) -> None:
+    """trainsim's own traces carry shapes, not durations: timed 'by the trace', every compute
+    node falls back to the GPU model, and the output says so (the two step times agree)."""
+    from chakra.schema.protobuf import et_def_pb2 as pb
+
+    comp = sum(n.type == pb.COMP_NODE for f in GOLDEN.glob("*.et") for n in read_et(f)[1])
+    r = run("replay", str(GOLDEN), "--system", "dgx-h100", "--compute", "trace", "--no-fold")
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert f"{comp:,} of {comp:,} compute nodes carry no duration_micros" in text
+    model = run("replay", str(GOLDEN), "--system", "dgx-h100", "--no-fold")
+    assert "duration_micros" not in model.stdout
+    step = [line for line in model.stdout.splitlines() if line.startswith("step time")]
+    assert step and step[0] in r.stdout
