@@ -380,7 +380,7 @@ def _say_if_nothing_fits(results: Any, capacity_GiB: float) -> None:
 def sweep_cmd(
     study: Annotated[str, typer.Argument(help="Study TOML with a \\[search] space.")],
     out: Annotated[Path, typer.Option("-o", "--out", help="Output directory (resumable).")],
-    top_k: Annotated[int, typer.Option("--top-k", help="Replay the best K.")] = 10,
+    top_k: Annotated[int, typer.Option("--top-k", min=0, help="Replay the best K.")] = 10,
     workers: Annotated[int, typer.Option(min=1, help="Local worker processes.")] = 2,
     scheduler: Annotated[str | None, typer.Option(help="Dask scheduler address, e.g. "
                                                        "tcp://host:8786.")] = None,

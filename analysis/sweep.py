@@ -326,6 +326,10 @@ def sweep(study: Study, out_dir: str | Path, *, top_k: int = 10, scheduler: str 
     ``chunk``: strategies per screening task (default ``screening_chunk`` of the local workers
     or the cluster's threads). The local pool, or the one client of the cluster, starts before
     the space is enumerated and serves both phases."""
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ConfigError(f"top_k is how many of the best to replay, 0 or more; got {top_k!r} "
+                          "(a negative count had replayed all but that many)",
+                          what=f"sweep of {study.name!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     claim(out / "parts", study)  # a re-run resumes its own study's parts, never another's

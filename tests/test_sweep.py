@@ -532,3 +532,10 @@ def test_a_sweep_where_nothing_fits_says_so(tmp_path: Path) -> None:
     assert f"nothing fits: the least memory any strategy needs is {least:.1f} GiB a GPU of 80" \
         in text
     assert json.loads((out / "study.json").read_text())["counts"]["valid"] == 3  # tp8·pp2 > 8
+
+
+def test_a_negative_top_k_is_refused(study_path: Path, tmp_path: Path) -> None:
+    """polars' head(-1) is all rows but one: --top-k -1 had replayed nearly the whole space."""
+    with pytest.raises(ConfigError, match="top_k is how many of the best to replay"):
+        sweep(load_study(study_path), tmp_path / "o", top_k=-1, workers=1)
+    assert not (tmp_path / "o").exists()
