@@ -105,6 +105,10 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
     if rank_by not in ("step_time", "time_to_train"):
         raise ConfigError(f"rank_by must be 'step_time' or 'time_to_train', got {rank_by!r}",
                           what=f"study {name!r}")
+    if data.get("rank_by") == "time_to_train" and not data.get("tokens") and not data.get(
+            "failures"):  # no time to train to rank by: the order had been arbitrary
+        raise ConfigError("rank_by = 'time_to_train' needs tokens (the token budget to train "
+                          "on); set tokens or rank by step_time", what=f"study {name!r}")
     return Study(name, model, system, gpus, gbs, float(data.get("tokens", 0.0)), strategies,
                  dict(data.get("search", {})), dict(data.get("failures", {})),
                  dict(data.get("checkpoint", {})), dict(data.get("restart", {})),

@@ -246,6 +246,17 @@ def test_every_listed_strategys_problems_are_named_at_once(tmp_path: Path) -> No
     assert "strategy #3: num_kv_heads 8 is not divisible by tp 16" in text
 
 
+def test_ranking_by_time_to_train_needs_a_token_budget(tmp_path: Path) -> None:
+    """Without tokens every time to train is empty and the ranking had been arbitrary."""
+    f = tmp_path / "s.toml"
+    f.write_text('model = "llama3-8b"\nsystem = "dgx-h100"\ngpus = 16\n'
+                 'global_batch_size = 32\nrank_by = "time_to_train"\n')
+    with pytest.raises(ConfigError, match="rank_by = 'time_to_train' needs tokens"):
+        load_study(f)
+    f.write_text(f.read_text() + "tokens = 1e9\n")
+    assert load_study(f).rank_by == "time_to_train"
+
+
 def test_study_values_of_the_wrong_type_are_named_together(tmp_path: Path) -> None:
     """A negative GPU count (which had run as an empty sweep), a quoted number, text for the
     token count, a scalar for a table: each named, in one error, before anything runs."""
