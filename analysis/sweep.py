@@ -110,6 +110,9 @@ _OFF_WHERE: tuple[tuple[str, Any, Callable[[dict[str, Any]], bool]], ...] = (
     ("adam_moments_dtype", "fp32", lambda d: d["zero_stage"] == 0),
     ("fp8_param_gather", False,
      lambda d: d["zero_stage"] == 0 or d.get("precision", "bf16") != "fp8"),
+    ("moe_dispatcher", "alltoall", lambda d: d.get("ep", 1) == 1),
+    ("moe_shared_expert_overlap", False,
+     lambda d: d.get("ep", 1) == 1 or d.get("moe_dispatcher", "alltoall") != "alltoall"),
 )
 def applicable(d: dict[str, Any]) -> dict[str, Any]:
     """One combination of the space with each dimension that does not apply at its off value
