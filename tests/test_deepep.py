@@ -215,7 +215,7 @@ def test_a_sweep_searches_the_dispatcher(tmp_path: Path) -> None:
         'sequence_parallel = [true]\nep = [1, 8]\nmoe_dispatcher = ["alltoall", "deepep"]\n')
     assert sorted((s.ep, s.moe_dispatcher) for s in valid) == [
         (1, "alltoall"), (8, "alltoall"), (8, "deepep")]
-    assert invalid == 1  # DeepEP without expert parallelism
+    assert invalid == 0  # DeepEP without expert parallelism does not apply: the all-to-all
     assert [s.label() for s in valid if s.moe_dispatcher == "deepep"] == [
         "tp2-pp4-dp8-ep8-deepep-mbs1"]
 
