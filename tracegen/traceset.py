@@ -164,14 +164,15 @@ def generate(model: ModelSpec, strategy: Strategy, out_dir: str | Path, *,
         stats.append(stage_stats(stage, nodes, mem, mesh))
     total_nodes = 0
     ranks = list(ranks)
-    _check_room(out, mesh, encodings, len(ranks))
+    first = _check_room(out, mesh, encodings, len(ranks))
     # The earlier set's manifest goes first: interrupted, the folder names no set it does not hold.
     (out / MANIFEST).unlink(missing_ok=True)
     for i, rank in enumerate(ranks):
         enc = encodings[mesh.coord(rank).pp]
         path = et_path(out, name, rank)
         try:
-            path.write_bytes(enc.encode_rank(_Binder(mesh, rank)))
+            data = first.pop(rank, None) or enc.encode_rank(_Binder(mesh, rank))
+            path.write_bytes(data)
         except OSError as exc:  # the disk filled after all, or the folder went away
             raise ConfigError(f"cannot write {path}: {exc.strerror}; {i} of {len(ranks)} rank "
                               "files were written", what="output folder") from None
@@ -184,18 +185,22 @@ def generate(model: ModelSpec, strategy: Strategy, out_dir: str | Path, *,
                            stale)
 
 
-def _check_room(out: Path, mesh: Mesh, encodings: dict[int, RoleEncoding], files: int) -> None:
+def _check_room(out: Path, mesh: Mesh, encodings: dict[int, RoleEncoding], files: int
+                ) -> dict[int, bytes]:
     """Refuse, before the first file, a set larger than the free space of its folder: each
     stage's first rank file, times the files of that stage written (a disk that fills midway
-    leaves a broken set after minutes of writing)."""
+    leaves a broken set after minutes of writing). Returns those first files by rank, encoded
+    once: in representative mode they are the whole set."""
     per_stage = files // len(encodings)  # full mode: every stage's ranks; representative: one
-    need = sum(len(enc.encode_rank(_Binder(mesh, mesh.rank_of(pp=stage, dp=0, cp=0, tp=0))))
-               for stage, enc in encodings.items()) * per_stage
+    first = {r: enc.encode_rank(_Binder(mesh, r)) for enc, r in
+             ((enc, mesh.rank_of(pp=stage, dp=0, cp=0, tp=0)) for stage, enc in encodings.items())}
+    need = sum(len(b) for b in first.values()) * per_stage
     free = shutil.disk_usage(out).free
     if need > free:
         raise ConfigError(f"the set would write about {need / 1e9:,.1f} GB to {out}, which has "
                           f"{free / 1e9:,.1f} GB free: generate it in representative mode (one "
                           "rank file a pipeline stage), or free space", what="output folder")
+    return first
 
 
 def _write_manifest(out: Path, name: str, mode: Mode, model: ModelSpec, strategy: Strategy,
