@@ -201,6 +201,20 @@ def _note_untimed(ts: Any) -> None:
                       "no duration_micros and were timed by the GPU model")
 
 
+def _print_fit(m: dict[str, Any]) -> None:
+    verdict = "fits" if m["fits"] else "[bold red]DOES NOT FIT[/]"
+    if "gpu_mix" not in m:
+        console.print(f"peak memory {m['peak_memory_GiB']:.1f} GiB per GPU: {verdict} in "
+                      f"{m['system']}'s GPU memory")
+        return
+    mix = ", ".join(f"{n:,} on {name}" for name, n in m["gpu_mix"].items())
+    console.print(f"peak memory {m['peak_memory_GiB']:.1f} GiB per GPU: {verdict} in each "
+                  f"rank's own GPU ({mix}; MFU against their mean peak)")
+    for s in m["memory_short"]:
+        console.print(f"  {s['ranks']:,} ranks on {s['system']} need up to "
+                      f"{s['need_GiB']:.1f} GiB of its {s['hbm_GiB']:g} GiB")
+
+
 def _print_replay(result: Any) -> None:
     m = result.metrics
     line = (f"step time [bold]{m['step_time_s']:.4f} s[/] on {m['system']}: {m['ranks']} ranks "
@@ -210,9 +224,7 @@ def _print_replay(result: Any) -> None:
                  f"HFU {m['hfu']:.1%}")
     console.print(line)
     if "fits" in m:
-        verdict = "fits" if m["fits"] else "[bold red]DOES NOT FIT[/]"
-        console.print(f"peak memory {m['peak_memory_GiB']:.1f} GiB per GPU: {verdict} in "
-                      f"{m['system']}'s GPU memory")
+        _print_fit(m)
     if m.get("folded"):
         console.print(f"[dim]folded: every rank provably runs its pipeline stage's program, so "
                       f"{m['ranks_simulated']} stage representatives were simulated (exact); "
@@ -236,7 +248,12 @@ def _print_replay(result: Any) -> None:
     if m.get("scenario") and waits.height:
         late = (waits.group_by("last_rank").agg(pl.len().alias("collectives"),
                                                 pl.col("wait_s").sum().alias("others_wait_s"))
+                .filter(pl.col("others_wait_s") >= 0.5e-4)  # what the line can print
                 .sort("others_wait_s", descending=True).head(5))
+        if late.is_empty():
+            console.print(f"scenario {m['scenario']}: no collective kept its other ranks "
+                          "waiting (the idle time, if any, is the pipeline's)")
+            return
         console.print(f"scenario {m['scenario']}: who the collectives wait for — " + "; ".join(
             f"rank {r['last_rank']} last in {r['collectives']} collectives "
             f"(others waited {r['others_wait_s']:.4f} s)" for r in late.iter_rows(named=True)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from replay.compute import ComputeSource, RooflineCompute
 from replay.hardware import SystemSpec, resolve_system
@@ -45,10 +46,13 @@ def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
                     interference=_interference(sys_spec, scen))
     end_ns = sim.run()
     timeline = timeline_frame(sim, ts)
-    metrics = step_metrics(ts, timeline, end_ns, sys_spec.gpu.peak_flop_per_s(_dtype(ts)))
+    mix = _gpu_mix(ts, sys_spec, scen)
+    metrics = step_metrics(ts, timeline, end_ns, _mean_peak(mix, sys_spec, _dtype(ts)))
     metrics["system"] = sys_spec.name
     if "peak_memory_GiB" in metrics:  # flagged wherever a strategy appears (DESIGN.md, Memory)
         metrics["fits"] = metrics["peak_memory_GiB"] <= sys_spec.gpu.hbm_GiB
+        if scen and scen.gpus:
+            _fit_per_gpu(metrics, ts, mix, sys_spec)
     metrics["folded"] = ts.folded
     metrics["group_axes"] = dict(ts.group_axis)
     breakdown = breakdown_frame(timeline, metrics["step_time_s"], sim.interference_ns)
@@ -81,6 +85,59 @@ def _stands_for(ts: TraceSet) -> dict[int, tuple[int, ...]] | None:
     for rank, pp in stage.items():
         by_stage.setdefault(pp, []).append(rank)
     return {r.rank: tuple(sorted(by_stage[stage[r.rank]])) for r in ts.ranks}
+
+
+def _gpu_mix(ts: TraceSet, sys_spec: SystemSpec, scen: Scenario | None
+             ) -> dict[str, tuple[SystemSpec, list[int]]]:
+    """The cluster's GPU types: system name → (its spec, every rank on it), a representative
+    counted as every rank of its stage; the rest of the world is on ``sys_spec``."""
+    if not scen or not scen.gpus:
+        return {}
+    stands = _stands_for(ts) or {}
+    mix: dict[str, tuple[SystemSpec, list[int]]] = {}
+    moved: set[int] = set()
+    for rank, name in scen.gpus:
+        if name not in mix:
+            mix[name] = (resolve_system(name), [])
+        ranks = stands.get(rank, (rank,))
+        mix[name][1].extend(ranks)
+        moved.update(ranks)
+    rest = [r for r in range(ts.world_size) if r not in moved]
+    if rest:
+        mix.setdefault(sys_spec.name, (sys_spec, []))[1].extend(rest)
+    return mix
+
+
+def _mean_peak(mix: dict[str, tuple[SystemSpec, list[int]]], sys_spec: SystemSpec,
+               dtype: str) -> float:
+    """MFU's peak per GPU: on a mixed cluster the mean of its GPUs' peaks, so that MFU is the
+    model FLOPs over what the whole cluster could do (Chowdhery et al. 2022's definition)."""
+    if not mix:
+        return sys_spec.gpu.peak_flop_per_s(dtype)
+    total = sum(spec.gpu.peak_flop_per_s(dtype) * len(ranks) for spec, ranks in mix.values())
+    return total / sum(len(ranks) for _, ranks in mix.values())
+
+
+def _fit_per_gpu(metrics: dict[str, Any], ts: TraceSet,
+                 mix: dict[str, tuple[SystemSpec, list[int]]], sys_spec: SystemSpec) -> None:
+    """A mixed cluster fits when every rank's stage fits in its own GPU's memory: ``short``
+    lists each GPU type whose ranks do not (system, GiB it has, GiB needed, how many ranks)."""
+    man = ts.manifest
+    if man is None:
+        return
+    order = man["coords_order"]
+    rank_at, pp_at = order.index("rank"), order.index("pp")
+    stage_of = {c[rank_at]: c[pp_at] for c in man["coords"]}
+    need = {int(s["stage"]): float(s["memory"]["total_GiB"]) for s in man["stages"]}
+    short = []
+    for name, (spec, ranks) in mix.items():
+        over = [r for r in ranks if need[stage_of[r]] > spec.gpu.hbm_GiB]
+        if over:
+            short.append({"system": name, "hbm_GiB": spec.gpu.hbm_GiB, "ranks": len(over),
+                          "need_GiB": max(need[stage_of[r]] for r in over)})
+    metrics["fits"] = not short
+    metrics["memory_short"] = short
+    metrics["gpu_mix"] = {name: len(ranks) for name, (_, ranks) in mix.items()}
 
 
 def _interference(sys_spec: SystemSpec, scen: Scenario | None) -> Callable[[int], float]:

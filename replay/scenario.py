@@ -25,7 +25,9 @@ random with a seed), degraded or failed links, and heterogeneous GPU types.
 
     [[gpu]]                    # heterogeneous cluster: these ranks have another GPU type
     nodes = [0, 1]
-    system = "dgx-a100-80gb"   # the GPU of this preset (compute only)
+    system = "dgx-a100-80gb"   # the GPU of this preset (its compute and its memory: each
+                               # rank's stage must fit its own GPU; MFU is against the
+                               # cluster's mean peak)
 
 In a representative-mode set (one rank per pipeline stage), ranks must be simulated ones and
 nodes must hold whole stages, and random stragglers are refused (each would be a whole stage);

@@ -196,16 +196,56 @@ def test_a_representative_set_takes_whole_stages_by_node_or_refuses(tmp_path: Pa
     generate(MODEL, s, tmp_path / "rep", mode="representative")
     generate(MODEL, s, tmp_path / "full", mode="full")
     whole = _scenario(tmp_path, f"{section}\nnodes = [2, 3]\n")  # stage 1: ranks 4–7
-    rep = replay(tmp_path / "rep", TWO_PER_NODE, scenario=whole).metrics["step_time_s"]
-    full = replay(tmp_path / "full", TWO_PER_NODE, scenario=whole).metrics["step_time_s"]
+    rep = replay(tmp_path / "rep", TWO_PER_NODE, scenario=whole).metrics
+    full = replay(tmp_path / "full", TWO_PER_NODE, scenario=whole).metrics
     healthy = replay(tmp_path / "rep", TWO_PER_NODE).metrics["step_time_s"]
-    assert rep == pytest.approx(full, rel=1e-9) and rep > healthy * 1.05
+    assert rep["step_time_s"] == pytest.approx(full["step_time_s"], rel=1e-9)
+    assert rep["step_time_s"] > healthy * 1.05
+    # a representative counts as its whole stage in the cluster's GPU mix (and MFU's peak)
+    assert rep.get("gpu_mix") == full.get("gpu_mix")
+    assert rep["mfu"] == pytest.approx(full["mfu"], rel=1e-9)
     for nodes in ("[2]", "[3]"):  # half of stage 1: node 3 holds no representative
         part = _scenario(tmp_path, f"{section}\nnodes = {nodes}\n")
         with pytest.raises(ConfigError, match=r"hold 2 of the 4 ranks \(4–7, nodes 2–3\)"):
             replay(tmp_path / "rep", TWO_PER_NODE, scenario=part)
+        assert replay(tmp_path / "full", TWO_PER_NODE, scenario=part).metrics[
+            "step_time_s"] > healthy * 1.02  # the full-mode set perturbs just those ranks
     drawn = _scenario(tmp_path, "[[random_stragglers]]\nfraction = 0.25\n")
     with pytest.raises(ConfigError, match="draws individual ranks"):
         replay(tmp_path / "rep", TWO_PER_NODE, scenario=drawn)
-        assert replay(tmp_path / "full", TWO_PER_NODE, scenario=part).metrics[
-            "step_time_s"] > healthy * 1.02  # the full-mode set perturbs just those ranks
+
+
+def test_a_mixed_cluster_fits_only_where_each_ranks_own_gpu_holds_its_stage(
+        tmp_path: Path) -> None:
+    """Memory is checked per rank against the GPU that rank runs on (a stage that fits in an
+    H100's 80 GiB may not fit a smaller GPU), and MFU is against the cluster's mean peak."""
+    s = Strategy(pp=2, micro_batch_size=1, global_batch_size=4)
+    d = tmp_path / "p"
+    generate(MODEL, s, d, mode="full")
+    need = {st["stage"]: st["memory"]["total_GiB"]
+            for st in json.loads((d / "manifest.json").read_text())["stages"]}
+    small = tmp_path / "small.toml"  # an H100 with memory between the two stages' needs
+    cap = (need[0] + need[1]) / 2
+    small.write_text((Path(__file__).parents[1] / "replay/systems/dgx-h100.toml").read_text()
+                     .replace("hbm_GiB = 80", f"hbm_GiB = {cap}"))
+    big_stage = max(need, key=need.__getitem__)
+    healthy = replay(d, H100).metrics
+    on = {}
+    for stage in (0, 1):
+        sc = _scenario(tmp_path, f'[[gpu]]\nranks = [{stage}]\nsystem = "{small}"\n')
+        on[stage] = replay(d, H100, scenario=sc).metrics
+    assert healthy["fits"] and "memory_short" not in healthy
+    assert not on[big_stage]["fits"] and on[1 - big_stage]["fits"]
+    short = on[big_stage]["memory_short"]
+    assert short == [{"system": str(small), "hbm_GiB": cap, "ranks": 1,
+                      "need_GiB": need[big_stage]}]
+    assert on[big_stage]["gpu_mix"] == {str(small): 1, "dgx-h100": 1}
+    # the same peak on both GPU types: MFU is unchanged; on an A100 half the cluster's peak
+    # is 312/989 of the H100's, so MFU rises by the mean peak's ratio at the same step time
+    a100 = replay(d, H100, scenario=_scenario(
+        tmp_path, '[[gpu]]\nranks = [0]\nsystem = "dgx-a100-80gb"\n')).metrics
+    mean = (get_system("dgx-a100-80gb").gpu.peak_flop_per_s("bf16")
+            + H100.gpu.peak_flop_per_s("bf16")) / 2
+    assert a100["mfu"] == pytest.approx(
+        a100["tokens_per_s"] / healthy["tokens_per_s"] * healthy["mfu"]
+        * H100.gpu.peak_flop_per_s("bf16") / mean, rel=1e-12)
