@@ -153,8 +153,7 @@ def replay_cmd(
                                                        "links, heterogeneous GPUs.")] = None,
 ) -> None:
     """Simulate one training step of a Chakra trace set on a system."""
-    import json
-
+    from analysis import jsonout
     from replay import load_trace_set, replay
 
     if compute not in ("model", "trace"):
@@ -178,7 +177,7 @@ def replay_cmd(
     if breakdown is not None:
         write_table(result.breakdown, breakdown)
     if summary is not None:
-        summary.write_text(json.dumps(result.metrics, indent=1) + "\n")
+        summary.write_text(jsonout.dumps(result.metrics, indent=1))
     _print_replay(result)
     if compute == "trace":
         _note_untimed(ts)

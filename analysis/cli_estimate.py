@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +10,7 @@ import typer
 from rich.table import Table
 
 from analysis import cli_common as C
+from analysis import jsonout
 from analysis.cli_common import (
     app,
     build_strategy,
@@ -103,7 +103,7 @@ def estimate_cmd(
         out = {**g.to_dict(), "strategy_fields": strategy.to_dict()}
         if table is not None and ops is not None:  # printed, so in the JSON too
             out["ops"] = table.to_dicts()
-        json_out.write_text(json.dumps(out, indent=1) + "\n")
+        json_out.write_text(jsonout.dumps(out, indent=1))
 
 
 def _write_ops(table: pl.DataFrame, system: SystemSpec, out: Path | None,

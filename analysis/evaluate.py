@@ -73,7 +73,7 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate) -> list[dict[
     job = job_shape(study, s, fast)
     costs = R.recovery_costs(job, study.checkpoint, study.restart, study.policies)
     return R.policy_rows(failure=failure, gpus=s.world_size, work_s=_work_s(study, s, fast),
-                         costs=costs)
+                         costs=costs, step_s=fast.step_time_s)
 
 
 def _require_failures(study: Study) -> None:

@@ -16,7 +16,9 @@ closed form within its statistical error (a test holds it to that).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -202,16 +204,18 @@ def monte_carlo_failures(failure: FailureModel, gpus: int, duration_s: float, *,
 
 
 def policy_frame(*, failure: FailureModel, gpus: int, work_s: float,
-                 costs: dict[str, RecoveryCosts], interval_s: float | None = None) -> pl.DataFrame:
+                 costs: dict[str, RecoveryCosts], interval_s: float | None = None,
+                 step_s: float | None = None) -> pl.DataFrame:
     """One row per recovery policy: goodput, expected wall clock and GPU-hours for ``work_s`` of
-    failure-free training, expected failures, and the checkpoint interval used."""
+    failure-free training, expected failures, and the checkpoint interval used (whole steps of
+    ``step_s`` where given)."""
     return pl.DataFrame(policy_rows(failure=failure, gpus=gpus, work_s=work_s, costs=costs,
-                                    interval_s=interval_s))
+                                    interval_s=interval_s, step_s=step_s))
 
 
 def policy_rows(*, failure: FailureModel, gpus: int, work_s: float,
-                costs: dict[str, RecoveryCosts], interval_s: float | None = None
-                ) -> list[dict[str, Any]]:
+                costs: dict[str, RecoveryCosts], interval_s: float | None = None,
+                step_s: float | None = None) -> list[dict[str, Any]]:
     """``policy_frame``'s rows as dicts (a sweep screens thousands: no frame per strategy)."""
     mttf = failure.job_mttf_s(gpus)
     rows = []
@@ -221,15 +225,10 @@ def policy_rows(*, failure: FailureModel, gpus: int, work_s: float,
                               f"{', '.join(POLICIES)}", what="resilience study")
         tau = interval_s or (daly_interval_s(c.checkpoint_s, mttf) if c.checkpoint_s > 0
                              else 0.0)
-        if policy in ("replica_local", "elastic_shrink"):
-            ettr = (ettr_replica_local(c, mttf) if policy == "replica_local"
-                    else ettr_elastic(c, mttf))
-            if c.checkpoint_s > 0:  # they still take periodic checkpoints
-                ettr *= tau / (tau + c.checkpoint_s)
-        elif tau > 0:
-            ettr = ettr_checkpoint_restart(tau, c.checkpoint_s, c.restart_s, mttf)
-        else:  # free, continuous checkpoints: only the restart is lost (τ → 0 limit)
-            ettr = math.exp(-c.restart_s / mttf)
+        if step_s:
+            tau = whole_steps_interval_s(tau, step_s, functools.partial(
+                _ettr, policy, c, mttf))
+        ettr = _ettr(policy, c, mttf, tau)
         wall = work_s / ettr if ettr > 0 else math.inf
         rows.append({"policy": policy, "goodput": ettr, "expected_wall_clock_s": wall,
                      "expected_gpu_hours": wall * gpus / HOUR_S,
@@ -237,6 +236,29 @@ def policy_rows(*, failure: FailureModel, gpus: int, work_s: float,
                      "job_mttf_s": mttf, "checkpoint_s": c.checkpoint_s,
                      "restart_s": c.restart_s})
     return rows
+
+
+def _ettr(policy: str, c: RecoveryCosts, mttf: float, tau: float) -> float:
+    if policy in ("replica_local", "elastic_shrink"):
+        ettr = (ettr_replica_local(c, mttf) if policy == "replica_local"
+                else ettr_elastic(c, mttf))
+        if c.checkpoint_s > 0 and tau > 0:  # they still take periodic checkpoints
+            ettr *= tau / (tau + c.checkpoint_s)
+        return ettr
+    if tau > 0:
+        return ettr_checkpoint_restart(tau, c.checkpoint_s, c.restart_s, mttf)
+    return math.exp(-c.restart_s / mttf)  # free, continuous checkpoints: only the restart lost
+
+
+def whole_steps_interval_s(interval_s: float, step_s: float,
+                           ettr_of: Callable[[float], float]) -> float:
+    """A checkpoint is taken between steps: the interval is a whole number of steps, at least
+    one — of the two multiples around ``interval_s`` (Daly's optimum, a continuous quantity),
+    the one with the better goodput. With steps long against the MTTF this decides: Daly's τ
+    below one step is no schedule a trainer can run (a 0.0-minute interval had been shown)."""
+    k = interval_s / step_s
+    steps = {max(1, math.floor(k)), max(1, math.ceil(k))}
+    return max((n * step_s for n in sorted(steps)), key=ettr_of)
 
 
 def goodput_vs_interval(*, c: RecoveryCosts, mttf_s: float, intervals_s: np.ndarray

@@ -15,13 +15,13 @@ to ``gpus-<N>/`` under the output directory, resumable as any sweep is; the scal
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
+from analysis import jsonout
 from analysis.study import Study
 from analysis.sweep import SCHEMA, Progress, sweep
 from tracegen import ConfigError
@@ -113,7 +113,7 @@ def scaling(study: Study, gpu_counts: Sequence[int], out_dir: str | Path, *,
     meta = {"name": study.name, "model": study.model.name, "system": study.system.name,
             "global_batch_size": study.global_batch_size, "batch_per_gpu": batch_per_gpu,
             "tokens": study.tokens, "failures": study.has_failures, "gpus": list(counts)}
-    (out / SCALING_META).write_text(json.dumps(meta, indent=1) + "\n")  # (``report_scaling``)
+    (out / SCALING_META).write_text(jsonout.dumps(meta, indent=1))  # (``report_scaling``)
     return frame
 
 

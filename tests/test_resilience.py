@@ -3,6 +3,7 @@ published cases (Llama 3's interruption count; FT-HSDP's 44% → 80%)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from analysis import resilience as R
 from tracegen import ConfigError
@@ -142,6 +145,59 @@ def test_a_job_that_cannot_progress_has_zero_goodput_not_an_overflow() -> None:
     assert R.ettr_checkpoint_restart(600, 30, 10**6, 600) == 0
     with pytest.raises(ConfigError, match="almost never completes"):
         R.monte_carlo_wall_s(3600, 600, 30, 10**6, 600, runs=2)
+
+
+@given(interval=st.floats(0.0, 1e5), step=st.floats(0.1, 600.0),
+       mttf=st.floats(30.0, 1e6), delta=st.floats(0.0, 600.0), restart=st.floats(0.0, 3600.0))
+def test_the_checkpoint_interval_is_whole_steps_the_better_neighbour_of_dalys(
+        interval: float, step: float, mttf: float, delta: float, restart: float) -> None:
+    """A trainer checkpoints between steps: the interval used is a whole number of steps, at
+    least one, and no other whole number of steps within one of it does better."""
+    ettr = functools.partial(R.ettr_checkpoint_restart, checkpoint_s=delta, restart_s=restart,
+                             mttf_s=mttf)
+    got = R.whole_steps_interval_s(interval, step, ettr)
+    n = got / step
+    assert n == pytest.approx(round(n), abs=1e-9) and round(n) >= 1
+    assert abs(got - interval) < step or (interval < step and round(n) == 1)
+    for k in (round(n) - 1, round(n) + 1):
+        if k >= 1 and abs(k * step - interval) < step:
+            assert ettr(k * step) <= ettr(got) * (1 + 1e-12)
+
+
+def test_a_step_longer_than_dalys_interval_checkpoints_every_step(tmp_path: Path) -> None:
+    """A one-hour MTTF and 2 s checkpoints give Daly's τ ≈ 118 s: a 300 s step is checkpointed
+    after each step (a sub-step interval is no schedule), with the goodput that implies."""
+    f = R.FailureModel(name="x", rate_per_gpu_hour=1 / 1024)
+    costs = {"global_restart": R.RecoveryCosts(checkpoint_s=2.0, restart_s=300.0)}
+    assert R.daly_interval_s(2.0, 3600) < 300
+    (row,) = R.policy_rows(failure=f, gpus=1024, work_s=3e5, costs=costs, step_s=300.0)
+    assert row["checkpoint_interval_s"] == 300.0
+    assert row["goodput"] == pytest.approx(R.ettr_checkpoint_restart(300.0, 2.0, 300.0, 3600))
+    (free,) = R.policy_rows(failure=f, gpus=1024, work_s=3e5, costs=costs)
+    assert row["goodput"] < free["goodput"]  # the continuous optimum had been unreachable
+
+
+def test_a_failure_rate_that_allows_no_progress_is_explained_in_strict_json(
+        tmp_path: Path) -> None:
+    """10 failures a GPU-hour (a per-job or per-day figure in the wrong key): goodput 0, days to
+    train infinite — said in words, and written to the JSON as null (Python's Infinity is not
+    JSON: browsers and jq refuse the file)."""
+    study = (Path(__file__).resolve().parent.parent / "analysis" / "studies" / (
+        "llama3-405b-failures.toml")).read_text()
+    f = tmp_path / "typo.toml"
+    f.write_text(study.replace('preset = "llama3-16k-h100"', "rate_per_gpu_hour = 10"))
+    out = tmp_path / "s.json"
+    r = subprocess.run([sys.executable, "-m", "analysis.cli", "resilience", str(f),
+                        "--summary", str(out)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    assert "no progress" in r.stdout and "rate_per_gpu_hour is per GPU and hour" in r.stdout
+
+    def refuse(token: str) -> None:
+        raise AssertionError(f"non-JSON constant {token}")
+
+    data = json.loads(out.read_text(), parse_constant=refuse)["policies"]
+    assert all(v["goodput"] == 0 and v["expected_wall_clock_s"] is None for v in data.values())
 
 
 def test_resilience_cli_writes_summary_and_plots(tmp_path: Path) -> None:
