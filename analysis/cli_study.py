@@ -168,10 +168,9 @@ def resilience_cmd(
                                                     "time-to-train plots (PNG).")] = None,
 ) -> None:
     """Goodput and expected time-to-train under failures, per recovery policy."""
-    import json
-
     import numpy as np
 
+    from analysis import jsonout
     from analysis import plots as P
     from analysis import resilience as R
     from analysis.evaluate import resilience_frame, strategy_dict, summary_dict
@@ -189,8 +188,9 @@ def resilience_cmd(
         if not shapes[name]["fits"]:
             shapes[name]["fit_hint"], shapes[name]["shard_hint"] = fit_hints(
                 study.model, s, study.system)
+        mttf_s = frame["job_mttf_s"][0]
         table = Table(title=f"{study.name}: {name} on {s.world_size} GPUs "
-                            f"(job MTTF {frame['job_mttf_s'][0] / 3600:.2f} h)")
+                            f"(job MTTF {_duration(mttf_s)})")
         for col in ("policy", "goodput", "days to train", "GPU-hours", "failures",
                     "ckpt interval min", "ckpt s", "restart s"):
             table.add_column(col, justify="right")
@@ -202,6 +202,9 @@ def resilience_cmd(
                           f"{r['restart_s']:.0f}")
         console.print(table)
         console.print(_resilience_step_line(shapes[name], study.system.gpu.hbm_bytes, s))
+        if any(r["goodput"] <= 0 for r in frame.iter_rows(named=True)):
+            restart_s = min(float(r["restart_s"]) for r in frame.iter_rows(named=True))
+            console.print(_no_progress_line(mttf_s, restart_s, s.world_size))
         if plots is not None:
             g = frame.filter(frame["policy"] == "global_restart").row(0, named=True)
             mttf, delta = g["job_mttf_s"], g["checkpoint_s"]
@@ -215,8 +218,8 @@ def resilience_cmd(
                 plots / f"time_to_train_{_file_safe(name)}.png", dpi=110)
     if summary is not None:
         first = next(iter(out.values()))
-        summary.write_text(json.dumps({"policies": first, "strategies": out,
-                                       "strategy_shapes": shapes}, indent=1) + "\n")
+        summary.write_text(jsonout.dumps({"policies": first, "strategies": out,
+                                          "strategy_shapes": shapes}, indent=1))
 
 
 def _strategy_names(strategies: Sequence[Strategy]) -> list[str]:
@@ -236,6 +239,25 @@ def _strategy_names(strategies: Sequence[Strategy]) -> list[str]:
 def _file_safe(name: str) -> str:
     """A strategy name as a file name (a pipeline layout brings '|' and '*')."""
     return re.sub(r"[^A-Za-z0-9._+#-]", "_", name)
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.2f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.3g} s"
+
+
+def _no_progress_line(mttf_s: float, restart_s: float, gpus: int) -> str:
+    """Why a policy's goodput is 0: the job fails before it recovers. A rate per GPU-hour in
+    the thousands of times published ones is usually one in another unit (per job, per day)."""
+    from analysis.resilience import FAILURE_PRESETS, HOUR_S
+
+    rate = HOUR_S / (mttf_s * gpus)
+    known = ", ".join(f"{f.name} {f.rate_per_gpu_hour:.2g}" for f in FAILURE_PRESETS.values())
+    return (f"[bold red]no progress[/] under a policy with goodput 0%: the job fails every "
+            f"{_duration(mttf_s)} on average ({rate:.3g} failures per GPU-hour × {gpus:,} "
+            f"GPUs), against {restart_s:.0f} s or more to recover. rate_per_gpu_hour is per "
+            f"GPU and hour; the presets' rates: {known}")
 
 
 def _resilience_step_line(shape: dict[str, Any], hbm_bytes: int, s: Strategy) -> str:
@@ -351,8 +373,8 @@ def _print_ranking(results: Any, title: str, capacity_GiB: float) -> None:
 
     table = Table(title=title)
     cols = [(k, label) for k, label, _ in COLUMNS if k in results.columns]
-    for _, label in cols:
-        table.add_column(label, justify="right")
+    for k, label in cols:  # a strategy's name is what the row is: folded, never cut short
+        table.add_column(label, justify="right", overflow="fold" if k == "strategy" else "ellipsis")
     for r in results.head(15).iter_rows(named=True):
         table.add_row(*[_fmt(k, r.get(k)) for k, _ in cols])
     console.print(table)
@@ -396,6 +418,7 @@ def sweep_cmd(
     st = _resolve_study(study)
     note_precision({x.precision for x in st.strategies} or {"bf16"}, st.system)
     output_dir(out, "--out")
+    _print_space(st)
     with progress_bar() as bar:
         results, counts = sweep(st, out, top_k=top_k, scheduler=scheduler, workers=workers,
                                 chunk=chunk, progress=_phase_reporter(bar))
@@ -407,6 +430,20 @@ def sweep_cmd(
     _print_ranking(results, f"{st.name}: best of {counts['valid']:,} strategies"
                    + (f" and {fitted:,} recomputed to fit" if fitted else ""),
                    st.system.gpu.hbm_GiB)
+
+
+def _print_space(st: Study) -> None:
+    """The space searched, each dimension the study leaves out marked as the default's (a
+    space of tp and pp alone also searches vpp, micro-batch sizes, recompute, ZeRO and SP)."""
+    import json
+
+    from rich.markup import escape
+
+    from analysis.sweep import search_space
+
+    dims = [f"{k} = {json.dumps(v)}" + ("" if k in st.search else " (default)")
+            for k, v in search_space(st).items()]
+    console.print(escape("search space: " + " · ".join(dims)), soft_wrap=True)
 
 
 def _print_invalid_reasons(st: Study, invalid: int) -> None:

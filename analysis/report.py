@@ -34,6 +34,8 @@ def _fmt(key: str, v: Any) -> str:
         return f"{v / 86400:.1f}"
     if key == "tokens_per_s":
         return f"{v:,.0f}"
+    if key == "peak_memory_GiB":
+        return f"{v:.1f}"
     if isinstance(v, float):
         return f"{v:.3f}" if v < 100 else f"{v:,.1f}"
     return str(v)

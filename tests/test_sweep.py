@@ -544,3 +544,27 @@ def test_a_negative_top_k_is_refused(study_path: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="top_k is how many of the best to replay"):
         sweep(load_study(study_path), tmp_path / "o", top_k=-1, workers=1)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_sweep_says_the_space_it_searched_and_names_strategies_in_full(
+        tmp_path: Path) -> None:
+    """Dimensions a study leaves out are searched over their defaults: the sweep says which
+    (a space of tp and pp alone had also swept vpp, micro-batches, recompute, ZeRO and SP
+    without a word). The ranking folds a long strategy name rather than cut it short."""
+    from typer.testing import CliRunner
+
+    from analysis.cli import app
+    from analysis.report import _fmt
+
+    f = write_study(tmp_path / "s", strategies=False, failures=False)
+    f.write_text(f.read_text() + "\n[search]\ntp = [1, 2]\npp = [1, 2]\n")
+    got = CliRunner().invoke(app, ["sweep", str(f), "-o", str(tmp_path / "o"), "--workers",
+                                   "1", "--top-k", "1"])
+    assert got.exit_code == 0, got.output
+    space = " ".join(got.output.split("search space: ")[1].split("\n\n")[0].split())
+    assert space.startswith("tp = [1, 2] · pp = [1, 2] · vpp = [1, 2] (default) · "
+                            "micro_batch_size = [1, 2, 4] (default) · ")
+    assert 'recompute = ["none", "selective", "full"] (default)' in space
+    assert "sequence_parallel = [false, true] (default)" in space
+    assert "…" not in got.output
+    assert _fmt("peak_memory_GiB", 72.0423) == "72.0" and _fmt("step_time_s", 1.23456) == "1.235"
