@@ -17,6 +17,7 @@ from typing import Any
 from analysis.fastpath import FastEstimate, estimate, resolve_specs
 from analysis.shard_hint import NEAR as INSTANCES_NEAR
 from analysis.shard_hint import shard_hint, shard_hint_words
+from replay import display
 from replay.hardware import SystemSpec
 from tracegen import memory
 from tracegen.flops import step_rates
@@ -64,6 +65,21 @@ class Glance:
     shard_hint: dict[str, Any] | None = None
     # ZB-H1 or ZB-V that does not fit: what its W passes' alternatives need (``zb_hint``)
     zb_hint: dict[str, dict[str, Any]] | None = None
+
+    def __repr__(self) -> str:
+        return display.one_line("Glance", f"{self.model} {self.strategy} on {self.system}",
+                                self.to_dict()) + " (.to_dict() for the stages and hints)"
+
+    def _repr_html_(self) -> str:
+        stages = "".join(
+            f"<tr><td>{st.stage}</td><td>{st.layers}</td><td>{st.fwd_s * 1e3:.2f}</td>"
+            f"<td>{st.bwd_s * 1e3:.2f}</td><td>{st.memory.total_bytes / GiB:.1f}</td></tr>"
+            for st in self.stages)
+        return display.html_table(
+            f"{self.model} {self.strategy} on {self.system} (fast path)",
+            display.figures(self.to_dict()),
+            "<table><tr><th>stage</th><th>layers</th><th>fwd ms</th><th>bwd ms</th>"
+            f"<th>memory GiB</th></tr>{stages}</table>")
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)

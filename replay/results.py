@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from replay import display
 from replay.reader import COLL_TYPE_NAMES, NODE_TYPE_NAMES
 from replay.sim import Simulator
 from replay.traceset import TraceSet
@@ -31,6 +32,25 @@ class ReplayResult:
     @property
     def step_time_s(self) -> float:
         return float(self.metrics["step_time_s"])
+
+    def _title(self) -> str:
+        m = self.metrics
+        return (f"on {m.get('system', '?')}, {m.get('ranks', '?')} ranks "
+                f"({m.get('ranks_simulated', '?')} simulated)"
+                + (f", scenario {m['scenario']}" if m.get("scenario") else ""))
+
+    def __repr__(self) -> str:
+        return display.one_line("ReplayResult", self._title(), self.metrics) + (
+            f" (frames: timeline {self.timeline.height:,} rows, breakdown "
+            f"{self.breakdown.height:,}, waits {self.waits.height:,})")
+
+    def _repr_html_(self) -> str:
+        frame = self.breakdown.sort("end_s", descending=True).head(8) if (
+            "end_s" in self.breakdown.columns) else self.breakdown.head(8)
+        return display.html_table(
+            f"Replay {self._title()}", display.figures(self.metrics),
+            "<p>the ranks that finish last (.breakdown has every rank; .timeline every "
+            "node)</p>" + frame._repr_html_())
 
     def to_perfetto(self, path: str | Path, *, extra_events: list[dict[str, Any]] | None = None
                     ) -> None:

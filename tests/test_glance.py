@@ -138,3 +138,33 @@ def test_estimate_says_the_uneven_split_it_costed() -> None:
             "--mbs", "1", "--gbs", "64", "--first-stage-layers", "29", "--system", "dgx-h100")
     assert r.returncode == 0, r.stderr
     assert "bf16, first chunk 29 layers)" in " ".join(r.stdout.split())
+
+
+def test_results_show_as_one_line_in_a_repl_and_as_a_table_in_jupyter(tmp_path: Path) -> None:
+    """A glance and a replay print their figures in one line (a replay's dataclass repr had
+    dumped its whole timeline frame), and render in Jupyter as HTML tables that parse."""
+    from html.parser import HTMLParser
+
+    from replay import replay
+    from tracegen import generate
+
+    class Cells(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.text: list[str] = []
+
+        def handle_data(self, data: str) -> None:
+            self.text.append(data.strip())
+
+    s = Strategy(tp=2, pp=2, dp=2, micro_batch_size=1, global_batch_size=8)
+    g = glance("llama3-8b", s, "dgx-h100")
+    generate(get_model("llama3-8b"), s, tmp_path / "t", mode="representative")
+    r = replay(tmp_path / "t", "dgx-h100")
+    for obj, step in ((g, g.step_time_s), (r, r.step_time_s)):
+        line = repr(obj)
+        assert "\n" not in line and f"step time s {step:.4f}" in line and "MFU" in line
+        cells = Cells()
+        cells.feed(obj._repr_html_())
+        got = dict(zip(cells.text[1::2], cells.text[2::2], strict=False))
+        assert got["step time s"] == f"{step:.4f}" and got["fits"] == "True"
+    assert f"timeline {r.timeline.height:,} rows" in repr(r) and len(repr(r)) < 400
