@@ -58,6 +58,7 @@ def evaluate_chunk(study: Study, strategies: list[Strategy], replay_it: bool,
 
 
 SCHEDULER_TIMEOUT_S = 15  # an unreachable scheduler is reported after this long
+WORKER_WAIT_S = 60.0  # and one that has no worker after this long (workers may start later)
 
 
 def _client(scheduler: str) -> Any:
@@ -66,12 +67,21 @@ def _client(scheduler: str) -> Any:
     from distributed import Client
 
     try:
-        return Client(scheduler, timeout=SCHEDULER_TIMEOUT_S)  # type: ignore[no-untyped-call]
+        client = Client(scheduler, timeout=SCHEDULER_TIMEOUT_S)  # type: ignore[no-untyped-call]
     except (OSError, ValueError, TypeError) as exc:
         raise TrainsimError(f"cannot reach the Dask scheduler at {scheduler!r} "
                             f"({str(exc).splitlines()[0]}): start one (`dask scheduler` and "
                             "`dask worker ADDRESS`) or leave out --scheduler to run on local "
                             "processes") from None
+    try:  # a scheduler without workers takes tasks and runs none: the run had waited for ever
+        client.wait_for_workers(1, timeout=WORKER_WAIT_S)
+    except TimeoutError:
+        client.close()  # type: ignore[no-untyped-call]
+        raise TrainsimError(f"the Dask scheduler at {scheduler!r} has no workers (none joined "
+                            f"in {WORKER_WAIT_S:g} s): start one with `dask worker "
+                            f"{scheduler}`, or leave out --scheduler to run on local "
+                            "processes") from None
+    return client
 
 
 def _ready() -> None:

@@ -63,7 +63,8 @@ def test_compare_on_a_dask_cluster_matches_the_local_run(tmp_path: Path) -> None
     local = compare(study)
     seen: list[tuple[int, int]] = []
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=None) as cluster:
+                      dashboard_address=":0") as cluster:  # (None still serves HTTP on
+        # 8787 and warns — an error in this suite — wherever another Dask holds that port)
         remote = compare(study, scheduler=cluster.scheduler_address,
                          timeline_dir=str(tmp_path / "tl"),
                          progress=lambda done, total: seen.append((done, total)))

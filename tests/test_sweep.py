@@ -134,7 +134,7 @@ def test_dask_cluster_matches_local_pool(study_path: Path, tmp_path: Path) -> No
     study = load_study(study_path)
     local, counts = sweep(study, tmp_path / "local", top_k=2, workers=2, chunk=16)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=None) as cluster:
+                      dashboard_address=":0") as cluster:
         remote, counts2 = sweep(study, tmp_path / "dask", top_k=2, chunk=16,
                                 scheduler=cluster.scheduler_address)
         # without --chunk, tasks are sized to the cluster's two worker threads
@@ -311,6 +311,15 @@ def test_an_unreachable_scheduler_is_a_clear_error(tmp_path: Path,
     for address in ("not an address", "tcp://127.0.0.1:9"):
         with pytest.raises(TrainsimError, match="cannot reach the Dask scheduler"):
             sweep(study, tmp_path / "o", scheduler=address)
+
+    # a scheduler that is up but has no workers had taken the tasks and run none, for ever
+    from distributed import LocalCluster
+
+    monkeypatch.setattr(runner, "WORKER_WAIT_S", 2.0)
+    with LocalCluster(n_workers=0, processes=True, dashboard_address=":0") as empty, \
+            pytest.raises(TrainsimError, match=r"has no workers \(none joined in 2 s\): start "
+                                               r"one with `dask worker tcp://"):
+        sweep(study, tmp_path / "q", scheduler=empty.scheduler_address)
 
 
 def test_strategy_ids_do_not_change_between_versions() -> None:
