@@ -202,6 +202,10 @@ def resilience_cmd(
                           f"{r['restart_s']:.0f}")
         console.print(table)
         console.print(_resilience_step_line(shapes[name], study.system.gpu.hbm_bytes, s))
+        if "fail_slow_loss" in frame.columns:
+            from analysis.fail_slow import describe
+
+            console.print(describe(frame.row(0, named=True)))
         if any(r["goodput"] <= 0 for r in frame.iter_rows(named=True)):
             restart_s = min(float(r["restart_s"]) for r in frame.iter_rows(named=True))
             console.print(_no_progress_line(mttf_s, restart_s, s.world_size))

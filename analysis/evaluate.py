@@ -72,8 +72,31 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate) -> list[dict[
     failure = R.failure_model(study.failures, gpus_per_node=study.system.node.gpus_per_node)
     job = job_shape(study, s, fast)
     costs = R.recovery_costs(job, study.checkpoint, study.restart, study.policies)
-    return R.policy_rows(failure=failure, gpus=s.world_size, work_s=_work_s(study, s, fast),
-                         costs=costs, step_s=fast.step_time_s)
+    keep, slow = 1.0, dict[str, float | None]()
+    if study.fail_slow:
+        failure, keep, slow = _fail_slow(study, s, failure)
+    rows = R.policy_rows(failure=failure, gpus=s.world_size, work_s=_work_s(study, s, fast),
+                         costs=costs, step_s=fast.step_time_s, progress=keep)
+    return [{**r, **slow} for r in rows]
+
+
+def _fail_slow(study: Study, s: Strategy, failure: R.FailureModel
+               ) -> tuple[R.FailureModel, float, dict[str, float | None]]:
+    """The failure model with the evictions added, the progress kept between failures, and
+    the columns that say why (``analysis.fail_slow``)."""
+    from analysis.fail_slow import fail_slow_from, progress, step_factors
+
+    fs = fail_slow_from(study.fail_slow)
+    mean, worst = step_factors(study.model, s, study.system, fs.slowdown)
+    keep = progress(fs, s.world_size, mean)
+    if fs.detect_s is not None:
+        failure = dataclasses.replace(
+            failure, rate_per_gpu_hour=failure.rate_per_gpu_hour + fs.evicted_rate_per_gpu_hour())
+    return failure, keep, {"fail_slow_slowdown": fs.slowdown, "fail_slow_detect_s": fs.detect_s,
+                           "fail_slow_step_factor": mean, "fail_slow_worst_step_factor": worst,
+                           "fail_slow_active_share": fs.active_share(s.world_size),
+                           "fail_slow_loss": 1 - keep,
+                           "fail_slow_evicted_share": fs.evicted_share()}
 
 
 def _require_failures(study: Study) -> None:

@@ -205,18 +205,20 @@ def monte_carlo_failures(failure: FailureModel, gpus: int, duration_s: float, *,
 
 def policy_frame(*, failure: FailureModel, gpus: int, work_s: float,
                  costs: dict[str, RecoveryCosts], interval_s: float | None = None,
-                 step_s: float | None = None) -> pl.DataFrame:
+                 step_s: float | None = None, progress: float = 1.0) -> pl.DataFrame:
     """One row per recovery policy: goodput, expected wall clock and GPU-hours for ``work_s`` of
     failure-free training, expected failures, and the checkpoint interval used (whole steps of
     ``step_s`` where given)."""
     return pl.DataFrame(policy_rows(failure=failure, gpus=gpus, work_s=work_s, costs=costs,
-                                    interval_s=interval_s, step_s=step_s))
+                                    interval_s=interval_s, step_s=step_s, progress=progress))
 
 
 def policy_rows(*, failure: FailureModel, gpus: int, work_s: float,
                 costs: dict[str, RecoveryCosts], interval_s: float | None = None,
-                step_s: float | None = None) -> list[dict[str, Any]]:
-    """``policy_frame``'s rows as dicts (a sweep screens thousands: no frame per strategy)."""
+                step_s: float | None = None, progress: float = 1.0) -> list[dict[str, Any]]:
+    """``policy_frame``'s rows as dicts (a sweep screens thousands: no frame per strategy).
+    ``progress``: the share of the healthy rate kept between failures (fail-slow episodes,
+    ``analysis.fail_slow``), multiplied into every policy's goodput."""
     mttf = failure.job_mttf_s(gpus)
     rows = []
     for policy, c in costs.items():
@@ -228,7 +230,7 @@ def policy_rows(*, failure: FailureModel, gpus: int, work_s: float,
         if step_s:
             tau = whole_steps_interval_s(tau, step_s, functools.partial(
                 _ettr, policy, c, mttf))
-        ettr = _ettr(policy, c, mttf, tau)
+        ettr = _ettr(policy, c, mttf, tau) * progress
         wall = work_s / ettr if ettr > 0 else math.inf
         rows.append({"policy": policy, "goodput": ettr, "expected_wall_clock_s": wall,
                      "expected_gpu_hours": wall * gpus / HOUR_S,

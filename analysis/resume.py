@@ -29,6 +29,8 @@ def fingerprint(study: Study) -> dict[str, Any]:
             "global_batch_size": study.global_batch_size, "tokens": study.tokens,
             "failures": study.failures, "checkpoint": study.checkpoint,
             "restart": study.restart, "policies": study.policies}
+    if study.fail_slow:  # (absent otherwise: folders written before it existed still match)
+        data["fail_slow"] = study.fail_slow
     return dict(json.loads(json.dumps(data, sort_keys=True, default=str)))
 
 

@@ -40,6 +40,12 @@
 
     [policies.replica_local]        # per-policy overrides (see analysis/resilience.py)
     stall_s = 180.0
+
+    [fail_slow]                     # stragglers over the run (analysis/fail_slow.py); needs
+    rate_per_gpu_hour = 2e-5        # [failures]: episodes per GPU-hour, their mean length,
+    mean_duration_s = 3600          # how slow the GPU runs, and (optional) how long until
+    slowdown = 2.0                  # it is evicted (a restart)
+    detect_s = 600
 """
 
 from __future__ import annotations
@@ -55,7 +61,8 @@ from tracegen._config import is_finite_number, load_mapping
 from tracegen.strategy import check_fits_model
 
 KNOWN_KEYS = {"model", "seq_len", "system", "gpus", "global_batch_size", "tokens", "strategies",
-              "search", "failures", "checkpoint", "restart", "policies", "name", "rank_by"}
+              "search", "failures", "checkpoint", "restart", "policies", "name", "rank_by",
+              "fail_slow"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -73,6 +80,7 @@ class Study:
     restart: dict[str, Any]
     policies: dict[str, dict[str, Any]]
     rank_by: str
+    fail_slow: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def has_failures(self) -> bool:
@@ -112,10 +120,10 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
     return Study(name, model, system, gpus, gbs, float(data.get("tokens", 0.0)), strategies,
                  dict(data.get("search", {})), dict(data.get("failures", {})),
                  dict(data.get("checkpoint", {})), dict(data.get("restart", {})),
-                 dict(data.get("policies", {})), rank_by)
+                 dict(data.get("policies", {})), rank_by, dict(data.get("fail_slow", {})))
 
 
-TABLE_KEYS = ("search", "failures", "checkpoint", "restart", "policies")
+TABLE_KEYS = ("search", "failures", "checkpoint", "restart", "policies", "fail_slow")
 
 
 def _type_problems(data: dict[str, Any]) -> list[str]:
@@ -149,6 +157,14 @@ def _check_resilience_tables(data: dict[str, Any], system: SystemSpec) -> None:
         failure_model(dict(data["failures"]), gpus_per_node=system.node.gpus_per_node)
     recovery_inputs(dict(data.get("checkpoint", {})), dict(data.get("restart", {})),
                     dict(data.get("policies", {})))
+    if data.get("fail_slow"):
+        from analysis.fail_slow import fail_slow_from
+
+        fail_slow_from(dict(data["fail_slow"]))
+        if not data.get("failures"):  # its evictions are restarts, costed as failures are
+            raise ConfigError("[fail_slow] needs a [failures] table (the recovery policies "
+                              "its episodes are costed under): add preset = NAME or "
+                              "rate_per_gpu_hour", what="study")
 
 
 def _rel(value: str, base: Path | None) -> str:

@@ -1,0 +1,163 @@
+"""Stragglers over a whole run: fail-slow episodes (a GPU that keeps running, slower).
+
+Wu et al. 2024 (Falcon, arXiv:2410.12588) characterise them on a production cluster of over
+10,000 GPUs: CPU/GPU computation and cross-node network causes, episodes lasting from tens of
+seconds to nearly ten hours; the usual remedy is to notice one and treat it as a fail-stop
+(checkpoint and restart). A study's ``[fail_slow]`` table says how often, how long and how slow:
+
+::
+
+    [fail_slow]
+    rate_per_gpu_hour = 2e-5     # episodes per GPU per hour
+    mean_duration_s = 3600       # durations exponential with this mean
+    slowdown = 2.0               # the slow GPU's kernels take 2× as long
+    detect_s = 600               # optional: evicted after this long (a restart, counted as
+                                 # a failure under each policy); absent: ridden out
+
+The model, per strategy (DESIGN.md, "Fail-slow episodes"):
+
+* **A step with one slow GPU.** Synchronous training waits for it: its tensor-parallel group at
+  every collective, its data-parallel peers at the gradient reduction, the other stages of its
+  pipeline at each hand-over. Its stage runs at the slowed compute (the fast path on a GPU
+  with every throughput divided by ``slowdown`` and launches that much longer; communication
+  is not slowed), and the pipeline is costed with that stage's time per micro-batch by the
+  heterogeneous-stage pipeline bound T = m · max tᵢ + (Σ tᵢ − max tᵢ)/v (m micro-batches, v
+  chunks a stage: Narayanan et al. 2021's bubble with unequal stages — a first micro-batch
+  through every stage, the rest paced by the slowest). A slow GPU is equally likely on every
+  stage: the step factor is the mean over stages (the worst, on the bottleneck stage, is
+  reported beside it). Replay with the stage slowed is the reference (tested within 4%).
+* **How much of the run is slowed.** Episodes arrive at ``rate · gpus`` per hour and overlap
+  as an M/G/∞ queue: the number in progress is Poisson with mean ``rate · gpus · E[slow
+  time]``, so the share of wall time with at least one is ``p = 1 − exp(−that mean)``
+  (concurrent episodes are taken to slow the step no more than one: they stall the same
+  synchronous step). With ``detect_s`` an episode is slow for ``E[min(D, detect_s)] =
+  D(1 − e^{−detect_s/D})`` and a share ``e^{−detect_s/D}`` of them end in an eviction.
+* **Goodput.** Progress runs at 1/f of the healthy rate a share p of the time:
+  ``g = 1 − p(1 − 1/f)``, multiplied into each recovery policy's goodput; evictions add to the
+  failure rate the policies are costed with.
+
+Only compute stragglers: a slow link is a replay scenario (``[[link]]``), not run-level here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from analysis.fastpath import estimate
+from analysis.resilience import HOUR_S, number
+from replay.hardware import SystemSpec
+from tracegen import ConfigError, ModelSpec, Strategy
+
+KEYS = {"rate_per_gpu_hour", "mean_duration_s", "slowdown", "detect_s"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FailSlow:
+    rate_per_gpu_hour: float
+    mean_duration_s: float
+    slowdown: float
+    detect_s: float | None = None  # None: episodes are ridden out
+
+    def slow_s_per_episode(self) -> float:
+        """E[min(D, detect_s)] for exponential D (the slowed time of one episode)."""
+        d = self.mean_duration_s
+        return d if self.detect_s is None else d * -math.expm1(-self.detect_s / d)
+
+    def evicted_share(self) -> float:
+        return 0.0 if self.detect_s is None else math.exp(-self.detect_s / self.mean_duration_s)
+
+    def active_share(self, gpus: int) -> float:
+        """Share of wall time with at least one episode in progress (M/G/∞ occupancy)."""
+        return -math.expm1(-self.rate_per_gpu_hour * gpus * self.slow_s_per_episode() / HOUR_S)
+
+    def evicted_rate_per_gpu_hour(self) -> float:
+        return self.rate_per_gpu_hour * self.evicted_share()
+
+
+def fail_slow_from(spec: dict[str, Any]) -> FailSlow:
+    """A study's ``[fail_slow]`` table, checked (every problem named in one error)."""
+    unknown = sorted(set(spec) - KEYS)
+    missing = sorted({"rate_per_gpu_hour", "mean_duration_s", "slowdown"} - set(spec))
+    if unknown or missing:
+        raise ConfigError((["unknown keys " + ", ".join(unknown)] if unknown else [])
+                          + (["missing " + ", ".join(missing)] if missing else [])
+                          + [f"keys: {', '.join(sorted(KEYS))} (detect_s optional)"],
+                          what="study [fail_slow]")
+    slowdown = number("fail_slow", "slowdown", spec["slowdown"], positive=True)
+    if slowdown < 1:
+        raise ConfigError(f"slowdown = {slowdown:g} would make the GPU faster: it is how many "
+                          "times longer its kernels take (≥ 1; 2.0 is half speed)",
+                          what="study [fail_slow]")
+    detect = spec.get("detect_s")
+    return FailSlow(number("fail_slow", "rate_per_gpu_hour", spec["rate_per_gpu_hour"],
+                           positive=True),
+                    number("fail_slow", "mean_duration_s", spec["mean_duration_s"],
+                           positive=True), slowdown,
+                    None if detect is None else number("fail_slow", "detect_s", detect,
+                                                       positive=True))
+
+
+def slowed_system(system: SystemSpec, slowdown: float) -> SystemSpec:
+    """``system`` with a GPU whose every kernel takes ``slowdown`` times as long: its peaks and
+    HBM bandwidth divided by it, its launch overhead multiplied (the network is untouched)."""
+    g = system.gpu
+    gpu = dataclasses.replace(
+        g, peak_bf16_TFLOPs=g.peak_bf16_TFLOPs / slowdown,
+        peak_fp16_TFLOPs=g.peak_fp16_TFLOPs / slowdown,
+        peak_fp8_TFLOPs=g.peak_fp8_TFLOPs / slowdown,
+        peak_fp32_TFLOPs=g.peak_fp32_TFLOPs / slowdown, hbm_GBps=g.hbm_GBps / slowdown,
+        launch_overhead_us=g.launch_overhead_us * slowdown)
+    return dataclasses.replace(system, gpu=gpu)
+
+
+def pipeline_bound_s(stage_s: list[float], microbatches: int, chunks: int) -> float:
+    """T = m · max tᵢ + (Σ tᵢ − max tᵢ)/v: exact for 1F1B and interleaved 1F1B with alike
+    stages ((m + (p − 1)/v) · t), the bottleneck-paced bound with unequal ones."""
+    worst = max(stage_s)
+    return microbatches * worst + (sum(stage_s) - worst) / chunks
+
+
+def stage_factors(model: ModelSpec, s: Strategy, system: SystemSpec, slowdown: float
+                  ) -> list[float]:
+    """Per pipeline stage: the step time with one slow GPU on that stage over the healthy
+    step, both from the fast path (a caller's step may be a replay's: the ratio is the
+    model's). At pp 1 the slowed fast path itself (every rank waits for the slow one)."""
+    healthy = estimate(model, s, system)
+    slow = estimate(model, s, slowed_system(system, slowdown))
+    if s.pp == 1:
+        return [slow.step_time_s / healthy.step_time_s]
+    t = [f + b for f, b in zip(healthy.stage_fwd_s, healthy.stage_bwd_s, strict=True)]
+    t_slow = [f + b for f, b in zip(slow.stage_fwd_s, slow.stage_bwd_s, strict=True)]
+    m, v = s.num_microbatches, s.vpp
+    base = pipeline_bound_s(t, m, v)
+    return [1 + (pipeline_bound_s([*t[:j], t_slow[j], *t[j + 1:]], m, v) - base)
+            / healthy.step_time_s for j in range(s.pp)]
+
+
+def step_factors(model: ModelSpec, s: Strategy, system: SystemSpec, slowdown: float
+                 ) -> tuple[float, float]:
+    """(mean over stages — a slow GPU is as likely on each —, worst) of ``stage_factors``."""
+    factors = stage_factors(model, s, system, slowdown)
+    return sum(factors) / len(factors), max(factors)
+
+
+def progress(fs: FailSlow, gpus: int, factor: float) -> float:
+    """Share of the healthy progress rate kept: 1 − p(1 − 1/f)."""
+    return 1 - fs.active_share(gpus) * (1 - 1 / factor)
+
+
+def describe(row: dict[str, Any]) -> str:
+    """What the episodes cost, in words, from a resilience row's ``fail_slow_*`` columns (the
+    CLI's line under each strategy's table and the report's under its policies)."""
+    line = (f"fail-slow: one GPU {row['fail_slow_slowdown']:g}× slower stretches a step "
+            f"{row['fail_slow_step_factor']:.2f}× (on the bottleneck stage "
+            f"{row['fail_slow_worst_step_factor']:.2f}×); episodes in progress "
+            f"{row['fail_slow_active_share']:.1%} of the time: {row['fail_slow_loss']:.2%} of "
+            "goodput, included above")
+    if row.get("fail_slow_detect_s") is not None:
+        line += (f"; {row['fail_slow_evicted_share']:.0%} of episodes outlast "
+                 f"{row['fail_slow_detect_s']:g} s and are evicted (counted among the failures)")
+    return line
+
