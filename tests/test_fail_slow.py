@@ -28,15 +28,19 @@ MODEL = ModelSpec(name="fs", num_layers=8, hidden_size=2048, num_attention_heads
 STUDY = Path(__file__).resolve().parents[1] / "analysis" / "studies" / "llama3-405b-failures.toml"
 
 
-@pytest.mark.parametrize("kw", [dict(tp=2, pp=1, dp=4), dict(tp=2, pp=2, dp=2),
-                                dict(tp=1, pp=4, dp=2)])
+@pytest.mark.parametrize("kw", [
+    dict(tp=2, pp=1, dp=4), dict(tp=2, pp=2, dp=2), dict(tp=1, pp=4, dp=2),
+    dict(tp=1, pp=4, dp=1, vpp=2, schedule="interleaved_1f1b"),
+    dict(tp=1, pp=4, dp=2, schedule="gpipe")])
 def test_one_slow_gpus_step_is_replays_with_its_stage_slowed(tmp_path: Path, kw: dict) -> None:
-    """Replay (the reference) slows the stage a representative stands for. The pipeline bound
-    charges a slow stage its whole extra time where the replayed schedule can hide some of it
-    in a faster stage's slack: each stage's factor is at least replay's and at most 8% above
-    it, their mean (a slow GPU as likely on each stage) within 4%, and at pp 1 (every rank
-    waits for the slow one) within 1%. (Found here: 1–7% above on the stages before a
-    bottleneck last stage at 8 micro-batches, exact on the bottleneck.)"""
+    """Replay (the reference) slows the stage a representative stands for. Under 1F1B the
+    pipeline bound charges a slow stage its whole extra time where the replayed schedule can
+    hide some of it in a faster stage's slack: each stage's factor is at least replay's and at
+    most 8% above it. Interleaved and GPipe schedules place the slack otherwise: within −6% …
+    +8%. The mean (a slow GPU as likely on each stage) is within 4%, and at pp 1 (every rank
+    waits for the slow one) within 1%. (Found here at 8 micro-batches: 1F1B 1–7% above on the
+    stages before a bottleneck last stage; interleaved and GPipe up to 5% below on stage 0;
+    the bottleneck stage within 1% everywhere.)"""
     s = Strategy(micro_batch_size=1, global_batch_size=8 * kw["dp"], sequence_parallel=kw[
         "tp"] > 1, **kw)
     generate(MODEL, s, tmp_path, mode="representative")
@@ -49,8 +53,9 @@ def test_one_slow_gpus_step_is_replays_with_its_stage_slowed(tmp_path: Path, kw:
         sc = tmp_path / "slow.toml"
         sc.write_text(f"[[straggler]]\nranks = [{rep}]\nslowdown = 2.0\n")
         got.append(replay(tmp_path, H100, scenario=sc).step_time_s / healthy)
+    below = 1e-3 if s.schedule == "1f1b" else 0.06
     for want, ref in zip(predicted, got, strict=True):
-        assert ref * (1 - 1e-3) <= want <= ref * 1.08, (predicted, got)
+        assert ref * (1 - below) <= want <= ref * 1.08, (predicted, got)
     mean, worst = F.step_factors(MODEL, s, H100, 2.0)
     assert mean == pytest.approx(sum(got) / len(got), rel=0.01 if s.pp == 1 else 0.04)
     assert worst == pytest.approx(max(got), rel=0.01) and min(got) > 1.05
