@@ -286,9 +286,12 @@ def _resilience_step_line(shape: dict[str, Any], hbm_bytes: int, s: Strategy) ->
 
 
 def _study_meta(study: Any, counts: dict[str, int] | None = None) -> dict[str, Any]:
-    return {"name": study.name, "model": study.model.name, "system": study.system.name,
+    meta = {"name": study.name, "model": study.model.name, "system": study.system.name,
             "gpus": study.gpus, "global_batch_size": study.global_batch_size,
             "tokens": study.tokens, "rank_by": study.rank_by, "counts": counts or {}}
+    if counts:  # a sweep's: the space it searched, for the report
+        meta["space"] = space_words(study)
+    return meta
 
 
 def _resolve_study(name_or_file: str) -> Any:
@@ -439,15 +442,19 @@ def sweep_cmd(
 def _print_space(st: Study) -> None:
     """The space searched, each dimension the study leaves out marked as the default's (a
     space of tp and pp alone also searches vpp, micro-batch sizes, recompute, ZeRO and SP)."""
-    import json
-
     from rich.markup import escape
+
+    console.print(escape("search space: " + space_words(st)), soft_wrap=True)
+
+
+def space_words(st: Study) -> str:
+    """The space a sweep searched, in TOML's words, the dimensions the study left out marked."""
+    import json
 
     from analysis.sweep import search_space
 
-    dims = [f"{k} = {json.dumps(v)}" + ("" if k in st.search else " (default)")
-            for k, v in search_space(st).items()]
-    console.print(escape("search space: " + " · ".join(dims)), soft_wrap=True)
+    return " · ".join(f"{k} = {json.dumps(v)}" + ("" if k in st.search else " (default)")
+                      for k, v in search_space(st).items())
 
 
 def _print_invalid_reasons(st: Study, invalid: int) -> None:

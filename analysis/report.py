@@ -159,7 +159,7 @@ def _context(results: pl.DataFrame, meta: dict[str, Any], figures: list[dict[str
             "rows": rows, "figures": figures, "resilience_rows": res_rows,
             "fail_slow": fail_slow,
             "rank_by": meta.get("rank_by", "step time").replace("_", " "),
-            "counts": meta.get("counts", {})}
+            "counts": meta.get("counts", {}), "space": meta.get("space", "")}
 
 
 def _figures(results: pl.DataFrame, src: Path) -> list[dict[str, Any]]:

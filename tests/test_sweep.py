@@ -577,3 +577,7 @@ def test_a_sweep_says_the_space_it_searched_and_names_strategies_in_full(
     assert "sequence_parallel = [false, true] (default)" in space
     assert "…" not in got.output
     assert _fmt("peak_memory_GiB", 72.0423) == "72.0" and _fmt("step_time_s", 1.23456) == "1.235"
+    rep = CliRunner().invoke(app, ["report", str(tmp_path / "o"), "-o", str(tmp_path / "r")])
+    assert rep.exit_code == 0, rep.output
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert f"search space: {space}\n" in md  # the report says the space too
