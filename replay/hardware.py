@@ -216,17 +216,25 @@ class SystemSpec:
         return rank // self.node.gpus_per_node
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, name: str = "custom") -> SystemSpec:
+    def from_dict(cls, data: dict[str, Any], *, name: str = "custom",
+                  source: str | None = None) -> SystemSpec:
+        """``source``: the file it was read from, named in errors (its ``name`` key may be a
+        preset's, as in a copy of a preset's file being edited)."""
         data = dict(data)
         data.setdefault("name", name)
-        what = f"system {data['name']!r}"
+        what = f"system {data['name']!r}" + (f" (from {source})" if source else "")
         for key, sub in (("gpu", GPUSpec), ("node", NodeSpec), ("scaleout", ScaleOutSpec),
                          ("astra", AstraSpec)):
             if key in data:
                 if not isinstance(data[key], dict):
                     raise ConfigError(f"[{key}] must be a table", what=what)
                 data[key] = build(sub, data[key], what=f"{what} [{key}]")
-        return build(cls, data, what=what)
+        try:
+            return build(cls, data, what=what)
+        except ConfigError as exc:  # (the checks of __post_init__ know the name, not the file)
+            if source is None or exc.what == what:
+                raise
+            raise ConfigError(exc.problems, what=what) from None
 
     def with_overrides(self, overrides: dict[str, Any]) -> SystemSpec:
         """A copy with ``section.key`` values replaced (``{"gpu.flash_attention": False}``),
@@ -307,7 +315,8 @@ def resolve_system(name_or_file: str | Path) -> SystemSpec:
         return get_system(s)
     if s.endswith(".toml") or Path(s).exists():
         p = Path(s)
-        return SystemSpec.from_dict(load_mapping(p, what="system file"), name=p.stem)
+        return SystemSpec.from_dict(load_mapping(p, what="system file"), name=p.stem,
+                                    source=str(p))
     if "@" in s:
         from replay.attention_kernels import with_attention_kernel  # it imports this module
 

@@ -238,6 +238,20 @@ def test_a_system_value_no_hardware_has_is_refused(override: dict[str, float],
         get_system("dgx-h100").with_overrides(override)
 
 
+def test_a_bad_system_file_is_named_beside_the_name_inside_it(tmp_path: Path) -> None:
+    """A copy of a preset's file keeps the preset's name: the error names the file too (it had
+    said only "system 'dgx-h100'", which is not the file being edited)."""
+    from replay import resolve_system
+    from tracegen.errors import ConfigError
+
+    src = Path(__file__).resolve().parents[1] / "replay" / "systems" / "dgx-h100.toml"
+    f = tmp_path / "mine.toml"
+    f.write_text(src.read_text().replace("hbm_GiB = 80", "hbm_GiB = 85899345920"))
+    with pytest.raises(ConfigError, match=re.escape(f"invalid system 'dgx-h100' (from {f}): "
+                                                    "hbm_GiB = 85899345920 is no hardware")):
+        resolve_system(f)
+
+
 def _mutate(data: bytes, rng: random.Random) -> bytes:
     b = bytearray(data)
     for _ in range(rng.randint(1, 4)):

@@ -22,6 +22,7 @@ class ConfigError(TrainsimError):
 
     def __init__(self, problems: str | list[str], *, what: str = "configuration") -> None:
         self.problems = [problems] if isinstance(problems, str) else list(problems)
+        self.what = what
         if len(self.problems) == 1:
             msg = f"invalid {what}: {self.problems[0]}"
         else:
