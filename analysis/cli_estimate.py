@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import polars as pl
 import typer
@@ -64,6 +64,10 @@ def estimate_cmd(
     roofline_plot: Annotated[Path | None, typer.Option(
         "--roofline", help="Plot that stage's ops on the GPU's roofline (.png, .svg, .pdf).")
     ] = None,
+    stage_system: Annotated[list[str] | None, typer.Option(
+        "--stage-system", help="A mixed cluster: these pipeline stages on another system's "
+                               "GPUs, e.g. 0-3=dgx-a100-80gb (repeatable; the rest on "
+                               "--system).")] = None,
 ) -> None:
     """Step time, tokens/s, MFU and per-stage memory of one strategy (fast path; milliseconds)."""
     from replay import resolve_system
@@ -88,8 +92,20 @@ def estimate_cmd(
         fp8_param_gather=fp8_param_gather, dist_opt_instances=dist_opt_instances,
         outer_dp_sharding=outer_dp_sharding)
     sys_spec = resolve_system(system)
+    mixed = None
+    if stage_system:
+        from analysis.mixed import mixed_estimate, parse_stage_systems
+
+        mixed = mixed_estimate(spec, strategy, sys_spec,
+                               parse_stage_systems(stage_system, strategy.pp))
     g = glance(spec, strategy, sys_spec)
     print_glance(g, strategy)
+    balanced = None
+    if mixed is not None and stage_system:
+        for other in sorted({i.partition("=")[2] for i in stage_system}):
+            note_precision({strategy.precision}, resolve_system(other))
+        print_mixed(mixed)
+        balanced = _print_balanced(spec, strategy, sys_spec, stage_system, mixed)
     note_param_gather(strategy)
     note_precision({strategy.precision}, sys_spec)
     table = None
@@ -103,7 +119,51 @@ def estimate_cmd(
         out = {**g.to_dict(), "strategy_fields": strategy.to_dict()}
         if table is not None and ops is not None:  # printed, so in the JSON too
             out["ops"] = table.to_dicts()
+        if mixed is not None:
+            out["mixed"] = mixed.to_dict()
+            if balanced is not None:
+                out["mixed"]["balanced"] = {"pipeline_layout": balanced[0].pipeline_layout,
+                                            **balanced[1].to_dict()}
         json_out.write_text(jsonout.dumps(out, indent=1))
+
+
+def print_mixed(m: Any) -> None:
+    """The mixed cluster's step beside the all-base one printed above, and each stage's GPU."""
+    verdict = "fits" if m.fits else "[bold red]DOES NOT FIT[/]"
+    console.print(
+        f"[bold]mixed cluster[/]: step time [bold]{m.step_time_s:.4f} s[/] "
+        f"({m.step_time_s / m.base_step_time_s:.2f}× the step above; fast path per stage, the "
+        f"pipeline bounded by its slowest stage): {m.tokens_per_s:,.0f} tokens/s, MFU "
+        f"{m.mfu:.1%} of the GPUs' mean peak; memory {verdict} on every stage's own GPU")
+    table = Table(title="Per pipeline stage on its own GPUs (one micro-batch)")
+    for col in ("stage", "system", "fwd+bwd ms", "memory GiB", "GPU GiB", "fits"):
+        table.add_column(col, justify="right")
+    for j, name in enumerate(m.stage_systems):
+        mem, cap = m.stage_memory_GiB[j], m.stage_capacity_GiB[j]
+        table.add_row(str(j), name, f"{m.stage_time_s[j] * 1e3:.2f}", f"{mem:.1f}", f"{cap:g}",
+                      "yes" if mem <= cap else "[bold red]no[/]")
+    console.print(table)
+
+
+def _print_balanced(model: Any, s: Strategy, system: SystemSpec, items: list[str],
+                    mixed: Any) -> Any:
+    """The layer split by the stages' speeds, where it shortens the mixed step (returned:
+    ``mixed.balanced_layout``'s strategy and estimate, or None)."""
+    from analysis.mixed import balanced_layout, parse_stage_systems
+
+    found = balanced_layout(model, s, system, parse_stage_systems(items, s.pp))
+    if found is None:
+        if s.vpp > 1:
+            console.print("[dim](no layer split by the stages' speeds is offered for "
+                          "interleaved chunks)[/]")
+        return None
+    bs, be = found
+    console.print(f"layers split by the stages' speeds: --pipeline-layout '{bs.pipeline_layout}'"
+                  f" → {be.step_time_s:.4f} s ({be.step_time_s / mixed.step_time_s:.2f}× the "
+                  f"even split), {be.tokens_per_s:,.0f} tokens/s, up to "
+                  f"{max(be.stage_memory_GiB):.1f} GiB a GPU (Megatron-Core's "
+                  "--pipeline-model-parallel-layout)")
+    return found
 
 
 def _write_ops(table: pl.DataFrame, system: SystemSpec, out: Path | None,

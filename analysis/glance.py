@@ -115,7 +115,7 @@ def glance(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str)
     return Glance(model.name, s.label(), system.name, est.step_time_s, est.pipeline_s,
                   _idle(est, s.num_microbatches), rates["tokens_per_s"], rates["mfu"],
                   rates["hfu"], est.peak_memory_GiB, system.gpu.hbm_bytes / GiB, est.fits,
-                  _stages(model, s, system, est), lost, recompute,
+                  stage_glances(model, s, system, est), lost, recompute,
                   instances_hint(model, s, system, est.step_time_s) if est.fits else None,
                   shard, zb_hint(model, s, system) if not est.fits else None)
 
@@ -288,8 +288,9 @@ def _idle(est: FastEstimate, microbatches: int) -> float:
     return max(0.0, 1.0 - microbatches * busiest / est.pipeline_s) if est.pipeline_s else 0.0
 
 
-def _stages(model: ModelSpec, s: Strategy, system: SystemSpec, est: FastEstimate
-            ) -> tuple[StageGlance, ...]:
+def stage_glances(model: ModelSpec, s: Strategy, system: SystemSpec, est: FastEstimate
+                  ) -> tuple[StageGlance, ...]:
+    """Each pipeline stage's times (from ``est``) and memory breakdown on ``system``."""
     flash = system.gpu.flash_attention
     out = []
     for st in range(s.pp):

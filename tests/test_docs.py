@@ -43,7 +43,8 @@ def test_readme_demo_table_matches_the_default_study() -> None:
 
 # The README's `trainsim estimate` examples: each command (continued lines joined, optional
 # `[...]` parts left out) with the comment lines under it. The comment's first "N s" is the
-# step time and its first "N GiB" the peak memory, as that command prints them now.
+# step time and its first "N GiB" the peak memory, as that command prints them now (with
+# --stage-system: the mixed step first, the split by the stages' speeds last).
 _EXAMPLE = re.compile(r"^trainsim estimate (?P<cmd>(?:.*\\\n)*.*)\n(?P<notes>(?:[ \t]+#.*\n)*)",
                       re.MULTILINE)
 _SECONDS = re.compile(r"(?<![\w.,])(\d+\.\d+) s\b")
@@ -85,6 +86,12 @@ def test_readme_estimate_examples_print_the_readme_figures(example: tuple[str, s
     result = CliRunner().invoke(app, ["estimate", *shlex.split(cmd), "--json", str(out)])
     assert result.exit_code == 0, result.output
     got = json.loads(out.read_text(encoding="utf-8"))
+    if "--stage-system" in cmd:  # a mixed cluster: its step, then the balanced split's
+        secs = _SECONDS.findall(notes)
+        mixed = got["mixed"]
+        assert _agrees(secs[0], mixed["step_time_s"]), (cmd, secs[0], mixed["step_time_s"])
+        assert _agrees(secs[-1], mixed["balanced"]["step_time_s"]), (cmd, secs[-1])
+        return
     if (sec := _SECONDS.search(notes)) is not None:
         assert _agrees(sec[1], got["step_time_s"]), (cmd, sec[1], got["step_time_s"])
     if (gib := _GIB.search(notes)) is not None:

@@ -1,0 +1,161 @@
+"""A pipeline over mixed GPU generations: some stages on another system's GPUs.
+
+A planner with, say, H100 and A100 nodes asks what a step costs if the older GPUs take some
+pipeline stages, and whether each stage still fits. Each stage is costed on its own GPUs (the
+fast path on its system: compute, and the collectives of its tensor- and data-parallel groups
+on that system's links), and the pipeline with the heterogeneous-stage bound of
+``analysis.fail_slow.pipeline_bound_s`` (T = m·max tᵢ + (Σtᵢ − max tᵢ)/v) in place of the
+all-base pipeline: step = base step + T(mixed) − T(base). Where every stage is on one system,
+that system's own estimate. Replay with a ``[[gpu]]`` scenario on whole stages is the
+reference (``tests/test_mixed.py``). Memory: each stage against its own GPU's capacity. MFU:
+against the mean of the GPUs' peaks (every stage has as many GPUs). Split evenly, the slower
+GPUs' stages pace the pipeline: ``balanced_layout`` gives them fewer layers, as a Megatron-Core
+pipeline layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from analysis.fail_slow import pipeline_bound_s
+from analysis.fastpath import FastEstimate, estimate, resolve_specs
+from analysis.glance import stage_glances
+from replay.hardware import SystemSpec, resolve_system
+from tracegen import ConfigError, ModelSpec, Strategy
+from tracegen.flops import step_rates
+from tracegen.units import GiB
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MixedEstimate:
+    step_time_s: float
+    base_step_time_s: float  # every stage on the base system
+    tokens_per_s: float
+    mfu: float  # against the mean peak of the stages' GPUs
+    stage_systems: tuple[str, ...]
+    stage_time_s: tuple[float, ...]  # forward + backward of one micro-batch, every chunk
+    stage_memory_GiB: tuple[float, ...]
+    stage_capacity_GiB: tuple[float, ...]
+
+    @property
+    def fits(self) -> bool:
+        return all(m <= c for m, c in zip(self.stage_memory_GiB, self.stage_capacity_GiB,
+                                          strict=True))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
+                "fits": self.fits}
+
+
+def parse_stage_systems(items: list[str], pp: int) -> dict[int, str]:
+    """``["0-3=dgx-a100-80gb", "7=FILE.toml"]`` → {stage: system}; stages in 0…pp−1."""
+    out: dict[int, str] = {}
+    for item in items:
+        stages, sep, system = item.partition("=")
+        lo, _, hi = stages.partition("-")
+        if not sep or not system or not lo.strip().isdigit() or (hi and not hi.strip().isdigit()):
+            raise ConfigError(f"--stage-system {item!r}: give STAGE=SYSTEM or FIRST-LAST=SYSTEM "
+                              "(e.g. 0-3=dgx-a100-80gb)", what="mixed cluster")
+        first, last = int(lo), int(hi or lo)
+        if not 0 <= first <= last < pp:
+            raise ConfigError(f"--stage-system {item!r}: stages run from 0 to {pp - 1} (pp "
+                              f"{pp}), first ≤ last", what="mixed cluster")
+        for st in range(first, last + 1):
+            if st in out:
+                raise ConfigError(f"stage {st} is given two systems", what="mixed cluster")
+            out[st] = system
+    return out
+
+
+def mixed_estimate(model: ModelSpec | str, s: Strategy, system: SystemSpec | str,
+                   stage_systems: Mapping[int, SystemSpec | str]) -> MixedEstimate:
+    """``s`` with the stages of ``stage_systems`` on those systems' GPUs, the rest on
+    ``system``'s."""
+    model, base = resolve_specs(model, system)
+    specs = [base] * s.pp
+    for st, sysm in stage_systems.items():
+        if not 0 <= st < s.pp:
+            raise ConfigError(f"stage {st} is outside the pipeline (pp {s.pp})",
+                              what="mixed cluster")
+        specs[st] = sysm if isinstance(sysm, SystemSpec) else resolve_system(sysm)
+    ests: dict[str, FastEstimate] = {}
+    for spec in specs:
+        if spec.name not in ests:
+            ests[spec.name] = estimate(model, s, spec)
+    own = [ests[spec.name] for spec in specs]
+    t = [e.stage_fwd_s[j] + e.stage_bwd_s[j] for j, e in enumerate(own)]
+    base_est = ests.get(base.name) or estimate(model, s, base)
+    if len(ests) == 1:  # one system throughout: its own estimate
+        step = own[0].step_time_s
+    else:
+        all_base = [f + b for f, b in zip(base_est.stage_fwd_s, base_est.stage_bwd_s,
+                                          strict=True)]
+        m, v = s.num_microbatches, s.vpp
+        step = base_est.step_time_s + pipeline_bound_s(t, m, v) - pipeline_bound_s(all_base,
+                                                                                   m, v)
+    memory = [stage_glances(model, s, spec, e)[j].memory.total_bytes / GiB
+              for j, (spec, e) in enumerate(zip(specs, own, strict=True))]
+    peak = sum(spec.gpu.peak_flop_per_s(s.precision) for spec in specs) / len(specs)
+    rates = step_rates(model, s.global_batch_size, s.recompute, step_s=step, gpus=s.world_size,
+                       peak_flop_per_s=peak, modules=s.selective_modules,
+                       recomputed_layers=s.recomputed_layers(model.num_layers))
+    return MixedEstimate(step, base_est.step_time_s, rates["tokens_per_s"], rates["mfu"],
+                         tuple(spec.name for spec in specs), tuple(t), tuple(memory),
+                         tuple(spec.gpu.hbm_bytes / GiB for spec in specs))
+
+
+
+MAX_MOVES = 4096  # one layer moved per round; a pipeline of thousands of layers is not a model
+
+
+def layout_text(layers: list[int], mtp: int = 0) -> str:
+    """Megatron-Core's ``--pipeline-model-parallel-layout`` with ``layers[j]`` transformer
+    layers on stage j, the embedding on the first, the MTP modules and the loss on the last."""
+    def stage(j: int, n: int) -> str:
+        return (("E" if j == 0 else "") + (f"t*{n}" if n > 1 else "t" * n)
+                + ((f"m*{mtp}" if mtp > 1 else "m" * mtp) + "L" if j == len(layers) - 1 else ""))
+
+    return "|".join(stage(j, n) for j, n in enumerate(layers))
+
+
+def balanced_layout(model: ModelSpec | str, s: Strategy, system: SystemSpec | str,
+                    stage_systems: Mapping[int, SystemSpec | str]
+                    ) -> tuple[Strategy, MixedEstimate] | None:
+    """The same strategy with the layers split by the stages' speeds: one layer at a time from
+    the slowest stage to the one that would then finish first, while the step shortens and
+    every stage still fits its GPU (Megatron-Core runs any split as a pipeline layout). None
+    where there is nothing to balance (pp 1, interleaved chunks, an unchanged split)."""
+    model, base = resolve_specs(model, system)
+    if s.pp < 2 or s.vpp > 1:
+        return None
+    layers = [s.stage_layers(model.num_layers, j) for j in range(s.pp)]
+    plain = dataclasses.replace(s, first_stage_layers=0, last_stage_layers=0,
+                                account_for_embedding_in_pipeline_split=False,
+                                account_for_loss_in_pipeline_split=False)
+    best_s = dataclasses.replace(plain, pipeline_layout=layout_text(layers, model.mtp_layers))
+    best = mixed_estimate(model, best_s, base, stage_systems)
+    start = best.step_time_s
+    for _ in range(MAX_MOVES):
+        per_layer = [t / n for t, n in zip(best.stage_time_s, layers, strict=True)]
+        slow = max(range(s.pp), key=lambda j: best.stage_time_s[j])
+        if layers[slow] <= 1:
+            break
+        fast = min((j for j in range(s.pp) if j != slow),
+                   key=lambda j: best.stage_time_s[j] + per_layer[j])
+        trial = list(layers)
+        trial[slow] -= 1
+        trial[fast] += 1
+        cand_s = dataclasses.replace(plain, pipeline_layout=layout_text(trial, model.mtp_layers))
+        cand = mixed_estimate(model, cand_s, base, stage_systems)
+        # the pipeline bound decides (the step adds the all-base estimate's tails, which move
+        # a little with every split and would stop the walk on a plateau of equal slow stages)
+        if _bound(cand, s) >= _bound(best, s) or not cand.fits:
+            break
+        layers, best_s, best = trial, cand_s, cand
+    return None if best.step_time_s >= start else (best_s, best)
+
+
+def _bound(e: MixedEstimate, s: Strategy) -> float:
+    return pipeline_bound_s(list(e.stage_time_s), s.num_microbatches, s.vpp)
