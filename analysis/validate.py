@@ -502,6 +502,9 @@ def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = 
     unknown = sorted(set(strategy_over) - {f.name for f in dataclasses.fields(Strategy)})
     if unknown:  # ... and here; values are checked per row, with the row's own fields
         raise ConfigError([f"unknown key {k!r}" for k in unknown], what="strategy override")
+    wrong = [p for k, v in strategy_over.items() if (p := _override_type_problem(k, v))]
+    if wrong:  # a value of the wrong kind fails every row: once, here (not 49 skipped rows)
+        raise ConfigError(wrong, what="strategy override")
     unknown = sorted(set(model_over) - set(MODEL_OVERRIDABLE))
     if unknown:
         raise ConfigError([f"model.{k}: not a model field a row leaves open (those are "
@@ -523,6 +526,27 @@ def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = 
     ctx = multiprocessing.get_context("spawn")
     with cf.ProcessPoolExecutor(max_workers=min(jobs, len(runs)), mp_context=ctx) as pool:
         return _collect(pool.map(one, runs), len(runs), progress)
+
+
+def _override_type_problem(key: str, value: Any) -> str | None:
+    """Whether a ``strategy.KEY`` value is of the field's kind (its default's type)."""
+    default = next(f.default for f in dataclasses.fields(Strategy) if f.name == key)
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if isinstance(default, bool):
+        kind, ok = "true or false", isinstance(value, bool)
+    elif isinstance(default, int):
+        kind, ok = "a whole number", number and isinstance(value, int)
+    elif isinstance(default, float):
+        kind, ok = "a number", number
+    elif isinstance(default, str):
+        kind, ok = "text", isinstance(value, str)
+    else:
+        return None
+    if ok:
+        return None
+    hint = (f" (write {int(value)})" if isinstance(value, float) and value.is_integer()
+            and isinstance(default, int) else "")
+    return f"strategy.{key} must be {kind}, got {value!r}{hint}"
 
 
 ASSUMED = "_assumed"  # per row: the cells ``assume`` filled, as text for its assumptions

@@ -643,6 +643,14 @@ def test_strategy_overrides_apply_to_every_row_and_are_stated(tmp_path: Path) ->
     assert "strategy override zero3_gather_bucket_params = 50000000" in got.assumptions
     with pytest.raises(ConfigError, match="unknown key 'bucket'"):
         validate(PUBLIC, overrides={"strategy.bucket": 1})
+    # a value of the wrong kind suits no row: refused once (it had skipped all 49, each saying
+    # the same), an integral float told the whole number to write
+    for key, value, said in (("zero3_prefetch", "maybe", "must be true or false, got 'maybe'"),
+                             ("zero3_gather_bucket_params", 5e7,
+                              "must be a whole number, got 50000000.0 (write 50000000)"),
+                             ("moe_dispatcher", 1, "must be text, got 1")):
+        with pytest.raises(ConfigError, match=re.escape(f"strategy.{key} {said}")):
+            validate(PUBLIC, overrides={f"strategy.{key}": value})
     # a value that suits some rows and not others skips only those, with the reason
     mixed = validate(PUBLIC, overrides={"strategy.vpp": 2}, fast=True)
     assert mixed.filter(pl.col("id") == "nar21-t2-03")["status"].item().startswith("skipped:")
