@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from analysis.fail_slow import pipeline_bound_s
-from analysis.fastpath import FastEstimate, estimate, resolve_specs
+from analysis.fastpath import estimate, resolve_specs
 from analysis.glance import stage_glances
 from replay.hardware import SystemSpec, resolve_system
 from tracegen import ConfigError, ModelSpec, Strategy
@@ -80,14 +80,16 @@ def mixed_estimate(model: ModelSpec | str, s: Strategy, system: SystemSpec | str
             raise ConfigError(f"stage {st} is outside the pipeline (pp {s.pp})",
                               what="mixed cluster")
         specs[st] = sysm if isinstance(sysm, SystemSpec) else resolve_system(sysm)
-    ests: dict[str, FastEstimate] = {}
+    # one estimate per distinct system (by value: a copy of a preset's file may keep its name)
+    distinct: list[SystemSpec] = []
     for spec in specs:
-        if spec.name not in ests:
-            ests[spec.name] = estimate(model, s, spec)
-    own = [ests[spec.name] for spec in specs]
+        if spec not in distinct:
+            distinct.append(spec)
+    ests = [estimate(model, s, spec) for spec in distinct]
+    own = [ests[distinct.index(spec)] for spec in specs]
     t = [e.stage_fwd_s[j] + e.stage_bwd_s[j] for j, e in enumerate(own)]
-    base_est = ests.get(base.name) or estimate(model, s, base)
-    if len(ests) == 1:  # one system throughout: its own estimate
+    base_est = ests[distinct.index(base)] if base in distinct else estimate(model, s, base)
+    if len(distinct) == 1:  # one system throughout: its own estimate
         step = own[0].step_time_s
     else:
         all_base = [f + b for f, b in zip(base_est.stage_fwd_s, base_est.stage_bwd_s,

@@ -132,3 +132,14 @@ def test_layers_split_by_the_stages_speeds_shorten_the_replayed_step(tmp_path: P
     assert replayed["balanced"] * 0.99 <= be.step_time_s <= replayed["balanced"] * 1.10
     assert balanced_layout(model, dataclasses.replace(s, pp=1, dp=8), H100, {}) is None
     assert layout_text([2, 3], mtp=1) == "Et*2|t*3mL"
+
+
+def test_a_stage_system_named_as_the_base_one_is_still_its_own() -> None:
+    """Estimates are kept per distinct system, by value: a copy of a preset's file keeps the
+    preset's name, and had been costed as the preset (its stages' changes ignored)."""
+    slow = dataclasses.replace(H100, gpu=dataclasses.replace(H100.gpu, peak_bf16_TFLOPs=300.0))
+    s = Strategy(pp=2, dp=4, micro_batch_size=1, global_batch_size=32)
+    assert slow.name == H100.name
+    mixed = mixed_estimate(MODEL, s, H100, {0: slow})
+    assert mixed.step_time_s > mixed.base_step_time_s * 1.3
+    assert mixed.stage_time_s[0] > 2 * mixed.stage_time_s[1] * 0.9
