@@ -161,8 +161,9 @@ def _print_balanced(model: Any, s: Strategy, system: SystemSpec, items: list[str
     console.print(f"layers split by the stages' speeds: --pipeline-layout '{bs.pipeline_layout}'"
                   f" → {be.step_time_s:.4f} s ({be.step_time_s / mixed.step_time_s:.2f}× the "
                   f"even split), {be.tokens_per_s:,.0f} tokens/s, up to "
-                  f"{max(be.stage_memory_GiB):.1f} GiB a GPU (Megatron-Core's "
-                  "--pipeline-model-parallel-layout)")
+                  f"{max(be.stage_memory_GiB):.1f} GiB a GPU"
+                  + ("" if be.fits else " ([bold red]DOES NOT FIT[/] on every stage's GPU)")
+                  + " (Megatron-Core's --pipeline-model-parallel-layout)")
     return found
 
 

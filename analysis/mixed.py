@@ -25,6 +25,7 @@ from analysis.glance import stage_glances
 from replay.hardware import SystemSpec, resolve_system
 from tracegen import ConfigError, ModelSpec, Strategy
 from tracegen.flops import step_rates
+from tracegen.layout import parse_layout
 from tracegen.units import GiB
 
 
@@ -108,7 +109,6 @@ def mixed_estimate(model: ModelSpec | str, s: Strategy, system: SystemSpec | str
                          tuple(spec.gpu.hbm_bytes / GiB for spec in specs))
 
 
-
 MAX_MOVES = 4096  # one layer moved per round; a pipeline of thousands of layers is not a model
 
 
@@ -126,12 +126,16 @@ def balanced_layout(model: ModelSpec | str, s: Strategy, system: SystemSpec | st
                     stage_systems: Mapping[int, SystemSpec | str]
                     ) -> tuple[Strategy, MixedEstimate] | None:
     """The same strategy with the layers split by the stages' speeds: one layer at a time from
-    the slowest stage to the one that would then finish first, while the step shortens and
-    every stage still fits its GPU (Megatron-Core runs any split as a pipeline layout). None
-    where there is nothing to balance (pp 1, interleaved chunks, an unchanged split)."""
+    the slowest stage to the one that would then finish first, while the pipeline bound falls
+    and, once every stage fits its GPU, it still does (Megatron-Core runs any split as a
+    pipeline layout).
+    None where there is nothing to balance (pp 1, interleaved chunks, a layout with MTP
+    modules off the last stage, no shorter step found)."""
     model, base = resolve_specs(model, system)
     if s.pp < 2 or s.vpp > 1:
         return None
+    if s.pipeline_layout and any(c.mtp for c in parse_layout(s.pipeline_layout)[:-1]):
+        return None  # (the walk keeps the MTP modules with the loss)
     layers = [s.stage_layers(model.num_layers, j) for j in range(s.pp)]
     plain = dataclasses.replace(s, first_stage_layers=0, last_stage_layers=0,
                                 account_for_embedding_in_pipeline_split=False,
@@ -140,7 +144,7 @@ def balanced_layout(model: ModelSpec | str, s: Strategy, system: SystemSpec | st
     best = mixed_estimate(model, best_s, base, stage_systems)
     start = best.step_time_s
     for _ in range(MAX_MOVES):
-        per_layer = [t / n for t, n in zip(best.stage_time_s, layers, strict=True)]
+        per_layer = [t / max(n, 1) for t, n in zip(best.stage_time_s, layers, strict=True)]
         slow = max(range(s.pp), key=lambda j: best.stage_time_s[j])
         if layers[slow] <= 1:
             break
@@ -153,8 +157,8 @@ def balanced_layout(model: ModelSpec | str, s: Strategy, system: SystemSpec | st
         cand = mixed_estimate(model, cand_s, base, stage_systems)
         # the pipeline bound decides (the step adds the all-base estimate's tails, which move
         # a little with every split and would stop the walk on a plateau of equal slow stages)
-        if _bound(cand, s) >= _bound(best, s) or not cand.fits:
-            break
+        if _bound(cand, s) >= _bound(best, s) or (best.fits and not cand.fits):
+            break  # (a split that does not fit may move on: its stages' needs change too)
         layers, best_s, best = trial, cand_s, cand
     return None if best.step_time_s >= start else (best_s, best)
 

@@ -18,6 +18,7 @@ from analysis.fastpath import estimate
 from analysis.mixed import balanced_layout, layout_text, mixed_estimate, parse_stage_systems
 from replay import get_system, replay
 from tracegen import ConfigError, ModelSpec, Strategy, generate
+from tracegen.layout import parse_layout
 
 H100 = get_system("dgx-h100")
 A100 = get_system("dgx-a100-80gb")
@@ -143,3 +144,21 @@ def test_a_stage_system_named_as_the_base_one_is_still_its_own() -> None:
     mixed = mixed_estimate(MODEL, s, H100, {0: slow})
     assert mixed.step_time_s > mixed.base_step_time_s * 1.3
     assert mixed.stage_time_s[0] > 2 * mixed.stage_time_s[1] * 0.9
+
+
+def test_the_split_walk_takes_end_chunks_that_hold_no_layer_and_a_start_that_does_not_fit(
+        ) -> None:
+    """A layout whose first stage is the embedding alone (no layer: the per-layer time had
+    divided by zero) and whose even split does not fit: the walk moves on while it does not
+    fit (each move changes the stages' needs too) and keeps the layers' count."""
+    s = Strategy(tp=1, pp=4, dp=2, micro_batch_size=1, global_batch_size=64,
+                 pipeline_layout="E|t*4|t*4|L")
+    slow = {1: A100_ON_H100_NET}
+    found = balanced_layout(MODEL, s, H100, slow)
+    assert found is not None
+    bs, be = found
+    assert be.step_time_s < mixed_estimate(MODEL, s, H100, slow).step_time_s
+    assert sum(c.layers for c in parse_layout(bs.pipeline_layout)) == MODEL.num_layers
+    mtp_off_last = dataclasses.replace(s, pipeline_layout="E|t*4|t*4m|L")
+    assert balanced_layout(dataclasses.replace(MODEL, mtp_layers=1), mtp_off_last, H100,
+                           slow) is None
