@@ -78,13 +78,18 @@ def _stands_for(ts: TraceSet) -> dict[int, tuple[int, ...]] | None:
     (the manifest's coordinates), which it stands for; None where every rank is simulated."""
     if not ts.representative or ts.manifest is None:
         return None
-    order = ts.manifest["coords_order"]
-    rank_at, pp_at = order.index("rank"), order.index("pp")
-    stage = {c[rank_at]: c[pp_at] for c in ts.manifest["coords"]}
+    stage = _stage_of(ts.manifest)
     by_stage: dict[int, list[int]] = {}
     for rank, pp in stage.items():
         by_stage.setdefault(pp, []).append(rank)
     return {r.rank: tuple(sorted(by_stage[stage[r.rank]])) for r in ts.ranks}
+
+
+def _stage_of(manifest: dict[str, Any]) -> dict[int, int]:
+    """Every rank's pipeline stage, from the manifest's coordinates."""
+    order = manifest["coords_order"]
+    rank_at, pp_at = order.index("rank"), order.index("pp")
+    return {c[rank_at]: c[pp_at] for c in manifest["coords"]}
 
 
 def _gpu_mix(ts: TraceSet, sys_spec: SystemSpec, scen: Scenario | None
@@ -125,9 +130,7 @@ def _fit_per_gpu(metrics: dict[str, Any], ts: TraceSet,
     man = ts.manifest
     if man is None:
         return
-    order = man["coords_order"]
-    rank_at, pp_at = order.index("rank"), order.index("pp")
-    stage_of = {c[rank_at]: c[pp_at] for c in man["coords"]}
+    stage_of = _stage_of(man)
     need = {int(s["stage"]): float(s["memory"]["total_GiB"]) for s in man["stages"]}
     short = []
     for name, (spec, ranks) in mix.items():
