@@ -51,6 +51,7 @@ from replay.hardware import SystemSpec
 from tracegen import ConfigError, ModelSpec, Strategy
 
 KEYS = {"rate_per_gpu_hour", "mean_duration_s", "slowdown", "detect_s"}
+MAX_SLOWDOWN = 1000.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -86,9 +87,10 @@ def fail_slow_from(spec: dict[str, Any]) -> FailSlow:
                           + [f"keys: {', '.join(sorted(KEYS))} (detect_s optional)"],
                           what="study [fail_slow]")
     slowdown = number("fail_slow", "slowdown", spec["slowdown"], positive=True)
-    if slowdown < 1:
-        raise ConfigError(f"slowdown = {slowdown:g} would make the GPU faster: it is how many "
-                          "times longer its kernels take (≥ 1; 2.0 is half speed)",
+    if not 1 <= slowdown <= MAX_SLOWDOWN:
+        raise ConfigError(f"slowdown = {slowdown:g}: it is how many times longer the slow GPU's "
+                          f"kernels take, from 1 to {MAX_SLOWDOWN:g} (2.0 is half speed; below "
+                          "1 it would be faster, far above it has failed: a [failures] matter)",
                           what="study [fail_slow]")
     detect = spec.get("detect_s")
     return FailSlow(number("fail_slow", "rate_per_gpu_hour", spec["rate_per_gpu_hour"],

@@ -120,8 +120,9 @@ def test_episodes_ridden_out_scale_every_policys_goodput_and_evictions_are_failu
 
 
 @pytest.mark.parametrize(("table", "message"), [
-    ("rate_per_gpu_hour = 2e-5\nmean_duration_s = 60\nslowdown = 0.5\n", "would make the GPU "
-     "faster"),
+    ("rate_per_gpu_hour = 2e-5\nmean_duration_s = 60\nslowdown = 0.5\n", "below 1 it would "
+     "be faster"),
+    ("rate_per_gpu_hour = 2e-5\nmean_duration_s = 60\nslowdown = 1e6\n", "from 1 to 1000"),
     ("rate_per_gpu_hour = 2e-5\nslowdown = 2.0\nlength = 3\n", "unknown keys length"),
     ("rate_per_gpu_hour = 2e-5\nslowdown = 2.0\n", "missing mean_duration_s"),
     ("rate_per_gpu_hour = -1\nmean_duration_s = 60\nslowdown = 2.0\n",
