@@ -183,15 +183,24 @@ def compare(study: Study, *, progress: Callable[[int, int], None] | None = None,
     as it finishes (``parts/compare``, as a sweep keeps its chunks), and a re-run of the same
     study into it replays only the strategies it lacks (another study's folder is refused:
     ``analysis.resume``)."""
+    if out_dir is None:
+        return _compare(study, progress, timeline_dir, workers, scheduler, None)
+    from analysis.resume import claim, writing
+
+    claim(Path(out_dir) / "parts", study)
+    with writing(Path(out_dir) / "parts"):  # one run at a time writes a folder's parts
+        return _compare(study, progress, timeline_dir, workers, scheduler, Path(out_dir))
+
+
+def _compare(study: Study, progress: Callable[[int, int], None] | None,
+             timeline_dir: str | None, workers: int, scheduler: str | None,
+             out_dir: Path | None) -> pl.DataFrame:
     from analysis.runner import map_chunks, strategy_id
     from analysis.sweep import PartStore  # (it imports this module)
 
     store = kept = None
     if out_dir is not None:
-        from analysis.resume import claim
-
-        claim(Path(out_dir) / "parts", study)
-        store = PartStore(Path(out_dir), "compare")
+        store = PartStore(out_dir, "compare")
         listed = [strategy_id(s) for s in study.strategies]  # a strategy struck off stays out
         kept = store.read().unique("id", keep="first").filter(pl.col("id").is_in(listed))
     have = set(kept["id"].to_list()) if kept is not None else set()

@@ -11,8 +11,13 @@ a space and running again into the same folder resumes, as it should.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
+import socket
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +79,61 @@ def _change(key: str, before: Any, now: Any) -> str:
         moved = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
         return f"{key} {now.get('name')}: {', '.join(moved)} changed"
     return f"{key} {json.dumps(before, sort_keys=True)} → {json.dumps(now, sort_keys=True)}"
+
+
+LOCK = "writer.lock"  # in the parts directory while a run writes there
+
+
+@contextlib.contextmanager
+def writing(parts_dir: Path) -> Iterator[None]:
+    """Hold ``parts_dir`` for one run: two runs into one folder (a sweep started again in
+    another terminal while the first goes on) number their parts from the same highest one,
+    and the later rename replaced the earlier part: strategies lost from both runs' results.
+    A lock left by a run that died (its process is gone) is taken over."""
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    lock = parts_dir / LOCK
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            break
+        except FileExistsError:
+            _refuse_or_clear(lock)
+    else:  # (cleared, then taken by another run in between)
+        _refuse_or_clear(lock)
+        raise ConfigError(f"{lock} keeps reappearing: another run is starting here",
+                          what="output folder")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()},
+                  f)
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _refuse_or_clear(lock: Path) -> None:
+    """Refuse while the lock's run is alive (or on another host, where that cannot be seen);
+    remove a lock whose process is gone or that cannot be read."""
+    try:
+        held = json.loads(lock.read_text())
+        pid, host = int(held["pid"]), str(held["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        lock.unlink(missing_ok=True)
+        return
+    if host == socket.gethostname() and not _alive(pid):
+        lock.unlink(missing_ok=True)
+        return
+    where = f"process {pid}" + ("" if host == socket.gethostname() else f" on {host}")
+    raise ConfigError(f"another trainsim run ({where}) is writing to {lock.parent.parent}: "
+                      "wait for it to finish, or give another --out (if that run is gone, "
+                      f"delete {lock})", what="output folder")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True

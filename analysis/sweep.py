@@ -24,7 +24,7 @@ from typing import Any
 import polars as pl
 
 from analysis.compare import RESULT_COLUMNS, rank
-from analysis.resume import claim
+from analysis.resume import claim, writing
 from analysis.runner import cluster_pool, local_pool, map_chunks, strategy_id, strategy_key
 from analysis.study import Study
 from tracegen import ConfigError, Strategy
@@ -336,10 +336,17 @@ def sweep(study: Study, out_dir: str | Path, *, top_k: int = 10, scheduler: str 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     claim(out / "parts", study)  # a re-run resumes its own study's parts, never another's
-    workers = workers or min(2, os.cpu_count() or 1)
     if chunk is not None and chunk < 1:
         raise ConfigError(f"chunk must be at least 1 strategy per task, not {chunk}",
                           what=f"sweep of {study.name!r}")
+    with writing(out / "parts"):  # one run at a time writes a folder's parts
+        return _sweep(study, out, top_k, scheduler, workers or min(2, os.cpu_count() or 1),
+                      chunk, progress)
+
+
+def _sweep(study: Study, out: Path, top_k: int, scheduler: str | None, workers: int,
+           chunk: int | None, progress: Progress | None
+           ) -> tuple[pl.DataFrame, dict[str, int]]:
     space = search_space(study)
     with contextlib.ExitStack() as stack:
         pool: cf.Executor | None = None

@@ -581,3 +581,35 @@ def test_a_sweep_says_the_space_it_searched_and_names_strategies_in_full(
     assert rep.exit_code == 0, rep.output
     md = (tmp_path / "r" / "report.md").read_text()
     assert f"search space: {space}\n" in md  # the report says the space too
+
+
+def test_one_run_at_a_time_writes_a_results_folder(study_path: Path, tmp_path: Path) -> None:
+    """Two runs into one folder had numbered their parts from the same highest one, the later
+    rename replacing the earlier part. A running run's lock refuses a second (on this host, by
+    its live process; on another host, where that cannot be seen); a lock whose process is
+    gone, or that cannot be read, is taken over; the lock goes when the run ends."""
+    import json
+    import socket
+    import subprocess
+
+    from analysis.compare import compare
+    from analysis.resume import LOCK
+
+    study = load_study(study_path)
+    out = tmp_path / "o"
+    lock = out / "parts" / LOCK
+    lock.parent.mkdir(parents=True)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    for pid, host, refused in ((os.getpid(), socket.gethostname(), "process"),
+                               (1, "other-host", "process 1 on other-host")):
+        lock.write_text(json.dumps({"pid": pid, "host": host, "started": 0}))
+        with pytest.raises(ConfigError, match=f"another trainsim run \\({refused}"):
+            sweep(study, out, top_k=0, workers=1)
+        with pytest.raises(ConfigError, match="is writing to"):
+            compare(study, out_dir=out)
+    for stale in (json.dumps({"pid": int(gone.stdout), "host": socket.gethostname(),
+                              "started": 0}), "not json"):
+        lock.write_text(stale)
+        final, _ = sweep(study, out, top_k=0, workers=1)
+        assert final.height and not lock.exists()
