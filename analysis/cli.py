@@ -265,7 +265,7 @@ def systems_cmd() -> None:
 
     table = Table(title="Preset systems")
     for col in ("name", "gpu", "bf16 TFLOP/s", "GEMM in training", "HBM GiB", "HBM GB/s",
-                "GPUs/node", "NVLink GB/s", "NVLS busbw GB/s", "NIC Gb/s/GPU", "description"):
+                "GPUs/node", "NVLink GB/s", "NVLS busbw GB/s", "NIC Gb/s/GPU"):
         table.add_column(col, no_wrap=col in ("name", "gpu"))
     for name in system_names():
         s = get_system(name)
@@ -275,8 +275,12 @@ def systems_cmd() -> None:
         table.add_row(name, s.gpu.name, f"{s.gpu.peak_bf16_TFLOPs:g}", f"{gemm:.0f}",
                       f"{s.gpu.hbm_GiB:g}",
                       f"{s.gpu.hbm_GBps:g}", str(s.node.gpus_per_node), f"{s.node.nvlink_GBps:g}",
-                      nvls, f"{s.scaleout.nic_Gbps_per_gpu:g}", s.description)
+                      nvls, f"{s.scaleout.nic_Gbps_per_gpu:g}")
     console.print(table)
+    # the descriptions under the table, a line each (a column of them had wrapped every row
+    # into eight lines)
+    for name in system_names():
+        console.print(f"[bold]{name}[/]: {get_system(name).description}", soft_wrap=True)
 
 
 def print_summary(s: TraceSetSummary, strategy: Strategy, *, capacity_GiB: float | None = None

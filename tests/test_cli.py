@@ -207,6 +207,13 @@ def test_systems_lists_every_preset_with_its_nvls_bandwidth() -> None:
     assert "—" in a100  # no NVLink SHARP before Hopper
     # a large GEMM as trainsim costs it: MAMF at the sustained clock, 312 · 0.869 · 0.926
     assert "│ 251 " in a100
+    # each row one line; the descriptions below the table, each whole on its own line
+    from replay import get_system
+
+    rows = [line for line in r.stdout.splitlines() if line.startswith("│")]
+    assert len(rows) == len(system_names())
+    for name in system_names():
+        assert f"{name}: {get_system(name).description}" in r.stdout
 
 
 def test_validate_help_names_every_attention_kernel() -> None:
