@@ -153,9 +153,9 @@ def _print_balanced(model: Any, s: Strategy, system: SystemSpec, items: list[str
 
     found = balanced_layout(model, s, system, parse_stage_systems(items, s.pp))
     if found is None:
-        if s.vpp > 1:
-            console.print("[dim](no layer split by the stages' speeds is offered for "
-                          "interleaved chunks)[/]")
+        if s.schedule == "zb_v":
+            console.print("[dim](no layer split by the stages' speeds is offered for ZB-V's "
+                          "V-shaped chunks)[/]")
         return None
     bs, be = found
     console.print(f"layers split by the stages' speeds: --pipeline-layout '{bs.pipeline_layout}'"

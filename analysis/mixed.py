@@ -112,14 +112,20 @@ def mixed_estimate(model: ModelSpec | str, s: Strategy, system: SystemSpec | str
 MAX_MOVES = 4096  # one layer moved per round; a pipeline of thousands of layers is not a model
 
 
-def layout_text(layers: list[int], mtp: int = 0) -> str:
+def layout_text(layers: list[int], mtp: int = 0, vpp: int = 1) -> str:
     """Megatron-Core's ``--pipeline-model-parallel-layout`` with ``layers[j]`` transformer
-    layers on stage j, the embedding on the first, the MTP modules and the loss on the last."""
-    def stage(j: int, n: int) -> str:
-        return (("E" if j == 0 else "") + (f"t*{n}" if n > 1 else "t" * n)
-                + ((f"m*{mtp}" if mtp > 1 else "m" * mtp) + "L" if j == len(layers) - 1 else ""))
+    layers on stage j (over its ``vpp`` chunks as evenly as they go, the first chunks taking
+    the remainder), the embedding first in the first chunk, the MTP modules and the loss last
+    in the last. Chunks in Megatron's order: every stage's first chunk, then every second."""
+    p = len(layers)
 
-    return "|".join(stage(j, n) for j, n in enumerate(layers))
+    def chunk(c: int, j: int) -> str:
+        n = layers[j] // vpp + (1 if c < layers[j] % vpp else 0)
+        last = c == vpp - 1 and j == p - 1
+        return (("E" if c == j == 0 else "") + (f"t*{n}" if n > 1 else "t" * n)
+                + ((f"m*{mtp}" if mtp > 1 else "m" * mtp) + "L" if last else ""))
+
+    return "|".join(chunk(c, j) for c in range(vpp) for j in range(p))
 
 
 def balanced_layout(model: ModelSpec | str, s: Strategy, system: SystemSpec | str,
@@ -129,10 +135,11 @@ def balanced_layout(model: ModelSpec | str, s: Strategy, system: SystemSpec | st
     the slowest stage to the one that would then finish first, while the pipeline bound falls
     and, once every stage fits its GPU, it still does (Megatron-Core runs any split as a
     pipeline layout).
-    None where there is nothing to balance (pp 1, interleaved chunks, a layout with MTP
+    With interleaved chunks a stage's layers are spread over its chunks as evenly as they go.
+    None where there is nothing to balance (pp 1, ZB-V's V-shaped chunks, a layout with MTP
     modules off the last stage, no shorter step found)."""
     model, base = resolve_specs(model, system)
-    if s.pp < 2 or s.vpp > 1:
+    if s.pp < 2 or s.schedule == "zb_v":
         return None
     if s.pipeline_layout and any(c.mtp for c in parse_layout(s.pipeline_layout)[:-1]):
         return None  # (the walk keeps the MTP modules with the loss)
@@ -140,20 +147,22 @@ def balanced_layout(model: ModelSpec | str, s: Strategy, system: SystemSpec | st
     plain = dataclasses.replace(s, first_stage_layers=0, last_stage_layers=0,
                                 account_for_embedding_in_pipeline_split=False,
                                 account_for_loss_in_pipeline_split=False)
-    best_s = dataclasses.replace(plain, pipeline_layout=layout_text(layers, model.mtp_layers))
+    best_s = dataclasses.replace(plain, pipeline_layout=layout_text(layers, model.mtp_layers,
+                                                                    s.vpp))
     best = mixed_estimate(model, best_s, base, stage_systems)
     start = best.step_time_s
     for _ in range(MAX_MOVES):
         per_layer = [t / max(n, 1) for t, n in zip(best.stage_time_s, layers, strict=True)]
         slow = max(range(s.pp), key=lambda j: best.stage_time_s[j])
-        if layers[slow] <= 1:
+        if layers[slow] <= s.vpp:  # every chunk keeps a layer
             break
         fast = min((j for j in range(s.pp) if j != slow),
                    key=lambda j: best.stage_time_s[j] + per_layer[j])
         trial = list(layers)
         trial[slow] -= 1
         trial[fast] += 1
-        cand_s = dataclasses.replace(plain, pipeline_layout=layout_text(trial, model.mtp_layers))
+        cand_s = dataclasses.replace(plain, pipeline_layout=layout_text(trial, model.mtp_layers,
+                                                                        s.vpp))
         cand = mixed_estimate(model, cand_s, base, stage_systems)
         # the pipeline bound decides (the step adds the all-base estimate's tails, which move
         # a little with every split and would stop the walk on a plateau of equal slow stages)

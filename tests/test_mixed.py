@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -106,20 +105,23 @@ def test_estimate_cli_prints_and_writes_the_mixed_cluster(tmp_path: Path) -> Non
     assert "Traceback" not in bad.stderr
 
 
-def test_layers_split_by_the_stages_speeds_shorten_the_replayed_step(tmp_path: Path) -> None:
-    """The slower GPUs' stages get fewer layers (Megatron-Core's pipeline layout): replay of
-    that layout with the same stages on the A100s confirms the shorter step the estimate
-    claims, within −1% … +10% of it."""
+@pytest.mark.parametrize("kw", [{}, dict(vpp=2, schedule="interleaved_1f1b")])
+def test_layers_split_by_the_stages_speeds_shorten_the_replayed_step(tmp_path: Path,
+                                                                     kw: dict) -> None:
+    """The slower GPUs' stages get fewer layers (Megatron-Core's pipeline layout; with
+    interleaved chunks, spread over each stage's chunks): replay of that layout with the same
+    stages on the A100s confirms the shorter step the estimate claims, within −1% … +10%."""
     model = dataclasses.replace(MODEL, num_layers=16)
-    s = Strategy(tp=1, pp=4, dp=2, micro_batch_size=1, global_batch_size=64)
+    s = Strategy(tp=1, pp=4, dp=2, micro_batch_size=1, global_batch_size=64, **kw)
     slow = {0: A100_ON_H100_NET, 1: A100_ON_H100_NET}
     even = mixed_estimate(model, s, H100, slow)
     found = balanced_layout(model, s, H100, slow)
     assert found is not None
     bs, be = found
-    layers = [c.count("t") + sum(int(x) - 1 for x in re.findall(r"t\*(\d+)", c))
-              for c in bs.pipeline_layout.split("|")]
-    assert sum(layers) == 16 and layers[0] + layers[1] < layers[2] + layers[3]
+    chunks = parse_layout(bs.pipeline_layout)
+    assert len(chunks) == 4 * s.vpp and sum(c.layers for c in chunks) == 16
+    layers = [sum(chunks[c * 4 + j].layers for c in range(s.vpp)) for j in range(4)]
+    assert layers[0] + layers[1] < layers[2] + layers[3]
     assert be.step_time_s < even.step_time_s * 0.9 and be.fits
     replayed = {}
     for name, strat in (("even", s), ("balanced", bs)):
@@ -131,8 +133,10 @@ def test_layers_split_by_the_stages_speeds_shorten_the_replayed_step(tmp_path: P
         replayed[name] = replay(d, H100, scenario=sc).step_time_s
     assert replayed["balanced"] < replayed["even"] * 0.9
     assert replayed["balanced"] * 0.99 <= be.step_time_s <= replayed["balanced"] * 1.10
-    assert balanced_layout(model, dataclasses.replace(s, pp=1, dp=8), H100, {}) is None
+    assert balanced_layout(model, dataclasses.replace(s, pp=1, dp=8, vpp=1, schedule="1f1b"),
+                           H100, {}) is None
     assert layout_text([2, 3], mtp=1) == "Et*2|t*3mL"
+    assert layout_text([3, 5], vpp=2) == "Et*2|t*3|t|t*2L"  # stage 0: 2 + 1, stage 1: 3 + 2
 
 
 def test_a_stage_system_named_as_the_base_one_is_still_its_own() -> None:
