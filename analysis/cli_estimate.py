@@ -156,6 +156,10 @@ def _print_balanced(model: Any, s: Strategy, system: SystemSpec, items: list[str
         if s.schedule == "zb_v":
             console.print("[dim](no layer split by the stages' speeds is offered for ZB-V's "
                           "V-shaped chunks)[/]")
+        elif s.pp > 1:
+            console.print("[dim](no split of the layers by the stages' speeds shortens the "
+                          "step: a layer moved off the slowest stage would leave one of its "
+                          f"{s.vpp} chunk(s) empty, or another stage over its GPU's memory)[/]")
         return None
     bs, be = found
     console.print(f"layers split by the stages' speeds: --pipeline-layout '{bs.pipeline_layout}'"

@@ -114,13 +114,16 @@ MAX_MOVES = 4096  # one layer moved per round; a pipeline of thousands of layers
 
 def layout_text(layers: list[int], mtp: int = 0, vpp: int = 1) -> str:
     """Megatron-Core's ``--pipeline-model-parallel-layout`` with ``layers[j]`` transformer
-    layers on stage j (over its ``vpp`` chunks as evenly as they go, the first chunks taking
-    the remainder), the embedding first in the first chunk, the MTP modules and the loss last
-    in the last. Chunks in Megatron's order: every stage's first chunk, then every second."""
+    layers on stage j (over its ``vpp`` chunks as evenly as they go; the remainder to the
+    chunks that hold neither the embedding nor the loss first, so that a stage one layer
+    short leaves those two alone, not an empty chunk), the embedding first in the first
+    chunk, the MTP modules and the loss last in the last. Chunks in Megatron's order: every
+    stage's first chunk, then every second."""
     p = len(layers)
 
     def chunk(c: int, j: int) -> str:
-        n = layers[j] // vpp + (1 if c < layers[j] % vpp else 0)
+        rank = vpp - 1 - c if j == 0 else c  # which of the stage's chunks gets extra first
+        n = layers[j] // vpp + (1 if rank < layers[j] % vpp else 0)
         last = c == vpp - 1 and j == p - 1
         return (("E" if c == j == 0 else "") + (f"t*{n}" if n > 1 else "t" * n)
                 + ((f"m*{mtp}" if mtp > 1 else "m" * mtp) + "L" if last else ""))

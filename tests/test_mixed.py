@@ -136,7 +136,9 @@ def test_layers_split_by_the_stages_speeds_shorten_the_replayed_step(tmp_path: P
     assert balanced_layout(model, dataclasses.replace(s, pp=1, dp=8, vpp=1, schedule="1f1b"),
                            H100, {}) is None
     assert layout_text([2, 3], mtp=1) == "Et*2|t*3mL"
-    assert layout_text([3, 5], vpp=2) == "Et*2|t*3|t|t*2L"  # stage 0: 2 + 1, stage 1: 3 + 2
+    # stage 0: 1 + 2 (the chunk with the embedding takes less), stage 1: 3 + 2 (the loss's)
+    assert layout_text([3, 5], vpp=2) == "Et|t*3|t*2|t*2L"
+    assert layout_text([1, 1], vpp=2) == "E|t|t|L"  # one short: the end chunks, not empty
 
 
 def test_a_stage_system_named_as_the_base_one_is_still_its_own() -> None:
