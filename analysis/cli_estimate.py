@@ -93,19 +93,20 @@ def estimate_cmd(
         outer_dp_sharding=outer_dp_sharding)
     sys_spec = resolve_system(system)
     mixed = None
+    chosen: dict[int, str] = {}
     if stage_system:
         from analysis.mixed import mixed_estimate, parse_stage_systems
 
-        mixed = mixed_estimate(spec, strategy, sys_spec,
-                               parse_stage_systems(stage_system, strategy.pp))
+        chosen = parse_stage_systems(stage_system, strategy.pp)
+        mixed = mixed_estimate(spec, strategy, sys_spec, chosen)
     g = glance(spec, strategy, sys_spec)
     print_glance(g, strategy)
     balanced = None
-    if mixed is not None and stage_system:
-        for other in sorted({i.partition("=")[2] for i in stage_system}):
+    if mixed is not None:
+        for other in sorted(set(chosen.values())):
             note_precision({strategy.precision}, resolve_system(other))
         print_mixed(mixed)
-        balanced = _print_balanced(spec, strategy, sys_spec, stage_system, mixed)
+        balanced = _print_balanced(spec, strategy, sys_spec, chosen, mixed)
     note_param_gather(strategy)
     note_precision({strategy.precision}, sys_spec)
     table = None
@@ -145,13 +146,13 @@ def print_mixed(m: Any) -> None:
     console.print(table)
 
 
-def _print_balanced(model: Any, s: Strategy, system: SystemSpec, items: list[str],
+def _print_balanced(model: Any, s: Strategy, system: SystemSpec, chosen: dict[int, str],
                     mixed: Any) -> Any:
     """The layer split by the stages' speeds, where it shortens the mixed step (returned:
     ``mixed.balanced_layout``'s strategy and estimate, or None)."""
-    from analysis.mixed import balanced_layout, parse_stage_systems
+    from analysis.mixed import balanced_layout
 
-    found = balanced_layout(model, s, system, parse_stage_systems(items, s.pp))
+    found = balanced_layout(model, s, system, chosen)
     if found is None:
         if s.schedule == "zb_v":
             console.print("[dim](no layer split by the stages' speeds is offered for ZB-V's "
