@@ -113,7 +113,8 @@ def strategy_dict(frame: pl.DataFrame) -> dict[str, Any]:
 
 
 def summary_dict(frame: pl.DataFrame) -> dict[str, Any]:
-    return {row["policy"]: {k: row[k] for k in (
-        "goodput", "expected_wall_clock_s", "checkpoint_interval_s", "expected_failures",
-        "expected_gpu_hours", "job_mttf_s", "checkpoint_s", "restart_s")}
-        for row in frame.iter_rows(named=True)}
+    """Per policy, what ``--summary`` writes (with a study's [fail_slow], what it cost too)."""
+    keys = ("goodput", "expected_wall_clock_s", "checkpoint_interval_s", "expected_failures",
+            "expected_gpu_hours", "job_mttf_s", "checkpoint_s", "restart_s",
+            *(c for c in frame.columns if c.startswith("fail_slow_")))
+    return {row["policy"]: {k: row[k] for k in keys} for row in frame.iter_rows(named=True)}

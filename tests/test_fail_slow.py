@@ -4,6 +4,7 @@ pipeline bound, how they enter each recovery policy's goodput, and the study tab
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -147,12 +148,16 @@ def test_fail_slow_needs_the_failure_tables_its_evictions_are_costed_with(
 def test_resilience_cli_says_what_the_episodes_cost(tmp_path: Path) -> None:
     f = _study(tmp_path, "rate_per_gpu_hour = 2e-5\nmean_duration_s = 3600\nslowdown = 2.0\n"
                          "detect_s = 600\n")
-    r = subprocess.run([sys.executable, "-m", "analysis.cli", "resilience", str(f)],
-                       capture_output=True, text=True, timeout=300,
+    summary = tmp_path / "s.json"
+    r = subprocess.run([sys.executable, "-m", "analysis.cli", "resilience", str(f),
+                        "--summary", str(summary)], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "COLUMNS": "250"})
     assert r.returncode == 0, r.stderr
     assert "fail-slow: one GPU 2× slower stretches a step" in r.stdout
     assert "85% of episodes outlast 600 s and are evicted" in r.stdout
+    policy = json.loads(summary.read_text())["policies"]["global_restart"]
+    assert policy["fail_slow_evicted_share"] == pytest.approx(math.exp(-600 / 3600))
+    assert f"{policy['fail_slow_step_factor']:.2f}× (on the bottleneck" in r.stdout
 
 
 def test_a_comparison_ranks_by_and_reports_what_the_episodes_cost(tmp_path: Path) -> None:
