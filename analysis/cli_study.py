@@ -173,7 +173,7 @@ def resilience_cmd(
     from analysis import jsonout
     from analysis import plots as P
     from analysis import resilience as R
-    from analysis.evaluate import resilience_frame, strategy_dict, summary_dict
+    from analysis.evaluate import episode_lines, resilience_frame, strategy_dict, summary_dict
     from analysis.glance import fit_hints
     summary, plots = output_file(summary, "--summary"), output_dir(plots, "--plots")
     study = _resolve_study(study_file)
@@ -202,10 +202,8 @@ def resilience_cmd(
                           f"{r['restart_s']:.0f}")
         console.print(table)
         console.print(_resilience_step_line(shapes[name], study.system.gpu.hbm_bytes, s))
-        if "fail_slow_loss" in frame.columns:
-            from analysis.fail_slow import describe
-
-            console.print(describe(frame.row(0, named=True)))
+        for line in episode_lines(frame.row(0, named=True)):
+            console.print(line)
         if any(r["goodput"] <= 0 for r in frame.iter_rows(named=True)):
             restart_s = min(float(r["restart_s"]) for r in frame.iter_rows(named=True))
             console.print(_no_progress_line(mttf_s, restart_s, s.world_size))

@@ -73,30 +73,49 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate) -> list[dict[
     job = job_shape(study, s, fast)
     costs = R.recovery_costs(job, study.checkpoint, study.restart, study.policies)
     keep, slow = 1.0, dict[str, float | None]()
-    if study.fail_slow:
-        failure, keep, slow = _fail_slow(study, s, failure)
+    for table in ("fail_slow", "slow_links"):  # independent episodes: their keeps multiply
+        if getattr(study, table):
+            failure, kept, cols = _episodes(study, s, failure, table)
+            keep *= kept
+            slow |= cols
     rows = R.policy_rows(failure=failure, gpus=s.world_size, work_s=_work_s(study, s, fast),
                          costs=costs, step_s=fast.step_time_s, progress=keep)
     return [{**r, **slow} for r in rows]
 
 
-def _fail_slow(study: Study, s: Strategy, failure: R.FailureModel
-               ) -> tuple[R.FailureModel, float, dict[str, float | None]]:
+def _episodes(study: Study, s: Strategy, failure: R.FailureModel, table: str
+              ) -> tuple[R.FailureModel, float, dict[str, float | None]]:
     """The failure model with the evictions added, the progress kept between failures, and
-    the columns that say why (``analysis.fail_slow``)."""
-    from analysis.fail_slow import fail_slow_from, progress, step_factors
+    the columns that say why, of the study's ``[fail_slow]`` (slow GPUs,
+    ``analysis.fail_slow``) or ``[slow_links]`` (slow NICs, ``analysis.slow_links``)."""
+    from analysis import fail_slow, slow_links
 
-    fs = fail_slow_from(study.fail_slow)
-    mean, worst = step_factors(study.model, s, study.system, fs.slowdown)
-    keep = progress(fs, s.world_size, mean)
+    if table == "fail_slow":
+        fs = fail_slow.fail_slow_from(study.fail_slow)
+        mean, worst = fail_slow.step_factors(study.model, s, study.system, fs.slowdown)
+        what = {"fail_slow_slowdown": fs.slowdown}
+    else:
+        fs = slow_links.slow_links_from(study.slow_links)
+        mean, worst = slow_links.step_factors(study.model, s, study.system, 1 / fs.slowdown)
+        what = {"slow_links_bandwidth_factor": 1 / fs.slowdown}
+    keep = fail_slow.progress(fs, s.world_size, mean)
     if fs.detect_s is not None:
         failure = dataclasses.replace(
             failure, rate_per_gpu_hour=failure.rate_per_gpu_hour + fs.evicted_rate_per_gpu_hour())
-    return failure, keep, {"fail_slow_slowdown": fs.slowdown, "fail_slow_detect_s": fs.detect_s,
-                           "fail_slow_step_factor": mean, "fail_slow_worst_step_factor": worst,
-                           "fail_slow_active_share": fs.active_share(s.world_size),
-                           "fail_slow_loss": 1 - keep,
-                           "fail_slow_evicted_share": fs.evicted_share()}
+    return failure, keep, {**what, f"{table}_detect_s": fs.detect_s,
+                           f"{table}_step_factor": mean, f"{table}_worst_step_factor": worst,
+                           f"{table}_active_share": fs.active_share(s.world_size),
+                           f"{table}_loss": 1 - keep,
+                           f"{table}_evicted_share": fs.evicted_share()}
+
+
+def episode_lines(row: dict[str, Any]) -> list[str]:
+    """What a resilience row's slow-GPU and slow-NIC episodes cost, a sentence each (the CLI
+    prints them under a strategy's table, the report under its policies)."""
+    from analysis import fail_slow, slow_links
+
+    return [m.describe(row) for m, col in ((fail_slow, "fail_slow_loss"),
+                                           (slow_links, "slow_links_loss")) if col in row]
 
 
 def _require_failures(study: Study) -> None:
@@ -113,8 +132,9 @@ def strategy_dict(frame: pl.DataFrame) -> dict[str, Any]:
 
 
 def summary_dict(frame: pl.DataFrame) -> dict[str, Any]:
-    """Per policy, what ``--summary`` writes (with a study's [fail_slow], what it cost too)."""
+    """Per policy, what ``--summary`` writes (with a study's [fail_slow] or [slow_links],
+    what they cost too)."""
     keys = ("goodput", "expected_wall_clock_s", "checkpoint_interval_s", "expected_failures",
             "expected_gpu_hours", "job_mttf_s", "checkpoint_s", "restart_s",
-            *(c for c in frame.columns if c.startswith("fail_slow_")))
+            *(c for c in frame.columns if c.startswith(("fail_slow_", "slow_links_"))))
     return {row["policy"]: {k: row[k] for k in keys} for row in frame.iter_rows(named=True)}

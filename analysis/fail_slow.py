@@ -36,7 +36,7 @@ The model, per strategy (DESIGN.md, "Fail-slow episodes"):
   ``g = 1 − p(1 − 1/f)``, multiplied into each recovery policy's goodput; evictions add to the
   failure rate the policies are costed with.
 
-Only compute stragglers: a slow link is a replay scenario (``[[link]]``), not run-level here.
+Compute stragglers only; slow NICs over a run are ``analysis.slow_links`` (the same episodes).
 """
 
 from __future__ import annotations
@@ -153,13 +153,18 @@ def progress(fs: FailSlow, gpus: int, factor: float) -> float:
 def describe(row: dict[str, Any]) -> str:
     """What the episodes cost, in words, from a resilience row's ``fail_slow_*`` columns (the
     CLI's line under each strategy's table and the report's under its policies)."""
-    line = (f"fail-slow: one GPU {row['fail_slow_slowdown']:g}× slower stretches a step "
-            f"{row['fail_slow_step_factor']:.2f}× (on the bottleneck stage "
-            f"{row['fail_slow_worst_step_factor']:.2f}×); episodes in progress "
-            f"{row['fail_slow_active_share']:.1%} of the time: {row['fail_slow_loss']:.2%} of "
-            "goodput, included above")
-    if row.get("fail_slow_detect_s") is not None:
-        line += (f"; {row['fail_slow_evicted_share']:.0%} of episodes outlast "
-                 f"{row['fail_slow_detect_s']:g} s and are evicted (counted among the failures)")
-    return line
+    return episode_text(row, "fail_slow", f"fail-slow: one GPU {row['fail_slow_slowdown']:g}× "
+                        "slower", "on the bottleneck stage")
 
+
+def episode_text(row: dict[str, Any], table: str, head: str, worst: str) -> str:
+    """The sentence of ``describe`` for a study table's episodes (``table``: the columns'
+    prefix) with the one slow part named by ``head`` and its worst stage by ``worst``."""
+    line = (f"{head} stretches a step {row[f'{table}_step_factor']:.2f}× ({worst} "
+            f"{row[f'{table}_worst_step_factor']:.2f}×); episodes in progress "
+            f"{row[f'{table}_active_share']:.1%} of the time: {row[f'{table}_loss']:.2%} of "
+            "goodput, included above")
+    if row.get(f"{table}_detect_s") is not None:
+        line += (f"; {row[f'{table}_evicted_share']:.0%} of episodes outlast "
+                 f"{row[f'{table}_detect_s']:g} s and are evicted (counted among the failures)")
+    return line

@@ -140,7 +140,7 @@ def _context(results: pl.DataFrame, meta: dict[str, Any], figures: list[dict[str
     rows = [{str(c["key"]): _fmt(str(c["key"]), r.get(str(c["key"]))) for c in cols}
             for r in results.head(40).iter_rows(named=True)]
     res_rows = []
-    fail_slow = ""
+    episodes: list[str] = []
     rpath = src / "resilience.parquet"
     if rpath.is_file():
         for r in read_table(rpath, RESILIENCE_COLUMNS_READ).iter_rows(named=True):
@@ -148,16 +148,17 @@ def _context(results: pl.DataFrame, meta: dict[str, Any], figures: list[dict[str
                              "days": f"{r['expected_wall_clock_s'] / 86400:.1f}",
                              "failures": f"{r['expected_failures']:,.0f}",
                              "interval": f"{r['checkpoint_interval_s'] / 60:.1f}"})
-        if "fail_slow_loss" in r:  # the study's [fail_slow] episodes, inside those goodputs
-            from analysis.fail_slow import describe
+        if res_rows:  # the study's [fail_slow] and [slow_links] episodes, in those goodputs
+            from analysis.evaluate import episode_lines
 
-            fail_slow = describe(r)
+            episodes = episode_lines(r)
     title = meta.get("title") or f"trainsim: {meta.get('name', 'strategy comparison')}"
     subtitle = ", ".join(f"{k} {meta[k]}" for k in ("model", "system", "gpus",
                                                      "global_batch_size") if k in meta)
     return {"title": title, "subtitle": subtitle, "version": __version__, "columns": cols,
             "rows": rows, "figures": figures, "resilience_rows": res_rows,
-            "fail_slow": fail_slow,
+            "episodes": [{"id": "fail-slow" if e.startswith("fail-slow") else "slow-links",
+                          "text": e} for e in episodes],
             "rank_by": meta.get("rank_by", "step time").replace("_", " "),
             "counts": meta.get("counts", {}), "space": meta.get("space", "")}
 

@@ -34,8 +34,9 @@ def fingerprint(study: Study) -> dict[str, Any]:
             "global_batch_size": study.global_batch_size, "tokens": study.tokens,
             "failures": study.failures, "checkpoint": study.checkpoint,
             "restart": study.restart, "policies": study.policies}
-    if study.fail_slow:  # (absent otherwise: folders written before it existed still match)
-        data["fail_slow"] = study.fail_slow
+    for table in ("fail_slow", "slow_links"):  # (absent when empty: folders written before
+        if getattr(study, table):              # the table existed still match)
+            data[table] = getattr(study, table)
     return dict(json.loads(json.dumps(data, sort_keys=True, default=str)))
 
 

@@ -46,6 +46,11 @@
     mean_duration_s = 3600          # how slow the GPU runs, and (optional) how long until
     slowdown = 2.0                  # it is evicted (a restart)
     detect_s = 600
+
+    [slow_links]                    # slow NICs over the run (analysis/slow_links.py); needs
+    rate_per_gpu_hour = 1e-5        # [failures]: episodes per GPU's NIC per hour, their mean
+    mean_duration_s = 1800          # length, the share of its bandwidth the NIC keeps, and
+    bandwidth_factor = 0.25         # (optional detect_s) how long until its node is evicted
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ from tracegen.strategy import check_fits_model
 
 KNOWN_KEYS = {"model", "seq_len", "system", "gpus", "global_batch_size", "tokens", "strategies",
               "search", "failures", "checkpoint", "restart", "policies", "name", "rank_by",
-              "fail_slow"}
+              "fail_slow", "slow_links"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -81,6 +86,7 @@ class Study:
     policies: dict[str, dict[str, Any]]
     rank_by: str
     fail_slow: dict[str, Any] = dataclasses.field(default_factory=dict)
+    slow_links: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def has_failures(self) -> bool:
@@ -120,10 +126,12 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
     return Study(name, model, system, gpus, gbs, float(data.get("tokens", 0.0)), strategies,
                  dict(data.get("search", {})), dict(data.get("failures", {})),
                  dict(data.get("checkpoint", {})), dict(data.get("restart", {})),
-                 dict(data.get("policies", {})), rank_by, dict(data.get("fail_slow", {})))
+                 dict(data.get("policies", {})), rank_by, dict(data.get("fail_slow", {})),
+                 dict(data.get("slow_links", {})))
 
 
-TABLE_KEYS = ("search", "failures", "checkpoint", "restart", "policies", "fail_slow")
+TABLE_KEYS = ("search", "failures", "checkpoint", "restart", "policies", "fail_slow",
+              "slow_links")
 
 
 def _type_problems(data: dict[str, Any]) -> list[str]:
@@ -157,12 +165,15 @@ def _check_resilience_tables(data: dict[str, Any], system: SystemSpec) -> None:
         failure_model(dict(data["failures"]), gpus_per_node=system.node.gpus_per_node)
     recovery_inputs(dict(data.get("checkpoint", {})), dict(data.get("restart", {})),
                     dict(data.get("policies", {})))
-    if data.get("fail_slow"):
-        from analysis.fail_slow import fail_slow_from
+    from analysis.fail_slow import fail_slow_from
+    from analysis.slow_links import slow_links_from
 
-        fail_slow_from(dict(data["fail_slow"]))
+    for table, check in (("fail_slow", fail_slow_from), ("slow_links", slow_links_from)):
+        if not data.get(table):
+            continue
+        check(dict(data[table]))
         if not data.get("failures"):  # its evictions are restarts, costed as failures are
-            raise ConfigError("[fail_slow] needs a [failures] table (the recovery policies "
+            raise ConfigError(f"[{table}] needs a [failures] table (the recovery policies "
                               "its episodes are costed under): add preset = NAME or "
                               "rate_per_gpu_hour", what="study")
 

@@ -38,12 +38,13 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from replay.compute import ComputeModel, RooflineCompute
-from replay.hardware import resolve_system
-from replay.network import CommCost, NetworkModel
+from replay.hardware import SystemSpec, resolve_system
+from replay.network import AlphaBetaNetwork, CommCost, NetworkModel
 from tracegen._config import load_mapping
 from tracegen.errors import ConfigError
 from tracegen.routing import Route
@@ -276,27 +277,54 @@ class _Ctx:
 
 
 class DegradedNetwork:
-    """A network model whose transfers slow down on degraded links: a transfer moves at the rate
-    of its slowest link (a ring is as fast as its slowest hop), plus the links' extra latency."""
+    """A network model whose transfers slow down on degraded links. A collective or send that
+    touches one is costed again on the system with that tier (NIC or NVLink) at the slowest
+    hit link's share of its bandwidth: a ring moves at its slowest hop, and a two-level
+    collective slows only in the phase on the degraded tier (its NVLink reduce-scatter and
+    all-gather stay fast when a NIC is slow). The links' extra latency is added. A base model
+    without a system (``.sys``) has its whole transfer stretched instead."""
 
     def __init__(self, base: NetworkModel, faults: tuple[LinkFault, ...]) -> None:
         self.base = base
         self.faults: dict[tuple[str, int], LinkFault] = {(f.tier, f.rank): f for f in faults}
+        self._slowed: dict[tuple[float, float], NetworkModel] = {}
 
-    def _apply(self, cost: CommCost) -> CommCost:
+    def _degraded(self, cost: CommCost, again: Callable[[NetworkModel], CommCost]) -> CommCost:
         hit = [self.faults[ln] for ln in cost.links if ln in self.faults]
         if not hit:
             return cost
-        factor = min(f.factor for f in hit)
         extra = max(f.extra_latency_ns for f in hit)
-        return CommCost(cost.latency_ns + extra, round(cost.transfer_ns / factor), cost.links)
+        system = getattr(self.base, "sys", None)
+        if not isinstance(system, SystemSpec):
+            factor = min(f.factor for f in hit)
+            return CommCost(cost.latency_ns + extra, round(cost.transfer_ns / factor), cost.links)
+        key = (min((f.factor for f in hit if f.tier == "nic"), default=1.0),
+               min((f.factor for f in hit if f.tier == "nvl"), default=1.0))
+        net = self._slowed.get(key)
+        if net is None:
+            net = self._slowed[key] = AlphaBetaNetwork(
+                tiers_slowed(system, *key), astra_compat=getattr(self.base, "astra", False))
+        slow = again(net)
+        return CommCost(slow.latency_ns + extra, slow.transfer_ns, cost.links)
 
     def collective(self, coll: str, size_bytes: int, ranks: tuple[int, ...],
                    route: Route | None = None) -> CommCost:
-        return self._apply(self.base.collective(coll, size_bytes, ranks, route))
+        return self._degraded(self.base.collective(coll, size_bytes, ranks, route),
+                              lambda net: net.collective(coll, size_bytes, ranks, route))
 
     def p2p(self, src: int, dst: int, size_bytes: int) -> CommCost:
-        return self._apply(self.base.p2p(src, dst, size_bytes))
+        return self._degraded(self.base.p2p(src, dst, size_bytes),
+                              lambda net: net.p2p(src, dst, size_bytes))
+
+
+def tiers_slowed(system: SystemSpec, nic: float, nvlink: float) -> SystemSpec:
+    """``system`` with its NICs at ``nic`` and its NVLink (NVLS too) at ``nvlink`` of their
+    bandwidth."""
+    node, out = system.node, system.scaleout
+    return dataclasses.replace(
+        system, node=dataclasses.replace(node, nvlink_GBps=node.nvlink_GBps * nvlink,
+                                         nvls_busbw_GBps=node.nvls_busbw_GBps * nvlink),
+        scaleout=dataclasses.replace(out, nic_Gbps_per_gpu=out.nic_Gbps_per_gpu * nic))
 
 
 def compute_for(scenario: Scenario, source: str) -> dict[int, ComputeModel]:

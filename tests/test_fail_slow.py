@@ -161,8 +161,9 @@ def test_resilience_cli_says_what_the_episodes_cost(tmp_path: Path) -> None:
 
 
 def test_a_comparison_ranks_by_and_reports_what_the_episodes_cost(tmp_path: Path) -> None:
-    """`trainsim compare` ranks by time to train with the episodes inside the goodput, and the
-    report says what they cost under the best strategy's recovery policies."""
+    """`trainsim compare` ranks by time to train with the episodes (slow GPUs and slow NICs)
+    inside the goodput, and the report says what each cost under the best strategy's recovery
+    policies."""
     from typer.testing import CliRunner
 
     from analysis.cli import app
@@ -170,7 +171,9 @@ def test_a_comparison_ranks_by_and_reports_what_the_episodes_cost(tmp_path: Path
 
     f = write_study(tmp_path / "s")
     f.write_text(f.read_text() + "\n[fail_slow]\nrate_per_gpu_hour = 0.01\n"
-                                 "mean_duration_s = 1800\nslowdown = 3.0\n")
+                                 "mean_duration_s = 1800\nslowdown = 3.0\n"
+                                 "[slow_links]\nrate_per_gpu_hour = 0.01\n"
+                                 "mean_duration_s = 600\nbandwidth_factor = 0.5\n")
     plain = write_study(tmp_path / "p")
     runs = {}
     for name, study in (("slow", f), ("plain", plain)):
@@ -183,4 +186,6 @@ def test_a_comparison_ranks_by_and_reports_what_the_episodes_cost(tmp_path: Path
     assert rep.exit_code == 0, rep.output
     md = (tmp_path / "r" / "report.md").read_text()
     assert "fail-slow: one GPU 3× slower stretches a step" in md
-    assert 'id="fail-slow"' in (tmp_path / "r" / "report.html").read_text()
+    assert "slow links: one NIC at 50% of its bandwidth stretches a step" in md
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert 'id="fail-slow"' in html and 'id="slow-links"' in html

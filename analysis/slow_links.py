@@ -1,0 +1,126 @@
+"""Slow links over a whole run: episodes in which one GPU's NIC runs at a fraction of its
+bandwidth (a flapping or degraded cable or transceiver, a congested rail, a link retrained to a
+lower rate). Wu et al. 2024 (Falcon, arXiv:2410.12588) list cross-node network degradation
+among the causes of fail-slow episodes on a 10,000-GPU production cluster. A study's
+``[slow_links]`` table says how often, how long and how slow:
+
+::
+
+    [slow_links]
+    rate_per_gpu_hour = 1e-5     # episodes per GPU's NIC per hour (one NIC a GPU, rail-optimized)
+    mean_duration_s = 1800       # durations exponential with this mean
+    bandwidth_factor = 0.25      # the NIC moves this share of its healthy bandwidth
+    detect_s = 600               # optional: its node is evicted after this long (a restart,
+                                 # counted as a failure under each policy); absent: ridden out
+
+The occupancy and goodput are those of ``analysis.fail_slow`` (M/G/∞ episodes, ``g = 1 −
+p(1 − 1/f)``). The step with one slow NIC (DESIGN.md, "Slow links over a run"), per pipeline
+stage j, from two fast-path estimates, healthy and with every NIC at the factor: the all-slowed
+estimate's three deltas — the stages' own time per micro-batch (context- and expert-parallel
+traffic that leaves the node), the pipeline's sends, the tail after the last backward (the
+data-parallel gradient reduction and parameter gathers) — each charged as far as one NIC
+carries it:
+
+* the stage's time per micro-batch by the heterogeneous-stage pipeline bound
+  (``fail_slow.pipeline_bound_s``), only stage j slowed;
+* the sends by the hops the NIC serves: a stage sends to and receives from its neighbours, an
+  end stage has one of them (an interleaved pipeline wraps: every stage two), of the p − 1
+  hops (p when it wraps) that the all-slowed estimate slowed; a send is as slow as the slower
+  end (replay's degraded network: a transfer moves at its slowest link's rate);
+* the tail — stage 0's, which ends last — in proportion to stage j's parameters (the bytes
+  its gradient reduction and parameter gathers move: stage 0's embedding makes its tail the
+  longer), less the slack of stage j: its data-parallel groups (each has one rank on the slow
+  NIC: a ring moves at its slowest hop) start after its last backward, Σ_{k<j} b_k / v
+  before stage 0's (the last backwards run from the last stage to the first, b_k stage k's
+  backward of a micro-batch over its v chunks).
+
+A slow NIC is as likely on every stage: the step factor is the mean over stages; the worst is
+reported beside it. At pp 1 it is the all-slowed estimate's ratio (every group waits for the
+slow ring). Replay with a ``[[link]]`` scenario on the stage is the reference (tests).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from analysis.fail_slow import FailSlow, episode_text, pipeline_bound_s
+from analysis.fastpath import estimate
+from analysis.resilience import number
+from replay.hardware import SystemSpec
+from replay.scenario import tiers_slowed
+from tracegen import ConfigError, ModelSpec, Strategy
+from tracegen.program import RoleProgram
+
+KEYS = {"rate_per_gpu_hour", "mean_duration_s", "bandwidth_factor", "detect_s"}
+MIN_FACTOR = 1e-3  # below a thousandth of its bandwidth a NIC has failed: a [failures] matter
+
+
+def slow_links_from(spec: dict[str, Any]) -> FailSlow:
+    """A study's ``[slow_links]`` table, checked (every problem named in one error), as the
+    episodes of ``analysis.fail_slow`` whose slowdown is 1 / bandwidth_factor."""
+    unknown = sorted(set(spec) - KEYS)
+    missing = sorted({"rate_per_gpu_hour", "mean_duration_s", "bandwidth_factor"} - set(spec))
+    if unknown or missing:
+        raise ConfigError((["unknown keys " + ", ".join(unknown)] if unknown else [])
+                          + (["missing " + ", ".join(missing)] if missing else [])
+                          + [f"keys: {', '.join(sorted(KEYS))} (detect_s optional)"],
+                          what="study [slow_links]")
+    factor = number("slow_links", "bandwidth_factor", spec["bandwidth_factor"], positive=True)
+    if not MIN_FACTOR <= factor <= 1:
+        raise ConfigError(f"bandwidth_factor = {factor:g}: it is the share of its healthy "
+                          f"bandwidth the slow NIC keeps, from {MIN_FACTOR:g} to 1 (0.25 is a "
+                          "quarter; above 1 it would be faster, near 0 it has failed: a "
+                          "[failures] matter)", what="study [slow_links]")
+    detect = spec.get("detect_s")
+    return FailSlow(number("slow_links", "rate_per_gpu_hour", spec["rate_per_gpu_hour"],
+                           positive=True),
+                    number("slow_links", "mean_duration_s", spec["mean_duration_s"],
+                           positive=True), 1 / factor,
+                    None if detect is None else number("slow_links", "detect_s", detect,
+                                                       positive=True))
+
+
+def stage_factors(model: ModelSpec, s: Strategy, system: SystemSpec, factor: float
+                  ) -> list[float]:
+    """Per pipeline stage: the step time with one slow NIC on that stage over the healthy
+    step, both from the fast path (the composition in the module's docstring)."""
+    healthy = estimate(model, s, system)
+    slow = estimate(model, s, tiers_slowed(system, factor, 1.0))
+    step = healthy.step_time_s
+    if s.pp == 1:
+        return [slow.step_time_s / step]
+    m, v = s.num_microbatches, s.vpp
+    t = [f + b for f, b in zip(healthy.stage_fwd_s, healthy.stage_bwd_s, strict=True)]
+    t_slow = [f + b for f, b in zip(slow.stage_fwd_s, slow.stage_bwd_s, strict=True)]
+    base = pipeline_bound_s(t, m, v)
+    sends = max(0.0, slow.pipeline_s - healthy.pipeline_s - (pipeline_bound_s(t_slow, m, v)
+                                                               - base))
+    tail = max(0.0, (slow.step_time_s - slow.pipeline_s)
+               - (step - healthy.pipeline_s))
+    wraps = s.schedule == "interleaved_1f1b"
+    hops = s.pp if wraps else s.pp - 1
+    prog = RoleProgram(model, s, 0)
+    params = [sum(prog.params_of_stage(j).values()) for j in range(s.pp)]
+    out = []
+    for j in range(s.pp):
+        own = 2 if wraps or 0 < j < s.pp - 1 else 1
+        slack = sum(healthy.stage_bwd_s[:j]) / v
+        extra = (pipeline_bound_s([*t[:j], t_slow[j], *t[j + 1:]], m, v) - base
+                 + sends * own / hops + max(0.0, tail * params[j] / params[0] - slack))
+        out.append(1 + extra / step)
+    return out
+
+
+def step_factors(model: ModelSpec, s: Strategy, system: SystemSpec, factor: float
+                 ) -> tuple[float, float]:
+    """(mean over stages — a slow NIC is as likely on each —, worst) of ``stage_factors``."""
+    factors = stage_factors(model, s, system, factor)
+    return sum(factors) / len(factors), max(factors)
+
+
+def describe(row: dict[str, Any]) -> str:
+    """What the episodes cost, in words, from a resilience row's ``slow_links_*`` columns (the
+    CLI's line under each strategy's table and the report's under its policies)."""
+    return episode_text(row, "slow_links", f"slow links: one NIC at "
+                        f"{row['slow_links_bandwidth_factor']:.0%} of its bandwidth",
+                        "on the worst stage")
