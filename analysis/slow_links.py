@@ -15,7 +15,7 @@ among the causes of fail-slow episodes on a 10,000-GPU production cluster. A stu
 
 The occupancy and goodput are those of ``analysis.fail_slow`` (M/G/∞ episodes, ``g = 1 −
 p(1 − 1/f)``). The step with one slow NIC (DESIGN.md, "Slow links over a run"), per pipeline
-stage j, from two fast-path estimates, healthy and with every NIC at the factor: the all-slowed
+stage j, from fast-path estimates, healthy and with every NIC at the factor: the all-slowed
 estimate's three deltas — the stages' own time per micro-batch (context- and expert-parallel
 traffic that leaves the node), the pipeline's sends, the tail after the last backward (the
 data-parallel gradient reduction and parameter gathers) — each charged as far as one NIC
@@ -27,11 +27,14 @@ carries it:
   end stage has one of them (an interleaved pipeline wraps: every stage two), of the p − 1
   hops (p when it wraps) that the all-slowed estimate slowed; a send is as slow as the slower
   end (replay's degraded network: a transfer moves at its slowest link's rate);
-* the tail — stage 0's, which ends last — in proportion to stage j's parameters (the bytes
-  its gradient reduction and parameter gathers move: stage 0's embedding makes its tail the
-  longer), less the slack of stage j: its data-parallel groups (each has one rank on the slow
-  NIC: a ring moves at its slowest hop) start after its last backward, Σ_{k<j} b_k / v
-  before stage 0's (the last backwards run from the last stage to the first, b_k stage k's
+* the tail (step − pipeline) in two parts. The fast path books there what overlapping
+  communication takes from every stage's compute (``dp_tails.tails_ns``: stage 0 waits for
+  what each later stage lost), so a third and fourth estimate without that interference
+  separate it: one slow stage adds its own share of the interference (by its parameters,
+  the bytes its reductions move), and the drain — stage 0's, which ends last — in proportion
+  to stage j's parameters (stage 0's embedding makes its drain the longer), less the slack
+  of stage j: its data-parallel groups (each has one rank on the slow NIC: a ring moves at
+  its slowest hop) start after its last backward, Σ_{k<j} b_k / v before stage 0's (the last backwards run from the last stage to the first, b_k stage k's
   backward of a micro-batch over its v chunks).
 
 A slow NIC is as likely on every stage: the step factor is the mean over stages; the worst is
@@ -41,10 +44,11 @@ slow ring). Replay with a ``[[link]]`` scenario on the stage is the reference (t
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from analysis.fail_slow import FailSlow, episode_text, pipeline_bound_s
-from analysis.fastpath import estimate
+from analysis.fastpath import FastEstimate, estimate
 from analysis.resilience import number
 from replay.hardware import SystemSpec
 from replay.scenario import tiers_slowed
@@ -95,8 +99,12 @@ def stage_factors(model: ModelSpec, s: Strategy, system: SystemSpec, factor: flo
     base = pipeline_bound_s(t, m, v)
     sends = max(0.0, slow.pipeline_s - healthy.pipeline_s - (pipeline_bound_s(t_slow, m, v)
                                                                - base))
-    tail = max(0.0, (slow.step_time_s - slow.pipeline_s)
-               - (step - healthy.pipeline_s))
+    tail = _tail_s(slow) - _tail_s(healthy)
+    # the drain alone: without interference, which the fast path books in the tail, each
+    # stage's loss propagated to stage 0 (``dp_tails.tails_ns``) — one slow stage adds its own
+    quiet = [estimate(model, s, _quiet(x)) for x in (system, tiers_slowed(system, factor, 1.0))]
+    drain = max(0.0, min(tail, _tail_s(quiet[1]) - _tail_s(quiet[0])))
+    interference = max(0.0, tail - drain)
     wraps = s.schedule == "interleaved_1f1b"
     hops = s.pp if wraps else s.pp - 1
     prog = RoleProgram(model, s, 0)
@@ -106,9 +114,20 @@ def stage_factors(model: ModelSpec, s: Strategy, system: SystemSpec, factor: flo
         own = 2 if wraps or 0 < j < s.pp - 1 else 1
         slack = sum(healthy.stage_bwd_s[:j]) / v
         extra = (pipeline_bound_s([*t[:j], t_slow[j], *t[j + 1:]], m, v) - base
-                 + sends * own / hops + max(0.0, tail * params[j] / params[0] - slack))
+                 + sends * own / hops + interference * params[j] / sum(params)
+                 + max(0.0, drain * params[j] / params[0] - slack))
         out.append(1 + extra / step)
     return out
+
+
+def _tail_s(e: FastEstimate) -> float:
+    return e.step_time_s - e.pipeline_s
+
+
+def _quiet(system: SystemSpec) -> SystemSpec:
+    """``system`` without compute slowed by overlapping communication."""
+    return dataclasses.replace(system, gpu=dataclasses.replace(system.gpu,
+                                                               comm_interference=0.0))
 
 
 def step_factors(model: ModelSpec, s: Strategy, system: SystemSpec, factor: float

@@ -175,21 +175,22 @@ def test_resilience_cli_and_report_say_what_the_slow_nics_cost(tmp_path: Path) -
     assert policy["fail_slow_loss"] > 0 and policy["slow_links_loss"] > 0
 
 
-def test_at_llama3_405b_scale_the_estimate_errs_on_the_costly_side(tmp_path: Path) -> None:
-    """Meta's 405B strategy on 16,384 H100s (interleaved, vpp 8, dp 128, ZeRO-2), replayed in
-    representative mode: a quarter-bandwidth NIC costs 4–9% a step by replay, by stage; the
-    estimate is above it by up to 6% of a step (1.150 against 1.094 on stage 0; found here),
-    the all-slowed tail charged to one stage exceeding what one slow stage's reductions add
-    in replay. A planner's episode cost here is an upper bound, not a fit."""
+def test_at_llama3_405b_scale_each_stage_is_replays(tmp_path: Path) -> None:
+    """Meta's 405B strategy on 16,384 H100s (interleaved, vpp 8, dp 128, ZeRO-2, gradient
+    reduction overlapped), replayed in representative mode: a quarter-bandwidth NIC costs 4–9%
+    a step by stage. Within 1.5% a stage (found here: 1.102 against 1.094 on stage 0, 1.040
+    against 1.038 on the last). Charging one stage the all-slowed tail whole, interference
+    included (the fast path books every stage's interference loss in stage 0's tail), had put
+    it 6% of a step above replay."""
     study = load_study(STUDY)
     (s,) = study.strategies
     generate(study.model, s, tmp_path, mode="representative")
     healthy = replay(tmp_path, study.system).step_time_s
     predicted = L.stage_factors(study.model, s, study.system, FACTOR)
     reps = sorted(int(p.name.split(".")[1]) for p in tmp_path.glob("*.et"))
-    for j in (0, s.pp - 1):
+    for j in (0, s.pp // 2, s.pp - 1):
         sc = tmp_path / "slow.toml"
         sc.write_text(f'[[link]]\nranks = [{reps[j]}]\ntier = "nic"\n'
                       f"bandwidth_factor = {FACTOR}\n")
         got = replay(tmp_path, study.system, scenario=sc).step_time_s / healthy
-        assert 1.02 < got <= predicted[j] <= got + 0.06, (j, got, predicted[j])
+        assert got > 1.02 and predicted[j] == pytest.approx(got, rel=0.015), (j, got)
