@@ -34,8 +34,9 @@ carries it:
   the bytes its reductions move), and the drain — stage 0's, which ends last — in proportion
   to stage j's parameters (stage 0's embedding makes its drain the longer), less the slack
   of stage j: its data-parallel groups (each has one rank on the slow NIC: a ring moves at
-  its slowest hop) start after its last backward, Σ_{k<j} b_k / v before stage 0's (the last backwards run from the last stage to the first, b_k stage k's
-  backward of a micro-batch over its v chunks).
+  its slowest hop) start after its last backward, Σ_{k<j} b_k / v before stage 0's (the
+  last backwards run from the last stage to the first, b_k stage k's backward of a
+  micro-batch over its v chunks).
 
 A slow NIC is as likely on every stage: the step factor is the mean over stages; the worst is
 reported beside it. At pp 1 it is the all-slowed estimate's ratio (every group waits for the
