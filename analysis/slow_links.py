@@ -141,6 +141,13 @@ def step_factors(model: ModelSpec, s: Strategy, system: SystemSpec, factor: floa
 def describe(row: dict[str, Any]) -> str:
     """What the episodes cost, in words, from a resilience row's ``slow_links_*`` columns (the
     CLI's line under each strategy's table and the report's under its policies)."""
+    if row["slow_links_worst_step_factor"] <= 1:  # nothing crosses a NIC (one node)
+        line = "slow links: none of this strategy's traffic crosses a NIC: a slow one costs nothing"
+        if row.get("slow_links_detect_s") is not None:
+            line += (f", but {row['slow_links_evicted_share']:.0%} of episodes outlast "
+                     f"{row['slow_links_detect_s']:g} s and are evicted (counted among the "
+                     "failures)")
+        return line
     return episode_text(row, "slow_links", f"slow links: one NIC at "
                         f"{row['slow_links_bandwidth_factor']:.0%} of its bandwidth",
                         "on the worst stage")

@@ -194,3 +194,19 @@ def test_at_llama3_405b_scale_each_stage_is_replays(tmp_path: Path) -> None:
                       f"bandwidth_factor = {FACTOR}\n")
         got = replay(tmp_path, study.system, scenario=sc).step_time_s / healthy
         assert got > 1.02 and predicted[j] == pytest.approx(got, rel=0.015), (j, got)
+
+
+def test_a_strategy_on_one_node_is_told_a_slow_nic_costs_it_nothing(tmp_path: Path) -> None:
+    from tests.studies import write_study
+
+    f = write_study(tmp_path)
+    f.write_text(f.read_text() + "\n" + SLOW + "detect_s = 60\n")
+    study = load_study(f)
+    s = study.strategies[0]  # 8 GPUs: one node
+    row = resilience_rows(study, s, estimate(study.model, s, study.system))[0]
+    assert row["slow_links_step_factor"] == row["slow_links_worst_step_factor"] == 1.0
+    assert row["slow_links_loss"] == 0
+    assert L.describe(row) == ("slow links: none of this strategy's traffic crosses a NIC: a "
+                               "slow one costs nothing, but "
+                               f"{math.exp(-60 / 1800):.0%} of episodes outlast 60 s and are "
+                               "evicted (counted among the failures)")
