@@ -133,8 +133,8 @@ def print_mixed(m: Any) -> None:
     verdict = "fits" if m.fits else "[bold red]DOES NOT FIT[/]"
     console.print(
         f"[bold]mixed cluster[/]: step time [bold]{m.step_time_s:.4f} s[/] "
-        f"({m.step_time_s / m.base_step_time_s:.2f}× the step above; fast path per stage, the "
-        f"pipeline bounded by its slowest stage): {m.tokens_per_s:,.0f} tokens/s, MFU "
+        f"({m.step_time_s / m.base_step_time_s:.2f}× the step above; each stage costed on its "
+        f"own GPUs, the schedule walked with them): {m.tokens_per_s:,.0f} tokens/s, MFU "
         f"{m.mfu:.1%} of the GPUs' mean peak; memory {verdict} on every stage's own GPU")
     table = Table(title="Per pipeline stage on its own GPUs (one micro-batch)")
     for col in ("stage", "system", "fwd+bwd ms", "memory GiB", "GPU GiB", "fits"):

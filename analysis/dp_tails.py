@@ -226,7 +226,8 @@ def _outer_propagate(costs: Costs, stages: list[Stage], reps: list[int], ends: l
 def _after(costs: Costs, x: Stage, rank: int, gathers: list[tuple[str, int, int]]) -> int:
     """The optimizer step and the ZeRO ≥ 1 parameter all-gathers after a stage's buckets."""
     s = costs.s
-    after = costs.optimizer_ns(sharded_params(s, dict(x.params)))
+    after = (x.optimizer_ns if x.optimizer_ns >= 0 else
+             costs.optimizer_ns(sharded_params(s, dict(x.params))))
     if s.overlap_param_gather:  # the gathers open the next step (``_param_gather_delay``)
         gathers = []
     for axis, padded, count in gathers:
@@ -363,7 +364,7 @@ def _after_memo(costs: Costs, x: Stage, rank: int, gathers: list[tuple[str, int,
            s.dp, s.cp, s.ep, s.tp, s.expert_tp, s.outer_dp_sharding_strategy,
            s.overlap_param_gather, s.adam_moments_dtype, s.fp8_param_gather,
            costs.shape("dp", rank) if s.dist_opt_instances == 1 else _dense_lane(costs, rank),
-           costs.shape("edp", rank) if costs.moe else None)
+           costs.shape("edp", rank) if costs.moe else None, x.optimizer_ns)
     got = costs.ctx.afters.get(key)
     if got is None:
         got = costs.ctx.afters[key] = _after(costs, x, rank, gathers)

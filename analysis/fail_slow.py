@@ -20,12 +20,11 @@ The model, per strategy (DESIGN.md, "Fail-slow episodes"):
   every collective, its data-parallel peers at the gradient reduction, the other stages of its
   pipeline at each hand-over. Its stage runs at the slowed compute (the fast path on a GPU
   with every throughput divided by ``slowdown`` and launches that much longer; communication
-  is not slowed), and the pipeline is costed with that stage's time per micro-batch by the
-  heterogeneous-stage pipeline bound T = m · max tᵢ + (Σ tᵢ − max tᵢ)/v (m micro-batches, v
-  chunks a stage: Narayanan et al. 2021's bubble with unequal stages — a first micro-batch
-  through every stage, the rest paced by the slowest). A slow GPU is equally likely on every
-  stage: the step factor is the mean over stages (the worst, on the bottleneck stage, is
-  reported beside it). Replay with the stage slowed is the reference (tested within 4%).
+  is not slowed), and the schedule is walked with that one stage slowed
+  (``fastpath.estimate_stages``: its wait hidden where the schedule leaves slack, its
+  optimizer step slowed too). A slow GPU is equally likely on every stage: the step factor is
+  the mean over stages (the worst, on the bottleneck stage, is reported beside it). Replay
+  with the stage slowed is the reference (tested within 1% a stage).
 * **How much of the run is slowed.** Episodes arrive at ``rate · gpus`` per hour and overlap
   as an M/G/∞ queue: the number in progress is Poisson with mean ``rate · gpus · E[slow
   time]``, so the share of wall time with at least one is ``p = 1 − exp(−that mean)``
@@ -45,7 +44,7 @@ import dataclasses
 import math
 from typing import Any
 
-from analysis.fastpath import estimate
+from analysis.fastpath import estimate, estimate_stages
 from analysis.resilience import HOUR_S, number
 from replay.hardware import SystemSpec
 from tracegen import ConfigError, ModelSpec, Strategy
@@ -126,16 +125,12 @@ def stage_factors(model: ModelSpec, s: Strategy, system: SystemSpec, slowdown: f
     """Per pipeline stage: the step time with one slow GPU on that stage over the healthy
     step, both from the fast path (a caller's step may be a replay's: the ratio is the
     model's). At pp 1 the slowed fast path itself (every rank waits for the slow one)."""
-    healthy = estimate(model, s, system)
-    slow = estimate(model, s, slowed_system(system, slowdown))
+    healthy = estimate(model, s, system).step_time_s
+    slow = slowed_system(system, slowdown)
     if s.pp == 1:
-        return [slow.step_time_s / healthy.step_time_s]
-    t = [f + b for f, b in zip(healthy.stage_fwd_s, healthy.stage_bwd_s, strict=True)]
-    t_slow = [f + b for f, b in zip(slow.stage_fwd_s, slow.stage_bwd_s, strict=True)]
-    m, v = s.num_microbatches, s.vpp
-    base = pipeline_bound_s(t, m, v)
-    return [1 + (pipeline_bound_s([*t[:j], t_slow[j], *t[j + 1:]], m, v) - base)
-            / healthy.step_time_s for j in range(s.pp)]
+        return [estimate(model, s, slow).step_time_s / healthy]
+    return [estimate_stages(model, s, system, {j: slow}).step_time_s / healthy
+            for j in range(s.pp)]
 
 
 def step_factors(model: ModelSpec, s: Strategy, system: SystemSpec, slowdown: float

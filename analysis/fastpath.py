@@ -26,7 +26,7 @@ optimizer, parameter gathers).
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from analysis.dp_tails import tails_ns
@@ -49,11 +49,11 @@ from tracegen.catalog import resolve_model
 from tracegen.memory import activation_bytes_per_layer
 from tracegen.memory import total_bytes as memory_total_bytes
 from tracegen.model import ModelSpec
-from tracegen.program import ParamBlock, bucket_plan, dp_group_size, shard_axis
+from tracegen.program import ParamBlock, bucket_plan, dp_group_size, shard_axis, sharded_params
 from tracegen.strategy import Strategy, check_fits_model
 from tracegen.units import NS_PER_S, GiB
 
-__all__ = ["FastEstimate", "clear_cache", "estimate", "resolve_specs"]
+__all__ = ["FastEstimate", "clear_cache", "estimate", "estimate_stages", "resolve_specs"]
 
 
 class FastEstimate(NamedTuple):
@@ -82,12 +82,43 @@ def estimate(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | st
     ``system``: specs, or preset names / files as the CLI takes them."""
     model, system = resolve_specs(model, system)
     check_fits_model(strategy, model)
-    s = strategy
-    costs = Costs(model, s, system)
+    costs = Costs(model, strategy, system)
     stages, reps, alike = _stages(costs)
+    return _estimate(costs, stages, reps, alike, system.gpu.hbm_bytes)
+
+
+def estimate_stages(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str,
+                    stage_systems: Mapping[int, SystemSpec]) -> FastEstimate:
+    """``estimate`` with the pipeline stages of ``stage_systems`` costed on those systems
+    (their GPUs, and the links of their own tensor-, context- and expert-parallel groups) and
+    the schedule walked with the stages so unequal (a slow stage's wait hidden where the
+    schedule leaves slack). The sends, the gradient reduction, the optimizer step and the
+    gathers after the pipeline stay ``system``'s; so do the memory figures."""
+    model, system = resolve_specs(model, system)
+    check_fits_model(strategy, model)
+    costs = Costs(model, strategy, system)
+    stages, reps, alike = _stages(costs)
+    if not stage_systems:
+        return _estimate(costs, stages, reps, alike, system.gpu.hbm_bytes)
+    spliced = list(stages)
+    for st, other in stage_systems.items():
+        theirs = Costs(model, strategy, other)
+        x = _stages(theirs)[0][st]
+        opt = theirs.optimizer_ns(sharded_params(strategy, dict(x.params)))
+        if x.w_view is not None:  # (ZB: the tails read the W view)
+            x = x._replace(w_view=x.w_view._replace(optimizer_ns=opt))
+        # (kept: the tails' memos key a stage by its identity)
+        spliced[st] = costs.ctx.spliced.setdefault((x, opt), x._replace(optimizer_ns=opt))
+    return _estimate(costs, spliced, reps, False, system.gpu.hbm_bytes, walk=True)
+
+
+def _estimate(costs: Costs, stages: list[Stage], reps: list[int], alike: bool, hbm_bytes: int,
+              walk: bool = False) -> FastEstimate:
+    """``estimate`` from the stages' costs (``walk``: walk the schedule whatever its kind)."""
+    s = costs.s
     c = _sends(costs, reps, alike)
     if costs.zb:
-        return _zero_bubble(costs, stages, reps, c, alike, system.gpu.hbm_bytes)
+        return _zero_bubble(costs, stages, reps, c, alike, hbm_bytes)
     first_f = stages[0].first_f  # HFSDP: each chunk's first forward is longer
     # Interleaved schedules, and pipelines whose stages hold different layer counts, are walked
     # step by step: the closed forms charge every micro-batch at the slowest stage, which is
@@ -98,7 +129,7 @@ def estimate(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | st
     # to step, and 1F1B pipelines whose sends pace the steady state (``_sends_bind``).
     check: Iterable[int]
     chunk_ends: Sequence[Sequence[int]]
-    walked = (s.schedule == "interleaved_1f1b" or costs.uneven
+    walked = (walk or s.schedule == "interleaved_1f1b" or costs.uneven
               or (s.zero_stage == 3 and ((s.zero3_prefetch and s.pp > 1)
                                          or (costs.moe and not s.zero3_prefetch)))
               or (first_f and s.pp > 1)
@@ -137,8 +168,7 @@ def estimate(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | st
     finish = tails_ns(costs, stages, [0] * s.pp if two else reps, ends, chunk_ends, check, two,
                       steps, c)
     peak = _peak_memory_bytes(costs, stages, alike)
-    return FastEstimate(finish / NS_PER_S, pipe / NS_PER_S, peak / GiB,
-                        peak <= system.gpu.hbm_bytes,
+    return FastEstimate(finish / NS_PER_S, pipe / NS_PER_S, peak / GiB, peak <= hbm_bytes,
                         tuple(map(_FWD_S, stages)), tuple(map(_BWD_S, stages)))
 
 

@@ -53,6 +53,9 @@ class _Context:
         # (layers, pp, vpp, the uneven split's fields) → each global chunk's layer count
         self.splits: dict[tuple[object, ...], tuple[int, ...]] = {}
         self.optimizer: dict[int | tuple[int, str], int] = {}
+        # (a stage costed on another system, its optimizer ns) → that stage as spliced into
+        # this system's pipeline (``fastpath.estimate_stages``)
+        self.spliced: dict[tuple[object, int], Stage] = {}
         # (op-list key, recompute, its selective modules) → stored activation bytes of one layer
         # and micro-batch
         self.activations: dict[tuple[int, str, tuple[str, ...]], int] = {}
@@ -98,7 +101,7 @@ class _Context:
                 + len(self.gathers) + len(self.opened)
                 + len(self.optimizer) + len(self.buckets) + len(self.shapes) + len(self.walks)
                 + len(self.activations) + len(self.chunks) + len(self.p2p) + len(self.sends)
-                + len(self.runs) + len(self.splits))
+                + len(self.runs) + len(self.splits) + len(self.spliced))
 
     def model_id(self, model: ModelSpec) -> int:
         """A small integer per model (by identity first: hashing a spec per strategy is slow)."""

@@ -97,6 +97,9 @@ class Stage(NamedTuple):
     # ZB-H1, ZB-V: what one micro-batch's deferred W pass keeps, per chunk
     # (``memory.w_hold_bytes``)
     w_hold_bytes: tuple[int, ...] = ()
+    # the optimizer step on another GPU than the strategy's costs' (``fastpath.estimate_stages``
+    # splices a stage costed on another system); -1: those costs'
+    optimizer_ns: int = -1
 
 
 def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object, ...], ...],

@@ -3,10 +3,10 @@
 A planner with, say, H100 and A100 nodes asks what a step costs if the older GPUs take some
 pipeline stages, and whether each stage still fits. Each stage is costed on its own GPUs (the
 fast path on its system: compute, and the collectives of its tensor- and data-parallel groups
-on that system's links), and the pipeline with the heterogeneous-stage bound of
-``analysis.fail_slow.pipeline_bound_s`` (T = m·max tᵢ + (Σtᵢ − max tᵢ)/v) in place of the
-all-base pipeline: step = base step + T(mixed) − T(base). Where every stage is on one system,
-that system's own estimate. Replay with a ``[[gpu]]`` scenario on whole stages is the
+on that system's links), and the schedule walked with the stages so unequal
+(``fastpath.estimate_stages``: the sends, the gradient reduction and the gathers on the base
+system's network, each stage's optimizer step on its own GPU). Where every stage is on one
+system, that system's own estimate. Replay with a ``[[gpu]]`` scenario on whole stages is the
 reference (``tests/test_mixed.py``). Memory: each stage against its own GPU's capacity. MFU:
 against the mean of the GPUs' peaks (every stage has as many GPUs). Split evenly, the slower
 GPUs' stages pace the pipeline: ``balanced_layout`` gives them fewer layers, as a Megatron-Core
@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from analysis.fail_slow import pipeline_bound_s
-from analysis.fastpath import estimate, resolve_specs
+from analysis.fastpath import estimate, estimate_stages, resolve_specs
 from analysis.glance import stage_glances
 from replay.hardware import SystemSpec, resolve_system
 from tracegen import ConfigError, ModelSpec, Strategy
@@ -93,11 +93,8 @@ def mixed_estimate(model: ModelSpec | str, s: Strategy, system: SystemSpec | str
     if len(distinct) == 1:  # one system throughout: its own estimate
         step = own[0].step_time_s
     else:
-        all_base = [f + b for f, b in zip(base_est.stage_fwd_s, base_est.stage_bwd_s,
-                                          strict=True)]
-        m, v = s.num_microbatches, s.vpp
-        step = base_est.step_time_s + pipeline_bound_s(t, m, v) - pipeline_bound_s(all_base,
-                                                                                   m, v)
+        step = estimate_stages(model, s, base, {st: spec for st, spec in enumerate(specs)
+                                                if spec != base}).step_time_s
     memory = [stage_glances(model, s, spec, e)[j].memory.total_bytes / GiB
               for j, (spec, e) in enumerate(zip(specs, own, strict=True))]
     peak = sum(spec.gpu.peak_flop_per_s(s.precision) for spec in specs) / len(specs)
@@ -167,8 +164,8 @@ def balanced_layout(model: ModelSpec | str, s: Strategy, system: SystemSpec | st
         cand_s = dataclasses.replace(plain, pipeline_layout=layout_text(trial, model.mtp_layers,
                                                                         s.vpp))
         cand = mixed_estimate(model, cand_s, base, stage_systems)
-        # the pipeline bound decides (the step adds the all-base estimate's tails, which move
-        # a little with every split and would stop the walk on a plateau of equal slow stages)
+        # the pipeline bound decides (the walked step's tails move a little with every split
+        # and would stop the walk on a plateau of equal slow stages)
         if _bound(cand, s) >= _bound(best, s) or (best.fits and not cand.fits):
             break  # (a split that does not fit may move on: its stages' needs change too)
         layers, best_s, best = trial, cand_s, cand

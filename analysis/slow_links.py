@@ -21,8 +21,8 @@ traffic that leaves the node), the pipeline's sends, the tail after the last bac
 data-parallel gradient reduction and parameter gathers) — each charged as far as one NIC
 carries it:
 
-* the stage's time per micro-batch by the heterogeneous-stage pipeline bound
-  (``fail_slow.pipeline_bound_s``), only stage j slowed;
+* the stage's own time (context- or expert-parallel traffic across nodes) by the schedule
+  walked with only stage j slowed (``fastpath.estimate_stages``);
 * the sends by the hops the NIC serves: a stage sends to and receives from its neighbours, an
   end stage has one of them (an interleaved pipeline wraps: every stage two), of the p − 1
   hops (p when it wraps) that the all-slowed estimate slowed; a send is as slow as the slower
@@ -49,7 +49,7 @@ import dataclasses
 from typing import Any
 
 from analysis.fail_slow import FailSlow, episode_text, pipeline_bound_s
-from analysis.fastpath import FastEstimate, estimate
+from analysis.fastpath import FastEstimate, estimate, estimate_stages
 from analysis.resilience import number
 from replay.hardware import SystemSpec
 from replay.scenario import tiers_slowed
@@ -97,9 +97,8 @@ def stage_factors(model: ModelSpec, s: Strategy, system: SystemSpec, factor: flo
     m, v = s.num_microbatches, s.vpp
     t = [f + b for f, b in zip(healthy.stage_fwd_s, healthy.stage_bwd_s, strict=True)]
     t_slow = [f + b for f, b in zip(slow.stage_fwd_s, slow.stage_bwd_s, strict=True)]
-    base = pipeline_bound_s(t, m, v)
-    sends = max(0.0, slow.pipeline_s - healthy.pipeline_s - (pipeline_bound_s(t_slow, m, v)
-                                                               - base))
+    sends = max(0.0, slow.pipeline_s - healthy.pipeline_s
+                - (pipeline_bound_s(t_slow, m, v) - pipeline_bound_s(t, m, v)))
     tail = _tail_s(slow) - _tail_s(healthy)
     # the drain alone: without interference, which the fast path books in the tail, each
     # stage's loss propagated to stage 0 (``dp_tails.tails_ns``) — one slow stage adds its own
@@ -114,8 +113,10 @@ def stage_factors(model: ModelSpec, s: Strategy, system: SystemSpec, factor: flo
     for j in range(s.pp):
         own = 2 if wraps or 0 < j < s.pp - 1 else 1
         slack = sum(healthy.stage_bwd_s[:j]) / v
-        extra = (pipeline_bound_s([*t[:j], t_slow[j], *t[j + 1:]], m, v) - base
-                 + sends * own / hops + interference * params[j] / sum(params)
+        # the stage's own traffic (context, experts) across nodes: its schedule walked
+        stage = 0.0 if t_slow[j] == t[j] else estimate_stages(
+            model, s, system, {j: tiers_slowed(system, factor, 1.0)}).step_time_s - step
+        extra = (stage + sends * own / hops + interference * params[j] / sum(params)
                  + max(0.0, drain * params[j] / params[0] - slack))
         out.append(1 + extra / step)
     return out

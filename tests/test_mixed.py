@@ -33,9 +33,9 @@ MODEL = ModelSpec(name="mx", num_layers=8, hidden_size=2048, num_attention_heads
                                 dict(tp=2, pp=1, dp=4)])
 def test_mixed_stages_against_replay_with_those_stages_on_the_other_gpu(
         tmp_path: Path, kw: dict) -> None:
-    """Within −1% … +10% of replay (the pipeline bound charges a slow stage all its extra
-    time; found up to +9% for the first of four stages at 8 micro-batches, the bottleneck
-    stage within 1%), and every stage on one system exactly that system's estimate."""
+    """Within 1% of replay (found within 0.1%: the schedule walked with the stages unequal;
+    the pipeline bound it replaced had been up to 9% above for the first of four stages),
+    and every stage on one system exactly that system's estimate."""
     s = Strategy(micro_batch_size=1, global_batch_size=8 * kw["dp"],
                  sequence_parallel=kw["tp"] > 1, **kw)
     generate(MODEL, s, tmp_path, mode="representative")
@@ -46,7 +46,7 @@ def test_mixed_stages_against_replay_with_those_stages_on_the_other_gpu(
         sc.write_text(f'[[gpu]]\nranks = {[reps[j] for j in sorted(stages)]}\n'
                       'system = "dgx-a100-80gb"\n')
         ref = replay(tmp_path, H100, scenario=sc).step_time_s
-        assert ref * 0.99 <= got.step_time_s <= ref * 1.10, (stages, got.step_time_s, ref)
+        assert got.step_time_s == pytest.approx(ref, rel=0.01), stages
         if len(stages) == s.pp:
             assert got.step_time_s == estimate(MODEL, s, A100_ON_H100_NET).step_time_s
         assert got.stage_systems == tuple("a100-gpus" if j in stages else "dgx-h100"
@@ -110,7 +110,7 @@ def test_layers_split_by_the_stages_speeds_shorten_the_replayed_step(tmp_path: P
                                                                      kw: dict) -> None:
     """The slower GPUs' stages get fewer layers (Megatron-Core's pipeline layout; with
     interleaved chunks, spread over each stage's chunks): replay of that layout with the same
-    stages on the A100s confirms the shorter step the estimate claims, within −1% … +10%."""
+    stages on the A100s confirms the shorter step the estimate claims, within 1%."""
     model = dataclasses.replace(MODEL, num_layers=16)
     s = Strategy(tp=1, pp=4, dp=2, micro_batch_size=1, global_batch_size=64, **kw)
     slow = {0: A100_ON_H100_NET, 1: A100_ON_H100_NET}
@@ -132,7 +132,7 @@ def test_layers_split_by_the_stages_speeds_shorten_the_replayed_step(tmp_path: P
         sc.write_text(f'[[gpu]]\nranks = {reps[:2]}\nsystem = "dgx-a100-80gb"\n')
         replayed[name] = replay(d, H100, scenario=sc).step_time_s
     assert replayed["balanced"] < replayed["even"] * 0.9
-    assert replayed["balanced"] * 0.99 <= be.step_time_s <= replayed["balanced"] * 1.10
+    assert be.step_time_s == pytest.approx(replayed["balanced"], rel=0.01)
     assert balanced_layout(model, dataclasses.replace(s, pp=1, dp=8, vpp=1, schedule="1f1b"),
                            H100, {}) is None
     assert layout_text([2, 3], mtp=1) == "Et*2|t*3mL"
