@@ -54,14 +54,16 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
     elif propagate and alike:
         # stage 0 waits for what every later one lost; a middle stage loses what the first
         # does (the same layers' buckets; the embedding's comes after its last compute)
-        tails = {st: _tail(costs, stages[st], reps[st], chunk_ends[st], strategy_key)
+        tails = {st: _tail(stages[st].costs or costs, stages[st], reps[st], chunk_ends[st],
+                           strategy_key)
                  for st in (0, s.pp - 1)}
         later = tails[0][2] * (s.pp - 2) + tails[s.pp - 1][2]
         ends, chunk_ends = list(ends), list(chunk_ends)  # (copies: memoized lists)
         ends[0] += later
         chunk_ends[0] = [e + later for e in chunk_ends[0]]
     elif propagate:  # (copies: the walk's lists are memoized)
-        tails = {st: _tail(costs, stages[st], reps[st], chunk_ends[st], strategy_key)
+        tails = {st: _tail(stages[st].costs or costs, stages[st], reps[st], chunk_ends[st],
+                           strategy_key)
                  for st in range(s.pp)}
         walked, later = chunk_ends, 0
         ends, chunk_ends = list(ends), list(chunk_ends)
@@ -73,7 +75,8 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
                 chunk_ends[st] = [e + later for e in chunk_ends[st]]
             later += tails[st][2]
     else:
-        tails = {st: _tail(costs, stages[st], reps[st], chunk_ends[st], strategy_key)
+        tails = {st: _tail(stages[st].costs or costs, stages[st], reps[st], chunk_ends[st],
+                           strategy_key)
                  for st in check}
     chain = list(ends)
     partner = costs.embd_partner  # stage 0's embedding all-reduce partner (or None)
@@ -94,7 +97,9 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
             # its own stream beside that pass's trailing reduce-scatters (``Stage.late_b``)
             first -= stages[0].late_b[0]
             last -= stages[partner].late_b[0]
-        t = max(first, last) + costs.net.shape_ns("ALL_REDUCE", size, costs.shape("embd", 0))
+        t = max(first, last) + max(  # (on the slower of the two ends' networks)
+            (x.costs or costs).net.shape_ns("ALL_REDUCE", size, costs.shape("embd", 0))
+            for x in (stages[0], stages[partner]))
         chain[0], chain[partner] = max(t, ends[0]), max(t, ends[partner])
     finish = 0
     for st in check:
@@ -219,15 +224,14 @@ def _outer_propagate(costs: Costs, stages: list[Stage], reps: list[int], ends: l
         moved = [d - o for d, o in zip(delay[st], own[st], strict=True)]
         ends[st] += moved[order[st][-1]]
         ce[:] = [e + d for e, d in zip(ce, moved, strict=True)]
-        tails[st] = _tail(costs, stages[st], reps[st], ce, strategy_key)
+        tails[st] = _tail(stages[st].costs or costs, stages[st], reps[st], ce, strategy_key)
     return tails, ends, shifted
 
 
 def _after(costs: Costs, x: Stage, rank: int, gathers: list[tuple[str, int, int]]) -> int:
     """The optimizer step and the ZeRO ≥ 1 parameter all-gathers after a stage's buckets."""
     s = costs.s
-    after = (x.optimizer_ns if x.optimizer_ns >= 0 else
-             costs.optimizer_ns(sharded_params(s, dict(x.params))))
+    after = costs.optimizer_ns(sharded_params(s, dict(x.params)))
     if s.overlap_param_gather:  # the gathers open the next step (``_param_gather_delay``)
         gathers = []
     for axis, padded, count in gathers:
@@ -268,7 +272,8 @@ def _cooldown_walk(costs: Costs, stages: list[Stage], reps: list[int], steps: Ta
     s = costs.s
     if not costs.moe:
         return _dense_cooldown_walk(costs, stages, reps, steps, sends)
-    kappa = costs.compute.gpu.comm_interference
+    own = [x.costs or costs for x in stages]  # (a stage on another system: its own)
+    kappas = [c.compute.gpu.comm_interference for c in own]
     tails, order = steps
     p = len(stages)
     axes = [[(a, dp_group_size(s, a), costs.shape(a, r)) for a in ("dp", "edp")] for r in reps]
@@ -288,25 +293,26 @@ def _cooldown_walk(costs: Costs, stages: list[Stage], reps: list[int], steps: Ta
         elif end - d > walked[st] and end - d > start:
             start = end - d
         walked[st] = end
+        kappa = kappas[st]
         k = kappa * x.busy_b[ch]
         lane = stream[st]
         if issues and min(size for _, size, _ in axes[st]) > 1:
             # both lanes beside the same backward: one timeline
-            end = start + d + _drain_lanes(costs, x.runs_bwd[ch], axes[st], start, start + d,
-                                           lane, gathers[st], kappa)
+            end = start + d + _drain_lanes(own[st], x.runs_bwd[ch], axes[st], start,
+                                           start + d, lane, gathers[st], kappa)
         elif issues:  # one lane (or none) reduces
             late = 0
             for axis, size, shape in axes[st]:
                 if size > 1:
-                    lane[axis], late = _drain(costs, x.runs_bwd[ch], axis, size, shape, start,
-                                              start + d, start + d, lane[axis], kappa,
+                    lane[axis], late = _drain(own[st], x.runs_bwd[ch], axis, size, shape,
+                                              start, start + d, start + d, lane[axis], kappa,
                                               gathers[st])
             end = start + d + late
         else:
             end = round(slowed(start, d, list(lane.values()), k))
         w[st] = ran[st][q] = end
     return {st: (max(*stream[st].values(), w[st]) - w[st],
-                 _after_memo(costs, x, reps[st], gathers[st]), w[st] - tails[st][-1][0])
+                 _after_memo(own[st], x, reps[st], gathers[st]), w[st] - tails[st][-1][0])
             for st, x in enumerate(stages)}
 
 
@@ -314,7 +320,8 @@ def _dense_cooldown_walk(costs: Costs, stages: list[Stage], reps: list[int], ste
                          sends: Sequence[int]) -> dict[int, tuple[int, int, int]]:
     """``_cooldown_walk`` of a dense model: one data-parallel stream a stage, held as a number,
     and ``_advance`` spelled out (the hot loop of interleaved screening; the same answers)."""
-    kappa = costs.compute.gpu.comm_interference
+    own = [x.costs or costs for x in stages]  # (a stage on another system: its own)
+    kappas = [c.compute.gpu.comm_interference for c in own]
     tails, order = steps
     p = len(stages)
     size = dp_group_size(costs.s, "dp")
@@ -339,17 +346,17 @@ def _dense_cooldown_walk(costs: Costs, stages: list[Stage], reps: list[int], ste
         if issues and size > 1:
             x = stages[st]
             shard, shape, inter = lanes[st]
-            busy[st], late = _drain(costs, x.runs_bwd[ch], "dp", shard, shape, start,
-                                    start + d, start + d, free, kappa, gathers[st], inter)
+            busy[st], late = _drain(own[st], x.runs_bwd[ch], "dp", shard, shape, start,
+                                    start + d, start + d, free, kappas[st], gathers[st], inter)
             end = start + d + late
         elif free > start and not issues:  # slowed until the stream frees (``_advance``)
-            k = kappa * stages[st].busy_b[ch]
+            k = kappas[st] * stages[st].busy_b[ch]
             slow = (free - start) / (1 + k)
             end = round(start + d * (1 + k) if slow >= d else free + d - slow)
         else:
             end = start + d
         w[st] = ran[st][q] = end
-    return {st: (max(busy[st], w[st]) - w[st], _after_memo(costs, x, reps[st], gathers[st]),
+    return {st: (max(busy[st], w[st]) - w[st], _after_memo(own[st], x, reps[st], gathers[st]),
                  w[st] - tails[st][-1][0])
             for st, x in enumerate(stages)}
 
@@ -364,7 +371,7 @@ def _after_memo(costs: Costs, x: Stage, rank: int, gathers: list[tuple[str, int,
            s.dp, s.cp, s.ep, s.tp, s.expert_tp, s.outer_dp_sharding_strategy,
            s.overlap_param_gather, s.adam_moments_dtype, s.fp8_param_gather,
            costs.shape("dp", rank) if s.dist_opt_instances == 1 else _dense_lane(costs, rank),
-           costs.shape("edp", rank) if costs.moe else None, x.optimizer_ns)
+           costs.shape("edp", rank) if costs.moe else None)
     got = costs.ctx.afters.get(key)
     if got is None:
         got = costs.ctx.afters[key] = _after(costs, x, rank, gathers)

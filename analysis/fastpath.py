@@ -49,7 +49,7 @@ from tracegen.catalog import resolve_model
 from tracegen.memory import activation_bytes_per_layer
 from tracegen.memory import total_bytes as memory_total_bytes
 from tracegen.model import ModelSpec
-from tracegen.program import ParamBlock, bucket_plan, dp_group_size, shard_axis, sharded_params
+from tracegen.program import ParamBlock, bucket_plan, dp_group_size, shard_axis
 from tracegen.strategy import Strategy, check_fits_model
 from tracegen.units import NS_PER_S, GiB
 
@@ -90,10 +90,10 @@ def estimate(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | st
 def estimate_stages(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str,
                     stage_systems: Mapping[int, SystemSpec]) -> FastEstimate:
     """``estimate`` with the pipeline stages of ``stage_systems`` costed on those systems
-    (their GPUs, and the links of their own tensor-, context- and expert-parallel groups) and
-    the schedule walked with the stages so unequal (a slow stage's wait hidden where the
-    schedule leaves slack). The sends, the gradient reduction, the optimizer step and the
-    gathers after the pipeline stay ``system``'s; so do the memory figures."""
+    (their GPUs; the links of their own tensor-, context- and expert-parallel groups; their
+    gradient reduction, optimizer step and gathers, ``Stage.costs``; each send at its slower
+    end's cost) and the schedule walked with the stages so unequal (a slow stage's wait hidden
+    where the schedule leaves slack). The memory figures stay ``system``'s."""
     model, system = resolve_specs(model, system)
     check_fits_model(strategy, model)
     costs = Costs(model, strategy, system)
@@ -101,22 +101,37 @@ def estimate_stages(model: ModelSpec | str, strategy: Strategy, system: SystemSp
     if not stage_systems:
         return _estimate(costs, stages, reps, alike, system.gpu.hbm_bytes)
     spliced = list(stages)
+    c = list(_sends(costs, reps, False))
+    p = strategy.pp
     for st, other in stage_systems.items():
         theirs = Costs(model, strategy, other)
-        x = _stages(theirs)[0][st]
-        opt = theirs.optimizer_ns(sharded_params(strategy, dict(x.params)))
-        if x.w_view is not None:  # (ZB: the tails read the W view)
-            x = x._replace(w_view=x.w_view._replace(optimizer_ns=opt))
-        # (kept: the tails' memos key a stage by its identity)
-        spliced[st] = costs.ctx.spliced.setdefault((x, opt), x._replace(optimizer_ns=opt))
-    return _estimate(costs, spliced, reps, False, system.gpu.hbm_bytes, walk=True)
+        spliced[st] = _spliced(costs, theirs, _stages(theirs)[0][st])
+        for hop in {(st - 1) % p, st} if p > 1 else ():  # its sends: the slower end's
+            c[hop] = max(c[hop], _send_ns(theirs, reps[hop], reps[(hop + 1) % p],
+                                          costs.p2p_bytes()))
+    return _estimate(costs, spliced, reps, False, system.gpu.hbm_bytes, walk=True, c=c)
+
+
+def _spliced(costs: Costs, theirs: Costs, x: Stage) -> Stage:
+    """Stage ``x`` of ``theirs`` (another system's costs of the same strategy) to be drained
+    on them in ``costs``'s pipeline; one object per stage, strategy and pair of systems, held
+    by both contexts (their memos key a stage by its identity)."""
+    key = (id(x), id(theirs.ctx), costs.s)
+    got = costs.ctx.spliced.get(key)
+    if got is None or got[0] is not x:
+        own = x._replace(costs=theirs, w_view=None if x.w_view is None else  # (ZB's W view)
+                         x.w_view._replace(costs=theirs))
+        got = costs.ctx.spliced[key] = theirs.ctx.spliced[key] = (x, own)
+    return got[1]
 
 
 def _estimate(costs: Costs, stages: list[Stage], reps: list[int], alike: bool, hbm_bytes: int,
-              walk: bool = False) -> FastEstimate:
-    """``estimate`` from the stages' costs (``walk``: walk the schedule whatever its kind)."""
+              walk: bool = False, c: list[int] | None = None) -> FastEstimate:
+    """``estimate`` from the stages' costs (``walk``: walk the schedule whatever its kind;
+    ``c``: the sends, if not the pipeline's own)."""
     s = costs.s
-    c = _sends(costs, reps, alike)
+    if c is None:
+        c = _sends(costs, reps, alike)
     if costs.zb:
         return _zero_bubble(costs, stages, reps, c, alike, hbm_bytes)
     first_f = stages[0].first_f  # HFSDP: each chunk's first forward is longer

@@ -53,9 +53,10 @@ class _Context:
         # (layers, pp, vpp, the uneven split's fields) → each global chunk's layer count
         self.splits: dict[tuple[object, ...], tuple[int, ...]] = {}
         self.optimizer: dict[int | tuple[int, str], int] = {}
-        # (a stage costed on another system, its optimizer ns) → that stage as spliced into
-        # this system's pipeline (``fastpath.estimate_stages``)
-        self.spliced: dict[tuple[object, int], Stage] = {}
+        # (stage id, the other context's id, strategy) → (that stage, it with its own costs to
+        # splice into another system's pipeline), held by both contexts while their memos may
+        # key it by identity (``fastpath._spliced``)
+        self.spliced: dict[tuple[int, int, Strategy], tuple[Stage, Stage]] = {}
         # (op-list key, recompute, its selective modules) → stored activation bytes of one layer
         # and micro-batch
         self.activations: dict[tuple[int, str, tuple[str, ...]], int] = {}

@@ -97,9 +97,10 @@ class Stage(NamedTuple):
     # ZB-H1, ZB-V: what one micro-batch's deferred W pass keeps, per chunk
     # (``memory.w_hold_bytes``)
     w_hold_bytes: tuple[int, ...] = ()
-    # the optimizer step on another GPU than the strategy's costs' (``fastpath.estimate_stages``
-    # splices a stage costed on another system); -1: those costs'
-    optimizer_ns: int = -1
+    # a stage costed on another system than the pipeline's (``fastpath.estimate_stages``): that
+    # system's costs, which its gradient reduction, optimizer step and gathers are drained on
+    # (``dp_tails``); None: the pipeline's own
+    costs: Costs | None = None
 
 
 def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object, ...], ...],

@@ -4,8 +4,8 @@ A planner with, say, H100 and A100 nodes asks what a step costs if the older GPU
 pipeline stages, and whether each stage still fits. Each stage is costed on its own GPUs (the
 fast path on its system: compute, and the collectives of its tensor- and data-parallel groups
 on that system's links), and the schedule walked with the stages so unequal
-(``fastpath.estimate_stages``: the sends, the gradient reduction and the gathers on the base
-system's network, each stage's optimizer step on its own GPU). Where every stage is on one
+(``fastpath.estimate_stages``: each stage's gradient reduction, optimizer step and gathers on
+its own system, each send at its slower end's cost). Where every stage is on one
 system, that system's own estimate. Replay with a ``[[gpu]]`` scenario on whole stages is the
 reference (``tests/test_mixed.py``). Memory: each stage against its own GPU's capacity. MFU:
 against the mean of the GPUs' peaks (every stage has as many GPUs). Split evenly, the slower

@@ -34,41 +34,47 @@ STUDY = Path(__file__).resolve().parents[1] / "analysis" / "studies" / "llama3-4
 FACTOR = 0.25
 
 
-@pytest.mark.parametrize(("model", "kw", "stage_rel", "mean_rel"), [
-    (DENSE, dict(tp=8, pp=1, dp=4), 0.01, 0.01),
-    (DENSE, dict(tp=8, pp=2, dp=2), 0.01, 0.01),
-    (DENSE, dict(tp=4, pp=4, dp=2), 0.01, 0.01),  # only the sends leave the node
-    (DENSE, dict(tp=8, pp=4, dp=4, zero_stage=1), 0.035, 0.02),
-    (DENSE, dict(tp=8, pp=4, dp=2, vpp=2, schedule="interleaved_1f1b"), 0.03, 0.01),
-    (DENSE, dict(tp=2, cp=8, pp=2, dp=1), 0.02, 0.02),  # the context ring crosses nodes
-    (DENSE, dict(tp=8, pp=2, dp=4, zero_stage=3), 0.04, 0.03),
-    (MOE, dict(tp=1, pp=2, dp=16, ep=16), 0.12, 0.07)])
+@pytest.mark.parametrize(("model", "kw"), [
+    (DENSE, dict(tp=8, pp=1, dp=4)), (DENSE, dict(tp=8, pp=2, dp=2)),
+    (DENSE, dict(tp=4, pp=4, dp=2)),  # only the sends leave the node
+    (DENSE, dict(tp=8, pp=4, dp=4, zero_stage=1)),
+    (DENSE, dict(tp=8, pp=4, dp=2, vpp=2, schedule="interleaved_1f1b")),
+    (DENSE, dict(tp=8, pp=4, dp=2, schedule="zb_h1")),
+    (DENSE, dict(tp=2, cp=8, pp=2, dp=1)),  # the context ring crosses nodes
+    (DENSE, dict(tp=8, pp=2, dp=4, zero_stage=3)),
+    (MOE, dict(tp=1, pp=2, dp=16, ep=16))])  # all-to-all and expert gradients across nodes
 def test_one_slow_nics_step_is_replays_with_a_link_scenario_on_its_stage(
-        tmp_path: Path, model: ModelSpec, kw: dict, stage_rel: float, mean_rel: float) -> None:
-    """Replay (the reference) slows the NIC of the rank a representative stands for. Found
-    here: 1F1B with tensor parallelism inside the node within 3% a stage and 2% on the mean
-    (the tail's share by the stage's parameters and its slack behind stage 0); interleaved
-    within 3% a stage; a context ring across nodes within 2%; ZeRO-3 within 4%; a MoE model
-    whose all-to-all and expert gradients cross nodes 7% below replay on the mean (replay's
-    expert and dense reductions share the slow NIC; the fast path's all-slowed step is
-    already 6% below replay's all-slowed one)."""
+        tmp_path: Path, model: ModelSpec, kw: dict) -> None:
+    """Replay slows the NIC of the rank a representative stands for. Without link contention
+    (the fast path's own reference, as in its 2% test) each stage within 1% (found within
+    0.1%). With it, replay is higher where a slow NIC's longer transfers overlap and share
+    it: each stage at most 5% below replay (found: interleaved 4.0%, the rest within 0.6%;
+    the MoE model 7.0% on stage 0, whose dense and expert reductions share the NIC: 8%
+    there)."""
     s = Strategy(micro_batch_size=1, global_batch_size=8 * kw["dp"],
                  sequence_parallel=kw["tp"] > 1, **kw)
     generate(model, s, tmp_path, mode="representative")
-    healthy = replay(tmp_path, H100).step_time_s
     predicted = L.stage_factors(model, s, H100, FACTOR)
     reps = sorted(int(p.name.split(".")[1]) for p in tmp_path.glob("*.et"))
     assert len(reps) == s.pp == len(predicted)
-    got = []
-    for rep in reps:
-        sc = tmp_path / "slow.toml"
-        sc.write_text(f'[[link]]\nranks = [{rep}]\ntier = "nic"\n'
-                      f"bandwidth_factor = {FACTOR}\n")
-        got.append(replay(tmp_path, H100, scenario=sc).step_time_s / healthy)
-    assert predicted == pytest.approx(got, rel=stage_rel)
+    shared = 0.08 if model.is_moe else 0.05
+    for contention in (False, True):
+        healthy = replay(tmp_path, H100, contention=contention).step_time_s
+        got = []
+        for rep in reps:
+            sc = tmp_path / "slow.toml"
+            sc.write_text(f'[[link]]\nranks = [{rep}]\ntier = "nic"\n'
+                          f"bandwidth_factor = {FACTOR}\n")
+            got.append(replay(tmp_path, H100, scenario=sc, contention=contention
+                              ).step_time_s / healthy)
+        if contention:
+            assert all(r * (1 - shared) <= p <= r * 1.01 for p, r in zip(predicted, got,
+                                                                        strict=True)), got
+        else:
+            assert predicted == pytest.approx(got, rel=0.01)
     mean, worst = L.step_factors(model, s, H100, FACTOR)
-    assert mean == pytest.approx(sum(got) / len(got), rel=mean_rel)
-    assert worst == max(predicted) and min(got) > 1.005
+    assert mean == pytest.approx(sum(predicted) / len(predicted))
+    assert worst == max(predicted) and min(predicted) > 1.005
 
 
 def test_a_slow_nic_slows_a_two_level_collective_in_its_nic_phase_only() -> None:
@@ -177,11 +183,9 @@ def test_resilience_cli_and_report_say_what_the_slow_nics_cost(tmp_path: Path) -
 
 def test_at_llama3_405b_scale_each_stage_is_replays(tmp_path: Path) -> None:
     """Meta's 405B strategy on 16,384 H100s (interleaved, vpp 8, dp 128, ZeRO-2, gradient
-    reduction overlapped), replayed in representative mode: a quarter-bandwidth NIC costs 4–9%
-    a step by stage. Within 1.5% a stage (found here: 1.102 against 1.094 on stage 0, 1.040
-    against 1.038 on the last). Charging one stage the all-slowed tail whole, interference
-    included (the fast path books every stage's interference loss in stage 0's tail), had put
-    it 6% of a step above replay."""
+    reduction overlapped), replayed in representative mode: a quarter-bandwidth NIC costs 3–9%
+    a step by stage; within 1% a stage (found within 0.7% with link contention, 0.03%
+    without)."""
     study = load_study(STUDY)
     (s,) = study.strategies
     generate(study.model, s, tmp_path, mode="representative")
@@ -193,7 +197,7 @@ def test_at_llama3_405b_scale_each_stage_is_replays(tmp_path: Path) -> None:
         sc.write_text(f'[[link]]\nranks = [{reps[j]}]\ntier = "nic"\n'
                       f"bandwidth_factor = {FACTOR}\n")
         got = replay(tmp_path, study.system, scenario=sc).step_time_s / healthy
-        assert got > 1.02 and predicted[j] == pytest.approx(got, rel=0.015), (j, got)
+        assert got > 1.02 and predicted[j] == pytest.approx(got, rel=0.01), (j, got)
 
 
 def test_a_strategy_on_one_node_is_told_a_slow_nic_costs_it_nothing(tmp_path: Path) -> None:
