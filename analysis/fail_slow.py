@@ -78,26 +78,35 @@ class FailSlow:
 
 def fail_slow_from(spec: dict[str, Any]) -> FailSlow:
     """A study's ``[fail_slow]`` table, checked (every problem named in one error)."""
-    unknown = sorted(set(spec) - KEYS)
-    missing = sorted({"rate_per_gpu_hour", "mean_duration_s", "slowdown"} - set(spec))
-    if unknown or missing:
-        raise ConfigError((["unknown keys " + ", ".join(unknown)] if unknown else [])
-                          + (["missing " + ", ".join(missing)] if missing else [])
-                          + [f"keys: {', '.join(sorted(KEYS))} (detect_s optional)"],
-                          what="study [fail_slow]")
+    check_keys(spec, "fail_slow", KEYS)
     slowdown = number("fail_slow", "slowdown", spec["slowdown"], positive=True)
     if not 1 <= slowdown <= MAX_SLOWDOWN:
         raise ConfigError(f"slowdown = {slowdown:g}: it is how many times longer the slow GPU's "
                           f"kernels take, from 1 to {MAX_SLOWDOWN:g} (2.0 is half speed; below "
                           "1 it would be faster, far above it has failed: a [failures] matter)",
                           what="study [fail_slow]")
+    return episodes(spec, "fail_slow", slowdown)
+
+
+def check_keys(spec: dict[str, Any], table: str, keys: set[str]) -> None:
+    """Unknown and missing keys of an episodes table (``keys``; detect_s optional), all named
+    in one error."""
+    unknown = sorted(set(spec) - keys)
+    missing = sorted(keys - {"detect_s"} - set(spec))
+    if unknown or missing:
+        raise ConfigError((["unknown keys " + ", ".join(unknown)] if unknown else [])
+                          + (["missing " + ", ".join(missing)] if missing else [])
+                          + [f"keys: {', '.join(sorted(keys))} (detect_s optional)"],
+                          what=f"study [{table}]")
+
+
+def episodes(spec: dict[str, Any], table: str, slowdown: float) -> FailSlow:
+    """The episodes of a checked table (``check_keys``) with the step ``slowdown`` they cause."""
     detect = spec.get("detect_s")
-    return FailSlow(number("fail_slow", "rate_per_gpu_hour", spec["rate_per_gpu_hour"],
-                           positive=True),
-                    number("fail_slow", "mean_duration_s", spec["mean_duration_s"],
-                           positive=True), slowdown,
-                    None if detect is None else number("fail_slow", "detect_s", detect,
-                                                       positive=True))
+    return FailSlow(number(table, "rate_per_gpu_hour", spec["rate_per_gpu_hour"], positive=True),
+                    number(table, "mean_duration_s", spec["mean_duration_s"], positive=True),
+                    slowdown,
+                    None if detect is None else number(table, "detect_s", detect, positive=True))
 
 
 def slowed_system(system: SystemSpec, slowdown: float) -> SystemSpec:
@@ -125,8 +134,14 @@ def stage_factors(model: ModelSpec, s: Strategy, system: SystemSpec, slowdown: f
     """Per pipeline stage: the step time with one slow GPU on that stage over the healthy
     step, both from the fast path (a caller's step may be a replay's: the ratio is the
     model's). At pp 1 the slowed fast path itself (every rank waits for the slow one)."""
+    return stage_factors_on(model, s, system, slowed_system(system, slowdown))
+
+
+def stage_factors_on(model: ModelSpec, s: Strategy, system: SystemSpec, slow: SystemSpec
+                     ) -> list[float]:
+    """Per pipeline stage: the step with that stage on ``slow`` (``estimate_stages``: the
+    schedule walked) over the healthy step; at pp 1, ``slow``'s estimate over it."""
     healthy = estimate(model, s, system).step_time_s
-    slow = slowed_system(system, slowdown)
     if s.pp == 1:
         return [estimate(model, s, slow).step_time_s / healthy]
     return [estimate_stages(model, s, system, {j: slow}).step_time_s / healthy
@@ -136,7 +151,10 @@ def stage_factors(model: ModelSpec, s: Strategy, system: SystemSpec, slowdown: f
 def step_factors(model: ModelSpec, s: Strategy, system: SystemSpec, slowdown: float
                  ) -> tuple[float, float]:
     """(mean over stages — a slow GPU is as likely on each —, worst) of ``stage_factors``."""
-    factors = stage_factors(model, s, system, slowdown)
+    return mean_and_worst(stage_factors(model, s, system, slowdown))
+
+
+def mean_and_worst(factors: list[float]) -> tuple[float, float]:
     return sum(factors) / len(factors), max(factors)
 
 

@@ -31,8 +31,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from analysis.fail_slow import FailSlow, episode_text
-from analysis.fastpath import estimate, estimate_stages
+from analysis.fail_slow import (
+    FailSlow,
+    check_keys,
+    episode_text,
+    episodes,
+    mean_and_worst,
+    stage_factors_on,
+)
 from analysis.resilience import number
 from replay.hardware import SystemSpec
 from replay.scenario import tiers_slowed
@@ -45,26 +51,14 @@ MIN_FACTOR = 1e-3  # below a thousandth of its bandwidth a NIC has failed: a [fa
 def slow_links_from(spec: dict[str, Any]) -> FailSlow:
     """A study's ``[slow_links]`` table, checked (every problem named in one error), as the
     episodes of ``analysis.fail_slow`` whose slowdown is 1 / bandwidth_factor."""
-    unknown = sorted(set(spec) - KEYS)
-    missing = sorted({"rate_per_gpu_hour", "mean_duration_s", "bandwidth_factor"} - set(spec))
-    if unknown or missing:
-        raise ConfigError((["unknown keys " + ", ".join(unknown)] if unknown else [])
-                          + (["missing " + ", ".join(missing)] if missing else [])
-                          + [f"keys: {', '.join(sorted(KEYS))} (detect_s optional)"],
-                          what="study [slow_links]")
+    check_keys(spec, "slow_links", KEYS)
     factor = number("slow_links", "bandwidth_factor", spec["bandwidth_factor"], positive=True)
     if not MIN_FACTOR <= factor <= 1:
         raise ConfigError(f"bandwidth_factor = {factor:g}: it is the share of its healthy "
                           f"bandwidth the slow NIC keeps, from {MIN_FACTOR:g} to 1 (0.25 is a "
                           "quarter; above 1 it would be faster, near 0 it has failed: a "
                           "[failures] matter)", what="study [slow_links]")
-    detect = spec.get("detect_s")
-    return FailSlow(number("slow_links", "rate_per_gpu_hour", spec["rate_per_gpu_hour"],
-                           positive=True),
-                    number("slow_links", "mean_duration_s", spec["mean_duration_s"],
-                           positive=True), 1 / factor,
-                    None if detect is None else number("slow_links", "detect_s", detect,
-                                                       positive=True))
+    return episodes(spec, "slow_links", 1 / factor)
 
 
 def stage_factors(model: ModelSpec, s: Strategy, system: SystemSpec, factor: float
@@ -74,19 +68,13 @@ def stage_factors(model: ModelSpec, s: Strategy, system: SystemSpec, factor: flo
     ``factor`` (its own cross-node traffic, its sends, its gradient reduction and gathers
     there) and the schedule walked (``fastpath.estimate_stages``). At pp 1 the slowed system's
     estimate itself (every group waits for the slow ring)."""
-    healthy = estimate(model, s, system).step_time_s
-    slow = tiers_slowed(system, factor, 1.0)
-    if s.pp == 1:
-        return [estimate(model, s, slow).step_time_s / healthy]
-    return [estimate_stages(model, s, system, {j: slow}).step_time_s / healthy
-            for j in range(s.pp)]
+    return stage_factors_on(model, s, system, tiers_slowed(system, factor, 1.0))
 
 
 def step_factors(model: ModelSpec, s: Strategy, system: SystemSpec, factor: float
                  ) -> tuple[float, float]:
     """(mean over stages — a slow NIC is as likely on each —, worst) of ``stage_factors``."""
-    factors = stage_factors(model, s, system, factor)
-    return sum(factors) / len(factors), max(factors)
+    return mean_and_worst(stage_factors(model, s, system, factor))
 
 
 def describe(row: dict[str, Any]) -> str:
