@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from analysis.cli_common import (
@@ -178,7 +179,12 @@ def resilience_cmd(
     summary, plots = output_file(summary, "--summary"), output_dir(plots, "--plots")
     study = _resolve_study(study_file)
     if not study.strategies:
-        raise ConfigError("the study lists no [[strategies]] to evaluate", what="study")
+        raise ConfigError(
+            "the study lists no [[strategies]] for resilience to cost"
+            + ("; for its [search] space, `trainsim sweep` ranks every strategy by its time "
+               "to train under these failures, and `trainsim report` on its folder writes the "
+               "best as a [[strategies]] table to add here" if study.search else ""),
+            what="study")
     out: dict[str, Any] = {}
     shapes: dict[str, Any] = {}
     for s, name in zip(study.strategies, _strategy_names(study.strategies), strict=True):
@@ -227,12 +233,12 @@ def resilience_cmd(
 def _strategy_names(strategies: Sequence[Strategy]) -> list[str]:
     """Each strategy's full name (schedule, recompute, ZeRO, … — the short label leaves them
     out, and two of the default study's layouts share one), made unique where two coincide."""
-    from analysis.compare import strategy_fields
+    from analysis.compare import strategy_label
 
     names: list[str] = []
     seen: dict[str, int] = {}
     for s in strategies:
-        name = strategy_fields(s)["strategy"]
+        name = strategy_label(s)
         seen[name] = seen.get(name, 0) + 1
         names.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
     return names
@@ -285,7 +291,8 @@ def _resilience_step_line(shape: dict[str, Any], hbm_bytes: int, s: Strategy) ->
 
 def _study_meta(study: Any, counts: dict[str, int] | None = None) -> dict[str, Any]:
     meta = {"name": study.name, "model": study.model.name, "system": study.system.name,
-            "gpus": study.gpus, "global_batch_size": study.global_batch_size,
+            "model_ref": study.model_ref, "system_ref": study.system_ref, "gpus": study.gpus,
+            "global_batch_size": study.global_batch_size,
             "tokens": study.tokens, "rank_by": study.rank_by, "counts": counts or {}}
     if counts:  # a sweep's: the space it searched, for the report
         meta["space"] = space_words(study)
@@ -357,6 +364,7 @@ def compare_cmd(
     (out / "study.json").write_text(json.dumps(_study_meta(st), indent=1) + "\n")
     _print_ranking(results, f"{st.name}: {st.model.name} on {st.gpus} GPUs ({st.system.name})",
                    st.system.gpu.hbm_GiB)
+    _print_best_command(results, st)
     if kept:
         console.print(f"{kept} of {len(st.strategies)} strategies were kept from an earlier run "
                       f"into {out}, not replayed again (delete {out / 'parts'} to replay all)")
@@ -419,6 +427,7 @@ def sweep_cmd(
     import json
 
     from analysis.sweep import sweep
+    from analysis.sweep_verdict import verdict
 
     st = _resolve_study(study)
     note_precision({x.precision for x in st.strategies} or {"bf16"}, st.system)
@@ -435,13 +444,26 @@ def sweep_cmd(
     _print_ranking(results, f"{st.name}: best of {counts['valid']:,} strategies"
                    + (f" and {fitted:,} recomputed to fit" if fitted else ""),
                    st.system.gpu.hbm_GiB)
+    said = verdict(results, st.rank_by)
+    if said is not None:
+        console.print(escape(said.sentence()), soft_wrap=True)
+    _print_best_command(results, st)
+
+
+def _print_best_command(results: Any, st: Study) -> None:
+    """#1 as the command that costs it alone (``--ops`` for where its step goes; ``tracegen``
+    takes the same flags): what a plan does next with a ranking."""
+    from analysis.strategy_row import estimate_command
+
+    fits = results.filter(results["fits"].fill_null(False))
+    if fits.height and st.model_ref:
+        command = estimate_command(st.model_ref, st.system_ref, fits["flags"][0])
+        console.print(escape(f"#1 alone: {command}"), soft_wrap=True)
 
 
 def _print_space(st: Study) -> None:
     """The space searched, each dimension the study leaves out marked as the default's (a
     space of tp and pp alone also searches vpp, micro-batch sizes, recompute, ZeRO and SP)."""
-    from rich.markup import escape
-
     console.print(escape("search space: " + space_words(st)), soft_wrap=True)
 
 
@@ -458,8 +480,6 @@ def space_words(st: Study) -> str:
 def _print_invalid_reasons(st: Study, invalid: int) -> None:
     """The commonest reasons the space's combinations were invalid (``sweep.invalid_reasons``):
     a space with none valid otherwise ends in an empty table that says nothing."""
-    from rich.markup import escape
-
     from analysis.sweep import invalid_reasons
 
     reasons, seen = invalid_reasons(st)

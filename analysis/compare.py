@@ -15,6 +15,7 @@ from analysis import replay_size
 from analysis.evaluate import resilience_rows
 from analysis.fastpath import estimate
 from analysis.glance import strategy_rates
+from analysis.strategy_row import FIELD_COLUMNS, cli_flags, row_fields
 from analysis.study import Study
 from replay import ReplayResult, replay
 from replay.results import intervals_length, intervals_overlap, union_intervals
@@ -35,10 +36,15 @@ RESULT_COLUMNS: dict[str, Any] = {
     "goodput": pl.Float64, "time_to_train_s": pl.Float64, "best_policy": pl.String,
     "best_policy_goodput": pl.Float64, "best_policy_time_to_train_s": pl.Float64,
 }
+# then the strategy's other fields (a row rebuilds it: ``strategy_row.strategy_from_row``) and
+# the flags that rebuild it on the command line
+RESULT_COLUMNS |= {k: v for k, v in FIELD_COLUMNS.items() if k not in RESULT_COLUMNS}
+RESULT_COLUMNS["flags"] = pl.String
 
 
-def strategy_fields(s: Strategy) -> dict[str, Any]:
-    return {"strategy": s.label() + ("" if s.schedule == "1f1b" else f"-{s.schedule}")
+def strategy_label(s: Strategy) -> str:
+    """The name a result row goes by: the layout and every switch that is on."""
+    return (s.label() + ("" if s.schedule == "1f1b" else f"-{s.schedule}")
             + f"-rc{s.recompute[0]}{s.recompute_num_layers or ''}"
             + (f".{s.recompute_modules.replace(',', '+')}"
                if s.recompute_modules != "core_attn" else "")
@@ -52,13 +58,12 @@ def strategy_fields(s: Strategy) -> dict[str, Any]:
             + (f"-adam{s.adam_moments_dtype}" if s.adam_moments_dtype != "fp32" else "")
             + ("-fp8pg" if s.fp8_param_gather else "")
             + (f"-layout[{s.pipeline_layout}]" if s.pipeline_layout else "")
-            + _split_suffix(s),
-            "tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep, "vpp": s.vpp,
-            "micro_batch_size": s.micro_batch_size, "schedule": s.schedule,
-            "recompute": s.recompute, "zero_stage": s.zero_stage,
-            "sequence_parallel": s.sequence_parallel, "tp_comm_overlap": s.tp_comm_overlap,
-            "overlap_param_gather": s.overlap_param_gather, "expert_tp": s.expert_tp,
-            "zero3_prefetch": s.zero3_prefetch}
+            + _split_suffix(s))
+
+
+def strategy_fields(s: Strategy) -> dict[str, Any]:
+    """A result row's strategy columns: its name, every field, and the flags that rebuild it."""
+    return {"strategy": strategy_label(s), **row_fields(s), "flags": cli_flags(s)}
 
 
 def _split_suffix(s: Strategy) -> str:
@@ -236,4 +241,5 @@ def rank(frame: pl.DataFrame, rank_by: str, *, verified_first: bool = False) -> 
     return ordered.with_row_index("rank", offset=1).with_columns(pl.col("rank").cast(pl.Int64))
 
 
-__all__ = ["RESULT_COLUMNS", "compare", "evaluate_strategy", "rank"]
+__all__ = ["RESULT_COLUMNS", "compare", "evaluate_strategy", "rank", "strategy_fields",
+           "strategy_label"]

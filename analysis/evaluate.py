@@ -48,13 +48,13 @@ def _shrunk_throughput(study: Study, s: Strategy, fast: FastEstimate) -> float:
 def resilience_frame(study: Study, s: Strategy, fast: FastEstimate | None = None
                      ) -> pl.DataFrame:
     """Per recovery policy for one strategy (needs a study with [failures])."""
-    from analysis.compare import strategy_fields  # (it imports this module)
+    from analysis.compare import strategy_label  # (it imports this module)
 
     _require_failures(study)  # before estimating: the missing table is the error to report
     fast = fast or estimate(study.model, s, study.system)
     work_s = _work_s(study, s, fast)
     return pl.DataFrame(resilience_rows(study, s, fast)).with_columns(
-        pl.lit(strategy_fields(s)["strategy"]).alias("strategy"),  # the name results carry
+        pl.lit(strategy_label(s)).alias("strategy"),  # the name results carry
         pl.lit(work_s).alias("failure_free_s"),
         pl.lit(fast.step_time_s).alias("step_time_s"),
         pl.lit(fast.peak_memory_GiB).alias("peak_memory_GiB"), pl.lit(fast.fits).alias("fits"))

@@ -160,7 +160,39 @@ def _context(results: pl.DataFrame, meta: dict[str, Any], figures: list[dict[str
             "episodes": [{"id": "fail-slow" if e.startswith("fail-slow") else "slow-links",
                           "text": e} for e in episodes],
             "rank_by": meta.get("rank_by", "step time").replace("_", " "),
-            "counts": meta.get("counts", {}), "space": meta.get("space", "")}
+            "counts": meta.get("counts", {}), "space": meta.get("space", ""),
+            "verdict": _verdict(results, meta), "best": _best(results, meta)}
+
+
+def _verdict(results: pl.DataFrame, meta: dict[str, Any]) -> str:
+    """A sweep's (``sweep_verdict``): whether #1 stands against what it only screened."""
+    from analysis.sweep_verdict import verdict
+
+    needed = {"status", "fits", "step_time_s", "fast_step_time_s", "time_to_train_s"}
+    if not meta.get("counts") or not needed <= set(results.columns):
+        return ""
+    said = verdict(results, str(meta.get("rank_by", "step_time")))
+    return said.sentence() if said else ""
+
+
+def _best(results: pl.DataFrame, meta: dict[str, Any]) -> dict[str, str]:
+    """#1 that fits as the ``trainsim estimate`` command of it and as a study's
+    ``[[strategies]]`` table ({} for rows of an earlier trainsim, which lack the fields)."""
+    from analysis.strategy_row import (
+        FIELD_COLUMNS,
+        estimate_command,
+        strategy_from_row,
+        strategy_toml,
+    )
+
+    if not {"flags", *FIELD_COLUMNS} <= set(results.columns) or not meta.get("model_ref"):
+        return {}
+    fits = results.filter(pl.col("fits").fill_null(False) & pl.col("flags").is_not_null())
+    if not fits.height:
+        return {}
+    row = fits.row(0, named=True)
+    return {"command": estimate_command(meta["model_ref"], meta["system_ref"], row["flags"]),
+            "toml": strategy_toml(strategy_from_row(row))}
 
 
 def _figures(results: pl.DataFrame, src: Path) -> list[dict[str, Any]]:

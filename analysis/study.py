@@ -63,6 +63,7 @@ from analysis.resilience import failure_model, recovery_inputs
 from replay.hardware import SystemSpec, resolve_system
 from tracegen import ConfigError, ModelSpec, Strategy, resolve_model, with_seq_len
 from tracegen._config import is_finite_number, load_mapping
+from tracegen.catalog import SEQ_SUFFIX
 from tracegen.strategy import check_fits_model
 
 KNOWN_KEYS = {"model", "seq_len", "system", "gpus", "global_batch_size", "tokens", "strategies",
@@ -87,6 +88,10 @@ class Study:
     rank_by: str
     fail_slow: dict[str, Any] = dataclasses.field(default_factory=dict)
     slow_links: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # the model and system as the command line names them (a preset, NAME@seqN, or a file's
+    # path), for the commands that take a result further (``strategy_row.estimate_command``)
+    model_ref: str = ""
+    system_ref: str = ""
 
     @property
     def has_failures(self) -> bool:
@@ -109,9 +114,13 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
     problems += _type_problems(data)
     if problems:
         raise ConfigError(problems, what=f"study {name!r}")
-    model = resolve_model(_rel(data["model"], base))
+    model_ref, system_ref = _rel(data["model"], base), _rel(data["system"], base)
+    model = resolve_model(model_ref)
     model = with_seq_len(model, data["seq_len"]) if "seq_len" in data else model
-    system = resolve_system(_rel(data["system"], base))
+    _, at, length = model.name.rpartition(SEQ_SUFFIX)
+    if at and not model_ref.endswith(at + length):  # the study's seq_len, as --model takes it
+        model_ref += at + length
+    system = resolve_system(system_ref)
     gpus, gbs = data["gpus"], data["global_batch_size"]
     strategies = _strategies(data.get("strategies", []), gpus, gbs, model)
     _check_resilience_tables(data, system)
@@ -127,7 +136,7 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
                  dict(data.get("search", {})), dict(data.get("failures", {})),
                  dict(data.get("checkpoint", {})), dict(data.get("restart", {})),
                  dict(data.get("policies", {})), rank_by, dict(data.get("fail_slow", {})),
-                 dict(data.get("slow_links", {})))
+                 dict(data.get("slow_links", {})), model_ref, system_ref)
 
 
 TABLE_KEYS = ("search", "failures", "checkpoint", "restart", "policies", "fail_slow",

@@ -284,7 +284,10 @@ class PartStore:
         parts = sorted(self.dir.glob("part-*.parquet"))
         if not parts:
             return pl.DataFrame(schema=SCHEMA)
-        return pl.concat([pl.read_parquet(p) for p in parts], how="vertical_relaxed")
+        frame = pl.concat([pl.read_parquet(p) for p in parts], how="diagonal_relaxed")
+        # parts an earlier trainsim wrote lack the columns added since: null there, not an error
+        return frame.with_columns(pl.lit(None, dtype=t).alias(k) for k, t in SCHEMA.items()
+                                  if k not in frame.columns).select(list(SCHEMA))
 
     def write(self, rows: list[dict[str, Any]]) -> None:
         frame = pl.DataFrame(rows, schema=SCHEMA)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.compare import strategy_fields
+from analysis.compare import strategy_label
 from analysis.fastpath import estimate
 from replay import get_system
 from tests.conftest import attrs, read_et, replayed
@@ -153,6 +153,6 @@ def test_a_sweep_searches_the_moments_and_a_report_tells_them_apart(tmp_path: Pa
     assert sorted((s.zero_stage, s.adam_moments_dtype) for s in valid) == [
         (0, "fp32"), (1, "bf16"), (1, "fp32"), (1, "fp8")]
     assert invalid == 0  # narrow moments at ZeRO 0 do not apply: taken as fp32
-    names = sorted(strategy_fields(s)["strategy"] for s in valid if s.zero_stage == 1)
+    names = sorted(strategy_label(s) for s in valid if s.zero_stage == 1)
     assert names == ["tp2-pp1-dp4-mbs1-rcf-z1-sp", "tp2-pp1-dp4-mbs1-rcf-z1-sp-adambf16",
                      "tp2-pp1-dp4-mbs1-rcf-z1-sp-adamfp8"]

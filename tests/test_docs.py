@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from analysis.cli import app
-from analysis.compare import strategy_fields
+from analysis.compare import strategy_label
 from analysis.fastpath import estimate
 from analysis.study import load_study
 
@@ -33,7 +33,7 @@ def test_readme_demo_table_matches_the_default_study() -> None:
     assert len(rows) == len(study.strategies) == 4
     tokens_per_step = study.global_batch_size * study.model.seq_len
     for s in study.strategies:
-        label = strategy_fields(s)["strategy"]
+        label = strategy_label(s)
         assert label in rows, f"README lacks {label}"
         step_s, tokens_per_s = rows[label]
         assert estimate(study.model, s, study.system).step_time_s == pytest.approx(step_s,

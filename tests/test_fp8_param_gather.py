@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analysis.compare import strategy_fields
+from analysis.compare import strategy_label
 from analysis.fastpath import estimate
 from analysis.validate import validate
 from replay import get_system
@@ -178,7 +178,7 @@ def test_a_sweep_searches_it_and_the_precision_and_names_them(tmp_path: Path) ->
         ("bf16", 0, False), ("bf16", 1, False), ("fp8", 0, False), ("fp8", 1, False),
         ("fp8", 1, True)]
     assert invalid == 0  # FP8 gathers on bf16 runs or at ZeRO 0 do not apply: taken as off
-    names = sorted(strategy_fields(s)["strategy"] for s in valid if s.zero_stage == 1)
+    names = sorted(strategy_label(s) for s in valid if s.zero_stage == 1)
     assert names == ["tp2-pp1-dp8-mbs1-rcf-z1-fp8-sp", "tp2-pp1-dp8-mbs1-rcf-z1-fp8-sp-fp8pg",
                      "tp2-pp1-dp8-mbs1-rcf-z1-sp"]
 

@@ -200,9 +200,9 @@ def test_a_sweep_searches_layouts(tmp_path: Path) -> None:
     assert sorted((s.pp, s.pipeline_layout) for s in valid) == [
         (2, ""), (2, "Et*15|t*17L"), (4, ""), (4, "Et*7|t*8|t*8|t*9L")]
     assert invalid == 2  # each layout with the other pp
-    from analysis.compare import strategy_fields
+    from analysis.compare import strategy_label
 
-    labels = {strategy_fields(s)["strategy"] for s in valid}
+    labels = {strategy_label(s) for s in valid}
     assert len(labels) == 4  # the report tells the layouts apart
     assert any(x.endswith("-layout[Et*15|t*17L]") for x in labels)
 

@@ -186,20 +186,20 @@ def test_tp_comm_overlap_is_a_search_dimension(study_path: Path) -> None:
     """Asking for both settings yields both strategies (none deduplicated away), labelled apart."""
     import dataclasses
 
-    from analysis.compare import strategy_fields
+    from analysis.compare import strategy_label
 
     study = dataclasses.replace(load_study(study_path), search={
         "tp": [2], "pp": [1], "vpp": [1], "micro_batch_size": [1], "recompute": ["full"],
         "zero_stage": [1], "sequence_parallel": [True], "tp_comm_overlap": [False, True]})
     valid, _ = enumerate_space(study)
     assert sorted(s.tp_comm_overlap for s in valid) == [False, True]
-    labels = {strategy_fields(s)["strategy"] for s in valid}
+    labels = {strategy_label(s) for s in valid}
     assert len(labels) == 2 and any(lab.endswith("-tpo") for lab in labels)
     study = dataclasses.replace(study, search={**study.search, "tp_comm_overlap": [False],
                                                "overlap_param_gather": [False, True]})
     valid, _ = enumerate_space(study)
     assert sorted(s.overlap_param_gather for s in valid) == [False, True]
-    assert any(strategy_fields(s)["strategy"].endswith("-opg") for s in valid)
+    assert any(strategy_label(s).endswith("-opg") for s in valid)
 
 
 def test_sweep_keeps_pipelines_whose_depth_does_not_divide_the_layers(tmp_path: Path) -> None:
@@ -227,7 +227,7 @@ def test_a_swept_uneven_split_is_in_the_label_and_the_label_reproduces_it() -> N
     import dataclasses
     import re
 
-    from analysis.compare import strategy_fields
+    from analysis.compare import strategy_label
     from analysis.study import study_from_dict
 
     study = study_from_dict({"model": "llama3.1-405b", "system": "dgx-h100", "gpus": 16384,
@@ -236,7 +236,7 @@ def test_a_swept_uneven_split_is_in_the_label_and_the_label_reproduces_it() -> N
                                         "micro_batch_size": [1], "recompute": ["none"],
                                         "zero_stage": [1], "sequence_parallel": [True]}})
     valid, _ = enumerate_space(study)
-    labels = {strategy_fields(s)["strategy"]: s for s in valid}
+    labels = {strategy_label(s): s for s in valid}
     assert len(labels) == len(valid) >= 6
     for label, s in labels.items():
         first = re.search(r"-first(\d+)", label)
@@ -349,7 +349,7 @@ def test_expert_parallel_folding_is_a_search_dimension(tmp_path: Path) -> None:
     tp·dp holds (tp 2, dp 4, ep 8 on 8 GPUs), labelled apart."""
     import dataclasses
 
-    from analysis.compare import strategy_fields
+    from analysis.compare import strategy_label
     from tracegen import get_model
 
     study = dataclasses.replace(
@@ -361,14 +361,14 @@ def test_expert_parallel_folding_is_a_search_dimension(tmp_path: Path) -> None:
     valid, _ = enumerate_space(study)
     got = sorted((s.ep, s.moe_folded) for s in valid)
     assert got == [(2, False), (2, True), (4, False), (4, True), (8, True)]
-    assert all(strategy_fields(s)["strategy"].endswith("-etp1-mbs1-rcf-z1-sp")
+    assert all(strategy_label(s).endswith("-etp1-mbs1-rcf-z1-sp")
                for s in valid if s.moe_folded)
 
 
 def test_zero3_prefetch_is_a_search_dimension_labelled_apart(study_path: Path) -> None:
     import dataclasses
 
-    from analysis.compare import strategy_fields
+    from analysis.compare import strategy_label
 
     study = dataclasses.replace(load_study(study_path), search={
         "tp": [1], "pp": [1], "vpp": [1], "micro_batch_size": [1], "recompute": ["none"],
@@ -377,7 +377,7 @@ def test_zero3_prefetch_is_a_search_dimension_labelled_apart(study_path: Path) -
     got = sorted((s.zero_stage, s.zero3_prefetch) for s in valid)
     assert got == [(1, False), (3, False), (3, True)] and invalid == 0  # ZeRO 1 prefetching:
     # not a strategy of its own; prefetch taken as off, the same as ZeRO 1 without
-    labels = [strategy_fields(s)["strategy"] for s in valid]
+    labels = [strategy_label(s) for s in valid]
     assert len(set(labels)) == 3 and sum(lab.endswith("-z3pf") for lab in labels) == 1
 
 
