@@ -201,6 +201,63 @@ def split_overrides(overrides: dict[str, Any]
     return system, section(STRATEGY_SECTION), section(MODEL_SECTION)
 
 
+def _cell_problems(row: dict[str, Any]) -> list[str]:
+    """Every reason a row cannot be predicted that its cells show on their own, all of them
+    (whoever fixes the CSV fixes a row in one pass, not one reason per run of validate)."""
+    out: list[str] = []
+    measured = row["measured_iter_time_s"]
+    if measured is None:
+        out.append("measured_iter_time_s missing")
+    elif measured <= 0:
+        out.append(f"measured_iter_time_s must be > 0, got {measured}")
+    missing = _missing(row, MODEL_FIELDS + STRATEGY_FIELDS)
+    if row["arch"] == "moe":
+        missing += _missing(row, ("num_experts", "experts_per_token", "moe_ffn_hidden_size"))
+    if missing:
+        out.append(f"{', '.join(missing)} missing")
+    if row["gpu"] is not None and row["gpu"] not in GPU_ALIASES:
+        out.append(f"gpu {row['gpu']!r} has no system preset; the schema's names: "
+                   f"{', '.join(GPU_ALIASES)} (an H100 of unstated form factor is h100-sxm)")
+    degrees = [row[k] for k in ("tp", "pp", "dp", "cp")]
+    if None not in degrees and row["num_gpus"] is not None and math.prod(degrees) != row[
+            "num_gpus"]:
+        out.append(f"num_gpus {row['num_gpus']} ≠ tp·pp·dp·cp = {'·'.join(map(str, degrees))} = "
+                   f"{math.prod(degrees)}")
+    return out + _network_problems(row)
+
+
+def _network_problems(row: dict[str, Any]) -> list[str]:
+    """A multi-node row without its NIC bandwidth, or one in units the schema does not use."""
+    nic, n, per_node = row["scaleout_gbps_per_gpu"], row["num_gpus"], row["gpus_per_node"]
+    if nic is None:
+        return (["scaleout_gbps_per_gpu missing (multi-node run)"]
+                if None not in (n, per_node) and n > per_node else [])
+    if 0 < nic < MIN_NIC_GBPS_PER_GPU:
+        return [f"scaleout_gbps_per_gpu {nic:g} is slower than any training network "
+                f"(≥ {MIN_NIC_GBPS_PER_GPU} Gb/s per GPU): the schema wants Gb/s per GPU — "
+                "GB/s or Tb/s in the column?"]
+    if nic > MAX_NIC_GBPS_PER_GPU:
+        return [f"scaleout_gbps_per_gpu {nic:g} is more than any GPU's network "
+                f"(≤ {MAX_NIC_GBPS_PER_GPU} Gb/s): the schema wants it per GPU — a node's total "
+                f"divided by gpus_per_node ({per_node})"]
+    return []
+
+
+def _precision(row: dict[str, Any], base: SystemSpec) -> tuple[str | None, str]:
+    """(the row's precision, a note where it was inferred), or (None, why it cannot be): an
+    unstated 16-bit precision is the one the GPU has where its bf16 and fp16 peaks are equal."""
+    precision = row["precision"]
+    note = ""
+    if precision is None:
+        if base.gpu.peak_bf16_TFLOPs != base.gpu.peak_fp16_TFLOPs:
+            return None, "precision missing"
+        precision = "bf16" if base.gpu.bf16 else "fp16"
+        note = (f"precision unstated 16-bit: {precision} (bf16 and fp16 peaks are equal on this "
+                "GPU)")
+    unsupported = _unsupported_precision(precision, row["gpu"], base)
+    return (None, unsupported) if unsupported else (precision, note)
+
+
 def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None,
                attention: str | None = None) -> RunInputs | str:
     """The inputs of one row, or the reason it is skipped. ``overrides``: system values to
@@ -211,61 +268,30 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None,
     overrides, strategy_over, model_over = split_overrides(overrides or {})
     if row.get(BAD):
         return f"skipped: unreadable {row[BAD]}"
-    if row["measured_iter_time_s"] is None:
-        return "skipped: measured_iter_time_s missing"
-    if row["measured_iter_time_s"] <= 0:
-        return f"skipped: measured_iter_time_s must be > 0, got {row['measured_iter_time_s']}"
     row, implied = _implied(row)
-    missing = _missing(row, MODEL_FIELDS + STRATEGY_FIELDS)
-    if row["arch"] == "moe":
-        missing += _missing(row, ("num_experts", "experts_per_token", "moe_ffn_hidden_size"))
-    if missing:
-        return f"skipped: {', '.join(missing)} missing"
-    if row["gpu"] not in GPU_ALIASES:
-        return (f"skipped: gpu {row['gpu']!r} has no system preset; the schema's names: "
-                f"{', '.join(GPU_ALIASES)} (an H100 of unstated form factor is h100-sxm)")
-    base = get_system(GPU_ALIASES[row["gpu"]])
+    problems = _cell_problems(row)
+    base = get_system(GPU_ALIASES[row["gpu"]]) if row["gpu"] in GPU_ALIASES else None
     kernel: list[str] = []
-    if attention:
+    if attention and base is not None:
         try:
             kernel_over = kernel_overrides(attention, base.gpu.name)
+            base = base.with_overrides(kernel_over) if kernel_over else base
+            kernel = [f"attention kernel {attention}"
+                      + "".join(f", {k} = {v!r}" for k, v in kernel_over.items())]
         except ConfigError as exc:
-            return f"skipped: {exc}"
-        base = base.with_overrides(kernel_over) if kernel_over else base
-        kernel = [f"attention kernel {attention}"
-                  + "".join(f", {k} = {v!r}" for k, v in kernel_over.items())]
-    if overrides:
+            problems.append(str(exc))
+    if overrides and base is not None:
         base = base.with_overrides(overrides)
+    precision, said = _precision(row, base) if base is not None else (None, "")
+    if base is not None and precision is None:
+        problems.append(said)
+    if problems or base is None or precision is None:  # (no base or precision: a problem says)
+        return "skipped: " + "; ".join(problems)
     notes: list[str] = ([row[ASSUMED]] if row.get(ASSUMED) else []) + implied + kernel + [
         f"system override {k} = {v!r}" for k, v in overrides.items()]
     notes += [f"{what} override {k} = {v!r}" for what, over in
               (("model", model_over), ("strategy", strategy_over)) for k, v in over.items()]
-    precision = row["precision"]
-    if precision is None:
-        if base.gpu.peak_bf16_TFLOPs != base.gpu.peak_fp16_TFLOPs:
-            return "skipped: precision missing"
-        precision = "bf16" if base.gpu.bf16 else "fp16"
-        notes.append(f"precision unstated 16-bit: {precision} (bf16 and fp16 peaks are equal on "
-                     "this GPU)")
-    unsupported = _unsupported_precision(precision, row["gpu"], base)
-    if unsupported:
-        return f"skipped: {unsupported}"
-    world = row["tp"] * row["pp"] * row["dp"] * row["cp"]
-    if world != row["num_gpus"]:
-        return (f"skipped: num_gpus {row['num_gpus']} ≠ tp·pp·dp·cp = {row['tp']}·{row['pp']}·"
-                f"{row['dp']}·{row['cp']} = {world}")
-    multi_node = row["num_gpus"] > row["gpus_per_node"]
-    if multi_node and row["scaleout_gbps_per_gpu"] is None:
-        return "skipped: scaleout_gbps_per_gpu missing (multi-node run)"
-    nic = row["scaleout_gbps_per_gpu"]
-    if nic is not None and 0 < nic < MIN_NIC_GBPS_PER_GPU:
-        return (f"skipped: scaleout_gbps_per_gpu {nic:g} is slower than any training network "
-                f"(≥ {MIN_NIC_GBPS_PER_GPU} Gb/s per GPU): the schema wants Gb/s per GPU — "
-                "GB/s or Tb/s in the column?")
-    if nic is not None and nic > MAX_NIC_GBPS_PER_GPU:
-        return (f"skipped: scaleout_gbps_per_gpu {nic:g} is more than any GPU's network "
-                f"(≤ {MAX_NIC_GBPS_PER_GPU} Gb/s): the schema wants it per GPU — a node's total "
-                f"divided by gpus_per_node ({row['gpus_per_node']})")
+    notes += [said] if said else []
     try:
         model = _padded_vocab(_model(row, _model_over_where_meaningful(model_over, row, notes)),
                               row["tp"], notes)

@@ -236,6 +236,16 @@ def test_inconsistent_gpu_count_is_skipped(tmp_path: Path) -> None:
     assert status == "skipped: num_gpus 16 ≠ tp·pp·dp·cp = 1·1·8·1 = 8"
 
 
+def test_every_reason_a_rows_cells_show_is_named_at_once(tmp_path: Path) -> None:
+    """A row with four problems says all four: fixing one per run of validate was the cost."""
+    f = _row_file(tmp_path, "mpt-07", num_gpus="16", gpu="H100", measured_iter_time_s="",
+                  vocab_size="")
+    status = validate(f, fast=True)["status"].item()
+    assert status.startswith("skipped: measured_iter_time_s missing; vocab_size missing; "
+                             "gpu 'h100' has no system preset; "), status
+    assert status.endswith("; num_gpus 16 ≠ tp·pp·dp·cp = 1·1·8·1 = 8"), status
+
+
 def test_every_published_run_fits_its_gpu(results: pl.DataFrame) -> None:
     """The published runs ran, so the memory model must not call any of them infeasible."""
     ok = results.filter(pl.col("status") == "ok")
