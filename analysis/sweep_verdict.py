@@ -41,7 +41,9 @@ class Verdict:
 
 
 def _pct(x: float) -> str:
-    return f"{x:+.1%}"
+    """Signed to a tenth of a percent; none where it rounds to nothing (not "-0.0%")."""
+    tenths = round(1000 * x)
+    return f"{tenths / 10:+.1f}%" if tenths else "0.0%"
 
 
 def verdict(results: pl.DataFrame, rank_by: str) -> Verdict | None:
