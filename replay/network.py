@@ -51,11 +51,16 @@ NCCL_RING = {"ALL_REDUCE": "ALL_REDUCE", "REDUCE_SCATTER": "REDUCE_SCATTER",
 @dataclasses.dataclass(frozen=True, slots=True)
 class CommCost:
     """``latency_ns`` is fixed; ``transfer_ns`` is at full bandwidth and stretches when links are
-    shared. ``links`` are the per-rank link resources the transfer occupies."""
+    shared. ``links`` are the per-rank link resources the transfer occupies; ``shares``, one a
+    link (none: every one 1), the part of that link's bandwidth the transfer uses when it runs
+    alone at full speed — under 1 on a tier that does not bind it (a two-level all-reduce's
+    NVLink, 11% of its time on DGX H100 when its NIC phase binds), so that a transfer sharing
+    that link is slowed by what it takes, not as if it took half (``sim._water_level``)."""
 
     latency_ns: int
     transfer_ns: int
     links: tuple[tuple[str, int], ...] = ()
+    shares: tuple[float, ...] = ()
 
     @property
     def total_ns(self) -> int:
@@ -165,10 +170,41 @@ class AlphaBetaNetwork:
 
     def _collective(self, coll: str, size: int, ranks: tuple[int, ...], route: Route | None
                     ) -> CommCost:
-        lat, xfer, uses = self.shape_cost(coll, size,
-                                          group_shape(ranks, self.sys.node.gpus_per_node), route)
+        shape = group_shape(ranks, self.sys.node.gpus_per_node)
+        lat, xfer, uses = self.shape_cost(coll, size, shape, route)
         links = tuple((link, r) for link in uses for r in ranks)
-        return _cost(lat, xfer, links)
+        shares = self.tier_shares(coll, size, shape, route) if len(uses) > 1 else (1.0,)
+        cost = _cost(lat, xfer, links)
+        if min(shares) >= 1.0:
+            return cost
+        return dataclasses.replace(cost, shares=tuple(s for s in shares for _ in ranks))
+
+    def tier_shares(self, coll: str, size: int, shape: tuple[int, int, int, bool],
+                    route: Route | None = None) -> tuple[float, float]:
+        """(NVLink, NIC): the part of each tier's bandwidth a collective spanning nodes with
+        several ranks a node uses, running alone. Phases in sequence (the two-level ring
+        collectives, ``_busbw``): each tier's share of the transfer time, per byte (l−1)/l / B_nvl
+        against (n−1)/n / (l·B_nic). Tiers used at once (all-to-all, DeepEP): each tier's time
+        over the slower one's. Flat on the NICs (the rest): the NIC binds, NVLink carries the same
+        bytes at its own rate."""
+        p, n, local, rail = shape
+        if self.astra:
+            return (1.0, 1.0)
+        out = self.nic if (rail and self.sys.scaleout.topology == "rail-optimized") else (
+            self.nic_blocking)
+        if route is not None and coll == "ALL_TO_ALL":
+            u = size / route.topk
+            nic = u * expected_units(route, n) * (n - 1) / n / out.bytes_per_s
+            nvl = u * expected_units(route, p) * (local - 1) / local / self.nvl.bytes_per_s
+            return _over_slower(nvl, nic)
+        if coll == "ALL_TO_ALL":
+            nvl = size * local / p * (local - 1) / local / self.nvl.bytes_per_s
+            return _over_slower(nvl, (p - local) / p * size / out.bytes_per_s)
+        if coll in NCCL_RING:
+            nvl = (local - 1) / local / self.nvl.bytes_per_s
+            nic = (n - 1) / n / local / out.bytes_per_s
+            return nvl / (nvl + nic), nic / (nvl + nic)
+        return min(1.0, out.bytes_per_s / self.nvl.bytes_per_s), 1.0
 
     def shape_ns(self, coll: str, size: int, shape: tuple[int, int, int, bool],
                  route: Route | None = None) -> int:
@@ -291,6 +327,13 @@ class AlphaBetaNetwork:
         tier = self.nvl if src // g == dst // g else self.nic
         return _cost(tier.alpha_s, size_bytes / tier.bytes_per_s,
                      ((tier.link, src), (tier.link, dst)))
+
+
+def _over_slower(nvl_s: float, nic_s: float) -> tuple[float, float]:
+    """Two tiers moving at once: each one's time over the slower one's (both 1 if neither
+    moves anything)."""
+    slower = max(nvl_s, nic_s)
+    return (nvl_s / slower, nic_s / slower) if slower > 0 else (1.0, 1.0)
 
 
 def _cost(lat_s: float, xfer_s: float, links: tuple[tuple[str, int], ...]) -> CommCost:

@@ -297,7 +297,8 @@ class DegradedNetwork:
         system = getattr(self.base, "sys", None)
         if not isinstance(system, SystemSpec):
             factor = min(f.factor for f in hit)
-            return CommCost(cost.latency_ns + extra, round(cost.transfer_ns / factor), cost.links)
+            return CommCost(cost.latency_ns + extra, round(cost.transfer_ns / factor), cost.links,
+                            cost.shares)
         key = (min((f.factor for f in hit if f.tier == "nic"), default=1.0),
                min((f.factor for f in hit if f.tier == "nvl"), default=1.0))
         net = self._slowed.get(key)
@@ -305,7 +306,7 @@ class DegradedNetwork:
             net = self._slowed[key] = AlphaBetaNetwork(
                 tiers_slowed(system, *key), astra_compat=getattr(self.base, "astra", False))
         slow = again(net)
-        return CommCost(slow.latency_ns + extra, slow.transfer_ns, cost.links)
+        return CommCost(slow.latency_ns + extra, slow.transfer_ns, cost.links, slow.shares)
 
     def collective(self, coll: str, size_bytes: int, ranks: tuple[int, ...],
                    route: Route | None = None) -> CommCost:

@@ -27,6 +27,7 @@ slot: serialized behind the stream, a posted receive would stall every pipeline)
 from __future__ import annotations
 
 import dataclasses
+import math
 from array import array
 from collections import deque
 from collections.abc import Callable
@@ -86,10 +87,26 @@ class _Flow:
 
     remaining_ns: float
     links: tuple[tuple[str, int], ...]
+    shares: dict[tuple[str, int], float] | None  # of a link's bandwidth at full rate, where
+    # under 1 (``CommCost.shares``); None: all of each link's
     rate: float
     since_ns: int
     gen: int
     on_done: Callable[[int], list[Event]]
+
+
+def water_level(asks: list[float]) -> float:
+    """Max-min fair sharing of one link (Bertsekas and Gallager, Data Networks, 2nd ed.,
+    §6.5.2: water-filling): each flow asks for a share of the link's bandwidth; every flow
+    asking less than the level gets what it asks, the others the level, and together they use
+    the whole link. ∞ where the link holds all the asks."""
+    left, n = 1.0, len(asks)
+    for i, ask in enumerate(sorted(asks)):
+        fair = left / (n - i)
+        if ask > fair:
+            return fair
+        left -= ask
+    return math.inf
 
 
 @dataclasses.dataclass(slots=True)
@@ -167,6 +184,7 @@ class Simulator:
         self._recvs: dict[tuple[int, int, int], deque[tuple[int, int, int]]] = {}
         self._flows: dict[int, _Flow] = {}
         self._link_flows: dict[tuple[str, int], set[int]] = {}
+        self._asking_part: dict[tuple[str, int], int] = {}  # flows on a link asking < all of it
         self._flow_id = 0
         self._progress = progress
         self._total = ts.num_nodes
@@ -412,7 +430,11 @@ class Simulator:
             self.coll_waits.append((pg, k, node.name, last, t - first, first))
         cost = self.net.collective(COLL_TYPE_NAMES[sig[0]], sig[1], members,
                                    route_of(node.attrs) if "moe_topk" in node.attrs else None)
-        links = tuple(ln for ln in cost.links if ln[1] in self._present)
+        kept = [i for i, ln in enumerate(cost.links) if ln[1] in self._present]
+        if len(kept) < len(cost.links):
+            cost = dataclasses.replace(
+                cost, links=tuple(cost.links[i] for i in kept),
+                shares=tuple(cost.shares[i] for i in kept) if cost.shares else ())
         arrived = dict(c.arrived)
 
         def done(t_end: int) -> list[Event]:
@@ -426,7 +448,7 @@ class Simulator:
             if rm.kappa:
                 rm.inflight += 1
                 started += self._rerate_kernel(t, rm)
-        return started + self._transfer(t, cost, links, done)
+        return started + self._transfer(t, cost, done)
 
     # ---- point-to-point ---------------------------------------------------------------------
     def _post_p2p(self, t: int, rank: int, pos: int) -> list[Event] | None:
@@ -453,40 +475,60 @@ class Simulator:
             return [(t_end, PRIO_FINISH, self._finish, (rank, pos, sid, t, t)),
                     (t_end, PRIO_FINISH, self._finish, (o_rank, o_pos, o_sid, t, o_t))]
 
-        return self._transfer(t, cost, cost.links, done)
+        return self._transfer(t, cost, done)
 
-    # ---- shared links (processor sharing) ---------------------------------------------------
-    def _transfer(self, t: int, cost: CommCost, links: tuple[tuple[str, int], ...],
-                  on_done: Callable[[int], list[Event]]) -> list[Event]:
-        if not links or cost.transfer_ns == 0 or not self.contention:
+    # ---- shared links (max-min fair on each link) -------------------------------------------
+    def _transfer(self, t: int, cost: CommCost, on_done: Callable[[int], list[Event]]
+                  ) -> list[Event]:
+        if not cost.links or cost.transfer_ns == 0 or not self.contention:
             return on_done(t + cost.total_ns)
-        return [(t + cost.latency_ns, PRIO_FLOW, self._flow_begin,
-                 (cost.transfer_ns, links, on_done))]
+        return [(t + cost.latency_ns, PRIO_FLOW, self._flow_begin, (cost, on_done))]
 
-    def _flow_begin(self, t: int, arg: tuple[int, tuple[tuple[str, int], ...], Any]) -> list[Event]:
-        work, links, on_done = arg
+    def _flow_begin(self, t: int, arg: tuple[CommCost, Any]) -> list[Event]:
+        cost, on_done = arg
         self._flow_id += 1
         fid = self._flow_id
-        self._flows[fid] = _Flow(float(work), links, 1.0, t, 0, on_done)
-        for ln in links:
+        shares = dict(zip(cost.links, cost.shares, strict=True)) if cost.shares else None
+        self._flows[fid] = _Flow(float(cost.transfer_ns), cost.links, shares, 1.0, t, 0, on_done)
+        for ln in cost.links:
             self._link_flows.setdefault(ln, set()).add(fid)
-        return self._rerate(t, links)
+            if shares is not None:
+                self._asking_part[ln] = self._asking_part.get(ln, 0) + 1
+        return self._rerate(t, cost.links)
 
     def _rerate(self, t: int, links: tuple[tuple[str, int], ...]) -> list[Event]:
-        """Recompute the rate of every flow sharing a link with ``links``; reschedule its end."""
+        """Recompute the rate of every flow sharing a link with ``links``; reschedule its end.
+        A flow runs at the least, over its links, of the rate each link's max-min fair share
+        gives it (``_water_level``): n flows that each need a whole link get 1/n of it, and
+        one that needs a tenth of a link beside one that needs all of it keeps its tenth."""
         affected: set[int] = set()
         for ln in links:
             affected |= self._link_flows.get(ln, set())
+        levels: dict[tuple[str, int], float] = {}
         out: list[Event] = []
         for fid in sorted(affected):
             f = self._flows[fid]
             f.remaining_ns -= (t - f.since_ns) * f.rate
             f.since_ns = t
-            f.rate = 1.0 / max(len(self._link_flows[ln]) for ln in f.links)
+            rate = 1.0
+            for ln in f.links:
+                level = levels.get(ln)
+                if level is None:
+                    level = levels[ln] = self._water_level(ln)
+                rate = min(rate, level / (f.shares[ln] if f.shares else 1.0))
+            f.rate = rate
             f.gen += 1
             end = t + max(0, round(f.remaining_ns / f.rate))
             out.append((end, PRIO_FLOW, self._flow_end, (fid, f.gen)))
         return out
+
+    def _water_level(self, ln: tuple[str, int]) -> float:
+        """The max-min fair share of link ``ln`` among the flows on it (``water_level``)."""
+        ids = self._link_flows[ln]
+        if ln not in self._asking_part:  # (the common case: n alike, 1/n each)
+            return 1.0 / len(ids) if len(ids) > 1 else math.inf
+        flows = [self._flows[fid] for fid in ids]
+        return water_level([f.shares[ln] if f.shares else 1.0 for f in flows])
 
     def _flow_end(self, t: int, arg: tuple[int, int]) -> list[Event]:
         fid, gen = arg
@@ -499,6 +541,10 @@ class Simulator:
             s.discard(fid)
             if not s:
                 del self._link_flows[ln]
+            if f.shares is not None:
+                self._asking_part[ln] -= 1
+                if not self._asking_part[ln]:
+                    del self._asking_part[ln]
         return f.on_done(t) + self._rerate(t, f.links)
 
     # ---- diagnostics ------------------------------------------------------------------------
