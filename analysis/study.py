@@ -47,6 +47,11 @@
     slowdown = 2.0                  # it is evicted (a restart)
     detect_s = 600
 
+    [mixed]                         # part of the cluster on another system's GPUs, as whole
+    system = "dgx-a100-80gb"        # pipeline stages (analysis/mixed.py, ``place``): compare and
+    gpus = 512                      # sweep cost each strategy so, layers split by the stages'
+    balance = true                  # speeds (false: evenly) and replay it with [[gpu]] on them
+
     [slow_links]                    # slow NICs over the run (analysis/slow_links.py); needs
     rate_per_gpu_hour = 1e-5        # [failures]: episodes per GPU's NIC per hour, their mean
     mean_duration_s = 1800          # length, the share of its bandwidth the NIC keeps, and
@@ -68,7 +73,18 @@ from tracegen.strategy import check_fits_model
 
 KNOWN_KEYS = {"model", "seq_len", "system", "gpus", "global_batch_size", "tokens", "strategies",
               "search", "failures", "checkpoint", "restart", "policies", "name", "rank_by",
-              "fail_slow", "slow_links"}
+              "fail_slow", "slow_links", "mixed"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MixedCluster:
+    """A study's ``[mixed]`` table: ``gpus`` of the study's GPUs are ``system``'s, as whole
+    pipeline stages; ``balance``: split the layers by the stages' speeds."""
+
+    system: SystemSpec
+    gpus: int
+    balance: bool = True
+    ref: str = ""  # the system as the study names it (``--stage-system`` takes it)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -92,6 +108,7 @@ class Study:
     # path), for the commands that take a result further (``strategy_row.estimate_command``)
     model_ref: str = ""
     system_ref: str = ""
+    mixed: MixedCluster | None = None
 
     @property
     def has_failures(self) -> bool:
@@ -136,11 +153,12 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
                  dict(data.get("search", {})), dict(data.get("failures", {})),
                  dict(data.get("checkpoint", {})), dict(data.get("restart", {})),
                  dict(data.get("policies", {})), rank_by, dict(data.get("fail_slow", {})),
-                 dict(data.get("slow_links", {})), model_ref, system_ref)
+                 dict(data.get("slow_links", {})), model_ref, system_ref,
+                 _mixed(data, base, name))
 
 
 TABLE_KEYS = ("search", "failures", "checkpoint", "restart", "policies", "fail_slow",
-              "slow_links")
+              "slow_links", "mixed")
 
 
 def _type_problems(data: dict[str, Any]) -> list[str]:
@@ -185,6 +203,28 @@ def _check_resilience_tables(data: dict[str, Any], system: SystemSpec) -> None:
             raise ConfigError(f"[{table}] needs a [failures] table (the recovery policies "
                               "its episodes are costed under): add preset = NAME or "
                               "rate_per_gpu_hour", what="study")
+
+
+def _mixed(data: dict[str, Any], base: Path | None, name: str) -> MixedCluster | None:
+    """The ``[mixed]`` table, checked as the study is read (every problem at once)."""
+    table = data.get("mixed")
+    if not table:
+        return None
+    problems = [f"[mixed]: unknown key {k!r} (known: balance, gpus, system)"
+                for k in sorted(set(table) - {"system", "gpus", "balance"})]
+    gpus, ref = table.get("gpus"), table.get("system")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 < gpus < data["gpus"]:
+        problems.append(f"[mixed] gpus is how many of the study's {data['gpus']} GPUs are the "
+                        f"other system's: a whole number between 1 and {data['gpus'] - 1}, got "
+                        f"{gpus!r}")
+    if not isinstance(ref, str):
+        problems.append(f"[mixed] system must be a preset name or a file path, got {ref!r}")
+    if not isinstance(table.get("balance", True), bool):
+        problems.append(f"[mixed] balance is true or false, got {table['balance']!r}")
+    if problems:
+        raise ConfigError(problems, what=f"study {name!r}")
+    ref = _rel(ref, base)
+    return MixedCluster(resolve_system(ref), gpus, table.get("balance", True), ref)
 
 
 def _rel(value: str, base: Path | None) -> str:

@@ -17,7 +17,13 @@ from replay.results import (
     timeline_frame,
     waits_frame,
 )
-from replay.scenario import DegradedNetwork, Scenario, compute_for, load_scenario
+from replay.scenario import (
+    DegradedNetwork,
+    MixedNetwork,
+    Scenario,
+    compute_for,
+    load_scenario,
+)
 from replay.sim import Simulator
 from replay.traceset import TraceSet, load_trace_set
 from tracegen.gcpause import gc_paused
@@ -38,6 +44,11 @@ def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
     net: NetworkModel = AlphaBetaNetwork(sys_spec, astra_compat=astra_compat)
     scen = _scenario(scenario, ts, sys_spec)
     overrides = compute_for(scen, compute) if scen else {}
+    mix = _gpu_mix(ts, sys_spec, scen)
+    if any(spec != sys_spec for spec, _ in mix.values()):  # their nodes' own links
+        net = MixedNetwork(net, {r: AlphaBetaNetwork(spec, astra_compat=astra_compat)
+                                 for spec, ranks in mix.values() if spec != sys_spec
+                                 for r in ranks})
     if scen and scen.links:
         net = DegradedNetwork(net, scen.links)
     sim = Simulator(ts, model, net, astra_compat=astra_compat, contention=contention,
@@ -46,7 +57,6 @@ def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
                     interference=_interference(sys_spec, scen))
     end_ns = sim.run()
     timeline = timeline_frame(sim, ts)
-    mix = _gpu_mix(ts, sys_spec, scen)
     metrics = step_metrics(ts, timeline, end_ns, _mean_peak(mix, sys_spec, _dtype(ts)))
     metrics["system"] = sys_spec.name
     if "peak_memory_GiB" in metrics:  # flagged wherever a strategy appears (DESIGN.md, Memory)

@@ -27,7 +27,8 @@ random with a seed), degraded or failed links, and heterogeneous GPU types.
     nodes = [0, 1]
     system = "dgx-a100-80gb"   # the GPU of this preset (its compute and its memory: each
                                # rank's stage must fit its own GPU; MFU is against the
-                               # cluster's mean peak)
+                               # cluster's mean peak) on that preset's nodes (its NVLink and
+                               # NICs; a transfer to the rest at the slower end's cost)
 
 In a representative-mode set (one rank per pipeline stage), ranks must be simulated ones and
 nodes must hold whole stages, and random stragglers are refused (each would be a whole stage);
@@ -316,6 +317,39 @@ class DegradedNetwork:
     def p2p(self, src: int, dst: int, size_bytes: int) -> CommCost:
         return self._degraded(self.base.p2p(src, dst, size_bytes),
                               lambda net: net.p2p(src, dst, size_bytes))
+
+
+class MixedNetwork:
+    """A cluster of two (or more) generations: ranks on another system's nodes (``[[gpu]]``)
+    move their data over that system's links — its NVLink and NICs — not the base system's.
+    A collective whose group lies on one system is costed on it; one spanning systems, and a
+    send between them, at the slower of the systems' costs (a ring moves at its slowest hop;
+    the fast path's ``estimate_stages`` takes each send at its slower end alike). Degraded
+    links on such a cluster stretch a transfer by their factor (``DegradedNetwork`` without
+    one system to re-cost it on)."""
+
+    def __init__(self, base: NetworkModel, own: dict[int, NetworkModel]) -> None:
+        self.base, self.own = base, own
+        self._cache: dict[tuple[Any, ...], CommCost] = {}
+
+    def _slower(self, nets: list[NetworkModel], cost: Callable[[NetworkModel], CommCost]
+                ) -> CommCost:
+        distinct = list({id(n): n for n in nets}.values())
+        return max((cost(n) for n in distinct), key=lambda c: c.total_ns)
+
+    def collective(self, coll: str, size_bytes: int, ranks: tuple[int, ...],
+                   route: Route | None = None) -> CommCost:
+        key = (coll, size_bytes, ranks, route)
+        got = self._cache.get(key)
+        if got is None:
+            got = self._cache[key] = self._slower(
+                [self.own.get(r, self.base) for r in ranks],
+                lambda n: n.collective(coll, size_bytes, ranks, route))
+        return got
+
+    def p2p(self, src: int, dst: int, size_bytes: int) -> CommCost:
+        return self._slower([self.own.get(src, self.base), self.own.get(dst, self.base)],
+                            lambda n: n.p2p(src, dst, size_bytes))
 
 
 def tiers_slowed(system: SystemSpec, nic: float, nvlink: float) -> SystemSpec:

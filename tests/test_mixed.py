@@ -21,9 +21,6 @@ from tracegen.layout import parse_layout
 
 H100 = get_system("dgx-h100")
 A100 = get_system("dgx-a100-80gb")
-# Replay's [[gpu]] swaps a rank's compute, not its links: the reference's other stages are
-# H100 nodes with A100 GPUs in them, and so is the system the estimate is given here.
-A100_ON_H100_NET = dataclasses.replace(H100, gpu=A100.gpu, name="a100-gpus")
 MODEL = ModelSpec(name="mx", num_layers=8, hidden_size=2048, num_attention_heads=16,
                   ffn_hidden_size=8192, vocab_size=32000, seq_len=2048, activation="swiglu")
 
@@ -35,21 +32,24 @@ def test_mixed_stages_against_replay_with_those_stages_on_the_other_gpu(
         tmp_path: Path, kw: dict) -> None:
     """Within 1% of replay (found within 0.1%: the schedule walked with the stages unequal;
     the pipeline bound it replaced had been up to 9% above for the first of four stages),
-    and every stage on one system exactly that system's estimate."""
+    and every stage on one system exactly that system's estimate. Replay's A100 ranks move
+    their data over the A100 nodes' own links (``MixedNetwork``), as the estimate costs
+    their stages' collectives on dgx-a100-80gb (before, replay swapped their compute only and
+    this test gave the estimate A100 GPUs on H100 links)."""
     s = Strategy(micro_batch_size=1, global_batch_size=8 * kw["dp"],
                  sequence_parallel=kw["tp"] > 1, **kw)
     generate(MODEL, s, tmp_path, mode="representative")
     reps = sorted(int(p.name.split(".")[1]) for p in tmp_path.glob("*.et"))
     for stages in ({0}, {s.pp - 1}, set(range(s.pp // 2 or 1)), set(range(s.pp))):
-        got = mixed_estimate(MODEL, s, H100, {j: A100_ON_H100_NET for j in stages})
+        got = mixed_estimate(MODEL, s, H100, {j: A100 for j in stages})
         sc = tmp_path / "gpu.toml"
         sc.write_text(f'[[gpu]]\nranks = {[reps[j] for j in sorted(stages)]}\n'
                       'system = "dgx-a100-80gb"\n')
         ref = replay(tmp_path, H100, scenario=sc).step_time_s
         assert got.step_time_s == pytest.approx(ref, rel=0.01), stages
         if len(stages) == s.pp:
-            assert got.step_time_s == estimate(MODEL, s, A100_ON_H100_NET).step_time_s
-        assert got.stage_systems == tuple("a100-gpus" if j in stages else "dgx-h100"
+            assert got.step_time_s == estimate(MODEL, s, A100).step_time_s
+        assert got.stage_systems == tuple("dgx-a100-80gb" if j in stages else "dgx-h100"
                                           for j in range(s.pp))
 
 
@@ -113,7 +113,7 @@ def test_layers_split_by_the_stages_speeds_shorten_the_replayed_step(tmp_path: P
     stages on the A100s confirms the shorter step the estimate claims, within 1%."""
     model = dataclasses.replace(MODEL, num_layers=16)
     s = Strategy(tp=1, pp=4, dp=2, micro_batch_size=1, global_batch_size=64, **kw)
-    slow = {0: A100_ON_H100_NET, 1: A100_ON_H100_NET}
+    slow = {0: A100, 1: A100}
     even = mixed_estimate(model, s, H100, slow)
     found = balanced_layout(model, s, H100, slow)
     assert found is not None
@@ -159,7 +159,7 @@ def test_the_split_walk_takes_end_chunks_that_hold_no_layer_and_a_start_that_doe
     fit (each move changes the stages' needs too) and keeps the layers' count."""
     s = Strategy(tp=1, pp=4, dp=2, micro_batch_size=1, global_batch_size=64,
                  pipeline_layout="E|t*4|t*4|L")
-    slow = {1: A100_ON_H100_NET}
+    slow = {1: A100}
     found = balanced_layout(MODEL, s, H100, slow)
     assert found is not None
     bs, be = found
@@ -168,3 +168,24 @@ def test_the_split_walk_takes_end_chunks_that_hold_no_layer_and_a_start_that_doe
     mtp_off_last = dataclasses.replace(s, pipeline_layout="E|t*4|t*4m|L")
     assert balanced_layout(dataclasses.replace(MODEL, mtp_layers=1), mtp_off_last, H100,
                            slow) is None
+
+
+def test_a_mixed_clusters_transfers_move_over_each_systems_own_links() -> None:
+    """A collective inside the A100 nodes on their links, one spanning both generations and a
+    send between them at the slower end (the A100 nodes' 200 Gb/s NICs against 400)."""
+    from replay.network import AlphaBetaNetwork
+    from replay.scenario import MixedNetwork
+
+    h, a = AlphaBetaNetwork(H100), AlphaBetaNetwork(A100)
+    net = MixedNetwork(h, {r: a for r in range(16)})  # nodes 0 and 1 are A100 nodes
+    size = 1 << 28
+    inside = tuple(range(16))
+    assert net.collective("ALL_REDUCE", size, inside) == a.collective("ALL_REDUCE", size, inside)
+    across = tuple(range(8, 24))
+    assert net.collective("ALL_REDUCE", size, across).total_ns == max(
+        a.collective("ALL_REDUCE", size, across).total_ns,
+        h.collective("ALL_REDUCE", size, across).total_ns)
+    assert net.p2p(3, 17, size) == a.p2p(3, 17, size)
+    assert a.p2p(3, 17, size).transfer_ns == pytest.approx(2 * h.p2p(3, 17, size).transfer_ns,
+                                                            rel=0.05)
+    assert net.p2p(17, 25, size) == h.p2p(17, 25, size)
