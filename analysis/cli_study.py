@@ -178,6 +178,7 @@ def resilience_cmd(
     from analysis.glance import fit_hints
     summary, plots = output_file(summary, "--summary"), output_dir(plots, "--plots")
     study = _resolve_study(study_file)
+    _print_cluster(study)
     if not study.strategies:
         raise ConfigError(
             "the study lists no [[strategies]] for resilience to cost"
@@ -296,7 +297,19 @@ def _study_meta(study: Any, counts: dict[str, int] | None = None) -> dict[str, A
             "tokens": study.tokens, "rank_by": study.rank_by, "counts": counts or {}}
     if counts:  # a sweep's: the space it searched, for the report
         meta["space"] = space_words(study)
+    if study.mixed is not None:
+        meta["mixed"] = mixed_words(study)
     return meta
+
+
+def mixed_words(study: Study) -> str:
+    """A [mixed] study's cluster in words (None-safe callers check ``study.mixed``)."""
+    m = study.mixed
+    assert m is not None
+    return (f"{study.gpus - m.gpus:,} GPUs on {study.system.name} and {m.gpus:,} on "
+            f"{m.system.name} as whole pipeline stages (the first or the last, whichever "
+            "steps faster), each strategy's layers "
+            + ("split by its stages' speeds" if m.balance else "split evenly"))
 
 
 def _resolve_study(name_or_file: str) -> Any:
@@ -350,6 +363,7 @@ def compare_cmd(
     if not st.strategies:
         raise ConfigError("the study lists no [[strategies]]; use `trainsim sweep` for a search "
                           "space", what="study")
+    _print_cluster(st)
     output_dir(out, "--out")
     timelines = out / "parts" / "timelines"  # kept with the rows, for a resumed comparison
     kept = _kept_rows(out, st)
@@ -465,6 +479,12 @@ def _print_space(st: Study) -> None:
     """The space searched, each dimension the study leaves out marked as the default's (a
     space of tp and pp alone also searches vpp, micro-batch sizes, recompute, ZeRO and SP)."""
     console.print(escape("search space: " + space_words(st)), soft_wrap=True)
+    _print_cluster(st)
+
+
+def _print_cluster(st: Study) -> None:
+    if st.mixed is not None:
+        console.print(escape("mixed cluster: " + mixed_words(st)), soft_wrap=True)
 
 
 def space_words(st: Study) -> str:

@@ -4,6 +4,7 @@ whole run. One row per strategy, as a polars frame."""
 from __future__ import annotations
 
 import io
+import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from analysis import replay_size
 from analysis.evaluate import resilience_rows
 from analysis.fastpath import estimate
 from analysis.glance import strategy_rates
+from analysis.mixed import Placement, study_placement
 from analysis.strategy_row import FIELD_COLUMNS, cli_flags, row_fields
 from analysis.study import Study
 from replay import ReplayResult, replay
@@ -39,6 +41,7 @@ RESULT_COLUMNS: dict[str, Any] = {
 # then the strategy's other fields (a row rebuilds it: ``strategy_row.strategy_from_row``) and
 # the flags that rebuild it on the command line
 RESULT_COLUMNS |= {k: v for k, v in FIELD_COLUMNS.items() if k not in RESULT_COLUMNS}
+RESULT_COLUMNS["stage_systems"] = pl.String  # a study's [mixed] stages: 0-1=dgx-a100-80gb
 RESULT_COLUMNS["flags"] = pl.String
 
 
@@ -91,18 +94,26 @@ def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,
     row: dict[str, Any] = dict.fromkeys(RESULT_COLUMNS)
     row.update(strategy_fields(s))
     try:
+        placed = study_placement(study, s)
+        s = placed.strategy if placed else s
         fast = estimate(study.model, s, study.system)
     except TrainsimError as exc:
         row["status"] = f"invalid: {exc}"
         return row
-    row.update(fast_step_time_s=fast.step_time_s, peak_memory_GiB=fast.peak_memory_GiB,
-               fits=fast.fits, step_time_s=fast.step_time_s, status="screened")
-    if not fast.fits:
+    step, peak, fits = fast.step_time_s, fast.peak_memory_GiB, fast.fits
+    if placed:  # (the row's strategy as placed: its layers split by the stages' speeds)
+        row.update(strategy_fields(s), stage_systems=placed.flag.split(" ", 1)[1])
+        row["flags"] += " " + placed.flag
+        e = placed.estimate
+        step, peak, fits = e.step_time_s, max(e.stage_memory_GiB), e.fits
+    row.update(fast_step_time_s=step, peak_memory_GiB=peak, fits=fits, step_time_s=step,
+               status="screened")
+    if not fits:
         row["status"] = "does not fit"
         return row
     nodes = replay_size.oversized(study.model, s) if replay_it else None
     if replay_it and not nodes:
-        res = _replay(study, s)
+        res = _replay(study, s, placed)
         row.update(_from_replay(res), status="replayed")
         if keep_timeline:  # the first ranks, for the report's pipeline timeline
             first = res.timeline["rank"].unique().sort().head(4).to_list()
@@ -110,7 +121,9 @@ def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,
             res.timeline.filter(pl.col("rank").is_in(first)).write_parquet(buf)
             row[TIMELINE_KEY] = buf.getvalue()
     else:
-        row.update(strategy_rates(study.model, s, study.system, fast.step_time_s))
+        row.update({"tokens_per_s": placed.estimate.tokens_per_s, "mfu": placed.estimate.mfu,
+                    "hfu": placed.estimate.hfu} if placed else
+                   strategy_rates(study.model, s, study.system, step))
         if nodes:
             row["status"] = "screened: not replayed, " + replay_size.why(nodes)
     if study.has_failures:
@@ -120,10 +133,18 @@ def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,
     return row
 
 
-def _replay(study: Study, s: Strategy) -> ReplayResult:
+def _replay(study: Study, s: Strategy, placed: Placement | None = None) -> ReplayResult:
+    """``s`` generated and replayed; with a placement, its stages on the other system by a
+    ``[[gpu]]`` scenario on their representatives (the j-th simulated rank is stage j's)."""
     with tempfile.TemporaryDirectory(prefix="trainsim-compare-") as tmp:
         generate(study.model, s, tmp, mode="representative", gpus=study.gpus)
-        return replay(tmp, study.system)
+        if placed is None or study.mixed is None:
+            return replay(tmp, study.system)
+        reps = sorted(int(p.name.split(".")[1]) for p in Path(tmp).glob("*.et"))
+        scenario = Path(tmp) / "mixed.toml"
+        scenario.write_text(f"[[gpu]]\nranks = {[reps[j] for j in placed.stages]}\n"
+                            f"system = {json.dumps(study.mixed.ref or study.mixed.system.name)}\n")
+        return replay(tmp, study.system, scenario=scenario)
 
 
 def _from_replay(res: ReplayResult) -> dict[str, Any]:

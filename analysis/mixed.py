@@ -16,8 +16,9 @@ pipeline layout.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from analysis.fail_slow import pipeline_bound_s
 from analysis.fastpath import estimate, estimate_stages, resolve_specs
@@ -27,6 +28,10 @@ from tracegen import ConfigError, ModelSpec, Strategy
 from tracegen.flops import step_rates
 from tracegen.layout import parse_layout
 from tracegen.units import GiB
+
+if TYPE_CHECKING:
+    from analysis.fastpath import FastEstimate
+    from analysis.study import Study
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -39,6 +44,7 @@ class MixedEstimate:
     stage_time_s: tuple[float, ...]  # forward + backward of one micro-batch, every chunk
     stage_memory_GiB: tuple[float, ...]
     stage_capacity_GiB: tuple[float, ...]
+    hfu: float = 0.0  # against the same mean peak
 
     @property
     def fits(self) -> bool:
@@ -103,7 +109,7 @@ def mixed_estimate(model: ModelSpec | str, s: Strategy, system: SystemSpec | str
                        recomputed_layers=s.recomputed_layers(model.num_layers))
     return MixedEstimate(step, base_est.step_time_s, rates["tokens_per_s"], rates["mfu"],
                          tuple(spec.name for spec in specs), tuple(t), tuple(memory),
-                         tuple(spec.gpu.hbm_bytes / GiB for spec in specs))
+                         tuple(spec.gpu.hbm_bytes / GiB for spec in specs), rates["hfu"])
 
 
 MAX_MOVES = 4096  # one layer moved per round; a pipeline of thousands of layers is not a model
@@ -174,3 +180,60 @@ def balanced_layout(model: ModelSpec | str, s: Strategy, system: SystemSpec | st
 
 def _bound(e: MixedEstimate, s: Strategy) -> float:
     return pipeline_bound_s(list(e.stage_time_s), s.num_microbatches, s.vpp)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a study's ``[mixed]`` GPUs go in one strategy: the strategy (with the layers split
+    by the stages' speeds where that was asked and shortens the step), its estimate, the
+    stages on the other system, and ``--stage-system`` as estimate takes it."""
+
+    strategy: Strategy
+    estimate: MixedEstimate
+    stages: tuple[int, ...]
+    flag: str
+
+
+def place(model: ModelSpec, s: Strategy, base: SystemSpec, other: SystemSpec, gpus: int, *,
+          balance: bool = True, ref: str = "") -> Placement:
+    """``gpus`` of ``s``'s GPUs on ``other``, as whole pipeline stages: the first ones or the
+    last ones, whichever steps faster (of those that fit, if any does). ``ref``: the other
+    system as the command line names it (its name if not given)."""
+    from analysis.study import mixed_stages
+
+    k = mixed_stages(s, gpus, other.name)
+    best: Placement | None = None
+    for stages in (tuple(range(k)), tuple(range(s.pp - k, s.pp))):
+        where = dict.fromkeys(stages, other)
+        found = balanced_layout(model, s, base, where) if balance else None
+        strat, est = found or (s, mixed_estimate(model, s, base, where))
+        flag = "--stage-system " + shlex.quote(
+            f"{stages[0]}" + (f"-{stages[-1]}" if k > 1 else "") + f"={ref or other.name}")
+        cand = Placement(strat, est, stages, flag)
+        if best is None or (not est.fits, est.step_time_s) < (not best.estimate.fits,
+                                                              best.estimate.step_time_s):
+            best = cand
+    assert best is not None
+    return best
+
+
+def study_placement(study: Study, s: Strategy) -> Placement | None:
+    """Where a study's ``[mixed]`` GPUs go in ``s`` (None for a study without them)."""
+    m = study.mixed
+    if m is None:
+        return None
+    return place(study.model, s, study.system, m.system, m.gpus, balance=m.balance, ref=m.ref)
+
+
+def placed_fast(study: Study, s: Strategy) -> tuple[Strategy, FastEstimate]:
+    """``s`` as the study's cluster runs it, and its fast-path estimate: on a ``[mixed]``
+    cluster the placed strategy, its estimate's step, largest stage and fit in the base
+    system's estimate of it (whose other fields — the job's shape — the resilience model
+    reads)."""
+    placed = study_placement(study, s)
+    if placed is None:
+        return s, estimate(study.model, s, study.system)
+    e = placed.estimate
+    base = estimate(study.model, placed.strategy, study.system)
+    return placed.strategy, base._replace(step_time_s=e.step_time_s,
+                                          peak_memory_GiB=max(e.stage_memory_GiB), fits=e.fits)

@@ -155,6 +155,8 @@ def _context(results: pl.DataFrame, meta: dict[str, Any], figures: list[dict[str
     title = meta.get("title") or f"trainsim: {meta.get('name', 'strategy comparison')}"
     subtitle = ", ".join(f"{k} {meta[k]}" for k in ("model", "system", "gpus",
                                                      "global_batch_size") if k in meta)
+    if meta.get("mixed"):
+        subtitle += f"; mixed cluster: {meta['mixed']}"
     return {"title": title, "subtitle": subtitle, "version": __version__, "columns": cols,
             "rows": rows, "figures": figures, "resilience_rows": res_rows,
             "episodes": [{"id": "fail-slow" if e.startswith("fail-slow") else "slow-links",

@@ -37,6 +37,9 @@ def fingerprint(study: Study) -> dict[str, Any]:
     for table in ("fail_slow", "slow_links"):  # (absent when empty: folders written before
         if getattr(study, table):              # the table existed still match)
             data[table] = getattr(study, table)
+    if study.mixed is not None:
+        data["mixed"] = {"system": dataclasses.asdict(study.mixed.system),
+                         "gpus": study.mixed.gpus, "balance": study.mixed.balance}
     return dict(json.loads(json.dumps(data, sort_keys=True, default=str)))
 
 

@@ -96,6 +96,11 @@ def scaling(study: Study, gpu_counts: Sequence[int], out_dir: str | Path, *,
     if top_k < 1:
         raise ConfigError(f"top_k must be at least 1 (the best is replayed), got {top_k}",
                           what="scaling")
+    if study.mixed is not None:
+        raise ConfigError("a study with a [mixed] table fixes how many of its GPUs are the "
+                          "other system's, which a scaling study varies: sweep it at each "
+                          "count (`trainsim sweep`), or scale the study without [mixed]",
+                          what=f"study {study.name!r}")
     counts = check_gpu_counts(gpu_counts)
     studies = [study_at(study, n, batch_per_gpu=batch_per_gpu) for n in counts]  # fail early
     out = Path(out_dir)

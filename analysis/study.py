@@ -140,6 +140,16 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
     system = resolve_system(system_ref)
     gpus, gbs = data["gpus"], data["global_batch_size"]
     strategies = _strategies(data.get("strategies", []), gpus, gbs, model)
+    mixed = _mixed(data, base, name)
+    if mixed is not None:
+        problems = []
+        for i, s in enumerate(strategies):
+            try:
+                mixed_stages(s, mixed.gpus, mixed.system.name)
+            except ConfigError as exc:
+                problems += [f"strategy #{i + 1}: {p}" for p in exc.problems]
+        if problems:
+            raise ConfigError(problems, what=f"study {name!r}")
     _check_resilience_tables(data, system)
     rank_by = str(data.get("rank_by", "time_to_train" if data.get("failures") else "step_time"))
     if rank_by not in ("step_time", "time_to_train"):
@@ -153,8 +163,7 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
                  dict(data.get("search", {})), dict(data.get("failures", {})),
                  dict(data.get("checkpoint", {})), dict(data.get("restart", {})),
                  dict(data.get("policies", {})), rank_by, dict(data.get("fail_slow", {})),
-                 dict(data.get("slow_links", {})), model_ref, system_ref,
-                 _mixed(data, base, name))
+                 dict(data.get("slow_links", {})), model_ref, system_ref, mixed)
 
 
 TABLE_KEYS = ("search", "failures", "checkpoint", "restart", "policies", "fail_slow",
@@ -203,6 +212,19 @@ def _check_resilience_tables(data: dict[str, Any], system: SystemSpec) -> None:
             raise ConfigError(f"[{table}] needs a [failures] table (the recovery policies "
                               "its episodes are costed under): add preset = NAME or "
                               "rate_per_gpu_hour", what="study")
+
+
+def mixed_stages(s: Strategy, gpus: int, system: str) -> int:
+    """How many of ``s``'s pipeline stages ``gpus`` GPUs of another system fill, or the
+    ConfigError that says they do not fill whole stages short of all of them."""
+    per_stage = s.world_size // s.pp
+    k, rest = divmod(gpus, per_stage)
+    if rest or not 0 < k < s.pp:
+        raise ConfigError(
+            f"{gpus:,} {system} GPUs are not whole pipeline stages of {s.label()} short of "
+            f"all of them ({per_stage:,} GPUs a stage, pp {s.pp}); a mixed cluster takes a "
+            "pipeline whose stages the other GPUs fill whole", what="mixed cluster")
+    return k
 
 
 def _mixed(data: dict[str, Any], base: Path | None, name: str) -> MixedCluster | None:

@@ -26,7 +26,7 @@ import polars as pl
 from analysis.compare import RESULT_COLUMNS, rank
 from analysis.resume import claim, writing
 from analysis.runner import cluster_pool, local_pool, map_chunks, strategy_id, strategy_key
-from analysis.study import Study
+from analysis.study import Study, mixed_stages
 from tracegen import ConfigError, Strategy
 from tracegen.strategy import check_fits_model, ruled_out, with_shorter_end_chunks
 
@@ -258,6 +258,8 @@ def _build(study: Study, d: dict[str, Any]) -> Strategy:
     # a layer count pp·vpp does not divide: shorter end chunks, as frameworks run it
     s = with_shorter_end_chunks(s, study.model.num_layers)
     check_fits_model(s, study.model)
+    if study.mixed is not None:  # its GPUs fill whole stages, or the layout is not one
+        mixed_stages(s, study.mixed.gpus, study.mixed.system.name)
     return s
 
 
@@ -366,7 +368,9 @@ def _sweep(study: Study, out: Path, top_k: int, scheduler: str | None, workers: 
         _run(study, todo, screen, replay_it=False, chunk=size, pool=pool, phase="screening",
              progress=progress)
         screened = rank(screen.read().unique("id", keep="first"), study.rank_by)
-        fitted = recompute_to_fit(study, screened, by_id, top_k)
+        # (the least recompute that fits is found on one system: a [mixed] study's stages
+        # are each checked on their own GPU instead, and one that does not fit stays out)
+        fitted = [] if study.mixed else recompute_to_fit(study, screened, by_id, top_k)
         if fitted:
             _run(study, [s for s in fitted if strategy_id(s) not in done], screen,
                  replay_it=False, chunk=size, pool=pool, phase="recomputing to fit",

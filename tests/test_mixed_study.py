@@ -1,0 +1,132 @@
+"""A study's ``[mixed]`` table: part of the cluster on another system's GPUs as whole pipeline
+stages, every strategy of a comparison or a sweep placed there (first or last stages, layers
+split by the stages' speeds), replayed with a ``[[gpu]]`` scenario on those stages, and its
+row's flags the ``trainsim estimate --stage-system`` command of it."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from analysis.cli import app
+from analysis.compare import compare
+from analysis.evaluate import resilience_frame
+from analysis.mixed import mixed_estimate, place
+from analysis.scaling import scaling
+from analysis.study import load_study
+from analysis.sweep import sweep
+from replay import get_system
+from tests.studies import TINY_MODEL
+from tracegen import ConfigError
+
+A100 = get_system("dgx-a100-80gb")
+STUDY = """model = "tiny.toml"
+system = "dgx-h100"
+gpus = 16
+global_batch_size = 32
+tokens = 1e9
+{extra}
+"""
+MIXED = """
+[mixed]
+system = "dgx-a100-80gb"
+gpus = 8
+"""
+STRATEGIES = """
+[[strategies]]
+tp = 2
+pp = 2
+micro_batch_size = 1
+
+[[strategies]]
+tp = 1
+pp = 4
+micro_batch_size = 1
+
+[[strategies]]
+tp = 2
+pp = 2
+vpp = 2
+micro_batch_size = 1
+"""
+
+
+def _study(tmp: Path, extra: str) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "tiny.toml").write_text(TINY_MODEL)
+    path = tmp / "study.toml"
+    path.write_text(STUDY.format(extra=extra))
+    return path
+
+
+def test_a_bad_mixed_table_is_refused_with_every_problem(tmp_path: Path) -> None:
+    path = _study(tmp_path, '[mixed]\nsystem = 3\ngpus = 16\nbalance = "yes"\nnodes = 2\n')
+    with pytest.raises(ConfigError) as err:
+        load_study(path)
+    text = str(err.value)
+    for part in ("unknown key 'nodes'", "between 1 and 15, got 16", "system must be",
+                 "balance is true or false"):
+        assert part in text, text
+    path = _study(tmp_path, MIXED + "[[strategies]]\ntp = 2\npp = 1\nmicro_batch_size = 1\n")
+    with pytest.raises(ConfigError, match="strategy #1: 8 dgx-a100-80gb GPUs are not whole "
+                                          "pipeline stages of tp2-pp1-dp8"):
+        load_study(path)
+
+
+def test_a_comparison_places_each_strategy_and_replay_confirms_it(tmp_path: Path) -> None:
+    """Each row is the placement's estimate (the other GPUs on the first or last stages,
+    whichever steps faster; layers split by speed), replayed within 1% with the A100 ranks on
+    their own nodes' links; its flags, given to `trainsim estimate`, cost that same step."""
+    study = load_study(_study(tmp_path, MIXED + STRATEGIES))
+    rows = compare(study).to_dicts()
+    assert len(rows) == 3
+    for r in rows:
+        original = next(s for s in study.strategies if s.label() in r["strategy"])
+        placed = place(study.model, original, study.system, A100, 8, ref="dgx-a100-80gb")
+        assert r["fast_step_time_s"] == placed.estimate.step_time_s
+        assert r["status"] == "replayed"
+        assert r["step_time_s"] == pytest.approx(r["fast_step_time_s"], rel=0.01)
+        assert r["stage_systems"] == placed.flag.split(" ", 1)[1]
+        out = tmp_path / "e.json"
+        got = CliRunner().invoke(app, ["estimate", "--model", str(tmp_path / "tiny.toml"),
+                                       "--system", "dgx-h100", *shlex.split(r["flags"]),
+                                       "--json", str(out)])
+        assert got.exit_code == 0, got.stdout
+        assert json.loads(out.read_text())["mixed"]["step_time_s"] == r["fast_step_time_s"]
+    # either end is taken where it steps faster: never slower than the first stages
+    s = study.strategies[1]
+    first = mixed_estimate(study.model, s, study.system, {0: A100, 1: A100})
+    assert place(study.model, s, study.system, A100, 8, balance=False).estimate.step_time_s \
+        <= first.step_time_s
+
+
+def test_a_sweep_rules_out_layouts_the_other_gpus_do_not_fill_and_resumes_only_itself(
+        tmp_path: Path) -> None:
+    path = _study(tmp_path, MIXED + "[search]\ntp = [1, 2]\npp = [1, 2, 4]\nvpp = [1]\n"
+                  "micro_batch_size = [1]\nrecompute = [\"none\"]\nzero_stage = [1]\n"
+                  "sequence_parallel = [false]\n")
+    study = load_study(path)
+    results, counts = sweep(study, tmp_path / "out", top_k=1, workers=1)
+    assert counts["invalid"] == 2  # pp 1: one stage of 16 GPUs, not 8
+    assert results.filter(pl.col("pp") == 1).is_empty()
+    assert results["stage_systems"].is_not_null().all()
+    assert all("--stage-system" in f for f in results["flags"])
+    plain = load_study(_study(tmp_path / "plain", "[search]\ntp = [1, 2]\npp = [2]\n"))
+    with pytest.raises(ConfigError, match="another study"):
+        sweep(plain, tmp_path / "out", top_k=1, workers=1)
+    with pytest.raises(ConfigError, match=r"\[mixed\] table fixes"):
+        scaling(study, [16, 32], tmp_path / "scale")
+
+
+def test_resilience_costs_the_placed_strategys_step(tmp_path: Path) -> None:
+    path = _study(tmp_path, MIXED + STRATEGIES + "[failures]\nrate_per_gpu_hour = 0.01\n")
+    study = load_study(path)
+    s = study.strategies[0]
+    frame = resilience_frame(study, s)
+    placed = place(study.model, s, study.system, A100, 8, ref="dgx-a100-80gb")
+    assert frame["step_time_s"][0] == placed.estimate.step_time_s
