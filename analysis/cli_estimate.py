@@ -24,7 +24,7 @@ from analysis.cli_common import (
 from analysis.glance import Glance, fit_advice, glance
 from analysis.op_table import by_kind, op_table
 from replay.hardware import SystemSpec
-from tracegen import Strategy, resolve_model, with_seq_len
+from tracegen import ConfigError, Strategy, resolve_model, with_seq_len
 from tracegen.units import GiB
 
 MEMORY_COLUMNS = ("weights", "gradients", "optimizer", "activations", "logits", "transient")
@@ -68,6 +68,11 @@ def estimate_cmd(
         "--stage-system", help="A mixed cluster: these pipeline stages on another system's "
                                "GPUs, e.g. 0-3=dgx-a100-80gb (repeatable; the rest on "
                                "--system).")] = None,
+    mixed_gpus: Annotated[str | None, typer.Option(
+        "--mixed", help="A mixed cluster, placed for you: GPUS=SYSTEM, that many of the GPUs "
+                        "on another system's nodes as whole pipeline stages (the first or the "
+                        "last, whichever steps faster with the layers split by speed), e.g. "
+                        "512=dgx-a100-80gb; a study's [mixed] table does the same.")] = None,
 ) -> None:
     """Step time, tokens/s, MFU and per-stage memory of one strategy (fast path; milliseconds)."""
     from replay import resolve_system
@@ -94,6 +99,11 @@ def estimate_cmd(
     sys_spec = resolve_system(system)
     mixed = None
     chosen: dict[int, str] = {}
+    if mixed_gpus is not None:
+        if stage_system:
+            raise ConfigError("give --mixed (placed for you) or --stage-system (the stages "
+                              "you choose), not both", what="mixed cluster")
+        stage_system = [_placed_stages(spec, strategy, sys_spec, mixed_gpus)]
     if stage_system:
         from analysis.mixed import mixed_estimate, parse_stage_systems
 
@@ -144,6 +154,26 @@ def print_mixed(m: Any) -> None:
         table.add_row(str(j), name, f"{m.stage_time_s[j] * 1e3:.2f}", f"{mem:.1f}", f"{cap:g}",
                       "yes" if mem <= cap else "[bold red]no[/]")
     console.print(table)
+
+
+def _placed_stages(model: Any, s: Strategy, system: SystemSpec, text: str) -> str:
+    """``--mixed GPUS=SYSTEM`` as the ``--stage-system`` of its placement (``mixed.place``),
+    said on the console."""
+    from analysis.mixed import place
+    from replay import resolve_system
+
+    count, sep, ref = text.partition("=")
+    if not sep or not ref or not count.strip().isdigit() or int(count) < 1:
+        raise ConfigError(f"--mixed {text!r}: give GPUS=SYSTEM, how many of the GPUs are on "
+                          "another system's nodes (e.g. 512=dgx-a100-80gb)",
+                          what="mixed cluster")
+    placed = place(model, s, system, resolve_system(ref), int(count), ref=ref)
+    chosen = placed.flag.split(" ", 1)[1].strip("'")
+    where = "first" if placed.stages[0] == 0 else "last"
+    console.print(f"--mixed {text}: the {where} {len(placed.stages)} stage(s) "
+                  f"(--stage-system {chosen}), of the first and the last the faster with the "
+                  "layers split by the stages' speeds")
+    return chosen
 
 
 def _print_balanced(model: Any, s: Strategy, system: SystemSpec, chosen: dict[int, str],

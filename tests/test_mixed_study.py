@@ -130,3 +130,27 @@ def test_resilience_costs_the_placed_strategys_step(tmp_path: Path) -> None:
     frame = resilience_frame(study, s)
     placed = place(study.model, s, study.system, A100, 8, ref="dgx-a100-80gb")
     assert frame["step_time_s"][0] == placed.estimate.step_time_s
+
+
+def test_estimate_places_the_other_gpus_itself_with_mixed(tmp_path: Path) -> None:
+    """``--mixed GPUS=SYSTEM`` is ``--stage-system`` on ``place``'s stages: the same even and
+    balanced steps, and the placement said."""
+    from tracegen import Strategy, get_model
+
+    model, h100 = get_model("llama3-70b"), get_system("dgx-h100")
+    s = Strategy(tp=8, pp=8, dp=16, sequence_parallel=True, micro_batch_size=1,
+                 global_batch_size=1024, zero_stage=1)
+    placed = place(model, s, h100, A100, 512, ref="dgx-a100-80gb")
+    args = ["estimate", "--model", "llama3-70b", "--gpus", "1024", "--tp", "8", "--pp", "8",
+            "--sp", "--mbs", "1", "--gbs", "1024", "--zero", "1", "--system", "dgx-h100"]
+    out = tmp_path / "m.json"
+    got = CliRunner().invoke(app, [*args, "--mixed", "512=dgx-a100-80gb", "--json", str(out)])
+    assert got.exit_code == 0, got.stdout
+    assert placed.flag.replace("'", "") in " ".join(got.stdout.split())
+    mixed = json.loads(out.read_text())["mixed"]
+    assert mixed["balanced"]["step_time_s"] == placed.estimate.step_time_s
+    where = {j: A100 for j in placed.stages}
+    assert mixed["step_time_s"] == mixed_estimate(model, s, h100, where).step_time_s
+    both = CliRunner().invoke(app, [*args, "--mixed", "512=dgx-a100-80gb",
+                                    "--stage-system", "0=dgx-a100-80gb"])
+    assert both.exit_code != 0 and "not both" in str(both.exception)
