@@ -72,7 +72,7 @@ def estimate_cmd(
         "--mixed", help="A mixed cluster, placed for you: GPUS=SYSTEM, that many of the GPUs "
                         "on another system's nodes as whole pipeline stages (the first or the "
                         "last, whichever steps faster with the layers split by speed), e.g. "
-                        "512=dgx-a100-80gb; a study's [mixed] table does the same.")] = None,
+                        "512=dgx-a100-80gb; a study's \\[mixed] table does the same.")] = None,
 ) -> None:
     """Step time, tokens/s, MFU and per-stage memory of one strategy (fast path; milliseconds)."""
     from replay import resolve_system
