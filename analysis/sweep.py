@@ -178,8 +178,8 @@ def invalid_reasons(study: Study, *, limit: int = 3, sample: int = 2000,
     it, how many of the looked-at combinations it rules out) for the ``limit`` commonest, of
     the first ``sample`` invalid combinations among the first ``budget`` combinations (each is
     built: a vast space of mostly valid ones would otherwise take minutes), and how many were
-    looked at. Reasons of one rule count as one (they differ in numbers, examples or the advice
-    after the rule; the first met is shown)."""
+    looked at. Reasons of one rule count as one (they differ in numbers, quoted values,
+    examples or the advice after the rule; the first met is shown)."""
     space = search_space(study)
     keys = sorted(space)
     counts: collections.Counter[str] = collections.Counter()
@@ -193,7 +193,7 @@ def invalid_reasons(study: Study, *, limit: int = 3, sample: int = 2000,
             reason = exc.problems[0]
             # the rule, not its numbers, its examples or the advice after it
             rule = re.sub(r"\s*\(e\.g\.[^)]*\)", "", reason.split("; ")[0])
-            pattern = re.sub(r"\d+", "N", rule)
+            pattern = re.sub(r"'[^']*'", "'S'", re.sub(r"\d+", "N", rule))  # values too
             first.setdefault(pattern, reason)
             counts[pattern] += 1
             seen += 1
