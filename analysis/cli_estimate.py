@@ -184,10 +184,7 @@ def _print_balanced(model: Any, s: Strategy, system: SystemSpec, chosen: dict[in
 
     found = balanced_layout(model, s, system, chosen)
     if found is None:
-        if s.schedule == "zb_v":
-            console.print("[dim](no layer split by the stages' speeds is offered for ZB-V's "
-                          "V-shaped chunks)[/]")
-        elif s.pp > 1:
+        if s.pp > 1:
             console.print("[dim](no split of the layers by the stages' speeds shortens the "
                           "step: a layer moved off the slowest stage would leave one of its "
                           f"{s.vpp} chunk(s) empty, or another stage over its GPU's memory)[/]")

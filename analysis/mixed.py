@@ -115,23 +115,26 @@ def mixed_estimate(model: ModelSpec | str, s: Strategy, system: SystemSpec | str
 MAX_MOVES = 4096  # one layer moved per round; a pipeline of thousands of layers is not a model
 
 
-def layout_text(layers: list[int], mtp: int = 0, vpp: int = 1) -> str:
+def layout_text(layers: list[int], mtp: int = 0, vpp: int = 1, *, v_shape: bool = False
+                ) -> str:
     """Megatron-Core's ``--pipeline-model-parallel-layout`` with ``layers[j]`` transformer
     layers on stage j (over its ``vpp`` chunks as evenly as they go; the remainder to the
     chunks that hold neither the embedding nor the loss first, so that a stage one layer
     short leaves those two alone, not an empty chunk), the embedding first in the first
-    chunk, the MTP modules and the loss last in the last. Chunks in Megatron's order: every
-    stage's first chunk, then every second."""
+    chunk, the MTP modules and the loss last in the last. Chunks in the global order: every
+    stage's first chunk, then every second — in a V (ZB-V, ``v_shape``) the second chunks from
+    the last stage back to stage 0, which holds the loss too."""
     p = len(layers)
 
     def chunk(c: int, j: int) -> str:
         rank = vpp - 1 - c if j == 0 else c  # which of the stage's chunks gets extra first
         n = layers[j] // vpp + (1 if rank < layers[j] % vpp else 0)
-        last = c == vpp - 1 and j == p - 1
+        last = c == vpp - 1 and j == (0 if v_shape else p - 1)
         return (("E" if c == j == 0 else "") + (f"t*{n}" if n > 1 else "t" * n)
                 + ((f"m*{mtp}" if mtp > 1 else "m" * mtp) + "L" if last else ""))
 
-    return "|".join(chunk(c, j) for c in range(vpp) for j in range(p))
+    return "|".join(chunk(c, j) for c in range(vpp)
+                    for j in (reversed(range(p)) if v_shape and c % 2 else range(p)))
 
 
 def balanced_layout(model: ModelSpec | str, s: Strategy, system: SystemSpec | str,
@@ -141,11 +144,11 @@ def balanced_layout(model: ModelSpec | str, s: Strategy, system: SystemSpec | st
     the slowest stage to the one that would then finish first, while the pipeline bound falls
     and, once every stage fits its GPU, it still does (Megatron-Core runs any split as a
     pipeline layout).
-    With interleaved chunks a stage's layers are spread over its chunks as evenly as they go.
-    None where there is nothing to balance (pp 1, ZB-V's V-shaped chunks, a layout with MTP
-    modules off the last stage, no shorter step found)."""
+    With interleaved chunks a stage's layers are spread over its chunks as evenly as they go
+    (ZB-V's two too, in their V). None where there is nothing to balance (pp 1, a layout with
+    MTP modules off the last chunk, no shorter step found)."""
     model, base = resolve_specs(model, system)
-    if s.pp < 2 or s.schedule == "zb_v":
+    if s.pp < 2:
         return None
     if s.pipeline_layout and any(c.mtp for c in parse_layout(s.pipeline_layout)[:-1]):
         return None  # (the walk keeps the MTP modules with the loss)
@@ -153,8 +156,8 @@ def balanced_layout(model: ModelSpec | str, s: Strategy, system: SystemSpec | st
     plain = dataclasses.replace(s, first_stage_layers=0, last_stage_layers=0,
                                 account_for_embedding_in_pipeline_split=False,
                                 account_for_loss_in_pipeline_split=False)
-    best_s = dataclasses.replace(plain, pipeline_layout=layout_text(layers, model.mtp_layers,
-                                                                    s.vpp))
+    best_s = dataclasses.replace(plain, pipeline_layout=layout_text(
+        layers, model.mtp_layers, s.vpp, v_shape=s.v_shape))
     best = mixed_estimate(model, best_s, base, stage_systems)
     start = best.step_time_s
     for _ in range(MAX_MOVES):
@@ -167,8 +170,8 @@ def balanced_layout(model: ModelSpec | str, s: Strategy, system: SystemSpec | st
         trial = list(layers)
         trial[slow] -= 1
         trial[fast] += 1
-        cand_s = dataclasses.replace(plain, pipeline_layout=layout_text(trial, model.mtp_layers,
-                                                                        s.vpp))
+        cand_s = dataclasses.replace(plain, pipeline_layout=layout_text(
+            trial, model.mtp_layers, s.vpp, v_shape=s.v_shape))
         cand = mixed_estimate(model, cand_s, base, stage_systems)
         # the pipeline bound decides (the walked step's tails move a little with every split
         # and would stop the walk on a plateau of equal slow stages)

@@ -105,12 +105,14 @@ def test_estimate_cli_prints_and_writes_the_mixed_cluster(tmp_path: Path) -> Non
     assert "Traceback" not in bad.stderr
 
 
-@pytest.mark.parametrize("kw", [{}, dict(vpp=2, schedule="interleaved_1f1b")])
+@pytest.mark.parametrize("kw", [{}, dict(vpp=2, schedule="interleaved_1f1b"),
+                                dict(vpp=2, schedule="zb_v")])
 def test_layers_split_by_the_stages_speeds_shorten_the_replayed_step(tmp_path: Path,
                                                                      kw: dict) -> None:
     """The slower GPUs' stages get fewer layers (Megatron-Core's pipeline layout; with
-    interleaved chunks, spread over each stage's chunks): replay of that layout with the same
-    stages on the A100s confirms the shorter step the estimate claims, within 1%."""
+    interleaved chunks, spread over each stage's chunks, ZB-V's in their V): replay of that
+    layout with the same stages on the A100s confirms the shorter step the estimate claims,
+    within 1%."""
     model = dataclasses.replace(MODEL, num_layers=16)
     s = Strategy(tp=1, pp=4, dp=2, micro_batch_size=1, global_batch_size=64, **kw)
     slow = {0: A100, 1: A100}
@@ -120,7 +122,11 @@ def test_layers_split_by_the_stages_speeds_shorten_the_replayed_step(tmp_path: P
     bs, be = found
     chunks = parse_layout(bs.pipeline_layout)
     assert len(chunks) == 4 * s.vpp and sum(c.layers for c in chunks) == 16
-    layers = [sum(chunks[c * 4 + j].layers for c in range(s.vpp)) for j in range(4)]
+    # stage j's chunks: j + 4c (interleaved), or j and 7 − j in ZB-V's V
+    gcis = [[7 - j if c and s.schedule == "zb_v" else c * 4 + j for c in range(s.vpp)]
+            for j in range(4)]
+    layers = [sum(chunks[g].layers for g in gci) for gci in gcis]
+    assert layers == [bs.stage_layers(16, j) for j in range(4)]
     assert layers[0] + layers[1] < layers[2] + layers[3]
     assert be.step_time_s < even.step_time_s * 0.9 and be.fits
     replayed = {}
@@ -139,6 +145,7 @@ def test_layers_split_by_the_stages_speeds_shorten_the_replayed_step(tmp_path: P
     # stage 0: 1 + 2 (the chunk with the embedding takes less), stage 1: 3 + 2 (the loss's)
     assert layout_text([3, 5], vpp=2) == "Et|t*3|t*2|t*2L"
     assert layout_text([1, 1], vpp=2) == "E|t|t|L"  # one short: the end chunks, not empty
+    assert layout_text([3, 5], vpp=2, v_shape=True) == "Et|t*3|t*2|t*2L"  # back to stage 0
 
 
 def test_a_stage_system_named_as_the_base_one_is_still_its_own() -> None:
