@@ -168,7 +168,7 @@ def _placed_stages(model: Any, s: Strategy, system: SystemSpec, text: str) -> st
                           "another system's nodes (e.g. 512=dgx-a100-80gb)",
                           what="mixed cluster")
     placed = place(model, s, system, resolve_system(ref), int(count), ref=ref)
-    chosen = placed.flag.split(" ", 1)[1].strip("'")
+    chosen = placed.stage_systems
     where = "first" if placed.stages[0] == 0 else "last"
     console.print(f"--mixed {text}: the {where} {len(placed.stages)} stage(s) "
                   f"(--stage-system {chosen}), of the first and the last the faster with the "

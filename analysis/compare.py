@@ -102,7 +102,7 @@ def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,
         return row
     step, peak, fits = fast.step_time_s, fast.peak_memory_GiB, fast.fits
     if placed:  # (the row's strategy as placed: its layers split by the stages' speeds)
-        row.update(strategy_fields(s), stage_systems=placed.flag.split(" ", 1)[1])
+        row.update(strategy_fields(s), stage_systems=placed.stage_systems)
         row["flags"] += " " + placed.flag
         e = placed.estimate
         step, peak, fits = e.step_time_s, max(e.stage_memory_GiB), e.fits

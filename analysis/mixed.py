@@ -194,7 +194,11 @@ class Placement:
     strategy: Strategy
     estimate: MixedEstimate
     stages: tuple[int, ...]
-    flag: str
+    stage_systems: str  # as --stage-system takes it: FIRST-LAST=SYSTEM
+
+    @property
+    def flag(self) -> str:
+        return "--stage-system " + shlex.quote(self.stage_systems)
 
 
 def place(model: ModelSpec, s: Strategy, base: SystemSpec, other: SystemSpec, gpus: int, *,
@@ -210,9 +214,8 @@ def place(model: ModelSpec, s: Strategy, base: SystemSpec, other: SystemSpec, gp
         where = dict.fromkeys(stages, other)
         found = balanced_layout(model, s, base, where) if balance else None
         strat, est = found or (s, mixed_estimate(model, s, base, where))
-        flag = "--stage-system " + shlex.quote(
-            f"{stages[0]}" + (f"-{stages[-1]}" if k > 1 else "") + f"={ref or other.name}")
-        cand = Placement(strat, est, stages, flag)
+        value = f"{stages[0]}" + (f"-{stages[-1]}" if k > 1 else "") + f"={ref or other.name}"
+        cand = Placement(strat, est, stages, value)
         if best is None or (not est.fits, est.step_time_s) < (not best.estimate.fits,
                                                               best.estimate.step_time_s):
             best = cand

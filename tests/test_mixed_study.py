@@ -91,7 +91,7 @@ def test_a_comparison_places_each_strategy_and_replay_confirms_it(tmp_path: Path
         assert r["fast_step_time_s"] == placed.estimate.step_time_s
         assert r["status"] == "replayed"
         assert r["step_time_s"] == pytest.approx(r["fast_step_time_s"], rel=0.01)
-        assert r["stage_systems"] == placed.flag.split(" ", 1)[1]
+        assert r["stage_systems"] == placed.stage_systems
         out = tmp_path / "e.json"
         got = CliRunner().invoke(app, ["estimate", "--model", str(tmp_path / "tiny.toml"),
                                        "--system", "dgx-h100", *shlex.split(r["flags"]),
@@ -146,7 +146,7 @@ def test_estimate_places_the_other_gpus_itself_with_mixed(tmp_path: Path) -> Non
     out = tmp_path / "m.json"
     got = CliRunner().invoke(app, [*args, "--mixed", "512=dgx-a100-80gb", "--json", str(out)])
     assert got.exit_code == 0, got.stdout
-    assert placed.flag.replace("'", "") in " ".join(got.stdout.split())
+    assert f"--stage-system {placed.stage_systems}" in " ".join(got.stdout.split())
     mixed = json.loads(out.read_text())["mixed"]
     assert mixed["balanced"]["step_time_s"] == placed.estimate.step_time_s
     where = {j: A100 for j in placed.stages}
