@@ -27,6 +27,7 @@ from replay.hardware import SystemSpec, resolve_system
 from tracegen import ConfigError, ModelSpec, Strategy
 from tracegen.flops import step_rates
 from tracegen.layout import parse_layout
+from tracegen.strategy import check_fits_model
 from tracegen.units import GiB
 
 if TYPE_CHECKING:
@@ -208,6 +209,7 @@ def place(model: ModelSpec, s: Strategy, base: SystemSpec, other: SystemSpec, gp
     system as the command line names it (its name if not given)."""
     from analysis.study import mixed_stages
 
+    check_fits_model(s, model)  # (its own problems first, not a layout's made from it)
     k = mixed_stages(s, gpus, other.name)
     best: Placement | None = None
     for stages in (tuple(range(k)), tuple(range(s.pp - k, s.pp))):

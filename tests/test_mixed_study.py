@@ -154,3 +154,14 @@ def test_estimate_places_the_other_gpus_itself_with_mixed(tmp_path: Path) -> Non
     both = CliRunner().invoke(app, [*args, "--mixed", "512=dgx-a100-80gb",
                                     "--stage-system", "0=dgx-a100-80gb"])
     assert both.exit_code != 0 and "not both" in str(both.exception)
+
+
+def test_a_strategy_the_model_refuses_is_told_so_before_it_is_placed() -> None:
+    """126 layers on pp 16 without an uneven split: the model's own message, not that of a
+    pipeline layout placing 112 layers that the placement would have built from it."""
+    from tracegen import Strategy, get_model
+
+    s = Strategy(tp=8, pp=16, dp=128, sequence_parallel=True, micro_batch_size=1,
+                 global_batch_size=2048, zero_stage=1)
+    with pytest.raises(ConfigError, match="126 is not divisible by pp"):
+        place(get_model("llama3.1-405b"), s, get_system("dgx-h100"), A100, 4096)
