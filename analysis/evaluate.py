@@ -114,11 +114,18 @@ def _episodes(study: Study, s: Strategy, failure: R.FailureModel, table: str
 
 def episode_lines(row: dict[str, Any]) -> list[str]:
     """What a resilience row's slow-GPU and slow-NIC episodes cost, a sentence each (the CLI
-    prints them under a strategy's table, the report under its policies)."""
+    prints them under a strategy's table)."""
+    return [text for _, text in episode_sentences(row)]
+
+
+def episode_sentences(row: dict[str, Any]) -> list[tuple[str, str]]:
+    """``episode_lines`` with each sentence's table, as an id (``fail-slow``, ``slow-links``:
+    the report's element ids)."""
     from analysis import fail_slow, slow_links
 
-    return [m.describe(row) for m, col in ((fail_slow, "fail_slow_loss"),
-                                           (slow_links, "slow_links_loss")) if col in row]
+    return [(name, m.describe(row)) for name, m, col in (
+        ("fail-slow", fail_slow, "fail_slow_loss"), ("slow-links", slow_links, "slow_links_loss"))
+        if col in row]
 
 
 def _require_failures(study: Study) -> None:

@@ -140,7 +140,7 @@ def _context(results: pl.DataFrame, meta: dict[str, Any], figures: list[dict[str
     rows = [{str(c["key"]): _fmt(str(c["key"]), r.get(str(c["key"]))) for c in cols}
             for r in results.head(40).iter_rows(named=True)]
     res_rows = []
-    episodes: list[str] = []
+    episodes: list[tuple[str, str]] = []
     rpath = src / "resilience.parquet"
     if rpath.is_file():
         for r in read_table(rpath, RESILIENCE_COLUMNS_READ).iter_rows(named=True):
@@ -149,9 +149,9 @@ def _context(results: pl.DataFrame, meta: dict[str, Any], figures: list[dict[str
                              "failures": f"{r['expected_failures']:,.0f}",
                              "interval": f"{r['checkpoint_interval_s'] / 60:.1f}"})
         if res_rows:  # the study's [fail_slow] and [slow_links] episodes, in those goodputs
-            from analysis.evaluate import episode_lines
+            from analysis.evaluate import episode_sentences
 
-            episodes = episode_lines(r)
+            episodes = episode_sentences(r)
     title = meta.get("title") or f"trainsim: {meta.get('name', 'strategy comparison')}"
     subtitle = ", ".join(f"{k} {meta[k]}" for k in ("model", "system", "gpus",
                                                      "global_batch_size") if k in meta)
@@ -159,8 +159,7 @@ def _context(results: pl.DataFrame, meta: dict[str, Any], figures: list[dict[str
         subtitle += f"; mixed cluster: {meta['mixed']}"
     return {"title": title, "subtitle": subtitle, "version": __version__, "columns": cols,
             "rows": rows, "figures": figures, "resilience_rows": res_rows,
-            "episodes": [{"id": "fail-slow" if e.startswith("fail-slow") else "slow-links",
-                          "text": e} for e in episodes],
+            "episodes": [{"id": eid, "text": text} for eid, text in episodes],
             "rank_by": meta.get("rank_by", "step time").replace("_", " "),
             "counts": meta.get("counts", {}), "space": meta.get("space", ""),
             "verdict": _verdict(results, meta), "best": _best(results, meta)}
