@@ -14,9 +14,8 @@ import polars as pl
 
 from analysis import replay_size
 from analysis.evaluate import resilience_rows
-from analysis.fastpath import estimate
 from analysis.glance import strategy_rates
-from analysis.mixed import Placement, study_placement
+from analysis.mixed import Placement, placed_fast
 from analysis.strategy_row import FIELD_COLUMNS, cli_flags, row_fields
 from analysis.study import Study
 from replay import ReplayResult, replay
@@ -94,21 +93,17 @@ def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,
     row: dict[str, Any] = dict.fromkeys(RESULT_COLUMNS)
     row.update(strategy_fields(s))
     try:
-        placed = study_placement(study, s)
-        s = placed.strategy if placed else s
-        fast = estimate(study.model, s, study.system)
+        s, fast, placed = placed_fast(study, s)
     except TrainsimError as exc:
         row["status"] = f"invalid: {exc}"
         return row
-    step, peak, fits = fast.step_time_s, fast.peak_memory_GiB, fast.fits
+    step = fast.step_time_s
     if placed:  # (the row's strategy as placed: its layers split by the stages' speeds)
         row.update(strategy_fields(s), stage_systems=placed.stage_systems)
         row["flags"] += " " + placed.flag
-        e = placed.estimate
-        step, peak, fits = e.step_time_s, max(e.stage_memory_GiB), e.fits
-    row.update(fast_step_time_s=step, peak_memory_GiB=peak, fits=fits, step_time_s=step,
-               status="screened")
-    if not fits:
+    row.update(fast_step_time_s=step, peak_memory_GiB=fast.peak_memory_GiB, fits=fast.fits,
+               step_time_s=step, status="screened")
+    if not fast.fits:
         row["status"] = "does not fit"
         return row
     nodes = replay_size.oversized(study.model, s) if replay_it else None

@@ -54,7 +54,7 @@ def resilience_frame(study: Study, s: Strategy, fast: FastEstimate | None = None
     if fast is None:  # (on a [mixed] cluster: the strategy as placed, its mixed step)
         from analysis.mixed import placed_fast
 
-        s, fast = placed_fast(study, s)
+        s, fast, _ = placed_fast(study, s)
     work_s = _work_s(study, s, fast)
     return pl.DataFrame(resilience_rows(study, s, fast)).with_columns(
         pl.lit(strategy_label(s)).alias("strategy"),  # the name results carry

@@ -211,18 +211,14 @@ def place(model: ModelSpec, s: Strategy, base: SystemSpec, other: SystemSpec, gp
 
     check_fits_model(s, model)  # (its own problems first, not a layout's made from it)
     k = mixed_stages(s, gpus, other.name)
-    best: Placement | None = None
+    candidates = []
     for stages in (tuple(range(k)), tuple(range(s.pp - k, s.pp))):
         where = dict.fromkeys(stages, other)
         found = balanced_layout(model, s, base, where) if balance else None
         strat, est = found or (s, mixed_estimate(model, s, base, where))
         value = f"{stages[0]}" + (f"-{stages[-1]}" if k > 1 else "") + f"={ref or other.name}"
-        cand = Placement(strat, est, stages, value)
-        if best is None or (not est.fits, est.step_time_s) < (not best.estimate.fits,
-                                                              best.estimate.step_time_s):
-            best = cand
-    assert best is not None
-    return best
+        candidates.append(Placement(strat, est, stages, value))
+    return min(candidates, key=lambda c: (not c.estimate.fits, c.estimate.step_time_s))
 
 
 def study_placement(study: Study, s: Strategy) -> Placement | None:
@@ -233,15 +229,17 @@ def study_placement(study: Study, s: Strategy) -> Placement | None:
     return place(study.model, s, study.system, m.system, m.gpus, balance=m.balance, ref=m.ref)
 
 
-def placed_fast(study: Study, s: Strategy) -> tuple[Strategy, FastEstimate]:
-    """``s`` as the study's cluster runs it, and its fast-path estimate: on a ``[mixed]``
-    cluster the placed strategy, its estimate's step, largest stage and fit in the base
+def placed_fast(study: Study, s: Strategy
+                ) -> tuple[Strategy, FastEstimate, Placement | None]:
+    """``s`` as the study's cluster runs it, its fast-path estimate, and its placement: on a
+    ``[mixed]`` cluster the placed strategy, and its step, largest stage and fit in the base
     system's estimate of it (whose other fields — the job's shape — the resilience model
-    reads)."""
+    reads); elsewhere ``s``, its estimate and None."""
     placed = study_placement(study, s)
     if placed is None:
-        return s, estimate(study.model, s, study.system)
+        return s, estimate(study.model, s, study.system), None
     e = placed.estimate
     base = estimate(study.model, placed.strategy, study.system)
     return placed.strategy, base._replace(step_time_s=e.step_time_s,
-                                          peak_memory_GiB=max(e.stage_memory_GiB), fits=e.fits)
+                                          peak_memory_GiB=max(e.stage_memory_GiB),
+                                          fits=e.fits), placed
