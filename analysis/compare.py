@@ -122,7 +122,7 @@ def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,
         if nodes:
             row["status"] = "screened: not replayed, " + replay_size.why(nodes)
     if study.has_failures:
-        row.update(_failures(study, s, row["step_time_s"], fast))
+        row.update(_failures(study, s, row["step_time_s"], fast, placed))
     elif study.tokens > 0:  # nothing fails: the healthy run (goodput is not modelled: empty)
         row["time_to_train_s"] = study.tokens / row["tokens_per_s"]
     return row
@@ -184,8 +184,10 @@ def _union(frame: pl.DataFrame) -> list[tuple[float, float]]:
     return union_intervals(frame["start_s"].to_numpy(), frame["end_s"].to_numpy())
 
 
-def _failures(study: Study, s: Strategy, step_time_s: float, fast: Any) -> dict[str, Any]:
-    rows = resilience_rows(study, s, fast._replace(step_time_s=step_time_s))
+def _failures(study: Study, s: Strategy, step_time_s: float, fast: Any,
+              placed: Placement | None) -> dict[str, Any]:
+    rows = resilience_rows(study, s, fast._replace(step_time_s=step_time_s),
+                           placed.where if placed else None)
     g = next(r for r in rows if r["policy"] == "global_restart")  # always among the policies
     best = min(rows, key=lambda r: r["expected_wall_clock_s"])  # the first of equals, as a sort
     return {"goodput": g["goodput"], "time_to_train_s": g["expected_wall_clock_s"],

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import polars as pl
 
 from analysis import resilience as R
-from analysis.fastpath import FastEstimate, estimate
+from analysis.fastpath import FastEstimate, estimate_stages
 from analysis.study import Study
+from replay.hardware import SystemSpec
 from tracegen import ConfigError, Strategy
 
 
@@ -19,18 +21,24 @@ def tokens_per_step(study: Study, s: Strategy) -> int:
     return s.global_batch_size * study.model.seq_len
 
 
-def job_shape(study: Study, s: Strategy, fast: FastEstimate) -> R.JobShape:
-    sys = study.system
-    nic = sys.scaleout.nic_Gbps_per_gpu / 8 * 1e9 * sys.scaleout.nic_efficiency
+def job_shape(study: Study, s: Strategy, fast: FastEstimate,
+              where: Mapping[int, SystemSpec] | None = None) -> R.JobShape:
+    """The job as the recovery costs see it. ``where``: stages on another system's GPUs (a
+    ``[mixed]`` cluster): a checkpoint waits for its slowest writer, so the NIC is the slower
+    of the systems'; the shrunk replica is costed on the same stages."""
+    nic = min(x.scaleout.nic_Gbps_per_gpu / 8 * 1e9 * x.scaleout.nic_efficiency
+              for x in (study.system, *(where or {}).values()))
     return R.JobShape(gpus=s.world_size, params=study.model.num_params(),
                       model_parallel=s.tp * s.pp * s.cp, dp=s.dp, nic_bytes_per_s=nic,
                       step_time_s=fast.step_time_s,
-                      shrunk_throughput=_shrunk_throughput(study, s, fast))
+                      shrunk_throughput=_shrunk_throughput(study, s, fast, where or {}))
 
 
-def _shrunk_throughput(study: Study, s: Strategy, fast: FastEstimate) -> float:
+def _shrunk_throughput(study: Study, s: Strategy, fast: FastEstimate,
+                       where: Mapping[int, SystemSpec]) -> float:
     """Elastic shrink: re-plan on one data-parallel replica fewer (same tp/pp, the global batch
-    rounded to what dp − 1 replicas can take) and compare tokens/s, both from trainsim."""
+    rounded to what dp − 1 replicas can take; on a ``[mixed]`` cluster the same stages on the
+    other GPUs) and compare tokens/s, both from trainsim."""
     if s.dp < 2:
         return 0.0
     dp = s.dp - 1
@@ -38,7 +46,7 @@ def _shrunk_throughput(study: Study, s: Strategy, fast: FastEstimate) -> float:
     gbs = max(unit, s.global_batch_size // unit * unit)
     try:
         shrunk = dataclasses.replace(s, dp=dp, global_batch_size=gbs, ep=math.gcd(dp, s.ep))
-        est = estimate(study.model, shrunk, study.system)
+        est = estimate_stages(study.model, shrunk, study.system, where)
     except ConfigError:
         return 0.0
     full_tps = tokens_per_step(study, s) / fast.step_time_s
@@ -54,9 +62,10 @@ def resilience_frame(study: Study, s: Strategy, fast: FastEstimate | None = None
     if fast is None:  # (on a [mixed] cluster: the strategy as placed, its mixed step)
         from analysis.mixed import placed_fast
 
-        s, fast, _ = placed_fast(study, s)
+        s, fast, placed = placed_fast(study, s)
+        where = placed.where if placed else None
     work_s = _work_s(study, s, fast)
-    return pl.DataFrame(resilience_rows(study, s, fast)).with_columns(
+    return pl.DataFrame(resilience_rows(study, s, fast, where)).with_columns(
         pl.lit(strategy_label(s)).alias("strategy"),  # the name results carry
         pl.lit(work_s).alias("failure_free_s"),
         pl.lit(fast.step_time_s).alias("step_time_s"),
@@ -69,16 +78,19 @@ def _work_s(study: Study, s: Strategy, fast: FastEstimate) -> float:
     return steps * fast.step_time_s
 
 
-def resilience_rows(study: Study, s: Strategy, fast: FastEstimate) -> list[dict[str, Any]]:
-    """``resilience_frame``'s per-policy rows as dicts, without the strategy columns."""
+def resilience_rows(study: Study, s: Strategy, fast: FastEstimate,
+                    where: Mapping[int, SystemSpec] | None = None) -> list[dict[str, Any]]:
+    """``resilience_frame``'s per-policy rows as dicts, without the strategy columns.
+    ``where``: on a ``[mixed]`` cluster, the stages on the other system (``Placement.where``;
+    ``fast`` is then the placed step, ``mixed.placed_fast``'s)."""
     _require_failures(study)
     failure = R.failure_model(study.failures, gpus_per_node=study.system.node.gpus_per_node)
-    job = job_shape(study, s, fast)
+    job = job_shape(study, s, fast, where)
     costs = R.recovery_costs(job, study.checkpoint, study.restart, study.policies)
     keep, slow = 1.0, dict[str, float | None]()
     for table in ("fail_slow", "slow_links"):  # independent episodes: their keeps multiply
         if getattr(study, table):
-            failure, kept, cols = _episodes(study, s, failure, table)
+            failure, kept, cols = _episodes(study, s, failure, table, where)
             keep *= kept
             slow |= cols
     rows = R.policy_rows(failure=failure, gpus=s.world_size, work_s=_work_s(study, s, fast),
@@ -86,7 +98,8 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate) -> list[dict[
     return [{**r, **slow} for r in rows]
 
 
-def _episodes(study: Study, s: Strategy, failure: R.FailureModel, table: str
+def _episodes(study: Study, s: Strategy, failure: R.FailureModel, table: str,
+              where: Mapping[int, SystemSpec] | None
               ) -> tuple[R.FailureModel, float, dict[str, float | None]]:
     """The failure model with the evictions added, the progress kept between failures, and
     the columns that say why, of the study's ``[fail_slow]`` (slow GPUs,
@@ -95,11 +108,13 @@ def _episodes(study: Study, s: Strategy, failure: R.FailureModel, table: str
 
     if table == "fail_slow":
         fs = fail_slow.fail_slow_from(study.fail_slow)
-        mean, worst = fail_slow.step_factors(study.model, s, study.system, fs.slowdown)
+        mean, worst = fail_slow.step_factors(study.model, s, study.system, fs.slowdown,
+                                             where)
         what = {"fail_slow_slowdown": fs.slowdown}
     else:
         fs = slow_links.slow_links_from(study.slow_links)
-        mean, worst = slow_links.step_factors(study.model, s, study.system, 1 / fs.slowdown)
+        mean, worst = slow_links.step_factors(study.model, s, study.system,
+                                              1 / fs.slowdown, where)
         what = {"slow_links_bandwidth_factor": 1 / fs.slowdown}
     keep = fail_slow.progress(fs, s.world_size, mean)
     if fs.detect_s is not None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from analysis.fastpath import estimate, estimate_stages
@@ -129,29 +130,37 @@ def pipeline_bound_s(stage_s: list[float], microbatches: int, chunks: int) -> fl
     return microbatches * worst + (sum(stage_s) - worst) / chunks
 
 
-def stage_factors(model: ModelSpec, s: Strategy, system: SystemSpec, slowdown: float
-                  ) -> list[float]:
+def stage_factors(model: ModelSpec, s: Strategy, system: SystemSpec, slowdown: float,
+                  placed: Mapping[int, SystemSpec] | None = None) -> list[float]:
     """Per pipeline stage: the step time with one slow GPU on that stage over the healthy
     step, both from the fast path (a caller's step may be a replay's: the ratio is the
-    model's). At pp 1 the slowed fast path itself (every rank waits for the slow one)."""
-    return stage_factors_on(model, s, system, slowed_system(system, slowdown))
+    model's). At pp 1 the slowed fast path itself (every rank waits for the slow one).
+    ``placed``: stages on another system's GPUs (a ``[mixed]`` cluster), each slowed as its own
+    GPU is."""
+    return stage_factors_on(model, s, system, lambda x: slowed_system(x, slowdown), placed)
 
 
-def stage_factors_on(model: ModelSpec, s: Strategy, system: SystemSpec, slow: SystemSpec
-                     ) -> list[float]:
-    """Per pipeline stage: the step with that stage on ``slow`` (``estimate_stages``: the
-    schedule walked) over the healthy step; at pp 1, ``slow``'s estimate over it."""
-    healthy = estimate(model, s, system).step_time_s
+def stage_factors_on(model: ModelSpec, s: Strategy, system: SystemSpec,
+                     slowing: Callable[[SystemSpec], SystemSpec],
+                     placed: Mapping[int, SystemSpec] | None = None) -> list[float]:
+    """Per pipeline stage: the step with that stage's system made ``slowing`` of it
+    (``estimate_stages``: the schedule walked) over the healthy step; at pp 1, the slowed
+    system's estimate over it. ``placed``: stages on other systems in both steps (the healthy
+    step is then theirs too: ``mixed.placed_fast``'s)."""
+    where = dict(placed or {})
+    healthy = estimate_stages(model, s, system, where).step_time_s
+    slow = {id(x): slowing(x) for x in (system, *where.values())}  # one each: memos key by it
     if s.pp == 1:
-        return [estimate(model, s, slow).step_time_s / healthy]
-    return [estimate_stages(model, s, system, {j: slow}).step_time_s / healthy
+        return [estimate(model, s, slow[id(system)]).step_time_s / healthy]
+    return [estimate_stages(model, s, system,
+                            {**where, j: slow[id(where.get(j, system))]}).step_time_s / healthy
             for j in range(s.pp)]
 
 
-def step_factors(model: ModelSpec, s: Strategy, system: SystemSpec, slowdown: float
-                 ) -> tuple[float, float]:
+def step_factors(model: ModelSpec, s: Strategy, system: SystemSpec, slowdown: float,
+                 placed: Mapping[int, SystemSpec] | None = None) -> tuple[float, float]:
     """(mean over stages — a slow GPU is as likely on each —, worst) of ``stage_factors``."""
-    return mean_and_worst(stage_factors(model, s, system, slowdown))
+    return mean_and_worst(stage_factors(model, s, system, slowdown, placed))
 
 
 def mean_and_worst(factors: list[float]) -> tuple[float, float]:

@@ -196,10 +196,16 @@ class Placement:
     estimate: MixedEstimate
     stages: tuple[int, ...]
     stage_systems: str  # as --stage-system takes it: FIRST-LAST=SYSTEM
+    system: SystemSpec  # the other system, whose GPUs the stages are on
 
     @property
     def flag(self) -> str:
         return "--stage-system " + shlex.quote(self.stage_systems)
+
+    @property
+    def where(self) -> dict[int, SystemSpec]:
+        """The stages on the other system, as ``fastpath.estimate_stages`` takes them."""
+        return dict.fromkeys(self.stages, self.system)
 
 
 def place(model: ModelSpec, s: Strategy, base: SystemSpec, other: SystemSpec, gpus: int, *,
@@ -217,7 +223,7 @@ def place(model: ModelSpec, s: Strategy, base: SystemSpec, other: SystemSpec, gp
         found = balanced_layout(model, s, base, where) if balance else None
         strat, est = found or (s, mixed_estimate(model, s, base, where))
         value = f"{stages[0]}" + (f"-{stages[-1]}" if k > 1 else "") + f"={ref or other.name}"
-        candidates.append(Placement(strat, est, stages, value))
+        candidates.append(Placement(strat, est, stages, value, other))
     return min(candidates, key=lambda c: (not c.estimate.fits, c.estimate.step_time_s))
 
 

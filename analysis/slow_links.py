@@ -29,6 +29,7 @@ reference (``tests/test_slow_links.py``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from analysis.fail_slow import (
@@ -61,20 +62,21 @@ def slow_links_from(spec: dict[str, Any]) -> FailSlow:
     return episodes(spec, "slow_links", 1 / factor)
 
 
-def stage_factors(model: ModelSpec, s: Strategy, system: SystemSpec, factor: float
-                  ) -> list[float]:
+def stage_factors(model: ModelSpec, s: Strategy, system: SystemSpec, factor: float,
+                  placed: Mapping[int, SystemSpec] | None = None) -> list[float]:
     """Per pipeline stage: the step time with one slow NIC on that stage over the healthy
     step, both from the fast path: the stage spliced in from the system with every NIC at
     ``factor`` (its own cross-node traffic, its sends, its gradient reduction and gathers
     there) and the schedule walked (``fastpath.estimate_stages``). At pp 1 the slowed system's
-    estimate itself (every group waits for the slow ring)."""
-    return stage_factors_on(model, s, system, tiers_slowed(system, factor, 1.0))
+    estimate itself (every group waits for the slow ring). ``placed``: stages on another
+    system (a ``[mixed]`` cluster), each with its own NICs slowed."""
+    return stage_factors_on(model, s, system, lambda x: tiers_slowed(x, factor, 1.0), placed)
 
 
-def step_factors(model: ModelSpec, s: Strategy, system: SystemSpec, factor: float
-                 ) -> tuple[float, float]:
+def step_factors(model: ModelSpec, s: Strategy, system: SystemSpec, factor: float,
+                 placed: Mapping[int, SystemSpec] | None = None) -> tuple[float, float]:
     """(mean over stages — a slow NIC is as likely on each —, worst) of ``stage_factors``."""
-    return mean_and_worst(stage_factors(model, s, system, factor))
+    return mean_and_worst(stage_factors(model, s, system, factor, placed))
 
 
 def describe(row: dict[str, Any]) -> str:

@@ -46,9 +46,10 @@ def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
     overrides = compute_for(scen, compute) if scen else {}
     mix = _gpu_mix(ts, sys_spec, scen)
     if any(spec != sys_spec for spec, _ in mix.values()):  # their nodes' own links
-        net = MixedNetwork(net, {r: AlphaBetaNetwork(spec, astra_compat=astra_compat)
-                                 for spec, ranks in mix.values() if spec != sys_spec
-                                 for r in ranks})
+        nets = {key: AlphaBetaNetwork(spec, astra_compat=astra_compat)  # one per system
+                for key, (spec, _) in mix.items() if spec != sys_spec}
+        net = MixedNetwork(net, {r: nets[key] for key, (spec, ranks) in mix.items()
+                                 if spec != sys_spec for r in ranks})
     if scen and scen.links:
         net = DegradedNetwork(net, scen.links)
     sim = Simulator(ts, model, net, astra_compat=astra_compat, contention=contention,

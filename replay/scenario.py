@@ -282,32 +282,56 @@ class DegradedNetwork:
     touches one is costed again on the system with that tier (NIC or NVLink) at the slowest
     hit link's share of its bandwidth: a ring moves at its slowest hop, and a two-level
     collective slows only in the phase on the degraded tier (its NVLink reduce-scatter and
-    all-gather stay fast when a NIC is slow). The links' extra latency is added. A base model
-    without a system (``.sys``) has its whole transfer stretched instead."""
+    all-gather stay fast when a NIC is slow). On a mixed cluster (``MixedNetwork``) the system
+    slowed is the hit rank's own, the others as they are, and the transfer at the slower of
+    them (an H100 NIC at a quarter, 100 Gb/s, sending to a healthy 200 Gb/s A100 one moves at
+    100). The links' extra latency is added. A base model without a system (``.sys``) has its
+    whole transfer stretched instead."""
 
     def __init__(self, base: NetworkModel, faults: tuple[LinkFault, ...]) -> None:
         self.base = base
         self.faults: dict[tuple[str, int], LinkFault] = {(f.tier, f.rank): f for f in faults}
-        self._slowed: dict[tuple[float, float], NetworkModel] = {}
+        self._slowed: dict[tuple[Any, ...], NetworkModel] = {}
 
     def _degraded(self, cost: CommCost, again: Callable[[NetworkModel], CommCost]) -> CommCost:
         hit = [self.faults[ln] for ln in cost.links if ln in self.faults]
         if not hit:
             return cost
         extra = max(f.extra_latency_ns for f in hit)
-        system = getattr(self.base, "sys", None)
-        if not isinstance(system, SystemSpec):
+        net = self._slowed_net(hit)
+        if net is None:
             factor = min(f.factor for f in hit)
             return CommCost(cost.latency_ns + extra, round(cost.transfer_ns / factor), cost.links,
                             cost.shares)
-        key = (min((f.factor for f in hit if f.tier == "nic"), default=1.0),
-               min((f.factor for f in hit if f.tier == "nvl"), default=1.0))
-        net = self._slowed.get(key)
-        if net is None:
-            net = self._slowed[key] = AlphaBetaNetwork(
-                tiers_slowed(system, *key), astra_compat=getattr(self.base, "astra", False))
         slow = again(net)
         return CommCost(slow.latency_ns + extra, slow.transfer_ns, cost.links, slow.shares)
+
+    def _slowed_net(self, hit: list[LinkFault]) -> NetworkModel | None:
+        """The network to cost a transfer on again: each hit rank's system with its tiers at
+        the slowest hit link's share (None: a model with no system to slow)."""
+        mixed = self.base if isinstance(self.base, MixedNetwork) else None
+        own: Callable[[int], NetworkModel] = (
+            (lambda r: mixed.own.get(r, mixed.base)) if mixed else (lambda r: self.base))
+        nets = {id(own(f.rank)): own(f.rank) for f in hit}
+        if not all(isinstance(getattr(n, "sys", None), SystemSpec) for n in nets.values()):
+            return None
+        factors = {k: (min((f.factor for f in hit if f.tier == "nic" and id(own(f.rank)) == k),
+                           default=1.0),
+                       min((f.factor for f in hit if f.tier == "nvl" and id(own(f.rank)) == k),
+                           default=1.0)) for k in nets}
+        key = tuple(sorted(factors.items()))
+        got = self._slowed.get(key)
+        if got is None:
+            slowed = {k: AlphaBetaNetwork(tiers_slowed(nets[k].sys, *fs),  # type: ignore[attr-defined]
+                                          astra_compat=getattr(nets[k], "astra", False))
+                      for k, fs in factors.items()}
+            if mixed is None:
+                got = next(iter(slowed.values()))
+            else:
+                got = MixedNetwork(slowed.get(id(mixed.base), mixed.base),
+                                   {r: slowed.get(id(n), n) for r, n in mixed.own.items()})
+            self._slowed[key] = got
+        return got
 
     def collective(self, coll: str, size_bytes: int, ranks: tuple[int, ...],
                    route: Route | None = None) -> CommCost:
@@ -325,8 +349,7 @@ class MixedNetwork:
     A collective whose group lies on one system is costed on it; one spanning systems, and a
     send between them, at the slower of the systems' costs (a ring moves at its slowest hop;
     the fast path's ``estimate_stages`` takes each send at its slower end alike). Degraded
-    links on such a cluster stretch a transfer by their factor (``DegradedNetwork`` without
-    one system to re-cost it on)."""
+    links on such a cluster slow their own rank's system (``DegradedNetwork``)."""
 
     def __init__(self, base: NetworkModel, own: dict[int, NetworkModel]) -> None:
         self.base, self.own = base, own

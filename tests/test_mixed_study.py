@@ -20,7 +20,7 @@ from analysis.mixed import mixed_estimate, place
 from analysis.scaling import scaling
 from analysis.study import load_study
 from analysis.sweep import sweep
-from replay import get_system
+from replay import get_system, replay
 from tests.studies import TINY_MODEL
 from tracegen import ConfigError
 
@@ -165,3 +165,63 @@ def test_a_strategy_the_model_refuses_is_told_so_before_it_is_placed() -> None:
                  global_batch_size=2048, zero_stage=1)
     with pytest.raises(ConfigError, match="126 is not divisible by pp"):
         place(get_model("llama3.1-405b"), s, get_system("dgx-h100"), A100, 4096)
+
+
+@pytest.mark.parametrize("table", ["fail_slow", "slow_links"])
+def test_a_slow_gpu_or_nic_on_a_mixed_cluster_slows_its_own_systems_stage(
+        tmp_path: Path, table: str) -> None:
+    """A fail-slow GPU or a slow NIC on the placed cluster: each stage's factor is the mixed
+    step with that stage's own system slowed (an A100 stage a slow A100, not a slow H100) over
+    the mixed step; replay with the ``[[gpu]]`` scenario plus a straggler or a slow link on
+    that stage's representative agrees within 1% a stage (replay without link contention, the
+    fast path's reference, as in the one-system tests)."""
+    from analysis import fail_slow, slow_links
+    from tracegen import generate
+
+    study = load_study(_study(tmp_path, MIXED + STRATEGIES))
+    placed = place(study.model, study.strategies[1], study.system, A100, 8, ref="dgx-a100-80gb")
+    s, where = placed.strategy, placed.where
+    if table == "fail_slow":
+        predicted = fail_slow.stage_factors(study.model, s, study.system, 2.0, where)
+        extra = "[[straggler]]\nranks = [{rep}]\nslowdown = 2.0\n"
+    else:
+        predicted = slow_links.stage_factors(study.model, s, study.system, 0.25, where)
+        extra = '[[link]]\nranks = [{rep}]\ntier = "nic"\nbandwidth_factor = 0.25\n'
+    generate(study.model, s, tmp_path / "et", mode="representative", gpus=study.gpus)
+    reps = sorted(int(p.name.split(".")[1]) for p in (tmp_path / "et").glob("*.et"))
+    gpu = f'[[gpu]]\nranks = {[reps[j] for j in placed.stages]}\nsystem = "dgx-a100-80gb"\n'
+    sc = tmp_path / "sc.toml"
+    sc.write_text(gpu)
+    healthy = replay(tmp_path / "et", study.system, scenario=sc, contention=False).step_time_s
+    assert healthy == pytest.approx(placed.estimate.step_time_s, rel=0.01)
+    got = []
+    for rep in reps:
+        sc.write_text(gpu + extra.format(rep=rep))
+        got.append(replay(tmp_path / "et", study.system, scenario=sc, contention=False
+                          ).step_time_s / healthy)
+    assert predicted == pytest.approx(got, rel=0.01)
+    # an A100 stage slowed is not an H100 stage slowed: the one-system factors differ
+    one_system = (fail_slow.stage_factors(study.model, s, study.system, 2.0) if
+                  table == "fail_slow" else
+                  slow_links.stage_factors(study.model, s, study.system, 0.25))
+    assert predicted != pytest.approx(one_system, rel=0.01)
+
+
+def test_resilience_on_a_mixed_cluster_costs_its_slowest_nic_and_its_shrunk_replica(
+        tmp_path: Path) -> None:
+    """The checkpoint waits for the slower (A100, 200 Gb/s) NICs; the elastic replica fewer
+    runs on the same stages (its throughput below the full job's, as on one system)."""
+    from analysis.evaluate import job_shape
+    from analysis.fastpath import estimate_stages
+
+    study = load_study(_study(tmp_path, MIXED + STRATEGIES + "[failures]\n"
+                                                             "rate_per_gpu_hour = 0.01\n"))
+    placed = place(study.model, study.strategies[1], study.system, A100, 8, ref="dgx-a100-80gb")
+    s = placed.strategy
+    fast = estimate_stages(study.model, s, study.system, placed.where)
+    job = job_shape(study, s, fast, placed.where)
+    a100_nic = A100.scaleout.nic_Gbps_per_gpu / 8 * 1e9 * A100.scaleout.nic_efficiency
+    assert job.nic_bytes_per_s == a100_nic < job_shape(study, s, fast).nic_bytes_per_s
+    assert 0 < job.shrunk_throughput < 1
+    frame = resilience_frame(study, study.strategies[1])
+    assert frame["step_time_s"][0] == placed.estimate.step_time_s == fast.step_time_s

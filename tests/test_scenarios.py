@@ -249,3 +249,33 @@ def test_a_mixed_cluster_fits_only_where_each_ranks_own_gpu_holds_its_stage(
     assert a100["mfu"] == pytest.approx(
         a100["tokens_per_s"] / healthy["tokens_per_s"] * healthy["mfu"]
         * H100.gpu.peak_flop_per_s("bf16") / mean, rel=1e-12)
+
+
+def test_a_slow_nic_on_a_mixed_cluster_slows_its_own_systems_link() -> None:
+    """Ranks 0-7 on an H100 node (400 Gb/s NICs), 8-15 on an A100 node (200 Gb/s). A send
+    across moves at the slower end: healthy the A100's; with rank 0's NIC at a quarter
+    (100 Gb/s) the H100's slowed; with rank 8's at a quarter (50 Gb/s) the A100's slowed, and
+    an all-reduce among the A100 ranks too, while one among the H100 ranks is untouched."""
+    from replay.network import AlphaBetaNetwork
+    from replay.scenario import DegradedNetwork, LinkFault, MixedNetwork, tiers_slowed
+
+    h100, a100 = get_system("dgx-h100"), get_system("dgx-a100-80gb")
+    a100_net = AlphaBetaNetwork(a100)
+    mixed = MixedNetwork(AlphaBetaNetwork(h100), dict.fromkeys(range(8, 16), a100_net))
+    size = 64 << 20
+    assert mixed.p2p(0, 8, size) == a100_net.p2p(0, 8, size)
+
+    def slowed(rank: int) -> DegradedNetwork:
+        return DegradedNetwork(mixed, (LinkFault(rank, "nic", 0.25, 0),))
+
+    slow_h100 = AlphaBetaNetwork(tiers_slowed(h100, 0.25, 1.0))
+    slow_a100 = AlphaBetaNetwork(tiers_slowed(a100, 0.25, 1.0))
+    assert slowed(0).p2p(0, 8, size).transfer_ns == slow_h100.p2p(0, 8, size).transfer_ns
+    assert slowed(8).p2p(0, 8, size).transfer_ns == slow_a100.p2p(0, 8, size).transfer_ns
+    assert slow_a100.p2p(0, 8, size).transfer_ns > slow_h100.p2p(0, 8, size).transfer_ns
+    a100_ring = tuple(range(8, 16))
+    assert slowed(8).collective("ALL_REDUCE", size, a100_ring).transfer_ns == \
+        mixed.collective("ALL_REDUCE", size, a100_ring).transfer_ns  # inside a node: no NIC
+    across = (0, 8)
+    assert slowed(8).collective("ALL_REDUCE", size, across).transfer_ns == \
+        slow_a100.collective("ALL_REDUCE", size, across).transfer_ns
