@@ -19,6 +19,7 @@ from analysis.mixed import Placement, placed_fast
 from analysis.strategy_row import FIELD_COLUMNS, cli_flags, row_fields
 from analysis.study import Study
 from replay import ReplayResult, replay
+from replay.hardware import system_toml
 from replay.results import intervals_length, intervals_overlap, union_intervals
 from tracegen import Strategy, TrainsimError, generate
 
@@ -136,9 +137,11 @@ def _replay(study: Study, s: Strategy, placed: Placement | None = None) -> Repla
         if placed is None or study.mixed is None:
             return replay(tmp, study.system)
         reps = sorted(int(p.name.split(".")[1]) for p in Path(tmp).glob("*.et"))
+        other = Path(tmp) / "other-system.toml"  # (a Dask worker elsewhere has no study files)
+        other.write_text(system_toml(study.mixed.system), encoding="utf-8")
         scenario = Path(tmp) / "mixed.toml"
         scenario.write_text(f"[[gpu]]\nranks = {[reps[j] for j in placed.stages]}\n"
-                            f"system = {json.dumps(study.mixed.ref or study.mixed.system.name)}\n")
+                            f"system = {json.dumps(str(other))}\n")
         return replay(tmp, study.system, scenario=scenario)
 
 

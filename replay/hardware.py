@@ -4,6 +4,7 @@ converted once here to SI (FLOP/s, bytes/s, bytes, ns)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import tomllib
 from importlib import resources
@@ -251,6 +252,17 @@ class SystemSpec:
 
 
 SECTIONS = ("gpu", "node", "scaleout", "astra")
+
+
+def system_toml(spec: SystemSpec) -> str:
+    """``spec`` as a system file (``resolve_system`` reads it back equal): what a process on
+    another machine needs of a system given here as a file it cannot see."""
+    data = dataclasses.asdict(spec)
+    lines = [f"{k} = {json.dumps(data[k], ensure_ascii=False)}" for k in ("name", "description")]
+    for section in SECTIONS:
+        lines += ["", f"[{section}]"] + [f"{k} = {json.dumps(v, ensure_ascii=False)}"
+                                         for k, v in data[section].items()]
+    return "\n".join(lines) + "\n"
 # Every number of a system lies far inside this range in its own units (TFLOP/s, GB/s, Gb/s, µs,
 # GiB, fractions, counts): outside it, a value is a typo (or TOML's nan / inf), and it would turn
 # into an infinite or NaN duration deep inside a model.

@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 
 from replay import get_system, replay
+from replay.hardware import resolve_system, system_names, system_toml
 from replay.traceset import load_trace_set
 from tracegen import ConfigError, ModelSpec, Strategy, generate
 
@@ -279,3 +280,18 @@ def test_a_slow_nic_on_a_mixed_cluster_slows_its_own_systems_link() -> None:
     across = (0, 8)
     assert slowed(8).collective("ALL_REDUCE", size, across).transfer_ns == \
         slow_a100.collective("ALL_REDUCE", size, across).transfer_ns
+
+
+@pytest.mark.parametrize("name", [
+    *system_names(),
+    "dgx-h100@flashattention-2"])
+def test_a_system_written_as_a_file_reads_back_equal(tmp_path: Path, name: str) -> None:
+    """``system_toml``: what a mixed study's replay writes beside its traces for the other
+    system (a Dask worker elsewhere cannot see the study's own file). Every preset, a system
+    with an earlier attention kernel, and one with overrides and a quote in its text."""
+    spec = resolve_system(name)
+    odd = spec.with_overrides({"scaleout.nic_Gbps_per_gpu": 123.5, "gpu.launch_overhead_us": 1e-3})
+    for s in (spec, dataclasses.replace(odd, description='a "quoted"\nline — ünïcode')):
+        path = tmp_path / "sys.toml"
+        path.write_text(system_toml(s), encoding="utf-8")
+        assert resolve_system(path) == s
