@@ -175,7 +175,7 @@ def resilience_cmd(
     from analysis import plots as P
     from analysis import resilience as R
     from analysis.evaluate import episode_lines, resilience_frame, strategy_dict, summary_dict
-    from analysis.glance import fit_hints
+    from analysis.mixed import study_fit_hints
     summary, plots = output_file(summary, "--summary"), output_dir(plots, "--plots")
     study = _resolve_study(study_file)
     _print_cluster(study)
@@ -193,8 +193,7 @@ def resilience_cmd(
         out[name] = summary_dict(frame)
         shapes[name] = strategy_dict(frame)
         if not shapes[name]["fits"]:
-            shapes[name]["fit_hint"], shapes[name]["shard_hint"] = fit_hints(
-                study.model, s, study.system)
+            shapes[name]["fit_hint"], shapes[name]["shard_hint"] = study_fit_hints(study, s)
         mttf_s = frame["job_mttf_s"][0]
         table = Table(title=f"{study.name}: {name} on {s.world_size} GPUs "
                             f"(job MTTF {_duration(mttf_s)})")
@@ -208,7 +207,7 @@ def resilience_cmd(
                           f"{r['checkpoint_interval_s'] / 60:.1f}", f"{r['checkpoint_s']:.1f}",
                           f"{r['restart_s']:.0f}")
         console.print(table)
-        console.print(_resilience_step_line(shapes[name], study.system.gpu.hbm_bytes, s))
+        console.print(_resilience_step_line(shapes[name], _capacity_text(study), s))
         for line in episode_lines(frame.row(0, named=True)):
             console.print(line)
         if any(r["goodput"] <= 0 for r in frame.iter_rows(named=True)):
@@ -269,23 +268,33 @@ def _no_progress_line(mttf_s: float, restart_s: float, gpus: int) -> str:
             f"GPU and hour; the presets' rates: {known}")
 
 
-def _resilience_step_line(shape: dict[str, Any], hbm_bytes: int, s: Strategy) -> str:
+def _capacity_text(study: Any) -> str:
+    """The GPU memory a study's strategies must fit: on a ``[mixed]`` cluster of two
+    capacities, each (every stage is checked against its own GPU's)."""
+    base = study.system.gpu.hbm_bytes / 2**30
+    other = None if study.mixed is None else study.mixed.system.gpu.hbm_bytes / 2**30
+    if other is None or round(other) == round(base):
+        return f"{base:.0f} GiB"
+    return (f"{base:.0f} GiB on {study.system.name}, {other:.0f} GiB on "
+            f"{study.mixed.system.name} (each stage against its own)")
+
+
+def _resilience_step_line(shape: dict[str, Any], capacity: str, s: Strategy) -> str:
     """The failure-free step the policies rest on, and whether the strategy fits: a strategy
     that does not is flagged here as everywhere (its goodput is that of a run that cannot
     start), with the recomputation and the sharding that would make it fit."""
     line = (f"failure-free step {shape['step_time_s']:.3f} s (fast path), "
             f"{shape['failure_free_s'] / 86400:.1f} days; peak memory "
             f"{shape['peak_memory_GiB']:.1f} GiB per GPU")
-    capacity = hbm_bytes / 2**30
     if shape["fits"]:
-        return f"{line}: fits in {capacity:.0f} GiB"
+        return f"{line}: fits in {capacity}"
     from analysis.glance import fit_advice
 
     advice = [f"it fits with {what} ({fields}): {hint['peak_memory_GiB']:.1f} GiB, "
               f"{hint['step_time_s']:.3f} s a step"
               for hint, what, _, fields in fit_advice(shape.get("fit_hint"),
                                                       shape.get("shard_hint"), s)]
-    return (f"{line}: [bold red]DOES NOT FIT[/] in {capacity:.0f} GiB — these figures are for "
+    return (f"{line}: [bold red]DOES NOT FIT[/] in {capacity} — these figures are for "
             f"a run that cannot start ("
             + ("; ".join(advice) or "try more pipeline stages or a smaller micro-batch") + ")")
 

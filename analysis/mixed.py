@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from analysis.fail_slow import pipeline_bound_s
 from analysis.fastpath import estimate, estimate_stages, resolve_specs
-from analysis.glance import stage_glances
+from analysis.glance import fit_hints, stage_glances
 from replay.hardware import SystemSpec, resolve_system
 from tracegen import ConfigError, ModelSpec, Strategy
 from tracegen.flops import step_rates
@@ -249,3 +249,29 @@ def placed_fast(study: Study, s: Strategy
     return placed.strategy, base._replace(step_time_s=e.step_time_s,
                                           peak_memory_GiB=max(e.stage_memory_GiB),
                                           fits=e.fits), placed
+
+
+def study_fit_hints(study: Study, s: Strategy
+                    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """``glance.fit_hints`` of a study's strategy that does not fit; on a ``[mixed]`` cluster
+    each hint placed there as the strategy is (``placed_fast``: its layers split again by the
+    stages' speeds, each stage against its own GPU) with that step and peak, and dropped where
+    it does not fit there (found on one system, it is only a candidate)."""
+    hints = fit_hints(study.model, s, study.system)
+    if study.mixed is None:
+        return hints
+    return _placed_hint(study, s, hints[0]), _placed_hint(study, s, hints[1])
+
+
+def _placed_hint(study: Study, s: Strategy, hint: dict[str, Any] | None
+                 ) -> dict[str, Any] | None:
+    if hint is None:
+        return None
+    fields = {k: v for k, v in hint.items() if k not in ("step_time_s", "peak_memory_GiB")}
+    try:
+        _, fast, _ = placed_fast(study, dataclasses.replace(s, **fields))
+    except ConfigError:
+        return None
+    if not fast.fits:
+        return None
+    return {**hint, "step_time_s": fast.step_time_s, "peak_memory_GiB": fast.peak_memory_GiB}

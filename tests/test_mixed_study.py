@@ -5,6 +5,7 @@ row's flags the ``trainsim estimate --stage-system`` command of it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from pathlib import Path
@@ -225,3 +226,37 @@ def test_resilience_on_a_mixed_cluster_costs_its_slowest_nic_and_its_shrunk_repl
     assert 0 < job.shrunk_throughput < 1
     frame = resilience_frame(study, study.strategies[1])
     assert frame["step_time_s"][0] == placed.estimate.step_time_s == fast.step_time_s
+
+
+def test_a_mixed_studys_fit_hints_are_placed_there(tmp_path: Path) -> None:
+    """Llama 3 70B at tp 4 · pp 4 without ZeRO does not fit on 512 H100 + 512 A100. The hints
+    (found on one system) are placed as the strategy is, layers split by speed, and costed
+    there: ZeRO-2 fits at the mixed step (~12 s), not the all-H100 one (~8.5 s) it had been
+    quoted at; ``trainsim resilience`` says so."""
+    from analysis.glance import fit_hints
+    from analysis.mixed import placed_fast, study_fit_hints
+
+    (tmp_path / "study.toml").write_text(
+        'model = "llama3-70b"\nsystem = "dgx-h100"\ngpus = 1024\nglobal_batch_size = 1024\n'
+        'tokens = 1e12\n[mixed]\nsystem = "dgx-a100-80gb"\ngpus = 512\n[[strategies]]\n'
+        'tp = 4\npp = 4\nmicro_batch_size = 1\nsequence_parallel = true\n'
+        '[failures]\npreset = "llama3-16k-h100"\n')
+    study = load_study(tmp_path / "study.toml")
+    s = study.strategies[0]
+    assert not placed_fast(study, s)[1].fits
+    placed, one = study_fit_hints(study, s), fit_hints(study.model, s, study.system)
+    assert placed[1] is not None and placed[1]["zero_stage"] == 2
+    for hint, alone in zip(placed, one, strict=True):
+        if hint is None:
+            continue
+        fields = {k: v for k, v in hint.items() if k not in ("step_time_s", "peak_memory_GiB")}
+        _, fast, _ = placed_fast(study, dataclasses.replace(s, **fields))
+        assert fast.fits and hint["step_time_s"] == fast.step_time_s
+        assert hint["peak_memory_GiB"] == fast.peak_memory_GiB
+        assert hint["step_time_s"] > 1.2 * alone["step_time_s"]  # the A100 stages pace it
+    got = CliRunner().invoke(app, ["resilience", str(tmp_path / "study.toml")])
+    assert got.exit_code == 0, got.stdout
+    text = " ".join(got.stdout.split())
+    assert (f"it fits with ZeRO-2 (zero_stage = 2): {placed[1]['peak_memory_GiB']:.1f} GiB, "
+            f"{placed[1]['step_time_s']:.3f} s a step") in text
+
