@@ -259,4 +259,10 @@ def test_a_mixed_studys_fit_hints_are_placed_there(tmp_path: Path) -> None:
     text = " ".join(got.stdout.split())
     assert (f"it fits with ZeRO-2 (zero_stage = 2): {placed[1]['peak_memory_GiB']:.1f} GiB, "
             f"{placed[1]['step_time_s']:.3f} s a step") in text
+    assert "DOES NOT FIT in 80 GiB —" in text  # both GPUs hold 80 GiB: one figure
+    smaller = tmp_path / "a100-40.toml"
+    smaller.write_text((tmp_path / "study.toml").read_text().replace("a100-80gb", "a100-40gb"))
+    got = CliRunner().invoke(app, ["resilience", str(smaller)])
+    assert ("80 GiB on dgx-h100, 40 GiB on dgx-a100-40gb (each stage against its own)"
+            in " ".join(got.stdout.split())), got.stdout
 
