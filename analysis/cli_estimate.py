@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -117,6 +118,8 @@ def estimate_cmd(
             note_precision({strategy.precision}, resolve_system(other))
         print_mixed(mixed)
         balanced = _print_balanced(spec, strategy, sys_spec, chosen, mixed)
+        if not (mixed.fits or (balanced is not None and balanced[1].fits)):
+            _print_mixed_hints(spec, strategy, sys_spec, chosen)
     note_param_gather(strategy)
     note_precision({strategy.precision}, sys_spec)
     table = None
@@ -154,6 +157,28 @@ def print_mixed(m: Any) -> None:
         table.add_row(str(j), name, f"{m.stage_time_s[j] * 1e3:.2f}", f"{mem:.1f}", f"{cap:g}",
                       "yes" if mem <= cap else "[bold red]no[/]")
     console.print(table)
+
+
+def _print_mixed_hints(model: Any, s: Strategy, system: SystemSpec, chosen: dict[int, str]
+                       ) -> None:
+    """What recomputation and what sharding would make the mixed cluster's stages fit, each
+    candidate costed on them with its layers split by speed (``mixed.stages_cost``)."""
+    from analysis.glance import fit_advice, fit_hints
+    from analysis.mixed import balanced_layout, stages_cost
+
+    found = fit_hints(model, s, system, cost=stages_cost(model, system, chosen))
+    advice = fit_advice(*found, s)
+    for hint, what, flags, _ in advice:
+        fields = {k: v for k, v in hint.items() if k not in ("step_time_s", "peak_memory_GiB")}
+        split = balanced_layout(model, dataclasses.replace(s, **fields), system, chosen)
+        layout = f" --pipeline-layout '{split[0].pipeline_layout}'" if split else ""
+        console.print(f"on the mixed cluster it fits with {what} ({flags}{layout}): up to "
+                      f"{hint['peak_memory_GiB']:.1f} GiB a GPU, {hint['step_time_s']:.4f} s "
+                      "a step")
+    if not advice:
+        console.print("on the mixed cluster neither recomputation nor ZeRO sharding makes "
+                      "every stage fit: shard more (tp, pp) or put fewer stages on the "
+                      "smaller GPUs")
 
 
 def _placed_stages(model: Any, s: Strategy, system: SystemSpec, text: str) -> str:

@@ -12,6 +12,7 @@ sends and uneven stages add to it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from analysis.fastpath import FastEstimate, estimate, resolve_specs
@@ -25,6 +26,14 @@ from tracegen.model import ModelSpec
 from tracegen.program import RoleProgram
 from tracegen.strategy import Strategy
 from tracegen.units import GiB
+
+# a candidate strategy's fast-path estimate (``fast_cost``: on one system; a mixed cluster's
+# places it first, ``mixed.study_fit_hints``)
+Cost = Callable[[Strategy], FastEstimate]
+
+
+def fast_cost(model: ModelSpec, system: SystemSpec) -> Cost:
+    return lambda c: estimate(model, c, system)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -174,14 +183,16 @@ def instances_hint(model: ModelSpec, s: Strategy, system: SystemSpec, step_s: fl
             "peak_memory_GiB": est.peak_memory_GiB}
 
 
-def fit_hints(model: ModelSpec, s: Strategy, system: SystemSpec
+def fit_hints(model: ModelSpec, s: Strategy, system: SystemSpec, *, cost: Cost | None = None
               ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """For a strategy that does not fit: (``fit_hint``, the recomputation that fits;
     ``shard_hint``, the sharding that fits — with the recomputation it needs where neither
-    alone fits)."""
-    recompute, shard = fit_hint(model, s, system), shard_hint(model, s, system)
+    alone fits). ``cost``: how a candidate's step and fit are found (the fast path on
+    ``system`` unless given: a mixed cluster places each candidate, ``mixed``)."""
+    recompute, shard = fit_hint(model, s, system, cost=cost), shard_hint(model, s, system,
+                                                                          cost=cost)
     if recompute is None and shard is None:
-        shard = shard_hint(model, s, system, recompute=True)
+        shard = shard_hint(model, s, system, recompute=True, cost=cost)
     return recompute, shard
 
 
@@ -219,9 +230,10 @@ def _layers(n: int) -> str:
     return "layer" if n == 1 else f"{n} layers"
 
 
-def fit_hint(model: ModelSpec, s: Strategy, system: SystemSpec) -> dict[str, Any] | None:
+def fit_hint(model: ModelSpec, s: Strategy, system: SystemSpec, *, cost: Cost | None = None
+             ) -> dict[str, Any] | None:
     """``fit_by_recompute`` as ``Glance.fit_hint``: the recompute fields, step and memory."""
-    got = fit_by_recompute(model, s, system)
+    got = fit_by_recompute(model, s, system, cost=cost)
     if got is None:
         return None
     return {"recompute": got[0].recompute, "recompute_num_layers": got[0].recompute_num_layers,
@@ -229,15 +241,17 @@ def fit_hint(model: ModelSpec, s: Strategy, system: SystemSpec) -> dict[str, Any
             "step_time_s": got[1].step_time_s, "peak_memory_GiB": got[1].peak_memory_GiB}
 
 
-def fit_by_recompute(model: ModelSpec, s: Strategy, system: SystemSpec
-                     ) -> tuple[Strategy, FastEstimate] | None:
+def fit_by_recompute(model: ModelSpec, s: Strategy, system: SystemSpec, *,
+                     cost: Cost | None = None) -> tuple[Strategy, FastEstimate] | None:
     """For a strategy that does not fit, the fastest of the recomputations that fit with
     everything else kept: selective (of the core attention, and of it with the MLP or the
     experts' activation or the whole MoE layer, and with MLA's up-projections where the model
     has them: Megatron-Core's recompute modules), and full recompute of the first N
     layers of each chunk for the least N that fits (a chunk's memory falls as N grows: each
     recomputed layer keeps its input instead of its activations; N = the largest chunk is
-    every layer). None where none fits, or none recomputes less than ``s`` does."""
+    every layer). None where none fits, or none recomputes less than ``s`` does. ``cost``:
+    as ``fit_hints``."""
+    cost = cost or fast_cost(model, system)
     options: list[tuple[Strategy, FastEstimate]] = []
     more = "moe_act" if model.is_moe else "mlp"
     kept = set(s.selective_modules)  # what ``s`` already recomputes stays recomputed
@@ -249,26 +263,26 @@ def fit_by_recompute(model: ModelSpec, s: Strategy, system: SystemSpec
             continue
         sel = dataclasses.replace(s, recompute="selective",
                                   recompute_modules=",".join(sorted(kept | add)))
-        if (got := estimate(model, sel, system)).fits:
+        if (got := cost(sel)).fits:
             options.append((sel, got))
     # full recompute of more layers than ``s`` recomputes (recompute_num_layers is 0 unless
     # full; full of every layer leaves nothing more)
     most = max(len(s.chunk_layers(model.num_layers, g)) for g in range(s.pp * s.vpp))
     if (s.recompute != "full" or s.recompute_num_layers) and s.recompute_num_layers < most:
-        found = _least_fitting(model, s, system, s.recompute_num_layers + 1, most)
+        found = _least_fitting(s, cost, s.recompute_num_layers + 1, most)
         if found is not None:
             options.append(found)
     return min(options, key=lambda o: o[1].step_time_s) if options else None
 
 
-def _least_fitting(model: ModelSpec, s: Strategy, system: SystemSpec, lo: int, hi: int
+def _least_fitting(s: Strategy, cost: Cost, lo: int, hi: int
                    ) -> tuple[Strategy, FastEstimate] | None:
     """Bisection for the least N in [lo, hi] whose full recompute of the first N layers of
     each chunk fits (N = hi: every layer, said as N = 0)."""
     def at(n: int) -> tuple[Strategy, FastEstimate]:
         full = dataclasses.replace(s, recompute="full", recompute_num_layers=0 if n >= hi else n,
                                    recompute_modules="core_attn")
-        return full, estimate(model, full, system)
+        return full, cost(full)
 
     best = at(hi)
     if not best[1].fits:

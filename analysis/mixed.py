@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from analysis.fail_slow import pipeline_bound_s
@@ -244,34 +244,35 @@ def placed_fast(study: Study, s: Strategy
     placed = study_placement(study, s)
     if placed is None:
         return s, estimate(study.model, s, study.system), None
-    e = placed.estimate
-    base = estimate(study.model, placed.strategy, study.system)
-    return placed.strategy, base._replace(step_time_s=e.step_time_s,
-                                          peak_memory_GiB=max(e.stage_memory_GiB),
-                                          fits=e.fits), placed
+    return placed.strategy, as_fast(study.model, placed.strategy, study.system,
+                                    placed.estimate), placed
+
+
+def as_fast(model: ModelSpec, s: Strategy, base: SystemSpec, e: MixedEstimate) -> FastEstimate:
+    """The base system's estimate of ``s`` with the mixed cluster's step, largest stage and
+    fit (what the resilience model and the fit hints read of a step)."""
+    return estimate(model, s, base)._replace(step_time_s=e.step_time_s,
+                                             peak_memory_GiB=max(e.stage_memory_GiB),
+                                             fits=e.fits)
+
+
+def stages_cost(model: ModelSpec, base: SystemSpec, where: Mapping[int, SystemSpec | str]
+                ) -> Callable[[Strategy], FastEstimate]:
+    """A candidate strategy costed on a mixed cluster with the stages of ``where`` on other
+    systems, its layers split by the stages' speeds where that shortens the step (the
+    ``cost`` of ``glance.fit_hints`` for ``estimate --stage-system``)."""
+    def cost(c: Strategy) -> FastEstimate:
+        found = balanced_layout(model, c, base, where)
+        strat, e = found or (c, mixed_estimate(model, c, base, where))
+        return as_fast(model, strat, base, e)
+    return cost
 
 
 def study_fit_hints(study: Study, s: Strategy
                     ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """``glance.fit_hints`` of a study's strategy that does not fit; on a ``[mixed]`` cluster
-    each hint placed there as the strategy is (``placed_fast``: its layers split again by the
-    stages' speeds, each stage against its own GPU) with that step and peak, and dropped where
-    it does not fit there (found on one system, it is only a candidate)."""
-    hints = fit_hints(study.model, s, study.system)
+    each candidate placed there as the strategy is (``placed_fast``: its layers split again by
+    the stages' speeds, each stage against its own GPU) and costed so."""
     if study.mixed is None:
-        return hints
-    return _placed_hint(study, s, hints[0]), _placed_hint(study, s, hints[1])
-
-
-def _placed_hint(study: Study, s: Strategy, hint: dict[str, Any] | None
-                 ) -> dict[str, Any] | None:
-    if hint is None:
-        return None
-    fields = {k: v for k, v in hint.items() if k not in ("step_time_s", "peak_memory_GiB")}
-    try:
-        _, fast, _ = placed_fast(study, dataclasses.replace(s, **fields))
-    except ConfigError:
-        return None
-    if not fast.fits:
-        return None
-    return {**hint, "step_time_s": fast.step_time_s, "peak_memory_GiB": fast.peak_memory_GiB}
+        return fit_hints(study.model, s, study.system)
+    return fit_hints(study.model, s, study.system, cost=lambda c: placed_fast(study, c)[1])

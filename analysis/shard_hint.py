@@ -18,13 +18,16 @@ are skipped, as ``Strategy`` and ``check_fits_model`` refuse them.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from analysis.fastpath import FastEstimate, estimate
+from analysis.fastpath import FastEstimate
 from replay.hardware import SystemSpec
 from tracegen.errors import ConfigError
 from tracegen.model import ModelSpec
 from tracegen.strategy import OuterDpSharding, Strategy
+
+if TYPE_CHECKING:
+    from analysis.glance import Cost
 
 # how much slower than the fastest option a suggested one may be where it needs less memory
 NEAR = 0.01
@@ -57,18 +60,23 @@ def candidates(s: Strategy) -> list[Strategy]:
 
 
 def fit_by_sharding(model: ModelSpec, s: Strategy, system: SystemSpec, *,
-                    recompute: bool = False) -> tuple[Strategy, FastEstimate] | None:
+                    recompute: bool = False, cost: Cost | None = None
+                    ) -> tuple[Strategy, FastEstimate] | None:
     """For a strategy that does not fit: of the ``candidates`` that fit, the one that needs the
     least memory among those within ``NEAR`` of the fastest; None where none fits. With
     ``recompute``, each candidate with the recomputation that makes it fit, where it needs
-    one (``fit_by_recompute``): for a strategy that neither alone rescues."""
-    from analysis.glance import fit_by_recompute  # (glance shows this module's hint)
+    one (``fit_by_recompute``): for a strategy that neither alone rescues. ``cost``: as
+    ``glance.fit_hints``."""
+    from analysis.glance import fast_cost, fit_by_recompute  # (glance shows this module's hint)
+
+    cost = cost or fast_cost(model, system)
 
     options: list[tuple[float, int, Strategy, FastEstimate]] = []
     for i, c in enumerate(candidates(s)):
         try:
-            est = estimate(model, c, system)
-            got = fit_by_recompute(model, c, system) if recompute and not est.fits else (c, est)
+            est = cost(c)
+            got = (fit_by_recompute(model, c, system, cost=cost) if recompute and not est.fits
+                   else (c, est))
         except ConfigError:  # a field the model refuses with this sharding
             continue
         if got is not None and got[1].fits:
@@ -80,11 +88,11 @@ def fit_by_sharding(model: ModelSpec, s: Strategy, system: SystemSpec, *,
     return c, best
 
 
-def shard_hint(model: ModelSpec, s: Strategy, system: SystemSpec, *, recompute: bool = False
-               ) -> dict[str, Any] | None:
+def shard_hint(model: ModelSpec, s: Strategy, system: SystemSpec, *, recompute: bool = False,
+               cost: Cost | None = None) -> dict[str, Any] | None:
     """``fit_by_sharding`` as ``Glance.shard_hint``: the sharding fields, step and memory, and
     (``recompute``, where the hint recomputes more than ``s``) the recompute fields."""
-    got = fit_by_sharding(model, s, system, recompute=recompute)
+    got = fit_by_sharding(model, s, system, recompute=recompute, cost=cost)
     if got is None:
         return None
     c, est = got

@@ -230,9 +230,9 @@ def test_resilience_on_a_mixed_cluster_costs_its_slowest_nic_and_its_shrunk_repl
 
 def test_a_mixed_studys_fit_hints_are_placed_there(tmp_path: Path) -> None:
     """Llama 3 70B at tp 4 · pp 4 without ZeRO does not fit on 512 H100 + 512 A100. The hints
-    (found on one system) are placed as the strategy is, layers split by speed, and costed
-    there: ZeRO-2 fits at the mixed step (~12 s), not the all-H100 one (~8.5 s) it had been
-    quoted at; ``trainsim resilience`` says so."""
+    search places every candidate as the strategy is, layers split by speed, and costs it
+    there: the sharding hint fits at the mixed step (~12 s), not at the all-H100 one (~8.5 s)
+    it had been quoted at; ``trainsim resilience`` says so."""
     from analysis.glance import fit_hints
     from analysis.mixed import placed_fast, study_fit_hints
 
@@ -245,7 +245,7 @@ def test_a_mixed_studys_fit_hints_are_placed_there(tmp_path: Path) -> None:
     s = study.strategies[0]
     assert not placed_fast(study, s)[1].fits
     placed, one = study_fit_hints(study, s), fit_hints(study.model, s, study.system)
-    assert placed[1] is not None and placed[1]["zero_stage"] == 2
+    assert placed[1] is not None and one[1] is not None
     for hint, alone in zip(placed, one, strict=True):
         if hint is None:
             continue
@@ -257,7 +257,8 @@ def test_a_mixed_studys_fit_hints_are_placed_there(tmp_path: Path) -> None:
     got = CliRunner().invoke(app, ["resilience", str(tmp_path / "study.toml")])
     assert got.exit_code == 0, got.stdout
     text = " ".join(got.stdout.split())
-    assert (f"it fits with ZeRO-2 (zero_stage = 2): {placed[1]['peak_memory_GiB']:.1f} GiB, "
+    assert (f"it fits with ZeRO-{placed[1]['zero_stage']} (zero_stage = "
+            f"{placed[1]['zero_stage']}): {placed[1]['peak_memory_GiB']:.1f} GiB, "
             f"{placed[1]['step_time_s']:.3f} s a step") in text
     assert "DOES NOT FIT in 80 GiB —" in text  # both GPUs hold 80 GiB: one figure
     smaller = tmp_path / "a100-40.toml"
@@ -266,3 +267,23 @@ def test_a_mixed_studys_fit_hints_are_placed_there(tmp_path: Path) -> None:
     assert ("80 GiB on dgx-h100, 40 GiB on dgx-a100-40gb (each stage against its own)"
             in " ".join(got.stdout.split())), got.stdout
 
+
+
+def test_estimate_on_a_mixed_cluster_that_does_not_fit_says_what_would() -> None:
+    """tp 4 · pp 4 with 512 A100 40GB: neither split fits; the hint's flags, run again with
+    the stages, give the step it quoted, and every stage fits."""
+    args = ["estimate", "--model", "llama3-70b", "--gpus", "1024", "--tp", "4", "--pp", "4",
+            "--sp", "--mbs", "1", "--gbs", "1024", "--system", "dgx-h100"]
+    got = CliRunner().invoke(app, [*args, "--mixed", "512=dgx-a100-40gb"])
+    assert got.exit_code == 0, got.stdout
+    text = " ".join(got.stdout.split())
+    hint = text.split("on the mixed cluster it fits with ")[1]
+    flags = hint[hint.index("(") + 1:hint.index("):")]
+    step = float(hint.split("GiB a GPU, ")[1].split(" s a step")[0])
+    stages = text.split("(--stage-system ")[1].split(")")[0]
+    again = CliRunner().invoke(app, [*args, *shlex.split(flags), "--stage-system", stages])
+    assert again.exit_code == 0, again.stdout
+    assert "--pipeline-layout" in flags and "on the mixed cluster it fits" not in again.stdout
+    again_text = " ".join(again.stdout.split())
+    assert f"mixed cluster: step time {step:.4f} s" in again_text
+    assert "memory fits on every stage's own GPU" in again_text
