@@ -318,7 +318,9 @@ def mixed_words(study: Study) -> str:
     return (f"{study.gpus - m.gpus:,} GPUs on {study.system.name} and {m.gpus:,} on "
             f"{m.system.name} as whole pipeline stages (the first or the last, whichever "
             "steps faster), each strategy's layers "
-            + ("split by its stages' speeds" if m.balance else "split evenly"))
+            + ("split by its stages' speeds" if m.balance else "split evenly")
+            + (f"; its GPUs fail {m.failure_rate_factor:g}× as often as [failures] says"
+               if m.failure_rate_factor != 1.0 else ""))
 
 
 def _resolve_study(name_or_file: str) -> Any:

@@ -85,6 +85,9 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate,
     ``fast`` is then the placed step, ``mixed.placed_fast``'s)."""
     _require_failures(study)
     failure = R.failure_model(study.failures, gpus_per_node=study.system.node.gpus_per_node)
+    if study.mixed is not None and study.mixed.failure_rate_factor != 1.0:
+        failure = dataclasses.replace(failure, rate_per_gpu_hour=failure.rate_per_gpu_hour
+                                      * study.mixed.job_rate_factor(s.world_size))
     job = job_shape(study, s, fast, where)
     costs = R.recovery_costs(job, study.checkpoint, study.restart, study.policies)
     keep, slow = 1.0, dict[str, float | None]()

@@ -38,8 +38,11 @@ def fingerprint(study: Study) -> dict[str, Any]:
         if getattr(study, table):              # the table existed still match)
             data[table] = getattr(study, table)
     if study.mixed is not None:
-        data["mixed"] = {"system": dataclasses.asdict(study.mixed.system),
-                         "gpus": study.mixed.gpus, "balance": study.mixed.balance}
+        mixed: dict[str, Any] = {"system": dataclasses.asdict(study.mixed.system),
+                                 "gpus": study.mixed.gpus, "balance": study.mixed.balance}
+        if study.mixed.failure_rate_factor != 1.0:  # (absent at 1: older folders match)
+            mixed["failure_rate_factor"] = study.mixed.failure_rate_factor
+        data["mixed"] = mixed
     return dict(json.loads(json.dumps(data, sort_keys=True, default=str)))
 
 

@@ -51,6 +51,7 @@
     system = "dgx-a100-80gb"        # pipeline stages (analysis/mixed.py, ``place``): compare and
     gpus = 512                      # sweep cost each strategy so, layers split by the stages'
     balance = true                  # speeds (false: evenly) and replay it with [[gpu]] on them
+    failure_rate_factor = 1.5       # optional: its GPUs fail 1.5× as often as [failures] says
 
     [slow_links]                    # slow NICs over the run (analysis/slow_links.py); needs
     rate_per_gpu_hour = 1e-5        # [failures]: episodes per GPU's NIC per hour, their mean
@@ -85,6 +86,12 @@ class MixedCluster:
     gpus: int
     balance: bool = True
     ref: str = ""  # the system as the study names it (``--stage-system`` takes it)
+    failure_rate_factor: float = 1.0  # its GPUs' failure rate over the [failures] one
+
+    def job_rate_factor(self, gpus: int) -> float:
+        """The job's failure rate over that of ``gpus`` GPUs all at the [failures] rate:
+        Poisson processes add, (n − k + f·k) / n for k of them at f times the rate."""
+        return 1 + (self.failure_rate_factor - 1) * self.gpus / gpus
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -232,8 +239,9 @@ def _mixed(data: dict[str, Any], base: Path | None, name: str) -> MixedCluster |
     table = data.get("mixed")
     if not table:
         return None
-    problems = [f"[mixed]: unknown key {k!r} (known: balance, gpus, system)"
-                for k in sorted(set(table) - {"system", "gpus", "balance"})]
+    problems = [f"[mixed]: unknown key {k!r} (known: balance, failure_rate_factor, gpus, "
+                "system)"
+                for k in sorted(set(table) - {"system", "gpus", "balance", "failure_rate_factor"})]
     gpus, ref = table.get("gpus"), table.get("system")
     if isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 < gpus < data["gpus"]:
         problems.append(f"[mixed] gpus is how many of the study's {data['gpus']} GPUs are the "
@@ -243,10 +251,19 @@ def _mixed(data: dict[str, Any], base: Path | None, name: str) -> MixedCluster |
         problems.append(f"[mixed] system must be a preset name or a file path, got {ref!r}")
     if not isinstance(table.get("balance", True), bool):
         problems.append(f"[mixed] balance is true or false, got {table['balance']!r}")
+    factor = table.get("failure_rate_factor", 1.0)
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor < 1e6:
+        problems.append(f"[mixed] failure_rate_factor is how many times as often its GPUs fail "
+                        f"as the [failures] rate says (1.5: half again as often), a positive "
+                        f"number, got {factor!r}")
+    elif factor != 1.0 and not data.get("failures"):
+        problems.append("[mixed] failure_rate_factor scales the [failures] rate: add a "
+                        "[failures] table")
     if problems:
         raise ConfigError(problems, what=f"study {name!r}")
     ref = _rel(ref, base)
-    return MixedCluster(resolve_system(ref), gpus, table.get("balance", True), ref)
+    return MixedCluster(resolve_system(ref), gpus, table.get("balance", True), ref,
+                        float(factor))
 
 
 def _rel(value: str, base: Path | None) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -287,3 +288,28 @@ def test_estimate_on_a_mixed_cluster_that_does_not_fit_says_what_would() -> None
     again_text = " ".join(again.stdout.split())
     assert f"mixed cluster: step time {step:.4f} s" in again_text
     assert "memory fits on every stage's own GPU" in again_text
+
+
+def test_the_other_gpus_failure_rate_factor_scales_the_jobs_failure_rate(
+        tmp_path: Path) -> None:
+    """``failure_rate_factor = 3`` on 8 of 16 GPUs: the job fails (8 + 3·8)/16 = 2× as often
+    (Poisson rates add): its MTTF halves, the goodput falls; the fingerprint tells the two
+    studies apart; the table's errors are named."""
+    from analysis.resume import fingerprint
+
+    fail = "[failures]\nrate_per_gpu_hour = 0.001\n"
+    plain = load_study(_study(tmp_path / "a", MIXED + STRATEGIES + fail))
+    worse = load_study(_study(tmp_path / "b", MIXED + "failure_rate_factor = 3\n" + STRATEGIES
+                              + fail))
+    s = plain.strategies[0]
+    a, b = resilience_frame(plain, s), resilience_frame(worse, s)
+    assert b["job_mttf_s"][0] == pytest.approx(a["job_mttf_s"][0] / 2, rel=1e-12)
+    assert (b["goodput"] < a["goodput"]).all()
+    assert fingerprint(plain) != fingerprint(worse)
+    assert "failure_rate_factor" not in fingerprint(plain)["mixed"]  # older folders match
+    got = CliRunner().invoke(app, ["resilience", str(tmp_path / "b" / "study.toml")])
+    assert "its GPUs fail 3× as often as [failures] says" in " ".join(got.stdout.split())
+    for bad, message in (("failure_rate_factor = 0\n" + fail, "a positive number, got 0"),
+                         ("failure_rate_factor = 2\n", "add a [failures] table")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_study(_study(tmp_path / "c", MIXED + bad + STRATEGIES))
