@@ -368,9 +368,7 @@ def _sweep(study: Study, out: Path, top_k: int, scheduler: str | None, workers: 
         _run(study, todo, screen, replay_it=False, chunk=size, pool=pool, phase="screening",
              progress=progress)
         screened = rank(screen.read().unique("id", keep="first"), study.rank_by)
-        # (the least recompute that fits is found on one system: a [mixed] study's stages
-        # are each checked on their own GPU instead, and one that does not fit stays out)
-        fitted = [] if study.mixed else recompute_to_fit(study, screened, by_id, top_k)
+        fitted = recompute_to_fit(study, screened, by_id, top_k)
         if fitted:
             _run(study, [s for s in fitted if strategy_id(s) not in done], screen,
                  replay_it=False, chunk=size, pool=pool, phase="recomputing to fit",
@@ -406,8 +404,12 @@ def recompute_to_fit(study: Study, screened: pl.DataFrame, by_id: dict[str, Stra
     of them (a recomputing variant is slower than its parent, so no slower parent can win):
     the layouts the space's coarse recompute values rule out although a few recomputed layers
     per chunk let them run. Each new strategy joins ``by_id``; the list holds them all, the
-    ones screened before (a resumed sweep) too."""
+    ones screened before (a resumed sweep) too. On a ``[mixed]`` cluster each candidate is
+    placed there to be costed (``mixed.placed_fast``), as its row will be."""
     from analysis.glance import fit_by_recompute
+    from analysis.mixed import placed_fast
+
+    cost = None if study.mixed is None else (lambda c: placed_fast(study, c)[1])
 
     fits = pl.col("fits").fill_null(False)
     # of the enumerated strategies only, so that a resumed sweep finds the same ones
@@ -419,7 +421,11 @@ def recompute_to_fit(study: Study, screened: pl.DataFrame, by_id: dict[str, Stra
     out: list[Strategy] = []
     for sid in slow.sort("step_time_s").head(limit)["id"].to_list():
         parent = by_id.get(sid)
-        got = None if parent is None else fit_by_recompute(study.model, parent, study.system)
+        try:
+            got = None if parent is None else fit_by_recompute(study.model, parent,
+                                                               study.system, cost=cost)
+        except ConfigError:  # (a placement its recomputation refuses: the parent stays out)
+            got = None
         if got is not None and strategy_id(got[0]) not in by_id:
             by_id[strategy_id(got[0])] = got[0]
             out.append(got[0])

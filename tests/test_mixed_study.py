@@ -313,3 +313,26 @@ def test_the_other_gpus_failure_rate_factor_scales_the_jobs_failure_rate(
                          ("failure_rate_factor = 2\n", "add a [failures] table")):
         with pytest.raises(ConfigError, match=re.escape(message)):
             load_study(_study(tmp_path / "c", MIXED + bad + STRATEGIES))
+
+
+def test_a_mixed_sweep_recomputes_to_fit_on_the_mixed_cluster(tmp_path: Path) -> None:
+    """Llama 3 70B on 512 H100 + 512 A100 40GB: tp 4 · pp 4 steps fastest but does not fit;
+    its least recompute that fits is searched with each candidate placed on the mixed
+    cluster, and that variant — fitting every stage's own GPU — outranks every layout that
+    fits as enumerated; replay confirms it within 1%."""
+    (tmp_path / "study.toml").write_text(
+        'model = "llama3-70b"\nsystem = "dgx-h100"\ngpus = 1024\nglobal_batch_size = 1024\n'
+        '[mixed]\nsystem = "dgx-a100-40gb"\ngpus = 512\n[search]\ntp = [4, 8]\npp = [4, 8]\n'
+        'vpp = [1]\nmicro_batch_size = [1]\nrecompute = ["none"]\nzero_stage = [1]\n'
+        'sequence_parallel = [true]\n')
+    study = load_study(tmp_path / "study.toml")
+    results, counts = sweep(study, tmp_path / "out", top_k=1, workers=1)
+    assert counts["recomputed_to_fit"] == 1
+    top = results.row(0, named=True)
+    assert top["recompute"] != "none" and top["fits"] and top["status"] == "replayed"
+    assert top["step_time_s"] == pytest.approx(top["fast_step_time_s"], rel=0.01)
+    parent = results.filter((pl.col("tp") == top["tp"]) & (pl.col("pp") == top["pp"])
+                            & (pl.col("recompute") == "none"))
+    assert parent["status"].to_list() == ["does not fit"]
+    as_enumerated = results.filter(pl.col("fits") & (pl.col("recompute") == "none"))
+    assert top["fast_step_time_s"] < as_enumerated["fast_step_time_s"].min()
