@@ -59,6 +59,7 @@ def resilience_frame(study: Study, s: Strategy, fast: FastEstimate | None = None
     from analysis.compare import strategy_label  # (it imports this module)
 
     _require_failures(study)  # before estimating: the missing table is the error to report
+    where = None  # (a caller's ``fast`` is one system's)
     if fast is None:  # (on a [mixed] cluster: the strategy as placed, its mixed step)
         from analysis.mixed import placed_fast
 

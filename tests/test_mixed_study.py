@@ -336,3 +336,13 @@ def test_a_mixed_sweep_recomputes_to_fit_on_the_mixed_cluster(tmp_path: Path) ->
     assert parent["status"].to_list() == ["does not fit"]
     as_enumerated = results.filter(pl.col("fits") & (pl.col("recompute") == "none"))
     assert top["fast_step_time_s"] < as_enumerated["fast_step_time_s"].min()
+
+
+def test_resilience_frame_takes_a_callers_estimate(tmp_path: Path) -> None:
+    """Given the step (one system's estimate), the frame is the one it computes itself."""
+    from analysis.fastpath import estimate
+
+    study = load_study(_study(tmp_path, STRATEGIES + "[failures]\nrate_per_gpu_hour = 0.01\n"))
+    s = study.strategies[0]
+    given = resilience_frame(study, s, estimate(study.model, s, study.system))
+    assert given.equals(resilience_frame(study, s))
