@@ -182,6 +182,15 @@ def balanced_layout(model: ModelSpec | str, s: Strategy, system: SystemSpec | st
     return None if best.step_time_s >= start else (best_s, best)
 
 
+def split(model: ModelSpec, s: Strategy, base: SystemSpec,
+          where: Mapping[int, SystemSpec | str], *, balance: bool = True
+          ) -> tuple[Strategy, MixedEstimate]:
+    """``s`` on the mixed cluster of ``where`` with its layers split by the stages' speeds
+    where ``balance`` asks and that shortens the step (``balanced_layout``), else as it is."""
+    found = balanced_layout(model, s, base, where) if balance else None
+    return found or (s, mixed_estimate(model, s, base, where))
+
+
 def _bound(e: MixedEstimate, s: Strategy) -> float:
     return pipeline_bound_s(list(e.stage_time_s), s.num_microbatches, s.vpp)
 
@@ -219,9 +228,7 @@ def place(model: ModelSpec, s: Strategy, base: SystemSpec, other: SystemSpec, gp
     k = mixed_stages(s, gpus, other.name)
     candidates = []
     for stages in (tuple(range(k)), tuple(range(s.pp - k, s.pp))):
-        where = dict.fromkeys(stages, other)
-        found = balanced_layout(model, s, base, where) if balance else None
-        strat, est = found or (s, mixed_estimate(model, s, base, where))
+        strat, est = split(model, s, base, dict.fromkeys(stages, other), balance=balance)
         value = f"{stages[0]}" + (f"-{stages[-1]}" if k > 1 else "") + f"={ref or other.name}"
         candidates.append(Placement(strat, est, stages, value, other))
     return min(candidates, key=lambda c: (not c.estimate.fits, c.estimate.step_time_s))
@@ -262,17 +269,20 @@ def stages_cost(model: ModelSpec, base: SystemSpec, where: Mapping[int, SystemSp
     systems, its layers split by the stages' speeds where that shortens the step (the
     ``cost`` of ``glance.fit_hints`` for ``estimate --stage-system``)."""
     def cost(c: Strategy) -> FastEstimate:
-        found = balanced_layout(model, c, base, where)
-        strat, e = found or (c, mixed_estimate(model, c, base, where))
+        strat, e = split(model, c, base, where)
         return as_fast(model, strat, base, e)
     return cost
 
 
+def study_cost(study: Study) -> Callable[[Strategy], FastEstimate]:
+    """A candidate strategy costed as the study's cluster runs it (``placed_fast``: on a
+    ``[mixed]`` cluster placed there, each stage against its own GPU) — the ``cost`` of
+    ``glance.fit_hints`` for a study's hints and a sweep's recompute-to-fit variants."""
+    return lambda c: placed_fast(study, c)[1]
+
+
 def study_fit_hints(study: Study, s: Strategy
                     ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """``glance.fit_hints`` of a study's strategy that does not fit; on a ``[mixed]`` cluster
-    each candidate placed there as the strategy is (``placed_fast``: its layers split again by
-    the stages' speeds, each stage against its own GPU) and costed so."""
-    if study.mixed is None:
-        return fit_hints(study.model, s, study.system)
-    return fit_hints(study.model, s, study.system, cost=lambda c: placed_fast(study, c)[1])
+    """``glance.fit_hints`` of a study's strategy that does not fit, each candidate costed as
+    the study's cluster runs it (``study_cost``)."""
+    return fit_hints(study.model, s, study.system, cost=study_cost(study))

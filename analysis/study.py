@@ -252,7 +252,7 @@ def _mixed(data: dict[str, Any], base: Path | None, name: str) -> MixedCluster |
     if not isinstance(table.get("balance", True), bool):
         problems.append(f"[mixed] balance is true or false, got {table['balance']!r}")
     factor = table.get("failure_rate_factor", 1.0)
-    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor < 1e6:
+    if not is_finite_number(factor) or factor <= 0:
         problems.append(f"[mixed] failure_rate_factor is how many times as often its GPUs fail "
                         f"as the [failures] rate says (1.5: half again as often), a positive "
                         f"number, got {factor!r}")

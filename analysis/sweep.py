@@ -405,11 +405,11 @@ def recompute_to_fit(study: Study, screened: pl.DataFrame, by_id: dict[str, Stra
     the layouts the space's coarse recompute values rule out although a few recomputed layers
     per chunk let them run. Each new strategy joins ``by_id``; the list holds them all, the
     ones screened before (a resumed sweep) too. On a ``[mixed]`` cluster each candidate is
-    placed there to be costed (``mixed.placed_fast``), as its row will be."""
+    placed there to be costed (``mixed.study_cost``), as its row will be."""
     from analysis.glance import fit_by_recompute
-    from analysis.mixed import placed_fast
+    from analysis.mixed import study_cost
 
-    cost = None if study.mixed is None else (lambda c: placed_fast(study, c)[1])
+    cost = study_cost(study)
 
     fits = pl.col("fits").fill_null(False)
     # of the enumerated strategies only, so that a resumed sweep finds the same ones

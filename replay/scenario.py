@@ -315,10 +315,11 @@ class DegradedNetwork:
         nets = {id(own(f.rank)): own(f.rank) for f in hit}
         if not all(isinstance(getattr(n, "sys", None), SystemSpec) for n in nets.values()):
             return None
-        factors = {k: (min((f.factor for f in hit if f.tier == "nic" and id(own(f.rank)) == k),
-                           default=1.0),
-                       min((f.factor for f in hit if f.tier == "nvl" and id(own(f.rank)) == k),
-                           default=1.0)) for k in nets}
+        factors = dict.fromkeys(nets, (1.0, 1.0))  # per system hit: (NIC, NVLink) factors
+        for f in hit:
+            k = id(own(f.rank))
+            nic, nvl = factors[k]
+            factors[k] = (min(nic, f.factor), nvl) if f.tier == "nic" else (nic, min(nvl, f.factor))
         key = tuple(sorted(factors.items()))
         got = self._slowed.get(key)
         if got is None:
