@@ -111,7 +111,7 @@ def estimate_cmd(
         chosen = parse_stage_systems(stage_system, strategy.pp)
         mixed = mixed_estimate(spec, strategy, sys_spec, chosen)
     g = glance(spec, strategy, sys_spec)
-    print_glance(g, strategy)
+    print_glance(g, strategy, alone=mixed is not None)
     balanced = None
     if mixed is not None:
         for other in sorted(set(chosen.values())):
@@ -273,7 +273,9 @@ def print_ops(table: pl.DataFrame) -> None:
     console.print(kinds)
 
 
-def print_glance(g: Glance, s: Strategy) -> None:
+def print_glance(g: Glance, s: Strategy, alone: bool = False) -> None:
+    """The fast path's step, memory and per-stage table; ``alone``: a mixed cluster's
+    estimate follows, so the hints say they are for the base system alone."""
     console.print(f"[bold]{g.model}[/] {g.strategy} on {g.system} ({s.world_size:,} GPUs; "
                   f"{s.num_microbatches} micro-batch{'es' if s.num_microbatches > 1 else ''}, "
                   f"{s.schedule}"
@@ -306,7 +308,7 @@ def print_glance(g: Glance, s: Strategy) -> None:
                   f"{g.capacity_GiB:g} GiB")
     if not g.fits:
         for line in _fit_hint_lines(g, s):
-            console.print(line)
+            console.print(f"on {g.system} alone {line}" if alone else line)
     if g.instances_hint is not None:
         h = g.instances_hint
         n = h["dist_opt_instances"]

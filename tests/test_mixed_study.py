@@ -272,13 +272,17 @@ def test_a_mixed_studys_fit_hints_are_placed_there(tmp_path: Path) -> None:
 
 def test_estimate_on_a_mixed_cluster_that_does_not_fit_says_what_would() -> None:
     """tp 4 · pp 4 with 512 A100 40GB: neither split fits; the hint's flags, run again with
-    the stages, give the step it quoted, and every stage fits."""
+    the stages, give the step it quoted, and every stage fits; the all-H100 hint printed
+    above it says it is for the H100s alone."""
     args = ["estimate", "--model", "llama3-70b", "--gpus", "1024", "--tp", "4", "--pp", "4",
             "--sp", "--mbs", "1", "--gbs", "1024", "--system", "dgx-h100"]
     got = CliRunner().invoke(app, [*args, "--mixed", "512=dgx-a100-40gb"])
     assert got.exit_code == 0, got.stdout
     text = " ".join(got.stdout.split())
     hint = text.split("on the mixed cluster it fits with ")[1]
+    # the all-H100 hint above it says whose it is; only the mixed one is unqualified
+    assert "on dgx-h100 alone it fits with " in text
+    assert text.count("it fits with ") == 2, text
     flags = hint[hint.index("(") + 1:hint.index("):")]
     step = float(hint.split("GiB a GPU, ")[1].split(" s a step")[0])
     stages = text.split("(--stage-system ")[1].split(")")[0]
