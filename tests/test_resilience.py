@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from analysis import resilience as R
@@ -149,6 +149,7 @@ def test_a_job_that_cannot_progress_has_zero_goodput_not_an_overflow() -> None:
 
 @given(interval=st.floats(0.0, 1e5), step=st.floats(0.1, 600.0),
        mttf=st.floats(30.0, 1e6), delta=st.floats(0.0, 600.0), restart=st.floats(0.0, 3600.0))
+@example(interval=1.0, step=0.1, mttf=30.0, delta=0.0, restart=0.0)  # 10 steps exactly
 def test_the_checkpoint_interval_is_whole_steps_the_better_neighbour_of_dalys(
         interval: float, step: float, mttf: float, delta: float, restart: float) -> None:
     """A trainer checkpoints between steps: the interval used is a whole number of steps, at
@@ -160,7 +161,8 @@ def test_the_checkpoint_interval_is_whole_steps_the_better_neighbour_of_dalys(
     assert n == pytest.approx(round(n), abs=1e-9) and round(n) >= 1
     assert abs(got - interval) < step or (interval < step and round(n) == 1)
     for k in (round(n) - 1, round(n) + 1):
-        if k >= 1 and abs(k * step - interval) < step:
+        # strictly inside one step (k·step rounded: 9 · 0.1 lands 1e-16 inside 1.0's step)
+        if k >= 1 and abs(k * step - interval) < step * (1 - 1e-9):
             assert ettr(k * step) <= ettr(got) * (1 + 1e-12)
 
 
