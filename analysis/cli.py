@@ -86,7 +86,8 @@ def tracegen_cmd(
     expert_tp: C.ExpertTpOpt = 0, zero3_prefetch: C.Zero3PrefetchOpt = False,
     zb_w_regather: C.ZbRegatherOpt = False,
     moe_dispatcher: C.MoeDispatcherOpt = "alltoall",
-    moe_shared_expert_overlap: C.SharedOverlapOpt = False, pipeline_layout: C.LayoutOpt = "",
+    moe_shared_expert_overlap: C.SharedOverlapOpt = False,
+    overlap_moe_expert_parallel_comm: C.EpOverlapOpt = False, pipeline_layout: C.LayoutOpt = "",
     adam_moments: C.AdamMomentsOpt = "fp32", fp8_param_gather: C.Fp8GatherOpt = False,
     dist_opt_instances: C.InstancesOpt = 1, outer_dp_sharding: C.OuterShardingOpt = "no_shard",
     seq_len: C.SeqLenOpt = 0,
@@ -109,6 +110,7 @@ def tracegen_cmd(
         account_for_loss=account_for_loss, microbatch_group_size=microbatch_group_size,
         recompute_num_layers=recompute_num_layers, recompute_modules=recompute_modules,
         moe_dispatcher=moe_dispatcher, moe_shared_expert_overlap=moe_shared_expert_overlap,
+        overlap_moe_ep_comm=overlap_moe_expert_parallel_comm,
         pipeline_layout=pipeline_layout, adam_moments=adam_moments,
         fp8_param_gather=fp8_param_gather, dist_opt_instances=dist_opt_instances,
         outer_dp_sharding=outer_dp_sharding)

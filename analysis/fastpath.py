@@ -356,7 +356,7 @@ def _closed_form_ends(s: Strategy, stages: list[Stage], c: list[int]) -> tuple[i
         late_s = [0] + [x.late_b[0] for x in stages[1:]]
         hidden = sum(x.early_f[0] for x in stages[1:]) + sum(
             x.early_b[0] for x in stages[:-1]) + sum(late_s)
-    pipe = pipeline_ns(s, f_s, b_s, c, hidden, b_rep)
+    pipe = pipeline_ns(s, f_s, b_s, c, hidden, b_rep) - _merged_saving(s, stages[0])
     # Stage st sends its last gradient Σ_{j<st} (B_j − late_j + c_j) before stage 0 ends, and
     # ends late_st after that. (Spelled with map and itertools.accumulate this takes fewer
     # bytecodes but more machine instructions on CPython 3.11: kept as a loop.)
@@ -367,6 +367,14 @@ def _closed_form_ends(s: Strategy, stages: list[Stage], c: list[int]) -> tuple[i
     if s.schedule == "gpipe" and s.num_microbatches > 1:
         _gpipe_drain(ends, b_rep or b_s, s.num_microbatches)
     return pipe, ends
+
+
+def _merged_saving(s: Strategy, stage: Stage) -> int:
+    """Combined 1F1B (pp 1): what merging each backward but the last with the forward after it
+    saves, (m − 1)(F + B − merged pass) (``merged_pass``); 0 without it."""
+    if not s.overlap_moe_ep_comm:
+        return 0
+    return (s.num_microbatches - 1) * (stage.fwd[0] + stage.bwd[0] - stage.merged[0])
 
 
 def _gpipe_drain(ends: list[int], b_s: list[int], m: int) -> None:
@@ -391,7 +399,8 @@ def _alike_ends(s: Strategy, stages: list[Stage], hop: int) -> tuple[int, list[i
     ends = [0] * p
     gpipe3 = s.schedule == "gpipe" and s.zero_stage == 3
     if p == 1:  # GPipe's backwards back to back hide each other's tails (_closed_form_ends)
-        ends[0] = span_ns(s, f0, b0, f0, b0 - first.overlap_b[0] if gpipe3 else b0, f0 + b0, 0)
+        ends[0] = (span_ns(s, f0, b0, f0, b0 - first.overlap_b[0] if gpipe3 else b0, f0 + b0, 0)
+                   - _merged_saving(s, first))
         return ends[0], ends
     mid = stages[1]  # the last stage when p = 2, counted 0 times below
     f1, b1, n_mid = mid.fwd[0], mid.bwd[0], p - 2

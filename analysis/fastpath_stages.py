@@ -101,6 +101,9 @@ class Stage(NamedTuple):
     # system's costs, which its gradient reduction, optimizer step and gathers are drained on
     # (``dp_tails``); None: the pipeline's own
     costs: Costs | None = None
+    # combined 1F1B (``overlap_moe_ep_comm``), per chunk: a forward merged with the backward
+    # before it, as one pass (``merged_pass.merged_ns``)
+    merged: tuple[int, ...] = ()
 
 
 def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object, ...], ...],
@@ -109,6 +112,12 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
     with their durations for the gradient buckets."""
     stage = (_zero3_stage(costs, gcis, chunks, rank, sig) if costs.s.zero_stage == 3 else
              _plain_stage(costs, gcis, chunks, rank, sig))
+    if costs.s.overlap_moe_ep_comm:
+        from analysis.merged_pass import merged_ns
+
+        stage = stage._replace(merged=tuple(
+            merged_ns(costs, costs.chunk_runs(gci, key), rank)
+            for gci, key in zip(gcis, chunks, strict=True)))
     if costs.zb:
         blocks = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
         stage = stage._replace(w_view=_w_view(costs, stage, blocks, rank, sig),

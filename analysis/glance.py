@@ -21,6 +21,7 @@ from analysis.shard_hint import shard_hint, shard_hint_words
 from replay import display
 from replay.hardware import SystemSpec
 from tracegen import memory
+from tracegen.errors import ConfigError
 from tracegen.flops import step_rates
 from tracegen.model import ModelSpec
 from tracegen.program import RoleProgram
@@ -261,9 +262,8 @@ def fit_by_recompute(model: ModelSpec, s: Strategy, system: SystemSpec, *,
     for add in adds:
         if s.recompute == "full" or add <= kept:
             continue
-        sel = dataclasses.replace(s, recompute="selective",
-                                  recompute_modules=",".join(sorted(kept | add)))
-        if (got := cost(sel)).fits:
+        sel = _variant(s, recompute="selective", recompute_modules=",".join(sorted(kept | add)))
+        if sel is not None and (got := cost(sel)).fits:
             options.append((sel, got))
     # full recompute of more layers than ``s`` recomputes (recompute_num_layers is 0 unless
     # full; full of every layer leaves nothing more)
@@ -275,6 +275,15 @@ def fit_by_recompute(model: ModelSpec, s: Strategy, system: SystemSpec, *,
     return min(options, key=lambda o: o[1].step_time_s) if options else None
 
 
+def _variant(s: Strategy, **fields: Any) -> Strategy | None:
+    """``s`` with ``fields`` changed, or None where that is no valid strategy (a recompute
+    that what ``s`` runs refuses: combined 1F1B beside full recompute, say)."""
+    try:
+        return dataclasses.replace(s, **fields)
+    except ConfigError:
+        return None
+
+
 def _least_fitting(s: Strategy, cost: Cost, lo: int, hi: int
                    ) -> tuple[Strategy, FastEstimate] | None:
     """Bisection for the least N in [lo, hi] whose full recompute of the first N layers of
@@ -284,6 +293,9 @@ def _least_fitting(s: Strategy, cost: Cost, lo: int, hi: int
                                    recompute_modules="core_attn")
         return full, cost(full)
 
+    if _variant(s, recompute="full", recompute_num_layers=0, recompute_modules="core_attn"
+                ) is None:  # (full recompute is not an option beside what ``s`` runs)
+        return None
     best = at(hi)
     if not best[1].fits:
         return None

@@ -70,6 +70,8 @@ CASES = [
                              micro_batch_size=1, global_batch_size=8192, zero_stage=1,
                              first_stage_layers=4, last_stage_layers=3,
                              moe_shared_expert_overlap=True)),
+    ("qwen3-30b-a3b", Strategy(dp=64, ep=8, micro_batch_size=1, global_batch_size=1024,
+                               zero_stage=1, overlap_moe_ep_comm=True)),
 ]
 
 

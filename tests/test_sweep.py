@@ -95,7 +95,8 @@ SWITCHES = {"tp": [1, 2], "pp": [1, 2], "vpp": [1, 2], "sequence_parallel": [Fal
             "outer_dp_sharding_strategy": ["no_shard", "optim"],
             "adam_moments_dtype": ["fp32", "bf16"], "precision": ["bf16", "fp8"],
             "fp8_param_gather": [False, True], "micro_batch_size": [1], "ep": [1, 2],
-            "moe_dispatcher": ["alltoall", "deepep"], "moe_shared_expert_overlap": [False, True]}
+            "moe_dispatcher": ["alltoall", "deepep"], "moe_shared_expert_overlap": [False, True],
+            "overlap_moe_ep_comm": [False, True]}
 
 
 @settings(max_examples=300, deadline=None)
@@ -124,7 +125,8 @@ def test_a_switch_is_turned_off_only_where_it_makes_the_combination_invalid(
         assert not reason.startswith(("sequence_parallel needs tp > 1",
                                       "zero3_prefetch needs", "recompute_num_layers",
                                       "recompute_modules", "adam_moments_dtype",
-                                      "fp8_param_gather", "moe_dispatcher 'deepep'")), reason
+                                      "fp8_param_gather", "moe_dispatcher 'deepep'",
+                                      "overlap_moe_ep_comm overlaps expert-parallel")), reason
         assert "shards the optimizer over part of the data-parallel group" not in reason
 
 

@@ -536,6 +536,11 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
         if s.schedule == "zb_h1":  # deferred W passes keep their operands (ZB-V: above)
             activations = _peak_chunk_load(s.order_id, s.num_microbatches, s.pp, 1, stage,
                                            (per_mb,), _w_hold(m, s, stage, hold_bytes))
+    if s.overlap_moe_ep_comm and s.num_microbatches > 1:
+        # combined 1F1B (pp 1): at layer pair k the next micro-batch's forward holds layers
+        # 0..k and the backward still holds 0..L−1−k — one layer more than 1F1B's one
+        # micro-batch (``program.merged_plan``)
+        activations += act
     logits = 0
     if stage == s.head_stage:
         tokens = s.micro_batch_size * m.seq_len // s.cp

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, TypeVar
 
 from tracegen import ops as O
 from tracegen.mesh import embedding_partner
@@ -31,6 +32,9 @@ from tracegen.vocab import COLL_CODE, COMM_COLL_NODE, COMM_RECV_NODE, COMM_SEND_
 
 Attr = tuple[str, str, Any]  # (name, protobuf oneof kind, value)
 
+
+Tagged = tuple[O.Item, str, str]  # an item with its node-name prefix and phase
+T = TypeVar("T")
 
 @dataclasses.dataclass(slots=True)
 class PNode:
@@ -615,8 +619,12 @@ class RoleProgram:
         last = {c: max(j for ph, j, cc in order if ph == grads and cc == c) for c in range(s.vpp)}
         if self.param_gather_overlapped:
             self._early_param_gathers(order)
+        if s.overlap_moe_ep_comm:
+            order = self._merged_order(order)
         for phase, mb, chunk in order:
-            if phase == "F":
+            if phase == "M":  # combined 1F1B: the forward of mb beside the backward of mb − 1
+                self.merged(mb, mb - 1)
+            elif phase == "F":
                 self.forward(mb, chunk)
             elif phase == "B":
                 self.backward(mb, chunk, last=grads == "B" and mb == last[chunk])
@@ -624,6 +632,79 @@ class RoleProgram:
                 self.weight(mb, chunk, last=mb == last[chunk])
         self._finish()
         return self.nodes
+
+    @staticmethod
+    def _merged_order(order: list[Step]) -> list[Step]:
+        """Megatron-Core's combined_1f1b_schedule_for_no_pipelining: F0, then each backward
+        but the last merged with the forward after it ("M", that forward's micro-batch), then
+        the last backward."""
+        out: list[Step] = []
+        i = 0
+        while i < len(order):
+            here, after = order[i], order[i + 1] if i + 1 < len(order) else None
+            if here[0] == "B" and after is not None and after[0] == "F":
+                out.append(("M", after[1], 0))
+                i += 2
+            else:
+                out.append(here)
+                i += 1
+        return out
+
+    def merged(self, f_mb: int, b_mb: int) -> None:
+        """Combined 1F1B (``Strategy.overlap_moe_ep_comm``; Megatron-Core's
+        ``combined_forward_backward_step``): the forward of ``f_mb`` and the backward of
+        ``b_mb`` as one pass on the one compute stream. The forward's leading blocks (the
+        embedding) run, then the backward's (the head and loss, in reverse), then layer k's
+        forward beside layer L−1−k's backward, then the forward's trailing blocks and the
+        backward's leading ones. Within a pair each pass is cut at its expert-parallel
+        all-to-alls and the pieces alternate, the backward's first — B0 (its combine issued
+        after it), F0 (the attention; its dispatch after it), B1 (the experts' backward),
+        F1 (the experts), B2 (the attention's backward), F2 — so that each all-to-all runs
+        beside the other pass's compute (DeepSeek-V3 §3.2.1, Figure 4: attention beside the
+        other's combine, MLP beside its dispatch). Never the step's last backward, so no
+        gradient buckets; not with ZeRO-3 (``Strategy`` refuses it)."""
+        prefix = {"F": f"F{f_mb}.c0", "B": f"B{b_mb}.c0"}
+        waits: dict[str, tuple[int, ...]] = {"F": (), "B": ()}  # what each pass waits for next
+        for group in merged_plan(self.blocks_of_chunk(0)):
+            self._emit_chain([(name, self.pass_chain(name, block, prefix[name]))
+                              for name, block in group], waits)
+
+    def pass_chain(self, name: str, block: ParamBlock, prefix: str = ""
+                   ) -> list[Tagged]:
+        """A block's items in a forward ("F") or backward ("B", what recompute runs again
+        first) pass, each with its node-name prefix and phase."""
+        label = f"{prefix}.{block.label}"
+        if name == "F":
+            return [(it, label, "fwd") for it in self._fwd_items(block)]
+        return ([(it, f"{label}.rc", "recompute") for it in self._recompute_items(block)]
+                + [(it, label, "bwd") for it in self._bwd_items(block)])
+
+    def _emit_chain(self, chains: list[tuple[str, list[Tagged]]],
+                    waits: dict[str, tuple[int, ...]]) -> None:
+        """Pieces of ``chains`` (each one pass's items of a block, by pass), cut at their
+        expert-parallel all-to-alls, emitted in turn (the first chain's first piece first):
+        each all-to-all off the compute chain, after its own pass's piece and before that
+        pass's next item (``waits``), its stream ordering it among the others."""
+        for name, (run, a2a) in merged_turns([(n, ep_pieces(c)) for n, c in chains]):
+            waits[name] = self._emit_run(run, waits[name])
+            if a2a is not None:
+                item, prefix, _ = a2a
+                assert isinstance(item, O.Comm)
+                waits[name] = (self.coll(item, prefix, blocking=False, deps=waits[name]),)
+
+    def _emit_run(self, run: list[Tagged], waits: tuple[int, ...]
+                  ) -> tuple[int, ...]:
+        """One piece on the compute chain, its first item after ``waits``; returns what the
+        pass's next item waits for (its last node, or ``waits`` if the piece is empty)."""
+        i = 0
+        while i < len(run):
+            _, prefix, phase = run[i]
+            j = i
+            while j < len(run) and run[j][1:] == (prefix, phase):
+                j += 1
+            self.items([it for it, _, _ in run[i:j]], prefix, phase, waits)
+            waits, i = (), j
+        return waits if not run or self.tail is None else (self.tail,)
 
     @property
     def param_gather_overlapped(self) -> bool:
@@ -806,3 +887,44 @@ def outer_gather_comm(s: Strategy, block_name: str, params: int) -> O.Comm:
 def build_role(model: ModelSpec, strategy: Strategy, stage: int) -> list[PNode]:
     """The node program of pipeline stage ``stage`` (shared by every rank of that stage)."""
     return RoleProgram(model, strategy, stage).build()
+
+
+def merged_plan(blocks: list[ParamBlock]) -> list[tuple[tuple[str, ParamBlock], ...]]:
+    """The merged pass of combined 1F1B (``RoleProgram.merged``) as groups of (pass, block),
+    in order: the forward's leading blocks (the embedding), the backward's trailing ones
+    reversed (the head and loss), then layer k's forward with layer L−1−k's backward (the
+    backward's pieces first), the forward's trailing blocks, the backward's leading ones
+    (Megatron-Core's ``TransformerModelChunkSchedulePlan``: pre-process forward, post-process
+    backward, the layers in pairs, post-process forward, pre-process backward)."""
+    layers = [i for i, b in enumerate(blocks) if b.is_layer]
+    lo, hi = (layers[0], layers[-1] + 1) if layers else (len(blocks), len(blocks))
+    pre, mid, post = blocks[:lo], blocks[lo:hi], blocks[hi:]
+    return [*[(("F", b),) for b in pre], *[(("B", b),) for b in reversed(post)],
+            *[(("B", mid[-1 - k]), ("F", b)) for k, b in enumerate(mid)],
+            *[(("F", b),) for b in post], *[(("B", b),) for b in reversed(pre)]]
+
+
+def merged_turns(cut: list[tuple[str, list[T]]]) -> Iterator[tuple[str, T]]:
+    """The pieces of passes run together (each pass's ``ep_pieces``, by pass name) in the
+    order they are issued: each pass's first piece in turn, then each one's second, …"""
+    for turn in range(max(len(pieces) for _, pieces in cut)):
+        for name, pieces in cut:
+            if turn < len(pieces):
+                yield name, pieces[turn]
+
+
+def ep_pieces(chain: list[Tagged]
+              ) -> list[tuple[list[Tagged], Tagged | None]]:
+    """A pass's items cut at its expert-parallel all-to-alls (the MoE dispatch and combine):
+    (the run before one, that all-to-all), …, (the rest, None)."""
+    out: list[tuple[list[Tagged], Tagged | None]] = []
+    run: list[Tagged] = []
+    for entry in chain:
+        it = entry[0]
+        if isinstance(it, O.Comm) and it.axis == "ep" and it.coll == "ALL_TO_ALL":
+            out.append((run, entry))
+            run = []
+        else:
+            run.append(entry)
+    out.append((run, None))
+    return out

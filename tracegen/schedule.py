@@ -41,7 +41,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-Phase = Literal["F", "B", "W"]
+# "M": a forward merged with the backward before it (combined 1F1B, tracegen/program.py)
+Phase = Literal["F", "B", "W", "M"]
 Step = tuple[Phase, int, int]
 
 

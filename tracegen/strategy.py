@@ -139,6 +139,13 @@ class Strategy:
     # routed experts (tracegen/ops.py ``_shared_beside_dispatch``). Needs shared experts,
     # expert parallelism and the all-to-all dispatcher.
     moe_shared_expert_overlap: bool = False
+    # Megatron-Core --overlap-moe-expert-parallel-comm ("combined 1F1B", EP A2A overlap): in
+    # the steady state one micro-batch's forward and the previous one's backward run as one
+    # merged pass, layer by layer, each one's dispatch and combine all-to-alls beside the
+    # other's compute (tracegen/program.py ``merged``; DeepSeek-V3 §3.2.1, Figure 4, pairs
+    # the chunks the same way). Modelled without a pipeline (pp 1: Megatron's
+    # combined_1f1b_schedule_for_no_pipelining).
+    overlap_moe_ep_comm: bool = False
     # Megatron-Core --pipeline-model-parallel-layout: what each model chunk holds, in its
     # syntax ("Et*3|(tt|)*29,m|L": DeepSeek-V3's embedding and 3 layers, 29 chunks of 2, its MTP
     # module alone, the loss alone; tracegen/layout.py). "" = split by the fields above. Lists
@@ -354,7 +361,8 @@ class Strategy:
             s += f"-cp{self.cp}"
         if self.ep > 1:
             s += (f"-ep{self.ep}" + ("-etp1" if self.moe_folded else "")
-                  + ("-deepep" if self.moe_dispatcher == "deepep" else ""))
+                  + ("-deepep" if self.moe_dispatcher == "deepep" else "")
+                  + ("-a2ao" if self.overlap_moe_ep_comm else ""))
         if self.vpp > 1:
             s += f"-vpp{self.vpp}"
         if self.schedule_group:
@@ -564,6 +572,33 @@ def _zb_problems(s: Strategy) -> list[str]:
     return out
 
 
+def _ep_overlap_problems(s: Strategy) -> list[str]:
+    """What Megatron-Core's combined 1F1B (``overlap_moe_ep_comm``) is modelled with: expert
+    parallelism, no pipeline, what Megatron-Bridge's guide asks beside it (no full recompute,
+    no shared-expert overlap, BF16/FP16), and none of ZeRO-3, context parallelism or TP
+    overlap (not modelled with it here)."""
+    out = []
+    if s.ep < 2:
+        out.append("overlap_moe_ep_comm overlaps expert-parallel all-to-alls: it needs ep > 1, "
+                   f"got ep={s.ep}; raise ep or set overlap_moe_ep_comm = false")
+    if s.pp > 1:
+        out.append(f"overlap_moe_ep_comm is modelled without a pipeline (pp 1), got pp={s.pp}: "
+                   "Megatron-Core runs it on a pipeline only with virtual stages, which "
+                   "trainsim does not model yet; use pp 1 or overlap_moe_ep_comm = false")
+    # (Megatron-Bridge's expert-parallel overlap guide: BF16 or FP16; shared-expert overlap
+    # off; full recompute avoided)
+    for bad, what in ((s.recompute == "full", "full recompute (the guide says to avoid it)"),
+                      (s.moe_shared_expert_overlap, "moe_shared_expert_overlap (the guide says "
+                       "to turn it off)"),
+                      (s.precision == "fp8", "precision 'fp8' (it runs in BF16 or FP16)"),
+                      (s.zero_stage == 3, "ZeRO-3 (not modelled with it)"),
+                      (s.cp > 1, "context parallelism (not modelled with it)"),
+                      (s.tp_comm_overlap, "tp_comm_overlap (not modelled with it)")):
+        if bad:
+            out.append(f"overlap_moe_ep_comm does not run with {what}; drop one of the two")
+    return out
+
+
 def _schedule_problems(s: Strategy) -> list[str]:
     out: list[str] = []
     if s.sequence_parallel and s.tp == 1:
@@ -584,6 +619,8 @@ def _schedule_problems(s: Strategy) -> list[str]:
             out += _group_problems(s)
     elif s.split_w:
         out += _zb_problems(s)
+    if s.overlap_moe_ep_comm:
+        out += _ep_overlap_problems(s)
     if s.zb_w_regather and not s.split_w:
         out.append(f"zb_w_regather needs schedule 'zb_h1' or 'zb_v' (it is where their W "
                    f"passes get their inputs), got {s.schedule!r}; set it to false")
@@ -693,6 +730,9 @@ def check_fits_model(s: Strategy, m: ModelSpec, *, gpus: int | None = None) -> N
         out.append("moe_shared_expert_overlap runs a MoE model's shared experts beside the "
                    "all-to-all dispatcher's dispatch and combine: it needs shared experts, ep > 1 "
                    "and moe_dispatcher 'alltoall' (beside DeepEP it is not modelled)")
+    if s.overlap_moe_ep_comm and not m.is_moe:
+        out.append("overlap_moe_ep_comm overlaps a mixture-of-experts model's all-to-alls: "
+                   f"{m.name!r} has no experts; set overlap_moe_ep_comm = false")
     if m.is_mla and (s.cp > 1 or s.tp_comm_overlap):
         out.append("multi-head latent attention with context parallelism or TP communication "
                    "overlap is not modelled; use cp 1 and no tp_comm_overlap")

@@ -1,0 +1,103 @@
+"""Combined 1F1B's merged pass in the fast path (``Strategy.overlap_moe_ep_comm``).
+
+One micro-batch's forward and the previous one's backward run as one pass
+(``tracegen.program.RoleProgram.merged``): the blocks in ``merged_plan``'s groups, each group's
+passes cut at their expert-parallel all-to-alls and their pieces issued in ``merged_turns``'
+order. The pass is costed as replay runs it, one piece after another with no event loop:
+
+* every piece runs on the one compute stream, after the piece before it (of either pass)
+  and after what its own pass waits for (its last all-to-all);
+* every all-to-all runs on the expert-parallel group's one stream, in issue order, after its
+  own pass's piece;
+* a kernel runs at 1/(1 + κ) of its speed while an all-to-all is in flight (replay/sim.py's
+  interference, κ = ``GPUSpec.comm_interference``); the all-to-alls are serialised on their
+  stream, so at most one is.
+
+The pass ends when both passes and the stream are done. Blocking collectives inside a piece
+(tensor parallelism's) hold the compute stream as in replay and are not slowed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tracegen import ops as O
+from tracegen.program import ParamBlock, ep_pieces, merged_plan, merged_turns
+
+if TYPE_CHECKING:
+    from analysis.fastpath_costs import Costs
+
+
+class PassClock:
+    """The compute stream's and the all-to-all stream's times through one merged pass."""
+
+    def __init__(self, kappa: float) -> None:
+        self.kappa = kappa
+        self.compute = 0.0  # when the compute stream is free
+        self.stream = 0.0  # when the all-to-all stream is free
+        self.ready = {"F": 0.0, "B": 0.0}  # when each pass's next item may start
+        self.flights: list[tuple[float, float]] = []  # the all-to-alls' [start, end)
+
+    def run(self, name: str, segments: tuple[tuple[bool, int], ...]) -> None:
+        """A piece of ``name``'s pass: its (compute?, ns) segments in order."""
+        if not segments:
+            return
+        t = max(self.compute, self.ready[name])
+        for comp, ns in segments:
+            t = self._kernel(t, ns) if comp else t + ns
+        self.compute = self.ready[name] = t
+
+    def all_to_all(self, name: str, ns: int) -> None:
+        start = max(self.stream, self.ready[name])
+        self.stream = self.ready[name] = start + ns
+        self.flights.append((start, start + ns))
+
+    def end(self) -> float:
+        return max(self.compute, self.stream, *self.ready.values())
+
+    def _kernel(self, t: float, work: float) -> float:
+        """When compute of ``work`` ns started at ``t`` ends, slowed inside the flights."""
+        for start, stop in self.flights:
+            if stop <= t:
+                continue
+            if start > t:
+                if work <= start - t:
+                    return t + work
+                work -= start - t
+                t = start
+            room = (stop - t) / (1 + self.kappa)
+            if work <= room:
+                return t + work * (1 + self.kappa)
+            work -= room
+            t = stop
+        return t + work
+
+
+Piece = tuple[tuple[tuple[bool, int], ...], int | None]  # (segments, the all-to-all's ns)
+
+
+def merged_ns(costs: Costs, blocks: list[tuple[ParamBlock, int]], rank: int) -> int:
+    """The merged pass of a stage holding ``blocks`` (the chunk's runs of blocks), in ns."""
+    clock = PassClock(costs.compute.gpu.comm_interference)
+    memo: dict[tuple[str, ParamBlock], list[Piece]] = {}
+    for group in merged_plan([b for b, count in blocks for _ in range(count)]):
+        for key in group:
+            if key not in memo:
+                memo[key] = _pieces(costs, *key, rank)
+        cut = [(key[0], memo[key]) for key in group]
+        for name, (segments, a2a_ns) in merged_turns(cut):
+            clock.run(name, segments)
+            if a2a_ns is not None:
+                clock.all_to_all(name, a2a_ns)
+    return round(clock.end())
+
+
+def _pieces(costs: Costs, name: str, block: ParamBlock, rank: int) -> list[Piece]:
+    """A block's pass (``RoleProgram.pass_chain``) cut at its all-to-alls, costed."""
+    out: list[Piece] = []
+    for run, a2a in ep_pieces(costs.prog.pass_chain(name, block)):
+        comm = None if a2a is None else a2a[0]
+        assert comm is None or isinstance(comm, O.Comm)
+        out.append((costs.items_segments([it for it, _, _ in run], rank),
+                    None if comm is None else costs.coll_ns(comm, rank)))
+    return out

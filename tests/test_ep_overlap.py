@@ -1,0 +1,218 @@
+"""Combined 1F1B (``Strategy.overlap_moe_ep_comm``; Megatron-Core's
+--overlap-moe-expert-parallel-comm): the merged pass in the trace, in replay and in the fast
+path, its memory, and what it is not modelled with."""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from analysis.cli import app
+from analysis.fastpath import estimate
+from analysis.merged_pass import PassClock
+from replay import get_system, replay
+from replay.reader import NodeRec, read_et
+from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
+from tracegen.memory import activation_bytes_per_layer
+from tracegen.program import RoleProgram
+
+MOE = ModelSpec(name="a2ao", num_layers=8, hidden_size=256, num_attention_heads=8,
+                num_kv_heads=4, ffn_hidden_size=512, vocab_size=1024, seq_len=256,
+                activation="swiglu", num_experts=4, experts_per_token=2, moe_ffn_hidden_size=256)
+
+
+def _strategy(**kw: object) -> Strategy:
+    base: dict[str, object] = dict(tp=1, pp=1, dp=4, ep=4, micro_batch_size=1,
+                                   global_batch_size=16, zero_stage=1, overlap_moe_ep_comm=True)
+    return Strategy(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def _replayed(model: ModelSpec, s: Strategy, system: object) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(model, s, tmp, mode="representative")
+        return replay(tmp, system, contention=False).step_time_s  # type: ignore[arg-type]
+
+
+def test_the_clock_of_a_layer_pair_matches_its_hand_worked_timeline() -> None:
+    """One MoE layer pair with κ = 0.5 and 40 ns all-to-alls: B0 10 (its combine after it),
+    F0 100 beside it (40 ns of it in flight: 40/1.5 of work done, so it ends at 10 + 40 + 100 −
+    40/1.5), B1 60, F1 60 and B2 100 each beside the other pass's all-to-all issued just
+    before them (so each ends 40 + (its work − 40/1.5) after it starts), F2 10 alone:
+    393⅓ ns, against 500 for the two passes one after the other."""
+    clock = PassClock(0.5)
+    for name, work in (("B", 10), ("F", 100), ("B", 60), ("F", 60), ("B", 100)):
+        clock.run(name, ((True, work),))
+        clock.all_to_all(name, 40) if (name, work) != ("B", 100) else None
+    clock.run("F", ((True, 10),))
+    start = 10.0
+    end_f0 = start + 40 + (100 - 40 / 1.5)
+    end_b1 = end_f0 + 40 + (60 - 40 / 1.5)
+    end_f1 = end_b1 + 40 + (60 - 40 / 1.5)
+    end_b2 = end_f1 + 40 + (100 - 40 / 1.5)
+    assert clock.end() == pytest.approx(end_b2 + 10, abs=1e-9)
+    assert clock.end() == pytest.approx(393 + 1 / 3, abs=1e-9)
+
+
+def test_an_all_to_all_longer_than_the_compute_beside_it_sets_the_pace() -> None:
+    """κ = 0: a 100 ns combine beside a 30 ns F0 — B1 waits for the combine (100), then the
+    dispatch issued at 30 queues behind it on the one stream (100..200) while B1 runs
+    (100..130): F1 starts at 200."""
+    clock = PassClock(0.0)
+    clock.run("B", ())  # an empty piece: the combine waits for nothing
+    clock.all_to_all("B", 100)
+    clock.run("F", ((True, 30),))
+    clock.all_to_all("F", 100)
+    clock.run("B", ((True, 30),))
+    clock.run("F", ((True, 5),))
+    assert clock.end() == 205
+
+
+def _work(nodes: list[NodeRec]) -> list[tuple[str, int, object, object]]:
+    return sorted((n.name, n.type, n.attrs.get("flop"), n.attrs.get("comm_size"))
+                  for n in nodes)
+
+
+def test_merging_reorders_the_same_work_and_saves_time() -> None:
+    """The merged trace holds the same nodes (names, FLOPs, bytes) as 1F1B's, only ordered and
+    linked otherwise; replayed, its step is shorter, and the first and last micro-batch run
+    alone (m passes become 1 + (m − 1) merged + 1)."""
+    hw = get_system("dgx-h100")
+    s = _strategy()
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        generate(MOE, s, a, mode="representative")
+        generate(MOE, dataclasses.replace(s, overlap_moe_ep_comm=False), b,
+                 mode="representative")
+        files = [sorted(Path(d).glob("*.et")) for d in (a, b)]
+        assert len(files[0]) == len(files[1]) > 0
+        for x, y in zip(*files, strict=True):
+            assert x.name == y.name
+            merged, plain = (read_et(f, 0).nodes for f in (x, y))
+            assert len(merged) == len(plain)
+            assert _work(merged) == _work(plain)
+        assert replay(a, hw, contention=False).step_time_s < replay(
+            b, hw, contention=False).step_time_s
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tp=st.sampled_from([1, 2]), dp=st.sampled_from([2, 4, 8]), ep=st.sampled_from([2, 4]),
+       mb=st.integers(1, 4), mbs=st.sampled_from([1, 2]), zero=st.sampled_from([0, 1, 2]),
+       modules=st.sampled_from(["", "core_attn", "moe", "layernorm,moe_act"]),
+       shared=st.booleans(), dense=st.booleans(), mtp=st.booleans(), tied=st.booleans(),
+       deepep=st.booleans(), fold=st.booleans(), sp=st.booleans(), gather=st.booleans(),
+       system=st.sampled_from(["dgx-h100", "dgx-b200", "dgx-a100-80gb"]),
+       gpn=st.sampled_from([2, 8]))
+def test_fast_path_within_0_1_percent_of_replay(tp: int, dp: int, ep: int, mb: int, mbs: int,
+                                                 zero: int, modules: str, shared: bool,
+                                                 dense: bool, mtp: bool, tied: bool,
+                                                 deepep: bool, fold: bool, sp: bool,
+                                                 gather: bool, system: str, gpn: int) -> None:
+    """The merged pass costed piece by piece (``merged_pass``) lands on contention-free replay
+    of the trace: MoE layers with shared experts, a dense first layer, an MTP module, tied
+    embeddings, DeepEP, folded experts, selective recompute (the MoE side too), ZeRO 0-2 with
+    overlapped parameter gathers, 2 or 8 GPUs a node (all-to-alls over the NICs or NVLink), κ
+    of H100/A100 and none on B200."""
+    model = dataclasses.replace(MOE, shared_expert_ffn_hidden_size=256 if shared else 0,
+                                first_dense_layers=int(dense), mtp_layers=int(mtp),
+                                tied_embeddings=tied)
+    hw = get_system(system)
+    hw = dataclasses.replace(hw, node=dataclasses.replace(hw.node, gpus_per_node=gpn))
+    try:
+        s = _strategy(tp=tp, dp=dp, ep=ep, micro_batch_size=mbs, global_batch_size=mb * mbs * dp,
+                      zero_stage=zero, recompute="selective" if modules else "none",
+                      recompute_modules=modules or "core_attn", sequence_parallel=sp and tp > 1,
+                      moe_dispatcher="deepep" if deepep else "alltoall",
+                      expert_tp=1 if fold and tp > 1 else 0,
+                      overlap_param_gather=gather and zero > 0)
+        fast = estimate(model, s, hw).step_time_s
+    except ConfigError:
+        return
+    assert fast == pytest.approx(_replayed(model, s, hw), rel=1e-3)
+
+
+def test_a_moe_model_on_64_h100s_gains_what_its_all_to_alls_cost() -> None:
+    """Qwen3-30B-A3B on 64 H100s (ep 8, the all-to-alls within a node; 16 micro-batches): the
+    merged passes hide part of the all-to-alls — faster than 1F1B, never faster than with
+    them free of cost; the fast path and replay of the representative traces agree."""
+    model, hw = get_model("qwen3-30b-a3b"), get_system("dgx-h100")
+    model = dataclasses.replace(model, num_layers=8)  # (a shorter stack, the same layers)
+    s = _strategy(dp=64, ep=8, global_batch_size=1024, micro_batch_size=1)
+    plain = dataclasses.replace(s, overlap_moe_ep_comm=False)
+    merged_s, plain_s = (estimate(model, x, hw).step_time_s for x in (s, plain))
+    assert merged_s < plain_s
+    assert merged_s == pytest.approx(_replayed(model, s, hw), rel=1e-3)
+
+
+def test_memory_holds_one_layer_more_than_1f1b() -> None:
+    """At layer pair k the next micro-batch's forward holds layers 0..k and the backward
+    still holds 0..L−1−k: L + 1 layers, one more than 1F1B's one micro-batch; one
+    micro-batch merges nothing."""
+    hw = get_system("dgx-h100")
+    s = _strategy()
+    plain = dataclasses.replace(s, overlap_moe_ep_comm=False)
+    layer = activation_bytes_per_layer(MOE, s)
+    more = (estimate(MOE, s, hw).peak_memory_GiB - estimate(MOE, plain, hw).peak_memory_GiB)
+    from tracegen.memory import FRAGMENTATION
+    assert more * 2**30 == pytest.approx(layer * (1 + FRAGMENTATION), rel=1e-9, abs=2)
+    one = dataclasses.replace(s, global_batch_size=4)
+    assert estimate(MOE, one, hw).peak_memory_GiB == estimate(
+        MOE, dataclasses.replace(one, overlap_moe_ep_comm=False), hw).peak_memory_GiB
+
+
+def test_the_merged_order_pairs_layer_k_with_layer_l_minus_1_minus_k() -> None:
+    """In a merged pass each layer's backward comes beside the forward of its mirror layer,
+    and every all-to-all of a pair is issued off the compute chain (a compute node of the
+    other pass runs between an all-to-all and the node that waits for it)."""
+    s = _strategy(global_batch_size=8)  # two micro-batches: F0, merged (F1, B0), B1
+    nodes = RoleProgram(MOE, s, 0).build()
+    names = [n.name for n in nodes]
+    first = {lbl: min(i for i, x in enumerate(names) if x.startswith(lbl))
+             for lbl in [f"F1.c0.L{k}." for k in range(8)] + [f"B0.c0.L{k}." for k in range(8)]}
+    for k in range(7):  # F1's layer k+1 after B0's layer 7−k starts, before B0's 6−k
+        assert first[f"B0.c0.L{7 - k}."] < first[f"F1.c0.L{k}."] < first[f"B0.c0.L{6 - k}."]
+    by_id = {n.id: n for n in nodes}
+    a2a = [n for n in nodes if n.name.startswith(("F1.", "B0.")) and "moe_" in n.name
+           and n.axis == "ep"]
+    assert a2a
+    for n in a2a:
+        waiters = [m for m in nodes if n.id in m.data_deps]
+        assert waiters and all(by_id[n.id].name.split(".")[0] == m.name.split(".")[0]
+                               for m in waiters)
+        assert all(names.index(m.name) > names.index(n.name) + 1 for m in waiters)
+
+
+@pytest.mark.parametrize(("kw", "words"), [
+    (dict(pp=2, dp=2), "modelled without a pipeline"),
+    (dict(ep=1), "needs ep > 1"),
+    (dict(recompute="full"), "full recompute"),
+    (dict(precision="fp8"), "precision 'fp8'"),
+    (dict(zero_stage=3), "ZeRO-3"),
+    (dict(cp=2, dp=2), "context parallelism"),
+])
+def test_what_it_is_not_modelled_with_is_named(kw: dict[str, object], words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        _strategy(**kw)
+
+
+def test_a_dense_model_is_told_it_has_no_experts() -> None:
+    dense = dataclasses.replace(MOE, num_experts=0, experts_per_token=0, moe_ffn_hidden_size=0)
+    with pytest.raises(ConfigError, match="has no experts"):
+        estimate(dense, _strategy(), get_system("dgx-h100"))
+
+
+def test_the_cli_flag_reaches_the_estimate_and_the_label(tmp_path: Path) -> None:
+    args = ["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--ep", "8", "--mbs", "1",
+            "--gbs", "256", "--zero", "1", "--system", "dgx-h100"]
+    out = tmp_path / "e.json"
+    got = CliRunner().invoke(app, [*args, "--overlap-moe-expert-parallel-comm", "--json",
+                                   str(out)])
+    assert got.exit_code == 0, got.stdout
+    assert "a2ao" in got.stdout
+    plain = CliRunner().invoke(app, args)
+    step = [float(x.stdout.split("step time ")[1].split(" s")[0]) for x in (got, plain)]
+    assert step[0] < step[1]
