@@ -277,7 +277,7 @@ def fit_by_recompute(model: ModelSpec, s: Strategy, system: SystemSpec, *,
 
 def _variant(s: Strategy, **fields: Any) -> Strategy | None:
     """``s`` with ``fields`` changed, or None where that is no valid strategy (a recompute
-    that what ``s`` runs refuses: combined 1F1B beside full recompute, say)."""
+    the rest of ``s`` rules out: full recompute beside combined 1F1B, say)."""
     try:
         return dataclasses.replace(s, **fields)
     except ConfigError:

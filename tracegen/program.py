@@ -36,6 +36,7 @@ Attr = tuple[str, str, Any]  # (name, protobuf oneof kind, value)
 Tagged = tuple[O.Item, str, str]  # an item with its node-name prefix and phase
 T = TypeVar("T")
 
+
 @dataclasses.dataclass(slots=True)
 class PNode:
     """A node of a role program. ``axis`` / ``peer`` are bound per rank by the writer."""
