@@ -46,9 +46,10 @@ def test_the_clock_of_a_layer_pair_matches_its_hand_worked_timeline() -> None:
     before them (so each ends 40 + (its work − 40/1.5) after it starts), F2 10 alone:
     393⅓ ns, against 500 for the two passes one after the other."""
     clock = PassClock(0.5)
-    for name, work in (("B", 10), ("F", 100), ("B", 60), ("F", 60), ("B", 100)):
+    for name, work in (("B", 10), ("F", 100), ("B", 60), ("F", 60)):
         clock.run(name, ((True, work),))
-        clock.all_to_all(name, 40) if (name, work) != ("B", 100) else None
+        clock.all_to_all(name, 40)  # B0's combine, F0's dispatch, B1's dispatch, F1's combine
+    clock.run("B", ((True, 100),))
     clock.run("F", ((True, 10),))
     start = 10.0
     end_f0 = start + 40 + (100 - 40 / 1.5)
@@ -173,7 +174,7 @@ def test_the_merged_order_pairs_layer_k_with_layer_l_minus_1_minus_k() -> None:
     names = [n.name for n in nodes]
     first = {lbl: min(i for i, x in enumerate(names) if x.startswith(lbl))
              for lbl in [f"F1.c0.L{k}." for k in range(8)] + [f"B0.c0.L{k}." for k in range(8)]}
-    for k in range(7):  # F1's layer k+1 after B0's layer 7−k starts, before B0's 6−k
+    for k in range(7):  # F1's layer k starts after B0's layer 7−k does, before B0's 6−k
         assert first[f"B0.c0.L{7 - k}."] < first[f"F1.c0.L{k}."] < first[f"B0.c0.L{6 - k}."]
     by_id = {n.id: n for n in nodes}
     a2a = [n for n in nodes if n.name.startswith(("F1.", "B0.")) and "moe_" in n.name
