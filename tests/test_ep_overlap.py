@@ -19,7 +19,7 @@ from analysis.merged_pass import PassClock
 from replay import get_system, replay
 from replay.reader import NodeRec, read_et
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
-from tracegen.memory import activation_bytes_per_layer
+from tracegen.memory import FRAGMENTATION, activation_bytes_per_layer
 from tracegen.program import RoleProgram
 
 MOE = ModelSpec(name="a2ao", num_layers=8, hidden_size=256, num_attention_heads=8,
@@ -75,7 +75,7 @@ def test_an_all_to_all_longer_than_the_compute_beside_it_sets_the_pace() -> None
 
 
 def _work(nodes: list[NodeRec]) -> list[tuple[str, int, object, object]]:
-    return sorted((n.name, n.type, n.attrs.get("flop"), n.attrs.get("comm_size"))
+    return sorted((n.name, n.type, n.attrs.get("num_ops"), n.attrs.get("comm_size"))
                   for n in nodes)
 
 
@@ -158,7 +158,6 @@ def test_memory_holds_one_layer_more_than_1f1b() -> None:
     plain = dataclasses.replace(s, overlap_moe_ep_comm=False)
     layer = activation_bytes_per_layer(MOE, s)
     more = (estimate(MOE, s, hw).peak_memory_GiB - estimate(MOE, plain, hw).peak_memory_GiB)
-    from tracegen.memory import FRAGMENTATION
     assert more * 2**30 == pytest.approx(layer * (1 + FRAGMENTATION), rel=1e-9, abs=2)
     one = dataclasses.replace(s, global_batch_size=4)
     assert estimate(MOE, one, hw).peak_memory_GiB == estimate(
