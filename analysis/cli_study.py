@@ -319,8 +319,12 @@ def mixed_words(study: Study) -> str:
             f"{m.system.name} as whole pipeline stages (the first or the last, whichever "
             "steps faster), each strategy's layers "
             + ("split by its stages' speeds" if m.balance else "split evenly")
-            + (f"; its GPUs fail {m.failure_rate_factor:g}× as often as [failures] says"
-               if m.failure_rate_factor != 1.0 else ""))
+            + "".join(f"; {text.format(m.rate_factor(table))} as often as [{table}] says"
+                      for table, text in _RATE_WORDS.items() if m.rate_factor(table) != 1.0))
+
+
+_RATE_WORDS = {"failures": "its GPUs fail {:g}×", "fail_slow": "they run slow {:g}×",
+               "slow_links": "their NICs slow down {:g}×"}
 
 
 def _resolve_study(name_or_file: str) -> Any:

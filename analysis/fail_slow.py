@@ -167,6 +167,12 @@ def mean_and_worst(factors: list[float]) -> tuple[float, float]:
     return sum(factors) / len(factors), max(factors)
 
 
+def weighted_mean(factors: list[float], weights: list[float]) -> float:
+    """The step factor of an episode on a stage drawn with these weights (how likely one is on
+    each: alike, or a ``[mixed]`` cluster's other GPUs at their own rate)."""
+    return sum(f * w for f, w in zip(factors, weights, strict=True)) / sum(weights)
+
+
 def progress(fs: FailSlow, gpus: int, factor: float) -> float:
     """Share of the healthy progress rate kept: 1 − p(1 − 1/f)."""
     return 1 - fs.active_share(gpus) * (1 - 1 / factor)

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from analysis.study import Study
+from analysis.study import RATE_KEYS, Study
 from tracegen import ConfigError, __version__
 
 RECORD = "study.json"  # in the folder's parts/ directory, beside the part files
@@ -40,8 +40,9 @@ def fingerprint(study: Study) -> dict[str, Any]:
     if study.mixed is not None:
         mixed: dict[str, Any] = {"system": dataclasses.asdict(study.mixed.system),
                                  "gpus": study.mixed.gpus, "balance": study.mixed.balance}
-        if study.mixed.failure_rate_factor != 1.0:  # (absent at 1: older folders match)
-            mixed["failure_rate_factor"] = study.mixed.failure_rate_factor
+        for table, key in RATE_KEYS.items():  # (absent at 1: older folders match)
+            if study.mixed.rate_factor(table) != 1.0:
+                mixed[key] = study.mixed.rate_factor(table)
         data["mixed"] = mixed
     return dict(json.loads(json.dumps(data, sort_keys=True, default=str)))
 

@@ -52,6 +52,8 @@
     gpus = 512                      # sweep cost each strategy so, layers split by the stages'
     balance = true                  # speeds (false: evenly) and replay it with [[gpu]] on them
     failure_rate_factor = 1.5       # optional: its GPUs fail 1.5× as often as [failures] says
+    fail_slow_rate_factor = 2.0     # optional: and run slow twice as often as [fail_slow] says
+    slow_links_rate_factor = 1.0    # optional: their NICs slow as often as [slow_links] says
 
     [slow_links]                    # slow NICs over the run (analysis/slow_links.py); needs
     rate_per_gpu_hour = 1e-5        # [failures]: episodes per GPU's NIC per hour, their mean
@@ -77,6 +79,12 @@ KNOWN_KEYS = {"model", "seq_len", "system", "gpus", "global_batch_size", "tokens
               "fail_slow", "slow_links", "mixed"}
 
 
+# each table whose events the other system's GPUs may have at their own rate: its [mixed] key
+RATE_KEYS = {"failures": "failure_rate_factor", "fail_slow": "fail_slow_rate_factor",
+             "slow_links": "slow_links_rate_factor"}
+MIXED_KEYS = {"system", "gpus", "balance", *RATE_KEYS.values()}
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class MixedCluster:
     """A study's ``[mixed]`` table: ``gpus`` of the study's GPUs are ``system``'s, as whole
@@ -87,11 +95,18 @@ class MixedCluster:
     balance: bool = True
     ref: str = ""  # the system as the study names it (``--stage-system`` takes it)
     failure_rate_factor: float = 1.0  # its GPUs' failure rate over the [failures] one
+    fail_slow_rate_factor: float = 1.0  # its GPUs' fail-slow episode rate over [fail_slow]'s
+    slow_links_rate_factor: float = 1.0  # its NICs' slow-link episode rate over [slow_links]'
 
-    def job_rate_factor(self, gpus: int) -> float:
-        """The job's failure rate over that of ``gpus`` GPUs all at the [failures] rate:
-        Poisson processes add, (n − k + f·k) / n for k of them at f times the rate."""
-        return 1 + (self.failure_rate_factor - 1) * self.gpus / gpus
+    def job_rate_factor(self, gpus: int, table: str = "failures") -> float:
+        """The job's rate of ``table``'s events (failures, fail-slow or slow-link episodes)
+        over that of ``gpus`` GPUs all at the table's rate: Poisson processes add,
+        (n − k + f·k) / n for k of them at f times the rate."""
+        return 1 + (self.rate_factor(table) - 1) * self.gpus / gpus
+
+    def rate_factor(self, table: str) -> float:
+        """This system's GPUs' rate of ``table``'s events over the table's own rate."""
+        return float(getattr(self, RATE_KEYS[table]))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -239,9 +254,8 @@ def _mixed(data: dict[str, Any], base: Path | None, name: str) -> MixedCluster |
     table = data.get("mixed")
     if not table:
         return None
-    problems = [f"[mixed]: unknown key {k!r} (known: balance, failure_rate_factor, gpus, "
-                "system)"
-                for k in sorted(set(table) - {"system", "gpus", "balance", "failure_rate_factor"})]
+    problems = [f"[mixed]: unknown key {k!r} (known: {', '.join(sorted(MIXED_KEYS))})"
+                for k in sorted(set(table) - MIXED_KEYS)]
     gpus, ref = table.get("gpus"), table.get("system")
     if isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 < gpus < data["gpus"]:
         problems.append(f"[mixed] gpus is how many of the study's {data['gpus']} GPUs are the "
@@ -251,19 +265,30 @@ def _mixed(data: dict[str, Any], base: Path | None, name: str) -> MixedCluster |
         problems.append(f"[mixed] system must be a preset name or a file path, got {ref!r}")
     if not isinstance(table.get("balance", True), bool):
         problems.append(f"[mixed] balance is true or false, got {table['balance']!r}")
-    factor = table.get("failure_rate_factor", 1.0)
-    if not is_finite_number(factor) or factor <= 0:
-        problems.append(f"[mixed] failure_rate_factor is how many times as often its GPUs fail "
-                        f"as the [failures] rate says (1.5: half again as often), a positive "
-                        f"number, got {factor!r}")
-    elif factor != 1.0 and not data.get("failures"):
-        problems.append("[mixed] failure_rate_factor scales the [failures] rate: add a "
-                        "[failures] table")
+    factors = {key: table.get(key, 1.0) for key in RATE_KEYS.values()}
+    problems += [p for events, key in RATE_KEYS.items()
+                 for p in _rate_problems(key, factors[key], events, data)]
     if problems:
         raise ConfigError(problems, what=f"study {name!r}")
     ref = _rel(ref, base)
     return MixedCluster(resolve_system(ref), gpus, table.get("balance", True), ref,
-                        float(factor))
+                        **{k: float(v) for k, v in factors.items()})
+
+
+_EVENTS = {"failures": "fail", "fail_slow": "run slow (fail-slow episodes)",
+           "slow_links": "have slow NICs (slow-link episodes)"}
+
+
+def _rate_problems(key: str, factor: Any, events: str, data: dict[str, Any]) -> list[str]:
+    """What is wrong with a ``[mixed]`` rate factor: it scales the rate of ``events`` (a
+    study table's name), which must then be there."""
+    if not is_finite_number(factor) or factor <= 0:
+        return [f"[mixed] {key} is how many times as often its GPUs {_EVENTS[events]} as the "
+                f"[{events}] rate says (1.5: half again as often), a positive number, got "
+                f"{factor!r}"]
+    if factor != 1.0 and not data.get(events):
+        return [f"[mixed] {key} scales the [{events}] rate: add a [{events}] table"]
+    return []
 
 
 def _rel(value: str, base: Path | None) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import shlex
 from pathlib import Path
@@ -315,6 +316,68 @@ def test_the_other_gpus_failure_rate_factor_scales_the_jobs_failure_rate(
     assert "its GPUs fail 3× as often as [failures] says" in " ".join(got.stdout.split())
     for bad, message in (("failure_rate_factor = 0\n" + fail, "a positive number, got 0"),
                          ("failure_rate_factor = 2\n", "add a [failures] table")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_study(_study(tmp_path / "c", MIXED + bad + STRATEGIES))
+
+
+EPISODES = """[fail_slow]
+rate_per_gpu_hour = 0.002
+mean_duration_s = 3600
+slowdown = 2.0
+detect_s = 600
+
+[slow_links]
+rate_per_gpu_hour = 0.001
+mean_duration_s = 1800
+bandwidth_factor = 0.25
+"""
+
+
+@pytest.mark.parametrize("table", ["fail_slow", "slow_links"])
+def test_the_other_gpus_episode_rate_factor_weighs_their_stages(
+        tmp_path: Path, table: str) -> None:
+    """``fail_slow_rate_factor`` / ``slow_links_rate_factor = 3`` on the 8 A100s of 16: episodes
+    arrive (8 + 3·8)/16 = 2× as often (the M/G/∞ occupancy's mean doubles: −ln(1 − share)
+    twice the plain study's), and one lands on an A100 stage 3× as likely as on an H100 one,
+    so the step factor is the stage factors' mean weighted 3 : 1 (the plain study's is
+    unweighted); evictions (``detect_s``) add twice the rate to the failures; the other
+    table, the fingerprint and the cluster's words say so; a bad factor is named."""
+    from analysis import fail_slow, slow_links
+    from analysis.cli_study import mixed_words
+    from analysis.resume import fingerprint
+
+    key = f"{table}_rate_factor"
+    fail = "[failures]\nrate_per_gpu_hour = 0.001\n"
+    plain = load_study(_study(tmp_path / "a", MIXED + STRATEGIES + fail + EPISODES))
+    worse = load_study(_study(tmp_path / "b", MIXED + f"{key} = 3\n" + STRATEGIES + fail
+                              + EPISODES))
+    placed = place(plain.model, plain.strategies[1], plain.system, A100, 8)
+    s, where = placed.strategy, placed.where
+    assert len(where) == 2 and s.pp == 4  # two A100 stages of four
+    a, b = (resilience_frame(x, x.strategies[1]) for x in (plain, worse))
+    share_a, share_b = a[f"{table}_active_share"][0], b[f"{table}_active_share"][0]
+    assert -math.log1p(-share_b) == pytest.approx(-2 * math.log1p(-share_a), rel=1e-12)
+    module = fail_slow if table == "fail_slow" else slow_links
+    factors = module.stage_factors(plain.model, s, plain.system,
+                                   2.0 if table == "fail_slow" else 0.25, where)
+    weights = [3.0 if j in where else 1.0 for j in range(4)]
+    weighted = sum(f * w for f, w in zip(factors, weights, strict=True)) / sum(weights)
+    assert b[f"{table}_step_factor"][0] == pytest.approx(weighted, rel=1e-12)
+    assert a[f"{table}_step_factor"][0] == pytest.approx(sum(factors) / 4, rel=1e-12)
+    assert weighted != pytest.approx(sum(factors) / 4, rel=1e-3)  # the stages differ
+    other = "slow_links" if table == "fail_slow" else "fail_slow"
+    assert b[f"{other}_loss"][0] == a[f"{other}_loss"][0]  # the other table's rate is its own
+    if table == "fail_slow":  # evicted at twice the rate: the job's failures grow by that
+        evicted = 0.002 * math.exp(-600 / 3600)
+        assert 1 / b["job_mttf_s"][0] - 1 / a["job_mttf_s"][0] == pytest.approx(
+            evicted * 16 / 3600, rel=1e-9)
+    assert fingerprint(plain) != fingerprint(worse)
+    assert key not in fingerprint(plain)["mixed"]  # (older folders match)
+    words = {"fail_slow": "they run slow 3× as often as [fail_slow] says",
+             "slow_links": "their NICs slow down 3× as often as [slow_links] says"}
+    assert words[table] in mixed_words(worse)
+    for bad, message in ((f"{key} = -1\n" + fail + EPISODES, "a positive number, got -1"),
+                         (f"{key} = 2\n" + fail, f"add a [{table}] table")):
         with pytest.raises(ConfigError, match=re.escape(message)):
             load_study(_study(tmp_path / "c", MIXED + bad + STRATEGIES))
 
