@@ -131,7 +131,7 @@ EpOverlapOpt = Annotated[bool, typer.Option(
     "--overlap-moe-expert-parallel-comm",
     help="Combined 1F1B: each forward merged with the backward before it, layer by layer, "
          "one's expert all-to-alls beside the other's compute (Megatron-Core "
-         "--overlap-moe-expert-parallel-comm; pp 1).")]
+         "--overlap-moe-expert-parallel-comm; pp 1, or an interleaved pipeline).")]
 GradBf16Opt = Annotated[bool, typer.Option(
     "--grad-reduce-bf16", help="Gradient buffer and data-parallel reduction in 16 bits, not "
     "fp32 (Megatron --grad-reduce-in-bf16).")]

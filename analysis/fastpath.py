@@ -32,6 +32,7 @@ from typing import NamedTuple
 from analysis.dp_tails import tails_ns
 from analysis.fastpath_costs import Costs, clear_cache
 from analysis.fastpath_stages import Stage, slowed_runs
+from analysis.merged_walk import merged_walk
 from analysis.pipeline_walk import (
     Opened,
     Tails,
@@ -245,15 +246,22 @@ def _walked_ends(costs: Costs, stages: list[Stage], c: list[int],
     streams = ([x.z3_f for x in stages], [x.z3_b for x in stages]) if (
         stages[0].z3_b) else None
     leads = _leads(costs, stages) if streams else None
-    key = (s.order_id, s.pp, s.num_microbatches, s.vpp, tuple(fwd), tuple(bwd), tuple(c),
-           tuple(sorted(early.items())) if early else None,
-           tuple(sorted(late.items())) if late else None,
-           (tuple(streams[0]), tuple(streams[1])) if streams else None,
-           opened, tuple(leads) if leads else None,
-           tuple(sorted(hide.items())) if hide else None, tuple(first) if first else None)
+    key: tuple[object, ...] = (
+        s.order_id, s.pp, s.num_microbatches, s.vpp, tuple(fwd), tuple(bwd), tuple(c),
+        tuple(sorted(early.items())) if early else None,
+        tuple(sorted(late.items())) if late else None,
+        (tuple(streams[0]), tuple(streams[1])) if streams else None,
+        opened, tuple(leads) if leads else None,
+        tuple(sorted(hide.items())) if hide else None, tuple(first) if first else None)
+    if s.overlap_moe_ep_comm:  # combined 1F1B on an interleaved pipeline (no ZeRO-3)
+        key += (tuple(x.merged for x in stages),)
     walked = costs.ctx.walks.get(key)
     if walked is None:
-        if not (early or late or streams):
+        if s.overlap_moe_ep_comm:
+            (ends, chunk_ends), cooldown = merged_walk(s, fwd, bwd,
+                                                        [x.merged for x in stages], c, opened)
+            walked = costs.ctx.walks[key] = (ends, chunk_ends, cooldown)
+        elif not (early or late or streams):
             (ends, chunk_ends), cooldown = plain_tails(s, fwd, bwd, c, opened)
             walked = costs.ctx.walks[key] = (ends, chunk_ends, cooldown)
         else:
@@ -372,9 +380,9 @@ def _closed_form_ends(s: Strategy, stages: list[Stage], c: list[int]) -> tuple[i
 def _merged_saving(s: Strategy, stage: Stage) -> int:
     """Combined 1F1B (pp 1): what merging each backward but the last with the forward after it
     saves, (m − 1)(F + B − merged pass) (``merged_pass``); 0 without it."""
-    if not s.overlap_moe_ep_comm:
+    if not s.overlap_moe_ep_comm or s.pp > 1:  # (a pipeline's is walked: ``merged_walk``)
         return 0
-    return (s.num_microbatches - 1) * (stage.fwd[0] + stage.bwd[0] - stage.merged[0])
+    return (s.num_microbatches - 1) * (stage.fwd[0] + stage.bwd[0] - stage.merged[0][1])
 
 
 def _gpipe_drain(ends: list[int], b_s: list[int], m: int) -> None:

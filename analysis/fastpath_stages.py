@@ -101,9 +101,10 @@ class Stage(NamedTuple):
     # system's costs, which its gradient reduction, optimizer step and gathers are drained on
     # (``dp_tails``); None: the pipeline's own
     costs: Costs | None = None
-    # combined 1F1B (``overlap_moe_ep_comm``), per chunk: a forward merged with the backward
-    # before it, as one pass (``merged_pass.merged_ns``)
-    merged: tuple[int, ...] = ()
+    # combined 1F1B (``overlap_moe_ep_comm``), per pair of the stage's chunks (forward chunk
+    # · vpp + backward chunk): a forward merged with a backward as one pass, (when its sends
+    # go, when it ends) (``merged_pass.merged_ns``)
+    merged: tuple[tuple[int, int], ...] = ()
 
 
 def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object, ...], ...],
@@ -115,9 +116,9 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
     if costs.s.overlap_moe_ep_comm:
         from analysis.merged_pass import merged_ns
 
-        stage = stage._replace(merged=tuple(
-            merged_ns(costs, costs.chunk_runs(gci, key), rank)
-            for gci, key in zip(gcis, chunks, strict=True)))
+        runs = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
+        stage = stage._replace(merged=tuple(merged_ns(costs, f, b, rank)
+                                            for f in runs for b in runs))
     if costs.zb:
         blocks = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
         stage = stage._replace(w_view=_w_view(costs, stage, blocks, rank, sig),

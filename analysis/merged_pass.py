@@ -76,11 +76,19 @@ class PassClock:
 Piece = tuple[tuple[tuple[bool, int], ...], int | None]  # (segments, the all-to-all's ns)
 
 
-def merged_ns(costs: Costs, blocks: list[tuple[ParamBlock, int]], rank: int) -> int:
-    """The merged pass of a stage holding ``blocks`` (the chunk's runs of blocks), in ns."""
+def merged_ns(costs: Costs, f_blocks: list[tuple[ParamBlock, int]],
+              b_blocks: list[tuple[ParamBlock, int]], rank: int) -> tuple[int, int]:
+    """The merged pass of a forward through ``f_blocks`` and a backward through ``b_blocks``
+    (chunks' runs of blocks; the same chunk's without a pipeline), in ns: (when its sends go —
+    the compute stream's time after the layers, ``MergedPlan.sends_at`` — and when it
+    ends)."""
     clock = PassClock(costs.compute.gpu.comm_interference)
     memo: dict[tuple[str, ParamBlock], list[Piece]] = {}
-    for group in merged_plan([b for b, count in blocks for _ in range(count)]):
+    plan = merged_plan(_flat(f_blocks), _flat(b_blocks))
+    sends = 0.0
+    for i, group in enumerate(plan.groups):
+        if i == plan.sends_at:
+            sends = clock.compute
         for key in group:
             if key not in memo:
                 memo[key] = _pieces(costs, *key, rank)
@@ -89,7 +97,13 @@ def merged_ns(costs: Costs, blocks: list[tuple[ParamBlock, int]], rank: int) -> 
             clock.run(name, segments)
             if a2a_ns is not None:
                 clock.all_to_all(name, a2a_ns)
-    return round(clock.end())
+    if plan.sends_at == len(plan.groups):
+        sends = clock.compute
+    return round(sends), round(clock.end())
+
+
+def _flat(blocks: list[tuple[ParamBlock, int]]) -> list[ParamBlock]:
+    return [b for b, count in blocks for _ in range(count)]
 
 
 def _pieces(costs: Costs, name: str, block: ParamBlock, rank: int) -> list[Piece]:

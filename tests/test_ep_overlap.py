@@ -20,7 +20,9 @@ from replay import get_system, replay
 from replay.reader import NodeRec, read_et
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
 from tracegen.memory import FRAGMENTATION, activation_bytes_per_layer
+from tracegen.memory import estimate as memory_estimate
 from tracegen.program import RoleProgram
+from tracegen.schedule import combined, stage_order
 
 MOE = ModelSpec(name="a2ao", num_layers=8, hidden_size=256, num_attention_heads=8,
                 num_kv_heads=4, ffn_hidden_size=512, vocab_size=1024, seq_len=256,
@@ -83,21 +85,29 @@ def test_merging_reorders_the_same_work_and_saves_time() -> None:
     """The merged trace holds the same nodes (names, FLOPs, bytes) as 1F1B's, only ordered and
     linked otherwise; replayed, its step is shorter, and the first and last micro-batch run
     alone (m passes become 1 + (m − 1) merged + 1)."""
+    ranks, merged_s, plain_s = _against_unmerged(MOE, _strategy())
+    assert ranks and merged_s < plain_s
+
+
+def _against_unmerged(model: ModelSpec, s: Strategy) -> tuple[list[list[NodeRec]], float,
+                                                               float]:
+    """Each rank's merged trace checked against the trace without merging — the same nodes
+    (names, FLOPs, bytes), as many — and (the merged nodes per rank, both steps replayed on
+    DGX H100 without contention)."""
     hw = get_system("dgx-h100")
-    s = _strategy()
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-        generate(MOE, s, a, mode="representative")
-        generate(MOE, dataclasses.replace(s, overlap_moe_ep_comm=False), b,
+        generate(model, s, a, mode="representative")
+        generate(model, dataclasses.replace(s, overlap_moe_ep_comm=False), b,
                  mode="representative")
         files = [sorted(Path(d).glob("*.et")) for d in (a, b)]
-        assert len(files[0]) == len(files[1]) > 0
+        assert [x.name for x in files[0]] == [y.name for y in files[1]]
+        ranks = []
         for x, y in zip(*files, strict=True):
-            assert x.name == y.name
             merged, plain = (read_et(f, 0).nodes for f in (x, y))
             assert len(merged) == len(plain)
             assert _work(merged) == _work(plain)
-        assert replay(a, hw, contention=False).step_time_s < replay(
-            b, hw, contention=False).step_time_s
+            ranks.append(merged)
+        return ranks, *(replay(d, hw, contention=False).step_time_s for d in (a, b))
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -187,7 +197,7 @@ def test_the_merged_order_pairs_layer_k_with_layer_l_minus_1_minus_k() -> None:
 
 
 @pytest.mark.parametrize(("kw", "words"), [
-    (dict(pp=2, dp=2), "modelled without a pipeline"),
+    (dict(pp=2, dp=2), "needs schedule .interleaved_1f1b. with vpp > 1"),
     (dict(ep=1), "needs ep > 1"),
     (dict(recompute="full"), "full recompute"),
     (dict(precision="fp8"), "precision 'fp8'"),
@@ -216,3 +226,101 @@ def test_the_cli_flag_reaches_the_estimate_and_the_label(tmp_path: Path) -> None
     plain = CliRunner().invoke(app, args)
     step = [float(x.stdout.split("step time ")[1].split(" s")[0]) for x in (got, plain)]
     assert step[0] < step[1]
+
+
+# ---- on an interleaved pipeline (combined_1f1b_schedule_for_interleaved_pipelining) ----------
+
+PIPE = dataclasses.replace(MOE, num_layers=12)
+
+
+@pytest.mark.parametrize(("m", "p", "v", "group"), [
+    (4, 2, 2, 0), (2, 2, 3, 0), (6, 3, 2, 0), (8, 4, 2, 0), (5, 2, 2, 3), (12, 4, 3, 6)])
+def test_the_interleaved_order_warms_one_forward_more_and_merges_each_steady_pair(
+        m: int, p: int, v: int, group: int) -> None:
+    """Megatron-Core's ``get_pp_rank_microbatches``: one warm-up forward more than the
+    interleaved schedule's ((p − i − 1)·2 + (v − 1)·N + 1, at most m·v), run alone; then each
+    steady forward merged with the backward the interleaved order runs after it — never of the
+    same micro-batch (what the extra forward is for) —; then the cool-down alone, which holds
+    every chunk's last backward. Every pass once; a stage whose warm-up holds every forward
+    merges nothing."""
+    for stage in range(p):
+        order_id = f"interleaved_1f1b/{group}" if group else "interleaved_1f1b"
+        units = combined(order_id + "+a2a", m=m, p=p, v=v, stage=stage)
+        plain = stage_order(order_id, m=m, p=p, v=v, stage=stage)
+        assert [x for u in units for x in u] == stage_order(order_id + "+a2a", m=m, p=p, v=v,
+                                                            stage=stage)
+        assert sorted(x for u in units for x in u) == sorted(plain)
+        warm = min((p - stage - 1) * 2 + (v - 1) * (group or p) + 1, m * v)
+        assert all(len(u) == 1 and u[0][0] == "F" for u in units[:warm])
+        pairs = [u for u in units if len(u) == 2]
+        assert len(pairs) == m * v - warm
+        assert all(f[0] == "F" and b[0] == "B" and f[1] != b[1] for f, b in pairs)
+        assert all(len(u) == 1 and u[0][0] == "B" for u in units[warm + len(pairs):])
+        lasts = {("B", m - 1, ch) for ch in range(v)}
+        assert lasts <= {u[0] for u in units[warm + len(pairs):]}
+
+
+def _pipe(**kw: object) -> Strategy:
+    return _strategy(**{**dict(pp=2, vpp=2, dp=2, ep=2, global_batch_size=8,
+                               schedule="interleaved_1f1b"), **kw})
+
+
+def test_a_pipelined_merged_trace_holds_the_interleaved_nodes_and_steps_faster() -> None:
+    """pp 2 · vpp 2, four micro-batches: every rank's trace holds the interleaved trace's
+    nodes (names, FLOPs, bytes; its sends and receives among them), ordered and linked
+    otherwise, and replays faster."""
+    ranks, merged_s, plain_s = _against_unmerged(PIPE, _pipe())
+    assert len(ranks) == 2 and merged_s < plain_s
+    assert all(any("send_grad" in n.name for n in nodes) for nodes in ranks)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pp=st.sampled_from([2, 3, 4]), vpp=st.sampled_from([2, 3, 4]),
+       tp=st.sampled_from([1, 2]), dp=st.sampled_from([1, 2, 4]), ep=st.sampled_from([2, 4]),
+       rounds=st.integers(1, 3), group=st.booleans(), zero=st.sampled_from([0, 1, 2]),
+       gather=st.booleans(), shared=st.booleans(), dense=st.booleans(), mtp=st.booleans(),
+       tied=st.booleans(), selective=st.booleans(),
+       system=st.sampled_from(["dgx-h100", "dgx-b200", "dgx-a100-80gb"]),
+       gpn=st.sampled_from([2, 8]))
+def test_pipelined_fast_path_within_1_percent_of_replay(
+        pp: int, vpp: int, tp: int, dp: int, ep: int, rounds: int, group: bool, zero: int,
+        gather: bool, shared: bool, dense: bool, mtp: bool, tied: bool, selective: bool,
+        system: str, gpn: int) -> None:
+    """The walk of the merged units (``merged_walk``: each merged pass costed piece by piece,
+    its sends after its layers) lands on contention-free replay of the pipelined traces:
+    pp 2–4, vpp 2–4, micro-batch groups, the dense first layer, MTP, shared experts, tied
+    embeddings, selective recompute, ZeRO 0–2 with overlapped parameter gathers, all-to-alls
+    over NVLink or the NICs, κ of H100/A100 and none on B200."""
+    model = dataclasses.replace(PIPE, shared_expert_ffn_hidden_size=256 if shared else 0,
+                                first_dense_layers=int(dense), mtp_layers=int(mtp),
+                                tied_embeddings=tied)
+    hw = get_system(system)
+    hw = dataclasses.replace(hw, node=dataclasses.replace(hw.node, gpus_per_node=gpn))
+    m = rounds * pp
+    try:
+        s = _pipe(pp=pp, vpp=vpp, tp=tp, dp=dp, ep=ep, global_batch_size=m * dp,
+                  microbatch_group_size=pp + 1 if group and m > pp else 0, zero_stage=zero,
+                  overlap_param_gather=gather and zero > 0, sequence_parallel=tp > 1,
+                  recompute="selective" if selective else "none")
+        fast = estimate(model, s, hw).step_time_s
+    except ConfigError:
+        return
+    assert fast == pytest.approx(_replayed(model, s, hw), rel=1e-2)
+
+
+def test_pipelined_memory_holds_one_layer_more_where_a_stage_merges() -> None:
+    """A stage that merges holds the interleaved peak's virtual micro-batches (its warm-up,
+    one more than the interleaved one's, is the same count) and, inside a merged pass, one
+    layer more; a stage whose warm-up holds every forward merges nothing and holds the
+    same."""
+    s = _pipe(pp=2, vpp=3, global_batch_size=4)  # m = 2: stage 0 all warm-up, stage 1 merges
+    plain = dataclasses.replace(s, overlap_moe_ep_comm=False)
+    layer = activation_bytes_per_layer(PIPE, s)
+    got = [memory_estimate(PIPE, s, st, 10**6).activations_bytes - memory_estimate(
+        PIPE, plain, st, 10**6).activations_bytes for st in range(2)]
+    assert got == [0, layer]
+
+
+def test_a_pipeline_of_plain_1f1b_is_told_to_interleave() -> None:
+    with pytest.raises(ConfigError, match="needs schedule 'interleaved_1f1b' with vpp > 1"):
+        _pipe(vpp=1, schedule="1f1b")

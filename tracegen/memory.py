@@ -243,6 +243,16 @@ def inflight_microbatches(s: Strategy, stage: int) -> float:
     return warm / v
 
 
+def _merges(s: Strategy, stage: int) -> bool:
+    """Whether a stage runs any merged pass under combined 1F1B: at pp 1 with two or more
+    micro-batches; interleaved, where its warm-up (one forward more than the interleaved
+    one's) leaves some of the m·v virtual micro-batches for the steady state."""
+    m, p, v = s.num_microbatches, s.pp, s.vpp
+    if p == 1:
+        return m > 1
+    return (p - stage - 1) * 2 + (v - 1) * (s.schedule_group or p) + 1 < m * v
+
+
 def _holds_dense(m: ModelSpec, s: Strategy, stage: int) -> bool:
     """Whether a stage holds any of a MoE model's dense first layers."""
     return any(m.dense_layers_in(s.chunk_layers(m.num_layers, s.gci(stage, ch)))
@@ -536,10 +546,12 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
         if s.schedule == "zb_h1":  # deferred W passes keep their operands (ZB-V: above)
             activations = _peak_chunk_load(s.order_id, s.num_microbatches, s.pp, 1, stage,
                                            (per_mb,), _w_hold(m, s, stage, hold_bytes))
-    if s.overlap_moe_ep_comm and s.num_microbatches > 1:
-        # combined 1F1B (pp 1): at layer pair k the next micro-batch's forward holds layers
-        # 0..k and the backward still holds 0..L−1−k — one layer more than 1F1B's one
-        # micro-batch (``program.merged_plan``)
+    if s.overlap_moe_ep_comm and _merges(s, stage):
+        # combined 1F1B: at layer pair k the forward holds its chunk's layers 0..k and the
+        # backward still its 0..L−1−k — one layer more than the chunk the backward frees
+        # (``program.merged_plan``): 1F1B's one micro-batch at pp 1; interleaved, the warm-up
+        # holds one virtual micro-batch more (``schedule.combined``), the same count as the
+        # interleaved peak's, so again one layer more
         activations += act
     logits = 0
     if stage == s.head_stage:

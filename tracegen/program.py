@@ -19,13 +19,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Iterator
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from tracegen import ops as O
 from tracegen.mesh import embedding_partner
 from tracegen.model import ModelSpec
 from tracegen.routing import Route, route_attrs
-from tracegen.schedule import Step, stage_order
+from tracegen.schedule import Step, combined, stage_order
 from tracegen.strategy import Strategy
 from tracegen.units import DTYPE_CODE
 from tracegen.vocab import COLL_CODE, COMM_COLL_NODE, COMM_RECV_NODE, COMM_SEND_NODE, COMP_NODE
@@ -620,11 +620,13 @@ class RoleProgram:
         last = {c: max(j for ph, j, cc in order if ph == grads and cc == c) for c in range(s.vpp)}
         if self.param_gather_overlapped:
             self._early_param_gathers(order)
-        if s.overlap_moe_ep_comm:
-            order = self._merged_order(order)
-        for phase, mb, chunk in order:
-            if phase == "M":  # combined 1F1B: the forward of mb beside the backward of mb − 1
-                self.merged(mb, mb - 1)
+        units = (combined(s.order_id, m=self.m_mb, p=s.pp, v=s.vpp, stage=self.stage)
+                 if s.overlap_moe_ep_comm else [(step,) for step in order])
+        for unit in units:
+            phase, mb, chunk = unit[0]
+            if len(unit) == 2:  # combined 1F1B: a forward beside a backward
+                assert unit[1][1] != last[unit[1][2]]  # (never a chunk's last: no buckets)
+                self.merged(unit[0], unit[1])
             elif phase == "F":
                 self.forward(mb, chunk)
             elif phase == "B":
@@ -634,41 +636,49 @@ class RoleProgram:
         self._finish()
         return self.nodes
 
-    @staticmethod
-    def _merged_order(order: list[Step]) -> list[Step]:
-        """Megatron-Core's combined_1f1b_schedule_for_no_pipelining: F0, then each backward
-        but the last merged with the forward after it ("M", that forward's micro-batch), then
-        the last backward."""
-        out: list[Step] = []
-        i = 0
-        while i < len(order):
-            here, after = order[i], order[i + 1] if i + 1 < len(order) else None
-            if here[0] == "B" and after is not None and after[0] == "F":
-                out.append(("M", after[1], 0))
-                i += 2
-            else:
-                out.append(here)
-                i += 1
-        return out
-
-    def merged(self, f_mb: int, b_mb: int) -> None:
+    def merged(self, f: Step, b: Step) -> None:
         """Combined 1F1B (``Strategy.overlap_moe_ep_comm``; Megatron-Core's
-        ``combined_forward_backward_step``): the forward of ``f_mb`` and the backward of
-        ``b_mb`` as one pass on the one compute stream. The forward's leading blocks (the
-        embedding) run, then the backward's (the head and loss, in reverse), then layer k's
-        forward beside layer L−1−k's backward, then the forward's trailing blocks and the
-        backward's leading ones. Within a pair each pass is cut at its expert-parallel
-        all-to-alls and the pieces alternate, the backward's first — B0 (its combine issued
-        after it), F0 (the attention; its dispatch after it), B1 (the experts' backward),
-        F1 (the experts), B2 (the attention's backward), F2 — so that each all-to-all runs
-        beside the other pass's compute (DeepSeek-V3 §3.2.1, Figure 4: attention beside the
-        other's combine, MLP beside its dispatch). Never the step's last backward, so no
-        gradient buckets; not with ZeRO-3 (``Strategy`` refuses it)."""
-        prefix = {"F": f"F{f_mb}.c0", "B": f"B{b_mb}.c0"}
+        ``combined_forward_backward_step``): forward step ``f`` and backward step ``b`` (of
+        another micro-batch; on an interleaved pipeline, of any of the stage's chunks) as one
+        pass on the one compute stream. Both wait for their received tensors first (the
+        ``pre_forward`` and ``pre_backward`` syncs); the forward's leading blocks (the
+        embedding) run, then the backward's trailing ones (the head and loss, in reverse),
+        then layer k's forward beside the backward's k-th layer from the end, the layers one
+        pass has more after them alone (the backward's first), then the sends (the forward's
+        output, the backward's input gradient), then the forward's trailing blocks and the
+        backward's leading ones (``TransformerModelChunkSchedulePlan.run``). Within a pair
+        each pass is cut at its expert-parallel all-to-alls and the pieces alternate, the
+        backward's first — B0 (its combine issued after it), F0 (the attention; its dispatch
+        after it), B1 (the experts' backward), F1 (the experts), B2 (the attention's
+        backward), F2 — so that each all-to-all runs beside the other pass's compute
+        (DeepSeek-V3 §3.2.1, Figure 4: attention beside the other's combine, MLP beside its
+        dispatch). Never a chunk's last backward, so no gradient buckets; never a chunk's
+        first forward (the warm-up holds them), so no parameter-gather waits; not with
+        ZeRO-3 (``Strategy`` refuses it)."""
+        (_, f_mb, f_ch), (_, b_mb, b_ch) = f, b
+        f_gci, b_gci = self.s.gci(self.stage, f_ch), self.s.gci(self.stage, b_ch)
+        prefix = {"F": f"F{f_mb}.c{f_gci}", "B": f"B{b_mb}.c{b_gci}"}
         waits: dict[str, tuple[int, ...]] = {"F": (), "B": ()}  # what each pass waits for next
-        for group in merged_plan(self.blocks_of_chunk(0)):
+        if f_gci > 0 and self._hop(f_gci - 1):
+            waits["F"] = (self._recv(f_mb, f_gci, grad=False),)
+        if b_gci < self.n_chunks - 1 and self._hop(b_gci + 1):
+            waits["B"] = (self._recv(b_mb, b_gci, grad=True),)
+        plan = merged_plan(self.blocks_of_chunk(f_gci), self.blocks_of_chunk(b_gci))
+        for i, group in enumerate(plan.groups):
+            if i == plan.sends_at:  # after the layers: the forward's output, the gradient
+                self._merged_sends(f_mb, f_gci, b_mb, b_gci)
             self._emit_chain([(name, self.pass_chain(name, block, prefix[name]))
                               for name, block in group], waits)
+        if plan.sends_at == len(plan.groups):
+            self._merged_sends(f_mb, f_gci, b_mb, b_gci)
+
+    def _merged_sends(self, f_mb: int, f_gci: int, b_mb: int, b_gci: int) -> None:
+        """A merged pass's sends, after its layers: the forward's output to the next chunk,
+        the backward's input gradient to the one before (where they are on other stages)."""
+        if f_gci < self.n_chunks - 1 and self._hop(f_gci + 1):
+            self._send(f_mb, f_gci + 1, grad=False)
+        if b_gci > 0 and self._hop(b_gci - 1):
+            self._send(b_mb, b_gci - 1, grad=True)
 
     def pass_chain(self, name: str, block: ParamBlock, prefix: str = ""
                    ) -> list[Tagged]:
@@ -890,19 +900,42 @@ def build_role(model: ModelSpec, strategy: Strategy, stage: int) -> list[PNode]:
     return RoleProgram(model, strategy, stage).build()
 
 
-def merged_plan(blocks: list[ParamBlock]) -> list[tuple[tuple[str, ParamBlock], ...]]:
-    """The merged pass of combined 1F1B (``RoleProgram.merged``) as groups of (pass, block),
-    in order: the forward's leading blocks (the embedding), the backward's trailing ones
-    reversed (the head and loss), then layer k's forward with layer L−1−k's backward (the
-    backward's pieces first), the forward's trailing blocks, the backward's leading ones
-    (Megatron-Core's ``TransformerModelChunkSchedulePlan``: pre-process forward, post-process
-    backward, the layers in pairs, post-process forward, pre-process backward)."""
-    layers = [i for i, b in enumerate(blocks) if b.is_layer]
+class MergedPlan(NamedTuple):
+    """Combined 1F1B's merged pass as groups of (pass, block) in order, and the index of the
+    group before which the pass's sends go (``RoleProgram.merged``)."""
+
+    groups: list[tuple[tuple[str, ParamBlock], ...]]
+    sends_at: int
+
+
+def merged_plan(f_blocks: list[ParamBlock], b_blocks: list[ParamBlock]) -> MergedPlan:
+    """The merged pass of a forward through ``f_blocks`` and a backward through ``b_blocks``
+    (``RoleProgram.merged``; the same chunk's without a pipeline): the forward's leading
+    blocks (the embedding), the backward's trailing ones reversed (the head and loss), then
+    the forward's k-th layer with the backward's k-th from the end (the backward's pieces
+    first), the layers the backward has more, those the forward has more; the sends; the
+    forward's trailing blocks, the backward's leading ones (Megatron-Core's
+    ``TransformerModelChunkSchedulePlan.run``: pre-process forward, post-process backward,
+    the layers in pairs, then alone, post_forward and post_backward, post-process forward,
+    pre-process backward)."""
+    f_pre, f_mid, f_post = _split_layers(f_blocks)
+    b_pre, b_mid, b_post = _split_layers(b_blocks)
+    both = min(len(f_mid), len(b_mid))
+    groups = [*[(("F", x),) for x in f_pre], *[(("B", x),) for x in reversed(b_post)],
+              *[(("B", b_mid[-1 - k]), ("F", f_mid[k])) for k in range(both)],
+              *[(("B", x),) for x in reversed(b_mid[:len(b_mid) - both])],
+              *[(("F", x),) for x in f_mid[both:]]]
+    sends_at = len(groups)
+    groups += [*[(("F", x),) for x in f_post], *[(("B", x),) for x in reversed(b_pre)]]
+    return MergedPlan(groups, sends_at)
+
+
+def _split_layers(blocks: list[ParamBlock]
+                  ) -> tuple[list[ParamBlock], list[ParamBlock], list[ParamBlock]]:
+    """A chunk's blocks as (those before its first layer, its layers, those after)."""
+    layers = [i for i, x in enumerate(blocks) if x.is_layer]
     lo, hi = (layers[0], layers[-1] + 1) if layers else (len(blocks), len(blocks))
-    pre, mid, post = blocks[:lo], blocks[lo:hi], blocks[hi:]
-    return [*[(("F", b),) for b in pre], *[(("B", b),) for b in reversed(post)],
-            *[(("B", mid[-1 - k]), ("F", b)) for k, b in enumerate(mid)],
-            *[(("F", b),) for b in post], *[(("B", b),) for b in reversed(pre)]]
+    return blocks[:lo], blocks[lo:hi], blocks[hi:]
 
 
 def merged_turns(cut: list[tuple[str, list[T]]]) -> Iterator[tuple[str, T]]:

@@ -35,15 +35,25 @@ Each entry is ``(phase, microbatch, chunk)`` with phase ``"F"``, ``"B"`` or (ZB-
   virtual micro-batches run group by group, each group's N micro-batches through chunk 0, then
   chunk 1, …; the last group holds what is left (0 or ≥ p). Warm-up ``(p - i - 1)·2 +
   (v - 1)·N``, at most every virtual micro-batch. N = p is the order above.
+* Combined 1F1B (Megatron-Core's ``--overlap-moe-expert-parallel-comm``; ``combined``): a
+  forward and a backward of different micro-batches side by side in the order run as one
+  merged pass. Without a pipeline, 1F1B's F0, then B(j) with F(j + 1), then the last B
+  (``combined_1f1b_schedule_for_no_pipelining``); interleaved, one warm-up forward more
+  (``get_pp_rank_microbatches``: "one extra micro-batch forward step before the 1f1b stages
+  ... needed to ensure the forward and backward computations are independent in all 1f1b
+  steps"), then each steady forward merged with the backward after it
+  (``combined_1f1b_schedule_for_interleaved_pipelining``). ``Strategy.order_id`` ends in
+  ``+a2a`` for the interleaved one.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-# "M": a forward merged with the backward before it (combined 1F1B, tracegen/program.py)
-Phase = Literal["F", "B", "W", "M"]
+Phase = Literal["F", "B", "W"]
 Step = tuple[Phase, int, int]
+# What a stage runs as one pass: one step, or (F, B) merged (combined 1F1B, ``combined``)
+Unit = tuple[Step, ...]
 
 
 def gpipe(m: int) -> list[Step]:
@@ -86,18 +96,26 @@ def _table(m: int, v: int, group: int) -> list[tuple[int, int]]:
             for mb in range(lo, min(lo + group, m))]
 
 
-def interleaved(m: int, p: int, v: int, stage: int, group: int = 0) -> list[Step]:
-    """Micro-batch groups of ``group``, or of p where 0."""
-    total, n = m * v, group or p
-    table = _table(m, v, n)
+def interleaved(m: int, p: int, v: int, stage: int, group: int = 0, extra: int = 0
+                ) -> list[Step]:
+    """Micro-batch groups of ``group``, or of p where 0; ``extra`` more warm-up forwards
+    (combined 1F1B's one)."""
+    total, table = m * v, _table(m, v, group or p)
     fwd: list[Step] = [("F", mb, ch) for mb, ch in table]
     bwd: list[Step] = [("B", mb, v - 1 - ch) for mb, ch in table]
-    warmup = min((p - stage - 1) * 2 + (v - 1) * n, total)
+    warmup = interleaved_warmup(m, p, v, stage, group, extra)
     out = fwd[:warmup]
     for i in range(total - warmup):
         out.append(fwd[warmup + i])
         out.append(bwd[i])
     return out + bwd[total - warmup:]
+
+
+def interleaved_warmup(m: int, p: int, v: int, stage: int, group: int = 0, extra: int = 0
+                       ) -> int:
+    """The warm-up forwards of ``interleaved``: (p − stage − 1)·2 + (v − 1)·N + ``extra``, at
+    most every virtual micro-batch."""
+    return min((p - stage - 1) * 2 + (v - 1) * (group or p) + extra, m * v)
 
 
 def zb_v(m: int, p: int, stage: int) -> list[Step]:
@@ -146,5 +164,27 @@ def stage_order(schedule: str, *, m: int, p: int, v: int, stage: int) -> list[St
         return zb_h1(m, p, stage)
     if schedule == "zb_v":
         return zb_v(m, p, stage)
-    _, _, group = schedule.partition("/")
-    return interleaved(m, p, v, stage, int(group or 0))
+    name, merged, _ = schedule.partition("+")
+    _, _, group = name.partition("/")
+    return interleaved(m, p, v, stage, int(group or 0), 1 if merged else 0)
+
+
+def combined(schedule: str, *, m: int, p: int, v: int, stage: int) -> list[Unit]:
+    """``stage_order`` as combined 1F1B runs it, merged units (forward, backward) and single
+    steps. Without a pipeline (1F1B's F0 B0 F1 B1 …): F0, then (F(j + 1), B(j)) for each j
+    but the last, then the last B (``combined_1f1b_schedule_for_no_pipelining``).
+    Interleaved (an ``+a2a`` order id: one warm-up forward more than the interleaved one's),
+    the warm-up forwards alone, each steady (F, B) merged, the cool-down backwards alone;
+    nothing merges where the warm-up holds every forward (Megatron-Core's
+    ``are_all_microbatches_in_warmup``)."""
+    order = stage_order(schedule, m=m, p=p, v=v, stage=stage)
+    if p == 1:
+        out: list[Unit] = [(order[0],)]
+        out += [(order[i + 1], order[i]) for i in range(1, len(order) - 1, 2)]
+        return [*out, (order[-1],)] if len(order) > 1 else out
+    group = schedule.partition("+")[0].partition("/")[2]
+    warmup = interleaved_warmup(m, p, v, stage, int(group or 0), 1)
+    end = warmup + 2 * (m * v - warmup)  # (the steady pairs: F, B, F, B, …)
+    units: list[Unit] = [(step,) for step in order[:warmup]]
+    units += [(order[i], order[i + 1]) for i in range(warmup, end, 2)]
+    return units + [(step,) for step in order[end:]]

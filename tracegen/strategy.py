@@ -252,10 +252,13 @@ class Strategy:
 
     @property
     def order_id(self) -> str:
-        """What fixes each stage's order of passes with the counts: the schedule, and
-        ``/N`` for a micro-batch group N other than pp (``tracegen.schedule.stage_order``)."""
+        """What fixes each stage's order of passes with the counts: the schedule, ``/N`` for a
+        micro-batch group N other than pp, and ``+a2a`` for combined 1F1B's extra warm-up
+        forward on an interleaved pipeline (``tracegen.schedule.stage_order``)."""
         group = self.schedule_group
-        return f"{self.schedule}/{group}" if group else self.schedule
+        out = f"{self.schedule}/{group}" if group else self.schedule
+        merged = self.overlap_moe_ep_comm and self.schedule == "interleaved_1f1b"
+        return out + "+a2a" if merged else out
 
     @property
     def v_shape(self) -> bool:
@@ -574,17 +577,18 @@ def _zb_problems(s: Strategy) -> list[str]:
 
 def _ep_overlap_problems(s: Strategy) -> list[str]:
     """What Megatron-Core's combined 1F1B (``overlap_moe_ep_comm``) is modelled with: expert
-    parallelism, no pipeline, what Megatron-Bridge's guide asks beside it (no full recompute,
-    no shared-expert overlap, BF16/FP16), and none of ZeRO-3, context parallelism or TP
-    overlap (not modelled with it here)."""
+    parallelism, no pipeline or an interleaved one, what Megatron-Bridge's guide asks beside
+    it (no full recompute, no shared-expert overlap, BF16/FP16), and none of ZeRO-3, context
+    parallelism or TP overlap (not modelled with it here)."""
     out = []
     if s.ep < 2:
         out.append("overlap_moe_ep_comm overlaps expert-parallel all-to-alls: it needs ep > 1, "
                    f"got ep={s.ep}; raise ep or set overlap_moe_ep_comm = false")
-    if s.pp > 1:
-        out.append(f"overlap_moe_ep_comm is modelled without a pipeline (pp 1), got pp={s.pp}: "
-                   "Megatron-Core runs it on a pipeline only with virtual stages, which "
-                   "trainsim does not model yet; use pp 1 or overlap_moe_ep_comm = false")
+    if s.pp > 1 and s.schedule != "interleaved_1f1b":
+        out.append(f"overlap_moe_ep_comm on a pipeline (pp={s.pp}) needs schedule "
+                   f"'interleaved_1f1b' with vpp > 1 (Megatron-Core runs combined 1F1B on a "
+                   f"pipeline only interleaved), got {s.schedule!r}; set vpp and the schedule, "
+                   "use pp 1, or set overlap_moe_ep_comm = false")
     # (Megatron-Bridge's expert-parallel overlap guide: BF16 or FP16; shared-expert overlap
     # off; full recompute avoided)
     for bad, what in ((s.recompute == "full", "full recompute (the guide says to avoid it)"),
