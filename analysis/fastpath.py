@@ -254,12 +254,13 @@ def _walked_ends(costs: Costs, stages: list[Stage], c: list[int],
         opened, tuple(leads) if leads else None,
         tuple(sorted(hide.items())) if hide else None, tuple(first) if first else None)
     if s.overlap_moe_ep_comm:  # combined 1F1B on an interleaved pipeline (no ZeRO-3)
-        key += (tuple(x.merged for x in stages),)
+        key += (tuple(x.merged_pieces for x in stages),)
     walked = costs.ctx.walks.get(key)
     if walked is None:
         if s.overlap_moe_ep_comm:
-            (ends, chunk_ends), cooldown = merged_walk(s, fwd, bwd,
-                                                        [x.merged for x in stages], c, opened)
+            (ends, chunk_ends), cooldown = merged_walk(
+                s, fwd, bwd, [x.merged_pieces for x in stages],
+                costs.compute.gpu.comm_interference, c, opened)
             walked = costs.ctx.walks[key] = (ends, chunk_ends, cooldown)
         elif not (early or late or streams):
             (ends, chunk_ends), cooldown = plain_tails(s, fwd, bwd, c, opened)

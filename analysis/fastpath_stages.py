@@ -25,6 +25,7 @@ from tracegen.units import NS_PER_S
 
 if TYPE_CHECKING:  # the costs module imports this one; its class is only an annotation here
     from analysis.fastpath_costs import Costs
+    from analysis.merged_pass import MergedPieces
 
 
 # A list of ops as it runs: (compute on the critical path?, ns) in order
@@ -103,8 +104,10 @@ class Stage(NamedTuple):
     costs: Costs | None = None
     # combined 1F1B (``overlap_moe_ep_comm``), per pair of the stage's chunks (forward chunk
     # · vpp + backward chunk): a forward merged with a backward as one pass, (when its sends
-    # go, when it ends) (``merged_pass.merged_ns``)
+    # go, when it ends) (``merged_pass.run_pieces``)
     merged: tuple[tuple[int, int], ...] = ()
+    # and their pieces, for a merged pass whose inputs come late (``merged_walk``)
+    merged_pieces: tuple[MergedPieces, ...] = ()
 
 
 def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object, ...], ...],
@@ -114,11 +117,13 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
     stage = (_zero3_stage(costs, gcis, chunks, rank, sig) if costs.s.zero_stage == 3 else
              _plain_stage(costs, gcis, chunks, rank, sig))
     if costs.s.overlap_moe_ep_comm:
-        from analysis.merged_pass import merged_ns
+        from analysis.merged_pass import merged_pieces, run_pieces
 
         runs = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
-        stage = stage._replace(merged=tuple(merged_ns(costs, f, b, rank)
-                                            for f in runs for b in runs))
+        pieces = tuple(merged_pieces(costs, f, b, rank) for f in runs for b in runs)
+        kappa = costs.compute.gpu.comm_interference
+        stage = stage._replace(merged=tuple(run_pieces(x, kappa) for x in pieces),
+                               merged_pieces=pieces)
     if costs.zb:
         blocks = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
         stage = stage._replace(w_view=_w_view(costs, stage, blocks, rank, sig),

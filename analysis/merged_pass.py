@@ -1,12 +1,14 @@
 """Combined 1F1B's merged pass in the fast path (``Strategy.overlap_moe_ep_comm``).
 
-One micro-batch's forward and the previous one's backward run as one pass
+A forward and a backward of another micro-batch (of the same chunk without a pipeline; of
+any two of a stage's chunks on an interleaved one) run as one pass
 (``tracegen.program.RoleProgram.merged``): the blocks in ``merged_plan``'s groups, each group's
 passes cut at their expert-parallel all-to-alls and their pieces issued in ``merged_turns``'
 order. The pass is costed as replay runs it, one piece after another with no event loop:
 
 * every piece runs on the one compute stream, after the piece before it (of either pass)
-  and after what its own pass waits for (its last all-to-all);
+  and after what its own pass waits for (its last all-to-all, or at first its input: on a
+  pipeline one may come later than the other, ``run_pieces``);
 * every all-to-all runs on the expert-parallel group's one stream, in issue order, after its
   own pass's piece;
 * a kernel runs at 1/(1 + κ) of its speed while an all-to-all is in flight (replay/sim.py's
@@ -19,7 +21,7 @@ The pass ends when both passes and the stream are done. Blocking collectives ins
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from tracegen import ops as O
 from tracegen.program import ParamBlock, ep_pieces, merged_plan, merged_turns
@@ -74,30 +76,56 @@ class PassClock:
 
 
 Piece = tuple[tuple[tuple[bool, int], ...], int | None]  # (segments, the all-to-all's ns)
+# One issue of a merged pass: (the backward's?, its compute segments, its all-to-all's ns or −1)
+Issue = tuple[bool, tuple[tuple[bool, int], ...], int]
 
 
-def merged_ns(costs: Costs, f_blocks: list[tuple[ParamBlock, int]],
-              b_blocks: list[tuple[ParamBlock, int]], rank: int) -> tuple[int, int]:
+class MergedPieces(NamedTuple):
+    """A merged pass costed piece by piece, in issue order, and the index of the issue before
+    which its sends go (``MergedPlan.sends_at``'s group, as an issue index)."""
+
+    issues: tuple[Issue, ...]
+    sends_at: int
+
+
+def merged_pieces(costs: Costs, f_blocks: list[tuple[ParamBlock, int]],
+                  b_blocks: list[tuple[ParamBlock, int]], rank: int) -> MergedPieces:
     """The merged pass of a forward through ``f_blocks`` and a backward through ``b_blocks``
-    (chunks' runs of blocks; the same chunk's without a pipeline), in ns: (when its sends go —
-    the compute stream's time after the layers, ``MergedPlan.sends_at`` — and when it
-    ends)."""
-    clock = PassClock(costs.compute.gpu.comm_interference)
+    (chunks' runs of blocks; the same chunk's without a pipeline), its pieces costed."""
     memo: dict[tuple[str, ParamBlock], list[Piece]] = {}
     plan = merged_plan(_flat(f_blocks), _flat(b_blocks))
-    sends = 0.0
+    issues: list[Issue] = []
+    sends_at = -1
     for i, group in enumerate(plan.groups):
         if i == plan.sends_at:
-            sends = clock.compute
+            sends_at = len(issues)
         for key in group:
             if key not in memo:
                 memo[key] = _pieces(costs, *key, rank)
         cut = [(key[0], memo[key]) for key in group]
-        for name, (segments, a2a_ns) in merged_turns(cut):
-            clock.run(name, segments)
-            if a2a_ns is not None:
-                clock.all_to_all(name, a2a_ns)
-    if plan.sends_at == len(plan.groups):
+        issues += [(name == "B", segments, -1 if a2a_ns is None else a2a_ns)
+                   for name, (segments, a2a_ns) in merged_turns(cut)]
+    return MergedPieces(tuple(issues), len(issues) if sends_at < 0 else sends_at)
+
+
+def run_pieces(pieces: MergedPieces, kappa: float, f_ready: float = 0.0,
+               b_ready: float = 0.0) -> tuple[int, int]:
+    """(when its sends go — the compute stream's time after its layers —, when it ends) of a
+    merged pass that starts at 0 with the forward's input there at ``f_ready`` and the
+    backward's at ``b_ready``: a pass's pieces wait for their own input, and every piece for
+    the one before it on the compute stream (the backward's first pieces may run while the
+    forward's input is still coming, as in replay)."""
+    clock = PassClock(kappa)
+    clock.ready = {"F": f_ready, "B": b_ready}
+    sends = 0.0
+    for i, (backward, segments, a2a_ns) in enumerate(pieces.issues):
+        if i == pieces.sends_at:
+            sends = clock.compute
+        name = "B" if backward else "F"
+        clock.run(name, segments)
+        if a2a_ns >= 0:
+            clock.all_to_all(name, a2a_ns)
+    if pieces.sends_at == len(pieces.issues):
         sends = clock.compute
     return round(sends), round(clock.end())
 

@@ -3,12 +3,14 @@ with ``interleaved_1f1b``): each stage's units (``tracegen.schedule.combined``: 
 forward merged with a backward) walked in an order that respects every wait, every step once.
 
 A unit starts when its stage is free and its inputs have come: a forward's from the stage
-before (its end plus the send), a backward's from the stage after, a merged unit's both. A
-merged unit's outputs go when its layers are done (``Stage.merged``'s first time: the
-forward's head and the backward's embedding come after the sends) and the stage is free at its
-end. Nothing here is periodic: the walk is O(m·v·p), the price of a schedule whose steady
-state pairs passes of different chunks (the interleaved walks' periodic shortcut and
-certificates, ``pipeline_walk``, know F and B steps only). The cool-down (the last warm-up's
+before (its end plus the send), a backward's from the stage after. A merged unit starts when
+its stage is free, each pass's pieces waiting for that pass's input (the backward's first
+pieces run while the forward's input is still coming, as in replay: ``run_pieces``, memoized
+by how late each comes); its outputs go when its layers are done (the forward's head and the
+backward's embedding come after the sends) and the stage is free at its end. Nothing here is
+periodic: the walk is O(m·v·p), the price of a schedule whose steady state pairs passes of
+different chunks (the interleaved walks' periodic shortcut and certificates,
+``pipeline_walk``, know F and B steps only). The cool-down (the last warm-up's
 worth of backwards, which holds every chunk's last backward) is plain, so the walk hands
 ``dp_tails`` the same ``Tails`` the plain walks do. ``opened`` (overlapped parameter gathers):
 as ``pipeline_walk._Plain._opening``, a unit's compute share slowed while its stage's gathers
@@ -21,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from analysis.dp_tails import slowed
+from analysis.merged_pass import MergedPieces, run_pieces
 from analysis.pipeline_walk import Opened, Tail, Tails, Walked
 from tracegen.schedule import Step, Unit, combined
 from tracegen.strategy import Strategy
@@ -29,15 +32,15 @@ Key = tuple[int, int]  # (micro-batch, global chunk)
 
 
 def merged_walk(s: Strategy, fwd: Sequence[Sequence[int]], bwd: Sequence[Sequence[int]],
-                merged: Sequence[Sequence[tuple[int, int]]], c: Sequence[int],
+                pieces: Sequence[Sequence[MergedPieces]], kappa: float, c: Sequence[int],
                 opened: Opened | None = None) -> tuple[Walked, Tails]:
     """(each stage's end, each stage's chunk ends — its last backward of each chunk —) and
     the cool-down ``Tails``, from per stage: forward and backward ns per chunk, the merged
-    units' (sends, end) ns per (forward chunk · v + backward chunk), and the sends ``c``
-    (``c[st]`` from stage st to st + 1, the last to stage 0)."""
+    units' pieces per (forward chunk · v + backward chunk) with the interference κ, and the
+    sends ``c`` (``c[st]`` from stage st to st + 1, the last to stage 0)."""
     p, v, m = s.pp, s.vpp, s.num_microbatches
     units = [combined(s.order_id, m=m, p=p, v=v, stage=st) for st in range(p)]
-    walk = _Walk(p, v, fwd, bwd, merged, c, opened)
+    walk = _Walk(p, v, fwd, bwd, pieces, kappa, c, opened)
     pos, remaining = [0] * p, sum(map(len, units))
     while remaining:
         progressed = False
@@ -56,10 +59,11 @@ class _Walk:
     """The walk's state: each stage's clock, each pass's end (and when its output goes)."""
 
     def __init__(self, p: int, v: int, fwd: Sequence[Sequence[int]],
-                 bwd: Sequence[Sequence[int]], merged: Sequence[Sequence[tuple[int, int]]],
-                 c: Sequence[int], opened: Opened | None) -> None:
-        self.p, self.v, self.fwd, self.bwd, self.merged, self.c = p, v, fwd, bwd, merged, c
-        self.opened = opened
+                 bwd: Sequence[Sequence[int]], pieces: Sequence[Sequence[MergedPieces]],
+                 kappa: float, c: Sequence[int], opened: Opened | None) -> None:
+        self.p, self.v, self.fwd, self.bwd, self.c = p, v, fwd, bwd, c
+        self.pieces, self.kappa, self.opened = pieces, kappa, opened
+        self.merged: dict[tuple[int, int, int, int], tuple[int, int]] = {}  # (st, pair, late)
         self.floors = dict(opened.floors) if opened else {}
         self.until = ([max(b, default=0) if opened.kappa else 0 for b in opened.busy]
                       if opened else [0] * p)
@@ -82,16 +86,18 @@ class _Walk:
         ready = [self._ready(st, step) for step in unit]
         if any(r is None for r in ready):
             return False
-        start = max(self.clock[st], *(r for r in ready if r is not None))
-        if len(unit) == 2:
+        if len(unit) == 2:  # it starts with the stage; each pass's pieces wait for its input
+            start = self.clock[st]
             (_, f_mb, f_ch), (_, b_mb, b_ch) = unit
-            sends, total = self.merged[st][f_ch * self.v + b_ch]
+            sends, total = self._merged(st, f_ch * self.v + b_ch,
+                                        *(max(0, r - start) for r in ready if r is not None))
             end = self._slowed(st, start, total, unit)
             out = end - (total - sends)  # (the head and embedding passes follow the sends)
             self.f_out[f_mb, f_ch * self.p + st] = out + self.c[st]
             self.b_out[b_mb, b_ch * self.p + st] = out + self.c[(st - 1) % self.p]
             self.b_end[b_mb, b_ch * self.p + st] = out
         else:
+            start = max(self.clock[st], *(r for r in ready if r is not None))
             phase, mb, ch = unit[0]
             key = (mb, ch * self.p + st)
             if phase == "F":
@@ -106,6 +112,17 @@ class _Walk:
         self.order.append((st, unit, start))
         self.clock[st] = end
         return True
+
+    def _merged(self, st: int, pair: int, f_late: int, b_late: int) -> tuple[int, int]:
+        """(sends, end) of stage ``st``'s merged pass of chunk ``pair`` (forward · v +
+        backward) whose inputs come so late after its start (memoized: a steady state repeats
+        a few)."""
+        key = (st, pair, f_late, b_late)
+        got = self.merged.get(key)
+        if got is None:
+            got = self.merged[key] = run_pieces(self.pieces[st][pair], self.kappa, f_late,
+                                                b_late)
+        return got
 
     def _slowed(self, st: int, start: int, ns: int, unit: Unit) -> int:
         """``start`` + ``ns``, the compute share slowed while the stage's gathers are in

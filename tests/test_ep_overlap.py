@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from analysis.cli import app
 from analysis.fastpath import estimate
-from analysis.merged_pass import PassClock
+from analysis.merged_pass import MergedPieces, PassClock, run_pieces
 from replay import get_system, replay
 from replay.reader import NodeRec, read_et
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
@@ -260,6 +260,19 @@ def test_the_interleaved_order_warms_one_forward_more_and_merges_each_steady_pai
         assert lasts <= {u[0] for u in units[warm + len(pairs):]}
 
 
+def test_a_merged_pass_whose_forward_input_comes_late_runs_the_backward_first() -> None:
+    """Hand-worked, κ 0: B0 100 ns then its 50 ns all-to-all, F0 80 then 40, B1 30, F1 20.
+    Both inputs there: B0 0–100, F0 100–180, B1 180–210, F's all-to-all 180–220, F1 220–240.
+    The forward's input at 150: B0 still runs 0–100 and its all-to-all 100–150, F0 150–230,
+    its all-to-all 230–270, B1 230–260, F1 270–290 — 50 ns later, not 150 (the sends go
+    after F1: no head or embedding after the layers here)."""
+    pieces = MergedPieces(((True, ((True, 100),), 50), (False, ((True, 80),), 40),
+                           (True, ((True, 30),), -1), (False, ((True, 20),), -1)), 4)
+    assert run_pieces(pieces, 0.0) == (240, 240)
+    assert run_pieces(pieces, 0.0, f_ready=150) == (290, 290)
+    assert run_pieces(pieces, 0.0, b_ready=150) == (150 + 240, 150 + 240)  # B0 goes first
+
+
 def _pipe(**kw: object) -> Strategy:
     return _strategy(**{**dict(pp=2, vpp=2, dp=2, ep=2, global_batch_size=8,
                                schedule="interleaved_1f1b"), **kw})
@@ -282,12 +295,13 @@ def test_a_pipelined_merged_trace_holds_the_interleaved_nodes_and_steps_faster()
        tied=st.booleans(), selective=st.booleans(),
        system=st.sampled_from(["dgx-h100", "dgx-b200", "dgx-a100-80gb"]),
        gpn=st.sampled_from([2, 8]))
-def test_pipelined_fast_path_within_1_percent_of_replay(
+def test_pipelined_fast_path_within_0_2_percent_of_replay(
         pp: int, vpp: int, tp: int, dp: int, ep: int, rounds: int, group: bool, zero: int,
         gather: bool, shared: bool, dense: bool, mtp: bool, tied: bool, selective: bool,
         system: str, gpn: int) -> None:
-    """The walk of the merged units (``merged_walk``: each merged pass costed piece by piece,
-    its sends after its layers) lands on contention-free replay of the pipelined traces:
+    """The walk of the merged units (``merged_walk``: each merged pass costed piece by piece
+    from each of its inputs' arrival, its sends after its layers) lands on contention-free
+    replay of the pipelined traces:
     pp 2–4, vpp 2–4, micro-batch groups, the dense first layer, MTP, shared experts, tied
     embeddings, selective recompute, ZeRO 0–2 with overlapped parameter gathers, all-to-alls
     over NVLink or the NICs, κ of H100/A100 and none on B200."""
@@ -305,7 +319,7 @@ def test_pipelined_fast_path_within_1_percent_of_replay(
         fast = estimate(model, s, hw).step_time_s
     except ConfigError:
         return
-    assert fast == pytest.approx(_replayed(model, s, hw), rel=1e-2)
+    assert fast == pytest.approx(_replayed(model, s, hw), rel=2e-3)
 
 
 def test_pipelined_memory_holds_one_layer_more_where_a_stage_merges() -> None:
