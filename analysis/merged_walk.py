@@ -71,7 +71,7 @@ class _Walk:
         self.f_out: dict[Key, int] = {}  # when a forward's output may be received
         self.b_out: dict[Key, int] = {}
         self.b_end: dict[Key, int] = {}  # when a backward's compute ends
-        self.order: list[tuple[int, Unit, int]] = []  # (stage, unit, its start), as walked
+        self.order: list[tuple[int, Unit]] = []  # (stage, unit), as walked
 
     def _ready(self, st: int, step: Step) -> int | None:
         """When ``step``'s input has come (0 for none), or None if it has not been walked."""
@@ -109,7 +109,7 @@ class _Walk:
                 end = self._slowed(st, start, self.bwd[st][ch], unit)
                 self.b_out[key] = end + self.c[(st - 1) % self.p]
                 self.b_end[key] = end
-        self.order.append((st, unit, start))
+        self.order.append((st, unit))
         self.clock[st] = end
         return True
 
@@ -153,7 +153,7 @@ def _tails(units: list[list[Unit]], walk: _Walk, m: int, p: int, v: int) -> Tail
         out.append(tuple(_tail_step(walk, st, step, where[nxt].get(
             ("B", step[1], step[2] + shift), -1) if step[0] == "B" else -1, m)
             for step in tail))
-    order = tuple((st, where[st][u[0]]) for st, u, _ in walk.order
+    order = tuple((st, where[st][u[0]]) for st, u in walk.order
                   if len(u) == 1 and u[0] in where[st])
     return tuple(out), order
 

@@ -198,6 +198,7 @@ def test_the_merged_order_pairs_layer_k_with_layer_l_minus_1_minus_k() -> None:
 
 @pytest.mark.parametrize(("kw", "words"), [
     (dict(pp=2, dp=2), "needs schedule .interleaved_1f1b. with vpp > 1"),
+    (dict(schedule="gpipe"), "it needs schedule '1f1b', got 'gpipe'"),
     (dict(ep=1), "needs ep > 1"),
     (dict(recompute="full"), "full recompute"),
     (dict(precision="fp8"), "precision 'fp8'"),

@@ -657,6 +657,7 @@ class RoleProgram:
         ZeRO-3 (``Strategy`` refuses it)."""
         (_, f_mb, f_ch), (_, b_mb, b_ch) = f, b
         f_gci, b_gci = self.s.gci(self.stage, f_ch), self.s.gci(self.stage, b_ch)
+        assert not any(k[:2] == (f_mb, f_gci) for k in self.gather_waits)  # (see above)
         prefix = {"F": f"F{f_mb}.c{f_gci}", "B": f"B{b_mb}.c{b_gci}"}
         waits: dict[str, tuple[int, ...]] = {"F": (), "B": ()}  # what each pass waits for next
         if f_gci > 0 and self._hop(f_gci - 1):

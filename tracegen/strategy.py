@@ -589,6 +589,9 @@ def _ep_overlap_problems(s: Strategy) -> list[str]:
                    f"'interleaved_1f1b' with vpp > 1 (Megatron-Core runs combined 1F1B on a "
                    f"pipeline only interleaved), got {s.schedule!r}; set vpp and the schedule, "
                    "use pp 1, or set overlap_moe_ep_comm = false")
+    if s.pp == 1 and s.schedule != "1f1b":
+        out.append(f"overlap_moe_ep_comm without a pipeline merges Megatron-Core's no-pipelining "
+                   f"order (F, B, F, B, …): it needs schedule '1f1b', got {s.schedule!r}")
     # (Megatron-Bridge's expert-parallel overlap guide: BF16 or FP16; shared-expert overlap
     # off; full recompute avoided)
     for bad, what in ((s.recompute == "full", "full recompute (the guide says to avoid it)"),
