@@ -110,26 +110,27 @@ def _episodes(study: Study, s: Strategy, failure: R.FailureModel, table: str,
     ``analysis.fail_slow``) or ``[slow_links]`` (slow NICs, ``analysis.slow_links``)."""
     from analysis import fail_slow, slow_links
 
+    weights = _stage_weights(study, s, table, where)
     if table == "fail_slow":
         fs = fail_slow.fail_slow_from(study.fail_slow)
-        factors = fail_slow.stage_factors(study.model, s, study.system, fs.slowdown, where)
+        mean, worst = fail_slow.step_factors(study.model, s, study.system, fs.slowdown, where,
+                                             weights)
         what = {"fail_slow_slowdown": fs.slowdown}
     else:
         fs = slow_links.slow_links_from(study.slow_links)
-        factors = slow_links.stage_factors(study.model, s, study.system, 1 / fs.slowdown,
-                                           where)
+        mean, worst = slow_links.step_factors(study.model, s, study.system, 1 / fs.slowdown,
+                                              where, weights)
         what = {"slow_links_bandwidth_factor": 1 / fs.slowdown}
     rate = 1.0 if study.mixed is None else study.mixed.job_rate_factor(s.world_size, table)
     if rate != 1.0:  # the other system's GPUs at their own rate: more (or fewer) episodes,
         fs = dataclasses.replace(fs, rate_per_gpu_hour=fs.rate_per_gpu_hour * rate)
-    mean = fail_slow.weighted_mean(factors, _stage_weights(study, s, table, where))
     keep = fail_slow.progress(fs, s.world_size, mean)
     if fs.detect_s is not None:
         failure = dataclasses.replace(
             failure, rate_per_gpu_hour=failure.rate_per_gpu_hour + fs.evicted_rate_per_gpu_hour())
     return failure, keep, {**what, f"{table}_detect_s": fs.detect_s,
                            f"{table}_step_factor": mean,
-                           f"{table}_worst_step_factor": max(factors),
+                           f"{table}_worst_step_factor": worst,
                            f"{table}_active_share": fs.active_share(s.world_size),
                            f"{table}_loss": 1 - keep,
                            f"{table}_evicted_share": fs.evicted_share()}

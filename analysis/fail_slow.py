@@ -158,19 +158,20 @@ def stage_factors_on(model: ModelSpec, s: Strategy, system: SystemSpec,
 
 
 def step_factors(model: ModelSpec, s: Strategy, system: SystemSpec, slowdown: float,
-                 placed: Mapping[int, SystemSpec] | None = None) -> tuple[float, float]:
-    """(mean over stages — a slow GPU is as likely on each —, worst) of ``stage_factors``."""
-    return mean_and_worst(stage_factors(model, s, system, slowdown, placed))
+                 placed: Mapping[int, SystemSpec] | None = None,
+                 weights: list[float] | None = None) -> tuple[float, float]:
+    """(mean over stages — a slow GPU is as likely on each, or as ``weights`` say —, worst)
+    of ``stage_factors``."""
+    return mean_and_worst(stage_factors(model, s, system, slowdown, placed), weights)
 
 
-def mean_and_worst(factors: list[float]) -> tuple[float, float]:
-    return sum(factors) / len(factors), max(factors)
-
-
-def weighted_mean(factors: list[float], weights: list[float]) -> float:
-    """The step factor of an episode on a stage drawn with these weights (how likely one is on
-    each: alike, or a ``[mixed]`` cluster's other GPUs at their own rate)."""
-    return sum(f * w for f, w in zip(factors, weights, strict=True)) / sum(weights)
+def mean_and_worst(factors: list[float], weights: list[float] | None = None
+                   ) -> tuple[float, float]:
+    """(the step factor of an episode on a stage drawn with ``weights`` — how likely one is on
+    each: alike where None, or a ``[mixed]`` cluster's other GPUs at their own rate —, the
+    worst)."""
+    w = weights or [1.0] * len(factors)
+    return sum(f * x for f, x in zip(factors, w, strict=True)) / sum(w), max(factors)
 
 
 def progress(fs: FailSlow, gpus: int, factor: float) -> float:

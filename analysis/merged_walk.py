@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from analysis.dp_tails import slowed
 from analysis.merged_pass import MergedPieces, run_pieces
-from analysis.pipeline_walk import Opened, Tail, Tails, Walked
+from analysis.pipeline_walk import Opened, Tail, Tails, Walked, tail_deps
 from tracegen.schedule import Step, Unit, combined
 from tracegen.strategy import Strategy
 
@@ -146,13 +146,10 @@ def _tails(units: list[list[Unit]], walk: _Walk, m: int, p: int, v: int) -> Tail
         first = steps.index(("B", m - 1, v - 1))
         assert all(len(u) == 1 for u in units[st][first:])
         tails.append(steps[first:])
-    where = [{step: q for q, step in enumerate(tail)} for tail in tails]
-    out: list[Tail] = []
-    for st, tail in enumerate(tails):
-        nxt, shift = (st + 1, 0) if st < p - 1 else (0, 1)
-        out.append(tuple(_tail_step(walk, st, step, where[nxt].get(
-            ("B", step[1], step[2] + shift), -1) if step[0] == "B" else -1, m)
-            for step in tail))
+    where, deps = tail_deps(tails)
+    out: list[Tail] = [tuple(_tail_step(walk, st, step, dep, m)
+                             for step, dep in zip(tail, deps[st], strict=True))
+                       for st, tail in enumerate(tails)]
     order = tuple((st, where[st][u[0]]) for st, u in walk.order
                   if len(u) == 1 and u[0] in where[st])
     return tuple(out), order

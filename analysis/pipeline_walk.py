@@ -346,18 +346,28 @@ def _tail_plan(schedule: str, m: int, p: int, v: int
     for st in range(p):
         order = stage_order(schedule, m=m, p=p, v=v, stage=st)
         tails.append(order[order.index(("B", m - 1, v - 1)):])
-    where = [{step: q for q, step in enumerate(tail)} for tail in tails]
-    out = []
-    for st, tail in enumerate(tails):
-        nxt, shift = (st + 1, 0) if st < p - 1 else (0, 1)
-        out.append(tuple((_slot(mb * n + ch * p + st, phase == "B"),
-                          ((phase == "B") * p + st) * v + ch, ch,
-                          phase == "B" and mb == m - 1,
-                          where[nxt].get((phase, mb, ch + shift), -1) if phase == "B" else -1)
-                         for phase, mb, ch in tail))
+    where, deps = tail_deps(tails)
+    out = [tuple((_slot(mb * n + ch * p + st, phase == "B"), ((phase == "B") * p + st) * v + ch,
+                  ch, phase == "B" and mb == m - 1, dep)
+                 for (phase, mb, ch), dep in zip(tail, deps[st], strict=True))
+           for st, tail in enumerate(tails)]
     steps = ((st, where[st].get(("B" if bw else "F", k // n, k % n // p)))
              for st, bw, k, _, _ in _plan(schedule, m, p, v))
     return tuple(out), tuple((st, q) for st, q in steps if q is not None)
+
+
+def tail_deps(tails: list[list[Step]]) -> tuple[list[dict[Step, int]], list[list[int]]]:
+    """Each stage's tail steps' places in it, and per tail step where the step it waits for
+    stands in the tail of the stage that runs it or −1: a backward of global chunk g waits
+    for g + 1's — the next stage's same chunk, or for the last stage stage 0's next chunk."""
+    p = len(tails)
+    where = [{step: q for q, step in enumerate(tail)} for tail in tails]
+    deps = []
+    for st, tail in enumerate(tails):
+        nxt, shift = (st + 1, 0) if st < p - 1 else (0, 1)
+        deps.append([where[nxt].get((phase, mb, ch + shift), -1) if phase == "B" else -1
+                     for phase, mb, ch in tail])
+    return where, deps
 
 
 @functools.lru_cache(maxsize=8)  # (a plan holds 2·m·p steps: 5 MiB at m 1,536, pp 16)

@@ -74,9 +74,11 @@ def stage_factors(model: ModelSpec, s: Strategy, system: SystemSpec, factor: flo
 
 
 def step_factors(model: ModelSpec, s: Strategy, system: SystemSpec, factor: float,
-                 placed: Mapping[int, SystemSpec] | None = None) -> tuple[float, float]:
-    """(mean over stages — a slow NIC is as likely on each —, worst) of ``stage_factors``."""
-    return mean_and_worst(stage_factors(model, s, system, factor, placed))
+                 placed: Mapping[int, SystemSpec] | None = None,
+                 weights: list[float] | None = None) -> tuple[float, float]:
+    """(mean over stages — a slow NIC is as likely on each, or as ``weights`` say —, worst)
+    of ``stage_factors``."""
+    return mean_and_worst(stage_factors(model, s, system, factor, placed), weights)
 
 
 def describe(row: dict[str, Any]) -> str:
