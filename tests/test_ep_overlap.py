@@ -117,17 +117,19 @@ def _against_unmerged(model: ModelSpec, s: Strategy) -> tuple[list[list[NodeRec]
        shared=st.booleans(), dense=st.booleans(), mtp=st.booleans(), tied=st.booleans(),
        deepep=st.booleans(), fold=st.booleans(), sp=st.booleans(), gather=st.booleans(),
        system=st.sampled_from(["dgx-h100", "dgx-b200", "dgx-a100-80gb"]),
-       gpn=st.sampled_from([2, 8]))
+       gpn=st.sampled_from([2, 8]), fp8=st.booleans())
 def test_fast_path_within_0_1_percent_of_replay(tp: int, dp: int, ep: int, mb: int, mbs: int,
                                                  zero: int, modules: str, shared: bool,
                                                  dense: bool, mtp: bool, tied: bool,
                                                  deepep: bool, fold: bool, sp: bool,
-                                                 gather: bool, system: str, gpn: int) -> None:
+                                                 gather: bool, system: str, gpn: int,
+                                                 fp8: bool) -> None:
     """The merged pass costed piece by piece (``merged_pass``) lands on contention-free replay
     of the trace: MoE layers with shared experts, a dense first layer, an MTP module, tied
     embeddings, DeepEP, folded experts, selective recompute (the MoE side too), ZeRO 0-2 with
-    overlapped parameter gathers, 2 or 8 GPUs a node (all-to-alls over the NICs or NVLink), κ
-    of H100/A100 and none on B200."""
+    overlapped parameter gathers (in FP8 on FP8 runs), BF16 or FP8 (its casts in the pieces),
+    2 or 8 GPUs a node (all-to-alls over the NICs or NVLink), κ of H100/A100 and none on
+    B200."""
     model = dataclasses.replace(MOE, shared_expert_ffn_hidden_size=256 if shared else 0,
                                 first_dense_layers=int(dense), mtp_layers=int(mtp),
                                 tied_embeddings=tied)
@@ -139,7 +141,8 @@ def test_fast_path_within_0_1_percent_of_replay(tp: int, dp: int, ep: int, mb: i
                       recompute_modules=modules or "core_attn", sequence_parallel=sp and tp > 1,
                       moe_dispatcher="deepep" if deepep else "alltoall",
                       expert_tp=1 if fold and tp > 1 else 0,
-                      overlap_param_gather=gather and zero > 0)
+                      overlap_param_gather=gather and zero > 0,
+                      precision="fp8" if fp8 else "bf16", fp8_param_gather=fp8 and zero > 0)
         fast = estimate(model, s, hw).step_time_s
     except ConfigError:
         return
@@ -201,7 +204,6 @@ def test_the_merged_order_pairs_layer_k_with_layer_l_minus_1_minus_k() -> None:
     (dict(schedule="gpipe"), "it needs schedule '1f1b', got 'gpipe'"),
     (dict(ep=1), "needs ep > 1"),
     (dict(recompute="full"), "full recompute"),
-    (dict(precision="fp8"), "precision 'fp8'"),
     (dict(zero_stage=3), "ZeRO-3"),
     (dict(cp=2, dp=2), "context parallelism"),
 ])
@@ -214,6 +216,16 @@ def test_a_dense_model_is_told_it_has_no_experts() -> None:
     dense = dataclasses.replace(MOE, num_experts=0, experts_per_token=0, moe_ffn_hidden_size=0)
     with pytest.raises(ConfigError, match="has no experts"):
         estimate(dense, _strategy(), get_system("dgx-h100"))
+
+
+def test_more_than_one_mtp_module_is_refused_as_megatron_core_does() -> None:
+    """Megatron-Core's TransformerConfig: "MTP layernum only supports 1 when enabling
+    overlap_moe_expert_parallel_comm"."""
+    two = dataclasses.replace(MOE, mtp_layers=2)
+    with pytest.raises(ConfigError, match="at most one multi-token-prediction module"):
+        estimate(two, _strategy(), get_system("dgx-h100"))
+    assert estimate(dataclasses.replace(MOE, mtp_layers=1), _strategy(),
+                    get_system("dgx-h100")).step_time_s > 0
 
 
 def test_the_cli_flag_reaches_the_estimate_and_the_label(tmp_path: Path) -> None:
@@ -295,17 +307,17 @@ def test_a_pipelined_merged_trace_holds_the_interleaved_nodes_and_steps_faster()
        gather=st.booleans(), shared=st.booleans(), dense=st.booleans(), mtp=st.booleans(),
        tied=st.booleans(), selective=st.booleans(),
        system=st.sampled_from(["dgx-h100", "dgx-b200", "dgx-a100-80gb"]),
-       gpn=st.sampled_from([2, 8]))
+       gpn=st.sampled_from([2, 8]), fp8=st.booleans())
 def test_pipelined_fast_path_within_0_2_percent_of_replay(
         pp: int, vpp: int, tp: int, dp: int, ep: int, rounds: int, group: bool, zero: int,
         gather: bool, shared: bool, dense: bool, mtp: bool, tied: bool, selective: bool,
-        system: str, gpn: int) -> None:
+        system: str, gpn: int, fp8: bool) -> None:
     """The walk of the merged units (``merged_walk``: each merged pass costed piece by piece
     from each of its inputs' arrival, its sends after its layers) lands on contention-free
     replay of the pipelined traces:
     pp 2–4, vpp 2–4, micro-batch groups, the dense first layer, MTP, shared experts, tied
-    embeddings, selective recompute, ZeRO 0–2 with overlapped parameter gathers, all-to-alls
-    over NVLink or the NICs, κ of H100/A100 and none on B200."""
+    embeddings, selective recompute, ZeRO 0–2 with overlapped parameter gathers, BF16 or FP8,
+    all-to-alls over NVLink or the NICs, κ of H100/A100 and none on B200."""
     model = dataclasses.replace(PIPE, shared_expert_ffn_hidden_size=256 if shared else 0,
                                 first_dense_layers=int(dense), mtp_layers=int(mtp),
                                 tied_embeddings=tied)
@@ -316,7 +328,8 @@ def test_pipelined_fast_path_within_0_2_percent_of_replay(
         s = _pipe(pp=pp, vpp=vpp, tp=tp, dp=dp, ep=ep, global_batch_size=m * dp,
                   microbatch_group_size=pp + 1 if group and m > pp else 0, zero_stage=zero,
                   overlap_param_gather=gather and zero > 0, sequence_parallel=tp > 1,
-                  recompute="selective" if selective else "none")
+                  recompute="selective" if selective else "none",
+                  precision="fp8" if fp8 else "bf16")
         fast = estimate(model, s, hw).step_time_s
     except ConfigError:
         return

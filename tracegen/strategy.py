@@ -577,9 +577,10 @@ def _zb_problems(s: Strategy) -> list[str]:
 
 def _ep_overlap_problems(s: Strategy) -> list[str]:
     """What Megatron-Core's combined 1F1B (``overlap_moe_ep_comm``) is modelled with: expert
-    parallelism, no pipeline or an interleaved one, what Megatron-Bridge's guide asks beside
-    it (no full recompute, no shared-expert overlap, BF16/FP16), and none of ZeRO-3, context
-    parallelism or TP overlap (not modelled with it here)."""
+    parallelism, no pipeline or an interleaved one, what Megatron-Core's TransformerConfig
+    asserts beside it (no full recompute, no shared-expert overlap; its "bf16 or fp16" is the
+    parameters' dtype, under which FP8 runs too), and none of ZeRO-3, context parallelism or TP
+    overlap (not modelled with it here)."""
     out = []
     if s.ep < 2:
         out.append("overlap_moe_ep_comm overlaps expert-parallel all-to-alls: it needs ep > 1, "
@@ -592,12 +593,11 @@ def _ep_overlap_problems(s: Strategy) -> list[str]:
     if s.pp == 1 and s.schedule != "1f1b":
         out.append(f"overlap_moe_ep_comm without a pipeline merges Megatron-Core's no-pipelining "
                    f"order (F, B, F, B, …): it needs schedule '1f1b', got {s.schedule!r}")
-    # (Megatron-Bridge's expert-parallel overlap guide: BF16 or FP16; shared-expert overlap
-    # off; full recompute avoided)
-    for bad, what in ((s.recompute == "full", "full recompute (the guide says to avoid it)"),
-                      (s.moe_shared_expert_overlap, "moe_shared_expert_overlap (the guide says "
-                       "to turn it off)"),
-                      (s.precision == "fp8", "precision 'fp8' (it runs in BF16 or FP16)"),
+    # (Megatron-Core's TransformerConfig asserts no full recompute and no shared-expert
+    # overlap beside it)
+    for bad, what in ((s.recompute == "full", "full recompute (Megatron-Core refuses it)"),
+                      (s.moe_shared_expert_overlap, "moe_shared_expert_overlap (Megatron-Core "
+                       "refuses it)"),
                       (s.zero_stage == 3, "ZeRO-3 (not modelled with it)"),
                       (s.cp > 1, "context parallelism (not modelled with it)"),
                       (s.tp_comm_overlap, "tp_comm_overlap (not modelled with it)")):
@@ -740,6 +740,10 @@ def check_fits_model(s: Strategy, m: ModelSpec, *, gpus: int | None = None) -> N
     if s.overlap_moe_ep_comm and not m.is_moe:
         out.append("overlap_moe_ep_comm overlaps a mixture-of-experts model's all-to-alls: "
                    f"{m.name!r} has no experts; set overlap_moe_ep_comm = false")
+    if s.overlap_moe_ep_comm and m.mtp_layers > 1:  # (Megatron-Core's TransformerConfig)
+        out.append(f"overlap_moe_ep_comm runs at most one multi-token-prediction module, "
+                   f"{m.name!r} has {m.mtp_layers}; set mtp_layers 1 or overlap_moe_ep_comm "
+                   "= false")
     if m.is_mla and (s.cp > 1 or s.tp_comm_overlap):
         out.append("multi-head latent attention with context parallelism or TP communication "
                    "overlap is not modelled; use cp 1 and no tp_comm_overlap")
