@@ -132,6 +132,11 @@ EpOverlapOpt = Annotated[bool, typer.Option(
     help="Combined 1F1B: each forward merged with the backward before it, layer by layer, "
          "one's expert all-to-alls beside the other's compute (Megatron-Core "
          "--overlap-moe-expert-parallel-comm; pp 1, or an interleaved pipeline).")]
+DelayWgradOpt = Annotated[bool, typer.Option(
+    "--delay-wgrad-compute",
+    help="With combined 1F1B: the layers' weight gradients run after the backward's next "
+         "expert all-to-all is issued, which then waits for the data gradients only "
+         "(Megatron-Core --delay-wgrad-compute).")]
 GradBf16Opt = Annotated[bool, typer.Option(
     "--grad-reduce-bf16", help="Gradient buffer and data-parallel reduction in 16 bits, not "
     "fp32 (Megatron --grad-reduce-in-bf16).")]
@@ -201,7 +206,7 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    recompute_modules: str = "core_attn",
                    moe_dispatcher: str = "alltoall",
                    moe_shared_expert_overlap: bool = False,
-                   overlap_moe_ep_comm: bool = False,
+                   overlap_moe_ep_comm: bool = False, delay_wgrad_compute: bool = False,
                    pipeline_layout: str = "", adam_moments: str = "fp32",
                    fp8_param_gather: bool = False, dist_opt_instances: int = 1,
                    outer_dp_sharding: str = "no_shard") -> Strategy:
@@ -233,6 +238,7 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     moe_dispatcher=moe_dispatcher,  # type: ignore[arg-type]
                     moe_shared_expert_overlap=moe_shared_expert_overlap,
                     overlap_moe_ep_comm=overlap_moe_ep_comm,
+                    delay_wgrad_compute=delay_wgrad_compute,
                     pipeline_layout=pipeline_layout,
                     adam_moments_dtype=adam_moments,  # type: ignore[arg-type]
                     fp8_param_gather=fp8_param_gather,

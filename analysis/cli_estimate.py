@@ -51,7 +51,8 @@ def estimate_cmd(
     zb_w_regather: C.ZbRegatherOpt = False,
     moe_dispatcher: C.MoeDispatcherOpt = "alltoall",
     moe_shared_expert_overlap: C.SharedOverlapOpt = False,
-    overlap_moe_expert_parallel_comm: C.EpOverlapOpt = False, pipeline_layout: C.LayoutOpt = "",
+    overlap_moe_expert_parallel_comm: C.EpOverlapOpt = False,
+    delay_wgrad_compute: C.DelayWgradOpt = False, pipeline_layout: C.LayoutOpt = "",
     adam_moments: C.AdamMomentsOpt = "fp32", fp8_param_gather: C.Fp8GatherOpt = False,
     dist_opt_instances: C.InstancesOpt = 1, outer_dp_sharding: C.OuterShardingOpt = "no_shard",
     seq_len: C.SeqLenOpt = 0,
@@ -96,6 +97,7 @@ def estimate_cmd(
         recompute_num_layers=recompute_num_layers, recompute_modules=recompute_modules,
         moe_dispatcher=moe_dispatcher, moe_shared_expert_overlap=moe_shared_expert_overlap,
         overlap_moe_ep_comm=overlap_moe_expert_parallel_comm,
+        delay_wgrad_compute=delay_wgrad_compute,
         pipeline_layout=pipeline_layout, adam_moments=adam_moments,
         fp8_param_gather=fp8_param_gather, dist_opt_instances=dist_opt_instances,
         outer_dp_sharding=outer_dp_sharding)
@@ -282,7 +284,8 @@ def print_glance(g: Glance, s: Strategy, alone: bool = False) -> None:
                   f"{s.num_microbatches} micro-batch{'es' if s.num_microbatches > 1 else ''}, "
                   f"{s.schedule}"
                   + (f" in groups of {s.schedule_group}" if s.schedule_group else "")
-                  + (" combined (expert all-to-alls beside the other micro-batch's compute)"
+                  + (" combined (expert all-to-alls beside the other micro-batch's compute"
+                     + (", weight gradients deferred)" if s.delay_wgrad_compute else ")")
                      if s.overlap_moe_ep_comm else "")
                   + f", recompute {s.recompute}"
                   + (" (first layer of each chunk)" if s.recompute_num_layers == 1 else

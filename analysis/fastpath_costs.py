@@ -164,8 +164,9 @@ class Costs:
         self.recomputed = s.selective_modules if s.recompute == "selective" else ()
         # ZB-H1, ZB-V: a block's backward is its B pass (``fastpath_stages._compute_ns``)
         self.zb = s.split_w
-        # (combined 1F1B merges passes: ``Stage.merged``)
-        self.key = self.ctx.intern((self.lists_key, self.zb, s.overlap_moe_ep_comm,
+        # (combined 1F1B merges passes, its weight gradients deferred or not: ``Stage.merged``)
+        self.key = self.ctx.intern((self.lists_key, self.zb,
+                                    (s.overlap_moe_ep_comm, s.delay_wgrad_compute),
                                     (s.recompute, s.recompute_num_layers)
                                     if s.recompute_num_layers else s.recompute
                                     if s.recompute_modules == "core_attn" else

@@ -24,7 +24,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from tracegen import ops as O
-from tracegen.program import ParamBlock, ep_pieces, merged_plan, merged_turns
+from tracegen.program import (
+    DELAYED_WGRAD_BLOCKS,
+    ParamBlock,
+    delayed_wgrads,
+    ep_pieces,
+    merged_issues,
+    merged_plan,
+)
 
 if TYPE_CHECKING:
     from analysis.fastpath_costs import Costs
@@ -37,7 +44,9 @@ class PassClock:
         self.kappa = kappa
         self.compute = 0.0  # when the compute stream is free
         self.stream = 0.0  # when the all-to-all stream is free
-        self.ready = {"F": 0.0, "B": 0.0}  # when each pass's next item may start
+        # when each pass's next item may start ("W": the deferred weight gradients, which
+        # wait for the compute stream only)
+        self.ready = {"F": 0.0, "B": 0.0, "W": 0.0}
         self.flights: list[tuple[float, float]] = []  # the all-to-alls' [start, end)
 
     def run(self, name: str, segments: tuple[tuple[bool, int], ...]) -> None:
@@ -75,9 +84,11 @@ class PassClock:
         return t + work
 
 
-Piece = tuple[tuple[tuple[bool, int], ...], int | None]  # (segments, the all-to-all's ns)
-# One issue of a merged pass: (the backward's?, its compute segments, its all-to-all's ns or −1)
-Issue = tuple[bool, tuple[tuple[bool, int], ...], int]
+Segments = tuple[tuple[bool, int], ...]
+# (segments, the deferred weight gradients' or None, the all-to-all's ns or None)
+Piece = tuple[Segments, Segments | None, int | None]
+# One issue of a merged pass: ("F", "B" or "W", its compute segments, its all-to-all's ns or −1)
+Issue = tuple[str, Segments, int]
 
 
 class MergedPieces(NamedTuple):
@@ -94,18 +105,20 @@ def merged_pieces(costs: Costs, f_blocks: list[tuple[ParamBlock, int]],
     (chunks' runs of blocks; the same chunk's without a pipeline), its pieces costed."""
     memo: dict[tuple[str, ParamBlock], list[Piece]] = {}
     plan = merged_plan(_flat(f_blocks), _flat(b_blocks))
-    issues: list[Issue] = []
-    sends_at = -1
-    for i, group in enumerate(plan.groups):
-        if i == plan.sends_at:
-            sends_at = len(issues)
+    for group in plan.groups:
         for key in group:
             if key not in memo:
                 memo[key] = _pieces(costs, *key, rank)
-        cut = [(key[0], memo[key]) for key in group]
-        issues += [(name == "B", segments, -1 if a2a_ns is None else a2a_ns)
-                   for name, (segments, a2a_ns) in merged_turns(cut)]
-    return MergedPieces(tuple(issues), len(issues) if sends_at < 0 else sends_at)
+    cut = [[(key[0], memo[key]) for key in group] for group in plan.groups]
+    issues: list[Issue] = []
+    sends_at = 0
+    for name, segments, a2a_ns in merged_issues(cut, plan.sends_at):
+        if name == "S":
+            sends_at = len(issues)
+        else:
+            assert segments is not None
+            issues.append((name, segments, -1 if a2a_ns is None else a2a_ns))
+    return MergedPieces(tuple(issues), sends_at)
 
 
 def run_pieces(pieces: MergedPieces, kappa: float, f_ready: float = 0.0,
@@ -116,12 +129,11 @@ def run_pieces(pieces: MergedPieces, kappa: float, f_ready: float = 0.0,
     the one before it on the compute stream (the backward's first pieces may run while the
     forward's input is still coming, as in replay)."""
     clock = PassClock(kappa)
-    clock.ready = {"F": f_ready, "B": b_ready}
+    clock.ready.update(F=f_ready, B=b_ready)
     sends = 0.0
-    for i, (backward, segments, a2a_ns) in enumerate(pieces.issues):
+    for i, (name, segments, a2a_ns) in enumerate(pieces.issues):
         if i == pieces.sends_at:
             sends = clock.compute
-        name = "B" if backward else "F"
         clock.run(name, segments)
         if a2a_ns >= 0:
             clock.all_to_all(name, a2a_ns)
@@ -135,11 +147,16 @@ def _flat(blocks: list[tuple[ParamBlock, int]]) -> list[ParamBlock]:
 
 
 def _pieces(costs: Costs, name: str, block: ParamBlock, rank: int) -> list[Piece]:
-    """A block's pass (``RoleProgram.pass_chain``) cut at its all-to-alls, costed."""
+    """A block's pass (``RoleProgram.pass_chain``) cut at its all-to-alls, costed, each
+    piece's deferred weight gradients apart (``RoleProgram._delay_pieces``)."""
+    delay = (costs.s.delay_wgrad_compute and name == "B"
+             and block.name in DELAYED_WGRAD_BLOCKS)
     out: list[Piece] = []
     for run, a2a in ep_pieces(costs.prog.pass_chain(name, block)):
         comm = None if a2a is None else a2a[0]
         assert comm is None or isinstance(comm, O.Comm)
-        out.append((costs.items_segments([it for it, _, _ in run], rank),
+        kept, later = delayed_wgrads(run) if delay else (run, [])
+        out.append((costs.items_segments([it for it, _, _ in kept], rank),
+                    costs.items_segments([it for it, _, _ in later], rank) if later else None,
                     None if comm is None else costs.coll_ns(comm, rank)))
     return out

@@ -47,6 +47,7 @@ FLAGS: dict[str, str] = {
     "moe_dispatcher": "--moe-dispatcher",
     "moe_shared_expert_overlap": "--moe-shared-expert-overlap",
     "overlap_moe_ep_comm": "--overlap-moe-expert-parallel-comm",
+    "delay_wgrad_compute": "--delay-wgrad-compute",
     "pipeline_layout": "--pipeline-layout", "adam_moments_dtype": "--adam-moments",
     "fp8_param_gather": "--fp8-param-gather", "dist_opt_instances": "--dist-opt-instances",
     "outer_dp_sharding_strategy": "--outer-dp-sharding",

@@ -38,7 +38,8 @@ DEFAULT_SPACE: dict[str, list[Any]] = {
 OPTIONAL_DIMENSIONS = ("cp", "ep", "expert_tp", "schedule", "tp_comm_overlap",
                        "overlap_param_gather", "zero3_prefetch", "recompute_num_layers",
                        "recompute_modules", "moe_dispatcher", "moe_shared_expert_overlap",
-                       "overlap_moe_ep_comm", "pipeline_layout", "adam_moments_dtype",
+                       "overlap_moe_ep_comm", "delay_wgrad_compute", "pipeline_layout",
+                       "adam_moments_dtype",
                        "fp8_param_gather", "precision", "dist_opt_instances",
                        "outer_dp_sharding_strategy")
 Progress = Callable[[str, int, int], None]
@@ -73,7 +74,8 @@ def search_space(study: Study) -> dict[str, list[Any]]:
 _WHOLE = {"tp": 1, "pp": 1, "vpp": 1, "micro_batch_size": 1, "cp": 1, "ep": 1,
           "zero_stage": 0, "expert_tp": 0, "recompute_num_layers": 0, "dist_opt_instances": 1}
 _FLAGS = ("sequence_parallel", "tp_comm_overlap", "overlap_param_gather", "zero3_prefetch",
-          "moe_shared_expert_overlap", "fp8_param_gather", "overlap_moe_ep_comm")
+          "moe_shared_expert_overlap", "fp8_param_gather", "overlap_moe_ep_comm",
+          "delay_wgrad_compute")
 
 
 def _value_problem(name: str, values: list[Any]) -> str | None:
@@ -115,6 +117,7 @@ _OFF_WHERE: tuple[tuple[str, Any, Callable[[dict[str, Any]], bool]], ...] = (
     ("moe_shared_expert_overlap", False,
      lambda d: d.get("ep", 1) == 1 or d.get("moe_dispatcher", "alltoall") != "alltoall"),
     ("overlap_moe_ep_comm", False, lambda d: d.get("ep", 1) == 1),
+    ("delay_wgrad_compute", False, lambda d: not d.get("overlap_moe_ep_comm", False)),
 )
 def applicable(d: dict[str, Any]) -> dict[str, Any]:
     """One combination of the space with each dimension that does not apply at its off value
@@ -251,6 +254,7 @@ def _build(study: Study, d: dict[str, Any]) -> Strategy:
                  moe_dispatcher=d.get("moe_dispatcher", "alltoall"),
                  moe_shared_expert_overlap=bool(d.get("moe_shared_expert_overlap", False)),
                  overlap_moe_ep_comm=bool(d.get("overlap_moe_ep_comm", False)),
+                 delay_wgrad_compute=bool(d.get("delay_wgrad_compute", False)),
                  pipeline_layout=str(d.get("pipeline_layout", "")),
                  adam_moments_dtype=d.get("adam_moments_dtype", "fp32"),
                  fp8_param_gather=bool(d.get("fp8_param_gather", False)),

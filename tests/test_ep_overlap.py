@@ -97,7 +97,8 @@ def _against_unmerged(model: ModelSpec, s: Strategy) -> tuple[list[list[NodeRec]
     hw = get_system("dgx-h100")
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
         generate(model, s, a, mode="representative")
-        generate(model, dataclasses.replace(s, overlap_moe_ep_comm=False), b,
+        generate(model, dataclasses.replace(s, overlap_moe_ep_comm=False,
+                                            delay_wgrad_compute=False), b,
                  mode="representative")
         files = [sorted(Path(d).glob("*.et")) for d in (a, b)]
         assert [x.name for x in files[0]] == [y.name for y in files[1]]
@@ -117,19 +118,19 @@ def _against_unmerged(model: ModelSpec, s: Strategy) -> tuple[list[list[NodeRec]
        shared=st.booleans(), dense=st.booleans(), mtp=st.booleans(), tied=st.booleans(),
        deepep=st.booleans(), fold=st.booleans(), sp=st.booleans(), gather=st.booleans(),
        system=st.sampled_from(["dgx-h100", "dgx-b200", "dgx-a100-80gb"]),
-       gpn=st.sampled_from([2, 8]), fp8=st.booleans())
+       gpn=st.sampled_from([2, 8]), fp8=st.booleans(), delay=st.booleans())
 def test_fast_path_within_0_1_percent_of_replay(tp: int, dp: int, ep: int, mb: int, mbs: int,
                                                  zero: int, modules: str, shared: bool,
                                                  dense: bool, mtp: bool, tied: bool,
                                                  deepep: bool, fold: bool, sp: bool,
                                                  gather: bool, system: str, gpn: int,
-                                                 fp8: bool) -> None:
+                                                 fp8: bool, delay: bool) -> None:
     """The merged pass costed piece by piece (``merged_pass``) lands on contention-free replay
     of the trace: MoE layers with shared experts, a dense first layer, an MTP module, tied
     embeddings, DeepEP, folded experts, selective recompute (the MoE side too), ZeRO 0-2 with
     overlapped parameter gathers (in FP8 on FP8 runs), BF16 or FP8 (its casts in the pieces),
-    2 or 8 GPUs a node (all-to-alls over the NICs or NVLink), κ of H100/A100 and none on
-    B200."""
+    deferred weight gradients or not, 2 or 8 GPUs a node (all-to-alls over the NICs or
+    NVLink), κ of H100/A100 and none on B200."""
     model = dataclasses.replace(MOE, shared_expert_ffn_hidden_size=256 if shared else 0,
                                 first_dense_layers=int(dense), mtp_layers=int(mtp),
                                 tied_embeddings=tied)
@@ -142,7 +143,8 @@ def test_fast_path_within_0_1_percent_of_replay(tp: int, dp: int, ep: int, mb: i
                       moe_dispatcher="deepep" if deepep else "alltoall",
                       expert_tp=1 if fold and tp > 1 else 0,
                       overlap_param_gather=gather and zero > 0,
-                      precision="fp8" if fp8 else "bf16", fp8_param_gather=fp8 and zero > 0)
+                      precision="fp8" if fp8 else "bf16", fp8_param_gather=fp8 and zero > 0,
+                      delay_wgrad_compute=delay)
         fast = estimate(model, s, hw).step_time_s
     except ConfigError:
         return
@@ -218,6 +220,48 @@ def test_a_dense_model_is_told_it_has_no_experts() -> None:
         estimate(dense, _strategy(), get_system("dgx-h100"))
 
 
+def test_deferred_weight_gradients_run_beside_the_all_to_all_after_their_data_gradients(
+        ) -> None:
+    """Hand-worked, κ 0: the experts' data gradients 40 ns then their dispatch's backward
+    (50 ns), the experts' weight gradients 30 ns, then attention's backward (20 ns, waits for
+    the all-to-all). Deferred: 0–40, the all-to-all 40–90 beside the weight gradients 40–70,
+    attention 90–110. In place: 0–70, the all-to-all 70–120, attention 120–140: 30 ns more,
+    the weight gradients' time."""
+    deferred = MergedPieces((("B", ((True, 40),), 50), ("W", ((True, 30),), -1),
+                             ("B", ((True, 20),), -1)), 3)
+    in_place = MergedPieces((("B", ((True, 70),), 50), ("B", ((True, 20),), -1)), 2)
+    assert run_pieces(deferred, 0.0) == (110, 110)
+    assert run_pieces(in_place, 0.0) == (140, 140)
+
+
+def test_deferred_weight_gradients_follow_the_backwards_next_all_to_all() -> None:
+    """--delay-wgrad-compute in the trace, as ``TransformerLayerSchedulePlan.run`` orders it:
+    each layer's experts' dispatch backward waits for their last data gradient and is issued
+    before their weight gradients; attention's weight gradients come after the next layer's
+    combine backward is issued; the router's stays in place. The step holds the same nodes
+    as without merging, and replays no slower than merging without deferring."""
+    s = _strategy(global_batch_size=8, delay_wgrad_compute=True)
+    nodes = RoleProgram(MOE, s, 0).build()
+    at = {n.name: i for i, n in enumerate(nodes)}
+    for k in range(7, 0, -1):  # B0's layers in a merged pass
+        layer = f"B0.c0.L{k}."
+        dispatch = nodes[at[layer + "moe_dispatch_bwd"]]
+        assert [nodes[d].name for d in dispatch.data_deps] == [layer + "expert_fc1_dgrad"]
+        assert at[layer + "moe_dispatch_bwd"] < at[layer + "expert_fc2_wgrad"]
+        assert at[f"B0.c0.L{k - 1}.moe_combine_bwd"] < at[layer + "qkv_wgrad"]
+        assert at[layer + "router_dgrad"] < at[layer + "router_wgrad"] < at[layer + "ln2_bwd"]
+    plain = RoleProgram(MOE, dataclasses.replace(s, delay_wgrad_compute=False), 0).build()
+    assert sorted(at) == sorted(n.name for n in plain)
+    ranks, deferred_s, unmerged_s = _against_unmerged(MOE, s)
+    merged_s = _against_unmerged(MOE, dataclasses.replace(s, delay_wgrad_compute=False))[1]
+    assert ranks and deferred_s <= merged_s < unmerged_s
+
+
+def test_deferring_weight_gradients_needs_combined_1f1b() -> None:
+    with pytest.raises(ConfigError, match=r"delay_wgrad_compute .* needs overlap_moe_ep_comm"):
+        _strategy(overlap_moe_ep_comm=False, delay_wgrad_compute=True)
+
+
 def test_more_than_one_mtp_module_is_refused_as_megatron_core_does() -> None:
     """Megatron-Core's TransformerConfig: "MTP layernum only supports 1 when enabling
     overlap_moe_expert_parallel_comm"."""
@@ -279,8 +323,8 @@ def test_a_merged_pass_whose_forward_input_comes_late_runs_the_backward_first() 
     The forward's input at 150: B0 still runs 0–100 and its all-to-all 100–150, F0 150–230,
     its all-to-all 230–270, B1 230–260, F1 270–290 — 50 ns later, not 150 (the sends go
     after F1: no head or embedding after the layers here)."""
-    pieces = MergedPieces(((True, ((True, 100),), 50), (False, ((True, 80),), 40),
-                           (True, ((True, 30),), -1), (False, ((True, 20),), -1)), 4)
+    pieces = MergedPieces((("B", ((True, 100),), 50), ("F", ((True, 80),), 40),
+                           ("B", ((True, 30),), -1), ("F", ((True, 20),), -1)), 4)
     assert run_pieces(pieces, 0.0) == (240, 240)
     assert run_pieces(pieces, 0.0, f_ready=150) == (290, 290)
     assert run_pieces(pieces, 0.0, b_ready=150) == (150 + 240, 150 + 240)  # B0 goes first
@@ -307,17 +351,18 @@ def test_a_pipelined_merged_trace_holds_the_interleaved_nodes_and_steps_faster()
        gather=st.booleans(), shared=st.booleans(), dense=st.booleans(), mtp=st.booleans(),
        tied=st.booleans(), selective=st.booleans(),
        system=st.sampled_from(["dgx-h100", "dgx-b200", "dgx-a100-80gb"]),
-       gpn=st.sampled_from([2, 8]), fp8=st.booleans())
+       gpn=st.sampled_from([2, 8]), fp8=st.booleans(), delay=st.booleans())
 def test_pipelined_fast_path_within_0_2_percent_of_replay(
         pp: int, vpp: int, tp: int, dp: int, ep: int, rounds: int, group: bool, zero: int,
         gather: bool, shared: bool, dense: bool, mtp: bool, tied: bool, selective: bool,
-        system: str, gpn: int, fp8: bool) -> None:
+        system: str, gpn: int, fp8: bool, delay: bool) -> None:
     """The walk of the merged units (``merged_walk``: each merged pass costed piece by piece
     from each of its inputs' arrival, its sends after its layers) lands on contention-free
     replay of the pipelined traces:
     pp 2–4, vpp 2–4, micro-batch groups, the dense first layer, MTP, shared experts, tied
     embeddings, selective recompute, ZeRO 0–2 with overlapped parameter gathers, BF16 or FP8,
-    all-to-alls over NVLink or the NICs, κ of H100/A100 and none on B200."""
+    deferred weight gradients or not, all-to-alls over NVLink or the NICs, κ of H100/A100 and
+    none on B200."""
     model = dataclasses.replace(PIPE, shared_expert_ffn_hidden_size=256 if shared else 0,
                                 first_dense_layers=int(dense), mtp_layers=int(mtp),
                                 tied_embeddings=tied)
@@ -329,7 +374,7 @@ def test_pipelined_fast_path_within_0_2_percent_of_replay(
                   microbatch_group_size=pp + 1 if group and m > pp else 0, zero_stage=zero,
                   overlap_param_gather=gather and zero > 0, sequence_parallel=tp > 1,
                   recompute="selective" if selective else "none",
-                  precision="fp8" if fp8 else "bf16")
+                  precision="fp8" if fp8 else "bf16", delay_wgrad_compute=delay)
         fast = estimate(model, s, hw).step_time_s
     except ConfigError:
         return

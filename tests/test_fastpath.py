@@ -737,7 +737,10 @@ def test_op_key_covers_every_field_the_op_lists_read() -> None:
                 # ZB-H1's B and W lists (``RoleProgram._split``) are split by it; the key has it
                 "zb_w_regather": True,
                 # merges passes, not op lists (``Costs.key`` carries it; refused at pp 2)
-                "overlap_moe_ep_comm": True}
+                "overlap_moe_ep_comm": True,
+                # moves weight gradients in merged passes, not op lists (``Costs.key`` has it;
+                # refused without overlap_moe_ep_comm)
+                "delay_wgrad_compute": True}
     fields = {f.name for f in dataclasses.fields(Strategy)}
     assert fields <= set(variants) | {"last_stage_layers"}, "give the new field a variant here"
 

@@ -72,6 +72,13 @@ CASES = [
                              moe_shared_expert_overlap=True)),
     ("qwen3-30b-a3b", Strategy(dp=64, ep=8, micro_batch_size=1, global_batch_size=1024,
                                zero_stage=1, overlap_moe_ep_comm=True)),
+    ("qwen3-235b-a22b", Strategy(tp=2, pp=8, vpp=4, dp=16, ep=32, expert_tp=1,
+                                 schedule="interleaved_1f1b", sequence_parallel=True,
+                                 micro_batch_size=1, global_batch_size=2048, zero_stage=1,
+                                 precision="fp8", overlap_moe_ep_comm=True,
+                                 delay_wgrad_compute=True,
+                                 account_for_embedding_in_pipeline_split=True,
+                                 account_for_loss_in_pipeline_split=True)),
 ]
 
 

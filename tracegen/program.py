@@ -654,7 +654,8 @@ class RoleProgram:
         (DeepSeek-V3 §3.2.1, Figure 4: attention beside the other's combine, MLP beside its
         dispatch). Never a chunk's last backward, so no gradient buckets; never a chunk's
         first forward (the warm-up holds them), so no parameter-gather waits; not with
-        ZeRO-3 (``Strategy`` refuses it)."""
+        ZeRO-3 (``Strategy`` refuses it). With --delay-wgrad-compute the backward's layers'
+        weight gradients run after its next all-to-all is issued (``merged_issues``)."""
         (_, f_mb, f_ch), (_, b_mb, b_ch) = f, b
         f_gci, b_gci = self.s.gci(self.stage, f_ch), self.s.gci(self.stage, b_ch)
         assert not any(k[:2] == (f_mb, f_gci) for k in self.gather_waits)  # (see above)
@@ -665,13 +666,34 @@ class RoleProgram:
         if b_gci < self.n_chunks - 1 and self._hop(b_gci + 1):
             waits["B"] = (self._recv(b_mb, b_gci, grad=True),)
         plan = merged_plan(self.blocks_of_chunk(f_gci), self.blocks_of_chunk(b_gci))
-        for i, group in enumerate(plan.groups):
-            if i == plan.sends_at:  # after the layers: the forward's output, the gradient
+        cut = [[(name, self._delay_pieces(name, block, prefix[name])) for name, block in group]
+               for group in plan.groups]
+        for name, run, a2a in merged_issues(cut, plan.sends_at):
+            if name == "S":  # after the layers: the forward's output, the gradient
                 self._merged_sends(f_mb, f_gci, b_mb, b_gci)
-            self._emit_chain([(name, self.pass_chain(name, block, prefix[name]))
-                              for name, block in group], waits)
-        if plan.sends_at == len(plan.groups):
-            self._merged_sends(f_mb, f_gci, b_mb, b_gci)
+            elif name == "W":  # deferred weight gradients: on the compute stream only
+                assert run is not None
+                self._emit_run(run, ())
+            else:
+                assert run is not None
+                waits[name] = self._emit_run(run, waits[name])
+                if a2a is not None:  # off the compute chain, before the pass's next item
+                    item, a2a_prefix, _ = a2a
+                    assert isinstance(item, O.Comm)
+                    waits[name] = (self.coll(item, a2a_prefix, blocking=False,
+                                             deps=waits[name]),)
+
+    def _delay_pieces(self, name: str, block: ParamBlock, prefix: str
+                      ) -> list[tuple[list[Tagged], list[Tagged] | None, Tagged | None]]:
+        """A block's pass cut at its all-to-alls (``ep_pieces``), each piece's deferred weight
+        gradients apart where --delay-wgrad-compute defers them (``delayed_wgrads``)."""
+        delay = (self.s.delay_wgrad_compute and name == "B"
+                 and block.name in DELAYED_WGRAD_BLOCKS)
+        out: list[tuple[list[Tagged], list[Tagged] | None, Tagged | None]] = []
+        for run, a2a in ep_pieces(self.pass_chain(name, block, prefix)):
+            kept, later = delayed_wgrads(run) if delay else (run, [])
+            out.append((kept, later or None, a2a))
+        return out
 
     def _merged_sends(self, f_mb: int, f_gci: int, b_mb: int, b_gci: int) -> None:
         """A merged pass's sends, after its layers: the forward's output to the next chunk,
@@ -690,19 +712,6 @@ class RoleProgram:
             return [(it, label, "fwd") for it in self._fwd_items(block)]
         return ([(it, f"{label}.rc", "recompute") for it in self._recompute_items(block)]
                 + [(it, label, "bwd") for it in self._bwd_items(block)])
-
-    def _emit_chain(self, chains: list[tuple[str, list[Tagged]]],
-                    waits: dict[str, tuple[int, ...]]) -> None:
-        """Pieces of ``chains`` (each one pass's items of a block, by pass), cut at their
-        expert-parallel all-to-alls, emitted in turn (the first chain's first piece first):
-        each all-to-all off the compute chain, after its own pass's piece and before that
-        pass's next item (``waits``), its stream ordering it among the others."""
-        for name, (run, a2a) in merged_turns([(n, ep_pieces(c)) for n, c in chains]):
-            waits[name] = self._emit_run(run, waits[name])
-            if a2a is not None:
-                item, prefix, _ = a2a
-                assert isinstance(item, O.Comm)
-                waits[name] = (self.coll(item, prefix, blocking=False, deps=waits[name]),)
 
     def _emit_run(self, run: list[Tagged], waits: tuple[int, ...]
                   ) -> tuple[int, ...]:
@@ -937,6 +946,57 @@ def _split_layers(blocks: list[ParamBlock]
     layers = [i for i, x in enumerate(blocks) if x.is_layer]
     lo, hi = (layers[0], layers[-1] + 1) if layers else (len(blocks), len(blocks))
     return blocks[:lo], blocks[lo:hi], blocks[hi:]
+
+
+# The blocks whose weight-gradient GEMMs --delay-wgrad-compute defers (Megatron-Core's
+# ``build_layer_callables``: the attention module, the MLP — experts and shared experts — and an
+# MTP module's projection have ``backward_dw``; the router has none)
+DELAYED_WGRAD_BLOCKS = ("layer", "dense_layer", "mtp")
+
+
+def delayed_wgrads(run: list[Tagged]) -> tuple[list[Tagged], list[Tagged]]:
+    """A backward piece's items less the weight-gradient GEMMs --delay-wgrad-compute defers
+    (the router's stays), and those (``merged_issues``)."""
+    kept: list[Tagged] = []
+    later: list[Tagged] = []
+    for entry in run:
+        it, _, phase = entry
+        wgrad = (isinstance(it, O.Op) and phase == "bwd" and it.name.endswith("_wgrad")
+                 and not it.name.startswith("router"))
+        (later if wgrad else kept).append(entry)
+    return kept, later
+
+
+K = TypeVar("K")
+A = TypeVar("A")
+
+
+def merged_issues(groups: list[list[tuple[str, list[tuple[K, K | None, A | None]]]]],
+                  sends_at: int) -> Iterator[tuple[str, K | None, A | None]]:
+    """A merged pass in issue order (``RoleProgram.merged``, ``merged_pass.merged_pieces``):
+    each group's pieces in ``merged_turns``' order as ("F" or "B", run, all-to-all or None),
+    ("S", None, None) where the sends go (before group ``sends_at``), and, with
+    --delay-wgrad-compute, the backward's deferred weight gradients as ("W", run, None) right
+    after its next all-to-all is issued — the experts' after their own dispatch's backward,
+    attention's after the next layer's combine — or after the sends (Megatron-Core runs the
+    last layer's attention ``backward_dw`` after the P2P sends), or at the end: on the compute
+    stream, waited for by nothing of the pass but the compute stream's order."""
+    pending: list[K] = []
+    for i, group in enumerate(groups):
+        if i == sends_at:
+            yield "S", None, None
+            yield from (("W", run, None) for run in pending)
+            pending = []
+        for name, (run, later, a2a) in merged_turns(group):
+            yield name, run, a2a
+            if later is not None:
+                pending.append(later)
+            if name == "B" and a2a is not None:
+                yield from (("W", run, None) for run in pending)
+                pending = []
+    if sends_at == len(groups):
+        yield "S", None, None
+    yield from (("W", run, None) for run in pending)
 
 
 def merged_turns(cut: list[tuple[str, list[T]]]) -> Iterator[tuple[str, T]]:

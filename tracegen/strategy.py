@@ -146,6 +146,12 @@ class Strategy:
     # the chunks the same way). Modelled without a pipeline (pp 1: Megatron's
     # combined_1f1b_schedule_for_no_pipelining).
     overlap_moe_ep_comm: bool = False
+    # Megatron-Core --delay-wgrad-compute (with the above): inside a merged pass the layers'
+    # weight-gradient GEMMs (attention's, the MLP's or experts', MTP's; not the router's) run
+    # after the backward's next all-to-all is issued, so that all-to-all waits for the data
+    # gradients only and runs beside them (``TransformerLayerSchedulePlan.run``: mlp.backward,
+    # mlp.backward_dw, then moe_dispatch.backward; attn.backward_dw after the pair).
+    delay_wgrad_compute: bool = False
     # Megatron-Core --pipeline-model-parallel-layout: what each model chunk holds, in its
     # syntax ("Et*3|(tt|)*29,m|L": DeepSeek-V3's embedding and 3 layers, 29 chunks of 2, its MTP
     # module alone, the loss alone; tracegen/layout.py). "" = split by the fields above. Lists
@@ -365,7 +371,8 @@ class Strategy:
         if self.ep > 1:
             s += (f"-ep{self.ep}" + ("-etp1" if self.moe_folded else "")
                   + ("-deepep" if self.moe_dispatcher == "deepep" else "")
-                  + ("-a2ao" if self.overlap_moe_ep_comm else ""))
+                  + ("-a2ao" if self.overlap_moe_ep_comm else "")
+                  + ("-dw" if self.delay_wgrad_compute else ""))
         if self.vpp > 1:
             s += f"-vpp{self.vpp}"
         if self.schedule_group:
@@ -628,6 +635,10 @@ def _schedule_problems(s: Strategy) -> list[str]:
         out += _zb_problems(s)
     if s.overlap_moe_ep_comm:
         out += _ep_overlap_problems(s)
+    elif s.delay_wgrad_compute:  # (Megatron-Core's TransformerConfig asserts it)
+        out.append("delay_wgrad_compute defers weight gradients inside combined 1F1B's merged "
+                   "passes: it needs overlap_moe_ep_comm = true; set it or drop "
+                   "delay_wgrad_compute")
     if s.zb_w_regather and not s.split_w:
         out.append(f"zb_w_regather needs schedule 'zb_h1' or 'zb_v' (it is where their W "
                    f"passes get their inputs), got {s.schedule!r}; set it to false")
