@@ -79,7 +79,10 @@ FLOAT_COLUMNS = ("scaleout_gbps_per_gpu", "measured_iter_time_s")
 # and, as text, the MoE
 # dispatcher, the modules selective recompute names (Megatron-Core's --recompute-modules,
 # comma-separated), the pipeline layout (--pipeline-model-parallel-layout) and Adam's moments'
-# dtype (--exp-avg-dtype); as true/false, FP8 parameter gathers (--fp8-param-gather).
+# dtype (--exp-avg-dtype); as true/false, FP8 parameter gathers (--fp8-param-gather), combined
+# 1F1B (--overlap-moe-expert-parallel-comm) with deferred weight gradients
+# (--delay-wgrad-compute), and TP communication overlap (--tp-comm-overlap). A row's true or
+# false in one of these wins over a ``--set`` for the whole file (its recipe says what it ran).
 EXTENSION_INT_COLUMNS = ("head_dim", "expert_tp", "shared_expert_ffn_hidden_size",
                          "first_dense_layers", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
                          "v_head_dim", "moe_router_num_groups", "moe_router_group_topk",
@@ -89,7 +92,8 @@ EXTENSION_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "pipeline_layou
 # read case-insensitively, as the enums below (a layout's E and L are upper case: kept)
 LOWERCASE_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "adam_moments_dtype")
 BOOL_COLUMNS = ("sequence_parallel",)
-EXTENSION_BOOL_COLUMNS = ("fp8_param_gather",)
+EXTENSION_BOOL_COLUMNS = ("fp8_param_gather", "overlap_moe_ep_comm", "delay_wgrad_compute",
+                          "tp_comm_overlap")
 # Read case-insensitively (the schema spells them in lower case: "bf16", "h100-sxm", "full").
 ENUM_COLUMNS = ("arch", "activation", "recompute", "precision", "gpu")
 # Two 800 Gb/s NICs per GPU, twice what any system offers (ConnectX-8: one 800 Gb/s per GPU): a
@@ -309,10 +313,14 @@ def _where_meaningful(over: dict[str, Any], row: dict[str, Any], notes: list[str
     """Strategy overrides for one row, less those its layout has nothing for: TP communication
     overlap at tp 1 (no TP collectives; NeMo turns it off there, as Megatron turns sequence
     parallelism off), ZeRO-3 prefetch below ZeRO-3, a MoE dispatcher on a dense model or
-    without expert parallelism, FP8 parameter gathers off an FP8 run with ZeRO ≥ 1, so one
-    ``--set`` can describe a stack across a mixed set. Said per row."""
-    drop = []
-    if over.get("tp_comm_overlap") and row["tp"] == 1:
+    without expert parallelism, FP8 parameter gathers off an FP8 run with ZeRO ≥ 1, and a
+    switch the row's own column sets otherwise (``EXTENSION_BOOL_COLUMNS``), so one ``--set``
+    can describe a stack across a mixed set. Said per row."""
+    drop = [k for k in EXTENSION_BOOL_COLUMNS if k in over and row.get(k) is not None
+            and row[k] != over[k]]
+    notes += [f"strategy override {k} not applied (the row says {str(row[k]).lower()})"
+              for k in drop]
+    if over.get("tp_comm_overlap") and row["tp"] == 1 and "tp_comm_overlap" not in drop:
         notes.append("strategy override tp_comm_overlap not applied at tp 1 (no TP collectives)")
         drop.append("tp_comm_overlap")
     if over.get("zero3_prefetch") and row["zero_stage"] != 3:
@@ -390,7 +398,10 @@ def _strategy(row: dict[str, Any], precision: str) -> Strategy:
                                    ).strip(",") or "core_attn",
         pipeline_layout=row.get("pipeline_layout") or "",
         adam_moments_dtype=row.get("adam_moments_dtype") or "fp32",
-        fp8_param_gather=bool(row.get("fp8_param_gather")))
+        fp8_param_gather=bool(row.get("fp8_param_gather")),
+        overlap_moe_ep_comm=bool(row.get("overlap_moe_ep_comm")),
+        delay_wgrad_compute=bool(row.get("delay_wgrad_compute")),
+        tp_comm_overlap=bool(row.get("tp_comm_overlap")))
 
 
 def _padded_vocab(model: ModelSpec, tp: int, notes: list[str]) -> ModelSpec:

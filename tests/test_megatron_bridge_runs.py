@@ -90,9 +90,9 @@ def test_newest_stack_is_predicted_within_the_error_reached() -> None:
     head_dim and expert_tp columns) +5.7 and +8.4% (+5.6 and +8.2% before each local expert's
     GEMM was its own, twenty-fifth session: 4 experts of 4,096 tokens, the weight gradients
     reduce over 4,096 instead of 16,384; +0.8 and +3.3% before the token
-    dispatcher's permutations were charged, twenty-fourth session: these runs' recipe overlaps
-    its all-to-alls with merged forward-backward steps, which trainsim does not model — the
-    rows err toward slow by what that hides). (Before the GEMM occupancy and chunks,
+    dispatcher's permutations were charged, twenty-fourth session), predicted without the
+    merged forward-backward passes their recipe runs — since the fiftieth session the file
+    says it and they are held apart (below). (Before the GEMM occupancy and chunks,
     twelfth session: 70B +2.0-3.2%, 405B −8…−12%, 8B +6.5%.)
     Bounds are the errors reached. (With the ratio 0.905 of ml-engineering's H200 and the 2024
     cuDNN line: 70B −1.0…−2.2%, 405B −14…−18%, 8B +5.4%; before compute/communication
@@ -100,7 +100,26 @@ def test_newest_stack_is_predicted_within_the_error_reached() -> None:
     got = validate(RUNS, fast=True, overrides=STACK, attention="cudnn-9.19")
     assert (got["status"] == "ok").all() and got["fits"].all()
     err = dict(zip(got["id"], got["error_pct"], strict=True))
-    for rid, e in err.items():
-        bound = 9.0 if "405b" in rid else 4.0 if "70b" in rid else 6.5 if "8b" in rid else 8.5
+    dense = {rid: e for rid, e in err.items() if "qwen3" not in rid}
+    for rid, e in dense.items():
+        bound = 9.0 if "405b" in rid else 4.0 if "70b" in rid else 6.5
         assert abs(e) <= bound, (rid, e)
-    assert pl.Series(list(err.values())).abs().median() <= 5.4  # type: ignore[operator]
+    assert pl.Series(list(dense.values())).abs().median() <= 4.5  # type: ignore[operator]
+
+
+def test_qwen3_rows_run_as_their_recipe_and_the_merged_passes_save_too_much() -> None:
+    """The Qwen3-235B-A22B rows as NVIDIA's H100 FP8 recipe ran them (the file's
+    ``overlap_moe_ep_comm``, ``delay_wgrad_compute`` and ``tp_comm_overlap`` columns: combined
+    1F1B with deferred weight gradients, no TP overlap — the row's false wins over the file's
+    ``--set``): both 26.4% too fast (fiftieth session; +5.7 and +8.4% before, predicted without
+    the merged passes they ran). The merged passes save far more in trainsim than on the
+    cluster (DESIGN.md, "Combined 1F1B": about 2.4 times NVIDIA's measured saving on the
+    Megatron-MoE-ModelZoo run, tests/test_megatron_moe_runs.py). Bounds are the errors
+    reached."""
+    got = validate(RUNS, fast=True, overrides=STACK, attention="cudnn-9.19")
+    rows = got.filter(pl.col("id").str.contains("qwen3"))
+    assert rows.height == 2 and rows["fits"].all()
+    for e in rows["error_pct"]:
+        assert -27.5 <= e <= -25.0
+    assert all("tp_comm_overlap not applied (the row says false)" in a
+               for a in rows["assumptions"])

@@ -37,6 +37,10 @@ def test_the_text_columns_name_the_dispatcher_and_modules() -> None:
     assert a2a.moe_dispatcher == "alltoall" and "deepep" not in a2a.label()
     tp4 = got["modelzoo-qwen3-235b-deepep-tp4"].strategy  # type: ignore[union-attr]
     assert tp4.recompute == "none" and tp4.recompute_modules == "core_attn"
+    merged = got["modelzoo-qwen3-235b-deepep-ep32-1f1b"].strategy  # type: ignore[union-attr]
+    assert merged.overlap_moe_ep_comm and merged.delay_wgrad_compute  # (true/false columns)
+    assert not ep32.overlap_moe_ep_comm and merged.label() == ep32.label().replace(
+        "-deepep", "-deepep-a2ao-dw")
     dsv3 = got["mbridge2509-deepseek-v3"]
     assert dsv3.strategy.pipeline_layout == "Et|(tt|)*30mL"  # type: ignore[union-attr]
     assert dsv3.strategy.mtp_chunk == 31 and dsv3.model.mtp_layers == 1  # type: ignore[union-attr]
@@ -57,6 +61,20 @@ def test_the_moe_rows_are_predicted_within_the_error_reached(results: pl.DataFra
     assert -53.8 <= err["modelzoo-qwen3-235b-deepep-tp4"] < 0
     step = dict(zip(results["id"], results["predicted_iter_time_s"], strict=True))
     assert step["modelzoo-qwen3-235b-deepep-ep32"] < step["modelzoo-qwen3-235b-a2a-ep8"]
+
+
+def test_combined_1f1b_saves_more_than_the_cluster_measured(results: pl.DataFrame) -> None:
+    """The table's '+1f1b overlap' row: the ep 32 layout with merged passes and deferred
+    weight gradients (the repository's A2A_OVERLAP=1), measured 19.7 → 17.6 s (−10.7%).
+    trainsim predicts 17.09 → 12.80 s (−25.1%): 27.3% too fast, and a saving about 2.4 times
+    the measured one — kept as the error reached, not tuned (DESIGN.md, "Combined 1F1B": the
+    merged pass hides more of the all-to-alls than the cluster did)."""
+    err = dict(zip(results["id"], results["error_pct"], strict=True))
+    assert -28.5 <= err["modelzoo-qwen3-235b-deepep-ep32-1f1b"] < -26.0
+    step = dict(zip(results["id"], results["predicted_iter_time_s"], strict=True))
+    ours = step["modelzoo-qwen3-235b-deepep-ep32-1f1b"] / step["modelzoo-qwen3-235b-deepep-ep32"]
+    measured = 17.6 / 19.7
+    assert 0.73 < ours < 0.77 and 2.2 < (1 - ours) / (1 - measured) < 2.6
 
 
 def test_the_megatron_fsdp_row_is_predicted_within_the_error_reached(
