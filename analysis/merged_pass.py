@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from tracegen import ops as O
 from tracegen.program import (
-    DELAYED_WGRAD_BLOCKS,
     ParamBlock,
+    defers_wgrads,
     delayed_wgrads,
     ep_pieces,
     merged_issues,
@@ -149,8 +149,7 @@ def _flat(blocks: list[tuple[ParamBlock, int]]) -> list[ParamBlock]:
 def _pieces(costs: Costs, name: str, block: ParamBlock, rank: int) -> list[Piece]:
     """A block's pass (``RoleProgram.pass_chain``) cut at its all-to-alls, costed, each
     piece's deferred weight gradients apart (``RoleProgram._delay_pieces``)."""
-    delay = (costs.s.delay_wgrad_compute and name == "B"
-             and block.name in DELAYED_WGRAD_BLOCKS)
+    delay = defers_wgrads(costs.s, name, block)
     out: list[Piece] = []
     for run, a2a in ep_pieces(costs.prog.pass_chain(name, block)):
         comm = None if a2a is None else a2a[0]

@@ -687,8 +687,7 @@ class RoleProgram:
                       ) -> list[tuple[list[Tagged], list[Tagged] | None, Tagged | None]]:
         """A block's pass cut at its all-to-alls (``ep_pieces``), each piece's deferred weight
         gradients apart where --delay-wgrad-compute defers them (``delayed_wgrads``)."""
-        delay = (self.s.delay_wgrad_compute and name == "B"
-                 and block.name in DELAYED_WGRAD_BLOCKS)
+        delay = defers_wgrads(self.s, name, block)
         out: list[tuple[list[Tagged], list[Tagged] | None, Tagged | None]] = []
         for run, a2a in ep_pieces(self.pass_chain(name, block, prefix)):
             kept, later = delayed_wgrads(run) if delay else (run, [])
@@ -952,6 +951,11 @@ def _split_layers(blocks: list[ParamBlock]
 # ``build_layer_callables``: the attention module, the MLP — experts and shared experts — and an
 # MTP module's projection have ``backward_dw``; the router has none)
 DELAYED_WGRAD_BLOCKS = ("layer", "dense_layer", "mtp")
+
+
+def defers_wgrads(s: Strategy, name: str, block: ParamBlock) -> bool:
+    """Whether ``block``'s pass ``name`` has weight gradients --delay-wgrad-compute defers."""
+    return s.delay_wgrad_compute and name == "B" and block.name in DELAYED_WGRAD_BLOCKS
 
 
 def delayed_wgrads(run: list[Tagged]) -> tuple[list[Tagged], list[Tagged]]:
