@@ -144,7 +144,8 @@ class Strategy:
     # merged pass, layer by layer, each one's dispatch and combine all-to-alls beside the
     # other's compute (tracegen/program.py ``merged``; DeepSeek-V3 §3.2.1, Figure 4, pairs
     # the chunks the same way). Modelled without a pipeline (pp 1: Megatron's
-    # combined_1f1b_schedule_for_no_pipelining).
+    # combined_1f1b_schedule_for_no_pipelining) and on an interleaved one
+    # (combined_1f1b_schedule_for_interleaved_pipelining); in BF16/FP16 or FP8.
     overlap_moe_ep_comm: bool = False
     # Megatron-Core --delay-wgrad-compute (with the above): inside a merged pass the layers'
     # weight-gradient GEMMs (attention's, the MLP's or experts', MTP's; not the router's) run
