@@ -16,6 +16,7 @@ from analysis.cli_common import (
     app,
     build_strategy,
     console,
+    note_combined_1f1b,
     note_param_gather,
     note_precision,
     output_dir,
@@ -128,6 +129,7 @@ def tracegen_cmd(
         capacity = resolve_system(system).gpu.hbm_GiB
     print_summary(summary, strategy, capacity_GiB=capacity)
     note_param_gather(strategy)
+    note_combined_1f1b([strategy.overlap_moe_ep_comm])
 
 
 @app.command("replay")

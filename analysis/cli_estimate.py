@@ -16,6 +16,7 @@ from analysis.cli_common import (
     app,
     build_strategy,
     console,
+    note_combined_1f1b,
     note_param_gather,
     note_precision,
     output_file,
@@ -125,6 +126,7 @@ def estimate_cmd(
         if not (mixed.fits or (balanced is not None and balanced[1].fits)):
             _print_mixed_hints(spec, strategy, sys_spec, chosen)
     note_param_gather(strategy)
+    note_combined_1f1b([strategy.overlap_moe_ep_comm])
     note_precision({strategy.precision}, sys_spec)
     table = None
     if ops is not None or ops_out is not None or roofline_plot is not None:

@@ -17,6 +17,7 @@ from rich.table import Table
 from analysis.cli_common import (
     app,
     console,
+    note_combined_1f1b,
     note_precision,
     output_dir,
     output_file,
@@ -375,6 +376,7 @@ def compare_cmd(
 
     st = _resolve_study(study)
     note_precision({x.precision for x in st.strategies} or {"bf16"}, st.system)
+    note_combined_1f1b(x.overlap_moe_ep_comm for x in st.strategies)
     if not st.strategies:
         raise ConfigError("the study lists no [[strategies]]; use `trainsim sweep` for a search "
                           "space", what="study")
@@ -462,6 +464,7 @@ def sweep_cmd(
     note_precision({x.precision for x in st.strategies} or {"bf16"}, st.system)
     output_dir(out, "--out")
     _print_space(st)
+    note_combined_1f1b(bool(x) for x in st.search.get("overlap_moe_ep_comm", []))
     with progress_bar() as bar:
         results, counts = sweep(st, out, top_k=top_k, scheduler=scheduler, workers=workers,
                                 chunk=chunk, progress=_phase_reporter(bar))

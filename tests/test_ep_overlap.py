@@ -283,6 +283,11 @@ def test_the_cli_flag_reaches_the_estimate_and_the_label(tmp_path: Path) -> None
     plain = CliRunner().invoke(app, args)
     step = [float(x.stdout.split("step time ")[1].split(" s")[0]) for x in (got, plain)]
     assert step[0] < step[1]
+    # what such an estimate is worth is said with it (the published pair's 2.4× saving), and
+    # only with it
+    said = [" ".join(x.stdout.split()) for x in (got, plain)]
+    assert "2.4 times the measured one" in said[0] and "read the step time" in said[0]
+    assert "combined 1F1B" not in said[1]
 
 
 # ---- on an interleaved pipeline (combined_1f1b_schedule_for_interleaved_pipelining) ----------
@@ -397,3 +402,16 @@ def test_pipelined_memory_holds_one_layer_more_where_a_stage_merges() -> None:
 def test_a_pipeline_of_plain_1f1b_is_told_to_interleave() -> None:
     with pytest.raises(ConfigError, match="needs schedule 'interleaved_1f1b' with vpp > 1"):
         _pipe(vpp=1, schedule="1f1b")
+
+
+def test_the_bound_note_is_said_once_where_any_strategy_merges(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A study's strategies (``compare``) or its searched values (``sweep``): the note once if
+    any runs combined 1F1B, nothing if none does."""
+    from analysis.cli_common import note_combined_1f1b
+
+    note_combined_1f1b(iter([False, True, True]))
+    assert capsys.readouterr().out.count("note: combined 1F1B") == 1
+    note_combined_1f1b([False])
+    note_combined_1f1b([])
+    assert capsys.readouterr().out == ""
