@@ -464,7 +464,7 @@ def sweep_cmd(
     note_precision({x.precision for x in st.strategies} or {"bf16"}, st.system)
     output_dir(out, "--out")
     _print_space(st)
-    note_combined_1f1b(bool(x) for x in st.search.get("overlap_moe_ep_comm", []))
+    _note_space(st)
     with progress_bar() as bar:
         results, counts = sweep(st, out, top_k=top_k, scheduler=scheduler, workers=workers,
                                 chunk=chunk, progress=_phase_reporter(bar))
@@ -498,6 +498,14 @@ def _print_space(st: Study) -> None:
     space of tp and pp alone also searches vpp, micro-batch sizes, recompute, ZeRO and SP)."""
     console.print(escape("search space: " + space_words(st)), soft_wrap=True)
     _print_cluster(st)
+
+
+def _note_space(st: Study) -> None:
+    """What a combined-1F1B estimate is worth, where the space searched runs it (its values
+    checked first: a malformed dimension is refused with its message)."""
+    from analysis.sweep import search_space
+
+    note_combined_1f1b(bool(x) for x in search_space(st).get("overlap_moe_ep_comm", []))
 
 
 def _print_cluster(st: Study) -> None:
@@ -567,6 +575,7 @@ def scale_cmd(
     st = _resolve_study(study)
     output_dir(out, "--out")
     plot = output_file(plot, "--plot", plot=True)
+    _note_space(st)
     with progress_bar() as bar:
         frame = scaling(st, counts, out, batch_per_gpu=batch_per_gpu, workers=workers,
                         scheduler=scheduler, progress=_phase_reporter(bar))

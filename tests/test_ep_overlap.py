@@ -415,3 +415,23 @@ def test_the_bound_note_is_said_once_where_any_strategy_merges(
     note_combined_1f1b([False])
     note_combined_1f1b([])
     assert capsys.readouterr().out == ""
+
+
+def test_a_searched_space_says_it_once_its_values_checked_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``sweep`` and ``scale``: the note where the space searches combined 1F1B; a malformed
+    dimension refused with its own message before any note."""
+    from analysis.cli_study import _note_space
+    from analysis.study import load_study
+    from tests.studies import write_study
+
+    study = load_study(write_study(tmp_path / "s", strategies=False, failures=False,
+                                   search=True))
+    _note_space(dataclasses.replace(study, search={**study.search,
+                                                   "overlap_moe_ep_comm": [False, True]}))
+    assert capsys.readouterr().out.count("note: combined 1F1B") == 1
+    _note_space(study)
+    assert capsys.readouterr().out == ""
+    with pytest.raises(ConfigError, match="must each be a non-empty list"):
+        _note_space(dataclasses.replace(study, search={"overlap_moe_ep_comm": "true"}))
+    assert capsys.readouterr().out == ""
