@@ -47,10 +47,10 @@ def test_the_text_columns_name_the_dispatcher_and_modules() -> None:
 
 
 def test_the_moe_rows_are_predicted_within_the_error_reached(results: pl.DataFrame) -> None:
-    """All three too fast: DeepEP at ep 32 −13.2%, the flat all-to-all at ep 8 −26.9%, DeepEP
-    at tp 4 without recompute −51.3% (twenty-fifth session, the experts a grouped GEMM;
-    −13.4 / −27.6 / −52.8% before; −16.4 / −30.6 / −54.3% without the dispatcher's
-    permutations). The table's own ranking of its first two
+    """All three too fast: DeepEP at ep 32 −14.2%, the flat all-to-all at ep 8 −27.5%, DeepEP
+    at tp 4 without recompute −53.1% (fifty-second session, with the script's TP overlap;
+    −13.2 / −26.9 / −51.3% without it, twenty-fifth session, the experts a grouped GEMM;
+    −16.4 / −30.6 / −54.3% without the dispatcher's permutations). The table's own ranking of its first two
     layouts holds (DeepEP across nodes beats the flat all-to-all inside them); its third, the
     slowest measured, trainsim puts fastest — nothing modelled explains it. Bounds are the
     errors reached."""
@@ -65,8 +65,9 @@ def test_the_moe_rows_are_predicted_within_the_error_reached(results: pl.DataFra
 
 def test_combined_1f1b_saves_more_than_the_cluster_measured(results: pl.DataFrame) -> None:
     """The table's '+1f1b overlap' row: the ep 32 layout with merged passes and deferred
-    weight gradients (the repository's A2A_OVERLAP=1), measured 19.7 → 17.6 s (−10.7%).
-    trainsim predicts 17.09 → 12.80 s (−25.1%): 27.3% too fast, and a saving about 2.4 times
+    weight gradients (the repository's A2A_OVERLAP=1), measured 19.7 → 17.6 s (−10.7%); both
+    with the script's TP overlap (fifty-second session; 17.09 → 12.80 s without it).
+    trainsim predicts 16.91 → 12.63 s (−25.3%): 28.3% too fast, and a saving about 2.4 times
     the measured one — kept as the error reached, not tuned (DESIGN.md, "Combined 1F1B": the
     merged pass hides more of the all-to-alls than the cluster did)."""
     err = dict(zip(results["id"], results["error_pct"], strict=True))
@@ -81,14 +82,15 @@ def test_the_megatron_fsdp_row_is_predicted_within_the_error_reached(
         results: pl.DataFrame) -> None:
     """The table's Megatron-FSDP row (tp 2, no pipeline, ep 8 inside a node, expert data
     parallelism 32 across nodes, micro-batch 4, full recompute: 17.6 s) with its gathers
-    prefetched, as Megatron-FSDP overlaps them: +14.0% too slow (twenty-seventh session), where
-    the table's other rows come out too fast. Its gathers and reduce-scatters are large: each
+    prefetched, as Megatron-FSDP overlaps them: +9.4% too slow with the script's TP overlap
+    (fifty-second session; +14.0% without it, twenty-seventh session), where the table's other
+    rows come out too fast. Its gathers and reduce-scatters are large: each
     rank's 302 M expert parameters a layer, gathered before each forward and backward and
     reduced after it over 32 nodes, every micro-batch. Blocking gathers would make it +96%.
     Bound: the error reached."""
     row = results.filter(pl.col("id") == "modelzoo-qwen3-235b-deepep-fsdp")
     assert row["status"].item() == "ok" and row["fits"].item()
-    assert 0 < row["error_pct"].item() <= 15.0
+    assert 0 < row["error_pct"].item() <= 10.0
     assert "override zero3_prefetch = True" in row["assumptions"].item()
 
 

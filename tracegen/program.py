@@ -677,11 +677,14 @@ class RoleProgram:
             else:
                 assert run is not None
                 waits[name] = self._emit_run(run, waits[name])
-                if a2a is not None:  # off the compute chain, before the pass's next item
+                if a2a is not None:  # off the compute chain, before the pass's next item,
+                    # after the collectives still running beside the piece's last node (TP
+                    # overlap's all-gather beside the router: the tokens it dispatches)
                     item, a2a_prefix, _ = a2a
                     assert isinstance(item, O.Comm)
+                    beside = tuple(self._waiting) if run else ()
                     waits[name] = (self.coll(item, a2a_prefix, blocking=False,
-                                             deps=waits[name]),)
+                                             deps=(*waits[name], *beside)),)
 
     def _delay_pieces(self, name: str, block: ParamBlock, prefix: str
                       ) -> list[tuple[list[Tagged], list[Tagged] | None, Tagged | None]]:

@@ -587,8 +587,8 @@ def _ep_overlap_problems(s: Strategy) -> list[str]:
     """What Megatron-Core's combined 1F1B (``overlap_moe_ep_comm``) is modelled with: expert
     parallelism, no pipeline or an interleaved one, what Megatron-Core's TransformerConfig
     asserts beside it (no full recompute, no shared-expert overlap; its "bf16 or fp16" is the
-    parameters' dtype, under which FP8 runs too), and none of ZeRO-3, context parallelism or TP
-    overlap (not modelled with it here)."""
+    parameters' dtype, under which FP8 runs too), and neither ZeRO-3 nor context parallelism
+    (not modelled with it here)."""
     out = []
     if s.ep < 2:
         out.append("overlap_moe_ep_comm overlaps expert-parallel all-to-alls: it needs ep > 1, "
@@ -607,8 +607,7 @@ def _ep_overlap_problems(s: Strategy) -> list[str]:
                       (s.moe_shared_expert_overlap, "moe_shared_expert_overlap (Megatron-Core "
                        "refuses it)"),
                       (s.zero_stage == 3, "ZeRO-3 (not modelled with it)"),
-                      (s.cp > 1, "context parallelism (not modelled with it)"),
-                      (s.tp_comm_overlap, "tp_comm_overlap (not modelled with it)")):
+                      (s.cp > 1, "context parallelism (not modelled with it)")):
         if bad:
             out.append(f"overlap_moe_ep_comm does not run with {what}; drop one of the two")
     return out
