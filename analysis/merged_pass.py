@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from analysis.fastpath_stages import Runs
 from tracegen import ops as O
-from tracegen.program import (
-    ParamBlock,
+from tracegen.merged_plan import (
     defers_wgrads,
     delayed_wgrads,
     ep_pieces,
     merged_issues,
     merged_plan,
 )
+from tracegen.program import ParamBlock
 
 if TYPE_CHECKING:
     from analysis.fastpath_costs import Costs

@@ -549,7 +549,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
     if s.overlap_moe_ep_comm and _merges(s, stage):
         # combined 1F1B: at layer pair k the forward holds its chunk's layers 0..k and the
         # backward still its 0..L−1−k — one layer more than the chunk the backward frees
-        # (``program.merged_plan``): 1F1B's one micro-batch at pp 1; interleaved, the warm-up
+        # (``merged_plan.merged_plan``): 1F1B's one micro-batch at pp 1; interleaved, the warm-up
         # holds one virtual micro-batch more (``schedule.combined``), the same count as the
         # interleaved peak's, so again one layer more
         activations += act
