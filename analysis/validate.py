@@ -211,7 +211,8 @@ def _cell_problems(row: dict[str, Any]) -> list[str]:
     out: list[str] = []
     measured = row["measured_iter_time_s"]
     if measured is None:
-        out.append("measured_iter_time_s missing")
+        out.append("measured_iter_time_s missing (and no measured_tokens_per_s_per_gpu to "
+                   "derive it from)")
     elif measured <= 0:
         out.append(f"measured_iter_time_s must be > 0, got {measured}")
     missing = _missing(row, MODEL_FIELDS + STRATEGY_FIELDS)
@@ -532,7 +533,8 @@ def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = 
     if attention is not None and attention not in KERNELS:
         kernel_overrides(attention, "")  # raises, naming the kernels there are
     values = _assumptions(assume or {})
-    runs = [_assume(r, values) for r in load_runs(path).iter_rows(named=True)]
+    runs = [_step_from_throughput(_assume(r, values))
+            for r in load_runs(path).iter_rows(named=True)]
     system_over, strategy_over, model_over = split_overrides(overrides or {})
     for name in sorted(set(GPU_ALIASES.values())) if system_over else ():
         get_system(name).with_overrides(system_over)  # a bad override fails once, here
@@ -587,6 +589,30 @@ def _override_type_problem(key: str, value: Any) -> str | None:
 
 
 ASSUMED = "_assumed"  # per row: the cells ``assume`` filled, as text for its assumptions
+DERIVED = "_derived"  # per row: how its measured step time was derived here, if it was
+
+
+def _step_from_throughput(row: dict[str, Any]) -> dict[str, Any]:
+    """A row without a step time but with its measured tokens/s per GPU gets the step time
+    they imply, global batch × sequence ÷ (tokens/s per GPU × GPUs) — the schema's own
+    ``from_tokens_per_s`` derivation (shared/validation/README.md), exact arithmetic on a
+    measurement, not an assumption; the row says so. (MFU or TFLOP/s alone would need the
+    source's FLOP formula: such rows stay skipped.)"""
+    if row.get("measured_iter_time_s") is not None:
+        return row
+    try:
+        per_gpu = float(row.get("measured_tokens_per_s_per_gpu") or "nan")
+    except (TypeError, ValueError):
+        return row
+    gbs, seq, gpus = (row.get(k) for k in ("global_batch_size", "seq_len", "num_gpus"))
+    if not (math.isfinite(per_gpu) and per_gpu > 0 and isinstance(gbs, int)
+            and isinstance(seq, int) and isinstance(gpus, int) and gpus > 0):
+        return row
+    step_s = gbs * seq / (per_gpu * gpus)
+    return {**row, "measured_iter_time_s": step_s,
+            DERIVED: f"measured_iter_time_s {step_s:.4g} s from measured_tokens_per_s_per_gpu "
+                     f"{per_gpu:g} (global_batch_size × seq_len ÷ (tokens/s per GPU × "
+                     "num_gpus): the row gives no step time)"}
 
 
 def _assumptions(assume: dict[str, Any]) -> dict[str, Any]:
@@ -667,7 +693,7 @@ def _validate_row(row: dict[str, Any], overrides: dict[str, Any] | None = None,
     if isinstance(inputs, str):
         out["status"] = _one_line(inputs)
         return out
-    notes = inputs.assumptions
+    notes = "; ".join(filter(None, (row.get(DERIVED), inputs.assumptions)))
     nodes = None if fast else replay_size.oversized(inputs.model, inputs.strategy)
     if nodes:
         fast = True

@@ -239,9 +239,10 @@ def test_inconsistent_gpu_count_is_skipped(tmp_path: Path) -> None:
 def test_every_reason_a_rows_cells_show_is_named_at_once(tmp_path: Path) -> None:
     """A row with four problems says all four: fixing one per run of validate was the cost."""
     f = _row_file(tmp_path, "mpt-07", num_gpus="16", gpu="H100", measured_iter_time_s="",
-                  vocab_size="")
+                  measured_tokens_per_s_per_gpu="", vocab_size="")
     status = validate(f, fast=True)["status"].item()
-    assert status.startswith("skipped: measured_iter_time_s missing; vocab_size missing; "
+    assert status.startswith("skipped: measured_iter_time_s missing (and no measured_tokens_"
+                             "per_s_per_gpu to derive it from); vocab_size missing; "
                              "gpu 'h100' has no system preset; "), status
     assert status.endswith("; num_gpus 16 ≠ tp·pp·dp·cp = 1·1·8·1 = 8"), status
 
@@ -558,6 +559,28 @@ def test_a_step_time_its_own_throughput_contradicts_is_a_data_error(
     fine = validate(_row_file(tmp_path, "mpt-07", measured_tokens_per_s_per_gpu="N/A"),
                     fast=True)["status"][0]
     assert fine == "ok", fine
+
+
+def test_a_step_time_left_out_is_derived_from_the_rows_throughput(tmp_path: Path) -> None:
+    """mpt-07 without its step time: its 2,262 tokens/s per GPU give 48 × 2,048 ÷ (2,262 × 8)
+    = 5.432 s (the schema's from_tokens_per_s), judged as the published cell would be and
+    said in its assumptions (not an --assume: counted with the source's rows). Without the
+    throughput too, the row is skipped, saying there was nothing to derive it from."""
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    given = validate(_row_file(tmp_path, "mpt-07"), fast=True).row(0, named=True)
+    got = validate(_row_file(tmp_path, "mpt-07", measured_iter_time_s=""), fast=True)
+    row = got.row(0, named=True)
+    assert row["status"] == "ok"
+    assert row["measured_iter_time_s"] == pytest.approx(48 * 2048 / (2262 * 8))
+    assert row["measured_iter_time_s"] == pytest.approx(given["measured_iter_time_s"], rel=1e-3)
+    assert row["error_pct"] == pytest.approx(given["error_pct"], abs=0.1)
+    assert "from measured_tokens_per_s_per_gpu 2262" in row["assumptions"]
+    assert summarize(got)["group"].to_list() == ["all", "gpu=a100-80gb", "source=mpt"]
+    none = validate(_row_file(tmp_path, "mpt-07", measured_iter_time_s="",
+                              measured_tokens_per_s_per_gpu=""), fast=True)["status"].item()
+    assert none == ("skipped: measured_iter_time_s missing (and no measured_tokens_per_s_per_gpu "
+                    "to derive it from)")
 
 
 def test_enum_cells_are_read_case_insensitively(tmp_path: Path) -> None:
