@@ -586,9 +586,9 @@ def _zb_problems(s: Strategy) -> list[str]:
 def _ep_overlap_problems(s: Strategy) -> list[str]:
     """What Megatron-Core's combined 1F1B (``overlap_moe_ep_comm``) is modelled with: expert
     parallelism, no pipeline or an interleaved one, what Megatron-Core's TransformerConfig
-    asserts beside it (no full recompute, no shared-expert overlap; its "bf16 or fp16" is the
-    parameters' dtype, under which FP8 runs too), and neither ZeRO-3 nor context parallelism
-    (not modelled with it here)."""
+    asserts beside it (no shared-expert overlap, no "moe" recompute module; no full recompute,
+    as it asserted until 2026; its "bf16 or fp16" is the parameters' dtype, under which FP8
+    runs too), and neither ZeRO-3 nor context parallelism (not modelled with it here)."""
     out = []
     if s.ep < 2:
         out.append("overlap_moe_ep_comm overlaps expert-parallel all-to-alls: it needs ep > 1, "
@@ -601,9 +601,17 @@ def _ep_overlap_problems(s: Strategy) -> list[str]:
     if s.pp == 1 and s.schedule != "1f1b":
         out.append(f"overlap_moe_ep_comm without a pipeline merges Megatron-Core's no-pipelining "
                    f"order (F, B, F, B, …): it needs schedule '1f1b', got {s.schedule!r}")
-    # (Megatron-Core's TransformerConfig asserts no full recompute and no shared-expert
-    # overlap beside it)
-    for bad, what in ((s.recompute == "full", "full recompute (Megatron-Core refuses it)"),
+    # (Megatron-Core's TransformerConfig asserts no shared-expert overlap and no "moe" among
+    # the recompute modules beside it — recomputing the MoE layer would run its dispatch
+    # again —, and until 2026 no full recompute; its newer whole-chunk recompute path is not
+    # modelled)
+    moe_recompute = s.recompute == "selective" and "moe" in [
+        x.strip() for x in s.recompute_modules.split(",")]
+    for bad, what in ((s.recompute == "full", "full recompute (Megatron-Core refused it until "
+                       "2026; its newer recompute of a whole model chunk, all-to-alls exposed, "
+                       "is not modelled)"),
+                      (moe_recompute, "recompute module 'moe' (Megatron-Core refuses it: the "
+                       "recomputed MoE layer would dispatch again; recompute 'moe_act' instead)"),
                       (s.moe_shared_expert_overlap, "moe_shared_expert_overlap (Megatron-Core "
                        "refuses it)"),
                       (s.zero_stage == 3, "ZeRO-3 (not modelled with it)"),
