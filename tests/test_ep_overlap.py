@@ -81,15 +81,19 @@ def _work(nodes: list[NodeRec]) -> list[tuple[str, int, object, object]]:
                   for n in nodes)
 
 
-@pytest.mark.parametrize("kw", [{}, dict(tp=2, sequence_parallel=True, tp_comm_overlap=True)])
+@pytest.mark.parametrize("kw", [{}, dict(tp=2, sequence_parallel=True, tp_comm_overlap=True),
+                                dict(cp=2, dp=2, ep=2),
+                                dict(cp=2, dp=2, ep=2, cp_comm_type="all_gather")])
 def test_merging_reorders_the_same_work_and_saves_time(kw: dict[str, object]) -> None:
     """The merged trace holds the same nodes (names, FLOPs, bytes) as 1F1B's, only ordered and
     linked otherwise; replayed, its step is shorter, and the first and last micro-batch run
     alone (m passes become 1 + (m − 1) merged + 1). With TP overlap too (the ModelZoo BF16
-    script runs both): its overlapped collectives are nodes of the merged passes."""
+    script runs both): its overlapped collectives are nodes of the merged passes; and with
+    context parallelism, its ring or all-gather of K/V in the attention pieces."""
     ranks, merged_s, plain_s = _against_unmerged(MOE, _strategy(**kw))
     assert ranks and merged_s < plain_s
-    if kw:  # the first merged pass's first all-gather runs beside its GEMM, off the chain:
+    if kw.get("tp_comm_overlap"):  # the first merged pass's first all-gather runs beside its
+        # GEMM, off the chain:
         # both start after the norm, and the node after the GEMM waits for the two
         by_name = {n.name: n for n in ranks[0]}
         ag, gemm = by_name["F1.c0.L0.ln1_ag"], by_name["F1.c0.L0.qkv"]
@@ -142,26 +146,28 @@ def _against_unmerged(model: ModelSpec, s: Strategy) -> tuple[list[list[NodeRec]
        deepep=st.booleans(), fold=st.booleans(), sp=st.booleans(), gather=st.booleans(),
        system=st.sampled_from(["dgx-h100", "dgx-b200", "dgx-a100-80gb"]),
        gpn=st.sampled_from([2, 8]), fp8=st.booleans(), delay=st.booleans(),
-       tpo=st.booleans())
+       tpo=st.booleans(), cp=st.sampled_from([1, 2]))
 def test_fast_path_within_0_1_percent_of_replay(tp: int, dp: int, ep: int, mb: int, mbs: int,
                                                  zero: int, modules: str, shared: bool,
                                                  dense: bool, mtp: bool, tied: bool,
                                                  deepep: bool, fold: bool, sp: bool,
                                                  gather: bool, system: str, gpn: int,
-                                                 fp8: bool, delay: bool, tpo: bool) -> None:
+                                                 fp8: bool, delay: bool, tpo: bool,
+                                                 cp: int) -> None:
     """The merged pass costed piece by piece (``merged_pass``) lands on contention-free replay
     of the trace: MoE layers with shared experts, a dense first layer, an MTP module, tied
     embeddings, DeepEP, folded experts, selective recompute (the MoE side too), ZeRO 0-2 with
     overlapped parameter gathers (in FP8 on FP8 runs), BF16 or FP8 (its casts in the pieces),
-    deferred weight gradients or not, TP overlap or not, 2 or 8 GPUs a node (all-to-alls over
-    the NICs or NVLink), κ of H100/A100 and none on B200."""
+    deferred weight gradients or not, TP overlap or not, context parallelism or not, 2 or 8
+    GPUs a node (all-to-alls over the NICs or NVLink), κ of H100/A100 and none on B200."""
     model = dataclasses.replace(MOE, shared_expert_ffn_hidden_size=256 if shared else 0,
                                 first_dense_layers=int(dense), mtp_layers=int(mtp),
                                 tied_embeddings=tied)
     hw = get_system(system)
     hw = dataclasses.replace(hw, node=dataclasses.replace(hw.node, gpus_per_node=gpn))
     try:
-        s = _strategy(tp=tp, dp=dp, ep=ep, micro_batch_size=mbs, global_batch_size=mb * mbs * dp,
+        s = _strategy(tp=tp, dp=dp, cp=cp, ep=ep, micro_batch_size=mbs,
+                      global_batch_size=mb * mbs * dp,
                       zero_stage=zero, recompute="selective" if modules else "none",
                       recompute_modules=modules or "core_attn", sequence_parallel=sp and tp > 1,
                       tp_comm_overlap=tpo and sp and tp > 1,
@@ -189,17 +195,19 @@ def test_a_moe_model_on_64_h100s_gains_what_its_all_to_alls_cost() -> None:
     assert merged_s == pytest.approx(_replayed(model, s, hw), rel=1e-3)
 
 
-def test_memory_holds_one_layer_more_than_1f1b() -> None:
+@pytest.mark.parametrize("kw", [{}, dict(cp=2, dp=2, ep=2)])
+def test_memory_holds_one_layer_more_than_1f1b(kw: dict[str, object]) -> None:
     """At layer pair k the next micro-batch's forward holds layers 0..k and the backward
     still holds 0..L−1−k: L + 1 layers, one more than 1F1B's one micro-batch; one
-    micro-batch merges nothing."""
+    micro-batch merges nothing. With context parallelism the layer is its share of the
+    sequence's."""
     hw = get_system("dgx-h100")
-    s = _strategy()
+    s = _strategy(**kw)
     plain = dataclasses.replace(s, overlap_moe_ep_comm=False)
     layer = activation_bytes_per_layer(MOE, s)
     more = (estimate(MOE, s, hw).peak_memory_GiB - estimate(MOE, plain, hw).peak_memory_GiB)
     assert more * 2**30 == pytest.approx(layer * (1 + FRAGMENTATION), rel=1e-9, abs=2)
-    one = dataclasses.replace(s, global_batch_size=4)
+    one = dataclasses.replace(s, global_batch_size=s.dp)
     assert estimate(MOE, one, hw).peak_memory_GiB == estimate(
         MOE, dataclasses.replace(one, overlap_moe_ep_comm=False), hw).peak_memory_GiB
 
@@ -234,7 +242,6 @@ def test_the_merged_order_pairs_layer_k_with_layer_l_minus_1_minus_k() -> None:
     (dict(recompute="selective", recompute_modules="layernorm,moe"),
      "recompute module 'moe' .Megatron-Core refuses it"),
     (dict(zero_stage=3), "ZeRO-3"),
-    (dict(cp=2, dp=2), "context parallelism"),
 ])
 def test_what_it_is_not_modelled_with_is_named(kw: dict[str, object], words: str) -> None:
     with pytest.raises(ConfigError, match=words):
@@ -384,18 +391,18 @@ def test_a_pipelined_merged_trace_holds_the_interleaved_nodes_and_steps_faster()
        tied=st.booleans(), selective=st.booleans(),
        system=st.sampled_from(["dgx-h100", "dgx-b200", "dgx-a100-80gb"]),
        gpn=st.sampled_from([2, 8]), fp8=st.booleans(), delay=st.booleans(),
-       tpo=st.booleans())
+       tpo=st.booleans(), cp=st.sampled_from([1, 2]))
 def test_pipelined_fast_path_within_0_2_percent_of_replay(
         pp: int, vpp: int, tp: int, dp: int, ep: int, rounds: int, group: bool, zero: int,
         gather: bool, shared: bool, dense: bool, mtp: bool, tied: bool, selective: bool,
-        system: str, gpn: int, fp8: bool, delay: bool, tpo: bool) -> None:
+        system: str, gpn: int, fp8: bool, delay: bool, tpo: bool, cp: int) -> None:
     """The walk of the merged units (``merged_walk``: each merged pass costed piece by piece
     from each of its inputs' arrival, its sends after its layers) lands on contention-free
     replay of the pipelined traces:
     pp 2–4, vpp 2–4, micro-batch groups, the dense first layer, MTP, shared experts, tied
     embeddings, selective recompute, ZeRO 0–2 with overlapped parameter gathers, BF16 or FP8,
-    deferred weight gradients or not, TP overlap or not, all-to-alls over NVLink or the NICs,
-    κ of H100/A100 and none on B200."""
+    deferred weight gradients or not, TP overlap or not, context parallelism or not,
+    all-to-alls over NVLink or the NICs, κ of H100/A100 and none on B200."""
     model = dataclasses.replace(PIPE, shared_expert_ffn_hidden_size=256 if shared else 0,
                                 first_dense_layers=int(dense), mtp_layers=int(mtp),
                                 tied_embeddings=tied)
@@ -403,7 +410,7 @@ def test_pipelined_fast_path_within_0_2_percent_of_replay(
     hw = dataclasses.replace(hw, node=dataclasses.replace(hw.node, gpus_per_node=gpn))
     m = rounds * pp
     try:
-        s = _pipe(pp=pp, vpp=vpp, tp=tp, dp=dp, ep=ep, global_batch_size=m * dp,
+        s = _pipe(pp=pp, vpp=vpp, tp=tp, dp=dp, cp=cp, ep=ep, global_batch_size=m * dp,
                   microbatch_group_size=pp + 1 if group and m > pp else 0, zero_stage=zero,
                   overlap_param_gather=gather and zero > 0, sequence_parallel=tp > 1,
                   tp_comm_overlap=tpo and tp > 1,

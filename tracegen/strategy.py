@@ -588,7 +588,7 @@ def _ep_overlap_problems(s: Strategy) -> list[str]:
     parallelism, no pipeline or an interleaved one, what Megatron-Core's TransformerConfig
     asserts beside it (no shared-expert overlap, no "moe" recompute module; no full recompute,
     as it asserted until 2026; its "bf16 or fp16" is the parameters' dtype, under which FP8
-    runs too), and neither ZeRO-3 nor context parallelism (not modelled with it here)."""
+    runs too), and no ZeRO-3 (not modelled with it here)."""
     out = []
     if s.ep < 2:
         out.append("overlap_moe_ep_comm overlaps expert-parallel all-to-alls: it needs ep > 1, "
@@ -614,8 +614,7 @@ def _ep_overlap_problems(s: Strategy) -> list[str]:
                        "recomputed MoE layer would dispatch again; recompute 'moe_act' instead)"),
                       (s.moe_shared_expert_overlap, "moe_shared_expert_overlap (Megatron-Core "
                        "refuses it)"),
-                      (s.zero_stage == 3, "ZeRO-3 (not modelled with it)"),
-                      (s.cp > 1, "context parallelism (not modelled with it)")):
+                      (s.zero_stage == 3, "ZeRO-3 (not modelled with it)")):
         if bad:
             out.append(f"overlap_moe_ep_comm does not run with {what}; drop one of the two")
     return out
