@@ -20,8 +20,9 @@ The pass ends when both passes and the stream are done. Blocking collectives ins
 (tensor parallelism's) hold the compute stream as in replay and are not slowed. A piece is
 costed as (kernel ns, overlapped collective ns) runs (``Costs.items_runs``), not as segments
 with each kernel's slowdown by its own collective already added: beside an all-to-all too, a
-kernel is slowed by both at once (1 + 2κ), not by one after the other ((1 + κ)², which put
-the fast path 0.2% above replay with TP overlap).
+kernel is slowed by both at once (1 + 2κ), as replay slows it, not by one after the other
+((1 + κ)²: up to 0.09 points above replay with TP overlap; mean |error| over 40 such draws
+0.033% → 0.022%).
 """
 
 from __future__ import annotations
