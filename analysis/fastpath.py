@@ -41,8 +41,8 @@ from analysis.pipeline_walk import (
     pipeline_ns,
     plain_tails,
     span_ns,
-    zero_bubble,
 )
+from analysis.zb_walk import zero_bubble
 from analysis.zbv_walk import zbv_first_forwards, zero_bubble_v
 from replay.hardware import SystemSpec, resolve_system
 from tracegen import ops as O
@@ -190,7 +190,7 @@ def _estimate(costs: Costs, stages: list[Stage], reps: list[int], alike: bool, h
 
 def _zero_bubble(costs: Costs, stages: list[Stage], reps: list[int], c: list[int],
                  alike: bool, hbm_bytes: int) -> FastEstimate:
-    """ZB-H1 and ZB-V: their passes walked (``pipeline_walk.zero_bubble``,
+    """ZB-H1 and ZB-V: their passes walked (``zb_walk.zero_bubble``,
     ``zbv_walk.zero_bubble_v``; ``Stage.bwd`` is then the B pass); each stage's gradient
     buckets drain beside each chunk's last W pass (``Stage.w_view``), which no other stage
     waits for, so no stage's tail moves another's end."""

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from analysis.dp_tails import slowed
-from tracegen.schedule import Step, stage_order, zb_h1
+from tracegen.schedule import Step, stage_order
 from tracegen.strategy import Strategy
 
 
@@ -92,7 +92,7 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
     every event moved by the busiest stage's work per round (the usual λ; for GPipe passes with
     two streams, ``_gpipe_round``) they are extrapolated from 2p. Otherwise further rounds are
     walked until their increments repeat with a period of up to ``CYCLE_ROUNDS`` rounds, and
-    cycled on (``_periodic``); failing that (and for m < 4p) the whole run is walked. Until the
+    cycled on (``periodic``); failing that (and for m < 4p) the whole run is walked. Until the
     seventeenth session two equal increments after 2p were taken for a period of one round; a
     1F1B pipeline of stages not alike whose sends pace it repeats every three, and came out
     0.8–1.2% too slow. The shortcut is not a proof: it matched the
@@ -133,7 +133,7 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
             assert walker.longest is not None
             return _certified_streams(s.order_id, p, v, walker, lam, *walker.longest)
 
-        return _periodic(walker.branched(), p, m, v, busiest, group=s.schedule_group,
+        return periodic(walker.branched(), p, m, v, busiest, group=s.schedule_group,
                          certify=certify_streams if s.schedule != "gpipe" else None)
 
     longest: list[int] = [0]  # the longest walk's micro-batches so far
@@ -150,7 +150,7 @@ def interleaved(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
         return _certified_gathers(s.order_id, lam, longest[0], held, fwd, bwd, c, early, late,
                                   hide)
 
-    return _periodic(walk, p, m, v, busiest, group=s.schedule_group,
+    return periodic(walk, p, m, v, busiest, group=s.schedule_group,
                      certify=certify if s.schedule != "gpipe" else None)
 
 
@@ -184,7 +184,7 @@ def plain_tails(s: Strategy, fwd: list[tuple[int, ...]], bwd: list[tuple[int, ..
 
 
 def _plain_periodic(s: Strategy, plain: _Plain) -> Walked:
-    """``_periodic`` over a plain walk; for 1F1B with its exact steady rate, for the interleaved
+    """``periodic`` over a plain walk; for 1F1B with its exact steady rate, for the interleaved
     schedule with a certificate that the busiest stage's work is its rate (``_certified``)."""
     rate = one_f_one_b_rate(plain.cost[:s.pp], plain.cost[s.pp:], plain.c) if (
         s.schedule == "1f1b") else None
@@ -193,7 +193,7 @@ def _plain_periodic(s: Strategy, plain: _Plain) -> Walked:
         def certify(lam: int) -> bool:
             assert plain.longest is not None
             return _certified(s.order_id, s.pp, s.vpp, plain, lam, *plain.longest)
-    return _periodic(plain.branched(), s.pp, s.num_microbatches, s.vpp, plain.busiest, rate,
+    return periodic(plain.branched(), s.pp, s.num_microbatches, s.vpp, plain.busiest, rate,
                      s.schedule_group, certify)
 
 
@@ -370,115 +370,6 @@ def tail_deps(tails: list[list[Step]]) -> tuple[list[dict[Step, int]], list[list
     return where, deps
 
 
-@functools.lru_cache(maxsize=8)  # (a plan holds 2·m·p steps: 5 MiB at m 1,536, pp 16)
-def _zb_plan(m: int, p: int) -> tuple[tuple[int, int, int, int, int], ...]:
-    """ZB-H1's forwards and B passes (``tracegen.schedule.zb_h1``) in an order that respects
-    each stage's order and every wait (a forward after the previous stage's, a B after the next
-    stage's), each as (stage, its cost index kind·p + stage for kind 0/1 = F/B, the index of
-    the pass it waits for in the walk's ends or −1, the index of the send it then pays — stage
-    − 1 for a forward, the stage for a B —, and n·p + stage, the index of what the n W passes
-    that follow it on its stage cost). A W waits for nothing but its stage's pass before it,
-    and nothing waits for a W but its stage's next pass, so each run of W's rides on the pass
-    before it (one step in three fewer than walking them)."""
-    orders = [_folded(zb_h1(m, p, st)) for st in range(p)]
-    placed = [[[-1] * m for _ in range(p)] for _ in range(2)]  # F's and B's places in the plan
-    pos, plan = [0] * p, list[tuple[int, int, int, int, int]]()
-    while len(plan) < 2 * m * p:
-        for st in range(p):
-            order, at = orders[st], pos[st]
-            while at < 2 * m:
-                kind, j, n = order[at]
-                waits = (kind == 0 and st > 0) or (kind == 1 and st < p - 1)
-                dep = placed[kind][st - 1 if kind == 0 else st + 1][j] if waits else -1
-                if waits and dep < 0:
-                    break  # (what it waits for is not placed yet)
-                placed[kind][st][j] = len(plan)
-                plan.append((st, kind * p + st, dep, st - 1 if kind == 0 else st, n * p + st))
-                at += 1
-            pos[st] = at
-    return tuple(plan)
-
-
-def _folded(order: list[Step]) -> list[tuple[int, int, int]]:
-    """A stage's ZB-H1 order as its forwards and B passes, (kind 0/1, micro-batch, how many W
-    passes follow it). Every W follows a B or another W (``zb_h1``), at most p of them in a
-    row (the last B's, after those its stage deferred)."""
-    out: list[tuple[int, int, int]] = []
-    for ph, j, _ in order:
-        if ph == "W":
-            kind, mb, n = out[-1]
-            out[-1] = (kind, mb, n + 1)
-        else:
-            out.append((0 if ph == "F" else 1, j, 0))
-    return out
-
-
-def zero_bubble(m: int, f: list[int], b: list[int], w: list[int], c: list[int]) -> list[int]:
-    """ZB-H1: when each stage ends its last pass (the last micro-batch's W, whose weight
-    gradients fill the buckets). A forward starts after the stage's previous pass and the
-    previous stage's forward plus one send, a B after the next stage's B plus one send, a W
-    after the stage's previous pass (Qi et al. 2024 §3; the same waits replay follows in the
-    trace). The 1F1B closed form does not hold — a stage's steady period is F + B + W and its
-    cooldown is paced by the Bs — so the passes are walked (``_zb_walk``), from 4p micro-batches
-    on with ``_periodic``'s shortcut at the schedule's exact steady rate (``zb_h1_rate``): the
-    walks of p + r and 2p + r micro-batches (r = m mod p), extrapolated by whole rounds where
-    the second adds p times the rate to every stage's end, and walked on round by round (at
-    worst the whole run) where it does not. A test holds the shortcut equal to the whole walk
-    on random costs."""
-    p = len(f)
-    if m < 4 * p:
-        return _zb_walk(m, f, b, w, c)
-    rate = zb_h1_rate(f, b, w, c)
-    ends, _ = _periodic(lambda n: _zb_ends(n, f, b, w, c), p, m, 1, 0, rate)
-    return ends
-
-
-def _zb_ends(m: int, f: list[int], b: list[int], w: list[int], c: list[int]) -> Walked:
-    """``_zb_walk`` as ``_periodic`` reads a walk (each stage one chunk)."""
-    ends = _zb_walk(m, f, b, w, c)
-    return ends, [[e] for e in ends]
-
-
-def zb_h1_rate(f: list[int], b: list[int], w: list[int], c: list[int]) -> tuple[int, int]:
-    """(W, A): ZB-H1's steady time per micro-batch as the ratio W / A, the max-plus eigenvalue of
-    its steady order (the largest weight-per-advance of a cycle; Baccelli et al. 1992, ch. 3),
-    as ``one_f_one_b_rate`` finds 1F1B's. Stage s runs F(j + w_s), B(j), W(j − s), w_s = p − s − 1
-    (``tracegen.schedule.zb_h1``), so its cycles are each stage's F + B + W (advance one
-    micro-batch) and each round trip from stage s up to t and back, F_s … F_t, B_t … B_s, then
-    the W and the next F on stage s: Σ_{u=s..t}(f_u + b_u) + 2·Σ_{u=s..t−1} c_u + w_s over an
-    advance of w_s − w_t + 1 = t − s + 1 micro-batches (a W waits for nothing else, so no other
-    stage's W is on a cycle)."""
-    best_w, best_a = max(x + y + z for x, y, z in zip(f, b, w, strict=True)), 1
-    p = len(f)
-    for s in range(p - 1):
-        run = f[s] + b[s]
-        for t in range(s + 1, p):
-            run += f[t] + b[t] + 2 * c[t - 1]
-            if (run + w[s]) * best_a > best_w * (t - s + 1):
-                best_w, best_a = run + w[s], t - s + 1
-    return best_w, best_a
-
-
-def _zb_walk(m: int, f: list[int], b: list[int], w: list[int], c: list[int]) -> list[int]:
-    """ZB-H1 walked pass by pass, its 2·m·p forwards and B passes each with the W passes that
-    follow it (``_zb_plan``; ``zero_bubble``)."""
-    p = len(f)
-    clock = [0] * p
-    cost = [*f, *b]
-    extra = [n * x for n in range(p + 1) for x in w]  # n W passes on a stage
-    plan = _zb_plan(m, p)
-    ends = [0] * len(plan)
-    for i, (st, k, dep, send, x) in enumerate(plan):
-        start = clock[st]
-        if dep >= 0:
-            ready = ends[dep] + c[send]
-            if ready > start:
-                start = ready
-        ends[i] = start = start + cost[k]
-        clock[st] = start + extra[x]
-    return clock
-
-
 def first_forwards(p: int, v: int, fwd: list[tuple[int, ...]], c: list[int], group: int = 0
                    ) -> list[list[int]]:
     """When each stage starts its first forward of each chunk under Megatron's interleaved order
@@ -504,7 +395,7 @@ def first_forwards(p: int, v: int, fwd: list[tuple[int, ...]], c: list[int], gro
     return out
 
 
-# The longest period, in rounds of p micro-batches, that ``_periodic`` looks for. A max-plus
+# The longest period, in rounds of p micro-batches, that ``periodic`` looks for. A max-plus
 # system's increments settle into a cycle of some length (its cyclicity; Baccelli et al. 1992,
 # ch. 3), not always one round: a 1F1B pipeline of stages not alike whose sends pace it went
 # 32.5, 34.3, 34.3, 32.5, … ms a round, which two equal increments had taken for a period of one.
@@ -530,7 +421,7 @@ def one_f_one_b_rate(f: list[int], b: list[int], c: list[int]) -> tuple[int, int
     return best_w, best_a
 
 
-def _periodic(walk: Callable[[int], Walked], p: int, m: int, v: int, busiest: float,
+def periodic(walk: Callable[[int], Walked], p: int, m: int, v: int, busiest: float,
               rate: tuple[int, int] | None = None, group: int = 0,
               certify: Callable[[int], bool] | None = None) -> Walked:
     """``interleaved``'s shortcut over ``walk`` (the walk of so many micro-batches): walks of
@@ -774,7 +665,7 @@ class _Walker:
         raise NotImplementedError
 
     def branched(self) -> Callable[[int], Walked]:
-        """A walk function for ``_periodic``: each walk branches from the longest one before
+        """A walk function for ``periodic``: each walk branches from the longest one before
         (kept in ``longest``: its micro-batches and slots)."""
         self.longest: tuple[int, Slots] | None = None
 

@@ -205,7 +205,7 @@ def _as_whole_walk(monkeypatch: pytest.MonkeyPatch, s: Strategy) -> None:
     model, system = get_model("llama2-70b"), get_system("dgx-h100")
     fastpath.clear_cache()
     got = fastpath.estimate(model, s, system).step_time_s
-    monkeypatch.setattr(W, "_periodic", lambda walk, p, m, v, *a, **k: walk(m))
+    monkeypatch.setattr(W, "periodic", lambda walk, p, m, v, *a, **k: walk(m))
     fastpath.clear_cache()
     assert got == fastpath.estimate(model, s, system).step_time_s
     fastpath.clear_cache()

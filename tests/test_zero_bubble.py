@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from analysis.compare import evaluate_strategy
 from analysis.fastpath import estimate
-from analysis.pipeline_walk import zb_h1_rate, zero_bubble
 from analysis.study import study_from_dict
 from analysis.sweep import enumerate_space
+from analysis.zb_walk import zb_h1_rate, zero_bubble
 from replay import get_system, replay
 
 # the fast path's toy models (h 256, 8 heads of 32, 4 KV heads, SwiGLU 512, 256 tokens; the
@@ -105,7 +105,7 @@ _COSTS = st.lists(st.integers(0, 400), min_size=1, max_size=10)
 @example(data=None, p=4, rounds=10, r=0, equal=True)  # a transient of two rounds
 def test_the_fast_paths_walk_is_the_schedules(data: st.DataObject | None, p: int, rounds: int,
                                               r: int, equal: bool) -> None:
-    """``pipeline_walk.zero_bubble`` (W passes riding on the pass before them, and from 4p
+    """``zb_walk.zero_bubble`` (W passes riding on the pass before them, and from 4p
     micro-batches on the shortcut at ``zb_h1_rate``) gives each stage's end exactly as
     walking every pass of the schedule does, for any costs and sends: stages alike but for
     the ends (as a model's are) or each its own."""
@@ -254,7 +254,7 @@ def test_the_fast_path_walks_zb_h1_as_replay_runs_it(tp: int, pp: int, dp: int, 
                                                        tied: bool, uneven: bool, mtp: int,
                                                        system: str, gpn: int,
                                                        regather: bool) -> None:
-    """Within 2% of contention-free replay (``pipeline_walk.zero_bubble`` and the buckets
+    """Within 2% of contention-free replay (``zb_walk.zero_bubble`` and the buckets
     beside the last W pass, ``Stage.w_view``), with and without ``zb_w_regather``; every draw
     came out within 2e-4 (within 1e-5 without regathering)."""
     model = dataclasses.replace(MOE if ep else MODEL, tied_embeddings=tied, mtp_layers=mtp)

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from analysis import zbv_walk
 from analysis.fastpath import estimate
-from analysis.pipeline_walk import Opened, pipeline_ns, zero_bubble
+from analysis.pipeline_walk import Opened, pipeline_ns
+from analysis.zb_walk import zero_bubble
 from analysis.zbv_walk import zero_bubble_v
 from replay import get_system
 from tests.conftest import replayed
