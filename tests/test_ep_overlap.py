@@ -5,6 +5,7 @@ path, its memory, and what it is not modelled with."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import tempfile
 from pathlib import Path
 
@@ -322,6 +323,13 @@ def test_the_cli_flag_reaches_the_estimate_and_the_label(tmp_path: Path) -> None
     said = [" ".join(x.stdout.split()) for x in (got, plain)]
     assert "2.4 times the measured one" in said[0] and "read the step time" in said[0]
     assert "combined 1F1B" not in said[1]
+    # ... and the other end of the range beside it: the same strategy without merging
+    unmerged = float(said[0].split("without the merged passes: step time ")[1].split(" s")[0])
+    assert unmerged == pytest.approx(step[1], abs=1e-4)
+    assert "without the merged passes" not in said[1]
+    other = json.loads(out.read_text())["without_merged_passes"]
+    assert other["step_time_s"] == pytest.approx(step[1], abs=1e-4)
+    assert other["saved_at_most_s"] == pytest.approx(step[1] - step[0], abs=1e-3)
 
 
 # ---- on an interleaved pipeline (combined_1f1b_schedule_for_interleaved_pipelining) ----------
