@@ -19,6 +19,7 @@ from analysis.cli_common import (
     note_combined_1f1b,
     note_param_gather,
     note_precision,
+    note_zero2,
     output_file,
     table_file,
     write_table,
@@ -126,6 +127,7 @@ def estimate_cmd(
         if not (mixed.fits or (balanced is not None and balanced[1].fits)):
             _print_mixed_hints(spec, strategy, sys_spec, chosen)
     note_param_gather(strategy)
+    note_zero2(strategy)
     note_combined_1f1b([strategy.overlap_moe_ep_comm])
     unmerged = _print_unmerged(spec, strategy, sys_spec, g) if (
         strategy.overlap_moe_ep_comm and mixed is None) else None

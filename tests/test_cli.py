@@ -53,6 +53,24 @@ def test_overlap_param_gather_is_recorded_and_flagged_where_it_does_nothing(tmp_
     assert "--overlap-param-gather changes nothing at --zero 0" in r.stdout
 
 
+@pytest.mark.parametrize(("zero", "gbs", "said"), [
+    (2, "8", True),  # 4 micro-batches a replica accumulate: the note
+    (2, "2", False),  # one micro-batch: one reduce-scatter either way
+    (1, "8", False),  # Megatron's distributed optimizer: what is costed
+])
+def test_zero2_says_how_its_gradients_are_reduced(zero: int, gbs: str, said: bool) -> None:
+    """ZeRO-2 is costed with one reduce-scatter a step and the gradient shard in memory; where
+    micro-batches accumulate, estimate says that frameworks freeing the gradients reduce every
+    micro-batch (and how many reduce-scatters that is)."""
+    r = run("estimate", "--model", "gpt-1.7b", "--gpus", "2", "--mbs", "1", "--gbs", gbs,
+            "--zero", str(zero), "--system", "dgx-h100")
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert ("--zero 2 is costed with one gradient reduce-scatter a step" in text) is said
+    if said:
+        assert "reduce every micro-batch's gradients to free them, 4 reduce-scatters" in text
+
+
 def test_bad_input_is_one_plain_line_not_a_traceback(tmp_path: Path) -> None:
     r = run("tracegen", "--model", "llama3-8b", "--gpus", "8", "--tp", "3", "--mbs", "1",
             "--gbs", "8", "-o", str(tmp_path))
