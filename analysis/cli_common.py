@@ -276,6 +276,12 @@ def note_combined_1f1b(overlaps: Iterable[bool]) -> None:
         console.print(COMBINED_1F1B_NOTE)
 
 
+ZERO2_NOTE = ("note: ZeRO-2 is costed with one gradient reduce-scatter a step, after the last "
+              "micro-batch (as Megatron's distributed optimizer reduces), and with only the "
+              "gradient shard in memory; DeepSpeed's ZeRO-2 and PyTorch FSDP's SHARD_GRAD_OP "
+              "reduce every micro-batch's gradients to free them")
+
+
 def note_zero2(strategy: Strategy) -> None:
     """ZeRO-2's memory holds the gradient shard, its communication is Megatron's distributed
     optimizer's (one reduce-scatter a step): say so where micro-batches accumulate, since the
@@ -283,12 +289,14 @@ def note_zero2(strategy: Strategy) -> None:
     Llama 3 study)."""
     if strategy.zero_stage == 2 and strategy.dp * strategy.cp > 1 and (
             strategy.num_microbatches > 1):
-        console.print("note: --zero 2 is costed with one gradient reduce-scatter a step, after "
-                      "the last micro-batch (as Megatron's distributed optimizer reduces), and "
-                      "with only the gradient shard in memory; DeepSpeed's ZeRO-2 and PyTorch "
-                      "FSDP's SHARD_GRAD_OP reduce every micro-batch's gradients to free them, "
-                      f"{strategy.num_microbatches} reduce-scatters a step here: their step may "
-                      "be longer than this one")
+        console.print(f"{ZERO2_NOTE}, {strategy.num_microbatches} reduce-scatters a step here: "
+                      "their step may be longer than this one")
+
+
+def note_zero2_study(stages: Iterable[int]) -> None:
+    """``note_zero2`` once for a study whose strategies (or space) hold ZeRO-2."""
+    if 2 in set(stages):
+        console.print(f"{ZERO2_NOTE}: their steps may be longer than these ZeRO-2 ones")
 
 
 def note_param_gather(strategy: Strategy) -> None:

@@ -19,6 +19,7 @@ from analysis.cli_common import (
     console,
     note_combined_1f1b,
     note_precision,
+    note_zero2_study,
     output_dir,
     output_file,
     progress_bar,
@@ -377,6 +378,7 @@ def compare_cmd(
     st = _resolve_study(study)
     note_precision({x.precision for x in st.strategies} or {"bf16"}, st.system)
     note_combined_1f1b(x.overlap_moe_ep_comm for x in st.strategies)
+    note_zero2_study(x.zero_stage for x in st.strategies)
     if not st.strategies:
         raise ConfigError("the study lists no [[strategies]]; use `trainsim sweep` for a search "
                           "space", what="study")
@@ -501,11 +503,13 @@ def _print_space(st: Study) -> None:
 
 
 def _note_space(st: Study) -> None:
-    """What a combined-1F1B estimate is worth, where the space searched runs it (its values
-    checked first: a malformed dimension is refused with its message)."""
+    """What a combined-1F1B estimate, and a ZeRO-2 one, is worth, where the space searched
+    runs it (its values checked first: a malformed dimension is refused with its message)."""
     from analysis.sweep import search_space
 
-    note_combined_1f1b(bool(x) for x in search_space(st).get("overlap_moe_ep_comm", []))
+    space = search_space(st)
+    note_combined_1f1b(bool(x) for x in space.get("overlap_moe_ep_comm", []))
+    note_zero2_study(int(x) for x in space.get("zero_stage", []))
 
 
 def _print_cluster(st: Study) -> None:

@@ -66,9 +66,32 @@ def test_zero2_says_how_its_gradients_are_reduced(zero: int, gbs: str, said: boo
             "--zero", str(zero), "--system", "dgx-h100")
     assert r.returncode == 0, r.stderr
     text = " ".join(r.stdout.split())
-    assert ("--zero 2 is costed with one gradient reduce-scatter a step" in text) is said
+    assert ("ZeRO-2 is costed with one gradient reduce-scatter a step" in text) is said
     if said:
         assert "reduce every micro-batch's gradients to free them, 4 reduce-scatters" in text
+
+
+def test_a_study_with_zero2_says_it_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                         ) -> None:
+    """``compare`` (its strategies) and ``sweep`` / ``scale`` (the ZeRO stages searched): the
+    ZeRO-2 note once where any strategy is ZeRO-2, nothing where none is."""
+    import dataclasses
+
+    from analysis.cli_common import note_zero2_study
+    from analysis.cli_study import _note_space
+    from analysis.study import load_study
+    from tests.studies import write_study
+
+    note_zero2_study(iter([1, 2, 2]))
+    assert capsys.readouterr().out.count("note: ZeRO-2 is costed") == 1
+    note_zero2_study([0, 1, 3])
+    assert capsys.readouterr().out == ""
+    study = load_study(write_study(tmp_path / "s", strategies=False, failures=False,
+                                   search=True))
+    _note_space(dataclasses.replace(study, search={**study.search, "zero_stage": [1, 2]}))
+    assert capsys.readouterr().out.count("note: ZeRO-2 is costed") == 1
+    _note_space(dataclasses.replace(study, search={**study.search, "zero_stage": [0, 1]}))
+    assert capsys.readouterr().out == ""
 
 
 def test_bad_input_is_one_plain_line_not_a_traceback(tmp_path: Path) -> None:
