@@ -188,6 +188,7 @@ def resilience_cmd(
                "to train under these failures, and `trainsim report` on its folder writes the "
                "best as a [[strategies]] table to add here" if study.search else ""),
             what="study")
+    note_zero2_study(x.zero_stage for x in study.strategies)
     out: dict[str, Any] = {}
     shapes: dict[str, Any] = {}
     for s, name in zip(study.strategies, _strategy_names(study.strategies), strict=True):
