@@ -77,6 +77,23 @@ def test_an_all_to_all_longer_than_the_compute_beside_it_sets_the_pace() -> None
     assert clock.end() == 205
 
 
+def test_a_kernel_beside_its_own_collective_and_an_all_to_all_is_slowed_by_both() -> None:
+    """κ = 0.5, an all-to-all in flight over [0, 100) and a 30 ns kernel issued at 0 with a
+    40 ns TP collective beside it (TP overlap): two collectives in flight until 40, so the
+    kernel runs at 1/(1 + 2κ) — 20 ns of work by 40 — then at 1/(1 + κ) beside the all-to-all
+    alone: the last 10 ns take 15, ending at 55 (replay/sim.py's rule; slowing it by its own
+    collective first, to 43⅓, and by the all-to-all after, ×1.5, as the pieces were costed
+    until the fifty-second session, ended it at 65)."""
+    clock = PassClock(0.5)
+    clock.all_to_all("B", 100)
+    clock.run("F", ((30, 40),))
+    assert clock.compute == pytest.approx(55, abs=1e-9)
+    # a collective longer than its kernel holds the piece until it ends
+    clock = PassClock(0.5)
+    clock.run("F", ((10, 40),))
+    assert clock.compute == pytest.approx(40, abs=1e-9)
+
+
 def _work(nodes: list[NodeRec]) -> list[tuple[str, int, object, object]]:
     return sorted((n.name, n.type, n.attrs.get("num_ops"), n.attrs.get("comm_size"))
                   for n in nodes)
@@ -93,9 +110,9 @@ def test_merging_reorders_the_same_work_and_saves_time(kw: dict[str, object]) ->
     context parallelism, its ring or all-gather of K/V in the attention pieces."""
     ranks, merged_s, plain_s = _against_unmerged(MOE, _strategy(**kw))
     assert ranks and merged_s < plain_s
-    if kw.get("tp_comm_overlap"):  # the first merged pass's first all-gather runs beside its
-        # GEMM, off the chain:
-        # both start after the norm, and the node after the GEMM waits for the two
+    if kw.get("tp_comm_overlap"):
+        # the first merged pass's first all-gather runs beside its GEMM, off the chain: both
+        # start after the norm, and the node after the GEMM waits for the two
         by_name = {n.name: n for n in ranks[0]}
         ag, gemm = by_name["F1.c0.L0.ln1_ag"], by_name["F1.c0.L0.qkv"]
         assert ag.data_deps == gemm.data_deps
