@@ -56,6 +56,7 @@ class PassClock:
         # wait for the compute stream only)
         self.ready = {"F": 0.0, "B": 0.0, "W": 0.0}
         self.flights: list[tuple[float, float]] = []  # the all-to-alls' [start, end)
+        self._past = 0  # flights[:_past] ended before the compute stream's time
 
     def run(self, name: str, runs: Runs) -> None:
         """A piece of ``name``'s pass: its (kernel ns, collective ns) runs in order, each
@@ -65,9 +66,11 @@ class PassClock:
             return
         t = max(self.compute, self.ready[name])
         for work, coll in runs:
-            start = t
-            t = self._kernel(t, work, start + coll) if work else t
-            t = max(t, start + coll)
+            end = t + coll
+            if work:
+                t = self._kernel(t, work, end)
+            if end > t:
+                t = end
         self.compute = self.ready[name] = t
 
     def all_to_all(self, name: str, ns: int) -> None:
@@ -81,20 +84,29 @@ class PassClock:
     def _kernel(self, t: float, work: float, beside_until: float) -> float:
         """When compute of ``work`` ns started at ``t`` ends, at 1/(1 + κ·n) of its speed
         while n collectives run beside it: an all-to-all in flight, and its own overlapped
-        collective until ``beside_until``."""
+        collective until ``beside_until``. (The compute stream's time only grows, and the
+        flights are in order and disjoint — one stream —, so the search starts at the first
+        flight not yet over.)"""
         if not self.kappa:
             return t + work
+        flights, i = self.flights, self._past
+        while i < len(flights) and flights[i][1] <= t:
+            i += 1
+        self._past = i
+        if t >= beside_until and (i == len(flights) or flights[i][0] >= t + work):
+            return t + work  # nothing beside it (the common case: most kernels run alone)
         while True:
-            n, turn = int(t < beside_until), beside_until if t < beside_until else math.inf
-            for start, stop in self.flights:  # in order and disjoint: one stream
-                if stop > t:
-                    n, turn = (n + 1, min(turn, stop)) if start <= t else (n, min(turn, start))
-                    break
+            n, turn = (1, beside_until) if t < beside_until else (0, math.inf)
+            if i < len(flights):
+                start, stop = flights[i]
+                n, turn = (n + 1, min(turn, stop)) if start <= t else (n, min(turn, start))
             rate = 1 + self.kappa * n
             if work * rate <= turn - t:
                 return t + work * rate
             work -= (turn - t) / rate
             t = turn
+            while i < len(flights) and flights[i][1] <= t:
+                i += 1
 
 
 # (runs, the deferred weight gradients' or None, the all-to-all's ns or None)

@@ -123,5 +123,40 @@ def main() -> None:
           f"{max(s.num_microbatches for s in zbv4)} micro-batches): "
           f"{statistics.median(rates):,.0f} strategies/s median of 3")
 
+    _combined_1f1b()
+
+
+def moe_strategies(merged: bool) -> list[Strategy]:
+    """Qwen3-30B-A3B on 64 H100s: tp 1-2, pp 1 or interleaved pp 2-4 with vpp 2, ep 8-16,
+    micro-batch 1-2, selective recompute of the experts' activation or none, each with or
+    without combined 1F1B (--overlap-moe-expert-parallel-comm, and its deferred weight
+    gradients half the time)."""
+    out = []
+    for tp, pp, ep, mbs, rc, delay in itertools.product(
+            (1, 2), (1, 2, 4), (8, 16), (1, 2), ("none", "selective"), (False, True)):
+        try:
+            out.append(Strategy(
+                tp=tp, pp=pp, dp=64 // (tp * pp), ep=ep, micro_batch_size=mbs,
+                global_batch_size=512, zero_stage=1, sequence_parallel=tp > 1,
+                recompute=rc, recompute_modules="moe_act" if rc == "selective" else "core_attn",
+                vpp=2 if pp > 1 else 1, schedule="interleaved_1f1b" if pp > 1 else "1f1b",
+                overlap_moe_ep_comm=merged, delay_wgrad_compute=merged and delay))
+        except ConfigError:
+            continue
+    return out
+
+
+def _combined_1f1b() -> None:
+    """Combined 1F1B's merged passes are walked piece by piece (``analysis/merged_pass.py``):
+    the same MoE space screened with and without them."""
+    model, system = get_model("qwen3-30b-a3b"), get_system("dgx-h100")
+    for merged in (False, True):
+        cands = moe_strategies(merged)
+        rates = gc_paused(rate)(model, system, cands, 3)
+        print(f"  Qwen3-30B-A3B on 64 H100s, {len(cands)} strategies "
+              f"{'with' if merged else 'without'} combined 1F1B: "
+              f"{statistics.median(rates):,.0f} strategies/s median of 3")
+
+
 if __name__ == "__main__":
     main()
