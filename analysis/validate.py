@@ -211,8 +211,10 @@ def _cell_problems(row: dict[str, Any]) -> list[str]:
     out: list[str] = []
     measured = row["measured_iter_time_s"]
     if measured is None:
-        out.append("measured_iter_time_s missing (and no measured_tokens_per_s_per_gpu to "
-                   "derive it from)")
+        out.append("measured_iter_time_s missing (" + (
+            "measured_tokens_per_s_per_gpu gives it once global_batch_size, seq_len and "
+            "num_gpus are given" if _throughput(row) else
+            "and no measured_tokens_per_s_per_gpu to derive it from") + ")")
     elif measured <= 0:
         out.append(f"measured_iter_time_s must be > 0, got {measured}")
     missing = _missing(row, MODEL_FIELDS + STRATEGY_FIELDS)
@@ -598,21 +600,28 @@ def _step_from_throughput(row: dict[str, Any]) -> dict[str, Any]:
     ``from_tokens_per_s`` derivation (shared/validation/README.md), exact arithmetic on a
     measurement, not an assumption; the row says so. (MFU or TFLOP/s alone would need the
     source's FLOP formula: such rows stay skipped.)"""
-    if row.get("measured_iter_time_s") is not None:
-        return row
-    try:
-        per_gpu = float(row.get("measured_tokens_per_s_per_gpu") or "nan")
-    except (TypeError, ValueError):
+    per_gpu = _throughput(row)
+    if row.get("measured_iter_time_s") is not None or per_gpu is None:
         return row
     gbs, seq, gpus = (row.get(k) for k in ("global_batch_size", "seq_len", "num_gpus"))
-    if not (math.isfinite(per_gpu) and per_gpu > 0 and isinstance(gbs, int)
-            and isinstance(seq, int) and isinstance(gpus, int) and gpus > 0):
+    if not (isinstance(gbs, int) and isinstance(seq, int) and isinstance(gpus, int)
+            and gpus > 0):
         return row
     step_s = gbs * seq / (per_gpu * gpus)
     return {**row, "measured_iter_time_s": step_s,
             DERIVED: f"measured_iter_time_s {step_s:.4g} s from measured_tokens_per_s_per_gpu "
                      f"{per_gpu:g} (global_batch_size × seq_len ÷ (tokens/s per GPU × "
                      "num_gpus): the row gives no step time)"}
+
+
+def _throughput(row: dict[str, Any]) -> float | None:
+    """The row's measured tokens/s per GPU where it gives a usable one (the column is text:
+    not an input, so an unreadable cell is just absent)."""
+    try:
+        per_gpu = float(row.get("measured_tokens_per_s_per_gpu") or "nan")
+    except (TypeError, ValueError):
+        return None
+    return per_gpu if math.isfinite(per_gpu) and per_gpu > 0 else None
 
 
 def _assumptions(assume: dict[str, Any]) -> dict[str, Any]:
@@ -744,11 +753,8 @@ THROUGHPUT_MISMATCH = 2.0
 def _disagrees_with_throughput(row: dict[str, Any], inputs: RunInputs) -> str | None:
     """The step time the row's measured tokens/s per GPU implies (global batch × sequence ÷
     (tokens/s per GPU × GPUs)), where the row has one, against its measured step time."""
-    try:
-        per_gpu = float(row.get("measured_tokens_per_s_per_gpu") or "nan")
-    except (TypeError, ValueError):
-        return None  # not an input: an unreadable cell here changes no prediction
-    if not (math.isfinite(per_gpu) and per_gpu > 0):
+    per_gpu = _throughput(row)
+    if per_gpu is None:
         return None
     s, measured = inputs.strategy, row["measured_iter_time_s"]
     implied = s.global_batch_size * inputs.model.seq_len / (per_gpu * s.world_size)

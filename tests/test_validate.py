@@ -581,6 +581,12 @@ def test_a_step_time_left_out_is_derived_from_the_rows_throughput(tmp_path: Path
                               measured_tokens_per_s_per_gpu=""), fast=True)["status"].item()
     assert none == ("skipped: measured_iter_time_s missing (and no measured_tokens_per_s_per_gpu "
                     "to derive it from)")
+    # a throughput without the batch to read it by says what it waits for
+    short = validate(_row_file(tmp_path, "mpt-07", measured_iter_time_s="",
+                               global_batch_size=""), fast=True)["status"].item()
+    assert short.startswith("skipped: measured_iter_time_s missing (measured_tokens_per_s_per_"
+                            "gpu gives it once global_batch_size, seq_len and num_gpus are "
+                            "given); global_batch_size missing"), short
 
 
 def test_enum_cells_are_read_case_insensitively(tmp_path: Path) -> None:
