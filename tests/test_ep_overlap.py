@@ -100,6 +100,8 @@ def _work(nodes: list[NodeRec]) -> list[tuple[str, int, object, object]]:
 
 
 @pytest.mark.parametrize("kw", [{}, dict(tp=2, sequence_parallel=True, tp_comm_overlap=True),
+                                dict(tp=2, sequence_parallel=True, tp_comm_overlap=True,
+                                     moe_dispatcher="deepep"),
                                 dict(cp=2, dp=2, ep=2),
                                 dict(cp=2, dp=2, ep=2, cp_comm_type="all_gather")])
 def test_merging_reorders_the_same_work_and_saves_time(kw: dict[str, object]) -> None:
@@ -117,6 +119,16 @@ def test_merging_reorders_the_same_work_and_saves_time(kw: dict[str, object]) ->
         ag, gemm = by_name["F1.c0.L0.ln1_ag"], by_name["F1.c0.L0.qkv"]
         assert ag.data_deps == gemm.data_deps
         assert {ag.id, gemm.id} <= set(by_name["F1.c0.L0.rope"].data_deps)
+        # the dispatch waits for the tokens it sends, the all-gather beside the router (with
+        # DeepEP the router is its piece's last node, and it had waited for the router alone)
+        by_id = {n.id: n for n in ranks[0]}
+        seen, todo = set(), [by_name["F1.c0.L0.moe_dispatch"].id]
+        while todo:
+            for d in by_id[todo.pop()].data_deps:
+                if d not in seen:
+                    seen.add(d)
+                    todo.append(d)
+        assert by_name["F1.c0.L0.ln2_ag"].id in seen
 
 
 def test_tp_overlap_beside_merged_passes_saves_what_it_saves_without_them() -> None:
