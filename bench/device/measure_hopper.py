@@ -462,7 +462,14 @@ def main() -> int:
     ap.add_argument("--hold-s", type=float, default=8.0, help="sustained window, seconds")
     ap.add_argument("--only", nargs="*", help="run these sections only")
     ap.add_argument("--out", help="write the results as JSON here (after every section)")
-    args = ap.parse_args()
+    return run_sections(SECTIONS, ap.parse_args())
+
+
+def run_sections(sections: list[tuple[str, Callable[..., list[Row]]]],
+                 args: argparse.Namespace) -> int:
+    """Run each section (all, or those in ``args.only``), print its rows, and rewrite
+    ``args.out`` as JSON after every one; a failing section records its traceback. Exit
+    status 2, with a message, where PyTorch or a CUDA device is missing."""
     try:
         import torch
     except ImportError:
@@ -472,7 +479,7 @@ def main() -> int:
         print("no CUDA device: this script is for the device machine", file=sys.stderr)
         return 2
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d")}
-    for name, fn in SECTIONS:
+    for name, fn in sections:
         if args.only and name not in args.only:
             continue
         t0 = time.time()
