@@ -16,7 +16,7 @@ from replay.attention_kernels import with_attention_kernel
 from replay.compute import RooflineCompute, curve_call_flop
 from replay.hardware import SystemSpec
 from tracegen.errors import ConfigError
-from tracegen.ops import gemm
+from tracegen.ops import gemm, grouped_gemm, grouped_gemm_bwd
 from tracegen.units import DTYPE_CODE
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "device" / "results"
@@ -50,6 +50,33 @@ def held_gemms(run: dict[str, Any], system: SystemSpec) -> pl.DataFrame:
     frame = pl.DataFrame(rows)
     return frame.with_columns(
         ((pl.col("model_tflops") / pl.col("measured_tflops") - 1) * 100).alias("error_pct"))
+
+
+def grouped_gemms(run: dict[str, Any], system: SystemSpec) -> pl.DataFrame:
+    """Per measured group of expert GEMMs (``measure_moe_overlap.py``'s ``grouped_gemm``: g
+    experts of m tokens, one cuBLAS GEMM each on Transformer Engine's four streams): the
+    measured milliseconds, the compute model's for the grouped op at the burst clock the
+    calls ran at, and the one GEMM of all g·m rows — measured, and as the model times it."""
+    burst = dataclasses.replace(system.gpu, sustained_clock_ratio=1.0)
+    model, rows = RooflineCompute(burst), []
+
+    def ms(op: Any) -> float:
+        return model.op_ns("gemm", op.flop, op.bytes, op.m, op.n, DTYPE_CODE["bf16"], False,
+                           op.k, op.splits, op.groups) / 1e6
+
+    for r in run.get("grouped_gemm", []):
+        if "streams_ms" not in r:
+            continue
+        m, n, k, g = r["m"], r["n"], r["k"], r["g"]
+        fwd = grouped_gemm("e", m * g, n, k, "bf16", g)
+        op = grouped_gemm_bwd(fwd)[1] if r["wgrad"] else fwd
+        one = gemm("o", n, k, m * g, "bf16") if r["wgrad"] else gemm("o", m * g, n, k, "bf16")
+        rows.append({"model": r["model"], "gemm": r["gemm"], "m": m, "g": g,
+                     "measured_ms": r["streams_ms"], "model_ms": ms(op),
+                     "one_gemm_measured_ms": r.get("one_gemm_ms"), "one_gemm_model_ms": ms(one)})
+    frame = pl.DataFrame(rows)
+    return frame.with_columns(
+        ((pl.col("model_ms") / pl.col("measured_ms") - 1) * 100).alias("error_pct"))
 
 
 def attention_curves(run: dict[str, Any], system: SystemSpec,

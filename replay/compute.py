@@ -44,10 +44,6 @@ from tracegen.units import DTYPE_FROM_CODE, NS_PER_S, NS_PER_US
 # median 0.88): tests/test_device_evidence.py.
 ATTN_BWD_RATIO = 0.8
 SCORE_BYTES = 13  # per score element, forward, without FlashAttention (see above)
-# A grouped GEMM's kernels go round-robin onto this many streams (Transformer Engine's
-# ``num_streams``, transformer_engine/common/include/transformer_engine/multi_streams.h, used by
-# ``nvte_multi_stream_cublas_gemm``): each stream pays its kernels' launch gaps in turn.
-GROUPED_GEMM_STREAMS = 4
 ATTN_FLASH_BWD_FLOP = 2.5  # the op's backward FLOPs over its forward (tracegen/ops.py, Dao 2023)
 ComputeSource = Literal["model", "trace"]
 
@@ -132,7 +128,7 @@ class RooflineCompute:
         """Duration of an op described by its attributes (cached). For attention, m and n are
         the query and key lengths and k the head dimension; a GEMM of ``splits`` > 1 runs as
         that many kernels of m/splits rows (``Op.splits``), each launched; one of ``groups``
-        > 1 as that many m×n×k GEMMs side by side (``Op.groups``)."""
+        > 1 as that many m×n×k GEMMs one after another (``Op.groups``)."""
         key = (op_type, flop, nbytes, m, n, dtype_code, backward, k, splits, groups)
         t = self._cache.get(key)
         if t is None:
@@ -161,14 +157,16 @@ class RooflineCompute:
         elif op_type in ("gemm", "") and flop:
             eff = g.gemm_efficiency_fp8 if dtype == "fp8" else g.gemm_efficiency
             eff *= g.gemm_k_factor(k, dtype)
-            # a group's GEMMs fill the GPU together: with the output rows of all of them (the
-            # whole group's tokens, or each expert's own weight gradient for dW)
-            rows = flop // (2 * n * k) if groups > 1 and n and k else -(-m // max(splits, 1))
-            eff *= g.gemm_occupancy(rows, n)
+            # a group's GEMMs run one after another, each on its own m×n tiles (m: an expert's
+            # tokens, or its weight gradient's rows): Transformer Engine puts them round-robin
+            # on four streams (multi_streams.h), but measured on an H200 (bench/device,
+            # 2026-12-04) 72 such groups take what their GEMMs take alone in turn, 0.86-1.14×
+            # (tests/test_device_evidence.py), not the one GEMM of all their rows (up to 2.3×)
+            eff *= g.gemm_occupancy(-(-m // max(splits, 1)), n)
             comp_s = flop / (g.tensor_flop_per_s(dtype) * eff)
         else:  # memory-bound kernels: ~1-5 FLOP per 2-8 bytes, far below the ridge point
             comp_s = 0.0
-        launches = max(splits, 1) * -(-max(groups, 1) // GROUPED_GEMM_STREAMS)
+        launches = max(splits, 1) * max(groups, 1)
         return OpCost(round(comp_s * NS_PER_S), round(mem_s * NS_PER_S),
                       launches * g.launch_overhead_ns, eff,
                       round(max(comp_s, mem_s) * NS_PER_S) + launches * g.launch_overhead_ns)

@@ -96,7 +96,7 @@ class Op:
     # communication overlap splits it so each chunk's transfer hides behind another's GEMM.
     splits: int = 1
     # A grouped GEMM: this many independent GEMMs of shape m×n×k (one per local expert; m or,
-    # for a weight gradient, k the expert's share of the tokens), run side by side. ``flop``
+    # for a weight gradient, k the expert's share of the tokens), run one after another. ``flop``
     # and ``bytes`` are the group's total (``grouped_gemm``).
     groups: int = 1
 
