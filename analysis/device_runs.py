@@ -52,25 +52,30 @@ def held_gemms(run: dict[str, Any], system: SystemSpec) -> pl.DataFrame:
         ((pl.col("model_tflops") / pl.col("measured_tflops") - 1) * 100).alias("error_pct"))
 
 
-def grouped_gemms(run: dict[str, Any], system: SystemSpec) -> pl.DataFrame:
-    """Per measured group of expert GEMMs (``measure_moe_overlap.py``'s ``grouped_gemm``: g
-    experts of m tokens, one cuBLAS GEMM each on Transformer Engine's four streams): the
-    measured milliseconds, the compute model's for the grouped op at the burst clock the
-    calls ran at, and the one GEMM of all g·m rows — measured, and as the model times it."""
-    burst = dataclasses.replace(system.gpu, sustained_clock_ratio=1.0)
+def grouped_gemms(run: dict[str, Any], system: SystemSpec,
+                  dtype: str = "bf16") -> pl.DataFrame:
+    """Per measured group of expert GEMMs (``measure_moe_overlap.py``'s ``grouped_gemm``, or
+    ``grouped_fp8`` with ``dtype`` "fp8": g experts of m tokens, one cuBLAS GEMM each on
+    Transformer Engine's four streams): the measured milliseconds, the compute model's for the
+    grouped op at the burst clock the calls ran at, and the one GEMM of all g·m rows —
+    measured, and as the model times it."""
+    burst = dataclasses.replace(system.gpu, sustained_clock_ratio=1.0,
+                                sustained_clock_ratio_fp8=1.0)
     model, rows = RooflineCompute(burst), []
 
     def ms(op: Any) -> float:
-        return model.op_ns("gemm", op.flop, op.bytes, op.m, op.n, DTYPE_CODE["bf16"], False,
+        return model.op_ns("gemm", op.flop, op.bytes, op.m, op.n, DTYPE_CODE[dtype], False,
                            op.k, op.splits, op.groups) / 1e6
 
-    for r in run.get("grouped_gemm", []):
+    section = "grouped_fp8" if dtype == "fp8" else "grouped_gemm"
+    for r in run.get(section, []):
         if "streams_ms" not in r:
             continue
         m, n, k, g = r["m"], r["n"], r["k"], r["g"]
-        fwd = grouped_gemm("e", m * g, n, k, "bf16", g)
-        op = grouped_gemm_bwd(fwd)[1] if r["wgrad"] else fwd
-        one = gemm("o", n, k, m * g, "bf16") if r["wgrad"] else gemm("o", m * g, n, k, "bf16")
+        fwd = grouped_gemm("e", m * g, n, k, dtype, g)
+        wgrad = r.get("wgrad", False)
+        op = grouped_gemm_bwd(fwd)[1] if wgrad else fwd
+        one = gemm("o", n, k, m * g, dtype) if wgrad else gemm("o", m * g, n, k, dtype)
         rows.append({"model": r["model"], "gemm": r["gemm"], "m": m, "g": g,
                      "measured_ms": r["streams_ms"], "model_ms": ms(op),
                      "one_gemm_measured_ms": r.get("one_gemm_ms"), "one_gemm_model_ms": ms(one)})

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure_hopper import SLEEP_CYCLES, Row, _time_ms, env_info, run_sections
+from measure_hopper import SLEEP_CYCLES, Row, _gemm_fp8, _sdpa, _time_ms, env_info, run_sections
 
 # (model, hidden h, expert ffn f) of the MoE validation and example models' configs.
 EXPERTS = [("qwen3_235b", 4096, 1536), ("qwen3_30b", 2048, 768),
@@ -82,18 +82,7 @@ def _per_expert(m: int, n: int, k: int, g: int, wgrad: bool) -> Callable[[], obj
         x = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(g)]
         w = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(g)]
         calls = [(lambda a=a, b=b: a @ b.t()) for a, b in zip(x, w, strict=True)]
-    streams = [torch.cuda.Stream() for _ in range(STREAMS)]
-
-    def run() -> None:
-        main = torch.cuda.current_stream()
-        for s in streams:
-            s.wait_stream(main)
-        for i, call in enumerate(calls):
-            with torch.cuda.stream(streams[i % STREAMS]):
-                call()
-        for s in streams:
-            main.wait_stream(s)
-    return run
+    return _round_robin(calls)
 
 
 def _grouped_mm(m: int, n: int, k: int, g: int, wgrad: bool) -> Callable[[], object]:
@@ -341,6 +330,18 @@ def launch_wait(args: argparse.Namespace) -> list[Row]:
     return out
 
 
+def _beside_held(comm: _Comm, fn: Callable[[], object], pass_ms: float) -> tuple[float, Row]:
+    """``fn``'s milliseconds alone, and its slowdown beside the spin and beside the looping
+    copy, each started first and outlasting ten slowed calls."""
+    ms = _alone(_on(fn), reps=10)
+    need_ms = 3.0 * (1.0 + 10 * ms * 2.5)
+    spin = _timed_beside(_on(fn), partial(comm.spin, ns=need_ms * 1e6), reps=10)
+    copy = _timed_beside(_on(fn), partial(comm.copy, passes=math.ceil(need_ms / pass_ms)),
+                         reps=10)
+    return ms, {"slowdown_spin": spin["ms"] / ms, "slowdown_copy": copy["ms"] / ms,
+                "covered": spin["covered"] and copy["covered"]}
+
+
 def held_comm(args: argparse.Namespace) -> list[Row]:
     """GEMMs beside one long communication-like kernel that started first and holds its blocks
     throughout (a collective launched before the compute it overlaps): the spin (SMs only) and
@@ -350,16 +351,9 @@ def held_comm(args: argparse.Namespace) -> list[Row]:
         comm = _Comm(blocks, 2**30)
         pass_ms = _alone(comm.copy, reps=3)
         for name, (m, n, k) in LAUNCH_GEMMS.items():
-            g = _one_gemm(m, n, k)
-            g_ms = _alone(_on(g), reps=10)
-            need_ms = 3.0 * (1.0 + 10 * g_ms * 2.5)
-            spin = _timed_beside(_on(g), partial(comm.spin, ns=need_ms * 1e6), reps=10)
-            copy = _timed_beside(_on(g), partial(comm.copy, passes=math.ceil(need_ms / pass_ms)),
-                                 reps=10)
+            g_ms, held = _beside_held(comm, _one_gemm(m, n, k), pass_ms)
             out.append({"blocks": blocks, "gemm": name, "gemm_ms": g_ms,
-                        "copy_pass_GBps": 2 * 2**30 / pass_ms / 1e6,
-                        "slowdown_spin": spin["ms"] / g_ms, "slowdown_copy": copy["ms"] / g_ms,
-                        "covered": spin["covered"] and copy["covered"]})
+                        "copy_pass_GBps": 2 * 2**30 / pass_ms / 1e6, **held})
     return out
 
 
@@ -389,9 +383,122 @@ def carveout(args: argparse.Namespace) -> list[Row]:
     return out
 
 
+def _held_kernels() -> dict[str, Callable[[], object]]:
+    """Memory-bound kernels (64 Mi bf16 elements, far beyond the L2) and causal cuDNN
+    attention (4K tokens, head dim 128, 16 heads, forward and backward), each one call."""
+    import torch
+    import torch.nn.functional as F
+
+    n = 1 << 26
+    x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    rows, w = x.view(-1, 8192), torch.randn(8192, device="cuda", dtype=torch.bfloat16)
+    qkv = [torch.randn(1, 4096, 16, 128, device="cuda", dtype=torch.bfloat16,
+                       requires_grad=True) for _ in range(3)]
+    q, k, v = (t.transpose(1, 2) for t in qkv)
+    sdpa = _sdpa("cudnn", True)
+    o = sdpa(q, k, v)
+    grad = torch.randn_like(o)
+    return {"add": lambda: x + y, "rmsnorm": lambda: F.rms_norm(rows, (8192,), w),
+            "swiglu": lambda: F.silu(rows[:, :4096]) * rows[:, 4096:],
+            "attention_fwd": lambda: sdpa(q, k, v),
+            "attention_bwd": lambda: torch.autograd.grad(o, qkv, grad, retain_graph=True)}
+
+
+def held_kernels(args: argparse.Namespace) -> list[Row]:
+    """Memory-bound kernels and attention beside a communication-like kernel that started
+    first and holds 16 or 32 blocks throughout (spin: SMs only; copy: SMs and HBM): does the
+    slowdown of GEMMs (``held_comm``) hold for them?"""
+    out: list[Row] = []
+    kernels = _held_kernels()
+    for blocks in (16, 32):
+        comm = _Comm(blocks, 2**30)
+        pass_ms = _alone(comm.copy, reps=3)
+        for name, fn in kernels.items():
+            k_ms, held = _beside_held(comm, fn, pass_ms)
+            out.append({"blocks": blocks, "kernel": name, "alone_ms": k_ms, **held})
+    return out
+
+
+def _per_expert_fp8(ms: list[int], n: int, k: int) -> Callable[[], object]:
+    """FP8 (tensor-wise scaled, as Transformer Engine's delayed scaling) GEMMs of ``ms`` rows
+    each, round-robin on STREAMS side streams, as ``_per_expert``."""
+    return _round_robin([_gemm_fp8(m, n, k) for m in ms])
+
+
+def grouped_fp8(args: argparse.Namespace) -> list[Row]:
+    """FP8 expert groups (fc1 and fc2 of Qwen3-235B and DeepSeek-V3, 4 or 16 experts of 512 or
+    2,048 tokens) on four streams, each expert's GEMM alone, and the one GEMM of all rows."""
+    out: list[Row] = []
+    for model, h, f in EXPERTS[:3:2]:
+        for m, g in ((512, 4), (2048, 4), (512, 16), (2048, 16)):
+            for name, n, k, _w in _gemm_shapes(h, f)[:2]:
+                row: Row = {"model": model, "gemm": name, "m": m, "n": n, "k": k, "g": g,
+                            "flop": 2.0 * m * g * n * k}
+                for key, make in (("streams", partial(_per_expert_fp8, [m] * g, n, k)),
+                                  ("expert", partial(_gemm_fp8, m, n, k)),
+                                  ("one_gemm", partial(_gemm_fp8, m * g, n, k))):
+                    try:
+                        row[key + "_ms"] = _time_ms(make(), reps=5, batches=3)
+                    except Exception as e:  # record and go on
+                        row[key + "_error"] = repr(e)[:200]
+                out.append(row)
+    return out
+
+
+def grouped_imbalance(args: argparse.Namespace) -> list[Row]:
+    """BF16 groups whose experts get unequal token counts (a multinomial draw of top-k routing
+    with the given relative spread of expert popularity, seed fixed), against the balanced
+    group of the same total: what balanced routing in the model leaves out."""
+    import random
+
+    out: list[Row] = []
+    rng = random.Random(7)
+    for model, h, f in EXPERTS[:2]:
+        for m, g in ((512, 16), (2048, 16), (2048, 4)):
+            for spread in (0.0, 0.2, 0.5):
+                weights = [max(0.05, 1 + spread * rng.gauss(0, 1)) for _ in range(g)]
+                total = m * g
+                ms = [max(16, round(total * w / sum(weights) / 16) * 16) for w in weights]
+                row: Row = {"model": model, "m": m, "g": g, "spread": spread, "ms": ms,
+                            "n": 2 * f, "k": h}
+                try:
+                    row["streams_ms"] = _time_ms(_per_expert_uneven(ms, 2 * f, h), reps=5,
+                                                 batches=3)
+                except Exception as e:  # record and go on
+                    row["error"] = repr(e)[:200]
+                out.append(row)
+    return out
+
+
+def _per_expert_uneven(ms: list[int], n: int, k: int) -> Callable[[], object]:
+    return _round_robin([_one_gemm(m, n, k) for m in ms])
+
+
+def _round_robin(calls: list[Callable[[], object]]) -> Callable[[], object]:
+    """The calls round-robin on STREAMS side streams joined to the caller's stream
+    (Transformer Engine's ``nvte_multi_stream_cublas_gemm``)."""
+    import torch
+
+    streams = [torch.cuda.Stream() for _ in range(STREAMS)]
+
+    def run() -> None:
+        main = torch.cuda.current_stream()
+        for s in streams:
+            s.wait_stream(main)
+        for i, call in enumerate(calls):
+            with torch.cuda.stream(streams[i % STREAMS]):
+                call()
+        for s in streams:
+            main.wait_stream(s)
+    return run
+
+
 SECTIONS: list[tuple[str, Callable[..., list[Row]]]] = [
     ("env", env_info), ("overlap", overlap), ("grouped_gemm", grouped_gemm),
-    ("launch_wait", launch_wait), ("held_comm", held_comm), ("carveout", carveout)]
+    ("launch_wait", launch_wait), ("held_comm", held_comm), ("carveout", carveout),
+    ("held_kernels", held_kernels), ("grouped_fp8", grouped_fp8),
+    ("grouped_imbalance", grouped_imbalance)]
 
 
 def main() -> int:
