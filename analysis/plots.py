@@ -408,6 +408,33 @@ def device_evidence(gemms: pl.DataFrame, attention: pl.DataFrame, *, band: float
     return fig
 
 
+def grouped_gemm_evidence(groups: pl.DataFrame, *, band: float = 0.1,
+                          title: str = "H200") -> Figure:
+    """Groups of expert GEMMs from ``analysis.device_runs.grouped_gemms`` (one or both dtypes,
+    a ``dtype`` column where several): trainsim's milliseconds against the measured ones,
+    log-log with ±``band`` shaded — filled, the model (each expert's GEMM in turn); hollow, one
+    GEMM of all the group's rows, the model it replaced."""
+    fig, ax = _figure(6.4, 5.2)
+    if groups.height:
+        both = pl.concat([groups["measured_ms"], groups["model_ms"],
+                          groups["one_gemm_model_ms"]])
+        lo, hi = float(both.min()) / 1.3, float(both.max()) * 1.3  # type: ignore[arg-type]
+        _identity_band(ax, lo, hi, band)
+        by = "dtype" if "dtype" in groups.columns else None
+        parts = groups.group_by(by, maintain_order=True) if by else [(("bf16",), groups)]
+        for i, ((dtype,), g) in enumerate(parts):
+            ax.scatter(g["measured_ms"], g["model_ms"], s=26, alpha=0.85, color=f"C{i}",
+                       label=f"{dtype}: experts in turn ({g.height} groups)")
+            ax.scatter(g["measured_ms"], g["one_gemm_model_ms"], s=26, facecolors="none",
+                       edgecolors=f"C{i}", alpha=0.85, label=f"{dtype}: one GEMM of all rows")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    _finish(ax, xlabel="measured: one cuBLAS GEMM per expert on 4 streams (ms)",
+            ylabel="trainsim (ms)", title=f"Expert GEMM groups on {title}",
+            legend="upper left")
+    return fig
+
+
 def roofline(table: pl.DataFrame, gpu: GPUSpec, *, dtype: str = "bf16", title: str = ""
              ) -> Figure:
     """The ops of ``analysis.op_table.op_table`` on the GPU's roofline (Williams et al. 2009,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -137,3 +138,16 @@ def test_compute_beside_a_held_kernel_slows_by_what_it_uses() -> None:
     assert max(r["slowdown_spin"] for r in bound) < 1.1
     assert min(r["slowdown_copy"] for r in bound) > 1.1
 
+
+
+def test_the_grouped_gemm_plot_draws_every_group(tmp_path: Path) -> None:
+    from analysis.plots import grouped_gemm_evidence
+
+    bf16 = _groups().with_columns(pl.lit("bf16").alias("dtype"))
+    fp8 = grouped_gemms(_run(str(RUN3)), get_system("hgx-h200"), dtype="fp8").with_columns(
+        pl.lit("fp8").alias("dtype"))
+    fig = grouped_gemm_evidence(pl.concat([bf16, fp8]))
+    (ax,) = fig.axes
+    assert [len(c.get_offsets()) for c in ax.collections[1:]] == [69, 69, 16, 16]
+    fig.savefig(tmp_path / "g.png")
+    assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
