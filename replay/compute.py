@@ -160,8 +160,9 @@ class RooflineCompute:
             # a group's GEMMs run one after another, each on its own m×n tiles (m: an expert's
             # tokens, or its weight gradient's rows): Transformer Engine puts them round-robin
             # on four streams (multi_streams.h), but measured on an H200 (bench/device,
-            # 2026-12-04) 72 such groups take what their GEMMs take alone in turn, 0.86-1.14×
-            # (tests/test_device_evidence.py), not the one GEMM of all their rows (up to 2.3×)
+            # 2026-12-04) 69 BF16 and 16 FP8 groups took 0.86-1.21× this sum of their GEMMs
+            # (tests/test_device_moe_evidence.py), never the one GEMM of all their rows (a
+            # group of small experts took up to 2.3× that)
             eff *= g.gemm_occupancy(-(-m // max(splits, 1)), n)
             comp_s = flop / (g.tensor_flop_per_s(dtype) * eff)
         else:  # memory-bound kernels: ~1-5 FLOP per 2-8 bytes, far below the ridge point
