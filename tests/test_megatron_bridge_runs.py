@@ -87,7 +87,9 @@ def test_newest_stack_is_predicted_within_the_error_reached() -> None:
     Megatron FSDP +6.3% with its gathers
     prefetched, the layers' in FP8 (+7.3% all in 16 bits, as before the twenty-seventh session
     modelled Megatron-FSDP's FP8 parameters); Qwen3-235B-A22B (MoE, ep 32 folded over tp 2 × dp 16, heads of 128 — the file's
-    head_dim and expert_tp columns) +5.7 and +8.4% (+5.6 and +8.2% before each local expert's
+    head_dim and expert_tp columns) +6.0 and +8.7% (+5.7 and +8.4% before a group's expert
+    GEMMs ran one after another as an H200 measured them, fifty-third session; +5.6 and +8.2%
+    before each local expert's
     GEMM was its own, twenty-fifth session: 4 experts of 4,096 tokens, the weight gradients
     reduce over 4,096 instead of 16,384; +0.8 and +3.3% before the token
     dispatcher's permutations were charged, twenty-fourth session), predicted without the
