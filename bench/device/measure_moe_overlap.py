@@ -494,11 +494,122 @@ def _round_robin(calls: list[Callable[[], object]]) -> Callable[[], object]:
     return run
 
 
+# Combined 1F1B's merged pass, one layer pair (Megatron-Core's schedule plan): four steps,
+# each a compute piece on the compute stream beside a communication piece on another; a step's
+# compute waits for the communication of the step before, its communication for the compute
+# of the step before: (F attention | B combine-backward), (B MLP-backward | F dispatch),
+# (F MLP | B dispatch-backward), (B attention-backward | F combine).
+MERGED_COMPUTE = {"attn": (8192, 4096, 4096), "mlp": (8192, 3072, 4096),
+                  "mlp_bwd": (8192, 3072, 8192), "attn_bwd": (8192, 4096, 8192)}
+MERGED_ORDER = ("attn", "mlp_bwd", "mlp", "attn_bwd")
+
+
+def _merged_run(gemms: dict[str, Callable[[], object]], comm: _Comm, comm_ns: float,
+                layers: int, overlap: bool) -> float:
+    """Milliseconds for ``layers`` merged layer pairs, the pieces as in the plan above; without
+    ``overlap`` every piece runs on one stream, one after another."""
+    import torch
+
+    s_comp, s_comm = torch.cuda.Stream(), torch.cuda.Stream()
+    if not overlap:
+        s_comm = s_comp
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(s_comp):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        start.record()
+    s_comm.wait_stream(s_comp)
+    for _ in range(layers):
+        for name in MERGED_ORDER:
+            with torch.cuda.stream(s_comp):
+                gemms[name]()
+            comm.spin(s_comm, comm_ns)
+            s_comp.wait_stream(s_comm)  # the next step's compute waits for this communication
+            s_comm.wait_stream(s_comp)  # ... and the next communication for this compute
+    with torch.cuda.stream(s_comp):
+        end.record()
+    torch.cuda.synchronize()
+    return float(start.elapsed_time(end))
+
+
+def merged_emulation(args: argparse.Namespace) -> list[Row]:
+    """The merged layer pairs with communication standing in for the all-to-alls (the spin
+    holding ``blocks`` SMs for a set wall time: a dispatch bound by the network), overlapped
+    and one after another, with each piece timed alone — the data to hold trainsim's model of
+    the merged pass against on one GPU."""
+    out: list[Row] = []
+    gemms = {name: _one_gemm(*shape) for name, shape in MERGED_COMPUTE.items()}
+    alone = {name: _alone(_on(g), reps=10) for name, g in gemms.items()}
+    for blocks in (8, 24):
+        comm = _Comm(blocks, 2**20)
+        for comm_ms in (0.1, 0.3, 0.6, 1.2):
+            spin_ms = _alone(partial(comm.spin, ns=comm_ms * 1e6), reps=5)
+            runs = {key: statistics.median(
+                _merged_run(gemms, comm, comm_ms * 1e6, 20, key == "overlapped")
+                for _ in range(3)) for key in ("serial", "overlapped")}
+            out.append({"blocks": blocks, "comm_ms": comm_ms, "spin_alone_ms": spin_ms,
+                        **{f"{k}_alone_ms": v for k, v in alone.items()},
+                        "layers": 20, "serial_ms": runs["serial"],
+                        "overlapped_ms": runs["overlapped"]})
+    return out
+
+
+def comm_speed(args: argparse.Namespace) -> list[Row]:
+    """The communication-like copy's own speed when it started first and compute runs beside
+    it: one copy kernel looping ~30 ms over 1 GiB, alone and with back-to-back GEMMs (8K cube,
+    Qwen3-235B expert fc1) or memory-bound adds on another stream, launched ~1 ms after it
+    (the copy's time: events around it on its own stream)."""
+    import torch
+
+    n = 1 << 26
+    x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    backgrounds: dict[str, Callable[[], object] | None] = {
+        "alone": None, "cube8k": _one_gemm(8192, 8192, 8192),
+        "expert_fc1_qwen3_235b": _one_gemm(8192, 3072, 4096), "add": lambda: x + y}
+    out: list[Row] = []
+    for blocks in (8, 16, 24, 32):
+        comm = _Comm(blocks, 2**30)
+        passes = max(1, round(30.0 / _alone(comm.copy, reps=3)))
+        for name, fn in backgrounds.items():
+            copy_ms = _copy_beside(comm, passes, fn)
+            out.append({"blocks": blocks, "beside": name, "passes": passes, "copy_ms": copy_ms,
+                        "GBps": 2 * 2**30 * passes / copy_ms / 1e6})
+    return out
+
+
+def _copy_beside(comm: _Comm, passes: int, fn: Callable[[], object] | None) -> float:
+    """Median over three tries of the looping copy's milliseconds, with ``fn`` back to back on
+    another stream from ~1 ms after the copy starts until well after it ends."""
+    import torch
+
+    times = []
+    for _ in range(3):
+        s_comm, s_bg = torch.cuda.Stream(), torch.cuda.Stream()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(s_comm):
+            torch.cuda._sleep(SLEEP_CYCLES)
+            start.record()
+        comm.copy(s_comm, passes=passes)
+        with torch.cuda.stream(s_comm):
+            end.record()
+        if fn is not None:
+            with torch.cuda.stream(s_bg):
+                torch.cuda._sleep(SLEEP_CYCLES + 2_000_000)
+                for _ in range(1000):
+                    fn()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
 SECTIONS: list[tuple[str, Callable[..., list[Row]]]] = [
     ("env", env_info), ("overlap", overlap), ("grouped_gemm", grouped_gemm),
     ("launch_wait", launch_wait), ("held_comm", held_comm), ("carveout", carveout),
     ("held_kernels", held_kernels), ("grouped_fp8", grouped_fp8),
-    ("grouped_imbalance", grouped_imbalance)]
+    ("grouped_imbalance", grouped_imbalance), ("merged_emulation", merged_emulation),
+    ("comm_speed", comm_speed)]
 
 
 def main() -> int:
