@@ -23,14 +23,16 @@ RESULTS = Path(__file__).resolve().parents[1] / "bench" / "device" / "results"
 
 
 def load_run(path: str | Path) -> dict[str, Any]:
-    """One results file; ConfigError naming the file when it is missing or not the script's."""
+    """One results file of either device script; ConfigError naming the file when it is missing or
+    not such a file."""
     p = Path(path)
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
         raise ConfigError(f"cannot read device results {p}: {e}", what="device results") from e
     if not isinstance(data, dict) or "env" not in data:
-        raise ConfigError(f"{p} is not a measure_hopper.py results file (no 'env' section)",
+        raise ConfigError(f"{p} is not a bench/device results file of measure_hopper.py or "
+                          "measure_moe_overlap.py (no 'env' section)",
                           what="device results")
     return data
 

@@ -289,7 +289,7 @@ def test_a_file_that_is_not_device_results_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read device results"):
         load_run(tmp_path / "missing.json")
     (tmp_path / "other.json").write_text('{"rows": []}', encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"not a measure_hopper\.py results file"):
+    with pytest.raises(ConfigError, match=r"not a bench/device results file"):
         load_run(tmp_path / "other.json")
 
 
