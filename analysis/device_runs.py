@@ -70,6 +70,9 @@ def grouped_gemms(run: dict[str, Any], system: SystemSpec,
                            op.k, op.splits, op.groups) / 1e6
 
     section = "grouped_fp8" if dtype == "fp8" else "grouped_gemm"
+    if not any("streams_ms" in r for r in run.get(section, [])):
+        raise ConfigError(f"these device results hold no measured {section} groups: they come "
+                          "from bench/device/measure_moe_overlap.py", what="device results")
     for r in run.get(section, []):
         if "streams_ms" not in r:
             continue

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pytest
 
 from analysis.device_runs import RESULTS, grouped_gemms, load_run
 from replay import get_system
@@ -194,3 +195,14 @@ def test_the_merged_pass_realizes_about_half_the_modelled_saving_on_one_gpu() ->
     assert len(ratios) == 8
     assert min(ratios) > 1.7 and max(ratios) < 3.0
     assert 2.0 < statistics.median(ratios) < 2.2
+
+
+def test_results_without_groups_are_refused_by_name() -> None:
+    """The GEMM-and-attention runs of ``measure_hopper.py`` hold no groups: a clear message,
+    not an empty frame that fails later."""
+    from analysis.device_runs import RESULTS as R
+    from tracegen.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no measured grouped_gemm groups"):
+        grouped_gemms(load_run(R / "h200-2026-11-30-run4.json"), get_system("hgx-h200"))
+
