@@ -290,7 +290,8 @@ def note_zero2(strategy: Strategy) -> None:
     if strategy.zero_stage == 2 and strategy.dp * strategy.cp > 1 and (
             strategy.num_microbatches > 1):
         console.print(f"{ZERO2_NOTE}, {strategy.num_microbatches} reduce-scatters a step here: "
-                      "their step may be longer than this one")
+                      "their step may be longer than this one (a few percent where each "
+                      "hides behind the next micro-batch's backward; more where it outlasts it)")
 
 
 def note_zero2_study(stages: Iterable[int]) -> None:

@@ -26,9 +26,11 @@ from analysis.cli_common import (
 )
 from analysis.glance import Glance, fit_advice, glance
 from analysis.op_table import by_kind, op_table
+from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
 from tracegen import ConfigError, Strategy, resolve_model, with_seq_len
-from tracegen.units import GiB
+from tracegen import ops as O
+from tracegen.units import DTYPE_CODE, GiB
 
 MEMORY_COLUMNS = ("weights", "gradients", "optimizer", "activations", "logits", "transient")
 
@@ -129,6 +131,7 @@ def estimate_cmd(
     note_param_gather(strategy)
     note_zero2(strategy)
     note_combined_1f1b([strategy.overlap_moe_ep_comm])
+    note_small_experts(spec, strategy, sys_spec)
     unmerged = _print_unmerged(spec, strategy, sys_spec, g) if (
         strategy.overlap_moe_ep_comm and mixed is None) else None
     note_precision({strategy.precision}, sys_spec)
@@ -165,6 +168,35 @@ def _print_unmerged(model: Any, s: Strategy, system: SystemSpec, g: Glance) -> d
     console.print(f"without the merged passes: step time {plain.step_time_s:.4f} s; the overlap "
                   f"saves at most {saved:.4f} s ({saved / plain.step_time_s:.1%}) a step")
     return {"step_time_s": plain.step_time_s, "saved_at_most_s": saved}
+
+
+SMALL_EXPERTS = 1.2  # a group this much slower than one GEMM of its FLOPs gets a note
+
+
+def note_small_experts(model: Any, s: Strategy, system: SystemSpec) -> None:
+    """Where a rank's local experts each get few tokens, their GEMMs (one after another, each
+    on its own tiles: measured so on an H200, ``tests/test_device_moe_evidence.py``) take
+    noticeably longer than one GEMM of the same FLOPs: say by how much, and what gives each
+    expert more tokens."""
+    if not model.is_moe:
+        return
+    fc1 = next((it for it in O.layer_fwd(model, s) if isinstance(it, O.Op)
+                and it.name == "expert_fc1" and it.groups > 1), None)
+    if fc1 is None:
+        return
+    compute = RooflineCompute(system.gpu)
+
+    def ns(op: O.Op) -> int:
+        return compute.op_ns(op.kind, op.flop, op.bytes, op.m, op.n, DTYPE_CODE[op.dtype], False,
+                             op.k, op.splits, op.groups)
+
+    one = O.gemm("one", fc1.flop // (2 * fc1.n * fc1.k), fc1.n, fc1.k, fc1.dtype)
+    ratio = ns(fc1) / ns(one)
+    if ratio >= SMALL_EXPERTS:
+        console.print(f"note: each of a rank's {fc1.groups} local experts runs {fc1.m:,} tokens "
+                      f"a micro-batch: their GEMMs, one after another, take {ratio:.2f}x one "
+                      "GEMM of the same FLOPs; fewer experts a rank (a larger --ep) or a "
+                      "larger micro-batch gives each more")
 
 
 def print_mixed(m: Any) -> None:

@@ -333,3 +333,37 @@ def test_compute_trace_says_which_nodes_had_no_duration(tmp_path: Path) -> None:
     assert "duration_micros" not in model.stdout
     step = [line for line in model.stdout.splitlines() if line.startswith("step time")]
     assert step and step[0] in r.stdout
+
+
+@pytest.mark.parametrize(("ep", "said"), [("2", True), ("8", False)])
+def test_estimate_says_when_local_experts_get_few_tokens(ep: str, said: bool) -> None:
+    """Qwen3-30B-A3B on 64 H100s: at ep 2 each rank's 64 experts get 512 tokens a micro-batch
+    and their GEMMs, one after another, take about twice one GEMM of their FLOPs (as measured on
+    an H200): estimate says so and what gives each expert more; at ep 8 (16 experts of 2,048)
+    it stays quiet. The printed ratio is the compute model's for the layer's fc1 group."""
+    from replay import get_system
+    from replay.compute import RooflineCompute
+    from tracegen import Strategy, get_model
+    from tracegen import ops as O
+    from tracegen.units import DTYPE_CODE
+
+    r = run("estimate", "--model", "qwen3-30b-a3b", "--gpus", "64", "--ep", ep, "--mbs", "1",
+            "--gbs", "512", "--zero", "1", "--system", "dgx-h100")
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert ("local experts runs" in text) is said
+    if said:
+        s = Strategy(dp=64, ep=int(ep), micro_batch_size=1, global_batch_size=512, zero_stage=1)
+        fc1 = next(it for it in O.layer_fwd(get_model("qwen3-30b-a3b"), s)
+                   if isinstance(it, O.Op) and it.name == "expert_fc1")
+        c = RooflineCompute(get_system("dgx-h100").gpu)
+
+        def ns(op: O.Op) -> int:
+            return c.op_ns(op.kind, op.flop, op.bytes, op.m, op.n, DTYPE_CODE[op.dtype], False,
+                           op.k, op.splits, op.groups)
+
+        ratio = ns(fc1) / ns(O.gemm("o", 64 * fc1.m, fc1.n, fc1.k, fc1.dtype))
+        assert 1.8 < ratio < 2.4
+        assert (f"each of a rank's 64 local experts runs {fc1.m:,} tokens a micro-batch: their "
+                f"GEMMs, one after another, take {ratio:.2f}x one GEMM") in text
+        assert "a larger --ep" in text
