@@ -57,6 +57,19 @@ extern "C" __global__ void copy_persistent(const float4* __restrict__ src,
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
       dst[i] = src[i];
 }
+extern "C" __global__ void copy_paced(const float4* __restrict__ src,
+                                      float4* __restrict__ dst, long long n, int passes,
+                                      unsigned long long ns_per_step) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  long long stride = (long long)gridDim.x * blockDim.x, step = 0;
+  for (int p = 0; p < passes; ++p)
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+      dst[i] = src[i];
+      unsigned long long deadline = t0 + (unsigned long long)(++step) * ns_per_step;
+      do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t < deadline);
+    }
+}
 extern "C" __global__ void spin(unsigned long long dur_ns) {
   unsigned long long t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
@@ -142,6 +155,7 @@ class _Comm:
 
         mod = cupy.RawModule(code=KERNELS)
         self.copy_k, self.spin_k = mod.get_function("copy_persistent"), mod.get_function("spin")
+        self.paced_k = mod.get_function("copy_paced")
         self.blocks, self.n4 = blocks, copy_bytes // 16
         self.src = cupy.random.random(copy_bytes // 4, dtype=cupy.float32)
         self.dst = cupy.empty_like(self.src)
@@ -157,6 +171,16 @@ class _Comm:
             for _ in range(times):
                 self.copy_k((self.blocks,), (512,),
                             (self.src, self.dst, np.int64(self.n4), np.int32(passes)))
+
+    def paced(self, stream: Any, gbps: float, passes: int = 1) -> None:
+        """The copy held to ``gbps`` (10^9 bytes read a second; as many written): each thread
+        waits after each 16-byte step until its share of the rate allows the next."""
+        import numpy as np
+
+        ns_per_step = self.blocks * 512 * 16 / gbps
+        with self._on(stream):
+            self.paced_k((self.blocks,), (512,), (self.src, self.dst, np.int64(self.n4),
+                                                  np.int32(passes), np.uint64(round(ns_per_step))))
 
     def spin_fg(self, stream: Any) -> None:
         self.spin(stream, SPIN_MS * 1e6)
@@ -578,9 +602,11 @@ def comm_speed(args: argparse.Namespace) -> list[Row]:
     return out
 
 
-def _copy_beside(comm: _Comm, passes: int, fn: Callable[[], object] | None) -> float:
-    """Median over three tries of the looping copy's milliseconds, with ``fn`` back to back on
-    another stream from ~1 ms after the copy starts until well after it ends."""
+def _copy_beside(comm: _Comm, passes: int, fn: Callable[[], object] | None,
+                 gbps: float = 0.0) -> float:
+    """Median over three tries of the looping copy's milliseconds (held to ``gbps`` where
+    given), with ``fn`` back to back on another stream from ~1 ms after the copy starts until
+    well after it ends."""
     import torch
 
     times = []
@@ -591,7 +617,10 @@ def _copy_beside(comm: _Comm, passes: int, fn: Callable[[], object] | None) -> f
         with torch.cuda.stream(s_comm):
             torch.cuda._sleep(SLEEP_CYCLES)
             start.record()
-        comm.copy(s_comm, passes=passes)
+        if gbps:
+            comm.paced(s_comm, gbps, passes)
+        else:
+            comm.copy(s_comm, passes=passes)
         with torch.cuda.stream(s_comm):
             end.record()
         if fn is not None:
@@ -604,12 +633,35 @@ def _copy_beside(comm: _Comm, passes: int, fn: Callable[[], object] | None) -> f
     return statistics.median(times)
 
 
+def paced_comm_speed(args: argparse.Namespace) -> list[Row]:
+    """A copy of 32 blocks held to 50, 370 or 1,000 GB/s (a NIC's, an NVLink ring's, a fast
+    all-to-all's pace) for ~30 ms, alone and beside back-to-back GEMMs or memory-bound adds:
+    does a transfer whose pace the network sets slow beside compute as an HBM-bound one does
+    (``comm_speed``)?"""
+    import torch
+
+    n = 1 << 26
+    x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    backgrounds: dict[str, Callable[[], object] | None] = {
+        "alone": None, "cube8k": _one_gemm(8192, 8192, 8192), "add": lambda: x + y}
+    comm = _Comm(32, 2**28)
+    out: list[Row] = []
+    for gbps in (50.0, 370.0, 1000.0):
+        passes = max(1, round(30e-3 * gbps * 1e9 / 2**28))
+        for name, fn in backgrounds.items():
+            ms = _copy_beside(comm, passes, fn, gbps)
+            out.append({"blocks": 32, "target_GBps": gbps, "beside": name, "passes": passes,
+                        "copy_ms": ms, "GBps": 2**28 * passes / ms / 1e6})
+    return out
+
+
 SECTIONS: list[tuple[str, Callable[..., list[Row]]]] = [
     ("env", env_info), ("overlap", overlap), ("grouped_gemm", grouped_gemm),
     ("launch_wait", launch_wait), ("held_comm", held_comm), ("carveout", carveout),
     ("held_kernels", held_kernels), ("grouped_fp8", grouped_fp8),
     ("grouped_imbalance", grouped_imbalance), ("merged_emulation", merged_emulation),
-    ("comm_speed", comm_speed)]
+    ("comm_speed", comm_speed), ("paced_comm_speed", paced_comm_speed)]
 
 
 def main() -> int:
