@@ -312,6 +312,8 @@ def print_ops(table: pl.DataFrame) -> None:
                        else "right")
     for r in shown.iter_rows(named=True):
         shape = f"{r['m']}×{r['n']}×{r['k']}" if r["m"] else (r["axis"] or "")
+        if (r.get("groups") or 1) > 1:  # a group of experts' GEMMs, one after another
+            shape = f"{r['groups']} × {shape}"
         out.add_row(r["block"], str(r["count"]), r["pass"], r["op"]
                     + (" [dim](overlapped)[/]" if r["overlapped"] else ""), r["kind"], shape,
                     f"{r['time_us']:,.1f}",

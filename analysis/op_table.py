@@ -35,7 +35,7 @@ PASSES = ("forward", "recompute", "backward", "weights")  # (weights: ZB-H1's W 
 SCHEMA = {
     "stage": pl.Int64, "block": pl.String, "count": pl.Int64, "pass": pl.String,
     "op": pl.String, "kind": pl.String, "axis": pl.String, "m": pl.Int64, "n": pl.Int64,
-    "k": pl.Int64, "dtype": pl.String, "flop": pl.Int64, "bytes": pl.Int64,
+    "k": pl.Int64, "groups": pl.Int64, "dtype": pl.String, "flop": pl.Int64, "bytes": pl.Int64,
     "time_us": pl.Float64, "compute_us": pl.Float64, "memory_us": pl.Float64,
     "launch_us": pl.Float64, "efficiency": pl.Float64, "achieved_tflops": pl.Float64,
     "flop_per_byte": pl.Float64, "bound": pl.String, "overlapped": pl.Boolean,
@@ -163,7 +163,7 @@ def _row(costs: Costs, rank: int, it: O.Item) -> dict[str, Any]:
     cost = costs.compute.explain(it.kind, it.flop, it.bytes, it.m, it.n, DTYPE_CODE[it.dtype],
                                  it.name.endswith("_bwd"), it.k, it.splits, it.groups)
     return {"op": it.name, "kind": str(it.kind), "axis": "", "m": it.m, "n": it.n, "k": it.k,
-            "dtype": it.dtype, "flop": it.flop, "bytes": it.bytes,
+            "groups": it.groups, "dtype": it.dtype, "flop": it.flop, "bytes": it.bytes,
             "time_us": cost.total_ns / NS_PER_US, "compute_us": cost.compute_ns / NS_PER_US,
             "memory_us": cost.memory_ns / NS_PER_US, "launch_us": cost.launch_ns / NS_PER_US,
             "efficiency": cost.efficiency or None,

@@ -208,3 +208,22 @@ def test_estimate_refuses_a_bad_op_table_request_in_one_line(tmp_path: Path, arg
     assert r.returncode != 0
     assert message in r.stdout + r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_group_of_experts_is_one_row_with_its_count_and_each_experts_shape() -> None:
+    """Qwen3-30B-A3B at ep 2: a rank's 64 experts are one row per GEMM, ``groups`` 64 and the
+    shape one expert's (512 tokens); the CLI prints it as "64 × 512×1536×2048"; dense GEMMs
+    carry groups 1 and collectives none."""
+    m = get_model("qwen3-30b-a3b")
+    s = Strategy(dp=64, ep=2, micro_batch_size=1, global_batch_size=512, zero_stage=1)
+    t = op_table(m, s, "dgx-h100")
+    fc1 = t.filter((pl.col("op") == "expert_fc1") & (pl.col("pass") == "forward")).row(0, named=True)
+    assert (fc1["groups"], fc1["m"], fc1["n"], fc1["k"]) == (64, 512, 2 * m.moe_ffn_hidden_size,
+                                                               m.hidden_size)
+    assert set(t.filter(pl.col("kind") == "gemm")["groups"].unique()) == {1, 64}
+    assert t.filter(pl.col("axis") != "")["groups"].null_count() == t.filter(
+        pl.col("axis") != "").height
+    r = run("estimate", "--model", "qwen3-30b-a3b", "--gpus", "64", "--ep", "2", "--mbs", "1",
+            "--gbs", "512", "--zero", "1", "--system", "dgx-h100", "--ops", "0")
+    assert r.returncode == 0, r.stderr
+    assert "64 × 512×1536×2048" in r.stdout
