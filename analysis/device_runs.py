@@ -89,6 +89,31 @@ def grouped_gemms(run: dict[str, Any], system: SystemSpec,
         ((pl.col("model_ms") / pl.col("measured_ms") - 1) * 100).alias("error_pct"))
 
 
+def held_slowdowns(*runs: dict[str, Any]) -> pl.DataFrame:
+    """Per kernel beside a communication-like kernel that holds ``blocks`` SMs throughout
+    (``measure_moe_overlap.py``'s ``held_comm`` GEMMs and ``held_kernels`` memory-bound kernels
+    and attention, from any of ``runs``): the kernel, its kind ("gemm", "attention" or
+    "memory"), its milliseconds alone, the blocks held, what the held kernel does ("holds SMs"
+    or "copies HBM") and the slowdown."""
+    rows = []
+    for run in runs:
+        for r in run.get("held_comm", []) + run.get("held_kernels", []):
+            if not r.get("covered"):
+                continue
+            name = r.get("gemm") or r["kernel"]
+            kind = ("gemm" if "gemm" in r else "attention" if name.startswith("attention")
+                    else "memory")
+            alone = r.get("gemm_ms", r.get("alone_ms"))
+            for held, key in (("holds SMs", "slowdown_spin"), ("copies HBM", "slowdown_copy")):
+                rows.append({"kernel": name, "kind": kind, "alone_ms": alone,
+                             "blocks": r["blocks"], "held": held, "slowdown": r[key]})
+    if not rows:
+        raise ConfigError("these device results hold no kernels timed beside held SMs: they "
+                          "come from bench/device/measure_moe_overlap.py (held_comm, "
+                          "held_kernels)", what="device results")
+    return pl.DataFrame(rows)
+
+
 def attention_curves(run: dict[str, Any], system: SystemSpec,
                      kernels: tuple[str, ...] = ("preset", "flashattention-3", "cudnn",
                                                  "flashattention-2")) -> pl.DataFrame:

@@ -435,6 +435,34 @@ def grouped_gemm_evidence(groups: pl.DataFrame, *, band: float = 0.1,
     return fig
 
 
+def interference_evidence(frame: pl.DataFrame, kappa: float, *, title: str = "H200"
+                          ) -> Figure:
+    """``analysis.device_runs.held_slowdowns``: each kernel's slowdown beside SMs held by a
+    communication-like kernel against its time alone (log x), GEMMs as lines per number of
+    blocks held (filled: the held kernel only holds SMs; hollow: it also copies HBM), attention
+    and memory-bound kernels as their own markers; the catalog's 1 + κ as a dashed line."""
+    fig, ax = _figure(7.2, 5.0)
+    gemms = frame.filter(pl.col("kind") == "gemm")
+    for i, ((blocks,), g) in enumerate(gemms.group_by("blocks", maintain_order=True)):
+        for held, fill in (("holds SMs", True), ("copies HBM", False)):
+            h = g.filter(pl.col("held") == held).sort("alone_ms")
+            ax.plot(h["alone_ms"], h["slowdown"], marker="o", color=f"C{i}", lw=1,
+                    ls="-" if fill else ":", mfc=f"C{i}" if fill else "none",
+                    label=f"GEMMs, {blocks} SMs held" + ("" if fill else " (copying)"))
+    for kind, marker in (("attention", "^"), ("memory", "s")):
+        for held, fill in (("holds SMs", True), ("copies HBM", False)):
+            k = frame.filter((pl.col("kind") == kind) & (pl.col("held") == held))
+            if k.height:
+                ax.scatter(k["alone_ms"], k["slowdown"], marker=marker, s=30, zorder=3,
+                           facecolors="black" if fill else "none", edgecolors="black",
+                           label=f"{kind} kernels" + ("" if fill else " (copying)"))
+    ax.axhline(1 + kappa, color="grey", ls="--", lw=1, label=f"trainsim: 1 + κ = {1 + kappa:.3f}")
+    ax.set_xscale("log")
+    _finish(ax, xlabel="kernel alone (ms)", ylabel="slowdown beside the held SMs",
+            title=f"Compute beside a communication-like kernel on {title}", legend="upper right")
+    return fig
+
+
 def roofline(table: pl.DataFrame, gpu: GPUSpec, *, dtype: str = "bf16", title: str = ""
              ) -> Figure:
     """The ops of ``analysis.op_table.op_table`` on the GPU's roofline (Williams et al. 2009,

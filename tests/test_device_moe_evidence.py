@@ -17,6 +17,7 @@ import pytest
 
 from analysis.device_runs import RESULTS, grouped_gemms, load_run
 from replay import get_system
+from tracegen.errors import ConfigError
 
 RUN1 = RESULTS / "h200-2026-12-04-moe-run1.json"
 RUN2 = RESULTS / "h200-2026-12-04-moe-run2.json"
@@ -200,9 +201,28 @@ def test_the_merged_pass_realizes_about_half_the_modelled_saving_on_one_gpu() ->
 def test_results_without_groups_are_refused_by_name() -> None:
     """The GEMM-and-attention runs of ``measure_hopper.py`` hold no groups: a clear message,
     not an empty frame that fails later."""
-    from analysis.device_runs import RESULTS as R
-    from tracegen.errors import ConfigError
-
     with pytest.raises(ConfigError, match="no measured grouped_gemm groups"):
-        grouped_gemms(load_run(R / "h200-2026-11-30-run4.json"), get_system("hgx-h200"))
+        grouped_gemms(load_run(RESULTS / "h200-2026-11-30-run4.json"), get_system("hgx-h200"))
 
+
+
+def test_the_interference_plot_draws_every_held_measurement(tmp_path: Path) -> None:
+    """40 GEMM slowdowns (5 GEMMs × 4 block counts × 2 held kernels) as 8 lines, 8 attention
+    and 12 memory-bound ones as markers, and the catalog's 1 + κ."""
+    from analysis.device_runs import held_slowdowns
+    from analysis.plots import interference_evidence
+
+    frame = held_slowdowns(_run(str(RUN2)), _run(str(RUN3)))
+    assert frame["kind"].value_counts().sort("kind").rows() == [
+        ("attention", 8), ("gemm", 40), ("memory", 12)]
+    kappa = get_system("hgx-h200").gpu.comm_interference
+    fig = interference_evidence(frame, kappa)
+    (ax,) = fig.axes
+    lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) == 5]
+    assert len(lines) == 8
+    assert sum(len(c.get_offsets()) for c in ax.collections) == 20
+    assert any(list(ln.get_ydata()) == [1 + kappa] * 2 for ln in ax.get_lines())
+    fig.savefig(tmp_path / "i.png")
+    assert (tmp_path / "i.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ConfigError, match="no kernels timed beside held SMs"):
+        held_slowdowns(_run(str(RUN1)))
