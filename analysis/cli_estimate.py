@@ -131,7 +131,7 @@ def estimate_cmd(
     note_param_gather(strategy)
     note_zero2(strategy)
     note_combined_1f1b([strategy.overlap_moe_ep_comm])
-    note_small_experts(spec, strategy, sys_spec)
+    experts = note_small_experts(spec, strategy, sys_spec)
     unmerged = _print_unmerged(spec, strategy, sys_spec, g) if (
         strategy.overlap_moe_ep_comm and mixed is None) else None
     note_precision({strategy.precision}, sys_spec)
@@ -148,6 +148,8 @@ def estimate_cmd(
             out["ops"] = table.to_dicts()
         if unmerged is not None:  # the other end of the range the note speaks of
             out["without_merged_passes"] = unmerged
+        if experts is not None:  # a rank's group of experts, what the note reads
+            out["expert_group"] = experts
         if mixed is not None:
             out["mixed"] = mixed.to_dict()
             if balanced is not None:
@@ -173,17 +175,18 @@ def _print_unmerged(model: Any, s: Strategy, system: SystemSpec, g: Glance) -> d
 SMALL_EXPERTS = 1.2  # a group this much slower than one GEMM of its FLOPs gets a note
 
 
-def note_small_experts(model: Any, s: Strategy, system: SystemSpec) -> None:
+def note_small_experts(model: Any, s: Strategy, system: SystemSpec) -> dict[str, Any] | None:
     """Where a rank's local experts each get few tokens, their GEMMs (one after another, each
     on its own tiles: measured so on an H200, ``tests/test_device_moe_evidence.py``) take
     noticeably longer than one GEMM of the same FLOPs: say by how much, and what gives each
-    expert more tokens."""
+    expert more tokens. Returns the group (experts, tokens each, the factor) for the JSON, or
+    None where a rank holds one expert or none."""
     if not model.is_moe:
-        return
+        return None
     fc1 = next((it for it in O.layer_fwd(model, s) if isinstance(it, O.Op)
                 and it.name == "expert_fc1" and it.groups > 1), None)
     if fc1 is None:
-        return
+        return None
     compute = RooflineCompute(system.gpu)
 
     def ns(op: O.Op) -> int:
@@ -197,6 +200,8 @@ def note_small_experts(model: Any, s: Strategy, system: SystemSpec) -> None:
                       f"a micro-batch: their GEMMs, one after another, take {ratio:.2f}x one "
                       "GEMM of the same FLOPs; fewer experts a rank (a larger --ep) or a "
                       "larger micro-batch gives each more")
+    return {"local_experts": fc1.groups, "tokens_per_expert": fc1.m,
+            "fc1_over_one_gemm": ratio}
 
 
 def print_mixed(m: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -336,7 +337,8 @@ def test_compute_trace_says_which_nodes_had_no_duration(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("ep", "said"), [("2", True), ("8", False)])
-def test_estimate_says_when_local_experts_get_few_tokens(ep: str, said: bool) -> None:
+def test_estimate_says_when_local_experts_get_few_tokens(ep: str, said: bool,
+                                                        tmp_path: Path) -> None:
     """Qwen3-30B-A3B on 64 H100s: at ep 2 each rank's 64 experts get 512 tokens a micro-batch
     and their GEMMs, one after another, take about twice one GEMM of their FLOPs (as measured on
     an H200): estimate says so and what gives each expert more; at ep 8 (16 experts of 2,048)
@@ -347,11 +349,16 @@ def test_estimate_says_when_local_experts_get_few_tokens(ep: str, said: bool) ->
     from tracegen import ops as O
     from tracegen.units import DTYPE_CODE
 
+    out = tmp_path / "e.json"
     r = run("estimate", "--model", "qwen3-30b-a3b", "--gpus", "64", "--ep", ep, "--mbs", "1",
-            "--gbs", "512", "--zero", "1", "--system", "dgx-h100")
+            "--gbs", "512", "--zero", "1", "--system", "dgx-h100", "--json", str(out))
     assert r.returncode == 0, r.stderr
     text = " ".join(r.stdout.split())
     assert ("local experts runs" in text) is said
+    group = json.loads(out.read_text())["expert_group"]  # in the JSON whether said or not
+    assert group["local_experts"] == 128 // int(ep)
+    # a rank's 4,096 tokens, each to 8 experts: 32,768 rows over its experts, whatever ep
+    assert group["tokens_per_expert"] * group["local_experts"] == 4096 * 8
     if said:
         s = Strategy(dp=64, ep=int(ep), micro_batch_size=1, global_batch_size=512, zero_stage=1)
         fc1 = next(it for it in O.layer_fwd(get_model("qwen3-30b-a3b"), s)
@@ -367,3 +374,4 @@ def test_estimate_says_when_local_experts_get_few_tokens(ep: str, said: bool) ->
         assert (f"each of a rank's 64 local experts runs {fc1.m:,} tokens a micro-batch: their "
                 f"GEMMs, one after another, take {ratio:.2f}x one GEMM") in text
         assert "a larger --ep" in text
+        assert group["fc1_over_one_gemm"] == pytest.approx(ratio)
