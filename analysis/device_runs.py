@@ -1,7 +1,8 @@
-"""trainsim's own device measurements (``bench/device/measure_hopper.py``'s JSON, committed under
-``bench/device/results/``) as frames, each measurement beside what the compute model predicts
-for it on a given system: the evidence behind the Hopper constants, in a form a notebook can
-look at and a test can check."""
+"""trainsim's own device measurements (``bench/device/measure_hopper.py``'s and
+``measure_moe_overlap.py``'s JSON, committed under ``bench/device/results/``) as frames, each
+measurement beside what the compute model predicts for it on a given system: the evidence
+behind the Hopper constants, the grouped expert GEMMs and the interference term, in a form a
+notebook can look at and a test can check."""
 
 from __future__ import annotations
 
