@@ -18,7 +18,12 @@ Sections (JSON after every one, as ``measure_hopper.py``):
 - ``launch_wait``: how long such a kernel, launched while back-to-back GEMMs run, waits for
   SMs (per call, by GEMM length and priority); ``held_comm``: GEMMs beside one that started
   first and holds 8-32 blocks throughout; ``carveout``: the wait with PyTorch's experimental
-  cuBLAS SM carveout.
+  cuBLAS SM carveout;
+- ``held_kernels`` (memory-bound kernels and attention beside held SMs), ``grouped_fp8``,
+  ``grouped_imbalance`` (experts with unequal token counts), ``merged_emulation`` (combined
+  1F1B's merged pass on one GPU), ``comm_speed`` and ``paced_comm_speed`` (the communication-like
+  copy's own speed beside compute, unpaced and held to a network's pace): each function says
+  what it times.
 
 Run on the device: ``python3 bench/device/measure_moe_overlap.py --out $OUT/moe_overlap.json``
 (it needs PyTorch and CuPy, both in that image).
