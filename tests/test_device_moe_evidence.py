@@ -226,3 +226,26 @@ def test_the_interference_plot_draws_every_held_measurement(tmp_path: Path) -> N
     assert (tmp_path / "i.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ConfigError, match="no kernels timed beside held SMs"):
         held_slowdowns(_run(str(RUN1)))
+
+
+def test_attention_timed_on_another_machine_lands_on_the_fitted_curve() -> None:
+    """Run 3 timed one causal cuDNN attention call alone (4,096 tokens, 16 heads of 128, b 1)
+    on a machine the attention fit never saw (it was fitted to 2026-11-30's runs 4-6): the
+    cudnn-9.19 curve at the burst clock is within 1% of its forward and 6% of its backward —
+    an out-of-sample check of the Hopper attention model."""
+    import dataclasses
+
+    from replay.attention_kernels import with_attention_kernel
+    from replay.compute import RooflineCompute
+    from tracegen.units import DTYPE_CODE
+
+    alone = {r["kernel"]: r["alone_ms"] for r in _run(str(RUN3))["held_kernels"]
+             if r["blocks"] == 16}
+    gpu = with_attention_kernel(get_system("hgx-h200"), "cudnn-9.19").gpu
+    model = RooflineCompute(dataclasses.replace(gpu, sustained_clock_ratio=1.0))
+    flop = 4 * 16 * 4096 * 4096 * 128 // 2  # causal: half the score FLOPs
+    fwd = model.op_ns("attention", flop, 0, 4096, 4096, DTYPE_CODE["bf16"], False, 128) / 1e6
+    bwd = model.op_ns("attention", round(flop * 2.5), 0, 4096, 4096, DTYPE_CODE["bf16"], True,
+                      128) / 1e6
+    assert abs(fwd / alone["attention_fwd"] - 1) < 0.01
+    assert abs(bwd / alone["attention_bwd"] - 1) < 0.06
