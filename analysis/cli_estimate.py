@@ -30,7 +30,7 @@ from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
 from tracegen import ConfigError, Strategy, resolve_model, with_seq_len
 from tracegen import ops as O
-from tracegen.units import DTYPE_CODE, GiB
+from tracegen.units import GiB
 
 MEMORY_COLUMNS = ("weights", "gradients", "optimizer", "activations", "logits", "transient")
 
@@ -188,13 +188,8 @@ def note_small_experts(model: Any, s: Strategy, system: SystemSpec) -> dict[str,
     if fc1 is None:
         return None
     compute = RooflineCompute(system.gpu)
-
-    def ns(op: O.Op) -> int:
-        return compute.op_ns(op.kind, op.flop, op.bytes, op.m, op.n, DTYPE_CODE[op.dtype], False,
-                             op.k, op.splits, op.groups)
-
     one = O.gemm("one", fc1.flop // (2 * fc1.n * fc1.k), fc1.n, fc1.k, fc1.dtype)
-    ratio = ns(fc1) / ns(one)
+    ratio = compute.op_time_ns(fc1) / compute.op_time_ns(one)
     if ratio >= SMALL_EXPERTS:
         console.print(f"note: each of a rank's {fc1.groups} local experts runs {fc1.m:,} tokens "
                       f"a micro-batch: their GEMMs, one after another, take {ratio:.2f}x one "

@@ -45,8 +45,7 @@ def held_gemms(run: dict[str, Any], system: SystemSpec) -> pl.DataFrame:
     for dtype in ("bf16", "fp8"):
         for r in run.get(f"gemm_{dtype}_held", []):
             op = gemm("g", r["m"], r["n"], r["k"], dtype)
-            ns = model.op_ns("gemm", op.flop, op.bytes, op.m, op.n, DTYPE_CODE[dtype], False,
-                             op.k) - system.gpu.launch_overhead_ns
+            ns = model.op_time_ns(op) - system.gpu.launch_overhead_ns
             rows.append({"dtype": dtype, "shape": r["shape"], "tflop": op.flop / 1e12,
                          "measured_tflops": r["tflops"], "model_tflops": op.flop / ns / 1e3,
                          "sm_mhz": r.get("sm_mhz")})
@@ -67,8 +66,7 @@ def grouped_gemms(run: dict[str, Any], system: SystemSpec,
     model, rows = RooflineCompute(burst), []
 
     def ms(op: Any) -> float:
-        return model.op_ns("gemm", op.flop, op.bytes, op.m, op.n, DTYPE_CODE[dtype], False,
-                           op.k, op.splits, op.groups) / 1e6
+        return model.op_time_ns(op) / 1e6
 
     section = "grouped_fp8" if dtype == "fp8" else "grouped_gemm"
     if not any("streams_ms" in r for r in run.get(section, [])):

@@ -29,7 +29,7 @@ from tracegen.errors import ConfigError
 from tracegen.model import ModelSpec
 from tracegen.program import ParamBlock
 from tracegen.strategy import Strategy, check_fits_model
-from tracegen.units import DTYPE_CODE, NS_PER_US
+from tracegen.units import NS_PER_US
 
 PASSES = ("forward", "recompute", "backward", "weights")  # (weights: ZB-H1's W pass)
 SCHEMA = {
@@ -160,8 +160,7 @@ def _row(costs: Costs, rank: int, it: O.Item) -> dict[str, Any]:
         return {"op": it.name, "kind": it.coll.lower(), "axis": it.axis,
                 "bytes": it.size_bytes, "time_us": ns / NS_PER_US, "bound": "network",
                 "overlapped": it.overlapped}
-    cost = costs.compute.explain(it.kind, it.flop, it.bytes, it.m, it.n, DTYPE_CODE[it.dtype],
-                                 it.name.endswith("_bwd"), it.k, it.splits, it.groups)
+    cost = costs.compute.explain_op(it)
     return {"op": it.name, "kind": str(it.kind), "axis": "", "m": it.m, "n": it.n, "k": it.k,
             "groups": it.groups, "dtype": it.dtype, "flop": it.flop, "bytes": it.bytes,
             "time_us": cost.total_ns / NS_PER_US, "compute_us": cost.compute_ns / NS_PER_US,

@@ -31,12 +31,15 @@ dtype, or from the trace's ``duration_micros``.
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
 from replay.hardware import ATTN_TILE_ROWS, GPUSpec
 from replay.reader import NodeRec
 from tracegen.errors import ReplayError
-from tracegen.units import DTYPE_FROM_CODE, NS_PER_S, NS_PER_US
+from tracegen.units import DTYPE_CODE, DTYPE_FROM_CODE, NS_PER_S, NS_PER_US
+
+if TYPE_CHECKING:
+    from tracegen.ops import Op
 
 # The backward's throughput over the forward's: FlashAttention-2 reports ~0.75-0.85× (Dao 2023,
 # §4.1, Fig. 5-6); measured on an H200 (bench/device, 2026-11-30), cuDNN 9.19 causal at head
@@ -134,6 +137,20 @@ class RooflineCompute:
         if t is None:
             t = self._cache[key] = self.explain(*key).total_ns
         return t
+
+    def op_time_ns(self, op: Op) -> int:
+        """``op_ns`` of a tracegen op, read as the trace carries it (its backward flag from its
+        name, as the writer sets it)."""
+        return self.op_ns(*self._op_key(op))
+
+    def explain_op(self, op: Op) -> OpCost:
+        """``explain`` of a tracegen op, read as ``op_time_ns`` reads it."""
+        return self.explain(*self._op_key(op))
+
+    @staticmethod
+    def _op_key(op: Op) -> tuple[str, int, int, int, int, int, bool, int, int, int]:
+        return (op.kind, op.flop, op.bytes, op.m, op.n, DTYPE_CODE[op.dtype],
+                op.name.endswith("_bwd"), op.k, op.splits, op.groups)
 
     def explain(self, op_type: object, flop: int, nbytes: int, m: int, n: int,
                 dtype_code: int, backward: bool, k: int = 0, splits: int = 1, groups: int = 1

@@ -131,3 +131,16 @@ def test_the_trace_carries_the_group(tmp_path: Path) -> None:
     groups = {n.name.rsplit(".", 1)[-1]: n.attrs.get("gemm_groups")
               for n in rank.nodes if "expert_fc" in n.name}
     assert groups and set(groups.values()) == {8}, groups
+
+
+def test_an_op_is_read_as_its_trace_node_is() -> None:
+    """``op_time_ns`` / ``explain_op`` time a tracegen op as replay times its node: the
+    backward flag from the name (an attention's ``_bwd``), the group and splits carried."""
+    ops = [grouped_gemm("expert_fc1", 8192, 3072, 4096, "bf16", 16),
+           *grouped_gemm_bwd(grouped_gemm("expert_fc1", 8192, 3072, 4096, "bf16", 16)),
+           Op("flash_attn_bwd", "attention", 10**12, 0, 4096, 4096, 128, "bf16")]
+    for op in ops:
+        assert H100.op_time_ns(op) == H100.explain_op(op).total_ns == _ns(
+            op, op.name.endswith("_bwd"))
+    fwd = dataclasses.replace(ops[-1], name="flash_attn")
+    assert H100.op_time_ns(fwd) < H100.op_time_ns(ops[-1])  # the backward runs slower
