@@ -24,7 +24,6 @@ from tracegen.mesh import Mesh, embedding_partner
 from tracegen.model import ModelSpec
 from tracegen.program import ParamBlock, RoleProgram
 from tracegen.strategy import Strategy
-from tracegen.units import DTYPE_CODE
 
 
 def _group_shape(axis: str, rank: int, tp: int, cp: int, dp: int, pp: int, ep: int,
@@ -368,9 +367,7 @@ class Costs:
                     continue
                 d, c = 0, max(self.coll_ns(it, rank), alongside)
             else:
-                d = self.compute.op_ns(it.kind, it.flop, it.bytes, it.m, it.n,
-                                       DTYPE_CODE[it.dtype], it.name.endswith("_bwd"), it.k,
-                                       it.splits, it.groups)
+                d = self.compute.op_time_ns(it)
                 c = alongside
             alongside = 0
             if out and not c and not out[-1][1]:
