@@ -203,8 +203,6 @@ def _timed_beside(fg: Callable[[Any], None], bg: Callable[[Any], None], *, reps:
     streams wait behind sleeping kernels so that everything is queued first; the background
     starts ~1 ms before the foreground's timed calls, sized by the caller to outlast them
     (``covered``: it did, in every batch). Priorities: lower is higher (CUDA)."""
-    import statistics
-
     import torch
 
     s_fg = torch.cuda.Stream(priority=fg_priority)
@@ -492,16 +490,12 @@ def grouped_imbalance(args: argparse.Namespace) -> list[Row]:
                 row: Row = {"model": model, "m": m, "g": g, "spread": spread, "ms": ms,
                             "n": 2 * f, "k": h}
                 try:
-                    row["streams_ms"] = _time_ms(_per_expert_uneven(ms, 2 * f, h), reps=5,
-                                                 batches=3)
+                    group = _round_robin([_one_gemm(m, 2 * f, h) for m in ms])
+                    row["streams_ms"] = _time_ms(group, reps=5, batches=3)
                 except Exception as e:  # record and go on
                     row["error"] = repr(e)[:200]
                 out.append(row)
     return out
-
-
-def _per_expert_uneven(ms: list[int], n: int, k: int) -> Callable[[], object]:
-    return _round_robin([_one_gemm(m, n, k) for m in ms])
 
 
 def _round_robin(calls: list[Callable[[], object]]) -> Callable[[], object]:
