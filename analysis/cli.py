@@ -92,7 +92,7 @@ def tracegen_cmd(
     delay_wgrad_compute: C.DelayWgradOpt = False, pipeline_layout: C.LayoutOpt = "",
     adam_moments: C.AdamMomentsOpt = "fp32", fp8_param_gather: C.Fp8GatherOpt = False,
     dist_opt_instances: C.InstancesOpt = 1, outer_dp_sharding: C.OuterShardingOpt = "no_shard",
-    seq_len: C.SeqLenOpt = 0,
+    grad_reduce_per_microbatch: C.GradPerMbOpt = False, seq_len: C.SeqLenOpt = 0,
     mode: Annotated[str, typer.Option(help="full | representative")] = "representative",
     system: Annotated[str | None, typer.Option(help="Flag ranks whose estimated memory exceeds "
                                                     "this system's GPU memory.")] = None,
@@ -116,7 +116,7 @@ def tracegen_cmd(
         delay_wgrad_compute=delay_wgrad_compute,
         pipeline_layout=pipeline_layout, adam_moments=adam_moments,
         fp8_param_gather=fp8_param_gather, dist_opt_instances=dist_opt_instances,
-        outer_dp_sharding=outer_dp_sharding)
+        outer_dp_sharding=outer_dp_sharding, grad_reduce_per_microbatch=grad_reduce_per_microbatch)
     output_dir(out, "--out")
     with progress_bar() as bar:
         task = bar.add_task("writing ranks", total=None)

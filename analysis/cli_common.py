@@ -159,6 +159,10 @@ OuterShardingOpt = Annotated[str, typer.Option(
     "optimizer across the instances (HSDP); 'optim' shards it across them too (HFSDP: each "
     "block's shard reduce-scattered across the instances on the last micro-batch, gathered back "
     "in the next step's first forward; Megatron-FSDP's --outer-dp-sharding-strategy).")]
+GradPerMbOpt = Annotated[bool, typer.Option(
+    "--grad-reduce-per-microbatch", help="ZeRO 0-2: reduce the gradient buckets in every "
+    "micro-batch's backward, not once a step after the last (DeepSpeed's ZeRO-2, PyTorch "
+    "FSDP's SHARD_GRAD_OP, DDP outside no_sync; not with --overlap-param-gather).")]
 LayoutOpt = Annotated[str, typer.Option(
     "--pipeline-layout",
     help="Megatron-Core's --pipeline-model-parallel-layout: what each model chunk holds, "
@@ -210,7 +214,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    overlap_moe_ep_comm: bool = False, delay_wgrad_compute: bool = False,
                    pipeline_layout: str = "", adam_moments: str = "fp32",
                    fp8_param_gather: bool = False, dist_opt_instances: int = 1,
-                   outer_dp_sharding: str = "no_shard") -> Strategy:
+                   outer_dp_sharding: str = "no_shard",
+                   grad_reduce_per_microbatch: bool = False) -> Strategy:
     """The strategy the shared options describe (dp from the GPU count)."""
     small = [f"--{k} must be ≥ 1, got {v}" for k, v in
              (("gpus", gpus), ("tp", tp), ("pp", pp), ("cp", cp)) if v < 1]
@@ -244,7 +249,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     adam_moments_dtype=adam_moments,  # type: ignore[arg-type]
                     fp8_param_gather=fp8_param_gather,
                     dist_opt_instances=dist_opt_instances,
-                    outer_dp_sharding_strategy=outer_dp_sharding)  # type: ignore[arg-type]
+                    outer_dp_sharding_strategy=outer_dp_sharding,  # type: ignore[arg-type]
+                    grad_reduce_per_microbatch=grad_reduce_per_microbatch)
 
 
 def note_precision(precisions: set[str], system: SystemSpec) -> None:
@@ -282,22 +288,26 @@ ZERO2_NOTE = ("note: ZeRO-2 is costed with one gradient reduce-scatter a step, a
               "reduce every micro-batch's gradients to free them")
 
 
-def note_zero2(strategy: Strategy) -> None:
-    """ZeRO-2's memory holds the gradient shard, its communication is Megatron's distributed
-    optimizer's (one reduce-scatter a step): say so where micro-batches accumulate, since the
-    frameworks whose ZeRO-2 frees the gradients reduce every micro-batch (DESIGN.md, the
-    Llama 3 study)."""
-    if strategy.zero_stage == 2 and strategy.dp * strategy.cp > 1 and (
-            strategy.num_microbatches > 1):
-        console.print(f"{ZERO2_NOTE}, {strategy.num_microbatches} reduce-scatters a step here: "
-                      "their step may be longer than this one (a few percent where each "
-                      "hides behind the next micro-batch's backward; more where it outlasts it)")
+def note_zero2(strategy: Strategy, step_s: float = 0.0, per_microbatch_s: float = 0.0) -> None:
+    """ZeRO-2's memory holds the gradient shard, its communication is by default Megatron's
+    distributed optimizer's (one reduce-scatter a step): say so where micro-batches accumulate,
+    since the frameworks whose ZeRO-2 frees the gradients reduce every micro-batch — and, given
+    the step with ``--grad-reduce-per-microbatch`` (``per_microbatch_s``), what it costs them."""
+    s = strategy
+    if s.zero_stage == 2 and not s.grad_reduce_per_microbatch and s.dp * s.cp > 1 and (
+            s.num_microbatches > 1):
+        theirs = (f": {per_microbatch_s:.4f} s a step that way "
+                  f"({per_microbatch_s / step_s - 1:+.1%}; --grad-reduce-per-microbatch)"
+                  if per_microbatch_s and step_s else
+                  " (--grad-reduce-per-microbatch costs that)")
+        console.print(f"{ZERO2_NOTE}, {s.num_microbatches} reduce-scatters a step here{theirs}")
 
 
 def note_zero2_study(stages: Iterable[int]) -> None:
     """``note_zero2`` once for a study whose strategies (or space) hold ZeRO-2."""
     if 2 in set(stages):
-        console.print(f"{ZERO2_NOTE}: their steps may be longer than these ZeRO-2 ones")
+        console.print(f"{ZERO2_NOTE}: their steps may be longer than these ZeRO-2 ones "
+                      "(grad_reduce_per_microbatch = true costs theirs)")
 
 
 def note_param_gather(strategy: Strategy) -> None:

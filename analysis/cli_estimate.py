@@ -59,7 +59,7 @@ def estimate_cmd(
     delay_wgrad_compute: C.DelayWgradOpt = False, pipeline_layout: C.LayoutOpt = "",
     adam_moments: C.AdamMomentsOpt = "fp32", fp8_param_gather: C.Fp8GatherOpt = False,
     dist_opt_instances: C.InstancesOpt = 1, outer_dp_sharding: C.OuterShardingOpt = "no_shard",
-    seq_len: C.SeqLenOpt = 0,
+    grad_reduce_per_microbatch: C.GradPerMbOpt = False, seq_len: C.SeqLenOpt = 0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
                                                   "JSON to this file.")] = None,
     ops: Annotated[int | None, typer.Option(
@@ -104,7 +104,7 @@ def estimate_cmd(
         delay_wgrad_compute=delay_wgrad_compute,
         pipeline_layout=pipeline_layout, adam_moments=adam_moments,
         fp8_param_gather=fp8_param_gather, dist_opt_instances=dist_opt_instances,
-        outer_dp_sharding=outer_dp_sharding)
+        outer_dp_sharding=outer_dp_sharding, grad_reduce_per_microbatch=grad_reduce_per_microbatch)
     sys_spec = resolve_system(system)
     mixed = None
     chosen: dict[int, str] = {}
@@ -129,7 +129,8 @@ def estimate_cmd(
         if not (mixed.fits or (balanced is not None and balanced[1].fits)):
             _print_mixed_hints(spec, strategy, sys_spec, chosen)
     note_param_gather(strategy)
-    note_zero2(strategy)
+    note_zero2(strategy, g.step_time_s, _per_microbatch_s(spec, strategy, sys_spec)
+               if mixed is None else 0.0)
     note_combined_1f1b([strategy.overlap_moe_ep_comm])
     experts = note_small_experts(spec, strategy, sys_spec)
     unmerged = _print_unmerged(spec, strategy, sys_spec, g) if (
@@ -423,3 +424,17 @@ def _split_words(s: Strategy) -> str:
                                ("loss", s.account_for_loss_in_pipeline_split)) if on]
     return ("".join(f", {e}" for e in ends)
             + (f", {' and '.join(counted)} counted as layers in the split" if counted else ""))
+
+
+def _per_microbatch_s(spec: Any, s: Strategy, system: SystemSpec) -> float:
+    """ZeRO-2 reducing once a step: its step with every micro-batch's buckets reduced (as
+    DeepSpeed and FSDP's SHARD_GRAD_OP run it), or 0 where that is not modelled with it."""
+    if s.zero_stage != 2 or s.grad_reduce_per_microbatch:
+        return 0.0
+    try:
+        theirs = dataclasses.replace(s, grad_reduce_per_microbatch=True)
+    except ConfigError:
+        return 0.0
+    from analysis.fastpath import estimate
+
+    return estimate(spec, theirs, system).step_time_s

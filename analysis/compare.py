@@ -51,7 +51,7 @@ def strategy_label(s: Strategy) -> str:
             + f"-rc{s.recompute[0]}{s.recompute_num_layers or ''}"
             + (f".{s.recompute_modules.replace(',', '+')}"
                if s.recompute_modules != "core_attn" else "")
-            + f"-z{s.zero_stage}"
+            + f"-z{s.zero_stage}" + ("-pmb" if s.grad_reduce_per_microbatch else "")
             + ("" if s.precision == "bf16" else f"-{s.precision}")
             + ("-sp" if s.sequence_parallel else "")
             + ("-tpo" if s.tp_comm_overlap else "")

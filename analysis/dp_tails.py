@@ -428,32 +428,50 @@ def _buckets_done(costs: Costs, rank: int,
                             _IDLE, kappa, gathers, inter)
         return max(end + late, free), gathers, late
     stream = {"dp": _IDLE, "edp": _IDLE}
-    if costs.moe:
-        axes = [(axis, dp_group_size(s, axis), costs.shape(axis, rank)) for axis in ("dp", "edp")]
-        inter = None
-    else:
-        size, shape, inter = _dense_lane(costs, rank)
-        axes = [("dp", size, shape)]
+    lanes = grad_lanes(costs, rank)
     order = sorted(range(len(chunk_ends)), key=chunk_ends.__getitem__)
     extra = 0
     for chunk in order:
-        start = chunk_ends[chunk] - chunk_bwd[chunk]
-        k = kappa * busy_b[chunk] if kappa else 0.0
-        if k and costs.moe and min(size for _, size, _ in axes) > 1:
-            # both lanes slow the same backward: one timeline
-            late = _drain_lanes(costs, runs[chunk], axes, start, chunk_ends[chunk], stream,
-                                gathers, kappa)
-            extra += late
-            continue
-        for axis, size, shape in axes:
-            if size < 2 and inter is None:
-                continue
-            lane = axis if s.overlap_grad_reduce else "dp"  # without overlap: one queue
-            stream[lane], late = _drain(costs, runs[chunk], axis, size, shape, start,
-                                        chunk_ends[chunk], end, stream[lane], kappa, gathers,
-                                        inter)
-            extra += late
+        extra += drain_chunk(costs, lanes, runs[chunk], chunk_ends[chunk] - chunk_bwd[chunk],
+                             chunk_ends[chunk], end, stream, kappa,
+                             busy_b[chunk] if kappa else 0.0, gathers)
     return max(end + extra, *stream.values()), gathers, extra
+
+
+Lanes = tuple[list[tuple[str, int, Shape]], Shape | None]
+
+
+def grad_lanes(costs: Costs, rank: int) -> Lanes:
+    """The gradient buckets' groups on ``rank``: [(axis, size, shape)] — dense and expert on a
+    MoE model — and, with several optimizer instances, the shape across them."""
+    s = costs.s
+    if costs.moe:
+        return [(axis, dp_group_size(s, axis), costs.shape(axis, rank))
+                for axis in ("dp", "edp")], None
+    size, shape, inter = _dense_lane(costs, rank)
+    return [("dp", size, shape)], inter
+
+
+def drain_chunk(costs: Costs, lanes: Lanes, blocks: tuple[BlockRun, ...], start: int,
+                chunk_end: int, end: int, stream: dict[str, int], kappa: float, busy: float,
+                gathers: list[tuple[str, int, int]]) -> int:
+    """One chunk backward's buckets (its compute from ``start`` to ``chunk_end``; the stage's
+    last backward ends at ``end``) onto each lane's stream, busy until ``stream[lane]`` before
+    them (updated): how much later the backward ends for their interference (``kappa``, 0 for
+    none; ``busy``: the backward's compute share). Appends the ZeRO ≥ 1 gathers."""
+    axes, inter = lanes
+    if kappa and busy and costs.moe and min(size for _, size, _ in axes) > 1:
+        # both lanes slow the same backward: one timeline
+        return _drain_lanes(costs, blocks, axes, start, chunk_end, stream, gathers, kappa)
+    late = 0
+    for axis, size, shape in axes:
+        if size < 2 and inter is None:
+            continue
+        lane = axis if costs.s.overlap_grad_reduce else "dp"  # without overlap: one queue
+        stream[lane], extra = _drain(costs, blocks, axis, size, shape, start, chunk_end, end,
+                                     stream[lane], kappa, gathers, inter)
+        late += extra
+    return late
 
 
 def _drain_lanes(costs: Costs, blocks: tuple[BlockRun, ...],

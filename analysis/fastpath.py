@@ -32,6 +32,7 @@ from typing import NamedTuple
 from analysis.dp_tails import tails_ns
 from analysis.fastpath_costs import Costs, clear_cache
 from analysis.fastpath_stages import Stage, slowed_runs
+from analysis.grad_stream import per_microbatch_ns
 from analysis.merged_walk import merged_walk
 from analysis.pipeline_walk import (
     Opened,
@@ -135,6 +136,11 @@ def _estimate(costs: Costs, stages: list[Stage], reps: list[int], alike: bool, h
         c = _sends(costs, reps, alike)
     if costs.zb:
         return _zero_bubble(costs, stages, reps, c, alike, hbm_bytes)
+    if s.grad_reduce_per_microbatch:  # every backward's buckets: the streams walked along
+        finish, pipe = per_microbatch_ns(costs, stages, reps, c)
+        peak = _peak_memory_bytes(costs, stages, alike)
+        return FastEstimate(finish / NS_PER_S, pipe / NS_PER_S, peak / GiB, peak <= hbm_bytes,
+                            tuple(map(_FWD_S, stages)), tuple(map(_BWD_S, stages)))
     first_f = stages[0].first_f  # HFSDP: each chunk's first forward is longer
     # Interleaved schedules, and pipelines whose stages hold different layer counts, are walked
     # step by step: the closed forms charge every micro-batch at the slowest stage, which is

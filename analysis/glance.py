@@ -173,7 +173,11 @@ def instances_hint(model: ModelSpec, s: Strategy, system: SystemSpec, step_s: fl
     for r in range(2 if s.hfsdp else 1, ranks + 1):  # (HFSDP needs several: kept as asked)
         if ranks % r or r == s.dist_opt_instances:
             continue
-        est = estimate(model, dataclasses.replace(s, dist_opt_instances=r), system)
+        try:  # (not every option is modelled with several instances)
+            other = dataclasses.replace(s, dist_opt_instances=r)
+        except ConfigError:
+            continue
+        est = estimate(model, other, system)
         if est.fits:
             fitting.append((est.step_time_s, r, est))
     if not fitting or min(fitting)[0] > step_s * (1 - INSTANCES_GAIN):

@@ -51,7 +51,10 @@ def candidates(s: Strategy) -> list[Strategy]:
                 for p in prefetch:
                     try:
                         c = dataclasses.replace(s, zero_stage=zero, dist_opt_instances=r,
-                                                outer_dp_sharding_strategy=o, zero3_prefetch=p)
+                                                outer_dp_sharding_strategy=o, zero3_prefetch=p,
+                                                # (ZeRO-3 reduces every backward anyway)
+                                                grad_reduce_per_microbatch=(
+                                                    s.grad_reduce_per_microbatch and zero < 3))
                     except ConfigError:
                         continue
                     if c != s:

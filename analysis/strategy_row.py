@@ -51,6 +51,7 @@ FLAGS: dict[str, str] = {
     "pipeline_layout": "--pipeline-layout", "adam_moments_dtype": "--adam-moments",
     "fp8_param_gather": "--fp8-param-gather", "dist_opt_instances": "--dist-opt-instances",
     "outer_dp_sharding_strategy": "--outer-dp-sharding",
+    "grad_reduce_per_microbatch": "--grad-reduce-per-microbatch",
 }
 _ALWAYS = ("micro_batch_size", "global_batch_size")  # the flags estimate requires
 

@@ -41,7 +41,7 @@ OPTIONAL_DIMENSIONS = ("cp", "ep", "expert_tp", "schedule", "tp_comm_overlap",
                        "overlap_moe_ep_comm", "delay_wgrad_compute", "pipeline_layout",
                        "adam_moments_dtype",
                        "fp8_param_gather", "precision", "dist_opt_instances",
-                       "outer_dp_sharding_strategy")
+                       "outer_dp_sharding_strategy", "grad_reduce_per_microbatch")
 Progress = Callable[[str, int, int], None]
 
 
@@ -75,7 +75,7 @@ _WHOLE = {"tp": 1, "pp": 1, "vpp": 1, "micro_batch_size": 1, "cp": 1, "ep": 1,
           "zero_stage": 0, "expert_tp": 0, "recompute_num_layers": 0, "dist_opt_instances": 1}
 _FLAGS = ("sequence_parallel", "tp_comm_overlap", "overlap_param_gather", "zero3_prefetch",
           "moe_shared_expert_overlap", "fp8_param_gather", "overlap_moe_ep_comm",
-          "delay_wgrad_compute")
+          "delay_wgrad_compute", "grad_reduce_per_microbatch")
 
 
 def _value_problem(name: str, values: list[Any]) -> str | None:
@@ -118,6 +118,8 @@ _OFF_WHERE: tuple[tuple[str, Any, Callable[[dict[str, Any]], bool]], ...] = (
      lambda d: d.get("ep", 1) == 1 or d.get("moe_dispatcher", "alltoall") != "alltoall"),
     ("overlap_moe_ep_comm", False, lambda d: d.get("ep", 1) == 1),
     ("delay_wgrad_compute", False, lambda d: not d.get("overlap_moe_ep_comm", False)),
+    # (ZeRO-3 reduce-scatters every backward's gradients whatever it says)
+    ("grad_reduce_per_microbatch", False, lambda d: d["zero_stage"] == 3),
 )
 def applicable(d: dict[str, Any]) -> dict[str, Any]:
     """One combination of the space with each dimension that does not apply at its off value
@@ -261,7 +263,8 @@ def _build(study: Study, d: dict[str, Any]) -> Strategy:
                  precision=d.get("precision", "bf16"),
                  dist_opt_instances=int(d.get("dist_opt_instances", 1)),
                  outer_dp_sharding_strategy=d.get("outer_dp_sharding_strategy",
-                                                  "no_shard"))
+                                                  "no_shard"),
+                 grad_reduce_per_microbatch=bool(d.get("grad_reduce_per_microbatch", False)))
     # a layer count pp·vpp does not divide: shorter end chunks, as frameworks run it
     s = with_shorter_end_chunks(s, study.model.num_layers)
     check_fits_model(s, study.model)

@@ -93,7 +93,7 @@ EXTENSION_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "pipeline_layou
 LOWERCASE_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "adam_moments_dtype")
 BOOL_COLUMNS = ("sequence_parallel",)
 EXTENSION_BOOL_COLUMNS = ("fp8_param_gather", "overlap_moe_ep_comm", "delay_wgrad_compute",
-                          "tp_comm_overlap")
+                          "tp_comm_overlap", "grad_reduce_per_microbatch")
 # Read case-insensitively (the schema spells them in lower case: "bf16", "h100-sxm", "full").
 ENUM_COLUMNS = ("arch", "activation", "recompute", "precision", "gpu")
 # Two 800 Gb/s NICs per GPU, twice what any system offers (ConnectX-8: one 800 Gb/s per GPU): a
@@ -303,6 +303,10 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None,
         model = _padded_vocab(_model(row, _model_over_where_meaningful(model_over, row, notes)),
                               row["tp"], notes)
         strategy = _uneven_pipeline(_strategy(row, precision), row["num_layers"], notes)
+        if (row["zero_stage"] == 2 and row.get("grad_reduce_per_microbatch") is None
+                and strategy.num_microbatches > 1):
+            notes.append("ZeRO-2: each micro-batch's gradients reduce-scattered in its backward "
+                         "(DeepSpeed stage 2, FSDP SHARD_GRAD_OP)")
         if strategy_over:
             strategy = Strategy.from_dict({**strategy.to_dict(),
                                            **_where_meaningful(strategy_over, row, notes)})
@@ -404,7 +408,18 @@ def _strategy(row: dict[str, Any], precision: str) -> Strategy:
         fp8_param_gather=bool(row.get("fp8_param_gather")),
         overlap_moe_ep_comm=bool(row.get("overlap_moe_ep_comm")),
         delay_wgrad_compute=bool(row.get("delay_wgrad_compute")),
-        tp_comm_overlap=bool(row.get("tp_comm_overlap")))
+        tp_comm_overlap=bool(row.get("tp_comm_overlap")),
+        grad_reduce_per_microbatch=_per_microbatch(row))
+
+
+def _per_microbatch(row: dict[str, Any]) -> bool:
+    """Whether a row's gradients are reduced in every micro-batch: as its column says, else for
+    ZeRO-2. The schema's ZeRO stages name frameworks (Megatron's distributed optimizer is 1,
+    FSDP's full shard 3), and a ZeRO-2 run shards its gradients — DeepSpeed's stage 2 or FSDP's
+    SHARD_GRAD_OP —, which reduce each micro-batch's as its backward makes them
+    (``Strategy.grad_reduce_per_microbatch``)."""
+    said = row.get("grad_reduce_per_microbatch")
+    return bool(said) if said is not None else row["zero_stage"] == 2
 
 
 def _padded_vocab(model: ModelSpec, tp: int, notes: list[str]) -> ModelSpec:

@@ -122,6 +122,14 @@ def main() -> None:
     print(f"    at 4x the global batch ({min(s.num_microbatches for s in zbv4)}-"
           f"{max(s.num_microbatches for s in zbv4)} micro-batches): "
           f"{statistics.median(rates):,.0f} strategies/s median of 3")
+    # ZeRO-2 reducing every micro-batch (DeepSpeed, FSDP SHARD_GRAD_OP): every pass walked
+    # with each stage's data-parallel streams (analysis/grad_stream.py)
+    per = [dataclasses.replace(s, zero_stage=2, grad_reduce_per_microbatch=True)
+           for s in cands if s.zero_stage == 1]
+    rates = gc_paused(rate)(model, system, per, 3)
+    print(f"  ZeRO-2 reducing every micro-batch (each pass walked with its stage's streams): "
+          f"the {len(per)} ZeRO-1 strategies so, {statistics.median(rates):,.0f} strategies/s "
+          "median of 3")
 
     _combined_1f1b()
 

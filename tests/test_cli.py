@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +71,16 @@ def test_zero2_says_how_its_gradients_are_reduced(zero: int, gbs: str, said: boo
     assert ("ZeRO-2 is costed with one gradient reduce-scatter a step" in text) is said
     if said:
         assert "reduce every micro-batch's gradients to free them, 4 reduce-scatters" in text
+        # and what that costs them: the step with --grad-reduce-per-microbatch, as estimated
+        got = re.search(r"here: ([\d.]+) s a step that way \(\+([\d.]+)%; "
+                        r"--grad-reduce-per-microbatch\)", text)
+        assert got, text
+        theirs = run("estimate", "--model", "gpt-1.7b", "--gpus", "2", "--mbs", "1", "--gbs",
+                     gbs, "--zero", "2", "--system", "dgx-h100", "--grad-reduce-per-microbatch")
+        step = re.search(r"step time ([\d.]+) s", " ".join(theirs.stdout.split()))
+        assert step and step.group(1) == got.group(1)
+        assert float(got.group(2)) > 0
+        assert "ZeRO-2 is costed" not in theirs.stdout
 
 
 def test_a_study_with_zero2_says_it_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]

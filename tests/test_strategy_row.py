@@ -57,6 +57,8 @@ CASES = [
                             dist_opt_instances=128, outer_dp_sharding_strategy="optim")),
     ("gpt3-175b", Strategy(tp=8, pp=12, dp=16, vpp=2, schedule="interleaved_1f1b",
                            micro_batch_size=1, global_batch_size=1568, microbatch_group_size=14)),
+    ("llama3-8b", Strategy(tp=2, dp=32, sequence_parallel=True, micro_batch_size=1,
+                           global_batch_size=512, zero_stage=2, grad_reduce_per_microbatch=True)),
     ("llama3.1-405b", Strategy(tp=8, pp=16, dp=128, vpp=8, schedule="interleaved_1f1b",
                                sequence_parallel=True, micro_batch_size=1, global_batch_size=2048,
                                zero_stage=1, overlap_param_gather=True, recompute="full",

@@ -826,3 +826,23 @@ def test_a_gpu_outside_the_schema_is_skipped_naming_the_schemas_names(tmp_path: 
     got = validate(_row_file(tmp_path, "mpt-07", gpu="H100"), fast=True)["status"][0]
     assert got.startswith("skipped: gpu 'h100' has no system preset; the schema's names: ")
     assert "a100-80gb" in got and "an H100 of unstated form factor is h100-sxm" in got
+
+
+def test_a_zero2_row_reduces_every_micro_batch_unless_its_column_says_not(
+        tmp_path: Path) -> None:
+    """A ZeRO-2 row shards its gradients (DeepSpeed's stage 2, FSDP's SHARD_GRAD_OP), so each
+    micro-batch's are reduced in its backward — said per row; a row's
+    ``grad_reduce_per_microbatch`` column wins. More reductions, a longer step."""
+    steps = {}
+    for said in (None, "false", "true"):
+        cells = {"zero_stage": "2"} | ({} if said is None else
+                                      {"grad_reduce_per_microbatch": said})
+        row = load_runs(_row_file(tmp_path, "mpt-07", **cells)).row(0, named=True)
+        inputs = V.row_inputs(row)
+        assert not isinstance(inputs, str), inputs
+        assert inputs.strategy.num_microbatches > 1
+        assert inputs.strategy.grad_reduce_per_microbatch is (said != "false")
+        assert ("each micro-batch's gradients reduce-scattered" in inputs.assumptions) is (
+            said is None)
+        steps[said] = V.predict(inputs)["predicted_iter_time_s"]
+    assert steps[None] == steps["true"] > steps["false"]

@@ -384,21 +384,29 @@ class RoleProgram:
         return self.tail
 
     # ---- DP buckets (ZeRO 0-2) -------------------------------------------------------------
-    def _bucket_add(self, block: ParamBlock, prefix: str, *, flush: bool) -> None:
+    def _bucket_add(self, block: ParamBlock, prefix: str, *, flush: bool,
+                    last: bool = True) -> None:
+        """Add a block's gradients to the open buckets, issuing each that fills (or all at
+        ``flush``, the chunk's first block). ``last``: the chunk's last backward, after which
+        the parameters are gathered (not so for the earlier micro-batches' reductions of
+        ``grad_reduce_per_microbatch``)."""
         self.buckets["dp"] += block.dense
         self.buckets["edp"] += block.expert
         for axis in ("dp", "edp"):
             if self.buckets[axis] and (flush or self.buckets[axis] >= self.s.dp_bucket_params):
-                self._emit_bucket(axis, prefix)
+                self._emit_bucket(axis, prefix, last=last)
 
-    def _emit_bucket(self, axis: str, prefix: str) -> None:
+    def _emit_bucket(self, axis: str, prefix: str, *, last: bool = True) -> None:
         n, size = self.buckets[axis], dp_group_size(self.s, axis)
         self.buckets[axis] = 0
         if size < 2:
             return
         comms = bucket_comms(self.s, axis, n)
-        if not self.s.overlap_grad_reduce:  # Megatron's finalize_model_grads: after the last
-            self.deferred_dp += comms  # backward and its send
+        if not self.s.overlap_grad_reduce and self.s.grad_reduce_per_microbatch:
+            for c in comms:  # DeepSpeed without overlap_comm: the hook reduces in the chain
+                self.pending_dp.append(self.coll(c, prefix, blocking=True))
+        elif not self.s.overlap_grad_reduce:  # Megatron's finalize_model_grads: after the
+            self.deferred_dp += comms  # last backward and its send
         else:
             ids: list[int] = []
             for c in comms:  # each after the one before it (the first after the backward)
@@ -409,7 +417,7 @@ class RoleProgram:
                     self.nodes[ids[0]].ctrl_deps.append(self._last_ar)  # (``start_grad_sync``)
                 self._last_ar = ids[1]
             self.pending_dp.append(ids[-1])
-        if self.s.zero_stage >= 1:  # the bucket padded to its shard group, gathered there
+        if self.s.zero_stage >= 1 and last:  # the bucket padded to its shard group, gathered
             group = shard_axis(self.s, axis)
             shards = dp_group_size(self.s, group)
             self.param_gathers.append((group, -(-n // shards) * shards))
@@ -466,8 +474,8 @@ class RoleProgram:
                 first = ()
             if self.s.zero_stage == 3:
                 self._grad_reduce(block, name, last=last)
-            elif last:
-                self._bucket_add(block, name, flush=i == 0)
+            elif last or self.s.grad_reduce_per_microbatch:
+                self._bucket_add(block, name, flush=i == 0, last=last)
         if gci > 0 and self._hop(gci - 1):
             self._send(mb, gci - 1, grad=True)
 

@@ -200,6 +200,17 @@ class Strategy:
     # (``RoleProgram._zero3_gather``). Megatron-FSDP requires inner
     # optim_grads_params and more than one instance for it.
     outer_dp_sharding_strategy: OuterDpSharding = "no_shard"
+    # ZeRO 0-2 gradients reduced in every micro-batch's backward, not once a step after the
+    # last (Megatron's DDP and distributed optimizer). DeepSpeed's ZeRO-2 reduces each bucket as
+    # it fills in every backward (``stage_1_and_2.py`` ``reduce_ipg_grads`` from the gradient
+    # hooks, whatever the accumulation step: the partition kept is the accumulator), PyTorch
+    # FSDP's SHARD_GRAD_OP and DDP outside ``no_sync`` do likewise: the sharded gradient the
+    # memory model charges for ZeRO-2 is only consistent with it. With overlap_grad_reduce each
+    # bucket goes on the data-parallel stream as it fills (DeepSpeed ``overlap_comm``), without
+    # it each blocks the backward where it fills. The parameters are still gathered once a
+    # step. Modelled with one optimizer instance, without overlap_param_gather, and with the
+    # 1F1B, interleaved and GPipe schedules (analysis/grad_stream.py walks it).
+    grad_reduce_per_microbatch: bool = False
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self) or _degree_problems(self)
@@ -659,10 +670,35 @@ def _schedule_problems(s: Strategy) -> list[str]:
                    "count ≥ 1 (the first that many layers of each model chunk recompute, as "
                    "Megatron's --recompute-method block does); set it to 0 for every layer, "
                    f"got recompute {s.recompute!r}")
+    if s.grad_reduce_per_microbatch:
+        out += _per_microbatch_problems(s)
     if s.zero3_prefetch and s.zero_stage != 3:
         out.append(f"zero3_prefetch needs zero_stage 3 (it prefetches ZeRO-3's parameter "
                    f"gathers), got zero_stage {s.zero_stage}")
     return out + _expert_problems(s)
+
+
+def _per_microbatch_problems(s: Strategy) -> list[str]:
+    """What reducing gradients every micro-batch (``grad_reduce_per_microbatch``) is modelled
+    with: ZeRO 0-2 (ZeRO-3 always does), one optimizer instance, the parameters gathered after
+    the step, no deferred W passes nor merged ones."""
+    what = "grad_reduce_per_microbatch"
+    out = []
+    if s.zero_stage == 3:
+        out.append(f"{what}: ZeRO-3 reduce-scatters each block's gradients in every backward "
+                   "already; set it to false")
+    if s.dist_opt_instances > 1:
+        out.append(f"{what} is modelled with one optimizer instance (got dist_opt_instances="
+                   f"{s.dist_opt_instances}); set one of the two back")
+    if s.overlap_param_gather and s.zero_stage in (1, 2):
+        out.append(f"{what} is modelled without overlap_param_gather (Megatron's; DeepSpeed "
+                   "and FSDP gather the updated parameters after the step); drop one of the two")
+    for bad, name in ((s.split_w, f"schedule {s.schedule!r}"),
+                      (s.overlap_moe_ep_comm, "overlap_moe_ep_comm")):
+        if bad:
+            out.append(f"{what} is modelled with the 1f1b, interleaved_1f1b and gpipe "
+                       f"schedules, not with {name}; drop one of the two")
+    return out
 
 
 def _expert_problems(s: Strategy) -> list[str]:

@@ -1,0 +1,134 @@
+"""The fast path under ``Strategy.grad_reduce_per_microbatch``: every backward, not only a
+chunk's last, reduces its gradient buckets (DeepSpeed's ZeRO-2, PyTorch FSDP's SHARD_GRAD_OP,
+DDP outside ``no_sync``), so a stage's data-parallel streams carry work from pass to pass — a
+slow network's reductions queue up across micro-batches and slow every pass they run beside.
+No closed form holds that, so each stage's passes are walked in the trace's order
+(``tracegen.schedule.stage_order``), each pass waiting for its input from the stage before
+(forward) or after (backward) and its send, with each stage's streams carried along:
+
+* a backward's buckets go onto its streams as ``dp_tails.drain_chunk`` issues them (the same
+  drain as a step's last backward, starting from the streams' backlog), the backward slowed
+  beside them; without ``overlap_grad_reduce`` each bucket blocks the backward where it fills
+  (DeepSpeed without ``overlap_comm``), so the pass takes its buckets' time more;
+* a forward runs its compute share slowed while a stream is still busy (``dp_tails.slowed``:
+  1/(1 + κ·n) beside n busy streams, replay/sim.py's interference).
+
+The step ends when each stage's streams have drained and, after the tied embedding's
+all-reduce where there is one, its optimizer and parameter gathers have run (``dp_tails``'s
+``_after``, as for the other schedules). The walk visits every pass, p·v·2m of them: this
+option is screened at a few thousand strategies a second, not at the closed forms' rate."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from analysis.dp_tails import _IDLE, _after_memo, drain_chunk, grad_lanes, slowed
+from tracegen import ops as O
+from tracegen.schedule import Step, stage_order
+
+if TYPE_CHECKING:
+    from analysis.fastpath_costs import Costs
+    from analysis.fastpath_stages import Stage
+
+Pass = tuple[str, int, int]  # (phase "F" or "B", micro-batch, global model chunk)
+
+
+def per_microbatch_ns(costs: Costs, stages: list[Stage], reps: list[int], c: list[int]
+                      ) -> tuple[int, int]:
+    """(step ns, pipeline ns: the last pass's end) with every backward reducing its buckets."""
+    s = costs.s
+    p, v, m = s.pp, s.vpp, s.num_microbatches
+    orders = [stage_order(s.order_id, m=m, p=p, v=v, stage=st) for st in range(p)]
+    walkers = [_StageWalk(stages[st].costs or costs, stages[st], reps[st], orders[st], st)
+               for st in range(p)]
+    done: dict[Pass, int] = {}  # a pass's end (its send not included)
+    left = sum(len(o) for o in orders)
+    while left:
+        moved = 0
+        for w in walkers:
+            moved += w.advance(done, c, p * v)
+        if not moved:  # pragma: no cover - the schedules' orders never deadlock
+            raise RuntimeError("the per-micro-batch walk found no pass ready to run")
+        left -= moved
+    ends = [w.clock for w in walkers]
+    chain = _embedding_chain(costs, stages, ends)
+    finish = max(max(chain[st], *w.stream.values())
+                 + _after_memo(w.costs, stages[st], reps[st], w.gathers)
+                 for st, w in enumerate(walkers))
+    return finish, max(ends)
+
+
+class _StageWalk:
+    """One stage's clock, streams and place in its order."""
+
+    def __init__(self, costs: Costs, stage: Stage, rank: int, order: list[Step], st: int
+                 ) -> None:
+        s = costs.s
+        self.costs, self.x, self.order, self.st = costs, stage, order, st
+        self.lanes = grad_lanes(costs, rank)
+        self.kappa = costs.compute.gpu.comm_interference if s.overlap_grad_reduce else 0.0
+        self.clock, self.i = 0, 0
+        self.stream = {"dp": _IDLE, "edp": _IDLE}
+        self.gathers: list[tuple[str, int, int]] = []  # the last backwards' (ZeRO ≥ 1)
+        self.last = {ch: max(mb for ph, mb, cc in order if ph == "B" and cc == ch)
+                     for ch in range(s.vpp)}
+
+    def advance(self, done: dict[Pass, int], c: list[int], chunks: int) -> int:
+        """Run the stage's passes in order while their inputs are there; how many ran."""
+        s, ran = self.costs.s, 0
+        while self.i < len(self.order):
+            ph, mb, ch = self.order[self.i]
+            gci = s.gci(self.st, ch)
+            t = self.clock
+            if ph == "F" and gci > 0:
+                got = done.get(("F", mb, gci - 1))
+                if got is None:
+                    break
+                t = max(t, got + c[(gci - 1) % s.pp])
+            elif ph == "B" and gci < chunks - 1:
+                got = done.get(("B", mb, gci + 1))
+                if got is None:
+                    break
+                t = max(t, got + c[gci % s.pp])
+            self.clock = (self._forward(t, ch) if ph == "F" else
+                          self._backward(t, ch, last=mb == self.last[ch]))
+            done[(ph, mb, gci)] = self.clock
+            self.i += 1
+            ran += 1
+        return ran
+
+    def _forward(self, t: int, ch: int) -> int:
+        f = self.x.fwd[ch]
+        busy = [b for b in self.stream.values() if b > t]
+        if not (busy and self.kappa):
+            return t + f
+        compute = f * self.x.busy_f[ch]
+        return round(slowed(t, compute, busy, self.kappa) + f - compute)
+
+    def _backward(self, t: int, ch: int, *, last: bool) -> int:
+        b = self.x.bwd[ch]
+        gathers = self.gathers if last else []
+        if not self.costs.s.overlap_grad_reduce:  # each bucket blocks the backward
+            queue = {"dp": _IDLE, "edp": _IDLE}
+            drain_chunk(self.costs, self.lanes, self.x.runs_bwd[ch], t, t + b, t + b, queue,
+                        0.0, 0.0, gathers)
+            return max(t + b, *queue.values())
+        late = drain_chunk(self.costs, self.lanes, self.x.runs_bwd[ch], t, t + b, t + b,
+                           self.stream, self.kappa, self.x.busy_b[ch], gathers)
+        return t + b + late
+
+
+def _embedding_chain(costs: Costs, stages: list[Stage], ends: list[int]) -> list[int]:
+    """Each stage's end with the tied embedding's all-reduce between the first stage and its
+    partner (after both last backwards' compute, on its own stream; ``dp_tails.tails_ns``)."""
+    chain = list(ends)
+    partner = costs.embd_partner
+    if partner is None:
+        return chain
+    m, s = costs.m, costs.s
+    size = m.vocab_size * m.hidden_size // s.tp * O.grad_reduce_bytes(s)
+    t = max(ends[0], ends[partner]) + max(
+        (x.costs or costs).net.shape_ns("ALL_REDUCE", size, costs.shape("embd", 0))
+        for x in (stages[0], stages[partner]))
+    chain[0], chain[partner] = max(t, ends[0]), max(t, ends[partner])
+    return chain
