@@ -188,7 +188,7 @@ def resilience_cmd(
                "to train under these failures, and `trainsim report` on its folder writes the "
                "best as a [[strategies]] table to add here" if study.search else ""),
             what="study")
-    note_zero2_study(x.zero_stage for x in study.strategies)
+    note_zero2_study(x.zero_stage for x in study.strategies if not x.grad_reduce_per_microbatch)
     out: dict[str, Any] = {}
     shapes: dict[str, Any] = {}
     for s, name in zip(study.strategies, _strategy_names(study.strategies), strict=True):
@@ -379,7 +379,7 @@ def compare_cmd(
     st = _resolve_study(study)
     note_precision({x.precision for x in st.strategies} or {"bf16"}, st.system)
     note_combined_1f1b(x.overlap_moe_ep_comm for x in st.strategies)
-    note_zero2_study(x.zero_stage for x in st.strategies)
+    note_zero2_study(x.zero_stage for x in st.strategies if not x.grad_reduce_per_microbatch)
     if not st.strategies:
         raise ConfigError("the study lists no [[strategies]]; use `trainsim sweep` for a search "
                           "space", what="study")
@@ -510,7 +510,8 @@ def _note_space(st: Study) -> None:
 
     space = search_space(st)
     note_combined_1f1b(bool(x) for x in space.get("overlap_moe_ep_comm", []))
-    note_zero2_study(int(x) for x in space.get("zero_stage", []))
+    if False in space.get("grad_reduce_per_microbatch", [False]):  # (else each reduces so)
+        note_zero2_study(int(x) for x in space.get("zero_stage", []))
 
 
 def _print_cluster(st: Study) -> None:
