@@ -131,6 +131,7 @@ def estimate_cmd(
     note_param_gather(strategy)
     note_zero2(strategy, g.step_time_s, _per_microbatch_s(spec, strategy, sys_spec)
                if mixed is None else 0.0)
+    stream = note_grad_stream(spec, strategy, sys_spec) if mixed is None else None
     note_combined_1f1b([strategy.overlap_moe_ep_comm])
     experts = note_small_experts(spec, strategy, sys_spec)
     unmerged = _print_unmerged(spec, strategy, sys_spec, g) if (
@@ -151,6 +152,8 @@ def estimate_cmd(
             out["without_merged_passes"] = unmerged
         if experts is not None:  # a rank's group of experts, what the note reads
             out["expert_group"] = experts
+        if stream is not None:  # every micro-batch's reductions against its compute
+            out["grad_stream"] = stream
         if mixed is not None:
             out["mixed"] = mixed.to_dict()
             if balanced is not None:
@@ -174,6 +177,26 @@ def _print_unmerged(model: Any, s: Strategy, system: SystemSpec, g: Glance) -> d
 
 
 SMALL_EXPERTS = 1.2  # a group this much slower than one GEMM of its FLOPs gets a note
+
+
+def note_grad_stream(model: Any, s: Strategy, system: SystemSpec) -> dict[str, Any] | None:
+    """With every micro-batch's gradients reduced: how long one micro-batch's reductions hold
+    the data-parallel stream against its compute, and how long the step waits for them after
+    its last backward — the network binds the step where they outlast the compute. Returns
+    ``grad_stream.stream_summary`` for the JSON (None where nothing is reduced so)."""
+    from analysis.grad_stream import stream_summary
+
+    got = stream_summary(model, s, system)
+    if got is None:
+        return None
+    r, c = got["reduce_s_per_microbatch"], got["compute_s_per_microbatch"]
+    bound = (": the network binds the step (16-bit reductions, --grad-reduce-bf16, halve their "
+             "bytes; a larger micro-batch makes fewer of them)" if r > c else "")
+    console.print(f"gradients reduced in every micro-batch: {r * 1e3:,.1f} ms of collectives a "
+                  f"micro-batch on stage {got['stage']}'s data-parallel stream against "
+                  f"{c * 1e3:,.1f} ms of its compute; the stream drains "
+                  f"{got['wait_after_last_backward_s']:.3f} s after its last backward{bound}")
+    return got
 
 
 def note_small_experts(model: Any, s: Strategy, system: SystemSpec) -> dict[str, Any] | None:

@@ -5,7 +5,7 @@ parameter all-gathers. The step ends when the last checked stage finishes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from tracegen import ops as O
@@ -565,11 +565,7 @@ def _drain(costs: Costs, blocks: tuple[BlockRun, ...], axis: str,
     free = float(busy)
     for t, step, n, params, share in runs:
         padded = -(-params // size) * size
-        if inter is None:
-            d = shape_ns(coll, padded * grad_bytes, shape)
-        else:  # (an instance of one rank scatters nothing)
-            d = shape_ns(coll, padded * grad_bytes, shape) if size > 1 else 0
-            d += shape_ns("ALL_REDUCE", padded // size * grad_bytes, inter)
+        d = _bucket_ns(shape_ns, coll, padded * grad_bytes, size, shape, inter)
         if gather:
             gathers.append((gaxis, padded, n))
         if kappa:
@@ -591,6 +587,33 @@ def _drain(costs: Costs, blocks: tuple[BlockRun, ...], axis: str,
              _advance_runs(w, c, chunk_end - c, free, _IDLE, kappa, blocks, start))
         return round(free), round(w - chunk_end)
     return busy, 0
+
+
+def _bucket_ns(shape_ns: Callable[[O.CollType, int, Shape], int], coll: O.CollType,
+               nbytes: int, size: int, shape: Shape, inter: Shape | None) -> int:
+    """One bucket of ``nbytes`` (padded) on its stream: its collective over the group and, with
+    several optimizer instances (``inter``), its shard's all-reduce across them."""
+    if inter is None:
+        return shape_ns(coll, nbytes, shape)
+    d = shape_ns(coll, nbytes, shape) if size > 1 else 0  # (an instance of one rank: none)
+    return d + shape_ns("ALL_REDUCE", nbytes // size, inter)
+
+
+def buckets_busy_ns(costs: Costs, lanes: Lanes, blocks: tuple[BlockRun, ...]) -> int:
+    """How long one backward's buckets of a chunk hold the data-parallel streams: each lane's
+    collectives end to end, the lanes side by side (one queue without overlap)."""
+    s = costs.s
+    coll: O.CollType = "REDUCE_SCATTER" if s.zero_stage >= 1 else "ALL_REDUCE"
+    axes, inter = lanes
+    busy = []
+    for axis, size, shape in axes:
+        if size < 2 and inter is None:
+            continue
+        busy.append(sum(n * _bucket_ns(costs.net.shape_ns, coll,
+                                       -(-params // size) * size * O.grad_reduce_bytes(s),
+                                       size, shape, inter)
+                        for _, _, n, params, _ in _bucket_runs_of(costs, blocks, axis)))
+    return (max(busy, default=0) if s.overlap_grad_reduce else sum(busy))
 
 
 def _advance_runs(w: float, c: float, dt: float, a: float, b: float, kappa: float,

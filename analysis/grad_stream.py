@@ -20,15 +20,19 @@ option is screened at a few thousand strategies a second, not at the closed form
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from analysis.dp_tails import _IDLE, _after_memo, drain_chunk, grad_lanes, slowed
+from analysis.dp_tails import _IDLE, _after_memo, buckets_busy_ns, drain_chunk, grad_lanes, slowed
 from tracegen import ops as O
+from tracegen.model import ModelSpec
 from tracegen.schedule import Step, stage_order
+from tracegen.strategy import Strategy
+from tracegen.units import NS_PER_S
 
 if TYPE_CHECKING:
     from analysis.fastpath_costs import Costs
     from analysis.fastpath_stages import Stage
+    from replay.hardware import SystemSpec
 
 Pass = tuple[str, int, int]  # (phase "F" or "B", micro-batch, global model chunk)
 
@@ -36,6 +40,39 @@ Pass = tuple[str, int, int]  # (phase "F" or "B", micro-batch, global model chun
 def per_microbatch_ns(costs: Costs, stages: list[Stage], reps: list[int], c: list[int]
                       ) -> tuple[int, int]:
     """(step ns, pipeline ns: the last pass's end) with every backward reducing its buckets."""
+    walkers = _walk(costs, stages, reps, c)
+    ends = [w.clock for w in walkers]
+    chain = _embedding_chain(costs, stages, ends)
+    finish = max(max(chain[st], *w.stream.values())
+                 + _after_memo(w.costs, stages[st], reps[st], w.gathers)
+                 for st, w in enumerate(walkers))
+    return finish, max(ends)
+
+
+def stream_summary(model: ModelSpec, s: Strategy, system: SystemSpec) -> dict[str, Any] | None:
+    """Where a strategy reducing every micro-batch's gradients waits for them: of the stage
+    whose streams drain last, one micro-batch's reductions on its data-parallel stream against
+    its compute (forward and backward, every chunk), and how long after its last backward's
+    compute its streams drain. None where nothing is reduced so (``estimate`` prints it)."""
+    from analysis.fastpath import _sends, _stages
+    from analysis.fastpath_costs import Costs
+
+    if not s.grad_reduce_per_microbatch or s.dp * s.cp < 2:
+        return None
+    costs = Costs(model, s, system)
+    stages, reps, alike = _stages(costs)
+    walkers = _walk(costs, stages, reps, _sends(costs, reps, alike))
+    w = max(walkers, key=lambda x: (max(x.stream.values()) - x.clock, -x.st))
+    x = stages[w.st]
+    reduce_ns = sum(buckets_busy_ns(w.costs, w.lanes, blocks) for blocks in x.runs_bwd)
+    return {"stage": w.st, "reduce_s_per_microbatch": reduce_ns / NS_PER_S,
+            "compute_s_per_microbatch": (sum(x.fwd) + sum(x.bwd)) / NS_PER_S,
+            "wait_after_last_backward_s": max(0, max(w.stream.values()) - w.clock) / NS_PER_S}
+
+
+def _walk(costs: Costs, stages: list[Stage], reps: list[int], c: list[int]
+          ) -> list[_StageWalk]:
+    """Every stage's passes walked in the trace's order, each when its input is there."""
     s = costs.s
     p, v, m = s.pp, s.vpp, s.num_microbatches
     orders = [stage_order(s.order_id, m=m, p=p, v=v, stage=st) for st in range(p)]
@@ -50,12 +87,7 @@ def per_microbatch_ns(costs: Costs, stages: list[Stage], reps: list[int], c: lis
         if not moved:  # pragma: no cover - the schedules' orders never deadlock
             raise RuntimeError("the per-micro-batch walk found no pass ready to run")
         left -= moved
-    ends = [w.clock for w in walkers]
-    chain = _embedding_chain(costs, stages, ends)
-    finish = max(max(chain[st], *w.stream.values())
-                 + _after_memo(w.costs, stages[st], reps[st], w.gathers)
-                 for st, w in enumerate(walkers))
-    return finish, max(ends)
+    return walkers
 
 
 class _StageWalk:

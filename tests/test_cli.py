@@ -83,6 +83,23 @@ def test_zero2_says_how_its_gradients_are_reduced(zero: int, gbs: str, said: boo
         assert "ZeRO-2 is costed" not in theirs.stdout
 
 
+def test_estimate_says_how_every_micro_batch_s_reductions_weigh(tmp_path: Path) -> None:
+    """With --grad-reduce-per-microbatch, estimate prints one micro-batch's reductions against
+    its compute and how long the step waits for them, and writes the same to the JSON."""
+    out = tmp_path / "e.json"
+    r = run("estimate", "--model", "gpt-1.7b", "--gpus", "16", "--mbs", "1", "--gbs", "64",
+            "--zero", "2", "--system", "dgx-h100", "--grad-reduce-per-microbatch",
+            "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    got = json.loads(out.read_text())["grad_stream"]
+    assert (f"gradients reduced in every micro-batch: "
+            f"{got['reduce_s_per_microbatch'] * 1e3:,.1f} ms of collectives a micro-batch on "
+            f"stage 0's data-parallel stream against {got['compute_s_per_microbatch'] * 1e3:,.1f}"
+            " ms of its compute") in text
+    assert got["reduce_s_per_microbatch"] > 0 and got["wait_after_last_backward_s"] >= 0
+
+
 def test_a_study_with_zero2_says_it_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                          ) -> None:
     """``compare`` (its strategies) and ``sweep`` / ``scale`` (the ZeRO stages searched): the

@@ -155,3 +155,29 @@ def test_llama3_405b_in_meta_s_layout_meets_its_published_mfu(dp: int, meta_mfu:
         mfu[per] = glance(model, s, SYSTEM).mfu
     assert mfu[True] == pytest.approx(meta_mfu, rel=0.06)
     assert mfu[False] > 1.15 * meta_mfu
+
+
+def test_the_stream_summary_adds_up() -> None:
+    """``stream_summary`` (what ``estimate`` prints): with buckets that block the backward on
+    one stage, each micro-batch beyond the first adds exactly its reductions to the step (the
+    once-a-step run reduces them after the last backward, without overlap too), and the
+    stream is drained when the last backward ends; with overlap on a slow network's long
+    ring the reductions outlast the compute and the stream drains after the last backward."""
+    from analysis.grad_stream import stream_summary
+
+    s = dataclasses.replace(BASE, overlap_grad_reduce=False)
+    got = stream_summary(MODEL, s, SYSTEM)
+    assert got is not None and got["stage"] == 0 and got["wait_after_last_backward_s"] == 0
+    once = dataclasses.replace(s, grad_reduce_per_microbatch=False)
+    extra = estimate(MODEL, s, SYSTEM).step_time_s - estimate(MODEL, once, SYSTEM).step_time_s
+    assert extra == pytest.approx((s.num_microbatches - 1) * got["reduce_s_per_microbatch"],
+                                  rel=1e-6)
+    slow = dataclasses.replace(SYSTEM, scaleout=dataclasses.replace(
+        SYSTEM.scaleout, nic_Gbps_per_gpu=25.0))
+    wide = dataclasses.replace(BASE, dp=64, global_batch_size=256)
+    got = stream_summary(MODEL, wide, slow)
+    assert got is not None
+    assert got["reduce_s_per_microbatch"] > got["compute_s_per_microbatch"]
+    assert got["wait_after_last_backward_s"] > got["reduce_s_per_microbatch"]
+    assert stream_summary(MODEL, dataclasses.replace(
+        wide, grad_reduce_per_microbatch=False), slow) is None

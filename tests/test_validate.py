@@ -337,6 +337,7 @@ def test_a_row_too_large_to_replay_is_predicted_by_the_fast_path(
     dict(tp=2, pp=4, dp=2, global_batch_size=32, recompute="full"),
     dict(pp=2, dp=4, vpp=2, schedule="interleaved_1f1b", global_batch_size=32, zero_stage=1),
     dict(tp=2, dp=8, global_batch_size=64, zero_stage=3),
+    dict(tp=2, dp=8, global_batch_size=64, zero_stage=2, grad_reduce_per_microbatch=True),
     dict(tp=8, pp=8, global_batch_size=64, sequence_parallel=True, recompute="selective")])
 def test_step_op_count_sizes_a_trace_set_before_it_is_built(tmp_path: Path, kw: dict) -> None:
     """``RoleProgram.step_op_count`` (what the replay size limit reads) is within 15% of the
