@@ -9,7 +9,7 @@ global batch of any count of micro-batches, not whole rounds of pp) and prints t
     python bench/bench_fastpath_agreement.py [--n 60] [--seed 1] [--odd | --models] [--nodes]
                                              [--buckets] [--systems] [--groups] [--partial]
                                              [--modules] [--moe-layers] [--mla] [--deepep]
-                                             [--mtp] [--instances]
+                                             [--mtp] [--instances] [--per-microbatch]
 
 ``--odd`` draws sizes and options the default cases never reach (GPU counts with a factor 3,
 pp 3/5/6, up to 4 chunks, cp up to 4, any count of micro-batches, shorter end stages, B200 and
@@ -45,6 +45,11 @@ from a stream of its own.
 ``--instances`` gives half the ZeRO ≥ 1 strategies of dense models several distributed-optimizer
 instances (``dist_opt_instances``, a divisor of dp·cp above 1; ZeRO-3: HSDP), from a stream of
 its own.
+
+``--per-microbatch`` makes three in four ZeRO 0-2 strategies that can reduce every micro-batch's
+gradients (one optimizer instance, no overlapped parameter gathers, 1F1B, interleaved or GPipe)
+do so (``grad_reduce_per_microbatch``; the fast path walks them, ``analysis/grad_stream.py``),
+from a stream of its own.
 
 ``--models`` draws model shapes no preset has (head sizes 64-128 and doubled widths, GQA down to
 one K/V head, every activation, tied embeddings, vocabularies of 32 K-152 K, dense and MoE) with
@@ -352,6 +357,17 @@ def other_instances(m: ModelSpec, s: Strategy, rng: random.Random) -> Strategy:
                                outer_dp_sharding_strategy=outer)
 
 
+def per_microbatch(s: Strategy, rng: random.Random) -> Strategy:
+    """``--per-microbatch``: three in four of the strategies that can (``Strategy``'s checks)
+    reducing every micro-batch's gradients."""
+    if s.zero_stage == 3 or rng.random() < 0.25:
+        return s
+    try:
+        return dataclasses.replace(s, grad_reduce_per_microbatch=True)
+    except ConfigError:
+        return s
+
+
 def other_mtp(m: ModelSpec, s: Strategy, rng: random.Random) -> tuple[ModelSpec, Strategy]:
     """``--mtp``: half the models with 1 or 2 multi-token-prediction modules; of those on a
     pipeline of 3 or more chunks (and no other uneven split), half in a Megatron-Core layout
@@ -404,7 +420,7 @@ def label(s: Strategy) -> str:
               (s.fp8_param_gather, "fp8-param-gather"),
               (s.dist_opt_instances > 1, f"instances{s.dist_opt_instances}"),
               (s.zb_w_regather, "w-regather"),
-              (s.hfsdp, "hfsdp"))
+              (s.hfsdp, "hfsdp"), (s.grad_reduce_per_microbatch, "per-microbatch"))
     return (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} ep{s.ep} vpp{s.vpp} {s.schedule} "
             f"mbs{s.micro_batch_size} "
             f"zero{s.zero_stage}{' prefetch' if s.zero3_prefetch else ''} {s.recompute}"
@@ -445,6 +461,8 @@ FLAGS = {
           "overlap; ZB-V with two chunks a stage) as that schedule, from a stream of its own",
     "instances": "half the ZeRO ≥ 1 strategies of dense models with several distributed-"
                  "optimizer instances (a divisor of dp·cp), from a stream of its own",
+    "per-microbatch": "three in four ZeRO 0-2 strategies that can reducing every micro-batch's "
+                      "gradients, from a stream of its own",
 }
 
 
@@ -469,6 +487,7 @@ def main() -> None:
     instances = random.Random(-args.seed - 10)  # --instances: theirs
     few = random.Random(-args.seed - 11)  # --few: theirs
     zb = random.Random(-args.seed - 12)  # --zb: theirs
+    per = random.Random(-args.seed - 13)  # --per-microbatch: theirs
     rows: list[tuple[float, str, str]] = []
     t0 = time.perf_counter()
     while len(rows) < args.n:
@@ -509,6 +528,8 @@ def main() -> None:
             s = fewer_microbatches(s, few)
         if args.zb:
             s = zero_bubble(s, zb)
+        if args.per_microbatch:
+            s = per_microbatch(s, per)
         try:
             fast = estimate(model, s, system)
         except ConfigError:
@@ -544,7 +565,9 @@ def main() -> None:
           + (f" ({sum(bool(re.search(r' m[12]( |$)', w)) for _, _, w in rows)} with one or "
              "two micro-batches)" if args.few else "")
           + (f" ({sum(' zb_h1 ' in w for _, _, w in rows)} ZB-H1, "
-             f"{sum(' zb_v ' in w for _, _, w in rows)} ZB-V)" if args.zb else ""))
+             f"{sum(' zb_v ' in w for _, _, w in rows)} ZB-V)" if args.zb else "")
+          + (f" ({sum(' per-microbatch' in w for _, _, w in rows)} reducing every "
+             "micro-batch)" if args.per_microbatch else ""))
     for e, model_name, what in sorted(rows, key=lambda r: -abs(r[0]))[:5]:
         print(f"  {e:+.2f}%  {model_name}  {what}")
 
