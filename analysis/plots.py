@@ -435,6 +435,22 @@ def grouped_gemm_evidence(groups: pl.DataFrame, *, band: float = 0.1,
     return fig
 
 
+def layout_mfu(frame: pl.DataFrame, *, title: str = "") -> Figure:
+    """``analysis.layout_mfu.layout_mfu``: per published run, its measured MFU beside trainsim's
+    with the gradients reduced once a step and in every micro-batch (grouped bars)."""
+    fig, ax = _figure(7.0, 4.2)
+    x = np.arange(frame.height)
+    bars = (("measured_mfu_pct", "published", "0.35"),
+            ("once_mfu_pct", "trainsim, reduced once a step", "C0"),
+            ("per_microbatch_mfu_pct", "trainsim, reduced every micro-batch", "C1"))
+    for i, (col, name, color) in enumerate(bars):
+        ax.bar(x + (i - 1) * 0.27, frame[col], width=0.27, color=color, label=name)
+    ax.set_xticks(x, frame["run"].to_list())
+    _finish(ax, xlabel="", ylabel="MFU (%)", title=title or "Published MFU against trainsim",
+            legend="lower right")
+    return fig
+
+
 def interference_evidence(frame: pl.DataFrame, kappa: float, *, title: str = "H200"
                           ) -> Figure:
     """``analysis.device_runs.held_slowdowns``: each kernel's slowdown beside SMs held by a
