@@ -134,8 +134,7 @@ class _StageWalk:
         busy = [b for b in self.stream.values() if b > t]
         if not (busy and self.kappa):
             return t + f
-        compute = f * self.x.busy_f[ch]
-        return round(slowed(t, compute, busy, self.kappa) + f - compute)
+        return round(slowed(t, f, busy, self.kappa * self.x.busy_f[ch]))
 
     def _backward(self, t: int, ch: int, *, last: bool) -> int:
         b = self.x.bwd[ch]
