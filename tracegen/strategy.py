@@ -202,10 +202,11 @@ class Strategy:
     outer_dp_sharding_strategy: OuterDpSharding = "no_shard"
     # ZeRO 0-2 gradients reduced in every micro-batch's backward, not once a step after the
     # last (Megatron's DDP and distributed optimizer). DeepSpeed's ZeRO-2 reduces each bucket as
-    # it fills in every backward (``stage_1_and_2.py`` ``reduce_ipg_grads`` from the gradient
-    # hooks, whatever the accumulation step: the partition kept is the accumulator), PyTorch
-    # FSDP's SHARD_GRAD_OP and DDP outside ``no_sync`` do likewise: the sharded gradient the
-    # memory model charges for ZeRO-2 is only consistent with it. With overlap_grad_reduce each
+    # it fills in every backward (``stage_1_and_2.py``: the gradient hooks, created where
+    # ``partition_gradients or overlap_comm`` — stage 2, or stage 1 with overlap_comm — call
+    # ``reduce_ipg_grads`` whatever the accumulation step: the partition kept is the
+    # accumulator), PyTorch FSDP's SHARD_GRAD_OP and DDP outside ``no_sync`` do likewise: the
+    # sharded gradient the memory model charges for ZeRO-2 is only consistent with it. With overlap_grad_reduce each
     # bucket goes on the data-parallel stream as it fills (DeepSpeed ``overlap_comm``), without
     # it each blocks the backward where it fills. The parameters are still gathered once a
     # step. Modelled with one optimizer instance, without overlap_param_gather, and with the
