@@ -132,6 +132,7 @@ def estimate_cmd(
     note_zero2(strategy, g.step_time_s, _per_microbatch_s(spec, strategy, sys_spec)
                if mixed is None else 0.0)
     stream = note_grad_stream(spec, strategy, sys_spec) if mixed is None else None
+    sites = note_sites(spec, strategy, sys_spec) if mixed is None else None
     note_combined_1f1b([strategy.overlap_moe_ep_comm])
     experts = note_small_experts(spec, strategy, sys_spec)
     unmerged = _print_unmerged(spec, strategy, sys_spec, g) if (
@@ -154,6 +155,8 @@ def estimate_cmd(
             out["expert_group"] = experts
         if stream is not None:  # every micro-batch's reductions against its compute
             out["grad_stream"] = stream
+        if sites is not None:  # what crosses between sites
+            out["sites"] = sites
         if mixed is not None:
             out["mixed"] = mixed.to_dict()
             if balanced is not None:
@@ -177,6 +180,35 @@ def _print_unmerged(model: Any, s: Strategy, system: SystemSpec, g: Glance) -> d
 
 
 SMALL_EXPERTS = 1.2  # a group this much slower than one GEMM of its FLOPs gets a note
+
+
+def note_sites(model: Any, s: Strategy, system: SystemSpec) -> dict[str, Any] | None:
+    """On a system of several sites, what crosses between them: the parallel groups (of any
+    stage) that span sites and the pipeline hops that leave one. Returns that for the JSON, or
+    None on one site (or a job inside one)."""
+    from analysis.fastpath_costs import Costs
+    from tracegen.program import dp_group_size
+
+    out_ = system.scaleout
+    if not out_.site_gpus or s.world_size <= out_.site_gpus:
+        return None
+    costs, per_stage = Costs(model, s, system), s.world_size // s.pp
+    sizes = {"tp": s.tp, "cp": s.cp, "ep": s.ep, "dp": dp_group_size(s, "dp"),
+             "edp": dp_group_size(s, "edp") if model.is_moe else 1}
+    groups = [axis for axis, n in sizes.items() if n > 1 and any(
+        costs.shape(axis, r)[4] > 1 for r in range(0, s.world_size, per_stage))]
+    site = out_.site_gpus
+    pairs = [(st, st + 1) for st in range(s.pp - 1)] + ([(s.pp - 1, 0)] if s.vpp > 1 else [])
+    hops = sum(1 for a, b in pairs if any(  # a send goes from rank r to r's place on stage b
+        r // site != (r + (b - a) * per_stage) // site
+        for r in range(a * per_stage, (a + 1) * per_stage)))
+    sites = -(-s.world_size // out_.site_gpus)
+    crossing = ", ".join(groups) or "no parallel group"
+    console.print(f"{sites} sites of {out_.site_gpus:,} GPUs ({out_.site_Gbps_per_gpu:g} Gb/s a "
+                  f"GPU between them, {out_.site_latency_us:g} µs): {crossing} spanning sites"
+                  + (f", {hops} pipeline hop{'s' if hops > 1 else ''} between them" if hops
+                     else ""))
+    return {"sites": sites, "groups_spanning_sites": groups, "pipeline_hops_between_sites": hops}
 
 
 def note_grad_stream(model: Any, s: Strategy, system: SystemSpec) -> dict[str, Any] | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from replay.network import Shape
 from tracegen import ops as O
 from tracegen.program import ParamBlock, dp_group_size, sharded_params
 
@@ -384,8 +385,6 @@ BucketRun = tuple[int, int, int, int, float]
 # A run of equal blocks in a backward: (block, backward ns of one, how many in a row, the
 # share of that backward that is compute on the critical path) (``Stage.runs_bwd``)
 BlockRun = tuple[ParamBlock, int, int, float]
-# a group's (ranks, nodes spanned, ranks per node, rail-aligned): ``Costs.shape``
-Shape = tuple[int, int, int, bool]
 
 
 def _dense_lane(costs: Costs, rank: int) -> tuple[int, Shape, Shape | None]:
@@ -475,7 +474,7 @@ def drain_chunk(costs: Costs, lanes: Lanes, blocks: tuple[BlockRun, ...], start:
 
 
 def _drain_lanes(costs: Costs, blocks: tuple[BlockRun, ...],
-                 axes: list[tuple[str, int, tuple[int, int, int, bool]]], start: int,
+                 axes: list[tuple[str, int, Shape]], start: int,
                  chunk_end: int, stream: dict[str, int],
                  gathers: list[tuple[str, int, int]], kappa: float) -> int:
     """``_drain`` for a MoE chunk's dense and expert buckets together, with interference: its

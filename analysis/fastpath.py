@@ -461,7 +461,8 @@ def _layout_stages(costs: Costs) -> tuple[list[Stage], list[int], bool]:
     s = costs.s
     per_stage = s.world_size // s.pp
     reps = list(range(0, s.world_size, per_stage))
-    uniform = per_stage % costs.gpn == 0
+    # (with several sites, stages on different sites or straddling two differ: each its own)
+    uniform = per_stage % costs.gpn == 0 and not costs.site_gpus
     sig0 = costs.signature(0)
     alike = uniform and not costs.uneven
     if alike:
@@ -653,7 +654,9 @@ def _sends(costs: Costs, reps: list[int], alike: bool) -> list[int]:
 
 def _send_ns(costs: Costs, src: int, dst: int, nbytes: int) -> int:
     """One pipeline send (replay's ``p2p``), memoized by whether it stays in the node."""
-    key = (src // costs.gpn == dst // costs.gpn, nbytes)
+    site = costs.site_gpus
+    key = (src // costs.gpn == dst // costs.gpn,
+           not site or src // site == dst // site, nbytes)
     got = costs.ctx.sends.get(key)
     if got is None:
         got = costs.ctx.sends[key] = costs.net.p2p(src, dst, nbytes).total_ns

@@ -18,7 +18,7 @@ from analysis.fastpath_stages import (
 from analysis.pipeline_walk import Opened, Tails
 from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
-from replay.network import AlphaBetaNetwork, ranges_shape
+from replay.network import AlphaBetaNetwork, Shape, ranges_shape
 from tracegen import ops as O
 from tracegen.mesh import Mesh, embedding_partner
 from tracegen.model import ModelSpec
@@ -28,14 +28,14 @@ from tracegen.strategy import Strategy
 
 def _group_shape(axis: str, rank: int, tp: int, cp: int, dp: int, pp: int, ep: int,
                  embedding_stage: int | None, moe: bool, gpus_per_node: int, expert_tp: int,
-                 instances: int) -> tuple[int, int, int, bool]:
-    """(ranks, nodes spanned, ranks per node, rail-aligned) of ``rank``'s group on ``axis``
-    (shared by every strategy with the same degrees: a sweep computes each once)."""
+                 instances: int, site_gpus: int) -> Shape:
+    """(ranks, nodes spanned, ranks per node, rail-aligned, sites spanned) of ``rank``'s group
+    on ``axis`` (shared by every strategy with the same degrees: a sweep computes each once)."""
     degrees = Strategy(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, global_batch_size=dp,
                        expert_tp=expert_tp, sequence_parallel=tp > 1,
                        dist_opt_instances=instances, zero_stage=1 if instances > 1 else 0)
     mesh = Mesh(degrees, embedding_stage=embedding_stage, moe=moe)
-    return ranges_shape(mesh.member_ranges(axis, mesh.coord(rank)), gpus_per_node)
+    return ranges_shape(mesh.member_ranges(axis, mesh.coord(rank)), gpus_per_node, site_gpus)
 
 
 class _Context:
@@ -71,8 +71,9 @@ class _Context:
         self.gathers: dict[tuple[object, ...],
                            tuple[list[list[ParamBlock]], list[list[int]], list[int]]] = {}
         self.opened: dict[tuple[object, ...], Opened] = {}
-        # (same node?, bytes) → ns of one send: a point-to-point cost depends on nothing else
-        self.sends: dict[tuple[bool, int], int] = {}
+        # (same node?, same site?, bytes) → ns of one send: a point-to-point cost depends on
+        # nothing else
+        self.sends: dict[tuple[bool, bool, int], int] = {}
         self.calls = 0  # strategies estimated (the memo limit is checked now and then)
         # a stage chunk's gradient buckets from its start: id(runs) → (runs, bucket runs)
         self.buckets: dict[tuple[int, str, int], tuple[object, list[BucketRun]]] = {}
@@ -88,7 +89,7 @@ class _Context:
         self.paced: dict[int, bool] = {}
         # layout (degrees) → (axis, rank) → group shape
         self.shapes: dict[tuple[object, ...],
-                          dict[tuple[str, int], tuple[int, int, int, bool]]] = {}
+                          dict[tuple[str, int], Shape]] = {}
         self.walks: dict[tuple[object, ...],
                          tuple[list[int], list[list[int]], Tails | None]] = {}
         self._models: dict[int, tuple[ModelSpec, int]] = {}
@@ -154,6 +155,7 @@ class Costs:
         self.ctx = _context(system)
         self.compute, self.net = self.ctx.compute, self.ctx.net
         self.gpn = system.node.gpus_per_node
+        self.site_gpus = system.scaleout.site_gpus  # (0: one site)
         self._prog: RoleProgram | None = None  # built on the first memo miss that needs it
         s = strategy
         # What a block's cost depends on besides its group shapes (not pp, vpp, schedule, batch;
@@ -182,7 +184,7 @@ class Costs:
         self.embd_partner = embedding_partner(model, s) if s.pp > 1 else None
         # all a group's shape depends on besides its axis and rank
         self._degrees = (s.tp, s.cp, s.dp, s.pp, s.ep, self.embd_partner, self.moe,
-                         self.gpn, s.expert_tp, s.dist_opt_instances)
+                         self.gpn, s.expert_tp, s.dist_opt_instances, self.site_gpus)
         # the shapes of this layout's groups (the layout is hashed once per strategy, not per
         # lookup)
         self._shapes = self.ctx.shapes.setdefault(self._degrees, {})
@@ -202,7 +204,7 @@ class Costs:
             got = self.ctx.p2p[self.lists_key] = self.prog._p2p_bytes()
         return got
 
-    def shape(self, axis: str, rank: int) -> tuple[int, int, int, bool]:
+    def shape(self, axis: str, rank: int) -> Shape:
         got = self._shapes.get((axis, rank))
         if got is None:
             got = self._shapes[axis, rank] = _group_shape(axis, rank, *self._degrees)

@@ -189,6 +189,15 @@ class ScaleOutSpec:
     latency_us: float
     topology: Topology = "rail-optimized"
     oversubscription: float = 1.0
+    # Several sites (data centres, or buildings on one campus): ranks [k·site_gpus,
+    # (k+1)·site_gpus) on site k (whole nodes). A collective or send between sites moves at
+    # most ``site_Gbps_per_gpu`` a GPU — the links between the sites over a site's GPUs — and
+    # pays ``site_latency_us`` (one way) where it crosses, as NCCL charges a network hop
+    # (replay/network.py). 0: one site. What a site's links hold is the user's to give: no
+    # preset has sites.
+    site_gpus: int = 0
+    site_Gbps_per_gpu: float = 0.0
+    site_latency_us: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -269,7 +278,8 @@ def system_toml(spec: SystemSpec) -> str:
 MIN_VALUE, MAX_VALUE = 1e-6, 1e7
 # 0: absent / unmeasured
 OPTIONAL_ZERO = ("nvls_busbw_GBps", "gemm_k_overhead", "gemm_mamf_k", "comm_interference",
-                 "sustained_clock_ratio_fp8", "attention_half_tiles", "gemm_occupancy_waves")
+                 "sustained_clock_ratio_fp8", "attention_half_tiles", "gemm_occupancy_waves",
+                 "site_gpus", "site_Gbps_per_gpu", "site_latency_us")
 
 
 def _problems(s: SystemSpec) -> list[str]:
@@ -303,7 +313,22 @@ def _problems(s: SystemSpec) -> list[str]:
         out.append(f"topology must be 'fat-tree' or 'rail-optimized', got {s.scaleout.topology!r}")
     if s.scaleout.oversubscription < 1:
         out.append(f"oversubscription is ≥ 1 (1 = non-blocking), got {s.scaleout.oversubscription}")
-    return out
+    return out + _site_problems(s.scaleout, s.node.gpus_per_node)
+
+
+def _site_problems(out: ScaleOutSpec, gpus_per_node: int) -> list[str]:
+    """Sites hold whole nodes, and their links need a bandwidth; without sites, no site links."""
+    if not out.site_gpus:
+        return [f"{k} needs site_gpus (the GPUs a site holds); set it, or {k} = 0 for one site"
+                for k in ("site_Gbps_per_gpu", "site_latency_us") if getattr(out, k)]
+    problems = []
+    if not isinstance(out.site_gpus, int) or out.site_gpus % gpus_per_node:
+        problems.append(f"site_gpus = {out.site_gpus} must be a whole number of nodes "
+                        f"({gpus_per_node} GPUs each)")
+    if not out.site_Gbps_per_gpu:
+        problems.append("site_gpus needs site_Gbps_per_gpu, the bandwidth between the sites a "
+                        "GPU gets (their links' total over a site's GPUs), in Gb/s")
+    return problems
 
 
 def system_names() -> list[str]:

@@ -77,9 +77,10 @@ def ring_steps(coll: str, p: int, n_nodes: int) -> tuple[int, int]:
     return p - 1, n_nodes - 1
 
 
-def ring_time(coll: str, nbytes: float, p: int, n_nodes: int, busbw_Bps: float, pr: Proto
-              ) -> tuple[float, float]:
-    """(latency_s, transfer_s) of a ring collective with protocol ``pr``."""
+def ring_time(coll: str, nbytes: float, p: int, n_nodes: int, busbw_Bps: float, pr: Proto,
+              sites: int = 1, site_s: float = 0.0) -> tuple[float, float]:
+    """(latency_s, transfer_s) of a ring collective with protocol ``pr``; across ``sites``
+    each crossing between them (counted as NCCL counts node crossings) also pays ``site_s``."""
     steps, inter = ring_steps(coll, p, n_nodes)
     intra_us = pr.ring_nvl_us
     if n_nodes > 1:
@@ -88,21 +89,24 @@ def ring_time(coll: str, nbytes: float, p: int, n_nodes: int, busbw_Bps: float, 
     bw = busbw_Bps * pr.ring_bw
     if pr.capped:
         bw = min(bw, ll_max_Bps(n_nodes))
-    return lat_us * US, nbytes * steps / (p * bw)
+    crossings = ring_steps(coll, p, sites)[1] if sites > 1 else 0
+    return lat_us * US + crossings * site_s, nbytes * steps / (p * bw)
 
 
-def tree_time(nbytes: float, p: int, n_nodes: int, busbw_Bps: float, pr: Proto
-              ) -> tuple[float, float]:
-    """(latency_s, transfer_s) of NCCL's double-binary-tree all-reduce with protocol ``pr``."""
+def tree_time(nbytes: float, p: int, n_nodes: int, busbw_Bps: float, pr: Proto,
+              sites: int = 1, site_s: float = 0.0) -> tuple[float, float]:
+    """(latency_s, transfer_s) of NCCL's double-binary-tree all-reduce with protocol ``pr``;
+    across ``sites`` the tree's levels between them, up and down, also pay ``site_s``."""
     local = max(1, p // n_nodes)
     depth = math.ceil(math.log2(n_nodes)) if n_nodes > 1 else 0
+    site_depth = math.ceil(math.log2(sites)) if sites > 1 else 0
     lat_us = pr.tree_base_us + 2 * ((local - 1) * pr.tree_nvl_us + depth * pr.tree_net_us)
     bw = busbw_Bps * pr.tree_bw
     if pr is LL128 and n_nodes == 1:
         bw = busbw_Bps * 0.92 * LL128_SINGLE_NODE_TREE
     if pr.capped:
         bw = min(bw, ll_max_Bps(n_nodes))
-    return lat_us * US, nbytes / (0.5 * bw)
+    return lat_us * US + 2 * site_depth * site_s, nbytes / (0.5 * bw)
 
 
 def nvls_time(nbytes: float, p: int, nvls_busbw_Bps: float) -> tuple[float, float]:
@@ -113,15 +117,19 @@ def nvls_time(nbytes: float, p: int, nvls_busbw_Bps: float) -> tuple[float, floa
 
 
 def collective_time(coll: str, nbytes: float, p: int, n_nodes: int, busbw_Bps: float,
-                    nvls_busbw_Bps: float = 0.0) -> tuple[float, float]:
+                    nvls_busbw_Bps: float = 0.0, *, sites: int = 1, site_s: float = 0.0
+                    ) -> tuple[float, float]:
     """(latency_s, transfer_s) of the fastest algorithm and protocol, as NCCL's tuner picks.
     ``coll``: ALL_REDUCE, REDUCE_SCATTER or ALL_GATHER; ``nbytes``: the whole buffer;
-    ``nvls_busbw_Bps``: NVLS all-reduce bandwidth where the node has it (one node only)."""
+    ``nvls_busbw_Bps``: NVLS all-reduce bandwidth where the node has it (one node only);
+    ``sites``, ``site_s``: the sites the group spans and the latency between them."""
     if p <= 1:
         return 0.0, 0.0
-    options = [ring_time(coll, nbytes, p, n_nodes, busbw_Bps, pr) for pr in PROTOCOLS]
+    options = [ring_time(coll, nbytes, p, n_nodes, busbw_Bps, pr, sites, site_s)
+               for pr in PROTOCOLS]
     if coll == "ALL_REDUCE":
-        options += [tree_time(nbytes, p, n_nodes, busbw_Bps, pr) for pr in PROTOCOLS]
+        options += [tree_time(nbytes, p, n_nodes, busbw_Bps, pr, sites, site_s)
+                    for pr in PROTOCOLS]
         if n_nodes == 1 and nvls_busbw_Bps > 0:
             options.append(nvls_time(nbytes, p, nvls_busbw_Bps))
     return min(options, key=sum)

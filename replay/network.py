@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from replay import nccl
@@ -99,34 +100,42 @@ def _log2(p: int) -> int:
     return max(1, math.ceil(math.log2(p))) if p > 1 else 0
 
 
-def group_shape(ranks: tuple[int, ...], gpus_per_node: int) -> tuple[int, int, int, bool]:
-    """(ranks, nodes spanned, ranks per node, rail-aligned): all a collective's cost depends on
-    besides its kind and size."""
+# (ranks, nodes spanned, ranks per node, rail-aligned, sites spanned)
+Shape = tuple[int, int, int, bool, int]
+
+
+def group_shape(ranks: tuple[int, ...], gpus_per_node: int, site_gpus: int = 0) -> Shape:
+    """(ranks, nodes spanned, ranks per node, rail-aligned, sites spanned): all a collective's
+    cost depends on besides its kind and size (``site_gpus``: GPUs a site holds, 0 for one)."""
     per_node: dict[int, int] = {}
     for r in ranks:
         per_node[r // gpus_per_node] = per_node.get(r // gpus_per_node, 0) + 1
     local = max(per_node.values())
     rail = len({r % gpus_per_node for r in ranks}) == local
-    return len(ranks), len(per_node), local, rail
+    return len(ranks), len(per_node), local, rail, _sites(ranks, site_gpus)
 
 
-def ranges_shape(ranges: list[range], gpus_per_node: int) -> tuple[int, int, int, bool]:
+def _sites(ranks: Iterable[int], site_gpus: int) -> int:
+    return len({r // site_gpus for r in ranks}) if site_gpus else 1
+
+
+def ranges_shape(ranges: list[range], gpus_per_node: int, site_gpus: int = 0) -> Shape:
     """``group_shape`` of the ranks in ``ranges`` (arithmetic runs, as ``Mesh.member_ranges``
     gives them) without visiting every rank where one run's step divides the node size: its
     middle nodes then all hold the same residues, so the first node, the second and the last
-    decide the shape."""
+    decide the shape (the sites, where there are several, are counted over every rank)."""
     g = gpus_per_node
     if len(ranges) == 1 and len(ranges[0]) > 2 * g:
         rg = ranges[0]
         n, step = len(rg), rg.step
         if step >= g:  # one rank per node
-            return n, n, 1, step % g == 0
+            return n, n, 1, step % g == 0, _sites(rg, site_gpus)
         if g % step == 0:
             per = g // step
             nodes = rg[-1] // g - rg[0] // g + 1
             sample = group_shape(tuple({*rg[: 2 * per + 1], *rg[-per:]}), g)
-            return n, nodes, sample[2], sample[3]
-    return group_shape(tuple(itertools.chain.from_iterable(ranges)), g)
+            return n, nodes, sample[2], sample[3], _sites(rg, site_gpus)
+    return group_shape(tuple(itertools.chain.from_iterable(ranges)), g, site_gpus)
 
 
 def flat_cost(coll: str, size: float, p: int, tier: Tier) -> tuple[float, float]:
@@ -155,6 +164,10 @@ class AlphaBetaNetwork:
         self.nic = Tier(nic_bytes, out.latency_us * US, "nic")
         self.nvls_Bps = 0.0 if astra_compat else node.nvls_busbw_GBps * unit
         self.nic_blocking = Tier(nic_bytes / out.oversubscription, out.latency_us * US, "nic")
+        # between sites: a site's links over its GPUs, their latency on top of the NIC's
+        self.site_Bps = out.site_Gbps_per_gpu / 8 * unit * (1.0 if astra_compat
+                                                            else out.nic_efficiency)
+        self.site_s = out.site_latency_us * US
         self._cache: dict[tuple[str, int, tuple[int, ...], Route | None], CommCost] = {}
         # (collective, bytes, (ranks, nodes, ranks per node, rail-aligned)) → total ns: the cost
         # depends only on the group's shape; the fast path screens strategies through it.
@@ -170,7 +183,7 @@ class AlphaBetaNetwork:
 
     def _collective(self, coll: str, size: int, ranks: tuple[int, ...], route: Route | None
                     ) -> CommCost:
-        shape = group_shape(ranks, self.sys.node.gpus_per_node)
+        shape = group_shape(ranks, self.sys.node.gpus_per_node, self.sys.scaleout.site_gpus)
         lat, xfer, uses = self.shape_cost(coll, size, shape, route)
         links = tuple((link, r) for link in uses for r in ranks)
         shares = self.tier_shares(coll, size, shape, route) if len(uses) > 1 else (1.0,)
@@ -179,7 +192,18 @@ class AlphaBetaNetwork:
             return cost
         return dataclasses.replace(cost, shares=tuple(s for s in shares for _ in ranks))
 
-    def tier_shares(self, coll: str, size: int, shape: tuple[int, int, int, bool],
+    def _out(self, shape: Shape) -> Tier:
+        """The scale-out tier a group of ``shape`` moves over: the NICs (their share of an
+        oversubscribed fabric where the group is not rail-aligned), and across sites no more
+        than the sites' links give a GPU, with their latency added."""
+        _, _, _, rail, sites = shape
+        out = self.nic if (rail and self.sys.scaleout.topology == "rail-optimized") else (
+            self.nic_blocking)
+        if sites > 1:
+            return Tier(min(out.bytes_per_s, self.site_Bps), out.alpha_s + self.site_s, "nic")
+        return out
+
+    def tier_shares(self, coll: str, size: int, shape: Shape,
                     route: Route | None = None) -> tuple[float, float]:
         """(NVLink, NIC): the part of each tier's bandwidth a collective spanning nodes with
         several ranks a node uses, running alone. Phases in sequence (the two-level ring
@@ -187,11 +211,10 @@ class AlphaBetaNetwork:
         against (n−1)/n / (l·B_nic). Tiers used at once (all-to-all, DeepEP): each tier's time
         over the slower one's. Flat on the NICs (the rest): the NIC binds, NVLink carries the same
         bytes at its own rate."""
-        p, n, local, rail = shape
+        p, n, local, _, _ = shape
         if self.astra:
             return (1.0, 1.0)
-        out = self.nic if (rail and self.sys.scaleout.topology == "rail-optimized") else (
-            self.nic_blocking)
+        out = self._out(shape)
         if route is not None and coll == "ALL_TO_ALL":
             u = size / route.topk
             nic = u * expected_units(route, n) * (n - 1) / n / out.bytes_per_s
@@ -206,8 +229,7 @@ class AlphaBetaNetwork:
             return nvl / (nvl + nic), nic / (nvl + nic)
         return min(1.0, out.bytes_per_s / self.nvl.bytes_per_s), 1.0
 
-    def shape_ns(self, coll: str, size: int, shape: tuple[int, int, int, bool],
-                 route: Route | None = None) -> int:
+    def shape_ns(self, coll: str, size: int, shape: Shape, route: Route | None = None) -> int:
         """Total ns of a collective on a group of this shape (cached; the fast path's entry)."""
         key = (coll, size, shape, route) if route else (coll, size, shape)
         got = self.shape_cache.get(key)
@@ -216,26 +238,28 @@ class AlphaBetaNetwork:
             got = self.shape_cache[key] = _cost(lat, xfer, ()).total_ns
         return got
 
-    def shape_cost(self, coll: str, size: int, shape: tuple[int, int, int, bool],
-                   route: Route | None = None) -> tuple[float, float, tuple[str, ...]]:
+    def shape_cost(self, coll: str, size: int, shape: Shape, route: Route | None = None
+                   ) -> tuple[float, float, tuple[str, ...]]:
         """(latency_s, transfer_s, link kinds used) of a collective on a group of ``shape``:
-        (ranks, nodes spanned, ranks per node, rail-aligned) — and, for a MoE dispatch or
-        combine that deduplicates its tokens, the layer's ``route``. Nothing else decides the
-        cost. (ASTRA-sim's analytical mode has no such collective: a routed all-to-all is a
-        flat one there.)"""
-        p, n_nodes, local, rail = shape
+        (ranks, nodes spanned, ranks per node, rail-aligned, sites spanned) — and, for a MoE
+        dispatch or combine that deduplicates its tokens, the layer's ``route``. Nothing else
+        decides the cost. (ASTRA-sim's analytical mode has no such collective: a routed
+        all-to-all is a flat one there.) Across sites the scale-out tier is the sites' links'
+        share a GPU (``_out``), and NCCL's ring and tree pay their latency per crossing as they
+        pay a network hop's (``nccl.collective_time``)."""
+        p, n_nodes, local, _, sites = shape
         if self.astra:
             tier = self.nvl if n_nodes == 1 else self.nic
             return (*self._astra(coll, size, p, tier), (tier.link,))
-        out = self.nic if (rail and self.sys.scaleout.topology == "rail-optimized") else (
-            self.nic_blocking)
+        out = self._out(shape)
         uses = ("nvl",) if n_nodes == 1 else ("nic",) if local == 1 else ("nvl", "nic")
         if route is not None and coll == "ALL_TO_ALL":
             return (*self._deepep(size, shape, route, out), uses)
         if coll in NCCL_RING:
             nbytes = size * p if coll == "ALL_GATHER" else size
             return (*nccl.collective_time(NCCL_RING[coll], nbytes, p, n_nodes,
-                                          self._busbw(n_nodes, local, out), self.nvls_Bps),
+                                          self._busbw(n_nodes, local, out), self.nvls_Bps,
+                                          sites=sites, site_s=self.site_s),
                     uses)
         if n_nodes == 1:
             return (*flat_cost(coll, size, p, self.nvl), uses)
@@ -277,7 +301,7 @@ class AlphaBetaNetwork:
             return intra[0] + inter[0], max(intra[1], inter[1])
         return flat_cost(coll, size, n * local, out)
 
-    def _deepep(self, size: float, shape: tuple[int, int, int, bool], route: Route, out: Tier
+    def _deepep(self, size: float, shape: Shape, route: Route, out: Tier
                 ) -> tuple[float, float]:
         """A dispatch (or combine) by DeepEP's normal kernels (deepseek-ai/DeepEP; DeepSeek-V3
         §3.2.2). ``size`` is the per-rank buffer of the flat all-to-all, one copy per (token,
@@ -292,7 +316,7 @@ class AlphaBetaNetwork:
         top-8 within 4 of 8 groups on 8 nodes of 8 GPUs reaches D_n = 3.63 nodes and D_g = 7.36
         GPUs, 3.2 NIC copies per token against the flat 7 (Liu et al. 2024 size it so: NVLink at
         3.2× the IB bandwidth forwards up to 3.2 experts per node without binding)."""
-        p, n, local, _ = shape
+        p, n, local, _, _ = shape
         u = size / route.topk
         gpus = expected_units(route, p)
         if n == 1:
@@ -323,8 +347,11 @@ class AlphaBetaNetwork:
         return lat, xfer
 
     def p2p(self, src: int, dst: int, size_bytes: int) -> CommCost:
-        g = self.sys.node.gpus_per_node
+        g, site = self.sys.node.gpus_per_node, self.sys.scaleout.site_gpus
         tier = self.nvl if src // g == dst // g else self.nic
+        if site and src // site != dst // site:  # between sites: their links, their latency
+            tier = Tier(min(self.nic.bytes_per_s, self.site_Bps),
+                        self.nic.alpha_s + self.site_s, "nic")
         return _cost(tier.alpha_s, size_bytes / tier.bytes_per_s,
                      ((tier.link, src), (tier.link, dst)))
 

@@ -92,7 +92,7 @@ def test_deepep_cost_is_its_closed_form() -> None:
     net = AlphaBetaNetwork(H100)
     route = Route(8, 256, 8, 4)
     size = 2048 * 8 * 7168 * 2  # 2,048 tokens × top-8 × hidden × 2 bytes
-    shape = (64, 8, 8, True)
+    shape = (64, 8, 8, True, 1)
     lat, xfer, uses = net.shape_cost("ALL_TO_ALL", size, shape, route)
     u = size / 8
     nic = u * expected_units(route, 8) * 7 / 8 / net.nic.bytes_per_s
@@ -109,14 +109,14 @@ def test_deepep_inside_a_node_sends_a_token_once_per_gpu() -> None:
     net = AlphaBetaNetwork(H100)
     route = Route(8, 64)
     size = 4096 * 8 * 1024 * 2
-    _, xfer, _ = net.shape_cost("ALL_TO_ALL", size, (8, 1, 8, True), route)
+    _, xfer, _ = net.shape_cost("ALL_TO_ALL", size, (8, 1, 8, True, 1), route)
     assert xfer == pytest.approx(size / 8 * expected_units(route, 8) * 7 / 8
                                  / net.nvl.bytes_per_s)
 
 
 def test_astra_compatible_mode_reads_a_routed_dispatch_as_the_flat_one() -> None:
     net = AlphaBetaNetwork(H100, astra_compat=True)
-    size, shape = 1 << 24, (16, 2, 8, True)
+    size, shape = 1 << 24, (16, 2, 8, True, 1)
     assert net.shape_cost("ALL_TO_ALL", size, shape, Route(8, 64)) == net.shape_cost(
         "ALL_TO_ALL", size, shape)
 

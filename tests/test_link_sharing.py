@@ -94,7 +94,7 @@ def test_a_two_level_collective_asks_for_each_tier_by_its_time() -> None:
     nvl_bps = h100.node.nvlink_GBps * 1e9 * h100.node.nvlink_efficiency
     nic_bps = h100.scaleout.nic_Gbps_per_gpu / 8 * 1e9 * h100.scaleout.nic_efficiency
     nvl, nic = 0.5 / nvl_bps, 0.75 / 2 / nic_bps
-    shares = net.tier_shares("ALL_REDUCE", 1 << 30, (8, 4, 2, True))
+    shares = net.tier_shares("ALL_REDUCE", 1 << 30, (8, 4, 2, True, 1))
     assert shares == pytest.approx((nvl / (nvl + nic), nic / (nvl + nic)))
     cost = net.collective("ALL_REDUCE", 1 << 30, (0, 1, 8, 9, 16, 17, 24, 25))
     assert dict(zip(cost.links, cost.shares, strict=True))[("nvl", 0)] == pytest.approx(

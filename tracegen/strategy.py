@@ -206,11 +206,12 @@ class Strategy:
     # ``partition_gradients or overlap_comm`` — stage 2, or stage 1 with overlap_comm — call
     # ``reduce_ipg_grads`` whatever the accumulation step: the partition kept is the
     # accumulator), PyTorch FSDP's SHARD_GRAD_OP and DDP outside ``no_sync`` do likewise: the
-    # sharded gradient the memory model charges for ZeRO-2 is only consistent with it. With overlap_grad_reduce each
-    # bucket goes on the data-parallel stream as it fills (DeepSpeed ``overlap_comm``), without
-    # it each blocks the backward where it fills. The parameters are still gathered once a
-    # step. Modelled with one optimizer instance, without overlap_param_gather, and with the
-    # 1F1B, interleaved and GPipe schedules (analysis/grad_stream.py walks it).
+    # sharded gradient the memory model charges for ZeRO-2 is only consistent with it. With
+    # overlap_grad_reduce each bucket goes on the data-parallel stream as it fills (DeepSpeed
+    # ``overlap_comm``), without it each blocks the backward where it fills. The parameters are
+    # still gathered once a step. Modelled with one optimizer instance, without
+    # overlap_param_gather, and with the 1F1B, interleaved and GPipe schedules
+    # (analysis/grad_stream.py walks it).
     grad_reduce_per_microbatch: bool = False
 
     def __post_init__(self) -> None:

@@ -1,0 +1,139 @@
+"""A job over several sites (``ScaleOutSpec.site_gpus``): groups that span sites move at the
+sites' links' share a GPU and pay their latency per crossing; groups inside a site are as
+before; links as fast as the NICs and no latency change nothing; the fast path agrees with
+replay; and a pipeline split at the sites beats gradient rings across slow links."""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from analysis.fastpath import estimate
+from replay import SystemSpec, get_system, replay
+from replay.network import AlphaBetaNetwork, group_shape
+from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
+
+H100 = get_system("dgx-h100")
+MODEL = ModelSpec(name="sites", num_layers=8, hidden_size=1024, num_attention_heads=16,
+                  num_kv_heads=4, ffn_hidden_size=4096, vocab_size=8192, seq_len=1024,
+                  activation="swiglu")
+
+
+def sited(system: SystemSpec, site_gpus: int, gbps: float, latency_us: float = 0.0
+          ) -> SystemSpec:
+    return dataclasses.replace(system, scaleout=dataclasses.replace(
+        system.scaleout, site_gpus=site_gpus, site_Gbps_per_gpu=gbps,
+        site_latency_us=latency_us))
+
+
+@pytest.mark.parametrize(("kw", "says"), [
+    (dict(site_gpus=12, site_Gbps_per_gpu=50.0), "whole number of nodes"),
+    (dict(site_gpus=16), "needs site_Gbps_per_gpu"),
+    (dict(site_Gbps_per_gpu=50.0), "site_Gbps_per_gpu needs site_gpus"),
+    (dict(site_latency_us=100.0), "site_latency_us needs site_gpus"),
+])
+def test_bad_sites_are_refused_with_the_fix(kw: dict, says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        SystemSpec.from_dict({**dataclasses.asdict(H100),
+                              "scaleout": {**dataclasses.asdict(H100.scaleout), **kw}})
+
+
+def test_a_group_spanning_sites_runs_at_their_links_and_pays_their_latency() -> None:
+    """A reduce-scatter over 8 ranks on 8 nodes, 4 nodes a site: its bandwidth is the sites'
+    links' (as if the NICs were that slow), and its latency one crossing more (a ring's
+    reduce-scatter crosses between two sites once, as NCCL counts a node crossing). Inside a
+    site nothing changes; a send between sites pays both."""
+    ranks = tuple(range(0, 64, 8))
+    two = sited(H100, 32, 100.0, 500.0)
+    assert group_shape(ranks, 8, 32)[4] == 2 and group_shape(ranks[:4], 8, 32)[4] == 1
+    slow_nic = dataclasses.replace(H100, scaleout=dataclasses.replace(
+        H100.scaleout, nic_Gbps_per_gpu=100.0))
+    size = 1 << 30
+    got = AlphaBetaNetwork(two).collective("REDUCE_SCATTER", size, ranks)
+    ref = AlphaBetaNetwork(slow_nic).collective("REDUCE_SCATTER", size, ranks)
+    assert got.transfer_ns == ref.transfer_ns
+    assert got.latency_ns - ref.latency_ns == 500_000
+    inside = ranks[:4]
+    assert (AlphaBetaNetwork(two).collective("REDUCE_SCATTER", size, inside)
+            == AlphaBetaNetwork(H100).collective("REDUCE_SCATTER", size, inside))
+    send = AlphaBetaNetwork(two).p2p(0, 32, size)
+    nic = AlphaBetaNetwork(H100).nic
+    assert send.latency_ns == round((nic.alpha_s + 500e-6) * 1e9)
+    assert send.transfer_ns == round(size / (100e9 / 8 * H100.scaleout.nic_efficiency) * 1e9)
+
+
+def test_links_as_fast_as_the_nics_change_nothing() -> None:
+    """Sites whose links give a GPU its NIC's bandwidth and no latency are one site."""
+    s = Strategy(tp=2, pp=2, dp=8, global_batch_size=64, zero_stage=1, sequence_parallel=True)
+    same = sited(H100, 16, H100.scaleout.nic_Gbps_per_gpu)
+    assert estimate(MODEL, s, same).step_time_s == estimate(MODEL, s, H100).step_time_s
+
+
+def test_a_pipeline_split_at_the_sites_beats_gradient_rings_across_slow_links() -> None:
+    """Two sites of 16 GPUs with 5 Gb/s a GPU between them and 1 ms of latency: splitting the
+    pipeline at the sites sends only activations across, while pp 1 runs every gradient ring
+    across — the split is faster there, and slower than pp 1 on one site (its bubble)."""
+    two = sited(H100, 16, 5.0, 1000.0)
+    across = Strategy(tp=2, dp=16, global_batch_size=64, zero_stage=1, sequence_parallel=True)
+    split = Strategy(tp=2, pp=2, dp=8, global_batch_size=64, zero_stage=1,
+                     sequence_parallel=True)
+    assert estimate(MODEL, split, two).step_time_s < estimate(MODEL, across, two).step_time_s
+    assert estimate(MODEL, split, H100).step_time_s > estimate(MODEL, across, H100).step_time_s
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tp=st.sampled_from([1, 2]), pp=st.sampled_from([1, 2, 4]), dp=st.sampled_from([2, 4, 8]),
+       zero=st.sampled_from([0, 1, 3]), nodes=st.sampled_from([1, 2, 4]),
+       gbps=st.sampled_from([5.0, 50.0, 400.0]), latency=st.sampled_from([0.0, 30.0, 2000.0]),
+       gpn=st.sampled_from([8, 4, 2]), vpp=st.booleans(), per_microbatch=st.booleans())
+def test_fast_path_within_2_percent_of_replay(tp, pp, dp, zero, nodes, gbps, latency, gpn, vpp,
+                                              per_microbatch) -> None:
+    """Sites of ``nodes`` nodes of ``gpn`` GPUs under every layout: the fast path (each stage
+    costed on its own, its sends by whether they leave the site) against replay."""
+    hw = dataclasses.replace(H100, node=dataclasses.replace(H100.node, gpus_per_node=gpn))
+    hw = sited(hw, nodes * gpn, gbps, latency)
+    try:
+        s = Strategy(tp=tp, pp=pp, dp=dp, zero_stage=zero, vpp=2 if vpp and pp > 1 else 1,
+                     schedule="interleaved_1f1b" if vpp and pp > 1 else "1f1b",
+                     sequence_parallel=tp > 1, global_batch_size=dp * 2 * pp,
+                     grad_reduce_per_microbatch=per_microbatch and zero < 3)
+        fast = estimate(MODEL, s, hw)
+    except ConfigError:
+        assume(False)
+        raise
+    assume(s.world_size > nodes * gpn)  # (a job on one site is the one-site model's)
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(MODEL, s, tmp, mode="representative")
+        ref = replay(tmp, hw, contention=False).step_time_s
+    assert fast.step_time_s == pytest.approx(ref, rel=0.02)
+
+
+@pytest.mark.parametrize(("pp", "groups", "hops"), [(1, ["dp"], 0), (2, [], 1), (4, [], 1)])
+def test_estimate_says_what_crosses_between_sites(tmp_path, pp: int, groups: list[str],
+                                                  hops: int) -> None:
+    """Llama 3 70B on the example two-site system (tests/data): pp 1 runs its gradient rings
+    across the sites, pp 2 and 4 keep every group inside one and send across once — said, and
+    in the JSON; the split step is the faster by half."""
+    import json
+
+    from tests.test_cli import run
+
+    system = Path(__file__).parent / "data" / "two-sites-h100.toml"
+    out = tmp_path / "e.json"
+    r = run("estimate", "--model", "llama3-70b", "--gpus", "8192", "--tp", "8", "--pp", str(pp),
+            "--sp", "--mbs", "1", "--gbs", "2048", "--zero", "1", "--recompute", "selective",
+            "--system", str(system), "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    got = json.loads(out.read_text())
+    assert got["sites"] == {"sites": 2, "groups_spanning_sites": groups,
+                            "pipeline_hops_between_sites": hops}
+    assert "2 sites of 4,096 GPUs (100 Gb/s a GPU between them, 250 µs)" in " ".join(
+        r.stdout.split())
+    one_site = estimate(get_model("llama3-70b"), Strategy.from_dict(got["strategy_fields"]),
+                        H100).step_time_s
+    assert (got["step_time_s"] > 2 * one_site) is (pp == 1)
