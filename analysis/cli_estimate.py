@@ -208,6 +208,11 @@ def note_sites(model: Any, s: Strategy, system: SystemSpec) -> dict[str, Any] | 
                   f"GPU between them, {out_.site_latency_us:g} µs): {crossing} spanning sites"
                   + (f", {hops} pipeline hop{'s' if hops > 1 else ''} between them" if hops
                      else ""))
+    if s.pp > 1 and site % per_stage and per_stage % site:
+        console.print(f"note: a site boundary falls inside a pipeline stage ({per_stage:,} GPUs a "
+                      f"stage, {site:,} a site): some of its replicas' sends cross and others' "
+                      "do not, and each hop is costed by the stage's first GPU's; a site of a "
+                      "whole number of stages is what a split at the sites would run")
     return {"sites": sites, "groups_spanning_sites": groups, "pipeline_hops_between_sites": hops}
 
 

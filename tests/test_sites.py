@@ -137,3 +137,17 @@ def test_estimate_says_what_crosses_between_sites(tmp_path, pp: int, groups: lis
     one_site = estimate(get_model("llama3-70b"), Strategy.from_dict(got["strategy_fields"]),
                         H100).step_time_s
     assert (got["step_time_s"] > 2 * one_site) is (pp == 1)
+
+
+def test_a_site_boundary_inside_a_stage_is_said() -> None:
+    """1,600 GPUs a stage on sites of 4,096: the boundary cuts stage 2, whose data-parallel
+    group then spans both sites, and the note says how its sends are costed."""
+    from tests.test_cli import run
+
+    r = run("estimate", "--model", "llama3-70b", "--gpus", "8000", "--tp", "8", "--pp", "5",
+            "--sp", "--mbs", "1", "--gbs", "2000", "--zero", "1", "--system",
+            str(Path(__file__).parent / "data" / "two-sites-h100.toml"))
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert "dp spanning sites, 2 pipeline hops between them" in text
+    assert "note: a site boundary falls inside a pipeline stage (1,600 GPUs a stage" in text
