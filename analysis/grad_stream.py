@@ -10,13 +10,15 @@ No closed form holds that, so each stage's passes are walked in the trace's orde
   drain as a step's last backward, starting from the streams' backlog), the backward slowed
   beside them; without ``overlap_grad_reduce`` each bucket blocks the backward where it fills
   (DeepSpeed without ``overlap_comm``), so the pass takes its buckets' time more;
-* a forward runs its compute share slowed while a stream is still busy (``dp_tails.slowed``:
-  1/(1 + κ·n) beside n busy streams, replay/sim.py's interference).
+* a forward runs slowed while a stream is still busy, at κ times its compute share over the
+  whole pass as the backward's runs are (``dp_tails.slowed``: 1/(1 + κ·n) beside n busy
+  streams, replay/sim.py's interference).
 
 The step ends when each stage's streams have drained and, after the tied embedding's
 all-reduce where there is one, its optimizer and parameter gathers have run (``dp_tails``'s
 ``_after``, as for the other schedules). The walk visits every pass, p·v·2m of them: this
-option is screened at a few thousand strategies a second, not at the closed forms' rate."""
+option is screened at ~600 strategies a second (bench/bench_fastpath.py), not at the closed
+forms' ~16,000."""
 
 from __future__ import annotations
 
