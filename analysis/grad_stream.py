@@ -66,7 +66,7 @@ def stream_summary(model: ModelSpec, s: Strategy, system: SystemSpec) -> dict[st
     walkers = _walk(costs, stages, reps, _sends(costs, reps, alike))
     w = max(walkers, key=lambda x: (max(x.stream.values()) - x.clock, -x.st))
     x = stages[w.st]
-    reduce_ns = sum(buckets_busy_ns(w.costs, w.lanes, blocks) for blocks in x.runs_bwd)
+    reduce_ns = sum(buckets_busy_ns(w.costs, w.lanes_mb, blocks) for blocks in x.runs_bwd)
     return {"stage": w.st, "reduce_s_per_microbatch": reduce_ns / NS_PER_S,
             "compute_s_per_microbatch": (sum(x.fwd) + sum(x.bwd)) / NS_PER_S,
             "wait_after_last_backward_s": max(0, max(w.stream.values()) - w.clock) / NS_PER_S}
@@ -100,6 +100,9 @@ class _StageWalk:
         s = costs.s
         self.costs, self.x, self.order, self.st = costs, stage, order, st
         self.lanes = grad_lanes(costs, rank)
+        # an earlier micro-batch's buckets: inside the optimizer instance only (the shard goes
+        # across the instances once, with the last's)
+        self.lanes_mb = (self.lanes[0], None)
         self.kappa = costs.compute.gpu.comm_interference if s.overlap_grad_reduce else 0.0
         self.clock, self.i = 0, 0
         self.stream = {"dp": _IDLE, "edp": _IDLE}
@@ -140,13 +143,13 @@ class _StageWalk:
 
     def _backward(self, t: int, ch: int, *, last: bool) -> int:
         b = self.x.bwd[ch]
-        gathers = self.gathers if last else []
+        gathers, lanes = (self.gathers, self.lanes) if last else ([], self.lanes_mb)
         if not self.costs.s.overlap_grad_reduce:  # each bucket blocks the backward
             queue = {"dp": _IDLE, "edp": _IDLE}
-            drain_chunk(self.costs, self.lanes, self.x.runs_bwd[ch], t, t + b, t + b, queue,
+            drain_chunk(self.costs, lanes, self.x.runs_bwd[ch], t, t + b, t + b, queue,
                         0.0, 0.0, gathers)
             return max(t + b, *queue.values())
-        late = drain_chunk(self.costs, self.lanes, self.x.runs_bwd[ch], t, t + b, t + b,
+        late = drain_chunk(self.costs, lanes, self.x.runs_bwd[ch], t, t + b, t + b,
                            self.stream, self.kappa, self.x.busy_b[ch], gathers)
         return t + b + late
 

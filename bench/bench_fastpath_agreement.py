@@ -47,7 +47,8 @@ instances (``dist_opt_instances``, a divisor of dp·cp above 1; ZeRO-3: HSDP), f
 its own.
 
 ``--per-microbatch`` makes three in four ZeRO 0-2 strategies that can reduce every micro-batch's
-gradients (one optimizer instance, no overlapped parameter gathers, 1F1B, interleaved or GPipe)
+gradients (no overlapped parameter gathers; 1F1B, interleaved or GPipe; with --instances, some
+with several optimizer instances)
 do so (``grad_reduce_per_microbatch``; the fast path walks them, ``analysis/grad_stream.py``),
 from a stream of its own.
 

@@ -402,6 +402,10 @@ class RoleProgram:
         if size < 2:
             return
         comms = bucket_comms(self.s, axis, n)
+        if not last:  # an earlier micro-batch's: inside the instance only, the shard across
+            comms = [c for c in comms if c.axis != "dpr"]  # them once a step (Megatron-FSDP)
+        if not comms:
+            return
         if not self.s.overlap_grad_reduce and self.s.grad_reduce_per_microbatch:
             for c in comms:  # DeepSpeed without overlap_comm: the hook reduces in the chain
                 self.pending_dp.append(self.coll(c, prefix, blocking=True))
@@ -416,6 +420,8 @@ class RoleProgram:
                 if self._last_ar is not None:  # stream, so after the previous bucket's
                     self.nodes[ids[0]].ctrl_deps.append(self._last_ar)  # (``start_grad_sync``)
                 self._last_ar = ids[1]
+            elif not last and self._last_ar is not None:  # an earlier micro-batch's scatter
+                self.nodes[ids[0]].ctrl_deps.append(self._last_ar)  # on that one stream too
             self.pending_dp.append(ids[-1])
         if self.s.zero_stage >= 1 and last:  # the bucket padded to its shard group, gathered
             group = shard_axis(self.s, axis)

@@ -209,8 +209,10 @@ class Strategy:
     # sharded gradient the memory model charges for ZeRO-2 is only consistent with it. With
     # overlap_grad_reduce each bucket goes on the data-parallel stream as it fills (DeepSpeed
     # ``overlap_comm``), without it each blocks the backward where it fills. The parameters are
-    # still gathered once a step. Modelled with one optimizer instance, without
-    # overlap_param_gather, and with the 1F1B, interleaved and GPipe schedules
+    # still gathered once a step. With several optimizer instances each micro-batch's buckets
+    # are reduce-scattered inside the instance and the shard all-reduced across them on the
+    # last only (Megatron-FSDP's optim_grads under HSDP, as its ZeRO-3 does). Modelled without
+    # overlap_param_gather and with the 1F1B, interleaved and GPipe schedules
     # (analysis/grad_stream.py walks it).
     grad_reduce_per_microbatch: bool = False
 
@@ -682,16 +684,13 @@ def _schedule_problems(s: Strategy) -> list[str]:
 
 def _per_microbatch_problems(s: Strategy) -> list[str]:
     """What reducing gradients every micro-batch (``grad_reduce_per_microbatch``) is modelled
-    with: ZeRO 0-2 (ZeRO-3 always does), one optimizer instance, the parameters gathered after
-    the step, no deferred W passes nor merged ones."""
+    with: ZeRO 0-2 (ZeRO-3 always does), the parameters gathered after the step, no deferred W
+    passes nor merged ones."""
     what = "grad_reduce_per_microbatch"
     out = []
     if s.zero_stage == 3:
         out.append(f"{what}: ZeRO-3 reduce-scatters each block's gradients in every backward "
                    "already; set it to false")
-    if s.dist_opt_instances > 1:
-        out.append(f"{what} is modelled with one optimizer instance (got dist_opt_instances="
-                   f"{s.dist_opt_instances}); set one of the two back")
     if s.overlap_param_gather and s.zero_stage in (1, 2):
         out.append(f"{what} is modelled without overlap_param_gather (Megatron's; DeepSpeed "
                    "and FSDP gather the updated parameters after the step); drop one of the two")
