@@ -17,7 +17,7 @@ No closed form holds that, so each stage's passes are walked in the trace's orde
 The step ends when each stage's streams have drained and, after the tied embedding's
 all-reduce where there is one, its optimizer and parameter gathers have run (``dp_tails``'s
 ``_after``, as for the other schedules). The walk visits every pass, p·v·2m of them: this
-option is screened at ~600 strategies a second (bench/bench_fastpath.py), not at the closed
+option is screened at ~700 strategies a second (bench/bench_fastpath.py), not at the closed
 forms' ~16,000."""
 
 from __future__ import annotations
@@ -109,6 +109,9 @@ class _StageWalk:
         self.gathers: list[tuple[str, int, int]] = []  # the last backwards' (ZeRO ≥ 1)
         self.last = {ch: max(mb for ph, mb, cc in order if ph == "B" and cc == ch)
                      for ch in range(s.vpp)}
+        # an earlier micro-batch's backward of a chunk that starts with its streams idle: its
+        # delay and each stream's end after its start, the same wherever it starts
+        self._idle: dict[int, tuple[int, dict[str, int | None]]] = {}
 
     def advance(self, done: dict[Pass, int], c: list[int], chunks: int) -> int:
         """Run the stage's passes in order while their inputs are there; how many ran."""
@@ -149,8 +152,16 @@ class _StageWalk:
             drain_chunk(self.costs, lanes, self.x.runs_bwd[ch], t, t + b, t + b, queue,
                         0.0, 0.0, gathers)
             return max(t + b, *queue.values())
+        idle = not last and max(self.stream.values()) <= t
+        if idle and ch in self._idle:
+            late, ends = self._idle[ch]
+            self.stream = {k: (t + e if e is not None else _IDLE) for k, e in ends.items()}
+            return t + b + late
         late = drain_chunk(self.costs, lanes, self.x.runs_bwd[ch], t, t + b, t + b,
                            self.stream, self.kappa, self.x.busy_b[ch], gathers)
+        if idle:  # (a stream left idle by the chunk's buckets stays so)
+            self._idle[ch] = late, {k: (e - t if e > t else None)
+                                    for k, e in self.stream.items()}
         return t + b + late
 
 
