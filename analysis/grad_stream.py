@@ -78,14 +78,14 @@ def _walk(costs: Costs, stages: list[Stage], reps: list[int], c: list[int]
     s = costs.s
     p, v, m = s.pp, s.vpp, s.num_microbatches
     orders = [stage_order(s.order_id, m=m, p=p, v=v, stage=st) for st in range(p)]
-    walkers = [_StageWalk(stages[st].costs or costs, stages[st], reps[st], orders[st], st)
+    walkers = [_StageWalk(stages[st].costs or costs, stages[st], reps[st], orders[st], st, c)
                for st in range(p)]
     done: dict[Pass, int] = {}  # a pass's end (its send not included)
     left = sum(len(o) for o in orders)
     while left:
         moved = 0
         for w in walkers:
-            moved += w.advance(done, c, p * v)
+            moved += w.advance(done)
         if not moved:  # pragma: no cover - the schedules' orders never deadlock
             raise RuntimeError("the per-micro-batch walk found no pass ready to run")
         left -= moved
@@ -95,10 +95,12 @@ def _walk(costs: Costs, stages: list[Stage], reps: list[int], c: list[int]
 class _StageWalk:
     """One stage's clock, streams and place in its order."""
 
-    def __init__(self, costs: Costs, stage: Stage, rank: int, order: list[Step], st: int
-                 ) -> None:
+    def __init__(self, costs: Costs, stage: Stage, rank: int, order: list[Step], st: int,
+                 c: list[int]) -> None:
         s = costs.s
         self.costs, self.x, self.order, self.st = costs, stage, order, st
+        # per pass: its key, the pass it waits for (or None) and that pass's send
+        self.steps = [_step(s, st, ph, mb, ch, c) for ph, mb, ch in order]
         self.lanes = grad_lanes(costs, rank)
         # an earlier micro-batch's buckets: inside the optimizer instance only (the shard goes
         # across the instances once, with the last's)
@@ -113,26 +115,22 @@ class _StageWalk:
         # delay and each stream's end after its start, the same wherever it starts
         self._idle: dict[int, tuple[int, dict[str, int | None]]] = {}
 
-    def advance(self, done: dict[Pass, int], c: list[int], chunks: int) -> int:
+    def advance(self, done: dict[Pass, int]) -> int:
         """Run the stage's passes in order while their inputs are there; how many ran."""
-        s, ran = self.costs.s, 0
-        while self.i < len(self.order):
-            ph, mb, ch = self.order[self.i]
-            gci = s.gci(self.st, ch)
+        ran, steps = 0, self.steps
+        while self.i < len(steps):
+            key, dep, send = steps[self.i]
             t = self.clock
-            if ph == "F" and gci > 0:
-                got = done.get(("F", mb, gci - 1))
+            if dep is not None:
+                got = done.get(dep)
                 if got is None:
                     break
-                t = max(t, got + c[(gci - 1) % s.pp])
-            elif ph == "B" and gci < chunks - 1:
-                got = done.get(("B", mb, gci + 1))
-                if got is None:
-                    break
-                t = max(t, got + c[gci % s.pp])
+                if got + send > t:
+                    t = got + send
+            ph, mb, ch = self.order[self.i]
             self.clock = (self._forward(t, ch) if ph == "F" else
                           self._backward(t, ch, last=mb == self.last[ch]))
-            done[(ph, mb, gci)] = self.clock
+            done[key] = self.clock
             self.i += 1
             ran += 1
         return ran
@@ -163,6 +161,19 @@ class _StageWalk:
             self._idle[ch] = late, {k: (e - t if e > t else None)
                                     for k, e in self.stream.items()}
         return t + b + late
+
+
+def _step(s: Strategy, st: int, ph: str, mb: int, ch: int, c: list[int]
+          ) -> tuple[Pass, Pass | None, int]:
+    """A pass of stage ``st`` as the walk reads it: (its key, the pass whose output it waits
+    for — the chunk before's forward, the chunk after's backward — or None, that one's send
+    over ``c``, the hop between stages)."""
+    gci, chunks = s.gci(st, ch), s.pp * s.vpp
+    if ph == "F" and gci > 0:
+        return (ph, mb, gci), ("F", mb, gci - 1), c[(gci - 1) % s.pp]
+    if ph == "B" and gci < chunks - 1:
+        return (ph, mb, gci), ("B", mb, gci + 1), c[gci % s.pp]
+    return (ph, mb, gci), None, 0
 
 
 def _embedding_chain(costs: Costs, stages: list[Stage], ends: list[int]) -> list[int]:
