@@ -169,8 +169,8 @@ class AlphaBetaNetwork:
                                                             else out.nic_efficiency)
         self.site_s = out.site_latency_us * US
         self._cache: dict[tuple[str, int, tuple[int, ...], Route | None], CommCost] = {}
-        # (collective, bytes, (ranks, nodes, ranks per node, rail-aligned)) → total ns: the cost
-        # depends only on the group's shape; the fast path screens strategies through it.
+        # (collective, bytes, ``Shape``) → total ns: the cost depends only on the group's shape;
+        # the fast path screens strategies through it.
         self.shape_cache: dict[tuple[Any, ...], int] = {}
 
     def collective(self, coll: str, size_bytes: int, ranks: tuple[int, ...],
