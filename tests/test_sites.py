@@ -151,3 +151,17 @@ def test_a_site_boundary_inside_a_stage_is_said() -> None:
     text = " ".join(r.stdout.split())
     assert "dp spanning sites, 2 pipeline hops between them" in text
     assert "note: a site boundary falls inside a pipeline stage (1,600 GPUs a stage" in text
+
+
+def test_a_study_on_several_sites_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """compare, sweep and resilience open with the sites a study's GPUs span (none for a
+    study inside one site)."""
+    from analysis.cli_study import _print_cluster
+    from analysis.study import study_from_dict
+
+    system = str(Path(__file__).parent / "data" / "two-sites-h100.toml")
+    for gpus, said in ((8192, True), (4096, False)):
+        _print_cluster(study_from_dict({"model": "llama3-8b", "system": system, "gpus": gpus,
+                                        "global_batch_size": 4096}, name="s"))
+        text = " ".join(capsys.readouterr().out.split())
+        assert ("2 sites of 4,096 GPUs (100 Gb/s a GPU between them, 250 µs)" in text) is said
