@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from replay.hardware import SystemSpec
+from replay.hardware import ScaleOutSpec, SystemSpec
 from tracegen import ConfigError, Strategy
 
 if TYPE_CHECKING:  # polars loads only where a table is written
@@ -286,6 +286,14 @@ ZERO2_NOTE = ("note: ZeRO-2 is costed with one gradient reduce-scatter a step, a
               "micro-batch (as Megatron's distributed optimizer reduces), and with only the "
               "gradient shard in memory; DeepSpeed's ZeRO-2 and PyTorch FSDP's SHARD_GRAD_OP "
               "reduce every micro-batch's gradients to free them")
+
+
+def sites_words(scaleout: ScaleOutSpec, gpus: int) -> str:
+    """The sites ``gpus`` span, in words: "2 sites of 4,096 GPUs (100 Gb/s a GPU between them,
+    250 µs)"."""
+    return (f"{-(-gpus // scaleout.site_gpus)} sites of {scaleout.site_gpus:,} GPUs "
+            f"({scaleout.site_Gbps_per_gpu:g} Gb/s a GPU between them, "
+            f"{scaleout.site_latency_us:g} µs)")
 
 
 def note_zero2(strategy: Strategy, step_s: float = 0.0, per_microbatch_s: float = 0.0) -> None:

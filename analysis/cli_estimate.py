@@ -189,23 +189,20 @@ def note_sites(model: Any, s: Strategy, system: SystemSpec) -> dict[str, Any] | 
     from analysis.fastpath_costs import Costs
     from tracegen.program import dp_group_size
 
-    out_ = system.scaleout
-    if not out_.site_gpus or s.world_size <= out_.site_gpus:
+    site = system.scaleout.site_gpus
+    if not site or s.world_size <= site:
         return None
     costs, per_stage = Costs(model, s, system), s.world_size // s.pp
     sizes = {"tp": s.tp, "cp": s.cp, "ep": s.ep, "dp": dp_group_size(s, "dp"),
              "edp": dp_group_size(s, "edp") if model.is_moe else 1}
     groups = [axis for axis, n in sizes.items() if n > 1 and any(
         costs.shape(axis, r)[4] > 1 for r in range(0, s.world_size, per_stage))]
-    site = out_.site_gpus
     pairs = [(st, st + 1) for st in range(s.pp - 1)] + ([(s.pp - 1, 0)] if s.vpp > 1 else [])
     hops = sum(1 for a, b in pairs if any(  # a send goes from rank r to r's place on stage b
         r // site != (r + (b - a) * per_stage) // site
         for r in range(a * per_stage, (a + 1) * per_stage)))
-    sites = -(-s.world_size // out_.site_gpus)
-    crossing = ", ".join(groups) or "no parallel group"
-    console.print(f"{sites} sites of {out_.site_gpus:,} GPUs ({out_.site_Gbps_per_gpu:g} Gb/s a "
-                  f"GPU between them, {out_.site_latency_us:g} µs): {crossing} spanning sites"
+    console.print(f"{C.sites_words(system.scaleout, s.world_size)}: "
+                  f"{', '.join(groups) or 'no parallel group'} spanning sites"
                   + (f", {hops} pipeline hop{'s' if hops > 1 else ''} between them" if hops
                      else ""))
     if s.pp > 1 and site % per_stage and per_stage % site:
@@ -213,7 +210,8 @@ def note_sites(model: Any, s: Strategy, system: SystemSpec) -> dict[str, Any] | 
                       f"stage, {site:,} a site): some of its replicas' sends cross and others' "
                       "do not, and each hop is costed by the stage's first GPU's; a site of a "
                       "whole number of stages is what a split at the sites would run")
-    return {"sites": sites, "groups_spanning_sites": groups, "pipeline_hops_between_sites": hops}
+    return {"sites": -(-s.world_size // site), "groups_spanning_sites": groups,
+            "pipeline_hops_between_sites": hops}
 
 
 def note_grad_stream(model: Any, s: Strategy, system: SystemSpec) -> dict[str, Any] | None:

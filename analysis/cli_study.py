@@ -23,6 +23,7 @@ from analysis.cli_common import (
     output_dir,
     output_file,
     progress_bar,
+    sites_words,
     table_file,
     write_table,
 )
@@ -517,13 +518,11 @@ def _note_space(st: Study) -> None:
 def _print_cluster(st: Study) -> None:
     if st.mixed is not None:
         console.print(escape("mixed cluster: " + mixed_words(st)), soft_wrap=True)
-    out = st.system.scaleout
-    if out.site_gpus and st.gpus > out.site_gpus:  # what the ranking weighs across sites
-        console.print(f"{-(-st.gpus // out.site_gpus)} sites of {out.site_gpus:,} GPUs "
-                      f"({out.site_Gbps_per_gpu:g} Gb/s a GPU between them, "
-                      f"{out.site_latency_us:g} µs): a group that spans sites runs at their "
-                      "links' pace (`trainsim estimate` names which of a strategy's do)",
-                      soft_wrap=True)
+    site = st.system.scaleout.site_gpus
+    if site and st.gpus > site:  # what the ranking weighs across sites
+        console.print(f"{sites_words(st.system.scaleout, st.gpus)}: a group that spans sites "
+                      "runs at their links' pace (`trainsim estimate` names which of a "
+                      "strategy's do)", soft_wrap=True)
 
 
 def space_words(st: Study) -> str:
