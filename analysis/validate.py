@@ -303,13 +303,14 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None,
         model = _padded_vocab(_model(row, _model_over_where_meaningful(model_over, row, notes)),
                               row["tp"], notes)
         strategy = _uneven_pipeline(_strategy(row, precision), row["num_layers"], notes)
-        if (row["zero_stage"] == 2 and row.get("grad_reduce_per_microbatch") is None
-                and strategy.num_microbatches > 1):
-            notes.append("ZeRO-2: each micro-batch's gradients reduce-scattered in its backward "
-                         "(DeepSpeed stage 2, FSDP SHARD_GRAD_OP)")
         if strategy_over:
             strategy = Strategy.from_dict({**strategy.to_dict(),
                                            **_where_meaningful(strategy_over, row, notes)})
+        if (row["zero_stage"] == 2 and row.get("grad_reduce_per_microbatch") is None
+                and "grad_reduce_per_microbatch" not in strategy_over
+                and strategy.num_microbatches > 1):  # (the convention, where it applied)
+            notes.append("ZeRO-2: each micro-batch's gradients reduce-scattered in its backward "
+                         "(DeepSpeed stage 2, FSDP SHARD_GRAD_OP)")
         return RunInputs(model, strategy, _system(row, base), "; ".join(notes))
     except TrainsimError as exc:
         return f"skipped: {exc}"

@@ -847,3 +847,9 @@ def test_a_zero2_row_reduces_every_micro_batch_unless_its_column_says_not(
             said is None)
         steps[said] = V.predict(inputs)["predicted_iter_time_s"]
     assert steps[None] == steps["true"] > steps["false"]
+    # a file-wide --set says otherwise where the row is silent: its word, and no such note
+    row = load_runs(_row_file(tmp_path, "mpt-07", zero_stage="2")).row(0, named=True)
+    inputs = V.row_inputs(row, {"strategy.grad_reduce_per_microbatch": False})
+    assert not isinstance(inputs, str), inputs
+    assert not inputs.strategy.grad_reduce_per_microbatch
+    assert "each micro-batch's gradients" not in inputs.assumptions
