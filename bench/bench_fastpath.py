@@ -122,6 +122,13 @@ def main() -> None:
     print(f"    at 4x the global batch ({min(s.num_microbatches for s in zbv4)}-"
           f"{max(s.num_microbatches for s in zbv4)} micro-batches): "
           f"{statistics.median(rates):,.0f} strategies/s median of 3")
+    # the same space on two sites of 512 GPUs: stages are no longer alike, each is costed
+    two = dataclasses.replace(system, scaleout=dataclasses.replace(
+        system.scaleout, site_gpus=512, site_Gbps_per_gpu=50.0, site_latency_us=250.0))
+    rates = gc_paused(rate)(model, two, cands, 3)
+    print(f"  the same {len(cands)} strategies on two sites of 512 GPUs (50 Gb/s a GPU between "
+          f"them; every stage costed on its own): {statistics.median(rates):,.0f} strategies/s "
+          "median of 3")
     # ZeRO-2 reducing every micro-batch (DeepSpeed, FSDP SHARD_GRAD_OP): every pass walked
     # with each stage's data-parallel streams (analysis/grad_stream.py)
     per = [dataclasses.replace(s, zero_stage=2, grad_reduce_per_microbatch=True)
