@@ -30,7 +30,7 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
     the ``sends`` between stages), exactly where each stage's inputs come late
     (``_cooldowns``). ``waits`` False: no stage waits for another's last pass (ZB-H1's
     last W), so none ends later for what a later one lost."""
-    s, m = costs.s, costs.m
+    s = costs.s
     # ZeRO-2 communicates as ZeRO-1 (it shards the gradients too, which only the memory model
     # sees): the ZeRO stage as the timing sees it, so a sweep's ZeRO 1 and 2 twins share memos
     strategy_key = costs.ctx.intern((s.dp_bucket_params, s.overlap_grad_reduce,
@@ -82,7 +82,6 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
     chain = list(ends)
     partner = costs.embd_partner  # stage 0's embedding all-reduce partner (or None)
     if partner is not None:
-        size = m.vocab_size * m.hidden_size // s.tp * O.grad_reduce_bytes(s)
         first, last = ends[0], ends[partner]
         if not shifted:  # each ends later by what its own buckets slowed it (interference)
             first += tails[0][2]
@@ -98,9 +97,7 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
             # its own stream beside that pass's trailing reduce-scatters (``Stage.late_b``)
             first -= stages[0].late_b[0]
             last -= stages[partner].late_b[0]
-        t = max(first, last) + max(  # (on the slower of the two ends' networks)
-            (x.costs or costs).net.shape_ns("ALL_REDUCE", size, costs.shape("embd", 0))
-            for x in (stages[0], stages[partner]))
+        t = max(first, last) + embedding_all_reduce_ns(costs, stages, partner)
         chain[0], chain[partner] = max(t, ends[0]), max(t, ends[partner])
     finish = 0
     for st in check:
@@ -110,6 +107,15 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
         done = max(chain[st], end + done_rel) if overlapped else max(chain[st], end) + done_rel
         finish = max(finish, done + after)
     return finish
+
+
+def embedding_all_reduce_ns(costs: Costs, stages: list[Stage], partner: int) -> int:
+    """The tied embedding's gradient all-reduce between stage 0 and ``partner``, on the slower
+    of the two ends' networks."""
+    m, s = costs.m, costs.s
+    size = m.vocab_size * m.hidden_size // s.tp * O.grad_reduce_bytes(s)
+    return max((x.costs or costs).net.shape_ns("ALL_REDUCE", size, costs.shape("embd", 0))
+               for x in (stages[0], stages[partner]))
 
 
 def _slack(stages: list[Stage], chunk_ends: Sequence[Sequence[int]], sends: Sequence[int],

@@ -24,8 +24,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from analysis.dp_tails import _IDLE, _after_memo, buckets_busy_ns, drain_chunk, grad_lanes, slowed
-from tracegen import ops as O
+from analysis.dp_tails import (
+    _IDLE,
+    _after_memo,
+    buckets_busy_ns,
+    drain_chunk,
+    embedding_all_reduce_ns,
+    grad_lanes,
+    slowed,
+)
 from tracegen.model import ModelSpec
 from tracegen.schedule import Step, stage_order
 from tracegen.strategy import Strategy
@@ -183,10 +190,6 @@ def _embedding_chain(costs: Costs, stages: list[Stage], ends: list[int]) -> list
     partner = costs.embd_partner
     if partner is None:
         return chain
-    m, s = costs.m, costs.s
-    size = m.vocab_size * m.hidden_size // s.tp * O.grad_reduce_bytes(s)
-    t = max(ends[0], ends[partner]) + max(
-        (x.costs or costs).net.shape_ns("ALL_REDUCE", size, costs.shape("embd", 0))
-        for x in (stages[0], stages[partner]))
+    t = max(ends[0], ends[partner]) + embedding_all_reduce_ns(costs, stages, partner)
     chain[0], chain[partner] = max(t, ends[0]), max(t, ends[partner])
     return chain
