@@ -23,7 +23,9 @@
                                     # overlap_param_gather,
                                     # zero3_prefetch, recompute_num_layers (with "full"),
                                     # dist_opt_instances (ZeRO ≥ 1, dense models),
-                                    # outer_dp_sharding_strategy ("optim": HFSDP)
+                                    # outer_dp_sharding_strategy ("optim": HFSDP),
+                                    # grad_reduce_per_microbatch (ZeRO 0-2: DeepSpeed's
+                                    # ZeRO-2, FSDP's SHARD_GRAD_OP)
 
     [failures]                      # a preset, or rate_per_gpu_hour (+ weibull_shape)
     preset = "llama3-16k-h100"
