@@ -154,9 +154,10 @@ def test_llama3_405b_in_meta_s_layouts_meets_its_published_mfu(tmp_path) -> None
     16,384 and 38% there with 131K tokens (cp 16). Its FSDP shards the FP32 gradients
     (§3.3.2), so each micro-batch's are reduce-scattered over the replicas: at 8K tokens that
     traffic binds the step and the predictions land within 6% of Meta's MFU (45.3 and 39.7%),
-    where reducing once a step came out 15–22% too fast. At 131K tokens (dp 8) both readings
-    stay above 30% too fast by Megatron's count, which counts all of causal attention's score
-    FLOPs (1.40× the causal count there; DESIGN.md). Nothing fitted; micro-batch 1 assumed.
+    where reducing once a step put the MFU 17–22% high (steps 15–18% short). At 131K tokens
+    (dp 8) both readings stay above 30% too fast by Megatron's count, which counts all of
+    causal attention's score FLOPs (1.40× the causal count there; DESIGN.md). Nothing
+    fitted; micro-batch 1 assumed.
     A layouts table without its columns is refused by name."""
     from analysis.layout_mfu import layout_mfu, read_layouts
     from analysis.plots import layout_mfu as plot
