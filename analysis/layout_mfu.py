@@ -13,7 +13,8 @@ from typing import Any
 
 import polars as pl
 
-from analysis.glance import glance
+from analysis.fastpath import estimate
+from analysis.glance import strategy_rates
 from replay.hardware import SystemSpec
 from tracegen import ConfigError, ModelSpec, Strategy, with_seq_len
 from tracegen.strategy import with_shorter_end_chunks
@@ -42,8 +43,8 @@ def layout_mfu(runs: pl.DataFrame, model: ModelSpec, system: SystemSpec, **field
                         global_batch_size=row["batch_sequences"],
                         cp_comm_type="all_gather" if row["cp"] > 1 else "p2p", **fields)
         base = with_shorter_end_chunks(base, m.num_layers)
-        mfu = {per: 100 * glance(m, dataclasses.replace(
-            base, grad_reduce_per_microbatch=per), system).mfu for per in (False, True)}
+        mfu = {per: 100 * _mfu(m, dataclasses.replace(base, grad_reduce_per_microbatch=per),
+                               system) for per in (False, True)}
         measured = row["measured_mfu_pct"]
         out.append({"run": f"{row['gpus']:,} GPUs, {row['seq_len'] // 1024}K tokens"
                            + (f", cp {row['cp']}" if row["cp"] > 1 else ""),
@@ -52,3 +53,8 @@ def layout_mfu(runs: pl.DataFrame, model: ModelSpec, system: SystemSpec, **field
                     "once_error_pct": 100 * (mfu[False] / measured - 1),
                     "per_microbatch_error_pct": 100 * (mfu[True] / measured - 1)})
     return pl.DataFrame(out)
+
+
+def _mfu(model: ModelSpec, s: Strategy, system: SystemSpec) -> float:
+    """MFU of the fast path's step (``glance``'s rates, without its hints' extra estimates)."""
+    return strategy_rates(model, s, system, estimate(model, s, system).step_time_s)["mfu"]
