@@ -1,0 +1,187 @@
+"""Measure, on one NVIDIA GPU (PyTorch), the memory-bound work a training step does outside the
+layers' kernels, against the bytes the trainsim compute model charges for it:
+
+- ``optimizer``: the mixed-precision optimizer step over a shard of fp32 master weights —
+  the gradient norm of clip_grad_norm (``torch._foreach_norm``, as apex's / Transformer
+  Engine's ``multi_tensor_l2norm``), fused AdamW (``torch.optim.AdamW(fused=True)``, one
+  multi-tensor kernel as Transformer Engine's ``FusedAdam``) and the copy of the master
+  weights into the 16-bit model weights (``torch._foreach_copy_``) — per parameter against
+  ``ADAM_BYTES_PER_PARAM`` (4 + 28 + 6 = 38 bytes, ``tracegen/ops.py``); a foreach (unfused)
+  AdamW for comparison. Shards: Llama 3 8B's layer tensors (whole layers, as a model-parallel
+  rank without the distributed optimizer holds them) and flat slices (the distributed
+  optimizer's shard of its contiguous buffer), 0.1–0.9 G parameters;
+- ``cross_entropy``: Megatron-Core's vocab-parallel cross-entropy as eager PyTorch runs it
+  (``tensor_parallel/cross_entropy.py``: the cast of the logits to fp32, max, subtract, exp,
+  sum, the target logit, divide; backward the in-place scaling and autograd's cast back to
+  16 bits), the all-reduces left out (one GPU), for the tokens × vocabulary slices of the
+  validation rows, against ``CE_FWD_BYTES`` / ``CE_BWD_BYTES`` (38 / 14 bytes a logit).
+
+Output conventions as ``measure_hopper.py`` (``--out`` JSON rewritten after each section).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure_hopper import Row, _time_ms, env_info, run_sections
+
+ADAM_BYTES = {"grad_norm": 4, "adam_fused": 28, "adam_foreach": 28, "master_to_bf16": 6}
+CE_FWD_BYTES, CE_BWD_BYTES = 38, 14
+# (tokens, local vocabulary): Llama 3 at tp 1 and 8, GPT-3's padded 51,200 at tp 1 and 8, MPT's
+# 50,368 at 16K tokens
+CE_SHAPES = [(8192, 128256), (8192, 16032), (2048, 51200), (2048, 6400), (16384, 50368)]
+DEVICE = "cuda"  # a CPU dry run of the logic may set "cpu"
+
+# Llama 3 8B's tensors of one layer (h 4096, ffn 14336, GQA 8 of 32 heads): qkv, proj, fc1
+# (gate and up), fc2, the two norms' weights
+L8B_LAYER = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (4096,), (4096,)]
+
+
+def _shard(kind: str, params: int) -> list[tuple[int, ...]]:
+    """Tensor shapes of a shard of about ``params`` parameters: whole Llama 3 8B layers, or
+    flat slices of at most 2^28 elements (the distributed optimizer's buffer)."""
+    if kind == "layers":
+        per_layer = sum(math.prod(s) for s in L8B_LAYER)
+        return L8B_LAYER * max(1, round(params / per_layer))
+    return [(min(1 << 28, params - i),) for i in range(0, params, 1 << 28)]
+
+
+def _adam_cases(shapes: list[tuple[int, ...]]) -> dict[str, Callable[[], object]]:
+    import torch
+
+    def fp32() -> list[Any]:
+        return [torch.randn(s, device=DEVICE) * 0.02 for s in shapes]
+
+    params = [torch.nn.Parameter(t) for t in fp32()]
+    grads = fp32()
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g
+    bf16 = [torch.empty(s, device=DEVICE, dtype=torch.bfloat16) for s in shapes]
+    fused = torch.optim.AdamW(params, lr=1e-4, fused=True)
+    foreach = torch.optim.AdamW([torch.nn.Parameter(t) for t in fp32()], lr=1e-4, foreach=True)
+    for p, g in zip(foreach.param_groups[0]["params"], grads, strict=True):
+        p.grad = g
+    fused.step()  # the moments exist from the first step on
+    foreach.step()
+    return {
+        "grad_norm": lambda: torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))),
+        "adam_fused": fused.step, "adam_foreach": foreach.step,
+        "master_to_bf16": lambda: torch._foreach_copy_(bf16, [p.detach() for p in params])}
+
+
+def optimizer(args: argparse.Namespace) -> list[Row]:
+    """Milliseconds and bytes a second of each optimizer pass over shards of 0.11-0.87 G
+    parameters (the fused AdamW, norm and copy measured; the foreach AdamW for comparison)."""
+    import torch
+
+    out: list[Row] = []
+    for kind, params in (("layers", 218_112_000), ("layers", 872_448_000),
+                         ("flat", 100_000_000), ("flat", 800_000_000)):
+        shapes = _shard(kind, params)
+        n = sum(int(torch.Size(s).numel()) for s in shapes)
+        with torch.no_grad():
+            cases = _adam_cases(shapes)
+            total_ms = 0.0
+            for name, fn in cases.items():
+                ms = _time_ms(fn, warmup=2, reps=5, batches=3)
+                gbps = ADAM_BYTES[name] * n / ms / 1e6
+                if name != "adam_foreach":
+                    total_ms += ms
+                out.append({"shard": kind, "params": n, "tensors": len(shapes), "pass": name,
+                            "ms": ms, "GBps": gbps, "efficiency": gbps / args.hbm_gbps})
+        model_ms = 38 * n / (args.hbm_gbps * 0.84) / 1e6
+        out.append({"shard": kind, "params": n, "tensors": len(shapes), "pass": "step",
+                    "ms": total_ms, "GBps": 38 * n / total_ms / 1e6,
+                    "efficiency": 38 * n / total_ms / 1e6 / args.hbm_gbps,
+                    "model_ms_38B_at_0.84": model_ms})
+        del cases
+        torch.cuda.empty_cache()
+    return out
+
+
+def _ce_forward(logits: Any, target: Any) -> tuple[Any, Any, Any]:
+    """Megatron-Core's _VocabParallelCrossEntropy.forward on one rank (vocab start 0)."""
+    import torch
+
+    x = logits.float()
+    logits_max = torch.max(x, dim=-1)[0]
+    x -= logits_max.unsqueeze(-1)
+    arange = torch.arange(x.shape[0], device=x.device)
+    predicted = x[arange, target].clone()
+    torch.exp(x, out=x)
+    sum_exp = x.sum(dim=-1)
+    loss = torch.log(sum_exp) - predicted
+    x.div_(sum_exp.unsqueeze(-1))
+    return loss, x, arange
+
+
+def _ce_backward(softmax: Any, target: Any, arange: Any, grad_out: Any) -> Any:
+    """Its backward: the target's one subtracted, the gradient scaled in place, autograd's cast
+    back to the logits' 16 bits."""
+    import torch
+
+    softmax[arange, target] -= 1.0
+    softmax.mul_(grad_out.unsqueeze(-1))
+    return softmax.to(torch.bfloat16)
+
+
+def _ce_times(tokens: int, vocab: int) -> tuple[float, float]:
+    """Forward and backward milliseconds over tokens × vocab logits (the backward's restoring
+    copy of the saved softmax timed apart and subtracted)."""
+    import torch
+
+    logits = torch.randn(tokens, vocab, device=DEVICE, dtype=torch.bfloat16)
+    target = torch.randint(0, vocab, (tokens,), device=DEVICE)
+    grad_out = torch.full((tokens,), 1.0 / tokens, device=DEVICE)
+    _, softmax, arange = _ce_forward(logits, target)
+    keep = softmax.clone()
+
+    def bwd() -> object:
+        softmax.copy_(keep)
+        return _ce_backward(softmax, target, arange, grad_out)
+
+    fwd_ms = _time_ms(lambda: _ce_forward(logits, target), warmup=2, reps=5, batches=3)
+    bwd_ms = (_time_ms(bwd, warmup=2, reps=5, batches=3)
+              - _time_ms(lambda: softmax.copy_(keep), warmup=2, reps=5, batches=3))
+    return fwd_ms, bwd_ms
+
+
+def cross_entropy(args: argparse.Namespace) -> list[Row]:
+    """Forward and backward milliseconds of the cross-entropy over tokens × local vocabulary
+    logits (``CE_SHAPES``)."""
+    import torch
+
+    out: list[Row] = []
+    for tokens, vocab in CE_SHAPES:
+        fwd_ms, bwd_ms = _ce_times(tokens, vocab)
+        torch.cuda.empty_cache()
+        n = tokens * vocab
+        for name, ms, nbytes in (("forward", fwd_ms, CE_FWD_BYTES),
+                                 ("backward", bwd_ms, CE_BWD_BYTES)):
+            gbps = nbytes * n / ms / 1e6
+            out.append({"tokens": tokens, "vocab": vocab, "pass": name, "ms": ms, "GBps": gbps,
+                        "efficiency": gbps / args.hbm_gbps,
+                        "model_ms_at_0.84": nbytes * n / (args.hbm_gbps * 0.84) / 1e6})
+    return out
+
+
+SECTIONS: list[tuple[str, Callable[..., list[Row]]]] = [
+    ("env", env_info), ("optimizer", optimizer), ("cross_entropy", cross_entropy)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--hbm-gbps", type=float, default=4800.0, help="HBM bandwidth, 10^9 B/s")
+    ap.add_argument("--only", nargs="*", help="run these sections only")
+    ap.add_argument("--out", help="write the results as JSON here (after every section)")
+    return run_sections(SECTIONS, ap.parse_args())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
