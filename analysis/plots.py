@@ -377,6 +377,24 @@ def gemm_ceilings(systems: list[SystemSpec]) -> Figure:
     return fig
 
 
+def memory_mix(families: dict[str, float], steps: dict[str, float], preset: float, *,
+               title: str = "H200") -> Figure:
+    """Two panels from ``analysis.memory_mix``: each measured kernel family's efficiency
+    (fraction of HBM bandwidth) and each reference step's mix of them, as bars, with the
+    preset's ``memory_efficiency`` as a line across both."""
+    fig = Figure(figsize=(11.0, 4.0), layout="constrained")
+    left, right = fig.subplots(1, 2, sharex=True)
+    for ax, data, what in ((left, families, "kernel family"), (right, steps, "step mix")):
+        names = list(data)
+        ax.barh(names, [data[n] for n in names], color="tab:blue", alpha=0.8)
+        ax.axvline(preset, color="black", lw=1.2, label=f"preset {preset:.2f}")
+        ax.invert_yaxis()
+        ax.set_xlim(0.0, 1.0)
+        _finish(ax, xlabel="fraction of HBM bandwidth", ylabel="",
+                title=f"Memory-bound {what}, {title}", legend="lower right", grid="major")
+    return fig
+
+
 def device_evidence(gemms: pl.DataFrame, attention: pl.DataFrame, *, band: float = 0.05,
                     title: str = "H200") -> Figure:
     """Two panels from ``analysis.device_runs``: held GEMMs, modelled against measured TFLOP/s
