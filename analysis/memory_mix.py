@@ -17,8 +17,15 @@ stand for them, eager PyTorch's unfused ones do not):
 - ``activation``: compiled SwiGLU or GELU;
 - ``fp8_cast``: the cast to FP8 (eager: one kernel either way);
 - ``residual``: an add (residual connections, their gradients);
-- ``copy``: everything else that moves tensors about (rotary embedding, MoE permutes and
-  sorts, the embedding lookup and its gradient).
+- ``rope``: compiled rotary embedding (Megatron-Core fuses it by default; the unfused one ran
+  at 0.07);
+- ``embedding``: the embedding lookup (its gradient too);
+- ``permute``: the MoE token permutations — the gather of each token's copies into expert
+  order and the sort of what arrived into per-expert chunks, as eager PyTorch runs them
+  (``measure_step_ops.py``'s ``moe_fused`` and ``moe_permutes``); the weighted combine back
+  too, though no stand-in for Transformer Engine's fused combine was found (eager scatter-add
+  0.08, a compiled gather-sum 0.77 at top-2 but 0.10-0.12 at top-8: Inductor's, not TE's);
+- ``copy``: anything else that moves a tensor.
 """
 
 from __future__ import annotations
@@ -36,7 +43,13 @@ from tracegen.model import ModelSpec
 from tracegen.strategy import Strategy
 
 FAMILIES = ("ce_forward", "ce_backward", "optimizer", "norm", "activation", "fp8_cast",
-            "residual", "copy")
+            "residual", "rope", "embedding", "permute", "copy")
+# the rows of measure_step_ops.py's sections that stand for a family
+STEP_ROWS = {"cross_entropy": {"forward": "ce_forward", "backward": "ce_backward"},
+             "optimizer": {"step": "optimizer"},
+             "rope_embedding": {"compiled_rope": "rope", "embedding": "embedding"},
+             "moe_fused": {"permute_by_expert": "permute"},
+             "moe_permutes": {"sort_chunks": "permute"}}
 
 
 def measured_efficiencies(runs: Iterable[dict[str, Any]], gated: bool) -> dict[str, float]:
@@ -52,10 +65,10 @@ def measured_efficiencies(runs: Iterable[dict[str, Any]], gated: bool) -> dict[s
             for family, name in kernel.items():
                 if r.get("kernel") == name and "efficiency" in r:
                     found[family].append(r["efficiency"])
-        for r in run.get("cross_entropy", []):
-            found["ce_" + r["pass"]].append(r["efficiency"])
-        found["optimizer"] += [r["efficiency"] for r in run.get("optimizer", [])
-                               if r["pass"] == "step"]
+        for section, families in STEP_ROWS.items():
+            for r in run.get(section, []):
+                if r.get("pass") in families and "efficiency" in r:
+                    found[families[r["pass"]]].append(r["efficiency"])
     missing = [f for f, v in found.items() if not v]
     if missing:
         raise ValueError(f"no measurement of {', '.join(missing)} in the runs given")
@@ -73,7 +86,12 @@ def family(op: O.Op) -> str:
         return "fp8_cast"
     if base.endswith("act"):
         return "activation"
-    return "residual" if base.startswith("resid") else "copy"
+    if op.kind == "embedding":
+        return "embedding"
+    for prefix, name in (("resid", "residual"), ("rope", "rope"), ("moe_", "permute")):
+        if base.startswith(prefix):
+            return name
+    return "copy"
 
 
 def step_ops(m: ModelSpec, s: Strategy) -> list[tuple[O.Op, int]]:

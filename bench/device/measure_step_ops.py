@@ -171,8 +171,151 @@ def cross_entropy(args: argparse.Namespace) -> list[Row]:
     return out
 
 
+# (tokens, experts a token, hidden): Mixtral (top-2), Qwen3-235B (top-8) at 4K and 16K tokens,
+# DeepSeek-V3 (top-8, hidden 7,168)
+MOE_SHAPES = [(4096, 2, 4096), (4096, 8, 4096), (16384, 8, 4096), (4096, 8, 7168)]
+
+
+def _time_cases(cases: dict[str, tuple[Callable[[], object], int]], args: argparse.Namespace,
+                **tags: Any) -> list[Row]:
+    """Milliseconds, GB/s and efficiency of each (call, bytes) case, tagged with ``tags``; a
+    case that fails (a compile error surfaces at the first call) records its error."""
+    out: list[Row] = []
+    for name, (fn, nbytes) in cases.items():
+        try:
+            ms = _time_ms(fn, warmup=2, reps=5, batches=3)
+        except Exception as e:
+            out.append({**tags, "pass": name, "error": str(e).splitlines()[0][:120]})
+            continue
+        gbps = nbytes / ms / 1e6
+        out.append({**tags, "pass": name, "ms": ms, "GBps": gbps,
+                    "efficiency": gbps / args.hbm_gbps})
+    return out
+
+
+def _unpermute(copies: Any, probs: Any, index: Any, tokens: int) -> Any:
+    """Megatron-Core's unfused unpermute (``moe_utils.unpermute``): each copy scaled by its
+    router probability, then scatter-added back to its token."""
+    import torch
+
+    out = torch.zeros(tokens, copies.shape[1], device=copies.device, dtype=copies.dtype)
+    return out.scatter_add_(0, index.unsqueeze(1).expand(-1, copies.shape[1]),
+                            copies * probs.unsqueeze(-1))
+
+
+def _moe_cases(tokens: int, k: int, h: int) -> dict[str, tuple[Callable[[], object], int]]:
+    """(call, bytes the model charges for it) of each permutation pass on one rank's tokens:
+    ``tracegen.ops._permutations``' counts (2 bytes an element)."""
+    import torch
+
+    x = torch.randn(tokens, h, device=DEVICE, dtype=torch.bfloat16)
+    index = torch.randint(0, tokens, (tokens * k,), device=DEVICE).sort().values
+    copies = x.index_select(0, index)
+    probs = torch.rand(tokens * k, device=DEVICE, dtype=torch.bfloat16)
+    sizes = torch.randint(1, 1000, (64,)).tolist()
+    bounds = [round(tokens * k * sum(sizes[:i]) / sum(sizes)) for i in range(65)]
+    chunks = [copies[bounds[i]:bounds[i + 1]] for i in range(64)]
+    order = torch.randperm(64).tolist()
+    moved, combined = 2 * tokens * k * h * 2, (tokens * k + tokens) * h * 2
+    cases = {"permute": ((lambda: x.index_select(0, index)), moved),
+             "sort_chunks": ((lambda: torch.cat([chunks[i] for i in order])), moved),
+             "unpermute": ((lambda: _unpermute(copies, probs, index, tokens)), combined)}
+    try:
+        fused = torch.compile(_unpermute)
+        cases["compiled_unpermute"] = ((lambda: fused(copies, probs, index, tokens)), combined)
+    except Exception:  # torch.compile may be unavailable; the eager rows still count
+        pass
+    return cases
+
+
+def moe_permutes(args: argparse.Namespace) -> list[Row]:
+    """The MoE token permutations Megatron-Core runs around its all-to-all (index_select of
+    each token's copies, the sort of what arrived into per-expert chunks, the weighted
+    scatter-add back), eager and the last compiled, against the bytes trainsim charges."""
+    return [row for tokens, k, h in MOE_SHAPES
+            for row in _time_cases(_moe_cases(tokens, k, h), args, tokens=tokens, k=k, hidden=h)]
+
+
+def _combine(permuted: Any, inverse: Any, probs: Any, k: int) -> Any:
+    """A gather-based combine, as Transformer Engine's fused ``moe_unpermute`` runs it (each
+    token reads its k copies through a row map and sums them weighted; no atomics)."""
+    import torch
+
+    tokens, h = permuted.shape[0] // k, permuted.shape[1]
+    rows = permuted.index_select(0, inverse).view(tokens, k, h).float()
+    return (rows * probs.view(tokens, k, 1)).sum(1).to(torch.bfloat16)
+
+
+def _fused_cases(tokens: int, k: int, h: int) -> dict[str, tuple[Callable[[], object], int]]:
+    """(call, bytes the model charges) of the gather into expert order and the gather-based
+    combine back, for tokens routed to k distinct of 128 experts."""
+    import torch
+
+    x = torch.randn(tokens, h, device=DEVICE, dtype=torch.bfloat16)
+    experts = torch.rand(tokens, 128, device=DEVICE).topk(k, dim=1).indices.flatten()
+    order = experts.argsort(stable=True)  # permuted position -> copy (token-major)
+    inverse = order.argsort()  # copy -> permuted position
+    probs = torch.rand(tokens * k, device=DEVICE)
+    source = order // k
+    permuted = x.index_select(0, source)
+    moved, combined = 2 * tokens * k * h * 2, (tokens * k + tokens) * h * 2
+    cases: dict[str, tuple[Callable[[], object], int]] = {
+        "permute_by_expert": ((lambda: x.index_select(0, source)), moved),
+        "combine_gather": ((lambda: _combine(permuted, inverse, probs, k)), combined)}
+    try:
+        fused = torch.compile(_combine)
+        cases["compiled_combine_gather"] = ((lambda: fused(permuted, inverse, probs, k)),
+                                            combined)
+    except Exception:  # torch.compile may be unavailable; the eager rows still count
+        pass
+    return cases
+
+
+def moe_fused(args: argparse.Namespace) -> list[Row]:
+    """The permutations in the order Megatron-Core's permute makes (copies grouped by expert,
+    128 experts, top-k distinct a token): the gather into that order, and the gather-based
+    combine back, eager and compiled (the compiled one a stand-in for Transformer Engine's
+    fused kernel, which ``--moe-permute-fusion`` runs; TE cannot run here)."""
+    return [row for tokens, k, h in MOE_SHAPES
+            for row in _time_cases(_fused_cases(tokens, k, h), args, tokens=tokens, k=k,
+                                   hidden=h)]
+
+
+def _rope(x: Any, cos: Any, sin: Any) -> Any:
+    """Megatron-Core's unfused rotary embedding (``_apply_rotary_pos_emb_bshd``)."""
+    import torch
+
+    x1, x2 = torch.chunk(x, 2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def rope_embedding(args: argparse.Namespace) -> list[Row]:
+    """Rotary embedding of Q and K ([s, b, heads, 128], eager and compiled) and the embedding
+    lookup (Llama 3's 128,256 × 4,096 table), against read-once write-once bytes."""
+    import torch
+    import torch.nn.functional as F
+
+    s, heads, d = 8192, 40, 128  # Llama 3 8B: 32 query + 8 key heads
+    x = torch.randn(s, 1, heads, d, device=DEVICE, dtype=torch.bfloat16)
+    cos = torch.randn(s, 1, 1, d, device=DEVICE, dtype=torch.bfloat16)
+    sin = torch.randn(s, 1, 1, d, device=DEVICE, dtype=torch.bfloat16)
+    table = torch.randn(128256, 4096, device=DEVICE, dtype=torch.bfloat16)
+    ids = torch.randint(0, 128256, (8192,), device=DEVICE)
+    cases: dict[str, tuple[Callable[[], object], int]] = {
+        "rope": ((lambda: _rope(x, cos, sin)), 2 * x.numel() * 2),
+        "embedding": ((lambda: F.embedding(ids, table)), 2 * 8192 * 4096 * 2)}
+    try:
+        fused = torch.compile(_rope)
+        cases["compiled_rope"] = ((lambda: fused(x, cos, sin)), 2 * x.numel() * 2)
+    except Exception:
+        pass
+    return _time_cases(cases, args)
+
+
 SECTIONS: list[tuple[str, Callable[..., list[Row]]]] = [
-    ("env", env_info), ("optimizer", optimizer), ("cross_entropy", cross_entropy)]
+    ("env", env_info), ("optimizer", optimizer), ("cross_entropy", cross_entropy),
+    ("moe_permutes", moe_permutes), ("rope_embedding", rope_embedding),
+    ("moe_fused", moe_fused)]
 
 
 def main() -> int:
