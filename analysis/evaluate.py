@@ -97,6 +97,10 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate,
             failure, kept, cols = _episodes(study, s, failure, table, where)
             keep *= kept
             slow |= cols
+    if study.site_links:
+        kept, cols = _site_episodes(study, s)
+        keep *= kept
+        slow |= cols
     rows = R.policy_rows(failure=failure, gpus=s.world_size, work_s=_work_s(study, s, fast),
                          costs=costs, step_s=fast.step_time_s, progress=keep)
     return [{**r, **slow} for r in rows]
@@ -136,6 +140,19 @@ def _episodes(study: Study, s: Strategy, failure: R.FailureModel, table: str,
                            f"{table}_evicted_share": fs.evicted_share()}
 
 
+def _site_episodes(study: Study, s: Strategy) -> tuple[float, dict[str, float | None]]:
+    """The progress kept through the study's ``[site_links]`` episodes (degraded links between
+    sites, ``analysis.site_links``) and the columns that say why."""
+    from analysis import site_links
+
+    ep = site_links.site_links_from(study.site_links)
+    factor = site_links.step_factor(study.model, s, study.system, ep)
+    keep = ep.progress(factor)
+    return keep, {"site_links_bandwidth_factor": ep.bandwidth_factor,
+                  "site_links_latency_us": ep.latency_us, "site_links_step_factor": factor,
+                  "site_links_active_share": ep.active_share(), "site_links_loss": 1 - keep}
+
+
 def _stage_weights(study: Study, s: Strategy, table: str,
                    where: Mapping[int, SystemSpec] | None) -> list[float]:
     """How likely an episode of ``table`` is on each pipeline stage: alike but where a
@@ -156,11 +173,11 @@ def episode_lines(row: dict[str, Any]) -> list[str]:
 def episode_sentences(row: dict[str, Any]) -> list[tuple[str, str]]:
     """``episode_lines`` with each sentence's table, as an id (``fail-slow``, ``slow-links``:
     the report's element ids)."""
-    from analysis import fail_slow, slow_links
+    from analysis import fail_slow, site_links, slow_links
 
     return [(name, m.describe(row)) for name, m, col in (
-        ("fail-slow", fail_slow, "fail_slow_loss"), ("slow-links", slow_links, "slow_links_loss"))
-        if col in row]
+        ("fail-slow", fail_slow, "fail_slow_loss"), ("slow-links", slow_links, "slow_links_loss"),
+        ("site-links", site_links, "site_links_loss")) if row.get(col) is not None]
 
 
 def _require_failures(study: Study) -> None:
@@ -177,9 +194,11 @@ def strategy_dict(frame: pl.DataFrame) -> dict[str, Any]:
 
 
 def summary_dict(frame: pl.DataFrame) -> dict[str, Any]:
-    """Per policy, what ``--summary`` writes (with a study's [fail_slow] or [slow_links],
+    """Per policy, what ``--summary`` writes (with a study's [fail_slow], [slow_links] or
+    [site_links],
     what they cost too)."""
     keys = ("goodput", "expected_wall_clock_s", "checkpoint_interval_s", "expected_failures",
             "expected_gpu_hours", "job_mttf_s", "checkpoint_s", "restart_s",
-            *(c for c in frame.columns if c.startswith(("fail_slow_", "slow_links_"))))
+            *(c for c in frame.columns
+              if c.startswith(("fail_slow_", "slow_links_", "site_links_"))))
     return {row["policy"]: {k: row[k] for k in keys} for row in frame.iter_rows(named=True)}

@@ -89,15 +89,16 @@ def fail_slow_from(spec: dict[str, Any]) -> FailSlow:
     return episodes(spec, "fail_slow", slowdown)
 
 
-def check_keys(spec: dict[str, Any], table: str, keys: set[str]) -> None:
-    """Unknown and missing keys of an episodes table (``keys``; detect_s optional), all named
-    in one error."""
+def check_keys(spec: dict[str, Any], table: str, keys: set[str],
+               optional: str = "detect_s") -> None:
+    """Unknown and missing keys of an episodes table (``keys``; ``optional`` may be absent),
+    all named in one error."""
     unknown = sorted(set(spec) - keys)
-    missing = sorted(keys - {"detect_s"} - set(spec))
+    missing = sorted(keys - {optional} - set(spec))
     if unknown or missing:
         raise ConfigError((["unknown keys " + ", ".join(unknown)] if unknown else [])
                           + (["missing " + ", ".join(missing)] if missing else [])
-                          + [f"keys: {', '.join(sorted(keys))} (detect_s optional)"],
+                          + [f"keys: {', '.join(sorted(keys))} ({optional} optional)"],
                           what=f"study [{table}]")
 
 

@@ -34,8 +34,8 @@ def fingerprint(study: Study) -> dict[str, Any]:
             "global_batch_size": study.global_batch_size, "tokens": study.tokens,
             "failures": study.failures, "checkpoint": study.checkpoint,
             "restart": study.restart, "policies": study.policies}
-    for table in ("fail_slow", "slow_links"):  # (absent when empty: folders written before
-        if getattr(study, table):              # the table existed still match)
+    for table in ("fail_slow", "slow_links", "site_links"):  # (absent when empty: folders
+        if getattr(study, table):  # written before the table existed still match)
             data[table] = getattr(study, table)
     if study.mixed is not None:
         mixed: dict[str, Any] = {"system": dataclasses.asdict(study.mixed.system),

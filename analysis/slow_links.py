@@ -53,13 +53,20 @@ def slow_links_from(spec: dict[str, Any]) -> FailSlow:
     """A study's ``[slow_links]`` table, checked (every problem named in one error), as the
     episodes of ``analysis.fail_slow`` whose slowdown is 1 / bandwidth_factor."""
     check_keys(spec, "slow_links", KEYS)
-    factor = number("slow_links", "bandwidth_factor", spec["bandwidth_factor"], positive=True)
-    if not MIN_FACTOR <= factor <= 1:
-        raise ConfigError(f"bandwidth_factor = {factor:g}: it is the share of its healthy "
-                          f"bandwidth the slow NIC keeps, from {MIN_FACTOR:g} to 1 (0.25 is a "
-                          "quarter; above 1 it would be faster, near 0 it has failed: a "
-                          "[failures] matter)", what="study [slow_links]")
+    factor = bandwidth_factor(spec, "slow_links", "its healthy bandwidth the slow NIC keeps",
+                              "0.25 is a quarter; above 1 it would be faster, near 0 it has "
+                              "failed: a [failures] matter")
     return episodes(spec, "slow_links", 1 / factor)
+
+
+def bandwidth_factor(spec: dict[str, Any], table: str, keeps: str, hint: str) -> float:
+    """A table's ``bandwidth_factor``, from ``MIN_FACTOR`` to 1, or a ConfigError saying it is
+    the share of ``keeps`` (``hint``: what values mean)."""
+    factor = number(table, "bandwidth_factor", spec["bandwidth_factor"], positive=True)
+    if not MIN_FACTOR <= factor <= 1:
+        raise ConfigError(f"bandwidth_factor = {factor:g}: it is the share of {keeps}, from "
+                          f"{MIN_FACTOR:g} to 1 ({hint})", what=f"study [{table}]")
+    return factor
 
 
 def stage_factors(model: ModelSpec, s: Strategy, system: SystemSpec, factor: float,

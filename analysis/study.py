@@ -61,6 +61,12 @@
     rate_per_gpu_hour = 1e-5        # [failures]: episodes per GPU's NIC per hour, their mean
     mean_duration_s = 1800          # length, the share of its bandwidth the NIC keeps, and
     bandwidth_factor = 0.25         # (optional detect_s) how long until its node is evicted
+
+    [site_links]                    # degraded links between sites (analysis/site_links.py);
+    rate_per_hour = 0.002           # needs [failures] and a system of several sites: episodes
+    mean_duration_s = 7200          # an hour on the links between the sites, their mean length,
+    bandwidth_factor = 0.5          # the share of their bandwidth left, and (optional
+    latency_us = 600                # latency_us) the one-way latency meanwhile
 """
 
 from __future__ import annotations
@@ -78,7 +84,7 @@ from tracegen.strategy import check_fits_model
 
 KNOWN_KEYS = {"model", "seq_len", "system", "gpus", "global_batch_size", "tokens", "strategies",
               "search", "failures", "checkpoint", "restart", "policies", "name", "rank_by",
-              "fail_slow", "slow_links", "mixed"}
+              "fail_slow", "slow_links", "site_links", "mixed"}
 
 
 # each table whose events the other system's GPUs may have at their own rate: its [mixed] key
@@ -128,6 +134,7 @@ class Study:
     rank_by: str
     fail_slow: dict[str, Any] = dataclasses.field(default_factory=dict)
     slow_links: dict[str, Any] = dataclasses.field(default_factory=dict)
+    site_links: dict[str, Any] = dataclasses.field(default_factory=dict)
     # the model and system as the command line names them (a preset, NAME@seqN, or a file's
     # path), for the commands that take a result further (``strategy_row.estimate_command``)
     model_ref: str = ""
@@ -164,6 +171,10 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
     system = resolve_system(system_ref)
     gpus, gbs = data["gpus"], data["global_batch_size"]
     strategies = _strategies(data.get("strategies", []), gpus, gbs, model)
+    if data.get("site_links") and data.get("mixed"):
+        raise ConfigError("[site_links] with a [mixed] cluster is not modelled (which system's "
+                          "stages sit on which site is not said): drop one of the two tables",
+                          what=f"study {name!r}")
     mixed = _mixed(data, base, name)
     if mixed is not None:
         problems = []
@@ -187,11 +198,12 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
                  dict(data.get("search", {})), dict(data.get("failures", {})),
                  dict(data.get("checkpoint", {})), dict(data.get("restart", {})),
                  dict(data.get("policies", {})), rank_by, dict(data.get("fail_slow", {})),
-                 dict(data.get("slow_links", {})), model_ref, system_ref, mixed)
+                 dict(data.get("slow_links", {})), dict(data.get("site_links", {})),
+                 model_ref, system_ref, mixed)
 
 
 TABLE_KEYS = ("search", "failures", "checkpoint", "restart", "policies", "fail_slow",
-              "slow_links", "mixed")
+              "slow_links", "site_links", "mixed")
 
 
 def _type_problems(data: dict[str, Any]) -> list[str]:
@@ -236,6 +248,22 @@ def _check_resilience_tables(data: dict[str, Any], system: SystemSpec) -> None:
             raise ConfigError(f"[{table}] needs a [failures] table (the recovery policies "
                               "its episodes are costed under): add preset = NAME or "
                               "rate_per_gpu_hour", what="study")
+    _check_site_links(data, system)
+
+
+def _check_site_links(data: dict[str, Any], system: SystemSpec) -> None:
+    """[site_links] checked as the study is read: its keys, a system of several sites, a
+    [failures] table (the policies its goodput is costed under)."""
+    if not data.get("site_links"):
+        return
+    from analysis.site_links import check_system, site_links_from
+
+    site_links_from(dict(data["site_links"]))
+    check_system(system)
+    if not data.get("failures"):
+        raise ConfigError("[site_links] needs a [failures] table (the recovery policies its "
+                          "episodes are costed under): add preset = NAME or rate_per_gpu_hour",
+                          what="study")
 
 
 def mixed_stages(s: Strategy, gpus: int, system: str) -> int:

@@ -1,0 +1,170 @@
+"""Degraded links between sites over a run (``analysis.site_links``): the step during an
+episode against replay on the degraded system, the closed forms of the goodput kept, what a
+strategy's placement across the sites makes of an episode, and the study table's errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analysis import site_links as S
+from analysis.evaluate import resilience_rows
+from analysis.fastpath import estimate
+from analysis.study import Study, load_study, study_from_dict
+from replay import replay
+from tracegen import ConfigError, generate
+
+DATA = Path(__file__).parent / "data"
+STUDY = DATA / "two-sites-study.toml"
+TABLE = ("[site_links]\nrate_per_hour = 0.002\nmean_duration_s = 7200\n"
+         "bandwidth_factor = 0.5\nlatency_us = 600\n")
+
+
+def _without_table(study: Study) -> Study:
+    return dataclasses.replace(study, site_links={})
+
+
+def _study(tmp_path: Path, table: str) -> Path:
+    """The example study with its [site_links] replaced by ``table``."""
+    text = STUDY.read_text(encoding="utf-8").split("\n[site_links]")[0] + "\n" + table
+    f = tmp_path / "study.toml"
+    f.write_text(text.replace('system = "two-sites-h100.toml"',
+                              f'system = "{DATA / "two-sites-h100.toml"}"'), encoding="utf-8")
+    return f
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["pp1-rings-across", "pp2-split-at-the-sites"])
+def test_an_episodes_step_is_replays_on_the_degraded_system(tmp_path: Path, which: int) -> None:
+    """Representative-mode replay (without link contention, the fast path's reference) of the
+    healthy system and of the one an episode leaves: the step ratio is the fast path's within
+    0.5% (found: equal to 1e-7)."""
+    study = load_study(STUDY)
+    s = study.strategies[which]
+    ep = S.site_links_from(study.site_links)
+    generate(study.model, s, tmp_path, mode="representative")
+    healthy = replay(tmp_path, study.system, contention=False).step_time_s
+    slowed = replay(tmp_path, S.degraded(study.system, ep), contention=False).step_time_s
+    assert S.step_factor(study.model, s, study.system, ep) == pytest.approx(
+        slowed / healthy, rel=0.005)
+
+
+def test_where_the_groups_cross_the_sites_decides_the_cost() -> None:
+    """pp 1 runs every data-parallel ring across the sites: half their bandwidth and 600 µs
+    stretch its step 1.7×; pp 2 split at the sites sends one pipeline hop across: 0.1%.
+    Links as fast as before with the same latency cost nothing, nor does any episode to a job
+    inside one site."""
+    study = load_study(STUDY)
+    ep = S.site_links_from(study.site_links)
+    rings, split = (S.step_factor(study.model, s, study.system, ep) for s in study.strategies)
+    assert rings > 1.5 and 1.0 < split < 1.01
+    same = S.SiteLinkEpisodes(1.0, 3600.0, 1.0)
+    assert S.step_factor(study.model, study.strategies[0], study.system, same) == 1.0
+    inside = study_from_dict({"model": "llama3-70b", "system": str(DATA / "two-sites-h100.toml"),
+                              "gpus": 4096, "global_batch_size": 1024,
+                              "strategies": [{"tp": 8, "micro_batch_size": 1}]}, name="one")
+    assert S.step_factor(inside.model, inside.strategies[0], inside.system, ep) == 1.0
+
+
+def test_the_goodput_kept_is_the_closed_form_for_every_policy() -> None:
+    """p = 1 − exp(−λ·E[D]) of the time in an episode, the step f× longer meanwhile: every
+    policy's goodput is the study's without the table times 1 − p(1 − 1/f), the failure
+    process (and so the checkpoint interval) untouched."""
+    study = load_study(STUDY)
+    s = study.strategies[0]
+    fast = estimate(study.model, s, study.system)
+    rows = resilience_rows(study, s, fast)
+    healthy = {r["policy"]: r for r in resilience_rows(_without_table(study), s, fast)}
+    p = 1 - math.exp(-0.002 * 7200 / 3600)
+    f = rows[0]["site_links_step_factor"]
+    keep = 1 - p * (1 - 1 / f)
+    assert rows[0]["site_links_active_share"] == pytest.approx(p, rel=1e-12)
+    assert rows[0]["site_links_loss"] == pytest.approx(1 - keep, rel=1e-12)
+    for r in rows:
+        h = healthy[r["policy"]]
+        assert r["checkpoint_interval_s"] == h["checkpoint_interval_s"]
+        assert r["goodput"] == pytest.approx(h["goodput"] * keep, rel=1e-12)
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.floats(0.01, 1.0), st.floats(0.01, 0.99))
+def test_thinner_links_never_cost_less(a: float, b: float) -> None:
+    """The step factor falls as the bandwidth left grows (rings across the sites)."""
+    study = load_study(STUDY)
+    s = study.strategies[0]
+    lo, hi = sorted((a, a * b))
+    f_lo, f_hi = (S.step_factor(study.model, s, study.system, S.SiteLinkEpisodes(1.0, 60.0, x))
+                  for x in (lo, hi))
+    assert f_lo >= f_hi >= 1.0
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ("rate_per_hour = 0.01\nmean_duration_s = 60\nbandwidth_factor = 1.5\n", "from 0.001 to 1"),
+    ("rate_per_hour = 0.01\nmean_duration_s = 60\nslowdown = 2.0\n",
+     r"unknown keys slowdown\n  - missing bandwidth_factor"),
+    ("rate_per_hour = 0\nmean_duration_s = 60\nbandwidth_factor = 0.5\n",
+     "rate_per_hour must be a positive number"),
+    ("rate_per_hour = 0.01\nmean_duration_s = 60\nbandwidth_factor = 0.5\nlatency_us = -1\n",
+     "latency_us must be a positive number"),
+])
+def test_a_bad_site_links_table_is_named_when_the_study_is_read(tmp_path: Path, table: str,
+                                                                message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_study(_study(tmp_path, "[site_links]\n" + table))
+
+
+def test_site_links_need_sites_failures_and_no_mixed_cluster(tmp_path: Path) -> None:
+    one_site = _study(tmp_path, TABLE).read_text().replace(
+        f'system = "{DATA / "two-sites-h100.toml"}"', 'system = "dgx-h100"')
+    (tmp_path / "one.toml").write_text(one_site)
+    with pytest.raises(ConfigError, match="needs a system of several sites: dgx-h100 has none"):
+        load_study(tmp_path / "one.toml")
+    (tmp_path / "nofail.toml").write_text(
+        _study(tmp_path, TABLE).read_text().replace('[failures]\npreset = "llama3-16k-h100"\n',
+                                                    ""))
+    with pytest.raises(ConfigError, match=r"\[site_links\] needs a \[failures\] table"):
+        load_study(tmp_path / "nofail.toml")
+    (tmp_path / "mixed.toml").write_text(
+        _study(tmp_path, TABLE).read_text() + '\n[mixed]\nsystem = "dgx-a100-80gb"\ngpus = 4096\n')
+    with pytest.raises(ConfigError, match=r"with a \[mixed\] cluster is not modelled"):
+        load_study(tmp_path / "mixed.toml")
+
+
+def test_resilience_cli_says_what_the_site_links_cost(tmp_path: Path) -> None:
+    summary = tmp_path / "s.json"
+    r = subprocess.run([sys.executable, "-m", "analysis.cli", "resilience", str(STUDY),
+                        "--summary", str(summary)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "COLUMNS": "250"})
+    assert r.returncode == 0, r.stderr
+    policy = json.loads(summary.read_text())["policies"]["global_restart"]
+    assert policy["site_links_loss"] > 0 and policy["site_links_latency_us"] == 600
+    text = " ".join(r.stdout.split())
+    assert ("site links at 0.5 of their bandwidth, 600 µs stretch a step "
+            f"{policy['site_links_step_factor']:.2f}×") in text
+    assert "2 sites of 4,096 GPUs" in text
+
+
+def test_compare_ranks_with_the_episodes_in_and_the_report_says_them(tmp_path: Path) -> None:
+    """compare's goodputs carry the episodes (the healthy steps do not), and the report
+    says what they cost the best strategy — pp 2 split at the sites, here."""
+    from typer.testing import CliRunner
+
+    from analysis.cli import app
+
+    got = CliRunner().invoke(app, ["compare", str(STUDY), "-o", str(tmp_path / "c")])
+    assert got.exit_code == 0, got.output
+    frame = pl.read_parquet(tmp_path / "c" / "results.parquet")
+    assert frame.height == 2 and frame["strategy"][0].startswith("tp8-pp2")
+    rep = CliRunner().invoke(app, ["report", str(tmp_path / "c"), "-o", str(tmp_path / "r")])
+    assert rep.exit_code == 0, rep.output
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert 'id="site-links"' in html and "site links at 0.5 of their bandwidth" in html
