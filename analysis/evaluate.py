@@ -171,8 +171,8 @@ def episode_lines(row: dict[str, Any]) -> list[str]:
 
 
 def episode_sentences(row: dict[str, Any]) -> list[tuple[str, str]]:
-    """``episode_lines`` with each sentence's table, as an id (``fail-slow``, ``slow-links``:
-    the report's element ids)."""
+    """``episode_lines`` with each sentence's table, as an id (``fail-slow``, ``slow-links``,
+    ``site-links``: the report's element ids)."""
     from analysis import fail_slow, site_links, slow_links
 
     return [(name, m.describe(row)) for name, m, col in (
@@ -195,8 +195,7 @@ def strategy_dict(frame: pl.DataFrame) -> dict[str, Any]:
 
 def summary_dict(frame: pl.DataFrame) -> dict[str, Any]:
     """Per policy, what ``--summary`` writes (with a study's [fail_slow], [slow_links] or
-    [site_links],
-    what they cost too)."""
+    [site_links], what they cost too)."""
     keys = ("goodput", "expected_wall_clock_s", "checkpoint_interval_s", "expected_failures",
             "expected_gpu_hours", "job_mttf_s", "checkpoint_s", "restart_s",
             *(c for c in frame.columns
