@@ -465,6 +465,18 @@ def main() -> int:
     return run_sections(SECTIONS, ap.parse_args())
 
 
+def script_main(sections: list[tuple[str, Callable[..., list[Row]]]], doc: str | None,
+                hbm: bool = False) -> int:
+    """The command line of a device script whose sections are ``sections``: ``--only``,
+    ``--out`` and, with ``hbm``, ``--hbm-gbps`` (what efficiencies are fractions of)."""
+    ap = argparse.ArgumentParser(description=doc)
+    if hbm:
+        ap.add_argument("--hbm-gbps", type=float, default=4800.0, help="HBM bandwidth, 10^9 B/s")
+    ap.add_argument("--only", nargs="*", help="run these sections only")
+    ap.add_argument("--out", help="write the results as JSON here (after every section)")
+    return run_sections(sections, ap.parse_args())
+
+
 def run_sections(sections: list[tuple[str, Callable[..., list[Row]]]],
                  args: argparse.Namespace) -> int:
     """Run each section (all, or those in ``args.only``), print its rows, and rewrite

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure_hopper import Row, _nvml, env_info, run_sections
+from measure_hopper import Row, _nvml, env_info, script_main
 
 MiB = 2**20
 
@@ -167,10 +167,7 @@ SECTIONS: list[tuple[str, Callable[..., list[Row]]]] = [
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--only", nargs="*", help="run these sections only")
-    ap.add_argument("--out", help="write the results as JSON here (after every section)")
-    return run_sections(SECTIONS, ap.parse_args())
+    return script_main(SECTIONS, __doc__)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure_hopper import SLEEP_CYCLES, Row, _gemm_fp8, _sdpa, _time_ms, env_info, run_sections
+from measure_hopper import SLEEP_CYCLES, Row, _gemm_fp8, _sdpa, _time_ms, env_info, script_main
 
 # (model, hidden h, expert ffn f) of the MoE validation and example models' configs.
 EXPERTS = [("qwen3_235b", 4096, 1536), ("qwen3_30b", 2048, 768),
@@ -664,10 +664,7 @@ SECTIONS: list[tuple[str, Callable[..., list[Row]]]] = [
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--only", nargs="*", help="run these sections only")
-    ap.add_argument("--out", help="write the results as JSON here (after every section)")
-    return run_sections(SECTIONS, ap.parse_args())
+    return script_main(SECTIONS, __doc__)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure_hopper import Row, _time_ms, env_info, run_sections
+from measure_hopper import Row, _time_ms, env_info, script_main
 
 ADAM_BYTES = {"grad_norm": 4, "adam_fused": 28, "adam_foreach": 28, "master_to_bf16": 6}
 CE_FWD_BYTES, CE_BWD_BYTES = 38, 14
@@ -319,11 +319,7 @@ SECTIONS: list[tuple[str, Callable[..., list[Row]]]] = [
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--hbm-gbps", type=float, default=4800.0, help="HBM bandwidth, 10^9 B/s")
-    ap.add_argument("--only", nargs="*", help="run these sections only")
-    ap.add_argument("--out", help="write the results as JSON here (after every section)")
-    return run_sections(SECTIONS, ap.parse_args())
+    return script_main(SECTIONS, __doc__, hbm=True)
 
 
 if __name__ == "__main__":
