@@ -39,6 +39,7 @@ import polars as pl
 from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
 from tracegen import ops as O
+from tracegen.errors import ConfigError
 from tracegen.model import ModelSpec
 from tracegen.strategy import Strategy
 
@@ -71,7 +72,9 @@ def measured_efficiencies(runs: Iterable[dict[str, Any]], gated: bool) -> dict[s
                     found[families[r["pass"]]].append(r["efficiency"])
     missing = [f for f, v in found.items() if not v]
     if missing:
-        raise ValueError(f"no measurement of {', '.join(missing)} in the runs given")
+        raise ConfigError(f"no measurement of {', '.join(missing)} in the runs given: add the "
+                          "measure_hopper.py memory_bound and measure_step_ops.py runs",
+                          what="device results")
     return {f: statistics.median(v) for f, v in found.items()}
 
 
@@ -95,9 +98,10 @@ def family(op: O.Op) -> str:
 
 
 def step_ops(m: ModelSpec, s: Strategy) -> list[tuple[O.Op, int]]:
-    """A middle pipeline stage's memory-bound operators of one step with their counts (each
-    layer's forward and backward once per micro-batch), and the first and last stage's
-    embedding and head, once per micro-batch; the optimizer over the stage's share."""
+    """One rank's memory-bound operators of a step with their counts, as if it held a stage's
+    layers (each forward and backward once per micro-batch) and the embedding and head too
+    (once per micro-batch; exact at pp 1, a reference mix beyond), and the optimizer over
+    its share of the parameters."""
     micro = s.global_batch_size // (s.dp * s.micro_batch_size)
     layers = m.num_layers // s.pp
     out: list[tuple[O.Op, int]] = []

@@ -28,6 +28,7 @@ from analysis.memory_mix import (
 from replay import get_system
 from tracegen import ops as O
 from tracegen.catalog import get_model
+from tracegen.errors import ConfigError
 from tracegen.strategy import Strategy
 
 STEPS_RUN = RESULTS / "h200-2026-12-04-steps-run1.json"  # optimizer, cross-entropy
@@ -172,7 +173,7 @@ def test_a_mix_of_equal_families_is_that_efficiency(e: float, ref: tuple[str, An
 
 
 def test_runs_without_a_family_are_refused_by_name() -> None:
-    with pytest.raises(ValueError, match="no measurement of ce_forward, ce_backward, optimizer, "
+    with pytest.raises(ConfigError, match="no measurement of ce_forward, ce_backward, optimizer, "
                        "rope, embedding, permute in"):
         measured_efficiencies(_runs()[:3], gated=True)
 
