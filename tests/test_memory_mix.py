@@ -32,8 +32,14 @@ from tracegen.errors import ConfigError
 from tracegen.strategy import Strategy
 
 STEPS_RUN = RESULTS / "h200-2026-12-04-steps-run1.json"  # optimizer, cross-entropy
-# run 2: MoE permutations (token order), rope, embedding; run 3: permutations in expert order
-STEP_RUNS = [STEPS_RUN] + [RESULTS / f"h200-2026-12-04-steps-run{n}.json" for n in (2, 3)]
+# run 2: MoE permutations (token order), rope, embedding; run 3: permutations in expert order;
+# run 4 (another machine): run 1's sections and run 2's rope and embedding again
+STEP_RUNS = [STEPS_RUN] + [RESULTS / f"h200-2026-12-04-steps-run{n}.json" for n in (2, 3, 4)]
+# measure_hopper.py's memory_bound: runs 1-3 (2026-11-30; compiled kernels in run 3 only) and
+# run 7 (2026-12-04, another machine: its compiled norms and activations 0.72-0.90 against
+# run 3's 0.63-0.75 — Inductor's kernels vary by compile; the medians take both)
+HOPPER_RUNS = [RESULTS / f"h200-2026-11-30-run{n}.json" for n in (1, 2, 3)]
+HOPPER_RUNS.append(RESULTS / "h200-2026-12-04-run7.json")
 H200_GBPS = 4800.0  # what the runs' efficiencies are fractions of (the scripts' --hbm-gbps)
 # H100 SXM 80GB HBM3: STREAM triad / device-to-device copy sustain 3.07-3.12 TB/s of 3.35
 # (replay/systems/README.md, "HBM")
@@ -53,7 +59,7 @@ REFERENCE = [
 
 @cache
 def _runs() -> tuple[dict[str, Any], ...]:
-    paths = [RESULTS / f"h200-2026-11-30-run{n}.json" for n in (1, 2, 3)] + STEP_RUNS
+    paths = HOPPER_RUNS[:3] + STEP_RUNS[:3] + HOPPER_RUNS[3:] + STEP_RUNS[3:]
     return tuple(json.loads(p.read_text(encoding="utf-8")) for p in paths)
 
 
@@ -79,23 +85,22 @@ def test_the_steps_runs_are_an_h200_at_its_power_limit() -> None:
 
 
 def test_the_h200_preset_is_the_measured_step_mix() -> None:
-    """The reference steps' memory-bound work runs at 0.70-0.77 of 4.8 TB/s at the measured
-    rates (cross-entropy 0.61 / 0.66, optimizer 0.72, norms 0.68, SwiGLU 0.75, FP8 casts 0.64,
-    adds 0.89, copies 0.85); the preset carries their median, 0.73 — where it carried the
-    streaming copy's 0.84, which no fused training kernel measured reached."""
+    """The reference steps' memory-bound work runs at 0.72-0.81 of 4.8 TB/s at the measured
+    rates (cross-entropy 0.61 / 0.66, optimizer 0.72, FP8 casts 0.65, RMSNorm 0.79, SwiGLU
+    0.83, adds 0.89, copies 0.85); the preset carries their median, 0.76 — where it carried
+    0.84, which the cross-entropy, the optimizer and the casts fall well short of."""
     mixes = _mixes()
     got = get_system("hgx-h200").gpu.memory_efficiency
     assert min(mixes) <= got <= max(mixes)
     assert got == pytest.approx(statistics.median(mixes), abs=0.01)
     fused = measured_efficiencies(_runs(), gated=True)
-    assert max(fused[f] for f in ("ce_forward", "ce_backward", "optimizer", "norm",
-                                  "activation", "fp8_cast")) < 0.76
+    assert max(fused[f] for f in ("ce_forward", "ce_backward", "optimizer", "fp8_cast")) < 0.73
 
 
 def test_the_h100_preset_lies_between_same_fraction_and_same_rate() -> None:
     """On an H100 the same kernels run at the H200's fraction of HBM if the HBM bounds them
     there, or at their H200 rates (3.0-3.6 TB/s) capped by the H100's streaming ceiling if the
-    SMs do: 0.73 to 0.91 of 3.35 TB/s. The Hopper H100 / H800 presets' 0.84 lies inside (one
+    SMs do: 0.76 to 0.91 of 3.35 TB/s. The Hopper H100 / H800 presets' 0.84 lies inside (one
     GPU kind measured cannot tell which bounds them; an H100 lease would)."""
     low = statistics.median(_mixes())
     high = statistics.median(_mixes(H100_STREAM_GBPS, H100_GBPS))
@@ -106,29 +111,29 @@ def test_the_h100_preset_lies_between_same_fraction_and_same_rate() -> None:
 
 def test_the_optimizer_step_is_reproduced_from_its_bytes() -> None:
     """Norm, fused AdamW and the 16-bit copy over 0.1-0.87 G parameters take what 38 bytes a
-    parameter at the preset's efficiency give, within 3% (Llama 3 8B layers or flat slices:
-    the shard's layout does not matter)."""
+    parameter at the preset's efficiency give, 5-6% fast (Llama 3 8B layers or flat slices:
+    the shard's layout does not matter; the optimizer's 0.72 is below the mix's 0.76)."""
     frame = kernel_frame(_runs()[3], get_system("hgx-h200"))
     opt = frame.filter(frame["what"].str.starts_with("optimizer"))
     assert opt.height == 4
-    assert opt["error_pct"].abs().max() < 3.0  # type: ignore[operator]
+    assert opt["error_pct"].min() > -8.0 and opt["error_pct"].max() < -3.0  # type: ignore[operator]
 
 
 def test_the_cross_entropy_runs_below_the_mix_and_the_mix_says_so() -> None:
-    """Megatron's unfused cross-entropy is the slowest family: its forward 13-23% slower than
-    the preset's rate on logits of 16-134 M elements (5-9% its backward), more on 13 M. The
+    """Megatron's unfused cross-entropy is the slowest family: its forward 16-26% slower than
+    the preset's rate on logits of 16-134 M elements (9-13% its backward), more on 13 M. The
     preset is a mix, so the cross-entropy is modelled fast and the adds slow; the reference
     steps' memory-bound time (each family at its own rate against all at the preset) agrees
-    within 4%."""
+    within 7%."""
     frame = kernel_frame(_runs()[3], get_system("hgx-h200"))
     ce = frame.filter(frame["what"].str.starts_with("cross-entropy"))
     assert ce.height == 10
     assert (ce["error_pct"] < 0).all()
     big = ce.filter(~ce["what"].str.contains("x6400"))
-    assert big["error_pct"].min() > -25  # type: ignore[operator]
+    assert big["error_pct"].min() > -30  # type: ignore[operator]
     preset = get_system("hgx-h200").gpu.memory_efficiency
     for mix in _mixes():
-        assert preset / mix == pytest.approx(1.0, abs=0.06)
+        assert preset / mix == pytest.approx(1.0, abs=0.07)
 
 
 def test_every_memory_bound_operator_has_a_measured_family() -> None:
@@ -183,10 +188,11 @@ def test_the_mix_plot_draws_every_family_and_step(tmp_path: Any) -> None:
 
     fams = measured_efficiencies(_runs(), gated=True)
     steps = {f"{n} {i}": e for i, ((n, _), e) in enumerate(zip(REFERENCE, _mixes(), strict=True))}
-    fig = memory_mix(fams, steps, get_system("hgx-h200").gpu.memory_efficiency)
+    preset = get_system("hgx-h200").gpu.memory_efficiency
+    fig = memory_mix(fams, steps, preset)
     left, right = fig.axes
     assert len(left.patches) == len(FAMILIES) and len(right.patches) == len(REFERENCE)
     assert [t.get_text() for t in right.get_yticklabels()] == list(steps)
-    assert all(ax.lines[0].get_xdata()[0] == 0.73 for ax in (left, right))
+    assert all(ax.lines[0].get_xdata()[0] == preset for ax in (left, right))
     fig.savefig(tmp_path / "mix.png")
     assert (tmp_path / "mix.png").stat().st_size > 10_000
