@@ -163,6 +163,11 @@ GradPerMbOpt = Annotated[bool, typer.Option(
     "--grad-reduce-per-microbatch", help="ZeRO 0-2: reduce the gradient buckets in every "
     "micro-batch's backward, not once a step after the last (DeepSpeed's ZeRO-2, PyTorch "
     "FSDP's SHARD_GRAD_OP, DDP outside no_sync; not with --overlap-param-gather).")]
+CeFusionOpt = Annotated[str, typer.Option(
+    "--cross-entropy-fusion", help="The loss's implementation: 'none' (eager ops, Megatron-LM's "
+    "default), 'native' (Megatron-Core's --cross-entropy-loss-fusion, on by default in "
+    "Megatron-Bridge and NeMo 2), 'te' (--cross-entropy-fusion-impl te: Transformer Engine's "
+    "kernel, no fp32 logits kept).")]
 LayoutOpt = Annotated[str, typer.Option(
     "--pipeline-layout",
     help="Megatron-Core's --pipeline-model-parallel-layout: what each model chunk holds, "
@@ -215,7 +220,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    pipeline_layout: str = "", adam_moments: str = "fp32",
                    fp8_param_gather: bool = False, dist_opt_instances: int = 1,
                    outer_dp_sharding: str = "no_shard",
-                   grad_reduce_per_microbatch: bool = False) -> Strategy:
+                   grad_reduce_per_microbatch: bool = False,
+                   cross_entropy_fusion: str = "none") -> Strategy:
     """The strategy the shared options describe (dp from the GPU count)."""
     small = [f"--{k} must be ≥ 1, got {v}" for k, v in
              (("gpus", gpus), ("tp", tp), ("pp", pp), ("cp", cp)) if v < 1]
@@ -250,7 +256,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     fp8_param_gather=fp8_param_gather,
                     dist_opt_instances=dist_opt_instances,
                     outer_dp_sharding_strategy=outer_dp_sharding,  # type: ignore[arg-type]
-                    grad_reduce_per_microbatch=grad_reduce_per_microbatch)
+                    grad_reduce_per_microbatch=grad_reduce_per_microbatch,
+                    cross_entropy_fusion=cross_entropy_fusion)  # type: ignore[arg-type]
 
 
 def note_precision(precisions: set[str], system: SystemSpec) -> None:

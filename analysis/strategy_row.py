@@ -52,6 +52,7 @@ FLAGS: dict[str, str] = {
     "fp8_param_gather": "--fp8-param-gather", "dist_opt_instances": "--dist-opt-instances",
     "outer_dp_sharding_strategy": "--outer-dp-sharding",
     "grad_reduce_per_microbatch": "--grad-reduce-per-microbatch",
+    "cross_entropy_fusion": "--cross-entropy-fusion",
 }
 _ALWAYS = ("micro_batch_size", "global_batch_size")  # the flags estimate requires
 

@@ -25,7 +25,8 @@
                                     # dist_opt_instances (ZeRO ≥ 1, dense models),
                                     # outer_dp_sharding_strategy ("optim": HFSDP),
                                     # grad_reduce_per_microbatch (ZeRO 0-2: DeepSpeed's
-                                    # ZeRO-2, FSDP's SHARD_GRAD_OP)
+                                    # ZeRO-2, FSDP's SHARD_GRAD_OP), cross_entropy_fusion
+                                    # ("none", "native", "te")
 
     [failures]                      # a preset, or rate_per_gpu_hour (+ weibull_shape)
     preset = "llama3-16k-h100"

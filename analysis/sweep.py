@@ -41,7 +41,8 @@ OPTIONAL_DIMENSIONS = ("cp", "ep", "expert_tp", "schedule", "tp_comm_overlap",
                        "overlap_moe_ep_comm", "delay_wgrad_compute", "pipeline_layout",
                        "adam_moments_dtype",
                        "fp8_param_gather", "precision", "dist_opt_instances",
-                       "outer_dp_sharding_strategy", "grad_reduce_per_microbatch")
+                       "outer_dp_sharding_strategy", "grad_reduce_per_microbatch",
+                       "cross_entropy_fusion")
 Progress = Callable[[str, int, int], None]
 
 

@@ -88,9 +88,10 @@ EXTENSION_INT_COLUMNS = ("head_dim", "expert_tp", "shared_expert_ffn_hidden_size
                          "v_head_dim", "moe_router_num_groups", "moe_router_group_topk",
                          "mtp_layers")
 EXTENSION_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "pipeline_layout",
-                          "adam_moments_dtype")
+                          "adam_moments_dtype", "cross_entropy_fusion")
 # read case-insensitively, as the enums below (a layout's E and L are upper case: kept)
-LOWERCASE_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "adam_moments_dtype")
+LOWERCASE_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "adam_moments_dtype",
+                          "cross_entropy_fusion")
 BOOL_COLUMNS = ("sequence_parallel",)
 EXTENSION_BOOL_COLUMNS = ("fp8_param_gather", "overlap_moe_ep_comm", "delay_wgrad_compute",
                           "tp_comm_overlap", "grad_reduce_per_microbatch")
@@ -406,6 +407,7 @@ def _strategy(row: dict[str, Any], precision: str) -> Strategy:
                                    ).strip(",") or "core_attn",
         pipeline_layout=row.get("pipeline_layout") or "",
         adam_moments_dtype=row.get("adam_moments_dtype") or "fp32",
+        cross_entropy_fusion=row.get("cross_entropy_fusion") or "none",
         fp8_param_gather=bool(row.get("fp8_param_gather")),
         overlap_moe_ep_comm=bool(row.get("overlap_moe_ep_comm")),
         delay_wgrad_compute=bool(row.get("delay_wgrad_compute")),

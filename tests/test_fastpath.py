@@ -742,7 +742,9 @@ def test_op_key_covers_every_field_the_op_lists_read() -> None:
                 # refused without overlap_moe_ep_comm)
                 "delay_wgrad_compute": True,
                 # when the buckets go, not what runs (its walk reads it, ``grad_stream``)
-                "grad_reduce_per_microbatch": True}
+                "grad_reduce_per_microbatch": True,
+                # the loss's bytes (``head_fwd``, ``head_bwd``): the key has it
+                "cross_entropy_fusion": "te"}
     fields = {f.name for f in dataclasses.fields(Strategy)}
     assert fields <= set(variants) | {"last_stage_layers"}, "give the new field a variant here"
 

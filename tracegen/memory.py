@@ -77,6 +77,7 @@ FP8_WEIGHT_CACHE_BYTES = 2
 # loop, and MosaicML's automatically sized micro-batches land at 94-96% of memory with it.
 RUNTIME_BYTES = 3 * 2**29  # 1.5 GiB
 FRAGMENTATION = 0.05
+LOGIT_BYTES, LOGIT_BYTES_TE = 4, 2  # a logit the loss keeps: fp32; with TE's cross-entropy 16-bit
 # TP communication overlap (``Strategy.tp_comm_overlap``): Transformer Engine's userbuffers, as
 # Megatron initialises them (``_initialize_tp_communicators``: ``initialize_ub`` with shape
 # (seq·mbs / cp, hidden)). TE 2.x registers one communicator per overlapped GEMM of a layer —
@@ -561,8 +562,11 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
     logits = 0
     if stage == s.head_stage:
         tokens = s.micro_batch_size * m.seq_len // s.cp
-        # fp32 logits for the loss, of the model's head and of each MTP module's pass of it
-        logits = tokens * m.vocab_size // s.tp * 4 * (1 + m.mtp_layers)
+        # the logits the loss keeps for its backward, of the model's head and of each MTP
+        # module's pass of it: an fp32 softmax (unfused and Megatron's native fusion), or
+        # Transformer Engine's kernel's 16-bit logits, its gradient written in their place
+        width = LOGIT_BYTES_TE if s.cross_entropy_fusion == "te" else LOGIT_BYTES
+        logits = tokens * m.vocab_size // s.tp * width * (1 + m.mtp_layers)
     transient = transient_bytes(m, s, stage, flash_attention=flash_attention)
     tensors = weights + grads + optim + activations + logits + transient
     runtime = (RUNTIME_BYTES if s.moe_dispatcher == "alltoall" and not s.tp_comm_overlap

@@ -56,6 +56,16 @@ ACT_BYTES = 2  # 16-bit activations (see module docstring)
 # of the fp32 gradient back to the logits' 16 bits (4 + 2) = 14. (Was 8 and 8: two fp32 passes.)
 CE_FWD_BYTES = 38
 CE_BWD_BYTES = 14
+# (forward, backward) bytes per logit of each ``Strategy.cross_entropy_fusion``. "none": the
+# eager ops above. "native": Megatron-Core's ``fused_vocab_parallel_cross_entropy``, each step
+# under its jit fuser: the cast and the max in one kernel (read 2, write 4), exp(x − max) in
+# place (4 + 4), the row sum (4), the division in place with the loss (4 + 4) = 26; backward
+# the in-place scaling (4 + 4) and the cast back to 16 bits (4 + 2) = 14, as unfused.
+# "te": Transformer Engine's Triton cross-entropy (``pytorch/triton/cross_entropy.py``): the
+# forward's online-softmax pass reads the 16-bit logits once (2; the loss kernel reads only
+# the per-row max, sum and target logit), the backward reads them again and writes the
+# gradient in their place (2 + 2) = 4.
+CE_BYTES = {"none": (CE_FWD_BYTES, CE_BWD_BYTES), "native": (26, 14), "te": (2, 4)}
 GRAD_REDUCE_BYTES = 4  # Megatron sets accumulate_allreduce_grads_in_fp32 for bf16 (arguments.py)
 GRAD_REDUCE_BYTES_16 = 2  # ... unless --grad-reduce-in-bf16 (``Strategy.grad_reduce_in_bf16``)
 PARAM_BYTES = 2  # 16-bit model weights
@@ -178,7 +188,7 @@ def op_key(s: Strategy) -> tuple[object, ...]:
     (Recompute picks which lists run again, not what they hold, so it is not here.)"""
     return (s.micro_batch_size, s.cp, s.tp, s.sequence_parallel, s.precision, s.tp_comm_overlap,
             s.ep, s.cp_comm_type, s.expert_tp, s.moe_dispatcher, s.moe_shared_expert_overlap,
-            s.zb_w_regather)
+            s.zb_w_regather, s.cross_entropy_fusion)
 
 
 def dims(m: ModelSpec, s: Strategy) -> Dims:
@@ -884,7 +894,8 @@ def head_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
                                  flop_per_elem=NORM_FLOP, kind="norm")]
     items += _tp_comm(d, "final_norm_ag", gather=True)
     items.append(gemm("lm_head", d.tokens, v, d.h, d.dtype16))
-    items.append(Op("cross_entropy", "loss", 5 * d.tokens * v, CE_FWD_BYTES * d.tokens * v))
+    fwd_bytes = CE_BYTES[st.cross_entropy_fusion][0]
+    items.append(Op("cross_entropy", "loss", 5 * d.tokens * v, fwd_bytes * d.tokens * v))
     if d.t > 1:
         items.append(Comm("loss_ar", "tp", "ALL_REDUCE", 3 * d.tokens * 4))
     return items
@@ -893,8 +904,9 @@ def head_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
 def head_bwd(m: ModelSpec, st: Strategy) -> list[Item]:
     d = _head_dims(m, st)
     v = m.vocab_size // d.t
+    bwd_bytes = CE_BYTES[st.cross_entropy_fusion][1]
     items: list[Item] = [Op("cross_entropy_bwd", "loss", 2 * d.tokens * v,
-                            CE_BWD_BYTES * d.tokens * v)]
+                            bwd_bytes * d.tokens * v)]
     items += gemm_bwd("lm_head", d.tokens, v, d.h, d.dtype16)
     items += tp_input_grad_allreduce(d, "lm_head_in_grad_ar")
     if d.sp:  # the backward of the final norm's all-gather: a reduce-scatter of the gradient

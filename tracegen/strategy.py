@@ -22,6 +22,8 @@ ADAM_MOMENTS_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8")
 MoeDispatcher = Literal["alltoall", "deepep"]
 MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
 OuterDpSharding = Literal["no_shard", "optim"]
+CeFusion = Literal["none", "native", "te"]
+CE_FUSIONS: tuple[str, ...] = ("none", "native", "te")
 OUTER_DP_SHARDINGS: tuple[str, ...] = ("no_shard", "optim")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
@@ -215,6 +217,15 @@ class Strategy:
     # overlap_param_gather and with the 1F1B, interleaved and GPipe schedules
     # (analysis/grad_stream.py walks it).
     grad_reduce_per_microbatch: bool = False
+    # The cross-entropy's implementation (Megatron-Core --cross-entropy-loss-fusion and
+    # --cross-entropy-fusion-impl): "none", the vocab-parallel loss of eager PyTorch ops
+    # (Megatron-LM's default); "native", the same steps under its jit fuser
+    # (``fusions/fused_cross_entropy.py``; Megatron-Bridge's and NeMo 2's GPT configs turn
+    # the fusion on by default); "te", Transformer Engine's Triton kernels, which read the
+    # 16-bit logits once forward and once backward, writing the gradient in their place (no
+    # fp32 copy kept). Bytes and memory in ``tracegen/ops.py`` (``CE_BYTES``) and
+    # ``tracegen/memory.py``.
+    cross_entropy_fusion: CeFusion = "none"
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self) or _degree_problems(self)
@@ -397,6 +408,8 @@ class Strategy:
             s += f"-doi{self.dist_opt_instances}"
         if self.hfsdp:
             s += "-hfsdp"
+        if self.cross_entropy_fusion != "none":
+            s += f"-ce{self.cross_entropy_fusion}"
         return s + f"-mbs{self.micro_batch_size}"
 
     @classmethod
@@ -440,6 +453,10 @@ def _degree_problems(s: Strategy) -> list[str]:
                    f"{s.precision!r}, ZeRO {s.zero_stage})")
     if s.zero_stage not in (0, 1, 2, 3):
         out.append(f"zero_stage must be 0, 1, 2 or 3; got {s.zero_stage}")
+    if s.cross_entropy_fusion not in CE_FUSIONS:
+        out.append(f"cross_entropy_fusion must be one of {', '.join(CE_FUSIONS)} (unfused, "
+                   "Megatron-Core's fused loss, Transformer Engine's); got "
+                   f"{s.cross_entropy_fusion!r}")
     if s.dist_opt_instances != 1:
         out += _instance_problems(s)
     if s.outer_dp_sharding_strategy not in OUTER_DP_SHARDINGS:
