@@ -312,10 +312,164 @@ def rope_embedding(args: argparse.Namespace) -> list[Row]:
     return _time_cases(cases, args)
 
 
+def _native_steps() -> tuple[Callable[..., Any], ...]:
+    """Megatron-Core's fused cross-entropy's vocab-sized steps, each compiled on its own as its
+    jit fuser compiles them (``fusions/fused_cross_entropy.py``): the cast with the max, exp
+    in place, the division in place; backward the scaling in place."""
+    import torch
+
+    def logits_max(x: Any) -> Any:
+        x = x.float()
+        return x, x.max(dim=-1)[0]
+
+    def exp_inplace(x: Any, mx: Any) -> None:
+        x.sub_(mx.unsqueeze(-1)).exp_()
+
+    def div_inplace(x: Any, total: Any) -> None:
+        x.div_(total.unsqueeze(-1))
+
+    def scale_inplace(x: Any, g: Any) -> None:
+        x.mul_(g.unsqueeze(-1))
+
+    return tuple(torch.compile(f) for f in (logits_max, exp_inplace, div_inplace, scale_inplace))
+
+
+def _native_times(tokens: int, vocab: int) -> tuple[float, float]:
+    """Forward and backward milliseconds of the native fused loss (eager gather, sum, scatter
+    and the final cast between its compiled steps)."""
+    import torch
+
+    logits_max, exp_inplace, div_inplace, scale_inplace = _native_steps()
+    logits = torch.randn(tokens, vocab, device=DEVICE, dtype=torch.bfloat16)
+    target = torch.randint(0, vocab, (tokens,), device=DEVICE)
+    grad_out = torch.full((tokens,), 1.0 / tokens, device=DEVICE)
+    arange = torch.arange(tokens, device=DEVICE)
+
+    def fwd() -> Any:
+        x, mx = logits_max(logits)
+        predicted = x[arange, target] - mx
+        exp_inplace(x, mx)
+        total = x.sum(dim=-1)
+        div_inplace(x, total)
+        return x, torch.log(total) - predicted
+
+    softmax, _ = fwd()
+    keep = softmax.clone()
+
+    def bwd() -> Any:
+        softmax.copy_(keep)
+        softmax[arange, target] -= 1.0
+        scale_inplace(softmax, grad_out)
+        return softmax.to(torch.bfloat16)
+
+    fwd_ms = _time_ms(fwd, warmup=2, reps=5, batches=3)
+    bwd_ms = (_time_ms(bwd, warmup=2, reps=5, batches=3)
+              - _time_ms(lambda: softmax.copy_(keep), warmup=2, reps=5, batches=3))
+    return fwd_ms, bwd_ms
+
+
+TRITON_CE = r"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def ce_fwd(X, Y, M, D, stride, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    X += row * stride
+    m = float("-inf")
+    d = 0.0
+    for i in range(0, n_cols, BLOCK):
+        offs = i + tl.arange(0, BLOCK)
+        x = tl.load(X + offs, mask=offs < n_cols, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, 0))
+        d = d * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
+        m = m_new
+    tl.store(M + row, m)
+    tl.store(D + row, d)
+
+
+@triton.jit
+def ce_bwd(X, Y, M, D, G, stride, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    X += row * stride
+    m = tl.load(M + row)
+    d = tl.load(D + row)
+    g = tl.load(G + row)
+    y = tl.load(Y + row)
+    x_y = tl.load(X + y).to(tl.float32)
+    for i in range(0, n_cols, BLOCK):
+        offs = i + tl.arange(0, BLOCK)
+        x = tl.load(X + offs, mask=offs < n_cols, other=0.0).to(tl.float32)
+        tl.store(X + offs, (tl.exp(x - m) / d * g).to(tl.bfloat16), mask=offs < n_cols)
+    tl.debug_barrier()
+    tl.store(X + y, ((tl.exp(x_y - m) / d - 1.0) * g).to(tl.bfloat16))
+"""
+
+
+def _triton_times(tokens: int, vocab: int) -> tuple[float, float]:
+    """Forward and backward milliseconds of a Triton cross-entropy shaped as Transformer
+    Engine's (``pytorch/triton/cross_entropy.py``: an online-softmax pass over the 16-bit
+    logits forward, the gradient written over them backward, 32 warps a row)."""
+    import importlib.util
+    import tempfile
+
+    import torch
+
+    path = Path(tempfile.mkdtemp()) / "te_like_ce.py"  # Triton compiles from a source file
+    path.write_text(TRITON_CE, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("te_like_ce", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    import triton
+
+    logits = torch.randn(tokens, vocab, device=DEVICE, dtype=torch.bfloat16)
+    target = torch.randint(0, vocab, (tokens,), device=DEVICE)
+    m, d = (torch.empty(tokens, device=DEVICE) for _ in range(2))
+    g = torch.full((tokens,), 1.0 / tokens, device=DEVICE)
+    block = min(32768, triton.next_power_of_2(vocab))
+
+    def fwd() -> None:
+        mod.ce_fwd[(tokens,)](logits, target, m, d, logits.stride(0), vocab, BLOCK=block,
+                              num_warps=32)
+
+    def bwd() -> None:
+        mod.ce_bwd[(tokens,)](logits, target, m, d, g, logits.stride(0), vocab, BLOCK=block,
+                              num_warps=32)
+
+    return (_time_ms(fwd, warmup=2, reps=5, batches=3),
+            _time_ms(bwd, warmup=2, reps=5, batches=3))
+
+
+def ce_fused(args: argparse.Namespace) -> list[Row]:
+    """The fused losses against the bytes trainsim charges them (``CE_BYTES``): Megatron-Core's
+    native fusion (26 + 14 a logit) and a Triton kernel shaped as Transformer Engine's (2 + 4)."""
+    import torch
+
+    out: list[Row] = []
+    for impl, timer, (fb, bb) in (("native", _native_times, (26, 14)),
+                                  ("te_like", _triton_times, (2, 4))):
+        for tokens, vocab in CE_SHAPES:
+            try:
+                fwd_ms, bwd_ms = timer(tokens, vocab)
+            except Exception as e:  # the other implementation's rows still count
+                out.append({"impl": impl, "tokens": tokens, "vocab": vocab,
+                            "error": str(e).splitlines()[0][:160]})
+                continue
+            torch.cuda.empty_cache()
+            n = tokens * vocab
+            for name, ms, nbytes in (("forward", fwd_ms, fb), ("backward", bwd_ms, bb)):
+                gbps = nbytes * n / ms / 1e6
+                out.append({"impl": impl, "tokens": tokens, "vocab": vocab, "pass": name,
+                            "ms": ms, "GBps": gbps, "efficiency": gbps / args.hbm_gbps})
+    return out
+
+
 SECTIONS: list[tuple[str, Callable[..., list[Row]]]] = [
     ("env", env_info), ("optimizer", optimizer), ("cross_entropy", cross_entropy),
     ("moe_permutes", moe_permutes), ("rope_embedding", rope_embedding),
-    ("moe_fused", moe_fused)]
+    ("moe_fused", moe_fused), ("ce_fused", ce_fused)]
 
 
 def main() -> int:
