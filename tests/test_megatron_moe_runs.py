@@ -99,13 +99,15 @@ def test_the_megatron_fsdp_row_is_predicted_within_the_error_reached(
 def test_deepseek_v3_in_nvidias_own_layout(results: pl.DataFrame) -> None:
     """Megatron-Bridge's DeepSeek-V3 row (NeMo 25.09, 1,024 H100s, FP8) as its recipe runs it:
     the layout 'Et|(tt|)*30mL' (the MTP module and the loss alone in the last chunk), DeepEP,
-    recompute of mla_up_proj and mlp: 24.82 s against 25.27 s measured, 1.8% too fast (24.79 s
-    before a group's expert GEMMs ran one after another, fifty-third session; twenty-fifth
-    session; with the MTP module stood in for by a 62nd layer and an even split it had
-    been 14.5% too fast). Bound: the error reached."""
+    recompute of mla_up_proj and mlp, Megatron-Core's fused loss (Megatron-Bridge's default:
+    the file's cross_entropy_fusion column): 24.53 s against 25.27 s measured, 2.9% too fast
+    (24.82 s, 1.8%, with the unfused loss — its last chunk holds the loss and the MTP module's
+    second pass of it; 24.79 s before a group's expert GEMMs ran one after another,
+    fifty-third session; with the MTP module stood in for by a 62nd layer and an even split it
+    had been 14.5% too fast). Bound: the error reached."""
     row = results.filter(pl.col("id") == "mbridge2509-deepseek-v3")
     assert row["status"].item() == "ok" and row["fits"].item()
-    assert -2.0 <= row["error_pct"].item() < 0
+    assert -3.2 <= row["error_pct"].item() < 0
 
 
 def test_a_bad_text_cell_skips_its_row_by_name(tmp_path: Path) -> None:
