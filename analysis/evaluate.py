@@ -142,7 +142,9 @@ def _episodes(study: Study, s: Strategy, failure: R.FailureModel, table: str,
 
 def _site_episodes(study: Study, s: Strategy) -> tuple[float, dict[str, float | None]]:
     """The progress kept through the study's ``[site_links]`` episodes (degraded links between
-    sites, ``analysis.site_links``) and the columns that say why."""
+    sites, ``analysis.site_links``) and the columns that say why. The step factor is the fast
+    path's own ratio (its healthy step estimated again: a caller's step may be replay's, as
+    compare's is)."""
     from analysis import site_links
 
     ep = site_links.site_links_from(study.site_links)
