@@ -137,6 +137,7 @@ def estimate_cmd(
     sites = note_sites(spec, strategy, sys_spec) if mixed is None else None
     note_combined_1f1b([strategy.overlap_moe_ep_comm])
     experts = note_small_experts(spec, strategy, sys_spec)
+    losses = note_loss(spec, strategy, sys_spec, g) if mixed is None else None
     unmerged = _print_unmerged(spec, strategy, sys_spec, g) if (
         strategy.overlap_moe_ep_comm and mixed is None) else None
     note_precision({strategy.precision}, sys_spec)
@@ -159,6 +160,8 @@ def estimate_cmd(
             out["grad_stream"] = stream
         if sites is not None:  # what crosses between sites
             out["sites"] = sites
+        if losses is not None:  # the fused losses the note compares
+            out["fused_losses"] = losses
         if mixed is not None:
             out["mixed"] = mixed.to_dict()
             if balanced is not None:
@@ -234,6 +237,38 @@ def note_grad_stream(model: Any, s: Strategy, system: SystemSpec) -> dict[str, A
                   f"{c * 1e3:,.1f} ms of its compute; the stream drains "
                   f"{got['wait_after_last_backward_s']:.3f} s after its last backward{bound}")
     return got
+
+
+LOSS_NOTE_SHARE = 0.01  # the fused losses are named where one saves this share of the step
+
+
+def note_loss(model: Any, s: Strategy, system: SystemSpec, g: Glance
+              ) -> dict[str, dict[str, float]] | None:
+    """With the unfused loss (Megatron-LM's default): the step and peak memory Megatron-Core's
+    fused loss (Megatron-Bridge's and NeMo 2's default) and Transformer Engine's would give,
+    said where one saves at least ``LOSS_NOTE_SHARE`` of the step. Returns them for the JSON
+    (None where the loss is fused already or the saving is smaller)."""
+    if s.cross_entropy_fusion != "none":
+        return None
+    from analysis.fastpath import estimate
+
+    alt = {}
+    for impl in ("native", "te"):
+        e = estimate(model, dataclasses.replace(s, cross_entropy_fusion=impl), system)
+        alt[impl] = {"step_time_s": e.step_time_s, "peak_memory_GiB": e.peak_memory_GiB}
+    if g.step_time_s - alt["te"]["step_time_s"] < LOSS_NOTE_SHARE * g.step_time_s:
+        return None
+
+    def change(impl: str) -> str:
+        step = alt[impl]["step_time_s"]
+        return f"{step:.4f} s ({step / g.step_time_s - 1:+.1%})"
+
+    less = g.peak_memory_GiB - alt["te"]["peak_memory_GiB"]
+    console.print(f"note: the loss runs unfused (Megatron-LM's default); Megatron-Core's fused "
+                  f"loss (--cross-entropy-fusion native, Megatron-Bridge's and NeMo 2's default) "
+                  f"gives {change('native')}, Transformer Engine's (te) {change('te')}"
+                  + (f" and {less:.2f} GiB less at peak" if less >= 0.01 else ""))
+    return alt
 
 
 def note_small_experts(model: Any, s: Strategy, system: SystemSpec) -> dict[str, Any] | None:
