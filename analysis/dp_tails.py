@@ -114,8 +114,8 @@ def embedding_all_reduce_ns(costs: Costs, stages: list[Stage], partner: int) -> 
     of the two ends' networks."""
     m, s = costs.m, costs.s
     size = m.vocab_size * m.hidden_size // s.tp * O.grad_reduce_bytes(s)
-    return max((x.costs or costs).net.shape_ns("ALL_REDUCE", size, costs.shape("embd", 0))
-               for x in (stages[0], stages[partner]))
+    return max(c.net.shape_ns("ALL_REDUCE", size, c.shape("embd", 0))
+               for c in (x.costs or costs for x in (stages[0], stages[partner])))
 
 
 def _slack(stages: list[Stage], chunk_ends: Sequence[Sequence[int]], sends: Sequence[int],
@@ -283,7 +283,8 @@ def _cooldown_walk(costs: Costs, stages: list[Stage], reps: list[int], steps: Ta
     kappas = [c.compute.gpu.comm_interference for c in own]
     tails, order = steps
     p = len(stages)
-    axes = [[(a, dp_group_size(s, a), costs.shape(a, r)) for a in ("dp", "edp")] for r in reps]
+    axes = [[(a, dp_group_size(s, a), own[st].shape(a, r)) for a in ("dp", "edp")]
+            for st, r in enumerate(reps)]
     stream = [{"dp": _IDLE, "edp": _IDLE} for _ in range(p)]
     w = [tail[0][0] - tail[0][1] for tail in tails]  # each stage's previous step, as it ran
     walked = [_IDLE] * p  # and as walked
@@ -332,7 +333,7 @@ def _dense_cooldown_walk(costs: Costs, stages: list[Stage], reps: list[int], ste
     tails, order = steps
     p = len(stages)
     size = dp_group_size(costs.s, "dp")
-    lanes = [_dense_lane(costs, r) for r in reps]
+    lanes = [_dense_lane(own[st], r) for st, r in enumerate(reps)]
     busy = [_IDLE] * p  # each stage's stream: free from then
     w = [tail[0][0] - tail[0][1] for tail in tails]  # each stage's previous step, as it ran
     walked = [_IDLE] * p  # and as walked

@@ -98,7 +98,7 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate,
             keep *= kept
             slow |= cols
     if study.site_links:
-        kept, cols = _site_episodes(study, s)
+        kept, cols = _site_episodes(study, s, where)
         keep *= kept
         slow |= cols
     rows = R.policy_rows(failure=failure, gpus=s.world_size, work_s=_work_s(study, s, fast),
@@ -140,15 +140,16 @@ def _episodes(study: Study, s: Strategy, failure: R.FailureModel, table: str,
                            f"{table}_evicted_share": fs.evicted_share()}
 
 
-def _site_episodes(study: Study, s: Strategy) -> tuple[float, dict[str, float | None]]:
+def _site_episodes(study: Study, s: Strategy, where: Mapping[int, SystemSpec] | None
+                   ) -> tuple[float, dict[str, float | None]]:
     """The progress kept through the study's ``[site_links]`` episodes (degraded links between
     sites, ``analysis.site_links``) and the columns that say why. The step factor is the fast
     path's own ratio (its healthy step estimated again: a caller's step may be replay's, as
-    compare's is)."""
+    compare's is); ``where``: a ``[mixed]`` cluster's stages on the other system."""
     from analysis import site_links
 
     ep = site_links.site_links_from(study.site_links)
-    factor = site_links.step_factor(study.model, s, study.system, ep)
+    factor = site_links.step_factor(study.model, s, study.system, ep, where)
     keep = ep.progress(factor)
     return keep, {"site_links_bandwidth_factor": ep.bandwidth_factor,
                   "site_links_latency_us": ep.latency_us, "site_links_step_factor": factor,

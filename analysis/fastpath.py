@@ -45,7 +45,7 @@ from analysis.pipeline_walk import (
 )
 from analysis.zb_walk import zero_bubble
 from analysis.zbv_walk import zbv_first_forwards, zero_bubble_v
-from replay.hardware import SystemSpec, resolve_system
+from replay.hardware import SystemSpec, on_sites_of, resolve_system
 from tracegen import ops as O
 from tracegen.catalog import resolve_model
 from tracegen.memory import activation_bytes_per_layer
@@ -94,8 +94,9 @@ def estimate_stages(model: ModelSpec | str, strategy: Strategy, system: SystemSp
     """``estimate`` with the pipeline stages of ``stage_systems`` costed on those systems
     (their GPUs; the links of their own tensor-, context- and expert-parallel groups; their
     gradient reduction, optimizer step and gathers, ``Stage.costs``; each send at its slower
-    end's cost) and the schedule walked with the stages so unequal (a slow stage's wait hidden
-    where the schedule leaves slack). The memory figures stay ``system``'s."""
+    end's cost; on ``system``'s sites where theirs has none, ``hardware.on_sites_of``) and
+    the schedule walked with the stages so unequal (a slow stage's wait hidden where the
+    schedule leaves slack). The memory figures stay ``system``'s."""
     model, system = resolve_specs(model, system)
     check_fits_model(strategy, model)
     costs = Costs(model, strategy, system)
@@ -106,7 +107,7 @@ def estimate_stages(model: ModelSpec | str, strategy: Strategy, system: SystemSp
     c = list(_sends(costs, reps, False))
     p = strategy.pp
     for st, other in stage_systems.items():
-        theirs = Costs(model, strategy, other)
+        theirs = Costs(model, strategy, on_sites_of(other, system))
         spliced[st] = _spliced(costs, theirs, _stages(theirs)[0][st])
         for hop in {(st - 1) % p, st} if p > 1 else ():  # its sends: the slower end's
             c[hop] = max(c[hop], _send_ns(theirs, reps[hop], reps[(hop + 1) % p],
@@ -518,7 +519,7 @@ def _param_gather_delay(costs: Costs, stages: list[Stage], reps: list[int], c: l
     for st, x in enumerate(stages):
         middle = alike and 0 < st < last
         if not (middle and skip):
-            held = _held_forward(costs, st, reps[st], x.fwd[0], arrival + delay)
+            held = _held_forward(x.costs or costs, st, reps[st], x.fwd[0], arrival + delay)
             delay += held
             skip = middle and held == 0  # (only a middle stage speaks for the next ones)
         arrival += x.fwd[0] + c[st]
@@ -546,9 +547,10 @@ def _opened(costs: Costs, stages: list[Stage], reps: list[int], c: list[int]) ->
     starts = first_forwards(s.pp, s.vpp, [x.fwd for x in stages], c, s.schedule_group)
     floors, busy = [], []
     for st, x in enumerate(stages):
-        busy.append(tuple(_gather_timeline(costs, st, reps[st])[2]))
+        own = x.costs or costs  # (a stage on another system: its own links and kernels)
+        busy.append(tuple(_gather_timeline(own, st, reps[st])[2]))
         for ch in range(s.vpp):
-            held = _held_forward(costs, st, reps[st], x.fwd[ch], starts[st][ch], ch)
+            held = _held_forward(own, st, reps[st], x.fwd[ch], starts[st][ch], ch)
             if held:
                 floors.append(((st, ch), starts[st][ch] + x.fwd[ch] + held))
     share = tuple(phi for per_pass in ([x.busy_f for x in stages], [x.busy_b for x in stages])
@@ -570,9 +572,10 @@ def _opened_v(costs: Costs, stages: list[Stage], views: list[Stage], reps: list[
     starts = zbv_first_forwards(s.num_microbatches, *passes, c)
     floors, busy = [], []
     for st, x in enumerate(stages):
-        busy.append(tuple(_gather_timeline(costs, st, reps[st])[2]))
+        own = x.costs or costs  # (a stage on another system: its own links and kernels)
+        busy.append(tuple(_gather_timeline(own, st, reps[st])[2]))
         for ch in (0, 1):
-            held = _held_forward(costs, st, reps[st], x.fwd[ch], starts[st][ch], ch)
+            held = _held_forward(own, st, reps[st], x.fwd[ch], starts[st][ch], ch)
             if held:
                 floors.append(((st, ch), starts[st][ch] + x.fwd[ch] + held))
     share = tuple(per[ch] for per_stage in ([x.busy_f for x in stages],

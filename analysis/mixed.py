@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from analysis.fail_slow import pipeline_bound_s
 from analysis.fastpath import estimate, estimate_stages, resolve_specs
 from analysis.glance import fit_hints, stage_glances
-from replay.hardware import SystemSpec, resolve_system
+from replay.hardware import SystemSpec, on_sites_of, resolve_system
 from tracegen import ConfigError, ModelSpec, Strategy
 from tracegen.flops import step_rates
 from tracegen.layout import parse_layout
@@ -80,14 +80,15 @@ def parse_stage_systems(items: list[str], pp: int) -> dict[int, str]:
 def mixed_estimate(model: ModelSpec | str, s: Strategy, system: SystemSpec | str,
                    stage_systems: Mapping[int, SystemSpec | str]) -> MixedEstimate:
     """``s`` with the stages of ``stage_systems`` on those systems' GPUs, the rest on
-    ``system``'s."""
+    ``system``'s (on its sites, where a stage's system has none: ``hardware.on_sites_of``)."""
     model, base = resolve_specs(model, system)
     specs = [base] * s.pp
     for st, sysm in stage_systems.items():
         if not 0 <= st < s.pp:
             raise ConfigError(f"stage {st} is outside the pipeline (pp {s.pp})",
                               what="mixed cluster")
-        specs[st] = sysm if isinstance(sysm, SystemSpec) else resolve_system(sysm)
+        specs[st] = on_sites_of(sysm if isinstance(sysm, SystemSpec) else resolve_system(sysm),
+                                base)
     # one estimate per distinct system (by value: a copy of a preset's file may keep its name)
     distinct: list[SystemSpec] = []
     for spec in specs:

@@ -21,16 +21,20 @@ strategy whose groups stay inside a site loses nothing. The goodput kept is that
 ``analysis.fail_slow`` with one source of episodes: the share of time with one in progress is
 p = 1 − exp(−λ·E[D]) (M/G/∞, Poisson arrivals), and progress keeps 1 − p(1 − 1/f) of its
 healthy rate (f: the step factor). Episodes are ridden out: the job does not restart for them.
+On a ``[mixed]`` cluster the step is the mixed one (``fastpath.estimate_stages``), healthy and
+degraded: the other generation's GPUs stand on the system's sites, by rank, unless their own
+system file gives sites of its own, and an episode slows the links between the sites of both.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from analysis.fail_slow import check_keys
-from analysis.fastpath import estimate
+from analysis.fastpath import estimate, estimate_stages
 from analysis.resilience import number
 from analysis.slow_links import bandwidth_factor
 from replay.hardware import SystemSpec
@@ -92,12 +96,19 @@ def degraded(system: SystemSpec, ep: SiteLinkEpisodes) -> SystemSpec:
     return dataclasses.replace(system, scaleout=slowed)
 
 
-def step_factor(model: ModelSpec, s: Strategy, system: SystemSpec,
-                ep: SiteLinkEpisodes) -> float:
+def step_factor(model: ModelSpec, s: Strategy, system: SystemSpec, ep: SiteLinkEpisodes,
+                where: Mapping[int, SystemSpec] | None = None) -> float:
     """The fast path's step during an episode over its healthy step (1 exactly where no group
-    or send crosses a site)."""
-    healthy = estimate(model, s, system).step_time_s
-    return estimate(model, s, degraded(system, ep)).step_time_s / healthy
+    or send crosses a site). ``where``: on a ``[mixed]`` cluster, the stages on the other
+    system (``mixed.Placement.where``); they stand on ``system``'s sites unless their system
+    has its own (``hardware.on_sites_of``), whose links the episode degrades too."""
+    if not where:
+        healthy = estimate(model, s, system).step_time_s
+        return estimate(model, s, degraded(system, ep)).step_time_s / healthy
+    healthy = estimate_stages(model, s, system, where).step_time_s
+    slowed = {st: degraded(other, ep) if other.scaleout.site_gpus else other
+              for st, other in where.items()}
+    return estimate_stages(model, s, degraded(system, ep), slowed).step_time_s / healthy
 
 
 def describe(row: dict[str, Any]) -> str:

@@ -172,10 +172,6 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
     system = resolve_system(system_ref)
     gpus, gbs = data["gpus"], data["global_batch_size"]
     strategies = _strategies(data.get("strategies", []), gpus, gbs, model)
-    if data.get("site_links") and data.get("mixed"):
-        raise ConfigError("[site_links] with a [mixed] cluster is not modelled (which system's "
-                          "stages sit on which site is not said): drop one of the two tables",
-                          what=f"study {name!r}")
     mixed = _mixed(data, base, name)
     if mixed is not None:
         problems = []

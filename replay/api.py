@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from replay.compute import ComputeSource, RooflineCompute
-from replay.hardware import SystemSpec, resolve_system
+from replay.hardware import SystemSpec, on_sites_of, resolve_system
 from replay.network import AlphaBetaNetwork, NetworkModel
 from replay.results import (
     ReplayResult,
@@ -105,8 +105,9 @@ def _stage_of(manifest: dict[str, Any]) -> dict[int, int]:
 
 def _gpu_mix(ts: TraceSet, sys_spec: SystemSpec, scen: Scenario | None
              ) -> dict[str, tuple[SystemSpec, list[int]]]:
-    """The cluster's GPU types: system name → (its spec, every rank on it), a representative
-    counted as every rank of its stage; the rest of the world is on ``sys_spec``."""
+    """The cluster's GPU types: system name → (its spec, on ``sys_spec``'s sites where it has
+    none of its own; every rank on it), a representative counted as every rank of its stage;
+    the rest of the world is on ``sys_spec``."""
     if not scen or not scen.gpus:
         return {}
     stands = _stands_for(ts) or {}
@@ -114,7 +115,7 @@ def _gpu_mix(ts: TraceSet, sys_spec: SystemSpec, scen: Scenario | None
     moved: set[int] = set()
     for rank, name in scen.gpus:
         if name not in mix:
-            mix[name] = (resolve_system(name), [])
+            mix[name] = (on_sites_of(resolve_system(name), sys_spec), [])
         ranks = stands.get(rank, (rank,))
         mix[name][1].extend(ranks)
         moved.update(ranks)

@@ -331,6 +331,20 @@ def _site_problems(out: ScaleOutSpec, gpus_per_node: int) -> list[str]:
     return problems
 
 
+def on_sites_of(other: SystemSpec, base: SystemSpec) -> SystemSpec:
+    """``other`` (a mixed cluster's other generation) on ``base``'s sites: sites are where the
+    cluster's GPUs stand, by rank, whichever generation they are, so a system without site keys
+    of its own takes ``base``'s (its groups and sends that cross a site boundary then pay the
+    links between the sites, as the base system's do). A system with its own sites, or a base
+    of one site, leaves ``other`` as it is."""
+    if not base.scaleout.site_gpus or other.scaleout.site_gpus:
+        return other
+    b = base.scaleout
+    return dataclasses.replace(other, scaleout=dataclasses.replace(
+        other.scaleout, site_gpus=b.site_gpus, site_Gbps_per_gpu=b.site_Gbps_per_gpu,
+        site_latency_us=b.site_latency_us))
+
+
 def system_names() -> list[str]:
     return sorted(p.name.removesuffix(".toml") for p in resources.files("replay.systems").iterdir()
                   if p.name.endswith(".toml"))

@@ -196,3 +196,60 @@ def test_a_mixed_clusters_transfers_move_over_each_systems_own_links() -> None:
     assert a.p2p(3, 17, size).transfer_ns == pytest.approx(2 * h.p2p(3, 17, size).transfer_ns,
                                                             rel=0.05)
     assert net.p2p(17, 25, size) == h.p2p(17, 25, size)
+
+
+def test_an_other_generation_stage_across_two_sites_pays_the_links_between_them(
+        tmp_path: Path) -> None:
+    """Sites are where the cluster's GPUs stand, by rank: an A100 stage straddling the base
+    system's two sites (pp 3 of 16 GPUs, 24 a site: stage 1 is ranks 16–31) runs its
+    data-parallel rings over the links between them (``hardware.on_sites_of``), in the fast
+    path and in replay alike (within 1%; before, its own system had no sites, so it crossed
+    for free) — slower than with an A100 system that says it stands on one site."""
+    from replay.hardware import on_sites_of
+
+    out = dataclasses.replace(H100.scaleout, site_gpus=24, site_Gbps_per_gpu=100.0,
+                              site_latency_us=250.0)
+    sites = dataclasses.replace(H100, name="two-sites", scaleout=out)
+    s = Strategy(tp=2, pp=3, dp=8, micro_batch_size=1, global_batch_size=48,
+                 sequence_parallel=True)
+    model = dataclasses.replace(MODEL, num_layers=9)
+    assert on_sites_of(A100, sites).scaleout.site_gpus == 24
+    assert on_sites_of(A100, H100) is A100
+    one_site = dataclasses.replace(A100, scaleout=dataclasses.replace(
+        A100.scaleout, site_gpus=48, site_Gbps_per_gpu=200.0))
+    assert on_sites_of(one_site, sites) is one_site
+    got = mixed_estimate(model, s, sites, {1: A100}).step_time_s
+    assert got > 1.02 * mixed_estimate(model, s, sites, {1: one_site}).step_time_s
+    generate(model, s, tmp_path, mode="representative")
+    reps = sorted(int(p.name.split(".")[1]) for p in tmp_path.glob("*.et"))
+    sc = tmp_path / "gpu.toml"
+    sc.write_text(f'[[gpu]]\nranks = [{reps[1]}]\nsystem = "dgx-a100-80gb"\n')
+    assert got == pytest.approx(replay(tmp_path, sites, scenario=sc).step_time_s, rel=0.01)
+
+
+@pytest.mark.parametrize("case", ["four-gpu-nodes", "param-gather"])
+def test_a_stages_groups_and_gathers_are_its_own_systems(tmp_path: Path, case: str) -> None:
+    """The cool-down walk shapes a stage's data-parallel groups on the stage's own system
+    (nodes of four A100s: 16 ranks span four nodes, not two as on the base's; before, 18%
+    below replay with the A100s on stage 0) and holds its first forward for its own
+    parameter gathers (``overlap_param_gather``: before, the base's links and kernels, 0.5%
+    below). Replay without link contention, the fast path's reference: within 0.1%."""
+    from replay.hardware import system_toml
+
+    other, kw = A100, dict(tp=1, pp=2, dp=16, global_batch_size=32)
+    if case == "four-gpu-nodes":
+        other = dataclasses.replace(A100, name="a100x4",
+                                    node=dataclasses.replace(A100.node, gpus_per_node=4))
+    else:
+        kw = dict(tp=1, pp=2, dp=4, global_batch_size=16, zero_stage=1,
+                  overlap_param_gather=True, overlap_grad_reduce=True)
+    (tmp_path / "other.toml").write_text(system_toml(other))
+    s = Strategy(micro_batch_size=1, **kw)
+    generate(MODEL, s, tmp_path / "t", mode="representative")
+    reps = sorted(int(p.name.split(".")[1]) for p in (tmp_path / "t").glob("*.et"))
+    for st in (0, 1):
+        got = mixed_estimate(MODEL, s, H100, {st: other}).step_time_s
+        sc = tmp_path / "gpu.toml"
+        sc.write_text(f'[[gpu]]\nranks = [{reps[st]}]\nsystem = "{tmp_path / "other.toml"}"\n')
+        ref = replay(tmp_path / "t", H100, scenario=sc, contention=False).step_time_s
+        assert got == pytest.approx(ref, rel=0.001), st

@@ -122,7 +122,7 @@ def test_a_bad_site_links_table_is_named_when_the_study_is_read(tmp_path: Path, 
         load_study(_study(tmp_path, "[site_links]\n" + table))
 
 
-def test_site_links_need_sites_failures_and_no_mixed_cluster(tmp_path: Path) -> None:
+def test_site_links_need_sites_and_failures(tmp_path: Path) -> None:
     one_site = _study(tmp_path, TABLE).read_text().replace(
         f'system = "{DATA / "two-sites-h100.toml"}"', 'system = "dgx-h100"')
     (tmp_path / "one.toml").write_text(one_site)
@@ -133,10 +133,60 @@ def test_site_links_need_sites_failures_and_no_mixed_cluster(tmp_path: Path) -> 
                                                     ""))
     with pytest.raises(ConfigError, match=r"\[site_links\] needs a \[failures\] table"):
         load_study(tmp_path / "nofail.toml")
-    (tmp_path / "mixed.toml").write_text(
-        _study(tmp_path, TABLE).read_text() + '\n[mixed]\nsystem = "dgx-a100-80gb"\ngpus = 4096\n')
-    with pytest.raises(ConfigError, match=r"with a \[mixed\] cluster is not modelled"):
-        load_study(tmp_path / "mixed.toml")
+
+
+@pytest.mark.parametrize("stage", [1, 2], ids=["a100-stage-across-the-sites", "a100-site"])
+def test_on_a_mixed_cluster_an_episodes_step_is_replays(tmp_path: Path, stage: int) -> None:
+    """A100 stages on the base's sites (``hardware.on_sites_of``): pp 3 of 16 GPUs, 24 a site,
+    so stage 1 straddles the two and stage 2 is the second site. The episode's step factor
+    on the mixed cluster (``where``) is replay's with a ``[[gpu]]`` scenario on that stage,
+    degraded over healthy, without link contention: within 0.5%; more than 1 either way."""
+    from replay import get_system
+    from tracegen import ModelSpec, Strategy
+
+    h100 = get_system("dgx-h100")
+    sites = dataclasses.replace(h100, name="two-sites", scaleout=dataclasses.replace(
+        h100.scaleout, site_gpus=24, site_Gbps_per_gpu=100.0, site_latency_us=250.0))
+    model = ModelSpec(name="mx", num_layers=9, hidden_size=2048, num_attention_heads=16,
+                      ffn_hidden_size=8192, vocab_size=32000, seq_len=2048, activation="swiglu")
+    s = Strategy(tp=2, pp=3, dp=8, micro_batch_size=1, global_batch_size=48,
+                 sequence_parallel=True)
+    ep = S.SiteLinkEpisodes(0.01, 3600.0, 0.25, 600.0)
+    generate(model, s, tmp_path / "t", mode="representative")
+    reps = sorted(int(p.name.split(".")[1]) for p in (tmp_path / "t").glob("*.et"))
+    sc = tmp_path / "gpu.toml"
+    sc.write_text(f'[[gpu]]\nranks = [{reps[stage]}]\nsystem = "dgx-a100-80gb"\n')
+    healthy, slowed = (replay(tmp_path / "t", spec, scenario=sc, contention=False).step_time_s
+                       for spec in (sites, S.degraded(sites, ep)))
+    got = S.step_factor(model, s, sites, ep, {stage: get_system("dgx-a100-80gb")})
+    assert got == pytest.approx(slowed / healthy, rel=0.005) and got > 1.01
+
+
+def test_a_mixed_study_with_site_links_costs_its_placed_step(tmp_path: Path) -> None:
+    """[site_links] beside [mixed] (refused until the fifty-sixth session): the A100s take
+    one site's stage of pp 2; the goodput carries the episodes of the mixed step —
+    its factor the fast path's on the placed strategy and stages — and the CLI says so."""
+    from analysis.evaluate import resilience_frame
+    from analysis.mixed import study_placement
+
+    text = _study(tmp_path, TABLE).read_text()
+    one = text.split("[[strategies]]")
+    text = one[0] + "[[strategies]]" + one[2] + '\n[mixed]\nsystem = "dgx-a100-80gb"\ngpus = 4096\n'
+    f = tmp_path / "mixed.toml"
+    f.write_text(text)
+    study = load_study(f)
+    placed = study_placement(study, study.strategies[0])
+    assert placed is not None and placed.stages in ((0,), (1,))  # a whole site
+    frame = resilience_frame(study, study.strategies[0])
+    ep = S.site_links_from(study.site_links)
+    factor = S.step_factor(study.model, placed.strategy, study.system, ep, placed.where)
+    assert frame["site_links_step_factor"][0] == pytest.approx(factor, rel=1e-12)
+    assert 1.0 < factor < 1.05
+    r = subprocess.run([sys.executable, "-m", "analysis.cli", "resilience", str(f)],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "COLUMNS": "250"})
+    assert r.returncode == 0, r.stderr
+    assert f"stretch a step {factor:.2f}×" in " ".join(r.stdout.split())
 
 
 def test_resilience_cli_says_what_the_site_links_cost(tmp_path: Path) -> None:
