@@ -34,7 +34,6 @@ from tracegen import (
     generate,
     model_names,
     resolve_model,
-    with_seq_len,
 )
 from tracegen.catalog import get_model, model_source
 from tracegen.traceset import TraceSetSummary
@@ -100,8 +99,7 @@ def tracegen_cmd(
     name: Annotated[str, typer.Option(help="Workload name: files are NAME.RANK.et")] = "trainsim",
 ) -> None:
     """Generate the per-rank Chakra execution traces of one training step."""
-    spec = resolve_model(model)
-    spec = with_seq_len(spec, seq_len) if seq_len else spec
+    spec = resolve_model(model, seq_len)
     strategy = build_strategy(
         gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, sp=sp, tp_comm_overlap=tp_comm_overlap,
         mbs=mbs, gbs=gbs, schedule=schedule, recompute=recompute, zero=zero,

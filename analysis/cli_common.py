@@ -85,8 +85,9 @@ def progress_bar() -> Progress:
 
 
 # The strategy options `tracegen` and `estimate` share (one declaration, one meaning).
-ModelOpt = Annotated[str, typer.Option(help="Preset name (see `trainsim catalog`) or a TOML/JSON "
-                                            "model file (NAME@seqN: at N tokens a sequence).")]
+ModelOpt = Annotated[str, typer.Option(help="Preset name (see `trainsim catalog`), a TOML/JSON "
+                                            "model file, or a Hugging Face config.json (with "
+                                            "--seq-len) (NAME@seqN: at N tokens a sequence).")]
 SeqLenOpt = Annotated[int, typer.Option(
     "--seq-len", help="Tokens per sequence; 0 = the model's own (the model is then named "
     "NAME@seqN).")]

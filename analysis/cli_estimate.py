@@ -28,7 +28,7 @@ from analysis.glance import Glance, fit_advice, glance
 from analysis.op_table import by_kind, op_table
 from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
-from tracegen import ConfigError, Strategy, resolve_model, with_seq_len
+from tracegen import ConfigError, Strategy, resolve_model
 from tracegen import ops as O
 from tracegen.units import GiB
 
@@ -88,8 +88,7 @@ def estimate_cmd(
     json_out = output_file(json_out, "--json")
     ops_out = table_file(ops_out, "--ops-out", what="the op table")
     roofline_plot = output_file(roofline_plot, "--roofline", plot=True)
-    spec = resolve_model(model)
-    spec = with_seq_len(spec, seq_len) if seq_len else spec
+    spec = resolve_model(model, seq_len)
     strategy = build_strategy(
         gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, sp=sp, tp_comm_overlap=tp_comm_overlap,
         mbs=mbs, gbs=gbs, schedule=schedule, recompute=recompute, zero=zero,

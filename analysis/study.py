@@ -2,8 +2,9 @@
 
 ::
 
-    model = "llama3-70b"            # preset or path to a TOML/JSON model file
-    seq_len = 32768                 # optional: tokens a sequence (default: the model's own)
+    model = "llama3-70b"            # preset, a TOML/JSON model file or a Hugging Face config.json
+    seq_len = 32768                 # tokens a sequence (default: the model's own; a Hugging
+                                    # Face config has none: give it)
     system = "dgx-h100"             # preset or path to a TOML system file
     gpus = 1024
     global_batch_size = 512
@@ -78,7 +79,7 @@ from typing import Any
 
 from analysis.resilience import failure_model, recovery_inputs
 from replay.hardware import SystemSpec, resolve_system
-from tracegen import ConfigError, ModelSpec, Strategy, resolve_model, with_seq_len
+from tracegen import ConfigError, ModelSpec, Strategy, resolve_model
 from tracegen._config import is_finite_number, load_mapping
 from tracegen.catalog import SEQ_SUFFIX
 from tracegen.strategy import check_fits_model
@@ -164,8 +165,7 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
     if problems:
         raise ConfigError(problems, what=f"study {name!r}")
     model_ref, system_ref = _rel(data["model"], base), _rel(data["system"], base)
-    model = resolve_model(model_ref)
-    model = with_seq_len(model, data["seq_len"]) if "seq_len" in data else model
+    model = resolve_model(model_ref, data.get("seq_len", 0))
     _, at, length = model.name.rpartition(SEQ_SUFFIX)
     if at and not model_ref.endswith(at + length):  # the study's seq_len, as --model takes it
         model_ref += at + length

@@ -8,7 +8,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from tracegen._config import load_mapping
 from tracegen.errors import ConfigError
+from tracegen.hf_config import from_hf_config, is_hf_config
 from tracegen.model import ModelSpec
 
 
@@ -41,21 +43,38 @@ def get_model(name: str) -> ModelSpec:
 SEQ_SUFFIX = "@seq"  # ``llama3-8b@seq32768``: the model trained at another sequence length
 
 
-def resolve_model(name_or_file: str | Path) -> ModelSpec:
-    """A preset name, or the path of a TOML/JSON model file; either with ``@seqN`` appended is
-    that model trained at sequence length N (the name ``with_seq_len`` gives it)."""
+def resolve_model(name_or_file: str | Path, seq_len: int = 0) -> ModelSpec:
+    """A preset name, the path of a TOML/JSON model file, or a Hugging Face ``config.json``
+    (``tracegen.hf_config``); any of them with ``@seqN`` appended, or ``seq_len`` given, is that
+    model trained at sequence length N (the name ``with_seq_len`` gives it). A Hugging Face
+    config needs one of the two: it does not say what a run trains at."""
     s = str(name_or_file)
     if s in _model_table():
-        return get_model(s)
-    if s.endswith((".toml", ".json")) or Path(s).exists():
-        return ModelSpec.from_file(s)
-    base, sep, length = s.rpartition(SEQ_SUFFIX)
-    if sep and base:
+        model = get_model(s)
+    elif s.endswith((".toml", ".json")) or Path(s).exists():
+        model = _model_file(Path(s), seq_len)
+    else:
+        base, sep, length = s.rpartition(SEQ_SUFFIX)
+        if not (sep and base):
+            return get_model(s)  # (its error names the presets)
         if not length.isdigit():
             raise ConfigError(f"{s!r}: write the sequence length after {SEQ_SUFFIX} as a whole "
                               f"number of tokens, e.g. {base}{SEQ_SUFFIX}8192", what="model")
-        return with_seq_len(resolve_model(base), int(length))
-    return get_model(s)
+        return resolve_model(base, seq_len or int(length))
+    return with_seq_len(model, seq_len) if seq_len else model
+
+
+def _model_file(path: Path, seq_len: int) -> ModelSpec:
+    """A trainsim model file, or a Hugging Face config (named after its folder where the file
+    is the usual ``config.json``)."""
+    data = load_mapping(path, what="model file")
+    if not is_hf_config(data):
+        return ModelSpec.from_dict({"name": path.stem, **data})
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int):
+        raise ConfigError(f"seq_len must be a whole number of tokens, got {seq_len!r}",
+                          what="model")
+    name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+    return from_hf_config(data, name=name, seq_len=seq_len)
 
 
 def with_seq_len(model: ModelSpec, seq_len: int) -> ModelSpec:

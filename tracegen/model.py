@@ -226,6 +226,10 @@ class ModelSpec:
     def from_file(cls, path: str | Path) -> ModelSpec:
         p = Path(path)
         data = load_mapping(p, what="model file")
+        if "model_type" in data:  # (tracegen.hf_config reads it, given the sequence length)
+            raise ConfigError(f"{p} is a Hugging Face config: read it with "
+                              "tracegen.resolve_model(path, seq_len=N), or pass it to --model "
+                              "with --seq-len N", what="model file")
         data.setdefault("name", p.stem)
         return cls.from_dict(data)
 

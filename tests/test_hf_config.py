@@ -1,0 +1,133 @@
+"""Hugging Face ``config.json`` files as models (``tracegen.hf_config``): the public configs of
+the models trainsim has presets for give those presets, GPT-2's gives its published parameter
+count, and what trainsim cannot cost is refused with the reason."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analysis.fastpath import estimate
+from analysis.study import study_from_dict
+from tracegen import ConfigError, ModelSpec, get_model, resolve_model
+
+HF = Path(__file__).parent / "data" / "hf"
+
+
+def _config(folder: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((HF / folder / "config.json").read_text())
+    return data
+
+
+def _write(tmp_path: Path, data: dict[str, Any]) -> Path:
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(data))
+    return f
+
+
+@pytest.mark.parametrize(("folder", "preset", "changes"), [
+    ("Meta-Llama-3-8B", "llama3-8b", {}),
+    ("Meta-Llama-3-70B", "llama3-70b", {}),
+    ("Llama-3.1-405B", "llama3.1-405b", {}),
+    ("Mixtral-8x7B-v0.1", "mixtral-8x7b", {}),
+    ("Qwen2-57B-A14B", "qwen2-57b-a14b", {}),  # (a 65,536 window, not in use)
+    ("Qwen3-30B-A3B", "qwen3-30b-a3b", {}),
+    ("Qwen3-235B-A22B", "qwen3-235b-a22b", {}),
+    ("GLM-4.5", "glm4.5-355b-a32b", {"mtp_layers": 1}),  # (the preset leaves its MTP out)
+    ("DeepSeek-V3", "deepseek-v3", {}),
+])
+def test_a_public_config_is_its_preset(folder: str, preset: str, changes: dict[str, int]
+                                       ) -> None:
+    """Every field the presets took from the papers and these configs, MoE, shared experts,
+    leading dense layers, MLA, group-limited routing and MTP included; named after the
+    folder at its sequence length."""
+    want = dataclasses.replace(get_model(preset), **changes)
+    got = resolve_model(HF / folder / "config.json", want.seq_len)
+    assert got.name == f"{folder}@seq{want.seq_len}"
+    assert dataclasses.replace(got, name=want.name) == want
+
+
+def test_gpt2s_config_gives_its_published_parameter_count() -> None:
+    """GPT-2 small: 124,439,808 parameters in the Hugging Face model, of which trainsim leaves
+    out the learned position embeddings (1,024 × 768), the biases and the LayerNorms (DESIGN.md,
+    "Models"); tied embeddings, a 4h GELU MLP, dropout 0.1."""
+    m = resolve_model(HF / "gpt2" / "config.json", 1024)
+    h, layers = 768, 12
+    biases = layers * (3 * h + h + 4 * h + h)
+    norms = (2 * layers + 1) * 2 * h
+    assert m.num_params() == 124_439_808 - 1024 * h - biases - norms
+    assert (m.tied_embeddings, m.activation, m.ffn_hidden_size, m.dropout) == (True, "gelu",
+                                                                              4 * h, 0.1)
+
+
+def test_the_sequence_length_must_be_given(tmp_path: Path) -> None:
+    f = HF / "Meta-Llama-3-8B" / "config.json"
+    with pytest.raises(ConfigError, match=r"does not say the sequence length .*max_position_"
+                                          r"embeddings 8192.*--seq-len N"):
+        resolve_model(f)
+    at = resolve_model(f"{f}@seq4096")
+    assert at == resolve_model(f, 4096) and at.seq_len == 4096 and at.name.endswith("@seq4096")
+    with pytest.raises(ConfigError, match="is a Hugging Face config: read it with"):
+        ModelSpec.from_file(f)
+
+
+def test_a_sliding_window_shorter_than_the_sequence_is_refused() -> None:
+    """Mistral 7B v0.1 attends within 4,096 tokens: at 8,192 that is not the full causal
+    attention trainsim costs; at 4,096 or less the window changes nothing."""
+    f = HF / "Mistral-7B-v0.1" / "config.json"
+    with pytest.raises(ConfigError, match="sliding-window attention of 4096 tokens, shorter "
+                                          "than the 8192-token sequence"):
+        resolve_model(f, 8192)
+    m = resolve_model(f, 4096)
+    assert (m.num_layers, m.num_kv_heads, m.ffn_hidden_size, m.vocab_size) == (32, 8, 14336,
+                                                                               32000)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    ({"model_type": "gemma2"}, "model_type 'gemma2' is not one trainsim reads"),
+    ({"num_hidden_layers": None}, "'num_hidden_layers' is missing"),
+    ({"hidden_act": "gelu_pytorch_tanh"}, "a gated MLP with 'gelu_pytorch_tanh'"),
+    ({"decoder_sparse_step": 2}, "MoE every 2 layer"),
+    ({"mlp_only_layers": [1, 3]}, r"dense layers \[1, 3\]"),
+])
+def test_what_trainsim_cannot_cost_is_named(tmp_path: Path, edit: dict[str, Any],
+                                            message: str) -> None:
+    data = {k: v for k, v in {**_config("Qwen3-30B-A3B"), **edit}.items() if v is not None}
+    with pytest.raises(ConfigError, match=message):
+        resolve_model(_write(tmp_path, data), 4096)
+
+
+def test_leading_dense_layers_of_a_qwen_moe_config(tmp_path: Path) -> None:
+    m = resolve_model(_write(tmp_path, {**_config("Qwen3-30B-A3B"), "mlp_only_layers": [0, 1]}),
+                      4096)
+    assert m.first_dense_layers == 2 and m.num_experts == 128
+
+
+def test_estimate_and_a_study_take_a_config(tmp_path: Path) -> None:
+    """``--model config.json --seq-len N`` estimates the preset's step; a study names the
+    config with its seq_len, and its model reference resolves back (``FILE@seqN``)."""
+    f = HF / "Meta-Llama-3-8B" / "config.json"
+    out = tmp_path / "e.json"
+    r = subprocess.run([sys.executable, "-m", "analysis.cli", "estimate", "--model", str(f),
+                        "--seq-len", "8192", "--system", "dgx-h100", "--gpus", "8", "--tp", "2",
+                        "--mbs", "1", "--gbs", "32", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    preset = estimate("llama3-8b", study_from_dict(
+        {"model": "llama3-8b", "system": "dgx-h100", "gpus": 8, "global_batch_size": 32,
+         "strategies": [{"tp": 2, "micro_batch_size": 1}]}, name="p").strategies[0], "dgx-h100")
+    assert json.loads(out.read_text())["step_time_s"] == pytest.approx(preset.step_time_s,
+                                                                       rel=1e-12)
+    study = study_from_dict({"model": str(f), "seq_len": 8192, "system": "dgx-h100", "gpus": 8,
+                             "global_batch_size": 32,
+                             "strategies": [{"tp": 2, "micro_batch_size": 1}]}, name="hf")
+    assert study.model_ref == f"{f}@seq8192"
+    assert resolve_model(study.model_ref) == study.model

@@ -1,0 +1,199 @@
+"""A Hugging Face ``config.json`` as a trainsim model: the file a planner already has for the
+model they mean to train (``--model path/to/config.json --seq-len 8192``).
+
+A JSON model file with a ``model_type`` key is read as a transformers config (the key names of
+the transformers library's config classes: ``LlamaConfig``, ``MixtralConfig``,
+``Qwen2MoeConfig``, ``Qwen3MoeConfig``, ``DeepseekV3Config``, ``Glm4MoeConfig``, ``GPT2Config``,
+``GPTNeoXConfig``, ``NemotronConfig``). What maps:
+
+- the shape: layers, width, heads, K/V heads, head width where the config decouples it, FFN
+  width, vocabulary, tied embeddings, dropout (hidden, else attention; 0 where neither);
+- the MLP: gated families (Llama, Mistral, Qwen, DeepSeek, GLM) with SiLU are SwiGLU; GPT-2
+  and GPT-NeoX GELU; Nemotron squared ReLU;
+- mixture-of-experts: the routed experts, top-k, their width, shared experts (Qwen2-MoE's
+  width; DeepSeek's and GLM's count × the expert width), leading dense layers
+  (``first_k_dense_replace``, or Qwen's ``mlp_only_layers`` where they lead), group-limited
+  routing (``n_group`` / ``topk_group``) and multi-token prediction modules
+  (``num_nextn_predict_layers``);
+- multi-head latent attention (DeepSeek-V3): the K/V and Q latents, the rotary and no-rope
+  head widths (``qk_nope_head_dim`` is trainsim's ``head_dim`` there), V heads.
+
+A config does not say the sequence length of training (``max_position_embeddings`` is the
+longest the model supports, not what a run trains at), so it must be given (``--seq-len``, a
+study's ``seq_len`` or ``FILE@seqN``). What trainsim cannot cost is refused with the reason:
+another model type, sliding-window attention shorter than the sequence, MoE layers that are not
+every layer after the leading dense ones. Biases and norms are not modelled for any model
+(DESIGN.md, "Models"); rotary and RoPE-scaling settings change no cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tracegen.errors import ConfigError
+from tracegen.model import ModelSpec
+
+GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+         "deepseek_v3", "glm4_moe")
+MODEL_TYPES = (*GATED, "gpt2", "gpt_neox", "nemotron")
+# transformers' own defaults where a config leaves the key out
+TIED_DEFAULT = {"gpt2": True}
+ACT = {"gelu": "gelu", "gelu_new": "gelu", "gelu_fast": "gelu", "gelu_pytorch_tanh": "gelu",
+       "relu": "relu", "relu2": "relu2"}
+
+
+def is_hf_config(data: dict[str, Any]) -> bool:
+    """A transformers config (its ``model_type``), not a trainsim model file."""
+    return "model_type" in data
+
+
+def from_hf_config(data: dict[str, Any], *, name: str, seq_len: int) -> ModelSpec:
+    """``data`` (a parsed ``config.json``) as a ModelSpec trained at ``seq_len`` tokens a
+    sequence, named ``NAME@seqN`` (the name resolves back to it: ``catalog.resolve_model``)."""
+    kind = str(data.get("model_type"))
+    what = f"Hugging Face config {name!r}"
+    if kind not in MODEL_TYPES:
+        raise ConfigError(f"model_type {kind!r} is not one trainsim reads (it reads "
+                          f"{', '.join(MODEL_TYPES)}); write a trainsim model file instead "
+                          "(keys: `trainsim catalog` lists the presets' shapes)", what=what)
+    if seq_len <= 0:
+        longest = data.get("max_position_embeddings", data.get("n_positions"))
+        raise ConfigError("a config does not say the sequence length a run trains at"
+                          + (f" (max_position_embeddings {longest} is the longest the model "
+                             "supports)" if longest else "")
+                          + ": give it with --seq-len N, a study's seq_len, or FILE@seqN",
+                          what=what)
+    get = _getter(data, what)
+    fields = (_gpt2 if kind == "gpt2" else _common)(get, kind)
+    fields |= _moe(get, kind, data) | _mla(get, kind)
+    problems = _window_problems(data, seq_len)
+    if problems:
+        raise ConfigError(problems, what=what)
+    if fields.get("head_dim") == fields["hidden_size"] // fields["num_attention_heads"]:
+        fields["head_dim"] = 0  # (the default: as the presets write it)
+    return ModelSpec.from_dict({**fields, "name": f"{name}@seq{seq_len}", "seq_len": seq_len})
+
+
+def _getter(data: dict[str, Any], what: str) -> Callable[..., Any]:
+    """``get(key, default)``: the config's value, or a clear error for a required one missing
+    (no default given) or one that is not a number where one is needed."""
+    def get(key: str, default: Any = ConfigError) -> Any:
+        value = data.get(key)
+        if value is None:
+            if default is ConfigError:
+                raise ConfigError(f"{key!r} is missing (a {data.get('model_type')} config has "
+                                  "it)", what=what)
+            return default
+        return value
+    return get
+
+
+def _activation(get: Callable[..., Any], kind: str) -> str:
+    act = str(get("hidden_act", "silu" if kind in GATED else "gelu"))
+    if kind in GATED:
+        if act != "silu":
+            raise ConfigError(f"a gated MLP with {act!r}: trainsim's gated MLP is SwiGLU (the "
+                              "same GEMMs; write a model file with activation = 'swiglu' to "
+                              "cost it so)", what=f"model_type {kind!r}")
+        return "swiglu"
+    if act not in ACT:
+        raise ConfigError(f"hidden_act {act!r} is not one trainsim costs ({', '.join(ACT)})",
+                          what=f"model_type {kind!r}")
+    return ACT[act]
+
+
+def _dropout(get: Callable[..., Any], *keys: str, default: float = 0.0) -> float:
+    return float(next((get(k) for k in keys if get(k, None) is not None), default))
+
+
+def _common(get: Callable[..., Any], kind: str) -> dict[str, Any]:
+    heads = int(get("num_attention_heads"))
+    return {"num_layers": int(get("num_hidden_layers")), "hidden_size": int(get("hidden_size")),
+            "num_attention_heads": heads,
+            "num_kv_heads": int(get("num_key_value_heads", heads)),
+            "head_dim": int(get("head_dim", 0)),
+            "ffn_hidden_size": int(get("intermediate_size")),
+            "vocab_size": int(get("vocab_size")), "activation": _activation(get, kind),
+            "tied_embeddings": bool(get("tie_word_embeddings", TIED_DEFAULT.get(kind, False))),
+            "dropout": _dropout(get, "hidden_dropout", "attention_dropout")}
+
+
+def _gpt2(get: Callable[..., Any], kind: str) -> dict[str, Any]:
+    hidden = int(get("n_embd"))
+    act = str(get("activation_function", "gelu_new"))
+    if act not in ACT:
+        raise ConfigError(f"activation_function {act!r} is not one trainsim costs "
+                          f"({', '.join(ACT)})", what="model_type 'gpt2'")
+    return {"num_layers": int(get("n_layer")), "hidden_size": hidden,
+            "num_attention_heads": int(get("n_head")),
+            "ffn_hidden_size": int(get("n_inner", 4 * hidden)),
+            "vocab_size": int(get("vocab_size")),
+            "activation": ACT[act], "tied_embeddings": bool(get("tie_word_embeddings", True)),
+            "dropout": _dropout(get, "resid_pdrop", "attn_pdrop", default=0.1)}
+
+
+def _moe(get: Callable[..., Any], kind: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The mixture-of-experts keys of a MoE config (none for a dense one)."""
+    if kind == "mixtral":
+        return {"num_experts": int(get("num_local_experts")),
+                "experts_per_token": int(get("num_experts_per_tok")),
+                "moe_ffn_hidden_size": int(get("intermediate_size"))}
+    if kind in ("qwen2_moe", "qwen3_moe"):
+        return {"num_experts": int(get("num_experts")),
+                "experts_per_token": int(get("num_experts_per_tok")),
+                "moe_ffn_hidden_size": int(get("moe_intermediate_size")),
+                "shared_expert_ffn_hidden_size": int(get("shared_expert_intermediate_size", 0)),
+                "first_dense_layers": _leading_dense(get, data)}
+    if kind in ("deepseek_v3", "glm4_moe"):
+        width = int(get("moe_intermediate_size"))
+        if int(get("moe_layer_freq", 1)) != 1:
+            raise ConfigError("moe_layer_freq must be 1 (every layer after the first "
+                              "first_k_dense_replace is MoE: the layouts trainsim models)",
+                              what=f"model_type {kind!r}")
+        groups = int(get("n_group", 1))
+        return {"num_experts": int(get("n_routed_experts")),
+                "experts_per_token": int(get("num_experts_per_tok")),
+                "moe_ffn_hidden_size": width,
+                "shared_expert_ffn_hidden_size": int(get("n_shared_experts", 0)) * width,
+                "first_dense_layers": int(get("first_k_dense_replace", 0)),
+                "moe_router_num_groups": groups if groups > 1 else 0,
+                "moe_router_group_topk": int(get("topk_group", 1)) if groups > 1 else 0,
+                "mtp_layers": int(get("num_nextn_predict_layers", 0))}
+    return {}
+
+
+def _leading_dense(get: Callable[..., Any], data: dict[str, Any]) -> int:
+    """Qwen-MoE's dense layers (``mlp_only_layers``) where they lead the model, every layer
+    after them MoE (``decoder_sparse_step`` 1); anything else is not a layout trainsim models."""
+    step = int(get("decoder_sparse_step", 1))
+    dense = sorted(int(i) for i in get("mlp_only_layers", []))
+    if step != 1 or dense != list(range(len(dense))):
+        raise ConfigError(f"MoE every {step} layer(s) with dense layers {dense}: trainsim models "
+                          "leading dense layers then MoE in every layer (decoder_sparse_step 1, "
+                          "mlp_only_layers 0…k−1)", what=f"model_type {data['model_type']!r}")
+    return len(dense)
+
+
+def _mla(get: Callable[..., Any], kind: str) -> dict[str, Any]:
+    """Multi-head latent attention (DeepSeek-V3): the latents and head widths."""
+    if kind != "deepseek_v3" or not get("kv_lora_rank", 0):
+        return {}
+    return {"kv_lora_rank": int(get("kv_lora_rank")), "q_lora_rank": int(get("q_lora_rank", 0)),
+            "qk_rope_head_dim": int(get("qk_rope_head_dim")),
+            "head_dim": int(get("qk_nope_head_dim")), "v_head_dim": int(get("v_head_dim"))}
+
+
+def _window_problems(data: dict[str, Any], seq_len: int) -> list[str]:
+    """Sliding-window attention shorter than the sequence (Mistral's ``sliding_window``;
+    Qwen's where ``use_sliding_window``): each token would attend to fewer than the causal
+    context trainsim costs. A window at least the sequence long is full causal attention."""
+    window = data.get("sliding_window")
+    if not window or (data["model_type"] in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
+                      and not data.get("use_sliding_window")):
+        return []
+    if int(window) >= seq_len:
+        return []
+    return [f"sliding-window attention of {window} tokens, shorter than the {seq_len}-token "
+            "sequence, is not modelled (trainsim costs full causal attention); at a sequence "
+            f"of at most {window} tokens the window changes nothing"]
