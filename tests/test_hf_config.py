@@ -67,6 +67,27 @@ def test_gpt2s_config_gives_its_published_parameter_count() -> None:
                                                                               4 * h, 0.1)
 
 
+def test_gemmas_config_gives_its_published_parameter_count() -> None:
+    """Gemma 7B (Gemma Team 2024, Table 2): 7,751,248,896 non-embedding parameters, of which
+    trainsim leaves out the RMSNorms (two a layer and the final one); a 256,000-token embedding,
+    tied, on a 3,072-wide model; 16 heads of 256 (wider than 3,072 / 16); GeGLU."""
+    m = resolve_model(HF / "gemma-7b" / "config.json", 8192)
+    h = 3072
+    assert m.num_params() - 256_000 * h == 7_751_248_896 - (2 * 28 + 1) * h
+    assert (m.activation, m.tied_embeddings, m.head_dim, m.gated) == ("geglu", True, 256, True)
+
+
+def test_a_geglu_mlp_costs_as_a_swiglu_one() -> None:
+    """The same GEMMs and bytes (Shazeer 2020): only the gate's function differs."""
+    from analysis.fastpath import estimate as fast
+    from tracegen import Strategy
+
+    m = resolve_model(HF / "gemma-7b" / "config.json", 8192)
+    s = Strategy(tp=2, dp=4, micro_batch_size=1, global_batch_size=32, sequence_parallel=True)
+    swiglu = dataclasses.replace(m, activation="swiglu")
+    assert fast(m, s, "dgx-h100").step_time_s == fast(swiglu, s, "dgx-h100").step_time_s
+
+
 def test_the_sequence_length_must_be_given(tmp_path: Path) -> None:
     f = HF / "Meta-Llama-3-8B" / "config.json"
     with pytest.raises(ConfigError, match=r"does not say the sequence length .*max_position_"
@@ -78,22 +99,23 @@ def test_the_sequence_length_must_be_given(tmp_path: Path) -> None:
         ModelSpec.from_file(f)
 
 
-def test_a_sliding_window_shorter_than_the_sequence_is_refused() -> None:
-    """Mistral 7B v0.1 attends within 4,096 tokens: at 8,192 that is not the full causal
-    attention trainsim costs; at 4,096 or less the window changes nothing."""
-    f = HF / "Mistral-7B-v0.1" / "config.json"
+@pytest.mark.parametrize("folder", ["Mistral-7B-v0.1", "gemma-2-9b"])
+def test_a_sliding_window_shorter_than_the_sequence_is_refused(folder: str) -> None:
+    """Mistral 7B v0.1 attends within 4,096 tokens (Gemma 2 every other layer): at 8,192 that
+    is not the full causal attention trainsim costs; at 4,096 or less the window changes
+    nothing."""
+    f = HF / folder / "config.json"
     with pytest.raises(ConfigError, match="sliding-window attention of 4096 tokens, shorter "
                                           "than the 8192-token sequence"):
         resolve_model(f, 8192)
     m = resolve_model(f, 4096)
-    assert (m.num_layers, m.num_kv_heads, m.ffn_hidden_size, m.vocab_size) == (32, 8, 14336,
-                                                                               32000)
+    assert m.num_kv_heads == 8 and m.gated
 
 
 @pytest.mark.parametrize(("edit", "message"), [
-    ({"model_type": "gemma2"}, "model_type 'gemma2' is not one trainsim reads"),
+    ({"model_type": "gemma3_text"}, "model_type 'gemma3_text' is not one trainsim reads"),
     ({"num_hidden_layers": None}, "'num_hidden_layers' is missing"),
-    ({"hidden_act": "gelu_pytorch_tanh"}, "a gated MLP with 'gelu_pytorch_tanh'"),
+    ({"hidden_act": "tanh"}, "a gated MLP with 'tanh' is not one trainsim costs"),
     ({"decoder_sparse_step": 2}, "MoE every 2 layer"),
     ({"mlp_only_layers": [1, 3]}, r"dense layers \[1, 3\]"),
 ])

@@ -97,7 +97,7 @@ def test_world_size_mismatch_and_all_problems_listed() -> None:
 MODEL_CASES = [
     (dict(hidden_size=100, num_attention_heads=3), "hidden_size 100 is not divisible by"),
     (dict(num_attention_heads=32, num_kv_heads=5), "not a multiple of num_kv_heads 5"),
-    (dict(activation="tanh"), "activation must be one of gelu, swiglu, relu2, relu; got 'tanh'"),
+    (dict(activation="tanh"), "activation must be one of gelu, swiglu, geglu, relu2, relu; got 'tanh'"),
     (dict(num_layers=0), "num_layers must be positive, got 0"),
     (dict(num_experts=8, experts_per_token=9, moe_ffn_hidden_size=8),
      "experts_per_token must be in 1..num_experts (8), got 9"),

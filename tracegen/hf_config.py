@@ -3,13 +3,13 @@ model they mean to train (``--model path/to/config.json --seq-len 8192``).
 
 A JSON model file with a ``model_type`` key is read as a transformers config (the key names of
 the transformers library's config classes: ``LlamaConfig``, ``MixtralConfig``,
-``Qwen2MoeConfig``, ``Qwen3MoeConfig``, ``DeepseekV3Config``, ``Glm4MoeConfig``, ``GPT2Config``,
-``GPTNeoXConfig``, ``NemotronConfig``). What maps:
+``Qwen2MoeConfig``, ``Qwen3MoeConfig``, ``DeepseekV3Config``, ``Glm4MoeConfig``, ``GemmaConfig``,
+``Gemma2Config``, ``GPT2Config``, ``GPTNeoXConfig``, ``NemotronConfig``). What maps:
 
 - the shape: layers, width, heads, K/V heads, head width where the config decouples it, FFN
   width, vocabulary, tied embeddings, dropout (hidden, else attention; 0 where neither);
-- the MLP: gated families (Llama, Mistral, Qwen, DeepSeek, GLM) with SiLU are SwiGLU; GPT-2
-  and GPT-NeoX GELU; Nemotron squared ReLU;
+- the MLP: gated families (Llama, Mistral, Qwen, DeepSeek, GLM) with SiLU are SwiGLU, Gemma's
+  with GELU GeGLU; GPT-2 and GPT-NeoX GELU; Nemotron squared ReLU;
 - mixture-of-experts: the routed experts, top-k, their width, shared experts (Qwen2-MoE's
   width; DeepSeek's and GLM's count × the expert width), leading dense layers
   (``first_k_dense_replace``, or Qwen's ``mlp_only_layers`` where they lead), group-limited
@@ -35,12 +35,15 @@ from tracegen.errors import ConfigError
 from tracegen.model import ModelSpec
 
 GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-         "deepseek_v3", "glm4_moe")
+         "deepseek_v3", "glm4_moe", "gemma", "gemma2")
 MODEL_TYPES = (*GATED, "gpt2", "gpt_neox", "nemotron")
 # transformers' own defaults where a config leaves the key out
-TIED_DEFAULT = {"gpt2": True}
+TIED_DEFAULT = {"gpt2": True, "gemma": True, "gemma2": True}
 ACT = {"gelu": "gelu", "gelu_new": "gelu", "gelu_fast": "gelu", "gelu_pytorch_tanh": "gelu",
        "relu": "relu", "relu2": "relu2"}
+# a gated MLP's activation on its gate: SiLU (SwiGLU) or GELU, exact or tanh (GeGLU, Gemma's)
+GATED_ACT = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_new": "geglu",
+             "gelu_pytorch_tanh": "geglu"}
 
 
 def is_hf_config(data: dict[str, Any]) -> bool:
@@ -90,13 +93,14 @@ def _getter(data: dict[str, Any], what: str) -> Callable[..., Any]:
 
 
 def _activation(get: Callable[..., Any], kind: str) -> str:
-    act = str(get("hidden_act", "silu" if kind in GATED else "gelu"))
+    """The MLP's activation: Gemma's ``hidden_activation`` where given, else ``hidden_act``."""
+    act = str(get("hidden_activation", None) or get("hidden_act", "silu" if kind in GATED
+                                                      else "gelu"))
     if kind in GATED:
-        if act != "silu":
-            raise ConfigError(f"a gated MLP with {act!r}: trainsim's gated MLP is SwiGLU (the "
-                              "same GEMMs; write a model file with activation = 'swiglu' to "
-                              "cost it so)", what=f"model_type {kind!r}")
-        return "swiglu"
+        if act not in GATED_ACT:
+            raise ConfigError(f"a gated MLP with {act!r} is not one trainsim costs (gates: "
+                              f"{', '.join(GATED_ACT)})", what=f"model_type {kind!r}")
+        return GATED_ACT[act]
     if act not in ACT:
         raise ConfigError(f"hidden_act {act!r} is not one trainsim costs ({', '.join(ACT)})",
                           what=f"model_type {kind!r}")
@@ -188,7 +192,7 @@ def _window_problems(data: dict[str, Any], seq_len: int) -> list[str]:
     """Sliding-window attention shorter than the sequence (Mistral's ``sliding_window``;
     Qwen's where ``use_sliding_window``): each token would attend to fewer than the causal
     context trainsim costs. A window at least the sequence long is full causal attention."""
-    window = data.get("sliding_window")
+    window = data.get("sliding_window")  # (Gemma 2's: every other layer)
     if not window or (data["model_type"] in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
                       and not data.get("use_sliding_window")):
         return []

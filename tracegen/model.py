@@ -10,8 +10,10 @@ from tracegen._config import build, field_type_problems, load_mapping
 from tracegen.errors import ConfigError
 from tracegen.routing import Route, route_problems
 
-Activation = Literal["gelu", "swiglu", "relu2", "relu"]
-ACTIVATIONS: tuple[str, ...] = ("gelu", "swiglu", "relu2", "relu")
+# swiglu and geglu: gated MLPs (a gate and a value projection, SiLU or GELU on the gate; Shazeer
+# 2020, "GLU Variants Improve Transformer"): the same GEMMs and bytes, another elementwise op
+Activation = Literal["gelu", "swiglu", "geglu", "relu2", "relu"]
+ACTIVATIONS: tuple[str, ...] = ("gelu", "swiglu", "geglu", "relu2", "relu")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,8 +153,9 @@ class ModelSpec:
 
     @property
     def gated(self) -> bool:
-        """SwiGLU uses two up-projections (gate and value) (Shazeer 2020, GLU variants)."""
-        return self.activation == "swiglu"
+        """SwiGLU and GeGLU use two up-projections (gate and value) (Shazeer 2020, GLU
+        variants)."""
+        return self.activation in ("swiglu", "geglu")
 
     @property
     def kv_size(self) -> int:

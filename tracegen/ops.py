@@ -262,8 +262,9 @@ def attention_block_fwd(m: ModelSpec, st: Strategy, d: Dims) -> list[Item]:
                                  kind="norm")]
     items += _tp_comm(d, "ln1_ag", gather=True)
     items.append(gemm("qkv", n_tok, qkv_n, h, d.dtype))
-    if m.activation == "swiglu" or m.num_kv_heads != m.num_attention_heads:
-        # Llama-family models use rotary position embeddings (Su et al. 2021) on q and k.
+    if m.gated or m.num_kv_heads != m.num_attention_heads:
+        # Llama-family (and Gemma) models use rotary position embeddings (Su et al. 2021) on q
+        # and k.
         items.append(eltwise("rope", n_tok * (q + m.kv_size) // t, reads=1, writes=1,
                              flop_per_elem=ROPE_FLOP))
     items += _core_attention(m, st, d, heads)
