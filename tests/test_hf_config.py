@@ -67,6 +67,17 @@ def test_gpt2s_config_gives_its_published_parameter_count() -> None:
                                                                               4 * h, 0.1)
 
 
+@pytest.mark.parametrize(("folder", "billions"), [("DeepSeek-V2", 236), ("DeepSeek-V3", 671)])
+def test_deepseeks_configs_give_their_published_sizes(folder: str, billions: int) -> None:
+    """DeepSeek-V2 (arXiv:2405.04434: 236 B parameters; 160 routed experts of 1,536, top-6
+    within 3 of 8 groups, two shared, the first layer dense) and V3 (arXiv:2412.19437: 671 B
+    without its MTP module): within half a percent of the published totals (norms, which
+    trainsim leaves out, and the rounding in between)."""
+    m = resolve_model(HF / folder / "config.json", 4096)
+    assert m.num_params() == pytest.approx(billions * 1e9, rel=0.005)  # (MTP not counted)
+    assert m.is_mla and m.head_dim == 128 and m.qk_rope_head_dim == 64
+
+
 def test_gemmas_config_gives_its_published_parameter_count() -> None:
     """Gemma 7B (Gemma Team 2024, Table 2): 7,751,248,896 non-embedding parameters, of which
     trainsim leaves out the RMSNorms (two a layer and the final one); a 256,000-token embedding,

@@ -3,8 +3,9 @@ model they mean to train (``--model path/to/config.json --seq-len 8192``).
 
 A JSON model file with a ``model_type`` key is read as a transformers config (the key names of
 the transformers library's config classes: ``LlamaConfig``, ``MixtralConfig``,
-``Qwen2MoeConfig``, ``Qwen3MoeConfig``, ``DeepseekV3Config``, ``Glm4MoeConfig``, ``GemmaConfig``,
-``Gemma2Config``, ``GPT2Config``, ``GPTNeoXConfig``, ``NemotronConfig``). What maps:
+``Qwen2MoeConfig``, ``Qwen3MoeConfig``, ``DeepseekV2Config``, ``DeepseekV3Config``,
+``Glm4MoeConfig``, ``GemmaConfig``, ``Gemma2Config``, ``GPT2Config``, ``GPTNeoXConfig``,
+``NemotronConfig``). What maps:
 
 - the shape: layers, width, heads, K/V heads, head width where the config decouples it, FFN
   width, vocabulary, tied embeddings, dropout (hidden, else attention; 0 where neither);
@@ -15,8 +16,8 @@ the transformers library's config classes: ``LlamaConfig``, ``MixtralConfig``,
   (``first_k_dense_replace``, or Qwen's ``mlp_only_layers`` where they lead), group-limited
   routing (``n_group`` / ``topk_group``) and multi-token prediction modules
   (``num_nextn_predict_layers``);
-- multi-head latent attention (DeepSeek-V3): the K/V and Q latents, the rotary and no-rope
-  head widths (``qk_nope_head_dim`` is trainsim's ``head_dim`` there), V heads.
+- multi-head latent attention (DeepSeek-V2 and V3): the K/V and Q latents, the rotary and
+  no-rope head widths (``qk_nope_head_dim`` is trainsim's ``head_dim`` there), V heads.
 
 A config does not say the sequence length of training (``max_position_embeddings`` is the
 longest the model supports, not what a run trains at), so it must be given (``--seq-len``, a
@@ -35,7 +36,7 @@ from tracegen.errors import ConfigError
 from tracegen.model import ModelSpec
 
 GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-         "deepseek_v3", "glm4_moe", "gemma", "gemma2")
+         "deepseek_v2", "deepseek_v3", "glm4_moe", "gemma", "gemma2")
 MODEL_TYPES = (*GATED, "gpt2", "gpt_neox", "nemotron")
 # transformers' own defaults where a config leaves the key out
 TIED_DEFAULT = {"gpt2": True, "gemma": True, "gemma2": True}
@@ -149,7 +150,7 @@ def _moe(get: Callable[..., Any], kind: str, data: dict[str, Any]) -> dict[str, 
                 "moe_ffn_hidden_size": int(get("moe_intermediate_size")),
                 "shared_expert_ffn_hidden_size": int(get("shared_expert_intermediate_size", 0)),
                 "first_dense_layers": _leading_dense(get, data)}
-    if kind in ("deepseek_v3", "glm4_moe"):
+    if kind in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
         width = int(get("moe_intermediate_size"))
         if int(get("moe_layer_freq", 1)) != 1:
             raise ConfigError("moe_layer_freq must be 1 (every layer after the first "
@@ -180,8 +181,9 @@ def _leading_dense(get: Callable[..., Any], data: dict[str, Any]) -> int:
 
 
 def _mla(get: Callable[..., Any], kind: str) -> dict[str, Any]:
-    """Multi-head latent attention (DeepSeek-V3): the latents and head widths."""
-    if kind != "deepseek_v3" or not get("kv_lora_rank", 0):
+    """Multi-head latent attention (DeepSeek-V2, V3): the latents and head widths (V2-Lite:
+    no Q latent, ``q_lora_rank`` null)."""
+    if kind not in ("deepseek_v2", "deepseek_v3") or not get("kv_lora_rank", 0):
         return {}
     return {"kv_lora_rank": int(get("kv_lora_rank")), "q_lora_rank": int(get("q_lora_rank", 0)),
             "qk_rope_head_dim": int(get("qk_rope_head_dim")),
