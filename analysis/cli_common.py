@@ -297,7 +297,7 @@ ZERO2_NOTE = ("note: ZeRO-2 is costed with one gradient reduce-scatter a step, a
 
 
 def sites_words(scaleout: ScaleOutSpec, gpus: int) -> str:
-    """The sites ``gpus`` span, in words: "2 sites of 4,096 GPUs (100 Gb/s a GPU between them,
+    """The sites ``gpus`` span, in words: "2 sites of 4,096 GPUs (2 Gb/s a GPU between them,
     250 µs)"."""
     return (f"{-(-gpus // scaleout.site_gpus)} sites of {scaleout.site_gpus:,} GPUs "
             f"({scaleout.site_Gbps_per_gpu:g} Gb/s a GPU between them, "

@@ -656,11 +656,13 @@ def _sends(costs: Costs, reps: list[int], alike: bool) -> list[int]:
 
 
 def _send_ns(costs: Costs, src: int, dst: int, nbytes: int) -> int:
-    """One pipeline send (replay's ``p2p``), memoized by whether it stays in the node."""
+    """One pipeline send (replay's ``p2p``; between sites a stage's GPUs send at once),
+    memoized by whether it stays in the node or the site."""
     site = costs.site_gpus
-    key = (src // costs.gpn == dst // costs.gpn,
-           not site or src // site == dst // site, nbytes)
+    inside = not site or src // site == dst // site
+    stage = 0 if inside else costs.s.world_size // costs.s.pp
+    key = (src // costs.gpn == dst // costs.gpn, inside, stage, nbytes)
     got = costs.ctx.sends.get(key)
     if got is None:
-        got = costs.ctx.sends[key] = costs.net.p2p(src, dst, nbytes).total_ns
+        got = costs.ctx.sends[key] = costs.net.p2p(src, dst, nbytes, stage).total_ns
     return got

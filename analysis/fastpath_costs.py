@@ -73,7 +73,7 @@ class _Context:
         self.opened: dict[tuple[object, ...], Opened] = {}
         # (same node?, same site?, bytes) → ns of one send: a point-to-point cost depends on
         # nothing else
-        self.sends: dict[tuple[bool, bool, int], int] = {}
+        self.sends: dict[tuple[bool, bool, int, int], int] = {}
         self.calls = 0  # strategies estimated (the memo limit is checked now and then)
         # a stage chunk's gradient buckets from its start: id(runs) → (runs, bucket runs)
         self.buckets: dict[tuple[int, str, int], tuple[object, list[BucketRun]]] = {}

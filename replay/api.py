@@ -41,12 +41,14 @@ def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
         trace, comm_groups=comm_groups, fold=fold and not astra_compat and scenario is None)
     sys_spec = system if isinstance(system, SystemSpec) else resolve_system(system)
     model = RooflineCompute(sys_spec.gpu, compute)
-    net: NetworkModel = AlphaBetaNetwork(sys_spec, astra_compat=astra_compat)
+    stage = _stage_gpus(ts)
+    net: NetworkModel = AlphaBetaNetwork(sys_spec, astra_compat=astra_compat, stage_gpus=stage)
     scen = _scenario(scenario, ts, sys_spec)
     overrides = compute_for(scen, compute) if scen else {}
     mix = _gpu_mix(ts, sys_spec, scen)
     if any(spec != sys_spec for spec, _ in mix.values()):  # their nodes' own links
-        nets = {key: AlphaBetaNetwork(spec, astra_compat=astra_compat)  # one per system
+        nets = {key: AlphaBetaNetwork(spec, astra_compat=astra_compat,  # one per system
+                                      stage_gpus=stage)
                 for key, (spec, _) in mix.items() if spec != sys_spec}
         net = MixedNetwork(net, {r: nets[key] for key, (spec, ranks) in mix.items()
                                  if spec != sys_spec for r in ranks})
@@ -94,6 +96,14 @@ def _stands_for(ts: TraceSet) -> dict[int, tuple[int, ...]] | None:
     for rank, pp in stage.items():
         by_stage.setdefault(pp, []).append(rank)
     return {r.rank: tuple(sorted(by_stage[stage[r.rank]])) for r in ts.ranks}
+
+
+def _stage_gpus(ts: TraceSet) -> int:
+    """The GPUs of a pipeline stage (they send across a site boundary at once), from the
+    manifest's coordinates; 0 for a trace set without one (a foreign set)."""
+    if ts.manifest is None or "coords" not in ts.manifest:
+        return 0
+    return sum(1 for pp in _stage_of(ts.manifest).values() if pp == 0)
 
 
 def _stage_of(manifest: dict[str, Any]) -> dict[int, int]:

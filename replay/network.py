@@ -154,8 +154,11 @@ def flat_cost(coll: str, size: float, p: int, tier: Tier) -> tuple[float, float]
 class AlphaBetaNetwork:
     """The hierarchical alpha-beta model of a system (or ASTRA-sim's analytical one)."""
 
-    def __init__(self, system: SystemSpec, *, astra_compat: bool = False) -> None:
-        self.sys, self.astra = system, astra_compat
+    def __init__(self, system: SystemSpec, *, astra_compat: bool = False,
+                 stage_gpus: int = 0) -> None:
+        # ``stage_gpus``: the GPUs of a pipeline stage, which send across a site boundary at
+        # once (``p2p``); 0 where unknown (a foreign trace set): a site's worth
+        self.sys, self.astra, self.stage_gpus = system, astra_compat, stage_gpus
         node, out = system.node, system.scaleout
         unit = GiB if astra_compat else GB  # ASTRA-sim reads GB/s as 2^30 bytes/s
         self.nvl = Tier(node.nvlink_GBps * unit * (1.0 if astra_compat else node.nvlink_efficiency),
@@ -192,15 +195,31 @@ class AlphaBetaNetwork:
             return cost
         return dataclasses.replace(cost, shares=tuple(s for s in shares for _ in ranks))
 
-    def _out(self, shape: Shape) -> Tier:
+    def _out(self, shape: Shape, coll: str = "") -> Tier:
         """The scale-out tier a group of ``shape`` moves over: the NICs (their share of an
         oversubscribed fabric where the group is not rail-aligned), and across sites no more
-        than the sites' links give a GPU, with their latency added."""
-        _, _, _, rail, sites = shape
+        than the links between them give each flow that crosses, with their latency added.
+
+        Those links are one pool, a site's GPUs' shares together (``site_Gbps_per_gpu`` ×
+        ``site_gpus`` each way), split among the flows that cross at once, every group of the
+        axis running its collective together as a symmetric step does. An all-to-all (and
+        anything else but NCCL's ring and tree) sends every GPU's data across, so each flow
+        gets a GPU's share. A ring (or tree) crosses a site boundary only where it leaves the
+        site: of a group with n nodes over s sites, its ``local`` NIC flows at that boundary,
+        and the site holds site_gpus / (p / s) such groups, so each flow gets the shares of the
+        group's n / s nodes' worth of GPUs — a GPU's share when the group has a node a site
+        (optimizer instances' cross-site all-reduce), far more for a data-parallel ring over
+        hundreds of nodes, which then crosses at its NICs' rate. (Until the fifty-sixth
+        session every flow got a GPU's share: right for all-to-alls, but it slowed a ring's
+        every hop as if every GPU's traffic crossed.) Exact where the crossing groups fill
+        their sites; where fewer cross (a site boundary inside one stage) each could get more,
+        so it is a bound on the time from above."""
+        _, n_nodes, _, rail, sites = shape
         out = self.nic if (rail and self.sys.scaleout.topology == "rail-optimized") else (
             self.nic_blocking)
         if sites > 1:
-            return Tier(min(out.bytes_per_s, self.site_Bps), out.alpha_s + self.site_s, "nic")
+            share = self.site_Bps * (n_nodes / sites if coll in NCCL_RING else 1.0)
+            return Tier(min(out.bytes_per_s, share), out.alpha_s + self.site_s, "nic")
         return out
 
     def tier_shares(self, coll: str, size: int, shape: Shape,
@@ -214,7 +233,7 @@ class AlphaBetaNetwork:
         p, n, local, _, _ = shape
         if self.astra:
             return (1.0, 1.0)
-        out = self._out(shape)
+        out = self._out(shape, coll)
         if route is not None and coll == "ALL_TO_ALL":
             u = size / route.topk
             nic = u * expected_units(route, n) * (n - 1) / n / out.bytes_per_s
@@ -244,14 +263,14 @@ class AlphaBetaNetwork:
         (ranks, nodes spanned, ranks per node, rail-aligned, sites spanned) — and, for a MoE
         dispatch or combine that deduplicates its tokens, the layer's ``route``. Nothing else
         decides the cost. (ASTRA-sim's analytical mode has no such collective: a routed
-        all-to-all is a flat one there.) Across sites the scale-out tier is the sites' links'
-        share a GPU (``_out``), and NCCL's ring and tree pay their latency per crossing as they
-        pay a network hop's (``nccl.collective_time``)."""
+        all-to-all is a flat one there.) Across sites the scale-out tier is what the links
+        between them give each flow that crosses (``_out``), and NCCL's ring and tree pay their
+        latency per crossing as they pay a network hop's (``nccl.collective_time``)."""
         p, n_nodes, local, _, sites = shape
         if self.astra:
             tier = self.nvl if n_nodes == 1 else self.nic
             return (*self._astra(coll, size, p, tier), (tier.link,))
-        out = self._out(shape)
+        out = self._out(shape, coll)
         uses = ("nvl",) if n_nodes == 1 else ("nic",) if local == 1 else ("nvl", "nic")
         if route is not None and coll == "ALL_TO_ALL":
             return (*self._deepep(size, shape, route, out), uses)
@@ -346,12 +365,18 @@ class AlphaBetaNetwork:
         xfer = chunks * steps * (msg / tier.bytes_per_s + 2 * msg / mem_bps)
         return lat, xfer
 
-    def p2p(self, src: int, dst: int, size_bytes: int) -> CommCost:
+    def p2p(self, src: int, dst: int, size_bytes: int, stage_gpus: int | None = None
+            ) -> CommCost:
+        """A send. Between sites: their links' latency on top of the NIC's, and the links'
+        pool (a site's GPUs' shares) split among the GPUs that send across at once — a
+        pipeline stage's (``stage_gpus``, else the network's own; 0: a site's worth, a GPU's
+        share), so where a site holds k stages each boundary send moves at k GPUs' shares."""
         g, site = self.sys.node.gpus_per_node, self.sys.scaleout.site_gpus
         tier = self.nvl if src // g == dst // g else self.nic
-        if site and src // site != dst // site:  # between sites: their links, their latency
-            tier = Tier(min(self.nic.bytes_per_s, self.site_Bps),
-                        self.nic.alpha_s + self.site_s, "nic")
+        if site and src // site != dst // site:
+            senders = self.stage_gpus if stage_gpus is None else stage_gpus
+            share = self.site_Bps * max(1.0, site / senders) if senders else self.site_Bps
+            tier = Tier(min(self.nic.bytes_per_s, share), self.nic.alpha_s + self.site_s, "nic")
         return _cost(tier.alpha_s, size_bytes / tier.bytes_per_s,
                      ((tier.link, src), (tier.link, dst)))
 

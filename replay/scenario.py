@@ -324,7 +324,8 @@ class DegradedNetwork:
         got = self._slowed.get(key)
         if got is None:
             slowed = {k: AlphaBetaNetwork(tiers_slowed(nets[k].sys, *fs),  # type: ignore[attr-defined]
-                                          astra_compat=getattr(nets[k], "astra", False))
+                                          astra_compat=getattr(nets[k], "astra", False),
+                                          stage_gpus=getattr(nets[k], "stage_gpus", 0))
                       for k, fs in factors.items()}
             if mixed is None:
                 got = next(iter(slowed.values()))
