@@ -35,14 +35,19 @@ from tracegen import (
     model_names,
     resolve_model,
 )
-from tracegen.catalog import get_model, model_source
+from tracegen.catalog import get_model, model_source, model_toml
 from tracegen.traceset import TraceSetSummary
 from tracegen.units import GiB
 
 
 @app.command("catalog")
-def catalog_cmd() -> None:
-    """List the preset models."""
+def catalog_cmd(name: Annotated[str | None, typer.Argument(
+        help="A preset: print it as a model file to edit (trainsim catalog llama3-70b > "
+             "mine.toml; then --model mine.toml)")] = None) -> None:
+    """List the preset models (or print one as a model file)."""
+    if name is not None:
+        sys.stdout.write(model_toml(name))
+        return
     table = Table(title="Preset models")
     for col in ("name", "params (B)", "layers", "hidden", "heads/kv", "ffn", "experts", "vocab",
                 "seq", "dropout", "source"):
@@ -265,9 +270,17 @@ def _print_replay(result: Any) -> None:
 
 
 @app.command("systems")
-def systems_cmd() -> None:
-    """List the preset systems."""
+def systems_cmd(name: Annotated[str | None, typer.Argument(
+        help="A preset: print its system file, evidence comments included, to edit for your "
+             "cluster (trainsim systems dgx-h100 > mine.toml; then --system mine.toml)")] = None
+                ) -> None:
+    """List the preset systems (or print one's system file)."""
     from replay import get_system, system_names
+    from replay.hardware import preset_system_text
+
+    if name is not None:
+        sys.stdout.write(preset_system_text(name))
+        return
 
     table = Table(title="Preset systems")
     for col in ("name", "gpu", "bf16 TFLOP/s", "GEMM in training", "HBM GiB", "HBM GB/s",

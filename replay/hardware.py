@@ -351,11 +351,17 @@ def system_names() -> list[str]:
 
 
 def get_system(name: str) -> SystemSpec:
+    return SystemSpec.from_dict(tomllib.loads(preset_system_text(name)), name=name)
+
+
+def preset_system_text(name: str) -> str:
+    """A preset system's TOML file as shipped, its constants' evidence in its comments: the
+    start of a file for another cluster (``trainsim systems NAME``)."""
     f = resources.files("replay.systems").joinpath(f"{name}.toml")
     if not f.is_file():
         raise ConfigError(f"no preset system named {name!r}; presets: {', '.join(system_names())} "
                           "(or pass a TOML system file)", what="system")
-    return SystemSpec.from_dict(tomllib.loads(f.read_text("utf-8")), name=name)
+    return f.read_text("utf-8")
 
 
 def resolve_system(name_or_file: str | Path) -> SystemSpec:

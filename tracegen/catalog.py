@@ -40,6 +40,25 @@ def get_model(name: str) -> ModelSpec:
     return ModelSpec.from_dict({"name": name, **data})
 
 
+def model_toml(name: str) -> str:
+    """A preset model as a trainsim model file (``trainsim catalog NAME``): its keys, its source
+    as a comment, named after it — the start of a file for another model."""
+    get_model(name)  # (an unknown name: the error that lists the presets)
+    data = _model_table()[name]
+    lines = [f"# {name}: {data['source']}" if data.get("source") else f"# {name}",
+             f"name = {_toml_value(name)}"]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in data.items() if k != "source"]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(v)
+
+
 SEQ_SUFFIX = "@seq"  # ``llama3-8b@seq32768``: the model trained at another sequence length
 
 
