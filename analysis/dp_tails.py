@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from replay.network import Shape
 from tracegen import ops as O
-from tracegen.program import ParamBlock, dp_group_size, sharded_params
+from tracegen.program import ParamBlock, dp_group_size, instance_axis, shard_axis, sharded_params
 
 if TYPE_CHECKING:  # the fast path imports this module; its types are only annotations here
     from analysis.fastpath_costs import Costs
@@ -146,7 +146,7 @@ def _tail(costs: Costs, x: Stage, rank: int, ce: Sequence[int], strategy_key: in
     key = (id(x), rel, strategy_key,
            costs.shape("dp", rank) if costs.s.dist_opt_instances == 1 else
            _dense_lane(costs, rank),
-           costs.shape("edp", rank) if costs.moe else None)
+           _edp_key(costs, rank))
     got = costs.ctx.tails.get(key)
     if got is None:
         got = costs.ctx.tails[key] = _tail_costs(costs, x, rank, rel)
@@ -258,7 +258,7 @@ def _cooldowns(costs: Costs, stages: list[Stage], reps: list[int], steps: Tails,
     key = (id(steps), strategy_key, tuple(map(id, stages)),
            tuple([costs.shape("dp", r) if costs.s.dist_opt_instances == 1 else
                   _dense_lane(costs, r) for r in reps]),
-           tuple(costs.shape("edp", r) for r in reps) if costs.moe else None)
+           tuple(_edp_key(costs, r) for r in reps))
     got = costs.ctx.cooldowns.get(key)
     if got is None:
         got = costs.ctx.cooldowns[key] = _cooldown_walk(costs, stages, reps, steps, sends)
@@ -276,15 +276,13 @@ def _cooldown_walk(costs: Costs, stages: list[Stage], reps: list[int], steps: Ta
     its stage's streams are busy (κ per busy stream, scaled to its chunk's compute share).
     This is the MoE form, with a dense and an expert stream a stage; a dense model's is
     ``_dense_cooldown_walk``."""
-    s = costs.s
     if not costs.moe:
         return _dense_cooldown_walk(costs, stages, reps, steps, sends)
     own = [x.costs or costs for x in stages]  # (a stage on another system: its own)
     kappas = [c.compute.gpu.comm_interference for c in own]
     tails, order = steps
     p = len(stages)
-    axes = [[(a, dp_group_size(s, a), own[st].shape(a, r)) for a in ("dp", "edp")]
-            for st, r in enumerate(reps)]
+    axes = [grad_lanes(own[st], r) for st, r in enumerate(reps)]
     stream = [{"dp": _IDLE, "edp": _IDLE} for _ in range(p)]
     w = [tail[0][0] - tail[0][1] for tail in tails]  # each stage's previous step, as it ran
     walked = [_IDLE] * p  # and as walked
@@ -304,17 +302,19 @@ def _cooldown_walk(costs: Costs, stages: list[Stage], reps: list[int], steps: Ta
         kappa = kappas[st]
         k = kappa * x.busy_b[ch]
         lane = stream[st]
-        if issues and min(size for _, size, _ in axes[st]) > 1:
-            # both lanes beside the same backward: one timeline
+        if issues and (_one_stream(own[st]) or all(map(_reduces, axes[st]))):
+            # both lanes beside the same backward, or on one stream: one timeline
             end = start + d + _drain_lanes(own[st], x.runs_bwd[ch], axes[st], start,
-                                           start + d, lane, gathers[st], kappa)
+                                           start + d, lane, gathers[st], kappa,
+                                           _one_stream(own[st]))
         elif issues:  # one lane (or none) reduces
             late = 0
-            for axis, size, shape in axes[st]:
-                if size > 1:
+            for one in axes[st]:
+                if _reduces(one):
+                    axis, size, shape, inter = one
                     lane[axis], late = _drain(own[st], x.runs_bwd[ch], axis, size, shape,
                                               start, start + d, start + d, lane[axis], kappa,
-                                              gathers[st])
+                                              gathers[st], inter)
             end = start + d + late
         else:
             end = round(slowed(start, d, list(lane.values()), k))
@@ -379,7 +379,7 @@ def _after_memo(costs: Costs, x: Stage, rank: int, gathers: list[tuple[str, int,
            s.dp, s.cp, s.ep, s.tp, s.expert_tp, s.outer_dp_sharding_strategy,
            s.overlap_param_gather, s.adam_moments_dtype, s.fp8_param_gather,
            costs.shape("dp", rank) if s.dist_opt_instances == 1 else _dense_lane(costs, rank),
-           costs.shape("edp", rank) if costs.moe else None)
+           _edp_key(costs, rank))
     got = costs.ctx.afters.get(key)
     if got is None:
         got = costs.ctx.afters[key] = _after(costs, x, rank, gathers)
@@ -397,10 +397,25 @@ BlockRun = tuple[ParamBlock, int, int, float]
 def _dense_lane(costs: Costs, rank: int) -> tuple[int, Shape, Shape | None]:
     """The dense gradient buckets' group on ``rank``: (the size ZeRO ≥ 1 shards over, its
     shape, the shape of the group across optimizer instances or None with one instance)."""
+    return _lane(costs, "dp", rank)
+
+
+def _lane(costs: Costs, axis: str, rank: int) -> tuple[int, Shape, Shape | None]:
+    """``_dense_lane`` of the gradients reduced on ``axis`` ("dp" dense, "edp" experts)."""
     s = costs.s
     if s.dist_opt_instances == 1:
-        return dp_group_size(s, "dp"), costs.shape("dp", rank), None
-    return (dp_group_size(s, "dps"), costs.shape("dps", rank), costs.shape("dpr", rank))
+        return dp_group_size(s, axis), costs.shape(axis, rank), None
+    group = shard_axis(s, axis)
+    return (dp_group_size(s, group), costs.shape(group, rank),
+            costs.shape(instance_axis(axis), rank))
+
+
+def _edp_key(costs: Costs, rank: int) -> object:
+    """The expert lane's groups, as memo keys hold them (None for a dense model)."""
+    if not costs.moe:
+        return None
+    return costs.shape("edp", rank) if costs.s.dist_opt_instances == 1 else _lane(
+        costs, "edp", rank)
 
 
 def _buckets_done(costs: Costs, rank: int,
@@ -444,18 +459,22 @@ def _buckets_done(costs: Costs, rank: int,
     return max(end + extra, *stream.values()), gathers, extra
 
 
-Lanes = tuple[list[tuple[str, int, Shape]], Shape | None]
+# A gradient lane: (the reduction axis, "dp" or "edp"; the size of the group it reduce-scatters
+# over — its optimizer instance where there are several; that group's shape; the shape of the
+# group across the instances, or None with one)
+Lane = tuple[str, int, Shape, Shape | None]
+Lanes = list[Lane]
 
 
 def grad_lanes(costs: Costs, rank: int) -> Lanes:
-    """The gradient buckets' groups on ``rank``: [(axis, size, shape)] — dense and expert on a
-    MoE model — and, with several optimizer instances, the shape across them."""
-    s = costs.s
-    if costs.moe:
-        return [(axis, dp_group_size(s, axis), costs.shape(axis, rank))
-                for axis in ("dp", "edp")], None
-    size, shape, inter = _dense_lane(costs, rank)
-    return [("dp", size, shape)], inter
+    """The gradient buckets' lanes on ``rank``: dense, and expert on a MoE model."""
+    return [(axis, *_lane(costs, axis, rank)) for axis in (("dp", "edp") if costs.moe
+                                                           else ("dp",))]
+
+
+def _reduces(lane: Lane) -> bool:
+    """Whether a lane moves anything: a group of two or more, or instances to all-reduce."""
+    return lane[1] > 1 or lane[3] is not None
 
 
 def drain_chunk(costs: Costs, lanes: Lanes, blocks: tuple[BlockRun, ...], start: int,
@@ -465,12 +484,13 @@ def drain_chunk(costs: Costs, lanes: Lanes, blocks: tuple[BlockRun, ...], start:
     last backward ends at ``end``) onto each lane's stream, busy until ``stream[lane]`` before
     them (updated): how much later the backward ends for their interference (``kappa``, 0 for
     none; ``busy``: the backward's compute share). Appends the ZeRO ≥ 1 gathers."""
-    axes, inter = lanes
-    if kappa and busy and costs.moe and min(size for _, size, _ in axes) > 1:
-        # both lanes slow the same backward: one timeline
-        return _drain_lanes(costs, blocks, axes, start, chunk_end, stream, gathers, kappa)
+    one = _one_stream(costs)
+    if one or (kappa and busy and costs.moe and all(map(_reduces, lanes))):
+        # both lanes slow the same backward, or share one stream: one timeline
+        return _drain_lanes(costs, blocks, lanes, start, chunk_end, stream, gathers,
+                            kappa if busy else 0.0, one)
     late = 0
-    for axis, size, shape in axes:
+    for axis, size, shape, inter in lanes:
         if size < 2 and inter is None:
             continue
         lane = axis if costs.s.overlap_grad_reduce else "dp"  # without overlap: one queue
@@ -480,32 +500,43 @@ def drain_chunk(costs: Costs, lanes: Lanes, blocks: tuple[BlockRun, ...], start:
     return late
 
 
-def _drain_lanes(costs: Costs, blocks: tuple[BlockRun, ...],
-                 axes: list[tuple[str, int, Shape]], start: int,
+def _one_stream(costs: Costs) -> bool:
+    """Whether a MoE model's dense and expert buckets share one stream as they are issued:
+    with several optimizer instances Megatron-Core puts every bucket group's reduce-scatter
+    and cross-instance all-reduce on one communication stream (``start_grad_sync``; the
+    trace chains them so), where with one instance each lane has its own."""
+    s = costs.s
+    return costs.moe and s.dist_opt_instances > 1 and s.overlap_grad_reduce
+
+
+def _drain_lanes(costs: Costs, blocks: tuple[BlockRun, ...], lanes: Lanes, start: int,
                  chunk_end: int, stream: dict[str, int],
-                 gathers: list[tuple[str, int, int]], kappa: float) -> int:
+                 gathers: list[tuple[str, int, int]], kappa: float, one: bool = False) -> int:
     """``_drain`` for a MoE chunk's dense and expert buckets together, with interference: its
     backward issues both lanes' buckets, and runs at 1/(1 + k·n) while n lanes are busy
     (``slowed``), so the lanes are stepped bucket by bucket on one timeline instead of each in
-    closed form beside its own slowdown. Updates ``stream`` (each lane's end); returns how
-    much later the chunk's last backward ends. Appends the ZeRO ≥ 1 gathers."""
+    closed form beside its own slowdown. ``one``: both lanes' buckets queue on one stream
+    (``_one_stream``; "dp"), in the order they are issued. Updates ``stream`` (each lane's
+    end); returns how much later the chunk's last backward ends. Appends the ZeRO ≥ 1
+    gathers."""
     s = costs.s
     coll: O.CollType = "REDUCE_SCATTER" if s.zero_stage >= 1 else "ALL_REDUCE"
     grad_bytes, shape_ns = O.grad_reduce_bytes(s), costs.net.shape_ns
     issues: list[tuple[int, str, int]] = []  # (backward time from the start, lane, duration)
-    for axis, size, shape in axes:
-        if size < 2:
+    for axis, size, shape, inter in lanes:
+        if size < 2 and inter is None:
             continue
         for t, step, n, params, _ in _bucket_runs_of(costs, blocks, axis):
             padded = -(-params // size) * size
-            d = shape_ns(coll, padded * grad_bytes, shape)
+            d = _bucket_ns(shape_ns, coll, padded * grad_bytes, size, shape, inter)
             if s.zero_stage >= 1:
-                gathers.append((axis, padded, n))
+                gathers.append((shard_axis(s, axis), padded, n))
             issues += [(t + j * step, axis, d) for j in range(n)]
     w, c = float(start), start  # wall time, backward time
     for t, lane, d in sorted(issues):
         w = _advance_runs(w, c, start + t - c, stream["dp"], stream["edp"], kappa, blocks, start)
         c = start + t
+        lane = "dp" if one else lane
         stream[lane] = max(stream[lane], round(w)) + d
     w = _advance_runs(w, c, chunk_end - c, stream["dp"], stream["edp"], kappa, blocks, start)
     return round(w) - chunk_end
@@ -566,7 +597,7 @@ def _drain(costs: Costs, blocks: tuple[BlockRun, ...], axis: str,
     coll: O.CollType = "REDUCE_SCATTER" if s.zero_stage >= 1 else "ALL_REDUCE"
     grad_bytes, gather, overlap = O.grad_reduce_bytes(s), s.zero_stage >= 1, s.overlap_grad_reduce
     shape_ns = costs.net.shape_ns
-    gaxis = axis if inter is None else "dps"
+    gaxis = axis if inter is None else shard_axis(s, axis)
     w = c = float(start)  # with interference: wall time, backward time, stream free
     free = float(busy)
     for t, step, n, params, share in runs:
@@ -610,16 +641,16 @@ def buckets_busy_ns(costs: Costs, lanes: Lanes, blocks: tuple[BlockRun, ...]) ->
     collectives end to end, the lanes side by side (one queue without overlap)."""
     s = costs.s
     coll: O.CollType = "REDUCE_SCATTER" if s.zero_stage >= 1 else "ALL_REDUCE"
-    axes, inter = lanes
     busy = []
-    for axis, size, shape in axes:
+    for axis, size, shape, inter in lanes:
         if size < 2 and inter is None:
             continue
         busy.append(sum(n * _bucket_ns(costs.net.shape_ns, coll,
                                        -(-params // size) * size * O.grad_reduce_bytes(s),
                                        size, shape, inter)
                         for _, _, n, params, _ in _bucket_runs_of(costs, blocks, axis)))
-    return (max(busy, default=0) if s.overlap_grad_reduce else sum(busy))
+    return (max(busy, default=0) if s.overlap_grad_reduce and not _one_stream(costs)
+            else sum(busy))
 
 
 def _advance_runs(w: float, c: float, dt: float, a: float, b: float, kappa: float,

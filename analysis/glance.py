@@ -159,25 +159,26 @@ INSTANCES_GAIN = 0.02
 
 def instances_hint(model: ModelSpec, s: Strategy, system: SystemSpec, step_s: float
                    ) -> dict[str, Any] | None:
-    """For a ZeRO ≥ 1 strategy of a dense model: the number of distributed-optimizer instances
-    (``Strategy.dist_opt_instances``, ZeRO-3's HSDP replicas; every divisor of dp·cp tried
-    with the fast path) to suggest where the fastest that fits is at least ``INSTANCES_GAIN``
+    """For a ZeRO ≥ 1 strategy (a MoE model's: ZeRO 1 or 2): the number of distributed-optimizer
+    instances (``Strategy.dist_opt_instances``, ZeRO-3's HSDP replicas; every divisor of dp·cp
+    that the layout takes tried with the fast path) to suggest where the fastest that fits is
+    at least ``INSTANCES_GAIN``
     shorter than ``step_s`` — a long data-parallel ring whose latency the reduce-scatters
     expose: of the counts within ``INSTANCES_NEAR`` of that fastest step, the one that needs
     the least memory (more instances shard less; a step 0.5% shorter is not worth a GPU run
     at the edge of its memory). None otherwise."""
     ranks = s.dp * s.cp
-    if not s.zero_stage or model.is_moe or s.ep > 1:
+    if not s.zero_stage or (model.is_moe and s.zero_stage == 3):
         return None
     fitting: list[tuple[float, int, FastEstimate]] = []
     for r in range(2 if s.hfsdp else 1, ranks + 1):  # (HFSDP needs several: kept as asked)
         if ranks % r or r == s.dist_opt_instances:
             continue
-        try:  # (not every option is modelled with several instances)
-            other = dataclasses.replace(s, dist_opt_instances=r)
+        try:  # (not every option is modelled with several instances; experts' groups must
+            other = dataclasses.replace(s, dist_opt_instances=r)  # split evenly too)
+            est = estimate(model, other, system)
         except ConfigError:
             continue
-        est = estimate(model, other, system)
         if est.fits:
             fitting.append((est.step_time_s, r, est))
     if not fitting or min(fitting)[0] > step_s * (1 - INSTANCES_GAIN):

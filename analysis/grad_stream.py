@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from analysis.dp_tails import (
     _IDLE,
+    Lanes,
     _after_memo,
     buckets_busy_ns,
     drain_chunk,
@@ -111,7 +112,7 @@ class _StageWalk:
         self.lanes = grad_lanes(costs, rank)
         # an earlier micro-batch's buckets: inside the optimizer instance only (the shard goes
         # across the instances once, with the last's)
-        self.lanes_mb = (self.lanes[0], None)
+        self.lanes_mb: Lanes = [(axis, size, shape, None) for axis, size, shape, _ in self.lanes]
         self.kappa = costs.compute.gpu.comm_interference if s.overlap_grad_reduce else 0.0
         self.clock, self.i = 0, 0
         self.stream = {"dp": _IDLE, "edp": _IDLE}

@@ -42,8 +42,9 @@ those on pipelines of 3 or more chunks in a Megatron-Core layout (``pipeline_lay
 layers spread over the chunks, the modules with the loss or alone in the chunk before it),
 from a stream of its own.
 
-``--instances`` gives half the ZeRO ≥ 1 strategies of dense models several distributed-optimizer
-instances (``dist_opt_instances``, a divisor of dp·cp above 1; ZeRO-3: HSDP), from a stream of
+``--instances`` gives half the ZeRO ≥ 1 strategies (MoE models': ZeRO 1-2) several distributed-
+optimizer instances (``dist_opt_instances``, a divisor of dp·cp and, for MoE, edp above 1;
+ZeRO-3: HSDP), from a stream of
 its own.
 
 ``--per-microbatch`` makes three in four ZeRO 0-2 strategies that can reduce every micro-batch's
@@ -92,6 +93,7 @@ from analysis.fastpath import estimate
 from replay import get_system, replay
 from replay.hardware import SystemSpec, system_names
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
+from tracegen.program import dp_group_size
 
 # (model, system, GPUs, global batch)
 CASES = (("gpt3-175b", "dgx-a100-80gb", 1024, 1536), ("llama3-8b", "dgx-h100", 64, 128),
@@ -346,12 +348,14 @@ def other_dispatch(m: ModelSpec, s: Strategy, rng: random.Random
 
 
 def other_instances(m: ModelSpec, s: Strategy, rng: random.Random) -> Strategy:
-    """``--instances``: half the ZeRO ≥ 1 strategies of a dense model with a drawn number of
-    distributed-optimizer instances (ZeRO-3: HSDP's replicas, half of them with the optimizer
-    sharded across the replicas too, HFSDP), a divisor of dp·cp above 1."""
+    """``--instances``: half the ZeRO ≥ 1 strategies (a MoE model's: ZeRO 1 or 2) with a drawn
+    number of distributed-optimizer instances (ZeRO-3: HSDP's replicas, half of them with the
+    optimizer sharded across the replicas too, HFSDP), a divisor of dp·cp above 1 — and of the
+    expert-data-parallel group's size on a MoE model."""
     ranks = s.dp * s.cp
-    fits = [r for r in range(2, ranks + 1) if ranks % r == 0]
-    if m.is_moe or not s.zero_stage or s.ep > 1 or not fits or rng.random() < 0.5:
+    edp = dp_group_size(s, "edp") if m.is_moe else ranks
+    fits = [r for r in range(2, ranks + 1) if ranks % r == 0 and edp % r == 0]
+    if (m.is_moe and s.zero_stage == 3) or not s.zero_stage or not fits or rng.random() < 0.5:
         return s
     outer = "optim" if s.zero_stage == 3 and rng.random() < 0.5 else "no_shard"
     return dataclasses.replace(s, dist_opt_instances=rng.choice(fits),
@@ -460,8 +464,8 @@ FLAGS = {
            "terms weigh most, from a stream of its own",
     "zb": "three in four strategies ZB-H1 or ZB-V can run (a pipeline, ZeRO 0-2, no TP "
           "overlap; ZB-V with two chunks a stage) as that schedule, from a stream of its own",
-    "instances": "half the ZeRO ≥ 1 strategies of dense models with several distributed-"
-                 "optimizer instances (a divisor of dp·cp), from a stream of its own",
+    "instances": "half the ZeRO ≥ 1 strategies (MoE: ZeRO 1-2) with several distributed-"
+                 "optimizer instances (a divisor of dp·cp and edp), from a stream of its own",
     "per-microbatch": "three in four ZeRO 0-2 strategies that can reducing every micro-batch's "
                       "gradients, from a stream of its own",
 }

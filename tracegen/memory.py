@@ -42,7 +42,7 @@ from tracegen.deepep_buffers import buffer_bytes as deepep_buffer_bytes
 from tracegen.mesh import embedding_partner
 from tracegen.model import ModelSpec
 from tracegen.ops import ACT_BYTES, MOMENT_BYTES, grad_reduce_bytes
-from tracegen.program import RoleProgram, dp_group_size
+from tracegen.program import RoleProgram, dp_group_size, shard_axis
 from tracegen.schedule import stage_order
 from tracegen.strategy import Strategy
 from tracegen.units import GiB
@@ -440,10 +440,11 @@ def total_bytes(m: ModelSpec, s: Strategy, stage: int, params_local: int, *, act
 def _sharded_bytes(s: Strategy, dense: int, expert: int, per_param: int) -> int:
     """``per_param`` bytes of state per parameter, each group's share: dense parameters over
     dp·cp, expert ones over the expert-data-parallel group (Megatron's distributed optimizer
-    and FSDP shard each over the ranks that reduce its gradient: ``dp_group_size``)."""
-    out = -(-dense * per_param // (s.dp * s.cp))  # dp_group_size(s, "dp")
+    and FSDP shard each over the ranks that reduce its gradient: ``dp_group_size``) — over an
+    optimizer instance of each where there are several (``shard_axis``)."""
+    out = -(-dense * per_param // dp_group_size(s, shard_axis(s, "dp")))
     if expert:
-        out += -(-expert * per_param // dp_group_size(s, "edp"))
+        out += -(-expert * per_param // dp_group_size(s, shard_axis(s, "edp")))
     return out
 
 

@@ -23,8 +23,10 @@ from tracegen.strategy import Strategy
 # With several distributed-optimizer instances (``Strategy.dist_opt_instances`` R) "dps" is an
 # instance (dp·cp / R consecutive members of the "dp" group: Megatron-Core's intra-instance
 # partial data-parallel group) and "dpr" joins the members at one position of every instance
-# (its inter-instance group); last, so the other groups keep their ids.
-AXES: tuple[str, ...] = ("tp", "cp", "dp", "ep", "edp", "embd", "dps", "dpr")
+# (its inter-instance group); last, so the other groups keep their ids. A MoE model's expert
+# gradients split the same way (Megatron-Core's intra- and inter-partial expert data-parallel
+# groups, ``create_hierarchical_groups`` over the expert-data-parallel ranks): "edps", "edpr".
+AXES: tuple[str, ...] = ("tp", "cp", "dp", "ep", "edp", "embd", "dps", "dpr", "edps", "edpr")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,6 +102,8 @@ class Mesh:
         digits, so its members are at most dp/ep runs of equally spaced ranks."""
         s, r = self.s, self.rank_of
         tp, cp = s.tp, s.cp
+        if axis in ("edps", "edpr"):
+            return self._expert_instance(axis, c)
         if axis in ("ep", "edp") and s.moe_folded:
             return self._folded_ranges(axis, c)
         if axis == "tp":
@@ -143,6 +147,16 @@ class Mesh:
         first = start + s.tp * (i % shard)
         return range(first, first + s.tp * s.dp * s.cp, s.tp * shard)
 
+    def _expert_instance(self, axis: str, c: Coord) -> list[range]:
+        """``c``'s expert optimizer instance ("edps": a block of edp / R consecutive members
+        of its "edp" group) or the R members at its position in every instance ("edpr")."""
+        members = self._members("edp", c)
+        shard = len(members) // self.s.dist_opt_instances
+        i = members.index(c.rank)
+        picked = (members[i - i % shard:i - i % shard + shard] if axis == "edps"
+                  else members[i % shard::shard])
+        return [range(r, r + 1) for r in picked]
+
     def _folded_ranges(self, axis: str, c: Coord) -> list[range]:
         """MoE parallel folding (``Strategy.expert_tp`` 1): a stage's tp·cp·dp ranks in rank
         order split into EP groups of ``ep`` consecutive ranks; the expert-data-parallel group
@@ -164,6 +178,8 @@ class Mesh:
             return self.moe
         if axis in ("dps", "dpr"):
             return self.s.dist_opt_instances > 1
+        if axis in ("edps", "edpr"):
+            return self.moe and self.s.dist_opt_instances > 1
         return True
 
     @cached_property
@@ -199,6 +215,7 @@ class Mesh:
                  "edp": s.tp * s.cp * s.dp // s.ep if s.moe_folded else s.dp // s.ep * s.cp,
                  "embd": 2 if s.pp > 1 else 1,
                  "dps": s.dp * s.cp // s.dist_opt_instances, "dpr": s.dist_opt_instances}
+        sizes |= {"edps": sizes["edp"] // s.dist_opt_instances, "edpr": s.dist_opt_instances}
         return sizes[axis] if self._axis_used(axis) else 1
 
     def pp_peer(self, rank: int, offset: int) -> int:

@@ -403,7 +403,8 @@ class RoleProgram:
             return
         comms = bucket_comms(self.s, axis, n)
         if not last:  # an earlier micro-batch's: inside the instance only, the shard across
-            comms = [c for c in comms if c.axis != "dpr"]  # them once a step (Megatron-FSDP)
+            comms = [c for c in comms  # them once a step (Megatron-FSDP)
+                     if c.axis not in ("dpr", "edpr")]
         if not comms:
             return
         if not self.s.overlap_grad_reduce and self.s.grad_reduce_per_microbatch:
@@ -416,10 +417,13 @@ class RoleProgram:
             for c in comms:  # each after the one before it (the first after the backward)
                 deps = (ids[-1],) if ids else (self._tail(),)
                 ids.append(self.coll(c, prefix, blocking=False, deps=deps))
-            if len(ids) == 2:  # reduce-scatter, then the cross-instance all-reduce: one
-                if self._last_ar is not None:  # stream, so after the previous bucket's
-                    self.nodes[ids[0]].ctrl_deps.append(self._last_ar)  # (``start_grad_sync``)
-                self._last_ar = ids[1]
+            if len(ids) == 2 or (last and self.s.dist_opt_instances > 1):
+                # reduce-scatter (none in an instance of one rank), then the cross-instance
+                # all-reduce: one stream for every bucket group, dense and expert, so after
+                # the previous bucket's (``start_grad_sync``)
+                if self._last_ar is not None:
+                    self.nodes[ids[0]].ctrl_deps.append(self._last_ar)
+                self._last_ar = ids[-1]
             elif not last and self._last_ar is not None:  # an earlier micro-batch's scatter
                 self.nodes[ids[0]].ctrl_deps.append(self._last_ar)  # on that one stream too
             self.pending_dp.append(ids[-1])
@@ -815,19 +819,29 @@ class RoleProgram:
 def dp_group_size(s: Strategy, axis: str) -> int:
     """Ranks that reduce a gradient: dp × cp for dense weights ("dp"), dp / ep × cp for experts
     ("edp"; tp·cp·dp / ep with expert parallelism folded); with distributed-optimizer
-    instances, dp·cp / instances in one ("dps") and the instances ("dpr")."""
+    instances, dp·cp / instances in one ("dps"; experts: "edps", edp / instances) and the
+    instances ("dpr", "edpr")."""
     if axis == "dp":
         return s.dp * s.cp
     if axis == "edp":
         return s.tp * s.cp * s.dp // s.ep if s.moe_folded else s.dp // s.ep * s.cp
+    if axis == "edps":
+        return dp_group_size(s, "edp") // s.dist_opt_instances
     return s.dp * s.cp // s.dist_opt_instances if axis == "dps" else s.dist_opt_instances
 
 
 def shard_axis(s: Strategy, axis: str) -> str:
     """The group ZeRO ≥ 1 shards ``axis``'s optimizer state (and gathers its parameters) over:
-    an instance ("dps") where the dense optimizer has several (``dist_opt_instances``), else
-    the reduction group itself."""
-    return "dps" if axis == "dp" and s.dist_opt_instances > 1 else axis
+    an instance ("dps", experts "edps") where the optimizer has several
+    (``dist_opt_instances``), else the reduction group itself."""
+    if s.dist_opt_instances == 1 or axis not in ("dp", "edp"):
+        return axis
+    return "dps" if axis == "dp" else "edps"
+
+
+def instance_axis(axis: str) -> str:
+    """The group across optimizer instances of a reduction group: "dpr" ("dp"), "edpr"."""
+    return "edpr" if axis == "edp" else "dpr"
 
 
 def bucket_comms(s: Strategy, axis: str, params: int) -> list[O.Comm]:
@@ -845,7 +859,7 @@ def bucket_comms(s: Strategy, axis: str, params: int) -> list[O.Comm]:
     out = [O.Comm("grad_reduce_scatter", group, "REDUCE_SCATTER", padded * grad_bytes)
            ] if size > 1 else []  # (an instance of one rank: the all-reduce alone)
     if group != axis:
-        out.append(O.Comm("grad_instance_all_reduce", "dpr", "ALL_REDUCE",
+        out.append(O.Comm("grad_instance_all_reduce", instance_axis(axis), "ALL_REDUCE",
                           padded // size * grad_bytes))
     return out
 

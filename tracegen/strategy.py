@@ -530,6 +530,26 @@ def _batch_problems(s: Strategy) -> list[str]:
     return []
 
 
+def _moe_instance_problems(s: Strategy) -> list[str]:
+    """Several distributed-optimizer instances on a MoE model: the expert gradients split as
+    the dense ones (Megatron-Core's intra- and inter-partial expert data-parallel groups,
+    which assert the expert-data-parallel size divisible by the instances); ZeRO 1 and 2 only
+    (hybrid sharding of experts is not modelled)."""
+    r, edp = s.dist_opt_instances, s.tp * s.cp * s.dp // s.ep if s.moe_folded else (
+        s.dp // s.ep * s.cp)
+    out = []
+    if s.zero_stage == 3:
+        out.append(f"dist_opt_instances {r} under ZeRO-3 with a mixture-of-experts model: "
+                   "hybrid sharding (HSDP) of experts is not modelled; use ZeRO 1 or 2 with "
+                   "instances, or ZeRO-3 with dist_opt_instances 1")
+    if edp % r:
+        fits = [d for d in _divisors(edp) if d > 1 and (s.dp * s.cp) % d == 0]
+        out.append(f"dist_opt_instances {r} must divide the expert-data-parallel group's "
+                   f"{edp} ranks too (Megatron-Core asserts it)"
+                   + (f"; choose among {fits}" if fits else "; use dist_opt_instances 1"))
+    return out
+
+
 def _instance_problems(s: Strategy) -> list[str]:
     """Megatron-Core's conditions on distributed-optimizer instances (``dist_opt_instances``)."""
     r = s.dist_opt_instances
@@ -541,9 +561,6 @@ def _instance_problems(s: Strategy) -> list[str]:
         out.append(f"dist_opt_instances {r} shards the optimizer over part of the data-parallel "
                    "group: it needs zero_stage 1 or 2 (Megatron-Core's distributed optimizer) "
                    "or 3 (hybrid sharding, HSDP), not 0")
-    if s.ep > 1:
-        out.append(f"dist_opt_instances {r} with ep {s.ep}: Megatron-Core does not support "
-                   "several distributed-optimizer instances with expert parallelism; use ep 1")
     ranks = s.dp * s.cp
     if ranks % r:
         fits = [d for d in _divisors(ranks) if d > 1]
@@ -927,9 +944,7 @@ def _layout_fit_problems(s: Strategy, m: ModelSpec) -> list[str]:
 
 def _moe_fit_problems(s: Strategy, m: ModelSpec) -> list[str]:
     if s.dist_opt_instances > 1 and m.is_moe:
-        return [f"dist_opt_instances {s.dist_opt_instances} with a mixture-of-experts model: "
-                "several distributed-optimizer instances are modelled for dense models only "
-                "(Megatron-Core allows them with ep 1 alone); use dist_opt_instances 1"]
+        return _moe_instance_problems(s)
     if not m.is_moe:
         return [f"ep = {s.ep} needs a mixture-of-experts model; {m.name!r} is dense"] if (
             s.ep > 1) else []
