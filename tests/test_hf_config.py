@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analysis.fastpath import estimate
 from analysis.study import study_from_dict
@@ -164,3 +166,34 @@ def test_estimate_and_a_study_take_a_config(tmp_path: Path) -> None:
                              "strategies": [{"tp": 2, "micro_batch_size": 1}]}, name="hf")
     assert study.model_ref == f"{f}@seq8192"
     assert resolve_model(study.model_ref) == study.model
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6)
+                     | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=5)
+
+
+@settings(max_examples=150, deadline=None)
+@given(folder=st.sampled_from(["Meta-Llama-3-8B", "Qwen2-57B-A14B", "DeepSeek-V3", "gpt2",
+                               "gemma-2-9b", "Mixtral-8x7B-v0.1"]),
+       data=st.data())
+def test_any_value_in_any_key_gives_a_model_or_a_clear_error(folder: str, data: Any) -> None:
+    """Bad input: whatever JSON value a config holds in any of its keys (or a key removed),
+    reading it gives a model or a ConfigError naming the problem — never another exception
+    from deep inside."""
+    import tempfile
+
+    config = _config(folder)
+    key = data.draw(st.sampled_from(sorted(config)))
+    value = data.draw(_JSON)
+    if value is None:
+        config.pop(key)
+    else:
+        config[key] = value
+    with tempfile.TemporaryDirectory() as tmp:
+        f = _write(Path(tmp), config)
+        try:
+            resolve_model(f, 4096)
+        except ConfigError as err:
+            assert str(err)

@@ -71,7 +71,7 @@ def from_hf_config(data: dict[str, Any], *, name: str, seq_len: int) -> ModelSpe
     get = _getter(data, what)
     fields = (_gpt2 if kind == "gpt2" else _common)(get, kind)
     fields |= _moe(get, kind, data) | _mla(get, kind)
-    problems = _window_problems(data, seq_len)
+    problems = _window_problems(get, kind, seq_len)
     if problems:
         raise ConfigError(problems, what=what)
     if fields.get("head_dim") == fields["hidden_size"] // fields["num_attention_heads"]:
@@ -80,23 +80,47 @@ def from_hf_config(data: dict[str, Any], *, name: str, seq_len: int) -> ModelSpe
 
 
 def _getter(data: dict[str, Any], what: str) -> Callable[..., Any]:
-    """``get(key, default)``: the config's value, or a clear error for a required one missing
-    (no default given) or one that is not a number where one is needed."""
-    def get(key: str, default: Any = ConfigError) -> Any:
+    """``get(key, default, kind=int)``: the config's value as ``kind`` (int, float, bool, str
+    or list), or a clear error for a required one missing (no default given) or one of
+    another type (a whole number given as 32.5, ``true`` or ``"abc"``)."""
+    def get(key: str, default: Any = ConfigError, kind: type = int) -> Any:
         value = data.get(key)
         if value is None:
             if default is ConfigError:
                 raise ConfigError(f"{key!r} is missing (a {data.get('model_type')} config has "
                                   "it)", what=what)
             return default
-        return value
+        got = _typed(value, kind)
+        if got is None:
+            raise ConfigError(f"{key!r} must be {_KINDS[kind]}, got {value!r}", what=what)
+        return got
     return get
+
+
+_KINDS = {int: "a whole number", float: "a number", bool: "true or false", str: "a string",
+          list: "a list of whole numbers"}
+
+
+def _typed(value: Any, kind: type) -> Any:
+    """``value`` as ``kind``, or None where it is not one (JSON gives a whole number as an int
+    or an integral float; a bool is never a number)."""
+    if kind in (int, float) and isinstance(value, bool):
+        return None
+    if kind is int:
+        ok = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        return int(value) if ok else None
+    if kind is float:
+        return float(value) if isinstance(value, int | float) else None
+    if kind is list:
+        ok = isinstance(value, list) and all(_typed(v, int) is not None for v in value)
+        return [int(v) for v in value] if ok else None
+    return value if isinstance(value, kind) else None
 
 
 def _activation(get: Callable[..., Any], kind: str) -> str:
     """The MLP's activation: Gemma's ``hidden_activation`` where given, else ``hidden_act``."""
-    act = str(get("hidden_activation", None) or get("hidden_act", "silu" if kind in GATED
-                                                      else "gelu"))
+    act = get("hidden_activation", None, str) or get("hidden_act", "silu" if kind in GATED
+                                                     else "gelu", str)
     if kind in GATED:
         if act not in GATED_ACT:
             raise ConfigError(f"a gated MLP with {act!r} is not one trainsim costs (gates: "
@@ -109,7 +133,8 @@ def _activation(get: Callable[..., Any], kind: str) -> str:
 
 
 def _dropout(get: Callable[..., Any], *keys: str, default: float = 0.0) -> float:
-    return float(next((get(k) for k in keys if get(k, None) is not None), default))
+    return float(next((get(k, kind=float) for k in keys if get(k, None, float) is not None),
+                      default))
 
 
 def _common(get: Callable[..., Any], kind: str) -> dict[str, Any]:
@@ -120,13 +145,13 @@ def _common(get: Callable[..., Any], kind: str) -> dict[str, Any]:
             "head_dim": int(get("head_dim", 0)),
             "ffn_hidden_size": int(get("intermediate_size")),
             "vocab_size": int(get("vocab_size")), "activation": _activation(get, kind),
-            "tied_embeddings": bool(get("tie_word_embeddings", TIED_DEFAULT.get(kind, False))),
+            "tied_embeddings": get("tie_word_embeddings", TIED_DEFAULT.get(kind, False), bool),
             "dropout": _dropout(get, "hidden_dropout", "attention_dropout")}
 
 
 def _gpt2(get: Callable[..., Any], kind: str) -> dict[str, Any]:
     hidden = int(get("n_embd"))
-    act = str(get("activation_function", "gelu_new"))
+    act = get("activation_function", "gelu_new", str)
     if act not in ACT:
         raise ConfigError(f"activation_function {act!r} is not one trainsim costs "
                           f"({', '.join(ACT)})", what="model_type 'gpt2'")
@@ -134,7 +159,7 @@ def _gpt2(get: Callable[..., Any], kind: str) -> dict[str, Any]:
             "num_attention_heads": int(get("n_head")),
             "ffn_hidden_size": int(get("n_inner", 4 * hidden)),
             "vocab_size": int(get("vocab_size")),
-            "activation": ACT[act], "tied_embeddings": bool(get("tie_word_embeddings", True)),
+            "activation": ACT[act], "tied_embeddings": get("tie_word_embeddings", True, bool),
             "dropout": _dropout(get, "resid_pdrop", "attn_pdrop", default=0.1)}
 
 
@@ -172,7 +197,7 @@ def _leading_dense(get: Callable[..., Any], data: dict[str, Any]) -> int:
     """Qwen-MoE's dense layers (``mlp_only_layers``) where they lead the model, every layer
     after them MoE (``decoder_sparse_step`` 1); anything else is not a layout trainsim models."""
     step = int(get("decoder_sparse_step", 1))
-    dense = sorted(int(i) for i in get("mlp_only_layers", []))
+    dense = sorted(get("mlp_only_layers", [], list))
     if step != 1 or dense != list(range(len(dense))):
         raise ConfigError(f"MoE every {step} layer(s) with dense layers {dense}: trainsim models "
                           "leading dense layers then MoE in every layer (decoder_sparse_step 1, "
@@ -190,15 +215,15 @@ def _mla(get: Callable[..., Any], kind: str) -> dict[str, Any]:
             "head_dim": int(get("qk_nope_head_dim")), "v_head_dim": int(get("v_head_dim"))}
 
 
-def _window_problems(data: dict[str, Any], seq_len: int) -> list[str]:
+def _window_problems(get: Callable[..., Any], kind: str, seq_len: int) -> list[str]:
     """Sliding-window attention shorter than the sequence (Mistral's ``sliding_window``;
     Qwen's where ``use_sliding_window``): each token would attend to fewer than the causal
     context trainsim costs. A window at least the sequence long is full causal attention."""
-    window = data.get("sliding_window")  # (Gemma 2's: every other layer)
-    if not window or (data["model_type"] in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
-                      and not data.get("use_sliding_window")):
+    window = get("sliding_window", 0)  # (Gemma 2's: every other layer)
+    if not window or (kind in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
+                      and not get("use_sliding_window", False, bool)):
         return []
-    if int(window) >= seq_len:
+    if window >= seq_len:
         return []
     return [f"sliding-window attention of {window} tokens, shorter than the {seq_len}-token "
             "sequence, is not modelled (trainsim costs full causal attention); at a sequence "
