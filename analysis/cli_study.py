@@ -331,6 +331,28 @@ _RATE_WORDS = {"failures": "its GPUs fail {:g}×", "fail_slow": "they run slow {
                "slow_links": "their NICs slow down {:g}×"}
 
 
+def _sweep_study(study: str | None, *, model: str | None, system: str | None,
+                 gpus: int | None, gbs: int | None, seq_len: int) -> Any:
+    """The study a sweep searches: a file (or packaged study), or the default space of the job
+    the options give — one or the other, every missing option named."""
+    from analysis.study import study_from_dict
+
+    job = {"model": model, "system": system, "gpus": gpus, "global_batch_size": gbs}
+    given = [k for k, v in job.items() if v is not None] + (["seq_len"] if seq_len else [])
+    if study is not None:
+        if given:
+            raise ConfigError(f"give a study file or the job's options, not both (got {study!r} "
+                              f"and {', '.join(given)})", what="sweep")
+        return _resolve_study(study)
+    missing = [f"--{'gbs' if k == 'global_batch_size' else k}" for k, v in job.items()
+               if v is None]
+    if missing:
+        raise ConfigError(f"without a study file a sweep needs {', '.join(missing)} (or give a "
+                          "study TOML with a [search] space)", what="sweep")
+    data: dict[str, Any] = {**job, **({"seq_len": seq_len} if seq_len else {})}
+    return study_from_dict(data, name=f"{Path(str(model)).stem}-{gpus}-gpus", base=Path.cwd())
+
+
 def _resolve_study(name_or_file: str) -> Any:
     from importlib import resources
 
@@ -448,8 +470,19 @@ def _say_if_nothing_fits(results: Any, capacity_GiB: float) -> None:
 
 @app.command("sweep")
 def sweep_cmd(
-    study: Annotated[str, typer.Argument(help="Study TOML with a \\[search] space.")],
     out: Annotated[Path, typer.Option("-o", "--out", help="Output directory (resumable).")],
+    study: Annotated[str | None, typer.Argument(
+        help="Study TOML with a \\[search] space; or, instead, --model, --system, --gpus and "
+             "--gbs: the default space of that job.")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="Without a study: the model (a preset, a model file or a Hugging Face "
+             "config.json with --seq-len).")] = None,
+    system: Annotated[str | None, typer.Option(help="Without a study: the system.")] = None,
+    gpus: Annotated[int | None, typer.Option(help="Without a study: the GPU count.")] = None,
+    gbs: Annotated[int | None, typer.Option(
+        help="Without a study: the global batch size (sequences).")] = None,
+    seq_len: Annotated[int, typer.Option(
+        "--seq-len", help="Without a study: tokens a sequence (0: the model's own).")] = 0,
     top_k: Annotated[int, typer.Option("--top-k", min=0, help="Replay the best K.")] = 10,
     workers: Annotated[int, typer.Option(min=1, help="Local worker processes.")] = 2,
     scheduler: Annotated[str | None, typer.Option(help="Dask scheduler address, e.g. "
@@ -464,7 +497,7 @@ def sweep_cmd(
     from analysis.sweep import sweep
     from analysis.sweep_verdict import verdict
 
-    st = _resolve_study(study)
+    st = _sweep_study(study, model=model, system=system, gpus=gpus, gbs=gbs, seq_len=seq_len)
     note_precision({x.precision for x in st.strategies} or {"bf16"}, st.system)
     output_dir(out, "--out")
     _print_space(st)

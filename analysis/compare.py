@@ -251,14 +251,15 @@ def _compare(study: Study, progress: Callable[[int, int], None] | None,
 
 def rank(frame: pl.DataFrame, rank_by: str, *, verified_first: bool = False) -> pl.DataFrame:
     """Strategies that fit first, ordered by step time or expected time-to-train. With
-    ``verified_first`` (sweeps), the replayed strategies come before the screened ones."""
+    ``verified_first`` (sweeps), the replayed strategies come before the screened ones. Equal
+    times in the order of their labels: the same ranking however the workers returned them."""
     key = "time_to_train_s" if rank_by == "time_to_train" else "step_time_s"
     ordered = frame.with_columns(
         pl.col("fits").fill_null(False).alias("_fits"),
         (pl.col("status") == "replayed").fill_null(False).alias("_verified")
         if verified_first else pl.lit(True).alias("_verified")).sort(
-        ["_fits", "_verified", key], descending=[True, True, False], nulls_last=True).drop(
-        "_fits", "_verified")
+        ["_fits", "_verified", key, "strategy"], descending=[True, True, False, False],
+        nulls_last=True).drop("_fits", "_verified")
     return ordered.with_row_index("rank", offset=1).with_columns(pl.col("rank").cast(pl.Int64))
 
 

@@ -1,0 +1,35 @@
+"""``trainsim sweep --model … --system … --gpus … --gbs …``: a sweep of a job's default space
+without writing a study file — the same ranking as the study file that says the same."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from tests.test_cli import run
+
+
+def test_the_options_sweep_what_the_study_file_does(tmp_path: Path) -> None:
+    study = tmp_path / "job.toml"
+    study.write_text('model = "gpt-1.7b"\nsystem = "dgx-a100-80gb"\ngpus = 16\n'
+                     "global_batch_size = 64\nseq_len = 1024\n", encoding="utf-8")
+    by_file = run("sweep", str(study), "-o", str(tmp_path / "f"), "--top-k", "0",
+                  "--workers", "1")
+    assert by_file.returncode == 0, by_file.stderr
+    by_options = run("sweep", "-o", str(tmp_path / "o"), "--top-k", "0", "--workers", "1",
+                     "--model", "gpt-1.7b", "--system", "dgx-a100-80gb", "--gpus", "16",
+                     "--gbs", "64", "--seq-len", "1024")
+    assert by_options.returncode == 0, by_options.stderr
+    a, b = (pl.read_csv(tmp_path / d / "results.csv").select("rank", "strategy", "step_time_s")
+            for d in ("f", "o"))  # (equal times ranked by their labels: the same order)
+    assert a.height > 10 and a.equals(b)
+    assert "trainsim estimate --model gpt-1.7b@seq1024" in by_options.stdout
+
+
+def test_a_missing_or_doubled_job_is_named(tmp_path: Path) -> None:
+    half = run("sweep", "-o", str(tmp_path / "a"), "--model", "gpt-1.7b", "--gpus", "16")
+    assert half.returncode != 0 and "needs --system, --gbs" in half.stdout + half.stderr
+    both = run("sweep", "default", "-o", str(tmp_path / "b"), "--gpus", "16")
+    assert both.returncode != 0 and "not both" in both.stdout + both.stderr
+    assert "Traceback" not in half.stderr + both.stderr
