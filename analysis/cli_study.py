@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -350,7 +351,8 @@ def _sweep_study(study: str | None, *, model: str | None, system: str | None,
         raise ConfigError(f"without a study file a sweep needs {', '.join(missing)} (or give a "
                           "study TOML with a [search] space)", what="sweep")
     data: dict[str, Any] = {**job, **({"seq_len": seq_len} if seq_len else {})}
-    return study_from_dict(data, name=f"{Path(str(model)).stem}-{gpus}-gpus", base=Path.cwd())
+    st = study_from_dict(data, name="job", base=Path.cwd())
+    return dataclasses.replace(st, name=f"{st.model.name} on {gpus:,} GPUs")
 
 
 def _resolve_study(name_or_file: str) -> Any:
@@ -468,21 +470,28 @@ def _say_if_nothing_fits(results: Any, capacity_GiB: float) -> None:
                   "fits it, where one does")
 
 
+# A job given by its options instead of a study file (``sweep``, ``scale``)
+JobModelOpt = Annotated[str | None, typer.Option(
+    help="Without a study: the model (a preset, a model file or a Hugging Face config.json "
+         "with --seq-len).")]
+JobSystemOpt = Annotated[str | None, typer.Option(help="Without a study: the system.")]
+JobGbsOpt = Annotated[int | None, typer.Option(
+    help="Without a study: the global batch size (sequences).")]
+JobSeqLenOpt = Annotated[int, typer.Option(
+    "--seq-len", help="Without a study: tokens a sequence (0: the model's own).")]
+
+
 @app.command("sweep")
 def sweep_cmd(
     out: Annotated[Path, typer.Option("-o", "--out", help="Output directory (resumable).")],
     study: Annotated[str | None, typer.Argument(
         help="Study TOML with a \\[search] space; or, instead, --model, --system, --gpus and "
              "--gbs: the default space of that job.")] = None,
-    model: Annotated[str | None, typer.Option(
-        help="Without a study: the model (a preset, a model file or a Hugging Face "
-             "config.json with --seq-len).")] = None,
-    system: Annotated[str | None, typer.Option(help="Without a study: the system.")] = None,
+    model: JobModelOpt = None,
+    system: JobSystemOpt = None,
     gpus: Annotated[int | None, typer.Option(help="Without a study: the GPU count.")] = None,
-    gbs: Annotated[int | None, typer.Option(
-        help="Without a study: the global batch size (sequences).")] = None,
-    seq_len: Annotated[int, typer.Option(
-        "--seq-len", help="Without a study: tokens a sequence (0: the model's own).")] = 0,
+    gbs: JobGbsOpt = None,
+    seq_len: JobSeqLenOpt = 0,
     top_k: Annotated[int, typer.Option("--top-k", min=0, help="Replay the best K.")] = 10,
     workers: Annotated[int, typer.Option(min=1, help="Local worker processes.")] = 2,
     scheduler: Annotated[str | None, typer.Option(help="Dask scheduler address, e.g. "
@@ -599,11 +608,17 @@ def _phase_reporter(bar: Any) -> Any:
 
 @app.command("scale")
 def scale_cmd(
-    study: Annotated[str, typer.Argument(help="Study TOML (its \\[search] space, failures and "
-                                               "token budget), or a packaged study name.")],
     gpus: Annotated[str, typer.Option(help="GPU counts: 1024,2048,4096 or a doubling range "
                                            "1024..16384.")],
     out: Annotated[Path, typer.Option("-o", "--out", help="Output directory (resumable).")],
+    study: Annotated[str | None, typer.Argument(
+        help="Study TOML (its \\[search] space, failures and token budget), or a packaged "
+             "study name; or, instead, --model, --system and --gbs: the default space of that "
+             "job.")] = None,
+    model: JobModelOpt = None,
+    system: JobSystemOpt = None,
+    gbs: JobGbsOpt = None,
+    seq_len: JobSeqLenOpt = 0,
     batch_per_gpu: Annotated[bool, typer.Option(
         "--batch-per-gpu", help="Scale the global batch with the GPU count (the study's batch "
                                 "per GPU kept); default: the study's global batch at every "
@@ -617,7 +632,10 @@ def scale_cmd(
     from analysis.scaling import parse_gpu_counts, scaling
 
     counts = parse_gpu_counts(gpus)
-    st = _resolve_study(study)
+    st = _sweep_study(study, model=model, system=system,
+                      gpus=counts[0] if study is None else None, gbs=gbs, seq_len=seq_len)
+    if study is None:  # (named by its model: every count is this study's)
+        st = dataclasses.replace(st, name=st.model.name)
     output_dir(out, "--out")
     plot = output_file(plot, "--plot", plot=True)
     _note_space(st)

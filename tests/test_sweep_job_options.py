@@ -33,3 +33,15 @@ def test_a_missing_or_doubled_job_is_named(tmp_path: Path) -> None:
     both = run("sweep", "default", "-o", str(tmp_path / "b"), "--gpus", "16")
     assert both.returncode != 0 and "not both" in both.stdout + both.stderr
     assert "Traceback" not in half.stderr + both.stderr
+
+
+def test_scale_takes_the_job_options_too(tmp_path: Path) -> None:
+    """``trainsim scale --gpus 8,16 --model … --system … --gbs …``: each count's best of the
+    default space, the study named by its model."""
+    r = run("scale", "--gpus", "8,16", "-o", str(tmp_path / "s"), "--workers", "1",
+            "--model", "gpt-1.7b", "--system", "dgx-a100-80gb", "--gbs", "64",
+            "--seq-len", "1024")
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert "gpt-1.7b@seq1024: gpt-1.7b@seq1024 on dgx-a100-80gb, global batch 64" in text
+    assert "tp1-pp1-dp16" in text
