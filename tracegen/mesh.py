@@ -212,7 +212,7 @@ class Mesh:
     def group_size(self, axis: str) -> int:
         s = self.s
         sizes = {"tp": s.tp, "cp": s.cp, "dp": s.dp * s.cp, "ep": s.ep,
-                 "edp": s.tp * s.cp * s.dp // s.ep if s.moe_folded else s.dp // s.ep * s.cp,
+                 "edp": s.edp,
                  "embd": 2 if s.pp > 1 else 1,
                  "dps": s.dp * s.cp // s.dist_opt_instances, "dpr": s.dist_opt_instances}
         sizes |= {"edps": sizes["edp"] // s.dist_opt_instances, "edpr": s.dist_opt_instances}

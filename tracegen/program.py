@@ -824,7 +824,7 @@ def dp_group_size(s: Strategy, axis: str) -> int:
     if axis == "dp":
         return s.dp * s.cp
     if axis == "edp":
-        return s.tp * s.cp * s.dp // s.ep if s.moe_folded else s.dp // s.ep * s.cp
+        return s.edp
     if axis == "edps":
         return dp_group_size(s, "edp") // s.dist_opt_instances
     return s.dp * s.cp // s.dist_opt_instances if axis == "dps" else s.dist_opt_instances

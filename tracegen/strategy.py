@@ -255,6 +255,13 @@ class Strategy:
         return self.expert_tp == 1 and self.tp * self.cp > 1
 
     @property
+    def edp(self) -> int:
+        """Ranks that reduce an expert's gradient (the expert-data-parallel group): dp / ep × cp,
+        or tp·cp·dp / ep with expert parallelism folded."""
+        return (self.tp * self.cp * self.dp // self.ep if self.moe_folded
+                else self.dp // self.ep * self.cp)
+
+    @property
     def etp(self) -> int:
         """The tensor-parallel degree of the expert GEMMs."""
         return 1 if self.moe_folded else self.tp
@@ -535,8 +542,7 @@ def _moe_instance_problems(s: Strategy) -> list[str]:
     the dense ones (Megatron-Core's intra- and inter-partial expert data-parallel groups,
     which assert the expert-data-parallel size divisible by the instances); ZeRO 1 and 2 only
     (hybrid sharding of experts is not modelled)."""
-    r, edp = s.dist_opt_instances, s.tp * s.cp * s.dp // s.ep if s.moe_folded else (
-        s.dp // s.ep * s.cp)
+    r, edp = s.dist_opt_instances, s.edp
     out = []
     if s.zero_stage == 3:
         out.append(f"dist_opt_instances {r} under ZeRO-3 with a mixture-of-experts model: "
