@@ -80,6 +80,20 @@ def test_deepseeks_configs_give_their_published_sizes(folder: str, billions: int
     assert m.is_mla and m.head_dim == 128 and m.qk_rope_head_dim == 64
 
 
+def test_olmoes_config_gives_its_published_sizes() -> None:
+    """OLMoE-1B-7B (Muennighoff et al. 2024, arXiv:2409.02060): 6.9 B parameters, 1.3 B of
+    them active (8 of its 64 experts a token); every layer MoE, SwiGLU experts of 1,024. OLMo 2
+    reads as the Llama layout it is (untied, SwiGLU, 32 heads of 128)."""
+    m = resolve_model(HF / "OLMoE-1B-7B-0924" / "config.json", 4096)
+    expert = 3 * m.hidden_size * m.moe_ffn_hidden_size
+    idle = m.num_layers * (m.num_experts - m.experts_per_token) * expert
+    assert m.num_params() == pytest.approx(6.9e9, rel=0.005)
+    assert m.num_params() - idle == pytest.approx(1.3e9, rel=0.02)
+    olmo2 = resolve_model(HF / "OLMo-2-1124-7B" / "config.json", 4096)
+    assert (olmo2.activation, olmo2.tied_embeddings, olmo2.head_dim, olmo2.is_moe) == (
+        "swiglu", False, 128, False)
+
+
 def test_gemmas_config_gives_its_published_parameter_count() -> None:
     """Gemma 7B (Gemma Team 2024, Table 2): 7,751,248,896 non-embedding parameters, of which
     trainsim leaves out the RMSNorms (two a layer and the final one); a 256,000-token embedding,
@@ -176,7 +190,7 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6)
 
 @settings(max_examples=150, deadline=None)
 @given(folder=st.sampled_from(["Meta-Llama-3-8B", "Qwen2-57B-A14B", "DeepSeek-V3", "gpt2",
-                               "gemma-2-9b", "Mixtral-8x7B-v0.1"]),
+                               "gemma-2-9b", "Mixtral-8x7B-v0.1", "OLMoE-1B-7B-0924"]),
        data=st.data())
 def test_any_value_in_any_key_gives_a_model_or_a_clear_error(folder: str, data: Any) -> None:
     """Bad input: whatever JSON value a config holds in any of its keys (or a key removed),

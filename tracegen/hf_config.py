@@ -4,12 +4,12 @@ model they mean to train (``--model path/to/config.json --seq-len 8192``).
 A JSON model file with a ``model_type`` key is read as a transformers config (the key names of
 the transformers library's config classes: ``LlamaConfig``, ``MixtralConfig``,
 ``Qwen2MoeConfig``, ``Qwen3MoeConfig``, ``DeepseekV2Config``, ``DeepseekV3Config``,
-``Glm4MoeConfig``, ``GemmaConfig``, ``Gemma2Config``, ``GPT2Config``, ``GPTNeoXConfig``,
-``NemotronConfig``). What maps:
+``Glm4MoeConfig``, ``GemmaConfig``, ``Gemma2Config``, ``Olmo2Config``, ``OlmoeConfig``,
+``GPT2Config``, ``GPTNeoXConfig``, ``NemotronConfig``). What maps:
 
 - the shape: layers, width, heads, K/V heads, head width where the config decouples it, FFN
   width, vocabulary, tied embeddings, dropout (hidden, else attention; 0 where neither);
-- the MLP: gated families (Llama, Mistral, Qwen, DeepSeek, GLM) with SiLU are SwiGLU, Gemma's
+- the MLP: gated families (Llama, Mistral, Qwen, DeepSeek, GLM, OLMo) with SiLU are SwiGLU, Gemma's
   with GELU GeGLU; GPT-2 and GPT-NeoX GELU; Nemotron squared ReLU;
 - mixture-of-experts: the routed experts, top-k, their width, shared experts (Qwen2-MoE's
   width; DeepSeek's and GLM's count × the expert width), leading dense layers
@@ -36,7 +36,7 @@ from tracegen.errors import ConfigError
 from tracegen.model import ModelSpec
 
 GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-         "deepseek_v2", "deepseek_v3", "glm4_moe", "gemma", "gemma2")
+         "deepseek_v2", "deepseek_v3", "glm4_moe", "gemma", "gemma2", "olmo2", "olmoe")
 MODEL_TYPES = (*GATED, "gpt2", "gpt_neox", "nemotron")
 # transformers' own defaults where a config leaves the key out
 TIED_DEFAULT = {"gpt2": True, "gemma": True, "gemma2": True}
@@ -165,6 +165,9 @@ def _gpt2(get: Callable[..., Any], kind: str) -> dict[str, Any]:
 
 def _moe(get: Callable[..., Any], kind: str, data: dict[str, Any]) -> dict[str, Any]:
     """The mixture-of-experts keys of a MoE config (none for a dense one)."""
+    if kind == "olmoe":  # (every layer MoE, its experts intermediate_size wide)
+        return {"num_experts": get("num_experts"), "experts_per_token": get("num_experts_per_tok"),
+                "moe_ffn_hidden_size": get("intermediate_size")}
     if kind == "mixtral":
         return {"num_experts": int(get("num_local_experts")),
                 "experts_per_token": int(get("num_experts_per_tok")),
