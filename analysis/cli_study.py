@@ -333,13 +333,14 @@ _RATE_WORDS = {"failures": "its GPUs fail {:g}×", "fail_slow": "they run slow {
 
 
 def _sweep_study(study: str | None, *, model: str | None, system: str | None,
-                 gpus: int | None, gbs: int | None, seq_len: int) -> Any:
+                 gpus: int | None, gbs: int | None, seq_len: int, tokens: float = 0.0) -> Any:
     """The study a sweep searches: a file (or packaged study), or the default space of the job
     the options give — one or the other, every missing option named."""
     from analysis.study import study_from_dict
 
     job = {"model": model, "system": system, "gpus": gpus, "global_batch_size": gbs}
-    given = [k for k, v in job.items() if v is not None] + (["seq_len"] if seq_len else [])
+    extra = {k: v for k, v in (("seq_len", seq_len), ("tokens", tokens)) if v}
+    given = [k for k, v in job.items() if v is not None] + list(extra)
     if study is not None:
         if given:
             raise ConfigError(f"give a study file or the job's options, not both (got {study!r} "
@@ -350,7 +351,7 @@ def _sweep_study(study: str | None, *, model: str | None, system: str | None,
     if missing:
         raise ConfigError(f"without a study file a sweep needs {', '.join(missing)} (or give a "
                           "study TOML with a [search] space)", what="sweep")
-    data: dict[str, Any] = {**job, **({"seq_len": seq_len} if seq_len else {})}
+    data: dict[str, Any] = {**job, **extra}
     st = study_from_dict(data, name="job", base=Path.cwd())
     return dataclasses.replace(st, name=f"{st.model.name} on {gpus:,} GPUs")
 
@@ -479,6 +480,8 @@ JobGbsOpt = Annotated[int | None, typer.Option(
     help="Without a study: the global batch size (sequences).")]
 JobSeqLenOpt = Annotated[int, typer.Option(
     "--seq-len", help="Without a study: tokens a sequence (0: the model's own).")]
+JobTokensOpt = Annotated[float, typer.Option(
+    help="Without a study: the token budget (days to train, GPU-hours), e.g. 1.5e12.")]
 
 
 @app.command("sweep")
@@ -492,6 +495,7 @@ def sweep_cmd(
     gpus: Annotated[int | None, typer.Option(help="Without a study: the GPU count.")] = None,
     gbs: JobGbsOpt = None,
     seq_len: JobSeqLenOpt = 0,
+    tokens: JobTokensOpt = 0.0,
     top_k: Annotated[int, typer.Option("--top-k", min=0, help="Replay the best K.")] = 10,
     workers: Annotated[int, typer.Option(min=1, help="Local worker processes.")] = 2,
     scheduler: Annotated[str | None, typer.Option(help="Dask scheduler address, e.g. "
@@ -506,7 +510,8 @@ def sweep_cmd(
     from analysis.sweep import sweep
     from analysis.sweep_verdict import verdict
 
-    st = _sweep_study(study, model=model, system=system, gpus=gpus, gbs=gbs, seq_len=seq_len)
+    st = _sweep_study(study, model=model, system=system, gpus=gpus, gbs=gbs, seq_len=seq_len,
+                      tokens=tokens)
     note_precision({x.precision for x in st.strategies} or {"bf16"}, st.system)
     output_dir(out, "--out")
     _print_space(st)
@@ -619,6 +624,7 @@ def scale_cmd(
     system: JobSystemOpt = None,
     gbs: JobGbsOpt = None,
     seq_len: JobSeqLenOpt = 0,
+    tokens: JobTokensOpt = 0.0,
     batch_per_gpu: Annotated[bool, typer.Option(
         "--batch-per-gpu", help="Scale the global batch with the GPU count (the study's batch "
                                 "per GPU kept); default: the study's global batch at every "
@@ -633,7 +639,8 @@ def scale_cmd(
 
     counts = parse_gpu_counts(gpus)
     st = _sweep_study(study, model=model, system=system,
-                      gpus=counts[0] if study is None else None, gbs=gbs, seq_len=seq_len)
+                      gpus=counts[0] if study is None else None, gbs=gbs, seq_len=seq_len,
+                      tokens=tokens)
     if study is None:  # (named by its model: every count is this study's)
         st = dataclasses.replace(st, name=st.model.name)
     output_dir(out, "--out")

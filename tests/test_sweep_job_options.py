@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from tests.test_cli import run
 
@@ -25,6 +26,17 @@ def test_the_options_sweep_what_the_study_file_does(tmp_path: Path) -> None:
             for d in ("f", "o"))  # (equal times ranked by their labels: the same order)
     assert a.height > 10 and a.equals(b)
     assert "trainsim estimate --model gpt-1.7b@seq1024" in by_options.stdout
+
+
+def test_a_token_budget_gives_the_days_to_train(tmp_path: Path) -> None:
+    """``--tokens``: each strategy's healthy days to train, the budget over its tokens/s."""
+    r = run("sweep", "-o", str(tmp_path / "t"), "--top-k", "0", "--workers", "1",
+            "--model", "gpt-1.7b", "--system", "dgx-a100-80gb", "--gpus", "16", "--gbs", "64",
+            "--seq-len", "1024", "--tokens", "1e10")
+    assert r.returncode == 0, r.stderr
+    rows = pl.read_csv(tmp_path / "t" / "results.csv").head(3)
+    for train_s, rate in zip(rows["time_to_train_s"], rows["tokens_per_s"], strict=True):
+        assert train_s == pytest.approx(1e10 / rate, rel=1e-6)
 
 
 def test_a_missing_or_doubled_job_is_named(tmp_path: Path) -> None:
