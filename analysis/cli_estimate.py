@@ -205,17 +205,35 @@ def note_sites(model: Any, s: Strategy, system: SystemSpec) -> dict[str, Any] | 
     hops = sum(1 for a, b in pairs if any(  # a send goes from rank r to r's place on stage b
         r // site != (r + (b - a) * per_stage) // site
         for r in range(a * per_stage, (a + 1) * per_stage)))
+    rates = {axis: costs.net.crossing_Bps(costs.shape(axis, _spanning_rank(costs, axis, s)),
+                                          "ALL_TO_ALL" if axis == "ep" else "REDUCE_SCATTER")
+             * 8 / 1e9 for axis in groups}
+    if hops:
+        rates["send"] = costs.net.send_crossing_Bps(per_stage) * 8 / 1e9
+    nic = costs.net.nic.bytes_per_s * 8 / 1e9
+    said = [f"{axis} {g:,.0f} Gb/s a flow ("
+            + ("its NICs'" if g >= nic * (1 - 1e-12) else "the links between the sites") + ")"
+            for axis, g in rates.items() if axis != "send"]
+    if hops:
+        said.append(f"sends {rates['send']:,.1f} Gb/s a GPU (the links over a stage's "
+                    f"{per_stage:,} GPUs)")
     console.print(f"{C.sites_words(system.scaleout, s.world_size)}: "
                   f"{', '.join(groups) or 'no parallel group'} spanning sites"
                   + (f", {hops} pipeline hop{'s' if hops > 1 else ''} between them" if hops
-                     else ""))
+                     else "") + (f"; crossing at {', '.join(said)}" if said else ""))
     if s.pp > 1 and site % per_stage and per_stage % site:
         console.print(f"note: a site boundary falls inside a pipeline stage ({per_stage:,} GPUs a "
                       f"stage, {site:,} a site): some of its replicas' sends cross and others' "
                       "do not, and each hop is costed by the stage's first GPU's; a site of a "
                       "whole number of stages is what a split at the sites would run")
     return {"sites": -(-s.world_size // site), "groups_spanning_sites": groups,
-            "pipeline_hops_between_sites": hops}
+            "pipeline_hops_between_sites": hops, "crossing_Gbps_per_flow": rates}
+
+
+def _spanning_rank(costs: Any, axis: str, s: Strategy) -> int:
+    """A rank whose ``axis`` group spans sites (the first stage's first such)."""
+    per_stage = s.world_size // s.pp
+    return next(r for r in range(0, s.world_size, per_stage) if costs.shape(axis, r)[4] > 1)
 
 
 def note_grad_stream(model: Any, s: Strategy, system: SystemSpec) -> dict[str, Any] | None:

@@ -222,6 +222,18 @@ class AlphaBetaNetwork:
             return Tier(min(out.bytes_per_s, share), out.alpha_s + self.site_s, "nic")
         return out
 
+    def crossing_Bps(self, shape: Shape, coll: str) -> float:
+        """What each flow of a ``coll`` on a group of ``shape`` moves between sites, bytes/s
+        (``_out``; its NICs' rate where the links' pool is not the limit)."""
+        return self._out(shape, coll).bytes_per_s
+
+    def send_crossing_Bps(self, stage_gpus: int) -> float:
+        """What a send between sites moves, bytes/s, a stage of ``stage_gpus`` sending at once
+        (``p2p``)."""
+        site = self.sys.scaleout.site_gpus
+        share = self.site_Bps * max(1.0, site / stage_gpus) if stage_gpus else self.site_Bps
+        return min(self.nic.bytes_per_s, share)
+
     def tier_shares(self, coll: str, size: int, shape: Shape,
                     route: Route | None = None) -> tuple[float, float]:
         """(NVLink, NIC): the part of each tier's bandwidth a collective spanning nodes with
@@ -374,9 +386,8 @@ class AlphaBetaNetwork:
         g, site = self.sys.node.gpus_per_node, self.sys.scaleout.site_gpus
         tier = self.nvl if src // g == dst // g else self.nic
         if site and src // site != dst // site:
-            senders = self.stage_gpus if stage_gpus is None else stage_gpus
-            share = self.site_Bps * max(1.0, site / senders) if senders else self.site_Bps
-            tier = Tier(min(self.nic.bytes_per_s, share), self.nic.alpha_s + self.site_s, "nic")
+            rate = self.send_crossing_Bps(self.stage_gpus if stage_gpus is None else stage_gpus)
+            tier = Tier(rate, self.nic.alpha_s + self.site_s, "nic")
         return _cost(tier.alpha_s, size_bytes / tier.bytes_per_s,
                      ((tier.link, src), (tier.link, dst)))
 

@@ -89,10 +89,13 @@ def test_a_ring_over_more_nodes_crosses_at_its_nics_rate() -> None:
     prev = None
     for n in (1, 2, 4, 8):
         ranks = tuple(range(0, 128, 64 // n))  # n nodes a site, one rank a node
-        got = AlphaBetaNetwork(two).collective("ALL_REDUCE", size, ranks).transfer_ns
+        net = AlphaBetaNetwork(two)
+        got = net.collective("ALL_REDUCE", size, ranks).transfer_ns
         ref = AlphaBetaNetwork(_slow_nic(min(400.0, 50.0 * n))).collective(
             "ALL_REDUCE", size, ranks).transfer_ns
         assert got == ref
+        assert net.crossing_Bps(group_shape(ranks, 8, 64), "ALL_REDUCE") == pytest.approx(
+            min(400.0, 50.0 * n) / 8 * 1e9 * H100.scaleout.nic_efficiency)
         assert prev is None or got <= prev
         prev = got
 
@@ -160,10 +163,18 @@ def test_estimate_says_what_crosses_between_sites(tmp_path, pp: int, groups: lis
             "--system", str(system), "--json", str(out))
     assert r.returncode == 0, r.stderr
     got = json.loads(out.read_text())
+    # each crossing flow's rate (network.crossing_Bps): pp 1's rings at their NICs' 400 Gb/s
+    # (× the NIC efficiency 0.96), the links' pool far from full; a send the pool over the
+    # 8,192 / pp GPUs of a stage: 2 Gb/s a GPU (× 0.96) times the stages a site holds
+    stage = 8192 // pp
+    rates = {"dp": pytest.approx(400 * 0.96)} if pp == 1 else {
+        "send": pytest.approx(2 * 0.96 * 4096 / stage)}
     assert got["sites"] == {"sites": 2, "groups_spanning_sites": groups,
-                            "pipeline_hops_between_sites": hops}
-    assert "2 sites of 4,096 GPUs (2 Gb/s a GPU between them, 250 µs)" in " ".join(
-        r.stdout.split())
+                            "pipeline_hops_between_sites": hops,
+                            "crossing_Gbps_per_flow": rates}
+    text = " ".join(r.stdout.split())
+    assert "2 sites of 4,096 GPUs (2 Gb/s a GPU between them, 250 µs)" in text
+    assert ("crossing at dp 384 Gb/s a flow (its NICs')" in text) is (pp == 1)
     one_site = estimate(get_model("llama3-70b"), Strategy.from_dict(got["strategy_fields"]),
                         H100).step_time_s
     # pp 1's rings cross with a NIC flow each, at their NICs' rate (the links' pool, 8.2 Tb/s,
