@@ -162,11 +162,10 @@ def instances_hint(model: ModelSpec, s: Strategy, system: SystemSpec, step_s: fl
     """For a ZeRO ≥ 1 strategy (a MoE model's: ZeRO 1 or 2): the number of distributed-optimizer
     instances (``Strategy.dist_opt_instances``, ZeRO-3's HSDP replicas; every divisor of dp·cp
     that the layout takes tried with the fast path) to suggest where the fastest that fits is
-    at least ``INSTANCES_GAIN``
-    shorter than ``step_s`` — a long data-parallel ring whose latency the reduce-scatters
-    expose: of the counts within ``INSTANCES_NEAR`` of that fastest step, the one that needs
-    the least memory (more instances shard less; a step 0.5% shorter is not worth a GPU run
-    at the edge of its memory). None otherwise."""
+    at least ``INSTANCES_GAIN`` shorter than ``step_s`` — a long data-parallel ring whose
+    latency the reduce-scatters expose: of the counts within ``INSTANCES_NEAR`` of that
+    fastest step, the one that needs the least memory (more instances shard less; a step 0.5%
+    shorter is not worth a GPU run at the edge of its memory). None otherwise."""
     ranks = s.dp * s.cp
     if not s.zero_stage or (model.is_moe and s.zero_stage == 3):
         return None

@@ -138,27 +138,27 @@ def _dropout(get: Callable[..., Any], *keys: str, default: float = 0.0) -> float
 
 
 def _common(get: Callable[..., Any], kind: str) -> dict[str, Any]:
-    heads = int(get("num_attention_heads"))
-    return {"num_layers": int(get("num_hidden_layers")), "hidden_size": int(get("hidden_size")),
+    heads = get("num_attention_heads")
+    return {"num_layers": get("num_hidden_layers"), "hidden_size": get("hidden_size"),
             "num_attention_heads": heads,
-            "num_kv_heads": int(get("num_key_value_heads", heads)),
-            "head_dim": int(get("head_dim", 0)),
-            "ffn_hidden_size": int(get("intermediate_size")),
-            "vocab_size": int(get("vocab_size")), "activation": _activation(get, kind),
+            "num_kv_heads": get("num_key_value_heads", heads),
+            "head_dim": get("head_dim", 0),
+            "ffn_hidden_size": get("intermediate_size"),
+            "vocab_size": get("vocab_size"), "activation": _activation(get, kind),
             "tied_embeddings": get("tie_word_embeddings", TIED_DEFAULT.get(kind, False), bool),
             "dropout": _dropout(get, "hidden_dropout", "attention_dropout")}
 
 
 def _gpt2(get: Callable[..., Any], kind: str) -> dict[str, Any]:
-    hidden = int(get("n_embd"))
+    hidden = get("n_embd")
     act = get("activation_function", "gelu_new", str)
     if act not in ACT:
         raise ConfigError(f"activation_function {act!r} is not one trainsim costs "
                           f"({', '.join(ACT)})", what="model_type 'gpt2'")
-    return {"num_layers": int(get("n_layer")), "hidden_size": hidden,
-            "num_attention_heads": int(get("n_head")),
-            "ffn_hidden_size": int(get("n_inner", 4 * hidden)),
-            "vocab_size": int(get("vocab_size")),
+    return {"num_layers": get("n_layer"), "hidden_size": hidden,
+            "num_attention_heads": get("n_head"),
+            "ffn_hidden_size": get("n_inner", 4 * hidden),
+            "vocab_size": get("vocab_size"),
             "activation": ACT[act], "tied_embeddings": get("tie_word_embeddings", True, bool),
             "dropout": _dropout(get, "resid_pdrop", "attn_pdrop", default=0.1)}
 
@@ -169,37 +169,37 @@ def _moe(get: Callable[..., Any], kind: str, data: dict[str, Any]) -> dict[str, 
         return {"num_experts": get("num_experts"), "experts_per_token": get("num_experts_per_tok"),
                 "moe_ffn_hidden_size": get("intermediate_size")}
     if kind == "mixtral":
-        return {"num_experts": int(get("num_local_experts")),
-                "experts_per_token": int(get("num_experts_per_tok")),
-                "moe_ffn_hidden_size": int(get("intermediate_size"))}
+        return {"num_experts": get("num_local_experts"),
+                "experts_per_token": get("num_experts_per_tok"),
+                "moe_ffn_hidden_size": get("intermediate_size")}
     if kind in ("qwen2_moe", "qwen3_moe"):
-        return {"num_experts": int(get("num_experts")),
-                "experts_per_token": int(get("num_experts_per_tok")),
-                "moe_ffn_hidden_size": int(get("moe_intermediate_size")),
-                "shared_expert_ffn_hidden_size": int(get("shared_expert_intermediate_size", 0)),
+        return {"num_experts": get("num_experts"),
+                "experts_per_token": get("num_experts_per_tok"),
+                "moe_ffn_hidden_size": get("moe_intermediate_size"),
+                "shared_expert_ffn_hidden_size": get("shared_expert_intermediate_size", 0),
                 "first_dense_layers": _leading_dense(get, data)}
     if kind in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
-        width = int(get("moe_intermediate_size"))
-        if int(get("moe_layer_freq", 1)) != 1:
+        width = get("moe_intermediate_size")
+        if get("moe_layer_freq", 1) != 1:
             raise ConfigError("moe_layer_freq must be 1 (every layer after the first "
                               "first_k_dense_replace is MoE: the layouts trainsim models)",
                               what=f"model_type {kind!r}")
-        groups = int(get("n_group", 1))
-        return {"num_experts": int(get("n_routed_experts")),
-                "experts_per_token": int(get("num_experts_per_tok")),
+        groups = get("n_group", 1)
+        return {"num_experts": get("n_routed_experts"),
+                "experts_per_token": get("num_experts_per_tok"),
                 "moe_ffn_hidden_size": width,
-                "shared_expert_ffn_hidden_size": int(get("n_shared_experts", 0)) * width,
-                "first_dense_layers": int(get("first_k_dense_replace", 0)),
+                "shared_expert_ffn_hidden_size": get("n_shared_experts", 0) * width,
+                "first_dense_layers": get("first_k_dense_replace", 0),
                 "moe_router_num_groups": groups if groups > 1 else 0,
-                "moe_router_group_topk": int(get("topk_group", 1)) if groups > 1 else 0,
-                "mtp_layers": int(get("num_nextn_predict_layers", 0))}
+                "moe_router_group_topk": get("topk_group", 1) if groups > 1 else 0,
+                "mtp_layers": get("num_nextn_predict_layers", 0)}
     return {}
 
 
 def _leading_dense(get: Callable[..., Any], data: dict[str, Any]) -> int:
     """Qwen-MoE's dense layers (``mlp_only_layers``) where they lead the model, every layer
     after them MoE (``decoder_sparse_step`` 1); anything else is not a layout trainsim models."""
-    step = int(get("decoder_sparse_step", 1))
+    step = get("decoder_sparse_step", 1)
     dense = sorted(get("mlp_only_layers", [], list))
     if step != 1 or dense != list(range(len(dense))):
         raise ConfigError(f"MoE every {step} layer(s) with dense layers {dense}: trainsim models "
@@ -213,9 +213,9 @@ def _mla(get: Callable[..., Any], kind: str) -> dict[str, Any]:
     no Q latent, ``q_lora_rank`` null)."""
     if kind not in ("deepseek_v2", "deepseek_v3") or not get("kv_lora_rank", 0):
         return {}
-    return {"kv_lora_rank": int(get("kv_lora_rank")), "q_lora_rank": int(get("q_lora_rank", 0)),
-            "qk_rope_head_dim": int(get("qk_rope_head_dim")),
-            "head_dim": int(get("qk_nope_head_dim")), "v_head_dim": int(get("v_head_dim"))}
+    return {"kv_lora_rank": get("kv_lora_rank"), "q_lora_rank": get("q_lora_rank", 0),
+            "qk_rope_head_dim": get("qk_rope_head_dim"),
+            "head_dim": get("qk_nope_head_dim"), "v_head_dim": get("v_head_dim")}
 
 
 def _window_problems(get: Callable[..., Any], kind: str, seq_len: int) -> list[str]:
