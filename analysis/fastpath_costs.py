@@ -178,8 +178,10 @@ class Costs:
                                     if s.zero_stage == 3 else 0))
         self.moe = model.is_moe
         # stages of unequal costs (read per stage: a property call each time costs more): an
-        # uneven split, or a MoE model's dense first layers on a pipeline
-        self.uneven = s.uneven or bool(model.first_dense_layers and s.pp > 1)
+        # uneven split, or a MoE model's dense first layers or a pattern of windowed and full
+        # layers on a pipeline
+        self.patterned = bool(model.window and model.window_pattern)
+        self.uneven = s.uneven or bool((model.first_dense_layers or self.patterned) and s.pp > 1)
         # the stage sharing stage 0's embedding (a tied head's, the MTP modules'), or None
         self.embd_partner = embedding_partner(model, s) if s.pp > 1 else None
         # all a group's shape depends on besides its axis and rank
@@ -254,7 +256,8 @@ class Costs:
             sizes = self.chunk_sizes() if uneven else None
             comp = chunks = tuple([(sizes[g] if sizes else layers // n_chunks,
                                     g == 0, g == n_chunks - 1, n_chunks == 1,
-                                    *self._dense_in(g), *self._mtp_in(g)) for g in gcis])
+                                    *self._dense_in(g), *self._mtp_in(g), *self._phase_in(g))
+                                   for g in gcis])
         key = (self.key, comp, sig)
         got = self.ctx.stages.get(key)
         if got is None:
@@ -266,6 +269,14 @@ class Costs:
         if not self.m.first_dense_layers:
             return ()
         return (self.m.dense_layers_in(self.s.chunk_layers(self.m.num_layers, gci)),)
+
+    def _phase_in(self, gci: int) -> tuple[int, ...]:
+        """Where a chunk's first layer falls in the window pattern, where the model has one
+        (then part of a chunk's key: it decides which of its layers are windowed)."""
+        if not self.patterned:
+            return ()
+        start = self.s.chunk_layers(self.m.num_layers, gci).start
+        return (start % len(self.m.window_pattern),)
 
     def _mtp_in(self, gci: int) -> tuple[bool, ...]:
         """Whether a chunk runs the MTP modules, where the model has any and a layout places

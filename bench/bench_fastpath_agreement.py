@@ -10,6 +10,7 @@ global batch of any count of micro-batches, not whole rounds of pp) and prints t
                                              [--buckets] [--systems] [--groups] [--partial]
                                              [--modules] [--moe-layers] [--mla] [--deepep]
                                              [--mtp] [--instances] [--per-microbatch]
+                                             [--windows]
 
 ``--odd`` draws sizes and options the default cases never reach (GPU counts with a factor 3,
 pp 3/5/6, up to 4 chunks, cp up to 4, any count of micro-batches, shorter end stages, B200 and
@@ -334,6 +335,17 @@ def other_attention(m: ModelSpec, rng: random.Random) -> ModelSpec:
         v_head_dim=rng.choice((0, 64, 128)))
 
 
+def other_window(m: ModelSpec, rng: random.Random) -> ModelSpec:
+    """``--windows``: half the models with sliding-window attention (128-4,096 tokens, below
+    the sequence) in every layer, every other one, five in six or every other from the
+    second."""
+    w = rng.choice((128, 512, 1024, 4096))
+    if rng.random() < 0.5 or w >= m.seq_len:
+        return m
+    return dataclasses.replace(m, sliding_window=w,
+                               window_pattern=rng.choice(("", "SF", "SSSSSF", "FS")))
+
+
 def other_dispatch(m: ModelSpec, s: Strategy, rng: random.Random
                    ) -> tuple[ModelSpec, Strategy]:
     """``--deepep``: half the MoE strategies with DeepEP, routing within drawn expert groups."""
@@ -393,6 +405,10 @@ def other_mtp(m: ModelSpec, s: Strategy, rng: random.Random) -> tuple[ModelSpec,
     return m, dataclasses.replace(s, pipeline_layout="|".join(pieces + tail))
 
 
+def _window_label(m: ModelSpec) -> str:
+    return f" window{m.window}/{m.window_pattern or 'S'}" if m.window else ""
+
+
 def model_label(m: ModelSpec) -> str:
     return (f"L{m.num_layers} h{m.hidden_size} heads {m.num_attention_heads}/{m.num_kv_heads} "
             f"{m.activation}{' tied' if m.tied_embeddings else ''}"
@@ -401,7 +417,8 @@ def model_label(m: ModelSpec) -> str:
             f"{f' dense-first{m.first_dense_layers}' if m.first_dense_layers else ''}"
             f"{f' mla{m.kv_lora_rank}/{m.q_lora_rank}' if m.is_mla else ''}"
             f"{f' groups{m.moe_router_group_topk}/{g}' if (g := m.moe_router_num_groups) else ''}"
-            f"{f' mtp{m.mtp_layers}' if m.mtp_layers else ''} "
+            f"{f' mtp{m.mtp_layers}' if m.mtp_layers else ''}"
+            f"{_window_label(m)} "
             f"V{m.vocab_size} s{m.seq_len}")
 
 
@@ -460,6 +477,8 @@ FLAGS = {
     "mtp": "half the models with 1-2 multi-token-prediction modules, half of those pipelines "
            "in a drawn Megatron-Core layout (the modules with the loss or alone), from a "
            "stream of its own",
+    "windows": "half the models with sliding-window attention (128-4,096 tokens) in a drawn "
+               "pattern of layers, from a stream of its own",
     "few": "each draw without chunks with one or two micro-batches, where a step's one-off "
            "terms weigh most, from a stream of its own",
     "zb": "three in four strategies ZB-H1 or ZB-V can run (a pipeline, ZeRO 0-2, no TP "
@@ -493,6 +512,7 @@ def main() -> None:
     few = random.Random(-args.seed - 11)  # --few: theirs
     zb = random.Random(-args.seed - 12)  # --zb: theirs
     per = random.Random(-args.seed - 13)  # --per-microbatch: theirs
+    windows = random.Random(-args.seed - 14)  # --windows: theirs
     rows: list[tuple[float, str, str]] = []
     t0 = time.perf_counter()
     while len(rows) < args.n:
@@ -507,8 +527,10 @@ def main() -> None:
             model = other_moe_layers(model, moe_layers)
         if args.mla:
             model = other_attention(model, attention)
+        if args.windows:
+            model = other_window(model, windows)
         model_name = (model_label(model) if isinstance(spec, ModelSpec) or args.moe_layers
-                      or args.mla else spec) + f"  {system_name}"
+                      or args.mla or args.windows else spec) + f"  {system_name}"
         system = get_system(system_name)
         if args.nodes:
             system, node_label = other_nodes(system, rng)
@@ -572,7 +594,9 @@ def main() -> None:
           + (f" ({sum(' zb_h1 ' in w for _, _, w in rows)} ZB-H1, "
              f"{sum(' zb_v ' in w for _, _, w in rows)} ZB-V)" if args.zb else "")
           + (f" ({sum(' per-microbatch' in w for _, _, w in rows)} reducing every "
-             "micro-batch)" if args.per_microbatch else ""))
+             "micro-batch)" if args.per_microbatch else "")
+          + (f" ({sum(' window' in n for _, n, _ in rows)} with a sliding window)"
+             if args.windows else ""))
     for e, model_name, what in sorted(rows, key=lambda r: -abs(r[0]))[:5]:
         print(f"  {e:+.2f}%  {model_name}  {what}")
 

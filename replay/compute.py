@@ -10,7 +10,8 @@ dtype, or from the trace's ``duration_micros``.
   normalised to the MAMF's K (``GPUSpec.gemm_k_factor``); w and k₀ fitted together to OpenXLA's
   measured sm_90 matmul table (tests/test_gemm_k.py).
 * Attention (flash): ``flop / (peak · e_attn · s / (s + s_half) · r(d) · o(T))``, the fused
-  kernel's efficiency curve in sequence length, measured at head dim 128, times the measured
+  kernel's efficiency curve in sequence length (a sliding window's: at its key length, times
+  ``band_edge``), measured at head dim 128, times the measured
   ratio r(d) at the op's head dim d and, where measured, the occupancy o(T) of a call with T
   query tiles (``attention_tiles``; ``GPUSpec.attention_occupancy``) (systems/README.md); the
   backward runs at ``ATTN_BWD_RATIO`` of it, times its measured head-dim ratio where there is one
@@ -68,6 +69,20 @@ def attention_tiles(flop: int, seq: int, kv_len: int, head_dim: int, backward: b
         return 0.0
     fwd = flop / ATTN_FLASH_BWD_FLOP if backward else flop
     return fwd / (2 * seq * kv_len * head_dim) * -(-seq // ATTN_TILE_ROWS)
+
+
+def band_edge(seq: int, kv_len: int) -> float:
+    """A sliding window's share of the efficiency a causal call of its key length n has (an
+    op whose key length is below its query length: ``tracegen.ops.attention_fwd``). Kernels
+    compute whole tiles of 128 keys: a causal row of query tiles wastes half a tile at its
+    diagonal, useful share n/(n + 128) at mean keys n/2; a window's row spans w + 128 keys for w
+    useful ones, n/(n + 256) at w = n/2. The ratio (n + 128)/(n + 256). Measured with
+    FlexAttention's block-sparse kernel on an H200 (bench/device, 2026-12-04): windows of 512 /
+    1,024 / 4,096 in 16 K tokens ran at 0.88 / 0.94 / 1.0 of causal calls of their key length
+    (this gives 0.90 / 0.94 / 0.98; tests/test_window_evidence.py)."""
+    if not 0 < kv_len < seq:
+        return 1.0
+    return (kv_len + ATTN_TILE_ROWS) / (kv_len + 2 * ATTN_TILE_ROWS)
 
 
 class OpCost(NamedTuple):
@@ -160,14 +175,15 @@ class RooflineCompute:
         dtype = DTYPE_FROM_CODE.get(dtype_code, "bf16")
         mem_s = nbytes / (g.hbm_bytes_per_s * g.memory_efficiency)
         if op_type == "attention" and not g.flash_attention:
-            return self._unfused_attention(flop, head_dim=k, kv_len=n, dtype=dtype,
-                                           backward=backward)
+            # (a window's band: the unfused path computes the whole score matrix and masks it)
+            return self._unfused_attention(flop * m // n if 0 < n < m else flop, head_dim=k,
+                                           kv_len=max(m, n), dtype=dtype, backward=backward)
         eff = 0.0
         if op_type == "attention":
-            seq = max(m, 1)
+            seq = max(min(m, n) if n > 0 else m, 1)
             eff = (g.attention_efficiency * seq / (seq + g.attention_half_seq)
                    * g.attention_head_ratio(k) * g.attention_occupancy(
-                       attention_tiles(flop, m, n, k, backward)))
+                       attention_tiles(flop, m, n, k, backward)) * band_edge(m, n))
             if backward:
                 eff *= ATTN_BWD_RATIO * g.attention_bwd_head_ratio(k)
             comp_s = flop / (g.tensor_flop_per_s(dtype) * eff)

@@ -177,6 +177,8 @@ def test_catalog_lists_presets() -> None:
     assert "│ 0.1 " in rows["gpt3-175b"] and "│ 0 " in rows["llama3.1-405b"]  # dropout
     assert "160×1536 top-8" in rows["glm4.5-355b-a32b"] and "first 3 dense" in r.stdout
     assert "256×2048 top-8 in 4 of" in rows["deepseek-v3"]  # its groups, then shared experts
+    assert ("Sliding-window attention: mistral-7b 4,096 keys, every layer; gemma2-9b 4,096 "
+            "keys, 1 layer(s) in 2") in r.stdout
 
 
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden_tiny_tp2pp2dp2"

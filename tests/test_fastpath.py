@@ -48,26 +48,27 @@ def _replayed_s(model: ModelSpec, s: Strategy, hw: SystemSpec) -> float:
                                 "layernorm,moe", "mla_up_proj,core_attn"]),
        shared=st.booleans(), mla=st.booleans(), deepep=st.booleans(),
        mtp=st.sampled_from([0, 0, 1, 2]), moments=st.booleans(), fp8pg=st.booleans(),
-       instances=st.sampled_from([1, 1, 2, 4]), hfsdp=st.booleans())
+       instances=st.sampled_from([1, 1, 2, 4]), hfsdp=st.booleans(),
+       window=st.sampled_from(["", "", "S", "SF", "FSS"]))
 @example(tp=2, pp=4, dp=4, sp=False, zero=3, recompute="none", mb=1, schedule="gpipe",
          overlap=False, uneven=False, zbucket=0, dp_overlap="both", ep=0, cp=1, fp8=False,
          fold=False, prefetch=True, extra=0, tied=False, system="dgx-h100",
          gpn=8, grouped=False, rc_layers=0, modules="core_attn",
          shared=False, mla=False, deepep=False, mtp=0, moments=False,
-         fp8pg=False, instances=1, hfsdp=False)  # alike, walked
+         fp8pg=False, instances=1, hfsdp=False, window="")  # alike, walked
 @example(tp=1, pp=2, dp=2, sp=False, zero=3, recompute="none", mb=4, schedule="1f1b",
          overlap=False, uneven=False, zbucket=0, dp_overlap="both", ep=2, cp=1, fp8=False,
          fold=False, prefetch=False, extra=1, tied=False,
          system="dgx-h100", gpn=8, grouped=False, rc_layers=0,
          modules="core_attn", shared=False, mla=False,
          deepep=False, mtp=1, moments=True,
-         fp8pg=False, instances=1, hfsdp=False)  # 9 micro-batches on 2 stages, an MTP module on the last
+         fp8pg=False, instances=1, hfsdp=False, window="")  # 9 micro-batches on 2 stages, an MTP module on the last
 def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, mb, schedule,
                                               overlap, uneven, zbucket, dp_overlap, ep, cp, fp8,
                                               fold, prefetch, extra, tied, system,
                                               gpn, grouped, rc_layers, modules, shared,
                                               mla, deepep, mtp, moments, fp8pg, instances,
-                                              hfsdp) -> None:
+                                              hfsdp, window) -> None:
     """``ep`` 0: the dense model; 1, 2 or 4: the MoE model with that expert parallelism, carved
     out of dp or (``fold``) folded over tp·cp·dp; either with its embedding and head ``tied``,
     and with ``shared`` experts and ``extra`` dense first layers; ``mla``: multi-head
@@ -76,7 +77,9 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
     ``moments``: Adam's moments in bf16 where ZeRO ≥ 1; ``fp8pg``: FP8 parameter gathers where
     an FP8 run has ZeRO ≥ 1; ``instances``: distributed-optimizer instances where ZeRO 1 runs
     a dense model and they divide dp·cp (ZeRO-3: HSDP's replicas; ``hfsdp``: with the optimizer
-    sharded across them, HFSDP).
+    sharded across them, HFSDP); ``window``: sliding-window attention of 64 of the 256 tokens
+    in the layers its pattern marks S (every layer, every other one, two in three from the
+    second: stages then start at other places in the pattern).
     1F1B and GPipe runs of mb·pp + ``extra`` micro-batches (interleaved ones need whole
     rounds, or, ``grouped``, Megatron-Core's micro-batch groups: the middle group size that
     fits). Full recompute of the first ``rc_layers`` of each chunk (0: all); selective of
@@ -87,7 +90,8 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
     model = dataclasses.replace(MOE if ep else MODEL, tied_embeddings=tied,
                                 shared_expert_ffn_hidden_size=512 if ep and shared else 0,
                                 first_dense_layers=extra if ep and shared else 0,
-                                mtp_layers=mtp)
+                                mtp_layers=mtp, sliding_window=64 if window else 0,
+                                window_pattern="" if window == "S" else window)
     if deepep and ep:
         model = dataclasses.replace(model, moe_router_num_groups=2, moe_router_group_topk=1)
     if mla:

@@ -126,21 +126,60 @@ def test_the_sequence_length_must_be_given(tmp_path: Path) -> None:
         ModelSpec.from_file(f)
 
 
-@pytest.mark.parametrize("folder", ["Mistral-7B-v0.1", "gemma-2-9b"])
-def test_a_sliding_window_shorter_than_the_sequence_is_refused(folder: str) -> None:
-    """Mistral 7B v0.1 attends within 4,096 tokens (Gemma 2 every other layer): at 8,192 that
-    is not the full causal attention trainsim costs; at 4,096 or less the window changes
-    nothing."""
+@pytest.mark.parametrize(("folder", "preset"), [("Mistral-7B-v0.1", "mistral-7b"),
+                                                ("gemma-2-9b", "gemma2-9b")])
+def test_a_sliding_window_shorter_than_the_sequence_is_read(folder: str, preset: str) -> None:
+    """Mistral 7B v0.1 attends within 4,096 tokens in every layer, Gemma 2 in every other one
+    from the first (transformers' ``is_sliding = not layer_idx % 2``): at 8,192 tokens their
+    presets; at 4,096 or less the window is the whole causal context, so no window."""
     f = HF / folder / "config.json"
-    with pytest.raises(ConfigError, match="sliding-window attention of 4096 tokens, shorter "
-                                          "than the 8192-token sequence"):
-        resolve_model(f, 8192)
+    want = get_model(preset)
+    assert dataclasses.replace(resolve_model(f, 8192), name=want.name) == want
+    assert want.window == 4096 and want.windowed(0) and want.windowed(2) == want.windowed(1) + (
+        preset == "gemma2-9b")
     m = resolve_model(f, 4096)
-    assert m.num_kv_heads == 8 and m.gated
+    assert m.sliding_window == 0 and m.window_pattern == "" and m.num_kv_heads == 8
+
+
+@pytest.mark.parametrize(("changes", "pattern"), [
+    ({"layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 14},
+     "SSF"),
+    ({"layer_types": ["full_attention"] * 42}, None),
+    ({"model_type": "gemma3_text", "sliding_window": 1024, "sliding_window_pattern": 6},
+     "SSSSSF"),
+    ({"model_type": "qwen2", "use_sliding_window": True, "max_window_layers": 28,
+      "num_hidden_layers": 42}, "F" * 28 + "S" * 14),
+    ({"model_type": "qwen2", "use_sliding_window": False}, None),
+])
+def test_the_windowed_layers_follow_the_config(changes: dict[str, Any], pattern: str | None
+                                               ) -> None:
+    """``layer_types`` where a config lists them (transformers ≥ 4.53; shortened to its
+    period), else the family's rule: Gemma 3 all but every sixth layer, Qwen from
+    ``max_window_layers`` on where ``use_sliding_window`` (the first 28 full)."""
+    data = _config("gemma-2-9b") | changes
+    m = resolve_model_data(data)
+    if pattern is None:
+        assert m.window == 0
+    else:
+        assert m.window == data["sliding_window"] and m.window_pattern == pattern
+        assert m.windowed_layers_in(range(42)) == pattern.count("S") * 42 // len(pattern)
+
+
+def resolve_model_data(data: dict[str, Any]) -> ModelSpec:
+    from tracegen.hf_config import from_hf_config
+    return from_hf_config(data, name="cfg", seq_len=8192)
+
+
+def test_bad_layer_types_are_refused() -> None:
+    data = _config("gemma-2-9b") | {"layer_types": ["sliding_attention", "chunked"] * 21}
+    with pytest.raises(ConfigError, match="'layer_types' must list one of sliding_attention, "
+                                          "full_attention for each of the 42 layers"):
+        resolve_model_data(data)
 
 
 @pytest.mark.parametrize(("edit", "message"), [
-    ({"model_type": "gemma3_text"}, "model_type 'gemma3_text' is not one trainsim reads"),
+    ({"model_type": "gpt_oss"}, "model_type 'gpt_oss' is not one trainsim reads"),
+    ({"model_type": "gemma3"}, "its 'text_config' as a config file of its own"),
     ({"num_hidden_layers": None}, "'num_hidden_layers' is missing"),
     ({"hidden_act": "tanh"}, "a gated MLP with 'tanh' is not one trainsim costs"),
     ({"decoder_sparse_step": 2}, "MoE every 2 layer"),

@@ -64,7 +64,8 @@ def test_every_token_runs_the_shared_experts_forward_and_backward(tmp_path: Path
                      "shared_fc1_wgrad", "shared_act_bwd", "shared_fc2_dgrad",
                      "shared_fc2_wgrad"}
     # the GEMMs see all of the micro-batch's tokens (gathered over TP), the width split by tp
-    fc1 = next(it for it in RoleProgram(SHARED, s, 0)._layer_fwd if it.name == "shared_fc1")
+    fc1 = next(it for it in RoleProgram(SHARED, s, 0)._layer_list("layer", "fwd")
+               if it.name == "shared_fc1")
     assert (fc1.m, fc1.n, fc1.k) == (SHARED.seq_len, 2 * 384 // 2, SHARED.hidden_size)
 
 

@@ -16,6 +16,9 @@ norms (3·2·(3h + 2h²) per token) and one more pass of the output head (Megatr
 Under
 multi-head latent attention the attention terms are its projections' weights (2 FLOPs each per
 token) and QKᵀ / attention·V over its Q/K and V head widths.
+A layer with sliding-window attention counts its band as the full count counts a causal layer:
+2·s·w − w² query-key pairs where a full layer counts s² (both twice the pairs attended, so that
+a window as long as the sequence counts as a full layer); ``attention_len``.
 HFU adds the recomputed forward: full recompute one more forward of every layer (and of every
 multi-token-prediction module's layer), selective the
 attention scores and values (Korthikanti et al. 2022, §6) and, where its modules name the MLP,
@@ -34,10 +37,22 @@ def model_flop_per_step(m: ModelSpec, global_batch: int) -> int:
         return _main_flop(m, global_batch)
     b, s, h, v = global_batch, m.seq_len, m.hidden_size, m.vocab_size
     # one layer of the last layer's kind (a MoE model's last layer is a MoE one)
-    last = dataclasses.replace(m, num_layers=1, first_dense_layers=0, mtp_layers=0)
+    last = dataclasses.replace(m.window_view(m.windowed(m.num_layers - 1)), num_layers=1,
+                               first_dense_layers=0, mtp_layers=0)
     layer = _main_flop(last, b) - 6 * b * s * h * v
     per_module = layer + 6 * b * s * (3 * h + 2 * h * h) + 6 * b * s * h * v
     return _main_flop(m, b) + m.mtp_layers * per_module
+
+
+def attention_len(m: ModelSpec) -> float:
+    """The length s' whose b·s·s' the count's attention terms take, averaged over the layers:
+    s for a full layer, (2·s·w − w²)/s for a windowed one (the band's pairs, doubled as the
+    full count doubles a causal layer's s²/2)."""
+    s, w = m.seq_len, m.window
+    if not w:
+        return float(s)
+    windowed = m.windowed_layers_in(range(m.num_layers))
+    return (s * (m.num_layers - windowed) + (2 * w - w * w / s) * windowed) / m.num_layers
 
 
 def _main_flop(m: ModelSpec, global_batch: int) -> int:
@@ -52,12 +67,13 @@ def _main_flop(m: ModelSpec, global_batch: int) -> int:
         # the same count with MLA's projections (their weights, twice per token) and
         # attention over Q/K heads of qk_head_dim and V heads of v_dim (Megatron-LM's MLA term)
         heads = m.num_attention_heads
-        per_token = (2 * m.attention_params() + 2 * s * heads * (m.qk_head_dim + m.v_dim)
+        per_token = (2 * m.attention_params()
+                     + 2 * attention_len(m) * heads * (m.qk_head_dim + m.v_dim)
                      + 4 * (1.5 if m.gated else 1.0) * h * ffn)
         return round(3 * b * s * n_l * per_token + 6 * b * s * h * v)
     kv = m.num_kv_heads / m.num_attention_heads
     q = m.q_size / h
-    return round(12 * b * s * n_l * h * h * ((1 + kv + s / h) * q + g * ffn / h
+    return round(12 * b * s * n_l * h * h * ((1 + kv + attention_len(m) / h) * q + g * ffn / h
                                              + v / (2 * n_l * h)))
 
 
@@ -71,15 +87,16 @@ def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str,
     if recompute == "none":
         return 0
     if m.mtp_layers:  # the MTP modules again, each as a layer of the last kind, all of them
-        last = dataclasses.replace(m, num_layers=m.mtp_layers, first_dense_layers=0,
-                                   mtp_layers=0)
+        last = dataclasses.replace(m.window_view(m.windowed(m.num_layers - 1)),
+                                   num_layers=m.mtp_layers, first_dense_layers=0, mtp_layers=0)
         return (recompute_flop_per_step(dataclasses.replace(m, mtp_layers=0), global_batch,
                                         recompute, recomputed_layers, modules)
                 + recompute_flop_per_step(last, global_batch, recompute, None, modules))
     b, s, n_l, h = global_batch, m.seq_len, m.num_layers, m.hidden_size
     # QKᵀ and attention·V, full (Megatron); MLA's Q/K and V heads differ
-    attention = (2 * b * s * s * m.num_attention_heads * (m.qk_head_dim + m.v_dim) * n_l
-                 if m.is_mla else 4 * b * s * s * m.q_size * n_l)
+    s_att = round(s * attention_len(m)) if m.window else s * s  # (exact where no window)
+    attention = (2 * b * s_att * m.num_attention_heads * (m.qk_head_dim + m.v_dim) * n_l
+                 if m.is_mla else 4 * b * s_att * m.q_size * n_l)
     if recompute == "selective":
         # a dense MLP's forward: 4·g·B·s·l·h·ffn, a third of its term in the formula above
         # (a MoE model's dense first layers only)

@@ -4,8 +4,8 @@ model they mean to train (``--model path/to/config.json --seq-len 8192``).
 A JSON model file with a ``model_type`` key is read as a transformers config (the key names of
 the transformers library's config classes: ``LlamaConfig``, ``MixtralConfig``,
 ``Qwen2MoeConfig``, ``Qwen3MoeConfig``, ``DeepseekV2Config``, ``DeepseekV3Config``,
-``Glm4MoeConfig``, ``GemmaConfig``, ``Gemma2Config``, ``Olmo2Config``, ``OlmoeConfig``,
-``GPT2Config``, ``GPTNeoXConfig``, ``NemotronConfig``). What maps:
+``Glm4MoeConfig``, ``GemmaConfig``, ``Gemma2Config``, ``Gemma3TextConfig``, ``Olmo2Config``,
+``OlmoeConfig``, ``GPT2Config``, ``GPTNeoXConfig``, ``NemotronConfig``). What maps:
 
 - the shape: layers, width, heads, K/V heads, head width where the config decouples it, FFN
   width, vocabulary, tied embeddings, dropout (hidden, else attention; 0 where neither);
@@ -17,14 +17,17 @@ the transformers library's config classes: ``LlamaConfig``, ``MixtralConfig``,
   routing (``n_group`` / ``topk_group``) and multi-token prediction modules
   (``num_nextn_predict_layers``);
 - multi-head latent attention (DeepSeek-V2 and V3): the K/V and Q latents, the rotary and
-  no-rope head widths (``qk_nope_head_dim`` is trainsim's ``head_dim`` there), V heads.
+  no-rope head widths (``qk_nope_head_dim`` is trainsim's ``head_dim`` there), V heads;
+- sliding-window attention shorter than the sequence: the window and which layers use it
+  (``layer_types``, else the family's rule: ``_window``).
 
 A config does not say the sequence length of training (``max_position_embeddings`` is the
 longest the model supports, not what a run trains at), so it must be given (``--seq-len``, a
 study's ``seq_len`` or ``FILE@seqN``). What trainsim cannot cost is refused with the reason:
-another model type, sliding-window attention shorter than the sequence, MoE layers that are not
-every layer after the leading dense ones. Biases and norms are not modelled for any model
-(DESIGN.md, "Models"); rotary and RoPE-scaling settings change no cost.
+another model type (Gemma 3's multimodal ``gemma3``: give its ``text_config`` as a
+``gemma3_text`` config), MoE layers that are not every layer after the leading dense ones.
+Biases and norms are not modelled for any model (DESIGN.md, "Models"); rotary and RoPE-scaling
+settings change no cost.
 """
 
 from __future__ import annotations
@@ -36,10 +39,11 @@ from tracegen.errors import ConfigError
 from tracegen.model import ModelSpec
 
 GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-         "deepseek_v2", "deepseek_v3", "glm4_moe", "gemma", "gemma2", "olmo2", "olmoe")
+         "deepseek_v2", "deepseek_v3", "glm4_moe", "gemma", "gemma2", "gemma3_text", "olmo2",
+         "olmoe")
 MODEL_TYPES = (*GATED, "gpt2", "gpt_neox", "nemotron")
 # transformers' own defaults where a config leaves the key out
-TIED_DEFAULT = {"gpt2": True, "gemma": True, "gemma2": True}
+TIED_DEFAULT = {"gpt2": True, "gemma": True, "gemma2": True, "gemma3_text": True}
 ACT = {"gelu": "gelu", "gelu_new": "gelu", "gelu_fast": "gelu", "gelu_pytorch_tanh": "gelu",
        "relu": "relu", "relu2": "relu2"}
 # a gated MLP's activation on its gate: SiLU (SwiGLU) or GELU, exact or tanh (GeGLU, Gemma's)
@@ -58,9 +62,12 @@ def from_hf_config(data: dict[str, Any], *, name: str, seq_len: int) -> ModelSpe
     kind = str(data.get("model_type"))
     what = f"Hugging Face config {name!r}"
     if kind not in MODEL_TYPES:
+        hint = ("a multimodal Gemma 3: give its 'text_config' as a config file of its own "
+                "(model_type gemma3_text)" if kind == "gemma3" else
+                "write a trainsim model file instead (keys: `trainsim catalog` lists the "
+                "presets' shapes)")
         raise ConfigError(f"model_type {kind!r} is not one trainsim reads (it reads "
-                          f"{', '.join(MODEL_TYPES)}); write a trainsim model file instead "
-                          "(keys: `trainsim catalog` lists the presets' shapes)", what=what)
+                          f"{', '.join(MODEL_TYPES)}); {hint}", what=what)
     if seq_len <= 0:
         longest = data.get("max_position_embeddings", data.get("n_positions"))
         raise ConfigError("a config does not say the sequence length a run trains at"
@@ -71,9 +78,7 @@ def from_hf_config(data: dict[str, Any], *, name: str, seq_len: int) -> ModelSpe
     get = _getter(data, what)
     fields = (_gpt2 if kind == "gpt2" else _common)(get, kind)
     fields |= _moe(get, kind, data) | _mla(get, kind)
-    problems = _window_problems(get, kind, seq_len)
-    if problems:
-        raise ConfigError(problems, what=what)
+    fields |= _window(get, kind, data, fields["num_layers"], seq_len)
     if fields.get("head_dim") == fields["hidden_size"] // fields["num_attention_heads"]:
         fields["head_dim"] = 0  # (the default: as the presets write it)
     return ModelSpec.from_dict({**fields, "name": f"{name}@seq{seq_len}", "seq_len": seq_len})
@@ -218,16 +223,52 @@ def _mla(get: Callable[..., Any], kind: str) -> dict[str, Any]:
             "head_dim": get("qk_nope_head_dim"), "v_head_dim": get("v_head_dim")}
 
 
-def _window_problems(get: Callable[..., Any], kind: str, seq_len: int) -> list[str]:
-    """Sliding-window attention shorter than the sequence (Mistral's ``sliding_window``;
-    Qwen's where ``use_sliding_window``): each token would attend to fewer than the causal
-    context trainsim costs. A window at least the sequence long is full causal attention."""
-    window = get("sliding_window", 0)  # (Gemma 2's: every other layer)
-    if not window or (kind in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
-                      and not get("use_sliding_window", False, bool)):
-        return []
-    if window >= seq_len:
-        return []
-    return [f"sliding-window attention of {window} tokens, shorter than the {seq_len}-token "
-            "sequence, is not modelled (trainsim costs full causal attention); at a sequence "
-            f"of at most {window} tokens the window changes nothing"]
+# transformers' layer kinds (``layer_types``) as window_pattern letters
+LAYER_TYPES = {"sliding_attention": "S", "full_attention": "F"}
+
+
+def _window(get: Callable[..., Any], kind: str, data: dict[str, Any], layers: int,
+            seq_len: int) -> dict[str, Any]:
+    """Sliding-window attention (``ModelSpec.sliding_window``, ``window_pattern``) where the
+    window is shorter than the sequence (a longer one is full causal attention): which layers
+    attend within it from ``layer_types`` where the config lists them (transformers ≥ 4.53),
+    else as each family's config class places them — Mistral and Mixtral every layer, Gemma 2
+    every other one from the first (``is_sliding = not layer_idx % 2``), Gemma 3 all but every
+    ``sliding_window_pattern``-th, Qwen's from ``max_window_layers`` on where
+    ``use_sliding_window``."""
+    qwen = kind in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
+    window = get("sliding_window", 4096 if kind in ("gemma2", "gemma3_text") else 0)
+    if not window or window >= seq_len or (qwen and not get("use_sliding_window", False, bool)):
+        return {}
+    pattern = _layer_types(data.get("layer_types"), layers)
+    if pattern is None:
+        if kind == "gemma2":
+            pattern = "SF"
+        elif kind == "gemma3_text":
+            pattern = "S" * (get("sliding_window_pattern", 6) - 1) + "F"
+        elif qwen:
+            full = min(get("max_window_layers", layers), layers)
+            pattern = "F" * full + "S" * (layers - full)
+        else:
+            pattern = "S"
+    pattern = _period(pattern)
+    if "S" not in pattern:
+        return {}
+    return {"sliding_window": window, "window_pattern": "" if pattern == "S" else pattern}
+
+
+def _layer_types(value: Any, layers: int) -> str | None:
+    """``layer_types`` as a pattern of one letter a layer, or None where the config has none."""
+    if value is None:
+        return None
+    if (not isinstance(value, list) or len(value) != layers
+            or any(v not in LAYER_TYPES for v in value)):
+        raise ConfigError(f"'layer_types' must list one of {', '.join(LAYER_TYPES)} for each of "
+                          f"the {layers} layers, got {value!r}", what="Hugging Face config")
+    return "".join(LAYER_TYPES[v] for v in value)
+
+
+def _period(pattern: str) -> str:
+    """The shortest prefix whose repetition gives ``pattern``."""
+    return next(pattern[:k] for k in range(1, len(pattern) + 1)
+                if all(c == pattern[i % k] for i, c in enumerate(pattern)))

@@ -59,7 +59,7 @@ def _split_layers(blocks: list[ParamBlock]
 # The blocks whose weight-gradient GEMMs --delay-wgrad-compute defers (Megatron-Core's
 # ``build_layer_callables``: the attention module, the MLP — experts and shared experts — and an
 # MTP module's projection have ``backward_dw``; the router has none)
-DELAYED_WGRAD_BLOCKS = ("layer", "dense_layer", "mtp")
+DELAYED_WGRAD_BLOCKS = ("layer", "dense_layer", "window_layer", "window_dense_layer", "mtp")
 
 
 def defers_wgrads(s: Strategy, name: str, block: ParamBlock) -> bool:

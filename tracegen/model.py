@@ -92,6 +92,14 @@ class ModelSpec:
     # each runs exactly it. MoE models only.
     moe_capacity_factor: float = 0.0
     moe_pad_to_capacity: bool = False
+    # Sliding-window attention (Beltagy et al. 2020, Longformer; Mistral 7B, Jiang et al. 2023
+    # §2; Gemma 2, Gemma Team 2024 §2): each query attends to the sliding_window keys up to
+    # and including itself (FlashAttention's window_size = (sliding_window − 1, 0)); 0 = full
+    # causal attention. window_pattern says which layers: "S" windowed, "F" full, repeated over
+    # the layers from layer 0 ("" = every layer windowed; Gemma 2 and GPT-OSS "SF", Gemma 3
+    # "SSSSSF"). A window at least as long as the sequence is full causal attention.
+    sliding_window: int = 0
+    window_pattern: str = ""
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self)
@@ -175,6 +183,29 @@ class ModelSpec:
                                    moe_router_group_topk=0, moe_load_imbalance=1.0,
                                    mtp_layers=0, moe_capacity_factor=0.0,
                                    moe_pad_to_capacity=False)
+
+    @property
+    def window(self) -> int:
+        """The window a windowed layer attends within, where it is shorter than the sequence
+        (0: every layer attends causally over the whole sequence)."""
+        return self.sliding_window if 0 < self.sliding_window < self.seq_len else 0
+
+    def windowed(self, layer: int) -> bool:
+        """Whether global layer ``layer`` attends within the window."""
+        if not self.window:
+            return False
+        p = self.window_pattern
+        return not p or p[layer % len(p)] == "S"
+
+    def windowed_layers_in(self, layers: range) -> int:
+        return sum(self.windowed(i) for i in layers) if self.window else 0
+
+    def window_view(self, windowed: bool) -> ModelSpec:
+        """The model as one of its windowed layers (every layer windowed) or full ones (no
+        window) sees it: what a layer's op lists are built from."""
+        if windowed:
+            return dataclasses.replace(self, window_pattern="") if self.window_pattern else self
+        return dataclasses.replace(self, sliding_window=0, window_pattern="")
 
     def dense_layers_in(self, layers: range) -> int:
         """How many of the global layers ``layers`` are dense first layers."""
@@ -267,7 +298,24 @@ def _problems(m: ModelSpec, *, head_dim_given: bool = True) -> list[str]:
             f"{m.num_kv_heads} (grouped-query attention needs equal-size groups)"
         )
     out += _moe_problems(m)
-    return out
+    return out + _window_problems(m)
+
+
+def _window_problems(m: ModelSpec) -> list[str]:
+    if m.sliding_window < 0:
+        return [f"sliding_window must be ≥ 0 (0 = full causal attention), got "
+                f"{m.sliding_window}"]
+    p = m.window_pattern
+    if p and set(p) - {"S", "F"}:
+        return [f"window_pattern is a string of S (a windowed layer) and F (a full one), "
+                f"repeated over the layers; got {p!r}"]
+    if p and not m.sliding_window:
+        return [f"window_pattern {p!r} is set but sliding_window is 0: give the window's "
+                f"length in tokens, or drop the pattern"]
+    if p and "S" not in p:
+        return [f"window_pattern {p!r} has no windowed layer (S): drop sliding_window and the "
+                f"pattern for full attention"]
+    return []
 
 
 def _mla_problems(m: ModelSpec) -> list[str]:

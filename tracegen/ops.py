@@ -358,12 +358,22 @@ def _core_attention(m: ModelSpec, st: Strategy, d: Dims, heads: int) -> list[Ite
 
 def attention_fwd(m: ModelSpec, d: Dims, heads: int) -> Op:
     """Causal flash attention: 4·b·s_q·s_kv·d·heads/2 FLOPs (Dao 2023); under MLA QKᵀ with
-    Q/K heads of qk_head_dim and attention·V with V heads of v_dim, i.e. d their mean."""
+    Q/K heads of qk_head_dim and attention·V with V heads of v_dim, i.e. d their mean. Within a
+    sliding window of w (``ModelSpec.window``, a windowed layer's view) a query attends to
+    min(i + 1, w) keys: s·w − w²/2 pairs a sequence where causal attention has s²/2, so
+    4·b·(s·w − w²/2)·d·heads FLOPs; its key length is then 2·pairs/s (≈ 2w), the causal length
+    whose queries attend to as many keys on average, which the compute model reads its
+    efficiency curve at (replay/compute.py). K and V are read whole either way."""
     qk, v = (m.qk_head_dim, m.v_dim) if m.is_mla else (m.head_dim, m.head_dim)
     hd = (qk + v) // 2
-    flop = 4 * d.b * d.s * d.s_kv * hd * heads // 2
     kv_heads = m.num_kv_heads // d.t
     io = (d.tokens * heads * (qk + v) + d.b * d.s_kv * kv_heads * (qk + v)) * ACT_BYTES
+    w = m.window
+    if w:  # (context parallelism is refused with a window: d.s is the whole sequence)
+        pairs2 = 2 * d.s * w - w * w  # twice the band's pairs (exact in integers)
+        flop = 2 * d.b * pairs2 * hd * heads
+        return Op("flash_attn", "attention", flop, io, d.s, -(-pairs2 // d.s), hd, d.dtype16)
+    flop = 4 * d.b * d.s * d.s_kv * hd * heads // 2
     return Op("flash_attn", "attention", flop, io, d.s, d.s_kv, hd, d.dtype16)
 
 

@@ -63,8 +63,10 @@ class PNode:
 class ParamBlock:
     """Parameters this rank holds for one layer / embedding / head, split by reduction axis."""
 
-    # "layer", "dense_layer" (a MoE model's dense first layers), "embedding", "lm_head", "mtp"
-    # (a multi-token-prediction module), "mtp_embedding" (the copy of the embedding it reads)
+    # "layer", "dense_layer" (a MoE model's dense first layers), "window_layer" and
+    # "window_dense_layer" (their sliding-window kinds: the same parameters, another
+    # attention), "embedding", "lm_head", "mtp" (a multi-token-prediction module),
+    # "mtp_embedding" (the copy of the embedding it reads)
     name: str
     dense: int
     expert: int = 0
@@ -84,8 +86,21 @@ class ParamBlock:
         return self.name in RECOMPUTED_BLOCKS and not self.stored
 
 
-LAYER_BLOCKS = ("layer", "dense_layer")
+LAYER_BLOCKS = ("layer", "dense_layer", "window_layer", "window_dense_layer")
 RECOMPUTED_BLOCKS = (*LAYER_BLOCKS, "mtp")
+
+
+def layer_name(dense: bool, windowed: bool) -> str:
+    """The block name of a layer of a kind (``LAYER_BLOCKS``)."""
+    return ("window_" if windowed else "") + ("dense_layer" if dense else "layer")
+
+
+def layer_model(m: ModelSpec, name: str) -> ModelSpec:
+    """The model as a layer block named ``name`` sees it: a MoE model's dense first layers
+    without experts, a windowed layer's attention within the window, a full one without."""
+    if name.endswith("dense_layer"):
+        m = m.dense_view()
+    return m.window_view(name.startswith("window_")) if m.window else m
 
 
 class RoleProgram:
@@ -209,8 +224,13 @@ class RoleProgram:
             first_deps = ()
 
     # ---- parameter blocks -----------------------------------------------------------------
-    def layer_block(self, dense: bool = False) -> ParamBlock:
-        """A layer's parameters; ``dense``: one of a MoE model's dense first layers."""
+    def layer_block(self, dense: bool = False, windowed: bool = False) -> ParamBlock:
+        """A layer's parameters; ``dense``: one of a MoE model's dense first layers;
+        ``windowed``: one attending within a sliding window (the same parameters)."""
+        block = self._layer_params(dense)
+        return dataclasses.replace(block, name=layer_name(dense, True)) if windowed else block
+
+    def _layer_params(self, dense: bool) -> ParamBlock:
         m, s = (self.m.dense_view(), self.s) if dense else (self.m, self.s)
         h = m.hidden_size
         # MLA's down-projections are duplicated over TP, the rest split
@@ -236,21 +256,7 @@ class RoleProgram:
         if gci == 0:
             out.append((self.vocab_block("embedding", "emb"), 1))
         layers = self.s.chunk_layers(self.m.num_layers, gci)
-        n_layers = len(layers)
-        n_dense = self.m.dense_layers_in(layers) if self.m.first_dense_layers else 0
-        if not (n_dense or self.s.recompute_num_layers):
-            if n_layers:
-                out.append((self.layer_block(), n_layers))
-        else:
-            # under full recompute of the first recompute_num_layers, the rest keep
-            # activations; a MoE model's dense first layers come first
-            n_rc = self.s.recompute_num_layers or n_layers
-            for lo, hi, dense in ((0, n_dense, True), (n_dense, n_layers, False)):
-                for a, b, stored in ((lo, min(hi, n_rc), False), (max(lo, n_rc), hi, True)):
-                    if b > a:
-                        block = self.layer_block(dense)
-                        out.append((dataclasses.replace(block, stored=True) if stored
-                                    else block, b - a))
+        out += self._layer_runs(layers)
         if self.m.mtp_layers and gci == self.s.mtp_chunk:
             if self._mtp_embedding_copy:
                 out.append((self.vocab_block("mtp_embedding", "mtp_emb"), 1))
@@ -263,6 +269,28 @@ class RoleProgram:
             out.append((head, 1))
         return out
 
+    def _layer_runs(self, layers: range) -> list[tuple[ParamBlock, int]]:
+        """The layers ``layers`` as runs of equal blocks: a MoE model's dense first layers
+        first, windowed and full layers in their pattern; under full recompute of the first
+        recompute_num_layers the rest keep their activations (``stored``)."""
+        m, s = self.m, self.s
+        if not (m.first_dense_layers or s.recompute_num_layers or m.window):
+            return [(self.layer_block(), len(layers))] if len(layers) else []
+        n_rc = s.recompute_num_layers or len(layers)
+        kinds = [(i < m.first_dense_layers, m.windowed(i), j >= n_rc)
+                 for j, i in enumerate(layers)]
+        out: list[tuple[ParamBlock, int]] = []
+        j = 0
+        while j < len(kinds):
+            n = 1
+            while j + n < len(kinds) and kinds[j + n] == kinds[j]:
+                n += 1
+            dense, windowed, stored = kinds[j]
+            block = self.layer_block(dense and m.is_moe, windowed)
+            out.append((dataclasses.replace(block, stored=True) if stored else block, n))
+            j += n
+        return out
+
     @property
     def _mtp_embedding_copy(self) -> bool:
         """Whether the MTP modules' stage holds its own copy of the embedding they read (the
@@ -273,7 +301,7 @@ class RoleProgram:
     def mtp_block(self) -> ParamBlock:
         """One multi-token-prediction module's parameters: its 2h → h projection (column-
         parallel) and a layer of the last layer's kind."""
-        layer, h = self.layer_block(), self.m.hidden_size
+        layer, h = self._layer_params(False), self.m.hidden_size
         return ParamBlock("mtp", layer.dense + 2 * h * h // self.s.tp, layer.expert)
 
     def blocks_of_chunk(self, gci: int, *, labels: bool = True) -> list[ParamBlock]:
@@ -523,21 +551,14 @@ class RoleProgram:
         return got
 
     @functools.cached_property
-    def _layer_fwd(self) -> list[O.Item]:
-        return O.layer_fwd(self.m, self.s)
-
-    @functools.cached_property
-    def _layer_bwd(self) -> list[O.Item]:
-        return O.layer_bwd(self.m, self.s)
-
-    @functools.cached_property
     def _lists(self) -> dict[str, list[O.Item]]:
         """Op lists of the non-layer blocks, built once."""
         m, s = self.m, self.s
         lists = {"embedding_fwd": O.embedding_fwd(m, s), "embedding_bwd": O.embedding_bwd(m, s),
                  "lm_head_fwd": O.head_fwd(m, s), "lm_head_bwd": O.head_bwd(m, s), "none": []}
         if m.mtp_layers:  # (the embedding's copy runs nothing: the lookup is the module's)
-            lists.update(mtp_fwd=O.mtp_fwd(m, s), mtp_bwd=O.mtp_bwd(m, s),
+            last = m.window_view(m.windowed(m.num_layers - 1)) if m.window else m
+            lists.update(mtp_fwd=O.mtp_fwd(last, s), mtp_bwd=O.mtp_bwd(last, s),
                          mtp_embedding_fwd=[], mtp_embedding_bwd=[])
         return lists
 
@@ -551,19 +572,21 @@ class RoleProgram:
         strategies' sets)."""
         got = self._selective.get((block, *modules))
         if got is None:
-            dense = block == "dense_layer"
             got = self._selective[(block, *modules)] = O.selective_recompute(
-                self.m.dense_view() if dense else self.m, self.s, modules,
-                self._dense_fwd if dense else self._layer_fwd)
+                layer_model(self.m, block), self.s, modules, self._layer_list(block, "fwd"))
+        return got
+
+    def _layer_list(self, name: str, which: str) -> list[O.Item]:
+        """A layer block's forward ("fwd") or backward ("bwd") op list, built once per kind."""
+        got = self._layer_lists.get((name, which))
+        if got is None:
+            build = O.layer_fwd if which == "fwd" else O.layer_bwd
+            got = self._layer_lists[name, which] = build(layer_model(self.m, name), self.s)
         return got
 
     @functools.cached_property
-    def _dense_fwd(self) -> list[O.Item]:
-        return O.layer_fwd(self.m.dense_view(), self.s)
-
-    @functools.cached_property
-    def _dense_bwd(self) -> list[O.Item]:
-        return O.layer_bwd(self.m.dense_view(), self.s)
+    def _layer_lists(self) -> dict[tuple[str, str], list[O.Item]]:
+        return {}
 
     def block_items(self, block: ParamBlock, which: str) -> list[O.Item]:
         """A block's forward (``which`` = "fwd") or backward ("bwd") op list for one
@@ -577,17 +600,13 @@ class RoleProgram:
         return self._w_items(block) if which == "w" else self._bwd_items(block)
 
     def _fwd_items(self, block: ParamBlock) -> list[O.Item]:
-        if block.name == "layer":
-            return self._layer_fwd
-        if block.name == "dense_layer":
-            return self._dense_fwd
+        if block.is_layer:
+            return self._layer_list(block.name, "fwd")
         return self._lists[f"{block.name}_fwd"]
 
     def _bwd_items(self, block: ParamBlock) -> list[O.Item]:
-        if block.name == "layer":
-            return self._layer_bwd
-        if block.name == "dense_layer":
-            return self._dense_bwd
+        if block.is_layer:
+            return self._layer_list(block.name, "bwd")
         return self._lists[f"{block.name}_bwd"]
 
     def step_op_count(self) -> int:
