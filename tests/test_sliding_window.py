@@ -1,7 +1,8 @@
 """Sliding-window attention (``ModelSpec.sliding_window``, ``window_pattern``): a windowed
 layer's attention costs its band, s·w − w²/2 query-key pairs a sequence; a window as long as
 the sequence is full causal attention; the pattern places the windowed layers, stage by stage;
-the fast path agrees with replay; what is not modelled is refused."""
+context parallelism exchanges the halo each chunk's window reaches; the fast path agrees with
+replay; a bad window is refused."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
 from tracegen import ops as O
 from tracegen.flops import model_flop_per_step
 from tracegen.program import RoleProgram
+from tracegen.window import cp_window
 
 SYSTEM = get_system("dgx-h100")
 SMALL = ModelSpec(name="small", num_layers=12, hidden_size=512, num_attention_heads=8,
@@ -142,10 +144,62 @@ def test_a_bad_window_is_refused(fields: dict[str, object], message: str) -> Non
         dataclasses.replace(SMALL, **fields)  # type: ignore[arg-type]
 
 
-def test_context_parallelism_with_a_window_is_refused() -> None:
-    m = dataclasses.replace(SMALL, sliding_window=256)
-    with pytest.raises(ConfigError, match="context parallelism with sliding-window attention "
-                                          r"\(a 256-token window\) is not modelled.*use cp 1"):
-        estimate(m, Strategy(cp=2, global_batch_size=1), SYSTEM)
-    estimate(dataclasses.replace(m, sliding_window=2048), Strategy(cp=2, global_batch_size=1),
-             SYSTEM)  # (a window as long as the sequence is none)
+def _brute_cp(seq: int, cp: int, w: int) -> tuple[int, int]:
+    """The busiest rank's pairs and received halo tokens, position by position (a key both
+    chunks' halos reach travels twice: each chunk's [halo, chunk] buffer is filled apart)."""
+    chunk, best, recv = seq // (2 * cp), 0, 0
+    for r in range(cp):
+        own = (r, 2 * cp - 1 - r)
+        best = max(best, sum(min(i + 1, w) for a in own
+                             for i in range(a * chunk, (a + 1) * chunk)))
+        mine = {k for b in own for k in range(b * chunk, (b + 1) * chunk)}
+        recv = max(recv, sum(len(set(range(a * chunk - min(w - 1, a * chunk), a * chunk)) - mine)
+                             for a in own))  # (each chunk's halo its own message: TE's pieces)
+    return best, recv
+
+
+@given(cp=st.integers(2, 8), chunk=st.integers(1, 24), w=st.integers(1, 200))
+@settings(max_examples=200, deadline=None)
+def test_a_context_parallel_ranks_window_and_halo_count_position_by_position(
+        cp: int, chunk: int, w: int) -> None:
+    """Transformer Engine's layout (rank r holds chunks r and 2·cp − 1 − r): the busiest
+    rank's pairs and the halo it receives (min(w − 1, a·L) keys before each chunk a, less its
+    own), as counted key by key; past (cp − 1)·L keys of reach K/V are gathered instead (no
+    halo), as ``use_p2p_swa`` decides; under "all_gather" always."""
+    seq = 2 * cp * chunk
+    pairs, halo = _brute_cp(seq, cp, w)
+    got = cp_window(seq, cp, w, "p2p")
+    assert got.pairs == pairs == cp_window(seq, cp, w, "all_gather").pairs
+    assert got.halo_tokens == (halo if w - 1 <= (cp - 1) * chunk else 0)
+    assert cp_window(seq, cp, w, "all_gather").halo_tokens == 0
+
+
+def test_context_parallelism_exchanges_the_halo_and_attends_the_busiest_band() -> None:
+    """Mistral's 4,096-key window at 32 K tokens on cp 4 (chunks of 4,096): every rank past
+    the first window attends 2·L·W pairs and receives its two chunks' 4,095-token halos (K
+    and V of 8 heads of 128 at tp 2, its 4 heads: 2 KiB a token); the exchange is recorded
+    as an all-gather moving those bytes into each rank, its backward returns them."""
+    m = dataclasses.replace(get_model("mistral-7b"), seq_len=32768)
+    s = Strategy(tp=2, cp=4, global_batch_size=1)
+    items = O.layer_fwd(m, s)
+    halo = next(it for it in items if isinstance(it, O.Comm) and it.name == "cp_kv_halo")
+    attn = _attention(m, s)
+    assert attn.flop == 4 * (2 * 4096 * 4096) * 128 * 16  # 32 heads over tp 2
+    assert halo.size_bytes * 3 == 2 * 4095 * 2 * 4 * 128 * 2
+    back = [it for it in O.layer_bwd(m, s) if isinstance(it, O.Comm) and it.axis == "cp"]
+    assert [(c.coll, c.size_bytes * 3 // 4) for c in back] == [
+        ("REDUCE_SCATTER", halo.size_bytes * 3)]
+    assert estimate(m, s, SYSTEM).step_time_s < estimate(
+        dataclasses.replace(m, sliding_window=0), s, SYSTEM).step_time_s
+
+
+@pytest.mark.parametrize(("cp", "comm", "w"), [(2, "p2p", 256), (4, "p2p", 128),
+                                               (2, "all_gather", 256), (4, "p2p", 2000)])
+def test_the_fast_path_agrees_with_replay_under_context_parallelism(cp: int, comm: str,
+                                                                      w: int) -> None:
+    m = dataclasses.replace(SMALL, sliding_window=w, window_pattern="SF")
+    s = Strategy(cp=cp, pp=2, global_batch_size=4, cp_comm_type=comm)  # type: ignore[arg-type]
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(m, s, tmp, mode="representative")
+        ref = replay(tmp, SYSTEM, contention=False).step_time_s
+    assert estimate(m, s, SYSTEM).step_time_s == pytest.approx(ref, rel=0.02)

@@ -44,6 +44,7 @@ from tracegen.model import ModelSpec
 from tracegen.routing import Route, expected_units
 from tracegen.strategy import Strategy
 from tracegen.units import DTYPE_BYTES
+from tracegen.window import CpWindow, cp_window
 
 OpKind = Literal["gemm", "attention", "norm", "elementwise", "embedding", "loss", "optimizer"]
 CollType = Literal["ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "ALL_TO_ALL"]
@@ -335,6 +336,9 @@ def _core_attention(m: ModelSpec, st: Strategy, d: Dims, heads: int) -> list[Ite
     if st.cp == 1:
         return [attn]
     kv_shard = d.tokens * 2 * m.kv_size // d.t * ACT_BYTES  # the K/V this rank holds
+    if m.window:
+        return _windowed_cp(st, d, attn, heads, cp_window(d.s_kv, st.cp, m.window,
+                                                         st.cp_comm_type), kv_shard)
     if st.cp_comm_type == "all_gather":  # the whole sequence's K/V first (Llama 3 §3.3.2)
         return [Comm("cp_kv_ag", "cp", "ALL_GATHER", kv_shard), attn]
     # The ring: attention over the K/V chunk a rank holds while the next one arrives, cp steps
@@ -356,6 +360,21 @@ def _core_attention(m: ModelSpec, st: Strategy, d: Dims, heads: int) -> list[Ite
             merge]
 
 
+def _windowed_cp(st: Strategy, d: Dims, attn: Op, heads: int, plan: CpWindow, kv_shard: int
+                 ) -> list[Item]:
+    """A sliding window under context parallelism (``tracegen.window``): the busiest rank's
+    pairs over its two chunks (FLOPs 4·b·pairs·d·heads, key length 2·pairs/s_local), after the
+    halo of K/V its chunks' windows reach back into (recorded as an all-gather that moves
+    those bytes into each rank; its backward returns their gradients), or, where TE gathers
+    K/V instead, after that gather."""
+    op = dataclasses.replace(attn, flop=4 * d.b * plan.pairs * attn.k * heads,
+                             n=-(-2 * plan.pairs // d.s))
+    if not plan.halo_tokens:
+        return [Comm("cp_kv_ag", "cp", "ALL_GATHER", kv_shard), op]
+    halo = d.b * plan.halo_tokens * (kv_shard // d.tokens)
+    return [Comm("cp_kv_halo", "cp", "ALL_GATHER", -(-halo // (st.cp - 1))), op]
+
+
 def attention_fwd(m: ModelSpec, d: Dims, heads: int) -> Op:
     """Causal flash attention: 4·b·s_q·s_kv·d·heads/2 FLOPs (Dao 2023); under MLA QKᵀ with
     Q/K heads of qk_head_dim and attention·V with V heads of v_dim, i.e. d their mean. Within a
@@ -369,7 +388,7 @@ def attention_fwd(m: ModelSpec, d: Dims, heads: int) -> Op:
     kv_heads = m.num_kv_heads // d.t
     io = (d.tokens * heads * (qk + v) + d.b * d.s_kv * kv_heads * (qk + v)) * ACT_BYTES
     w = m.window
-    if w:  # (context parallelism is refused with a window: d.s is the whole sequence)
+    if w and d.s == d.s_kv:  # (under context parallelism: ``_windowed_cp``)
         pairs2 = 2 * d.s * w - w * w  # twice the band's pairs (exact in integers)
         flop = 2 * d.b * pairs2 * hd * heads
         return Op("flash_attn", "attention", flop, io, d.s, -(-pairs2 // d.s), hd, d.dtype16)
