@@ -77,9 +77,11 @@ def band_edge(seq: int, kv_len: int) -> float:
     compute whole tiles of 128 keys: a causal row of query tiles wastes half a tile at its
     diagonal, useful share n/(n + 128) at mean keys n/2; a window's row spans w + 128 keys for w
     useful ones, n/(n + 256) at w = n/2. The ratio (n + 128)/(n + 256). Measured with
-    FlexAttention's block-sparse kernel on an H200 (bench/device, 2026-12-04): windows of 512 /
-    1,024 / 4,096 in 16 K tokens ran at 0.88 / 0.94 / 1.0 of causal calls of their key length
-    (this gives 0.90 / 0.94 / 0.98; tests/test_window_evidence.py)."""
+    FlexAttention's block-sparse kernel on an H200 (bench/device, 2026-12-04, head dims 64, 128
+    and 256): windows of 512 / 1,024 / 4,096 in 16 K tokens ran at 0.86-0.91 / 0.91-0.97 /
+    0.98-1.02 of causal calls of their key length (this gives 0.90 / 0.94 / 0.98; with the
+    calls' occupancy within 5.1% everywhere), a window of 128 at 0.76-0.84 (0.75;
+    tests/test_window_evidence.py)."""
     if not 0 < kv_len < seq:
         return 1.0
     return (kv_len + ATTN_TILE_ROWS) / (kv_len + 2 * ATTN_TILE_ROWS)

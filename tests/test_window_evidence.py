@@ -1,6 +1,6 @@
 """Sliding-window attention against trainsim's own device measurement:
-``bench/device/measure_window.py`` on an H200 SXM on 2026-12-04 (results committed under
-``bench/device/results/``). The image had no FlashAttention, Transformer Engine or cuDNN
+``bench/device/measure_window.py`` on an H200 SXM on 2026-12-04, two runs on two machines
+(results committed under ``bench/device/results/``; run 2 at head dims 64 and 256). The image had no FlashAttention, Transformer Engine or cuDNN
 frontend with a window; FlexAttention (``torch.compile``d, block-sparse) timed causal calls of
 512-16K tokens and windows of 128-4,096 in 4K-32K tokens. What the model takes from it is a
 ratio, not a rate: a windowed call runs at the efficiency of a causal call whose queries see as
@@ -23,20 +23,27 @@ from replay.compute import RooflineCompute, band_edge
 from tracegen.units import DTYPE_CODE
 
 RUN = RESULTS / "h200-2026-12-04-window-run1.json"
-HEADS, HEAD_DIM, TOKENS = 16, 128, 16384  # the script's calls (measure_window.py)
+RUN2 = RESULTS / "h200-2026-12-04-window-run2.json"  # head dims 64 and 256, causal 256 tokens
+HIDDEN, TOKENS = 2048, 16384  # the script's calls (measure_window.py): heads = 2048 / head dim
 
 
 @cache
 def _flex() -> list[dict[str, Any]]:
-    with RUN.open(encoding="utf-8") as f:
-        data: dict[str, Any] = json.load(f)
-    return [r for r in data["window_flex"] if "skipped" not in r]
+    """Every FlexAttention call of both runs, each with its head dim."""
+    out = []
+    for path, section in ((RUN, "window_flex"), (RUN2, "window_heads")):
+        with path.open(encoding="utf-8") as f:
+            rows = json.load(f)[section]
+        out += [{"head_dim": 128} | r for r in rows if "skipped" not in r and "error" not in r]
+    return out
 
 
-def _causal_eff(keys: float, key: str) -> float:
+def _causal_eff(keys: float, key: str, head_dim: int) -> float:
     """The measured causal efficiency at ``keys`` tokens, log-linear between the lengths
-    measured (16K tokens a call)."""
-    pts = sorted((r["seq"], r[key]) for r in _flex() if r["window"] == 0)
+    measured (16K tokens a call); a key length within 1% below the shortest takes it."""
+    pts = sorted((r["seq"], r[key]) for r in _flex()
+                 if r["window"] == 0 and r["head_dim"] == head_dim)
+    keys = max(keys, pts[0][0]) if keys >= 0.99 * pts[0][0] else keys
     for (s0, e0), (s1, e1) in itertools.pairwise(pts):
         if s0 <= keys <= s1:
             t = math.log(keys / s0) / math.log(s1 / s0)
@@ -44,42 +51,53 @@ def _causal_eff(keys: float, key: str) -> float:
     raise AssertionError(f"{keys} keys is outside the causal calls measured")
 
 
-def _model_eff(seq: int, kv: int, batch: int, backward: bool) -> float:
+def _model_eff(seq: int, kv: int, batch: int, backward: bool, head_dim: int) -> float:
     """The compute model's efficiency for one call of the script's shape (H200 preset)."""
-    pairs2 = seq * kv  # (the op's FLOPs carry 2·s·n·d·b·heads whatever its kind)
-    flop = 2 * batch * pairs2 * HEAD_DIM * HEADS * (5 if backward else 2) // 2
+    heads = HIDDEN // head_dim
+    flop = batch * seq * kv * head_dim * heads * (5 if backward else 2)  # (2·b·s·n·d·heads fwd)
     c = RooflineCompute(get_system("hgx-h200").gpu)
     return c.explain("attention", flop, 0, seq, kv, DTYPE_CODE["bf16"], backward,
-                     HEAD_DIM).efficiency
+                     head_dim).efficiency
 
 
-def _windows() -> list[dict[str, Any]]:
-    # (below 512 keys the causal curve has no measured point to read a window against)
-    return [r for r in _flex() if r["window"] and r["keys_equiv"] >= 512]
+def _ratios(key: str) -> list[tuple[dict[str, Any], float, float]]:
+    """(call, measured, modelled) windowed / causal efficiency at the call's key length, for
+    every window measured."""
+    backward, out = key == "bwd_eff", []
+    for r in _flex():
+        if not r["window"]:
+            continue
+        seq, kv, d = r["seq"], r["keys_equiv"], r["head_dim"]
+        measured = r[key] / _causal_eff(kv, key, d)
+        model = (_model_eff(seq, kv, r["batch"], backward, d)
+                 / _model_eff(kv, kv, TOKENS // kv, backward, d))
+        out.append((r, measured, model))
+    return out
 
 
 def test_the_measurement_is_flexattention_on_an_h200() -> None:
-    with RUN.open(encoding="utf-8") as f:
-        data = json.load(f)
-    assert data["kernels"][0]["device"] == "NVIDIA H200"
-    assert len(_windows()) == 6 and {r["window"] for r in _windows()} == {512, 1024, 4096}
+    for path in (RUN, RUN2):
+        with path.open(encoding="utf-8") as f:
+            assert json.load(f)["kernels"][0]["device"] == "NVIDIA H200"
+    windows = [(r["head_dim"], r["window"]) for r in _flex() if r["window"]]
+    assert len(windows) == 13 and {d for d, _ in windows} == {64, 128, 256}
 
 
 @pytest.mark.parametrize("key", ["fwd_eff", "bwd_eff"])
 def test_a_window_runs_as_a_causal_call_of_its_key_length_less_its_band_edge(key: str) -> None:
     """Measured windowed / causal efficiency at the same key length against the model's (band
-    edge and the two calls' tile occupancy): within 4% for every window of 512-4,096 tokens in
-    4K-32K-token sequences (forward and backward). Without the band edge the windows of 512
-    and 1,024 would be 10% and 6% too fast."""
-    backward = key == "bwd_eff"
-    for r in _windows():
-        seq, kv = r["seq"], r["keys_equiv"]
-        measured = r[key] / _causal_eff(kv, key)
-        model = (_model_eff(seq, kv, r["batch"], backward)
-                 / _model_eff(kv, kv, TOKENS // kv, backward))
-        assert model == pytest.approx(measured, rel=0.04), (seq, r["window"])
-    r512 = next(r for r in _windows() if r["window"] == 512)
-    assert r512[key] / _causal_eff(r512["keys_equiv"], key) < 0.92  # (1.0 without the edge)
+    edge and the two calls' tile occupancy): within 6% (5.1% at worst) for every window of
+    512-4,096 tokens in 4K-32K-token sequences at head dims 64, 128 and 256 (forward and
+    backward). Without the band edge the windows of 512 and 1,024 would be up to 17% and 9%
+    too fast. A window of 128 keys (GPT-OSS's) ran at 0.76-0.84 of a causal call of 256 tokens
+    where the model says 0.75: up to 11% slower than measured, never faster."""
+    for r, measured, model in _ratios(key):
+        if r["window"] >= 512:
+            assert model == pytest.approx(measured, rel=0.06), r
+        else:
+            assert 0.89 * measured < model <= measured, r
+    r512 = [m for r, m, _ in _ratios(key) if r["window"] == 512]
+    assert max(r512) < 0.92  # (1.0 without the edge)
 
 
 def test_the_band_edge_is_one_key_tile_a_query_tile() -> None:

@@ -11,7 +11,9 @@ read its attention curve at the key length 2·pairs/s.
   blocks beside them (each query block and the block before it);
 - ``window_flash``: FlashAttention's ``window_size`` (where installed), causal and windowed;
 - ``window_flex``: FlexAttention (``torch.compile``d, block-sparse: it skips the tiles a mask
-  empties), causal at 512-16K tokens and windowed (w 128-4K at 4K-32K tokens).
+  empties), causal at 512-16K tokens and windowed (w 128-4K at 4K-32K tokens);
+- ``window_heads``: the same at head dims 64 and 256 (and causal 256 tokens at 128), windows
+  of 128-4,096.
 
 FLOPs: forward 4·b·h·pairs·d, backward 2.5× that (the FlashAttention papers' convention), pairs
 s²/2 causal and s·w − w²/2 windowed — what the model charges — so an efficiency here is what
@@ -49,9 +51,10 @@ def _pairs(s: int, w: int) -> float:
     return s * s / 2 if w == 0 or w >= s else s * w - w * w / 2
 
 
-def _row(kind: str, s: int, w: int, ms_f: float, ms_b: float, **extra: Any) -> Row:
+def _row(kind: str, s: int, w: int, ms_f: float, ms_b: float, *, heads: int = HEADS,
+         head_dim: int = HEAD_DIM, **extra: Any) -> Row:
     b = max(1, TOKENS // s)
-    flop = 4 * b * HEADS * _pairs(s, w) * HEAD_DIM
+    flop = 4 * b * heads * _pairs(s, w) * head_dim
     f_tf, b_tf = flop / ms_f / 1e9, 2.5 * flop / ms_b / 1e9
     return {"kernel": kind, "seq": s, "window": w, "batch": b,
             "keys_equiv": round(2 * _pairs(s, w) / s), "fwd_ms": ms_f, "bwd_ms": ms_b,
@@ -117,7 +120,8 @@ def window_flash(args: argparse.Namespace) -> list[Row]:
     return out
 
 
-def _flex_case(flex: Callable[..., Any], s: int, w: int) -> tuple[float, float]:
+def _flex_case(flex: Callable[..., Any], s: int, w: int, heads: int = HEADS,
+               head_dim: int = HEAD_DIM) -> tuple[float, float]:
     import torch
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -127,7 +131,7 @@ def _flex_case(flex: Callable[..., Any], s: int, w: int) -> tuple[float, float]:
 
     b = max(1, TOKENS // s)
     bm = create_block_mask(mask, None, None, s, s, device=DEVICE)
-    q, k, v = (torch.randn(b, HEADS, s, HEAD_DIM, device=DEVICE, dtype=torch.bfloat16,
+    q, k, v = (torch.randn(b, heads, s, head_dim, device=DEVICE, dtype=torch.bfloat16,
                            requires_grad=True) for _ in range(3))
     ms_f = _time_ms(lambda: flex(q, k, v, block_mask=bm))
     o = flex(q, k, v, block_mask=bm)
@@ -160,8 +164,47 @@ def window_flex(args: argparse.Namespace) -> list[Row]:
     return out
 
 
+def _compiled_flex() -> Callable[..., Any]:
+    import torch
+    import torch._dynamo.config as dyn
+    from torch.nn.attention.flex_attention import flex_attention
+
+    for key in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(dyn, key):
+            setattr(dyn, key, 256)
+    return torch.compile(flex_attention, dynamic=False)  # type: ignore[no-any-return]
+
+
+def window_heads(args: argparse.Namespace) -> list[Row]:
+    """The band edge at other head dims (64: GPT-OSS's 128-key windows; 256: Gemma 2's 4,096)
+    and at the shortest windows: FlexAttention causal at 256-8K tokens and windows of 128-4,096
+    in 16K, hidden 2048 (heads = 2048 / head dim); head dim 128 adds causal 256 beside run 1's
+    window of 128."""
+    flex, out, t0 = _compiled_flex(), [], time.time()
+    cases = [(128, 256, 0), (64, 16384, 128), (64, 256, 0), (64, 16384, 1024), (64, 2048, 0),
+             (64, 512, 0), (64, 16384, 512), (64, 1024, 0), (256, 16384, 4096), (256, 8192, 0),
+             (256, 16384, 1024), (256, 2048, 0), (256, 4096, 0), (64, 4096, 0),
+             (256, 1024, 0), (64, 16384, 4096), (64, 8192, 0)]
+    for d, s, w in cases:
+        if time.time() - t0 > FLEX_BUDGET_S:
+            out.append({"kernel": "flex", "head_dim": d, "seq": s, "window": w,
+                        "skipped": "time budget"})
+            continue
+        c0 = time.time()
+        try:
+            ms_f, ms_b = _flex_case(flex, s, w, 2048 // d, d)
+        except Exception as e:  # (a head dim the kernel cannot tile: said, the rest go on)
+            out.append({"kernel": "flex", "head_dim": d, "seq": s, "window": w,
+                        "error": f"{type(e).__name__}: {str(e)[:200]}"})
+            continue
+        out.append(_row("flex", s, w, ms_f, ms_b, heads=2048 // d, head_dim=d,
+                        wall_s=round(time.time() - c0, 1)) | {"head_dim": d})
+    return out
+
+
 SECTIONS = [("kernels", kernels), ("window_cudnn", window_cudnn),
-            ("window_flash", window_flash), ("window_flex", window_flex)]
+            ("window_flash", window_flash), ("window_flex", window_flex),
+            ("window_heads", window_heads)]
 
 if __name__ == "__main__":
     sys.exit(script_main(SECTIONS, __doc__))
