@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from analysis.fastpath import estimate
 from analysis.study import study_from_dict
 from tracegen import ConfigError, ModelSpec, get_model, resolve_model
+from tracegen.hf_config import from_hf_config
 
 HF = Path(__file__).parent / "data" / "hf"
 
@@ -166,7 +167,6 @@ def test_the_windowed_layers_follow_the_config(changes: dict[str, Any], pattern:
 
 
 def resolve_model_data(data: dict[str, Any]) -> ModelSpec:
-    from tracegen.hf_config import from_hf_config
     return from_hf_config(data, name="cfg", seq_len=8192)
 
 
@@ -178,7 +178,7 @@ def test_bad_layer_types_are_refused() -> None:
 
 
 @pytest.mark.parametrize(("edit", "message"), [
-    ({"model_type": "gpt_oss"}, "model_type 'gpt_oss' is not one trainsim reads"),
+    ({"model_type": "llama4"}, "model_type 'llama4' is not one trainsim reads"),
     ({"model_type": "gemma3"}, "its 'text_config' as a config file of its own"),
     ({"num_hidden_layers": None}, "'num_hidden_layers' is missing"),
     ({"hidden_act": "tanh"}, "a gated MLP with 'tanh' is not one trainsim costs"),
@@ -250,3 +250,43 @@ def test_any_value_in_any_key_gives_a_model_or_a_clear_error(folder: str, data: 
             resolve_model(f, 4096)
         except ConfigError as err:
             assert str(err)
+
+
+# gpt-oss-120b's config keys (transformers ``GptOssConfig``) with the model card's values
+# (OpenAI 2025, arXiv:2508.10925, §2); no copy of the Hub's file is held here
+GPT_OSS = {"model_type": "gpt_oss", "num_hidden_layers": 36, "hidden_size": 2880,
+           "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+           "intermediate_size": 2880, "vocab_size": 201088, "num_local_experts": 128,
+           "num_experts_per_tok": 4, "hidden_act": "silu", "sliding_window": 128,
+           "tie_word_embeddings": False, "swiglu_limit": 7.0,
+           "layer_types": ["sliding_attention", "full_attention"] * 18}
+
+
+def _active(m: ModelSpec) -> int:
+    """Parameters a token passes through: attention, its top-k experts and the router in
+    every layer, and the output head (the model card's count leaves the embedding out)."""
+    h, up = m.hidden_size, 3
+    return (m.num_layers * (m.attention_params() + m.experts_per_token * up * h
+                            * m.moe_ffn_hidden_size + h * m.num_experts)
+            + m.vocab_size * h)
+
+
+@pytest.mark.parametrize(("layers", "experts", "total_b", "active_b"),
+                         [(36, 128, 116.83, 5.13), (24, 32, 20.91, 3.61)])
+def test_gpt_oss_is_its_preset_and_its_model_cards_parameters(layers: int, experts: int,
+                                                              total_b: float,
+                                                              active_b: float) -> None:
+    """gpt-oss-120b's config is the preset (MoE in every layer, 128-token windows in every other
+    layer from the first); both sizes' total and active parameters are the model card's
+    (Table 1: 116.83 B / 5.13 B and 20.91 B / 3.61 B) within 0.1%: what trainsim leaves out
+    (biases, norms, attention sinks) is under that."""
+    data = GPT_OSS | {"num_hidden_layers": layers, "num_local_experts": experts,
+                      "layer_types": GPT_OSS["layer_types"][:layers]}
+    m = from_hf_config(data, name="gpt-oss", seq_len=4096)
+    if layers == 36:
+        assert dataclasses.replace(m, name="gpt-oss-120b") == get_model("gpt-oss-120b")
+    assert m.window == 128 and m.window_pattern == "SF"
+    assert m.num_params() / 1e9 == pytest.approx(total_b, rel=1e-3)
+    assert _active(m) / 1e9 == pytest.approx(active_b, rel=1e-3)
+    without_types = {k: v for k, v in data.items() if k != "layer_types"}
+    assert from_hf_config(without_types, name="gpt-oss", seq_len=4096) == m  # (the default)

@@ -5,12 +5,14 @@ A JSON model file with a ``model_type`` key is read as a transformers config (th
 the transformers library's config classes: ``LlamaConfig``, ``MixtralConfig``,
 ``Qwen2MoeConfig``, ``Qwen3MoeConfig``, ``DeepseekV2Config``, ``DeepseekV3Config``,
 ``Glm4MoeConfig``, ``GemmaConfig``, ``Gemma2Config``, ``Gemma3TextConfig``, ``Olmo2Config``,
-``OlmoeConfig``, ``GPT2Config``, ``GPTNeoXConfig``, ``NemotronConfig``). What maps:
+``OlmoeConfig``, ``GptOssConfig``, ``GPT2Config``, ``GPTNeoXConfig``, ``NemotronConfig``).
+What maps:
 
 - the shape: layers, width, heads, K/V heads, head width where the config decouples it, FFN
   width, vocabulary, tied embeddings, dropout (hidden, else attention; 0 where neither);
-- the MLP: gated families (Llama, Mistral, Qwen, DeepSeek, GLM, OLMo) with SiLU are SwiGLU, Gemma's
-  with GELU GeGLU; GPT-2 and GPT-NeoX GELU; Nemotron squared ReLU;
+- the MLP: gated families (Llama, Mistral, Qwen, DeepSeek, GLM, OLMo, GPT-OSS) with SiLU are
+  SwiGLU (GPT-OSS's clamped one the same GEMMs), Gemma's with GELU GeGLU; GPT-2 and GPT-NeoX
+  GELU; Nemotron squared ReLU;
 - mixture-of-experts: the routed experts, top-k, their width, shared experts (Qwen2-MoE's
   width; DeepSeek's and GLM's count × the expert width), leading dense layers
   (``first_k_dense_replace``, or Qwen's ``mlp_only_layers`` where they lead), group-limited
@@ -40,7 +42,7 @@ from tracegen.model import ModelSpec
 
 GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
          "deepseek_v2", "deepseek_v3", "glm4_moe", "gemma", "gemma2", "gemma3_text", "olmo2",
-         "olmoe")
+         "olmoe", "gpt_oss")
 MODEL_TYPES = (*GATED, "gpt2", "gpt_neox", "nemotron")
 # transformers' own defaults where a config leaves the key out
 TIED_DEFAULT = {"gpt2": True, "gemma": True, "gemma2": True, "gemma3_text": True}
@@ -173,7 +175,7 @@ def _moe(get: Callable[..., Any], kind: str, data: dict[str, Any]) -> dict[str, 
     if kind == "olmoe":  # (every layer MoE, its experts intermediate_size wide)
         return {"num_experts": get("num_experts"), "experts_per_token": get("num_experts_per_tok"),
                 "moe_ffn_hidden_size": get("intermediate_size")}
-    if kind == "mixtral":
+    if kind in ("mixtral", "gpt_oss"):
         return {"num_experts": get("num_local_experts"),
                 "experts_per_token": get("num_experts_per_tok"),
                 "moe_ffn_hidden_size": get("intermediate_size")}
@@ -233,16 +235,18 @@ def _window(get: Callable[..., Any], kind: str, data: dict[str, Any], layers: in
     window is shorter than the sequence (a longer one is full causal attention): which layers
     attend within it from ``layer_types`` where the config lists them (transformers ≥ 4.53),
     else as each family's config class places them — Mistral and Mixtral every layer, Gemma 2
-    every other one from the first (``is_sliding = not layer_idx % 2``), Gemma 3 all but every
-    ``sliding_window_pattern``-th, Qwen's from ``max_window_layers`` on where
-    ``use_sliding_window``."""
+    and GPT-OSS every other one from the first (``is_sliding = not layer_idx % 2``), Gemma 3
+    all but every ``sliding_window_pattern``-th, Qwen's from ``max_window_layers`` on where
+    ``use_sliding_window``. (GPT-OSS's attention sinks, one learned logit a head, cost
+    nothing measurable and are not modelled.)"""
     qwen = kind in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
-    window = get("sliding_window", 4096 if kind in ("gemma2", "gemma3_text") else 0)
+    window = get("sliding_window", {"gemma2": 4096, "gemma3_text": 4096, "gpt_oss": 128}.get(
+        kind, 0))
     if not window or window >= seq_len or (qwen and not get("use_sliding_window", False, bool)):
         return {}
     pattern = _layer_types(data.get("layer_types"), layers)
     if pattern is None:
-        if kind == "gemma2":
+        if kind in ("gemma2", "gpt_oss"):
             pattern = "SF"
         elif kind == "gemma3_text":
             pattern = "S" * (get("sliding_window_pattern", 6) - 1) + "F"
