@@ -60,17 +60,10 @@ def catalog_cmd(name: Annotated[str | None, typer.Argument(
                       _experts(m), str(m.vocab_size), str(m.seq_len), f"{m.dropout:g}",
                       model_source(name))
     console.print(table)
-    windows = [f"{name} {_window(get_model(name))}" for name in model_names()
+    windows = [f"{name} {get_model(name).window_summary()}" for name in model_names()
                if get_model(name).window]
     if windows:
         console.print("Sliding-window attention: " + "; ".join(windows))
-
-
-def _window(m: ModelSpec) -> str:
-    """A sliding window in words: its length and the share of layers using it."""
-    p = m.window_pattern
-    where = f"{p.count('S')} layer(s) in {len(p)}" if p else "every layer"
-    return f"{m.window:,} keys, {where}"
 
 
 def _experts(m: ModelSpec) -> str:

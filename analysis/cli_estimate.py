@@ -121,6 +121,11 @@ def estimate_cmd(
         mixed = mixed_estimate(spec, strategy, sys_spec, chosen)
     g = glance(spec, strategy, sys_spec)
     print_glance(g, strategy, alone=mixed is not None)
+    if spec.window:
+        console.print(f"sliding-window attention: {spec.window_summary()} (the others attend "
+                      f"over the whole {spec.seq_len:,}-token sequence)"
+                      if spec.window_pattern else
+                      f"sliding-window attention: {spec.window_summary()}")
     balanced = None
     if mixed is not None:
         for other in sorted(set(chosen.values())):

@@ -180,7 +180,10 @@ class Costs:
         # stages of unequal costs (read per stage: a property call each time costs more): an
         # uneven split, or a MoE model's dense first layers or a pattern of windowed and full
         # layers on a pipeline
-        self.patterned = bool(model.window and model.window_pattern)
+        # (a pattern whose period divides an even split's chunks starts every chunk alike)
+        period = len(model.window_pattern) if model.window else 0
+        self.patterned = bool(period) and (
+            s.uneven or model.num_layers // (s.pp * s.vpp) % period != 0)
         self.uneven = s.uneven or bool((model.first_dense_layers or self.patterned) and s.pp > 1)
         # the stage sharing stage 0's embedding (a tied head's, the MTP modules'), or None
         self.embd_partner = embedding_partner(model, s) if s.pp > 1 else None

@@ -138,6 +138,14 @@ def main() -> None:
           f"the {len(per)} ZeRO-1 strategies so, {statistics.median(rates):,.0f} strategies/s "
           "median of 3")
 
+    # the model with GPT-3's shape and Gemma 3's windows (1,024 keys in five layers of six):
+    # each stage costed by where it starts in the pattern
+    windowed = dataclasses.replace(model, sliding_window=1024, window_pattern="SSSSSF")
+    rates = gc_paused(rate)(windowed, system, cands, 3)
+    print(f"  sliding windows in five layers of six (stages at different places in the "
+          f"pattern, each costed): the {len(cands)} strategies, "
+          f"{statistics.median(rates):,.0f} strategies/s median of 3")
+
     _combined_1f1b()
 
 

@@ -401,3 +401,11 @@ def test_estimate_says_when_local_experts_get_few_tokens(ep: str, said: bool,
                 f"GEMMs, one after another, take {ratio:.2f}x one GEMM") in text
         assert "a larger --ep" in text
         assert group["fc1_over_one_gemm"] == pytest.approx(ratio)
+
+
+def test_estimate_says_which_layers_attend_within_a_window() -> None:
+    r = run("estimate", "--model", "gemma2-9b", "--gpus", "8", "--mbs", "1", "--gbs", "8",
+            "--zero", "3", "--recompute", "full", "--system", "dgx-h100")
+    assert r.returncode == 0, r.stderr
+    assert ("sliding-window attention: 4,096 keys, 1 layer(s) in 2 (the others attend over "
+            "the whole 8,192-token sequence)") in " ".join(r.stdout.split())

@@ -197,6 +197,14 @@ class ModelSpec:
         p = self.window_pattern
         return not p or p[layer % len(p)] == "S"
 
+    def window_summary(self) -> str:
+        """The window in words ("4,096 keys, 1 layer(s) in 2"; "" without one)."""
+        if not self.window:
+            return ""
+        p = self.window_pattern
+        return f"{self.window:,} keys, " + (f"{p.count('S')} layer(s) in {len(p)}" if p
+                                            else "every layer")
+
     def windowed_layers_in(self, layers: range) -> int:
         return sum(self.windowed(i) for i in layers) if self.window else 0
 
