@@ -406,18 +406,20 @@ def _prefetched_chunk(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: i
 
 def _outer_pass(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: int, sig: int
                 ) -> tuple[int, int, int]:
-    """HSDP (ZeRO-3 with several instances): a chunk's last backward, each block's dense
-    reduce-scatter followed by its shard's all-reduce (HFSDP: reduce-scatter) across the
-    instances on their own stream (``RoleProgram._grad_reduce``), walked block by block as the
+    """HSDP (ZeRO-3 with several instances): a chunk's last backward, each block's dense (and
+    expert) reduce-scatter followed by its shard's all-reduce (HFSDP: reduce-scatter) across
+    the instances on their own stream (``RoleProgram._grad_reduce``), walked block by block as the
     pass runs without them (``prefetch_pass``, or the chain of gathers, backward and
     reduce-scatter of each block without prefetch: ``block_ns``): (how much later its compute
     ends — kernels slowed while the cross-instance collectives run, interference — and when
     the last of them ends, both from the pass's end without them; what they take together)."""
     s = costs.s
     blocks = [block for block, count in chunk for _ in range(count)][::-1]
-    shape = costs.shape("dpr", rank)
-    outer = [costs.net.shape_ns(c.coll, c.size_bytes, shape) if b.dense else 0
-             for b in blocks for c in (outer_grad_comm(s, b.name, b.dense),)]
+    # each block's dense and expert shards, one after the other on the one stream
+    outer = [sum(costs.net.shape_ns(c.coll, c.size_bytes, costs.shape(c.axis, rank))
+                 for axis, n in (("dp", b.dense), ("edp", b.expert)) if n
+                 and dp_group_size(s, axis) > 1 for c in (outer_grad_comm(s, b.name, n, axis),))
+             for b in blocks]
     comp = [_compute_ns(costs, b, rank, sig)[1] for b in blocks]
     gather = [zero3_axes(costs, b, rank, "ALL_GATHER") for b in blocks]
     scatter = [zero3_axes(costs, b, rank, "REDUCE_SCATTER") for b in blocks]

@@ -159,7 +159,7 @@ INSTANCES_GAIN = 0.02
 
 def instances_hint(model: ModelSpec, s: Strategy, system: SystemSpec, step_s: float
                    ) -> dict[str, Any] | None:
-    """For a ZeRO ≥ 1 strategy (a MoE model's: ZeRO 1 or 2): the number of distributed-optimizer
+    """For a ZeRO ≥ 1 strategy (a MoE model's HFSDP refused): the number of distributed-optimizer
     instances (``Strategy.dist_opt_instances``, ZeRO-3's HSDP replicas; every divisor of dp·cp
     that the layout takes tried with the fast path) to suggest where the fastest that fits is
     at least ``INSTANCES_GAIN`` shorter than ``step_s`` — a long data-parallel ring whose
@@ -167,7 +167,7 @@ def instances_hint(model: ModelSpec, s: Strategy, system: SystemSpec, step_s: fl
     fastest step, the one that needs the least memory (more instances shard less; a step 0.5%
     shorter is not worth a GPU run at the edge of its memory). None otherwise."""
     ranks = s.dp * s.cp
-    if not s.zero_stage or (model.is_moe and s.zero_stage == 3):
+    if not s.zero_stage or (model.is_moe and s.hfsdp):
         return None
     fitting: list[tuple[float, int, FastEstimate]] = []
     for r in range(2 if s.hfsdp else 1, ranks + 1):  # (HFSDP needs several: kept as asked)

@@ -43,10 +43,9 @@ those on pipelines of 3 or more chunks in a Megatron-Core layout (``pipeline_lay
 layers spread over the chunks, the modules with the loss or alone in the chunk before it),
 from a stream of its own.
 
-``--instances`` gives half the ZeRO ≥ 1 strategies (MoE models': ZeRO 1-2) several distributed-
-optimizer instances (``dist_opt_instances``, a divisor of dp·cp and, for MoE, edp above 1;
-ZeRO-3: HSDP), from a stream of
-its own.
+``--instances`` gives half the ZeRO ≥ 1 strategies several distributed-optimizer instances
+(``dist_opt_instances``, a divisor of dp·cp and, for MoE, edp above 1; ZeRO-3: HSDP, a dense
+model's HFSDP too), from a stream of its own.
 
 ``--per-microbatch`` makes three in four ZeRO 0-2 strategies that can reduce every micro-batch's
 gradients (no overlapped parameter gathers; 1F1B, interleaved or GPipe; with --instances, some
@@ -360,16 +359,17 @@ def other_dispatch(m: ModelSpec, s: Strategy, rng: random.Random
 
 
 def other_instances(m: ModelSpec, s: Strategy, rng: random.Random) -> Strategy:
-    """``--instances``: half the ZeRO ≥ 1 strategies (a MoE model's: ZeRO 1 or 2) with a drawn
-    number of distributed-optimizer instances (ZeRO-3: HSDP's replicas, half of them with the
-    optimizer sharded across the replicas too, HFSDP), a divisor of dp·cp above 1 — and of the
+    """``--instances``: half the ZeRO ≥ 1 strategies with a drawn number of distributed-
+    optimizer instances (ZeRO-3: HSDP's replicas, half of a dense model's with the optimizer
+    sharded across the replicas too, HFSDP), a divisor of dp·cp above 1 — and of the
     expert-data-parallel group's size on a MoE model."""
     ranks = s.dp * s.cp
     edp = dp_group_size(s, "edp") if m.is_moe else ranks
     fits = [r for r in range(2, ranks + 1) if ranks % r == 0 and edp % r == 0]
-    if (m.is_moe and s.zero_stage == 3) or not s.zero_stage or not fits or rng.random() < 0.5:
+    if not s.zero_stage or not fits or rng.random() < 0.5:
         return s
-    outer = "optim" if s.zero_stage == 3 and rng.random() < 0.5 else "no_shard"
+    outer = ("optim" if s.zero_stage == 3 and not m.is_moe and rng.random() < 0.5
+             else "no_shard")
     return dataclasses.replace(s, dist_opt_instances=rng.choice(fits),
                                outer_dp_sharding_strategy=outer)
 
@@ -483,8 +483,9 @@ FLAGS = {
            "terms weigh most, from a stream of its own",
     "zb": "three in four strategies ZB-H1 or ZB-V can run (a pipeline, ZeRO 0-2, no TP "
           "overlap; ZB-V with two chunks a stage) as that schedule, from a stream of its own",
-    "instances": "half the ZeRO ≥ 1 strategies (MoE: ZeRO 1-2) with several distributed-"
-                 "optimizer instances (a divisor of dp·cp and edp), from a stream of its own",
+    "instances": "half the ZeRO ≥ 1 strategies with several distributed-optimizer instances "
+                 "(a divisor of dp·cp and edp; ZeRO-3 HSDP, a dense model's HFSDP too), from "
+                 "a stream of its own",
     "per-microbatch": "three in four ZeRO 0-2 strategies that can reducing every micro-batch's "
                       "gradients, from a stream of its own",
 }

@@ -176,13 +176,15 @@ def test_impossible_instances_are_refused_with_the_fix(kw: dict[str, object], wo
     assert words in str(err.value)
 
 
-def test_a_mixture_of_experts_model_takes_instances_but_not_hsdp() -> None:
+def test_a_mixture_of_experts_model_takes_instances_and_hsdp_but_not_hfsdp() -> None:
     """Megatron-Core splits the expert-data-parallel group into instances as the dense one
-    (asserting it divisible); hybrid sharding of experts is not modelled."""
+    (asserting it divisible); ZeRO-3 with instances (HSDP) too; sharding the experts'
+    optimizer across the instances (HFSDP) is not modelled."""
     check_fits_model(_strategy(), MOE)
     check_fits_model(_strategy(), MODEL)
-    with pytest.raises(ConfigError, match=r"hybrid sharding \(HSDP\) of experts is not modelled"):
-        check_fits_model(_strategy(zero_stage=3), MOE)
+    check_fits_model(_strategy(zero_stage=3), MOE)
+    with pytest.raises(ConfigError, match=r"HFSDP.*mixture-of-experts model"):
+        check_fits_model(_strategy(zero_stage=3, outer_dp_sharding_strategy="optim"), MOE)
     with pytest.raises(ConfigError, match="expert-data-parallel group's 2 ranks too"):
         check_fits_model(_strategy(ep=4, dist_opt_instances=4), MOE)
 
@@ -232,12 +234,14 @@ def test_estimate_suggests_the_fastest_instances_that_fit() -> None:
     mid = Strategy(tp=8, pp=4, dp=32, sequence_parallel=True, zero_stage=1,
                    global_batch_size=512)
     assert glance(dense, mid, hw).instances_hint is None
-    # (however long the step: instances need ZeRO ≥ 1, and ZeRO 1 or 2 for a MoE model)
+    # (however long the step: instances need ZeRO ≥ 1, and no HFSDP for a MoE model)
     assert instances_hint(model, dataclasses.replace(s, zero_stage=0), hw, 1e9) is None
     mixtral = get_model("mixtral-8x7b")
     moe = Strategy(tp=2, dp=512, ep=8, zero_stage=3, global_batch_size=512,
                    sequence_parallel=True, recompute="full")
-    assert instances_hint(mixtral, moe, hw, 1e9) is None
+    assert instances_hint(mixtral, moe, hw, 1e9) is not None  # (HSDP of experts)
+    assert instances_hint(mixtral, dataclasses.replace(
+        moe, dist_opt_instances=2, outer_dp_sharding_strategy="optim"), hw, 1e9) is None
     moe1 = dataclasses.replace(moe, zero_stage=1)  # Mixtral on 1,024 H100s: 32 instances
     got = glance(mixtral, moe1, hw).instances_hint  # (edp = 512 / 8 = 64 expert ranks)
     assert got is not None and 64 % got["dist_opt_instances"] == 0

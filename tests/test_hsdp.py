@@ -181,8 +181,8 @@ def test_the_hint_names_hsdp_for_a_long_fsdp_ring() -> None:
 def test_refusals_name_the_fix() -> None:
     with pytest.raises(ConfigError, match="not 0"):
         _strategy(zero_stage=0)
-    with pytest.raises(ConfigError, match=r"hybrid sharding \(HSDP\) of experts is not modelled"):
-        check_fits_model(_strategy(), dataclasses.replace(
+    with pytest.raises(ConfigError, match=r"HFSDP.*mixture-of-experts model"):
+        check_fits_model(_strategy(outer_dp_sharding_strategy="optim"), dataclasses.replace(
             MODEL, num_experts=4, experts_per_token=2, moe_ffn_hidden_size=256))
 
 

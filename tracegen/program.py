@@ -402,8 +402,13 @@ class RoleProgram:
                 ids.append(self.coll(c, prefix, blocking=False, deps=(after,)))
                 self._last_rs[axis] = after = ids[-1]
             if last and group != axis:
-                c = outer_grad_comm(self.s, block.name, n)
+                c = outer_grad_comm(self.s, block.name, n, axis)
                 ids.append(self.coll(c, prefix, blocking=False, deps=(after,)))
+                # dense and expert shards on one stream (Megatron-FSDP's
+                # ``outer_fsdp_group_grad_reduce_stream``), each after the one before
+                if self._last_ar is not None:
+                    self.nodes[ids[-1]].ctrl_deps.append(self._last_ar)
+                self._last_ar = ids[-1]
         self.pending_dp += ids
 
     def _tail(self) -> int:
@@ -938,17 +943,19 @@ def outer_shard(s: Strategy, params: int) -> int:
     return -(-inner // s.dist_opt_instances)
 
 
-def outer_grad_comm(s: Strategy, block_name: str, params: int) -> O.Comm:
+def outer_grad_comm(s: Strategy, block_name: str, params: int, axis: str = "dp") -> O.Comm:
     """ZeRO-3 with several instances: the collective across them that follows a block's
     reduce-scatter in its instance on the last micro-batch — HSDP all-reduces the instance's
-    shard of its ``params`` (dense) gradients, HFSDP reduce-scatters it, padded to a piece per
-    instance (``RoleProgram._grad_reduce``; the fast path costs the same collective)."""
+    shard of its ``params`` gradients (``axis`` "dp": dense, across "dpr"; "edp": expert,
+    across "edpr"), HFSDP (dense models) reduce-scatters it, padded to a piece per instance
+    (``RoleProgram._grad_reduce``; the fast path costs the same collective)."""
     grad_bytes = O.grad_reduce_bytes(s)
     if s.hfsdp:
         return O.Comm(f"{block_name}_grad_rs_outer", "dpr", "REDUCE_SCATTER",
                       outer_shard(s, params) * s.dist_opt_instances * grad_bytes)
-    return O.Comm(f"{block_name}_grad_ar", "dpr", "ALL_REDUCE",
-                  -(-params // dp_group_size(s, "dps")) * grad_bytes)
+    shard = -(-params // dp_group_size(s, shard_axis(s, axis)))
+    return O.Comm(f"{block_name}_{'expert_' if axis == 'edp' else ''}grad_ar",
+                  instance_axis(axis), "ALL_REDUCE", shard * grad_bytes)
 
 
 def outer_gather_comm(s: Strategy, block_name: str, params: int) -> O.Comm:

@@ -540,14 +540,15 @@ def _batch_problems(s: Strategy) -> list[str]:
 def _moe_instance_problems(s: Strategy) -> list[str]:
     """Several distributed-optimizer instances on a MoE model: the expert gradients split as
     the dense ones (Megatron-Core's intra- and inter-partial expert data-parallel groups,
-    which assert the expert-data-parallel size divisible by the instances); ZeRO 1 and 2 only
-    (hybrid sharding of experts is not modelled)."""
+    which assert the expert-data-parallel size divisible by the instances); under ZeRO-3 HSDP
+    (each instance's expert shard all-reduced across them), not HFSDP."""
     r, edp = s.dist_opt_instances, s.edp
     out = []
-    if s.zero_stage == 3:
-        out.append(f"dist_opt_instances {r} under ZeRO-3 with a mixture-of-experts model: "
-                   "hybrid sharding (HSDP) of experts is not modelled; use ZeRO 1 or 2 with "
-                   "instances, or ZeRO-3 with dist_opt_instances 1")
+    if s.zero_stage == 3 and s.hfsdp:
+        out.append(f"dist_opt_instances {r} with outer_dp_sharding_strategy 'optim' (HFSDP) "
+                   "and a mixture-of-experts model: sharding the experts' optimizer across "
+                   "instances is not modelled; use outer_dp_sharding_strategy 'no_shard' "
+                   "(HSDP)")
     if edp % r:
         fits = [d for d in _divisors(edp) if d > 1 and (s.dp * s.cp) % d == 0]
         out.append(f"dist_opt_instances {r} must divide the expert-data-parallel group's "
