@@ -276,6 +276,59 @@ def attention(args: argparse.Namespace) -> list[Row]:
     return out
 
 
+def _gqa_times(backend: str, b: int, hq: int, hkv: int, s: int, d: int
+               ) -> tuple[float, float]:
+    """Forward and backward milliseconds of one causal call with ``hq`` query heads and
+    ``hkv`` K/V heads (SDPA's ``enable_gqa`` where they differ), [b, s, h, d] storage."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+
+    def t(h: int) -> Any:
+        base = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        return base, base.transpose(1, 2)
+
+    (qb, q), (kb, k), (vb, v) = t(hq), t(hkv), t(hkv)
+
+    def fwd() -> Any:
+        with sdpa_kernel(be):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                  enable_gqa=hkv != hq)
+
+    ms_f = _time_ms(fwd)
+    o = fwd()
+    g = torch.randn_like(o)
+    ms_b = _time_ms(lambda: torch.autograd.grad(o, (qb, kb, vb), g, retain_graph=True))
+    return ms_f, ms_b
+
+
+def attention_gqa(args: argparse.Namespace) -> list[Row]:
+    """Grouped-query attention (K/V heads shared by groups of query heads: Llama 3's 8 K/V
+    heads, 1 a rank at tp 8) against the same call with a K/V head per query head: causal,
+    head dim 128, 16K tokens a call, cuDNN and flash — whether sharing K/V changes the rate
+    per FLOP (the FLOPs are the query heads'; the compute model reads no K/V head count)."""
+    out = []
+    for backend in ("cudnn", "flash"):
+        for s in (2048, 8192):
+            for hq in (8, 16, 64):
+                for hkv in sorted({hq, hq // 4, hq // 8}, reverse=True):
+                    b = max(1, 16384 // s)
+                    try:
+                        ms_f, ms_b = _gqa_times(backend, b, hq, hkv, s, 128)
+                    except Exception as e:  # (a backend without GQA: said, the rest go on)
+                        out.append({"backend": backend, "seq": s, "heads": hq, "kv_heads": hkv,
+                                    "error": f"{type(e).__name__}: {str(e)[:160]}"})
+                        continue
+                    flop = 2 * b * hq * s * s * 128  # causal: 4·b·h·s²·d / 2
+                    out.append({"backend": backend, "seq": s, "heads": hq, "kv_heads": hkv,
+                                "fwd_ms": ms_f, "bwd_ms": ms_b,
+                                "fwd_eff": flop / ms_f / 1e9 / args.peak_tflops,
+                                "bwd_eff": 2.5 * flop / ms_b / 1e9 / args.peak_tflops})
+    return out
+
+
 def _merge_ms(b: int, h: int, s: int, d: int) -> float:
     """The ring's partial-softmax merge of one step (out = o₁·e^(l₁−l) + o₂·e^(l₂−l))."""
     import torch
@@ -445,7 +498,7 @@ SECTIONS: list[tuple[str, Callable[..., list[Row]]]] = [
     ("gemm_fp8_held", lambda a: gemms_held(a, "fp8")),
     ("attention_held", attention_held),
     ("attention_occupancy", attention_occupancy),
-    ("attention_grid", attention_grid), ("cp_ring", cp_ring),
+    ("attention_grid", attention_grid), ("attention_gqa", attention_gqa), ("cp_ring", cp_ring),
     ("memory_bound", memory_bound), ("launch", launch), ("sustained", sustained),
 ]
 
