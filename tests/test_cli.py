@@ -168,17 +168,32 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_pa
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "new" / "deeper" / "e.json").read_text().startswith("{")
 
+def _table_rows(text: str) -> dict[str, list[str]]:
+    """A rich table's rows by their first cell, each cell's wrapped lines joined."""
+    rows: dict[str, list[str]] = {}
+    last: list[str] = []
+    for line in text.splitlines():
+        if line.count("│") <= 2:
+            continue
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if cells[0]:
+            last = rows[cells[0]] = cells
+        elif last:
+            last[:] = [f"{a} {b}".strip() for a, b in zip(last, cells, strict=False)]
+    return rows
+
+
 def test_catalog_lists_presets() -> None:
     r = run("catalog")
     assert r.returncode == 0
     assert "llama3.1-405b" in r.stdout and "405.8" in r.stdout
-    rows = {line.split("│")[1].strip(): line for line in r.stdout.splitlines()
-            if line.count("│") > 2}
-    assert "│ 0.1 " in rows["gpt3-175b"] and "│ 0 " in rows["llama3.1-405b"]  # dropout
-    assert "160×1536 top-8" in rows["glm4.5-355b-a32b"] and "first 3 dense" in r.stdout
-    assert "256×2048 top-8 in 4 of" in rows["deepseek-v3"]  # its groups, then shared experts
+    rows = _table_rows(r.stdout)
+    assert rows["gpt3-175b"][9] == "0.1" and rows["llama3.1-405b"][9] == "0"  # dropout
+    assert "160×1536 top-8" in rows["glm4.5-355b-a32b"][6] and "first 3 dense" in r.stdout
+    assert "256×2048 top-8 in 4 of" in rows["deepseek-v3"][6]  # its groups, then shared experts
     assert ("Sliding-window attention: mistral-7b 4,096 keys, every layer; gemma2-9b 4,096 "
-            "keys, 1 layer(s) in 2") in r.stdout
+            "keys, 1 layer(s) in 2; gemma3-27b 1,024 keys, 5 layer(s) in 6") in " ".join(
+                r.stdout.split())
 
 
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden_tiny_tp2pp2dp2"

@@ -292,3 +292,33 @@ def test_gpt_oss_is_its_preset_and_its_model_cards_parameters(layers: int, exper
     assert _active(m) / 1e9 == pytest.approx(active_b, rel=1e-3)
     without_types = {k: v for k, v in data.items() if k != "layer_types"}
     assert from_hf_config(without_types, name="gpt-oss", seq_len=4096) == m  # (the default)
+
+
+# Gemma 3's text configs as the Hub's multimodal configs hold them: only what differs from
+# ``Gemma3TextConfig``'s defaults (4B: the heads, head width and vocabulary are the class's)
+GEMMA3_TEXT = {
+    "4b": {"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240,
+           "num_hidden_layers": 34, "sliding_window": 1024},
+    "12b": {"model_type": "gemma3_text", "hidden_size": 3840, "intermediate_size": 15360,
+            "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 8,
+            "sliding_window": 1024},
+    "27b": {"model_type": "gemma3_text", "hidden_size": 5376, "intermediate_size": 21504,
+            "num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16,
+            "head_dim": 128, "sliding_window": 1024},
+}
+
+
+@pytest.mark.parametrize(("size", "non_embedding_m"), [("4b", 3_209), ("12b", 10_759),
+                                                       ("27b", 25_600)])
+def test_gemma3_text_configs_give_the_reports_parameters(size: str, non_embedding_m: int
+                                                         ) -> None:
+    """Gemma 3's text configs, the class's defaults filled in as transformers fills them: five
+    windowed layers of 1,024 tokens to a global one, and the non-embedding parameters of the
+    Gemma 3 report's Table 1 (3,209 M / 10,759 M / 25,600 M) within 0.1% (trainsim leaves the
+    norms out); the 27B's is the preset."""
+    m = from_hf_config(GEMMA3_TEXT[size], name=f"gemma3-{size}", seq_len=32768)
+    assert m.window == 1024 and m.window_pattern == "SSSSSF" and m.activation == "geglu"
+    non_embedding = m.num_params() - m.embedding_params()
+    assert non_embedding / 1e6 == pytest.approx(non_embedding_m, rel=1e-3)
+    if size == "27b":
+        assert dataclasses.replace(m, name="gemma3-27b") == get_model("gemma3-27b")

@@ -53,6 +53,17 @@ GATED_ACT = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_new": "
              "gelu_pytorch_tanh": "geglu"}
 
 
+# transformers' config-class defaults that a family's published configs rely on, leaving the
+# keys out (Gemma 3's ``text_config`` lists only what differs from ``Gemma3TextConfig``'s)
+CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
+                    "num_hidden_layers": 26, "num_attention_heads": 8,
+                    "num_key_value_heads": 4, "head_dim": 256,
+                    "hidden_activation": "gelu_pytorch_tanh", "sliding_window": 4096,
+                    "sliding_window_pattern": 6},
+}
+
+
 def is_hf_config(data: dict[str, Any]) -> bool:
     """A transformers config (its ``model_type``), not a trainsim model file."""
     return "model_type" in data
@@ -77,6 +88,7 @@ def from_hf_config(data: dict[str, Any], *, name: str, seq_len: int) -> ModelSpe
                              "supports)" if longest else "")
                           + ": give it with --seq-len N, a study's seq_len, or FILE@seqN",
                           what=what)
+    data = {**CLASS_DEFAULTS.get(kind, {}), **data}
     get = _getter(data, what)
     fields = (_gpt2 if kind == "gpt2" else _common)(get, kind)
     fields |= _moe(get, kind, data) | _mla(get, kind)
