@@ -54,13 +54,16 @@ GATED_ACT = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_new": "
 
 
 # transformers' config-class defaults that a family's published configs rely on, leaving the
-# keys out (Gemma 3's ``text_config`` lists only what differs from ``Gemma3TextConfig``'s)
+# keys out (Gemma 3's ``text_config`` lists only what differs from ``Gemma3TextConfig``'s; a
+# Gemma 2 or GPT-OSS config without ``sliding_window`` still has the class's window)
 CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma2": {"sliding_window": 4096},
     "gemma3_text": {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
                     "num_hidden_layers": 26, "num_attention_heads": 8,
                     "num_key_value_heads": 4, "head_dim": 256,
                     "hidden_activation": "gelu_pytorch_tanh", "sliding_window": 4096,
                     "sliding_window_pattern": 6},
+    "gpt_oss": {"sliding_window": 128},
 }
 
 
@@ -252,8 +255,7 @@ def _window(get: Callable[..., Any], kind: str, data: dict[str, Any], layers: in
     ``use_sliding_window``. (GPT-OSS's attention sinks, one learned logit a head, cost
     nothing measurable and are not modelled.)"""
     qwen = kind in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
-    window = get("sliding_window", {"gemma2": 4096, "gemma3_text": 4096, "gpt_oss": 128}.get(
-        kind, 0))
+    window = get("sliding_window", 0)  # (the class's where it has one: ``CLASS_DEFAULTS``)
     if not window or window >= seq_len or (qwen and not get("use_sliding_window", False, bool)):
         return {}
     pattern = _layer_types(data.get("layer_types"), layers)
@@ -261,7 +263,7 @@ def _window(get: Callable[..., Any], kind: str, data: dict[str, Any], layers: in
         if kind in ("gemma2", "gpt_oss"):
             pattern = "SF"
         elif kind == "gemma3_text":
-            pattern = "S" * (get("sliding_window_pattern", 6) - 1) + "F"
+            pattern = "S" * (get("sliding_window_pattern") - 1) + "F"
         elif qwen:
             full = min(get("max_window_layers", layers), layers)
             pattern = "F" * full + "S" * (layers - full)
