@@ -336,12 +336,13 @@ def other_attention(m: ModelSpec, rng: random.Random) -> ModelSpec:
 
 def other_window(m: ModelSpec, rng: random.Random) -> ModelSpec:
     """``--windows``: half the models with sliding-window attention (128-4,096 tokens, below
-    the sequence) in every layer, every other one, five in six or every other from the
-    second."""
+    the sequence; a third of them chunked attention instead) in every layer, every other one,
+    five in six or every other from the second."""
     w = rng.choice((128, 512, 1024, 4096))
     if rng.random() < 0.5 or w >= m.seq_len:
         return m
-    return dataclasses.replace(m, sliding_window=w,
+    kind = "attention_chunk" if rng.random() < 1 / 3 else "sliding_window"  # (Llama 4's)
+    return dataclasses.replace(m, **{kind: w},
                                window_pattern=rng.choice(("", "SF", "SSSSSF", "FS")))
 
 
@@ -406,7 +407,8 @@ def other_mtp(m: ModelSpec, s: Strategy, rng: random.Random) -> tuple[ModelSpec,
 
 
 def _window_label(m: ModelSpec) -> str:
-    return f" window{m.window}/{m.window_pattern or 'S'}" if m.window else ""
+    kind = "chunk" if m.chunked else "window"
+    return f" {kind}{m.window}/{m.window_pattern or 'S'}" if m.window else ""
 
 
 def model_label(m: ModelSpec) -> str:
@@ -596,7 +598,8 @@ def main() -> None:
              f"{sum(' zb_v ' in w for _, _, w in rows)} ZB-V)" if args.zb else "")
           + (f" ({sum(' per-microbatch' in w for _, _, w in rows)} reducing every "
              "micro-batch)" if args.per_microbatch else "")
-          + (f" ({sum(' window' in n for _, n, _ in rows)} with a sliding window)"
+          + (f" ({sum(' window' in n or ' chunk' in n for _, n, _ in rows)} with a sliding "
+             "window or chunks)"
              if args.windows else ""))
     for e, model_name, what in sorted(rows, key=lambda r: -abs(r[0]))[:5]:
         print(f"  {e:+.2f}%  {model_name}  {what}")

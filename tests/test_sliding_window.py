@@ -203,3 +203,43 @@ def test_the_fast_path_agrees_with_replay_under_context_parallelism(cp: int, com
         generate(m, s, tmp, mode="representative")
         ref = replay(tmp, SYSTEM, contention=False).step_time_s
     assert estimate(m, s, SYSTEM).step_time_s == pytest.approx(ref, rel=0.02)
+
+
+def test_chunked_attention_is_causal_attention_over_each_chunk() -> None:
+    """Llama 4's local layers (``attention_chunk``): a query attends causally within its own
+    chunk only — s/c causal sequences of c tokens, 4·b·(s/c)·c²/2·d·heads FLOPs, at the curve's
+    efficiency at c with the whole sequence's tiles (no band edge: a chunk's diagonal wastes
+    what a causal call's does); a chunk as long as the sequence is full attention; model FLOPs
+    count a chunked layer as s·c; the fast path agrees with replay; context parallelism is
+    refused."""
+    m = dataclasses.replace(SMALL, attention_chunk=512, window_pattern="SSSF")
+    s = Strategy(tp=2, micro_batch_size=2, global_batch_size=2)
+    op = _attention(m.window_view(True), s)
+    heads, d = m.num_attention_heads // 2, m.head_dim
+    assert op.flop == 4 * 2 * (2048 // 512) * 512 * 512 * d * heads // 2
+    assert (op.m, op.n) == (512, 512) and m.chunked and m.window == 512
+    assert m.window_summary() == "512-token chunks, 3 layer(s) in 4"
+    assert _attention(dataclasses.replace(m, attention_chunk=2048).window_view(True), s) == (
+        _attention(dataclasses.replace(m, attention_chunk=0, window_pattern=""), s))
+    full = dataclasses.replace(m, attention_chunk=0, window_pattern="")
+    per_layer = 12 * 8 * 2048 * 2048 * m.q_size  # (the full count's attention term, 8 seqs)
+    assert model_flop_per_step(full, 8) - model_flop_per_step(m, 8) == pytest.approx(
+        per_layer * 9 * (1 - 512 / 2048), rel=1e-9)  # 9 of the 12 layers chunked
+    st = Strategy(pp=2, global_batch_size=4)
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(m, st, tmp, mode="representative")
+        ref = replay(tmp, SYSTEM, contention=False).step_time_s
+    assert estimate(m, st, SYSTEM).step_time_s == pytest.approx(ref, rel=0.02)
+    assert estimate(m, st, SYSTEM).step_time_s < estimate(full, st, SYSTEM).step_time_s
+    with pytest.raises(ConfigError, match="context parallelism with chunked attention"):
+        estimate(m, Strategy(cp=2, global_batch_size=1), SYSTEM)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"attention_chunk": -1}, "attention_chunk must be ≥ 0"),
+    ({"attention_chunk": 512, "sliding_window": 256}, "two kinds of local attention: set one"),
+    ({"attention_chunk": 1000}, "seq_len 2048 is not a multiple of attention_chunk 1000"),
+])
+def test_a_bad_chunk_is_refused(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        dataclasses.replace(SMALL, **fields)  # type: ignore[arg-type]

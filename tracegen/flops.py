@@ -18,7 +18,8 @@ multi-head latent attention the attention terms are its projections' weights (2 
 token) and QKᵀ / attention·V over its Q/K and V head widths.
 A layer with sliding-window attention counts its band as the full count counts a causal layer:
 2·s·w − w² query-key pairs where a full layer counts s² (both twice the pairs attended, so that
-a window as long as the sequence counts as a full layer); ``attention_len``.
+a window as long as the sequence counts as a full layer); a chunked layer counts s·c (twice
+its s·c/2 pairs); ``attention_len``.
 HFU adds the recomputed forward: full recompute one more forward of every layer (and of every
 multi-token-prediction module's layer), selective the
 attention scores and values (Korthikanti et al. 2022, §6) and, where its modules name the MLP,
@@ -52,7 +53,8 @@ def attention_len(m: ModelSpec) -> float:
     if not w:
         return float(s)
     windowed = m.windowed_layers_in(range(m.num_layers))
-    return (s * (m.num_layers - windowed) + (2 * w - w * w / s) * windowed) / m.num_layers
+    local = w if m.chunked else 2 * w - w * w / s  # (a chunked layer: twice its s·w/2 pairs)
+    return (s * (m.num_layers - windowed) + local * windowed) / m.num_layers
 
 
 def _main_flop(m: ModelSpec, global_batch: int) -> int:

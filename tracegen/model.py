@@ -100,6 +100,11 @@ class ModelSpec:
     # "SSSSSF"). A window at least as long as the sequence is full causal attention.
     sliding_window: int = 0
     window_pattern: str = ""
+    # Chunked attention (Llama 4's local layers, Meta 2025; transformers'
+    # ``attention_chunk_size``): a query attends causally to the keys of its own chunk of
+    # attention_chunk tokens only (a block-diagonal causal mask), on the layers window_pattern
+    # marks S; 0 = none. Another local attention than a sliding window: set one of the two.
+    attention_chunk: int = 0
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self)
@@ -186,9 +191,17 @@ class ModelSpec:
 
     @property
     def window(self) -> int:
-        """The window a windowed layer attends within, where it is shorter than the sequence
-        (0: every layer attends causally over the whole sequence)."""
-        return self.sliding_window if 0 < self.sliding_window < self.seq_len else 0
+        """The span a local layer attends within — its sliding window or its chunk — where it
+        is shorter than the sequence (0: every layer attends causally over the whole
+        sequence)."""
+        span = self.sliding_window or self.attention_chunk
+        return span if 0 < span < self.seq_len else 0
+
+    @property
+    def chunked(self) -> bool:
+        """Whether the local layers attend within chunks (``attention_chunk``) rather than a
+        sliding window."""
+        return bool(self.window and self.attention_chunk)
 
     def windowed(self, layer: int) -> bool:
         """Whether global layer ``layer`` attends within the window."""
@@ -202,8 +215,8 @@ class ModelSpec:
         if not self.window:
             return ""
         p = self.window_pattern
-        return f"{self.window:,} keys, " + (f"{p.count('S')} layer(s) in {len(p)}" if p
-                                            else "every layer")
+        span = f"{self.window:,}-token chunks" if self.chunked else f"{self.window:,} keys"
+        return f"{span}, " + (f"{p.count('S')} layer(s) in {len(p)}" if p else "every layer")
 
     def windowed_layers_in(self, layers: range) -> int:
         return sum(self.windowed(i) for i in layers) if self.window else 0
@@ -213,7 +226,7 @@ class ModelSpec:
         window) sees it: what a layer's op lists are built from."""
         if windowed:
             return dataclasses.replace(self, window_pattern="") if self.window_pattern else self
-        return dataclasses.replace(self, sliding_window=0, window_pattern="")
+        return dataclasses.replace(self, sliding_window=0, attention_chunk=0, window_pattern="")
 
     def dense_layers_in(self, layers: range) -> int:
         """How many of the global layers ``layers`` are dense first layers."""
@@ -310,16 +323,23 @@ def _problems(m: ModelSpec, *, head_dim_given: bool = True) -> list[str]:
 
 
 def _window_problems(m: ModelSpec) -> list[str]:
-    if m.sliding_window < 0:
-        return [f"sliding_window must be ≥ 0 (0 = full causal attention), got "
-                f"{m.sliding_window}"]
+    for field in ("sliding_window", "attention_chunk"):
+        if getattr(m, field) < 0:
+            return [f"{field} must be ≥ 0 (0 = full causal attention), got "
+                    f"{getattr(m, field)}"]
+    if m.sliding_window and m.attention_chunk:
+        return ["sliding_window and attention_chunk are two kinds of local attention: set one "
+                "(the layers window_pattern marks S attend within it)"]
+    if m.chunked and m.seq_len % m.attention_chunk:
+        return [f"seq_len {m.seq_len} is not a multiple of attention_chunk "
+                f"{m.attention_chunk}: a last, shorter chunk is not modelled"]
     p = m.window_pattern
     if p and set(p) - {"S", "F"}:
         return [f"window_pattern is a string of S (a windowed layer) and F (a full one), "
                 f"repeated over the layers; got {p!r}"]
-    if p and not m.sliding_window:
+    if p and not (m.sliding_window or m.attention_chunk):
         return [f"window_pattern {p!r} is set but sliding_window is 0: give the window's "
-                f"length in tokens, or drop the pattern"]
+                f"length in tokens (or attention_chunk), or drop the pattern"]
     if p and "S" not in p:
         return [f"window_pattern {p!r} has no windowed layer (S): drop sliding_window and the "
                 f"pattern for full attention"]

@@ -382,12 +382,17 @@ def attention_fwd(m: ModelSpec, d: Dims, heads: int) -> Op:
     min(i + 1, w) keys: s·w − w²/2 pairs a sequence where causal attention has s²/2, so
     4·b·(s·w − w²/2)·d·heads FLOPs; its key length is then 2·pairs/s (≈ 2w), the causal length
     whose queries attend to as many keys on average, which the compute model reads its
-    efficiency curve at (replay/compute.py). K and V are read whole either way."""
+    efficiency curve at (replay/compute.py). Chunked (``ModelSpec.chunked``): causal attention
+    over each chunk, recorded as s/w causal sequences of w tokens (the kernel runs them so, in
+    one call). K and V are read whole either way."""
     qk, v = (m.qk_head_dim, m.v_dim) if m.is_mla else (m.head_dim, m.head_dim)
     hd = (qk + v) // 2
     kv_heads = m.num_kv_heads // d.t
     io = (d.tokens * heads * (qk + v) + d.b * d.s_kv * kv_heads * (qk + v)) * ACT_BYTES
     w = m.window
+    if w and m.chunked:  # causal attention over each chunk: s/w sequences of w tokens
+        flop = 4 * d.b * (d.s // w) * w * w * hd * heads // 2
+        return Op("flash_attn", "attention", flop, io, w, w, hd, d.dtype16)
     if w and d.s == d.s_kv:  # (under context parallelism: ``_windowed_cp``)
         pairs2 = 2 * d.s * w - w * w  # twice the band's pairs (exact in integers)
         flop = 2 * d.b * pairs2 * hd * heads

@@ -843,6 +843,9 @@ def check_fits_model(s: Strategy, m: ModelSpec, *, gpus: int | None = None) -> N
     if m.is_mla and (s.cp > 1 or s.tp_comm_overlap):
         out.append("multi-head latent attention with context parallelism or TP communication "
                    "overlap is not modelled; use cp 1 and no tp_comm_overlap")
+    if m.chunked and s.cp > 1:
+        out.append(f"context parallelism with chunked attention ({m.attention_chunk}-token "
+                   "chunks) is not modelled; use cp 1")
     if out:
         raise ConfigError(out, what=f"strategy {s.label()} for model {m.name!r}")
 
