@@ -75,8 +75,9 @@ FLOAT_COLUMNS = ("scaleout_gbps_per_gpu", "measured_iter_time_s")
 # model or layout needs that the schema cannot say — attention heads wider than hidden / heads
 # (Qwen3), the experts' tensor parallelism (1 = Megatron-Core's MoE parallel folding), the
 # shared experts' width (Qwen2-MoE), a MoE model's dense first layers (GLM-4.5), multi-head
-# latent attention's widths, group-limited routing and multi-token prediction (DeepSeek-V3);
-# and, as text, the MoE
+# latent attention's widths, group-limited routing and multi-token prediction (DeepSeek-V3),
+# a sliding window or attention chunk (Mistral, Gemma 2/3, GPT-OSS; Llama 4) with, as text,
+# the pattern of layers using it (``window_pattern``); and, as text, the MoE
 # dispatcher, the modules selective recompute names (Megatron-Core's --recompute-modules,
 # comma-separated), the pipeline layout (--pipeline-model-parallel-layout) and Adam's moments'
 # dtype (--exp-avg-dtype); as true/false, FP8 parameter gathers (--fp8-param-gather), combined
@@ -86,9 +87,9 @@ FLOAT_COLUMNS = ("scaleout_gbps_per_gpu", "measured_iter_time_s")
 EXTENSION_INT_COLUMNS = ("head_dim", "expert_tp", "shared_expert_ffn_hidden_size",
                          "first_dense_layers", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
                          "v_head_dim", "moe_router_num_groups", "moe_router_group_topk",
-                         "mtp_layers")
+                         "mtp_layers", "sliding_window", "attention_chunk")
 EXTENSION_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "pipeline_layout",
-                          "adam_moments_dtype", "cross_entropy_fusion")
+                          "adam_moments_dtype", "cross_entropy_fusion", "window_pattern")
 # read case-insensitively, as the enums below (a layout's E and L are upper case: kept)
 LOWERCASE_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "adam_moments_dtype",
                           "cross_entropy_fusion")
@@ -389,7 +390,10 @@ def _model(row: dict[str, Any], over: dict[str, Any]) -> ModelSpec:
         v_head_dim=row.get("v_head_dim") or 0,
         moe_router_num_groups=(row.get("moe_router_num_groups") or 0) if moe else 0,
         moe_router_group_topk=(row.get("moe_router_group_topk") or 0) if moe else 0,
-        mtp_layers=row.get("mtp_layers") or 0)
+        mtp_layers=row.get("mtp_layers") or 0,
+        sliding_window=row.get("sliding_window") or 0,
+        attention_chunk=row.get("attention_chunk") or 0,
+        window_pattern=row.get("window_pattern") or "")
 
 
 def _strategy(row: dict[str, Any], precision: str) -> Strategy:

@@ -4,6 +4,7 @@ version achieves (so it cannot silently regress)."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import math
 import re
@@ -853,3 +854,26 @@ def test_a_zero2_row_reduces_every_micro_batch_unless_its_column_says_not(
     assert not isinstance(inputs, str), inputs
     assert not inputs.strategy.grad_reduce_per_microbatch
     assert "each micro-batch's gradients" not in inputs.assumptions
+
+
+def test_a_rows_window_columns_give_its_model_sliding_windows(tmp_path: Path) -> None:
+    """``sliding_window`` / ``window_pattern`` (and ``attention_chunk``) beyond the schema: the
+    row's model attends within them on the layers the pattern marks, as the same ModelSpec
+    does; a shorter step than the row without them; a bad pattern skips the row, named."""
+    plain = load_runs(_row_file(tmp_path, "mpt-07")).row(0, named=True)
+    base = V.row_inputs(plain)
+    assert not isinstance(base, str), base
+    steps = {}
+    for cells in ({}, {"sliding_window": "512", "window_pattern": "SF"},
+                  {"attention_chunk": "512", "window_pattern": "SF"}):
+        row = load_runs(_row_file(tmp_path, "mpt-07", **cells)).row(0, named=True)
+        inputs = V.row_inputs(row)
+        assert not isinstance(inputs, str), inputs
+        assert inputs.model == dataclasses.replace(base.model, **{
+            k: (v if k == "window_pattern" else int(v)) for k, v in cells.items()})
+        steps[tuple(cells)] = V.predict(inputs)["predicted_iter_time_s"]
+    assert steps[("sliding_window", "window_pattern")] < steps[()]
+    assert steps[("attention_chunk", "window_pattern")] < steps[()]
+    bad = validate(_row_file(tmp_path, "mpt-07", sliding_window="512", window_pattern="SX"))
+    assert bad["status"].item().startswith("skipped:") and "window_pattern" in bad[
+        "status"].item()
