@@ -48,7 +48,7 @@ def model_flop_per_step(m: ModelSpec, global_batch: int) -> int:
 def attention_len(m: ModelSpec) -> float:
     """The length s' whose b·s·s' the count's attention terms take, averaged over the layers:
     s for a full layer, (2·s·w − w²)/s for a windowed one (the band's pairs, doubled as the
-    full count doubles a causal layer's s²/2)."""
+    full count doubles a causal layer's s²/2), c for a chunked one (its s·c/2 pairs, doubled)."""
     s, w = m.seq_len, m.window
     if not w:
         return float(s)

@@ -218,7 +218,7 @@ def attention_grid(args: argparse.Namespace) -> list[Row]:
     return out
 
 
-def _sdpa(backend: str, causal: bool) -> Callable[..., Any]:
+def _sdpa(backend: str, causal: bool, gqa: bool = False) -> Callable[..., Any]:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -226,24 +226,31 @@ def _sdpa(backend: str, causal: bool) -> Callable[..., Any]:
 
     def run(q: Any, k: Any, v: Any) -> Any:
         with sdpa_kernel(be):
+            if gqa:  # (the keyword only where used: older PyTorch lacks it)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                      enable_gqa=True)
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     return run
 
 
 def _attn_times(backend: str, causal: bool, b: int, h: int, sq: int, skv: int,
-                d: int) -> tuple[float, float]:
+                d: int, kv_heads: int = 0) -> tuple[float, float]:
     """Forward and backward milliseconds of one attention call, q [b,h,sq,d], k/v [b,h,skv,d]
-    as views of [b,s,h,d] storage: the layout a transformer's projections produce and the one
-    the fused kernels take without a copy."""
+    (``kv_heads`` K/V heads, grouped-query attention, where given) as views of [b,s,h,d]
+    storage: the layout a transformer's projections produce and the one the fused kernels take
+    without a copy."""
     import torch
 
-    def t(s: int) -> Any:
-        base = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    hkv = kv_heads or h
+
+    def t(s: int, heads: int) -> Any:
+        base = torch.randn(b, s, heads, d, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True)
         return base, base.transpose(1, 2)
 
-    (qb, q), (kb, k), (vb, v) = t(sq), t(skv), t(skv)
-    fwd = _sdpa(backend, causal)
+    (qb, q), (kb, k), (vb, v) = t(sq, h), t(skv, hkv), t(skv, hkv)
+    fwd = _sdpa(backend, causal, gqa=hkv != h)
     ms_f = _time_ms(lambda: fwd(q, k, v))
     o = fwd(q, k, v)
     g = torch.randn_like(o)
@@ -276,34 +283,6 @@ def attention(args: argparse.Namespace) -> list[Row]:
     return out
 
 
-def _gqa_times(backend: str, b: int, hq: int, hkv: int, s: int, d: int
-               ) -> tuple[float, float]:
-    """Forward and backward milliseconds of one causal call with ``hq`` query heads and
-    ``hkv`` K/V heads (SDPA's ``enable_gqa`` where they differ), [b, s, h, d] storage."""
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
-
-    def t(h: int) -> Any:
-        base = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        return base, base.transpose(1, 2)
-
-    (qb, q), (kb, k), (vb, v) = t(hq), t(hkv), t(hkv)
-
-    def fwd() -> Any:
-        with sdpa_kernel(be):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                  enable_gqa=hkv != hq)
-
-    ms_f = _time_ms(fwd)
-    o = fwd()
-    g = torch.randn_like(o)
-    ms_b = _time_ms(lambda: torch.autograd.grad(o, (qb, kb, vb), g, retain_graph=True))
-    return ms_f, ms_b
-
-
 def attention_gqa(args: argparse.Namespace) -> list[Row]:
     """Grouped-query attention (K/V heads shared by groups of query heads: Llama 3's 8 K/V
     heads, 1 a rank at tp 8) against the same call with a K/V head per query head: causal,
@@ -316,7 +295,7 @@ def attention_gqa(args: argparse.Namespace) -> list[Row]:
                 for hkv in sorted({hq, hq // 4, hq // 8}, reverse=True):
                     b = max(1, 16384 // s)
                     try:
-                        ms_f, ms_b = _gqa_times(backend, b, hq, hkv, s, 128)
+                        ms_f, ms_b = _attn_times(backend, True, b, hq, s, s, 128, hkv)
                     except Exception as e:  # (a backend without GQA: said, the rest go on)
                         out.append({"backend": backend, "seq": s, "heads": hq, "kv_heads": hkv,
                                     "error": f"{type(e).__name__}: {str(e)[:160]}"})

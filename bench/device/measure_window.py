@@ -140,7 +140,9 @@ def _flex_case(flex: Callable[..., Any], s: int, w: int, heads: int = HEADS,
     return ms_f, ms_b
 
 
-def window_flex(args: argparse.Namespace) -> list[Row]:
+def _compiled_flex() -> Callable[..., Any]:
+    """FlexAttention compiled once per shape (``dynamic=False``), with room for every case's
+    recompile."""
     import torch
     import torch._dynamo.config as dyn
     from torch.nn.attention.flex_attention import flex_attention
@@ -148,8 +150,11 @@ def window_flex(args: argparse.Namespace) -> list[Row]:
     for key in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit"):
         if hasattr(dyn, key):
             setattr(dyn, key, 256)
-    flex = torch.compile(flex_attention, dynamic=False)
-    out, t0 = [], time.time()
+    return torch.compile(flex_attention, dynamic=False)  # type: ignore[no-any-return]
+
+
+def window_flex(args: argparse.Namespace) -> list[Row]:
+    flex, out, t0 = _compiled_flex(), [], time.time()
     # causal and windowed interleaved by importance, so a cut budget keeps a comparison
     cases = [(16384, 0), (16384, 1024), (2048, 0), (16384, 4096), (8192, 0), (16384, 128),
              (1024, 0), (16384, 512), (4096, 0), (32768, 1024), (512, 0), (4096, 1024),
@@ -162,17 +167,6 @@ def window_flex(args: argparse.Namespace) -> list[Row]:
         ms_f, ms_b = _flex_case(flex, s, w)
         out.append(_row("flex", s, w, ms_f, ms_b, wall_s=round(time.time() - c0, 1)))
     return out
-
-
-def _compiled_flex() -> Callable[..., Any]:
-    import torch
-    import torch._dynamo.config as dyn
-    from torch.nn.attention.flex_attention import flex_attention
-
-    for key in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit"):
-        if hasattr(dyn, key):
-            setattr(dyn, key, 256)
-    return torch.compile(flex_attention, dynamic=False)  # type: ignore[no-any-return]
 
 
 def window_heads(args: argparse.Namespace) -> list[Row]:
