@@ -186,6 +186,11 @@ LossSplitOpt = Annotated[bool, typer.Option(
     "--account-for-loss-in-pipeline-split",
     help="Count the loss as a layer in the pipeline split: the last chunk holds one layer "
          "fewer (Megatron-Core; Llama 3).")]
+OffloadOpt = Annotated[int, typer.Option(
+    "--cpu-offload-layers",
+    help="Offload the first N layers' activations to host memory between their forward and "
+         "backward, over the GPU's host link (Megatron-Core --cpu-offloading "
+         "--cpu-offloading-num-layers; pp 1, no recompute); 0 = none.")]
 RecomputeLayersOpt = Annotated[int, typer.Option(
     "--recompute-num-layers",
     help="With --recompute full: only the first N layers of each model chunk recompute, the "
@@ -222,7 +227,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    fp8_param_gather: bool = False, dist_opt_instances: int = 1,
                    outer_dp_sharding: str = "no_shard",
                    grad_reduce_per_microbatch: bool = False,
-                   cross_entropy_fusion: str = "none") -> Strategy:
+                   cross_entropy_fusion: str = "none",
+                   cpu_offload_layers: int = 0) -> Strategy:
     """The strategy the shared options describe (dp from the GPU count)."""
     small = [f"--{k} must be ≥ 1, got {v}" for k, v in
              (("gpus", gpus), ("tp", tp), ("pp", pp), ("cp", cp)) if v < 1]
@@ -258,6 +264,7 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     dist_opt_instances=dist_opt_instances,
                     outer_dp_sharding_strategy=outer_dp_sharding,  # type: ignore[arg-type]
                     grad_reduce_per_microbatch=grad_reduce_per_microbatch,
+                    cpu_offload_layers=cpu_offload_layers,
                     cross_entropy_fusion=cross_entropy_fusion)  # type: ignore[arg-type]
 
 

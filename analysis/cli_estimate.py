@@ -60,7 +60,7 @@ def estimate_cmd(
     adam_moments: C.AdamMomentsOpt = "fp32", fp8_param_gather: C.Fp8GatherOpt = False,
     dist_opt_instances: C.InstancesOpt = 1, outer_dp_sharding: C.OuterShardingOpt = "no_shard",
     grad_reduce_per_microbatch: C.GradPerMbOpt = False, seq_len: C.SeqLenOpt = 0,
-    cross_entropy_fusion: C.CeFusionOpt = "none",
+    cross_entropy_fusion: C.CeFusionOpt = "none", cpu_offload_layers: C.OffloadOpt = 0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
                                                   "JSON to this file.")] = None,
     ops: Annotated[int | None, typer.Option(
@@ -105,7 +105,7 @@ def estimate_cmd(
         pipeline_layout=pipeline_layout, adam_moments=adam_moments,
         fp8_param_gather=fp8_param_gather, dist_opt_instances=dist_opt_instances,
         outer_dp_sharding=outer_dp_sharding, grad_reduce_per_microbatch=grad_reduce_per_microbatch,
-        cross_entropy_fusion=cross_entropy_fusion)
+        cross_entropy_fusion=cross_entropy_fusion, cpu_offload_layers=cpu_offload_layers)
     sys_spec = resolve_system(system)
     mixed = None
     chosen: dict[int, str] = {}
@@ -142,6 +142,7 @@ def estimate_cmd(
     note_combined_1f1b([strategy.overlap_moe_ep_comm])
     experts = note_small_experts(spec, strategy, sys_spec)
     losses = note_loss(spec, strategy, sys_spec, g) if mixed is None else None
+    offload = note_offload(spec, strategy, sys_spec, g) if mixed is None else None
     unmerged = _print_unmerged(spec, strategy, sys_spec, g) if (
         strategy.overlap_moe_ep_comm and mixed is None) else None
     note_precision({strategy.precision}, sys_spec)
@@ -166,6 +167,8 @@ def estimate_cmd(
             out["sites"] = sites
         if losses is not None:  # the fused losses the note compares
             out["fused_losses"] = losses
+        if offload is not None:  # activation offloading against none
+            out["offload"] = offload
         if mixed is not None:
             out["mixed"] = mixed.to_dict()
             if balanced is not None:
@@ -291,6 +294,31 @@ def note_loss(model: Any, s: Strategy, system: SystemSpec, g: Glance
                   f"gives {change('native')}, Transformer Engine's (te) {change('te')}"
                   + (f" and {less:.2f} GiB less at peak" if less >= 0.01 else ""))
     return alt
+
+
+def note_offload(model: Any, s: Strategy, system: SystemSpec, g: Glance
+                 ) -> dict[str, float] | None:
+    """With activation offloading: a layer's copy over the host link, and what the offloading
+    saves at peak and costs in step time against none (for the JSON; None without it)."""
+    if not s.cpu_offload_layers:
+        return None
+    from analysis.fastpath import estimate
+    from tracegen.memory import activation_bytes_per_layer
+
+    size = activation_bytes_per_layer(model, s)
+    copy_ms = size / (system.node.host_link_GBps * 1e9) * 1e3
+    none = estimate(model, dataclasses.replace(s, cpu_offload_layers=0), system)
+    out = {"layers": s.cpu_offload_layers, "layer_bytes": size, "copy_ms": copy_ms,
+           "host_link_GBps": system.node.host_link_GBps,
+           "freed_GiB": none.peak_memory_GiB - g.peak_memory_GiB,
+           "step_time_s_without": none.step_time_s}
+    cost = g.step_time_s / none.step_time_s - 1
+    console.print(f"activation offloading: the first {s.cpu_offload_layers} layers' "
+                  f"{size / GiB:.2f} GiB a micro-batch each go to host memory and back at "
+                  f"{system.node.host_link_GBps:g} GB/s ({copy_ms:.1f} ms a copy): "
+                  f"{out['freed_GiB']:.1f} GiB less at peak, the step {cost:+.1%} against none"
+                  + (" (the copies hide behind compute)" if abs(cost) < 0.001 else ""))
+    return out
 
 
 def note_small_experts(model: Any, s: Strategy, system: SystemSpec) -> dict[str, Any] | None:

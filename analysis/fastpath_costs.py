@@ -20,9 +20,11 @@ from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
 from replay.network import AlphaBetaNetwork, Shape, ranges_shape
 from tracegen import ops as O
+from tracegen.errors import ConfigError
+from tracegen.memory import activation_bytes_per_layer
 from tracegen.mesh import Mesh, embedding_partner
 from tracegen.model import ModelSpec
-from tracegen.program import ParamBlock, RoleProgram
+from tracegen.program import ParamBlock, RoleProgram, layer_model
 from tracegen.strategy import Strategy
 
 
@@ -175,8 +177,15 @@ class Costs:
                                     (s.dp, s.zero3_gather_bucket_params, s.grad_reduce_in_bf16,
                                      s.zero3_prefetch, s.fp8_param_gather, s.dist_opt_instances,
                                      s.outer_dp_sharding_strategy)
-                                    if s.zero_stage == 3 else 0))
+                                    if s.zero_stage == 3 else 0,
+                                    s.cpu_offload_layers))
         self.moe = model.is_moe
+        # activation offloading: the host link each way (bytes/s)
+        self.host_Bps = system.node.host_link_GBps * 1e9
+        if s.cpu_offload_layers and not self.host_Bps:
+            raise ConfigError(f"cpu_offload_layers needs the system's host link: {system.name} "
+                              "gives no host_link_GBps (set it in the system file's [node] "
+                              "table)", what="strategy")
         # stages of unequal costs (read per stage: a property call each time costs more): an
         # uneven split, or a MoE model's dense first layers or a pattern of windowed and full
         # layers on a pipeline
@@ -305,7 +314,7 @@ class Costs:
         """``RoleProgram.chunk_runs`` shared by every strategy with the same model, tp, ep,
         chunk (layer count, first, last, only) and layers recomputed of a chunk
         (``recompute_num_layers``): its blocks depend on nothing else."""
-        key = (self.lists_key, chunk, self.s.recompute_num_layers)
+        key = (self.lists_key, chunk, self.s.recompute_num_layers, self.s.cpu_offload_layers)
         got = self.ctx.chunks.get(key)
         if got is None:
             got = self.ctx.chunks[key] = self.prog.chunk_runs(gci)
@@ -315,13 +324,49 @@ class Costs:
               ) -> tuple[int, int, int, int, float]:
         """(forward, backward, and the compute on the critical path of each) of one block, and
         the share of its backward that is such compute."""
-        key = (self.key, block.name, block.dense, block.expert, block.stored, sig)
+        key = (self.key, block.name, block.dense, block.expert, block.stored, block.offloaded,
+               sig)
         got = self.ctx.blocks.get(key)
         if got is None:
             (bf, bb), (uf, ub) = (block_ns(self, block, rank, sig),
                                   compute_busy(self, block, rank, sig))
             got = self.ctx.blocks[key] = (bf, bb, uf, ub, ub / bb if bb else 0.0)
         return got
+
+    def offload_ns(self, block: ParamBlock) -> int:
+        """An offloaded layer's copy to host memory, or back: its stored activations over the
+        host link."""
+        size = activation_bytes_per_layer(layer_model(self.m, block.name), self.s)
+        return round(size / self.host_Bps * 1e9)
+
+    def offload_waits(self, chunk: list[tuple[ParamBlock, int]], rank: int, sig: int
+                      ) -> tuple[int, int]:
+        """(forward, backward) ns that one micro-batch's passes wait for activation offloading's
+        copies, by the trace's own rules (tracegen/program.py, ``_offload``): a store follows
+        each offloaded layer's forward on the device-to-host stream, and the forward of the
+        layer after next waits for it (Transformer Engine's double buffer); a layer's reload
+        starts with the backward of the layer above, once its store and the reload before it
+        are done, and its backward waits for it. pp 1: one micro-batch's copies end before the
+        next one's start (each reload needs its store; the backward needs every reload)."""
+        blocks = [(b, *self.block(b, rank, sig)[:2], self.offload_ns(b) if b.offloaded else 0)
+                  for b, n in chunk for _ in range(n)]
+        t = d2h = wait = 0
+        stores: dict[int, int] = {}  # block position → its store's end
+        for k, (block, f, _, c) in enumerate(blocks):  # forward
+            t = max(t, wait) + f
+            wait = 0
+            if block.offloaded:
+                wait = d2h  # the store before this one's
+                d2h = stores[k] = max(t, d2h) + c
+        fwd_wait = t - sum(f for _, f, _, _ in blocks)
+        start, h2d = t, 0
+        loaded: dict[int, int] = {}  # block position → its reload's end
+        for k in range(len(blocks) - 1, -1, -1):  # backward
+            t = max(t, loaded.get(k, 0))
+            if k > 0 and blocks[k - 1][0].offloaded:  # its reload, prefetched
+                h2d = loaded[k - 1] = max(t, h2d, stores[k - 1]) + blocks[k - 1][3]
+            t += blocks[k][2]
+        return fwd_wait, t - start - sum(b for _, _, b, _ in blocks)
 
     def optimizer_ns(self, params: int) -> int:
         """The optimizer step over ``params`` local parameters (memo: it depends on nothing

@@ -124,6 +124,8 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
         kappa = costs.compute.gpu.comm_interference
         stage = stage._replace(merged=tuple(run_pieces(x, kappa) for x in pieces),
                                merged_pieces=pieces)
+    if costs.s.cpu_offload_layers:
+        stage = _offload_waits(costs, stage, costs.chunk_runs(gcis[0], chunks[0]), rank, sig)
     if costs.zb:
         blocks = [costs.chunk_runs(gci, key) for gci, key in zip(gcis, chunks, strict=True)]
         stage = stage._replace(w_view=_w_view(costs, stage, blocks, rank, sig),
@@ -131,6 +133,24 @@ def stage_costs(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object,
                                    costs.block_items(block, "w")) for block, count in chunk)
                                    for chunk in blocks))
     return stage
+
+
+def _offload_waits(costs: Costs, stage: Stage, chunk: list[tuple[ParamBlock, int]], rank: int,
+                   sig: int) -> Stage:
+    """A stage (pp 1: one chunk) whose passes wait for activation offloading's copies
+    (``Costs.offload_waits``): the forward's and backward's waits added to their times, and
+    the backward's to the offloaded layers' runs, whose reloads it waits for — so the gradient
+    buckets those layers fill are ready as late as the trace makes them."""
+    fx, bx = costs.offload_waits(chunk, rank, sig)
+    runs = stage.runs_bwd[0]
+    k = sum(count for block, _, count, _ in runs if block.offloaded)
+    extra = bx // k if k else 0
+    runs = tuple((block, bb + extra, count, share * bb / (bb + extra) if bb + extra else 0.0)
+                 if block.offloaded else (block, bb, count, share)
+                 for block, bb, count, share in runs)
+    return stage._replace(fwd=(stage.fwd[0] + fx,), bwd=(stage.bwd[0] + bx,),
+                          fwd_s=stage.fwd_s + fx / NS_PER_S, bwd_s=stage.bwd_s + bx / NS_PER_S,
+                          runs_bwd=(runs,))
 
 
 def _plain_stage(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object, ...], ...],

@@ -217,6 +217,9 @@ def fit_hint_words(hint: dict[str, Any]) -> tuple[str, str, str]:
     """(what the hint recomputes, its CLI flags, its study-file fields) — ``Glance.fit_hint``
     in words for ``estimate`` and ``resilience``."""
     n = hint["recompute_num_layers"]
+    if (k := hint.get("cpu_offload_layers", 0)) and hint["recompute"] == "none":
+        return (f"the first {_layers(k)}' activations offloaded to host memory",
+                f"--cpu-offload-layers {k}", f"cpu_offload_layers = {k}")
     if hint["recompute"] == "selective":
         mods = hint.get("recompute_modules", "core_attn")
         if mods == "core_attn":
@@ -243,6 +246,7 @@ def fit_hint(model: ModelSpec, s: Strategy, system: SystemSpec, *, cost: Cost | 
         return None
     return {"recompute": got[0].recompute, "recompute_num_layers": got[0].recompute_num_layers,
             "recompute_modules": got[0].recompute_modules,
+            "cpu_offload_layers": got[0].cpu_offload_layers,
             "step_time_s": got[1].step_time_s, "peak_memory_GiB": got[1].peak_memory_GiB}
 
 
@@ -276,7 +280,33 @@ def fit_by_recompute(model: ModelSpec, s: Strategy, system: SystemSpec, *,
         found = _least_fitting(s, cost, s.recompute_num_layers + 1, most)
         if found is not None:
             options.append(found)
+    if system.node.host_link_GBps and s.cpu_offload_layers < model.num_layers - 1:
+        found = _least_offload(s, cost, model.num_layers - 1)
+        if found is not None:
+            options.append(found)
     return min(options, key=lambda o: o[1].step_time_s) if options else None
+
+
+def _least_offload(s: Strategy, cost: Cost, most: int) -> tuple[Strategy, FastEstimate] | None:
+    """The least count of first layers whose activations, offloaded to host memory, make
+    ``s`` fit (where ``s`` allows offloading: pp 1, no recompute), by bisection over
+    (s.cpu_offload_layers, most]: peak memory falls as the count grows."""
+    def at(n: int) -> tuple[Strategy, FastEstimate] | None:
+        v = _variant(s, cpu_offload_layers=n)
+        return None if v is None else (v, cost(v))
+
+    best = at(most)
+    if best is None or not best[1].fits:
+        return None
+    lo, hi = s.cpu_offload_layers + 1, most
+    while lo < hi:
+        mid = (lo + hi) // 2
+        got = at(mid)
+        if got is not None and got[1].fits:
+            best, hi = got, mid
+        else:
+            lo = mid + 1
+    return best
 
 
 def _variant(s: Strategy, **fields: Any) -> Strategy | None:

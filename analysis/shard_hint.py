@@ -104,10 +104,11 @@ def shard_hint(model: ModelSpec, s: Strategy, system: SystemSpec, *, recompute: 
         "outer_dp_sharding_strategy": c.outer_dp_sharding_strategy,
         "zero3_prefetch": c.zero3_prefetch, "step_time_s": est.step_time_s,
         "peak_memory_GiB": est.peak_memory_GiB}
-    if (c.recompute, c.recompute_num_layers, c.recompute_modules) != (
-            s.recompute, s.recompute_num_layers, s.recompute_modules):
+    if (c.recompute, c.recompute_num_layers, c.recompute_modules, c.cpu_offload_layers) != (
+            s.recompute, s.recompute_num_layers, s.recompute_modules, s.cpu_offload_layers):
         out |= {"recompute": c.recompute, "recompute_num_layers": c.recompute_num_layers,
-                "recompute_modules": c.recompute_modules}
+                "recompute_modules": c.recompute_modules,
+                "cpu_offload_layers": c.cpu_offload_layers}
     return out
 
 
@@ -131,7 +132,7 @@ def shard_hint_words(hint: dict[str, Any], s: Strategy) -> tuple[str, str, str]:
             words.append("the optimizer sharded across the instances (HFSDP)")
         flags.append(f"--outer-dp-sharding {hint['outer_dp_sharding_strategy']}")
         fields.append(f'outer_dp_sharding_strategy = "{hint["outer_dp_sharding_strategy"]}"')
-    if "recompute" in hint:  # with the recomputation it needs too
+    if "recompute" in hint:  # with the recomputation (or offloading) it needs too
         from analysis.glance import fit_hint_words
 
         more = fit_hint_words(hint)

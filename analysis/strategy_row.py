@@ -53,6 +53,7 @@ FLAGS: dict[str, str] = {
     "outer_dp_sharding_strategy": "--outer-dp-sharding",
     "grad_reduce_per_microbatch": "--grad-reduce-per-microbatch",
     "cross_entropy_fusion": "--cross-entropy-fusion",
+    "cpu_offload_layers": "--cpu-offload-layers",
 }
 _ALWAYS = ("micro_batch_size", "global_batch_size")  # the flags estimate requires
 

@@ -76,6 +76,7 @@ FLOAT_COLUMNS = ("scaleout_gbps_per_gpu", "measured_iter_time_s")
 # (Qwen3), the experts' tensor parallelism (1 = Megatron-Core's MoE parallel folding), the
 # shared experts' width (Qwen2-MoE), a MoE model's dense first layers (GLM-4.5), multi-head
 # latent attention's widths, group-limited routing and multi-token prediction (DeepSeek-V3),
+# the layers whose activations go to host memory (Megatron-Core's --cpu-offloading-num-layers),
 # a sliding window or attention chunk (Mistral, Gemma 2/3, GPT-OSS; Llama 4) with, as text,
 # the pattern of layers using it (``window_pattern``); and, as text, the MoE
 # dispatcher, the modules selective recompute names (Megatron-Core's --recompute-modules,
@@ -87,7 +88,8 @@ FLOAT_COLUMNS = ("scaleout_gbps_per_gpu", "measured_iter_time_s")
 EXTENSION_INT_COLUMNS = ("head_dim", "expert_tp", "shared_expert_ffn_hidden_size",
                          "first_dense_layers", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
                          "v_head_dim", "moe_router_num_groups", "moe_router_group_topk",
-                         "mtp_layers", "sliding_window", "attention_chunk")
+                         "mtp_layers", "sliding_window", "attention_chunk",
+                         "cpu_offload_layers")
 EXTENSION_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "pipeline_layout",
                           "adam_moments_dtype", "cross_entropy_fusion", "window_pattern")
 # read case-insensitively, as the enums below (a layout's E and L are upper case: kept)
@@ -416,7 +418,8 @@ def _strategy(row: dict[str, Any], precision: str) -> Strategy:
         overlap_moe_ep_comm=bool(row.get("overlap_moe_ep_comm")),
         delay_wgrad_compute=bool(row.get("delay_wgrad_compute")),
         tp_comm_overlap=bool(row.get("tp_comm_overlap")),
-        grad_reduce_per_microbatch=_per_microbatch(row))
+        grad_reduce_per_microbatch=_per_microbatch(row),
+        cpu_offload_layers=row.get("cpu_offload_layers") or 0)
 
 
 def _per_microbatch(row: dict[str, Any]) -> bool:

@@ -57,7 +57,8 @@ def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
     sim = Simulator(ts, model, net, astra_compat=astra_compat, contention=contention,
                     slowdown=scen.slowdown if scen and scen.episodes else None,
                     compute_overrides=overrides, progress=progress,
-                    interference=_interference(sys_spec, scen))
+                    interference=_interference(sys_spec, scen),
+                    host_Bps=_host_links(mix, sys_spec))
     end_ns = sim.run()
     timeline = timeline_frame(sim, ts)
     metrics = step_metrics(ts, timeline, end_ns, _mean_peak(mix, sys_spec, _dtype(ts)))
@@ -75,6 +76,14 @@ def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
     if scen:
         metrics["scenario"] = scen.name
     return ReplayResult(timeline, breakdown, metrics, waits_frame(sim), faults)
+
+
+def _host_links(mix: dict[str, tuple[SystemSpec, list[int]]], sys_spec: SystemSpec
+                ) -> Callable[[int], float]:
+    """Each rank's host link, each way, in bytes/s (its GPU's system's ``host_link_GBps``)."""
+    rate = {r: spec.node.host_link_GBps * 1e9 for spec, ranks in mix.values() for r in ranks}
+    default = sys_spec.node.host_link_GBps * 1e9
+    return lambda rank: rate.get(rank, default)
 
 
 def _scenario(scenario: str | Path | Scenario | None, ts: TraceSet, sys_spec: SystemSpec

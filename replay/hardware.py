@@ -180,6 +180,10 @@ class NodeSpec:
     # All-reduce bus bandwidth with NVLink SHARP (NVLS) inside a node; 0 where the NVSwitch has
     # none (before Hopper) or no measurement exists.
     nvls_busbw_GBps: float = 0.0
+    # Host link a GPU copies to and from host memory over, each way, as achieved (PCIe, or
+    # NVLink-C2C to a Grace CPU): activation offloading's copies (``Strategy.cpu_offload_layers``)
+    # and Chakra MEM_STORE / MEM_LOAD nodes run at it. 0: not given (offloading refused).
+    host_link_GBps: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -279,7 +283,7 @@ MIN_VALUE, MAX_VALUE = 1e-6, 1e7
 # 0: absent / unmeasured
 OPTIONAL_ZERO = ("nvls_busbw_GBps", "gemm_k_overhead", "gemm_mamf_k", "comm_interference",
                  "sustained_clock_ratio_fp8", "attention_half_tiles", "gemm_occupancy_waves",
-                 "site_gpus", "site_Gbps_per_gpu", "site_latency_us")
+                 "site_gpus", "site_Gbps_per_gpu", "site_latency_us", "host_link_GBps")
 
 
 def _problems(s: SystemSpec) -> list[str]:

@@ -129,6 +129,11 @@ def intervals_overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]
     return total
 
 
+# kinds that are not communication: compute, metadata, and copies to and from host memory
+# (activation offloading: a compute wait on them is idle time, not exposed communication)
+NOT_COMM = ("COMP_NODE", "METADATA_NODE", "MEM_STORE_NODE", "MEM_LOAD_NODE")
+
+
 def breakdown_frame(timeline: pl.DataFrame, step_time_s: float,
                     interference_ns: dict[int, int] | None = None) -> pl.DataFrame:
     """Per rank: compute, exposed and overlapped communication, idle (bubbles included), and
@@ -138,7 +143,7 @@ def breakdown_frame(timeline: pl.DataFrame, step_time_s: float,
     rows = []
     for (rank,), g in timeline.group_by(["rank"], maintain_order=True):
         comp = g.filter((pl.col("stream") == "compute") & (pl.col("end_s") > pl.col("start_s")))
-        comm = g.filter((pl.col("kind") != "COMP_NODE") & (pl.col("kind") != "METADATA_NODE"))
+        comm = g.filter(~pl.col("kind").is_in(NOT_COMM))
         cu = union_intervals(comp["start_s"].to_numpy(), comp["end_s"].to_numpy())
         mu = union_intervals(comm["start_s"].to_numpy(), comm["end_s"].to_numpy())
         compute, comm_t = intervals_length(cu), intervals_length(mu)
@@ -198,7 +203,7 @@ def step_metrics(ts: TraceSet, timeline: pl.DataFrame, end_ns: int, peak_flop_pe
 
 def _axis_times(ts: TraceSet, timeline: pl.DataFrame) -> dict[str, float]:
     """Per group axis: the busiest rank's summed collective time (send/recv count as 'pp')."""
-    comm = timeline.filter(pl.col("kind") != "COMP_NODE")
+    comm = timeline.filter(~pl.col("kind").is_in(NOT_COMM))
     if comm.is_empty():
         return {}
     axis_of = {f"comm:{k}": v for k, v in ts.group_axis.items()}

@@ -48,7 +48,9 @@ COMPUTE_STREAM = 0
 P2P_STREAM = 1
 # Priorities at equal time: finishing work first frees streams before new work is dispatched.
 PRIO_FINISH, PRIO_FLOW, PRIO_READY = 0, 1, 2
-UNSUPPORTED = {pb.MEM_LOAD_NODE: "MEM_LOAD_NODE", pb.MEM_STORE_NODE: "MEM_STORE_NODE"}
+# copies between a GPU and host memory (activation offloading): one copy stream each way
+MEM_STREAMS = {pb.MEM_STORE_NODE: "d2h", pb.MEM_LOAD_NODE: "h2d"}
+MEM_NAMES = {pb.MEM_STORE_NODE: "MEM_STORE_NODE", pb.MEM_LOAD_NODE: "MEM_LOAD_NODE"}
 
 
 @dataclasses.dataclass(slots=True)
@@ -164,8 +166,10 @@ class Simulator:
                  slowdown: Callable[[int, int], float] | None = None,
                  compute_overrides: dict[int, ComputeModel] | None = None,
                  progress: Callable[[int, int], None] | None = None,
-                 interference: Callable[[int], float] | None = None) -> None:
+                 interference: Callable[[int], float] | None = None,
+                 host_Bps: Callable[[int], float] | None = None) -> None:
         self.ts, self.net, self.astra = ts, network, astra_compat
+        self._host_Bps = host_Bps  # a rank's host link, each way (bytes/s; 0: none given)
         self.contention = contention
         self._slowdown = slowdown
         self._overrides = compute_overrides or {}
@@ -210,11 +214,11 @@ class Simulator:
         dep_pos: list[list[int]] = []
         stream_of: list[int] = []
         for i, n in enumerate(nodes):
-            if n.type in UNSUPPORTED:
+            if n.type in MEM_NAMES and not (self._host_Bps and self._host_Bps(rank) > 0):
                 raise ReplayError(
-                    f"rank {rank}: node {n.id} ({n.name!r}) is a {UNSUPPORTED[n.type]}: the trace "
-                    "reads fine, but trainsim has no memory model to simulate remote memory "
-                    "loads/stores; drop MEM nodes or simulate this trace with ASTRA-sim")
+                    f"rank {rank}: node {n.id} ({n.name!r}) is a {MEM_NAMES[n.type]}, a copy "
+                    "between the GPU and host memory, and the system gives no host link to run "
+                    "it over: set host_link_GBps in the system file's [node] table")
             raw = n.data_deps + n.ctrl_deps if n.ctrl_deps else n.data_deps
             deps = [pos_of[d] for d in (set(raw) if len(raw) > 1 else raw)]
             pending[i] = len(deps)
@@ -238,6 +242,8 @@ class Simulator:
             return self._stream_id("comm") if self.astra else P2P_STREAM
         if n.type == pb.COMM_RECV_NODE:  # (ASTRA-sim too: a receive holds no stream)
             return P2P_STREAM
+        if n.type in MEM_STREAMS:
+            return self._stream_id(MEM_STREAMS[n.type])
         return COMPUTE_STREAM  # METADATA_NODE: zero time
 
     # ---- run --------------------------------------------------------------------------------
@@ -278,7 +284,23 @@ class Simulator:
             return self._arrive(t, r, pos, sid)
         if node.type == pb.COMM_SEND_NODE:  # ASTRA mode: a send on the comm stream
             return self._post_p2p(t, r.rank, pos)
+        if node.type in MEM_STREAMS:
+            return self._host_copy(t, r.rank, pos, sid)
         return [(t, PRIO_FINISH, self._finish, (r.rank, pos, sid, t, t))]
+
+    def _host_copy(self, t: int, rank: int, pos: int, sid: int) -> list[Event]:
+        """A MEM_STORE / MEM_LOAD node: ``tensor_size`` bytes over the rank's host link, that
+        direction's link shared by the copies in flight on it."""
+        assert self._host_Bps is not None  # (``_prepare`` refused MEM nodes without one)
+        node = self.ranks[rank].nodes[pos]
+        size = int(node.attrs.get("tensor_size", 0))
+        link = (MEM_STREAMS[node.type], rank)
+        cost = CommCost(0, round(size / self._host_Bps(rank) * 1e9), (link,))
+
+        def done(t_end: int) -> list[Event]:
+            return [(t_end, PRIO_FINISH, self._finish, (rank, pos, sid, t, t))]
+
+        return self._transfer(t, cost, done)
 
     def _run_compute(self, t: int, r: _Rank, pos: int, sid: int) -> list[Event]:
         """Start a compute node; a chain of compute nodes that nothing else can interleave with

@@ -748,7 +748,9 @@ def test_op_key_covers_every_field_the_op_lists_read() -> None:
                 # when the buckets go, not what runs (its walk reads it, ``grad_stream``)
                 "grad_reduce_per_microbatch": True,
                 # the loss's bytes (``head_fwd``, ``head_bwd``): the key has it
-                "cross_entropy_fusion": "te"}
+                "cross_entropy_fusion": "te",
+                # copies beside the passes, not op lists (``Costs.key`` has it; refused at pp 2)
+                "cpu_offload_layers": 2}
     fields = {f.name for f in dataclasses.fields(Strategy)}
     assert fields <= set(variants) | {"last_stage_layers"}, "give the new field a variant here"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.validate import validate
+from analysis.validate import load_runs, row_inputs, validate
 from replay import get_system
 from replay.network import AlphaBetaNetwork, flat_cost
 from tests.test_megatron_bridge_runs import B200_RUNS, STACK
@@ -54,28 +54,34 @@ def test_the_sustained_clock_is_the_same_recipe_on_both_blackwells(
 
 def test_the_rows_that_set_nothing_are_predicted_within_the_error_reached(
         gb200: dict[str, dict[str, float]]) -> None:
-    """Llama 3 70B under Megatron-FSDP on 64 GPUs (one rack) 6.2% too fast; Llama 3.1 405B at
-    tp 4, pp 16, vpp 4 on 256 GPUs (four 64-GPU segments) 5.5% too fast — where the same
-    constants' 8B row is 4.9% too fast and B200's own 8B row 5.4%. With the B200's clock ratio
-    borrowed unchanged, all three were 11-12.5% too fast. Bounds are the errors reached."""
+    """Llama 3 70B under Megatron-FSDP on 64 GPUs (one rack), its first 40 layers' activations
+    offloaded to the Grace CPUs' memory as its recipe does, 5.3% too fast (6.2% without the
+    offloading: its copies cost 0.9% where a layer's copy takes about its forward); Llama 3.1
+    405B at tp 4, pp 16, vpp 4 on 256 GPUs (four 64-GPU segments) 5.5% too fast — where the
+    same constants' 8B row is 4.9% too fast and B200's own 8B row 5.4%. With the B200's clock
+    ratio borrowed unchanged, all three were 11-12.5% too fast. Bounds are the errors
+    reached."""
     err = {rid: r["error_pct"] for rid, r in gb200.items()}
     assert -5.0 <= err["mbridge2511-gb200-llama3-8b"] < -4.5
-    assert -6.5 <= err["mbridge2511-gb200-llama3-70b"] < -5.5
+    assert -5.6 <= err["mbridge2511-gb200-llama3-70b"] < -5.0
     assert -6.0 <= err["mbridge2511-gb200-llama3.1-405b"] < -5.0
 
 
 def test_memory_says_what_the_recipes_did_beyond_the_model(
         gb200: dict[str, dict[str, float]]) -> None:
     """The 8B run fits (135 GiB of 186). The 70B run's recipe offloads 40 of its 80 layers'
-    activations to the Grace CPU's memory (``cpu_offloading_num_layers=40``), which trainsim
-    does not model: without it the 361 GiB of activations of tp 1 at 2 × 8,192 tokens cannot
-    fit, and the row says so. The 405B run is predicted 12% over (209 GiB): its recipe reduces
-    gradients in 16 bits (``grad_reduce_in_fp32 = False``, 12 GiB of it; the file's stack keeps
-    the H100 and B200 rows' 32-bit buffer) — the rest is not explained here."""
+    activations to the Grace CPUs' memory (``cpu_offloading_num_layers=40``, the file's
+    ``cpu_offload_layers`` column): 202 GiB predicted where it ran in 186 GB — 8.6% over, and
+    361 GiB without the offloading (tp 1 at 2 × 8,192 tokens). The 405B run is predicted 12%
+    over (209 GiB): its recipe reduces gradients in 16 bits (``grad_reduce_in_fp32 = False``,
+    12 GiB of it; the file's stack keeps the H100 and B200 rows' 32-bit buffer) — the rest is
+    not explained here."""
     assert gb200["mbridge2511-gb200-llama3-8b"]["fits"]
     assert gb200["mbridge2511-gb200-llama3-8b"]["predicted_peak_memory_GiB"] < 140
-    assert not gb200["mbridge2511-gb200-llama3-70b"]["fits"]
-    assert 350 < gb200["mbridge2511-gb200-llama3-70b"]["predicted_peak_memory_GiB"] < 370
+    rows = {r["id"]: row_inputs(r) for r in load_runs(GB200_RUNS).iter_rows(named=True)}
+    assert rows["mbridge2511-gb200-llama3-70b"].strategy.cpu_offload_layers == 40  # type: ignore[union-attr]
+    over70 = gb200["mbridge2511-gb200-llama3-70b"]["predicted_peak_memory_GiB"] / 186
+    assert 1.07 < over70 < 1.10
     over = gb200["mbridge2511-gb200-llama3.1-405b"]["predicted_peak_memory_GiB"] / 186
     assert 1.10 < over < 1.14
 

@@ -86,12 +86,25 @@ def test_default_group_is_the_world(in_tmp: Path, astra: bool) -> None:
     assert res.timeline["start_s"].max() == 0.0  # all four started together
 
 
-def test_mem_nodes_are_read_but_not_simulated_and_say_so(in_tmp: Path) -> None:
-    gen.one_remote_mem_load_node(2, 1024)
+def test_mem_nodes_are_copies_over_the_host_link(in_tmp: Path) -> None:
+    """Chakra's remote memory load generator: each rank's MEM_LOAD_NODE of ``tensor_size``
+    bytes replays as a copy over its host link (DGX H100: PCIe Gen5, 55 GB/s each way); a
+    system that gives no host link says so instead."""
+    import dataclasses
+
+    from replay import get_system
+
+    gen.one_remote_mem_load_node(2, 1 << 20)
     ts = load_trace_set(in_tmp / "one_remote_mem_load_node")
     assert ts.num_nodes == 2
-    with pytest.raises(ReplayError, match=r"MEM_LOAD_NODE.*no memory model"):
-        replay(ts, "dgx-h100")
+    res = replay(ts, "dgx-h100")
+    assert res.step_time_s == pytest.approx((1 << 20) / 55e9, rel=1e-6)
+    assert set(res.timeline["stream"]) == {"h2d"}
+    assert (res.breakdown["exposed_comm_s"] == 0).all()  # a host copy is no communication
+    base = get_system("dgx-h100")
+    bare = dataclasses.replace(base, node=dataclasses.replace(base.node, host_link_GBps=0.0))
+    with pytest.raises(ReplayError, match=r"MEM_LOAD_NODE.*set host_link_GBps"):
+        replay(ts, bare)
 
 
 def test_generator_send_without_destination_is_a_format_error(in_tmp: Path) -> None:

@@ -75,6 +75,8 @@ CASES = [
                              moe_shared_expert_overlap=True)),
     ("qwen3-30b-a3b", Strategy(dp=64, ep=8, micro_batch_size=1, global_batch_size=1024,
                                zero_stage=1, overlap_moe_ep_comm=True)),
+    ("llama3-70b", Strategy(dp=64, micro_batch_size=2, global_batch_size=256, zero_stage=3,
+                            zero3_prefetch=True, precision="fp8", cpu_offload_layers=40)),
     ("qwen3-235b-a22b", Strategy(tp=2, pp=8, vpp=4, dp=16, ep=32, expert_tp=1,
                                  schedule="interleaved_1f1b", sequence_parallel=True,
                                  micro_batch_size=1, global_batch_size=2048, zero_stage=1,

@@ -379,6 +379,19 @@ def _chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
                                 tuple(per_chunk), hold))
 
 
+def offloaded_bytes(m: ModelSpec, s: Strategy, act: int, flash_attention: bool = True) -> int:
+    """Activations activation offloading keeps off the GPU at the peak (the end of a forward,
+    pp 1): the first ``cpu_offload_layers`` layers' but one, the copy Transformer Engine's
+    double-buffered handler may still hold in flight (``act``: a layer's bytes; a MoE model's
+    dense first layers keep their own)."""
+    n = s.cpu_offload_layers
+    dense = min(n, m.first_dense_layers)
+    dense_act = (_layer_activation_bytes(m.dense_view(), s, s.recompute, flash_attention)
+                 if dense else 0)
+    sizes = [dense_act] * dense + [act] * (n - dense)
+    return sum(sizes) - max(sizes) if sizes else 0
+
+
 def mtp_activation_bytes(m: ModelSpec, s: Strategy, flash_attention: bool = True) -> int:
     """What the multi-token-prediction modules keep for their backward, per micro-batch: each a
     layer of the last layer's kind under the strategy's recompute (``ParamBlock.recomputes``)
@@ -553,6 +566,8 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
         if s.schedule == "zb_h1":  # deferred W passes keep their operands (ZB-V: above)
             activations = _peak_chunk_load(s.order_id, s.num_microbatches, s.pp, 1, stage,
                                            (per_mb,), _w_hold(m, s, stage, hold_bytes))
+    if s.cpu_offload_layers:  # (pp 1: the one micro-batch in flight)
+        activations -= offloaded_bytes(m, s, act, flash_attention)
     if s.overlap_moe_ep_comm and _merges(s, stage):
         # combined 1F1B: at layer pair k the forward holds its chunk's layers 0..k and the
         # backward still its 0..L−1−k — one layer more than the chunk the backward frees

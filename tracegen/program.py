@@ -34,7 +34,15 @@ from tracegen.routing import Route, route_attrs
 from tracegen.schedule import Step, combined, stage_order
 from tracegen.strategy import Strategy
 from tracegen.units import DTYPE_CODE
-from tracegen.vocab import COLL_CODE, COMM_COLL_NODE, COMM_RECV_NODE, COMM_SEND_NODE, COMP_NODE
+from tracegen.vocab import (
+    COLL_CODE,
+    COMM_COLL_NODE,
+    COMM_RECV_NODE,
+    COMM_SEND_NODE,
+    COMP_NODE,
+    MEM_LOAD_NODE,
+    MEM_STORE_NODE,
+)
 
 Attr = tuple[str, str, Any]  # (name, protobuf oneof kind, value)
 
@@ -72,6 +80,7 @@ class ParamBlock:
     expert: int = 0
     label: str = ""  # e.g. "L12" (global layer index), "emb", "head"
     stored: bool = False  # a layer that keeps its activations (``recompute_num_layers``)
+    offloaded: bool = False  # a layer whose activations go to host memory (cpu_offload_layers)
 
     @property
     def is_layer(self) -> bool:
@@ -126,6 +135,9 @@ class RoleProgram:
         self._splits: dict[str, tuple[list[O.Item], list[O.Item]]] = {}
         self.n_chunks = strategy.pp * strategy.vpp
         self.m_mb = strategy.num_microbatches
+        # activation offloading: (micro-batch, layer label) → its store; the last store and load
+        self._stores: dict[tuple[int, str], int] = {}
+        self._last_mem: dict[int, int] = {}
 
     # ---- node factories -------------------------------------------------------------------
     def _new(self, name: str, type_: int, attrs: list[Attr], **kw: Any) -> PNode:
@@ -192,6 +204,25 @@ class RoleProgram:
         node = self._new(name, COMM_SEND_NODE if send else COMM_RECV_NODE, attrs, peer=offset,
                          comm_bytes=size)
         node.data_deps.extend(deps)
+        return node.id
+
+    def mem(self, store: bool, block: ParamBlock, prefix: str, deps: tuple[int, ...]) -> int:
+        """An offloaded layer's activations copied to host memory after its forward (a
+        MEM_STORE_NODE) or back before its backward (MEM_LOAD_NODE), each kind on its own copy
+        stream in issue order; ``tensor_size``: the layer's stored activations (as a fused-
+        attention stack keeps them, ``memory.activation_bytes_per_layer``)."""
+        from tracegen.memory import activation_bytes_per_layer  # (it imports this module)
+
+        type_ = MEM_STORE_NODE if store else MEM_LOAD_NODE
+        size = activation_bytes_per_layer(layer_model(self.m, block.name), self.s)
+        attrs: list[Attr] = [("is_cpu_op", "bool", False), ("tensor_size", "int64", size)]
+        node = self._new(f"{prefix}.{block.label}.{'offload' if store else 'reload'}", type_,
+                         attrs, comm_bytes=size)
+        node.data_deps.extend(deps)
+        prev = self._last_mem.get(type_)
+        if prev is not None and prev not in deps:
+            node.ctrl_deps.append(prev)
+        self._last_mem[type_] = node.id
         return node.id
 
     def _chain(self, node: PNode, extra: tuple[int, ...]) -> None:
@@ -272,12 +303,14 @@ class RoleProgram:
     def _layer_runs(self, layers: range) -> list[tuple[ParamBlock, int]]:
         """The layers ``layers`` as runs of equal blocks: a MoE model's dense first layers
         first, windowed and full layers in their pattern; under full recompute of the first
-        recompute_num_layers the rest keep their activations (``stored``)."""
+        recompute_num_layers the rest keep their activations (``stored``); the first
+        cpu_offload_layers send theirs to host memory (``offloaded``)."""
         m, s = self.m, self.s
-        if not (m.first_dense_layers or s.recompute_num_layers or m.window):
+        if not (m.first_dense_layers or s.recompute_num_layers or m.window
+                or s.cpu_offload_layers):
             return [(self.layer_block(), len(layers))] if len(layers) else []
         n_rc = s.recompute_num_layers or len(layers)
-        kinds = [(i < m.first_dense_layers, m.windowed(i), j >= n_rc)
+        kinds = [(i < m.first_dense_layers, m.windowed(i), j >= n_rc, j < s.cpu_offload_layers)
                  for j, i in enumerate(layers)]
         out: list[tuple[ParamBlock, int]] = []
         j = 0
@@ -285,9 +318,11 @@ class RoleProgram:
             n = 1
             while j + n < len(kinds) and kinds[j + n] == kinds[j]:
                 n += 1
-            dense, windowed, stored = kinds[j]
+            dense, windowed, stored, offloaded = kinds[j]
             block = self.layer_block(dense and m.is_moe, windowed)
-            out.append((dataclasses.replace(block, stored=True) if stored else block, n))
+            if stored or offloaded:
+                block = dataclasses.replace(block, stored=stored, offloaded=offloaded)
+            out.append((block, n))
             j += n
         return out
 
@@ -479,6 +514,8 @@ class RoleProgram:
         # pieces the previous step's optimizer updated: Megatron-FSDP's outer gather runs only
         # while ``microbatch_count == 0``)
         outer = self.s.hfsdp and mb == 0
+        stored: tuple[int, ...] = ()  # the store the next layer's forward waits for
+        last_store: int | None = None
         for i, block in enumerate(blocks):
             if self.s.zero_stage == 3:  # the first gather does not wait for the received input
                 own, ahead = self._zero3_gathers(blocks, order, i, prefix, first, ahead,
@@ -487,10 +524,15 @@ class RoleProgram:
             waits = self.gather_waits.get((mb, gci, i))
             if waits:
                 first = (*first, *waits)
+            first = (*first, *stored)
             items = self._fwd_items(block)
             if items:  # (a block that runs nothing passes what the next must wait for on)
                 self.items(items, f"{prefix}.{block.label}", "fwd", first)
                 first = ()
+            stored = ()
+            if block.offloaded:  # (Transformer Engine's double buffer: ``_offload``)
+                stored = () if last_store is None else (last_store,)
+                last_store = self._offload(mb, block, prefix)
         if gci < self.n_chunks - 1 and self._hop(gci + 1):
             self._send(mb, gci + 1, grad=False)
 
@@ -503,11 +545,18 @@ class RoleProgram:
         blocks = self.blocks_of_chunk(gci)
         order = list(reversed(range(len(blocks))))
         ahead: tuple[int, ...] = ()
+        loaded: dict[int, int] = {}  # block index → its reload
         for j, i in enumerate(order):
             block, name = blocks[i], f"{prefix}.{blocks[i].label}"
             if self.s.zero_stage == 3:
                 own, ahead = self._zero3_gathers(blocks, order, j, prefix, first, ahead)
                 first = (*first, *own)
+            if i in loaded:
+                first = (*first, loaded[i])
+            if i > 0 and blocks[i - 1].offloaded:  # prefetched while this block runs backward
+                at = first if self.tail is None else (self.tail, *first)
+                loaded[i - 1] = self.mem(False, blocks[i - 1], prefix,
+                                         (*at, self._stores.pop((mb, blocks[i - 1].label))))
             self.items(self._recompute_items(block), f"{name}.rc", "recompute", first)
             if self._recompute_items(block):
                 first = ()
@@ -521,6 +570,15 @@ class RoleProgram:
                 self._bucket_add(block, name, flush=i == 0, last=last)
         if gci > 0 and self._hop(gci - 1):
             self._send(mb, gci - 1, grad=True)
+
+    def _offload(self, mb: int, block: ParamBlock, prefix: str) -> int:
+        """After an offloaded layer's forward: its store. Transformer Engine's double-buffered
+        handler makes the compute stream wait for the copy stream at each offloaded layer's
+        commit before issuing its copy, so the next layer's forward waits for the store of the
+        layer before this one (``forward``)."""
+        assert self.tail is not None
+        node = self._stores[(mb, block.label)] = self.mem(True, block, prefix, (self.tail,))
+        return node
 
     def weight(self, mb: int, chunk: int, *, last: bool) -> None:
         """A W pass (ZB-H1, ZB-V): the weight-gradient GEMMs the B pass left (``_w_items``),

@@ -120,6 +120,15 @@ class Strategy:
     # LM's TransformerBlock checkpoints layers below N; Korthikanti et al. 2022 §5 weigh the
     # trade). 0 = every layer (needs recompute "full" otherwise).
     recompute_num_layers: int = 0
+    # Megatron-Core --cpu-offloading --cpu-offloading-num-layers N (Transformer Engine's CPU
+    # offload context, activations only): the first N layers' saved activations go to host
+    # memory after each layer's forward and come back ahead of its backward, on copy streams
+    # over the GPU's host link (``NodeSpec.host_link_GBps``); Transformer Engine's double-
+    # buffered handler lets a layer's forward run only once the copy of the layer before the
+    # previous one is done, and prefetches a layer's reload during the backward of the layer
+    # above. Megatron-Core's TransformerConfig allows it only with pp 1, no recomputation and
+    # N below the layer count. 0 = none.
+    cpu_offload_layers: int = 0
     # Megatron-Core --recompute-granularity selective --recompute-modules: what selective
     # recompute runs again in the backward instead of keeping its activations, comma-separated
     # from RECOMPUTE_MODULES — "core_attn" (the default; Korthikanti et al. 2022 §4.3), "mlp"
@@ -417,6 +426,8 @@ class Strategy:
             s += "-hfsdp"
         if self.cross_entropy_fusion != "none":
             s += f"-ce{self.cross_entropy_fusion}"
+        if self.cpu_offload_layers:
+            s += f"-off{self.cpu_offload_layers}"
         return s + f"-mbs{self.micro_batch_size}"
 
     @classmethod
@@ -717,6 +728,8 @@ def _schedule_problems(s: Strategy) -> list[str]:
                    f"got recompute {s.recompute!r}")
     if s.grad_reduce_per_microbatch:
         out += _per_microbatch_problems(s)
+    if s.cpu_offload_layers:
+        out += _offload_problems(s)
     if s.zero3_prefetch and s.zero_stage != 3:
         out.append(f"zero3_prefetch needs zero_stage 3 (it prefetches ZeRO-3's parameter "
                    f"gathers), got zero_stage {s.zero_stage}")
@@ -843,6 +856,10 @@ def check_fits_model(s: Strategy, m: ModelSpec, *, gpus: int | None = None) -> N
     if m.is_mla and (s.cp > 1 or s.tp_comm_overlap):
         out.append("multi-head latent attention with context parallelism or TP communication "
                    "overlap is not modelled; use cp 1 and no tp_comm_overlap")
+    if s.cpu_offload_layers >= m.num_layers:
+        out.append(f"cpu_offload_layers {s.cpu_offload_layers} must be below the model's "
+                   f"{m.num_layers} layers (Megatron-Core offloads layers less than num_layers); "
+                   f"choose 1-{m.num_layers - 1}")
     if m.chunked and s.cp > 1:
         out.append(f"context parallelism with chunked attention ({m.attention_chunk}-token "
                    "chunks) is not modelled; use cp 1")
@@ -971,3 +988,23 @@ def _moe_fit_problems(s: Strategy, m: ModelSpec) -> list[str]:
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _offload_problems(s: Strategy) -> list[str]:
+    """Megatron-Core's TransformerConfig checks for activation offloading (``--cpu-offloading``),
+    each with its fix."""
+    out: list[str] = []
+    if s.cpu_offload_layers < 0:
+        out.append(f"cpu_offload_layers must be ≥ 0, got {s.cpu_offload_layers}")
+    if s.pp > 1:
+        out.append(f"cpu_offload_layers needs pp 1 (Megatron-Core: 'no support for Pipeline "
+                   f"parallelism with CPU offloading'), got pp {s.pp}; set pp 1 or "
+                   "cpu_offload_layers 0")
+    if s.recompute != "none":
+        out.append(f"cpu_offload_layers does not work with activation recomputation "
+                   f"(Megatron-Core), got recompute {s.recompute!r}; set recompute 'none' or "
+                   "cpu_offload_layers 0")
+    if s.split_w or s.overlap_moe_ep_comm:
+        out.append("cpu_offload_layers with split weight-gradient passes or combined 1F1B is "
+                   "not modelled; use schedule '1f1b' without overlap_moe_ep_comm")
+    return out

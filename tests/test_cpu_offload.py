@@ -1,0 +1,135 @@
+"""Activation offloading (``Strategy.cpu_offload_layers``, Megatron-Core --cpu-offloading
+--cpu-offloading-num-layers): Megatron-Core's rules, the memory it frees, the MEM_STORE /
+MEM_LOAD nodes the trace carries and their replay over the host link, and the fast path
+against replay."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analysis.fastpath import estimate
+from analysis.glance import fit_hint, fit_hint_words
+from replay import get_system, replay
+from replay.hardware import SystemSpec
+from replay.traceset import load_trace_set
+from tracegen import ConfigError, ModelSpec, Strategy, generate
+from tracegen import memory as M
+from tracegen.vocab import MEM_LOAD_NODE, MEM_STORE_NODE
+
+MODEL = ModelSpec(name="tiny", num_layers=6, hidden_size=1024, num_attention_heads=16,
+                  ffn_hidden_size=4096, vocab_size=8192, seq_len=2048, activation="gelu")
+
+
+def _s(n: int, **kw: object) -> Strategy:
+    base: dict[str, object] = {"tp": 2, "dp": 2, "micro_batch_size": 1, "global_batch_size": 6,
+                               "sequence_parallel": True, "cpu_offload_layers": n}
+    base.update(kw)
+    return Strategy(**base)  # type: ignore[arg-type]
+
+
+def _host(system: str, gbps: float) -> SystemSpec:
+    spec = get_system(system)
+    return dataclasses.replace(spec, node=dataclasses.replace(spec.node, host_link_GBps=gbps))
+
+
+def test_megatron_cores_rules_are_said_with_their_fix() -> None:
+    with pytest.raises(ConfigError, match=r"needs pp 1.*set pp 1 or cpu_offload_layers 0"):
+        _s(2, pp=2, dp=1)
+    with pytest.raises(ConfigError, match=r"does not work with activation recomputation"):
+        _s(2, recompute="full")
+    with pytest.raises(ConfigError, match=r"must be below the model's 6 layers.*choose 1-5"):
+        generate(MODEL, _s(6), "/nonexistent-never-written", mode="representative", gpus=4)
+    bare = _host("dgx-h100", 0.0)
+    with pytest.raises(ConfigError, match="gives no host_link_GBps"):
+        estimate(MODEL, _s(2), bare)
+    assert _s(3).label().endswith("-off3-mbs1") and "-off" not in _s(0).label()
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_the_peak_keeps_all_but_the_offloaded_layers_and_one_in_flight(n: int) -> None:
+    """At pp 1 (one micro-batch in flight) the offloaded layers' activations leave the GPU,
+    but one copy in flight (Transformer Engine's double buffer): N − 1 layers' bytes less."""
+    act = M.activation_bytes_per_layer(MODEL, _s(0))
+    params = 10**8
+    base = M.estimate(MODEL, _s(0), 0, params).activations_bytes
+    got = M.estimate(MODEL, _s(n), 0, params).activations_bytes
+    assert base - got == (n - 1) * act
+
+
+def test_the_trace_carries_each_offloaded_layers_copies(tmp_path: Path) -> None:
+    """Per micro-batch, one MEM_STORE_NODE after each offloaded layer's forward and one
+    MEM_LOAD_NODE before its backward, of the layer's activation bytes; each load reads its
+    store; the forward of layer i + 1 waits for the store of layer i − 1 (double buffer)."""
+    s = _s(3)
+    generate(MODEL, s, tmp_path, mode="representative", gpus=4)
+    rank = load_trace_set(tmp_path).ranks[0]
+    by_id = {n.id: n for n in rank.nodes}
+    stores = [n for n in rank.nodes if n.type == MEM_STORE_NODE]
+    loads = [n for n in rank.nodes if n.type == MEM_LOAD_NODE]
+    m = s.num_microbatches
+    assert len(stores) == len(loads) == 3 * m
+    size = M.activation_bytes_per_layer(MODEL, s)
+    assert {n.attrs["tensor_size"] for n in stores + loads} == {size}
+    assert {n.name.split(".")[-2] for n in stores} == {"L0", "L1", "L2"}
+    for ld in loads:
+        src = [by_id[d] for d in ld.data_deps if by_id[d].type == MEM_STORE_NODE]
+        assert len(src) == 1 and src[0].name.replace("offload", "reload").split(".")[1:] == \
+            ld.name.split(".")[1:]
+    first_l2 = next(n for n in rank.nodes if n.name.startswith("F0.c0.L2."))
+    assert any(by_id[d].name == "F0.c0.L0.offload" for d in first_l2.data_deps)
+
+
+@settings(max_examples=8, deadline=None)
+@given(n=st.integers(1, 5), gbps=st.sampled_from([2.0, 8.0, 55.0, 256.0]),
+       system=st.sampled_from(["dgx-h100", "gb200-nvl72", "dgx-a100-80gb"]))
+def test_the_fast_path_follows_replay(n: int, gbps: float, system: str) -> None:
+    """The fast path walks one micro-batch's copies by the trace's rules
+    (``Costs.offload_waits``): replay's copy streams and their waits to within 1%, from links
+    that hide every copy to ones that pace every layer."""
+    import tempfile
+
+    spec = _host(system, gbps)
+    s = _s(n)
+    with tempfile.TemporaryDirectory() as d:
+        generate(MODEL, s, d, mode="representative", gpus=4)
+        got = replay(d, spec).step_time_s
+    assert estimate(MODEL, s, spec).step_time_s == pytest.approx(got, rel=0.01)
+
+
+def test_a_slow_link_paces_every_offloaded_layer(tmp_path: Path) -> None:
+    """With copies far longer than a layer's compute the copies run end to end: per
+    micro-batch N stores one after another, the forward done before the last (it waits only
+    for the store two layers back), then N reloads, the first after the last store — 2N
+    copies; with a link too fast to matter offloading adds nothing."""
+    s, n = _s(4), 4
+    copy_s = M.activation_bytes_per_layer(MODEL, s) / 0.5e9
+    slow = _host("dgx-h100", 0.5)
+    extra = estimate(MODEL, s, slow).step_time_s - estimate(MODEL, _s(0), slow).step_time_s
+    assert extra == pytest.approx(s.num_microbatches * 2 * n * copy_s, rel=0.02)
+    fast = _host("dgx-h100", 1e6)
+    assert estimate(MODEL, s, fast).step_time_s == pytest.approx(
+        estimate(MODEL, _s(0), fast).step_time_s, rel=1e-6)
+
+
+def test_the_fit_hint_offers_offloading_where_it_fits_for_free() -> None:
+    """Llama 3 70B under FSDP on GB200 at 2 × 8,192 tokens (NVIDIA's recipe offloads 40
+    layers): the hint offloads the least count that fits, at no cost in step time over the
+    rack's host link, where recomputing layers instead costs time."""
+    from tracegen.catalog import get_model
+
+    model = dataclasses.replace(get_model("llama3-70b"), seq_len=8192)
+    s = Strategy(dp=64, micro_batch_size=2, global_batch_size=256, zero_stage=3,
+                 zero3_prefetch=True, precision="fp8")
+    system = get_system("gb200-nvl72")
+    hint = fit_hint(model, s, system)
+    assert hint is not None and hint["recompute"] == "none"
+    k = hint["cpu_offload_layers"]
+    assert 30 < k < 79 and hint["peak_memory_GiB"] <= 186
+    assert not estimate(model, dataclasses.replace(s, cpu_offload_layers=k - 1), system).fits
+    assert hint["step_time_s"] == pytest.approx(estimate(model, s, system).step_time_s, rel=1e-3)
+    assert fit_hint_words(hint)[1] == f"--cpu-offload-layers {k}"
