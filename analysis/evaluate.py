@@ -85,7 +85,7 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate,
     ``where``: on a ``[mixed]`` cluster, the stages on the other system (``Placement.where``;
     ``fast`` is then the placed step, ``mixed.placed_fast``'s)."""
     _require_failures(study)
-    failure = R.failure_model(study.failures, gpus_per_node=study.system.node.gpus_per_node)
+    failure = R.failure_model(study.failures, gpus_per_host=study.system.node.host_gpus)
     if study.mixed is not None and study.mixed.failure_rate_factor != 1.0:
         failure = dataclasses.replace(failure, rate_per_gpu_hour=failure.rate_per_gpu_hour
                                       * study.mixed.job_rate_factor(s.world_size))

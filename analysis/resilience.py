@@ -280,17 +280,18 @@ def checkpoint_bytes(params: int) -> int:
 
 # ---- a study's strategy under a failure scenario -------------------------------------------
 
-def failure_model(spec: dict[str, object], *, gpus_per_node: int = 8) -> FailureModel:
+def failure_model(spec: dict[str, object], *, gpus_per_host: int = 8) -> FailureModel:
     """From a study's [failures] table: ``preset = NAME``, or ``rate_per_gpu_hour`` or
-    ``rate_per_node_hour`` (a node fails as a whole: its rate is spread over its GPUs), with an
-    optional Weibull ``weibull_shape``."""
+    ``rate_per_node_hour`` (a node — a host: a server, or a GB200 compute tray, not the NVLink
+    domain — fails as a whole: its rate is spread over its GPUs, ``NodeSpec.host_gpus``), with
+    an optional Weibull ``weibull_shape``."""
     spec = dict(spec)
     if "rate_per_node_hour" in spec:
         node_rate = spec.pop("rate_per_node_hour")
         if "rate_per_gpu_hour" in spec or not isinstance(node_rate, int | float):
             raise ConfigError("give one of rate_per_gpu_hour or rate_per_node_hour (a number)",
                               what="failures")
-        spec["rate_per_gpu_hour"] = float(node_rate) / gpus_per_node
+        spec["rate_per_gpu_hour"] = float(node_rate) / gpus_per_host
     if "preset" in spec:
         name = str(spec.pop("preset"))
         if name not in FAILURE_PRESETS:

@@ -231,7 +231,7 @@ def _check_resilience_tables(data: dict[str, Any], system: SystemSpec) -> None:
     are costed only after each strategy's step (and a failure model only for one that fits),
     so a typo found there would cost a sweep's screening and replays first, or pass unseen."""
     if data.get("failures"):
-        failure_model(dict(data["failures"]), gpus_per_node=system.node.gpus_per_node)
+        failure_model(dict(data["failures"]), gpus_per_host=system.node.host_gpus)
     recovery_inputs(dict(data.get("checkpoint", {})), dict(data.get("restart", {})),
                     dict(data.get("policies", {})))
     from analysis.fail_slow import fail_slow_from

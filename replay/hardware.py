@@ -184,6 +184,15 @@ class NodeSpec:
     # NVLink-C2C to a Grace CPU): activation offloading's copies (``Strategy.cpu_offload_layers``)
     # and Chakra MEM_STORE / MEM_LOAD nodes run at it. 0: not given (offloading refused).
     host_link_GBps: float = 0.0
+    # GPUs of one host (a server, one operating system) where the NVLink domain spans several:
+    # GB200 NVL72's 4-GPU compute trays in a 72-GPU domain. A host fails as a whole (a study's
+    # ``rate_per_node_hour``). 0: the node is the host (an 8-GPU DGX/HGX).
+    gpus_per_host: int = 0
+
+    @property
+    def host_gpus(self) -> int:
+        """The GPUs a host holds (``gpus_per_host``, else the node's)."""
+        return self.gpus_per_host or self.gpus_per_node
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -283,7 +292,8 @@ MIN_VALUE, MAX_VALUE = 1e-6, 1e7
 # 0: absent / unmeasured
 OPTIONAL_ZERO = ("nvls_busbw_GBps", "gemm_k_overhead", "gemm_mamf_k", "comm_interference",
                  "sustained_clock_ratio_fp8", "attention_half_tiles", "gemm_occupancy_waves",
-                 "site_gpus", "site_Gbps_per_gpu", "site_latency_us", "host_link_GBps")
+                 "site_gpus", "site_Gbps_per_gpu", "site_latency_us", "host_link_GBps",
+                 "gpus_per_host")
 
 
 def _problems(s: SystemSpec) -> list[str]:
@@ -313,6 +323,10 @@ def _problems(s: SystemSpec) -> list[str]:
     if s.gpu.gemm_k_overhead > 0 and s.gpu.gemm_mamf_k <= 0:
         out.append("gemm_k_overhead needs gemm_mamf_k, the K of the MAMF's best shape (where "
                    "gemm_efficiency was measured)")
+    if s.node.gpus_per_host and (not isinstance(s.node.gpus_per_host, int)
+                                 or s.node.gpus_per_node % s.node.gpus_per_host):
+        out.append(f"gpus_per_host = {s.node.gpus_per_host} must divide gpus_per_node = "
+                   f"{s.node.gpus_per_node} (hosts hold whole parts of an NVLink domain)")
     if s.scaleout.topology not in ("fat-tree", "rail-optimized"):
         out.append(f"topology must be 'fat-tree' or 'rail-optimized', got {s.scaleout.topology!r}")
     if s.scaleout.oversubscription < 1:

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -276,7 +277,7 @@ def test_restart_cost_grows_with_job_size() -> None:
 
 
 def test_per_node_rates_and_presets_have_sources() -> None:
-    f = R.failure_model({"rate_per_node_hour": 8e-4}, gpus_per_node=8)
+    f = R.failure_model({"rate_per_node_hour": 8e-4}, gpus_per_host=8)
     assert f.rate_per_gpu_hour == pytest.approx(1e-4)
     assert all(p.source for p in R.FAILURE_PRESETS.values())
     opt = R.FAILURE_PRESETS["opt-175b-992-a100"]
@@ -299,3 +300,27 @@ def test_resilience_keeps_every_strategy_of_a_study(tmp_path: Path) -> None:
     assert "tp8-pp8-dp16-vpp3-mbs1-interleaved_1f1b-rcf-z0" in names
     assert len(list((tmp_path / "plots").glob("*.png"))) == 8
     assert all(f"default: {n} on 1024 GPUs" in r.stdout for n in names)
+
+
+def test_a_node_rate_on_gb200_is_a_compute_trays() -> None:
+    """A study's ``rate_per_node_hour`` is a host's (a server's; GB200 NVL72's 4-GPU compute
+    tray), not the NVLink domain's: on the 72-GPU rack it spreads over 4 GPUs, as on a DGX
+    over its 8 — dividing by 72 would make each GPU 18 times too reliable. The resilience
+    frame of a tray's rate is that of a quarter of it a GPU."""
+    from analysis.evaluate import resilience_frame
+    from analysis.study import study_from_dict
+    from replay import get_system
+
+    gb200 = get_system("gb200-nvl72")
+    assert gb200.node.gpus_per_node == 72 and gb200.node.host_gpus == 4
+    assert get_system("dgx-h100").node.host_gpus == 8
+
+    def frame(failures: dict[str, float]) -> Any:
+        study = study_from_dict({"model": "llama3-8b", "system": "gb200-nvl72", "gpus": 144,
+                                 "global_batch_size": 144, "failures": failures,
+                                 "strategies": [{"dp": 144, "micro_batch_size": 1}]})
+        return resilience_frame(study, study.strategies[0])
+
+    tray = frame({"rate_per_node_hour": 8e-4})
+    assert tray.equals(frame({"rate_per_gpu_hour": 2e-4}))
+    assert not tray.equals(frame({"rate_per_gpu_hour": 8e-4 / 72}))
