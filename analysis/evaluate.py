@@ -24,14 +24,16 @@ def tokens_per_step(study: Study, s: Strategy) -> int:
 def job_shape(study: Study, s: Strategy, fast: FastEstimate,
               where: Mapping[int, SystemSpec] | None = None) -> R.JobShape:
     """The job as the recovery costs see it. ``where``: stages on another system's GPUs (a
-    ``[mixed]`` cluster): a checkpoint waits for its slowest writer, so the NIC is the slower
-    of the systems'; the shrunk replica is costed on the same stages."""
+    ``[mixed]`` cluster): a checkpoint waits for its slowest writer, so the NIC and the host
+    link are the slower of the systems'; the shrunk replica is costed on the same stages."""
     nic = min(x.scaleout.nic_Gbps_per_gpu / 8 * 1e9 * x.scaleout.nic_efficiency
               for x in (study.system, *(where or {}).values()))
+    host = min(x.node.host_link_GBps * 1e9 for x in (study.system, *(where or {}).values()))
     return R.JobShape(gpus=s.world_size, params=study.model.num_params(),
                       model_parallel=s.tp * s.pp * s.cp, dp=s.dp, nic_bytes_per_s=nic,
                       step_time_s=fast.step_time_s,
-                      shrunk_throughput=_shrunk_throughput(study, s, fast, where or {}))
+                      shrunk_throughput=_shrunk_throughput(study, s, fast, where or {}),
+                      host_bytes_per_s=host)
 
 
 def _shrunk_throughput(study: Study, s: Strategy, fast: FastEstimate,

@@ -332,9 +332,16 @@ class JobShape:
     nic_bytes_per_s: float
     step_time_s: float
     shrunk_throughput: float  # tokens/s after losing one data-parallel replica, relative
+    # a GPU's copy to host memory (the system's ``host_link_GBps``; 0: not given)
+    host_bytes_per_s: float = 0.0
 
 
-DEFAULT_CHECKPOINT = {"mode": "async", "storage_GBps": 200.0, "host_copy_GBps": 25.0}
+# host_copy_GBps 0: a GPU's host link as its system gives it (``NodeSpec.host_link_GBps``:
+# PCIe Gen5 55 GB/s measured, GB200's NVLink-C2C 256), else ``FALLBACK_HOST_COPY_GBPS``.
+DEFAULT_CHECKPOINT = {"mode": "async", "storage_GBps": 200.0, "host_copy_GBps": 0.0}
+# where neither the study nor the system gives a host link: an assumption (a PCIe Gen4 x16
+# link's 27.5 GB/s, ``replay/systems``, rounded down), as before the systems carried one
+FALLBACK_HOST_COPY_GBPS = 25.0
 # Restart components (seconds). Assumptions, not fitted to any run: rescheduling onto healthy
 # nodes, framework start-up (``init_s``) plus communicator set-up that grows with the job
 # (``init_s_per_1000_gpus``: rendezvous and NCCL initialisation scale with the number of ranks;
@@ -396,7 +403,8 @@ def recovery_inputs(checkpoint: dict[str, object], restart: dict[str, object],
                           what="checkpoint")
     return RecoveryInputs(
         str(mode), number("checkpoint", "storage_GBps", ck["storage_GBps"], positive=True) * 1e9,
-        number("checkpoint", "host_copy_GBps", ck["host_copy_GBps"], positive=True) * 1e9,
+        (number("checkpoint", "host_copy_GBps", ck["host_copy_GBps"], positive=True) * 1e9
+         if "host_copy_GBps" in checkpoint else 0.0),
         {k: number("restart", k, v) for k, v in {**DEFAULT_RESTART, **restart}.items()},
         _policies(policies or {}))
 
@@ -409,7 +417,8 @@ def recovery_costs(job: JobShape, checkpoint: dict[str, object], restart: dict[s
     rs, pol, mode = given.restart, given.policies, given.mode
     size = checkpoint_bytes(job.params)
     shard = size / job.model_parallel  # one data-parallel replica writes, each GPU its shard
-    storage, host = given.storage_Bps, given.host_Bps
+    storage = given.storage_Bps
+    host = given.host_Bps or job.host_bytes_per_s or FALLBACK_HOST_COPY_GBPS * 1e9
     delta = {"sync": size / storage, "async": shard / host, "in_memory": shard / host}[mode]
     init = rs["init_s"] + rs["init_s_per_1000_gpus"] * job.gpus / 1000
     base = rs["scheduling_s"] + init + rs["warmup_s"]
