@@ -13,6 +13,7 @@ from analysis.fastpath_stages import (
     block_ns,
     compute_busy,
     extend_segments,
+    paced_block_ns,
     stage_costs,
 )
 from analysis.pipeline_walk import Opened, Tails
@@ -348,7 +349,8 @@ class Costs:
         starts with the backward of the layer above, once its store and the reload before it
         are done, and its backward waits for it. pp 1: one micro-batch's copies end before the
         next one's start (each reload needs its store; the backward needs every reload)."""
-        blocks = [(b, *self.block(b, rank, sig)[:2], self.offload_ns(b) if b.offloaded else 0)
+        paced = {b: paced_block_ns(self, b, rank, sig) for b, _ in chunk}
+        blocks = [(b, *paced[b], self.offload_ns(b) if b.offloaded else 0)
                   for b, n in chunk for _ in range(n)]
         t = d2h = wait = 0
         stores: dict[int, int] = {}  # block position → its store's end

@@ -618,6 +618,18 @@ def block_ns(costs: Costs, block: ParamBlock, rank: int, sig: int
     return g_dp + g_edp + fwd, bwd + max(r_dp + g_dp, r_edp) + g_edp
 
 
+def paced_block_ns(costs: Costs, block: ParamBlock, rank: int, sig: int) -> tuple[int, int]:
+    """(forward, backward) ns one block takes in a chain of blocks (``block_ns``); with ZeRO-3's
+    gathers prefetched a block after the one before, the longer of its compute and its
+    collectives (the prefetched stream runs beside the compute)."""
+    if not (costs.s.zero_stage == 3 and costs.s.zero3_prefetch):
+        return block_ns(costs, block, rank, sig)
+    fwd, bwd = _compute_ns(costs, block, rank, sig)
+    g_dp, g_edp = zero3_axes(costs, block, rank, "ALL_GATHER")
+    r_dp, r_edp = zero3_axes(costs, block, rank, "REDUCE_SCATTER")
+    return max(fwd, g_dp + g_edp), max(bwd, max(r_dp + g_dp, r_edp) + g_edp)
+
+
 def _zero3_ns(costs: Costs, block: ParamBlock, rank: int, coll: O.CollType) -> int:
     """ZeRO-3: the parameter all-gathers (per-rank shard; 16-bit, or FP8 with
     ``fp8_param_gather``) or the gradient reduce-scatters

@@ -84,21 +84,32 @@ def test_the_trace_carries_each_offloaded_layers_copies(tmp_path: Path) -> None:
     assert any(by_id[d].name == "F0.c0.L0.offload" for d in first_l2.data_deps)
 
 
-@settings(max_examples=8, deadline=None)
+MOE = ModelSpec(name="tinymoe", num_layers=6, hidden_size=1024, num_attention_heads=16,
+                num_kv_heads=4, ffn_hidden_size=4096, vocab_size=8192, seq_len=2048,
+                activation="swiglu", num_experts=8, experts_per_token=2,
+                moe_ffn_hidden_size=1024, first_dense_layers=1)
+
+
+@settings(max_examples=12, deadline=None)
 @given(n=st.integers(1, 5), gbps=st.sampled_from([2.0, 8.0, 55.0, 256.0]),
-       system=st.sampled_from(["dgx-h100", "gb200-nvl72", "dgx-a100-80gb"]))
-def test_the_fast_path_follows_replay(n: int, gbps: float, system: str) -> None:
+       system=st.sampled_from(["dgx-h100", "gb200-nvl72", "dgx-a100-80gb"]),
+       moe=st.booleans(), zero=st.sampled_from([0, 1, 3]))
+def test_the_fast_path_follows_replay(n: int, gbps: float, system: str, moe: bool,
+                                      zero: int) -> None:
     """The fast path walks one micro-batch's copies by the trace's rules
-    (``Costs.offload_waits``): replay's copy streams and their waits to within 1%, from links
-    that hide every copy to ones that pace every layer."""
+    (``Costs.offload_waits``; under ZeRO-3 with prefetched gathers a block takes the longer of
+    its compute and its collectives): replay's copy streams and their waits to within 2%, from
+    links that hide every copy to ones that pace every layer, dense or MoE (a dense first
+    layer, experts over ep 2), with or without ZeRO."""
     import tempfile
 
     spec = _host(system, gbps)
-    s = _s(n)
+    s = _s(n, ep=2 if moe else 1, zero_stage=zero, zero3_prefetch=zero == 3)
+    model = MOE if moe else MODEL
     with tempfile.TemporaryDirectory() as d:
-        generate(MODEL, s, d, mode="representative", gpus=4)
+        generate(model, s, d, mode="representative", gpus=4)
         got = replay(d, spec).step_time_s
-    assert estimate(MODEL, s, spec).step_time_s == pytest.approx(got, rel=0.01)
+    assert estimate(model, s, spec).step_time_s == pytest.approx(got, rel=0.02)
 
 
 def test_a_slow_link_paces_every_offloaded_layer(tmp_path: Path) -> None:
@@ -118,8 +129,8 @@ def test_a_slow_link_paces_every_offloaded_layer(tmp_path: Path) -> None:
 
 def test_the_fit_hint_offers_offloading_where_it_fits_for_free() -> None:
     """Llama 3 70B under FSDP on GB200 at 2 × 8,192 tokens (NVIDIA's recipe offloads 40
-    layers): the hint offloads the least count that fits, at no cost in step time over the
-    rack's host link, where recomputing layers instead costs time."""
+    layers): the hint offloads the least count that fits, at 1.4% of the step over the
+    rack's host link (replay gives the same), where recomputing 45 layers instead costs 18%."""
     from tracegen.catalog import get_model
 
     model = dataclasses.replace(get_model("llama3-70b"), seq_len=8192)
@@ -131,5 +142,6 @@ def test_the_fit_hint_offers_offloading_where_it_fits_for_free() -> None:
     k = hint["cpu_offload_layers"]
     assert 30 < k < 79 and hint["peak_memory_GiB"] <= 186
     assert not estimate(model, dataclasses.replace(s, cpu_offload_layers=k - 1), system).fits
-    assert hint["step_time_s"] == pytest.approx(estimate(model, s, system).step_time_s, rel=1e-3)
+    none = estimate(model, s, system).step_time_s
+    assert none < hint["step_time_s"] < 1.02 * none
     assert fit_hint_words(hint)[1] == f"--cpu-offload-layers {k}"

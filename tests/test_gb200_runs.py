@@ -55,15 +55,16 @@ def test_the_sustained_clock_is_the_same_recipe_on_both_blackwells(
 def test_the_rows_that_set_nothing_are_predicted_within_the_error_reached(
         gb200: dict[str, dict[str, float]]) -> None:
     """Llama 3 70B under Megatron-FSDP on 64 GPUs (one rack), its first 40 layers' activations
-    offloaded to the Grace CPUs' memory as its recipe does, 5.3% too fast (6.2% without the
-    offloading: its copies cost 0.9% where a layer's copy takes about its forward); Llama 3.1
+    offloaded to the Grace CPUs' memory as its recipe does, 3.8% too fast (6.2% without the
+    offloading: its copies cost 2.5% where a layer's copy takes about as long as its forward
+    beside the prefetched gathers); Llama 3.1
     405B at tp 4, pp 16, vpp 4 on 256 GPUs (four 64-GPU segments) 5.5% too fast — where the
     same constants' 8B row is 4.9% too fast and B200's own 8B row 5.4%. With the B200's clock
     ratio borrowed unchanged, all three were 11-12.5% too fast. Bounds are the errors
     reached."""
     err = {rid: r["error_pct"] for rid, r in gb200.items()}
     assert -5.0 <= err["mbridge2511-gb200-llama3-8b"] < -4.5
-    assert -5.6 <= err["mbridge2511-gb200-llama3-70b"] < -5.0
+    assert -4.1 <= err["mbridge2511-gb200-llama3-70b"] < -3.5
     assert -6.0 <= err["mbridge2511-gb200-llama3.1-405b"] < -5.0
 
 
