@@ -135,6 +135,7 @@ def estimate_cmd(
         if not (mixed.fits or (balanced is not None and balanced[1].fits)):
             _print_mixed_hints(spec, strategy, sys_spec, chosen)
     note_param_gather(strategy)
+    note_partial_domain(strategy, sys_spec)
     note_zero2(strategy, g.step_time_s, _per_microbatch_s(spec, strategy, sys_spec)
                if mixed is None else 0.0)
     stream = note_grad_stream(spec, strategy, sys_spec) if mixed is None else None
@@ -294,6 +295,21 @@ def note_loss(model: Any, s: Strategy, system: SystemSpec, g: Glance
                   f"gives {change('native')}, Transformer Engine's (te) {change('te')}"
                   + (f" and {less:.2f} GiB less at peak" if less >= 0.01 else ""))
     return alt
+
+
+def note_partial_domain(s: Strategy, system: SystemSpec) -> None:
+    """Where the GPUs do not fill whole NVLink domains (a 256-GPU job on 72-GPU racks): rank r
+    sits in domain r // gpus_per_node, so the last is part-filled and groups straddle the
+    boundaries over the NICs — said, with how to describe a job placed otherwise."""
+    g, n = system.node.gpus_per_node, s.world_size
+    if n <= g or not n % g:
+        return
+    console.print(f"note: {n:,} GPUs fill {n // g:,} NVLink domains of {g} and {n % g} GPUs of "
+                  f"another; ranks are placed domain by domain, so groups that straddle a "
+                  f"boundary go over the NICs. A job placed in smaller blocks (Megatron-Bridge "
+                  f"runs 256 GPUs on GB200 as four 64-GPU Slurm segments) is that block size as "
+                  f"gpus_per_node in a copy of the system file (`trainsim systems "
+                  f"{system.name} > mine.toml`)")
 
 
 def note_offload(model: Any, s: Strategy, system: SystemSpec, g: Glance

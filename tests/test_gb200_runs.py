@@ -101,3 +101,19 @@ def test_a_64_way_all_to_all_stays_on_the_rack_nvlink() -> None:
     dgx = AlphaBetaNetwork(get_system("dgx-b200")).collective("ALL_TO_ALL", size,
                                                               tuple(range(p)))
     assert dgx.total_ns > 5 * got.total_ns
+
+
+def test_estimate_says_where_the_gpus_leave_a_rack_part_filled() -> None:
+    """256 GPUs on 72-GPU racks: three full and 40 GPUs of a fourth, said with how to describe
+    a job placed in smaller blocks; 288 (four whole racks) says nothing."""
+    from tests.test_cli import run
+
+    base = ("estimate", "--model", "llama3-8b", "--tp", "2", "--mbs", "1", "--zero", "1",
+            "--system", "gb200-nvl72")
+    r = run(*base, "--gpus", "256", "--gbs", "256")
+    assert r.returncode == 0, r.stderr
+    words = " ".join(r.stdout.split())
+    assert "256 GPUs fill 3 NVLink domains of 72 and 40 GPUs of another" in words
+    assert "gpus_per_node in a copy of the system file" in words
+    whole = run(*base, "--gpus", "288", "--gbs", "288")
+    assert whole.returncode == 0 and "NVLink domains of" not in whole.stdout

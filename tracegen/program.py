@@ -138,6 +138,7 @@ class RoleProgram:
         # activation offloading: (micro-batch, layer label) → its store; the last store and load
         self._stores: dict[tuple[int, str], int] = {}
         self._last_mem: dict[int, int] = {}
+        self._mem_bytes: dict[str, int] = {}  # a layer kind's stored activations
 
     # ---- node factories -------------------------------------------------------------------
     def _new(self, name: str, type_: int, attrs: list[Attr], **kw: Any) -> PNode:
@@ -214,7 +215,10 @@ class RoleProgram:
         from tracegen.memory import activation_bytes_per_layer  # (it imports this module)
 
         type_ = MEM_STORE_NODE if store else MEM_LOAD_NODE
-        size = activation_bytes_per_layer(layer_model(self.m, block.name), self.s)
+        size = self._mem_bytes.get(block.name)
+        if size is None:
+            size = self._mem_bytes[block.name] = activation_bytes_per_layer(
+                layer_model(self.m, block.name), self.s)
         attrs: list[Attr] = [("is_cpu_op", "bool", False), ("tensor_size", "int64", size)]
         node = self._new(f"{prefix}.{block.label}.{'offload' if store else 'reload'}", type_,
                          attrs, comm_bytes=size)
