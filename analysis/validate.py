@@ -503,7 +503,10 @@ def _folded(row: dict[str, Any]) -> bool:
 
 
 def _system(row: dict[str, Any], base: SystemSpec) -> SystemSpec:
-    node = dataclasses.replace(base.node, gpus_per_node=row["gpus_per_node"])
+    per_node, host = row["gpus_per_node"], base.node.gpus_per_host
+    # (a host that no longer divides the row's domain, GB200's tray in a domain of 2: dropped)
+    node = dataclasses.replace(base.node, gpus_per_node=per_node,
+                               gpus_per_host=host if host and per_node % host == 0 else 0)
     out = base.scaleout
     if row["scaleout_gbps_per_gpu"] is not None:
         out = dataclasses.replace(out, nic_Gbps_per_gpu=float(row["scaleout_gbps_per_gpu"]))

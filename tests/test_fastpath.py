@@ -41,8 +41,9 @@ def _replayed_s(model: ModelSpec, s: Strategy, hw: SystemSpec) -> float:
        dp_overlap=st.sampled_from(["both", "grad", "none"]), ep=st.sampled_from([0, 1, 2, 4]),
        cp=st.sampled_from([1, 1, 2]), fp8=st.booleans(), fold=st.booleans(),
        prefetch=st.booleans(), extra=st.integers(0, 3), tied=st.booleans(),
-       system=st.sampled_from(["dgx-h100", "dgx-a100-80gb", "dgx-b200", "dgx1-v100", "mi300x"]),
-       gpn=st.sampled_from([8, 8, 2, 4]), grouped=st.booleans(),
+       system=st.sampled_from(["dgx-h100", "dgx-a100-80gb", "dgx-b200", "dgx1-v100", "mi300x",
+                               "gb200-nvl72"]),
+       gpn=st.sampled_from([8, 8, 2, 4, 6]), grouped=st.booleans(),
        rc_layers=st.sampled_from([0, 0, 1, 2]),
        modules=st.sampled_from(["core_attn", "core_attn", "layernorm,mlp", "core_attn,mlp",
                                 "layernorm,moe", "mla_up_proj,core_attn"]),
@@ -85,7 +86,8 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
     fits). Full recompute of the first ``rc_layers`` of each chunk (0: all); selective of
     ``modules`` (as the drawn model has them: ``_drawn_modules``). Nodes of ``gpn``
     GPUs: of 2 or 4, stages straddle or share nodes, so they are not alike and their sends
-    differ. Systems include V100 (no bf16 tensor cores, unfused
+    differ; of 6, a size no power-of-two stride divides, groups straddle part-filled nodes
+    (as 256 GPUs do 72-GPU racks). Systems include V100 (no bf16 tensor cores, unfused
     attention) and MI300X (no interference measured), whose models take other branches."""
     model = dataclasses.replace(MOE if ep else MODEL, tied_embeddings=tied,
                                 shared_expert_ffn_hidden_size=512 if ep and shared else 0,
@@ -99,7 +101,8 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
                                     kv_lora_rank=64, q_lora_rank=96 if extra % 2 else 0,
                                     qk_rope_head_dim=16, v_head_dim=32)
     hw = get_system(system)
-    hw = dataclasses.replace(hw, node=dataclasses.replace(hw.node, gpus_per_node=gpn))
+    hw = dataclasses.replace(hw, node=dataclasses.replace(hw.node, gpus_per_node=gpn,
+                                                          gpus_per_host=0))
     interleaved = schedule == "interleaved_1f1b"
     m = mb * pp + ((extra if grouped else 0) if interleaved else extra % pp)
     fits = [n for n in range(pp, m + 1) if not 0 < m % n < pp]
