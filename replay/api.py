@@ -90,8 +90,9 @@ def _scenario(scenario: str | Path | Scenario | None, ts: TraceSet, sys_spec: Sy
               ) -> Scenario | None:
     if scenario is None or isinstance(scenario, Scenario):
         return scenario
+    # a scenario's nodes are hosts (a server; GB200's 4-GPU compute tray, not its rack)
     return load_scenario(scenario, world_size=ts.world_size,
-                         gpus_per_node=sys_spec.node.gpus_per_node,
+                         gpus_per_node=sys_spec.node.host_gpus,
                          simulated={r.rank for r in ts.ranks}, stands_for=_stands_for(ts))
 
 

@@ -30,6 +30,9 @@ random with a seed), degraded or failed links, and heterogeneous GPU types.
                                # cluster's mean peak) on that preset's nodes (its NVLink and
                                # NICs; a transfer to the rest at the slower end's cost)
 
+A node is a host: a server, or on a GB200 NVL72 rack a 4-GPU compute tray
+(``NodeSpec.host_gpus``), not the 72-GPU NVLink domain.
+
 In a representative-mode set (one rank per pipeline stage), ranks must be simulated ones and
 nodes must hold whole stages, and random stragglers are refused (each would be a whole stage);
 a full-mode set takes any ranks and nodes.

@@ -117,3 +117,19 @@ def test_estimate_says_where_the_gpus_leave_a_rack_part_filled() -> None:
     assert "gpus_per_node in a copy of the system file" in words
     whole = run(*base, "--gpus", "288", "--gbs", "288")
     assert whole.returncode == 0 and "NVLink domains of" not in whole.stdout
+
+
+def test_a_scenarios_node_on_gb200_is_a_compute_tray(tmp_path: Path) -> None:
+    """A straggler ``nodes = [1]`` on the rack slows the second 4-GPU tray (ranks 4-7), not
+    GPUs 72-143: a scenario's node is a host, as a failure's is."""
+    from replay import replay
+    from tracegen import Strategy, generate, get_model
+
+    scen = tmp_path / "slow.toml"
+    scen.write_text("[[straggler]]\nnodes = [1]\nslowdown = 2.0\n")
+    generate(get_model("gpt-1.7b"), Strategy(dp=8, micro_batch_size=1, global_batch_size=8),
+             tmp_path / "set", mode="full", gpus=8)
+    res = replay(tmp_path / "set", "gb200-nvl72", scenario=scen)
+    compute = dict(zip(res.breakdown["rank"], res.breakdown["compute_s"], strict=True))
+    slow = {r for r, c in compute.items() if c > 1.5 * min(compute.values())}
+    assert slow == {4, 5, 6, 7}
