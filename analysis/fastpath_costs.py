@@ -5,15 +5,16 @@ is exact). The stage costs themselves are ``analysis/fastpath_stages.py``."""
 
 from __future__ import annotations
 
+from analysis import offload_walk
 from analysis.dp_tails import BucketRun
 from analysis.fastpath_stages import (
     Runs,
     Segments,
     Stage,
     block_ns,
+    chain_and_stream_ns,
     compute_busy,
     extend_segments,
-    paced_block_ns,
     stage_costs,
 )
 from analysis.pipeline_walk import Opened, Tails
@@ -343,32 +344,11 @@ class Costs:
     def offload_waits(self, chunk: list[tuple[ParamBlock, int]], rank: int, sig: int
                       ) -> tuple[int, int]:
         """(forward, backward) ns that one micro-batch's passes wait for activation offloading's
-        copies, by the trace's own rules (tracegen/program.py, ``_offload``): a store follows
-        each offloaded layer's forward on the device-to-host stream, and the forward of the
-        layer after next waits for it (Transformer Engine's double buffer); a layer's reload
-        starts with the backward of the layer above, once its store and the reload before it
-        are done, and its backward waits for it. pp 1: one micro-batch's copies end before the
-        next one's start (each reload needs its store; the backward needs every reload)."""
-        paced = {b: paced_block_ns(self, b, rank, sig) for b, _ in chunk}
-        blocks = [(b, *paced[b], self.offload_ns(b) if b.offloaded else 0)
-                  for b, n in chunk for _ in range(n)]
-        t = d2h = wait = 0
-        stores: dict[int, int] = {}  # block position → its store's end
-        for k, (block, f, _, c) in enumerate(blocks):  # forward
-            t = max(t, wait) + f
-            wait = 0
-            if block.offloaded:
-                wait = d2h  # the store before this one's
-                d2h = stores[k] = max(t, d2h) + c
-        fwd_wait = t - sum(f for _, f, _, _ in blocks)
-        start, h2d = t, 0
-        loaded: dict[int, int] = {}  # block position → its reload's end
-        for k in range(len(blocks) - 1, -1, -1):  # backward
-            t = max(t, loaded.get(k, 0))
-            if k > 0 and blocks[k - 1][0].offloaded:  # its reload, prefetched
-                h2d = loaded[k - 1] = max(t, h2d, stores[k - 1]) + blocks[k - 1][3]
-            t += blocks[k][2]
-        return fwd_wait, t - start - sum(b for _, _, b, _ in blocks)
+        copies (``offload_walk.waits``: the trace's rules walked over the chunk's blocks)."""
+        times = {b: chain_and_stream_ns(self, b, rank, sig) for b, _ in chunk}
+        return offload_walk.waits([
+            offload_walk.Block(b.offloaded, *times[b], self.offload_ns(b) if b.offloaded else 0)
+            for b, n in chunk for _ in range(n)], self.compute.gpu.comm_interference)
 
     def optimizer_ns(self, params: int) -> int:
         """The optimizer step over ``params`` local parameters (memo: it depends on nothing

@@ -148,9 +148,16 @@ def _offload_waits(costs: Costs, stage: Stage, chunk: list[tuple[ParamBlock, int
     runs = tuple((block, bb + extra, count, share * bb / (bb + extra) if bb + extra else 0.0)
                  if block.offloaded else (block, bb, count, share)
                  for block, bb, count, share in runs)
-    return stage._replace(fwd=(stage.fwd[0] + fx,), bwd=(stage.bwd[0] + bx,),
-                          fwd_s=stage.fwd_s + fx / NS_PER_S, bwd_s=stage.bwd_s + bx / NS_PER_S,
-                          runs_bwd=(runs,))
+    stage = stage._replace(fwd=(stage.fwd[0] + fx,), bwd=(stage.bwd[0] + bx,),
+                           fwd_s=stage.fwd_s + fx / NS_PER_S, bwd_s=stage.bwd_s + bx / NS_PER_S,
+                           runs_bwd=(runs,))
+    if stage.z3_f:  # ZeRO-3 on a MoE model without prefetch: the walk's passes wait as well
+        def waited(runs: Z3Runs, ns: int) -> Z3Runs:
+            return (*runs, ((0, 0, ns, 0, 0), 1)) if ns else runs
+
+        stage = stage._replace(z3_f=(waited(stage.z3_f[0], fx),),
+                               z3_b=(waited(stage.z3_b[0], bx),))
+    return stage
 
 
 def _plain_stage(costs: Costs, gcis: tuple[int, ...], chunks: tuple[tuple[object, ...], ...],
@@ -618,16 +625,18 @@ def block_ns(costs: Costs, block: ParamBlock, rank: int, sig: int
     return g_dp + g_edp + fwd, bwd + max(r_dp + g_dp, r_edp) + g_edp
 
 
-def paced_block_ns(costs: Costs, block: ParamBlock, rank: int, sig: int) -> tuple[int, int]:
-    """(forward, backward) ns one block takes in a chain of blocks (``block_ns``); with ZeRO-3's
-    gathers prefetched a block after the one before, the longer of its compute and its
-    collectives (the prefetched stream runs beside the compute)."""
+def chain_and_stream_ns(costs: Costs, block: ParamBlock, rank: int, sig: int
+                        ) -> tuple[int, int, int, int]:
+    """(forward, backward ns on the chain, gathers, reduce-scatter ns beside it) of one block:
+    with ZeRO-3's gathers prefetched, its compute on the chain and its collectives on the
+    data-parallel stream (dense and expert gathers one after the other, their reduce-scatters
+    side by side); otherwise ``block_ns`` on the chain and nothing beside it."""
     if not (costs.s.zero_stage == 3 and costs.s.zero3_prefetch):
-        return block_ns(costs, block, rank, sig)
+        return (*block_ns(costs, block, rank, sig), 0, 0)
     fwd, bwd = _compute_ns(costs, block, rank, sig)
     g_dp, g_edp = zero3_axes(costs, block, rank, "ALL_GATHER")
     r_dp, r_edp = zero3_axes(costs, block, rank, "REDUCE_SCATTER")
-    return max(fwd, g_dp + g_edp), max(bwd, max(r_dp + g_dp, r_edp) + g_edp)
+    return fwd, bwd, g_dp + g_edp, max(r_dp, r_edp)
 
 
 def _zero3_ns(costs: Costs, block: ParamBlock, rank: int, coll: O.CollType) -> int:

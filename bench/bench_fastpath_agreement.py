@@ -10,7 +10,7 @@ global batch of any count of micro-batches, not whole rounds of pp) and prints t
                                              [--buckets] [--systems] [--groups] [--partial]
                                              [--modules] [--moe-layers] [--mla] [--deepep]
                                              [--mtp] [--instances] [--per-microbatch]
-                                             [--windows]
+                                             [--windows] [--offload]
 
 ``--odd`` draws sizes and options the default cases never reach (GPU counts with a factor 3,
 pp 3/5/6, up to 4 chunks, cp up to 4, any count of micro-batches, shorter end stages, B200 and
@@ -386,6 +386,20 @@ def per_microbatch(s: Strategy, rng: random.Random) -> Strategy:
         return s
 
 
+def offloaded(s: Strategy, layers: int, rng: random.Random) -> Strategy:
+    """``--offload``: each strategy without a pipeline (activation offloading needs pp 1) with
+    the first N layers' activations offloaded to host memory, N drawn below the layer count,
+    and no recompute (which offloading rules out); the rest as drawn."""
+    if s.pp > 1 or s.overlap_moe_ep_comm:
+        return s
+    try:
+        return dataclasses.replace(s, recompute="none", recompute_num_layers=0,
+                                   recompute_modules="core_attn",
+                                   cpu_offload_layers=rng.randint(1, layers - 1))
+    except ConfigError:
+        return s
+
+
 def other_mtp(m: ModelSpec, s: Strategy, rng: random.Random) -> tuple[ModelSpec, Strategy]:
     """``--mtp``: half the models with 1 or 2 multi-token-prediction modules; of those on a
     pipeline of 3 or more chunks (and no other uneven split), half in a Megatron-Core layout
@@ -444,7 +458,8 @@ def label(s: Strategy) -> str:
               (s.fp8_param_gather, "fp8-param-gather"),
               (s.dist_opt_instances > 1, f"instances{s.dist_opt_instances}"),
               (s.zb_w_regather, "w-regather"),
-              (s.hfsdp, "hfsdp"), (s.grad_reduce_per_microbatch, "per-microbatch"))
+              (s.hfsdp, "hfsdp"), (s.grad_reduce_per_microbatch, "per-microbatch"),
+              (bool(s.cpu_offload_layers), f"offload{s.cpu_offload_layers}"))
     return (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} ep{s.ep} vpp{s.vpp} {s.schedule} "
             f"mbs{s.micro_batch_size} "
             f"zero{s.zero_stage}{' prefetch' if s.zero3_prefetch else ''} {s.recompute}"
@@ -490,6 +505,8 @@ FLAGS = {
                  "a stream of its own",
     "per-microbatch": "three in four ZeRO 0-2 strategies that can reducing every micro-batch's "
                       "gradients, from a stream of its own",
+    "offload": "each strategy without a pipeline offloading a drawn count of layers' "
+               "activations to host memory (no recompute), from a stream of its own",
 }
 
 
@@ -516,6 +533,7 @@ def main() -> None:
     zb = random.Random(-args.seed - 12)  # --zb: theirs
     per = random.Random(-args.seed - 13)  # --per-microbatch: theirs
     windows = random.Random(-args.seed - 14)  # --windows: theirs
+    offload = random.Random(-args.seed - 15)  # --offload: theirs
     rows: list[tuple[float, str, str]] = []
     t0 = time.perf_counter()
     while len(rows) < args.n:
@@ -560,6 +578,8 @@ def main() -> None:
             s = zero_bubble(s, zb)
         if args.per_microbatch:
             s = per_microbatch(s, per)
+        if args.offload:
+            s = offloaded(s, model.num_layers, offload)
         try:
             fast = estimate(model, s, system)
         except ConfigError:
@@ -600,7 +620,9 @@ def main() -> None:
              "micro-batch)" if args.per_microbatch else "")
           + (f" ({sum(' window' in n or ' chunk' in n for _, n, _ in rows)} with a sliding "
              "window or chunks)"
-             if args.windows else ""))
+             if args.windows else "")
+          + (f" ({sum(' offload' in w for _, _, w in rows)} offloading activations)"
+             if args.offload else ""))
     for e, model_name, what in sorted(rows, key=lambda r: -abs(r[0]))[:5]:
         print(f"  {e:+.2f}%  {model_name}  {what}")
 
