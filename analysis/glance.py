@@ -289,24 +289,16 @@ def fit_by_recompute(model: ModelSpec, s: Strategy, system: SystemSpec, *,
 
 def _least_offload(s: Strategy, cost: Cost, most: int) -> tuple[Strategy, FastEstimate] | None:
     """The least count of first layers whose activations, offloaded to host memory, make
-    ``s`` fit (where ``s`` allows offloading: pp 1, no recompute), by bisection over
-    (s.cpu_offload_layers, most]: peak memory falls as the count grows."""
-    def at(n: int) -> tuple[Strategy, FastEstimate] | None:
-        v = _variant(s, cpu_offload_layers=n)
-        return None if v is None else (v, cost(v))
-
-    best = at(most)
-    if best is None or not best[1].fits:
+    ``s`` fit (where ``s`` allows offloading: pp 1, no recompute), over
+    (s.cpu_offload_layers, most]."""
+    if _variant(s, cpu_offload_layers=most) is None:
         return None
-    lo, hi = s.cpu_offload_layers + 1, most
-    while lo < hi:
-        mid = (lo + hi) // 2
-        got = at(mid)
-        if got is not None and got[1].fits:
-            best, hi = got, mid
-        else:
-            lo = mid + 1
-    return best
+
+    def at(n: int) -> tuple[Strategy, FastEstimate]:
+        offloaded = dataclasses.replace(s, cpu_offload_layers=n)
+        return offloaded, cost(offloaded)
+
+    return _least(s.cpu_offload_layers + 1, most, at)
 
 
 def _variant(s: Strategy, **fields: Any) -> Strategy | None:
@@ -320,8 +312,8 @@ def _variant(s: Strategy, **fields: Any) -> Strategy | None:
 
 def _least_fitting(s: Strategy, cost: Cost, lo: int, hi: int
                    ) -> tuple[Strategy, FastEstimate] | None:
-    """Bisection for the least N in [lo, hi] whose full recompute of the first N layers of
-    each chunk fits (N = hi: every layer, said as N = 0)."""
+    """The least N in [lo, hi] whose full recompute of the first N layers of each chunk fits
+    (N = hi: every layer, said as N = 0)."""
     def at(n: int) -> tuple[Strategy, FastEstimate]:
         full = dataclasses.replace(s, recompute="full", recompute_num_layers=0 if n >= hi else n,
                                    recompute_modules="core_attn")
@@ -330,6 +322,13 @@ def _least_fitting(s: Strategy, cost: Cost, lo: int, hi: int
     if _variant(s, recompute="full", recompute_num_layers=0, recompute_modules="core_attn"
                 ) is None:  # (full recompute is not an option beside what ``s`` runs)
         return None
+    return _least(lo, hi, at)
+
+
+def _least(lo: int, hi: int, at: Callable[[int], tuple[Strategy, FastEstimate]]
+           ) -> tuple[Strategy, FastEstimate] | None:
+    """Bisection for the least n in [lo, hi] whose strategy ``at(n)`` fits (peak memory falls
+    as n grows), or None where even ``at(hi)``'s does not."""
     best = at(hi)
     if not best[1].fits:
         return None
