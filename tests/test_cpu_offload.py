@@ -130,8 +130,8 @@ def test_a_slow_link_paces_every_offloaded_layer(tmp_path: Path) -> None:
 
 def test_the_fit_hint_offers_offloading_where_it_fits_for_free() -> None:
     """Llama 3 70B under FSDP on GB200 at 2 × 8,192 tokens (NVIDIA's recipe offloads 40
-    layers): the hint offloads the least count that fits, at 1.4% of the step over the
-    rack's host link (replay gives the same), where recomputing 45 layers instead costs 18%."""
+    layers): the hint offloads the least count that fits, at 0.9% of the step over the
+    rack's host link (replay gives the same), where recomputing 45 layers instead costs 17%."""
     from tracegen.catalog import get_model
 
     model = dataclasses.replace(get_model("llama3-70b"), seq_len=8192)

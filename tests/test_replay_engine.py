@@ -255,12 +255,15 @@ def test_attention_speed_follows_the_head_dim(system: str, hdim: int, ratio: flo
 
 
 def test_interference_is_per_gpu_and_never_negative() -> None:
-    """The measured GPUs carry Lee et al.'s 18.9%; unmeasured ones none; a negative value is a
-    clear configuration error."""
+    """The measured GPUs carry Lee et al.'s 18.9%, and Blackwell borrows it (the same mechanism:
+    NCCL's channels on the SMs); V100 and MI300X none; a negative value is a clear
+    configuration error."""
     from replay.hardware import ConfigError
 
     assert get_system("dgx-h100").gpu.comm_interference == 0.189
     assert get_system("dgx-a100-80gb").gpu.comm_interference == 0.189
-    assert get_system("dgx-b200").gpu.comm_interference == 0.0
+    assert get_system("dgx-b200").gpu.comm_interference == 0.189
+    assert get_system("gb200-nvl72").gpu.comm_interference == 0.189
+    assert get_system("mi300x").gpu.comm_interference == 0.0
     with pytest.raises(ConfigError, match=r"comm_interference must be ≥ 0 \(0: absent"):
         get_system("dgx-h100").with_overrides({"gpu.comm_interference": -0.1})
