@@ -176,11 +176,11 @@ def test_failed_link_uses_the_surviving_path(tmp_path: Path) -> None:
 
 
 def test_a_rank_on_another_gpu_takes_that_gpus_interference(tmp_path: Path) -> None:
-    """Interference is per GPU: a rank moved to a B200 (no measurement, κ 0) loses no compute
-    to the collectives beside it, while its H100 peers (κ 0.189) do."""
+    """Interference is per GPU: a rank moved to an MI300X (no measurement, κ 0) loses no
+    compute to the collectives beside it, while its H100 peers (κ 0.189) do."""
     d = _set(tmp_path / "k", tp=2)
     res = replay(d, H100, scenario=_scenario(
-        tmp_path, "[[gpu]]\nranks = [1]\nsystem = \"dgx-b200\"\n"))
+        tmp_path, "[[gpu]]\nranks = [1]\nsystem = \"mi300x\"\n"))
     lost = dict(zip(res.breakdown["rank"], res.breakdown["interference_s"], strict=True))
     assert lost[0] > 0 and lost[1] == 0
 
