@@ -63,10 +63,11 @@ def test_b200_rows_count_flops_as_the_h100_rows_do() -> None:
 
 def test_b200_rows_are_predicted_within_the_error_reached() -> None:
     """On DGX B200 (whose FP8 GEMM efficiency is H100's for want of an anchor, and whose
-    interference is Hopper's, borrowed since the fifty-eighth session): Llama 3 8B on 8 GPUs
-    5.2% too fast (5.4% with κ 0; 4.7% with the unfused cross-entropy: its loss is 3% of the
-    step), Llama 3.1 405B on 128 GPUs (tp 4, pp 8, cp 2, vpp 8) 10.9% too fast (15.3% with
-    κ 0; 15.1% with 2-byte parameter gathers; 17.4%
+    interference is Hopper's, borrowed since the fifty-eighth session, and whose HBM the
+    driver's 7.67 TB/s): Llama 3 8B on 8 GPUs 4.6% too fast (5.2% at the datasheet's 8 TB/s,
+    5.4% with κ 0; 4.7% with the unfused cross-entropy then: its loss is 3% of the step),
+    Llama 3.1 405B on 128 GPUs (tp 4, pp 8, cp 2, vpp 8) 10.7% too fast (10.9% at 8 TB/s,
+    15.3% with κ 0; 15.1% with 2-byte parameter gathers; 17.4%
     before its TP-overlapped GEMMs ran in Transformer Engine's chunks and its ring merged each
     step's output) — the 405B optimism of the H100 rows, on another GPU and with its cp inside
     a node (DESIGN.md). Bounds are the errors reached. The 405B run's
@@ -77,7 +78,7 @@ def test_b200_rows_are_predicted_within_the_error_reached() -> None:
     assert (got["status"] == "ok").all()
     err = dict(zip(got["id"], got["error_pct"], strict=True))
     assert -5.5 <= err["mbridge2511-b200-llama3-8b"] < 0
-    assert -11.2 <= err["mbridge2511-b200-llama3.1-405b"] < -10.6
+    assert -11.0 <= err["mbridge2511-b200-llama3.1-405b"] < -10.4
     assert (got["predicted_peak_memory_GiB"] / 180.0).max() <= 1.015  # type: ignore[operator]
 
 
