@@ -304,7 +304,8 @@ def note_partial_domain(s: Strategy, system: SystemSpec) -> None:
     g, n = system.node.gpus_per_node, s.world_size
     if n <= g or not n % g:
         return
-    console.print(f"note: {n:,} GPUs fill {n // g:,} NVLink domains of {g} and {n % g} GPUs of "
+    full = f"{n // g:,} NVLink domain" + ("s" if n // g > 1 else "")
+    console.print(f"note: {n:,} GPUs fill {full} of {g} and {n % g} GPUs of "
                   f"another; ranks are placed domain by domain, so groups that straddle a "
                   f"boundary go over the NICs. A job placed in smaller blocks (Megatron-Bridge "
                   f"runs 256 GPUs on GB200 as four 64-GPU Slurm segments) is that block size as "
