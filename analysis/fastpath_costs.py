@@ -182,9 +182,7 @@ class Costs:
                                     if s.zero_stage == 3 else 0,
                                     s.cpu_offload_layers))
         self.moe = model.is_moe
-        # activation offloading: the host link each way (bytes/s)
-        self.host_Bps = system.node.host_link_GBps * 1e9
-        if s.cpu_offload_layers and not self.host_Bps:
+        if s.cpu_offload_layers and not system.node.host_link_GBps:
             raise ConfigError(f"cpu_offload_layers needs the system's host link: {system.name} "
                               "gives no host_link_GBps (set it in the system file's [node] "
                               "table)", what="strategy")
@@ -339,16 +337,17 @@ class Costs:
         """An offloaded layer's copy to host memory, or back: its stored activations over the
         host link."""
         size = activation_bytes_per_layer(layer_model(self.m, block.name), self.s)
-        return round(size / self.host_Bps * 1e9)
+        return round(size / (self.net.sys.node.host_link_GBps * 1e9) * 1e9)
 
     def offload_waits(self, chunk: list[tuple[ParamBlock, int]], rank: int, sig: int
                       ) -> tuple[int, int]:
         """(forward, backward) ns that one micro-batch's passes wait for activation offloading's
         copies (``offload_walk.waits``: the trace's rules walked over the chunk's blocks)."""
-        times = {b: chain_and_stream_ns(self, b, rank, sig) for b, _ in chunk}
-        return offload_walk.waits([
-            offload_walk.Block(b.offloaded, *times[b], self.offload_ns(b) if b.offloaded else 0)
-            for b, n in chunk for _ in range(n)], self.compute.gpu.comm_interference)
+        kinds = {b: offload_walk.Block(b.offloaded, *chain_and_stream_ns(self, b, rank, sig),
+                                       self.offload_ns(b) if b.offloaded else 0)
+                 for b, _ in chunk}  # each kind of block costed once
+        return offload_walk.waits([kinds[b] for b, n in chunk for _ in range(n)],
+                                  self.compute.gpu.comm_interference)
 
     def optimizer_ns(self, params: int) -> int:
         """The optimizer step over ``params`` local parameters (memo: it depends on nothing
