@@ -191,6 +191,11 @@ OffloadOpt = Annotated[int, typer.Option(
     help="Offload the first N layers' activations to host memory between their forward and "
          "backward, over the GPU's host link (Megatron-Core --cpu-offloading "
          "--cpu-offloading-num-layers; pp 1, no recompute); 0 = none.")]
+OptOffloadOpt = Annotated[float, typer.Option(
+    "--optimizer-offload-fraction",
+    help="Share of the optimizer state updated on the CPU, in (0, 1]: its gradients copied to "
+         "host memory, CPU AdamW, the master weights copied back (Megatron-Core "
+         "--optimizer-cpu-offload --optimizer-offload-fraction; needs --zero 1 or 2); 0 = none.")]
 RecomputeLayersOpt = Annotated[int, typer.Option(
     "--recompute-num-layers",
     help="With --recompute full: only the first N layers of each model chunk recompute, the "
@@ -228,7 +233,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    outer_dp_sharding: str = "no_shard",
                    grad_reduce_per_microbatch: bool = False,
                    cross_entropy_fusion: str = "none",
-                   cpu_offload_layers: int = 0) -> Strategy:
+                   cpu_offload_layers: int = 0,
+                   optimizer_offload_fraction: float = 0.0) -> Strategy:
     """The strategy the shared options describe (dp from the GPU count)."""
     small = [f"--{k} must be ≥ 1, got {v}" for k, v in
              (("gpus", gpus), ("tp", tp), ("pp", pp), ("cp", cp)) if v < 1]
@@ -265,6 +271,7 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     outer_dp_sharding_strategy=outer_dp_sharding,  # type: ignore[arg-type]
                     grad_reduce_per_microbatch=grad_reduce_per_microbatch,
                     cpu_offload_layers=cpu_offload_layers,
+                    optimizer_offload_fraction=optimizer_offload_fraction,
                     cross_entropy_fusion=cross_entropy_fusion)  # type: ignore[arg-type]
 
 

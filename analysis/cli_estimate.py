@@ -61,6 +61,7 @@ def estimate_cmd(
     dist_opt_instances: C.InstancesOpt = 1, outer_dp_sharding: C.OuterShardingOpt = "no_shard",
     grad_reduce_per_microbatch: C.GradPerMbOpt = False, seq_len: C.SeqLenOpt = 0,
     cross_entropy_fusion: C.CeFusionOpt = "none", cpu_offload_layers: C.OffloadOpt = 0,
+    optimizer_offload_fraction: C.OptOffloadOpt = 0.0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
                                                   "JSON to this file.")] = None,
     ops: Annotated[int | None, typer.Option(
@@ -105,7 +106,8 @@ def estimate_cmd(
         pipeline_layout=pipeline_layout, adam_moments=adam_moments,
         fp8_param_gather=fp8_param_gather, dist_opt_instances=dist_opt_instances,
         outer_dp_sharding=outer_dp_sharding, grad_reduce_per_microbatch=grad_reduce_per_microbatch,
-        cross_entropy_fusion=cross_entropy_fusion, cpu_offload_layers=cpu_offload_layers)
+        cross_entropy_fusion=cross_entropy_fusion, cpu_offload_layers=cpu_offload_layers,
+        optimizer_offload_fraction=optimizer_offload_fraction)
     sys_spec = resolve_system(system)
     mixed = None
     chosen: dict[int, str] = {}
@@ -144,6 +146,7 @@ def estimate_cmd(
     experts = note_small_experts(spec, strategy, sys_spec)
     losses = note_loss(spec, strategy, sys_spec, g) if mixed is None else None
     offload = note_offload(spec, strategy, sys_spec, g) if mixed is None else None
+    opt_offload = note_optimizer_offload(spec, strategy, sys_spec, g) if mixed is None else None
     unmerged = _print_unmerged(spec, strategy, sys_spec, g) if (
         strategy.overlap_moe_ep_comm and mixed is None) else None
     note_precision({strategy.precision}, sys_spec)
@@ -170,6 +173,8 @@ def estimate_cmd(
             out["fused_losses"] = losses
         if offload is not None:  # activation offloading against none
             out["offload"] = offload
+        if opt_offload is not None:  # optimizer offloading against none
+            out["optimizer_offload"] = opt_offload
         if mixed is not None:
             out["mixed"] = mixed.to_dict()
             if balanced is not None:
@@ -313,28 +318,58 @@ def note_partial_domain(s: Strategy, system: SystemSpec) -> None:
                   f"{system.name} > mine.toml`)")
 
 
+def _against_none(model: Any, s: Strategy, system: SystemSpec, g: Glance, **off: Any
+                  ) -> tuple[dict[str, float], float]:
+    """An offloading against none (``off``: the fields that turn it off): the memory it frees
+    at peak and the step without it (for the JSON), and the step's relative cost."""
+    from analysis.fastpath import estimate
+
+    none = estimate(model, dataclasses.replace(s, **off), system)
+    return ({"freed_GiB": none.peak_memory_GiB - g.peak_memory_GiB,
+             "step_time_s_without": none.step_time_s}, g.step_time_s / none.step_time_s - 1)
+
+
 def note_offload(model: Any, s: Strategy, system: SystemSpec, g: Glance
                  ) -> dict[str, float] | None:
     """With activation offloading: a layer's copy over the host link, and what the offloading
     saves at peak and costs in step time against none (for the JSON; None without it)."""
     if not s.cpu_offload_layers:
         return None
-    from analysis.fastpath import estimate
     from tracegen.memory import activation_bytes_per_layer
 
     size = activation_bytes_per_layer(model, s)
     copy_ms = size / (system.node.host_link_GBps * 1e9) * 1e3
-    none = estimate(model, dataclasses.replace(s, cpu_offload_layers=0), system)
-    out = {"layers": s.cpu_offload_layers, "layer_bytes": size, "copy_ms": copy_ms,
-           "host_link_GBps": system.node.host_link_GBps,
-           "freed_GiB": none.peak_memory_GiB - g.peak_memory_GiB,
-           "step_time_s_without": none.step_time_s}
-    cost = g.step_time_s / none.step_time_s - 1
+    out, cost = _against_none(model, s, system, g, cpu_offload_layers=0)
+    out |= {"layers": s.cpu_offload_layers, "layer_bytes": size, "copy_ms": copy_ms,
+            "host_link_GBps": system.node.host_link_GBps}
     console.print(f"activation offloading: the first {s.cpu_offload_layers} layers' "
                   f"{size / GiB:.2f} GiB a micro-batch each go to host memory and back at "
                   f"{system.node.host_link_GBps:g} GB/s ({copy_ms:.1f} ms a copy): "
                   f"{out['freed_GiB']:.1f} GiB less at peak, the step {cost:+.1%} against none"
                   + (" (the copies hide behind compute)" if abs(cost) < 0.001 else ""))
+    return out
+
+
+def note_optimizer_offload(model: Any, s: Strategy, system: SystemSpec, g: Glance
+                           ) -> dict[str, float] | None:
+    """With optimizer offloading: the CPU's share of the busiest shard, its AdamW time at the
+    host's rate, and what the offloading frees and costs against none (None without it)."""
+    f = s.optimizer_offload_fraction
+    if not f:
+        return None
+    from tracegen.program import RoleProgram, sharded_params
+
+    shard = max(sharded_params(s, RoleProgram(model, s, st).stage_params())
+                for st in range(s.pp))
+    on_cpu = O.offloaded_shares(s, shard)[1]
+    cpu_s = on_cpu * O.CPU_ADAM_BYTES_PER_PARAM / (system.node.host_cpu_GBps * 1e9)
+    out, cost = _against_none(model, s, system, g, optimizer_offload_fraction=0.0)
+    out |= {"fraction": f, "cpu_params": on_cpu, "cpu_adam_s": cpu_s,
+            "host_cpu_GBps": system.node.host_cpu_GBps}
+    console.print(f"optimizer offloading: {f:.0%} of a rank's optimizer shard ({on_cpu / 1e9:.2f} "
+                  f"B parameters) updated by the CPU's AdamW at {system.node.host_cpu_GBps:g} GB/s "
+                  f"of host memory ({cpu_s:.2f} s a step): {out['freed_GiB']:.1f} GiB less at "
+                  f"peak, the step {cost:+.1%} against none")
     return out
 
 

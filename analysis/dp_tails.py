@@ -38,7 +38,8 @@ def tails_ns(costs: Costs, stages: list[Stage], reps: list[int], ends: list[int]
                                      s.dp, s.cp, s.ep, s.overlap_param_gather,
                                      s.grad_reduce_in_bf16, s.expert_tp,
                                      s.adam_moments_dtype, s.fp8_param_gather,
-                                     s.dist_opt_instances, s.outer_dp_sharding_strategy))
+                                     s.dist_opt_instances, s.outer_dp_sharding_strategy,
+                                     s.optimizer_offload_fraction))
     # (ZeRO-3 reduce-scatters as the backward runs whatever the flag says; HSDP's all-reduces
     # slow the last backwards, and the stages before wait for them)
     overlapped = s.overlap_grad_reduce or s.zero_stage == 3
@@ -238,7 +239,7 @@ def _outer_propagate(costs: Costs, stages: list[Stage], reps: list[int], ends: l
 def _after(costs: Costs, x: Stage, rank: int, gathers: list[tuple[str, int, int]]) -> int:
     """The optimizer step and the ZeRO ≥ 1 parameter all-gathers after a stage's buckets."""
     s = costs.s
-    after = costs.optimizer_ns(sharded_params(s, dict(x.params)))
+    after = costs.optimizer_ns(sharded_params(s, dict(x.params)), x.layers)
     if s.overlap_param_gather:  # the gathers open the next step (``_param_gather_delay``)
         gathers = []
     for axis, padded, count in gathers:
@@ -378,6 +379,7 @@ def _after_memo(costs: Costs, x: Stage, rank: int, gathers: list[tuple[str, int,
     key = (x.params, tuple(gathers), 1 if s.zero_stage == 2 else s.zero_stage,  # (tails_ns)
            s.dp, s.cp, s.ep, s.tp, s.expert_tp, s.outer_dp_sharding_strategy,
            s.overlap_param_gather, s.adam_moments_dtype, s.fp8_param_gather,
+           (s.optimizer_offload_fraction, x.layers) if s.optimizer_offload_fraction else 0,
            costs.shape("dp", rank) if s.dist_opt_instances == 1 else _dense_lane(costs, rank),
            _edp_key(costs, rank))
     got = costs.ctx.afters.get(key)

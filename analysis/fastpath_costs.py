@@ -55,7 +55,7 @@ class _Context:
         self.runs: dict[tuple[object, ...], Runs] = {}
         # (layers, pp, vpp, the uneven split's fields) → each global chunk's layer count
         self.splits: dict[tuple[object, ...], tuple[int, ...]] = {}
-        self.optimizer: dict[int | tuple[int, str], int] = {}
+        self.optimizer: dict[int | tuple[object, ...], int] = {}
         # (stage id, the other context's id, strategy) → (that stage, it with its own costs to
         # splice into another system's pipeline), held by both contexts while their memos may
         # key it by identity (``fastpath._spliced``)
@@ -186,6 +186,13 @@ class Costs:
             raise ConfigError(f"cpu_offload_layers needs the system's host link: {system.name} "
                               "gives no host_link_GBps (set it in the system file's [node] "
                               "table)", what="strategy")
+        if s.optimizer_offload_fraction and not (system.node.host_link_GBps
+                                                 and system.node.host_cpu_GBps):
+            raise ConfigError(f"optimizer_offload_fraction needs the system's host link and host "
+                              f"CPU rate: {system.name} gives host_link_GBps "
+                              f"{system.node.host_link_GBps:g}, host_cpu_GBps "
+                              f"{system.node.host_cpu_GBps:g} (set both in the system file's "
+                              "[node] table)", what="strategy")
         # stages of unequal costs (read per stage: a property call each time costs more): an
         # uneven split, or a MoE model's dense first layers or a pattern of windowed and full
         # layers on a pipeline
@@ -349,16 +356,42 @@ class Costs:
         return offload_walk.waits([kinds[b] for b, n in chunk for _ in range(n)],
                                   self.compute.gpu.comm_interference)
 
-    def optimizer_ns(self, params: int) -> int:
+    def optimizer_ns(self, params: int, layers: int = 0) -> int:
         """The optimizer step over ``params`` local parameters (memo: it depends on nothing
-        else but the bytes a parameter moves)."""
-        moments = self.s.adam_moments_dtype
-        key = params if moments == "fp32" else (params, moments)
+        else but the bytes a parameter moves); with optimizer offloading, the GPU's share and
+        the CPU's beside it (``offloaded_step_ns``) on a stage of ``layers`` layers."""
+        s = self.s
+        moments, f = s.adam_moments_dtype, s.optimizer_offload_fraction
+        key: int | tuple[object, ...] = (
+            (params, f, layers) if f else params if moments == "fp32" else (params, moments))
         got = self.ctx.optimizer.get(key)
         if got is None:
-            got = self.ctx.optimizer[key] = self.items_ns(
-                [O.optimizer_step(params, O.adam_bytes_per_param(self.s))], 0)
+            if f:
+                got = max(self.items_ns([O.gpu_optimizer_step(s, params)], 0),
+                          self.offloaded_step_ns(O.offloaded_shares(s, params)[1], layers))
+            else:
+                got = self.items_ns([O.optimizer_step(params, O.adam_bytes_per_param(s))], 0)
+            self.ctx.optimizer[key] = got
         return got
+
+    def offloaded_step_ns(self, on_cpu: int, layers: int) -> int:
+        """The CPU's share of an offloaded optimizer step as the trace runs it
+        (``RoleProgram._offloaded_step``): its pieces flow through three stations in order —
+        the copy to host memory, the CPU's AdamW, the copy back — each one piece at a time, so a
+        piece starts at a station once the station's previous piece and its own previous station
+        are done (a flow shop)."""
+        node = self.net.sys.node
+        link, cpu = node.host_link_GBps, node.host_cpu_GBps
+        n = max(1, layers)
+        piece, extra = divmod(on_cpu, n)
+        d2h = cpu_end = h2d = 0
+        for i in range(n):
+            size = piece + (i < extra)
+            copy = round(size * O.OFFLOAD_COPY_BYTES_PER_PARAM / link)  # (GB/s = bytes/ns)
+            d2h += copy
+            cpu_end = max(d2h, cpu_end) + round(size * O.CPU_ADAM_BYTES_PER_PARAM / cpu)
+            h2d = max(cpu_end, h2d) + copy
+        return h2d
 
     def list_ns(self, block: ParamBlock, which: str | tuple[str, ...], rank: int, sig: int
                 ) -> int:

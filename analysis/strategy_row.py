@@ -23,7 +23,7 @@ import polars as pl
 from tracegen import ConfigError, Strategy
 
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Strategy)}
-_DTYPES = {bool: pl.Boolean, int: pl.Int64, str: pl.String}
+_DTYPES = {bool: pl.Boolean, int: pl.Int64, float: pl.Float64, str: pl.String}
 
 # Every strategy field's column type (``bool`` before ``int``: a bool is an int in Python).
 FIELD_COLUMNS: dict[str, Any] = {name: _DTYPES[type(v)] for name, v in _DEFAULTS.items()}
@@ -54,6 +54,7 @@ FLAGS: dict[str, str] = {
     "grad_reduce_per_microbatch": "--grad-reduce-per-microbatch",
     "cross_entropy_fusion": "--cross-entropy-fusion",
     "cpu_offload_layers": "--cpu-offload-layers",
+    "optimizer_offload_fraction": "--optimizer-offload-fraction",
 }
 _ALWAYS = ("micro_batch_size", "global_batch_size")  # the flags estimate requires
 

@@ -77,6 +77,7 @@ FLOAT_COLUMNS = ("scaleout_gbps_per_gpu", "measured_iter_time_s")
 # shared experts' width (Qwen2-MoE), a MoE model's dense first layers (GLM-4.5), multi-head
 # latent attention's widths, group-limited routing and multi-token prediction (DeepSeek-V3),
 # the layers whose activations go to host memory (Megatron-Core's --cpu-offloading-num-layers),
+# the share of the optimizer state the CPU updates (--optimizer-offload-fraction, a number),
 # a sliding window or attention chunk (Mistral, Gemma 2/3, GPT-OSS; Llama 4) with, as text,
 # the pattern of layers using it (``window_pattern``); and, as text, the MoE
 # dispatcher, the modules selective recompute names (Megatron-Core's --recompute-modules,
@@ -90,6 +91,7 @@ EXTENSION_INT_COLUMNS = ("head_dim", "expert_tp", "shared_expert_ffn_hidden_size
                          "v_head_dim", "moe_router_num_groups", "moe_router_group_topk",
                          "mtp_layers", "sliding_window", "attention_chunk",
                          "cpu_offload_layers")
+EXTENSION_FLOAT_COLUMNS = ("optimizer_offload_fraction",)
 EXTENSION_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "pipeline_layout",
                           "adam_moments_dtype", "cross_entropy_fusion", "window_pattern")
 # read case-insensitively, as the enums below (a layout's E and L are upper case: kept)
@@ -131,11 +133,12 @@ def load_runs(path: str | Path) -> pl.DataFrame:
     raw = raw.with_columns(pl.lit(None, dtype=pl.String).alias(c) for c in missing)
     text = {c: pl.col(c).str.strip_chars() for c in raw.columns}
     ints = (*INT_COLUMNS, *(c for c in EXTENSION_INT_COLUMNS if c in raw.columns))
-    num = {c: text[c].cast(pl.Float64, strict=False) for c in (*ints, *FLOAT_COLUMNS)}
+    floats = (*FLOAT_COLUMNS, *(c for c in EXTENSION_FLOAT_COLUMNS if c in raw.columns))
+    num = {c: text[c].cast(pl.Float64, strict=False) for c in (*ints, *floats)}
     parsed = {
         **{c: pl.when((num[c] == num[c].round(0)) & (num[c].abs() < MAX_INT_CELL))
            .then(num[c]).cast(pl.Int64) for c in ints},
-        **{c: pl.when(num[c].is_finite()).then(num[c]) for c in FLOAT_COLUMNS},
+        **{c: pl.when(num[c].is_finite()).then(num[c]) for c in floats},
         **{c: text[c].str.to_lowercase().replace_strict(
             {"true": True, "false": False}, default=None, return_dtype=pl.Boolean)
            for c in (*BOOL_COLUMNS, *(c for c in EXTENSION_BOOL_COLUMNS if c in raw.columns))},
@@ -419,7 +422,8 @@ def _strategy(row: dict[str, Any], precision: str) -> Strategy:
         delay_wgrad_compute=bool(row.get("delay_wgrad_compute")),
         tp_comm_overlap=bool(row.get("tp_comm_overlap")),
         grad_reduce_per_microbatch=_per_microbatch(row),
-        cpu_offload_layers=row.get("cpu_offload_layers") or 0)
+        cpu_offload_layers=row.get("cpu_offload_layers") or 0,
+        optimizer_offload_fraction=row.get("optimizer_offload_fraction") or 0.0)
 
 
 def _per_microbatch(row: dict[str, Any]) -> bool:

@@ -58,7 +58,8 @@ def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
                     slowdown=scen.slowdown if scen and scen.episodes else None,
                     compute_overrides=overrides, progress=progress,
                     interference=_interference(sys_spec, scen),
-                    host_Bps=_host_links(mix, sys_spec))
+                    host_Bps=_host_rates(mix, sys_spec, "host_link_GBps"),
+                    host_cpu_Bps=_host_rates(mix, sys_spec, "host_cpu_GBps"))
     end_ns = sim.run()
     timeline = timeline_frame(sim, ts)
     metrics = step_metrics(ts, timeline, end_ns, _mean_peak(mix, sys_spec, _dtype(ts)))
@@ -78,11 +79,12 @@ def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
     return ReplayResult(timeline, breakdown, metrics, waits_frame(sim), faults)
 
 
-def _host_links(mix: dict[str, tuple[SystemSpec, list[int]]], sys_spec: SystemSpec
-                ) -> Callable[[int], float]:
-    """Each rank's host link, each way, in bytes/s (its GPU's system's ``host_link_GBps``)."""
-    rate = {r: spec.node.host_link_GBps * 1e9 for spec, ranks in mix.values() for r in ranks}
-    default = sys_spec.node.host_link_GBps * 1e9
+def _host_rates(mix: dict[str, tuple[SystemSpec, list[int]]], sys_spec: SystemSpec,
+                field: str) -> Callable[[int], float]:
+    """Each rank's host rate ``field`` of its GPU's system's node in bytes/s: its host link,
+    each way (``host_link_GBps``), or what its CPU ops move of host memory (``host_cpu_GBps``)."""
+    rate = {r: getattr(spec.node, field) * 1e9 for spec, ranks in mix.values() for r in ranks}
+    default = getattr(sys_spec.node, field) * 1e9
     return lambda rank: rate.get(rank, default)
 
 

@@ -184,6 +184,10 @@ class NodeSpec:
     # NVLink-C2C to a Grace CPU): activation offloading's copies (``Strategy.cpu_offload_layers``)
     # and Chakra MEM_STORE / MEM_LOAD nodes run at it. 0: not given (offloading refused).
     host_link_GBps: float = 0.0
+    # Host memory one GPU's rank moves a second in a CPU op (Chakra COMP nodes marked is_cpu_op:
+    # optimizer offloading's PyTorch CPU AdamW, ``Strategy.optimizer_offload_fraction``), each
+    # rank with its own cores, as achieved. 0: not given (optimizer offloading refused).
+    host_cpu_GBps: float = 0.0
     # GPUs of one host (a server, one operating system) where the NVLink domain spans several:
     # GB200 NVL72's 4-GPU compute trays in a 72-GPU domain. A host fails as a whole (a study's
     # ``rate_per_node_hour``). 0: the node is the host (an 8-GPU DGX/HGX).
@@ -293,7 +297,7 @@ MIN_VALUE, MAX_VALUE = 1e-6, 1e7
 OPTIONAL_ZERO = ("nvls_busbw_GBps", "gemm_k_overhead", "gemm_mamf_k", "comm_interference",
                  "sustained_clock_ratio_fp8", "attention_half_tiles", "gemm_occupancy_waves",
                  "site_gpus", "site_Gbps_per_gpu", "site_latency_us", "host_link_GBps",
-                 "gpus_per_host")
+                 "host_cpu_GBps", "gpus_per_host")
 
 
 def _problems(s: SystemSpec) -> list[str]:

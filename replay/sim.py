@@ -43,6 +43,7 @@ from replay.reader import COLL_TYPE_NAMES, NODE_TYPE_NAMES, NodeRec
 from replay.traceset import TraceSet
 from tracegen.errors import ReplayError
 from tracegen.routing import route_of
+from tracegen.units import NS_PER_US
 
 COMPUTE_STREAM = 0
 P2P_STREAM = 1
@@ -167,9 +168,12 @@ class Simulator:
                  compute_overrides: dict[int, ComputeModel] | None = None,
                  progress: Callable[[int, int], None] | None = None,
                  interference: Callable[[int], float] | None = None,
-                 host_Bps: Callable[[int], float] | None = None) -> None:
+                 host_Bps: Callable[[int], float] | None = None,
+                 host_cpu_Bps: Callable[[int], float] | None = None) -> None:
         self.ts, self.net, self.astra = ts, network, astra_compat
         self._host_Bps = host_Bps  # a rank's host link, each way (bytes/s; 0: none given)
+        # the host memory a rank's CPU ops move a second (bytes/s; 0: none given)
+        self._host_cpu_Bps = host_cpu_Bps
         self.contention = contention
         self._slowdown = slowdown
         self._overrides = compute_overrides or {}
@@ -219,6 +223,13 @@ class Simulator:
                     f"rank {rank}: node {n.id} ({n.name!r}) is a {MEM_NAMES[n.type]}, a copy "
                     "between the GPU and host memory, and the system gives no host link to run "
                     "it over: set host_link_GBps in the system file's [node] table")
+            if (n.type == pb.COMP_NODE and n.attrs.get("is_cpu_op") and n.attrs.get("tensor_size")
+                    and not (self._host_cpu_Bps and self._host_cpu_Bps(rank) > 0)):
+                raise ReplayError(
+                    f"rank {rank}: node {n.id} ({n.name!r}) is a CPU op (is_cpu_op) that moves "
+                    f"{n.attrs['tensor_size']} bytes of host memory, and the system gives no "
+                    "host CPU rate to time it by: set host_cpu_GBps in the system file's [node] "
+                    "table")
             raw = n.data_deps + n.ctrl_deps if n.ctrl_deps else n.data_deps
             deps = [pos_of[d] for d in (set(raw) if len(raw) > 1 else raw)]
             pending[i] = len(deps)
@@ -279,6 +290,9 @@ class Simulator:
         r.busy[sid] = True
         node = r.nodes[pos]
         if node.type == pb.COMP_NODE:
+            if sid != COMPUTE_STREAM:  # a CPU op (``_stream_for``)
+                return [(t + self._host_op_ns(r.rank, node), PRIO_FINISH, self._finish,
+                         (r.rank, pos, sid, t, t))]
             return self._run_compute(t, r, pos, sid)
         if node.type == pb.COMM_COLL_NODE:
             return self._arrive(t, r, pos, sid)
@@ -287,6 +301,17 @@ class Simulator:
         if node.type in MEM_STREAMS:
             return self._host_copy(t, r.rank, pos, sid)
         return [(t, PRIO_FINISH, self._finish, (r.rank, pos, sid, t, t))]
+
+    def _host_op_ns(self, rank: int, node: NodeRec) -> int:
+        """A CPU op's time: its ``tensor_size`` bytes at the rank's host CPU rate (the host's
+        memory bound: optimizer offloading's AdamW), else the trace's ``duration_micros`` (a
+        profiled host op; also where the compute model reads the trace's times)."""
+        size = int(node.attrs.get("tensor_size", 0))
+        if not size or (getattr(self._compute, "source", "model") == "trace"
+                        and node.duration_micros):
+            return node.duration_micros * NS_PER_US
+        assert self._host_cpu_Bps is not None  # (``_prepare`` refused it without a rate)
+        return round(size / self._host_cpu_Bps(rank) * 1e9)
 
     def _host_copy(self, t: int, rank: int, pos: int, sid: int) -> list[Event]:
         """A MEM_STORE / MEM_LOAD node: ``tensor_size`` bytes over the rank's host link, that

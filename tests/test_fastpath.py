@@ -753,7 +753,10 @@ def test_op_key_covers_every_field_the_op_lists_read() -> None:
                 # the loss's bytes (``head_fwd``, ``head_bwd``): the key has it
                 "cross_entropy_fusion": "te",
                 # copies beside the passes, not op lists (``Costs.key`` has it; refused at pp 2)
-                "cpu_offload_layers": 2}
+                "cpu_offload_layers": 2,
+                # the optimizer step's split, not op lists (``dp_tails`` keys carry it; refused
+                # without ZeRO 1/2)
+                "optimizer_offload_fraction": 0.5}
     fields = {f.name for f in dataclasses.fields(Strategy)}
     assert fields <= set(variants) | {"last_stage_layers"}, "give the new field a variant here"
 

@@ -57,6 +57,14 @@ WEIGHT_BYTES, OPTIM_BYTES = 2, 12
 # scales of narrow moments are a few bytes a tensor, not counted). With BF16 parameters the
 # master copy itself shrinks to the 16-bit remainder below them: 2 more (``master_remainders``).
 MASTER_REMAINDER_SAVED_BYTES = 2
+# Optimizer offloading (``Strategy.optimizer_offload_fraction``): Megatron-Core's
+# HybridDeviceOptimizer clones the offloaded share's fp32 master weights to host memory and keeps
+# Adam's m and v there, while the distributed optimizer still holds its fp32 master shard on the
+# GPU (it copies it into the 16-bit weights after each step): 8 of the 12 bytes leave the GPU.
+# Megatron-Bridge measured 3.8 GB freed per quarter of Qwen3-30B-A3B's shard at tp 2, pp 2, ep 4
+# on 16 H100s, 15.3 GB at all of it: 8 bytes × its 1.91 B-parameter shard (tests/test_optimizer_
+# offload.py).
+OFFLOADED_OPTIM_BYTES = 8
 # FSDP (ZeRO-3): fp32 sharded parameter (the master copy), fp32 gradient shard, Adam m and v.
 ZERO3_PARAM_BYTES, ZERO3_OPTIM_BYTES = 4, 8
 # FP8 without FP8 parameters: Transformer Engine keeps each GEMM weight's quantized copies across
@@ -547,6 +555,9 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
             weights = -(-params_local * WEIGHT_BYTES // dp_shard)
         elif s.zero_stage >= 3:
             weights = -(-params_local * ZERO3_PARAM_BYTES // dp_shard)
+    if s.optimizer_offload_fraction:  # (ZeRO 1/2, fp32 moments: ``Strategy``)
+        optim -= round(optim * s.optimizer_offload_fraction * OFFLOADED_OPTIM_BYTES
+                       / OPTIM_BYTES)
     if (s.vpp > 1 and (s.v_shape or (s.uneven and stage in (0, s.pp - 1)))) or (
             s.pipeline_layout) or (
             m.first_dense_layers and _holds_dense(m, s, stage)) or (

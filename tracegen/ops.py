@@ -89,6 +89,15 @@ ADAM_BYTES_PER_PARAM = 38
 # and written in their own width: 38 − 4·(4 − w), 30 for 2-byte moments, 26 for FP8.
 MOMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 ADAM_FLOP_PER_PARAM = 12
+# Optimizer offloading (``Strategy.optimizer_offload_fraction``; Megatron-Core's
+# HybridDeviceOptimizer with param_update_in_fp32): per offloaded parameter the GPU still runs the
+# gradient-norm pass (read the fp32 grad, 4) and the copy of the fp32 master into the 16-bit
+# weight (read 4, write 2) = 10 bytes; the fp32 gradient goes to host memory and the updated fp32
+# master comes back (4 bytes each way); PyTorch's fused CPU AdamW reads grad, master, m, v and
+# writes master, m, v: 28 bytes of host memory.
+OFFLOADED_GPU_BYTES_PER_PARAM = 10
+OFFLOAD_COPY_BYTES_PER_PARAM = 4
+CPU_ADAM_BYTES_PER_PARAM = 28
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -957,3 +966,26 @@ def optimizer_step(params_local: int, bytes_per_param: int = ADAM_BYTES_PER_PARA
     ``bytes_per_param``: ``adam_bytes_per_param`` of the strategy."""
     return Op("adam_step", "optimizer", ADAM_FLOP_PER_PARAM * params_local,
               bytes_per_param * params_local)
+
+
+def offloaded_shares(s: Strategy, params_local: int) -> tuple[int, int]:
+    """(parameters the GPU's Adam updates, parameters the CPU's does) of a rank's shard of
+    ``params_local`` under ``optimizer_offload_fraction`` (HybridDeviceOptimizer offloads
+    tensors until the fraction is reached; counted here as the fraction itself)."""
+    on_cpu = round(params_local * s.optimizer_offload_fraction)
+    return params_local - on_cpu, on_cpu
+
+
+def gpu_optimizer_step(s: Strategy, params_local: int) -> Op:
+    """The GPU's optimizer step over a rank's shard: Adam over the share it keeps, the norm
+    pass and master-to-weight copy over the share the CPU updates."""
+    on_gpu, on_cpu = offloaded_shares(s, params_local)
+    return Op("adam_step", "optimizer", ADAM_FLOP_PER_PARAM * on_gpu,
+              adam_bytes_per_param(s) * on_gpu + OFFLOADED_GPU_BYTES_PER_PARAM * on_cpu)
+
+
+def cpu_optimizer_step(params: int) -> Op:
+    """PyTorch's CPU AdamW over ``params`` offloaded parameters (a host op, timed by the
+    host's memory rate, ``NodeSpec.host_cpu_GBps``)."""
+    return Op("cpu_adam_step", "optimizer", ADAM_FLOP_PER_PARAM * params,
+              CPU_ADAM_BYTES_PER_PARAM * params, dtype="fp32")

@@ -139,6 +139,7 @@ class RoleProgram:
         self._stores: dict[tuple[int, str], int] = {}
         self._last_mem: dict[int, int] = {}
         self._mem_bytes: dict[str, int] = {}  # a layer kind's stored activations
+        self._last_host: int | None = None  # optimizer offloading: the latest CPU op
 
     # ---- node factories -------------------------------------------------------------------
     def _new(self, name: str, type_: int, attrs: list[Attr], **kw: Any) -> PNode:
@@ -209,24 +210,42 @@ class RoleProgram:
 
     def mem(self, store: bool, block: ParamBlock, prefix: str, deps: tuple[int, ...]) -> int:
         """An offloaded layer's activations copied to host memory after its forward (a
-        MEM_STORE_NODE) or back before its backward (MEM_LOAD_NODE), each kind on its own copy
-        stream in issue order; ``tensor_size``: the layer's stored activations (as a fused-
-        attention stack keeps them, ``memory.activation_bytes_per_layer``)."""
+        MEM_STORE_NODE) or back before its backward (MEM_LOAD_NODE); ``tensor_size``: the
+        layer's stored activations (as a fused-attention stack keeps them,
+        ``memory.activation_bytes_per_layer``)."""
         from tracegen.memory import activation_bytes_per_layer  # (it imports this module)
 
-        type_ = MEM_STORE_NODE if store else MEM_LOAD_NODE
         size = self._mem_bytes.get(block.name)
         if size is None:
             size = self._mem_bytes[block.name] = activation_bytes_per_layer(
                 layer_model(self.m, block.name), self.s)
+        return self.copy(store, size, f"{prefix}.{block.label}."
+                         f"{'offload' if store else 'reload'}", deps)
+
+    def copy(self, store: bool, size: int, name: str, deps: tuple[int, ...]) -> int:
+        """A copy of ``size`` bytes to host memory (MEM_STORE_NODE) or back (MEM_LOAD_NODE),
+        each kind on its own copy stream in issue order."""
+        type_ = MEM_STORE_NODE if store else MEM_LOAD_NODE
         attrs: list[Attr] = [("is_cpu_op", "bool", False), ("tensor_size", "int64", size)]
-        node = self._new(f"{prefix}.{block.label}.{'offload' if store else 'reload'}", type_,
-                         attrs, comm_bytes=size)
+        node = self._new(name, type_, attrs, comm_bytes=size)
         node.data_deps.extend(deps)
         prev = self._last_mem.get(type_)
         if prev is not None and prev not in deps:
             node.ctrl_deps.append(prev)
         self._last_mem[type_] = node.id
+        return node.id
+
+    def host_op(self, op: O.Op, name: str, deps: tuple[int, ...]) -> int:
+        """An op the host's CPU runs (a COMP_NODE marked ``is_cpu_op``: Chakra's flag for it),
+        in issue order on the rank's CPU."""
+        attrs: list[Attr] = [("is_cpu_op", "bool", True), ("num_ops", "int64", op.flop),
+                             ("tensor_size", "int64", op.bytes), ("op_type", "string", op.kind),
+                             ("dtype", "int64", DTYPE_CODE[op.dtype])]
+        node = self._new(name, COMP_NODE, attrs, flop=op.flop, phase="optimizer")
+        node.data_deps.extend(deps)
+        if self._last_host is not None:
+            node.ctrl_deps.append(self._last_host)
+        self._last_host = node.id
         return node.id
 
     def _chain(self, node: PNode, extra: tuple[int, ...]) -> None:
@@ -874,8 +893,14 @@ class RoleProgram:
         for c in self.deferred_dp:
             self.pending_dp.append(self.coll(c, "step", blocking=True))
         params = self._local_params()
-        self.op(O.optimizer_step(params, O.adam_bytes_per_param(s)), "step", "optimizer",
-                tuple(self.pending_dp))
+        if s.optimizer_offload_fraction:  # (the copies wait for what the GPU's step waits for)
+            ready = (*(() if self.tail is None else (self.tail,)), *self.pending_dp)
+            self.op(O.gpu_optimizer_step(s, params), "step", "optimizer", tuple(self.pending_dp))
+            waits = self._offloaded_step(O.offloaded_shares(s, params)[1], ready)
+        else:
+            self.op(O.optimizer_step(params, O.adam_bytes_per_param(s)), "step", "optimizer",
+                    tuple(self.pending_dp))
+            waits = ()
         if self.param_gather_overlapped:  # they open the next step (``_early_param_gathers``)
             return
         for axis, padded in self.param_gathers:
@@ -883,7 +908,26 @@ class RoleProgram:
                 continue
             shard = padded // dp_group_size(self.s, axis) * O.param_gather_bytes(self.s)
             self.coll(O.Comm("param_all_gather", axis, "ALL_GATHER", shard), "step",
-                      blocking=True)
+                      blocking=True, deps=waits)
+            waits = ()
+
+    def _offloaded_step(self, on_cpu: int, ready: tuple[int, ...]) -> tuple[int, ...]:
+        """Optimizer offloading: the CPU's share of the step in ``offload_pieces`` equal
+        pieces, each its fp32 gradients copied to host memory, the CPU's AdamW over them and the
+        updated fp32 master copied back — HybridDeviceOptimizer steps one parameter tensor at a
+        time, so one piece's copies overlap another's CPU step. Returns the last copy back."""
+        n = offload_pieces(self.s, self.m, self.stage)
+        piece, extra = divmod(on_cpu, n)
+        first, last = ready, ready
+        for i in range(n):
+            size = piece + (i < extra)
+            d2h = self.copy(True, size * O.OFFLOAD_COPY_BYTES_PER_PARAM,
+                            f"step.opt{i}.grad_offload", first)
+            cpu = self.host_op(O.cpu_optimizer_step(size), f"step.opt{i}.cpu_adam", (d2h,))
+            last = (self.copy(False, size * O.OFFLOAD_COPY_BYTES_PER_PARAM,
+                              f"step.opt{i}.master_reload", (cpu,)),)
+            first = ()
+        return last
 
     def stage_params(self) -> dict[str, int]:
         """Parameters this rank holds (before ZeRO sharding), by gradient-reduction axis."""
@@ -900,6 +944,14 @@ class RoleProgram:
     def _local_params(self) -> int:
         """Parameters whose optimizer state this rank updates (sharded by ZeRO ≥ 1)."""
         return sharded_params(self.s, self.stage_params())
+
+
+def offload_pieces(s: Strategy, m: ModelSpec, stage: int) -> int:
+    """The pieces the CPU's share of an offloaded optimizer step runs in (``_offloaded_step``):
+    one a transformer layer of the stage — the parameter tensors HybridDeviceOptimizer steps one
+    by one, grouped by layer — so the first piece's copy to host memory and the last one's back
+    are what the CPU's AdamW does not hide."""
+    return max(1, s.stage_layers(m.num_layers, stage))
 
 
 def dp_group_size(s: Strategy, axis: str) -> int:

@@ -129,6 +129,15 @@ class Strategy:
     # above. Megatron-Core's TransformerConfig allows it only with pp 1, no recomputation and
     # N below the layer count. 0 = none.
     cpu_offload_layers: int = 0
+    # Megatron-Core --optimizer-cpu-offload --optimizer-offload-fraction F
+    # --overlap-cpu-optimizer-d2h-h2d (``HybridDeviceOptimizer``, which needs the distributed
+    # optimizer): the first F of the rank's optimizer shard is updated on the CPU — its fp32
+    # gradients copied to host memory, PyTorch's CPU AdamW run there, the updated fp32 master
+    # weights copied back, one parameter tensor after another so the copies and the CPU steps
+    # pipeline — while the GPU's Adam updates the rest. Adam's moments of that share live in
+    # host memory; the fp32 master stays on the GPU (the optimizer's CPU copy is a clone).
+    # 0 = none.
+    optimizer_offload_fraction: float = 0.0
     # Megatron-Core --recompute-granularity selective --recompute-modules: what selective
     # recompute runs again in the backward instead of keeping its activations, comma-separated
     # from RECOMPUTE_MODULES — "core_attn" (the default; Korthikanti et al. 2022 §4.3), "mlp"
@@ -428,6 +437,8 @@ class Strategy:
             s += f"-ce{self.cross_entropy_fusion}"
         if self.cpu_offload_layers:
             s += f"-off{self.cpu_offload_layers}"
+        if self.optimizer_offload_fraction:
+            s += f"-optoff{self.optimizer_offload_fraction:g}"
         return s + f"-mbs{self.micro_batch_size}"
 
     @classmethod
@@ -730,10 +741,31 @@ def _schedule_problems(s: Strategy) -> list[str]:
         out += _per_microbatch_problems(s)
     if s.cpu_offload_layers:
         out += _offload_problems(s)
+    if s.optimizer_offload_fraction:
+        out += _optimizer_offload_problems(s)
     if s.zero3_prefetch and s.zero_stage != 3:
         out.append(f"zero3_prefetch needs zero_stage 3 (it prefetches ZeRO-3's parameter "
                    f"gathers), got zero_stage {s.zero_stage}")
     return out + _expert_problems(s)
+
+
+def _optimizer_offload_problems(s: Strategy) -> list[str]:
+    """What optimizer offloading (``optimizer_offload_fraction``) needs, each with its fix."""
+    f = s.optimizer_offload_fraction
+    if not 0.0 < f <= 1.0:
+        return [f"optimizer_offload_fraction is the share of the optimizer state on the CPU, "
+                f"in (0, 1], got {f:g}; 0 turns it off"]
+    out: list[str] = []
+    if s.zero_stage not in (1, 2):
+        out.append(f"optimizer_offload_fraction needs the distributed optimizer, zero_stage 1 or "
+                   f"2 (Megatron-Core's --optimizer-cpu-offload requires "
+                   f"--use-distributed-optimizer; ZeRO-3's offload is not modelled), got "
+                   f"zero_stage {s.zero_stage}")
+    if s.adam_moments_dtype != "fp32":
+        out.append(f"optimizer_offload_fraction keeps the offloaded moments in fp32 (Megatron-"
+                   f"Core's HybridDeviceOptimizer updates in fp32); with adam_moments_dtype "
+                   f"{s.adam_moments_dtype!r} it is not modelled: set adam_moments_dtype 'fp32'")
+    return out
 
 
 def _per_microbatch_problems(s: Strategy) -> list[str]:
