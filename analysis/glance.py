@@ -217,6 +217,9 @@ def fit_hint_words(hint: dict[str, Any]) -> tuple[str, str, str]:
     """(what the hint recomputes, its CLI flags, its study-file fields) — ``Glance.fit_hint``
     in words for ``estimate`` and ``resilience``."""
     n = hint["recompute_num_layers"]
+    if f := hint.get("optimizer_offload_fraction", 0.0):
+        return (f"{f:.0%} of the optimizer state offloaded to the CPU",
+                f"--optimizer-offload-fraction {f:g}", f"optimizer_offload_fraction = {f:g}")
     if (k := hint.get("cpu_offload_layers", 0)) and hint["recompute"] == "none":
         return (f"the first {_layers(k)}' activations offloaded to host memory",
                 f"--cpu-offload-layers {k}", f"cpu_offload_layers = {k}")
@@ -247,6 +250,9 @@ def fit_hint(model: ModelSpec, s: Strategy, system: SystemSpec, *, cost: Cost | 
     return {"recompute": got[0].recompute, "recompute_num_layers": got[0].recompute_num_layers,
             "recompute_modules": got[0].recompute_modules,
             "cpu_offload_layers": got[0].cpu_offload_layers,
+            "optimizer_offload_fraction": (got[0].optimizer_offload_fraction
+                                           if got[0].optimizer_offload_fraction
+                                           != s.optimizer_offload_fraction else 0.0),
             "step_time_s": got[1].step_time_s, "peak_memory_GiB": got[1].peak_memory_GiB}
 
 
@@ -284,7 +290,26 @@ def fit_by_recompute(model: ModelSpec, s: Strategy, system: SystemSpec, *,
         found = _least_offload(s, cost, model.num_layers - 1)
         if found is not None:
             options.append(found)
+    if system.node.host_link_GBps and system.node.host_cpu_GBps:
+        found = _least_optimizer_offload(s, cost)
+        if found is not None:
+            options.append(found)
     return min(options, key=lambda o: o[1].step_time_s) if options else None
+
+
+def _least_optimizer_offload(s: Strategy, cost: Cost) -> tuple[Strategy, FastEstimate] | None:
+    """The least quarter of the optimizer state that, updated on the CPU (optimizer
+    offloading), makes ``s`` fit, above the share ``s`` offloads (where ``s`` allows it: ZeRO 1
+    or 2, fp32 moments)."""
+    if _variant(s, optimizer_offload_fraction=1.0) is None:
+        return None
+
+    def at(n: int) -> tuple[Strategy, FastEstimate]:
+        offloaded = dataclasses.replace(s, optimizer_offload_fraction=n / 4)
+        return offloaded, cost(offloaded)
+
+    lo = int(s.optimizer_offload_fraction * 4) + 1
+    return _least(lo, 4, at) if lo <= 4 else None
 
 
 def _least_offload(s: Strategy, cost: Cost, most: int) -> tuple[Strategy, FastEstimate] | None:

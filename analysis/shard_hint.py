@@ -104,11 +104,16 @@ def shard_hint(model: ModelSpec, s: Strategy, system: SystemSpec, *, recompute: 
         "outer_dp_sharding_strategy": c.outer_dp_sharding_strategy,
         "zero3_prefetch": c.zero3_prefetch, "step_time_s": est.step_time_s,
         "peak_memory_GiB": est.peak_memory_GiB}
-    if (c.recompute, c.recompute_num_layers, c.recompute_modules, c.cpu_offload_layers) != (
-            s.recompute, s.recompute_num_layers, s.recompute_modules, s.cpu_offload_layers):
+    if (c.recompute, c.recompute_num_layers, c.recompute_modules, c.cpu_offload_layers,
+            c.optimizer_offload_fraction) != (
+            s.recompute, s.recompute_num_layers, s.recompute_modules, s.cpu_offload_layers,
+            s.optimizer_offload_fraction):
         out |= {"recompute": c.recompute, "recompute_num_layers": c.recompute_num_layers,
                 "recompute_modules": c.recompute_modules,
-                "cpu_offload_layers": c.cpu_offload_layers}
+                "cpu_offload_layers": c.cpu_offload_layers,
+                "optimizer_offload_fraction": (
+                    c.optimizer_offload_fraction
+                    if c.optimizer_offload_fraction != s.optimizer_offload_fraction else 0.0)}
     return out
 
 

@@ -10,7 +10,7 @@ global batch of any count of micro-batches, not whole rounds of pp) and prints t
                                              [--buckets] [--systems] [--groups] [--partial]
                                              [--modules] [--moe-layers] [--mla] [--deepep]
                                              [--mtp] [--instances] [--per-microbatch]
-                                             [--windows] [--offload]
+                                             [--windows] [--offload] [--opt-offload]
 
 ``--odd`` draws sizes and options the default cases never reach (GPU counts with a factor 3,
 pp 3/5/6, up to 4 chunks, cp up to 4, any count of micro-batches, shorter end stages, B200 and
@@ -386,6 +386,14 @@ def per_microbatch(s: Strategy, rng: random.Random) -> Strategy:
         return s
 
 
+def optimizer_offloaded(s: Strategy, rng: random.Random) -> Strategy:
+    """``--opt-offload``: each ZeRO 1/2 strategy with fp32 moments with a drawn share of its
+    optimizer state updated on the CPU (optimizer offloading); the rest as drawn."""
+    if s.zero_stage not in (1, 2) or s.adam_moments_dtype != "fp32":
+        return s
+    return dataclasses.replace(s, optimizer_offload_fraction=rng.choice([0.1, 0.25, 0.5, 1.0]))
+
+
 def offloaded(s: Strategy, layers: int, rng: random.Random) -> Strategy:
     """``--offload``: each strategy without a pipeline (activation offloading needs pp 1) with
     the first N layers' activations offloaded to host memory, N drawn below the layer count,
@@ -459,7 +467,8 @@ def label(s: Strategy) -> str:
               (s.dist_opt_instances > 1, f"instances{s.dist_opt_instances}"),
               (s.zb_w_regather, "w-regather"),
               (s.hfsdp, "hfsdp"), (s.grad_reduce_per_microbatch, "per-microbatch"),
-              (bool(s.cpu_offload_layers), f"offload{s.cpu_offload_layers}"))
+              (bool(s.cpu_offload_layers), f"offload{s.cpu_offload_layers}"),
+              (bool(s.optimizer_offload_fraction), f"optoff{s.optimizer_offload_fraction:g}"))
     return (f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} ep{s.ep} vpp{s.vpp} {s.schedule} "
             f"mbs{s.micro_batch_size} "
             f"zero{s.zero_stage}{' prefetch' if s.zero3_prefetch else ''} {s.recompute}"
@@ -507,6 +516,8 @@ FLAGS = {
                       "gradients, from a stream of its own",
     "offload": "each strategy without a pipeline offloading a drawn count of layers' "
                "activations to host memory (no recompute), from a stream of its own",
+    "opt-offload": "each ZeRO 1/2 strategy (fp32 moments) updating a drawn share of its "
+                   "optimizer state on the CPU, from a stream of its own",
 }
 
 
@@ -534,6 +545,7 @@ def main() -> None:
     per = random.Random(-args.seed - 13)  # --per-microbatch: theirs
     windows = random.Random(-args.seed - 14)  # --windows: theirs
     offload = random.Random(-args.seed - 15)  # --offload: theirs
+    opt_offload = random.Random(-args.seed - 16)  # --opt-offload: theirs
     rows: list[tuple[float, str, str]] = []
     t0 = time.perf_counter()
     while len(rows) < args.n:
@@ -580,6 +592,8 @@ def main() -> None:
             s = per_microbatch(s, per)
         if args.offload:
             s = offloaded(s, model.num_layers, offload)
+        if args.opt_offload:
+            s = optimizer_offloaded(s, opt_offload)
         try:
             fast = estimate(model, s, system)
         except ConfigError:
@@ -622,7 +636,9 @@ def main() -> None:
              "window or chunks)"
              if args.windows else "")
           + (f" ({sum(' offload' in w for _, _, w in rows)} offloading activations)"
-             if args.offload else ""))
+             if args.offload else "")
+          + (f" ({sum(' optoff' in w for _, _, w in rows)} offloading optimizer state)"
+             if args.opt_offload else ""))
     for e, model_name, what in sorted(rows, key=lambda r: -abs(r[0]))[:5]:
         print(f"  {e:+.2f}%  {model_name}  {what}")
 

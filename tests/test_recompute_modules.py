@@ -202,7 +202,8 @@ def test_a_sweep_searches_the_recomputed_modules(tmp_path: Path) -> None:
 def test_the_fit_hint_keeps_the_modules_a_strategy_already_recomputes(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A strategy recomputing the norms that does not fit is offered the norms plus the core
-    attention and the MLP — never a set without the norms."""
+    attention and the MLP — never a set without the norms (its optimizer offloaded instead
+    keeps the norms it recomputes too)."""
     import analysis.glance as G
 
     m = get_model("llama3-70b")
@@ -213,9 +214,12 @@ def test_the_fit_hint_keeps_the_modules_a_strategy_already_recomputes(
 
     def spy(model: ModelSpec, strategy: Strategy, system: object) -> object:
         if strategy.recompute == "selective":
-            tried.append(strategy.recompute_modules)
+            (offloaded if strategy.optimizer_offload_fraction else tried).append(
+                strategy.recompute_modules)
         return estimate(model, strategy, system)  # type: ignore[arg-type]
 
+    offloaded: list[str] = []
     monkeypatch.setattr(G, "estimate", spy)
     G.fit_by_recompute(m, s, SYSTEM)
     assert tried == ["layernorm,core_attn", "layernorm,core_attn,mlp"]
+    assert offloaded and set(offloaded) == {"layernorm"}
