@@ -114,6 +114,9 @@ def test_the_trace_carries_the_cpus_share_in_pieces(tmp_path: Path) -> None:
         assert store.id in cpu.data_deps and cpu.id in load.data_deps
     assert any(by_id[d].name.endswith("_bwd") or by_id[d].type != COMP_NODE
                for d in stores[0].data_deps)
+    # the copies wait for exactly what the GPU's share of the step waits for
+    gpu_step = next(n for n in rank.nodes if n.name == "step.adam_step")
+    assert set(stores[0].data_deps) == set(gpu_step.data_deps) != set()
     gather = next(n for n in rank.nodes if n.name.endswith("param_all_gather"))
     assert loads[-1].id in gather.data_deps
 
