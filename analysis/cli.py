@@ -291,7 +291,7 @@ def systems_cmd(name: Annotated[str | None, typer.Argument(
     table = Table(title="Preset systems")
     for col in ("name", "gpu", "bf16 TFLOP/s", "GEMM in training", "HBM GiB", "HBM GB/s",
                 "GPUs/node", "NVLink GB/s", "NVLS busbw GB/s", "NIC Gb/s/GPU", "host link GB/s",
-                "host CPU GB/s"):
+                "host CPU GB/s", "host GiB (GPUs)"):
         table.add_column(col, no_wrap=col in ("name", "gpu"))
     for name in system_names():
         s = get_system(name)
@@ -303,7 +303,9 @@ def systems_cmd(name: Annotated[str | None, typer.Argument(
                       f"{s.gpu.hbm_GBps:g}", str(s.node.gpus_per_node), f"{s.node.nvlink_GBps:g}",
                       nvls, f"{s.scaleout.nic_Gbps_per_gpu:g}",
                       f"{s.node.host_link_GBps:g}" if s.node.host_link_GBps else "—",
-                      f"{s.node.host_cpu_GBps:g}" if s.node.host_cpu_GBps else "—")
+                      f"{s.node.host_cpu_GBps:g}" if s.node.host_cpu_GBps else "—",
+                      f"{s.node.host_memory_GiB:g} ({s.node.host_gpus})"
+                      if s.node.host_memory_GiB else "—")
     console.print(table)
     # the descriptions under the table, a line each (a column of them had wrapped every row
     # into eight lines)

@@ -564,9 +564,11 @@ def print_glance(g: Glance, s: Strategy, alone: bool = False) -> None:
         console.print(f"of which {g.interference_s:.4f} s is compute slowed beside overlapped "
                       f"collectives (interference; {g.interference_s / g.step_time_s:.1%} of "
                       "the step)")
-    verdict = "fits" if g.fits else "[bold red]DOES NOT FIT[/]"
+    verdict = ("fits" if g.peak_memory_GiB <= g.capacity_GiB else "[bold red]DOES NOT FIT[/]")
     console.print(f"peak memory {g.peak_memory_GiB:.1f} GiB per GPU: {verdict} in "
                   f"{g.capacity_GiB:g} GiB")
+    if g.peak_host_memory_GiB:
+        console.print(_host_line(g))
     if not g.fits:
         for line in _fit_hint_lines(g, s):
             console.print(f"on {g.system} alone {line}" if alone else line)
@@ -595,6 +597,19 @@ def print_glance(g: Glance, s: Strategy, alone: bool = False) -> None:
     console.print("[dim]The fast path (closed forms, or the schedule walked pass by pass; no "
                   "event loop); `trainsim tracegen` then `trainsim replay` gives the simulated "
                   "timeline and the compute / communication split.[/]")
+
+
+def _host_line(g: Glance) -> str:
+    """What offloading keeps in one host's memory against what the host has."""
+    head = (f"host memory {g.peak_host_memory_GiB:,.1f} GiB a host (what its GPUs offload: "
+            "optimizer state, activations)")
+    if not g.host_capacity_GiB:
+        return head + ": not checked (the system gives no host_memory_GiB)"
+    if g.peak_host_memory_GiB <= g.host_capacity_GiB:
+        return head + f": fits in {g.host_capacity_GiB:,g} GiB"
+    return (head + f": [bold red]DOES NOT FIT[/] in {g.host_capacity_GiB:,g} GiB — offload "
+            "less (fewer --cpu-offload-layers, a smaller --optimizer-offload-fraction) or "
+            "shard the optimizer over more ranks")
 
 
 def _fit_hint_lines(g: Glance, s: Strategy) -> list[str]:

@@ -48,14 +48,16 @@ from analysis.zbv_walk import zbv_first_forwards, zero_bubble_v
 from replay.hardware import SystemSpec, on_sites_of, resolve_system
 from tracegen import ops as O
 from tracegen.catalog import resolve_model
-from tracegen.memory import activation_bytes_per_layer
+from tracegen.memory import activation_bytes_per_layer, host_peak_bytes
+from tracegen.memory import host_bytes as memory_host_bytes
 from tracegen.memory import total_bytes as memory_total_bytes
 from tracegen.model import ModelSpec
 from tracegen.program import ParamBlock, bucket_plan, dp_group_size, shard_axis
 from tracegen.strategy import Strategy, check_fits_model
 from tracegen.units import NS_PER_S, GiB
 
-__all__ = ["FastEstimate", "clear_cache", "estimate", "estimate_stages", "resolve_specs"]
+__all__ = ["FastEstimate", "clear_cache", "estimate", "estimate_stages", "host_peak_GiB",
+           "resolve_specs"]
 
 
 class FastEstimate(NamedTuple):
@@ -68,6 +70,10 @@ class FastEstimate(NamedTuple):
     fits: bool
     stage_fwd_s: tuple[float, ...]
     stage_bwd_s: tuple[float, ...]
+    # the GPU's memory holds it but a host's does not hold what offloading puts there
+    # (``fits`` is then False; the fit hints' searches read it: more offloading frees the
+    # GPU and fills the host)
+    host_short: bool = False
 
 
 def resolve_specs(model: ModelSpec | str, system: SystemSpec | str
@@ -86,7 +92,8 @@ def estimate(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | st
     check_fits_model(strategy, model)
     costs = Costs(model, strategy, system)
     stages, reps, alike = _stages(costs)
-    return _estimate(costs, stages, reps, alike, system.gpu.hbm_bytes)
+    return _host_checked(costs, stages, _estimate(costs, stages, reps, alike,
+                                                  system.gpu.hbm_bytes))
 
 
 def estimate_stages(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str,
@@ -102,7 +109,8 @@ def estimate_stages(model: ModelSpec | str, strategy: Strategy, system: SystemSp
     costs = Costs(model, strategy, system)
     stages, reps, alike = _stages(costs)
     if not stage_systems:
-        return _estimate(costs, stages, reps, alike, system.gpu.hbm_bytes)
+        return _host_checked(costs, stages, _estimate(costs, stages, reps, alike,
+                                                      system.gpu.hbm_bytes))
     spliced = list(stages)
     c = list(_sends(costs, reps, False))
     p = strategy.pp
@@ -112,7 +120,31 @@ def estimate_stages(model: ModelSpec | str, strategy: Strategy, system: SystemSp
         for hop in {(st - 1) % p, st} if p > 1 else ():  # its sends: the slower end's
             c[hop] = max(c[hop], _send_ns(theirs, reps[hop], reps[(hop + 1) % p],
                                           costs.p2p_bytes()))
-    return _estimate(costs, spliced, reps, False, system.gpu.hbm_bytes, walk=True, c=c)
+    return _host_checked(costs, stages, _estimate(costs, spliced, reps, False,
+                                                  system.gpu.hbm_bytes, walk=True, c=c))
+
+
+def _host_checked(costs: Costs, stages: list[Stage], est: FastEstimate) -> FastEstimate:
+    """``est``, not fitting where offloading puts more in a host's memory than it has
+    (``host_peak_GiB``; no check where the system gives no ``host_memory_GiB``)."""
+    s, node = costs.s, costs.net.sys.node
+    if not (est.fits and node.host_memory_GiB
+            and (s.cpu_offload_layers or s.optimizer_offload_fraction)):
+        return est
+    if host_peak_GiB(costs, stages) <= node.host_memory_GiB:
+        return est
+    return est._replace(fits=False, host_short=True)
+
+
+def host_peak_GiB(costs: Costs, stages: list[Stage]) -> float:
+    """The most one host's ranks keep in host memory (``memory.host_bytes``, each stage's
+    rank; ``memory.host_peak_bytes``, the host's ranks together)."""
+    m, s = costs.m, costs.s
+    act = _act_bytes(costs)
+    flash = costs.compute.gpu.flash_attention
+    per_stage = [memory_host_bytes(m, s, x.total_params, act, expert_params=x.params[1][1],
+                                   flash_attention=flash) for x in stages]
+    return host_peak_bytes(per_stage, s, costs.net.sys.node.host_gpus) / GiB
 
 
 def _spliced(costs: Costs, theirs: Costs, x: Stage) -> Stage:
@@ -485,13 +517,7 @@ def _peak_memory_bytes(costs: Costs, stages: list[Stage], alike: bool) -> int:
     micro-batches — so every stage is looked at."""
     m, s = costs.m, costs.s
     flash = costs.compute.gpu.flash_attention
-    # it reads the model, tp, sp, cp, micro-batch and recompute with its modules (and the
-    # system's attention)
-    act_key = (costs.lists_key, s.recompute, costs.recomputed)
-    act = costs.ctx.activations.get(act_key)
-    if act is None:
-        act = costs.ctx.activations[act_key] = activation_bytes_per_layer(
-            m, s, flash_attention=flash)
+    act = _act_bytes(costs)
     candidates = {0, s.pp - 1} if alike else range(s.pp)
     # params: (("dp", dense), ("edp", expert)) — experts shard over their own group
     return max(memory_total_bytes(m, s, st, stages[st].total_params, act_per_layer=act,
@@ -499,6 +525,19 @@ def _peak_memory_bytes(costs: Costs, stages: list[Stage], alike: bool) -> int:
                                   expert_params=stages[st].params[1][1],
                                   hold_bytes=stages[st].w_hold_bytes)  # (read under ZB-H1)
                for st in candidates)
+
+
+def _act_bytes(costs: Costs) -> int:
+    """A layer's activations a micro-batch (``activation_bytes_per_layer``), memoized: it reads
+    the model, tp, sp, cp, micro-batch and recompute with its modules (and the system's
+    attention)."""
+    s = costs.s
+    act_key = (costs.lists_key, s.recompute, costs.recomputed)
+    act = costs.ctx.activations.get(act_key)
+    if act is None:
+        act = costs.ctx.activations[act_key] = activation_bytes_per_layer(
+            costs.m, s, flash_attention=costs.compute.gpu.flash_attention)
+    return act
 
 
 def _param_gather_delay(costs: Costs, stages: list[Stage], reps: list[int], c: list[int],

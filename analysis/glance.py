@@ -75,6 +75,10 @@ class Glance:
     shard_hint: dict[str, Any] | None = None
     # ZB-H1 or ZB-V that does not fit: what its W passes' alternatives need (``zb_hint``)
     zb_hint: dict[str, dict[str, Any]] | None = None
+    # with offloading: what one host's GPUs keep in its memory together
+    # (``memory.host_peak_bytes``) and what it has (0: the system does not say)
+    peak_host_memory_GiB: float = 0.0
+    host_capacity_GiB: float = 0.0
 
     def __repr__(self) -> str:
         return display.one_line("Glance", f"{self.model} {self.strategy} on {self.system}",
@@ -122,12 +126,15 @@ def glance(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str)
                                                                   comm_interference=0.0))
         lost = est.step_time_s - estimate(model, s, free).step_time_s
     recompute, shard = (None, None) if est.fits else fit_hints(model, s, system)
+    stages = stage_glances(model, s, system, est)
+    host = memory.host_peak_bytes([st.memory.host_bytes for st in stages], s, system.node.host_gpus)
     return Glance(model.name, s.label(), system.name, est.step_time_s, est.pipeline_s,
                   _idle(est, s.num_microbatches), rates["tokens_per_s"], rates["mfu"],
                   rates["hfu"], est.peak_memory_GiB, system.gpu.hbm_bytes / GiB, est.fits,
-                  stage_glances(model, s, system, est), lost, recompute,
+                  stages, lost, recompute,
                   instances_hint(model, s, system, est.step_time_s) if est.fits else None,
-                  shard, zb_hint(model, s, system) if not est.fits else None)
+                  shard, zb_hint(model, s, system) if not est.fits else None,
+                  peak_host_memory_GiB=host / GiB, host_capacity_GiB=system.node.host_memory_GiB)
 
 
 def zb_hint(model: ModelSpec, s: Strategy, system: SystemSpec
@@ -286,7 +293,7 @@ def fit_by_recompute(model: ModelSpec, s: Strategy, system: SystemSpec, *,
         found = _least_fitting(s, cost, s.recompute_num_layers + 1, most)
         if found is not None:
             options.append(found)
-    if system.node.host_link_GBps and s.cpu_offload_layers < model.num_layers - 1:
+    if system.node.host_link_GBps:
         found = _least_offload(s, cost, model.num_layers - 1)
         if found is not None:
             options.append(found)
@@ -299,8 +306,8 @@ def fit_by_recompute(model: ModelSpec, s: Strategy, system: SystemSpec, *,
 
 def _least_optimizer_offload(s: Strategy, cost: Cost) -> tuple[Strategy, FastEstimate] | None:
     """The least quarter of the optimizer state that, updated on the CPU (optimizer
-    offloading), makes ``s`` fit, above the share ``s`` offloads (where ``s`` allows it: ZeRO 1
-    or 2, fp32 moments)."""
+    offloading), makes ``s`` fit (where ``s`` allows it: ZeRO 1 or 2, fp32 moments): above
+    the share ``s`` offloads where the GPU is short, below it where a host is."""
     if _variant(s, optimizer_offload_fraction=1.0) is None:
         return None
 
@@ -308,14 +315,13 @@ def _least_optimizer_offload(s: Strategy, cost: Cost) -> tuple[Strategy, FastEst
         offloaded = dataclasses.replace(s, optimizer_offload_fraction=n / 4)
         return offloaded, cost(offloaded)
 
-    lo = int(s.optimizer_offload_fraction * 4) + 1
-    return _least(lo, 4, at) if lo <= 4 else None
+    return _least(1, 4, at)
 
 
 def _least_offload(s: Strategy, cost: Cost, most: int) -> tuple[Strategy, FastEstimate] | None:
     """The least count of first layers whose activations, offloaded to host memory, make
-    ``s`` fit (where ``s`` allows offloading: pp 1, no recompute), over
-    (s.cpu_offload_layers, most]."""
+    ``s`` fit (where ``s`` allows offloading: pp 1, no recompute), in [1, most]: more than
+    ``s`` offloads where the GPU is short, fewer where a host is."""
     if _variant(s, cpu_offload_layers=most) is None:
         return None
 
@@ -323,7 +329,7 @@ def _least_offload(s: Strategy, cost: Cost, most: int) -> tuple[Strategy, FastEs
         offloaded = dataclasses.replace(s, cpu_offload_layers=n)
         return offloaded, cost(offloaded)
 
-    return _least(s.cpu_offload_layers + 1, most, at)
+    return _least(1, most, at)
 
 
 def _variant(s: Strategy, **fields: Any) -> Strategy | None:
@@ -353,18 +359,38 @@ def _least_fitting(s: Strategy, cost: Cost, lo: int, hi: int
 def _least(lo: int, hi: int, at: Callable[[int], tuple[Strategy, FastEstimate]]
            ) -> tuple[Strategy, FastEstimate] | None:
     """Bisection for the least n in [lo, hi] whose strategy ``at(n)`` fits (peak memory falls
-    as n grows), or None where even ``at(hi)``'s does not."""
-    best = at(hi)
-    if not best[1].fits:
+    as n grows), or None where none does. The GPU's memory is bisected first; where the least
+    n that it holds overfills a host's memory (offloading: ``FastEstimate.host_short``), a
+    larger n fits only if host use falls as n grows (more recomputation, smaller offloaded
+    activations), so the fit itself is bisected above it where ``at(hi)`` fits; more
+    offloading only adds to the host's, and then none fits."""
+    top = at(hi)
+    if not _gpu_fits(top[1]):
         return None
+    best = _bisect(lo, hi, at, _gpu_fits, top)
+    if best[1].fits or not top[1].fits:
+        return best if best[1].fits else None
+    return _bisect(lo, hi, at, lambda e: e.fits, top)  # (then monotone over all of it)
+
+
+def _bisect(lo: int, hi: int, at: Callable[[int], tuple[Strategy, FastEstimate]],
+            ok: Callable[[FastEstimate], bool], top: tuple[Strategy, FastEstimate]
+            ) -> tuple[Strategy, FastEstimate]:
+    """The least n in [lo, hi] whose ``at(n)`` is ``ok`` (monotone in n; ``top``: at(hi),
+    which is)."""
+    best = top
     while lo < hi:
         mid = (lo + hi) // 2
         got = at(mid)
-        if got[1].fits:
+        if ok(got[1]):
             best, hi = got, mid
         else:
             lo = mid + 1
     return best
+
+
+def _gpu_fits(est: FastEstimate) -> bool:
+    return est.fits or est.host_short
 
 
 def _idle(est: FastEstimate, microbatches: int) -> float:

@@ -259,9 +259,9 @@ def placed_fast(study: Study, s: Strategy
 def as_fast(model: ModelSpec, s: Strategy, base: SystemSpec, e: MixedEstimate) -> FastEstimate:
     """The base system's estimate of ``s`` with the mixed cluster's step, largest stage and
     fit (what the resilience model and the fit hints read of a step)."""
-    return estimate(model, s, base)._replace(step_time_s=e.step_time_s,
-                                             peak_memory_GiB=max(e.stage_memory_GiB),
-                                             fits=e.fits)
+    own = estimate(model, s, base)  # (a host short of memory on the base system: short)
+    return own._replace(step_time_s=e.step_time_s, peak_memory_GiB=max(e.stage_memory_GiB),
+                        fits=e.fits and not own.host_short)
 
 
 def stages_cost(model: ModelSpec, base: SystemSpec, where: Mapping[int, SystemSpec | str]

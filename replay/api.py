@@ -27,6 +27,8 @@ from replay.scenario import (
 from replay.sim import Simulator
 from replay.traceset import TraceSet, load_trace_set
 from tracegen.gcpause import gc_paused
+from tracegen.memory import host_peak_bytes
+from tracegen.strategy import Strategy
 
 
 @gc_paused
@@ -68,6 +70,7 @@ def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
         metrics["fits"] = metrics["peak_memory_GiB"] <= sys_spec.gpu.hbm_GiB
         if scen and scen.gpus:
             _fit_per_gpu(metrics, ts, mix, sys_spec)
+        _fit_host(metrics, ts, sys_spec)
     metrics["folded"] = ts.folded
     metrics["group_axes"] = dict(ts.group_axis)
     breakdown = breakdown_frame(timeline, metrics["step_time_s"], sim.interference_ns)
@@ -175,6 +178,24 @@ def _fit_per_gpu(metrics: dict[str, Any], ts: TraceSet,
     metrics["fits"] = not short
     metrics["memory_short"] = short
     metrics["gpu_mix"] = {name: len(ranks) for name, (_, ranks) in mix.items()}
+
+
+def _fit_host(metrics: dict[str, Any], ts: TraceSet, sys_spec: SystemSpec) -> None:
+    """With offloading (the manifest's ``host_GiB`` a stage's rank): ``peak_host_memory_GiB``,
+    what one host's GPUs keep in its memory together, and no fit where that is more than the
+    host has (``host_memory_GiB``; not checked where the system does not say)."""
+    man = ts.manifest
+    if man is None:
+        return
+    per_stage = {int(st["stage"]): float(st["memory"].get("host_GiB", 0.0))
+                 for st in man["stages"]}
+    if not any(per_stage.values()):
+        return
+    s = Strategy.from_dict(man["strategy"])
+    need = host_peak_bytes([per_stage[k] for k in range(s.pp)], s, sys_spec.node.host_gpus)
+    metrics["peak_host_memory_GiB"] = need
+    if sys_spec.node.host_memory_GiB and need > sys_spec.node.host_memory_GiB:
+        metrics["fits"] = False
 
 
 def _interference(sys_spec: SystemSpec, scen: Scenario | None) -> Callable[[int], float]:

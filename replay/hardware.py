@@ -192,6 +192,11 @@ class NodeSpec:
     # GB200 NVL72's 4-GPU compute trays in a 72-GPU domain. A host fails as a whole (a study's
     # ``rate_per_node_hour``). 0: the node is the host (an 8-GPU DGX/HGX).
     gpus_per_host: int = 0
+    # Host memory of one host (``host_gpus`` GPUs), binary GiB as DRAM is built: what
+    # offloading places there (``tracegen.memory.host_bytes``: the CPU optimizer's pinned copies
+    # and moments, offloaded activations) must fit beside the GPU's own memory. 0: not given
+    # (nothing checked).
+    host_memory_GiB: float = 0.0
 
     @property
     def host_gpus(self) -> int:
@@ -297,7 +302,7 @@ MIN_VALUE, MAX_VALUE = 1e-6, 1e7
 OPTIONAL_ZERO = ("nvls_busbw_GBps", "gemm_k_overhead", "gemm_mamf_k", "comm_interference",
                  "sustained_clock_ratio_fp8", "attention_half_tiles", "gemm_occupancy_waves",
                  "site_gpus", "site_Gbps_per_gpu", "site_latency_us", "host_link_GBps",
-                 "host_cpu_GBps", "gpus_per_host")
+                 "host_cpu_GBps", "gpus_per_host", "host_memory_GiB")
 
 
 def _problems(s: SystemSpec) -> list[str]:

@@ -297,8 +297,9 @@ def test_systems_lists_every_preset_with_its_nvls_bandwidth() -> None:
     assert "│ 251 " in a100
     gb200 = next(line for line in r.stdout.splitlines() if "gb200-nvl72" in line)
     cells = [c.strip() for c in gb200.split("│")]
-    assert cells[7] == "72" and cells[-3] == "256"  # the rack's domain; its NVLink-C2C
-    assert cells[-2] == "18"  # the host CPU rate it borrows (dgx-h100.toml's evidence)
+    assert cells[7] == "72" and cells[-4] == "256"  # the rack's domain; its NVLink-C2C
+    assert cells[-3] == "18"  # the host CPU rate it borrows (dgx-h100.toml's evidence)
+    assert cells[-2] == "894 (4)"  # a compute tray's two Graces' memory, for its 4 GPUs
     # each row one line; the descriptions below the table, each whole on its own line
     from replay import get_system
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 
 from tracegen import ops as O
 from tracegen.deepep_buffers import buffer_bytes as deepep_buffer_bytes
@@ -65,6 +66,12 @@ MASTER_REMAINDER_SAVED_BYTES = 2
 # on 16 H100s, 15.3 GB at all of it: 8 bytes × its 1.91 B-parameter shard (tests/test_optimizer_
 # offload.py).
 OFFLOADED_OPTIM_BYTES = 8
+# What the offloaded share takes in host memory: HybridDeviceOptimizer
+# (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py) pins a host copy of each offloaded
+# fp32 master parameter (``param.detach().cpu().pin_memory()``), a pinned buffer its fp32
+# gradient is copied into before each step (``cpu_copy_map_grad``), and its CPU AdamW keeps m and
+# v beside them: 4 + 4 + 4 + 4 bytes a parameter.
+HOST_OPTIM_BYTES = 16
 # FSDP (ZeRO-3): fp32 sharded parameter (the master copy), fp32 gradient shard, Adam m and v.
 ZERO3_PARAM_BYTES, ZERO3_OPTIM_BYTES = 4, 8
 # FP8 without FP8 parameters: Transformer Engine keeps each GEMM weight's quantized copies across
@@ -107,6 +114,8 @@ class MemoryEstimate:
     transient_bytes: int = 0  # ZeRO-3 gathered units, the layer a full recompute rebuilds
     runtime_bytes: int = 0  # CUDA context, workspaces, communication buffers (DeepEP's too)
     fragmentation_bytes: int = 0  # allocator allowance
+    # host memory, not the GPU's (not in ``total_bytes``): what offloading keeps there
+    host_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -392,12 +401,51 @@ def offloaded_bytes(m: ModelSpec, s: Strategy, act: int, flash_attention: bool =
     pp 1): the first ``cpu_offload_layers`` layers' but one, the copy Transformer Engine's
     double-buffered handler may still hold in flight (``act``: a layer's bytes; a MoE model's
     dense first layers keep their own)."""
+    sizes = _offload_sizes(m, s, act, flash_attention)
+    return sum(sizes) - max(sizes) if sizes else 0
+
+
+def _offload_sizes(m: ModelSpec, s: Strategy, act: int, flash_attention: bool) -> list[int]:
+    """The bytes of each layer activation offloading copies to host memory, a micro-batch."""
     n = s.cpu_offload_layers
     dense = min(n, m.first_dense_layers)
     dense_act = (_layer_activation_bytes(m.dense_view(), s, s.recompute, flash_attention)
                  if dense else 0)
-    sizes = [dense_act] * dense + [act] * (n - dense)
-    return sum(sizes) - max(sizes) if sizes else 0
+    return [dense_act] * dense + [act] * (n - dense)
+
+
+def host_bytes(m: ModelSpec, s: Strategy, params_local: int, act: int, *,
+               expert_params: int = 0, flash_attention: bool = True) -> int:
+    """What one rank keeps in host memory at its peak (``MemoryEstimate.host_bytes``): the
+    offloaded share of its optimizer shard at ``HOST_OPTIM_BYTES`` a parameter, and every
+    offloaded layer's activations of the one micro-batch in flight (Transformer Engine's
+    offload handler copies each into a host tensor of its own and frees it on the reload in
+    the backward, so at the forward's end all are there at once)."""
+    out = 0
+    if s.optimizer_offload_fraction:  # (ZeRO 1/2, fp32 moments: ``Strategy``)
+        shard = _sharded_bytes(s, params_local - expert_params, expert_params, OPTIM_BYTES)
+        out += round(shard * s.optimizer_offload_fraction * HOST_OPTIM_BYTES / OPTIM_BYTES)
+    if s.cpu_offload_layers:
+        out += sum(_offload_sizes(m, s, act, flash_attention))
+    return out
+
+
+def host_peak_bytes(per_stage: Sequence[float], s: Strategy, host_gpus: int) -> float:
+    """The most one host's ranks keep in host memory together: ``per_stage``, what a rank of
+    each pipeline stage keeps (``host_bytes``); ranks in Megatron's order, a stage's tp·cp·dp
+    ranks consecutive (``tracegen.mesh``), and ``host_gpus`` consecutive ranks a host."""
+    per = s.world_size // s.pp
+    if per % host_gpus == 0:  # each host within one stage
+        return max(per_stage) * host_gpus
+    best = 0.0
+    for start in range(0, s.world_size, host_gpus):  # hosts across stage boundaries
+        end, r, total = min(start + host_gpus, s.world_size), start, 0.0
+        while r < end:
+            nxt = min(end, (r // per + 1) * per)
+            total += (nxt - r) * per_stage[r // per]
+            r = nxt
+        best = max(best, total)
+    return best
 
 
 def mtp_activation_bytes(m: ModelSpec, s: Strategy, flash_attention: bool = True) -> int:
@@ -444,8 +492,11 @@ def estimate(m: ModelSpec, s: Strategy, stage: int, params_local: int,
     data-parallel group, not the data-parallel one)."""
     if act_per_layer is None:
         act_per_layer = activation_bytes_per_layer(m, s, flash_attention=flash_attention)
+    host = host_bytes(m, s, params_local, act_per_layer, expert_params=expert_params,
+                      flash_attention=flash_attention)
     return MemoryEstimate(*_parts(m, s, stage, params_local, act_per_layer,
-                                  flash_attention=flash_attention, expert_params=expert_params))
+                                  flash_attention=flash_attention, expert_params=expert_params),
+                          host_bytes=host)
 
 
 def total_bytes(m: ModelSpec, s: Strategy, stage: int, params_local: int, *, act_per_layer: int,
