@@ -178,7 +178,8 @@ def test_bad_layer_types_are_refused() -> None:
 
 
 @pytest.mark.parametrize(("edit", "message"), [
-    ({"model_type": "llama4"}, "model_type 'llama4' is not one trainsim reads"),
+    ({"model_type": "falcon"}, "model_type 'falcon' is not one trainsim reads"),
+    ({"model_type": "llama4"}, "holds its text model's keys in 'text_config'"),
     ({"model_type": "gemma3"}, "its 'text_config' as a config file of its own"),
     ({"num_hidden_layers": None}, "'num_hidden_layers' is missing"),
     ({"hidden_act": "tanh"}, "a gated MLP with 'tanh' is not one trainsim costs"),
@@ -322,3 +323,86 @@ def test_gemma3_text_configs_give_the_reports_parameters(size: str, non_embeddin
     assert non_embedding / 1e6 == pytest.approx(non_embedding_m, rel=1e-3)
     if size == "27b":
         assert dataclasses.replace(m, name="gemma3-27b") == get_model("gemma3-27b")
+
+
+# Llama 4 Scout's config keys (transformers ``Llama4Config`` holding a ``Llama4TextConfig`` in
+# ``text_config``) with the values of meta-llama/Llama-4-Scout-17B-16E; no copy of the Hub's
+# file is held here (its vision_config is not read)
+LLAMA4_SCOUT = {"model_type": "llama4", "vision_config": {"hidden_size": 1408},
+                "text_config": {"model_type": "llama4_text", "num_hidden_layers": 48,
+                                "hidden_size": 5120, "num_attention_heads": 40,
+                                "num_key_value_heads": 8, "head_dim": 128,
+                                "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+                                "num_local_experts": 16, "num_experts_per_tok": 1,
+                                "interleave_moe_layer_step": 1, "vocab_size": 202048,
+                                "hidden_act": "silu", "attention_chunk_size": 8192,
+                                "tie_word_embeddings": False, "use_qk_norm": True}}
+
+
+def _scout(**text: Any) -> dict[str, Any]:
+    return {**LLAMA4_SCOUT, "text_config": {**LLAMA4_SCOUT["text_config"], **text}}
+
+
+def test_llama4_scouts_config_is_its_preset_and_meta_s_parameters() -> None:
+    """Scout's config (its text model) is the preset: every layer MoE, 16 experts of 8,192
+    top-1 and a shared expert of that width; 17 B active parameters as Meta gives them (a
+    token's attention, shared and routed expert in 48 layers, the embedding and the head:
+    17.17 B); 107.8 B in all, which the vision encoder's ~0.8 B (34 layers of 1,408) takes
+    to the 109 B Meta gives for the checkpoint."""
+    m = from_hf_config(LLAMA4_SCOUT, name="scout", seq_len=8192)
+    assert dataclasses.replace(m, name="llama4-scout") == get_model("llama4-scout")
+    h, up = m.hidden_size, 3
+    active = (m.num_layers * (m.attention_params() + 2 * up * h * m.moe_ffn_hidden_size
+                              + h * m.num_experts) + 2 * m.vocab_size * h)
+    assert active / 1e9 == pytest.approx(17.0, rel=0.015)
+    assert m.num_params() / 1e9 == pytest.approx(107.77, rel=1e-3)
+    assert 108.5 < m.num_params() / 1e9 + 0.8 < 109.5
+
+
+@pytest.mark.parametrize(("text", "pattern"), [
+    ({}, "SSSF"),  # the class's no_rope_layer_interval 4
+    ({"no_rope_layer_interval": 2}, "SF"),
+    ({"no_rope_layers": [1, 1, 0] * 16}, "SSF"),  # 1: RoPE, chunked; 0: NoPE, full
+    ({"no_rope_layers": [1] * 48}, ""),  # every layer chunked
+])
+def test_llama4s_chunked_layers_follow_its_irope(text: dict[str, Any], pattern: str) -> None:
+    """iRoPE: the layers with RoPE attend within 8,192-token chunks, the NoPE ones over the
+    whole sequence — where the chunk is shorter than the sequence (at 8,192 tokens none)."""
+    m = from_hf_config(_scout(**text), name="scout", seq_len=32768)
+    assert m.chunked and m.window == 8192 and m.window_pattern == pattern
+    assert not from_hf_config(_scout(**text), name="scout", seq_len=8192).window
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ({"interleave_moe_layer_step": 2, "num_local_experts": 128},
+     r"MoE every 2 layer\(s\) \(interleave_moe_layer_step; Llama 4 Maverick"),
+    ({"moe_layers": [1, 3, 5]}, "MoE every 1 layer"),
+    ({"no_rope_layers": [1, 0]}, "for each of the 48 layers"),
+    ({"no_rope_layer_interval": 0}, "'no_rope_layer_interval' must be ≥ 1"),
+    ({"intermediate_size_mlp": None}, "'intermediate_size_mlp' is missing"),
+])
+def test_what_llama4_layouts_trainsim_cannot_cost_are_named(text: dict[str, Any], message: str
+                                                           ) -> None:
+    data = _scout(**text)
+    data["text_config"] = {k: v for k, v in data["text_config"].items() if v is not None}
+    with pytest.raises(ConfigError, match=message):
+        from_hf_config(data, name="maverick", seq_len=32768)
+    with pytest.raises(ConfigError, match="'text_config'"):
+        from_hf_config({"model_type": "llama4", "text_config": 3}, name="x", seq_len=4096)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_any_value_in_a_llama4_text_key_gives_a_model_or_a_clear_error(data: Any) -> None:
+    text = dict(LLAMA4_SCOUT["text_config"])  # type: ignore[call-overload]
+    key = data.draw(st.sampled_from([*sorted(text), "no_rope_layers", "no_rope_layer_interval",
+                                     "moe_layers"]))
+    value = data.draw(_JSON)
+    if value is None:
+        text.pop(key, None)
+    else:
+        text[key] = value
+    try:
+        from_hf_config({**LLAMA4_SCOUT, "text_config": text}, name="scout", seq_len=32768)
+    except ConfigError as err:
+        assert str(err)

@@ -5,7 +5,8 @@ A JSON model file with a ``model_type`` key is read as a transformers config (th
 the transformers library's config classes: ``LlamaConfig``, ``MixtralConfig``,
 ``Qwen2MoeConfig``, ``Qwen3MoeConfig``, ``DeepseekV2Config``, ``DeepseekV3Config``,
 ``Glm4MoeConfig``, ``GemmaConfig``, ``Gemma2Config``, ``Gemma3TextConfig``, ``Olmo2Config``,
-``OlmoeConfig``, ``GptOssConfig``, ``GPT2Config``, ``GPTNeoXConfig``, ``NemotronConfig``).
+``OlmoeConfig``, ``GptOssConfig``, ``Llama4TextConfig`` — or ``Llama4Config``'s
+``text_config`` —, ``GPT2Config``, ``GPTNeoXConfig``, ``NemotronConfig``).
 What maps:
 
 - the shape: layers, width, heads, K/V heads, head width where the config decouples it, FFN
@@ -21,13 +22,15 @@ What maps:
 - multi-head latent attention (DeepSeek-V2 and V3): the K/V and Q latents, the rotary and
   no-rope head widths (``qk_nope_head_dim`` is trainsim's ``head_dim`` there), V heads;
 - sliding-window attention shorter than the sequence: the window and which layers use it
-  (``layer_types``, else the family's rule: ``_window``).
+  (``layer_types``, else the family's rule: ``_window``); Llama 4's chunked attention on its
+  RoPE layers (``_llama4``).
 
 A config does not say the sequence length of training (``max_position_embeddings`` is the
 longest the model supports, not what a run trains at), so it must be given (``--seq-len``, a
 study's ``seq_len`` or ``FILE@seqN``). What trainsim cannot cost is refused with the reason:
 another model type (Gemma 3's multimodal ``gemma3``: give its ``text_config`` as a
-``gemma3_text`` config), MoE layers that are not every layer after the leading dense ones.
+``gemma3_text`` config), MoE layers that are not every layer after the leading dense ones
+(Llama 4 Maverick's every other layer).
 Biases and norms are not modelled for any model (DESIGN.md, "Models"); rotary and RoPE-scaling
 settings change no cost.
 """
@@ -42,8 +45,9 @@ from tracegen.model import ModelSpec
 
 GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
          "deepseek_v2", "deepseek_v3", "glm4_moe", "gemma", "gemma2", "gemma3_text", "olmo2",
-         "olmoe", "gpt_oss")
-MODEL_TYPES = (*GATED, "gpt2", "gpt_neox", "nemotron")
+         "olmoe", "gpt_oss", "llama4_text")
+# (Llama 4's multimodal config: its ``text_config`` is read, the vision tower not costed)
+MODEL_TYPES = (*GATED, "llama4", "gpt2", "gpt_neox", "nemotron")
 # transformers' own defaults where a config leaves the key out
 TIED_DEFAULT = {"gpt2": True, "gemma": True, "gemma2": True, "gemma3_text": True}
 ACT = {"gelu": "gelu", "gelu_new": "gelu", "gelu_fast": "gelu", "gelu_pytorch_tanh": "gelu",
@@ -64,6 +68,9 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
                     "hidden_activation": "gelu_pytorch_tanh", "sliding_window": 4096,
                     "sliding_window_pattern": 6},
     "gpt_oss": {"sliding_window": 128},
+    # ``Llama4TextConfig``'s (Scout's shape): 8,192-token chunks in three layers of four
+    "llama4_text": {"attention_chunk_size": 8192, "no_rope_layer_interval": 4,
+                    "interleave_moe_layer_step": 1},
 }
 
 
@@ -91,11 +98,20 @@ def from_hf_config(data: dict[str, Any], *, name: str, seq_len: int) -> ModelSpe
                              "supports)" if longest else "")
                           + ": give it with --seq-len N, a study's seq_len, or FILE@seqN",
                           what=what)
+    if kind == "llama4":  # the text model of Llama 4's multimodal config
+        text = data.get("text_config")
+        if not isinstance(text, dict):
+            raise ConfigError("a Llama 4 config holds its text model's keys in 'text_config' "
+                              f"(a table), got {text!r}", what=what)
+        data, kind = {**text, "model_type": "llama4_text"}, "llama4_text"
     data = {**CLASS_DEFAULTS.get(kind, {}), **data}
     get = _getter(data, what)
     fields = (_gpt2 if kind == "gpt2" else _common)(get, kind)
     fields |= _moe(get, kind, data) | _mla(get, kind)
-    fields |= _window(get, kind, data, fields["num_layers"], seq_len)
+    if kind == "llama4_text":
+        fields |= _llama4(get, fields["num_layers"])
+    else:
+        fields |= _window(get, kind, data, fields["num_layers"], seq_len)
     if fields.get("head_dim") == fields["hidden_size"] // fields["num_attention_heads"]:
         fields["head_dim"] = 0  # (the default: as the presets write it)
     return ModelSpec.from_dict({**fields, "name": f"{name}@seq{seq_len}", "seq_len": seq_len})
@@ -216,6 +232,48 @@ def _moe(get: Callable[..., Any], kind: str, data: dict[str, Any]) -> dict[str, 
                 "moe_router_group_topk": get("topk_group", 1) if groups > 1 else 0,
                 "mtp_layers": get("num_nextn_predict_layers", 0)}
     return {}
+
+
+def _llama4(get: Callable[..., Any], layers: int) -> dict[str, Any]:
+    """Llama 4 (transformers' ``Llama4TextConfig``; Meta 2025): every layer MoE — its routed
+    experts ``intermediate_size`` wide and one shared expert of that width beside them
+    (``Llama4TextMoe``) — where ``interleave_moe_layer_step`` is 1 (Scout); Maverick's MoE in
+    every other layer is not a layout trainsim models. The dense MLP's width is
+    ``intermediate_size_mlp``. Attention: the layers that use RoPE attend within chunks of
+    ``attention_chunk_size`` tokens (iRoPE), every ``no_rope_layer_interval``-th layer (NoPE)
+    over the whole sequence — from ``no_rope_layers`` (1: RoPE, chunked) where the config
+    lists them."""
+    step = get("interleave_moe_layer_step")
+    moe_layers = get("moe_layers", None, list)
+    if step != 1 or (moe_layers is not None and moe_layers != list(range(layers))):
+        raise ConfigError(f"MoE every {step} layer(s) (interleave_moe_layer_step; Llama 4 "
+                          "Maverick's layout): trainsim models MoE in every layer after "
+                          "leading dense ones (Scout's interleave_moe_layer_step 1)",
+                          what="model_type 'llama4_text'")
+    width = get("intermediate_size")
+    out: dict[str, Any] = {"ffn_hidden_size": get("intermediate_size_mlp"),
+                           "num_experts": get("num_local_experts"),
+                           "experts_per_token": get("num_experts_per_tok"),
+                           "moe_ffn_hidden_size": width,
+                           "shared_expert_ffn_hidden_size": width}
+    chunk = get("attention_chunk_size")  # (kept where the sequence is no longer: the model
+    if not chunk:  # then attends causally over it all, ``ModelSpec.window``, as its preset)
+        return out
+    rope = get("no_rope_layers", None, list)
+    if rope is None:
+        every = get("no_rope_layer_interval")
+        if every < 1:
+            raise ConfigError(f"'no_rope_layer_interval' must be ≥ 1 (every N-th layer NoPE), "
+                              f"got {every}", what="model_type 'llama4_text'")
+        rope = [int((i + 1) % every != 0) for i in range(layers)]
+    if len(rope) != layers or set(rope) - {0, 1}:
+        raise ConfigError(f"'no_rope_layers' must give 1 (RoPE, chunked attention) or 0 (NoPE, "
+                          f"full attention) for each of the {layers} layers, got {rope!r}",
+                          what="model_type 'llama4_text'")
+    pattern = _period("".join("S" if r else "F" for r in rope))
+    if "S" not in pattern:
+        return out
+    return out | {"attention_chunk": chunk, "window_pattern": "" if pattern == "S" else pattern}
 
 
 def _leading_dense(get: Callable[..., Any], data: dict[str, Any]) -> int:
