@@ -76,7 +76,8 @@ def _experts(m: ModelSpec) -> str:
                if m.moe_router_num_groups else "")
             + (f" +{m.shared_expert_ffn_hidden_size} shared" if m.shared_expert_ffn_hidden_size
                else "")
-            + (f", first {m.first_dense_layers} dense" if m.first_dense_layers else ""))
+            + (f", first {m.first_dense_layers} dense" if m.first_dense_layers else "")
+            + (f", layers {m.moe_layer_pattern} (M: MoE)" if m.moe_layer_pattern else ""))
 
 
 @app.command("tracegen")

@@ -200,7 +200,7 @@ class Costs:
         period = len(model.window_pattern) if model.window else 0
         self.patterned = bool(period) and (
             s.uneven or model.num_layers // (s.pp * s.vpp) % period != 0)
-        self.uneven = s.uneven or bool((model.first_dense_layers or self.patterned) and s.pp > 1)
+        self.uneven = s.uneven or bool((model.has_dense_layers or self.patterned) and s.pp > 1)
         # the stage sharing stage 0's embedding (a tied head's, the MTP modules'), or None
         self.embd_partner = embedding_partner(model, s) if s.pp > 1 else None
         # all a group's shape depends on besides its axis and rank
@@ -284,10 +284,16 @@ class Costs:
         return got
 
     def _dense_in(self, gci: int) -> tuple[int, ...]:
-        """A chunk's dense first layers, where the model has any (then part of a chunk's key)."""
-        if not self.m.first_dense_layers:
+        """A chunk's dense layers, where the model has any (then part of a chunk's key), and
+        where they fall in ``moe_layer_pattern`` where it has dense ones (which of the chunk's
+        layers they are)."""
+        m = self.m
+        if not m.has_dense_layers:
             return ()
-        return (self.m.dense_layers_in(self.s.chunk_layers(self.m.num_layers, gci)),)
+        layers = self.s.chunk_layers(m.num_layers, gci)
+        if "D" not in m.moe_layer_pattern:
+            return (m.dense_layers_in(layers),)
+        return (m.dense_layers_in(layers), layers.start % len(m.moe_layer_pattern))
 
     def _phase_in(self, gci: int) -> tuple[int, ...]:
         """Where a chunk's first layer falls in the window pattern, where the model has one

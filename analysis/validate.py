@@ -79,7 +79,8 @@ FLOAT_COLUMNS = ("scaleout_gbps_per_gpu", "measured_iter_time_s")
 # the layers whose activations go to host memory (Megatron-Core's --cpu-offloading-num-layers),
 # the share of the optimizer state the CPU updates (--optimizer-offload-fraction, a number),
 # a sliding window or attention chunk (Mistral, Gemma 2/3, GPT-OSS; Llama 4) with, as text,
-# the pattern of layers using it (``window_pattern``); and, as text, the MoE
+# the pattern of layers using it (``window_pattern``); as text, which layers are MoE
+# (``moe_layer_pattern``, Llama 4 Maverick's "DM"); and, as text, the MoE
 # dispatcher, the modules selective recompute names (Megatron-Core's --recompute-modules,
 # comma-separated), the pipeline layout (--pipeline-model-parallel-layout) and Adam's moments'
 # dtype (--exp-avg-dtype); as true/false, FP8 parameter gathers (--fp8-param-gather), combined
@@ -93,7 +94,8 @@ EXTENSION_INT_COLUMNS = ("head_dim", "expert_tp", "shared_expert_ffn_hidden_size
                          "cpu_offload_layers")
 EXTENSION_FLOAT_COLUMNS = ("optimizer_offload_fraction",)
 EXTENSION_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "pipeline_layout",
-                          "adam_moments_dtype", "cross_entropy_fusion", "window_pattern")
+                          "adam_moments_dtype", "cross_entropy_fusion", "window_pattern",
+                          "moe_layer_pattern")
 # read case-insensitively, as the enums below (a layout's E and L are upper case: kept)
 LOWERCASE_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "adam_moments_dtype",
                           "cross_entropy_fusion")
@@ -390,6 +392,7 @@ def _model(row: dict[str, Any], over: dict[str, Any]) -> ModelSpec:
         head_dim=row.get("head_dim") or 0,
         shared_expert_ffn_hidden_size=(row.get("shared_expert_ffn_hidden_size") or 0) if moe
         else 0, first_dense_layers=(row.get("first_dense_layers") or 0) if moe else 0,
+        moe_layer_pattern=(row.get("moe_layer_pattern") or "") if moe else "",
         kv_lora_rank=row.get("kv_lora_rank") or 0, q_lora_rank=row.get("q_lora_rank") or 0,
         qk_rope_head_dim=row.get("qk_rope_head_dim") or 0,
         v_head_dim=row.get("v_head_dim") or 0,

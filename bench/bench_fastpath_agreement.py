@@ -11,6 +11,7 @@ global batch of any count of micro-batches, not whole rounds of pp) and prints t
                                              [--modules] [--moe-layers] [--mla] [--deepep]
                                              [--mtp] [--instances] [--per-microbatch]
                                              [--windows] [--offload] [--opt-offload]
+                                             [--moe-patterns]
 
 ``--odd`` draws sizes and options the default cases never reach (GPU counts with a factor 3,
 pp 3/5/6, up to 4 chunks, cp up to 4, any count of micro-batches, shorter end stages, B200 and
@@ -31,6 +32,10 @@ stream of its own.
 
 ``--moe-layers`` gives each MoE model drawn shared experts and dense first layers
 (``shared_expert_ffn_hidden_size``, ``first_dense_layers``), from a stream of its own.
+
+``--moe-patterns`` puts half the MoE models' experts in a drawn pattern of layers (Llama 4
+Maverick's every other one, ``moe_layer_pattern``), dense MLPs in the rest, from a stream of
+its own.
 
 ``--mla`` turns a third of the drawn models' attention into multi-head latent attention (K/V
 and Q latents, rotary and V head widths drawn), from a stream of its own.
@@ -324,6 +329,16 @@ def other_moe_layers(m: ModelSpec, rng: random.Random) -> ModelSpec:
         first_dense_layers=rng.randrange(0, m.num_layers // 4 + 1))
 
 
+def other_moe_pattern(m: ModelSpec, rng: random.Random) -> ModelSpec:
+    """``--moe-patterns``: half the MoE models with experts only in a drawn pattern of layers
+    (every other one from the second, as Llama 4 Maverick; from the first; one in three; two
+    in three) and a dense MLP of 2-4 experts' width in the rest."""
+    if not m.is_moe or rng.random() < 0.5:
+        return m
+    return dataclasses.replace(m, moe_layer_pattern=rng.choice(("DM", "MD", "DDM", "MMD")),
+                               ffn_hidden_size=m.moe_ffn_hidden_size * rng.choice((2, 4)))
+
+
 def other_attention(m: ModelSpec, rng: random.Random) -> ModelSpec:
     """``--mla``: a third of the models with multi-head latent attention instead."""
     if rng.random() > 1 / 3:
@@ -439,6 +454,7 @@ def model_label(m: ModelSpec) -> str:
             f"{f' moe {m.num_experts}x{m.experts_per_token}' if m.is_moe else ''}"
             f"{f' shared{sh}' if (sh := m.shared_expert_ffn_hidden_size) else ''}"
             f"{f' dense-first{m.first_dense_layers}' if m.first_dense_layers else ''}"
+            f"{f' layers {m.moe_layer_pattern}' if m.moe_layer_pattern else ''}"
             f"{f' mla{m.kv_lora_rank}/{m.q_lora_rank}' if m.is_mla else ''}"
             f"{f' groups{m.moe_router_group_topk}/{g}' if (g := m.moe_router_num_groups) else ''}"
             f"{f' mtp{m.mtp_layers}' if m.mtp_layers else ''}"
@@ -497,6 +513,9 @@ FLAGS = {
                "modules, from a stream of its own",
     "moe-layers": "each MoE model with drawn shared experts and dense first layers, from a "
                   "stream of its own",
+    "moe-patterns": "half the MoE models with experts in a drawn pattern of layers (Llama 4 "
+                    "Maverick's every other one), dense MLPs in the rest, from a stream of "
+                    "its own",
     "mla": "a third of the models with multi-head latent attention, from a stream of its own",
     "deepep": "half the MoE strategies dispatching with DeepEP, within drawn expert groups, "
               "from a stream of its own",
@@ -546,6 +565,7 @@ def main() -> None:
     windows = random.Random(-args.seed - 14)  # --windows: theirs
     offload = random.Random(-args.seed - 15)  # --offload: theirs
     opt_offload = random.Random(-args.seed - 16)  # --opt-offload: theirs
+    moe_patterns = random.Random(-args.seed - 17)  # --moe-patterns: theirs
     rows: list[tuple[float, str, str]] = []
     t0 = time.perf_counter()
     while len(rows) < args.n:
@@ -558,12 +578,15 @@ def main() -> None:
         model = spec if isinstance(spec, ModelSpec) else get_model(spec)
         if args.moe_layers:
             model = other_moe_layers(model, moe_layers)
+        if args.moe_patterns:
+            model = other_moe_pattern(model, moe_patterns)
         if args.mla:
             model = other_attention(model, attention)
         if args.windows:
             model = other_window(model, windows)
         model_name = (model_label(model) if isinstance(spec, ModelSpec) or args.moe_layers
-                      or args.mla or args.windows else spec) + f"  {system_name}"
+                      or args.moe_patterns or args.mla or args.windows else spec
+                      ) + f"  {system_name}"
         system = get_system(system_name)
         if args.nodes:
             system, node_label = other_nodes(system, rng)
@@ -620,6 +643,8 @@ def main() -> None:
              if args.modules else "")
           + (f" ({sum(' shared' in n or 'dense-first' in n for _, n, _ in rows)} MoE models "
              "with shared experts or dense first layers)" if args.moe_layers else "")
+          + (f" ({sum(' layers ' in n for _, n, _ in rows)} with MoE in a pattern of layers)"
+             if args.moe_patterns else "")
           + (f" ({sum(' mla' in n for _, n, _ in rows)} with MLA)" if args.mla else "")
           + (f" ({sum(' deepep' in w for _, _, w in rows)} with DeepEP)" if args.deepep else "")
           + (f" ({sum(' mtp' in n for _, n, _ in rows)} with MTP modules, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +89,14 @@ def tiny_gqa_model() -> ModelSpec:
     return ModelSpec(name="tiny-gqa", num_layers=8, hidden_size=64, num_attention_heads=8,
                      num_kv_heads=4, ffn_hidden_size=128, vocab_size=256, seq_len=64,
                      activation="swiglu")
+
+
+def layer_kinds(trace_dir: Path, rank: int) -> dict[int, str]:
+    """Global layer → 'dense' or 'moe', from the forward MLP ops a rank's trace holds."""
+    _, nodes = read_et(trace_dir / f"trainsim.{rank}.et")
+    out: dict[int, str] = {}
+    for n in nodes:
+        hit = re.search(r"\.L(\d+)\.(fc1|expert_fc1)$", n.name)
+        if hit:
+            out[int(hit.group(1))] = "dense" if hit.group(2) == "fc1" else "moe"
+    return out

@@ -23,7 +23,8 @@ from tracegen.units import GiB
 PUBLISHED_B = {"gpt-1t": 1008.0, "gpt3-175b": 175.0, "mixtral-8x7b": 46.7,
                "nemotron4-340b": 340.0, "nemotron4-15b": 15.6, "qwen3-235b-a22b": 235.0,
                "qwen3-30b-a3b": 30.5, "qwen2-57b-a14b": 57.0,
-               "glm4.5-355b-a32b": 355.0, "deepseek-v3": 671.0}
+               "glm4.5-355b-a32b": 355.0, "deepseek-v3": 671.0,
+               "llama4-scout": 109.0, "llama4-maverick": 400.0}  # (Meta 2025)
 
 
 @pytest.mark.parametrize("name", model_names())

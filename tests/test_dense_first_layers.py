@@ -5,14 +5,13 @@ the trace's blocks, per-stage activation memory and the fast path against replay
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 
 import pytest
 
 from analysis.fastpath import estimate
 from replay import get_system
-from tests.conftest import read_et, replayed
+from tests.conftest import layer_kinds, replayed
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
 from tracegen.flops import model_flop_per_step
 from tracegen.memory import activation_bytes_per_layer, inflight_microbatches
@@ -47,24 +46,13 @@ def test_flops_count_each_layer_kind_with_its_own_mlp() -> None:
     assert got == pytest.approx(-3 * per_layer, abs=2)
 
 
-def _blocks(trace_dir: Path, rank: int) -> dict[int, str]:
-    """Global layer → 'dense' or 'moe', from the forward ops a rank's trace holds."""
-    _, nodes = read_et(trace_dir / f"trainsim.{rank}.et")
-    out: dict[int, str] = {}
-    for n in nodes:
-        hit = re.search(r"\.L(\d+)\.(fc1|expert_fc1)$", n.name)
-        if hit:
-            out[int(hit.group(1))] = "dense" if hit.group(2) == "fc1" else "moe"
-    return out
-
-
 def test_the_trace_runs_dense_mlps_in_the_first_layers(tmp_path: Path) -> None:
     """pp 2 of 4 layers each: stage 0's layers 0-2 dense, 3 MoE; stage 1 all MoE."""
     s = Strategy(pp=2, dp=2, ep=2, global_batch_size=4)
     generate(DENSE3, s, tmp_path, mode="representative")
-    assert _blocks(tmp_path, 0) == {0: "dense", 1: "dense", 2: "dense", 3: "moe"}
+    assert layer_kinds(tmp_path, 0) == {0: "dense", 1: "dense", 2: "dense", 3: "moe"}
     last = max(int(p.name.split(".")[1]) for p in tmp_path.glob("*.et"))
-    assert _blocks(tmp_path, last) == {4: "moe", 5: "moe", 6: "moe", 7: "moe"}
+    assert layer_kinds(tmp_path, last) == {4: "moe", 5: "moe", 6: "moe", 7: "moe"}
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(vpp=2, schedule="interleaved_1f1b"),

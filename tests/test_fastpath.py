@@ -72,7 +72,9 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
                                               hfsdp, window) -> None:
     """``ep`` 0: the dense model; 1, 2 or 4: the MoE model with that expert parallelism, carved
     out of dp or (``fold``) folded over tp·cp·dp; either with its embedding and head ``tied``,
-    and with ``shared`` experts and ``extra`` dense first layers; ``mla``: multi-head
+    and with ``shared`` experts and ``extra`` dense first layers (without shared experts,
+    ``extra`` 1 and 3 put the experts in every other layer from the second or one layer in
+    three from the first, ``moe_layer_pattern``); ``mla``: multi-head
     latent attention instead of GQA; ``deepep``: the MoE model's tokens dispatched by DeepEP
     within 1 of 2 expert groups; ``mtp`` multi-token-prediction modules on the last stage;
     ``moments``: Adam's moments in bf16 where ZeRO ≥ 1; ``fp8pg``: FP8 parameter gathers where
@@ -92,6 +94,9 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
     model = dataclasses.replace(MOE if ep else MODEL, tied_embeddings=tied,
                                 shared_expert_ffn_hidden_size=512 if ep and shared else 0,
                                 first_dense_layers=extra if ep and shared else 0,
+                                # without shared experts, experts in a pattern of layers
+                                moe_layer_pattern=("", "DM", "", "MDD")[extra]
+                                if ep and not shared else "",
                                 mtp_layers=mtp, sliding_window=64 if window else 0,
                                 window_pattern="" if window == "S" else window)
     if deepep and ep:

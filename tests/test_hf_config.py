@@ -183,8 +183,8 @@ def test_bad_layer_types_are_refused() -> None:
     ({"model_type": "gemma3"}, "its 'text_config' as a config file of its own"),
     ({"num_hidden_layers": None}, "'num_hidden_layers' is missing"),
     ({"hidden_act": "tanh"}, "a gated MLP with 'tanh' is not one trainsim costs"),
-    ({"decoder_sparse_step": 2}, "MoE every 2 layer"),
-    ({"mlp_only_layers": [1, 3]}, r"dense layers \[1, 3\]"),
+    ({"decoder_sparse_step": 0}, "'decoder_sparse_step' must be ≥ 1"),
+    ({"mlp_only_layers": list(range(48))}, "no layer is mixture-of-experts"),
 ])
 def test_what_trainsim_cannot_cost_is_named(tmp_path: Path, edit: dict[str, Any],
                                             message: str) -> None:
@@ -374,14 +374,13 @@ def test_llama4s_chunked_layers_follow_its_irope(text: dict[str, Any], pattern: 
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ({"interleave_moe_layer_step": 2, "num_local_experts": 128},
-     r"MoE every 2 layer\(s\) \(interleave_moe_layer_step; Llama 4 Maverick"),
-    ({"moe_layers": [1, 3, 5]}, "MoE every 1 layer"),
+    ({"interleave_moe_layer_step": 0}, "'interleave_moe_layer_step' must be ≥ 1"),
+    ({"moe_layers": []}, "no layer is mixture-of-experts"),
     ({"no_rope_layers": [1, 0]}, "for each of the 48 layers"),
     ({"no_rope_layer_interval": 0}, "'no_rope_layer_interval' must be ≥ 1"),
     ({"intermediate_size_mlp": None}, "'intermediate_size_mlp' is missing"),
 ])
-def test_what_llama4_layouts_trainsim_cannot_cost_are_named(text: dict[str, Any], message: str
+def test_what_llama4_configs_trainsim_cannot_cost_are_named(text: dict[str, Any], message: str
                                                            ) -> None:
     data = _scout(**text)
     data["text_config"] = {k: v for k, v in data["text_config"].items() if v is not None}
@@ -406,3 +405,51 @@ def test_any_value_in_a_llama4_text_key_gives_a_model_or_a_clear_error(data: Any
         from_hf_config({**LLAMA4_SCOUT, "text_config": text}, name="scout", seq_len=32768)
     except ConfigError as err:
         assert str(err)
+
+
+def test_llama4_mavericks_config_is_its_preset_and_meta_s_parameters() -> None:
+    """Maverick: Scout's shape with 128 experts in every other layer from the second
+    (``interleave_moe_layer_step`` 2: ``moe_layer_pattern`` "DM"), the dense layers' MLP
+    16,384 wide: Meta's 400 B parameters and 17 B active within 0.5% and 1.5% (a token's
+    attention, dense MLPs, shared and routed expert, embedding and head: 17.18 B)."""
+    m = from_hf_config(_scout(num_local_experts=128, interleave_moe_layer_step=2),
+                       name="maverick", seq_len=8192)
+    assert dataclasses.replace(m, name="llama4-maverick") == get_model("llama4-maverick")
+    assert m.moe_layer_pattern == "DM" and m.dense_layers_in(range(48)) == 24
+    h, up = m.hidden_size, 3
+    active = (m.num_layers * m.attention_params() + 24 * up * h * m.ffn_hidden_size
+              + 24 * (2 * up * h * m.moe_ffn_hidden_size + h * m.num_experts)
+              + 2 * m.vocab_size * h)
+    assert active / 1e9 == pytest.approx(17.0, rel=0.015)
+    assert m.num_params() / 1e9 == pytest.approx(400, rel=0.005)
+    listed = from_hf_config(_scout(num_local_experts=128, moe_layers=list(range(1, 48, 2))),
+                            name="maverick", seq_len=8192)
+    assert listed == m  # (the layers listed as the step places them)
+
+
+@pytest.mark.parametrize(("kind", "keys", "first", "pattern"), [
+    ("Qwen3-30B-A3B", {"decoder_sparse_step": 2}, 0, "DM"),  # (i + 1) % 2 == 0
+    ("Qwen3-30B-A3B", {"mlp_only_layers": [0, 1]}, 2, ""),  # leading: as before
+    ("Qwen3-30B-A3B", {"mlp_only_layers": [1, 3]}, 0, None),  # (no period shorter than 47)
+    ("DeepSeek-V3", {"moe_layer_freq": 2}, 3, "MD"),  # 3 dense, then MoE at even layers
+])
+def test_moe_every_nth_layer_follows_each_familys_rule(kind: str, keys: dict[str, Any],
+                                                       first: int, pattern: str | None) -> None:
+    """Which layers are MoE, by each family's decoder-layer rule: Qwen's MoE where (i + 1) is a
+    multiple of decoder_sparse_step and i is not in mlp_only_layers; DeepSeek's from
+    first_k_dense_replace on where i is a multiple of moe_layer_freq. Leading dense layers
+    stay first_dense_layers; anything else is a repeating moe_layer_pattern."""
+    m = from_hf_config({**_config(kind), **keys}, name="x", seq_len=4096)
+    want = [not m.is_dense_layer(i) for i in range(m.num_layers)]
+    data = {**_config(kind), **keys}
+    if kind.startswith("Qwen"):
+        step = data.get("decoder_sparse_step", 1)
+        rule = [i not in data.get("mlp_only_layers", []) and (i + 1) % step == 0
+                for i in range(m.num_layers)]
+    else:
+        rule = [i >= data["first_k_dense_replace"] and i % data["moe_layer_freq"] == 0
+                for i in range(m.num_layers)]
+    assert want == rule
+    assert m.first_dense_layers == first
+    if pattern is not None:
+        assert m.moe_layer_pattern == pattern

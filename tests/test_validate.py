@@ -877,3 +877,23 @@ def test_a_rows_window_columns_give_its_model_sliding_windows(tmp_path: Path) ->
     bad = validate(_row_file(tmp_path, "mpt-07", sliding_window="512", window_pattern="SX"))
     assert bad["status"].item().startswith("skipped:") and "window_pattern" in bad[
         "status"].item()
+
+
+def test_a_rows_moe_layer_pattern_gives_its_model_moe_in_those_layers(tmp_path: Path) -> None:
+    """``moe_layer_pattern`` beyond the schema (Llama 4 Maverick's "DM"): a MoE row's model has
+    its experts in the layers the pattern marks, as the same ModelSpec does, and costs more
+    than with experts in every layer (half its layers run MPT-7B's 16,384-wide MLP instead of
+    two experts of 2,048); a bad pattern skips the row, named."""
+    moe = {"arch": "moe", "num_experts": "8", "experts_per_token": "2",
+           "moe_ffn_hidden_size": "2048", "ep": "1"}
+    plain = V.row_inputs(load_runs(_row_file(tmp_path, "mpt-07", **moe)).row(0, named=True))
+    assert not isinstance(plain, str), plain
+    row = load_runs(_row_file(tmp_path, "mpt-07", **moe, moe_layer_pattern="DM")).row(
+        0, named=True)
+    got = V.row_inputs(row)
+    assert not isinstance(got, str), got
+    assert got.model == dataclasses.replace(plain.model, moe_layer_pattern="DM")
+    assert V.predict(got)["predicted_iter_time_s"] > V.predict(plain)["predicted_iter_time_s"]
+    bad = validate(_row_file(tmp_path, "mpt-07", **moe, moe_layer_pattern="DX"))
+    assert bad["status"].item().startswith("skipped:") and "moe_layer_pattern" in bad[
+        "status"].item()

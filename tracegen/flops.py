@@ -39,7 +39,7 @@ def model_flop_per_step(m: ModelSpec, global_batch: int) -> int:
     b, s, h, v = global_batch, m.seq_len, m.hidden_size, m.vocab_size
     # one layer of the last layer's kind (a MoE model's last layer is a MoE one)
     last = dataclasses.replace(m.window_view(m.windowed(m.num_layers - 1)), num_layers=1,
-                               first_dense_layers=0, mtp_layers=0)
+                               first_dense_layers=0, moe_layer_pattern="", mtp_layers=0)
     layer = _main_flop(last, b) - 6 * b * s * h * v
     per_module = layer + 6 * b * s * (3 * h + 2 * h * h) + 6 * b * s * h * v
     return _main_flop(m, b) + m.mtp_layers * per_module
@@ -61,9 +61,9 @@ def _main_flop(m: ModelSpec, global_batch: int) -> int:
     b, s, n_l, h, v = global_batch, m.seq_len, m.num_layers, m.hidden_size, m.vocab_size
     ffn: float = (m.moe_ffn_hidden_size * m.experts_per_token + m.shared_expert_ffn_hidden_size
                   if m.is_moe else m.ffn_hidden_size)
-    if m.first_dense_layers:  # the layers' mean MLP width (Megatron-LM: per layer kind)
-        ffn = (ffn * (n_l - m.first_dense_layers) + m.ffn_hidden_size * m.first_dense_layers
-               ) / n_l
+    dense = m.dense_layers_in(range(n_l)) if m.is_moe else 0
+    if dense:  # the layers' mean MLP width (Megatron-LM: per layer kind)
+        ffn = (ffn * (n_l - dense) + m.ffn_hidden_size * dense) / n_l
     g = 1.5 if m.gated else 1.0
     if m.is_mla:
         # the same count with MLA's projections (their weights, twice per token) and
@@ -90,7 +90,8 @@ def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str,
         return 0
     if m.mtp_layers:  # the MTP modules again, each as a layer of the last kind, all of them
         last = dataclasses.replace(m.window_view(m.windowed(m.num_layers - 1)),
-                                   num_layers=m.mtp_layers, first_dense_layers=0, mtp_layers=0)
+                                   num_layers=m.mtp_layers, first_dense_layers=0,
+                                   moe_layer_pattern="", mtp_layers=0)
         return (recompute_flop_per_step(dataclasses.replace(m, mtp_layers=0), global_batch,
                                         recompute, recomputed_layers, modules)
                 + recompute_flop_per_step(last, global_batch, recompute, None, modules))
@@ -102,7 +103,7 @@ def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str,
     if recompute == "selective":
         # a dense MLP's forward: 4·g·B·s·l·h·ffn, a third of its term in the formula above
         # (a MoE model's dense first layers only)
-        dense = m.first_dense_layers if m.is_moe else n_l
+        dense = m.dense_layers_in(range(n_l)) if m.is_moe else n_l
         mlp = 4 * b * s * dense * h * m.ffn_hidden_size * (3 if m.gated else 2) // 2
         # MLA's up-projections: Q's from its latent (or the hidden state), K/V's from theirs
         up = (2 * b * s * n_l * m.num_attention_heads
@@ -110,10 +111,10 @@ def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str,
                  + m.kv_lora_rank * (m.head_dim + m.v_dim))) if m.is_mla else 0
         # a MoE layer's experts (top-k of them), shared experts and router, its MoE layers
         g = 3 if m.gated else 2
-        moe = (2 * b * s * (n_l - m.first_dense_layers) * h
+        moe = (2 * b * s * (n_l - dense) * h
                * (g * (m.experts_per_token * m.moe_ffn_hidden_size
                        + m.shared_expert_ffn_hidden_size) + m.num_experts)) if m.is_moe else 0
-        shared = (2 * b * s * (n_l - m.first_dense_layers) * h * g
+        shared = (2 * b * s * (n_l - dense) * h * g
                   * m.shared_expert_ffn_hidden_size) if m.is_moe else 0
         return ((attention if "core_attn" in modules else 0) + (mlp if "mlp" in modules else 0)
                 + (up if "mla_up_proj" in modules else 0) + (moe if "moe" in modules else 0)

@@ -15,8 +15,10 @@ What maps:
   SwiGLU (GPT-OSS's clamped one the same GEMMs), Gemma's with GELU GeGLU; GPT-2 and GPT-NeoX
   GELU; Nemotron squared ReLU;
 - mixture-of-experts: the routed experts, top-k, their width, shared experts (Qwen2-MoE's
-  width; DeepSeek's and GLM's count × the expert width), leading dense layers
-  (``first_k_dense_replace``, or Qwen's ``mlp_only_layers`` where they lead), group-limited
+  width; DeepSeek's and GLM's count × the expert width; Llama 4's one), which layers are MoE
+  (leading dense ones: ``first_k_dense_replace``, Qwen's ``mlp_only_layers``; MoE every N-th
+  layer: ``moe_layer_freq``, ``decoder_sparse_step``, ``interleave_moe_layer_step`` — a
+  ``moe_layer_pattern``), group-limited
   routing (``n_group`` / ``topk_group``) and multi-token prediction modules
   (``num_nextn_predict_layers``);
 - multi-head latent attention (DeepSeek-V2 and V3): the K/V and Q latents, the rotary and
@@ -29,8 +31,7 @@ A config does not say the sequence length of training (``max_position_embeddings
 longest the model supports, not what a run trains at), so it must be given (``--seq-len``, a
 study's ``seq_len`` or ``FILE@seqN``). What trainsim cannot cost is refused with the reason:
 another model type (Gemma 3's multimodal ``gemma3``: give its ``text_config`` as a
-``gemma3_text`` config), MoE layers that are not every layer after the leading dense ones
-(Llama 4 Maverick's every other layer).
+``gemma3_text`` config), a MoE config none of whose layers is MoE.
 Biases and norms are not modelled for any model (DESIGN.md, "Models"); rotary and RoPE-scaling
 settings change no cost.
 """
@@ -215,19 +216,15 @@ def _moe(get: Callable[..., Any], kind: str, data: dict[str, Any]) -> dict[str, 
                 "experts_per_token": get("num_experts_per_tok"),
                 "moe_ffn_hidden_size": get("moe_intermediate_size"),
                 "shared_expert_ffn_hidden_size": get("shared_expert_intermediate_size", 0),
-                "first_dense_layers": _leading_dense(get, data)}
+                **_qwen_layers(get, data)}
     if kind in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
         width = get("moe_intermediate_size")
-        if get("moe_layer_freq", 1) != 1:
-            raise ConfigError("moe_layer_freq must be 1 (every layer after the first "
-                              "first_k_dense_replace is MoE: the layouts trainsim models)",
-                              what=f"model_type {kind!r}")
         groups = get("n_group", 1)
         return {"num_experts": get("n_routed_experts"),
                 "experts_per_token": get("num_experts_per_tok"),
                 "moe_ffn_hidden_size": width,
                 "shared_expert_ffn_hidden_size": get("n_shared_experts", 0) * width,
-                "first_dense_layers": get("first_k_dense_replace", 0),
+                **_deepseek_layers(get, data),
                 "moe_router_num_groups": groups if groups > 1 else 0,
                 "moe_router_group_topk": get("topk_group", 1) if groups > 1 else 0,
                 "mtp_layers": get("num_nextn_predict_layers", 0)}
@@ -235,23 +232,21 @@ def _moe(get: Callable[..., Any], kind: str, data: dict[str, Any]) -> dict[str, 
 
 
 def _llama4(get: Callable[..., Any], layers: int) -> dict[str, Any]:
-    """Llama 4 (transformers' ``Llama4TextConfig``; Meta 2025): every layer MoE — its routed
-    experts ``intermediate_size`` wide and one shared expert of that width beside them
-    (``Llama4TextMoe``) — where ``interleave_moe_layer_step`` is 1 (Scout); Maverick's MoE in
-    every other layer is not a layout trainsim models. The dense MLP's width is
-    ``intermediate_size_mlp``. Attention: the layers that use RoPE attend within chunks of
-    ``attention_chunk_size`` tokens (iRoPE), every ``no_rope_layer_interval``-th layer (NoPE)
-    over the whole sequence — from ``no_rope_layers`` (1: RoPE, chunked) where the config
-    lists them."""
-    step = get("interleave_moe_layer_step")
-    moe_layers = get("moe_layers", None, list)
-    if step != 1 or (moe_layers is not None and moe_layers != list(range(layers))):
-        raise ConfigError(f"MoE every {step} layer(s) (interleave_moe_layer_step; Llama 4 "
-                          "Maverick's layout): trainsim models MoE in every layer after "
-                          "leading dense ones (Scout's interleave_moe_layer_step 1)",
-                          what="model_type 'llama4_text'")
+    """Llama 4 (transformers' ``Llama4TextConfig``; Meta 2025): MoE layers — routed experts
+    ``intermediate_size`` wide and one shared expert of that width beside them
+    (``Llama4TextMoe``) — every ``interleave_moe_layer_step``-th layer (``moe_layers`` where
+    listed): every layer in Scout, every other one in Maverick (``moe_layer_pattern`` "DM");
+    the dense layers' MLP is ``intermediate_size_mlp`` wide. Attention: the layers that use
+    RoPE attend within chunks of ``attention_chunk_size`` tokens (iRoPE), every
+    ``no_rope_layer_interval``-th layer (NoPE) over the whole sequence — from
+    ``no_rope_layers`` (1: RoPE, chunked) where the config lists them."""
+    step = _step(get, "interleave_moe_layer_step")
+    listed = get("moe_layers", None, list)
+    moe = set(listed) if listed is not None else set(range(step - 1, layers, step))
     width = get("intermediate_size")
-    out: dict[str, Any] = {"ffn_hidden_size": get("intermediate_size_mlp"),
+    out: dict[str, Any] = {**_moe_layout([i in moe for i in range(layers)],
+                                         {"model_type": "llama4_text"}),
+                           "ffn_hidden_size": get("intermediate_size_mlp"),
                            "num_experts": get("num_local_experts"),
                            "experts_per_token": get("num_experts_per_tok"),
                            "moe_ffn_hidden_size": width,
@@ -276,16 +271,61 @@ def _llama4(get: Callable[..., Any], layers: int) -> dict[str, Any]:
     return out | {"attention_chunk": chunk, "window_pattern": "" if pattern == "S" else pattern}
 
 
-def _leading_dense(get: Callable[..., Any], data: dict[str, Any]) -> int:
-    """Qwen-MoE's dense layers (``mlp_only_layers``) where they lead the model, every layer
-    after them MoE (``decoder_sparse_step`` 1); anything else is not a layout trainsim models."""
-    step = get("decoder_sparse_step", 1)
-    dense = sorted(get("mlp_only_layers", [], list))
-    if step != 1 or dense != list(range(len(dense))):
-        raise ConfigError(f"MoE every {step} layer(s) with dense layers {dense}: trainsim models "
-                          "leading dense layers then MoE in every layer (decoder_sparse_step 1, "
-                          "mlp_only_layers 0…k−1)", what=f"model_type {data['model_type']!r}")
-    return len(dense)
+def _qwen_layers(get: Callable[..., Any], data: dict[str, Any]) -> dict[str, Any]:
+    """Qwen-MoE's MoE layers (transformers' ``Qwen2MoeDecoderLayer``): layer i is MoE where it
+    is not in ``mlp_only_layers`` and (i + 1) is a multiple of ``decoder_sparse_step``."""
+    layers, step = get("num_hidden_layers"), _step(get, "decoder_sparse_step")
+    dense = set(get("mlp_only_layers", [], list))
+    return _moe_layout([i not in dense and (i + 1) % step == 0 for i in range(layers)],
+                       data)
+
+
+def _deepseek_layers(get: Callable[..., Any], data: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek's and GLM's MoE layers (transformers' ``DeepseekV3DecoderLayer``): layer i is
+    MoE from ``first_k_dense_replace`` on where i is a multiple of ``moe_layer_freq``."""
+    layers, freq = get("num_hidden_layers"), _step(get, "moe_layer_freq")
+    first = get("first_k_dense_replace", 0)
+    return _moe_layout([i >= first and i % freq == 0 for i in range(layers)], data)
+
+
+def _step(get: Callable[..., Any], key: str) -> int:
+    step: int = get(key, 1)
+    if step < 1:
+        raise ConfigError(f"{key!r} must be ≥ 1 (every N-th layer MoE), got {step}",
+                          what="Hugging Face config")
+    return step
+
+
+def _moe_layout(moe: list[bool], data: dict[str, Any]) -> dict[str, Any]:
+    """Which layers are MoE (one flag a layer) as trainsim says it: leading dense layers then
+    MoE in every one (``first_dense_layers``), else the repeating ``moe_layer_pattern``."""
+    if not any(moe):
+        raise ConfigError("no layer is mixture-of-experts in this layout: a dense model's "
+                          "config (without experts) costs it", what=f"model_type "
+                          f"{data.get('model_type')!r}")
+    lead = moe.index(True)
+    if all(moe[lead:]):
+        return {"first_dense_layers": lead}
+    # the shortest pattern (from layer 0) that the layers from the first MoE one repeat
+    pattern = next(p for size in range(1, len(moe) + 1)
+                   if (p := _repeated(moe, lead, size)) is not None)
+    first = lead  # the leading dense layers the pattern does not already make dense
+    while first and not pattern[(first - 1) % len(pattern)]:
+        first -= 1
+    return {"first_dense_layers": first,
+            "moe_layer_pattern": "".join("M" if x else "D" for x in pattern)}
+
+
+def _repeated(moe: list[bool], lead: int, size: int) -> list[bool] | None:
+    """The pattern of ``size`` flags that layers ``lead``… repeat (counted from layer 0; a
+    place only layers before ``lead`` fall on is dense), or None where they do not."""
+    pattern: list[bool | None] = [None] * size
+    for i in range(lead, len(moe)):
+        if pattern[i % size] is None:
+            pattern[i % size] = moe[i]
+        elif pattern[i % size] != moe[i]:
+            return None
+    return [bool(x) for x in pattern]
 
 
 def _mla(get: Callable[..., Any], kind: str) -> dict[str, Any]:

@@ -373,7 +373,7 @@ def _chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
     chunk as if they held the stage's average, where the warm-up runs more passes through some
     chunks than others (N of each, then the next group's first chunk)."""
     n = s.recompute_num_layers
-    kinds = {False: m, True: m.dense_view()} if m.first_dense_layers else {False: m}
+    kinds = {False: m, True: m.dense_view()} if m.has_dense_layers else {False: m}
     # per kind (dense?): (bytes of a layer recomputed as the strategy says, of one stored)
     per_layer = {}
     for dense, mk in kinds.items():
@@ -383,10 +383,9 @@ def _chunk_activations(m: ModelSpec, s: Strategy, stage: int, act: int,
     per_chunk = []
     for ch in range(s.vpp):
         layers = s.chunk_layers(m.num_layers, s.gci(stage, ch))
-        n_dense = m.dense_layers_in(layers)
         total = 0
-        for i in range(len(layers)):
-            rc, kept = per_layer[i < n_dense]
+        for i, layer in enumerate(layers):
+            rc, kept = per_layer[m.has_dense_layers and m.is_dense_layer(layer)]
             total += kept if n and i >= n else rc
         per_chunk.append(total)
     if m.mtp_layers and stage == s.chunk_stage(s.mtp_chunk):  # the chunk with the MTP modules
@@ -408,10 +407,10 @@ def offloaded_bytes(m: ModelSpec, s: Strategy, act: int, flash_attention: bool =
 def _offload_sizes(m: ModelSpec, s: Strategy, act: int, flash_attention: bool) -> list[int]:
     """The bytes of each layer activation offloading copies to host memory, a micro-batch."""
     n = s.cpu_offload_layers
-    dense = min(n, m.first_dense_layers)
-    dense_act = (_layer_activation_bytes(m.dense_view(), s, s.recompute, flash_attention)
-                 if dense else 0)
-    return [dense_act] * dense + [act] * (n - dense)
+    if not (m.is_moe and m.dense_layers_in(range(n))):
+        return [act] * n
+    dense_act = _layer_activation_bytes(m.dense_view(), s, s.recompute, flash_attention)
+    return [dense_act if m.is_dense_layer(i) else act for i in range(n)]
 
 
 def host_bytes(m: ModelSpec, s: Strategy, params_local: int, act: int, *,
@@ -611,7 +610,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
                        / OPTIM_BYTES)
     if (s.vpp > 1 and (s.v_shape or (s.uneven and stage in (0, s.pp - 1)))) or (
             s.pipeline_layout) or (
-            m.first_dense_layers and _holds_dense(m, s, stage)) or (
+            m.has_dense_layers and _holds_dense(m, s, stage)) or (
             m.mtp_layers and stage == s.chunk_stage(s.mtp_chunk)):
         activations = _chunk_activations(m, s, stage, act, flash_attention, hold_bytes)
     else:

@@ -50,6 +50,12 @@ class ModelSpec:
     # GLM-4.5's first_k_dense_replace; Megatron-Core --moe-layer-freq [0]*N+[1]*rest). 0 = every
     # layer MoE.
     first_dense_layers: int = 0
+    # MoE layers in a repeating pattern (Llama 4 Maverick's MoE in every other layer, "DM";
+    # Megatron-Core --moe-layer-freq as a list; transformers' interleave_moe_layer_step,
+    # decoder_sparse_step, moe_layer_freq): "M" a MoE layer, "D" a dense one (an MLP of
+    # ffn_hidden_size), repeated over the layers from layer 0; the first_dense_layers are dense
+    # whatever it says. "" = every layer MoE. MoE models only.
+    moe_layer_pattern: str = ""
     # Multi-head latent attention (DeepSeek-V2/V3, Liu et al. 2024; Megatron-Core
     # --multi-latent-attention): K and V are up-projected per head from a compressed latent of
     # kv_lora_rank (0 = standard attention), Q from one of q_lora_rank (0 = directly from the
@@ -184,7 +190,8 @@ class ModelSpec:
         """The model as its dense first layers see it: an MLP of ffn_hidden_size, no experts."""
         return dataclasses.replace(self, num_experts=0, experts_per_token=0,
                                    moe_ffn_hidden_size=0, shared_expert_ffn_hidden_size=0,
-                                   first_dense_layers=0, moe_router_num_groups=0,
+                                   first_dense_layers=0, moe_layer_pattern="",
+                                   moe_router_num_groups=0,
                                    moe_router_group_topk=0, moe_load_imbalance=1.0,
                                    mtp_layers=0, moe_capacity_factor=0.0,
                                    moe_pad_to_capacity=False)
@@ -229,8 +236,21 @@ class ModelSpec:
         return dataclasses.replace(self, sliding_window=0, attention_chunk=0, window_pattern="")
 
     def dense_layers_in(self, layers: range) -> int:
-        """How many of the global layers ``layers`` are dense first layers."""
-        return max(0, min(layers.stop, self.first_dense_layers) - layers.start)
+        """How many of the global layers ``layers`` are a MoE model's dense ones."""
+        if "D" not in self.moe_layer_pattern:  # (the first ones only)
+            return max(0, min(layers.stop, self.first_dense_layers) - layers.start)
+        return sum(map(self.is_dense_layer, layers))
+
+    def is_dense_layer(self, layer: int) -> bool:
+        """Whether global layer ``layer`` of a MoE model is a dense one (``first_dense_layers``,
+        ``moe_layer_pattern``)."""
+        p = self.moe_layer_pattern
+        return layer < self.first_dense_layers or (bool(p) and p[layer % len(p)] == "D")
+
+    @property
+    def has_dense_layers(self) -> bool:
+        """Whether a MoE model has dense layers among its MoE ones."""
+        return bool(self.first_dense_layers) or "D" in self.moe_layer_pattern
 
     def mlp_params(self) -> int:
         up = 3 if self.gated else 2
@@ -263,7 +283,7 @@ class ModelSpec:
         return copies * self.vocab_size * self.hidden_size
 
     def num_params(self) -> int:
-        dense = self.first_dense_layers
+        dense = self.dense_layers_in(range(self.num_layers)) if self.is_moe else 0
         return ((self.num_layers - dense) * self.layer_params()
                 + (dense * self.dense_view().layer_params() if dense else 0)
                 + self.embedding_params())
@@ -367,10 +387,12 @@ def _moe_problems(m: ModelSpec) -> list[str]:
         return [f"num_experts must be ≥ 0 (0 = dense), got {m.num_experts}"]
     if m.num_experts == 0:
         if (m.experts_per_token or m.moe_ffn_hidden_size or m.shared_expert_ffn_hidden_size
-                or m.first_dense_layers or m.moe_router_num_groups or m.moe_router_group_topk
-                or m.moe_load_imbalance != 1 or m.moe_capacity_factor or m.moe_pad_to_capacity):
+                or m.first_dense_layers or m.moe_layer_pattern or m.moe_router_num_groups
+                or m.moe_router_group_topk or m.moe_load_imbalance != 1
+                or m.moe_capacity_factor or m.moe_pad_to_capacity):
             return ["experts_per_token / moe_ffn_hidden_size / shared_expert_ffn_hidden_size / "
-                    "first_dense_layers / moe_router_num_groups / moe_router_group_topk / "
+                    "first_dense_layers / moe_layer_pattern / moe_router_num_groups / "
+                    "moe_router_group_topk / "
                     "moe_load_imbalance / moe_capacity_factor / moe_pad_to_capacity are set but "
                     "num_experts is 0; set num_experts for a mixture-of-experts model or drop "
                     "them"]
@@ -379,6 +401,13 @@ def _moe_problems(m: ModelSpec) -> list[str]:
     if not 0 <= m.first_dense_layers < m.num_layers:
         out.append(f"first_dense_layers must be in 0..num_layers − 1 ({m.num_layers - 1}), got "
                    f"{m.first_dense_layers}")
+    p = m.moe_layer_pattern
+    if p and (set(p) - {"D", "M"} or "M" not in p):
+        out.append(f"moe_layer_pattern is a string of M (a MoE layer) and D (a dense one), "
+                   f"repeated over the layers, with at least one M; got {p!r}")
+    elif p and m.dense_layers_in(range(max(0, m.num_layers))) >= m.num_layers:
+        out.append(f"moe_layer_pattern {p!r} with first_dense_layers {m.first_dense_layers} "
+                   f"leaves none of the {m.num_layers} layers MoE")
     if m.shared_expert_ffn_hidden_size < 0:
         out.append(f"shared_expert_ffn_hidden_size must be ≥ 0 (0 = no shared experts), got "
                    f"{m.shared_expert_ffn_hidden_size}")

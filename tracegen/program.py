@@ -329,11 +329,11 @@ class RoleProgram:
         recompute_num_layers the rest keep their activations (``stored``); the first
         cpu_offload_layers send theirs to host memory (``offloaded``)."""
         m, s = self.m, self.s
-        if not (m.first_dense_layers or s.recompute_num_layers or m.window
+        if not (m.has_dense_layers or s.recompute_num_layers or m.window
                 or s.cpu_offload_layers):
             return [(self.layer_block(), len(layers))] if len(layers) else []
         n_rc = s.recompute_num_layers or len(layers)
-        kinds = [(i < m.first_dense_layers, m.windowed(i), j >= n_rc, j < s.cpu_offload_layers)
+        kinds = [(m.is_dense_layer(i), m.windowed(i), j >= n_rc, j < s.cpu_offload_layers)
                  for j, i in enumerate(layers)]
         out: list[tuple[ParamBlock, int]] = []
         j = 0

@@ -901,7 +901,7 @@ def check_fits_model(s: Strategy, m: ModelSpec, *, gpus: int | None = None) -> N
 
 # What each recompute module needs of the model, and what to say where it is missing.
 _MODULE_NEEDS: tuple[tuple[str, Callable[[ModelSpec], bool], str], ...] = (
-    ("mlp", lambda m: not m.is_moe or bool(m.first_dense_layers),
+    ("mlp", lambda m: not m.is_moe or m.has_dense_layers,
      "recompute module 'mlp' recomputes a dense MLP, and every layer of this model is "
      "mixture-of-experts; recompute the experts' activation with 'moe_act' instead"),
     ("mla_up_proj", lambda m: m.is_mla,
