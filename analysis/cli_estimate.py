@@ -601,11 +601,12 @@ def print_glance(g: Glance, s: Strategy, alone: bool = False) -> None:
 
 def _host_line(g: Glance) -> str:
     """What offloading keeps in one host's memory against what the host has."""
-    head = (f"host memory {g.peak_host_memory_GiB:,.1f} GiB a host (what its GPUs offload: "
-            "optimizer state, activations)")
+    need = g.peak_host_memory_GiB or 0.0
+    head = (f"host memory {need:,.1f} GiB a host (what its GPUs offload: optimizer state, "
+            "activations)")
     if not g.host_capacity_GiB:
         return head + ": not checked (the system gives no host_memory_GiB)"
-    if g.peak_host_memory_GiB <= g.host_capacity_GiB:
+    if need <= g.host_capacity_GiB:
         return head + f": fits in {g.host_capacity_GiB:,g} GiB"
     return (head + f": [bold red]DOES NOT FIT[/] in {g.host_capacity_GiB:,g} GiB — offload "
             "less (fewer --cpu-offload-layers, a smaller --optimizer-offload-fraction) or "

@@ -105,7 +105,8 @@ def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,
     row.update(fast_step_time_s=step, peak_memory_GiB=fast.peak_memory_GiB, fits=fast.fits,
                step_time_s=step, status="screened")
     if not fast.fits:
-        row["status"] = "does not fit"
+        row["status"] = ("does not fit: offloading overfills a host's memory" if fast.host_short
+                         else "does not fit")
         return row
     nodes = replay_size.oversized(study.model, s) if replay_it else None
     if replay_it and not nodes:

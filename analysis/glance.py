@@ -76,8 +76,9 @@ class Glance:
     # ZB-H1 or ZB-V that does not fit: what its W passes' alternatives need (``zb_hint``)
     zb_hint: dict[str, dict[str, Any]] | None = None
     # with offloading: what one host's GPUs keep in its memory together
-    # (``memory.host_peak_bytes``) and what it has (0: the system does not say)
-    peak_host_memory_GiB: float = 0.0
+    # (``memory.host_peak_bytes``; None without offloading) and what it has (0: the system
+    # does not say)
+    peak_host_memory_GiB: float | None = None
     host_capacity_GiB: float = 0.0
 
     def __repr__(self) -> str:
@@ -134,7 +135,8 @@ def glance(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str)
                   stages, lost, recompute,
                   instances_hint(model, s, system, est.step_time_s) if est.fits else None,
                   shard, zb_hint(model, s, system) if not est.fits else None,
-                  peak_host_memory_GiB=host / GiB, host_capacity_GiB=system.node.host_memory_GiB)
+                  peak_host_memory_GiB=host / GiB if host else None,
+                  host_capacity_GiB=system.node.host_memory_GiB)
 
 
 def zb_hint(model: ModelSpec, s: Strategy, system: SystemSpec

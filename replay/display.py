@@ -12,7 +12,7 @@ from typing import Any
 FIGURES: tuple[tuple[str, str, str], ...] = (
     ("step_time_s", "step time s", ".4f"), ("tokens_per_s", "tokens/s", ",.0f"),
     ("mfu", "MFU", ".1%"), ("hfu", "HFU", ".1%"), ("peak_memory_GiB", "peak memory GiB", ".1f"),
-    ("fits", "fits", ""))
+    ("peak_host_memory_GiB", "host memory GiB a host", ".1f"), ("fits", "fits", ""))
 
 
 def figures(values: dict[str, Any]) -> list[tuple[str, str]]:

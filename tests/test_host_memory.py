@@ -170,3 +170,20 @@ def test_a_bad_host_memory_is_said_with_its_fix(tmp_path: Path) -> None:
     bad.write_text(text.replace("host_memory_GiB = 2048", "host_memory_GiB = -1"))
     with pytest.raises(ConfigError, match=r"host_memory_GiB must be ≥ 0 \(0: absent"):
         resolve_system(bad)
+
+
+def test_a_sweep_row_says_the_host_is_what_is_short() -> None:
+    """A study's row for a strategy whose offloading overfills a host: no fit, and its status
+    says why (its GPU memory is under the GPU's, so the peak alone would not)."""
+    from analysis.compare import evaluate_strategy
+    from analysis.study import study_from_dict
+
+    study = study_from_dict({"model": "llama3-70b@seq8192", "system": "gb200-nvl72",
+                             "gpus": 64, "global_batch_size": 256})
+    row = evaluate_strategy(study, dataclasses.replace(FSDP, cpu_offload_layers=79),
+                            replay_it=False)
+    assert not row["fits"] and row["peak_memory_GiB"] < 186
+    assert row["status"] == "does not fit: offloading overfills a host's memory"
+    row = evaluate_strategy(study, dataclasses.replace(FSDP, cpu_offload_layers=42),
+                            replay_it=False)
+    assert row["fits"] and row["status"] == "screened"
