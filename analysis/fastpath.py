@@ -56,8 +56,7 @@ from tracegen.program import ParamBlock, bucket_plan, dp_group_size, shard_axis
 from tracegen.strategy import Strategy, check_fits_model
 from tracegen.units import NS_PER_S, GiB
 
-__all__ = ["FastEstimate", "clear_cache", "estimate", "estimate_stages", "host_peak_GiB",
-           "resolve_specs"]
+__all__ = ["FastEstimate", "clear_cache", "estimate", "estimate_stages", "resolve_specs"]
 
 
 class FastEstimate(NamedTuple):
@@ -126,17 +125,17 @@ def estimate_stages(model: ModelSpec | str, strategy: Strategy, system: SystemSp
 
 def _host_checked(costs: Costs, stages: list[Stage], est: FastEstimate) -> FastEstimate:
     """``est``, not fitting where offloading puts more in a host's memory than it has
-    (``host_peak_GiB``; no check where the system gives no ``host_memory_GiB``)."""
+    (``_host_peak_GiB``; no check where the system gives no ``host_memory_GiB``)."""
     s, node = costs.s, costs.net.sys.node
     if not (est.fits and node.host_memory_GiB
             and (s.cpu_offload_layers or s.optimizer_offload_fraction)):
         return est
-    if host_peak_GiB(costs, stages) <= node.host_memory_GiB:
+    if _host_peak_GiB(costs, stages) <= node.host_memory_GiB:
         return est
     return est._replace(fits=False, host_short=True)
 
 
-def host_peak_GiB(costs: Costs, stages: list[Stage]) -> float:
+def _host_peak_GiB(costs: Costs, stages: list[Stage]) -> float:
     """The most one host's ranks keep in host memory (``memory.host_bytes``, each stage's
     rank; ``memory.host_peak_bytes``, the host's ranks together)."""
     m, s = costs.m, costs.s
