@@ -371,6 +371,9 @@ def test_llama4s_chunked_layers_follow_its_irope(text: dict[str, Any], pattern: 
     m = from_hf_config(_scout(**text), name="scout", seq_len=32768)
     assert m.chunked and m.window == 8192 and m.window_pattern == pattern
     assert not from_hf_config(_scout(**text), name="scout", seq_len=8192).window
+    unchunked = from_hf_config(_scout(**text, attention_chunk_size=None), name="scout",
+                               seq_len=32768)  # (null: no chunks, full attention everywhere)
+    assert not unchunked.window and unchunked.attention_chunk == 0
 
 
 @pytest.mark.parametrize(("text", "message"), [

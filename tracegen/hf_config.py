@@ -251,8 +251,8 @@ def _llama4(get: Callable[..., Any], layers: int) -> dict[str, Any]:
                            "experts_per_token": get("num_experts_per_tok"),
                            "moe_ffn_hidden_size": width,
                            "shared_expert_ffn_hidden_size": width}
-    chunk = get("attention_chunk_size")  # (kept where the sequence is no longer: the model
-    if not chunk:  # then attends causally over it all, ``ModelSpec.window``, as its preset)
+    chunk = get("attention_chunk_size", 0)  # (null: none; kept where the sequence is no longer:
+    if not chunk:  # the model then attends causally over it all, ``ModelSpec.window``)
         return out
     rope = get("no_rope_layers", None, list)
     if rope is None:
