@@ -91,8 +91,10 @@ def estimate(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | st
     check_fits_model(strategy, model)
     costs = Costs(model, strategy, system)
     stages, reps, alike = _stages(costs)
-    return _host_checked(costs, stages, _estimate(costs, stages, reps, alike,
-                                                  system.gpu.hbm_bytes))
+    est = _estimate(costs, stages, reps, alike, system.gpu.hbm_bytes)
+    if strategy.cpu_offload_layers or strategy.optimizer_offload_fraction:
+        return _host_checked(costs, stages, est)
+    return est
 
 
 def estimate_stages(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str,
@@ -125,7 +127,8 @@ def estimate_stages(model: ModelSpec | str, strategy: Strategy, system: SystemSp
 
 def _host_checked(costs: Costs, stages: list[Stage], est: FastEstimate) -> FastEstimate:
     """``est``, not fitting where offloading puts more in a host's memory than it has
-    (``_host_peak_GiB``; no check where the system gives no ``host_memory_GiB``)."""
+    (``_host_peak_GiB``; no check where the system gives no ``host_memory_GiB``, or nothing
+    is offloaded)."""
     s, node = costs.s, costs.net.sys.node
     if not (est.fits and node.host_memory_GiB
             and (s.cpu_offload_layers or s.optimizer_offload_fraction)):

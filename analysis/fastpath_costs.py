@@ -200,7 +200,9 @@ class Costs:
         period = len(model.window_pattern) if model.window else 0
         self.patterned = bool(period) and (
             s.uneven or model.num_layers // (s.pp * s.vpp) % period != 0)
-        self.uneven = s.uneven or bool((model.has_dense_layers or self.patterned) and s.pp > 1)
+        # a MoE model's dense layers (first ones, or in a pattern): read per chunk
+        self.dense_layers = model.has_dense_layers
+        self.uneven = s.uneven or bool((self.dense_layers or self.patterned) and s.pp > 1)
         # the stage sharing stage 0's embedding (a tied head's, the MTP modules'), or None
         self.embd_partner = embedding_partner(model, s) if s.pp > 1 else None
         # all a group's shape depends on besides its axis and rank
@@ -287,9 +289,9 @@ class Costs:
         """A chunk's dense layers, where the model has any (then part of a chunk's key), and
         where they fall in ``moe_layer_pattern`` where it has dense ones (which of the chunk's
         layers they are)."""
-        m = self.m
-        if not m.has_dense_layers:
+        if not self.dense_layers:
             return ()
+        m = self.m
         layers = self.s.chunk_layers(m.num_layers, gci)
         if "D" not in m.moe_layer_pattern:
             return (m.dense_layers_in(layers),)
