@@ -96,3 +96,21 @@ def test_readme_estimate_examples_print_the_readme_figures(example: tuple[str, s
         assert _agrees(sec[1], got["step_time_s"]), (cmd, sec[1], got["step_time_s"])
     if (gib := _GIB.search(notes)) is not None:
         assert _agrees(gib[1], got["peak_memory_GiB"]), (cmd, gib[1], got["peak_memory_GiB"])
+
+
+def test_readme_counts_the_runs_files_extension_columns() -> None:
+    """The README's count of the columns a runs file may carry beyond the schema is
+    ``validate``'s (it had fallen behind once)."""
+    from analysis import validate as V
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    words = {"twenty-five": 25, "twenty-six": 26, "twenty-seven": 27, "twenty-eight": 28,
+             "twenty-nine": 29, "thirty": 30}
+    said = re.search(r"may carry ([a-z-]+) columns beyond the schema", text)
+    assert said is not None
+    count = (len(V.EXTENSION_INT_COLUMNS) + len(V.EXTENSION_FLOAT_COLUMNS)
+             + len(V.EXTENSION_TEXT_COLUMNS) + len(V.EXTENSION_BOOL_COLUMNS))
+    assert words.get(said.group(1)) == count, (said.group(1), count)
+    for column in (*V.EXTENSION_INT_COLUMNS, *V.EXTENSION_FLOAT_COLUMNS,
+                   *V.EXTENSION_TEXT_COLUMNS, *V.EXTENSION_BOOL_COLUMNS):
+        assert f"`{column}`" in text, column
