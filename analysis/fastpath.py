@@ -122,31 +122,37 @@ def estimate_stages(model: ModelSpec | str, strategy: Strategy, system: SystemSp
             c[hop] = max(c[hop], _send_ns(theirs, reps[hop], reps[(hop + 1) % p],
                                           costs.p2p_bytes()))
     return _host_checked(costs, stages, _estimate(costs, spliced, reps, False,
-                                                  system.gpu.hbm_bytes, walk=True, c=c))
+                                                  system.gpu.hbm_bytes, walk=True, c=c),
+                         stage_systems)
 
 
-def _host_checked(costs: Costs, stages: list[Stage], est: FastEstimate) -> FastEstimate:
-    """``est``, not fitting where offloading puts more in a host's memory than it has
-    (``_host_peak_GiB``; no check where the system gives no ``host_memory_GiB``, or nothing
-    is offloaded)."""
-    s, node = costs.s, costs.net.sys.node
-    if not (est.fits and node.host_memory_GiB
-            and (s.cpu_offload_layers or s.optimizer_offload_fraction)):
+def _host_checked(costs: Costs, stages: list[Stage], est: FastEstimate,
+                  stage_systems: Mapping[int, SystemSpec] | None = None) -> FastEstimate:
+    """``est``, not fitting where offloading puts more in a host's memory than it has: each
+    system's hosts hold its own stages' ranks (``stage_systems``'s stages on theirs, the rest
+    on ``costs``'s system's; ``memory.host_peak_bytes``), checked against its
+    ``host_memory_GiB`` where it gives one."""
+    s, base = costs.s, costs.net.sys
+    if not (est.fits and (s.cpu_offload_layers or s.optimizer_offload_fraction)):
         return est
-    if _host_peak_GiB(costs, stages) <= node.host_memory_GiB:
-        return est
-    return est._replace(fits=False, host_short=True)
+    where = stage_systems or {}
+    per_stage = _host_bytes(costs, stages)
+    for system in {id(x): x for x in (base, *where.values())}.values():
+        if not system.node.host_memory_GiB:
+            continue
+        mine = [b if where.get(st, base) is system else 0 for st, b in enumerate(per_stage)]
+        if host_peak_bytes(mine, s, system.node.host_gpus) / GiB > system.node.host_memory_GiB:
+            return est._replace(fits=False, host_short=True)
+    return est
 
 
-def _host_peak_GiB(costs: Costs, stages: list[Stage]) -> float:
-    """The most one host's ranks keep in host memory (``memory.host_bytes``, each stage's
-    rank; ``memory.host_peak_bytes``, the host's ranks together)."""
+def _host_bytes(costs: Costs, stages: list[Stage]) -> list[int]:
+    """What a rank of each stage keeps in host memory (``memory.host_bytes``)."""
     m, s = costs.m, costs.s
     act = _act_bytes(costs)
     flash = costs.compute.gpu.flash_attention
-    per_stage = [memory_host_bytes(m, s, x.total_params, act, expert_params=x.params[1][1],
-                                   flash_attention=flash) for x in stages]
-    return host_peak_bytes(per_stage, s, costs.net.sys.node.host_gpus) / GiB
+    return [memory_host_bytes(m, s, x.total_params, act, expert_params=x.params[1][1],
+                              flash_attention=flash) for x in stages]
 
 
 def _spliced(costs: Costs, theirs: Costs, x: Stage) -> Stage:

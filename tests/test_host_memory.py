@@ -187,3 +187,23 @@ def test_a_sweep_row_says_the_host_is_what_is_short() -> None:
     row = evaluate_strategy(study, dataclasses.replace(FSDP, cpu_offload_layers=42),
                             replay_it=False)
     assert row["fits"] and row["status"] == "screened"
+
+
+def test_on_a_mixed_cluster_each_systems_hosts_hold_its_own_stages() -> None:
+    """Stage 1 on another system: its ranks fill that system's hosts and only theirs, so a
+    small host there fails the fit whatever the base hosts hold, and the base system's hosts
+    are checked on stage 0's ranks alone."""
+    from analysis.fastpath import estimate_stages
+
+    s = Strategy(tp=2, dp=4, pp=2, micro_batch_size=1, global_batch_size=8, zero_stage=1,
+                 optimizer_offload_fraction=1.0)
+    g = glance(MODEL, s, "dgx-h100")
+    per = [x.memory.host_bytes / GiB for x in g.stages]  # 8 ranks a stage: one host each
+    roomy = _node("dgx-h100", host_memory_GiB=8 * max(per) * 1.01)
+    tight = _node("dgx-h100", host_memory_GiB=8 * per[1] * 0.99)
+    assert estimate_stages(MODEL, s, roomy, {1: roomy}).fits
+    short = estimate_stages(MODEL, s, roomy, {1: tight})
+    assert not short.fits and short.host_short
+    assert not estimate_stages(MODEL, s, tight, {1: roomy}).fits  # (stage 0 on the base)
+    only_stage1 = _node("dgx-h100", host_memory_GiB=8 * per[0] * 1.01)
+    assert estimate_stages(MODEL, s, only_stage1, {1: roomy}).fits
