@@ -642,7 +642,8 @@ def _gather_timeline(costs: Costs, st: int, rank: int
     key = (costs.lists_key, costs._degrees, s.vpp, s.first_stage_layers, s.last_stage_layers,
            s.pipeline_layout, s.account_for_embedding_in_pipeline_split,
            s.account_for_loss_in_pipeline_split,
-           s.dp_bucket_params, s.fp8_param_gather, st, rank)
+           s.dp_bucket_params, s.fp8_param_gather, s.recompute_num_layers,
+           s.cpu_offload_layers, st, rank)  # (the last two: which blocks are which kind)
     got = costs.ctx.gathers.get(key)
     if got is not None:
         return got
@@ -677,6 +678,8 @@ def _held_forward(costs: Costs, st: int, rank: int, fwd: int, arrival: int, chun
     free = max(busy, default=0)
     if arrival >= free:
         return 0
+    if costs.s.cpu_offload_layers:  # (pp 1: the copies pace the forward as the gathers do)
+        return costs.offload_held(blocks, need, busy, rank)
     sig, t, plain = costs.signature(rank), arrival, 0
     for block, ready in zip(blocks, need, strict=True):
         if t >= free:  # every gather done: the rest at full speed

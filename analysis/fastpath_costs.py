@@ -364,6 +364,19 @@ class Costs:
         return offload_walk.waits([kinds[b] for b, n in chunk for _ in range(n)],
                                   self.compute.gpu.comm_interference)
 
+    def offload_held(self, blocks: list[ParamBlock], ready: list[int], busy: list[int],
+                     rank: int) -> int:
+        """``overlap_param_gather`` beside activation offloading (pp 1): how much later the
+        forward of ``blocks`` ends with each waiting for its bucket's gather (``ready``; the
+        streams busy until each of ``busy``) than with the copies alone
+        (``offload_walk.gathered_delay``)."""
+        sig = self.signature(rank)
+        kinds = {b: offload_walk.Block(b.offloaded, *chain_and_stream_ns(self, b, rank, sig),
+                                       self.offload_ns(b) if b.offloaded else 0)
+                 for b in set(blocks)}  # each kind of block costed once
+        return offload_walk.gathered_delay([kinds[b] for b in blocks], ready, busy,
+                                           self.compute.gpu.comm_interference)
+
     def optimizer_ns(self, params: int, layers: int = 0) -> int:
         """The optimizer step over ``params`` local parameters (memo: it depends on nothing
         else but the bytes a parameter moves); with optimizer offloading, the GPU's share and

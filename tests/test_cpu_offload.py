@@ -146,3 +146,54 @@ def test_the_fit_hint_offers_offloading_where_it_fits_for_free() -> None:
     none = estimate(model, s, system).step_time_s
     assert none < hint["step_time_s"] < 1.02 * none
     assert fit_hint_words(hint)[1] == f"--cpu-offload-layers {k}"
+
+
+def _drawn(layers: int, hidden: int, heads: int, ffn: int, vocab: int, seq: int,
+           **kw: object) -> ModelSpec:
+    base: dict[str, object] = dict(name="drawn", num_layers=layers, hidden_size=hidden,
+                                   num_attention_heads=heads, ffn_hidden_size=ffn,
+                                   vocab_size=vocab, seq_len=seq, head_dim=64)
+    return ModelSpec(**{**base, **kw})  # type: ignore[arg-type]
+
+
+# The agreement bench's draws (``--models --offload --opt-offload``) the fast path had missed
+# by more than 2%, each now within it (DESIGN.md, "Activation offloading"):
+REGRESSIONS = {
+    # seed 604: ZeRO-3 with prefetch on a MoE model — its dense and expert gathers run on their
+    # own streams, side by side; walked as one after the other, a layer looked long enough to
+    # hide its copy (−6.2%)
+    "two-gather-streams": (
+        _drawn(10, 1024, 8, 2176, 65536, 1024, num_kv_heads=8, tied_embeddings=True,
+               num_experts=4, experts_per_token=1, moe_ffn_hidden_size=512),
+        Strategy(tp=2, dp=32, ep=4, sequence_parallel=True, global_batch_size=192,
+                 zero_stage=3, tp_comm_overlap=True, expert_tp=1, zero3_prefetch=True,
+                 cpu_offload_layers=8), "dgx-h100"),
+    # seed 606: overlapped parameter gathers beside a copy-bound forward — their delay walked
+    # without the copies came out negative (−8.1%)
+    "param-gathers": (
+        _drawn(8, 2048, 32, 8192, 65536, 4096, num_kv_heads=2),
+        Strategy(dp=64, cp=2, global_batch_size=128, zero_stage=1, overlap_param_gather=True,
+                 cpu_offload_layers=6, optimizer_offload_fraction=0.1), "dgx-b200"),
+    # seed 606: ZeRO-3 without prefetch on a MoE model — the backward's reload waits, put at
+    # the pass's end, hid behind the streams' draining (−2.2%)
+    "z3-two-streams": (
+        _drawn(8, 512, 8, 1536, 128256, 4096, num_kv_heads=8, activation="swiglu",
+               num_experts=8, experts_per_token=2, moe_ffn_hidden_size=2048),
+        Strategy(tp=8, dp=16, ep=2, micro_batch_size=4, global_batch_size=64, zero_stage=3,
+                 precision="fp8", overlap_grad_reduce=False, cpu_offload_layers=2),
+        "dgx-b200"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REGRESSIONS))
+def test_the_agreement_benchs_offloading_draws_stay_within_2_percent(case: str) -> None:
+    model, s, system = REGRESSIONS[case]
+    import tempfile
+
+    spec = get_system(system)
+    with tempfile.TemporaryDirectory() as d:
+        generate(model, s, d, mode="representative")
+        got = replay(d, spec, contention=False).step_time_s
+    none = estimate(model, dataclasses.replace(s, cpu_offload_layers=0), spec).step_time_s
+    assert got > 1.01 * none  # (the copies cost something here: the fast path must see it)
+    assert estimate(model, s, spec).step_time_s == pytest.approx(got, rel=0.02)
