@@ -171,9 +171,16 @@ def _offload_waits(costs: Costs, stage: Stage, chunk: list[tuple[ParamBlock, int
         # behind the streams' draining — 2.2% fast on a draw of the agreement bench, seed 606)
         def waited(runs: Z3Runs, blocks: list[tuple[ParamBlock, int]], ns: int) -> Z3Runs:
             per = ns // k if k else 0
-            return tuple(((g, e, comp + per, r, q), n) if block.offloaded else run
-                         for run, (block, _) in zip(runs, blocks, strict=True)
-                         for (g, e, comp, r, q), n in (run,))
+            each = [run for run, n in runs for _ in range(n)]  # block by block, as ``blocks``
+            kinds = [block for block, n in blocks for _ in range(n)]
+            out: list[tuple[tuple[int, int, int, int, int], int]] = []
+            for (g, e, comp, r, q), block in zip(each, kinds, strict=True):
+                run = (g, e, comp + per if block.offloaded else comp, r, q)
+                if out and out[-1][0] == run:
+                    out[-1] = (run, out[-1][1] + 1)
+                else:
+                    out.append((run, 1))
+            return tuple(out)
 
         stage = stage._replace(z3_f=(waited(stage.z3_f[0], chunk, fx),),
                                z3_b=(waited(stage.z3_b[0], chunk[::-1], bx),))
@@ -364,14 +371,52 @@ def _zero3_runs(costs: Costs, runs: list[tuple[ParamBlock, int]], rank: int,
     (``pipeline_walk.z3_map``). The per-block charge of ``block_ns`` pairs a block's
     reduce-scatters with its own gathers: exact for a chunk of equal blocks, not where a block
     gathers on one stream only (the embedding, the head) and a layer's expert reduce-scatter
-    runs on beside it; nor can one number after the send carry two streams into the next step."""
-    out = []
+    runs on beside it; nor can one number after the send carry two streams into the next step.
+    In backward a block that gathers no experts computes beside the expert reduce-scatter of
+    the MoE layer before it, still in flight: replay slows its kernels for that
+    (``_beside_experts``), which the walk's max-plus pass cannot — its compute carries it."""
+    out: list[tuple[tuple[int, int, int, int, int], int]] = []
+    kappa = costs.compute.gpu.comm_interference if backward and costs.moe else 0.0
+    clock = [0, 0, 0]  # the pass walked alone: chain, dense stream, expert stream
     for block, count in runs:
         g = zero3_axes(costs, block, rank, "ALL_GATHER")
         r = zero3_axes(costs, block, rank, "REDUCE_SCATTER") if backward else (0, 0)
         comp = _compute_ns(costs, block, rank, sig)[1 if backward else 0]
-        out.append(((g[0], g[1], comp, r[0], r[1]), count))
+        if not kappa:
+            out.append(((g[0], g[1], comp, r[0], r[1]), count))
+            continue
+        share = _compute_ns(costs, block, rank, sig, busy=True)[1] / comp if comp else 0.0
+        for _ in range(count):
+            run = (g[0], g[1], comp + _beside_experts(clock, g, comp, r, kappa * share),
+                   r[0], r[1])
+            if out and out[-1][0] == run:
+                out[-1] = (run, out[-1][1] + 1)
+            else:
+                out.append((run, 1))
     return tuple(out)
+
+
+def _beside_experts(clock: list[int], g: tuple[int, int], comp: int, r: tuple[int, int],
+                    kappa: float) -> int:
+    """One backward block walked on ``clock`` (chain, dense and expert stream ends; updated):
+    how much longer its compute takes for collectives still in flight on the streams it did
+    not wait for — a dense layer's beside the expert reduce-scatter of the MoE layer before it
+    (Llama 4 Maverick's pattern puts one before every dense layer: without it the fast path
+    was 2.3% below replay, agreement bench seed 613). A block that waits for both streams'
+    gathers adds nothing."""
+    t, fd, fe = clock
+    if g[0]:
+        t = fd = max(fd, t) + g[0]
+    if g[1]:
+        t = fe = max(fe, t) + g[1]
+    end = round(slowed(t, comp, [x for x in (fd, fe) if x > t], kappa))
+    extra = end - t - comp
+    if r[0]:
+        fd = max(fd, end) + r[0]
+    if r[1]:
+        fe = max(fe, end) + r[1]
+    clock[:] = [end, fd, fe]
+    return extra
 
 
 def _z3_lead(costs: Costs, runs: list[tuple[ParamBlock, int]], rank: int,
