@@ -245,7 +245,9 @@ def other_nodes(system: SystemSpec, rng: random.Random) -> tuple[SystemSpec, str
     gpn = rng.choice((2, 4, 8, 16, 72))
     topology = rng.choice(("fat-tree", "rail-optimized"))
     over = rng.choice((1.0, 1.0, 2.0))
-    node = dataclasses.replace(system.node, gpus_per_node=gpn)
+    # (a host — GB200's 4-GPU tray — that no longer divides the node is the node itself)
+    host = system.node.gpus_per_host if gpn % max(system.node.gpus_per_host, 1) == 0 else 0
+    node = dataclasses.replace(system.node, gpus_per_node=gpn, gpus_per_host=host)
     scaleout = dataclasses.replace(system.scaleout, topology=topology, oversubscription=over)
     return (dataclasses.replace(system, node=node, scaleout=scaleout),
             f"{gpn}/node {topology} {over:g}:1")
