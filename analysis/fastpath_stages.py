@@ -165,25 +165,14 @@ def _offload_waits(costs: Costs, stage: Stage, chunk: list[tuple[ParamBlock, int
     stage = stage._replace(fwd=(stage.fwd[0] + fx,), bwd=(stage.bwd[0] + bx,),
                            fwd_s=stage.fwd_s + fx / NS_PER_S, bwd_s=stage.bwd_s + bx / NS_PER_S,
                            runs_bwd=(runs,))
-    if stage.z3_f:  # ZeRO-3 on a MoE model without prefetch: the walk's passes wait as well,
-        # each offloaded layer's compute for its share (the backward's before those layers'
-        # reduce-scatters, as the trace's reloads hold them: at the pass's end, the waits hid
-        # behind the streams' draining — 2.2% fast on a draw of the agreement bench, seed 606)
-        def waited(runs: Z3Runs, blocks: list[tuple[ParamBlock, int]], ns: int) -> Z3Runs:
-            per = ns // k if k else 0
-            each = [run for run, n in runs for _ in range(n)]  # block by block, as ``blocks``
-            kinds = [block for block, n in blocks for _ in range(n)]
-            out: list[tuple[tuple[int, int, int, int, int], int]] = []
-            for (g, e, comp, r, q), block in zip(each, kinds, strict=True):
-                run = (g, e, comp + per if block.offloaded else comp, r, q)
-                if out and out[-1][0] == run:
-                    out[-1] = (run, out[-1][1] + 1)
-                else:
-                    out.append((run, 1))
-            return tuple(out)
-
-        stage = stage._replace(z3_f=(waited(stage.z3_f[0], chunk, fx),),
-                               z3_b=(waited(stage.z3_b[0], chunk[::-1], bx),))
+    if stage.z3_f and k:  # ZeRO-3 on a MoE model without prefetch: the walk's passes wait as
+        # well, each offloaded layer for its share before its compute (the backward's before
+        # those layers' reduce-scatters, as the trace's reloads hold them: at the pass's end,
+        # the waits hid behind the streams' draining — 2.2% fast on a draw of the agreement
+        # bench, seed 606), the collectives in flight running on beside the wait
+        stage = stage._replace(
+            z3_f=(_zero3_runs(costs, chunk, rank, sig, backward=False, wait=fx // k),),
+            z3_b=(_zero3_runs(costs, chunk[::-1], rank, sig, backward=True, wait=bx // k),))
     return stage
 
 
@@ -364,7 +353,7 @@ def _trailing_overlap(costs: Costs, chunk: list[tuple[ParamBlock, int]], rank: i
 
 
 def _zero3_runs(costs: Costs, runs: list[tuple[ParamBlock, int]], rank: int,
-                sig: int, backward: bool) -> Z3Runs:
+                sig: int, backward: bool, wait: int = 0) -> Z3Runs:
     """ZeRO-3 without prefetch on a MoE model: one chunk's pass in the order it runs, each run
     of equal blocks as (dense gather, expert gather, compute, dense reduce-scatter, expert
     reduce-scatter) ns and its count, for the schedule walk's two-stream state
@@ -374,7 +363,9 @@ def _zero3_runs(costs: Costs, runs: list[tuple[ParamBlock, int]], rank: int,
     runs on beside it; nor can one number after the send carry two streams into the next step.
     In backward a block that gathers no experts computes beside the expert reduce-scatter of
     the MoE layer before it, still in flight: replay slows its kernels for that
-    (``_beside_experts``), which the walk's max-plus pass cannot — its compute carries it."""
+    (``_beside_experts``), which the walk's max-plus pass cannot — its compute carries it.
+    ``wait``: what each offloaded layer waits for its copy before its compute (activation
+    offloading, ``_offload_waits``), in its compute too."""
     out: list[tuple[tuple[int, int, int, int, int], int]] = []
     kappa = costs.compute.gpu.comm_interference if backward and costs.moe else 0.0
     clock = [0, 0, 0]  # the pass walked alone: chain, dense stream, expert stream
@@ -382,12 +373,13 @@ def _zero3_runs(costs: Costs, runs: list[tuple[ParamBlock, int]], rank: int,
         g = zero3_axes(costs, block, rank, "ALL_GATHER")
         r = zero3_axes(costs, block, rank, "REDUCE_SCATTER") if backward else (0, 0)
         comp = _compute_ns(costs, block, rank, sig)[1 if backward else 0]
+        held = wait if block.offloaded else 0
         if not kappa:
-            out.append(((g[0], g[1], comp, r[0], r[1]), count))
+            out.append(((g[0], g[1], held + comp, r[0], r[1]), count))
             continue
         share = _compute_ns(costs, block, rank, sig, busy=True)[1] / comp if comp else 0.0
         for _ in range(count):
-            run = (g[0], g[1], comp + _beside_experts(clock, g, comp, r, kappa * share),
+            run = (g[0], g[1], comp + _beside_experts(clock, g, held, comp, r, kappa * share),
                    r[0], r[1])
             if out and out[-1][0] == run:
                 out[-1] = (run, out[-1][1] + 1)
@@ -396,21 +388,25 @@ def _zero3_runs(costs: Costs, runs: list[tuple[ParamBlock, int]], rank: int,
     return tuple(out)
 
 
-def _beside_experts(clock: list[int], g: tuple[int, int], comp: int, r: tuple[int, int],
-                    kappa: float) -> int:
+def _beside_experts(clock: list[int], g: tuple[int, int], held: int, comp: int,
+                    r: tuple[int, int], kappa: float) -> int:
     """One backward block walked on ``clock`` (chain, dense and expert stream ends; updated):
-    how much longer its compute takes for collectives still in flight on the streams it did
-    not wait for — a dense layer's beside the expert reduce-scatter of the MoE layer before it
-    (Llama 4 Maverick's pattern puts one before every dense layer: without it the fast path
-    was 2.3% below replay, agreement bench seed 613). A block that waits for both streams'
-    gathers adds nothing."""
+    how much longer than ``comp`` it takes — ``held`` waiting (for its reload, offloading)
+    before its compute, and its compute slowed for collectives still in flight on the streams
+    it did not wait for — a dense layer's beside the expert reduce-scatter of the MoE layer
+    before it (Llama 4 Maverick's pattern puts one before every dense layer: without it the
+    fast path was 2.3% below replay, agreement bench seed 613). A block that waits for both
+    streams' gathers adds only ``held``; the wait runs down the collectives beside it first
+    (charged on top of it, +3.0% on seed 607 with offloading)."""
     t, fd, fe = clock
     if g[0]:
         t = fd = max(fd, t) + g[0]
     if g[1]:
         t = fe = max(fe, t) + g[1]
+    start = t
+    t += held
     end = round(slowed(t, comp, [x for x in (fd, fe) if x > t], kappa))
-    extra = end - t - comp
+    extra = end - start - comp
     if r[0]:
         fd = max(fd, end) + r[0]
     if r[1]:

@@ -42,6 +42,10 @@ def test_megatron_cores_rules_are_said_with_their_fix() -> None:
         _s(2, pp=2, dp=1)
     with pytest.raises(ConfigError, match=r"does not work with activation recomputation"):
         _s(2, recompute="full")
+    with pytest.raises(ConfigError, match=r"'gpipe' holds all 3 micro-batches' .*use schedule "
+                       r"'1f1b'"):
+        _s(2, schedule="gpipe")  # (pp 1's GPipe runs every forward first; one micro-batch is
+    _s(2, schedule="gpipe", global_batch_size=2)  # the same either way)
     with pytest.raises(ConfigError, match=r"must be below the model's 6 layers.*choose 1-5"):
         generate(MODEL, _s(6), "/nonexistent-never-written", mode="representative", gpus=4)
     bare = _host("dgx-h100", 0.0)

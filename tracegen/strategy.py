@@ -1039,4 +1039,10 @@ def _offload_problems(s: Strategy) -> list[str]:
     if s.split_w or s.overlap_moe_ep_comm:
         out.append("cpu_offload_layers with split weight-gradient passes or combined 1F1B is "
                    "not modelled; use schedule '1f1b' without overlap_moe_ep_comm")
+    if s.cpu_offload_layers and s.schedule == "gpipe" and s.dp and s.micro_batch_size and (
+            s.num_microbatches > 1):
+        out.append(f"cpu_offload_layers with schedule 'gpipe' holds all {s.num_microbatches} "
+                   "micro-batches' activations at once, where Megatron-Core's pp-1 schedule "
+                   "(the one offloading runs under) runs each micro-batch's forward and "
+                   "backward in turn; use schedule '1f1b'")
     return out
