@@ -16,6 +16,7 @@ from analysis.fastpath_stages import (
     compute_busy,
     extend_segments,
     stage_costs,
+    zero3_axes,
 )
 from analysis.pipeline_walk import Opened, Tails
 from replay.compute import RooflineCompute
@@ -358,11 +359,17 @@ class Costs:
                       ) -> tuple[int, int]:
         """(forward, backward) ns that one micro-batch's passes wait for activation offloading's
         copies (``offload_walk.waits``: the trace's rules walked over the chunk's blocks)."""
-        kinds = {b: offload_walk.Block(b.offloaded, *chain_and_stream_ns(self, b, rank, sig),
-                                       self.offload_ns(b) if b.offloaded else 0)
-                 for b, _ in chunk}  # each kind of block costed once
+        kinds = {b: self._walk_block(b, rank, sig) for b, _ in chunk}  # each kind costed once
         return offload_walk.waits([kinds[b] for b, n in chunk for _ in range(n)],
                                   self.compute.gpu.comm_interference)
+
+    def _walk_block(self, block: ParamBlock, rank: int, sig: int) -> offload_walk.Block:
+        """A block as the offload walk steps it (``offload_walk.Block``)."""
+        s = self.s
+        lead = (sum(zero3_axes(self, block, rank, "ALL_GATHER"))
+                if s.zero_stage == 3 and not s.zero3_prefetch else 0)
+        return offload_walk.Block(block.offloaded, *chain_and_stream_ns(self, block, rank, sig),
+                                  self.offload_ns(block) if block.offloaded else 0, lead)
 
     def offload_held(self, blocks: list[ParamBlock], ready: list[int], busy: list[int],
                      rank: int) -> int:
@@ -371,9 +378,7 @@ class Costs:
         streams busy until each of ``busy``) than with the copies alone
         (``offload_walk.gathered_delay``)."""
         sig = self.signature(rank)
-        kinds = {b: offload_walk.Block(b.offloaded, *chain_and_stream_ns(self, b, rank, sig),
-                                       self.offload_ns(b) if b.offloaded else 0)
-                 for b in set(blocks)}  # each kind of block costed once
+        kinds = {b: self._walk_block(b, rank, sig) for b in set(blocks)}  # each costed once
         return offload_walk.gathered_delay([kinds[b] for b in blocks], ready, busy,
                                            self.compute.gpu.comm_interference)
 

@@ -3,7 +3,10 @@ own rules (tracegen/program.py, ``RoleProgram._offload`` and ``backward``), for 
 how much longer the forward and the backward take than without the copies.
 
 * A store follows each offloaded layer's forward on the device-to-host stream, and the forward
-  of the layer after next waits for it (Transformer Engine's double buffer).
+  of the layer after next waits for it (Transformer Engine's double buffer) — its compute
+  does: under ZeRO-3 without prefetch its blocking gathers run first, beside the wait
+  (walked after it, a copy-bound forward was charged a gather a layer: +1.6%, agreement
+  bench seed 607).
 * A layer's reload starts with the backward of the layer above, once its store and the reload
   before it are done; its backward waits for it.
 * Under ZeRO-3 with prefetched gathers, each block's gathers are issued as the block before it
@@ -37,6 +40,9 @@ class Block(NamedTuple):
     gather_ns: tuple[int, int]  # ZeRO-3 with prefetch: its gathers on each stream (dense,
     scatter_ns: tuple[int, int]  # expert), and its gradients' reduce-scatters after its backward
     copy_ns: int  # an offloaded layer's copy to host memory, or back
+    # ZeRO-3 without prefetch: the forward's blocking gathers that open the block (in fwd_ns),
+    # which do not wait for a store — only its compute does
+    lead_ns: int = 0
 
 
 def waits(blocks: list[Block], kappa: float = 0.0) -> tuple[int, int]:
@@ -92,8 +98,9 @@ def _passes(blocks: list[Block], kappa: float, *, copies: bool,
     for k, b in enumerate(blocks):  # forward
         if k + 1 < n:  # the next block's gathers, issued as this one could start
             ready[k + 1] = streams.issue(max(t, ready[k]), blocks[k + 1].gather_ns)
-        start = max(t, ready[k], wait, gates[k] if gates else 0)
-        t = round(slowed(start, b.fwd_ns, [*streams.ends, *busy], kappa))
+        opened = max(t, ready[k], gates[k] if gates else 0) + b.lead_ns
+        start = max(opened, wait)
+        t = round(slowed(start, b.fwd_ns - b.lead_ns, [*streams.ends, *busy], kappa))
         wait = 0
         if copies and b.offloaded:
             wait = d2h  # the store before this one's

@@ -186,6 +186,14 @@ REGRESSIONS = {
         Strategy(tp=8, dp=16, ep=2, micro_batch_size=4, global_batch_size=64, zero_stage=3,
                  precision="fp8", overlap_grad_reduce=False, cpu_offload_layers=2),
         "dgx-b200"),
+    # seed 607: ZeRO-3 without prefetch — a store's wait held the next layer's blocking
+    # gathers too, where only its compute waits (+1.6% without the MoE pattern, +2.3% with)
+    "gathers-beside-stores": (
+        _drawn(8, 5120, 40, 4096, 65536, 2048, num_kv_heads=4, head_dim=128,
+               activation="swiglu", tied_embeddings=True, num_experts=16, experts_per_token=2,
+               moe_ffn_hidden_size=2048, moe_layer_pattern="MD"),
+        Strategy(tp=2, dp=64, micro_batch_size=4, global_batch_size=256, zero_stage=3,
+                 overlap_grad_reduce=False, cpu_offload_layers=6), "dgx-a100-80gb"),
     # seed 611: overlapped gradient reduce-scatters beside a reload-paced backward — their
     # interference charged on top of the waits it runs inside (+3.3%)
     "buckets-beside-reloads": (
