@@ -172,7 +172,7 @@ def _offload_waits(costs: Costs, stage: Stage, chunk: list[tuple[ParamBlock, int
         # bench, seed 606), the collectives in flight running on beside the wait
         stage = stage._replace(
             z3_f=(_zero3_runs(costs, chunk, rank, sig, backward=False, wait=fx // k),),
-            z3_b=(_zero3_runs(costs, chunk[::-1], rank, sig, backward=True, wait=bx // k),))
+            z3_b=(_zero3_runs(costs, chunk[::-1], rank, sig, backward=True, wait=extra),))
     return stage
 
 
