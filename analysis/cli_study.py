@@ -173,12 +173,16 @@ def resilience_cmd(
                                                     "time-to-train plots (PNG).")] = None,
 ) -> None:
     """Goodput and expected time-to-train under failures, per recovery policy."""
-    import numpy as np
 
     from analysis import jsonout
     from analysis import plots as P
-    from analysis import resilience as R
-    from analysis.evaluate import episode_lines, resilience_frame, strategy_dict, summary_dict
+    from analysis.evaluate import (
+        episode_lines,
+        resilience_frame,
+        snapshot_line,
+        strategy_dict,
+        summary_dict,
+    )
     from analysis.mixed import study_fit_hints
     summary, plots = output_file(summary, "--summary"), output_dir(plots, "--plots")
     study = _resolve_study(study_file)
@@ -203,30 +207,27 @@ def resilience_cmd(
         table = Table(title=f"{study.name}: {name} on {s.world_size} GPUs "
                             f"(job MTTF {_duration(mttf_s)})")
         for col in ("policy", "goodput", "days to train", "GPU-hours", "failures",
-                    "ckpt interval min", "ckpt s", "restart s"):
+                    "ckpt interval min", "ckpt s", "persist s", "restart s"):
             table.add_column(col, justify="right")
         for r in frame.iter_rows(named=True):
             table.add_row(r["policy"], f"{r['goodput']:.1%}",
                           f"{r['expected_wall_clock_s'] / 86400:.1f}",
                           f"{r['expected_gpu_hours']:,.0f}", f"{r['expected_failures']:,.0f}",
                           f"{r['checkpoint_interval_s'] / 60:.1f}", f"{r['checkpoint_s']:.1f}",
-                          f"{r['restart_s']:.0f}")
+                          f"{r['persist_s']:.0f}", f"{r['restart_s']:.0f}")
         console.print(table)
         console.print(_resilience_step_line(shapes[name], _capacity_text(study), s))
         for line in episode_lines(frame.row(0, named=True)):
             console.print(line)
+        if (snap := snapshot_line(frame.row(0, named=True))) is not None:
+            console.print(snap)
         if any(r["goodput"] <= 0 for r in frame.iter_rows(named=True)):
             restart_s = min(float(r["restart_s"]) for r in frame.iter_rows(named=True))
             console.print(_no_progress_line(mttf_s, restart_s, s.world_size))
         if plots is not None:
             g = frame.filter(frame["policy"] == "global_restart").row(0, named=True)
-            mttf, delta = g["job_mttf_s"], g["checkpoint_s"]
-            costs = R.RecoveryCosts(checkpoint_s=delta, restart_s=g["restart_s"])
-            curve = R.goodput_vs_interval(c=costs, mttf_s=mttf, intervals_s=np.geomspace(
-                max(delta, 1.0), 20 * mttf, 120))
-            P.goodput_vs_interval(curve, young_s=R.young_interval_s(delta, mttf),
-                                  daly_s=R.daly_interval_s(delta, mttf)).savefig(
-                plots / f"goodput_{_file_safe(name)}.png", dpi=110)
+            P.goodput_of_global_restart(g).savefig(plots / f"goodput_{_file_safe(name)}.png",
+                                                   dpi=110)
             P.time_to_train_by_policy(frame).savefig(
                 plots / f"time_to_train_{_file_safe(name)}.png", dpi=110)
     if summary is not None:

@@ -11,10 +11,12 @@ from typing import Any
 import polars as pl
 
 from analysis import resilience as R
+from analysis.checkpoint_share import CheckpointShare, checkpoint_share
 from analysis.fastpath import FastEstimate, estimate_stages
 from analysis.study import Study
 from replay.hardware import SystemSpec
 from tracegen import ConfigError, Strategy
+from tracegen.units import GiB
 
 
 def tokens_per_step(study: Study, s: Strategy) -> int:
@@ -22,10 +24,14 @@ def tokens_per_step(study: Study, s: Strategy) -> int:
 
 
 def job_shape(study: Study, s: Strategy, fast: FastEstimate,
-              where: Mapping[int, SystemSpec] | None = None) -> R.JobShape:
+              where: Mapping[int, SystemSpec] | None = None,
+              share: CheckpointShare | None = None) -> R.JobShape:
     """The job as the recovery costs see it. ``where``: stages on another system's GPUs (a
     ``[mixed]`` cluster): a checkpoint waits for its slowest writer, so the NIC and the host
-    link are the slower of the systems'; the shrunk replica is costed on the same stages."""
+    link are the slower of the systems'; the shrunk replica is costed on the same stages.
+    ``share``: ``checkpoint_share``'s, where the caller has it."""
+    if share is None:
+        share = checkpoint_share(study.model, s, study.system, where)
     nic = min(x.scaleout.nic_Gbps_per_gpu / 8 * 1e9 * x.scaleout.nic_efficiency
               for x in (study.system, *(where or {}).values()))
     host = min(x.node.host_link_GBps * 1e9 for x in (study.system, *(where or {}).values()))
@@ -33,7 +39,7 @@ def job_shape(study: Study, s: Strategy, fast: FastEstimate,
                       model_parallel=s.tp * s.pp * s.cp, dp=s.dp, nic_bytes_per_s=nic,
                       step_time_s=fast.step_time_s,
                       shrunk_throughput=_shrunk_throughput(study, s, fast, where or {}),
-                      host_bytes_per_s=host)
+                      host_bytes_per_s=host, staged_bytes=share.staged_bytes)
 
 
 def _shrunk_throughput(study: Study, s: Strategy, fast: FastEstimate,
@@ -91,7 +97,8 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate,
     if study.mixed is not None and study.mixed.failure_rate_factor != 1.0:
         failure = dataclasses.replace(failure, rate_per_gpu_hour=failure.rate_per_gpu_hour
                                       * study.mixed.job_rate_factor(s.world_size))
-    job = job_shape(study, s, fast, where)
+    share = checkpoint_share(study.model, s, study.system, where)
+    job = job_shape(study, s, fast, where, share)
     costs = R.recovery_costs(job, study.checkpoint, study.restart, study.policies)
     keep, slow = 1.0, dict[str, float | None]()
     for table in ("fail_slow", "slow_links"):  # independent episodes: their keeps multiply
@@ -105,7 +112,17 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate,
         slow |= cols
     rows = R.policy_rows(failure=failure, gpus=s.world_size, work_s=_work_s(study, s, fast),
                          costs=costs, step_s=fast.step_time_s, progress=keep)
-    return [{**r, **slow} for r in rows]
+    return [{**r, **slow, **_snapshot_columns(study, share)} for r in rows]
+
+
+def _snapshot_columns(study: Study, share: CheckpointShare) -> dict[str, float | None]:
+    """What the checkpoint's copies take: a GPU's, and a host's with what offloading keeps
+    there, against the host's memory (None: a synchronous save keeps no snapshot, or the
+    system gives no host memory)."""
+    snapshot = study.checkpoint.get("mode", R.DEFAULT_CHECKPOINT["mode"]) != "sync"
+    return {"staged_GiB": share.staged_bytes / GiB,
+            "snapshot_host_GiB": share.host_peak_GiB if snapshot else None,
+            "host_memory_GiB": share.host_capacity_GiB or None}
 
 
 def _episodes(study: Study, s: Strategy, failure: R.FailureModel, table: str,
@@ -169,6 +186,18 @@ def _stage_weights(study: Study, s: Strategy, table: str,
     return [other if j in where else 1.0 for j in range(s.pp)]
 
 
+def snapshot_line(row: dict[str, Any]) -> str | None:
+    """Where an async or in-memory checkpoint's copies do not fit in a host's memory (beside
+    what offloading keeps there), the sentence that says so and what to change; else None."""
+    peak, cap = row.get("snapshot_host_GiB"), row.get("host_memory_GiB")
+    if peak is None or not cap or peak <= cap:
+        return None
+    return (f"checkpoint snapshots overfill a host: each GPU copies {row['staged_GiB']:,.1f} GiB "
+            f"of the checkpoint to host memory, {peak:,.0f} GiB a host with what offloading "
+            f"keeps there, against its {cap:,.0f} GiB — shard the optimizer state (zero_stage) "
+            "or spread the model over more GPUs, or checkpoint with mode = \"sync\"")
+
+
 def episode_lines(row: dict[str, Any]) -> list[str]:
     """What a resilience row's slow-GPU and slow-NIC episodes cost, a sentence each (the CLI
     prints them under a strategy's table)."""
@@ -202,7 +231,8 @@ def summary_dict(frame: pl.DataFrame) -> dict[str, Any]:
     """Per policy, what ``--summary`` writes (with a study's [fail_slow], [slow_links] or
     [site_links], what they cost too)."""
     keys = ("goodput", "expected_wall_clock_s", "checkpoint_interval_s", "expected_failures",
-            "expected_gpu_hours", "job_mttf_s", "checkpoint_s", "restart_s",
+            "expected_gpu_hours", "job_mttf_s", "checkpoint_s", "restart_s", "persist_s",
+            "staged_GiB", "snapshot_host_GiB", "host_memory_GiB",
             *(c for c in frame.columns
               if c.startswith(("fail_slow_", "slow_links_", "site_links_"))))
     return {row["policy"]: {k: row[k] for k in keys} for row in frame.iter_rows(named=True)}

@@ -100,13 +100,17 @@ def error_trend(frame: pl.DataFrame, x: str, *, by: str = "gpu", band: float = 0
 
 
 def goodput_vs_interval(curve: pl.DataFrame, *, young_s: float, daly_s: float,
-                        title: str = "") -> Figure:
-    """ETTR against the checkpoint interval, with Young's and Daly's optima marked."""
+                        title: str = "", persist_s: float = 0.0) -> Figure:
+    """ETTR against the checkpoint interval, with Young's and Daly's optima marked, and the
+    intervals shorter than a checkpoint takes to persist shaded (none is taken that often)."""
     fig, ax = _figure(6.4, 4.2)
     x = curve["checkpoint_interval_s"].to_numpy() / 60
     ax.plot(x, curve["goodput"].to_numpy() * 100, color="tab:blue")
     for t, label, style in ((young_s, "Young", ":"), (daly_s, "Daly", "--")):
         ax.axvline(t / 60, color="tab:red", ls=style, label=f"{label} optimum ({t / 60:.1f} min)")
+    if persist_s > 0:
+        ax.axvspan(min(young_s, daly_s, persist_s) / 120, persist_s / 60, color="0.85",
+                   label=f"shorter than a checkpoint persists ({persist_s / 60:.1f} min)")
     ax.set_xscale("log")
     _finish(ax, xlabel="checkpoint interval (min)", ylabel="effective training time ratio (%)",
             title=title or "Goodput vs checkpoint interval (global restart)")
@@ -561,3 +565,17 @@ def scaling(frame: pl.DataFrame, *, title: str = "") -> Figure:
             title="cost (labels: scaling efficiency)"
             + (f"; {missing} count(s) with no strategy that fits" if missing else ""))
     return fig
+
+
+def goodput_of_global_restart(row: dict[str, float]) -> Figure:
+    """``goodput_vs_interval`` of a resilience row of the global-restart policy (``trainsim
+    resilience --plots`` and the report draw the same)."""
+    from analysis import resilience as R  # (it imports nothing of analysis; kept local)
+
+    mttf, delta = row["job_mttf_s"], max(row["checkpoint_s"], 1e-3)
+    persist = float(row.get("persist_s") or 0.0)  # (results written before it: none)
+    costs = R.RecoveryCosts(checkpoint_s=delta, restart_s=row["restart_s"], persist_s=persist)
+    curve = R.goodput_vs_interval(c=costs, mttf_s=mttf, intervals_s=np.geomspace(
+        max(delta, persist, 1.0), 20 * mttf, 120))
+    return goodput_vs_interval(curve, young_s=R.young_interval_s(delta, mttf),
+                               daly_s=R.daly_interval_s(delta, mttf), persist_s=persist)

@@ -10,12 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
 
 from analysis import plots as P
-from analysis import resilience as R
 from tracegen import TrainsimError, __version__
 
 COLUMNS = [("rank", "#", False), ("strategy", "strategy", True), ("status", "status", True),
@@ -216,14 +214,8 @@ def _figures(results: pl.DataFrame, src: Path) -> list[dict[str, Any]]:
     if rpath.is_file():
         frame = read_table(rpath, RESILIENCE_COLUMNS_READ)
         g = frame.filter(pl.col("policy") == "global_restart").row(0, named=True)
-        mttf, delta = g["job_mttf_s"], max(g["checkpoint_s"], 1e-3)
-        curve = R.goodput_vs_interval(c=R.RecoveryCosts(checkpoint_s=delta,
-                                                        restart_s=g["restart_s"]),
-                                      mttf_s=mttf,
-                                      intervals_s=np.geomspace(max(delta, 1.0), 20 * mttf, 100))
         figs.append(("goodput", "Goodput vs checkpoint interval",
-                     P.goodput_vs_interval(curve, young_s=R.young_interval_s(delta, mttf),
-                                           daly_s=R.daly_interval_s(delta, mttf)),
+                     P.goodput_of_global_restart(g),
                      "Global restart from storage; Young's and Daly's optima marked."))
         figs.append(("policies", "Time to train by recovery policy",
                      P.time_to_train_by_policy(frame),

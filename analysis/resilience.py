@@ -95,6 +95,9 @@ class RecoveryCosts:
     replicas: int = 1  # data-parallel replicas (units of replica-local recovery)
     degraded_throughput: float = 1.0  # elastic shrink: throughput fraction while shrunk
     repair_s: float = 0.0  # elastic shrink: time until the lost GPUs are back
+    # after its blocking part, until a restart can load the checkpoint (W): an async one's
+    # background write to storage, an in-memory one's copy to a peer's host
+    persist_s: float = 0.0
 
 
 def young_interval_s(checkpoint_s: float, mttf_s: float) -> float:
@@ -123,8 +126,17 @@ def expected_wall_s(work_s: float, interval_s: float, checkpoint_s: float, resta
 
 
 def ettr_checkpoint_restart(interval_s: float, checkpoint_s: float, restart_s: float,
-                            mttf_s: float) -> float:
-    return interval_s / expected_wall_s(interval_s, interval_s, checkpoint_s, restart_s, mttf_s)
+                            mttf_s: float, persist_s: float = 0.0) -> float:
+    """ETTR of checkpoint/restart; ``persist_s`` (W ≤ τ + δ): a checkpoint can be restarted
+    from only W after it is taken, so a failure in the next segment's first W rolls back one
+    segment more. With exponential failures that is Daly's form with R + W in place of R,
+    exactly in the long run: from either state (the last checkpoint durable or not) an attempt
+    at a segment takes (1 − p)·e^{R/M}·M on average (p = e^{−(τ+δ)/M} its survival), the
+    last attempt succeeded with probability p, and a success gains one segment where a failure
+    in the window (probability 1 − e^{−W/M}) loses one: net progress p·e^{−W/M} an attempt,
+    so a segment costs M·e^{(R+W)/M}·(e^{(τ+δ)/M} − 1) (``monte_carlo_wall_s`` agrees)."""
+    return interval_s / expected_wall_s(interval_s, interval_s, checkpoint_s,
+                                        restart_s + persist_s, mttf_s)
 
 
 def ettr_replica_local(c: RecoveryCosts, mttf_s: float) -> float:
@@ -146,9 +158,16 @@ MAX_SURVIVAL_EXPONENT = 30.0
 
 def monte_carlo_wall_s(work_s: float, interval_s: float, checkpoint_s: float, restart_s: float,
                        mttf_s: float, *, runs: int = 200, seed: int = 0,
-                       weibull_shape: float = 1.0) -> np.ndarray:
+                       weibull_shape: float = 1.0, persist_s: float = 0.0) -> np.ndarray:
     """Wall time of ``runs`` simulated executions of the checkpoint/restart process. Failures are
-    a renewal process (exponential, or Weibull with the same mean) and can strike restarts."""
+    a renewal process (exponential, or Weibull with the same mean) and can strike restarts.
+    ``persist_s`` (at most a segment): a checkpoint becomes loadable that long after it is
+    taken; a failure before then resumes from the one before (the checkpoint a restart loaded
+    is loadable at once)."""
+    if persist_s > interval_s + checkpoint_s:
+        raise ConfigError(f"a checkpoint that persists for {persist_s:,.0f} s is taken every "
+                          f"{interval_s + checkpoint_s:,.0f} s: the interval must be at least "
+                          "the persist time", what="monte carlo")
     rng = np.random.default_rng(seed)
     scale = mttf_s / math.gamma(1 + 1 / weibull_shape)
     out = np.empty(runs)
@@ -162,15 +181,16 @@ def monte_carlo_wall_s(work_s: float, interval_s: float, checkpoint_s: float, re
                           what="monte carlo")
     n_segments = math.ceil(work_s / interval_s)
     for i in range(runs):
-        t = 0.0
-        for _ in range(n_segments):
-            while True:
-                ttf = scale * rng.weibull(weibull_shape)
-                if ttf >= segment:
-                    t += segment
-                    break
-                t += ttf
-                t += _restart(rng, restart_s, scale, weibull_shape)
+        t, done, loaded = 0.0, 0, True  # (the last checkpoint loadable: at the start, a restart)
+        while done < n_segments:
+            ttf = scale * rng.weibull(weibull_shape)
+            if ttf >= segment:
+                t, done, loaded = t + segment, done + 1, False
+                continue
+            if not loaded and ttf < persist_s:
+                done -= 1  # the checkpoint just taken was not yet written: one more lost
+            t += ttf + _restart(rng, restart_s, scale, weibull_shape)
+            loaded = True
         out[i] = t
     return out
 
@@ -227,16 +247,19 @@ def policy_rows(*, failure: FailureModel, gpus: int, work_s: float,
                               f"{', '.join(POLICIES)}", what="resilience study")
         tau = interval_s or (daly_interval_s(c.checkpoint_s, mttf) if c.checkpoint_s > 0
                              else 0.0)
+        # storage takes a checkpoint no faster than it writes one: the next waits for the last
+        # (and ETTR is unimodal in τ, so the floor is the optimum where Daly's falls below it)
+        tau = max(tau, c.persist_s)
         if step_s:
             tau = whole_steps_interval_s(tau, step_s, functools.partial(
-                _ettr, policy, c, mttf))
+                _ettr, policy, c, mttf), at_least_s=c.persist_s)
         ettr = _ettr(policy, c, mttf, tau) * progress
         wall = work_s / ettr if ettr > 0 else math.inf
         rows.append({"policy": policy, "goodput": ettr, "expected_wall_clock_s": wall,
                      "expected_gpu_hours": wall * gpus / HOUR_S,
                      "expected_failures": wall / mttf, "checkpoint_interval_s": tau,
                      "job_mttf_s": mttf, "checkpoint_s": c.checkpoint_s,
-                     "restart_s": c.restart_s})
+                     "restart_s": c.restart_s, "persist_s": c.persist_s})
     return rows
 
 
@@ -248,28 +271,32 @@ def _ettr(policy: str, c: RecoveryCosts, mttf: float, tau: float) -> float:
             ettr *= tau / (tau + c.checkpoint_s)
         return ettr
     if tau > 0:
-        return ettr_checkpoint_restart(tau, c.checkpoint_s, c.restart_s, mttf)
+        return ettr_checkpoint_restart(tau, c.checkpoint_s, c.restart_s, mttf, c.persist_s)
     return math.exp(-c.restart_s / mttf)  # free, continuous checkpoints: only the restart lost
 
 
 def whole_steps_interval_s(interval_s: float, step_s: float,
-                           ettr_of: Callable[[float], float]) -> float:
+                           ettr_of: Callable[[float], float], at_least_s: float = 0.0) -> float:
     """A checkpoint is taken between steps: the interval is a whole number of steps, at least
     one — of the two multiples around ``interval_s`` (Daly's optimum, a continuous quantity),
     the one with the better goodput. With steps long against the MTTF this decides: Daly's τ
-    below one step is no schedule a trainer can run (a 0.0-minute interval had been shown)."""
+    below one step is no schedule a trainer can run (a 0.0-minute interval had been shown).
+    ``at_least_s``: no fewer steps than cover it (the time a checkpoint takes to persist)."""
     k = interval_s / step_s
-    steps = {max(1, math.floor(k)), max(1, math.ceil(k))}
+    least = max(1, math.ceil(at_least_s / step_s * (1 - 1e-12)))
+    steps = {max(least, math.floor(k)), max(least, math.ceil(k))}
     return max((n * step_s for n in sorted(steps)), key=ettr_of)
 
 
 def goodput_vs_interval(*, c: RecoveryCosts, mttf_s: float, intervals_s: np.ndarray
                         ) -> pl.DataFrame:
-    """ETTR of checkpoint/restart as a function of the interval (for the plot)."""
+    """ETTR of checkpoint/restart as a function of the interval (for the plot), at the
+    intervals no shorter than a checkpoint takes to persist (none is taken more often)."""
+    kept = intervals_s[intervals_s >= c.persist_s]
     return pl.DataFrame({
-        "checkpoint_interval_s": intervals_s,
-        "goodput": [ettr_checkpoint_restart(t, c.checkpoint_s, c.restart_s, mttf_s)
-                    for t in intervals_s]})
+        "checkpoint_interval_s": kept,
+        "goodput": [ettr_checkpoint_restart(t, c.checkpoint_s, c.restart_s, mttf_s, c.persist_s)
+                    for t in kept]})
 
 
 def checkpoint_bytes(params: int) -> int:
@@ -334,6 +361,9 @@ class JobShape:
     shrunk_throughput: float  # tokens/s after losing one data-parallel replica, relative
     # a GPU's copy to host memory (the system's ``host_link_GBps``; 0: not given)
     host_bytes_per_s: float = 0.0
+    # the most one GPU holds of the checkpoint, what it copies to host memory
+    # (``analysis.checkpoint_share``); 0: one data-parallel replica's share, size / model_parallel
+    staged_bytes: float = 0.0
 
 
 # host_copy_GBps 0: a GPU's host link as its system gives it (``NodeSpec.host_link_GBps``:
@@ -416,7 +446,7 @@ def recovery_costs(job: JobShape, checkpoint: dict[str, object], restart: dict[s
     given = recovery_inputs(checkpoint, restart, policies)
     rs, pol, mode = given.restart, given.policies, given.mode
     size = checkpoint_bytes(job.params)
-    shard = size / job.model_parallel  # one data-parallel replica writes, each GPU its shard
+    shard = job.staged_bytes or size / job.model_parallel  # what a GPU copies, and loads
     storage = given.storage_Bps
     host = given.host_Bps or job.host_bytes_per_s or FALLBACK_HOST_COPY_GBPS * 1e9
     delta = {"sync": size / storage, "async": shard / host, "in_memory": shard / host}[mode]
@@ -424,19 +454,26 @@ def recovery_costs(job: JobShape, checkpoint: dict[str, object], restart: dict[s
     base = rs["scheduling_s"] + init + rs["warmup_s"]
     load_storage = size / storage
     load_peer = shard / job.nic_bytes_per_s
+    # W: a synchronous save has written when the step resumes; an async one writes the whole
+    # checkpoint in the background at the storage's aggregate rate; one kept in memory is safe
+    # once a peer host holds its copy (Gemini, Wang et al. SOSP 2023: replicas in other
+    # machines' CPU memory)
+    persist = {"sync": 0.0, "async": size / storage, "in_memory": load_peer}[mode]
     costs = {
-        "global_restart": RecoveryCosts(checkpoint_s=delta, restart_s=base + load_storage),
-        "in_memory": RecoveryCosts(checkpoint_s=shard / host, restart_s=base + load_peer),
+        "global_restart": RecoveryCosts(checkpoint_s=delta, restart_s=base + load_storage,
+                                        persist_s=persist),
+        "in_memory": RecoveryCosts(checkpoint_s=shard / host, restart_s=base + load_peer,
+                                   persist_s=load_peer),
         "hot_spares": RecoveryCosts(
             checkpoint_s=delta, restart_s=rs["spare_swap_s"] + init + rs["warmup_s"]
-            + load_storage),
+            + load_storage, persist_s=persist),
         "replica_local": RecoveryCosts(
             checkpoint_s=delta, restart_s=base + load_peer,
-            stall_s=pol["replica_local"]["stall_s"], replicas=job.dp),
+            stall_s=pol["replica_local"]["stall_s"], replicas=job.dp, persist_s=persist),
         "elastic_shrink": RecoveryCosts(
             checkpoint_s=delta, restart_s=base + load_peer,
             stall_s=pol["elastic_shrink"]["stall_s"],
             repair_s=pol["elastic_shrink"]["repair_s"],
-            degraded_throughput=job.shrunk_throughput),
+            degraded_throughput=job.shrunk_throughput, persist_s=persist),
     }
     return costs

@@ -35,7 +35,8 @@
     [checkpoint]                    # storage and checkpoint mode
     mode = "async"                  # sync | async | in_memory
     storage_GBps = 200.0            # aggregate storage write/read bandwidth (10^9 B/s)
-    host_copy_GBps = 25.0           # per GPU, device → host snapshot (async)
+    host_copy_GBps = 55.0           # per GPU, device → host snapshot (async, in_memory);
+                                    # left out: the system's host link (host_link_GBps)
 
     [restart]                       # seconds
     scheduling_s = 300.0

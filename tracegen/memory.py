@@ -519,6 +519,24 @@ def _sharded_bytes(s: Strategy, dense: int, expert: int, per_param: int) -> int:
     return out
 
 
+def checkpoint_held_bytes(s: Strategy, params_local: int, expert_params: int = 0
+                          ) -> tuple[int, int]:
+    """What one rank holds of a checkpoint (``WEIGHT_BYTES`` + ``OPTIM_BYTES`` a parameter:
+    the 16-bit weights, the fp32 master weights and Adam's two moments; Rajbhandari et al.
+    2020 §3), as (on the GPU, in host memory): each part sharded as the strategy keeps it —
+    the weights over the data-parallel group only under ZeRO-3, the fp32 state under ZeRO ≥ 1
+    (Megatron's distributed optimizer, FSDP; experts over their own group,
+    ``_sharded_bytes``) — and the offloaded optimizer share's state already in host memory.
+    ``params_local``: the rank's stage's parameters before sharding."""
+    dense = params_local - expert_params
+    weights = (_sharded_bytes(s, dense, expert_params, WEIGHT_BYTES) if s.zero_stage >= 3
+               else params_local * WEIGHT_BYTES)
+    state = (_sharded_bytes(s, dense, expert_params, OPTIM_BYTES) if s.zero_stage
+             else params_local * OPTIM_BYTES)
+    on_host = round(state * s.optimizer_offload_fraction)
+    return weights + state - on_host, on_host
+
+
 def unit_params(m: ModelSpec, s: Strategy, stage: int) -> int:
     """Parameters on one rank of the largest weight ZeRO-3 gathers whole on ``stage``: the QKV,
     output, or (fused) MLP projection — a MoE layer's local experts together — or the embedding /

@@ -1,0 +1,182 @@
+"""A checkpoint as the ranks hold it, how long one takes to persist, and where its snapshots
+live: closed forms of the per-rank share, its conservation over the ranks, the persist window
+against a Monte Carlo of the same process, and the interval floor it sets."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analysis import resilience as R
+from analysis.checkpoint_share import checkpoint_share
+from analysis.evaluate import resilience_frame, snapshot_line
+from analysis.study import study_from_dict
+from replay.hardware import resolve_system
+from tracegen import Strategy, memory
+from tracegen.catalog import resolve_model
+from tracegen.program import RoleProgram
+
+CKPT = memory.WEIGHT_BYTES + memory.OPTIM_BYTES  # 14 bytes a parameter (resilience's)
+
+
+@pytest.mark.parametrize(("zero", "offload"),  # (optimizer offloading needs ZeRO 1/2)
+                         [(0, 0.0), (1, 0.0), (2, 0.0), (3, 0.0), (1, 0.5), (2, 0.5)])
+def test_a_ranks_share_is_its_weights_and_state_as_the_strategy_shards_them(
+        zero: int, offload: float) -> None:
+    """Weights (2 bytes) over the data-parallel group only under ZeRO-3; the fp32 master and
+    moments (12) under ZeRO ≥ 1; the offloaded optimizer share's state is in host memory."""
+    s = Strategy(tp=2, pp=2, dp=8, micro_batch_size=1, global_batch_size=64, zero_stage=zero,
+                 optimizer_offload_fraction=offload)
+    p = 1_000_003
+    on_gpu, on_host = memory.checkpoint_held_bytes(s, p)
+    weights = -(-2 * p // 8) if zero == 3 else 2 * p
+    state = -(-12 * p // 8) if zero else 12 * p
+    assert on_host == round(state * offload)
+    assert on_gpu + on_host == weights + state
+
+
+def _world_sum(model_name: str, s: Strategy) -> int:
+    m = resolve_model(model_name)
+    ranks_per_stage = s.world_size // s.pp
+    return sum(ranks_per_stage * sum(memory.checkpoint_held_bytes(
+        s, sum(h.values()), h["edp"])) for h in (
+        RoleProgram(m, s, stage).stage_params() for stage in range(s.pp)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]),
+       dp=st.sampled_from([2, 4, 8]))
+def test_fully_sharded_shares_add_up_to_the_checkpoint(tp: int, pp: int, dp: int) -> None:
+    """Under ZeRO-3 every byte of the checkpoint is held once: the ranks' shares add up to
+    14 bytes a parameter, up to the rounding of each shard (a byte or so a rank and tensor)."""
+    s = Strategy(tp=tp, pp=pp, dp=dp, micro_batch_size=1, global_batch_size=8 * dp,
+                 zero_stage=3)
+    params = resolve_model("llama3-8b").num_params()
+    assert 0 <= _world_sum("llama3-8b", s) - CKPT * params <= 2 * s.world_size
+
+
+@settings(max_examples=15, deadline=None)
+@given(ep=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2]))
+def test_expert_shards_add_up_too(ep: int, pp: int) -> None:
+    """Experts shard over their own data-parallel group (dp / ep ranks): still each byte once."""
+    s = Strategy(tp=1, pp=pp, dp=8, ep=ep, micro_batch_size=1, global_batch_size=64,
+                 zero_stage=3)
+    params = resolve_model("mixtral-8x7b").num_params()
+    assert 0 <= _world_sum("mixtral-8x7b", s) - CKPT * params <= 4 * s.world_size
+
+
+def test_a_checkpoint_waits_for_the_busiest_stage() -> None:
+    """The staged share is the most any rank holds: Llama 3 405B's embedding stage under ZeRO-1
+    (weights replicated over dp, the fp32 state sharded)."""
+    m = resolve_model("llama3.1-405b")
+    s = Strategy(tp=8, pp=14, dp=8, micro_batch_size=1, global_batch_size=64, zero_stage=1)
+    share = checkpoint_share(m, s, resolve_system("dgx-h100"))
+    per_stage = [RoleProgram(m, s, x).stage_params()["dp"] for x in range(s.pp)]
+    assert share.staged_bytes == 2 * max(per_stage) + -(-12 * max(per_stage) // 8)
+    # a host's eight GPUs are all of one stage here: eight copies of that stage's share
+    assert share.host_peak_GiB * 2**30 == pytest.approx(8 * share.staged_bytes)
+    assert share.host_capacity_GiB == 2048 and not share.overfills_host
+
+
+# ---- the persist window -------------------------------------------------------------------
+
+@pytest.mark.parametrize(("mttf", "delta", "restart", "persist", "tau"), [
+    (3600, 5, 300, 200, 400), (1800, 1, 120, 600, 600), (7200, 30, 600, 50, 900)])
+def test_the_persist_window_is_dalys_form_with_it_added_to_the_restart(
+        mttf: float, delta: float, restart: float, persist: float, tau: float) -> None:
+    """A failure in the first W after a checkpoint rolls back one segment more: the closed
+    form (R + W in Daly's) against the simulated process."""
+    work = 60 * tau
+    closed = tau / R.ettr_checkpoint_restart(tau, delta, restart, mttf, persist) * 60
+    runs = 400
+    sims = R.monte_carlo_wall_s(work, tau, delta, restart, mttf, runs=runs, seed=11,
+                                persist_s=persist)
+    se = sims.std(ddof=1) / math.sqrt(runs)
+    assert abs(sims.mean() - closed) < 4 * se, (sims.mean(), closed, se)
+    without = R.monte_carlo_wall_s(work, tau, delta, restart, mttf, runs=runs, seed=11)
+    assert sims.mean() > without.mean()  # the window costs something
+
+
+def test_the_monte_carlo_refuses_a_window_longer_than_a_segment() -> None:
+    with pytest.raises(R.ConfigError, match="at least the persist time"):
+        R.monte_carlo_wall_s(1000, 100, 1, 10, 3600, persist_s=500)
+
+
+@settings(max_examples=60, deadline=None)
+@given(delta=st.floats(0.01, 60), persist=st.floats(0.0, 5000), step=st.floats(0.5, 120),
+       mttf_h=st.floats(0.5, 100))
+def test_no_checkpoint_is_taken_before_the_last_has_persisted(
+        delta: float, persist: float, step: float, mttf_h: float) -> None:
+    """The interval is whole steps and at least the persist time — Daly's optimum where that
+    allows it, the fewest steps that cover the persist time where it does not."""
+    f = R.FailureModel(name="x", rate_per_gpu_hour=1 / (mttf_h * 1024))
+    costs = {"global_restart": R.RecoveryCosts(checkpoint_s=delta, restart_s=300.0,
+                                               persist_s=persist)}
+    (row,) = R.policy_rows(failure=f, gpus=1024, work_s=1e6, costs=costs, step_s=step)
+    tau = row["checkpoint_interval_s"]
+    n = tau / step
+    assert n == pytest.approx(round(n), abs=1e-6) and round(n) >= 1
+    assert tau >= persist * (1 - 1e-9)
+    if persist > R.daly_interval_s(delta, mttf_h * 3600) + step:
+        assert tau < persist + step  # the floor, rounded up to a step
+    assert row["persist_s"] == persist
+
+
+def _study(**checkpoint: object) -> dict:
+    return {"model": "llama3.1-405b", "system": "dgx-h100", "gpus": 16384,
+            "global_batch_size": 2048, "tokens": 15.6e12,
+            "strategies": [{"tp": 8, "pp": 16, "vpp": 8, "schedule": "interleaved_1f1b",
+                            "micro_batch_size": 1, "sequence_parallel": True,
+                            "zero_stage": 1, "account_for_embedding_in_pipeline_split": True,
+                            "account_for_loss_in_pipeline_split": True}],
+            "failures": {"preset": "llama3-16k-h100"}, "checkpoint": checkpoint}
+
+
+def test_slow_storage_sets_the_interval_and_the_rollback() -> None:
+    """Llama 3 405B on 16,384 H100s: its 5.67 TB checkpoint written at 5 GB/s takes 19 min
+    to persist, longer than Daly's interval for a 0.1 s blocking copy; every storage policy
+    then checkpoints no more often, and a failure loses that window more (R + W), while the
+    in-memory policy, whose copy is safe once on a peer, keeps Daly's interval."""
+    study = study_from_dict(_study(mode="async", storage_GBps=5.0))
+    frame = resilience_frame(study, study.strategies[0])
+    rows = {r["policy"]: r for r in frame.iter_rows(named=True)}
+    size = R.checkpoint_bytes(study.model.num_params())
+    g = rows["global_restart"]
+    assert g["persist_s"] == pytest.approx(size / 5e9)
+    assert g["checkpoint_interval_s"] >= g["persist_s"] > 10 * R.daly_interval_s(
+        g["checkpoint_s"], g["job_mttf_s"])
+    assert g["goodput"] == pytest.approx(R.ettr_checkpoint_restart(
+        g["checkpoint_interval_s"], g["checkpoint_s"], g["restart_s"], g["job_mttf_s"],
+        g["persist_s"]))
+    mem = rows["in_memory"]
+    assert mem["persist_s"] < 60 and mem["checkpoint_interval_s"] < g["persist_s"]
+    fast = {r["policy"]: r for r in resilience_frame(
+        study_from_dict(_study(mode="async", storage_GBps=2000.0)),
+        study.strategies[0]).iter_rows(named=True)}
+    assert fast["global_restart"]["goodput"] > g["goodput"]
+    # a synchronous save has persisted when training resumes
+    sync = resilience_frame(study_from_dict(_study(mode="sync", storage_GBps=5.0)),
+                            study.strategies[0])
+    assert sync.filter(sync["policy"] == "global_restart")["persist_s"][0] == 0
+
+
+def test_snapshots_that_overfill_a_host_are_said_with_the_fix() -> None:
+    """Async snapshots sit in pinned host memory: eight GPUs' shares of Llama 3.1 405B at
+    tp 8 × pp 9 with ZeRO-0 (over 79 GB a GPU, 630 GB a host) overfill a host of 512 GiB."""
+    study = study_from_dict({**_study(mode="async"), "gpus": 72, "global_batch_size": 72,
+                             "strategies": [{"tp": 8, "pp": 9, "micro_batch_size": 1}]})
+    small = resolve_system("dgx-h100")
+    small = dataclasses.replace(small, node=dataclasses.replace(small.node,
+                                                                host_memory_GiB=512))
+    row = resilience_frame(dataclasses.replace(study, system=small),
+                           study.strategies[0]).row(0, named=True)
+    assert row["staged_GiB"] * 8 == pytest.approx(row["snapshot_host_GiB"])
+    assert row["snapshot_host_GiB"] > 512 == row["host_memory_GiB"]
+    line = snapshot_line(row)
+    assert line is not None and "overfill a host" in line and "zero_stage" in line
+    big = resilience_frame(study, study.strategies[0]).row(0, named=True)
+    assert big["host_memory_GiB"] == 2048 and snapshot_line(big) is None
