@@ -222,8 +222,7 @@ def resilience_cmd(
         if (snap := snapshot_line(frame.row(0, named=True))) is not None:
             console.print(snap)
         if any(r["goodput"] <= 0 for r in frame.iter_rows(named=True)):
-            restart_s = min(float(r["restart_s"]) for r in frame.iter_rows(named=True))
-            console.print(_no_progress_line(mttf_s, restart_s, s.world_size))
+            console.print(_no_progress_line(mttf_s, frame.to_dicts(), s.world_size))
         if plots is not None:
             g = frame.filter(frame["policy"] == "global_restart").row(0, named=True)
             P.goodput_of_global_restart(g).savefig(plots / f"goodput_{_file_safe(name)}.png",
@@ -261,17 +260,26 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.3g} s"
 
 
-def _no_progress_line(mttf_s: float, restart_s: float, gpus: int) -> str:
-    """Why a policy's goodput is 0: the job fails before it recovers. A rate per GPU-hour in
-    the thousands of times published ones is usually one in another unit (per job, per day)."""
+def _no_progress_line(mttf_s: float, rows: list[dict[str, Any]], gpus: int) -> str:
+    """Why a policy's goodput is 0: the job fails before it recovers — the restart and the
+    work a failure rolls back past a checkpoint still persisting. A rate per GPU-hour in the
+    thousands of times published ones is usually one in another unit (per job, per day); a
+    recovery longer than the MTTF by itself points at the storage or the restart tables."""
     from analysis.resilience import FAILURE_PRESETS, HOUR_S
 
+    stuck = [r for r in rows if r["goodput"] <= 0]
+    recover = min(float(r["restart_s"]) + float(r.get("persist_s") or 0.0) for r in stuck)
     rate = HOUR_S / (mttf_s * gpus)
     known = ", ".join(f"{f.name} {f.rate_per_gpu_hour:.2g}" for f in FAILURE_PRESETS.values())
-    return (f"[bold red]no progress[/] under a policy with goodput 0%: the job fails every "
-            f"{_duration(mttf_s)} on average ({rate:.3g} failures per GPU-hour × {gpus:,} "
-            f"GPUs), against {restart_s:.0f} s or more to recover. rate_per_gpu_hour is per "
-            f"GPU and hour; the presets' rates: {known}")
+    why = (" — more than the MTTF by itself: a restart's checkpoint load and a checkpoint's "
+           "persist time run at \\[checkpoint] storage_GBps, the rest is \\[restart]'s"
+           if recover > mttf_s and rate <= 100 * max(
+               f.rate_per_gpu_hour for f in FAILURE_PRESETS.values())
+           else f". rate_per_gpu_hour is per GPU and hour; the presets' rates: {known}")
+    return (f"[bold red]no progress[/] under {', '.join(r['policy'] for r in stuck)} "
+            f"(goodput 0%): the job fails every {_duration(mttf_s)} on average ({rate:.3g} "
+            f"failures per GPU-hour × {gpus:,} GPUs), against {_duration(recover)} or more "
+            f"to recover and redo what a failure rolls back{why}")
 
 
 def _capacity_text(study: Any) -> str:

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -180,3 +184,21 @@ def test_snapshots_that_overfill_a_host_are_said_with_the_fix() -> None:
     assert line is not None and "overfill a host" in line and "zero_stage" in line
     big = resilience_frame(study, study.strategies[0]).row(0, named=True)
     assert big["host_memory_GiB"] == 2048 and snapshot_line(big) is None
+
+
+def test_storage_too_slow_to_ever_recover_is_named_not_the_failure_rate(
+        tmp_path: Path) -> None:
+    """At 1 MB/s a restart loads the 405B checkpoint for two months: the policies that load
+    from storage make no progress, and the line says the storage, not only the rate's unit
+    (it had named the in-memory policy's 469 s restart as the recovery to beat)."""
+    study = (Path(__file__).resolve().parent.parent / "analysis" / "studies" /
+             "llama3-405b-failures.toml").read_text()
+    f = tmp_path / "slow.toml"
+    f.write_text(study.replace("storage_GBps = 2000.0", "storage_GBps = 0.001"))
+    r = subprocess.run([sys.executable, "-m", "analysis.cli", "resilience", str(f)],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "COLUMNS": "300"})
+    assert r.returncode == 0, r.stderr
+    words = " ".join(r.stdout.split())
+    assert "no progress under global_restart, hot_spares (goodput 0%)" in words
+    assert "more than the MTTF by itself" in words and "[checkpoint] storage_GBps" in words
