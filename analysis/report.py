@@ -145,11 +145,17 @@ def _context(results: pl.DataFrame, meta: dict[str, Any], figures: list[dict[str
             res_rows.append({"policy": r["policy"], "goodput": f"{r['goodput']:.1%}",
                              "days": f"{r['expected_wall_clock_s'] / 86400:.1f}",
                              "failures": f"{r['expected_failures']:,.0f}",
-                             "interval": f"{r['checkpoint_interval_s'] / 60:.1f}"})
-        if res_rows:  # the study's [fail_slow] and [slow_links] episodes, in those goodputs
-            from analysis.evaluate import episode_sentences
+                             "interval": f"{r['checkpoint_interval_s'] / 60:.1f}",
+                             # (results written before it: not given)
+                             "persist": (f"{r['persist_s']:,.0f}" if r.get("persist_s")
+                                         is not None else "–")})
+        if res_rows:  # the study's [fail_slow] and [slow_links] episodes, in those goodputs,
+            # and checkpoint snapshots that overfill a host
+            from analysis.evaluate import episode_sentences, snapshot_line
 
             episodes = episode_sentences(r)
+            if (snap := snapshot_line(r)) is not None:
+                episodes.append(("snapshots", snap))
     title = meta.get("title") or f"trainsim: {meta.get('name', 'strategy comparison')}"
     subtitle = ", ".join(f"{k} {meta[k]}" for k in ("model", "system", "gpus",
                                                      "global_batch_size") if k in meta)

@@ -111,7 +111,15 @@ def test_cli_compare_then_report(tmp_path: Path) -> None:
     assert all(src.startswith("data:image/png;base64,") and len(src) > 1000
                for src in page.images)  # self-contained
     md = (out / "report.md").read_text()
-    assert md.count("![") == len(FIGURES) and "| policy |" in md
+    assert md.count("![") == len(FIGURES) and "| policy |" in md and "| persist (s) |" in md
+    # a folder written before checkpoints persisted (no persist_s) still reports: "–" there
+    res = pl.read_parquet(out / "resilience.parquet")
+    res.drop("persist_s").write_parquet(out / "resilience.parquet")
+    r = subprocess.run([*cli, "report", str(out), "-o", str(out)], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert " | – |" in (out / "report.md").read_text()
+    res.write_parquet(out / "resilience.parquet")
     assert all((out / "figures" / f"{f}.png").is_file() for f in FIGURES)
     assert pl.read_csv(out / "results.csv").height == 3
     r = subprocess.run([*cli, "compare", str(study), "-o", str(out), "--workers", "2"],
