@@ -41,9 +41,12 @@ class CheckpointShare:
 
 
 def checkpoint_share(model: ModelSpec, s: Strategy, system: SystemSpec,
-                     where: Mapping[int, SystemSpec] | None = None) -> CheckpointShare:
+                     where: Mapping[int, SystemSpec] | None = None, *, copies: int = 1
+                     ) -> CheckpointShare:
     """The checkpoint's per-rank share of ``s``; ``where``: a ``[mixed]`` cluster's stages on
-    another system, whose hosts hold them (each system's hosts checked against their own)."""
+    another system, whose hosts hold them (each system's hosts checked against their own).
+    ``copies``: snapshots a host keeps of each of its ranks' shares (checkpoints kept in memory
+    hold a peer's too: 2)."""
     flash = system.gpu.flash_attention
     act = (memory.activation_bytes_per_layer(model, s, flash_attention=flash)
            if s.cpu_offload_layers else 0)
@@ -53,7 +56,7 @@ def checkpoint_share(model: ModelSpec, s: Strategy, system: SystemSpec,
         total = held["dp"] + held["edp"]
         on_gpu, on_host = memory.checkpoint_held_bytes(s, total, held["edp"])
         staged.append(on_gpu)
-        kept.append(on_gpu + on_host + memory.host_bytes(
+        kept.append(copies * (on_gpu + on_host) + memory.host_bytes(
             model, s, total, act, expert_params=held["edp"], flash_attention=flash))
     where = where or {}
     hosts = []

@@ -97,7 +97,11 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate,
     if study.mixed is not None and study.mixed.failure_rate_factor != 1.0:
         failure = dataclasses.replace(failure, rate_per_gpu_hour=failure.rate_per_gpu_hour
                                       * study.mixed.job_rate_factor(s.world_size))
-    share = checkpoint_share(study.model, s, study.system, where)
+    # in memory, a host keeps its own ranks' snapshots and a peer's (Gemini, Wang et al. SOSP
+    # 2023, keeps checkpoint replicas in other machines' CPU memory: one peer's is the fewest
+    # that survive a machine's loss)
+    share = checkpoint_share(study.model, s, study.system, where,
+                             copies=2 if study.checkpoint.get("mode") == "in_memory" else 1)
     job = job_shape(study, s, fast, where, share)
     costs = R.recovery_costs(job, study.checkpoint, study.restart, study.policies)
     keep, slow = 1.0, dict[str, float | None]()

@@ -202,3 +202,17 @@ def test_storage_too_slow_to_ever_recover_is_named_not_the_failure_rate(
     words = " ".join(r.stdout.split())
     assert "no progress under global_restart, hot_spares (goodput 0%)" in words
     assert "more than the MTTF by itself" in words and "[checkpoint] storage_GBps" in words
+
+
+def test_checkpoints_kept_in_memory_hold_a_peers_snapshot_too() -> None:
+    """mode = "in_memory": a host keeps its ranks' snapshots and a peer host's — twice the
+    async snapshots' host memory (nothing offloaded here)."""
+    base = {**_study(), "gpus": 72, "global_batch_size": 72,
+            "strategies": [{"tp": 8, "pp": 9, "micro_batch_size": 1, "zero_stage": 1}]}
+    rows = {}
+    for mode in ("async", "in_memory"):
+        study = study_from_dict({**base, "checkpoint": {"mode": mode}})
+        rows[mode] = resilience_frame(study, study.strategies[0]).row(0, named=True)
+    assert rows["in_memory"]["snapshot_host_GiB"] == pytest.approx(
+        2 * rows["async"]["snapshot_host_GiB"])
+    assert rows["in_memory"]["staged_GiB"] == rows["async"]["staged_GiB"]
