@@ -216,3 +216,17 @@ def test_checkpoints_kept_in_memory_hold_a_peers_snapshot_too() -> None:
     assert rows["in_memory"]["snapshot_host_GiB"] == pytest.approx(
         2 * rows["async"]["snapshot_host_GiB"])
     assert rows["in_memory"]["staged_GiB"] == rows["async"]["staged_GiB"]
+
+
+def test_a_mixed_cluster_checks_each_systems_hosts_against_their_own_memory() -> None:
+    """Stage 1 on DGX A100 40GB hosts (1 TiB) beside DGX H100 ones (2 TiB): the snapshots
+    are held where they run, and the fuller hosts against their memory are the ones said."""
+    m = resolve_model("llama3-8b")
+    s = Strategy(tp=1, pp=2, dp=8, micro_batch_size=1, global_batch_size=64)
+    h100, a100 = resolve_system("dgx-h100"), resolve_system("dgx-a100-40gb")
+    alone = checkpoint_share(m, s, h100)
+    mixed = checkpoint_share(m, s, h100, {1: a100})
+    assert a100.node.host_memory_GiB == 1024 and mixed.host_capacity_GiB == 1024
+    stage1 = RoleProgram(m, s, 1).stage_params()["dp"] * CKPT
+    assert mixed.host_peak_GiB * 2**30 == pytest.approx(8 * stage1)
+    assert mixed.staged_bytes == alone.staged_bytes  # what a GPU holds is the strategy's
