@@ -9,6 +9,8 @@ W seconds of failure-free work is
     T(W) = M · e^{R/M} · (e^{(τ+δ)/M} − 1) · W / τ,        ETTR = W / T(W).
 
 Young (1974): τ* = √(2δM). Daly (2006) eq. 37: τ* = √(2δM)·[1 + ⅓√(δ/2M) + ⅑(δ/2M)] − δ (δ < 2M).
+A checkpoint a restart can load only W after it is taken (written in the background, or copied
+to a peer) sets τ ≥ W and adds W to R (``ettr_checkpoint_restart``).
 The Monte Carlo runs the same process (failures also strike during restarts) and agrees with the
 closed form within its statistical error (a test holds it to that).
 """
