@@ -35,10 +35,6 @@ class CheckpointShare:
     host_peak_GiB: float
     host_capacity_GiB: float
 
-    @property
-    def overfills_host(self) -> bool:
-        return 0 < self.host_capacity_GiB < self.host_peak_GiB
-
 
 def checkpoint_share(model: ModelSpec, s: Strategy, system: SystemSpec,
                      where: Mapping[int, SystemSpec] | None = None, *, copies: int = 1

@@ -100,8 +100,9 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate,
     # in memory, a host keeps its own ranks' snapshots and a peer's (Gemini, Wang et al. SOSP
     # 2023, keeps checkpoint replicas in other machines' CPU memory: one peer's is the fewest
     # that survive a machine's loss)
+    mode = study.checkpoint.get("mode", R.DEFAULT_CHECKPOINT["mode"])
     share = checkpoint_share(study.model, s, study.system, where,
-                             copies=2 if study.checkpoint.get("mode") == "in_memory" else 1)
+                             copies=2 if mode == "in_memory" else 1)
     job = job_shape(study, s, fast, where, share)
     costs = R.recovery_costs(job, study.checkpoint, study.restart, study.policies)
     keep, slow = 1.0, dict[str, float | None]()
@@ -116,14 +117,13 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate,
         slow |= cols
     rows = R.policy_rows(failure=failure, gpus=s.world_size, work_s=_work_s(study, s, fast),
                          costs=costs, step_s=fast.step_time_s, progress=keep)
-    return [{**r, **slow, **_snapshot_columns(study, share)} for r in rows]
+    return [{**r, **slow, **_snapshot_columns(mode != "sync", share)} for r in rows]
 
 
-def _snapshot_columns(study: Study, share: CheckpointShare) -> dict[str, float | None]:
+def _snapshot_columns(snapshot: bool, share: CheckpointShare) -> dict[str, float | None]:
     """What the checkpoint's copies take: a GPU's, and a host's with what offloading keeps
-    there, against the host's memory (None: a synchronous save keeps no snapshot, or the
-    system gives no host memory)."""
-    snapshot = study.checkpoint.get("mode", R.DEFAULT_CHECKPOINT["mode"]) != "sync"
+    there, against the host's memory (None: a synchronous save, ``snapshot`` False, keeps no
+    snapshot, or the system gives no host memory)."""
     return {"staged_GiB": share.staged_bytes / GiB,
             "snapshot_host_GiB": share.host_peak_GiB if snapshot else None,
             "host_memory_GiB": share.host_capacity_GiB or None}
