@@ -20,7 +20,7 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 check: $(STAMP)
-	$(VENV)/bin/ruff check tracegen replay analysis tests bench
+	$(VENV)/bin/ruff check tracegen replay analysis tests bench notebooks
 	$(VENV)/bin/mypy
 
 # The main job on built-in defaults: GPT-3 175B on 1,024 A100s, four Megatron layouts, healthy
