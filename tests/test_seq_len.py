@@ -48,9 +48,11 @@ def test_a_length_that_is_not_a_positive_count_is_refused(bad: object) -> None:
         with_seq_len(get_model("llama3-8b"), bad)  # type: ignore[arg-type]
 
 
-def test_a_suffix_without_a_number_is_named() -> None:
+@pytest.mark.parametrize("name", ["llama3-8b@seq32k", "llama3-8b@seq0", "llama3-8b@seq-5"])
+def test_a_suffix_without_a_positive_number_is_named(name: str) -> None:
+    # @seq0 had resolved to the preset at its own length (0 read as "no length given")
     with pytest.raises(ConfigError, match="after @seq as a whole number of tokens"):
-        resolve_model("llama3-8b@seq32k")
+        resolve_model(name)
 
 
 def test_the_cli_and_a_study_give_the_estimate_a_model_file_gives(tmp_path: Path) -> None:

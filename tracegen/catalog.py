@@ -76,7 +76,7 @@ def resolve_model(name_or_file: str | Path, seq_len: int = 0) -> ModelSpec:
         base, sep, length = s.rpartition(SEQ_SUFFIX)
         if not (sep and base):
             return get_model(s)  # (its error names the presets)
-        if not length.isdigit():
+        if not length.isdigit() or int(length) == 0:
             raise ConfigError(f"{s!r}: write the sequence length after {SEQ_SUFFIX} as a whole "
                               f"number of tokens, e.g. {base}{SEQ_SUFFIX}8192", what="model")
         return resolve_model(base, seq_len or int(length))
