@@ -31,7 +31,7 @@ def job_shape(study: Study, s: Strategy, fast: FastEstimate,
     link are the slower of the systems'; the shrunk replica is costed on the same stages.
     ``share``: ``checkpoint_share``'s, where the caller has it."""
     if share is None:
-        share = checkpoint_share(study.model, s, study.system, where)
+        share = checkpoint_share(study.model, s, study.system, where, staging=_staging(study))
     nic = min(x.scaleout.nic_Gbps_per_gpu / 8 * 1e9 * x.scaleout.nic_efficiency
               for x in (study.system, *(where or {}).values()))
     host = min(x.node.host_link_GBps * 1e9 for x in (study.system, *(where or {}).values()))
@@ -39,7 +39,13 @@ def job_shape(study: Study, s: Strategy, fast: FastEstimate,
                       model_parallel=s.tp * s.pp * s.cp, dp=s.dp, nic_bytes_per_s=nic,
                       step_time_s=fast.step_time_s,
                       shrunk_throughput=_shrunk_throughput(study, s, fast, where or {}),
-                      host_bytes_per_s=host, staged_bytes=share.staged_bytes)
+                      host_bytes_per_s=host, staged_bytes=share.staged_bytes,
+                      load_bytes=share.load_bytes)
+
+
+def _staging(study: Study) -> str:
+    """The study's ``[checkpoint] staging`` (checked when the study loaded)."""
+    return str(study.checkpoint.get("staging", R.DEFAULT_CHECKPOINT["staging"]))
 
 
 def _shrunk_throughput(study: Study, s: Strategy, fast: FastEstimate,
@@ -102,7 +108,7 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate,
     # that survive a machine's loss)
     mode = study.checkpoint.get("mode", R.DEFAULT_CHECKPOINT["mode"])
     share = checkpoint_share(study.model, s, study.system, where,
-                             copies=2 if mode == "in_memory" else 1)
+                             copies=2 if mode == "in_memory" else 1, staging=_staging(study))
     job = job_shape(study, s, fast, where, share)
     costs = R.recovery_costs(job, study.checkpoint, study.restart, study.policies)
     keep, slow = 1.0, dict[str, float | None]()
@@ -117,14 +123,17 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate,
         slow |= cols
     rows = R.policy_rows(failure=failure, gpus=s.world_size, work_s=_work_s(study, s, fast),
                          costs=costs, step_s=fast.step_time_s, progress=keep)
-    return [{**r, **slow, **_snapshot_columns(mode != "sync", share)} for r in rows]
+    snap = _snapshot_columns(mode != "sync", share, _staging(study))
+    return [{**r, **slow, **snap} for r in rows]
 
 
-def _snapshot_columns(snapshot: bool, share: CheckpointShare) -> dict[str, float | None]:
-    """What the checkpoint's copies take: a GPU's, and a host's with what offloading keeps
-    there, against the host's memory (None: a synchronous save, ``snapshot`` False, keeps no
-    snapshot, or the system gives no host memory)."""
-    return {"staged_GiB": share.staged_bytes / GiB,
+def _snapshot_columns(snapshot: bool, share: CheckpointShare, staging: str
+                      ) -> dict[str, float | str | None]:
+    """What the checkpoint's copies take: a GPU's (all it holds or the share it writes:
+    ``staging``), and a host's with what offloading keeps there, against the host's memory
+    (None: a synchronous save, ``snapshot`` False, keeps no snapshot, or the system gives no
+    host memory)."""
+    return {"staged_GiB": share.staged_bytes / GiB, "checkpoint_staging": staging,
             "snapshot_host_GiB": share.host_peak_GiB if snapshot else None,
             "host_memory_GiB": share.host_capacity_GiB or None}
 
@@ -196,10 +205,15 @@ def snapshot_line(row: dict[str, Any]) -> str | None:
     peak, cap = row.get("snapshot_host_GiB"), row.get("host_memory_GiB")
     if peak is None or not cap or peak <= cap:
         return None
+    # (a fully parallel save's shares are already spread over the data-parallel group)
+    fixes = ("spread the model over more GPUs" if row.get("checkpoint_staging") == "fully_parallel"
+             else "shard the optimizer state (zero_stage), copy only the share each GPU writes "
+                  "([checkpoint] staging = \"fully_parallel\", Megatron-Core's save) or spread "
+                  "the model over more GPUs")
     return (f"checkpoint snapshots overfill a host: each GPU copies {row['staged_GiB']:,.1f} GiB "
             f"of the checkpoint to host memory, {peak:,.0f} GiB a host with what offloading "
-            f"keeps there, against its {cap:,.0f} GiB — shard the optimizer state (zero_stage) "
-            "or spread the model over more GPUs, or checkpoint with mode = \"sync\"")
+            f"keeps there, against its {cap:,.0f} GiB — {fixes}, or checkpoint with "
+            "mode = \"sync\"")
 
 
 def episode_lines(row: dict[str, Any]) -> list[str]:

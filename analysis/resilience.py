@@ -26,6 +26,7 @@ from typing import Any, Literal
 import numpy as np
 import polars as pl
 
+from analysis.checkpoint_share import STAGINGS
 from tracegen._config import is_finite_number
 from tracegen.errors import ConfigError
 
@@ -366,11 +367,16 @@ class JobShape:
     # the most one GPU holds of the checkpoint, what it copies to host memory
     # (``analysis.checkpoint_share``); 0: one data-parallel replica's share, size / model_parallel
     staged_bytes: float = 0.0
+    # the most one GPU holds of it, what a restarted GPU loads (0: ``staged_bytes``'s)
+    load_bytes: float = 0.0
 
 
 # host_copy_GBps 0: a GPU's host link as its system gives it (``NodeSpec.host_link_GBps``:
 # PCIe Gen5 55 GB/s measured, GB200's NVLink-C2C 256), else ``FALLBACK_HOST_COPY_GBPS``.
-DEFAULT_CHECKPOINT = {"mode": "async", "storage_GBps": 200.0, "host_copy_GBps": 0.0}
+# staging: what a GPU copies to host memory, all it holds ("state_dict": PyTorch's distributed
+# checkpoint) or the share it writes ("fully_parallel": Megatron-Core; ``checkpoint_share``).
+DEFAULT_CHECKPOINT = {"mode": "async", "storage_GBps": 200.0, "host_copy_GBps": 0.0,
+                      "staging": "state_dict"}
 # where neither the study nor the system gives a host link: an assumption (a PCIe Gen4 x16
 # link's 27.5 GB/s, ``replay/systems``, rounded down), as before the systems carried one
 FALLBACK_HOST_COPY_GBPS = 25.0
@@ -416,6 +422,7 @@ class RecoveryInputs:
     host_Bps: float
     restart: dict[str, float]
     policies: dict[str, dict[str, float]]
+    staging: str = "state_dict"
 
 
 def recovery_inputs(checkpoint: dict[str, object], restart: dict[str, object],
@@ -433,12 +440,17 @@ def recovery_inputs(checkpoint: dict[str, object], restart: dict[str, object],
     if mode not in ("sync", "async", "in_memory"):
         raise ConfigError(f"checkpoint mode must be sync, async or in_memory, got {mode!r}",
                           what="checkpoint")
+    if ck["staging"] not in STAGINGS:
+        raise ConfigError(f"checkpoint staging must be {' or '.join(map(repr, STAGINGS))} "
+                          "(all a GPU holds, as PyTorch's distributed checkpoint stages it, or "
+                          f"the share it writes, as Megatron-Core's fully parallel save), got "
+                          f"{ck['staging']!r}", what="checkpoint")
     return RecoveryInputs(
         str(mode), number("checkpoint", "storage_GBps", ck["storage_GBps"], positive=True) * 1e9,
         (number("checkpoint", "host_copy_GBps", ck["host_copy_GBps"], positive=True) * 1e9
          if "host_copy_GBps" in checkpoint else 0.0),
         {k: number("restart", k, v) for k, v in {**DEFAULT_RESTART, **restart}.items()},
-        _policies(policies or {}))
+        _policies(policies or {}), str(ck["staging"]))
 
 
 def recovery_costs(job: JobShape, checkpoint: dict[str, object], restart: dict[str, object],
@@ -448,24 +460,27 @@ def recovery_costs(job: JobShape, checkpoint: dict[str, object], restart: dict[s
     given = recovery_inputs(checkpoint, restart, policies)
     rs, pol, mode = given.restart, given.policies, given.mode
     size = checkpoint_bytes(job.params)
-    shard = job.staged_bytes or size / job.model_parallel  # what a GPU copies, and loads
+    shard = job.staged_bytes or size / job.model_parallel  # what a GPU copies
+    held = job.load_bytes or shard  # what a restarted GPU loads
     storage = given.storage_Bps
     host = given.host_Bps or job.host_bytes_per_s or FALLBACK_HOST_COPY_GBPS * 1e9
     delta = {"sync": size / storage, "async": shard / host, "in_memory": shard / host}[mode]
     init = rs["init_s"] + rs["init_s_per_1000_gpus"] * job.gpus / 1000
     base = rs["scheduling_s"] + init + rs["warmup_s"]
     load_storage = size / storage
-    load_peer = shard / job.nic_bytes_per_s
+    load_peer = held / job.nic_bytes_per_s
+    # (a snapshot kept in memory reaches its peer at the NIC's rate: the share the GPU copied)
+    send_peer = shard / job.nic_bytes_per_s
     # W: a synchronous save has written when the step resumes; an async one writes the whole
     # checkpoint in the background at the storage's aggregate rate; one kept in memory is safe
     # once a peer host holds its copy (Gemini, Wang et al. SOSP 2023: replicas in other
     # machines' CPU memory)
-    persist = {"sync": 0.0, "async": size / storage, "in_memory": load_peer}[mode]
+    persist = {"sync": 0.0, "async": size / storage, "in_memory": send_peer}[mode]
     costs = {
         "global_restart": RecoveryCosts(checkpoint_s=delta, restart_s=base + load_storage,
                                         persist_s=persist),
         "in_memory": RecoveryCosts(checkpoint_s=shard / host, restart_s=base + load_peer,
-                                   persist_s=load_peer),
+                                   persist_s=send_peer),
         "hot_spares": RecoveryCosts(
             checkpoint_s=delta, restart_s=rs["spare_swap_s"] + init + rs["warmup_s"]
             + load_storage, persist_s=persist),

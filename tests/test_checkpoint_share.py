@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from analysis import resilience as R
 from analysis.checkpoint_share import checkpoint_share
 from analysis.evaluate import resilience_frame, snapshot_line
-from analysis.study import study_from_dict
+from analysis.study import Study, study_from_dict
 from replay.hardware import resolve_system
 from tracegen import Strategy, memory
 from tracegen.catalog import resolve_model
@@ -168,16 +168,22 @@ def test_slow_storage_sets_the_interval_and_the_rollback() -> None:
     assert sync.filter(sync["policy"] == "global_restart")["persist_s"][0] == 0
 
 
-def test_snapshots_that_overfill_a_host_are_said_with_the_fix() -> None:
-    """Async snapshots sit in pinned host memory: eight GPUs' shares of Llama 3.1 405B at
-    tp 8 × pp 9 with ZeRO-0 (over 79 GB a GPU, 630 GB a host) overfill a host of 512 GiB."""
-    study = study_from_dict({**_study(mode="async"), "gpus": 72, "global_batch_size": 72,
+def _small_host_row(**checkpoint: object) -> tuple[Study, dict]:
+    """Llama 3.1 405B at tp 8 × pp 9, ZeRO-0, dp 1 on DGX H100 hosts of 512 GiB: the study
+    and its first resilience row."""
+    study = study_from_dict({**_study(**checkpoint), "gpus": 72, "global_batch_size": 72,
                              "strategies": [{"tp": 8, "pp": 9, "micro_batch_size": 1}]})
     small = resolve_system("dgx-h100")
     small = dataclasses.replace(small, node=dataclasses.replace(small.node,
                                                                 host_memory_GiB=512))
-    row = resilience_frame(dataclasses.replace(study, system=small),
-                           study.strategies[0]).row(0, named=True)
+    return study, resilience_frame(dataclasses.replace(study, system=small),
+                                   study.strategies[0]).row(0, named=True)
+
+
+def test_snapshots_that_overfill_a_host_are_said_with_the_fix() -> None:
+    """Async snapshots sit in pinned host memory: eight GPUs' shares of Llama 3.1 405B at
+    tp 8 × pp 9 with ZeRO-0 (over 79 GB a GPU, 630 GB a host) overfill a host of 512 GiB."""
+    study, row = _small_host_row(mode="async")
     assert row["staged_GiB"] * 8 == pytest.approx(row["snapshot_host_GiB"])
     assert row["snapshot_host_GiB"] > 512 == row["host_memory_GiB"]
     line = snapshot_line(row)
@@ -230,3 +236,92 @@ def test_a_mixed_cluster_checks_each_systems_hosts_against_their_own_memory() ->
     stage1 = RoleProgram(m, s, 1).stage_params()["dp"] * CKPT
     assert mixed.host_peak_GiB * 2**30 == pytest.approx(8 * stage1)
     assert mixed.staged_bytes == alone.staged_bytes  # what a GPU holds is the strategy's
+
+
+# ---- a fully parallel save: each tensor written once ----------------------------------------
+
+@pytest.mark.parametrize(("zero", "offload"), [(0, 0.0), (1, 0.0), (3, 0.0), (1, 0.5)])
+def test_a_fully_parallel_save_spreads_every_tensor_over_its_holders(
+        zero: int, offload: float) -> None:
+    """Megatron-Core's fully parallel save: the weights and the optimizer state divide over
+    dp·cp whatever the ZeRO stage — replicated tensors are written by one holder each."""
+    s = Strategy(tp=2, pp=2, dp=4, cp=2, micro_batch_size=1, global_batch_size=64,
+                 zero_stage=zero, optimizer_offload_fraction=offload)
+    p = 1_000_003
+    on_gpu, on_host = memory.checkpoint_written_bytes(s, p)
+    state = -(-12 * p // 8)
+    assert on_host == round(state * offload)
+    assert on_gpu + on_host == -(-2 * p // 8) + state
+    held = memory.checkpoint_held_bytes(s, p)
+    assert on_gpu <= held[0] and on_host <= held[1]
+
+
+def _written_world_sum(model_name: str, s: Strategy) -> int:
+    m = resolve_model(model_name)
+    return sum(s.world_size // s.pp * sum(memory.checkpoint_written_bytes(
+        s, sum(h.values()), h["edp"])) for h in (
+        RoleProgram(m, s, stage).stage_params() for stage in range(s.pp)))
+
+
+@settings(max_examples=30, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2]),
+       dp=st.sampled_from([2, 4, 8]), zero=st.sampled_from([0, 1, 3]))
+def test_written_shares_add_up_to_the_checkpoint_under_any_sharding(
+        tp: int, pp: int, dp: int, zero: int) -> None:
+    """Whatever the ZeRO stage, the ranks of a fully parallel save write the checkpoint once:
+    14 bytes a parameter over all ranks, up to each share's rounding."""
+    s = Strategy(tp=tp, pp=pp, dp=dp, micro_batch_size=1, global_batch_size=8 * dp,
+                 zero_stage=zero)
+    params = resolve_model("llama3-8b").num_params()
+    assert 0 <= _written_world_sum("llama3-8b", s) - CKPT * params <= 2 * s.world_size
+
+
+@settings(max_examples=15, deadline=None)
+@given(ep=st.sampled_from([1, 2, 4, 8]), zero=st.sampled_from([0, 1, 3]))
+def test_written_expert_shares_add_up_too(ep: int, zero: int) -> None:
+    """Experts are written over their own data-parallel group (dp / ep ranks). (At tp 1: the
+    router is held whole by every tensor-parallel rank, a replica the sum would count.)"""
+    s = Strategy(tp=1, pp=2, dp=8, ep=ep, micro_batch_size=1, global_batch_size=64,
+                 zero_stage=zero)
+    params = resolve_model("mixtral-8x7b").num_params()
+    assert 0 <= _written_world_sum("mixtral-8x7b", s) - CKPT * params <= 4 * s.world_size
+
+
+def test_fully_parallel_staging_blocks_less_and_loads_the_same() -> None:
+    """Llama 3 405B under ZeRO-1 at dp 8: a GPU holds its stage's 16-bit weights whole, so a
+    state-dict staging copies ~7x what a fully parallel save copies (2 + 12/8 bytes a parameter
+    against 14/8); the restart loads what the GPU holds either way, and goodput can only gain."""
+    study = study_from_dict({**_study(), "gpus": 1024, "global_batch_size": 512})
+    s = study.strategies[0]
+    rows = {}
+    for staging in ("state_dict", "fully_parallel"):
+        st_ = study_from_dict({**_study(), "gpus": 1024, "global_batch_size": 512,
+                               "checkpoint": {"staging": staging}})
+        rows[staging] = {r["policy"]: r for r in
+                         resilience_frame(st_, s).iter_rows(named=True)}
+    held = rows["state_dict"]["global_restart"]
+    written = rows["fully_parallel"]["global_restart"]
+    assert held["staged_GiB"] / written["staged_GiB"] == pytest.approx((2 + 12 / 8) / (14 / 8),
+                                                                       rel=0.01)
+    assert written["checkpoint_s"] == pytest.approx(
+        held["checkpoint_s"] * written["staged_GiB"] / held["staged_GiB"])
+    assert written["restart_s"] == held["restart_s"]
+    for policy in rows["state_dict"]:
+        assert rows["fully_parallel"][policy]["goodput"] >= rows["state_dict"][policy]["goodput"]
+    assert written["checkpoint_staging"] == "fully_parallel"
+    share = checkpoint_share(study.model, s, study.system, staging="fully_parallel")
+    assert share.load_bytes == checkpoint_share(study.model, s, study.system).load_bytes
+
+
+def test_an_unknown_staging_is_refused_when_the_study_loads() -> None:
+    with pytest.raises(R.ConfigError, match="staging must be 'state_dict' or 'fully_parallel'"):
+        study_from_dict(_study(staging="megatron"))
+
+
+def test_the_overfill_fix_does_not_offer_the_staging_already_used() -> None:
+    """At dp 1 a fully parallel save spreads nothing: the snapshots still overfill the small
+    host, and the line offers only more GPUs or a synchronous save."""
+    _, row = _small_host_row(mode="async", staging="fully_parallel")
+    line = snapshot_line(row)
+    assert line is not None and "more GPUs" in line
+    assert "zero_stage" not in line and "staging" not in line

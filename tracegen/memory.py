@@ -533,6 +533,34 @@ def checkpoint_held_bytes(s: Strategy, params_local: int, expert_params: int = 0
                else params_local * WEIGHT_BYTES)
     state = (_sharded_bytes(s, dense, expert_params, OPTIM_BYTES) if s.zero_stage
              else params_local * OPTIM_BYTES)
+    return _on_gpu_and_host(s, weights, state)
+
+
+def checkpoint_written_bytes(s: Strategy, params_local: int, expert_params: int = 0
+                             ) -> tuple[int, int]:
+    """What one rank writes of a checkpoint under a fully parallel save, as (on the GPU, in
+    host memory) like ``checkpoint_held_bytes``: each tensor is written once, by one of the
+    ranks that hold a copy, the writes spread evenly over them (Megatron-Core's default
+    ``--ckpt-fully-parallel-save``: ``FullyParallelSaveStrategyWrapper`` over the data-parallel
+    group with context parallelism, ``distribute_shards_to_ranks`` giving each shard to the
+    least loaded of its holders; its async writer stages only those items,
+    ``FileSystemWriterAsync.prepare_write_data``). So the stage's weights and optimizer state
+    divide over dp·cp whatever the ZeRO stage (experts over their expert-data-parallel group),
+    every rank writing the same share up to one tensor (the greedy's granularity, not
+    modelled)."""
+    dense = params_local - expert_params
+
+    def spread(per_param: int) -> int:
+        out = -(-dense * per_param // dp_group_size(s, "dp"))
+        return out + (-(-expert_params * per_param // dp_group_size(s, "edp"))
+                      if expert_params else 0)
+
+    return _on_gpu_and_host(s, spread(WEIGHT_BYTES), spread(OPTIM_BYTES))
+
+
+def _on_gpu_and_host(s: Strategy, weights: int, state: int) -> tuple[int, int]:
+    """A checkpoint share's bytes split by where they live: the offloaded optimizer share's
+    state is already in host memory (``optimizer_offload_fraction``), the rest on the GPU."""
     on_host = round(state * s.optimizer_offload_fraction)
     return weights + state - on_host, on_host
 
