@@ -375,8 +375,12 @@ class JobShape:
 # PCIe Gen5 55 GB/s measured, GB200's NVLink-C2C 256), else ``FALLBACK_HOST_COPY_GBPS``.
 # staging: what a GPU copies to host memory, all it holds ("state_dict": PyTorch's distributed
 # checkpoint) or the share it writes ("fully_parallel": Megatron-Core; ``checkpoint_share``).
+# save_overhead_s: what a save blocks beyond its copy (planning, barriers, metadata): a user's
+# measurement; 0 by default, no decomposition being published (Meta and Crusoe's 0.78 s a save
+# of Llama 3 70B on 1,856 H200s, PyTorch blog April 2025, includes the staging copy; an upper
+# bound for it there).
 DEFAULT_CHECKPOINT = {"mode": "async", "storage_GBps": 200.0, "host_copy_GBps": 0.0,
-                      "staging": "state_dict"}
+                      "staging": "state_dict", "save_overhead_s": 0.0}
 # where neither the study nor the system gives a host link: an assumption (a PCIe Gen4 x16
 # link's 27.5 GB/s, ``replay/systems``, rounded down), as before the systems carried one
 FALLBACK_HOST_COPY_GBPS = 25.0
@@ -423,6 +427,7 @@ class RecoveryInputs:
     restart: dict[str, float]
     policies: dict[str, dict[str, float]]
     staging: str = "state_dict"
+    save_overhead_s: float = 0.0
 
 
 def recovery_inputs(checkpoint: dict[str, object], restart: dict[str, object],
@@ -450,7 +455,8 @@ def recovery_inputs(checkpoint: dict[str, object], restart: dict[str, object],
         (number("checkpoint", "host_copy_GBps", ck["host_copy_GBps"], positive=True) * 1e9
          if "host_copy_GBps" in checkpoint else 0.0),
         {k: number("restart", k, v) for k, v in {**DEFAULT_RESTART, **restart}.items()},
-        _policies(policies or {}), str(ck["staging"]))
+        _policies(policies or {}), str(ck["staging"]),
+        number("checkpoint", "save_overhead_s", ck["save_overhead_s"]))
 
 
 def recovery_costs(job: JobShape, checkpoint: dict[str, object], restart: dict[str, object],
@@ -464,7 +470,8 @@ def recovery_costs(job: JobShape, checkpoint: dict[str, object], restart: dict[s
     held = job.load_bytes or shard  # what a restarted GPU loads
     storage = given.storage_Bps
     host = given.host_Bps or job.host_bytes_per_s or FALLBACK_HOST_COPY_GBPS * 1e9
-    delta = {"sync": size / storage, "async": shard / host, "in_memory": shard / host}[mode]
+    fixed = given.save_overhead_s
+    delta = fixed + {"sync": size / storage, "async": shard / host, "in_memory": shard / host}[mode]
     init = rs["init_s"] + rs["init_s_per_1000_gpus"] * job.gpus / 1000
     base = rs["scheduling_s"] + init + rs["warmup_s"]
     load_storage = size / storage
@@ -479,7 +486,7 @@ def recovery_costs(job: JobShape, checkpoint: dict[str, object], restart: dict[s
     costs = {
         "global_restart": RecoveryCosts(checkpoint_s=delta, restart_s=base + load_storage,
                                         persist_s=persist),
-        "in_memory": RecoveryCosts(checkpoint_s=shard / host, restart_s=base + load_peer,
+        "in_memory": RecoveryCosts(checkpoint_s=fixed + shard / host, restart_s=base + load_peer,
                                    persist_s=send_peer),
         "hot_spares": RecoveryCosts(
             checkpoint_s=delta, restart_s=rs["spare_swap_s"] + init + rs["warmup_s"]

@@ -325,3 +325,22 @@ def test_the_overfill_fix_does_not_offer_the_staging_already_used() -> None:
     line = snapshot_line(row)
     assert line is not None and "more GPUs" in line
     assert "zero_stage" not in line and "staging" not in line
+
+
+def test_a_saves_fixed_overhead_adds_to_every_policys_blocking_time() -> None:
+    """[checkpoint] save_overhead_s: the same seconds on each policy's δ; Daly's interval
+    (√(2δM) for δ ≪ M) grows with it and goodput falls."""
+    rows = {}
+    for overhead in (0.0, 0.78):
+        study = study_from_dict(_study(staging="fully_parallel", save_overhead_s=overhead))
+        rows[overhead] = {r["policy"]: r for r in
+                          resilience_frame(study, study.strategies[0]).iter_rows(named=True)}
+    for policy, base in rows[0.0].items():
+        slow = rows[0.78][policy]
+        assert slow["checkpoint_s"] == pytest.approx(base["checkpoint_s"] + 0.78)
+        assert slow["goodput"] < base["goodput"]
+    g = rows[0.78]["global_restart"]
+    assert g["checkpoint_interval_s"] == pytest.approx(  # (whole steps)
+        R.daly_interval_s(g["checkpoint_s"], g["job_mttf_s"]), abs=g["step_time_s"])
+    with pytest.raises(R.ConfigError, match=r"\[checkpoint\] save_overhead_s must be a number"):
+        study_from_dict(_study(save_overhead_s=-1))
