@@ -235,7 +235,11 @@ def _cell_problems(row: dict[str, Any]) -> list[str]:
         out.append(f"gpu {row['gpu']!r} has no system preset; the schema's names: "
                    f"{', '.join(GPU_ALIASES)} (an H100 of unstated form factor is h100-sxm)")
     degrees = [row[k] for k in ("tp", "pp", "dp", "cp")]
-    if None not in degrees and row["num_gpus"] is not None and math.prod(degrees) != row[
+    counts = {k: row[k] for k in ("num_gpus", "tp", "pp", "dp", "cp")}
+    below = [f"{k} {v}" for k, v in counts.items() if v is not None and v < 1]
+    if below:
+        out.append(f"{', '.join(below)}: GPU counts and parallel degrees must be ≥ 1")
+    elif None not in degrees and row["num_gpus"] is not None and math.prod(degrees) != row[
             "num_gpus"]:
         out.append(f"num_gpus {row['num_gpus']} ≠ tp·pp·dp·cp = {'·'.join(map(str, degrees))} = "
                    f"{math.prod(degrees)}")

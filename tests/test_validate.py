@@ -237,6 +237,12 @@ def test_inconsistent_gpu_count_is_skipped(tmp_path: Path) -> None:
     assert status == "skipped: num_gpus 16 ≠ tp·pp·dp·cp = 1·1·8·1 = 8"
 
 
+def test_a_count_below_one_is_named_as_such(tmp_path: Path) -> None:
+    """-8 GPUs is not a product mismatch to reconcile but a count that cannot be."""
+    status = validate(_row_file(tmp_path, "mpt-07", num_gpus="-8", tp="0"))["status"].item()
+    assert status == "skipped: num_gpus -8, tp 0: GPU counts and parallel degrees must be ≥ 1"
+
+
 def test_every_reason_a_rows_cells_show_is_named_at_once(tmp_path: Path) -> None:
     """A row with four problems says all four: fixing one per run of validate was the cost."""
     f = _row_file(tmp_path, "mpt-07", num_gpus="16", gpu="H100", measured_iter_time_s="",
