@@ -375,10 +375,11 @@ class JobShape:
 # PCIe Gen5 55 GB/s measured, GB200's NVLink-C2C 256), else ``FALLBACK_HOST_COPY_GBPS``.
 # staging: what a GPU copies to host memory, all it holds ("state_dict": PyTorch's distributed
 # checkpoint) or the share it writes ("fully_parallel": Megatron-Core; ``checkpoint_share``).
-# save_overhead_s: what a save blocks beyond its copy (planning, barriers, metadata): a user's
-# measurement; 0 by default, no decomposition being published (Meta and Crusoe's 0.78 s a save
-# of Llama 3 70B on 1,856 H200s, PyTorch blog April 2025, includes the staging copy; an upper
-# bound for it there).
+# save_overhead_s: what a save costs the run beyond its copy — planning and barriers, and
+# training slowed while the background write runs: a user's measurement; 0 by default, none
+# being decomposed in public (Meta and Crusoe, PyTorch blog April 2025, Llama 3 70B on 1,856
+# H200s: 0.78 s blocked with the staging copy in it, then tokens/s dipped for ~67 s, to 372
+# of 700 at worst, the dip's integral not stated).
 DEFAULT_CHECKPOINT = {"mode": "async", "storage_GBps": 200.0, "host_copy_GBps": 0.0,
                       "staging": "state_dict", "save_overhead_s": 0.0}
 # where neither the study nor the system gives a host link: an assumption (a PCIe Gen4 x16
