@@ -44,8 +44,8 @@ def job_shape(study: Study, s: Strategy, fast: FastEstimate,
 
 
 def _staging(study: Study) -> str:
-    """The study's ``[checkpoint] staging`` (checked when the study loaded)."""
-    return str(study.checkpoint.get("staging", R.DEFAULT_CHECKPOINT["staging"]))
+    """The study's ``[checkpoint] staging``, as its recovery tables are read."""
+    return R.recovery_inputs(study.checkpoint, study.restart, study.policies).staging
 
 
 def _shrunk_throughput(study: Study, s: Strategy, fast: FastEstimate,
@@ -106,9 +106,10 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate,
     # in memory, a host keeps its own ranks' snapshots and a peer's (Gemini, Wang et al. SOSP
     # 2023, keeps checkpoint replicas in other machines' CPU memory: one peer's is the fewest
     # that survive a machine's loss)
-    mode = study.checkpoint.get("mode", R.DEFAULT_CHECKPOINT["mode"])
+    given = R.recovery_inputs(study.checkpoint, study.restart, study.policies)
+    mode = given.mode
     share = checkpoint_share(study.model, s, study.system, where,
-                             copies=2 if mode == "in_memory" else 1, staging=_staging(study))
+                             copies=2 if mode == "in_memory" else 1, staging=given.staging)
     job = job_shape(study, s, fast, where, share)
     costs = R.recovery_costs(job, study.checkpoint, study.restart, study.policies)
     keep, slow = 1.0, dict[str, float | None]()
@@ -123,7 +124,7 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate,
         slow |= cols
     rows = R.policy_rows(failure=failure, gpus=s.world_size, work_s=_work_s(study, s, fast),
                          costs=costs, step_s=fast.step_time_s, progress=keep)
-    snap = _snapshot_columns(mode != "sync", share, _staging(study))
+    snap = _snapshot_columns(mode != "sync", share, given.staging)
     return [{**r, **slow, **snap} for r in rows]
 
 
