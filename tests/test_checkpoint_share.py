@@ -344,3 +344,26 @@ def test_a_saves_fixed_overhead_adds_to_every_policys_blocking_time() -> None:
         R.daly_interval_s(g["checkpoint_s"], g["job_mttf_s"]), abs=g["step_time_s"])
     with pytest.raises(R.ConfigError, match=r"\[checkpoint\] save_overhead_s must be a number"):
         study_from_dict(_study(save_overhead_s=-1))
+
+
+@settings(max_examples=30, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]),
+       zero=st.sampled_from([0, 1, 3]), mode=st.sampled_from(["async", "in_memory"]))
+def test_copying_only_the_written_share_never_costs_goodput(
+        tp: int, pp: int, zero: int, mode: str) -> None:
+    """Over layouts of Llama 3 8B on 64 H100s: a fully parallel save copies no more than a
+    state-dict one, a restart loads the same, and no policy's goodput falls."""
+    base = {"model": "llama3-8b", "system": "dgx-h100", "gpus": 64, "global_batch_size": 256,
+            "tokens": 1e11, "failures": {"preset": "llama3-16k-h100"},
+            "strategies": [{"tp": tp, "pp": pp, "micro_batch_size": 1, "zero_stage": zero}]}
+    rows = {}
+    for staging in ("state_dict", "fully_parallel"):
+        study = study_from_dict({**base, "checkpoint": {"mode": mode, "staging": staging}})
+        rows[staging] = {r["policy"]: r for r in
+                         resilience_frame(study, study.strategies[0]).iter_rows(named=True)}
+    for policy, held in rows["state_dict"].items():
+        written = rows["fully_parallel"][policy]
+        assert written["staged_GiB"] <= held["staged_GiB"]
+        assert written["checkpoint_s"] <= held["checkpoint_s"]
+        assert written["restart_s"] == pytest.approx(held["restart_s"])
+        assert written["goodput"] >= held["goodput"] - 1e-12
