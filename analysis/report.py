@@ -146,6 +146,9 @@ def _context(results: pl.DataFrame, meta: dict[str, Any], figures: list[dict[str
                              "days": f"{r['expected_wall_clock_s'] / 86400:.1f}",
                              "failures": f"{r['expected_failures']:,.0f}",
                              "interval": f"{r['checkpoint_interval_s'] / 60:.1f}",
+                             # what a checkpoint blocks (3 figures: a staged copy can take ms)
+                             "ckpt": f"{r['checkpoint_s']:.3g}",
+                             "restart": f"{r['restart_s']:,.0f}",
                              # (results written before it: not given)
                              "persist": (f"{r['persist_s']:,.0f}" if r.get("persist_s")
                                          is not None else "–")})

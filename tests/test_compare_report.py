@@ -112,6 +112,7 @@ def test_cli_compare_then_report(tmp_path: Path) -> None:
                for src in page.images)  # self-contained
     md = (out / "report.md").read_text()
     assert md.count("![") == len(FIGURES) and "| policy |" in md and "| persist (s) |" in md
+    assert "| checkpoint (s) |" in md and "| restart (s) |" in md  # (the CLI table's columns)
     # a folder written before checkpoints persisted (no persist_s) still reports: "–" there
     res = pl.read_parquet(out / "resilience.parquet")
     res.drop("persist_s").write_parquet(out / "resilience.parquet")
