@@ -213,7 +213,7 @@ def resilience_cmd(
             table.add_row(r["policy"], f"{r['goodput']:.1%}",
                           f"{r['expected_wall_clock_s'] / 86400:.1f}",
                           f"{r['expected_gpu_hours']:,.0f}", f"{r['expected_failures']:,.0f}",
-                          f"{r['checkpoint_interval_s'] / 60:.1f}", f"{r['checkpoint_s']:.1f}",
+                          f"{r['checkpoint_interval_s'] / 60:.1f}", f"{r['checkpoint_s']:.3g}",
                           f"{r['persist_s']:.0f}", f"{r['restart_s']:.0f}")
         console.print(table)
         console.print(_resilience_step_line(shapes[name], _capacity_text(study), s))
