@@ -313,9 +313,11 @@ ZERO2_NOTE = ("note: ZeRO-2 is costed with one gradient reduce-scatter a step, a
 def sites_words(scaleout: ScaleOutSpec, gpus: int) -> str:
     """The sites ``gpus`` span, in words: "2 sites of 4,096 GPUs (2 Gb/s a GPU between them,
     250 µs)"."""
+    window = (f", {scaleout.site_window_MiB:g} MiB in flight a flow"
+              if scaleout.site_window_MiB else "")
     return (f"{-(-gpus // scaleout.site_gpus)} sites of {scaleout.site_gpus:,} GPUs "
             f"({scaleout.site_Gbps_per_gpu:g} Gb/s a GPU between them, "
-            f"{scaleout.site_latency_us:g} µs)")
+            f"{scaleout.site_latency_us:g} µs{window})")
 
 
 def note_zero2(strategy: Strategy, step_s: float = 0.0, per_microbatch_s: float = 0.0) -> None:

@@ -220,6 +220,11 @@ class ScaleOutSpec:
     site_gpus: int = 0
     site_Gbps_per_gpu: float = 0.0
     site_latency_us: float = 0.0
+    # What one flow keeps in flight across the sites' links, MiB: a sender waits for credit
+    # from its receiver a round trip away, so a flow moves at most this over the round trip
+    # (NCCL: NCCL_BUFFSIZE, 4 MiB by default, per channel, times the channels the flow's
+    # traffic takes; the count is NCCL's choice). 0: no such limit (not modelled).
+    site_window_MiB: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -301,7 +306,8 @@ MIN_VALUE, MAX_VALUE = 1e-6, 1e7
 # 0: absent / unmeasured
 OPTIONAL_ZERO = ("nvls_busbw_GBps", "gemm_k_overhead", "gemm_mamf_k", "comm_interference",
                  "sustained_clock_ratio_fp8", "attention_half_tiles", "gemm_occupancy_waves",
-                 "site_gpus", "site_Gbps_per_gpu", "site_latency_us", "host_link_GBps",
+                 "site_gpus", "site_Gbps_per_gpu", "site_latency_us", "site_window_MiB",
+                 "host_link_GBps",
                  "host_cpu_GBps", "gpus_per_host", "host_memory_GiB")
 
 
@@ -347,8 +353,12 @@ def _site_problems(out: ScaleOutSpec, gpus_per_node: int) -> list[str]:
     """Sites hold whole nodes, and their links need a bandwidth; without sites, no site links."""
     if not out.site_gpus:
         return [f"{k} needs site_gpus (the GPUs a site holds); set it, or {k} = 0 for one site"
-                for k in ("site_Gbps_per_gpu", "site_latency_us") if getattr(out, k)]
+                for k in ("site_Gbps_per_gpu", "site_latency_us", "site_window_MiB")
+                if getattr(out, k)]
     problems = []
+    if out.site_window_MiB and not out.site_latency_us:
+        problems.append("site_window_MiB needs site_latency_us: a window limits a flow over "
+                        "the round trip between the sites")
     if not isinstance(out.site_gpus, int) or out.site_gpus % gpus_per_node:
         problems.append(f"site_gpus = {out.site_gpus} must be a whole number of nodes "
                         f"({gpus_per_node} GPUs each)")
@@ -369,7 +379,7 @@ def on_sites_of(other: SystemSpec, base: SystemSpec) -> SystemSpec:
     b = base.scaleout
     return dataclasses.replace(other, scaleout=dataclasses.replace(
         other.scaleout, site_gpus=b.site_gpus, site_Gbps_per_gpu=b.site_Gbps_per_gpu,
-        site_latency_us=b.site_latency_us))
+        site_latency_us=b.site_latency_us, site_window_MiB=b.site_window_MiB))
 
 
 def system_names() -> list[str]:

@@ -41,7 +41,7 @@ from typing import Any, Protocol
 from replay import nccl
 from replay.hardware import SystemSpec
 from tracegen.routing import Route, expected_units
-from tracegen.units import GB, NS_PER_S, GiB
+from tracegen.units import GB, NS_PER_S, GiB, MiB
 
 US = 1e-6  # seconds per microsecond
 # Collectives costed with NCCL's ring/tree model (replay/nccl.py), by NCCL function.
@@ -171,6 +171,12 @@ class AlphaBetaNetwork:
         self.site_Bps = out.site_Gbps_per_gpu / 8 * unit * (1.0 if astra_compat
                                                             else out.nic_efficiency)
         self.site_s = out.site_latency_us * US
+        # a flow's ceiling across the sites: its window over the round trip, NIC to NIC
+        # (``ScaleOutSpec.site_window_MiB``; inf where none is given)
+        rtt_s = 2 * (out.latency_us + out.site_latency_us) * US
+        self.site_window_Bps = (out.site_window_MiB * MiB / rtt_s
+                                if out.site_window_MiB and rtt_s > 0 and not astra_compat
+                                else math.inf)
         self._cache: dict[tuple[str, int, tuple[int, ...], Route | None], CommCost] = {}
         # (collective, bytes, ``Shape``) → total ns: the cost depends only on the group's shape;
         # the fast path screens strategies through it.
@@ -219,7 +225,8 @@ class AlphaBetaNetwork:
             self.nic_blocking)
         if sites > 1:
             share = self.site_Bps * (n_nodes / sites if coll in NCCL_RING else 1.0)
-            return Tier(min(out.bytes_per_s, share), out.alpha_s + self.site_s, "nic")
+            return Tier(min(out.bytes_per_s, share, self.site_window_Bps),
+                        out.alpha_s + self.site_s, "nic")
         return out
 
     def crossing_Bps(self, shape: Shape, coll: str) -> float:
@@ -232,7 +239,7 @@ class AlphaBetaNetwork:
         (``p2p``)."""
         site = self.sys.scaleout.site_gpus
         share = self.site_Bps * max(1.0, site / stage_gpus) if stage_gpus else self.site_Bps
-        return min(self.nic.bytes_per_s, share)
+        return min(self.nic.bytes_per_s, share, self.site_window_Bps)
 
     def tier_shares(self, coll: str, size: int, shape: Shape,
                     route: Route | None = None) -> tuple[float, float]:

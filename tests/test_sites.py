@@ -24,11 +24,11 @@ MODEL = ModelSpec(name="sites", num_layers=8, hidden_size=1024, num_attention_he
                   activation="swiglu")
 
 
-def sited(system: SystemSpec, site_gpus: int, gbps: float, latency_us: float = 0.0
-          ) -> SystemSpec:
+def sited(system: SystemSpec, site_gpus: int, gbps: float, latency_us: float = 0.0,
+          window_MiB: float = 0.0) -> SystemSpec:
     return dataclasses.replace(system, scaleout=dataclasses.replace(
         system.scaleout, site_gpus=site_gpus, site_Gbps_per_gpu=gbps,
-        site_latency_us=latency_us))
+        site_latency_us=latency_us, site_window_MiB=window_MiB))
 
 
 @pytest.mark.parametrize(("kw", "says"), [
@@ -36,6 +36,11 @@ def sited(system: SystemSpec, site_gpus: int, gbps: float, latency_us: float = 0
     (dict(site_gpus=16), "needs site_Gbps_per_gpu"),
     (dict(site_Gbps_per_gpu=50.0), "site_Gbps_per_gpu needs site_gpus"),
     (dict(site_latency_us=100.0), "site_latency_us needs site_gpus"),
+    (dict(site_window_MiB=8.0), "site_window_MiB needs site_gpus"),
+    (dict(site_gpus=16, site_Gbps_per_gpu=50.0, site_window_MiB=8.0),
+     "site_window_MiB needs site_latency_us"),
+    (dict(site_gpus=16, site_Gbps_per_gpu=50.0, site_latency_us=100.0, site_window_MiB=-1.0),
+     "site_window_MiB must be ≥ 0"),
 ])
 def test_bad_sites_are_refused_with_the_fix(kw: dict, says: str) -> None:
     with pytest.raises(ConfigError, match=says):
@@ -100,6 +105,32 @@ def test_a_ring_over_more_nodes_crosses_at_its_nics_rate() -> None:
         prev = got
 
 
+def test_a_window_caps_each_crossing_flow_at_its_size_over_the_round_trip() -> None:
+    """8 MiB in flight (NCCL's 4 MiB buffer on two channels) between sites 2.5 ms apart
+    (~500 km of fibre): a crossing flow moves at most 8 MiB over the 5 ms round trip (plus the
+    NICs' 2 × 3 µs), ~1.7 GB/s, where the links and the NIC would give 48 — the same as a NIC
+    that slow; inside a site nothing changes, and a larger window is never slower."""
+    two = sited(H100, 32, 400.0, 2500.0, window_MiB=8.0)
+    net = AlphaBetaNetwork(two)
+    rtt_s = 2 * (H100.scaleout.latency_us + 2500.0) * 1e-6
+    cap = 8 * 2**20 / rtt_s
+    size = 1 << 30
+    send = net.p2p(0, 32, size)
+    assert send.transfer_ns == round(size / cap * 1e9)
+    ranks = tuple(range(0, 64, 8))  # one rank a node, four nodes a site
+    assert net.crossing_Bps(group_shape(ranks, 8, 32), "REDUCE_SCATTER") == pytest.approx(cap)
+    slow = _slow_nic(cap * 8 / 1e9 / H100.scaleout.nic_efficiency)
+    assert net.collective("REDUCE_SCATTER", size, ranks).transfer_ns == pytest.approx(
+        AlphaBetaNetwork(slow).collective("REDUCE_SCATTER", size, ranks).transfer_ns, abs=2)
+    inside = ranks[:4]
+    assert net.collective("REDUCE_SCATTER", size, inside) == AlphaBetaNetwork(H100).collective(
+        "REDUCE_SCATTER", size, inside)
+    times = [AlphaBetaNetwork(sited(H100, 32, 400.0, 2500.0, window_MiB=w)).p2p(
+        0, 32, size).transfer_ns for w in (1.0, 8.0, 64.0, 1024.0, 0.0)]
+    assert times == sorted(times, reverse=True)  # (0: no window, the links' own rate)
+    assert times[-1] == round(size / min(net.nic.bytes_per_s, net.site_Bps) * 1e9)
+
+
 def test_links_as_fast_as_the_nics_change_nothing() -> None:
     """Sites whose links give a GPU its NIC's bandwidth and no latency are one site."""
     s = Strategy(tp=2, pp=2, dp=8, global_batch_size=64, zero_stage=1, sequence_parallel=True)
@@ -123,13 +154,15 @@ def test_a_pipeline_split_at_the_sites_beats_gradient_rings_across_slow_links() 
 @given(tp=st.sampled_from([1, 2]), pp=st.sampled_from([1, 2, 4]), dp=st.sampled_from([2, 4, 8]),
        zero=st.sampled_from([0, 1, 3]), nodes=st.sampled_from([1, 2, 4]),
        gbps=st.sampled_from([5.0, 50.0, 400.0]), latency=st.sampled_from([0.0, 30.0, 2000.0]),
-       gpn=st.sampled_from([8, 4, 2]), vpp=st.booleans(), per_microbatch=st.booleans())
+       gpn=st.sampled_from([8, 4, 2]), vpp=st.booleans(), per_microbatch=st.booleans(),
+       window=st.sampled_from([0.0, 4.0]))
 def test_fast_path_within_2_percent_of_replay(tp, pp, dp, zero, nodes, gbps, latency, gpn, vpp,
-                                              per_microbatch) -> None:
+                                              per_microbatch, window) -> None:
     """Sites of ``nodes`` nodes of ``gpn`` GPUs under every layout: the fast path (each stage
-    costed on its own, its sends by whether they leave the site) against replay."""
+    costed on its own, its sends by whether they leave the site) against replay; with or
+    without a window on the crossing flows."""
     hw = dataclasses.replace(H100, node=dataclasses.replace(H100.node, gpus_per_node=gpn))
-    hw = sited(hw, nodes * gpn, gbps, latency)
+    hw = sited(hw, nodes * gpn, gbps, latency, window if latency else 0.0)
     try:
         s = Strategy(tp=tp, pp=pp, dp=dp, zero_stage=zero, vpp=2 if vpp and pp > 1 else 1,
                      schedule="interleaved_1f1b" if vpp and pp > 1 else "1f1b",
