@@ -225,12 +225,20 @@ def note_sites(model: Any, s: Strategy, system: SystemSpec) -> dict[str, Any] | 
     if hops:
         rates["send"] = costs.net.send_crossing_Bps(per_stage) * 8 / 1e9
     nic = costs.net.nic.bytes_per_s * 8 / 1e9
-    said = [f"{axis} {g:,.0f} Gb/s a flow ("
-            + ("its NICs'" if g >= nic * (1 - 1e-12) else "the links between the sites") + ")"
+    window = costs.net.site_window_Bps * 8 / 1e9
+
+    def limit(g: float, links: str) -> str:
+        """What sets a crossing rate of ``g`` Gb/s: the window, the NICs or the links."""
+        if g >= window * (1 - 1e-12):
+            return "its window over the round trip"
+        return "its NICs'" if g >= nic * (1 - 1e-12) else links
+
+    said = [f"{axis} {g:,.0f} Gb/s a flow ({limit(g, 'the links between the sites')})"
             for axis, g in rates.items() if axis != "send"]
     if hops:
-        said.append(f"sends {rates['send']:,.1f} Gb/s a GPU (the links over a stage's "
-                    f"{per_stage:,} GPUs)")
+        said.append(f"sends {rates['send']:,.1f} Gb/s a GPU ("
+                    + limit(rates["send"], f"the links over a stage's {per_stage:,} GPUs")
+                    + ")")
     console.print(f"{C.sites_words(system.scaleout, s.world_size)}: "
                   f"{', '.join(groups) or 'no parallel group'} spanning sites"
                   + (f", {hops} pipeline hop{'s' if hops > 1 else ''} between them" if hops

@@ -215,6 +215,30 @@ def test_estimate_says_what_crosses_between_sites(tmp_path, pp: int, groups: lis
     assert 1.0 < got["step_time_s"] / one_site < (1.02 if pp == 1 else 1.1)
 
 
+def test_estimate_names_the_window_where_it_binds(tmp_path) -> None:
+    """The example's sites with 8 MiB in flight a flow: pp 1's rings cross at the window over
+    the 506 µs round trip (~133 Gb/s), said as what sets the rate and in the JSON."""
+    import json
+
+    from tests.test_cli import run
+
+    text = (Path(__file__).parent / "data" / "two-sites-h100.toml").read_text()
+    system = tmp_path / "w8.toml"
+    system.write_text(text.replace("site_latency_us = 250.0",
+                                   "site_latency_us = 250.0\nsite_window_MiB = 8"))
+    out = tmp_path / "e.json"
+    r = run("estimate", "--model", "llama3-70b", "--gpus", "8192", "--tp", "8", "--sp",
+            "--mbs", "1", "--gbs", "2048", "--zero", "1", "--system", str(system),
+            "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    cap_gbps = 8 * 2**20 / (2 * (3.0 + 250.0) * 1e-6) * 8 / 1e9
+    assert json.loads(out.read_text())["sites"]["crossing_Gbps_per_flow"] == {
+        "dp": pytest.approx(cap_gbps)}
+    said = " ".join(r.stdout.split())
+    assert "250 µs, 8 MiB in flight a flow)" in said
+    assert f"dp {cap_gbps:,.0f} Gb/s a flow (its window over the round trip)" in said
+
+
 def test_a_site_boundary_inside_a_stage_is_said() -> None:
     """1,600 GPUs a stage on sites of 4,096: the boundary cuts stage 2, whose data-parallel
     group then spans both sites, and the note says how its sends are costed."""
