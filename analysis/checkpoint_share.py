@@ -29,6 +29,16 @@ from tracegen.units import GiB
 STAGINGS = ("state_dict", "fully_parallel")
 
 
+def checked_staging(value: object) -> str:
+    """``[checkpoint] staging`` as given, or a ConfigError that names the choices."""
+    if value not in STAGINGS:
+        raise ConfigError(f"checkpoint staging must be {' or '.join(map(repr, STAGINGS))} "
+                          "(all a GPU holds, as PyTorch's distributed checkpoint stages it, or "
+                          "the share it writes, as Megatron-Core's fully parallel save), got "
+                          f"{value!r}", what="checkpoint")
+    return str(value)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class CheckpointShare:
     """``staged_bytes``: the most one rank copies over its host link (a checkpoint blocks until
@@ -50,10 +60,7 @@ def checkpoint_share(model: ModelSpec, s: Strategy, system: SystemSpec,
     another system, whose hosts hold them (each system's hosts checked against their own).
     ``copies``: snapshots a host keeps of each of its ranks' shares (checkpoints kept in memory
     hold a peer's too: 2). ``staging``: what a rank copies (module docstring)."""
-    if staging not in STAGINGS:
-        raise ConfigError(f"checkpoint staging must be {' or '.join(STAGINGS)}, got "
-                          f"{staging!r}", what="checkpoint")
-    share = (memory.checkpoint_written_bytes if staging == "fully_parallel"
+    share = (memory.checkpoint_written_bytes if checked_staging(staging) == "fully_parallel"
              else memory.checkpoint_held_bytes)
     flash = system.gpu.flash_attention
     act = (memory.activation_bytes_per_layer(model, s, flash_attention=flash)

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 import polars as pl
 
-from analysis.checkpoint_share import STAGINGS
+from analysis.checkpoint_share import checked_staging
 from tracegen._config import is_finite_number
 from tracegen.errors import ConfigError
 
@@ -446,17 +446,12 @@ def recovery_inputs(checkpoint: dict[str, object], restart: dict[str, object],
     if mode not in ("sync", "async", "in_memory"):
         raise ConfigError(f"checkpoint mode must be sync, async or in_memory, got {mode!r}",
                           what="checkpoint")
-    if ck["staging"] not in STAGINGS:
-        raise ConfigError(f"checkpoint staging must be {' or '.join(map(repr, STAGINGS))} "
-                          "(all a GPU holds, as PyTorch's distributed checkpoint stages it, or "
-                          f"the share it writes, as Megatron-Core's fully parallel save), got "
-                          f"{ck['staging']!r}", what="checkpoint")
     return RecoveryInputs(
         str(mode), number("checkpoint", "storage_GBps", ck["storage_GBps"], positive=True) * 1e9,
         (number("checkpoint", "host_copy_GBps", ck["host_copy_GBps"], positive=True) * 1e9
          if "host_copy_GBps" in checkpoint else 0.0),
         {k: number("restart", k, v) for k, v in {**DEFAULT_RESTART, **restart}.items()},
-        _policies(policies or {}), str(ck["staging"]),
+        _policies(policies or {}), checked_staging(ck["staging"]),
         number("checkpoint", "save_overhead_s", ck["save_overhead_s"]))
 
 
