@@ -380,8 +380,14 @@ class JobShape:
 # being decomposed in public (Meta and Crusoe, PyTorch blog April 2025, Llama 3 70B on 1,856
 # H200s: 0.78 s blocked with the staging copy in it, then tokens/s dipped for ~67 s, to 372
 # of 700 at worst, the dip's integral not stated).
+# storage_read_GBps: what a restart reads the checkpoint at, where it differs from the write
+# rate (0: storage_GBps). Both are the rates a job achieves, not the storage's datasheet: on a
+# 63-node B200 cluster saves averaged 16% of its 250 GB/s write bandwidth and restart loads
+# 21.5% of its 700 GB/s read bandwidth, ~40 and ~150 GB/s (Lablup technical report,
+# arXiv:2605.09370, 523 checkpoint events).
 DEFAULT_CHECKPOINT = {"mode": "async", "storage_GBps": 200.0, "host_copy_GBps": 0.0,
-                      "staging": "state_dict", "save_overhead_s": 0.0}
+                      "staging": "state_dict", "save_overhead_s": 0.0,
+                      "storage_read_GBps": 0.0}
 # where neither the study nor the system gives a host link: an assumption (a PCIe Gen4 x16
 # link's 27.5 GB/s, ``replay/systems``, rounded down), as before the systems carried one
 FALLBACK_HOST_COPY_GBPS = 25.0
@@ -429,6 +435,7 @@ class RecoveryInputs:
     policies: dict[str, dict[str, float]]
     staging: str = "state_dict"
     save_overhead_s: float = 0.0
+    read_Bps: float = 0.0  # a restart's read of the checkpoint (0: ``storage_Bps``)
 
 
 def recovery_inputs(checkpoint: dict[str, object], restart: dict[str, object],
@@ -452,7 +459,9 @@ def recovery_inputs(checkpoint: dict[str, object], restart: dict[str, object],
          if "host_copy_GBps" in checkpoint else 0.0),
         {k: number("restart", k, v) for k, v in {**DEFAULT_RESTART, **restart}.items()},
         _policies(policies or {}), checked_staging(ck["staging"]),
-        number("checkpoint", "save_overhead_s", ck["save_overhead_s"]))
+        number("checkpoint", "save_overhead_s", ck["save_overhead_s"]),
+        (number("checkpoint", "storage_read_GBps", ck["storage_read_GBps"], positive=True)
+         * 1e9 if "storage_read_GBps" in checkpoint else 0.0))
 
 
 def recovery_costs(job: JobShape, checkpoint: dict[str, object], restart: dict[str, object],
@@ -470,7 +479,7 @@ def recovery_costs(job: JobShape, checkpoint: dict[str, object], restart: dict[s
     delta = fixed + {"sync": size / storage, "async": shard / host, "in_memory": shard / host}[mode]
     init = rs["init_s"] + rs["init_s_per_1000_gpus"] * job.gpus / 1000
     base = rs["scheduling_s"] + init + rs["warmup_s"]
-    load_storage = size / storage
+    load_storage = size / (given.read_Bps or storage)
     load_peer = held / job.nic_bytes_per_s
     # (a snapshot kept in memory reaches its peer at the NIC's rate: the share the GPU copied)
     send_peer = shard / job.nic_bytes_per_s

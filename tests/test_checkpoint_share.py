@@ -367,3 +367,28 @@ def test_copying_only_the_written_share_never_costs_goodput(
         assert written["checkpoint_s"] <= held["checkpoint_s"]
         assert written["restart_s"] == pytest.approx(held["restart_s"])
         assert written["goodput"] >= held["goodput"] - 1e-12
+
+
+def test_a_restart_reads_at_the_read_rate_where_one_is_given() -> None:
+    """[checkpoint] storage_read_GBps: the policies that load from storage restart faster by
+    exactly the checkpoint over the difference of the rates; what a save blocks and when it
+    persists stay the write rate's; the in-memory policy's peer load is untouched."""
+    rows = {}
+    for read in (None, 150.0):
+        ck = {"mode": "async", "storage_GBps": 40.0}
+        if read is not None:
+            ck["storage_read_GBps"] = read
+        study = study_from_dict(_study(**ck))
+        rows[read] = {r["policy"]: r for r in
+                      resilience_frame(study, study.strategies[0]).iter_rows(named=True)}
+    size = R.checkpoint_bytes(resolve_model("llama3.1-405b").num_params())
+    saved = size / 40e9 - size / 150e9
+    for policy in ("global_restart", "hot_spares"):
+        slow, fast = rows[None][policy], rows[150.0][policy]
+        assert slow["restart_s"] - fast["restart_s"] == pytest.approx(saved)
+        assert fast["persist_s"] == slow["persist_s"] == pytest.approx(size / 40e9)
+        assert fast["checkpoint_s"] == slow["checkpoint_s"]
+        assert fast["goodput"] > slow["goodput"]
+    assert rows[150.0]["in_memory"]["restart_s"] == rows[None]["in_memory"]["restart_s"]
+    with pytest.raises(R.ConfigError, match=r"storage_read_GBps must be a positive number"):
+        study_from_dict(_study(storage_read_GBps=0))
