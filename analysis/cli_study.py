@@ -180,6 +180,7 @@ def resilience_cmd(
         episode_lines,
         resilience_frame,
         snapshot_line,
+        spare_line,
         strategy_dict,
         summary_dict,
     )
@@ -221,6 +222,8 @@ def resilience_cmd(
             console.print(line)
         if (snap := snapshot_line(frame.row(0, named=True))) is not None:
             console.print(snap)
+        if (spares := spare_line(study, frame.to_dicts())) is not None:
+            console.print(spares)
         if any(r["goodput"] <= 0 for r in frame.iter_rows(named=True)):
             console.print(_no_progress_line(mttf_s, frame.to_dicts(), s.world_size))
         if plots is not None:

@@ -97,7 +97,11 @@ class RecoveryCosts:
     stall_s: float = 0.0  # replica-local / elastic: the whole job's pause while it reconfigures
     replicas: int = 1  # data-parallel replicas (units of replica-local recovery)
     degraded_throughput: float = 1.0  # elastic shrink: throughput fraction while shrunk
-    repair_s: float = 0.0  # elastic shrink: time until the lost GPUs are back
+    repair_s: float = 0.0  # elastic shrink, hot spares' pool: time until the lost GPUs are back
+    # hot spares: the pool's size (-1: never empty) and the restart when it is
+    # (``spare_miss``): the global restart's, rescheduled onto whatever the cluster frees
+    spares: int = -1
+    fallback_restart_s: float = 0.0
     # after its blocking part, until a restart can load the checkpoint (W): an async one's
     # background write to storage, an in-memory one's copy to a peer's host
     persist_s: float = 0.0
@@ -244,10 +248,11 @@ def policy_rows(*, failure: FailureModel, gpus: int, work_s: float,
     ``analysis.fail_slow``), multiplied into every policy's goodput."""
     mttf = failure.job_mttf_s(gpus)
     rows = []
-    for policy, c in costs.items():
+    for policy, given in costs.items():
         if policy not in POLICIES:
             raise ConfigError(f"unknown recovery policy {policy!r}; choose from "
                               f"{', '.join(POLICIES)}", what="resilience study")
+        c, miss = _with_spare_pool(given, mttf)
         tau = interval_s or (daly_interval_s(c.checkpoint_s, mttf) if c.checkpoint_s > 0
                              else 0.0)
         # storage takes a checkpoint no faster than it writes one: the next waits for the last
@@ -262,8 +267,47 @@ def policy_rows(*, failure: FailureModel, gpus: int, work_s: float,
                      "expected_gpu_hours": wall * gpus / HOUR_S,
                      "expected_failures": wall / mttf, "checkpoint_interval_s": tau,
                      "job_mttf_s": mttf, "checkpoint_s": c.checkpoint_s,
-                     "restart_s": c.restart_s, "persist_s": c.persist_s})
+                     "restart_s": c.restart_s, "persist_s": c.persist_s,
+                     "spare_miss": miss})
     return rows
+
+
+def spare_miss(in_repair: float, spares: int) -> float:
+    """The share of failures that find every spare in repair. Failed hosts wait for repair as
+    an M/G/∞ queue — Poisson failures, any repair-time distribution — so the number in repair
+    is Poisson with mean λ·T, the failures in a repair time (Palm's theorem; Takács 1962,
+    *Introduction to the Theory of Queues*, ch. 3), and a failure finds that distribution
+    (Poisson arrivals see time averages: Wolff 1982): P(N ≥ ``spares``). Repaired hosts go
+    back to the pool; the spares themselves are taken not to fail while idle."""
+    if spares <= 0:
+        return 1.0
+    if in_repair <= 0:
+        return 0.0
+    below = sum(math.exp(k * math.log(in_repair) - in_repair - math.lgamma(k + 1))
+                for k in range(spares))
+    return max(0.0, 1.0 - below)
+
+
+def spares_for(in_repair: float, miss: float) -> int:
+    """The fewest spares that leave at most ``miss`` of failures without one."""
+    n = 0
+    while spare_miss(in_repair, n) > miss:
+        n += 1
+    return n
+
+
+def _with_spare_pool(c: RecoveryCosts, mttf: float) -> tuple[RecoveryCosts, float | None]:
+    """Hot spares from a pool of ``c.spares`` (-1: never empty, as assumed before): the
+    restart a failure costs on average — the swap where a spare is free, the global restart
+    where none is — and the share of failures that find none (None: no pool given). Daly's
+    form then takes the mean restart: exact in the long run's expected restart time, an
+    approximation in its exponential (convex in R, so slightly optimistic where misses are
+    neither rare nor certain)."""
+    if c.spares < 0:
+        return c, None
+    miss = spare_miss(c.repair_s / mttf, c.spares)
+    mean = (1 - miss) * c.restart_s + miss * c.fallback_restart_s
+    return dataclasses.replace(c, restart_s=mean), miss
 
 
 def _ettr(policy: str, c: RecoveryCosts, mttf: float, tau: float) -> float:
@@ -401,6 +445,10 @@ DEFAULT_RESTART = {"scheduling_s": 300.0, "init_s": 60.0, "init_s_per_1000_gpus"
 # FT-HSDP (Salpekar et al. 2026): replica-local recovery stalls the job ~3 minutes per failure.
 DEFAULT_POLICY = {"replica_local": {"stall_s": 180.0},
                   "elastic_shrink": {"stall_s": 180.0, "repair_s": 4 * HOUR_S}}
+# Given together or not at all (no default: a fleet's spare count and repair time are its
+# own): hot spares drawn from a pool of ``spares`` hosts, each failed host back in the pool
+# after ``repair_s`` on average (``spare_miss``). Without them the pool is never empty.
+OPTIONAL_POLICY = {"hot_spares": ("spares", "repair_s")}
 
 
 def _policies(policies: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -414,14 +462,28 @@ def _policies(policies: dict[str, Any]) -> dict[str, dict[str, float]]:
         given = policies.get(name, {})
         if not isinstance(given, dict):
             raise ConfigError(f"[policies.{name}] must be a table, got {given!r}", what="study")
-        extra = sorted(set(given) - set(DEFAULT_POLICY.get(name, {})))
+        takes = sorted({*DEFAULT_POLICY.get(name, {}), *OPTIONAL_POLICY.get(name, ())})
+        extra = sorted(set(given) - set(takes))
         if extra:
             raise ConfigError(f"[policies.{name}] has no {extra}; it takes "
-                              f"{sorted(DEFAULT_POLICY.get(name, {})) or 'no parameters'}",
-                              what="study")
+                              f"{takes or 'no parameters'}", what="study")
         table = {**DEFAULT_POLICY.get(name, {}), **given}
         out[name] = {k: number(f"policies.{name}", k, v) for k, v in table.items()}
+        _check_pool(name, out[name])
     return out
+
+
+def _check_pool(name: str, table: dict[str, float]) -> None:
+    """A spare pool is its size and its hosts' repair time together; the size whole."""
+    pool = OPTIONAL_POLICY.get(name, ())
+    given = [k for k in pool if k in table]
+    if given and len(given) < len(pool):
+        missing = [k for k in pool if k not in table]
+        raise ConfigError(f"[policies.{name}] {given[0]} needs {missing[0]} too (the pool's "
+                          "size and how long a failed host takes to come back)", what="study")
+    if "spares" in table and table["spares"] != int(table["spares"]):
+        raise ConfigError(f"[policies.{name}] spares must be a whole number of hosts, got "
+                          f"{table['spares']:g}", what="study")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -495,7 +557,9 @@ def recovery_costs(job: JobShape, checkpoint: dict[str, object], restart: dict[s
                                    persist_s=send_peer),
         "hot_spares": RecoveryCosts(
             checkpoint_s=delta, restart_s=rs["spare_swap_s"] + init + rs["warmup_s"]
-            + load_storage, persist_s=persist),
+            + load_storage, persist_s=persist, spares=int(pol["hot_spares"].get("spares", -1)),
+            repair_s=pol["hot_spares"].get("repair_s", 0.0),
+            fallback_restart_s=base + load_storage),
         "replica_local": RecoveryCosts(
             checkpoint_s=delta, restart_s=base + load_peer,
             stall_s=pol["replica_local"]["stall_s"], replicas=job.dp, persist_s=persist),
