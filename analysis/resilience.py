@@ -441,7 +441,7 @@ FALLBACK_HOST_COPY_GBPS = 25.0
 # MegaScale, Jiang et al. 2024 §3.4, reports tens of seconds at >10K GPUs after optimisation),
 # and warm-up; checkpoint loading is computed from sizes and bandwidths. For scale, not
 # fitted: Lablup's automatic retries of a 504-GPU B200 job came a median 11 min apart (IQR
-# 10-11; arXiv:2605.09370), where these defaults give ~7.5 min before the load at 504 GPUs.
+# 10-11; arXiv:2605.09370), where these defaults give ~7 min before the load at 504 GPUs.
 DEFAULT_RESTART = {"scheduling_s": 300.0, "init_s": 60.0, "init_s_per_1000_gpus": 3.0,
                    "warmup_s": 60.0, "spare_swap_s": 30.0}
 # FT-HSDP (Salpekar et al. 2026): replica-local recovery stalls the job ~3 minutes per failure.
