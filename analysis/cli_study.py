@@ -582,6 +582,19 @@ def _print_cluster(st: Study) -> None:
         console.print(f"{sites_words(st.system.scaleout, st.gpus)}: a group that spans sites "
                       "runs at their links' pace (`trainsim estimate` names which of a "
                       "strategy's do)", soft_wrap=True)
+    if st.failures and "weibull_shape" in st.failures and float(
+            st.failures["weibull_shape"]) != 1.0:
+        console.print(WEIBULL_NOTE, soft_wrap=True)
+
+
+# A per-GPU Weibull shape does not reach the goodputs: a job's failures are its GPUs' together
+WEIBULL_NOTE = (
+    "note: weibull_shape shapes each GPU's time to failure; a job's failures are the "
+    "superposition of its GPUs' processes, which tends to a Poisson process as they grow in "
+    "number (the Palm–Khintchine theorem; Khintchine 1960, Mathematical Methods in the Theory "
+    "of Queueing), so the goodputs take the job's MTTF alone and the shape changes "
+    "none of them; `analysis.resilience.monte_carlo_wall_s` draws a Weibull job-level process "
+    "for a job of a few GPUs")
 
 
 def space_words(st: Study) -> str:

@@ -326,3 +326,25 @@ def test_a_node_rate_on_gb200_is_a_compute_trays() -> None:
     tray = frame({"rate_per_node_hour": 8e-4})
     assert tray.equals(frame({"rate_per_gpu_hour": 2e-4}))
     assert not tray.equals(frame({"rate_per_gpu_hour": 8e-4 / 72}))
+
+
+def test_a_per_gpu_weibull_shape_is_said_to_leave_the_goodputs_as_they_are(
+        tmp_path: Path) -> None:
+    """weibull_shape is accepted, but the closed forms take the job's MTTF (the superposition
+    of many GPUs' failures is Poisson): the goodputs equal the exponential ones, and the CLI
+    says why instead of ignoring the key in silence."""
+    study = (Path(__file__).resolve().parent.parent / "analysis" / "studies" /
+             "llama3-405b-failures.toml").read_text()
+    goodputs = []
+    for shape in ("", "\nweibull_shape = 0.7"):
+        f = tmp_path / f"w{len(goodputs)}.toml"
+        f.write_text(study.replace('preset = "llama3-16k-h100"',
+                                   f"rate_per_gpu_hour = 2e-5{shape}"))
+        out = tmp_path / f"w{len(goodputs)}.json"
+        r = subprocess.run([sys.executable, "-m", "analysis.cli", "resilience", str(f),
+                            "--summary", str(out)], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "COLUMNS": "300"})
+        assert r.returncode == 0, r.stderr
+        assert ("Palm–Khintchine" in r.stdout) is bool(shape)
+        goodputs.append({k: p["goodput"] for k, p in json.loads(out.read_text())["policies"].items()})
+    assert goodputs[0] == goodputs[1]
