@@ -222,8 +222,8 @@ def resilience_cmd(
             console.print(line)
         if (snap := snapshot_line(frame.row(0, named=True))) is not None:
             console.print(snap)
-        if (spares := spare_line(study, frame.to_dicts())) is not None:
-            console.print(spares)
+        for line in filter(None, map(spare_line, frame.to_dicts())):
+            console.print(line)
         if any(r["goodput"] <= 0 for r in frame.iter_rows(named=True)):
             console.print(_no_progress_line(mttf_s, frame.to_dicts(), s.world_size))
         if plots is not None:

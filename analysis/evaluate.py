@@ -217,18 +217,17 @@ def snapshot_line(row: dict[str, Any]) -> str | None:
             "mode = \"sync\"")
 
 
-def spare_line(study: Study, rows: list[dict[str, Any]]) -> str | None:
-    """Where the study gives hot spares a pool (``[policies.hot_spares] spares, repair_s``):
-    how often a failure finds none, and the pool that leaves under 1% without one."""
-    pool = R.recovery_inputs(study.checkpoint, study.restart, study.policies
-                             ).policies["hot_spares"]
-    row = next((r for r in rows if r["policy"] == "hot_spares"), None)
-    if "spares" not in pool or row is None or row.get("spare_miss") is None:
+def spare_line(row: dict[str, Any]) -> str | None:
+    """For the hot-spares row of a study that gives them a pool (``[policies.hot_spares]
+    spares, repair_s``): how often a failure finds none, and the pool that leaves under 1%
+    without one (None for any other row)."""
+    if row.get("spare_miss") is None:
         return None
-    in_repair = pool["repair_s"] / row["job_mttf_s"]
+    in_repair = row["spare_repair_s"] / row["job_mttf_s"]
     need = R.spares_for(in_repair, 0.01)
-    return (f"hot_spares: {pool['spares']:.0f} spare hosts, a failed one back after "
-            f"{pool['repair_s'] / 3600:g} h ({in_repair:.1f} in repair on average): "
+    n = round(row["spares"])
+    return (f"hot_spares: {n} spare host{'' if n == 1 else 's'}, a failed one back after "
+            f"{row['spare_repair_s'] / 3600:g} h ({in_repair:.1f} in repair on average): "
             f"{row['spare_miss']:.1%} of failures find none and restart as global_restart "
             f"does; {need} spares leave fewer than 1% without one")
 

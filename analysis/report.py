@@ -141,7 +141,8 @@ def _context(results: pl.DataFrame, meta: dict[str, Any], figures: list[dict[str
     episodes: list[tuple[str, str]] = []
     rpath = src / "resilience.parquet"
     if rpath.is_file():
-        for r in read_table(rpath, RESILIENCE_COLUMNS_READ).iter_rows(named=True):
+        policies = read_table(rpath, RESILIENCE_COLUMNS_READ).to_dicts()
+        for r in policies:
             res_rows.append({"policy": r["policy"], "goodput": f"{r['goodput']:.1%}",
                              "days": f"{r['expected_wall_clock_s'] / 86400:.1f}",
                              "failures": f"{r['expected_failures']:,.0f}",
@@ -154,11 +155,12 @@ def _context(results: pl.DataFrame, meta: dict[str, Any], figures: list[dict[str
                                          is not None else "–")})
         if res_rows:  # the study's [fail_slow] and [slow_links] episodes, in those goodputs,
             # and checkpoint snapshots that overfill a host
-            from analysis.evaluate import episode_sentences, snapshot_line
+            from analysis.evaluate import episode_sentences, snapshot_line, spare_line
 
             episodes = episode_sentences(r)
             if (snap := snapshot_line(r)) is not None:
                 episodes.append(("snapshots", snap))
+            episodes += [("spares", line) for line in map(spare_line, policies) if line]
     title = meta.get("title") or f"trainsim: {meta.get('name', 'strategy comparison')}"
     subtitle = ", ".join(f"{k} {meta[k]}" for k in ("model", "system", "gpus",
                                                      "global_batch_size") if k in meta)

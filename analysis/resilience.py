@@ -268,7 +268,8 @@ def policy_rows(*, failure: FailureModel, gpus: int, work_s: float,
                      "expected_failures": wall / mttf, "checkpoint_interval_s": tau,
                      "job_mttf_s": mttf, "checkpoint_s": c.checkpoint_s,
                      "restart_s": c.restart_s, "persist_s": c.persist_s,
-                     "spare_miss": miss})
+                     "spare_miss": miss, "spares": c.spares if miss is not None else None,
+                     "spare_repair_s": c.repair_s if miss is not None else None})
     return rows
 
 

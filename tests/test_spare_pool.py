@@ -128,3 +128,25 @@ def test_resilience_says_how_often_the_pool_is_empty_and_what_would_do(tmp_path)
     assert (f"hot_spares: 8 spare hosts, a failed one back after 24 h ({in_repair:.1f} in "
             f"repair on average): {miss:.1%} of failures find none") in words
     assert f"{R.spares_for(in_repair, 0.01)} spares leave fewer than 1% without one" in words
+
+
+def test_the_report_says_it_too(tmp_path) -> None:
+    """`trainsim report` of a comparison whose study gives hot spares a pool: the same line
+    under the recovery-policy table (from the results' columns alone)."""
+    import subprocess
+    import sys
+
+    from tests.studies import write_study
+
+    study = write_study(tmp_path)
+    study.write_text(study.read_text() + "\n[policies.hot_spares]\nspares = 1\n"
+                                         "repair_s = 36000\n")
+    out = tmp_path / "out"
+    cli = [sys.executable, "-m", "analysis.cli"]
+    for args in (["compare", str(study), "-o", str(out), "--workers", "1"],
+                 ["report", str(out), "-o", str(out)]):
+        r = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+    md = " ".join((out / "report.md").read_text().split())
+    assert "hot_spares: 1 spare host, a failed one back after 10 h" in md
+    assert "of failures find none and restart as global_restart does" in md
