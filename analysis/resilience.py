@@ -273,6 +273,11 @@ def policy_rows(*, failure: FailureModel, gpus: int, work_s: float,
     return rows
 
 
+# The Poisson tail is summed over mean ± POISSON_SPAN standard deviations (+ POISSON_PAD): the
+# mass outside is below 1e-30; past EXACT_MEAN hosts in repair its normal form is used.
+POISSON_SPAN, POISSON_PAD, EXACT_MEAN = 12.0, 30.0, 1e6
+
+
 def spare_miss(in_repair: float, spares: int) -> float:
     """The share of failures that find every spare in repair. Failed hosts wait for repair as
     an M/G/∞ queue — Poisson failures, any repair-time distribution — so the number in repair
@@ -284,17 +289,33 @@ def spare_miss(in_repair: float, spares: int) -> float:
         return 1.0
     if in_repair <= 0:
         return 0.0
+    lo, hi = _poisson_window(in_repair)
+    if spares > hi:
+        return 0.0
+    if in_repair > EXACT_MEAN:  # (normal form, continuity-corrected: error O(1/√mean))
+        return 0.5 * math.erfc((spares - 0.5 - in_repair) / math.sqrt(2 * in_repair))
     below = sum(math.exp(k * math.log(in_repair) - in_repair - math.lgamma(k + 1))
-                for k in range(spares))
-    return max(0.0, 1.0 - below)
+                for k in range(lo, spares))
+    return min(1.0, max(0.0, 1.0 - below))
+
+
+def _poisson_window(mean: float) -> tuple[int, int]:
+    """The counts outside which a Poisson of ``mean`` has no mass worth summing."""
+    width = POISSON_SPAN * math.sqrt(mean) + POISSON_PAD
+    return max(0, math.floor(mean - width)), math.ceil(mean + width)
 
 
 def spares_for(in_repair: float, miss: float) -> int:
-    """The fewest spares that leave at most ``miss`` of failures without one."""
-    n = 0
-    while spare_miss(in_repair, n) > miss:
-        n += 1
-    return n
+    """The fewest spares that leave at most ``miss`` of failures without one (a bisection:
+    the share falls as spares are added)."""
+    lo, hi = 0, _poisson_window(max(in_repair, 0.0))[1] + 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if spare_miss(in_repair, mid) > miss:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def _with_spare_pool(c: RecoveryCosts, mttf: float) -> tuple[RecoveryCosts, float | None]:

@@ -150,3 +150,18 @@ def test_the_report_says_it_too(tmp_path) -> None:
     md = " ".join((out / "report.md").read_text().split())
     assert "hot_spares: 1 spare host, a failed one back after 10 h" in md
     assert "of failures find none and restart as global_restart does" in md
+
+
+def test_absurd_pools_and_repairs_answer_at_once() -> None:
+    """A trillion spares, or repairs a trillion failures long, are refused by no check but
+    must not hang the sum: the tail beyond twelve standard deviations is taken as none, and
+    past a million hosts in repair the normal form stands in (it meets the exact sum there)."""
+    assert R.spare_miss(7.8, 10**12) == 0.0 and R.spares_for(7.8, 0.01) == 16
+    assert R.spare_miss(1e26, 5) == 1.0
+    a = 1e12
+    assert R.spares_for(a, 0.01) == pytest.approx(a + 2.3263 * math.sqrt(a), abs=2e3)
+    edge = R.EXACT_MEAN
+    for k in (0.0, 1.0, 2.0):
+        spares = round(edge + k * math.sqrt(edge))
+        assert R.spare_miss(edge * (1 + 1e-9), spares) == pytest.approx(
+            R.spare_miss(edge, spares), abs=2e-3)
