@@ -470,7 +470,30 @@ def _peak_chunk_load(order_id: str, m: int, p: int, v: int, stage: int,
     """The largest Σ in-flight micro-batches × ``per_chunk`` bytes over the stage's schedule
     (``schedule.stage_order``): activations are held from a forward to its backward; under
     ZB-H1 and ZB-V a B pass frees them but for its W pass's operands, ``hold`` (per chunk),
-    which the W frees."""
+    which the W frees. GPipe holds every micro-batch at its peak; the other schedules reach
+    theirs in the warm-up and first steady rounds, after which the load repeats round by
+    round, so a long run is walked as its first ``peak_walk_count`` micro-batches (a test
+    holds the two equal past the cap; a run of 10⁸ micro-batches had walked every pass)."""
+    if order_id == "gpipe" and len(per_chunk) == 1 and not hold:
+        return m * per_chunk[0]
+    return _walk_peak(order_id, peak_walk_count(order_id, m, p, v), p, v, stage, per_chunk,
+                      hold)
+
+
+def peak_walk_count(order_id: str, m: int, p: int, v: int) -> int:
+    """The micro-batches ``_peak_chunk_load`` walks for a run of ``m``: all of them up to a
+    cap of several warm-ups (4·v·(p + N) + 8, N the micro-batch group: the period of an
+    interleaved order, else 1), past it the cap plus the remainder of m over the period, so
+    that the last, partial group keeps its shape."""
+    group = order_id.partition("+")[0].partition("/")[2]
+    period = (int(group) if group else p) if order_id.startswith("interleaved") else 1
+    cap = -(-(4 * v * (p + period) + 8) // period) * period
+    return m if m <= cap else cap + (m - cap) % period
+
+
+def _walk_peak(order_id: str, m: int, p: int, v: int, stage: int,
+               per_chunk: tuple[int, ...], hold: tuple[int, ...] = ()) -> int:
+    """``_peak_chunk_load``'s walk over every pass of the stage's order."""
     peak = load = 0
     for phase, _, ch in stage_order(order_id, m=m, p=p, v=v, stage=stage):
         if phase == "F":

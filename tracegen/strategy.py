@@ -546,8 +546,20 @@ def ruled_out(*, tp: int, pp: int, dp: int, vpp: int, micro_batch_size: int,
         pp < 2 or vpp < 2 or (global_batch_size // per_step) % pp != 0)
 
 
+# No training recipe found runs near this many micro-batches a step on one pipeline (NeMo's
+# Llama 3.1 405B on one GB200 rack: 1,536; most run tens to hundreds): past it a global
+# batch given in tokens rather than sequences is the likely slip, and the walks of the
+# grouped and merged schedules, linear in the count, would take minutes to hours.
+MAX_MICROBATCHES = 100_000
+
+
 def _batch_problems(s: Strategy) -> list[str]:
     per_step = s.micro_batch_size * s.dp
+    if s.global_batch_size // per_step > MAX_MICROBATCHES:
+        return [f"global_batch_size {s.global_batch_size:,} makes "
+                f"{s.global_batch_size // per_step:,} micro-batches a step on each pipeline, "
+                f"more than {MAX_MICROBATCHES:,}: global_batch_size counts sequences, not "
+                "tokens (divide a token count by the sequence length)"]
     if s.global_batch_size % per_step:
         lo = (s.global_batch_size // per_step) * per_step
         nearest = f"{lo} or {lo + per_step}" if lo else f"{per_step}"
