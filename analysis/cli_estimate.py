@@ -122,7 +122,7 @@ def estimate_cmd(
         chosen = parse_stage_systems(stage_system, strategy.pp)
         mixed = mixed_estimate(spec, strategy, sys_spec, chosen)
     g = glance(spec, strategy, sys_spec)
-    print_glance(g, strategy, alone=mixed is not None)
+    print_glance(g, strategy, alone=mixed is not None, model=spec)
     if spec.window:
         console.print(f"sliding-window attention: {spec.window_summary()} (the others attend "
                       f"over the whole {spec.seq_len:,}-token sequence)"
@@ -250,6 +250,23 @@ def note_sites(model: Any, s: Strategy, system: SystemSpec) -> dict[str, Any] | 
                       "whole number of stages is what a split at the sites would run")
     return {"sites": -(-s.world_size // site), "groups_spanning_sites": groups,
             "pipeline_hops_between_sites": hops, "crossing_Gbps_per_flow": rates}
+
+
+ATTENTION_NOTE_SHARE = 0.3  # (below it the causal count's MFU is within 15% of this one)
+
+
+def note_attention_count(model: Any, s: Strategy, mfu: float) -> None:
+    """Where attention weighs in the model FLOP count (long sequences), say that MFU counts it
+    full, as Megatron-LM and the published MFUs do, and what counting a causal layer's half
+    would give."""
+    from tracegen.flops import attention_share
+
+    share = attention_share(model, s.global_batch_size)
+    if share >= ATTENTION_NOTE_SHARE:
+        console.print(f"note: MFU counts attention in full, as Megatron-LM's count (and the "
+                      f"published MFUs it is compared with) does; attention is {share:.0%} of "
+                      f"that count here, and counting the causal half a layer computes, MFU "
+                      f"would be {mfu * (1 - share / 2):.1%}")
 
 
 def _spanning_rank(costs: Any, axis: str, s: Strategy) -> int:
@@ -539,7 +556,7 @@ def print_ops(table: pl.DataFrame) -> None:
     console.print(kinds)
 
 
-def print_glance(g: Glance, s: Strategy, alone: bool = False) -> None:
+def print_glance(g: Glance, s: Strategy, alone: bool = False, model: Any = None) -> None:
     """The fast path's step, memory and per-stage table; ``alone``: a mixed cluster's
     estimate follows, so the hints say they are for the base system alone."""
     console.print(f"[bold]{g.model}[/] {g.strategy} on {g.system} ({s.world_size:,} GPUs; "
@@ -568,6 +585,8 @@ def print_glance(g: Glance, s: Strategy, alone: bool = False) -> None:
     console.print(f"step time [bold]{g.step_time_s:.4f} s[/] (fast path; pipeline "
                   f"{g.pipeline_s:.4f} s, the busiest stage idle {g.pipeline_idle:.1%} of it): "
                   f"{g.tokens_per_s:,.0f} tokens/s, MFU {g.mfu:.1%}, HFU {g.hfu:.1%}")
+    if model is not None:
+        note_attention_count(model, s, g.mfu)
     if g.interference_s > 0:
         console.print(f"of which {g.interference_s:.4f} s is compute slowed beside overlapped "
                       f"collectives (interference; {g.interference_s / g.step_time_s:.1%} of "

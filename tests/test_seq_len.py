@@ -75,3 +75,21 @@ def test_the_cli_and_a_study_give_the_estimate_a_model_file_gives(tmp_path: Path
                      'global_batch_size = 32\n')
     with pytest.raises(ConfigError, match="seq_len must be a whole number ≥ 1, got '16k'"):
         load_study(study)
+
+
+def test_a_long_sequence_says_how_mfu_counts_attention() -> None:
+    """At 131 K tokens attention is most of Megatron's full-attention FLOP count, so `estimate`
+    says so with the causal count's MFU; at the model's own 8 K it stays quiet."""
+    from tests.test_cli import run
+    from tracegen.flops import attention_share
+
+    args = ["--gpus", "64", "--tp", "8", "--cp", "8", "--mbs", "1", "--gbs", "8",
+            "--system", "dgx-h100"]
+    for name, said in (("llama3-8b@seq131072", True), ("llama3-8b", False)):
+        r = run("estimate", "--model", name, *args)
+        assert r.returncode == 0, r.stderr
+        text = " ".join(r.stdout.split())
+        assert ("MFU counts attention in full" in text) is said
+        if said:
+            share = attention_share(resolve_model(name), 8)
+            assert 0.7 < share < 0.9 and f"attention is {share:.0%} of that count" in text

@@ -124,6 +124,14 @@ def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str,
     return layers if recomputed_layers is None else layers * recomputed_layers // n_l
 
 
+def attention_share(m: ModelSpec, global_batch: int) -> float:
+    """The share of ``model_flop_per_step`` in QKᵀ and attention·V — counted full, as the count
+    does: three times a forward's (``recompute_flop_per_step``'s selective core attention, the
+    same terms); a causal layer computes half of it."""
+    forward = recompute_flop_per_step(m, global_batch, "selective", modules=("core_attn",))
+    return 3 * forward / model_flop_per_step(m, global_batch)
+
+
 def step_rates(m: ModelSpec, global_batch: int, recompute: str, *, step_s: float, gpus: int,
                peak_flop_per_s: float, recomputed_layers: int | None = None,
                modules: tuple[str, ...] = ("core_attn",)) -> dict[str, float]:
