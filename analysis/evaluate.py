@@ -226,10 +226,16 @@ def spare_line(row: dict[str, Any]) -> str | None:
     in_repair = row["spare_repair_s"] / row["job_mttf_s"]
     need = R.spares_for(in_repair, 0.01)
     n = round(row["spares"])
+    mean = f"{in_repair:.1f}" if in_repair >= 1 else f"{in_repair:.2g}"  # (0.04, not 0.0)
     return (f"hot_spares: {n} spare host{'' if n == 1 else 's'}, a failed one back after "
-            f"{row['spare_repair_s'] / 3600:g} h ({in_repair:.1f} in repair on average): "
-            f"{row['spare_miss']:.1%} of failures find none and restart as global_restart "
-            f"does; {need} spares leave fewer than 1% without one")
+            f"{row['spare_repair_s'] / 3600:g} h ({mean} in repair on average): "
+            f"{_share(row['spare_miss'])} of failures find none and restart as "
+            f"global_restart does; {need} spares leave fewer than 1% without one")
+
+
+def _share(x: float) -> str:
+    """A share as a percentage, "under 0.1%" where one decimal would show a non-zero one as 0."""
+    return "under 0.1%" if 0 < x < 0.0005 else f"{x:.1%}"
 
 
 def episode_lines(row: dict[str, Any]) -> list[str]:

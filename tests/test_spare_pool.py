@@ -165,3 +165,17 @@ def test_absurd_pools_and_repairs_answer_at_once() -> None:
         spares = round(edge + k * math.sqrt(edge))
         assert R.spare_miss(edge * (1 + 1e-9), spares) == pytest.approx(
             R.spare_miss(edge, spares), abs=2e-3)
+
+
+def test_a_pool_that_rarely_runs_dry_is_said_so_not_as_zero() -> None:
+    """Hosts back after two hours against a 49-hour MTTF: 0.04 in repair, and four spares
+    almost never run out — said as such, not as 0.0 and 0.0%."""
+    from analysis.evaluate import spare_line
+
+    mttf = 49.5 * 3600
+    row = {"spare_miss": R.spare_miss(7200 / mttf, 4), "spares": 4, "spare_repair_s": 7200.0,
+           "job_mttf_s": mttf}
+    line = spare_line(row)
+    assert line is not None
+    assert "(0.04 in repair on average): under 0.1% of failures find none" in line
+    assert spare_line({"spare_miss": None}) is None
