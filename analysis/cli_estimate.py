@@ -28,7 +28,7 @@ from analysis.glance import Glance, fit_advice, glance
 from analysis.op_table import by_kind, op_table
 from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
-from tracegen import ConfigError, Strategy, resolve_model
+from tracegen import ConfigError, ModelSpec, Strategy, resolve_model
 from tracegen import ops as O
 from tracegen.units import GiB
 
@@ -255,7 +255,7 @@ def note_sites(model: Any, s: Strategy, system: SystemSpec) -> dict[str, Any] | 
 ATTENTION_NOTE_SHARE = 0.3  # (below it the causal count's MFU is within 15% of this one)
 
 
-def note_attention_count(model: Any, s: Strategy, mfu: float) -> None:
+def note_attention_count(model: ModelSpec, s: Strategy, mfu: float) -> None:
     """Where attention weighs in the model FLOP count (long sequences), say that MFU counts it
     full, as Megatron-LM and the published MFUs do, and what counting a causal layer's half
     would give."""
@@ -556,7 +556,8 @@ def print_ops(table: pl.DataFrame) -> None:
     console.print(kinds)
 
 
-def print_glance(g: Glance, s: Strategy, alone: bool = False, model: Any = None) -> None:
+def print_glance(g: Glance, s: Strategy, alone: bool = False,
+                 model: ModelSpec | None = None) -> None:
     """The fast path's step, memory and per-stage table; ``alone``: a mixed cluster's
     estimate follows, so the hints say they are for the base system alone."""
     console.print(f"[bold]{g.model}[/] {g.strategy} on {g.system} ({s.world_size:,} GPUs; "
