@@ -60,8 +60,7 @@ def checkpoint_share(model: ModelSpec, s: Strategy, system: SystemSpec,
     another system, whose hosts hold them (each system's hosts checked against their own).
     ``copies``: snapshots a host keeps of each of its ranks' shares (checkpoints kept in memory
     hold a peer's too: 2). ``staging``: what a rank copies (module docstring)."""
-    share = (memory.checkpoint_written_bytes if checked_staging(staging) == "fully_parallel"
-             else memory.checkpoint_held_bytes)
+    written = checked_staging(staging) == "fully_parallel"
     flash = system.gpu.flash_attention
     act = (memory.activation_bytes_per_layer(model, s, flash_attention=flash)
            if s.cpu_offload_layers else 0)
@@ -69,9 +68,11 @@ def checkpoint_share(model: ModelSpec, s: Strategy, system: SystemSpec,
     for st in range(s.pp):
         held = RoleProgram(model, s, st).stage_params()
         total = held["dp"] + held["edp"]
-        on_gpu, on_host = share(s, total, held["edp"])
+        holds = memory.checkpoint_held_bytes(s, total, held["edp"])
+        on_gpu, on_host = (memory.checkpoint_written_bytes(s, total, held["edp"]) if written
+                           else holds)
         staged.append(on_gpu)
-        loads.append(sum(memory.checkpoint_held_bytes(s, total, held["edp"])))
+        loads.append(sum(holds))
         kept.append(copies * (on_gpu + on_host) + memory.host_bytes(
             model, s, total, act, expert_params=held["edp"], flash_attention=flash))
     where = where or {}
