@@ -46,7 +46,8 @@ def test_a_windowed_attention_costs_its_band(s_len: int, w: int, mbs: int, tp: i
         return
     assert op.flop == 2 * mbs * (2 * s_len * w - w * w) * d * heads
     assert op.flop == pytest.approx(4 * mbs * (s_len * w - w * w / 2) * d * heads)
-    assert op.m == s_len and op.n == -(-(2 * s_len * w - w * w) // s_len) < s_len
+    # (rounded up, a window within a token or two of the sequence reads the causal length)
+    assert op.m == s_len and op.n == -(-(2 * s_len * w - w * w) // s_len) <= s_len
     assert op.bytes == full.bytes and op.flop < full.flop
 
 
