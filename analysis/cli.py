@@ -102,6 +102,7 @@ def tracegen_cmd(
     adam_moments: C.AdamMomentsOpt = "fp32", fp8_param_gather: C.Fp8GatherOpt = False,
     dist_opt_instances: C.InstancesOpt = 1, outer_dp_sharding: C.OuterShardingOpt = "no_shard",
     grad_reduce_per_microbatch: C.GradPerMbOpt = False, seq_len: C.SeqLenOpt = 0,
+    documents: C.DocumentsOpt = "",
     cross_entropy_fusion: C.CeFusionOpt = "none", cpu_offload_layers: C.OffloadOpt = 0,
     optimizer_offload_fraction: C.OptOffloadOpt = 0.0,
     mode: Annotated[str, typer.Option(help="full | representative")] = "representative",
@@ -110,7 +111,7 @@ def tracegen_cmd(
     name: Annotated[str, typer.Option(help="Workload name: files are NAME.RANK.et")] = "trainsim",
 ) -> None:
     """Generate the per-rank Chakra execution traces of one training step."""
-    spec = resolve_model(model, seq_len)
+    spec = resolve_model(model, seq_len, documents)
     strategy = build_strategy(
         gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, sp=sp, tp_comm_overlap=tp_comm_overlap,
         mbs=mbs, gbs=gbs, schedule=schedule, recompute=recompute, zero=zero,

@@ -91,6 +91,10 @@ ModelOpt = Annotated[str, typer.Option(help="Preset name (see `trainsim catalog`
 SeqLenOpt = Annotated[int, typer.Option(
     "--seq-len", help="Tokens per sequence; 0 = the model's own (the model is then named "
     "NAME@seqN).")]
+DocumentsOpt = Annotated[str, typer.Option(
+    "--documents", help="Train under a document mask: MEAN[~SIGMA], the data's mean document "
+    "length in tokens and the σ of the lengths' logarithm (log-normal; 0 = one length), e.g. "
+    "2000~1.0 (the model is then named NAME@docMEAN~SIGMA, which --model also takes).")]
 GpusOpt = Annotated[int, typer.Option(help="GPU count; dp = gpus / (tp·pp·cp).")]
 MbsOpt = Annotated[int, typer.Option(help="Micro-batch size (sequences).")]
 GbsOpt = Annotated[int, typer.Option(help="Global batch size (sequences per step).")]

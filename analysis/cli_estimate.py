@@ -60,6 +60,7 @@ def estimate_cmd(
     adam_moments: C.AdamMomentsOpt = "fp32", fp8_param_gather: C.Fp8GatherOpt = False,
     dist_opt_instances: C.InstancesOpt = 1, outer_dp_sharding: C.OuterShardingOpt = "no_shard",
     grad_reduce_per_microbatch: C.GradPerMbOpt = False, seq_len: C.SeqLenOpt = 0,
+    documents: C.DocumentsOpt = "",
     cross_entropy_fusion: C.CeFusionOpt = "none", cpu_offload_layers: C.OffloadOpt = 0,
     optimizer_offload_fraction: C.OptOffloadOpt = 0.0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
@@ -89,7 +90,7 @@ def estimate_cmd(
     json_out = output_file(json_out, "--json")
     ops_out = table_file(ops_out, "--ops-out", what="the op table")
     roofline_plot = output_file(roofline_plot, "--roofline", plot=True)
-    spec = resolve_model(model, seq_len)
+    spec = resolve_model(model, seq_len, documents)
     strategy = build_strategy(
         gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, sp=sp, tp_comm_overlap=tp_comm_overlap,
         mbs=mbs, gbs=gbs, schedule=schedule, recompute=recompute, zero=zero,
@@ -128,6 +129,7 @@ def estimate_cmd(
                       f"over the whole {spec.seq_len:,}-token sequence)"
                       if spec.window_pattern else
                       f"sliding-window attention: {spec.window_summary()}")
+    note_documents(spec)
     balanced = None
     if mixed is not None:
         for other in sorted(set(chosen.values())):
@@ -250,6 +252,12 @@ def note_sites(model: Any, s: Strategy, system: SystemSpec) -> dict[str, Any] | 
                       "whole number of stages is what a split at the sites would run")
     return {"sites": -(-s.world_size // site), "groups_spanning_sites": groups,
             "pipeline_hops_between_sites": hops, "crossing_Gbps_per_flow": rates}
+
+
+def note_documents(model: ModelSpec) -> None:
+    """Under a document mask, its share of causal attention."""
+    if model.document_mask is not None:
+        console.print(f"document mask: {model.document_summary()} (MFU counts those pairs)")
 
 
 ATTENTION_NOTE_SHARE = 0.3  # (below it the causal count's MFU is within 15% of this one)

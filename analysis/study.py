@@ -5,6 +5,8 @@
     model = "llama3-70b"            # preset, a TOML/JSON model file or a Hugging Face config.json
     seq_len = 32768                 # tokens a sequence (default: the model's own; a Hugging
                                     # Face config has none: give it)
+    documents = "2000~1.0"          # a document mask: mean document length in tokens ~ the
+                                    # σ of their logarithm (tracegen/documents.py; default none)
     system = "dgx-h100"             # preset or path to a TOML system file
     gpus = 1024
     global_batch_size = 512
@@ -82,12 +84,12 @@ from analysis.resilience import failure_model, recovery_inputs
 from replay.hardware import SystemSpec, resolve_system
 from tracegen import ConfigError, ModelSpec, Strategy, resolve_model
 from tracegen._config import is_finite_number, load_mapping
-from tracegen.catalog import SEQ_SUFFIX
+from tracegen.catalog import DOC_SUFFIX, SEQ_SUFFIX
 from tracegen.strategy import check_fits_model
 
-KNOWN_KEYS = {"model", "seq_len", "system", "gpus", "global_batch_size", "tokens", "strategies",
-              "search", "failures", "checkpoint", "restart", "policies", "name", "rank_by",
-              "fail_slow", "slow_links", "site_links", "mixed"}
+KNOWN_KEYS = {"model", "seq_len", "documents", "system", "gpus", "global_batch_size", "tokens",
+              "strategies", "search", "failures", "checkpoint", "restart", "policies", "name",
+              "rank_by", "fail_slow", "slow_links", "site_links", "mixed"}
 
 
 # each table whose events the other system's GPUs may have at their own rate: its [mixed] key
@@ -166,10 +168,8 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
     if problems:
         raise ConfigError(problems, what=f"study {name!r}")
     model_ref, system_ref = _rel(data["model"], base), _rel(data["system"], base)
-    model = resolve_model(model_ref, data.get("seq_len", 0))
-    _, at, length = model.name.rpartition(SEQ_SUFFIX)
-    if at and not model_ref.endswith(at + length):  # the study's seq_len, as --model takes it
-        model_ref += at + length
+    model = resolve_model(model_ref, data.get("seq_len", 0), data.get("documents", ""))
+    model_ref = _model_ref(model_ref, model)
     system = resolve_system(system_ref)
     gpus, gbs = data["gpus"], data["global_batch_size"]
     strategies = _strategies(data.get("strategies", []), gpus, gbs, model)
@@ -204,6 +204,19 @@ TABLE_KEYS = ("search", "failures", "checkpoint", "restart", "policies", "fail_s
               "slow_links", "site_links", "mixed")
 
 
+def _model_ref(ref: str, model: ModelSpec) -> str:
+    """``ref`` with the study's seq_len and documents appended as --model takes them: the
+    suffixes the model's name ends with, ``@seqN`` then ``@docMEAN~SIGMA``."""
+    name, at_doc, docs = model.name.rpartition(DOC_SUFFIX)
+    if not (at_doc and name and model.document_mean_tokens):
+        name, at_doc, docs = model.name, "", ""
+    base = ref.rpartition(DOC_SUFFIX)[0] if at_doc and DOC_SUFFIX in ref else ref
+    _, at, length = name.rpartition(SEQ_SUFFIX)
+    if at and not base.endswith(at + length):  # the study's seq_len
+        base += at + length
+    return base + at_doc + docs
+
+
 def _type_problems(data: dict[str, Any]) -> list[str]:
     """What is of the wrong type or out of range among the study's own values (the model,
     system and strategies are checked where they are read; the resilience tables by
@@ -216,6 +229,9 @@ def _type_problems(data: dict[str, Any]) -> list[str]:
     tokens = data.get("tokens", 0.0)
     if not is_finite_number(tokens) or tokens < 0:
         out.append(f"tokens must be a number ≥ 0 (tokens to train on), got {tokens!r}")
+    if "documents" in data and not isinstance(data["documents"], str):
+        out.append(f"documents must be a string MEAN~SIGMA (e.g. \"2000~1.0\"), got "
+                   f"{data['documents']!r}")
     for key in ("model", "system"):
         if key in data and not isinstance(data[key], str):
             out.append(f"{key} must be a preset name or a file path, got {data[key]!r}")

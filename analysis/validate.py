@@ -91,8 +91,8 @@ EXTENSION_INT_COLUMNS = ("head_dim", "expert_tp", "shared_expert_ffn_hidden_size
                          "first_dense_layers", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
                          "v_head_dim", "moe_router_num_groups", "moe_router_group_topk",
                          "mtp_layers", "sliding_window", "attention_chunk",
-                         "cpu_offload_layers")
-EXTENSION_FLOAT_COLUMNS = ("optimizer_offload_fraction",)
+                         "cpu_offload_layers", "document_mean_tokens")
+EXTENSION_FLOAT_COLUMNS = ("optimizer_offload_fraction", "document_length_sigma")
 EXTENSION_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "pipeline_layout",
                           "adam_moments_dtype", "cross_entropy_fusion", "window_pattern",
                           "moe_layer_pattern")
@@ -405,7 +405,9 @@ def _model(row: dict[str, Any], over: dict[str, Any]) -> ModelSpec:
         mtp_layers=row.get("mtp_layers") or 0,
         sliding_window=row.get("sliding_window") or 0,
         attention_chunk=row.get("attention_chunk") or 0,
-        window_pattern=row.get("window_pattern") or "")
+        window_pattern=row.get("window_pattern") or "",
+        document_mean_tokens=row.get("document_mean_tokens") or 0,
+        document_length_sigma=row.get("document_length_sigma") or 0.0)
 
 
 def _strategy(row: dict[str, Any], precision: str) -> Strategy:

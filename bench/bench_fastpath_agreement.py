@@ -352,10 +352,14 @@ def other_attention(m: ModelSpec, rng: random.Random) -> ModelSpec:
 
 
 def other_window(m: ModelSpec, rng: random.Random) -> ModelSpec:
-    """``--windows``: half the models with sliding-window attention (128-4,096 tokens, below
-    the sequence; a third of them chunked attention instead) in every layer, every other one,
-    five in six or every other from the second."""
+    """``--windows``: a fifth of the models under a document mask (documents of 128-4,096
+    tokens on average, log-σ 0-2); of the rest, half with sliding-window attention (128-4,096
+    tokens, below the sequence; a third of them chunked attention instead) in every layer,
+    every other one, five in six or every other from the second."""
     w = rng.choice((128, 512, 1024, 4096))
+    if rng.random() < 0.2:  # a document mask instead (documents of w tokens on average)
+        return dataclasses.replace(m, document_mean_tokens=w,
+                                   document_length_sigma=rng.choice((0.0, 1.0, 2.0)))
     if rng.random() < 0.5 or w >= m.seq_len:
         return m
     kind = "attention_chunk" if rng.random() < 1 / 3 else "sliding_window"  # (Llama 4's)

@@ -50,7 +50,7 @@ def _replayed_s(model: ModelSpec, s: Strategy, hw: SystemSpec) -> float:
        shared=st.booleans(), mla=st.booleans(), deepep=st.booleans(),
        mtp=st.sampled_from([0, 0, 1, 2]), moments=st.booleans(), fp8pg=st.booleans(),
        instances=st.sampled_from([1, 1, 2, 4]), hfsdp=st.booleans(),
-       window=st.sampled_from(["", "", "S", "SF", "FSS"]))
+       window=st.sampled_from(["", "", "S", "SF", "FSS", "docs"]))
 @example(tp=2, pp=4, dp=4, sp=False, zero=3, recompute="none", mb=1, schedule="gpipe",
          overlap=False, uneven=False, zbucket=0, dp_overlap="both", ep=0, cp=1, fp8=False,
          fold=False, prefetch=True, extra=0, tied=False, system="dgx-h100",
@@ -82,7 +82,8 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
     a dense model and they divide dp·cp (ZeRO-3: HSDP's replicas; ``hfsdp``: with the optimizer
     sharded across them, HFSDP); ``window``: sliding-window attention of 64 of the 256 tokens
     in the layers its pattern marks S (every layer, every other one, two in three from the
-    second: stages then start at other places in the pattern).
+    second: stages then start at other places in the pattern), or ("docs") a document mask,
+    documents of 90 tokens on average.
     1F1B and GPipe runs of mb·pp + ``extra`` micro-batches (interleaved ones need whole
     rounds, or, ``grouped``, Megatron-Core's micro-batch groups: the middle group size that
     fits). Full recompute of the first ``rc_layers`` of each chunk (0: all); selective of
@@ -97,8 +98,11 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
                                 # without shared experts, experts in a pattern of layers
                                 moe_layer_pattern=("", "DM", "", "MDD")[extra]
                                 if ep and not shared else "",
-                                mtp_layers=mtp, sliding_window=64 if window else 0,
-                                window_pattern="" if window == "S" else window)
+                                mtp_layers=mtp,
+                                sliding_window=64 if window and window != "docs" else 0,
+                                window_pattern="" if window in ("S", "docs") else window,
+                                document_mean_tokens=90 if window == "docs" else 0,
+                                document_length_sigma=1.0 if window == "docs" else 0.0)
     if deepep and ep:
         model = dataclasses.replace(model, moe_router_num_groups=2, moe_router_group_topk=1)
     if mla:

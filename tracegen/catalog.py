@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
 from functools import cache
 from importlib import resources
@@ -62,12 +63,21 @@ def _toml_value(v: Any) -> str:
 SEQ_SUFFIX = "@seq"  # ``llama3-8b@seq32768``: the model trained at another sequence length
 
 
-def resolve_model(name_or_file: str | Path, seq_len: int = 0) -> ModelSpec:
+def resolve_model(name_or_file: str | Path, seq_len: int = 0, documents: str = "") -> ModelSpec:
     """A preset name, the path of a TOML/JSON model file, or a Hugging Face ``config.json``
     (``tracegen.hf_config``); any of them with ``@seqN`` appended, or ``seq_len`` given, is that
     model trained at sequence length N (the name ``with_seq_len`` gives it). A Hugging Face
-    config needs one of the two: it does not say what a run trains at."""
+    config needs one of the two: it does not say what a run trains at. ``@docMEAN~SIGMA``
+    appended last, or ``documents`` given as ``MEAN~SIGMA``, trains it under a document mask
+    (``with_documents``)."""
+    if documents:
+        mean, sigma = parse_documents(documents)
+        return with_documents(resolve_model(name_or_file, seq_len), mean, sigma)
     s = str(name_or_file)
+    base, sep, docs = s.rpartition(DOC_SUFFIX)
+    if sep and base and s not in _model_table() and not Path(s).exists():
+        mean, sigma = parse_documents(docs, example=f"{base}{DOC_SUFFIX}2000~1.0")
+        return with_documents(resolve_model(base, seq_len), mean, sigma)
     if s in _model_table():
         model = get_model(s)
     elif s.endswith((".toml", ".json")) or Path(s).exists():
@@ -104,6 +114,42 @@ def with_seq_len(model: ModelSpec, seq_len: int) -> ModelSpec:
                           what=f"model {model.name!r}")
     if seq_len == model.seq_len:
         return model
-    base = model.name.rpartition(SEQ_SUFFIX)[0] or model.name
+    name, docs = _split_documents(model)
+    base = name.rpartition(SEQ_SUFFIX)[0] or name
     return ModelSpec.from_dict({**model.to_dict(), "seq_len": seq_len,
-                                "name": f"{base}{SEQ_SUFFIX}{seq_len}"})
+                                "name": f"{base}{SEQ_SUFFIX}{seq_len}{docs}"})
+
+
+DOC_SUFFIX = "@doc"  # ``llama3-8b@doc2000~1.0``: trained on documents of 2,000 tokens, log-σ 1
+
+
+def parse_documents(text: str, *, example: str = "2000~1.0") -> tuple[int, float]:
+    """``MEAN[~SIGMA]``: the mean document length in tokens and the log-σ of their lengths
+    (``ModelSpec.document_mean_tokens``, ``document_length_sigma``; σ 0 where not given)."""
+    mean, _, sigma = text.partition("~")
+    try:
+        out = int(mean), float(sigma or 0)
+    except ValueError:
+        out = (0, 0.0)
+    if out[0] <= 0 or not math.isfinite(out[1]):
+        raise ConfigError(f"{text!r}: give the documents as MEAN[~SIGMA], the mean length in "
+                          f"whole tokens and the σ of the lengths' logarithm, e.g. {example}",
+                          what="model")
+    return out
+
+
+def with_documents(model: ModelSpec, mean_tokens: int, sigma: float) -> ModelSpec:
+    """``model`` trained on documents of ``mean_tokens`` on average (log-σ ``sigma``) under a
+    document mask, named ``NAME@docMEAN~SIGMA`` (the name resolves back to it)."""
+    name, _ = _split_documents(model)
+    return ModelSpec.from_dict({**model.to_dict(), "document_mean_tokens": mean_tokens,
+                                "document_length_sigma": sigma,
+                                "name": f"{name}{DOC_SUFFIX}{mean_tokens}~{sigma:g}"})
+
+
+def _split_documents(model: ModelSpec) -> tuple[str, str]:
+    """The model's name without its document suffix, and the suffix ("" without one)."""
+    if not model.document_mean_tokens:
+        return model.name, ""
+    base, sep, docs = model.name.rpartition(DOC_SUFFIX)
+    return (base, sep + docs) if sep and base else (model.name, "")

@@ -19,7 +19,8 @@ token) and QKᵀ / attention·V over its Q/K and V head widths.
 A layer with sliding-window attention counts its band as the full count counts a causal layer:
 2·s·w − w² query-key pairs where a full layer counts s² (both twice the pairs attended, so that
 a window as long as the sequence counts as a full layer); a chunked layer counts s·c (twice
-its s·c/2 pairs); ``attention_len``.
+its s·c/2 pairs); under a document mask, twice the expected pairs the mask leaves
+(``tracegen.documents``: useful work only, as for a window); ``attention_len``.
 HFU adds the recomputed forward: full recompute one more forward of every layer (and of every
 multi-token-prediction module's layer), selective the
 attention scores and values (Korthikanti et al. 2022, §6) and, where its modules name the MLP,
@@ -48,8 +49,12 @@ def model_flop_per_step(m: ModelSpec, global_batch: int) -> int:
 def attention_len(m: ModelSpec) -> float:
     """The length s' whose b·s·s' the count's attention terms take, averaged over the layers:
     s for a full layer, (2·s·w − w²)/s for a windowed one (the band's pairs, doubled as the
-    full count doubles a causal layer's s²/2), c for a chunked one (its s·c/2 pairs, doubled)."""
+    full count doubles a causal layer's s²/2), c for a chunked one (its s·c/2 pairs, doubled),
+    2P/s under a document mask (the expected pairs P, doubled)."""
     s, w = m.seq_len, m.window
+    mask = m.document_mask
+    if mask is not None:  # the masked pairs P (tracegen/documents.py), doubled: 2P/s
+        return 2 * mask.pairs / s
     if not w:
         return float(s)
     windowed = m.windowed_layers_in(range(m.num_layers))
@@ -97,7 +102,8 @@ def recompute_flop_per_step(m: ModelSpec, global_batch: int, recompute: str,
                 + recompute_flop_per_step(last, global_batch, recompute, None, modules))
     b, s, n_l, h = global_batch, m.seq_len, m.num_layers, m.hidden_size
     # QKᵀ and attention·V, full (Megatron); MLA's Q/K and V heads differ
-    s_att = round(s * attention_len(m)) if m.window else s * s  # (exact where no window)
+    s_att = (round(s * attention_len(m)) if m.window or m.document_mean_tokens
+             else s * s)  # (exact where no window)
     attention = (2 * b * s_att * m.num_attention_heads * (m.qk_head_dim + m.v_dim) * n_l
                  if m.is_mla else 4 * b * s_att * m.q_size * n_l)
     if recompute == "selective":

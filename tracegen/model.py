@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tracegen._config import build, field_type_problems, load_mapping
+from tracegen.documents import DocumentMask, document_mask
 from tracegen.errors import ConfigError
 from tracegen.routing import Route, route_problems
 
@@ -111,6 +112,14 @@ class ModelSpec:
     # attention_chunk tokens only (a block-diagonal causal mask), on the layers window_pattern
     # marks S; 0 = none. Another local attention than a sliding window: set one of the two.
     attention_chunk: int = 0
+    # Document masking (Llama 3, Dubey et al. 2024 §3.2; Megatron-Core's packed sequences, THD
+    # with cu_seqlens): the training data's documents are concatenated and cut into sequences,
+    # and each token attends causally within its own document only. document_mean_tokens is
+    # the corpus' mean document length in tokens (0 = none: a sequence attends as one), and
+    # document_length_sigma the σ of their log-normal lengths' logarithm (0 = all one length);
+    # the user states both (tracegen/documents.py). Every layer; not with a window or chunks.
+    document_mean_tokens: int = 0
+    document_length_sigma: float = 0.0
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self)
@@ -216,6 +225,24 @@ class ModelSpec:
             return False
         p = self.window_pattern
         return not p or p[layer % len(p)] == "S"
+
+    @property
+    def document_mask(self) -> DocumentMask | None:
+        """A sequence's attention under the document mask (None without one)."""
+        if not self.document_mean_tokens:
+            return None
+        return document_mask(self.seq_len, self.document_mean_tokens,
+                             self.document_length_sigma)
+
+    def document_summary(self) -> str:
+        """The document mask in words ("documents of 2,000 tokens (σ 1.0): 40% of causal
+        attention's pairs"; "" without one)."""
+        mask = self.document_mask
+        if mask is None:
+            return ""
+        return (f"documents of {self.document_mean_tokens:,} tokens on average (log-σ "
+                f"{self.document_length_sigma:g}): {mask.share(self.seq_len):.0%} of causal "
+                f"attention's pairs")
 
     def window_summary(self) -> str:
         """The window in words ("4,096 keys, 1 layer(s) in 2"; "" without one)."""
@@ -339,7 +366,29 @@ def _problems(m: ModelSpec, *, head_dim_given: bool = True) -> list[str]:
             f"{m.num_kv_heads} (grouped-query attention needs equal-size groups)"
         )
     out += _moe_problems(m)
-    return out + _window_problems(m)
+    return out + _window_problems(m) + _document_problems(m)
+
+
+# A log-σ past this puts more than a thousandth of the corpus' documents beyond a thousand
+# times the median: a typo (a length, not its logarithm's spread), not a corpus.
+MAX_DOCUMENT_SIGMA = 5.0
+
+
+def _document_problems(m: ModelSpec) -> list[str]:
+    if m.document_mean_tokens < 0:
+        return [f"document_mean_tokens must be ≥ 0 (0 = no document mask), got "
+                f"{m.document_mean_tokens}"]
+    if not 0 <= m.document_length_sigma <= MAX_DOCUMENT_SIGMA:
+        return [f"document_length_sigma is the σ of the logarithm of the documents' lengths, in "
+                f"[0, {MAX_DOCUMENT_SIGMA:g}] (0 = every document of the mean length), got"
+                f" {m.document_length_sigma}"]
+    if m.document_length_sigma and not m.document_mean_tokens:
+        return ["document_length_sigma is set but document_mean_tokens is 0: give the mean "
+                "document length in tokens, or drop the σ"]
+    if m.document_mean_tokens and (m.sliding_window or m.attention_chunk):
+        return ["a document mask beside a sliding window or chunked attention is not "
+                "modelled: drop document_mean_tokens, or the window"]
+    return []
 
 
 def _window_problems(m: ModelSpec) -> list[str]:

@@ -355,10 +355,14 @@ def _core_attention(m: ModelSpec, st: Strategy, d: Dims, heads: int) -> list[Ite
     # nothing; the other cp − 1 run alongside the passes (recorded as an all-gather's bytes).
     # Each step attends over the s/cp keys of one chunk pair, which its K/V length says (the
     # compute model counts a call's tiles from it; the later steps are one op).
+    # Under a document mask every document is split so (Transformer Engine's THD format,
+    # ``thd_get_partitioned_indices``: each rank holds chunks r and 2·cp − 1 − r of every
+    # document): a step's calls keep the documents' pieces' length (``attention_fwd``).
+    key_len = attn.n if m.document_mask else d.s
     first = dataclasses.replace(attn, name="flash_attn_c0", flop=attn.flop // st.cp,
-                                bytes=attn.bytes // st.cp, n=d.s)
+                                bytes=attn.bytes // st.cp, n=key_len)
     rest = dataclasses.replace(attn, flop=attn.flop - first.flop, bytes=attn.bytes - first.bytes,
-                               n=d.s)
+                               n=key_len)
     # Each step's output joins the result by its softmax statistics (out += out_i ·
     # exp(lse_i − lse): Transformer Engine's fused ``flash_attn_fwd_out_correction``, one pass
     # per step reading the step's output and the running one, writing it back); its backward
@@ -393,12 +397,21 @@ def attention_fwd(m: ModelSpec, d: Dims, heads: int) -> Op:
     whose queries attend to as many keys on average, which the compute model reads its
     efficiency curve at (replay/compute.py). Chunked (``ModelSpec.chunked``): causal attention
     over each chunk, recorded as s/w causal sequences of w tokens (the kernel runs them so, in
-    one call). K and V are read whole either way."""
+    one call). Under a document mask (``ModelSpec.document_mask``) each document's piece is a
+    causal call of its own (FlashAttention's varlen kernel runs them in one launch): the
+    expected pairs P (``tracegen.documents``), recorded as s/n calls of the equivalent length
+    n = 2P/s; under context parallelism a rank's share of every document (P/cp, calls of
+    n/cp). K and V are read whole either way."""
     qk, v = (m.qk_head_dim, m.v_dim) if m.is_mla else (m.head_dim, m.head_dim)
     hd = (qk + v) // 2
     kv_heads = m.num_kv_heads // d.t
     io = (d.tokens * heads * (qk + v) + d.b * d.s_kv * kv_heads * (qk + v)) * ACT_BYTES
     w = m.window
+    mask = m.document_mask
+    if mask is not None:  # each document piece its own causal call: s/n calls of n (documents)
+        flop = round(4 * d.b * mask.pairs * d.s // d.s_kv * hd * heads)
+        n = max(1, mask.length * d.s // d.s_kv)
+        return Op("flash_attn", "attention", flop, io, n, n, hd, d.dtype16)
     if w and m.chunked:  # causal attention over each chunk: s/w sequences of w tokens
         flop = 4 * d.b * (d.s // w) * w * w * hd * heads // 2
         return Op("flash_attn", "attention", flop, io, w, w, hd, d.dtype16)

@@ -1,0 +1,210 @@
+"""Document masking (``ModelSpec.document_mean_tokens``, ``document_length_sigma``): packed
+sequences attend within their documents. The expected pairs of a sequence against documents
+cut at random from a simulated stream; the closed forms of one length; the limits; the
+attention op, under context parallelism too; MFU's count; names, files and studies; the fast
+path against replay; bad input refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from analysis.cli import app
+from analysis.fastpath import estimate
+from analysis.study import study_from_dict
+from replay import get_system
+from tests.conftest import replayed
+from tracegen import ConfigError, ModelSpec, Strategy, get_model, resolve_model
+from tracegen import ops as O
+from tracegen.catalog import with_seq_len
+from tracegen.documents import document_mask, masked_pairs
+from tracegen.flops import attention_len, model_flop_per_step
+
+SYSTEM = get_system("dgx-h100")
+SMALL = ModelSpec(name="small", num_layers=12, hidden_size=512, num_attention_heads=8,
+                  num_kv_heads=4, ffn_hidden_size=1024, vocab_size=4096, seq_len=4096,
+                  activation="swiglu", dropout=0.0)
+
+
+def _simulated_pairs(seq: int, mean: float, sigma: float, sequences: int, seed: int) -> float:
+    """Mean Σ ℓ²/2 over ``sequences`` consecutive sequences cut from a stream of log-normal
+    documents, the stream started far before the first cut (so the cut falls anywhere in a
+    document, as in a long concatenated corpus)."""
+    rng = np.random.default_rng(seed)
+    mu = math.log(mean) - sigma * sigma / 2
+    count = int(sequences * seq / mean * 1.3) + 2_000
+    lengths = np.exp(rng.normal(mu, sigma, count)) if sigma else np.full(count, float(mean))
+    ends = np.cumsum(lengths)
+    start = ends[1_000] + rng.uniform(0, mean)
+    cuts = start + seq * np.arange(sequences + 1)
+    assert cuts[-1] < ends[-1]
+    total = 0.0
+    for a, b in itertools.pairwise(cuts):
+        inside = ends[(ends > a) & (ends < b)]
+        pieces = np.diff(np.concatenate(([a], inside, [b])))
+        total += float((pieces * pieces).sum()) / 2
+    return total / sequences
+
+
+@pytest.mark.parametrize(("seq", "mean", "sigma"), [
+    (8192, 2000, 0.0), (8192, 2000, 1.0), (8192, 600, 1.5), (32768, 3000, 1.2),
+    (4096, 20000, 1.0), (2048, 2048, 0.5)])
+def test_the_expected_pairs_match_a_simulated_stream(seq: int, mean: int, sigma: float) -> None:
+    """The renewal closed form against 4,000 sequences cut from simulated documents: within
+    3% (the heavier tails' sampling error; a fixed length within 0.5%)."""
+    got = masked_pairs(seq, mean, sigma)
+    sim = _simulated_pairs(seq, mean, sigma, 4000, seed=seq + mean)
+    assert got == pytest.approx(sim, rel=0.005 if sigma == 0 else 0.03)
+
+
+@given(seq=st.integers(16, 1 << 20), d=st.integers(1, 1 << 22))
+@settings(max_examples=200, deadline=None)
+def test_documents_of_one_length_have_closed_forms(seq: int, d: int) -> None:
+    """σ = 0: s·d/2 − d²/6 for d ≤ s (s/d aligned documents less the two end pieces a random
+    cut leaves), s²/2 − s³/(6d) beyond (one boundary in the sequence with probability s/d)."""
+    want = seq * d / 2 - d * d / 6 if d <= seq else seq * seq / 2 - seq**3 / (6 * d)
+    assert masked_pairs(seq, d, 0.0) == pytest.approx(want, rel=1e-9)
+
+
+@given(seq=st.integers(64, 1 << 18), mean=st.integers(1, 1 << 22),
+       sigma=st.floats(0.0, 3.0), grow=st.floats(1.01, 50.0))
+@settings(max_examples=200, deadline=None)
+def test_the_pairs_lie_between_none_and_causal_and_grow_with_the_documents(
+        seq: int, mean: int, sigma: float, grow: float) -> None:
+    """Never more than a causal sequence's s²/2 nor less than the tokens' own pairs' bound 0;
+    longer documents on average never attend less; the equivalent length within 1..s."""
+    p = masked_pairs(seq, mean, sigma)
+    assert 0 <= p <= seq * seq / 2
+    assert masked_pairs(seq, mean * grow, sigma) >= p * (1 - 1e-9)
+    assert 1 <= document_mask(seq, mean, sigma).length <= seq
+
+
+def test_documents_far_longer_than_the_sequence_attend_as_one() -> None:
+    """A mean of a thousand sequences: within 0.1% of causal (σ 0 and 1)."""
+    for sigma in (0.0, 1.0):
+        assert document_mask(8192, 8192 * 1000, sigma).share(8192) > 0.999
+
+
+def _attention(m: ModelSpec, s: Strategy) -> list[O.Op]:
+    return [it for it in O.layer_fwd(m, s) if isinstance(it, O.Op) and it.kind == "attention"]
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4])
+def test_the_attention_op_carries_the_masked_pairs(cp: int) -> None:
+    """4·b·P·d·heads forward FLOPs (P the expected pairs), read at the equivalent causal
+    length 2P/s; under context parallelism a rank's share P/cp, its calls at 2P/s/cp (every
+    document split over the ranks, as Transformer Engine's THD format splits it), the ring's
+    K/V transfer unchanged."""
+    docs = dataclasses.replace(SMALL, document_mean_tokens=700, document_length_sigma=1.0)
+    s = Strategy(cp=cp, micro_batch_size=2, global_batch_size=2)
+    mask = docs.document_mask
+    assert mask is not None
+    ops, full = _attention(docs, s), _attention(SMALL, s)
+    heads, d = SMALL.num_attention_heads, SMALL.head_dim
+    assert sum(o.flop for o in ops) == pytest.approx(4 * 2 * mask.pairs / cp * d * heads,
+                                                     rel=1e-6)
+    assert sum(o.flop for o in ops) < 0.5 * sum(o.flop for o in full)
+    assert all(o.n == max(1, mask.length // cp) for o in ops)
+    assert [o.bytes for o in ops] == [o.bytes for o in full]
+    comms = [it for it in O.layer_fwd(docs, s) if isinstance(it, O.Comm)]
+    assert comms == [it for it in O.layer_fwd(SMALL, s) if isinstance(it, O.Comm)]
+
+
+def test_mfu_counts_the_pairs_the_mask_leaves() -> None:
+    """The model FLOP count's attention length is 2P/s, so the count falls with the documents,
+    and documents far longer than the sequence count as the full model."""
+    docs = dataclasses.replace(SMALL, document_mean_tokens=500, document_length_sigma=1.0)
+    mask = docs.document_mask
+    assert mask is not None
+    assert attention_len(docs) == pytest.approx(2 * mask.pairs / SMALL.seq_len)
+    assert model_flop_per_step(docs, 8) < model_flop_per_step(SMALL, 8)
+    long = dataclasses.replace(SMALL, document_mean_tokens=10**9)
+    assert model_flop_per_step(long, 8) == pytest.approx(model_flop_per_step(SMALL, 8), rel=1e-5)
+
+
+def test_a_document_mask_shortens_a_long_sequences_step() -> None:
+    """Llama 3 8B at 32K tokens on 8 H100s: shorter documents, a shorter step; documents far
+    longer than the sequence within 0.5% of causal; memory unchanged (FlashAttention keeps no
+    scores either way)."""
+    m = resolve_model("llama3-8b@seq32768")
+    s = Strategy(tp=8, sequence_parallel=True, global_batch_size=1, recompute="selective")
+    steps = [estimate(dataclasses.replace(m, document_mean_tokens=n,
+                                          document_length_sigma=1.0), s, SYSTEM)
+             for n in (1000, 4000, 16000, 10**9)]
+    times = [e.step_time_s for e in steps]
+    assert times == sorted(times)
+    full = estimate(m, s, SYSTEM)
+    assert times[-1] == pytest.approx(full.step_time_s, rel=0.005)
+    assert times[0] < 0.7 * full.step_time_s
+    assert {e.peak_memory_GiB for e in steps} == {full.peak_memory_GiB}
+
+
+@pytest.mark.parametrize("kw", [
+    dict(pp=2, global_batch_size=4),
+    dict(pp=2, vpp=3, schedule="interleaved_1f1b", global_batch_size=4, recompute="full"),
+    dict(cp=2, tp=2, sequence_parallel=True, global_batch_size=2),
+    dict(cp=4, cp_comm_type="all_gather", global_batch_size=2),
+])
+def test_the_fast_path_agrees_with_replay(kw: dict[str, object]) -> None:
+    m = dataclasses.replace(SMALL, document_mean_tokens=900, document_length_sigma=1.3)
+    s = Strategy(**kw)  # type: ignore[arg-type]
+    ref = replayed(m, s, SYSTEM).step_time_s
+    assert estimate(m, s, SYSTEM).step_time_s == pytest.approx(ref, rel=0.02)
+
+
+def test_the_name_says_the_documents_and_resolves_back() -> None:
+    """``NAME@seqN@docMEAN~SIGMA``: --model, --documents and a study's documents key give the
+    same model; another sequence length keeps the documents."""
+    m = resolve_model("llama3-8b", 16384, "2000~1.5")
+    assert m.name == "llama3-8b@seq16384@doc2000~1.5"
+    assert (m.document_mean_tokens, m.document_length_sigma) == (2000, 1.5)
+    assert resolve_model(m.name) == m
+    assert resolve_model("llama3-8b@doc2000~1.5", 16384) == m
+    again = with_seq_len(m, 4096)
+    assert again.name == "llama3-8b@seq4096@doc2000~1.5"
+    assert resolve_model(again.name) == again
+    study = study_from_dict({"model": "llama3-8b", "seq_len": 16384, "documents": "2000~1.5",
+                             "system": "dgx-h100", "gpus": 8, "global_batch_size": 8})
+    assert study.model == m and resolve_model(study.model_ref) == m
+    plain = resolve_model("llama3-8b@doc700")
+    assert (plain.document_mean_tokens, plain.document_length_sigma) == (700, 0.0)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"document_mean_tokens": -5}, "document_mean_tokens must be ≥ 0"),
+    ({"document_mean_tokens": 900, "document_length_sigma": 7.0}, "in [0, 5]"),
+    ({"document_mean_tokens": 900, "document_length_sigma": -1.0}, "in [0, 5]"),
+    ({"document_length_sigma": 1.0}, "give the mean document length"),
+    ({"document_mean_tokens": 900, "sliding_window": 256}, "beside a sliding window"),
+])
+def test_a_bad_document_mask_is_refused(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        dataclasses.replace(SMALL, **fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("text", ["x", "0", "-3~1", "2000~abc", "2000~nan"])
+def test_a_malformed_documents_text_says_the_form(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"MEAN\[~SIGMA\]"):
+        resolve_model("llama3-8b", 0, text)
+    with pytest.raises(ConfigError, match=r"MEAN\[~SIGMA\]"):
+        resolve_model(f"llama3-8b@doc{text}")
+
+
+def test_estimate_says_the_mask_and_its_share() -> None:
+    result = CliRunner().invoke(app, [
+        "estimate", "--model", "llama3-8b", "--documents", "2000~1", "--gpus", "8", "--tp", "8",
+        "--sp", "--mbs", "1", "--gbs", "8", "--system", "dgx-h100"])
+    assert result.exit_code == 0, result.output
+    assert "llama3-8b@doc2000~1" in result.output
+    share = get_model("llama3-8b").seq_len
+    mask = document_mask(share, 2000, 1.0)
+    assert f"{mask.share(share):.0%} of causal attention's pairs" in " ".join(
+        result.output.split())
+
