@@ -129,7 +129,7 @@ def estimate_cmd(
                       f"over the whole {spec.seq_len:,}-token sequence)"
                       if spec.window_pattern else
                       f"sliding-window attention: {spec.window_summary()}")
-    note_documents(spec)
+    uneven = note_documents(spec, strategy, sys_spec, g.step_time_s) if mixed is None else None
     balanced = None
     if mixed is not None:
         for other in sorted(set(chosen.values())):
@@ -173,6 +173,8 @@ def estimate_cmd(
             out["sites"] = sites
         if losses is not None:  # the fused losses the note compares
             out["fused_losses"] = losses
+        if uneven is not None:  # the wait for the replica whose sequences attended most
+            out["data_straggler"] = uneven
         if offload is not None:  # activation offloading against none
             out["offload"] = offload
         if opt_offload is not None:  # optimizer offloading against none
@@ -254,10 +256,28 @@ def note_sites(model: Any, s: Strategy, system: SystemSpec) -> dict[str, Any] | 
             "pipeline_hops_between_sites": hops, "crossing_Gbps_per_flow": rates}
 
 
-def note_documents(model: ModelSpec) -> None:
-    """Under a document mask, its share of causal attention."""
-    if model.document_mask is not None:
-        console.print(f"document mask: {model.document_summary()} (MFU counts those pairs)")
+def note_documents(model: ModelSpec, s: Strategy, system: SystemSpec, step_s: float
+                   ) -> dict[str, float] | None:
+    """Under a document mask: its share of causal attention, and what the step waits on
+    average for the data-parallel replica whose sequences attended most
+    (``analysis.data_stragglers``; not in the step). None without one."""
+    from analysis.data_stragglers import data_straggler
+
+    if model.document_mask is None:
+        return None
+    console.print(f"document mask: {model.document_summary()} (MFU counts those pairs)")
+    d = data_straggler(model, s, system)
+    if d is None:
+        return None
+    console.print(
+        f"sequences attend unevenly under it: a replica's attention varies by "
+        f"{d.variation:.1%} a step (1 sd; {d.sequences:,} "
+        f"sequence{'' if d.sequences == 1 else 's'} a replica), so the "
+        f"slowest of {d.replicas:,} replicas keeps the step waiting ~{d.wait_s:.4f} s "
+        f"({d.wait_s / step_s:+.1%}) on average beyond the step above (packing by attention "
+        f"work, as WLB-LLM does, removes it)" if d.replicas > 1 else
+        "one data-parallel replica: no replica waits for another's sequences")
+    return dataclasses.asdict(d)
 
 
 ATTENTION_NOTE_SHARE = 0.3  # (below it the causal count's MFU is within 15% of this one)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 
 import numpy as np
@@ -16,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from analysis import data_stragglers as DS
 from analysis.cli import app
 from analysis.fastpath import estimate
 from analysis.study import study_from_dict
@@ -208,3 +210,71 @@ def test_estimate_says_the_mask_and_its_share() -> None:
     assert f"{mask.share(share):.0%} of causal attention's pairs" in " ".join(
         result.output.split())
 
+
+# --- stragglers from data: the replica whose sequences attended most (analysis/data_stragglers)
+
+
+def test_simulated_sequences_attend_as_the_closed_form_says() -> None:
+    """The simulated sequences' mean pairs within 2% of the renewal closed form; documents of
+    exactly one sequence's length cut at random give pieces x and s − x, x uniform: mean s²/3
+    and variance s⁴/180 (both within 3%)."""
+    for args in [(8192, 2000, 1.0), (32768, 3000, 1.2), (4096, 700, 0.0)]:
+        mean, _ = DS.pair_moments(*args)
+        assert mean == pytest.approx(masked_pairs(*args), rel=0.02), args
+    mean, var = DS.pair_moments(8192, 8192, 0.0)
+    assert mean == pytest.approx(8192**2 / 3, rel=0.03)
+    assert var == pytest.approx(8192**4 / 180, rel=0.03)
+
+
+@pytest.mark.parametrize(("k", "want"), [(2, 0.56419), (3, 0.84628), (5, 1.16296),
+                                         (10, 1.53875), (100, 2.50759)])
+def test_the_expected_largest_normal(k: int, want: float) -> None:
+    """Tippett's (1925) table of the expected largest of k standard normals."""
+    assert DS.expected_max_normal(k) == pytest.approx(want, abs=2e-5)
+
+
+def test_resampling_agrees_with_the_normal_form_where_both_hold() -> None:
+    """Sums of normal draws are normal at any count: below 30 sequences the resampled excess
+    and √n·sd·e(k) agree within 5%; one replica waits for none."""
+    pairs = np.random.default_rng(3).normal(100.0, 10.0, 50_000)
+    for n, k in ((4, 16), (12, 64)):
+        want = math.sqrt(n) * pairs.std(ddof=1) * DS.expected_max_normal(k)
+        assert DS.expected_excess(pairs, n, k) == pytest.approx(want, rel=0.05)
+    assert DS.expected_excess(pairs, 4, 1) == 0.0
+
+
+def test_the_wait_grows_with_the_replicas_and_shrinks_with_their_sequences() -> None:
+    """Llama 3 8B at 32 K tokens, 2,000-token documents: more replicas wait longer for their
+    slowest; more sequences a replica vary less, as 1/√n; the wait never passes what every
+    sequence attending causally would add; no mask, no straggler."""
+    m = resolve_model("llama3-8b@seq32768@doc2000~1")
+    hw = SYSTEM
+
+    def wait(dp: int, gbs: int) -> DS.DataStraggler:
+        d = DS.data_straggler(m, Strategy(tp=8, dp=dp, sequence_parallel=True,
+                                          global_batch_size=gbs), hw)
+        assert d is not None
+        return d
+
+    few, many = wait(4, 64), wait(32, 512)
+    assert wait(1, 16).wait_s == 0.0
+    assert 0 < few.wait_s < many.wait_s
+    assert wait(4, 256).variation == pytest.approx(few.variation / 2, rel=1e-9)
+    mask = m.document_mask
+    assert mask is not None
+    for d in (few, many, wait(64, 64)):
+        assert d.wait_s < d.attention_s * (1 / mask.share(m.seq_len) - 1)
+    assert DS.data_straggler(get_model("llama3-8b"), Strategy(global_batch_size=1), hw) is None
+
+
+def test_estimate_prints_the_wait_and_writes_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "e.json"
+    result = CliRunner().invoke(app, [
+        "estimate", "--model", "llama3-8b@seq32768@doc2000~1", "--gpus", "64", "--tp", "8",
+        "--sp", "--mbs", "1", "--gbs", "64", "--system", "dgx-h100", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "the slowest of 8 replicas keeps the step waiting" in said
+    got = json.loads(out.read_text())["data_straggler"]
+    assert got["replicas"] == 8 and got["sequences"] == 8 and got["wait_s"] > 0
+    assert f"~{got['wait_s']:.4f} s" in said
