@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
@@ -148,3 +149,11 @@ def _stage_attention_s(model: ModelSpec, s: Strategy, system: SystemSpec) -> flo
                                       and "core_attn" in s.recompute_modules.split(","))
     layers = max(s.stage_layers(model.num_layers, stage) for stage in range(s.pp))
     return (fwd * (2 if again else 1) + bwd) * layers * s.num_microbatches / 1e9
+
+
+def describe(row: dict[str, Any]) -> str:
+    """What the wait costs, in words, from a resilience row's ``data_*`` columns."""
+    return (f"uneven documents: a replica's attention varies by {row['data_variation']:.1%} a "
+            f"step, and the slowest of {row['data_replicas']:,.0f} replicas keeps each step "
+            f"waiting {row['data_wait_s']:.3g} s on average: {row['data_straggler_loss']:.2%} "
+            "of goodput, included above")

@@ -122,6 +122,10 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate,
         kept, cols = _site_episodes(study, s, where)
         keep *= kept
         slow |= cols
+    if study.model.document_mask is not None:
+        kept, cols = _data_wait(study, s, fast)
+        keep *= kept
+        slow |= cols
     rows = R.policy_rows(failure=failure, gpus=s.world_size, work_s=_work_s(study, s, fast),
                          costs=costs, step_s=fast.step_time_s, progress=keep)
     snap = _snapshot_columns(mode != "sync", share, given.staging)
@@ -189,6 +193,21 @@ def _site_episodes(study: Study, s: Strategy, where: Mapping[int, SystemSpec] | 
                   "site_links_active_share": ep.active_share(), "site_links_loss": 1 - keep}
 
 
+def _data_wait(study: Study, s: Strategy, fast: FastEstimate
+               ) -> tuple[float, dict[str, float | None]]:
+    """Under a document mask, the progress kept while every step waits for the replica whose
+    sequences attended most (``analysis.data_stragglers``: an expected wait each step, so the
+    share step / (step + wait)), and the columns that say why. On a ``[mixed]`` cluster the
+    attention is the base system's."""
+    from analysis.data_stragglers import data_straggler
+
+    d = data_straggler(study.model, s, study.system)
+    assert d is not None  # (a document mask)
+    keep = fast.step_time_s / (fast.step_time_s + d.wait_s)
+    return keep, {"data_wait_s": d.wait_s, "data_variation": d.variation,
+                  "data_replicas": float(d.replicas), "data_straggler_loss": 1 - keep}
+
+
 def _stage_weights(study: Study, s: Strategy, table: str,
                    where: Mapping[int, SystemSpec] | None) -> list[float]:
     """How likely an episode of ``table`` is on each pipeline stage: alike but where a
@@ -246,12 +265,13 @@ def episode_lines(row: dict[str, Any]) -> list[str]:
 
 def episode_sentences(row: dict[str, Any]) -> list[tuple[str, str]]:
     """``episode_lines`` with each sentence's table, as an id (``fail-slow``, ``slow-links``,
-    ``site-links``: the report's element ids)."""
-    from analysis import fail_slow, site_links, slow_links
+    ``site-links``, ``data-stragglers``: the report's element ids)."""
+    from analysis import data_stragglers, fail_slow, site_links, slow_links
 
     return [(name, m.describe(row)) for name, m, col in (
         ("fail-slow", fail_slow, "fail_slow_loss"), ("slow-links", slow_links, "slow_links_loss"),
-        ("site-links", site_links, "site_links_loss")) if row.get(col) is not None]
+        ("site-links", site_links, "site_links_loss"),
+        ("data-stragglers", data_stragglers, "data_straggler_loss")) if row.get(col) is not None]
 
 
 def _require_failures(study: Study) -> None:

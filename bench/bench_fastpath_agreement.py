@@ -450,6 +450,8 @@ def other_mtp(m: ModelSpec, s: Strategy, rng: random.Random) -> tuple[ModelSpec,
 
 
 def _window_label(m: ModelSpec) -> str:
+    if m.document_mean_tokens:
+        return f" docs{m.document_mean_tokens}~{m.document_length_sigma:g}"
     kind = "chunk" if m.chunked else "window"
     return f" {kind}{m.window}/{m.window_pattern or 'S'}" if m.window else ""
 
@@ -528,7 +530,8 @@ FLAGS = {
     "mtp": "half the models with 1-2 multi-token-prediction modules, half of those pipelines "
            "in a drawn Megatron-Core layout (the modules with the loss or alone), from a "
            "stream of its own",
-    "windows": "half the models with sliding-window attention (128-4,096 tokens) in a drawn "
+    "windows": "a fifth of the models under a document mask, half the rest with sliding-window "
+               "attention (128-4,096 tokens) in a drawn "
                "pattern of layers, from a stream of its own",
     "few": "each draw without chunks with one or two micro-batches, where a step's one-off "
            "terms weigh most, from a stream of its own",
@@ -664,7 +667,7 @@ def main() -> None:
           + (f" ({sum(' per-microbatch' in w for _, _, w in rows)} reducing every "
              "micro-batch)" if args.per_microbatch else "")
           + (f" ({sum(' window' in n or ' chunk' in n for _, n, _ in rows)} with a sliding "
-             "window or chunks)"
+             f"window or chunks, {sum(' docs' in n for _, n, _ in rows)} with a document mask)"
              if args.windows else "")
           + (f" ({sum(' offload' in w for _, _, w in rows)} offloading activations)"
              if args.offload else "")

@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -267,7 +268,7 @@ def test_the_wait_grows_with_the_replicas_and_shrinks_with_their_sequences() -> 
     assert DS.data_straggler(get_model("llama3-8b"), Strategy(global_batch_size=1), hw) is None
 
 
-def test_estimate_prints_the_wait_and_writes_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_estimate_prints_the_wait_and_writes_it(tmp_path: Path) -> None:
     out = tmp_path / "e.json"
     result = CliRunner().invoke(app, [
         "estimate", "--model", "llama3-8b@seq32768@doc2000~1", "--gpus", "64", "--tp", "8",
@@ -278,3 +279,42 @@ def test_estimate_prints_the_wait_and_writes_it(tmp_path) -> None:  # type: igno
     got = json.loads(out.read_text())["data_straggler"]
     assert got["replicas"] == 8 and got["sequences"] == 8 and got["wait_s"] > 0
     assert f"~{got['wait_s']:.4f} s" in said
+
+
+DOC_STUDY = {"model": "llama3-8b", "seq_len": 32768, "documents": "4000~1",
+             "system": "dgx-h100", "gpus": 512, "global_batch_size": 512, "tokens": 1e11,
+             "failures": {"preset": "llama3-16k-h100"},
+             "strategies": [{"tp": 8, "sequence_parallel": True, "micro_batch_size": 1}]}
+
+
+def test_a_runs_goodput_pays_the_wait_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every policy's goodput is the one without the wait times step / (step + wait), the
+    checkpoint interval untouched (the wait slows progress; it is no failure)."""
+    from analysis.evaluate import resilience_rows
+
+    study = study_from_dict(DOC_STUDY, name="docs")
+    s = study.strategies[0]
+    fast = estimate(study.model, s, study.system)
+    rows = resilience_rows(study, s, fast)
+    d = DS.data_straggler(study.model, s, study.system)
+    assert d is not None and d.wait_s > 0
+    keep = fast.step_time_s / (fast.step_time_s + d.wait_s)
+    monkeypatch.setattr(DS, "data_straggler", lambda *a: dataclasses.replace(d, wait_s=0.0))
+    without = {r["policy"]: r for r in resilience_rows(study, s, fast)}
+    for r in rows:
+        assert r["data_straggler_loss"] == pytest.approx(1 - keep, rel=1e-12)
+        assert r["checkpoint_interval_s"] == without[r["policy"]]["checkpoint_interval_s"]
+        assert r["goodput"] == pytest.approx(without[r["policy"]]["goodput"] * keep, rel=1e-12)
+
+
+def test_resilience_says_what_uneven_documents_cost(tmp_path: Path) -> None:
+    f = tmp_path / "docs.toml"
+    f.write_text('model = "llama3-8b"\nseq_len = 32768\ndocuments = "4000~1"\n'
+                 'system = "dgx-h100"\ngpus = 512\nglobal_batch_size = 512\ntokens = 1e11\n'
+                 '[failures]\npreset = "llama3-16k-h100"\n'
+                 '[[strategies]]\ntp = 8\nsequence_parallel = true\nmicro_batch_size = 1\n')
+    result = CliRunner().invoke(app, ["resilience", str(f)], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "uneven documents: a replica's attention varies by" in said
+    assert "of goodput, included above" in said
