@@ -554,6 +554,27 @@ def _print_best_command(results: Any, st: Study) -> None:
     if fits.height and st.model_ref:
         command = estimate_command(st.model_ref, st.system_ref, fits["flags"][0])
         console.print(escape(f"#1 alone: {command}"), soft_wrap=True)
+    if fits.height and st.model.document_mask is not None and not st.has_failures:
+        _note_data_wait(fits, st)
+
+
+def _note_data_wait(fits: Any, st: Study) -> None:
+    """Under a document mask a study without failures ranks by the mean step; what the
+    slowest replica's sequences add to the first three (``analysis.data_stragglers``; a study
+    with [failures] has it in its goodput) is said, with what makes it smaller."""
+    from analysis.data_stragglers import data_straggler
+    from analysis.strategy_row import strategy_from_row
+
+    parts = []
+    for i, row in enumerate(fits.head(3).iter_rows(named=True)):
+        d = data_straggler(st.model, strategy_from_row(row), st.system)
+        assert d is not None  # (a document mask)
+        parts.append(f"#{i + 1} +{d.wait_s / row['step_time_s']:.1%} (dp {d.replicas:,})")
+    console.print(escape(
+        "under the document mask every step also waits for the replica whose sequences "
+        f"attended most, not in the ranking: {', '.join(parts)}; fewer replicas with more "
+        "sequences each wait less (add [failures] to rank by time to train with it)"),
+        soft_wrap=True)
 
 
 def _print_space(st: Study) -> None:

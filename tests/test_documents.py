@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,6 +22,7 @@ from typer.testing import CliRunner
 from analysis import data_stragglers as DS
 from analysis.cli import app
 from analysis.fastpath import estimate
+from analysis.strategy_row import strategy_from_row
 from analysis.study import study_from_dict
 from replay import get_system
 from tests.conftest import replayed
@@ -318,3 +320,24 @@ def test_resilience_says_what_uneven_documents_cost(tmp_path: Path) -> None:
     said = " ".join(result.output.split())
     assert "uneven documents: a replica's attention varies by" in said
     assert "of goodput, included above" in said
+
+
+def test_a_sweep_without_failures_says_the_wait_beside_its_ranking(tmp_path: Path) -> None:
+    """It ranks by the mean step, and says what the slowest replica adds to the first ones
+    (the wait of #1 as ``data_straggler`` gives it)."""
+    f = tmp_path / "docs.toml"
+    f.write_text('model = "llama3-8b"\nseq_len = 32768\ndocuments = "4000~1"\n'
+                 'system = "dgx-h100"\ngpus = 64\nglobal_batch_size = 64\n[search]\n'
+                 'tp = [2, 8]\npp = [1]\nmicro_batch_size = [1]\nsequence_parallel = [true]\n'
+                 'zero_stage = [1]\nrecompute = ["none"]\n')
+    out = tmp_path / "sweep"
+    result = CliRunner().invoke(app, ["sweep", str(f), "--out", str(out), "--top-k", "1"],
+                                env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    study = study_from_dict({"model": "llama3-8b", "seq_len": 32768, "documents": "4000~1",
+                             "system": "dgx-h100", "gpus": 64, "global_batch_size": 64})
+    best = pl.read_parquet(out / "results.parquet").row(0, named=True)
+    d = DS.data_straggler(study.model, strategy_from_row(best), study.system)
+    assert d is not None
+    assert f"not in the ranking: #1 +{d.wait_s / best['step_time_s']:.1%} (dp 32)" in said
