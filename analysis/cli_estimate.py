@@ -269,15 +269,27 @@ def note_documents(model: ModelSpec, s: Strategy, system: SystemSpec, step_s: fl
     d = data_straggler(model, s, system)
     if d is None:
         return None
-    console.print(
-        f"sequences attend unevenly under it: a replica's attention varies by "
-        f"{d.variation:.1%} a step (1 sd; {d.sequences:,} "
-        f"sequence{'' if d.sequences == 1 else 's'} a replica), so the "
-        f"slowest of {d.replicas:,} replicas keeps the step waiting ~{d.wait_s:.4f} s "
-        f"({d.wait_s / step_s:+.1%}) on average beyond the step above (packing by attention "
-        f"work, as WLB-LLM does, removes it)" if d.replicas > 1 else
-        "one data-parallel replica: no replica waits for another's sequences")
+    console.print(_uneven_sentence(d, step_s))
     return dataclasses.asdict(d)
+
+
+def _uneven_sentence(d: Any, step_s: float) -> str:
+    """``note_documents``'s sentence: the variation, then what the step waits for — the
+    slowest replica, and the bubbles uneven micro-batches leave in a replica's pipeline."""
+    if d.replicas == 1 and not d.pipeline_s:
+        return "one data-parallel replica and no pipeline: nothing waits for uneven sequences"
+    spread = (f"sequences attend unevenly under it: a replica's attention varies by "
+              f"{d.variation:.1%} a step (1 sd; {d.sequences:,} "
+              f"sequence{'' if d.sequences == 1 else 's'} a replica), so ")
+    wait = f"~{d.wait_s:.4f} s ({d.wait_s / step_s:+.1%}) on average beyond the step above"
+    if d.replicas == 1:
+        what = f"uneven micro-batches leave bubbles in the pipeline: the step takes {wait}"
+    else:
+        inside = (f", of which {d.pipeline_s:.4f} s is the bubbles uneven micro-batches leave "
+                  f"in a replica's pipeline" if d.pipeline_s else "")
+        what = (f"the slowest of {d.replicas:,} replicas keeps the step waiting {wait}"
+                f"{inside}")
+    return spread + what + " (packing by attention work, as WLB-LLM does, removes it)"
 
 
 ATTENTION_NOTE_SHARE = 0.3  # (below it the causal count's MFU is within 15% of this one)

@@ -26,11 +26,13 @@ the pieces' lengths (the mean's curve point is used), and context parallelism's 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
 import numpy as np
 
+from analysis.fastpath import FastEstimate
 from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
 from tracegen import ModelSpec, Strategy
@@ -44,6 +46,7 @@ MIN_SEQUENCES = 400
 SEQUENCES = 20_000
 
 
+@functools.lru_cache(maxsize=64)
 def sequence_pairs(seq: int, mean_tokens: float, sigma: float, *, seed: int = 0
                    ) -> np.ndarray:
     """One sequence's pairs (Σ ℓᵢ²/2 over its pieces) for sequences cut at independent random
@@ -60,7 +63,9 @@ def sequence_pairs(seq: int, mean_tokens: float, sigma: float, *, seed: int = 0
     squares = np.concatenate(([0.0], np.cumsum(lengths * lengths)))  # Σ L² of docs < i
     start = ends[min(500, docs // 4)]
     if ends[-1] - seq <= start:  # a sequence of over a million documents: its pieces average
-        return np.full(MIN_SEQUENCES, masked_pairs(seq, mean_tokens, sigma))  # out (~1/√docs)
+        flat = np.full(MIN_SEQUENCES, masked_pairs(seq, mean_tokens, sigma))  # out (~1/√docs)
+        flat.flags.writeable = False
+        return flat
     a = rng.uniform(start, ends[-1] - seq, sequences)
     b = a + seq
     first = np.searchsorted(ends, a, side="right")  # the document a falls in
@@ -69,7 +74,9 @@ def sequence_pairs(seq: int, mean_tokens: float, sigma: float, *, seed: int = 0
     head = np.minimum(ends[first], b) - a
     tail = b - ends[np.maximum(last - 1, 0)]
     whole = squares[last] - squares[np.minimum(first + 1, last)]  # documents wholly inside
-    return np.where(one, seq * seq / 2, (head * head + tail * tail + whole) / 2)
+    pairs = np.where(one, seq * seq / 2, (head * head + tail * tail + whole) / 2)
+    pairs.flags.writeable = False  # (cached: shared by every caller)
+    return pairs
 
 
 def pair_moments(seq: int, mean_tokens: float, sigma: float, *, seed: int = 0
@@ -99,6 +106,7 @@ def expected_excess(pairs: np.ndarray, n: int, k: int, *, seed: int = 0) -> floa
     return float(np.mean(best)) - n * float(pairs.mean())
 
 
+@functools.lru_cache(maxsize=256)
 def expected_max_normal(k: int) -> float:
     """E[max of k independent standard normals]: ∫ x·k·φ(x)·Φ(x)^(k−1) dx (0 for one)."""
     if k <= 1:
@@ -119,12 +127,20 @@ class DataStraggler:
     sequences: int  # sequences a replica runs a step
     variation: float  # the coefficient of variation of a replica's attention work a step
     attention_s: float  # the busiest stage's attention a step (the mean replica's)
-    wait_s: float  # the expected wait for the slowest replica beyond the mean one
+    wait_s: float  # the expected step beyond the one of alike micro-batches
+    pipeline_s: float = 0.0  # of which one replica's pipeline adds (uneven micro-batches)
 
 
-def data_straggler(model: ModelSpec, s: Strategy, system: SystemSpec) -> DataStraggler | None:
+# Draws of a pipelined replica's micro-batches (each a 1F1B walk, vectorized over them)
+PIPELINE_DRAWS = 2_000
+
+
+def data_straggler(model: ModelSpec, s: Strategy, system: SystemSpec,
+                   fast: FastEstimate | None = None) -> DataStraggler | None:
     """The expected wait for the replica whose sequences attended most (None without a
-    document mask)."""
+    document mask); with a pipeline, each replica's own bubbles from uneven micro-batches
+    too (``_pipelined``; ``fast``: the strategy's fast-path estimate, where the caller has
+    it)."""
     mask = model.document_mask
     if mask is None:
         return None
@@ -132,14 +148,51 @@ def data_straggler(model: ModelSpec, s: Strategy, system: SystemSpec) -> DataStr
                            model.document_length_sigma)
     n, mean = s.global_batch_size // s.dp, float(pairs.mean())
     variation = float(pairs.std(ddof=1)) / math.sqrt(n) / mean
-    attention_s = _stage_attention_s(model, s, system)
-    wait_s = attention_s * expected_excess(pairs, n, s.dp) / (n * mean)
-    return DataStraggler(s.dp, n, variation, attention_s, wait_s)
+    fwd_s, bwd_s = _layer_attention_s(model, s, system)
+    layers = [s.stage_layers(model.num_layers, stage) for stage in range(s.pp)]
+    attention_s = (fwd_s + bwd_s) * max(layers) * s.num_microbatches
+    if s.pp == 1:
+        wait_s = attention_s * expected_excess(pairs, n, s.dp) / (n * mean)
+        return DataStraggler(s.dp, n, variation, attention_s, wait_s)
+    if fast is None:
+        from analysis.fastpath import estimate
+
+        fast = estimate(model, s, system)
+    wait_s, pipeline_s = _pipelined(s, fast, pairs, (fwd_s, bwd_s), layers)
+    return DataStraggler(s.dp, n, variation, attention_s, wait_s, pipeline_s)
 
 
-def _stage_attention_s(model: ModelSpec, s: Strategy, system: SystemSpec) -> float:
-    """Seconds the busiest pipeline stage spends in core attention a step: each layer's
-    forward and backward attention kernels, again where recompute reruns the forward."""
+def _pipelined(s: Strategy, fast: FastEstimate, pairs: np.ndarray,
+               attention: tuple[float, float], layers: list[int]) -> tuple[float, float]:
+    """A pipelined replica: ``PIPELINE_DRAWS`` draws of its m micro-batches (each mbs
+    sequences), every stage's forward and backward the fast path's (``fast``) with its
+    attention scaled by the micro-batch's pairs over the mean, walked through 1F1B
+    (``pipeline_imbalance.makespan``; interleaved and zero-bubble schedules walked so too,
+    their chunks together); the step the slowest of dp replicas takes (the draws' order
+    statistics up to dp = draws, a normal fit beyond) and one replica's mean, each beyond
+    the walk of alike micro-batches."""
+    from analysis.pipeline_imbalance import expected_max, makespan
+
+    rng = np.random.default_rng(1)
+    m, b = s.num_microbatches, s.micro_batch_size
+    y = rng.choice(pairs, size=(m, PIPELINE_DRAWS, b)).sum(axis=2)
+    y /= y.mean()  # (their own mean: what the draws' mean strays by is no wait)
+    att_f = np.array(layers)[:, None, None] * attention[0]
+    att_b = np.array(layers)[:, None, None] * attention[1]
+    base_f = np.array(fast.stage_fwd_s)[:, None, None]
+    base_b = np.array(fast.stage_bwd_s)[:, None, None]
+    steps = makespan(base_f + att_f * (y[None] - 1), base_b + att_b * (y[None] - 1))
+    alike = float(makespan(np.broadcast_to(base_f, (s.pp, m, 1)),
+                           np.broadcast_to(base_b, (s.pp, m, 1)))[0])
+    slowest = (expected_max(steps, s.dp) if s.dp <= PIPELINE_DRAWS
+               else float(steps.mean() + steps.std(ddof=1) * expected_max_normal(s.dp)))
+    return slowest - alike, float(steps.mean()) - alike
+
+
+def _layer_attention_s(model: ModelSpec, s: Strategy, system: SystemSpec
+                       ) -> tuple[float, float]:
+    """Seconds one layer spends in core attention a micro-batch, forward and backward (the
+    backward with the forward run again where recompute reruns it)."""
     compute = RooflineCompute(system.gpu)
     fwd = sum(compute.op_time_ns(op) for op in O.layer_fwd(model, s)
               if isinstance(op, O.Op) and op.kind == "attention")
@@ -147,8 +200,7 @@ def _stage_attention_s(model: ModelSpec, s: Strategy, system: SystemSpec) -> flo
               if isinstance(op, O.Op) and op.kind == "attention")
     again = s.recompute == "full" or (s.recompute == "selective"
                                       and "core_attn" in s.recompute_modules.split(","))
-    layers = max(s.stage_layers(model.num_layers, stage) for stage in range(s.pp))
-    return (fwd * (2 if again else 1) + bwd) * layers * s.num_microbatches / 1e9
+    return fwd / 1e9, (bwd + (fwd if again else 0)) / 1e9
 
 
 def describe(row: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from analysis import data_stragglers as DS
+from analysis import pipeline_imbalance as PI
 from analysis.cli import app
 from analysis.fastpath import estimate
 from analysis.strategy_row import strategy_from_row
@@ -341,3 +342,67 @@ def test_a_sweep_without_failures_says_the_wait_beside_its_ranking(tmp_path: Pat
     d = DS.data_straggler(study.model, strategy_from_row(best), study.system)
     assert d is not None
     assert f"not in the ranking: #1 +{d.wait_s / best['step_time_s']:.1%} (dp 32)" in said
+
+
+# --- uneven micro-batches in a 1F1B pipeline (analysis/pipeline_imbalance)
+
+
+@given(p=st.integers(1, 9), m=st.integers(1, 24), f=st.floats(0.1, 5.0),
+       b=st.floats(0.1, 5.0))
+@settings(max_examples=60, deadline=None)
+def test_alike_micro_batches_take_the_textbook_1f1b_step(p: int, m: int, f: float,
+                                                         b: float) -> None:
+    """Equal stages, equal micro-batches, no sends: (m + p − 1)·(f + b) (Narayanan et al.
+    2021 §2.2.1), fewer micro-batches than stages included."""
+    got = PI.makespan(np.full((p, m, 2), f), np.full((p, m, 2), b))
+    assert got == pytest.approx([(m + p - 1) * (f + b)] * 2, rel=1e-12)
+
+
+@given(p=st.integers(1, 6), m=st.integers(1, 12), seed=st.integers(0, 10**6))
+@settings(max_examples=60, deadline=None)
+def test_a_slower_op_never_shortens_the_step(p: int, m: int, seed: int) -> None:
+    """The walk is a longest path: lengthening any one op never shortens it; it is never
+    below the busiest stage's own work nor above all the work one op after another; one
+    stage is the sum of its micro-batches."""
+    rng = np.random.default_rng(seed)
+    f, b = rng.uniform(0.1, 3.0, (p, m, 1)), rng.uniform(0.1, 3.0, (p, m, 1))
+    base = float(PI.makespan(f, b)[0])
+    s, j = rng.integers(p), rng.integers(m)
+    longer = f.copy()
+    longer[s, j] += rng.uniform(0.01, 2.0)
+    assert float(PI.makespan(longer, b)[0]) >= base - 1e-12
+    busiest = float((f + b).sum(axis=1).max())
+    assert busiest - 1e-9 <= base <= float((f + b).sum()) + 1e-9
+    if p == 1:
+        assert base == pytest.approx(busiest, rel=1e-12)
+
+
+def test_the_expected_largest_of_resampled_draws() -> None:
+    """One draw: the mean; many: the largest; between, a resampling's average max (within
+    its sampling error)."""
+    draws = np.random.default_rng(5).gamma(2.0, 1.0, 400)
+    assert PI.expected_max(draws, 1) == pytest.approx(draws.mean(), rel=1e-12)
+    assert PI.expected_max(draws, 10**6) == pytest.approx(draws.max(), rel=1e-9)
+    rng = np.random.default_rng(6)
+    sim = rng.choice(draws, size=(20_000, 16)).max(axis=1).mean()
+    assert PI.expected_max(draws, 16) == pytest.approx(sim, rel=0.01)
+
+
+def test_a_pipeline_adds_bubbles_and_a_one_stage_walk_is_the_replica_sum() -> None:
+    """Llama 3 70B at 32 K tokens: with a pipeline the wait holds one replica's own bubbles
+    (positive, and part of the wait); walked at one stage the pipelined form gives the
+    replicas' sums as the closed form does (within 8%: draws against the normal form)."""
+    m = resolve_model("llama3-70b@seq32768@doc4000~1")
+    piped = Strategy(tp=8, pp=4, dp=2, sequence_parallel=True, global_batch_size=64,
+                     recompute="selective")
+    d = DS.data_straggler(m, piped, SYSTEM)
+    assert d is not None and 0 < d.pipeline_s < d.wait_s
+    flat = Strategy(tp=8, cp=2, dp=4, sequence_parallel=True, global_batch_size=64,
+                    recompute="selective")
+    one = DS.data_straggler(m, flat, SYSTEM)
+    assert one is not None and one.pipeline_s == 0.0
+    pairs = DS.sequence_pairs(m.seq_len, 4000, 1.0)
+    attention = DS._layer_attention_s(m, flat, SYSTEM)
+    walked, _ = DS._pipelined(flat, estimate(m, flat, SYSTEM), pairs, attention,
+                              [m.num_layers])
+    assert walked == pytest.approx(one.wait_s, rel=0.08)
