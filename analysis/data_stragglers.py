@@ -1,26 +1,27 @@
 """Stragglers from data: under a document mask sequences attend unevenly, and the step waits
-for the data-parallel replica whose sequences attended most.
+for the data-parallel replica whose sequences attended most — and, inside a pipeline, for the
+bubbles its uneven micro-batches leave.
 
 A sequence's pairs X (``tracegen.documents``) vary with where the cuts fall among the
-documents. A replica runs n = global batch / dp sequences a step, sampled independently
-(Megatron-Core's ``GPTDataset`` shuffles its samples), so its attention work is a sum of n
-draws of X: mean n·E[X], standard deviation √n·sd(X) (the central limit theorem). Every
-replica's gradients are reduced together at the step's end, so the step takes the slowest:
-E[max of dp such sums] = n·E[X] + √n·sd(X)·e(dp), with e(k) the expected largest of k standard
-normals (e(2) = 1/√π; Tippett 1925, "On the extreme individuals and the range of samples");
-for fewer than 30 sequences a replica, whose sums are skewed, the simulated sequences are
-resampled instead.
-The wait is that excess at the attention's rate on the busiest pipeline stage. Stragglers
-in production training are not only hardware's (Lin et al. 2025, "Understanding Stragglers in
-Large Model Training Using What-if Analysis", OSDI: ByteDance's five-month trace); WLB-LLM
-(Wang et al. 2025, OSDI, Meta) traces the imbalance of 4D-parallel training to
-input-dependent attention over documents of uneven length and packs micro-batches by their
-attention work to remove it — which this wait is what a planner would save.
+documents (``sequence_pairs`` simulates them). A replica runs m micro-batches of mbs
+sequences a step, sampled independently (Megatron-Core's ``GPTDataset`` shuffles its
+samples); each stage's forward and backward of a micro-batch is the fast path's with its
+attention at the micro-batch's pairs (``attention_curve``), and the replica's step is the
+1F1B walk of them (``pipeline_imbalance.makespan``; at one stage their sum). Every
+replica's gradients are reduced together at the step's end, so the step takes the slowest
+replica's: the expected largest of dp draws (their order statistics, or beyond the draws
+mean + sd·e(dp), e(k) the expected largest of k standard normals: e(2) = 1/√π; Tippett 1925,
+"On the extreme individuals and the range of samples"; ``expected_excess`` gives the same
+for sums of sequences in closed form and by resampling, which the tests hold the walk to).
 
-Left out: the variation of a micro-batch within the pipeline (stages waiting on each other
-micro-batch by micro-batch, which adds to the wait), the kernel's efficiency changing with
-the pieces' lengths (the mean's curve point is used), and context parallelism's ranks
-(Transformer Engine splits every document over them: balanced within a replica).
+Stragglers in production training are not only hardware's (Lin et al. 2025, "Understanding
+Stragglers in Large Model Training Using What-if Analysis", OSDI: ByteDance's five-month
+trace); WLB-LLM (Wang et al. 2025, OSDI, Meta) traces the imbalance of 4D-parallel training
+to input-dependent attention over documents of uneven length, at the pipeline and context-
+parallel levels, and packs micro-batches by their attention work to remove it — this wait is
+what a planner would save. Left out: sends between stages in the walk, and context
+parallelism's ranks (Transformer Engine splits every document over them: balanced within a
+replica).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -131,76 +133,94 @@ class DataStraggler:
     pipeline_s: float = 0.0  # of which one replica's pipeline adds (uneven micro-batches)
 
 
-# Draws of a pipelined replica's micro-batches (each a 1F1B walk, vectorized over them)
-PIPELINE_DRAWS = 2_000
+# Draws of a replica's micro-batches (each a 1F1B walk, vectorized over them)
+REPLICA_DRAWS = 2_000
+CURVE_POINTS = 65  # where the attention kernels' times are evaluated, interpolated between
+
+# Seconds of one layer's attention a micro-batch, forward and backward, for micro-batches whose
+# sequences attend y times the mean pairs (an array of y)
+AttentionCurve = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 def data_straggler(model: ModelSpec, s: Strategy, system: SystemSpec,
                    fast: FastEstimate | None = None) -> DataStraggler | None:
-    """The expected wait for the replica whose sequences attended most (None without a
-    document mask); with a pipeline, each replica's own bubbles from uneven micro-batches
-    too (``_pipelined``; ``fast``: the strategy's fast-path estimate, where the caller has
-    it)."""
-    mask = model.document_mask
-    if mask is None:
+    """The expected wait for the replica whose sequences attended most, and with a pipeline
+    each replica's own bubbles from uneven micro-batches (``replica_wait``; ``fast``: the
+    strategy's fast-path estimate, where the caller has it). None without a document mask."""
+    if model.document_mask is None:
         return None
     pairs = sequence_pairs(model.seq_len, model.document_mean_tokens,
                            model.document_length_sigma)
-    n, mean = s.global_batch_size // s.dp, float(pairs.mean())
-    variation = float(pairs.std(ddof=1)) / math.sqrt(n) / mean
-    fwd_s, bwd_s = _layer_attention_s(model, s, system)
-    layers = [s.stage_layers(model.num_layers, stage) for stage in range(s.pp)]
-    attention_s = (fwd_s + bwd_s) * max(layers) * s.num_microbatches
-    if s.pp == 1:
-        wait_s = attention_s * expected_excess(pairs, n, s.dp) / (n * mean)
-        return DataStraggler(s.dp, n, variation, attention_s, wait_s)
+    n = s.global_batch_size // s.dp
+    variation = float(pairs.std(ddof=1)) / math.sqrt(n) / float(pairs.mean())
     if fast is None:
         from analysis.fastpath import estimate
 
         fast = estimate(model, s, system)
-    wait_s, pipeline_s = _pipelined(s, fast, pairs, (fwd_s, bwd_s), layers)
-    return DataStraggler(s.dp, n, variation, attention_s, wait_s, pipeline_s)
+    layers = [s.stage_layers(model.num_layers, stage) for stage in range(s.pp)]
+    curve = attention_curve(model, s, system)
+    fwd, bwd = curve(np.ones(1))
+    attention_s = float(fwd[0] + bwd[0]) * max(layers) * s.num_microbatches
+    wait_s, own_s = replica_wait(s, fast, pairs, curve, layers)
+    if s.pp == 1:  # (one stage: the mean replica's step is the sum's, no bubbles; what the
+        wait_s, own_s = wait_s - own_s, 0.0  # kernel curve moves the mean is no wait)
+    return DataStraggler(s.dp, n, variation, attention_s, wait_s, own_s)
 
 
-def _pipelined(s: Strategy, fast: FastEstimate, pairs: np.ndarray,
-               attention: tuple[float, float], layers: list[int]) -> tuple[float, float]:
-    """A pipelined replica: ``PIPELINE_DRAWS`` draws of its m micro-batches (each mbs
-    sequences), every stage's forward and backward the fast path's (``fast``) with its
-    attention scaled by the micro-batch's pairs over the mean, walked through 1F1B
-    (``pipeline_imbalance.makespan``; interleaved and zero-bubble schedules walked so too,
-    their chunks together); the step the slowest of dp replicas takes (the draws' order
-    statistics up to dp = draws, a normal fit beyond) and one replica's mean, each beyond
-    the walk of alike micro-batches."""
+def replica_wait(s: Strategy, fast: FastEstimate, pairs: np.ndarray, curve: AttentionCurve,
+                 layers: list[int]) -> tuple[float, float]:
+    """``REPLICA_DRAWS`` draws of a replica's m micro-batches (each mbs sequences drawn from
+    ``pairs``), every stage's forward and backward the fast path's with its attention at the
+    micro-batch's pairs (``curve``), walked through 1F1B (``pipeline_imbalance.makespan``:
+    at one stage the sum; interleaved and zero-bubble schedules walked so too, their chunks
+    together). Returns the step the slowest of dp replicas takes (the draws' order statistics
+    up to dp = draws, a normal fit beyond) and one replica's mean, each beyond the walk of
+    alike micro-batches."""
     from analysis.pipeline_imbalance import expected_max, makespan
 
     rng = np.random.default_rng(1)
     m, b = s.num_microbatches, s.micro_batch_size
-    y = rng.choice(pairs, size=(m, PIPELINE_DRAWS, b)).sum(axis=2)
+    y = rng.choice(pairs, size=(m, REPLICA_DRAWS, b)).mean(axis=2)
     y /= y.mean()  # (their own mean: what the draws' mean strays by is no wait)
-    att_f = np.array(layers)[:, None, None] * attention[0]
-    att_b = np.array(layers)[:, None, None] * attention[1]
+    at_f, at_b = curve(y)
+    one_f, one_b = curve(np.ones(1))
+    count = np.array(layers)[:, None, None]
     base_f = np.array(fast.stage_fwd_s)[:, None, None]
     base_b = np.array(fast.stage_bwd_s)[:, None, None]
-    steps = makespan(base_f + att_f * (y[None] - 1), base_b + att_b * (y[None] - 1))
+    steps = makespan(base_f + count * (at_f - one_f[0])[None],
+                     base_b + count * (at_b - one_b[0])[None])
     alike = float(makespan(np.broadcast_to(base_f, (s.pp, m, 1)),
                            np.broadcast_to(base_b, (s.pp, m, 1)))[0])
-    slowest = (expected_max(steps, s.dp) if s.dp <= PIPELINE_DRAWS
-               else float(steps.mean() + steps.std(ddof=1) * expected_max_normal(s.dp)))
-    return slowest - alike, float(steps.mean()) - alike
+    mean = float(steps.mean())
+    slowest = (mean if s.dp == 1 else expected_max(steps, s.dp) if s.dp <= REPLICA_DRAWS
+               else mean + float(steps.std(ddof=1)) * expected_max_normal(s.dp))
+    return slowest - alike, mean - alike
 
 
-def _layer_attention_s(model: ModelSpec, s: Strategy, system: SystemSpec
-                       ) -> tuple[float, float]:
-    """Seconds one layer spends in core attention a micro-batch, forward and backward (the
-    backward with the forward run again where recompute reruns it)."""
+def attention_curve(model: ModelSpec, s: Strategy, system: SystemSpec) -> AttentionCurve:
+    """One layer's core attention a micro-batch (forward; backward with the forward run again
+    where recompute reruns it) when its sequences attend y times the mean pairs: each
+    attention op's FLOPs y times, and its call length too (the equivalent causal length 2P/s:
+    more pairs, longer pieces, a more efficient kernel), evaluated at ``CURVE_POINTS`` and
+    interpolated."""
     compute = RooflineCompute(system.gpu)
-    fwd = sum(compute.op_time_ns(op) for op in O.layer_fwd(model, s)
-              if isinstance(op, O.Op) and op.kind == "attention")
-    bwd = sum(compute.op_time_ns(op) for op in O.layer_bwd(model, s)
-              if isinstance(op, O.Op) and op.kind == "attention")
+    fwd = [op for op in O.layer_fwd(model, s) if isinstance(op, O.Op) and op.kind == "attention"]
+    bwd = [op for op in O.layer_bwd(model, s) if isinstance(op, O.Op) and op.kind == "attention"]
     again = s.recompute == "full" or (s.recompute == "selective"
                                       and "core_attn" in s.recompute_modules.split(","))
-    return fwd / 1e9, (bwd + (fwd if again else 0)) / 1e9
+
+    def seconds(ops: list[O.Op], y: float) -> float:
+        return sum(compute.op_time_ns(dataclasses.replace(
+            op, flop=max(1, round(op.flop * y)), m=max(1, round(op.m * y)),
+            n=max(1, round(op.n * y)))) for op in ops) / 1e9
+
+    def curve(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        grid = np.linspace(float(y.min()), float(y.max()), CURVE_POINTS)
+        f = np.array([seconds(fwd, g) for g in grid])
+        b = np.array([seconds(bwd, g) for g in grid]) + (f if again else 0.0)
+        return np.interp(y, grid, f), np.interp(y, grid, b)
+
+    return curve
 
 
 def describe(row: dict[str, Any]) -> str:

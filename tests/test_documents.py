@@ -10,11 +10,13 @@ import dataclasses
 import itertools
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
+from chakra.src.third_party.utils.protolib import encodeMessage
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -25,9 +27,10 @@ from analysis.cli import app
 from analysis.fastpath import estimate
 from analysis.strategy_row import strategy_from_row
 from analysis.study import study_from_dict
-from replay import get_system
-from tests.conftest import replayed
-from tracegen import ConfigError, ModelSpec, Strategy, get_model, resolve_model
+from replay import get_system, replay
+from replay.compute import RooflineCompute
+from tests.conftest import read_et, replayed
+from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model, resolve_model
 from tracegen import ops as O
 from tracegen.catalog import with_seq_len
 from tracegen.documents import document_mask, masked_pairs
@@ -390,8 +393,8 @@ def test_the_expected_largest_of_resampled_draws() -> None:
 
 def test_a_pipeline_adds_bubbles_and_a_one_stage_walk_is_the_replica_sum() -> None:
     """Llama 3 70B at 32 K tokens: with a pipeline the wait holds one replica's own bubbles
-    (positive, and part of the wait); walked at one stage the pipelined form gives the
-    replicas' sums as the closed form does (within 8%: draws against the normal form)."""
+    (positive, and part of the wait); at one stage, with attention linear in the pairs, the
+    walk gives the replicas' sums as the closed form and resampling do (within 8%: draws)."""
     m = resolve_model("llama3-70b@seq32768@doc4000~1")
     piped = Strategy(tp=8, pp=4, dp=2, sequence_parallel=True, global_batch_size=64,
                      recompute="selective")
@@ -400,9 +403,55 @@ def test_a_pipeline_adds_bubbles_and_a_one_stage_walk_is_the_replica_sum() -> No
     flat = Strategy(tp=8, cp=2, dp=4, sequence_parallel=True, global_batch_size=64,
                     recompute="selective")
     one = DS.data_straggler(m, flat, SYSTEM)
-    assert one is not None and one.pipeline_s == 0.0
+    assert one is not None and one.pipeline_s == 0.0 and one.wait_s > 0
     pairs = DS.sequence_pairs(m.seq_len, 4000, 1.0)
-    attention = DS._layer_attention_s(m, flat, SYSTEM)
-    walked, _ = DS._pipelined(flat, estimate(m, flat, SYSTEM), pairs, attention,
-                              [m.num_layers])
-    assert walked == pytest.approx(one.wait_s, rel=0.08)
+
+    def linear(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return 0.004 * y, 0.01 * y
+
+    walked, _ = DS.replica_wait(flat, estimate(m, flat, SYSTEM), pairs, linear, [m.num_layers])
+    n = flat.global_batch_size // flat.dp
+    want = 0.014 * m.num_layers * DS.expected_excess(pairs, n, flat.dp) / float(pairs.mean())
+    assert walked == pytest.approx(want, rel=0.08)
+
+
+def test_the_walk_matches_replay_of_a_pipeline_with_uneven_micro_batches(tmp_path: Path
+                                                                          ) -> None:
+    """A full-mode trace set of 4 stages whose 8 micro-batches' attention ops are scaled
+    (1.9× to 0.4× their FLOPs, the rest untouched) is replayed; the 1F1B walk with the same
+    ops' times predicts how much longer the step gets within 10% (it leaves the sends out)."""
+    m = ModelSpec(name="long", num_layers=8, hidden_size=1024, num_attention_heads=16,
+                  num_kv_heads=8, ffn_hidden_size=2048, vocab_size=4096, seq_len=8192,
+                  activation="swiglu", dropout=0.0)
+    s = Strategy(pp=4, global_batch_size=8)
+    y = np.array([1.6, 0.5, 1.0, 1.9, 0.4, 0.8, 1.2, 0.6])
+    generate(m, s, tmp_path, mode="full")
+    alike = replay(tmp_path, SYSTEM, contention=False).step_time_s
+    name = re.compile(r"^[FB](\d+)\..*flash_attn(_bwd)?$")
+    for f in sorted(tmp_path.glob("trainsim.*.et")):
+        meta, nodes = read_et(f)
+        for node in nodes:
+            if (hit := name.match(node.name)) is not None:
+                for a in node.attr:
+                    if a.name == "num_ops":
+                        a.int64_val = round(a.int64_val * y[int(hit.group(1))])
+        with open(f, "wb") as out:
+            encodeMessage(out, meta)
+            for node in nodes:
+                encodeMessage(out, node)
+    uneven = replay(tmp_path, SYSTEM, contention=False).step_time_s
+    compute = RooflineCompute(SYSTEM.gpu)
+
+    def op_s(ops: list[O.Item], v: float) -> float:
+        a = next(o for o in ops if isinstance(o, O.Op) and o.kind == "attention")
+        return compute.op_time_ns(dataclasses.replace(a, flop=round(a.flop * v))) / 1e9
+
+    fwd, bwd = O.layer_fwd(m, s), O.layer_bwd(m, s)
+    extra_f = np.array([op_s(fwd, v) - op_s(fwd, 1.0) for v in y])[None, :, None] * 2
+    extra_b = np.array([op_s(bwd, v) - op_s(bwd, 1.0) for v in y])[None, :, None] * 2
+    fast = estimate(m, s, SYSTEM)
+    base_f = np.broadcast_to(np.array(fast.stage_fwd_s)[:, None, None], (4, 8, 1))
+    base_b = np.broadcast_to(np.array(fast.stage_bwd_s)[:, None, None], (4, 8, 1))
+    walked = PI.makespan(base_f + extra_f, base_b + extra_b)[0] - PI.makespan(base_f, base_b)[0]
+    assert fast.step_time_s == pytest.approx(alike, rel=1e-6)
+    assert walked == pytest.approx(uneven - alike, rel=0.10)
