@@ -225,7 +225,9 @@ def attention_curve(model: ModelSpec, s: Strategy, system: SystemSpec) -> Attent
 
 def describe(row: dict[str, Any]) -> str:
     """What the wait costs, in words, from a resilience row's ``data_*`` columns."""
+    k, wait = round(row["data_replicas"]), f"{row['data_wait_s']:.3g} s"
+    what = (f"the slowest of {k:,} replicas keeps each step waiting {wait} on average" if k > 1
+            else f"uneven micro-batches leave bubbles in the pipeline: each step takes {wait} "
+                 "longer on average")
     return (f"uneven documents: a replica's attention varies by {row['data_variation']:.1%} a "
-            f"step, and the slowest of {row['data_replicas']:,.0f} replicas keeps each step "
-            f"waiting {row['data_wait_s']:.3g} s on average: {row['data_straggler_loss']:.2%} "
-            "of goodput, included above")
+            f"step, and {what}: {row['data_straggler_loss']:.2%} of goodput, included above")

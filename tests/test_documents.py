@@ -455,3 +455,12 @@ def test_the_walk_matches_replay_of_a_pipeline_with_uneven_micro_batches(tmp_pat
     walked = PI.makespan(base_f + extra_f, base_b + extra_b)[0] - PI.makespan(base_f, base_b)[0]
     assert fast.step_time_s == pytest.approx(alike, rel=1e-6)
     assert walked == pytest.approx(uneven - alike, rel=0.10)
+
+
+def test_one_pipelined_replica_is_said_to_wait_for_its_bubbles() -> None:
+    """With one replica there is no slowest one: the sentence speaks of the pipeline's
+    bubbles; with several, of the slowest."""
+    row = {"data_replicas": 1.0, "data_variation": 0.1, "data_wait_s": 1.2,
+           "data_straggler_loss": 0.03}
+    assert "leave bubbles in the pipeline: each step takes 1.2 s longer" in DS.describe(row)
+    assert "slowest of 8 replicas" in DS.describe({**row, "data_replicas": 8.0})
