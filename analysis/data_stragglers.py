@@ -7,7 +7,7 @@ documents (``sequence_pairs`` simulates them). A replica runs m micro-batches of
 sequences a step, sampled independently (Megatron-Core's ``GPTDataset`` shuffles its
 samples); each stage's forward and backward of a micro-batch is the fast path's with its
 attention at the micro-batch's pairs (``attention_curve``), and the replica's step is the
-1F1B walk of them (``pipeline_imbalance.makespan``; at one stage their sum). Every
+walk of its schedule over them (``pipeline_imbalance.makespan``; at one stage their sum). Every
 replica's gradients are reduced together at the step's end, so the step takes the slowest
 replica's: the expected largest of dp draws (their order statistics, or beyond the draws
 mean + sd·e(dp), e(k) the expected largest of k standard normals: e(2) = 1/√π; Tippett 1925,
@@ -133,7 +133,7 @@ class DataStraggler:
     pipeline_s: float = 0.0  # of which one replica's pipeline adds (uneven micro-batches)
 
 
-# Draws of a replica's micro-batches (each a 1F1B walk, vectorized over them)
+# Draws of a replica's micro-batches (each a walk of its schedule, vectorized over them)
 REPLICA_DRAWS = 2_000
 CURVE_POINTS = 65  # where the attention kernels' times are evaluated, interpolated between
 
@@ -153,48 +153,68 @@ def data_straggler(model: ModelSpec, s: Strategy, system: SystemSpec,
                            model.document_length_sigma)
     n = s.global_batch_size // s.dp
     variation = float(pairs.std(ddof=1)) / math.sqrt(n) / float(pairs.mean())
-    if fast is None:
-        from analysis.fastpath import estimate
-
-        fast = estimate(model, s, system)
     layers = [s.stage_layers(model.num_layers, stage) for stage in range(s.pp)]
     curve = attention_curve(model, s, system)
     fwd, bwd = curve(np.ones(1))
     attention_s = float(fwd[0] + bwd[0]) * max(layers) * s.num_microbatches
-    wait_s, own_s = replica_wait(s, fast, pairs, curve, layers)
+    chunks_s, chunk_layers = _walked_chunks(model, s, system, fast)
+    wait_s, own_s = replica_wait(s, chunks_s, pairs, curve, chunk_layers)
     if s.pp == 1:  # (one stage: the mean replica's step is the sum's, no bubbles; what the
         wait_s, own_s = wait_s - own_s, 0.0  # kernel curve moves the mean is no wait)
     return DataStraggler(s.dp, n, variation, attention_s, wait_s, own_s)
 
 
-def replica_wait(s: Strategy, fast: FastEstimate, pairs: np.ndarray, curve: AttentionCurve,
-                 layers: list[int]) -> tuple[float, float]:
+def replica_wait(s: Strategy, chunks_s: tuple[tuple[float, ...], tuple[float, ...]],
+                 pairs: np.ndarray, curve: AttentionCurve, layers: list[int]
+                 ) -> tuple[float, float]:
     """``REPLICA_DRAWS`` draws of a replica's m micro-batches (each mbs sequences drawn from
-    ``pairs``), every stage's forward and backward the fast path's with its attention at the
-    micro-batch's pairs (``curve``), walked through 1F1B (``pipeline_imbalance.makespan``:
-    at one stage the sum; interleaved and zero-bubble schedules walked so too, their chunks
-    together). Returns the step the slowest of dp replicas takes (the draws' order statistics
-    up to dp = draws, a normal fit beyond) and one replica's mean, each beyond the walk of
-    alike micro-batches."""
-    from analysis.pipeline_imbalance import expected_max, makespan
+    ``pairs``), walked through its schedule (``pipeline_imbalance.makespan``; at one stage
+    the sum): each model chunk's forward and backward (``chunks_s``, per global chunk, or per
+    stage where the schedule is walked as 1F1B: ``_walked_chunks``) with its layers'
+    (``layers``) attention at the micro-batch's pairs (``curve``). Returns the step the
+    slowest of dp replicas takes (the draws' order statistics up to dp = draws, a normal fit
+    beyond) and one replica's mean, each beyond the walk of alike micro-batches."""
+    from analysis.pipeline_imbalance import expected_max, makespan, walked_schedule
 
     rng = np.random.default_rng(1)
-    m, b = s.num_microbatches, s.micro_batch_size
+    m, b, p = s.num_microbatches, s.micro_batch_size, s.pp
     y = rng.choice(pairs, size=(m, REPLICA_DRAWS, b)).mean(axis=2)
     y /= y.mean()  # (their own mean: what the draws' mean strays by is no wait)
     at_f, at_b = curve(y)
     one_f, one_b = curve(np.ones(1))
-    count = np.array(layers)[:, None, None]
-    base_f = np.array(fast.stage_fwd_s)[:, None, None]
-    base_b = np.array(fast.stage_bwd_s)[:, None, None]
-    steps = makespan(base_f + count * (at_f - one_f[0])[None],
-                     base_b + count * (at_b - one_b[0])[None])
-    alike = float(makespan(np.broadcast_to(base_f, (s.pp, m, 1)),
-                           np.broadcast_to(base_b, (s.pp, m, 1)))[0])
+    count = np.array(layers, dtype=float)
+    chunks = len(layers) // p
+    base_f, base_b = (np.array(x)[:, None, None] for x in chunks_s)
+    order = walked_schedule(s.order_id) if chunks == s.vpp else "1f1b"
+    steps = makespan(base_f + count[:, None, None] * (at_f - one_f[0])[None],
+                     base_b + count[:, None, None] * (at_b - one_b[0])[None], order, p)
+    alike = float(makespan(np.broadcast_to(base_f, (len(layers), m, 1)),
+                           np.broadcast_to(base_b, (len(layers), m, 1)), order, p)[0])
     mean = float(steps.mean())
     slowest = (mean if s.dp == 1 else expected_max(steps, s.dp) if s.dp <= REPLICA_DRAWS
                else mean + float(steps.std(ddof=1)) * expected_max_normal(s.dp))
     return slowest - alike, mean - alike
+
+
+def _walked_chunks(model: ModelSpec, s: Strategy, system: SystemSpec,
+                   fast: FastEstimate | None) -> tuple[tuple[tuple[float, ...], tuple[float, ...]],
+                                                       list[int]]:
+    """Each walked chunk's forward and backward of one micro-batch and its layers: per global
+    model chunk where the schedule is walked chunk by chunk (GPipe, 1F1B, interleaved:
+    ``pipeline_imbalance.WALKED``; the fast path's ``chunk_times_s``), else per stage
+    (zero-bubble schedules, walked as 1F1B with their chunks together)."""
+    from analysis.fastpath import chunk_times_s
+    from analysis.pipeline_imbalance import WALKED
+
+    if s.schedule in WALKED:
+        return chunk_times_s(model, s, system), [
+            len(s.chunk_layers(model.num_layers, g)) for g in range(s.pp * s.vpp)]
+    if fast is None:
+        from analysis.fastpath import estimate
+
+        fast = estimate(model, s, system)
+    return (fast.stage_fwd_s, fast.stage_bwd_s), [
+        s.stage_layers(model.num_layers, stage) for stage in range(s.pp)]
 
 
 def attention_curve(model: ModelSpec, s: Strategy, system: SystemSpec) -> AttentionCurve:

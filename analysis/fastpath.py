@@ -126,6 +126,21 @@ def estimate_stages(model: ModelSpec | str, strategy: Strategy, system: SystemSp
                          stage_systems)
 
 
+def chunk_times_s(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str
+                  ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Each global model chunk's forward and backward of one micro-batch, in seconds (chunk c
+    of stage s is global chunk c·p + s; one chunk a stage without interleaving): what the
+    walk of a schedule reads (``Stage.fwd``, ``Stage.bwd``; a stage's embedding and head in
+    the chunks that hold them)."""
+    model, system = resolve_specs(model, system)
+    check_fits_model(strategy, model)
+    stages, _, _ = _stages(Costs(model, strategy, system))
+    p = strategy.pp
+    order = sorted((c * p + st, f, b) for st, stage in enumerate(stages)
+                   for c, (f, b) in enumerate(zip(stage.fwd, stage.bwd, strict=True)))
+    return (tuple(f / NS_PER_S for _, f, _ in order), tuple(b / NS_PER_S for _, _, b in order))
+
+
 def _host_checked(costs: Costs, stages: list[Stage], est: FastEstimate,
                   stage_systems: Mapping[int, SystemSpec] | None = None) -> FastEstimate:
     """``est``, not fitting where offloading puts more in a host's memory than it has: each

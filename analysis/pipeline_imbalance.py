@@ -1,58 +1,79 @@
-"""A 1F1B pipeline whose micro-batches cost unequally: the makespan as the longest path
-through the schedule's dependencies, vectorized over many draws of the costs.
+"""A pipeline whose micro-batches cost unequally: the step as the longest path through the
+schedule's dependencies, vectorized over many draws of the costs.
 
-Megatron's non-interleaved 1F1B (Narayanan et al. 2021 §2.2.1; ``forward_backward_pipelining
-_without_interleaving``): stage s of p runs min(p − s − 1, m) warm-up forwards, then one
-forward and one backward in turn, then the remaining backwards. A forward of micro-batch j on
-stage s waits for stage s − 1's forward of j, a backward for stage s + 1's backward of j (the
-last stage's for its own forward), and each op for the op before it on its stage; sends are
-left out. With every micro-batch alike the makespan is (m + p − 1)·(f + b) for equal stages;
-with micro-batches of unequal cost the slowest ones also stretch the warm-up and cool-down
+Each stage runs its passes in its schedule's order (``tracegen.schedule.stage_order``: GPipe,
+1F1B, interleaved 1F1B with its micro-batch groups). A forward of micro-batch j on global
+model chunk g waits for chunk g − 1's forward of j, a backward for chunk g + 1's backward of
+j (the last chunk's for its own forward), and each pass for the pass before it on its stage;
+sends are left out. Interleaved chunk c of stage s is global chunk c·p + s (Narayanan et al.
+2021 §2.2.2). With every micro-batch alike 1F1B takes (m + p − 1)·(f + b) on equal stages and
+interleaved 1F1B m·(f + b) + (p − 1)·(f + b)/v; with micro-batches of unequal cost the
+slowest ones also stretch the warm-up and cool-down and stall the stages between them
 (WLB-LLM, Wang et al. OSDI 2025, §3: pipeline bubbles from uneven micro-batches).
+Zero-bubble schedules (their W passes) are walked as 1F1B (``walked_schedule``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from tracegen.schedule import stage_order
 
-def one_f_one_b_order(stage: int, p: int, m: int) -> list[tuple[bool, int]]:
-    """Stage ``stage``'s ops in 1F1B order: (is forward, micro-batch)."""
-    warm = min(p - stage - 1, m)
-    order = [(True, j) for j in range(warm)]
-    for i in range(m - warm):
-        order += [(True, warm + i), (False, i)]
-    return order + [(False, j) for j in range(m - warm, m)]
+# Schedules walked in their own order; the others (ZB-H1, ZB-V) as 1F1B with their chunks
+WALKED = ("gpipe", "1f1b", "interleaved_1f1b")
 
 
-def makespan(fwd: np.ndarray, bwd: np.ndarray) -> np.ndarray:
-    """The 1F1B step of ``fwd`` and ``bwd`` (shape (p, m, R): stage, micro-batch, draw; in
-    seconds) for each of the R draws: every op starts when its stage is free and its input is
-    there."""
-    p, m, r = fwd.shape
-    end_f = np.full((p, m, r), np.nan)
-    end_b = np.full((p, m, r), np.nan)
-    orders = [one_f_one_b_order(s, p, m) for s in range(p)]
+def walked_schedule(order_id: str) -> str:
+    """The order the walk takes for a strategy's ``Strategy.order_id`` (combined 1F1B's
+    merged passes walked as their plain order)."""
+    name = order_id.partition("+")[0]
+    return name if name.partition("/")[0] in WALKED else "1f1b"
+
+
+def makespan(fwd: np.ndarray, bwd: np.ndarray, schedule: str = "1f1b", p: int = 0
+             ) -> np.ndarray:
+    """The step of ``fwd`` and ``bwd`` (shape (G, m, R): global chunk, micro-batch, draw; in
+    seconds) for each of the R draws, the stages running ``schedule`` (a ``stage_order``
+    name; p stages of G/p chunks each, p = G unless given): every pass starts when its stage
+    is free and its input is there."""
+    g_count, m, r = fwd.shape
+    p = p or g_count
+    v = g_count // p
+    end = {"F": np.full((g_count, m, r), np.nan), "B": np.full((g_count, m, r), np.nan)}
+    orders = [stage_order(schedule, m=m, p=p, v=v, stage=s) for s in range(p)]
     pos, clock = [0] * p, [np.zeros(r) for _ in range(p)]
-    left = 2 * p * m
+    left = 2 * g_count * m
     while left:
         moved = 0
         for s in range(p):
             while pos[s] < len(orders[s]):
-                forward, j = orders[s][pos[s]]
-                ready = (np.zeros(r) if s == 0 else end_f[s - 1, j]) if forward else (
-                    end_f[s, j] if s == p - 1 else end_b[s + 1, j])
-                if np.isnan(ready[0]):
+                phase, j, c = orders[s][pos[s]]
+                g = c * p + s
+                ready = _ready(end, phase, g, j, g_count, r)
+                if ready is None:
                     break
-                done = np.maximum(clock[s], ready) + (fwd if forward else bwd)[s, j]
-                (end_f if forward else end_b)[s, j] = done
+                done = np.maximum(clock[s], ready) + (fwd if phase == "F" else bwd)[g, j]
+                end[phase][g, j] = done
                 clock[s], pos[s] = done, pos[s] + 1
                 moved += 1
-        if not moved:  # (an order that deadlocks: not 1F1B's)
-            raise RuntimeError("the 1F1B order deadlocked")
+        if not moved:  # (an order that deadlocks: not a schedule's)
+            raise RuntimeError(f"the {schedule} order deadlocked")
         left -= moved
     last: np.ndarray = np.max(np.stack(clock), axis=0)
     return last
+
+
+def _ready(end: dict[str, np.ndarray], phase: str, g: int, j: int, g_count: int, r: int
+           ) -> np.ndarray | None:
+    """When pass ``phase`` of micro-batch ``j`` on global chunk ``g`` has its input (None:
+    not yet)."""
+    if phase == "F":
+        if g == 0:
+            return np.zeros(r)
+        dep = end["F"][g - 1, j]
+    else:
+        dep = end["F"][g, j] if g == g_count - 1 else end["B"][g + 1, j]
+    return None if np.isnan(dep[0]) else dep
 
 
 def expected_max(draws: np.ndarray, k: int) -> float:

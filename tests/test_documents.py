@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from analysis import data_stragglers as DS
 from analysis import pipeline_imbalance as PI
 from analysis.cli import app
-from analysis.fastpath import estimate
+from analysis.fastpath import chunk_times_s, estimate
 from analysis.strategy_row import strategy_from_row
 from analysis.study import study_from_dict
 from replay import get_system, replay
@@ -409,21 +409,24 @@ def test_a_pipeline_adds_bubbles_and_a_one_stage_walk_is_the_replica_sum() -> No
     def linear(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return 0.004 * y, 0.01 * y
 
-    walked, _ = DS.replica_wait(flat, estimate(m, flat, SYSTEM), pairs, linear, [m.num_layers])
+    walked, _ = DS.replica_wait(flat, chunk_times_s(m, flat, SYSTEM), pairs, linear,
+                                [m.num_layers])
     n = flat.global_batch_size // flat.dp
     want = 0.014 * m.num_layers * DS.expected_excess(pairs, n, flat.dp) / float(pairs.mean())
     assert walked == pytest.approx(want, rel=0.08)
 
 
-def test_the_walk_matches_replay_of_a_pipeline_with_uneven_micro_batches(tmp_path: Path
-                                                                          ) -> None:
-    """A full-mode trace set of 4 stages whose 8 micro-batches' attention ops are scaled
-    (1.9× to 0.4× their FLOPs, the rest untouched) is replayed; the 1F1B walk with the same
-    ops' times predicts how much longer the step gets within 10% (it leaves the sends out)."""
+@pytest.mark.parametrize(("schedule", "pp", "vpp"), [("1f1b", 4, 1),
+                                                    ("interleaved_1f1b", 2, 2)])
+def test_the_walk_matches_replay_of_a_pipeline_with_uneven_micro_batches(
+        tmp_path: Path, schedule: str, pp: int, vpp: int) -> None:
+    """A full-mode trace set whose 8 micro-batches' attention ops are scaled (1.9× to 0.4×
+    their FLOPs, the rest untouched) is replayed; the walk of the schedule with the same ops'
+    times predicts how much longer the step gets within 10% (it leaves the sends out)."""
     m = ModelSpec(name="long", num_layers=8, hidden_size=1024, num_attention_heads=16,
                   num_kv_heads=8, ffn_hidden_size=2048, vocab_size=4096, seq_len=8192,
                   activation="swiglu", dropout=0.0)
-    s = Strategy(pp=4, global_batch_size=8)
+    s = Strategy(pp=pp, vpp=vpp, schedule=schedule, global_batch_size=8)  # type: ignore[arg-type]
     y = np.array([1.6, 0.5, 1.0, 1.9, 0.4, 0.8, 1.2, 0.6])
     generate(m, s, tmp_path, mode="full")
     alike = replay(tmp_path, SYSTEM, contention=False).step_time_s
@@ -447,14 +450,28 @@ def test_the_walk_matches_replay_of_a_pipeline_with_uneven_micro_batches(tmp_pat
         return compute.op_time_ns(dataclasses.replace(a, flop=round(a.flop * v))) / 1e9
 
     fwd, bwd = O.layer_fwd(m, s), O.layer_bwd(m, s)
-    extra_f = np.array([op_s(fwd, v) - op_s(fwd, 1.0) for v in y])[None, :, None] * 2
-    extra_b = np.array([op_s(bwd, v) - op_s(bwd, 1.0) for v in y])[None, :, None] * 2
-    fast = estimate(m, s, SYSTEM)
-    base_f = np.broadcast_to(np.array(fast.stage_fwd_s)[:, None, None], (4, 8, 1))
-    base_b = np.broadcast_to(np.array(fast.stage_bwd_s)[:, None, None], (4, 8, 1))
-    walked = PI.makespan(base_f + extra_f, base_b + extra_b)[0] - PI.makespan(base_f, base_b)[0]
-    assert fast.step_time_s == pytest.approx(alike, rel=1e-6)
+    per = m.num_layers // (pp * vpp)  # layers a chunk
+    extra_f = np.array([op_s(fwd, v) - op_s(fwd, 1.0) for v in y])[None, :, None] * per
+    extra_b = np.array([op_s(bwd, v) - op_s(bwd, 1.0) for v in y])[None, :, None] * per
+    base_f, base_b = (np.broadcast_to(np.array(x)[:, None, None], (pp * vpp, 8, 1))
+                      for x in chunk_times_s(m, s, SYSTEM))
+    walked = (PI.makespan(base_f + extra_f, base_b + extra_b, schedule, pp)[0]
+              - PI.makespan(base_f, base_b, schedule, pp)[0])
+    assert estimate(m, s, SYSTEM).step_time_s == pytest.approx(alike, rel=1e-3)
     assert walked == pytest.approx(uneven - alike, rel=0.10)
+
+
+@given(p=st.integers(2, 8), v=st.integers(2, 4), rounds=st.integers(1, 4),
+       f=st.floats(0.1, 5.0), b=st.floats(0.1, 5.0))
+@settings(max_examples=40, deadline=None)
+def test_alike_micro_batches_take_the_textbook_interleaved_step(p: int, v: int, rounds: int,
+                                                                f: float, b: float) -> None:
+    """Interleaved 1F1B, m a multiple of p, every chunk f/v and b/v: m·(f + b) + (p − 1)·(f +
+    b)/v (Narayanan et al. 2021 §2.2.2: the bubble shrinks v times)."""
+    m = rounds * p
+    got = PI.makespan(np.full((p * v, m, 1), f / v), np.full((p * v, m, 1), b / v),
+                      "interleaved_1f1b", p)
+    assert got[0] == pytest.approx(m * (f + b) + (p - 1) * (f + b) / v, rel=1e-9)
 
 
 def test_one_pipelined_replica_is_said_to_wait_for_its_bubbles() -> None:
@@ -464,3 +481,16 @@ def test_one_pipelined_replica_is_said_to_wait_for_its_bubbles() -> None:
            "data_straggler_loss": 0.03}
     assert "leave bubbles in the pipeline: each step takes 1.2 s longer" in DS.describe(row)
     assert "slowest of 8 replicas" in DS.describe({**row, "data_replicas": 8.0})
+
+
+def test_chunk_times_add_up_to_their_stages() -> None:
+    """The fast path's chunk times: a stage's chunks add up to its pass, the embedding's and
+    the head's chunks the longer ones (Llama 3 8B, pp 2, vpp 2)."""
+    m = resolve_model("llama3-8b")
+    s = Strategy(pp=2, vpp=2, schedule="interleaved_1f1b", global_batch_size=8)
+    fwd, bwd = chunk_times_s(m, s, SYSTEM)
+    fast = estimate(m, s, SYSTEM)
+    for stage in range(2):
+        assert fwd[stage] + fwd[stage + 2] == pytest.approx(fast.stage_fwd_s[stage], rel=1e-9)
+        assert bwd[stage] + bwd[stage + 2] == pytest.approx(fast.stage_bwd_s[stage], rel=1e-9)
+    assert fwd[3] > fwd[1] and fwd[0] > fwd[2]  # (the head; the embedding)
