@@ -7,6 +7,8 @@ Run: ``PYTHONPATH=. python bench/bench_data_stragglers.py``."""
 
 from __future__ import annotations
 
+import functools
+
 from analysis.data_stragglers import data_straggler, sequence_pairs
 from analysis.fastpath import estimate
 from bench._timing import median_time
@@ -38,8 +40,9 @@ def main() -> None:
         model = resolve_model(name)
         step = estimate(model, s, h100).step_time_s
         sequence_pairs.cache_clear()
-        cold, _ = median_time(lambda: data_straggler(model, s, h100), 1)
-        warm, d = median_time(lambda: data_straggler(model, s, h100), 5)
+        call = functools.partial(data_straggler, model, s, h100)
+        cold, _ = median_time(call, 1)
+        warm, d = median_time(call, 5)
         assert d is not None
         print(f"{label}: {warm * 1e3:,.0f} ms a strategy ({cold * 1e3:,.0f} ms the first); "
               f"wait {d.wait_s:.3f} s on a {step:.2f} s step ({d.wait_s / step:+.1%}), "
