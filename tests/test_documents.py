@@ -182,6 +182,8 @@ def test_the_name_says_the_documents_and_resolves_back() -> None:
     study = study_from_dict({"model": "llama3-8b", "seq_len": 16384, "documents": "2000~1.5",
                              "system": "dgx-h100", "gpus": 8, "global_batch_size": 8})
     assert study.model == m and resolve_model(study.model_ref) == m
+    odd = resolve_model("llama3-8b", 0, "2000~1.23456789012")
+    assert resolve_model(odd.name) == odd  # (every digit of σ kept in the name)
     plain = resolve_model("llama3-8b@doc700")
     assert (plain.document_mean_tokens, plain.document_length_sigma) == (700, 0.0)
 

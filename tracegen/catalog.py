@@ -144,7 +144,14 @@ def with_documents(model: ModelSpec, mean_tokens: int, sigma: float) -> ModelSpe
     name, _ = _split_documents(model)
     return ModelSpec.from_dict({**model.to_dict(), "document_mean_tokens": mean_tokens,
                                 "document_length_sigma": sigma,
-                                "name": f"{name}{DOC_SUFFIX}{mean_tokens}~{sigma:g}"})
+                                "name": f"{name}{DOC_SUFFIX}{mean_tokens}~{_short(sigma)}"})
+
+
+def _short(x: float) -> str:
+    """The shortest text that reads back as ``x`` ("1" for 1.0, "0.1", "1.2345678"): the name
+    must resolve to the same σ (a sweep's workers rebuild the model from it)."""
+    text = repr(float(x))
+    return text[:-2] if text.endswith(".0") else text
 
 
 def _split_documents(model: ModelSpec) -> tuple[str, str]:
