@@ -133,8 +133,11 @@ class DataStraggler:
     pipeline_s: float = 0.0  # of which one replica's pipeline adds (uneven micro-batches)
 
 
-# Draws of a replica's micro-batches (each a walk of its schedule, vectorized over them)
+# Draws of a replica's micro-batches (each a walk of its schedule, vectorized over them), fewer
+# where chunks × micro-batches × draws would pass WALK_CELLS (~160 MB an array of the walk)
 REPLICA_DRAWS = 2_000
+MIN_REPLICA_DRAWS = 200
+WALK_CELLS = 20_000_000
 CURVE_POINTS = 65  # where the attention kernels' times are evaluated, interpolated between
 
 # Seconds of one layer's attention a micro-batch, forward and backward, for micro-batches whose
@@ -167,7 +170,8 @@ def data_straggler(model: ModelSpec, s: Strategy, system: SystemSpec,
 def replica_wait(s: Strategy, chunks_s: tuple[tuple[float, ...], tuple[float, ...]],
                  pairs: np.ndarray, curve: AttentionCurve, layers: list[int]
                  ) -> tuple[float, float]:
-    """``REPLICA_DRAWS`` draws of a replica's m micro-batches (each mbs sequences drawn from
+    """``REPLICA_DRAWS`` draws (fewer on long walks: ``WALK_CELLS``) of a replica's m
+    micro-batches (each mbs sequences drawn from
     ``pairs``), walked through its schedule (``pipeline_imbalance.makespan``; at one stage
     the sum): each model chunk's forward and backward (``chunks_s``, per global chunk, or per
     stage where the schedule is walked as 1F1B: ``_walked_chunks``) with its layers'
@@ -178,7 +182,8 @@ def replica_wait(s: Strategy, chunks_s: tuple[tuple[float, ...], tuple[float, ..
 
     rng = np.random.default_rng(1)
     m, b, p = s.num_microbatches, s.micro_batch_size, s.pp
-    y = rng.choice(pairs, size=(m, REPLICA_DRAWS, b)).mean(axis=2)
+    draws = max(MIN_REPLICA_DRAWS, min(REPLICA_DRAWS, WALK_CELLS // (len(layers) * m)))
+    y = rng.choice(pairs, size=(m, draws, b)).mean(axis=2)
     y /= y.mean()  # (their own mean: what the draws' mean strays by is no wait)
     at_f, at_b = curve(y)
     one_f, one_b = curve(np.ones(1))
@@ -191,7 +196,7 @@ def replica_wait(s: Strategy, chunks_s: tuple[tuple[float, ...], tuple[float, ..
     alike = float(makespan(np.broadcast_to(base_f, (len(layers), m, 1)),
                            np.broadcast_to(base_b, (len(layers), m, 1)), order, p)[0])
     mean = float(steps.mean())
-    slowest = (mean if s.dp == 1 else expected_max(steps, s.dp) if s.dp <= REPLICA_DRAWS
+    slowest = (mean if s.dp == 1 else expected_max(steps, s.dp) if s.dp <= draws
                else mean + float(steps.std(ddof=1)) * expected_max_normal(s.dp))
     return slowest - alike, mean - alike
 
