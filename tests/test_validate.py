@@ -885,6 +885,26 @@ def test_a_rows_window_columns_give_its_model_sliding_windows(tmp_path: Path) ->
         "status"].item()
 
 
+def test_a_rows_document_columns_give_its_model_a_document_mask(tmp_path: Path) -> None:
+    """``document_mean_tokens`` / ``document_length_sigma`` beyond the schema: the row's model
+    attends within documents of that length, as the same ModelSpec does, and steps faster
+    than the row without them; a σ out of range skips the row, named."""
+    base = V.row_inputs(load_runs(_row_file(tmp_path, "mpt-07")).row(0, named=True))
+    assert not isinstance(base, str), base
+    row = load_runs(_row_file(tmp_path, "mpt-07", document_mean_tokens="300",
+                              document_length_sigma="1.5")).row(0, named=True)
+    inputs = V.row_inputs(row)
+    assert not isinstance(inputs, str), inputs
+    assert inputs.model == dataclasses.replace(base.model, document_mean_tokens=300,
+                                               document_length_sigma=1.5)
+    assert (V.predict(inputs)["predicted_iter_time_s"]
+            < V.predict(base)["predicted_iter_time_s"])
+    bad = validate(_row_file(tmp_path, "mpt-07", document_mean_tokens="300",
+                             document_length_sigma="9"))
+    assert bad["status"].item().startswith("skipped:") and "document_length_sigma" in bad[
+        "status"].item()
+
+
 def test_a_rows_moe_layer_pattern_gives_its_model_moe_in_those_layers(tmp_path: Path) -> None:
     """``moe_layer_pattern`` beyond the schema (Llama 4 Maverick's "DM"): a MoE row's model has
     its experts in the layers the pattern marks, as the same ModelSpec does, and costs more
