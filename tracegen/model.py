@@ -372,12 +372,13 @@ def _problems(m: ModelSpec, *, head_dim_given: bool = True) -> list[str]:
 # A log-σ past this puts more than a thousandth of the corpus' documents beyond a thousand
 # times the median: a typo (a length, not its logarithm's spread), not a corpus.
 MAX_DOCUMENT_SIGMA = 5.0
+MAX_DOCUMENT_TOKENS = 2**31  # (a count: the project's bound on counts, far past any corpus)
 
 
 def _document_problems(m: ModelSpec) -> list[str]:
-    if m.document_mean_tokens < 0:
-        return [f"document_mean_tokens must be ≥ 0 (0 = no document mask), got "
-                f"{m.document_mean_tokens}"]
+    if not 0 <= m.document_mean_tokens < MAX_DOCUMENT_TOKENS:
+        return [f"document_mean_tokens is the mean document length in tokens, in [0, 2³¹) (0 "
+                f"= no document mask), got {m.document_mean_tokens}"]
     if not 0 <= m.document_length_sigma <= MAX_DOCUMENT_SIGMA:
         return [f"document_length_sigma is the σ of the logarithm of the documents' lengths, in "
                 f"[0, {MAX_DOCUMENT_SIGMA:g}] (0 = every document of the mean length), got"
