@@ -39,46 +39,7 @@ from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
 from tracegen import ModelSpec, Strategy
 from tracegen import ops as O
-from tracegen.documents import masked_pairs
-
-# Simulated documents are capped here (memory ~100 MB at most); the moments keep at least
-# MIN_SEQUENCES sequences' worth.
-MAX_DOCUMENTS = 3_000_000
-MIN_SEQUENCES = 400
-SEQUENCES = 20_000
-
-
-@functools.lru_cache(maxsize=64)
-def sequence_pairs(seq: int, mean_tokens: float, sigma: float, *, seed: int = 0
-                   ) -> np.ndarray:
-    """One sequence's pairs (Σ ℓᵢ²/2 over its pieces) for sequences cut at independent random
-    places from a simulated stream of log-normal documents (``SEQUENCES`` of them; fewer where
-    the documents are short, at least ``MIN_SEQUENCES``); seeded, so the same inputs give the
-    same answer."""
-    rng = np.random.default_rng(seed)
-    sequences = int(min(SEQUENCES, max(MIN_SEQUENCES, MAX_DOCUMENTS * mean_tokens / seq)))
-    mu = math.log(mean_tokens) - sigma * sigma / 2
-    docs = int(min(MAX_DOCUMENTS, sequences * seq / mean_tokens) * 1.2) + 1_000
-    lengths = (np.exp(rng.normal(mu, sigma, docs)) if sigma
-               else np.full(docs, float(mean_tokens)))
-    ends = np.cumsum(lengths)
-    squares = np.concatenate(([0.0], np.cumsum(lengths * lengths)))  # Σ L² of docs < i
-    start = ends[min(500, docs // 4)]
-    if ends[-1] - seq <= start:  # a sequence of over a million documents: its pieces average
-        flat = np.full(MIN_SEQUENCES, masked_pairs(seq, mean_tokens, sigma))  # out (~1/√docs)
-        flat.flags.writeable = False
-        return flat
-    a = rng.uniform(start, ends[-1] - seq, sequences)
-    b = a + seq
-    first = np.searchsorted(ends, a, side="right")  # the document a falls in
-    last = np.searchsorted(ends, b, side="left")  # the document b − 0 falls in
-    one = first == last
-    head = np.minimum(ends[first], b) - a
-    tail = b - ends[np.maximum(last - 1, 0)]
-    whole = squares[last] - squares[np.minimum(first + 1, last)]  # documents wholly inside
-    pairs = np.where(one, seq * seq / 2, (head * head + tail * tail + whole) / 2)
-    pairs.flags.writeable = False  # (cached: shared by every caller)
-    return pairs
+from tracegen.documents import sequence_pairs
 
 
 def pair_moments(seq: int, mean_tokens: float, sigma: float, *, seed: int = 0

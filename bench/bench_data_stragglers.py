@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import functools
 
-from analysis.data_stragglers import data_straggler, sequence_pairs
+from analysis.data_stragglers import data_straggler
 from analysis.fastpath import estimate
 from bench._timing import median_time
 from replay import get_system
 from tracegen import Strategy, resolve_model
+from tracegen.documents import rank_pairs
 
 CASES = {
     "llama3-8b 32K tp2 cp4 dp8 (one stage)": (
@@ -39,7 +40,7 @@ def main() -> None:
     for label, (name, s) in CASES.items():
         model = resolve_model(name)
         step = estimate(model, s, h100).step_time_s
-        sequence_pairs.cache_clear()
+        rank_pairs.cache_clear()
         call = functools.partial(data_straggler, model, s, h100)
         cold, _ = median_time(call, 1)
         warm, d = median_time(call, 5)

@@ -30,7 +30,10 @@ taken, as no corpus is every corpus.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+
+import numpy as np
 
 # A log-normal of σ this small is one length to float precision: the closed form's Φ terms
 # would divide by it.
@@ -81,3 +84,80 @@ def document_mask(seq: int, mean_tokens: float, sigma: float) -> DocumentMask:
     (``tracegen.ops.attention_fwd``)."""
     pairs = masked_pairs(seq, mean_tokens, sigma)
     return DocumentMask(pairs, max(1, min(seq, round(2 * pairs / seq))))
+
+
+# --- sequences cut from a simulated stream (the spread the mean hides) ------------------------
+
+# Simulated documents are capped here (~100 MB of arrays at most); at least MIN_SEQUENCES
+# sequences are cut, SEQUENCES where the documents allow.
+MAX_DOCUMENTS = 3_000_000
+MIN_SEQUENCES = 400
+SEQUENCES = 20_000
+
+
+@functools.lru_cache(maxsize=64)
+def rank_pairs(seq: int, mean_tokens: float, sigma: float, cp: int = 1, *, seed: int = 0
+               ) -> np.ndarray:
+    """Each context-parallel rank's pairs of sequences cut at independent random places from a
+    simulated stream of log-normal documents (``SEQUENCES`` of them, fewer where the documents
+    are short, at least ``MIN_SEQUENCES``), the sequence split whole into 2·cp chunks, rank r
+    holding chunks r and 2·cp − 1 − r (Megatron's load balance for causal attention, which
+    Llama 3's context parallelism applies to the packed sequence: Dubey et al. 2024 §3.3.2):
+    shape (sequences, cp), its rows summing to a sequence's pairs Σ ℓᵢ²/2 (cp = 1: one
+    column, the pairs). A query at x in a piece that starts at u attends x − u keys before it,
+    so a piece [u, w) adds ∫ (x − u) dx over its part of a chunk. Seeded: the same inputs give
+    the same answer."""
+    rng = np.random.default_rng(seed)
+    sequences = int(min(SEQUENCES, max(MIN_SEQUENCES, MAX_DOCUMENTS * mean_tokens / seq)))
+    mu = math.log(mean_tokens) - sigma * sigma / 2
+    docs = int(min(MAX_DOCUMENTS, sequences * seq / mean_tokens) * 1.2) + 1_000
+    lengths = (np.exp(rng.normal(mu, sigma, docs)) if sigma
+               else np.full(docs, float(mean_tokens)))
+    ends = np.cumsum(lengths)
+    start = ends[min(500, docs // 4)]
+    if ends[-1] - seq <= start:  # a sequence of over a million documents: its pieces average
+        out = np.full((MIN_SEQUENCES, cp), masked_pairs(seq, mean_tokens, sigma) / cp)
+    else:  # out (~1/√documents)
+        out = _split(seq, cp, ends, rng.uniform(start, ends[-1] - seq, sequences))
+    out.flags.writeable = False  # (cached: shared by every caller)
+    return out
+
+
+def _split(seq: int, cp: int, ends: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """``rank_pairs`` of the windows [a, a + seq) over documents ending at ``ends``."""
+    first = np.searchsorted(ends, a, side="right")  # the document a falls in
+    last = np.searchsorted(ends, a + seq, side="left")  # the one the window's end falls in
+    count = last - first + 1
+    window = np.repeat(np.arange(len(a)), count)
+    doc = np.repeat(first, count) + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count,
+                                                                      count)
+    u = np.maximum(ends[doc - 1], a[window]) - a[window]  # each piece's start in its window
+    w = np.minimum(ends[doc], a[window] + seq) - a[window]  # and end
+    chunk = seq / (2 * cp)
+    out = np.zeros((len(a), cp))
+    for k in range(2 * cp):
+        lo = np.clip(k * chunk - u, 0.0, None)
+        hi = np.clip(np.minimum(w, (k + 1) * chunk) - u, 0.0, None)
+        part = np.where(hi > lo, (hi * hi - lo * lo) / 2, 0.0)
+        out[:, min(k, 2 * cp - 1 - k)] += np.bincount(window, weights=part, minlength=len(a))
+    return out
+
+
+def sequence_pairs(seq: int, mean_tokens: float, sigma: float, *, seed: int = 0
+                   ) -> np.ndarray:
+    """One sequence's pairs (Σ ℓᵢ²/2 over its pieces) for ``rank_pairs``' sequences."""
+    pairs: np.ndarray = rank_pairs(seq, mean_tokens, sigma, 1, seed=seed)[:, 0]
+    return pairs
+
+
+def busiest_rank_factor(seq: int, mean_tokens: float, sigma: float, cp: int, mbs: int
+                        ) -> float:
+    """Under a whole-sequence split: the busiest of cp ranks' pairs of a micro-batch (mbs
+    sequences) over the mean rank's — what a layer's attention waits for, every rank
+    synchronising with its context-parallel group each layer (≥ 1: 1 where documents are far
+    longer than the sequence, whose causal split is balanced, and towards 1 as a chunk holds
+    ever more documents)."""
+    per = rank_pairs(seq, mean_tokens, sigma, cp)
+    groups = len(per) // mbs
+    sums = per[: groups * mbs].reshape(groups, mbs, cp).sum(axis=1)
+    return float(sums.max(axis=1).mean() / (sums.sum(axis=1).mean() / cp))
