@@ -114,6 +114,11 @@ PrecisionOpt = Annotated[str, typer.Option(help="bf16 | fp16 | fp8")]
 CpCommOpt = Annotated[str, typer.Option(
     help="p2p (ring alongside attention, Megatron's default) | all_gather (K/V gathered "
          "first, Llama 3)")]
+CpBalanceOpt = Annotated[str, typer.Option(
+    "--cp-balance", help="Under a document mask (--documents), how context parallelism splits "
+    "a packed sequence: document (each document over the ranks: Transformer Engine's THD, "
+    "balanced) | sequence (the sequence whole, as Llama 3's: the busiest rank sets each "
+    "layer's pace)")]
 ZbRegatherOpt = Annotated[bool, typer.Option(
     "--zb-w-regather", help="ZB-H1 with --sp: each W pass gathers its GEMMs' inputs again "
                             "instead of keeping them gathered from B (less memory, more "
@@ -224,6 +229,7 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    zero: int, overlap_param_gather: bool, precision: str,
                    first_stage_layers: int, last_stage_layers: int,
                    grad_reduce_bf16: bool = False, cp_comm_type: str = "p2p",
+                   cp_balance: str = "document",
                    expert_tp: int = 0, zero3_prefetch: bool = False,
                    zb_w_regather: bool = False,
                    account_for_embedding: bool = False, account_for_loss: bool = False,
@@ -257,6 +263,7 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
                     grad_reduce_in_bf16=grad_reduce_bf16,
                     cp_comm_type=cp_comm_type,  # type: ignore[arg-type]
+                    cp_balance=cp_balance,  # type: ignore[arg-type]
                     expert_tp=expert_tp, zero3_prefetch=zero3_prefetch,
                     zb_w_regather=zb_w_regather,
                     account_for_embedding_in_pipeline_split=account_for_embedding,

@@ -39,7 +39,7 @@ from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
 from tracegen import ModelSpec, Strategy
 from tracegen import ops as O
-from tracegen.documents import sequence_pairs
+from tracegen.documents import rank_pairs, sequence_pairs
 
 
 def pair_moments(seq: int, mean_tokens: float, sigma: float, *, seed: int = 0
@@ -115,6 +115,11 @@ def data_straggler(model: ModelSpec, s: Strategy, system: SystemSpec,
         return None
     pairs = sequence_pairs(model.seq_len, model.document_mean_tokens,
                            model.document_length_sigma)
+    # what a micro-batch waits for: its sequences' pairs, or under a whole-sequence context-
+    # parallel split the busiest rank's (``Strategy.cp_balance``)
+    split = s.cp > 1 and s.cp_balance == "sequence"
+    work = (rank_pairs(model.seq_len, model.document_mean_tokens, model.document_length_sigma,
+                       s.cp) if split else pairs[:, None])
     n = s.global_batch_size // s.dp
     variation = float(pairs.std(ddof=1)) / math.sqrt(n) / float(pairs.mean())
     layers = [s.stage_layers(model.num_layers, stage) for stage in range(s.pp)]
@@ -122,29 +127,30 @@ def data_straggler(model: ModelSpec, s: Strategy, system: SystemSpec,
     fwd, bwd = curve(np.ones(1))
     attention_s = float(fwd[0] + bwd[0]) * max(layers) * s.num_microbatches
     chunks_s, chunk_layers = _walked_chunks(model, s, system, fast)
-    wait_s, own_s = replica_wait(s, chunks_s, pairs, curve, chunk_layers)
+    wait_s, own_s = replica_wait(s, chunks_s, work, curve, chunk_layers)
     if s.pp == 1:  # (one stage: the mean replica's step is the sum's, no bubbles; what the
         wait_s, own_s = wait_s - own_s, 0.0  # kernel curve moves the mean is no wait)
     return DataStraggler(s.dp, n, variation, attention_s, wait_s, own_s)
 
 
 def replica_wait(s: Strategy, chunks_s: tuple[tuple[float, ...], tuple[float, ...]],
-                 pairs: np.ndarray, curve: AttentionCurve, layers: list[int]
+                 work: np.ndarray, curve: AttentionCurve, layers: list[int]
                  ) -> tuple[float, float]:
     """``REPLICA_DRAWS`` draws (fewer on long walks: ``WALK_CELLS``) of a replica's m
-    micro-batches (each mbs sequences drawn from
-    ``pairs``), walked through its schedule (``pipeline_imbalance.makespan``; at one stage
-    the sum): each model chunk's forward and backward (``chunks_s``, per global chunk, or per
-    stage where the schedule is walked as 1F1B: ``_walked_chunks``) with its layers'
-    (``layers``) attention at the micro-batch's pairs (``curve``). Returns the step the
-    slowest of dp replicas takes (the draws' order statistics up to dp = draws, a normal fit
-    beyond) and one replica's mean, each beyond the walk of alike micro-batches."""
+    micro-batches (each mbs sequences drawn from the rows of ``work``: a sequence's pairs on
+    each context-parallel rank, or in one column all of them; a micro-batch waits for its
+    busiest column's sum), walked through its schedule (``pipeline_imbalance.makespan``; at
+    one stage the sum): each model chunk's forward and backward (``chunks_s``, per global
+    chunk, or per stage where the schedule is walked as 1F1B: ``_walked_chunks``) with its
+    layers' (``layers``) attention at the micro-batch's pairs (``curve``). Returns the step
+    the slowest of dp replicas takes (the draws' order statistics up to dp = draws, a normal
+    fit beyond) and one replica's mean, each beyond the walk of alike micro-batches."""
     from analysis.pipeline_imbalance import expected_max, makespan, walked_schedule
 
     rng = np.random.default_rng(1)
     m, b, p = s.num_microbatches, s.micro_batch_size, s.pp
     draws = max(MIN_REPLICA_DRAWS, min(REPLICA_DRAWS, WALK_CELLS // (len(layers) * m)))
-    y = rng.choice(pairs, size=(m, draws, b)).mean(axis=2)
+    y = work[rng.integers(0, len(work), size=(m, draws, b))].sum(axis=2).max(axis=2)
     y /= y.mean()  # (their own mean: what the draws' mean strays by is no wait)
     at_f, at_b = curve(y)
     one_f, one_b = curve(np.ones(1))

@@ -38,6 +38,7 @@ FLAGS: dict[str, str] = {
     "overlap_param_gather": "--overlap-param-gather",
     "first_stage_layers": "--first-stage-layers", "last_stage_layers": "--last-stage-layers",
     "grad_reduce_in_bf16": "--grad-reduce-bf16", "cp_comm_type": "--cp-comm-type",
+    "cp_balance": "--cp-balance",
     "expert_tp": "--expert-tp", "zero3_prefetch": "--zero3-prefetch",
     "zb_w_regather": "--zb-w-regather",
     "account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",

@@ -33,7 +33,13 @@ from tests.conftest import read_et, replayed
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model, resolve_model
 from tracegen import ops as O
 from tracegen.catalog import with_seq_len
-from tracegen.documents import document_mask, masked_pairs
+from tracegen.documents import (
+    busiest_rank_factor,
+    document_mask,
+    masked_pairs,
+    rank_pairs,
+    sequence_pairs,
+)
 from tracegen.flops import attention_len, model_flop_per_step
 
 SYSTEM = get_system("dgx-h100")
@@ -412,7 +418,7 @@ def test_a_pipeline_adds_bubbles_and_a_one_stage_walk_is_the_replica_sum() -> No
     def linear(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return 0.004 * y, 0.01 * y
 
-    walked, _ = DS.replica_wait(flat, chunk_times_s(m, flat, SYSTEM), pairs, linear,
+    walked, _ = DS.replica_wait(flat, chunk_times_s(m, flat, SYSTEM), pairs[:, None], linear,
                                 [m.num_layers])
     n = flat.global_batch_size // flat.dp
     want = 0.014 * m.num_layers * DS.expected_excess(pairs, n, flat.dp) / float(pairs.mean())
@@ -497,3 +503,48 @@ def test_chunk_times_add_up_to_their_stages() -> None:
         assert fwd[stage] + fwd[stage + 2] == pytest.approx(fast.stage_fwd_s[stage], rel=1e-9)
         assert bwd[stage] + bwd[stage + 2] == pytest.approx(fast.stage_bwd_s[stage], rel=1e-9)
     assert fwd[3] > fwd[1] and fwd[0] > fwd[2]  # (the head; the embedding)
+
+
+# --- a context-parallel split of the whole packed sequence (Strategy.cp_balance = "sequence")
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4])
+def test_each_ranks_share_adds_up_to_the_sequence(cp: int) -> None:
+    """Split whole into 2·cp chunks, rank r holding r and 2·cp − 1 − r: the ranks' pairs add
+    up to the sequence's, sequence by sequence; with documents far longer than the sequence
+    (one causal piece) every rank holds s²/2/cp — the split's causal balance."""
+    per = rank_pairs(8192, 3000, 1.2, cp)
+    assert per.shape[1] == cp
+    assert np.allclose(per.sum(axis=1), sequence_pairs(8192, 3000, 1.2), rtol=1e-9)
+    long = rank_pairs(8192, 10**9, 0.5, cp)
+    one = long[np.isclose(long.sum(axis=1), 8192**2 / 2)]  # (the sequences with no boundary)
+    assert len(one) > 0.99 * len(long)
+    assert np.allclose(one, 8192**2 / 2 / cp, rtol=1e-9)
+
+
+def test_the_busiest_rank_sets_the_pace_and_more_sequences_even_it_out() -> None:
+    """Documents of 4,000 tokens in 32 K sequences: the busiest rank holds more than the
+    mean one (more so with more ranks); four sequences a micro-batch even it out; documents
+    far longer than the sequence are balanced."""
+    one = [busiest_rank_factor(32768, 4000, 1.0, cp, 1) for cp in (2, 4, 8)]
+    assert 1 < one[0] < one[1] < one[2]
+    assert busiest_rank_factor(32768, 4000, 1.0, 4, 4) < one[1]
+    assert busiest_rank_factor(32768, 10**9, 1.0, 4, 1) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_a_whole_sequence_split_charges_the_busiest_rank() -> None:
+    """Under "sequence" a rank's attention FLOPs are the balanced split's times the busiest
+    rank's factor; without a document mask the balance changes nothing; the fast path agrees
+    with replay."""
+    docs = dataclasses.replace(SMALL, document_mean_tokens=700, document_length_sigma=1.0)
+    even = Strategy(cp=4, micro_batch_size=2, global_batch_size=2)
+    whole = dataclasses.replace(even, cp_balance="sequence")
+    factor = busiest_rank_factor(SMALL.seq_len, 700, 1.0, 4, 2)
+    assert factor > 1
+    assert sum(o.flop for o in _attention(docs, whole)) == pytest.approx(
+        factor * sum(o.flop for o in _attention(docs, even)), rel=1e-6)
+    assert O.layer_fwd(SMALL, whole) == O.layer_fwd(SMALL, even)
+    assert estimate(docs, whole, SYSTEM).step_time_s > estimate(docs, even, SYSTEM).step_time_s
+    ref = replayed(docs, dataclasses.replace(whole, pp=2, global_batch_size=4), SYSTEM)
+    assert estimate(docs, dataclasses.replace(whole, pp=2, global_batch_size=4),
+                    SYSTEM).step_time_s == pytest.approx(ref.step_time_s, rel=0.02)

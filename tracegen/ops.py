@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from tracegen.documents import busiest_rank_factor
 from tracegen.model import ModelSpec
 from tracegen.routing import Route, expected_units
 from tracegen.strategy import Strategy
@@ -198,7 +199,7 @@ def op_key(s: Strategy) -> tuple[object, ...]:
     (Recompute picks which lists run again, not what they hold, so it is not here.)"""
     return (s.micro_batch_size, s.cp, s.tp, s.sequence_parallel, s.precision, s.tp_comm_overlap,
             s.ep, s.cp_comm_type, s.expert_tp, s.moe_dispatcher, s.moe_shared_expert_overlap,
-            s.zb_w_regather, s.cross_entropy_fusion)
+            s.zb_w_regather, s.cross_entropy_fusion, s.cp_balance)
 
 
 def dims(m: ModelSpec, s: Strategy) -> Dims:
@@ -344,6 +345,14 @@ def _core_attention(m: ModelSpec, st: Strategy, d: Dims, heads: int) -> list[Ite
     attn = attention_fwd(m, d, heads)
     if st.cp == 1:
         return [attn]
+    mask = m.document_mask
+    if mask is not None and st.cp_balance == "sequence":
+        # the whole sequence split: the busiest rank's pairs, its pieces whole up to a chunk
+        # (s/2cp tokens: a document shorter than a chunk stays on one rank)
+        length = max(1, min(mask.length, d.s // 2))
+        attn = dataclasses.replace(attn, flop=round(attn.flop * busiest_rank_factor(
+            m.seq_len, m.document_mean_tokens, m.document_length_sigma, st.cp, d.b)),
+            m=length, n=length)
     kv_shard = d.tokens * 2 * m.kv_size // d.t * ACT_BYTES  # the K/V this rank holds
     if m.window:
         return _windowed_cp(st, d, attn, heads, cp_window(d.s_kv, st.cp, m.window,
@@ -357,8 +366,8 @@ def _core_attention(m: ModelSpec, st: Strategy, d: Dims, heads: int) -> list[Ite
     # compute model counts a call's tiles from it; the later steps are one op).
     # Under a document mask every document is split so (Transformer Engine's THD format,
     # ``thd_get_partitioned_indices``: each rank holds chunks r and 2·cp − 1 − r of every
-    # document): a step's calls keep the documents' pieces' length (``attention_fwd``).
-    key_len = attn.n if m.document_mask else d.s
+    # document; ``Strategy.cp_balance``): a step's calls keep the pieces' length (above).
+    key_len = attn.n if mask else d.s
     first = dataclasses.replace(attn, name="flash_attn_c0", flop=attn.flop // st.cp,
                                 bytes=attn.bytes // st.cp, n=key_len)
     rest = dataclasses.replace(attn, flop=attn.flop - first.flop, bytes=attn.bytes - first.bytes,

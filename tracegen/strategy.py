@@ -17,6 +17,8 @@ Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8"]
 CpCommType = Literal["p2p", "all_gather"]
 CP_COMM_TYPES: tuple[str, ...] = ("p2p", "all_gather")
+CpBalance = Literal["document", "sequence"]
+CP_BALANCES: tuple[str, ...] = ("document", "sequence")
 AdamMomentsDtype = Literal["fp32", "bf16", "fp16", "fp8"]
 ADAM_MOMENTS_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8")
 MoeDispatcher = Literal["alltoall", "deepep"]
@@ -84,6 +86,14 @@ class Strategy:
     # default; Liu et al. 2023, ring attention), or "all_gather", K/V of the whole sequence
     # gathered before attention, its latency exposed (Llama 3, Dubey et al. 2024 §3.3.2).
     cp_comm_type: CpCommType = "p2p"
+    # How context parallelism splits a packed sequence under a document mask
+    # (``ModelSpec.document_mean_tokens``): "document", every document into 2·cp chunks, rank r
+    # holding chunks r and 2·cp − 1 − r of each (Transformer Engine's THD format: balanced), or
+    # "sequence", the packed sequence split so whole (Llama 3's context parallelism, Dubey et
+    # al. 2024 §3.3.2): the ranks' shares then differ and each layer waits for the busiest
+    # (WLB-LLM, Wang et al. OSDI 2025, its context-level imbalance; tracegen/documents.py
+    # ``busiest_rank_factor``). No effect without a mask or at cp 1.
+    cp_balance: CpBalance = "document"
     # Megatron --expert-tensor-parallel-size. 0 = tp (Megatron's default: experts TP-split like
     # the dense MLP, ep carved out of dp). 1 with tp·cp > 1 folds expert parallelism over the
     # stage's tp·cp·dp ranks instead (MoE Parallel Folding, Liu et al. 2025, arXiv:2504.14960,
@@ -465,6 +475,8 @@ def _degree_problems(s: Strategy) -> list[str]:
     if s.cp_comm_type not in CP_COMM_TYPES:
         out.append(f"cp_comm_type must be one of {', '.join(CP_COMM_TYPES)}; got "
                    f"{s.cp_comm_type!r}")
+    if s.cp_balance not in CP_BALANCES:
+        out.append(f"cp_balance must be one of {', '.join(CP_BALANCES)}; got {s.cp_balance!r}")
     if s.moe_dispatcher not in MOE_DISPATCHERS:
         out.append(f"moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}; got "
                    f"{s.moe_dispatcher!r}")
