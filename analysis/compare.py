@@ -61,6 +61,9 @@ def strategy_label(s: Strategy) -> str:
             + (f"-adam{s.adam_moments_dtype}" if s.adam_moments_dtype != "fp32" else "")
             + ("-fp8pg" if s.fp8_param_gather else "")
             + (f"-layout[{s.pipeline_layout}]" if s.pipeline_layout else "")
+            + ("-cpag" if s.cp > 1 and s.cp_comm_type == "all_gather" else "")
+            + ("-cpseq" if s.cp > 1 and s.cp_balance == "sequence" else "")
+            + (f"-ce{s.cross_entropy_fusion}" if s.cross_entropy_fusion != "none" else "")
             + _split_suffix(s))
 
 

@@ -29,7 +29,9 @@
                                     # outer_dp_sharding_strategy ("optim": HFSDP),
                                     # grad_reduce_per_microbatch (ZeRO 0-2: DeepSpeed's
                                     # ZeRO-2, FSDP's SHARD_GRAD_OP), cross_entropy_fusion
-                                    # ("none", "native", "te")
+                                    # ("none", "native", "te"), cp_comm_type ("p2p",
+                                    # "all_gather"), cp_balance ("document", "sequence":
+                                    # under a document mask)
 
     [failures]                      # a preset, or rate_per_gpu_hour (+ weibull_shape)
     preset = "llama3-16k-h100"

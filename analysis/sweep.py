@@ -42,7 +42,7 @@ OPTIONAL_DIMENSIONS = ("cp", "ep", "expert_tp", "schedule", "tp_comm_overlap",
                        "adam_moments_dtype",
                        "fp8_param_gather", "precision", "dist_opt_instances",
                        "outer_dp_sharding_strategy", "grad_reduce_per_microbatch",
-                       "cross_entropy_fusion")
+                       "cross_entropy_fusion", "cp_comm_type", "cp_balance")
 Progress = Callable[[str, int, int], None]
 
 
@@ -106,6 +106,8 @@ _OFF_WHERE: tuple[tuple[str, Any, Callable[[dict[str, Any]], bool]], ...] = (
     ("vpp", 1, lambda d: d["pp"] == 1),
     ("schedule", "1f1b", lambda d: d["pp"] == 1 and d["schedule"] in PIPELINE_ONLY),
     ("zero3_prefetch", False, lambda d: d["zero_stage"] != 3),
+    ("cp_comm_type", "p2p", lambda d: d.get("cp", 1) == 1),
+    ("cp_balance", "document", lambda d: d.get("cp", 1) == 1),
     ("recompute_num_layers", 0, lambda d: d["recompute"] != "full"),
     ("recompute_modules", "core_attn", lambda d: d["recompute"] != "selective"),
     ("dist_opt_instances", 1, lambda d: d["zero_stage"] == 0),
@@ -265,7 +267,10 @@ def _build(study: Study, d: dict[str, Any]) -> Strategy:
                  dist_opt_instances=int(d.get("dist_opt_instances", 1)),
                  outer_dp_sharding_strategy=d.get("outer_dp_sharding_strategy",
                                                   "no_shard"),
-                 grad_reduce_per_microbatch=bool(d.get("grad_reduce_per_microbatch", False)))
+                 grad_reduce_per_microbatch=bool(d.get("grad_reduce_per_microbatch", False)),
+                 cross_entropy_fusion=d.get("cross_entropy_fusion", "none"),
+                 cp_comm_type=d.get("cp_comm_type", "p2p"),
+                 cp_balance=d.get("cp_balance", "document"))
     # a layer count pp·vpp does not divide: shorter end chunks, as frameworks run it
     s = with_shorter_end_chunks(s, study.model.num_layers)
     check_fits_model(s, study.model)

@@ -346,6 +346,32 @@ def test_strategy_ids_do_not_change_between_versions() -> None:
     assert [f.name for f in dataclasses.fields(Strategy)][:len(_ID_FIELDS)] == list(_ID_FIELDS)
 
 
+def test_the_loss_fusion_and_the_context_parallel_split_are_search_dimensions(
+        study_path: Path) -> None:
+    """Each value asked for yields its own strategy, carrying it and labelled apart (the loss
+    fusion had been accepted as a dimension but every value built the unfused loss); the
+    context-parallel comm type and split fold away at cp 1."""
+    import dataclasses
+
+    from analysis.compare import strategy_label
+
+    base = {"tp": [2], "pp": [1], "vpp": [1], "micro_batch_size": [1], "recompute": ["full"],
+            "zero_stage": [1], "sequence_parallel": [True]}
+    study = dataclasses.replace(load_study(study_path), search={
+        **base, "cross_entropy_fusion": ["none", "native", "te"]})
+    valid, _ = enumerate_space(study)
+    assert sorted(s.cross_entropy_fusion for s in valid) == ["native", "none", "te"]
+    assert len({strategy_label(s) for s in valid}) == 3
+    study = dataclasses.replace(study, search={
+        **base, "cp": [1, 2], "cp_comm_type": ["p2p", "all_gather"],
+        "cp_balance": ["document", "sequence"]})
+    valid, _ = enumerate_space(study)
+    at = sorted((s.cp, s.cp_comm_type, s.cp_balance) for s in valid)
+    assert at == [(1, "p2p", "document"), (2, "all_gather", "document"),
+                  (2, "all_gather", "sequence"), (2, "p2p", "document"), (2, "p2p", "sequence")]
+    assert len({strategy_label(s) for s in valid}) == 5
+
+
 def test_expert_parallel_folding_is_a_search_dimension(tmp_path: Path) -> None:
     """On a MoE model, ``expert_tp: [0, 1]`` adds the folded layouts, including the ep that only
     tp·dp holds (tp 2, dp 4, ep 8 on 8 GPUs), labelled apart."""
