@@ -641,3 +641,16 @@ def test_one_run_at_a_time_writes_a_results_folder(study_path: Path, tmp_path: P
         lock.write_text(stale)
         final, _ = sweep(study, out, top_k=0, workers=1)
         assert final.height and not lock.exists()
+
+
+def test_every_search_dimension_reaches_the_strategy() -> None:
+    """Each optional dimension is read where a combination is built (``sweep._build``): one
+    left out is accepted, enumerated and folded onto the default (as the loss fusion was)."""
+    import inspect
+
+    from analysis import sweep as S
+
+    source = inspect.getsource(S._build)
+    missing = [d for d in (*S.DEFAULT_SPACE, *S.OPTIONAL_DIMENSIONS)
+               if f'd["{d}"]' not in source and f'd.get("{d}"' not in source]
+    assert not missing, missing
