@@ -19,9 +19,9 @@ Stragglers in Large Model Training Using What-if Analysis", OSDI: ByteDance's fi
 trace); WLB-LLM (Wang et al. 2025, OSDI, Meta) traces the imbalance of 4D-parallel training
 to input-dependent attention over documents of uneven length, at the pipeline and context-
 parallel levels, and packs micro-batches by their attention work to remove it — this wait is
-what a planner would save. Left out: sends between stages in the walk, and context
-parallelism's ranks (Transformer Engine splits every document over them: balanced within a
-replica).
+what a planner would save. Context parallelism's ranks wait for the busiest one where the
+packed sequence is split whole (``Strategy.cp_balance``: each micro-batch's busiest rank is
+drawn); Transformer Engine's per-document split leaves them balanced.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis.fastpath import FastEstimate
+from analysis.fastpath import ChunkTimes
 from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
 from tracegen import ModelSpec, Strategy
@@ -106,11 +106,10 @@ CURVE_POINTS = 65  # where the attention kernels' times are evaluated, interpola
 AttentionCurve = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
-def data_straggler(model: ModelSpec, s: Strategy, system: SystemSpec,
-                   fast: FastEstimate | None = None) -> DataStraggler | None:
+def data_straggler(model: ModelSpec, s: Strategy, system: SystemSpec) -> DataStraggler | None:
     """The expected wait for the replica whose sequences attended most, and with a pipeline
-    each replica's own bubbles from uneven micro-batches (``replica_wait``; ``fast``: the
-    strategy's fast-path estimate, where the caller has it). None without a document mask."""
+    each replica's own bubbles from uneven micro-batches (``replica_wait``). None without a
+    document mask."""
     if model.document_mask is None:
         return None
     pairs = sequence_pairs(model.seq_len, model.document_mean_tokens,
@@ -126,16 +125,15 @@ def data_straggler(model: ModelSpec, s: Strategy, system: SystemSpec,
     curve = attention_curve(model, s, system)
     fwd, bwd = curve(np.ones(1))
     attention_s = float(fwd[0] + bwd[0]) * max(layers) * s.num_microbatches
-    chunks_s, chunk_layers = _walked_chunks(model, s, system, fast)
+    chunks_s, chunk_layers = _walked_chunks(model, s, system)
     wait_s, own_s = replica_wait(s, chunks_s, work, curve, chunk_layers)
     if s.pp == 1:  # (one stage: the mean replica's step is the sum's, no bubbles; what the
         wait_s, own_s = wait_s - own_s, 0.0  # kernel curve moves the mean is no wait)
     return DataStraggler(s.dp, n, variation, attention_s, wait_s, own_s)
 
 
-def replica_wait(s: Strategy, chunks_s: tuple[tuple[float, ...], tuple[float, ...]],
-                 work: np.ndarray, curve: AttentionCurve, layers: list[int]
-                 ) -> tuple[float, float]:
+def replica_wait(s: Strategy, chunks_s: ChunkTimes, work: np.ndarray, curve: AttentionCurve,
+                 layers: list[int]) -> tuple[float, float]:
     """``REPLICA_DRAWS`` draws (fewer on long walks: ``WALK_CELLS``) of a replica's m
     micro-batches (each mbs sequences drawn from the rows of ``work``: a sequence's pairs on
     each context-parallel rank, or in one column all of them; a micro-batch waits for its
@@ -156,37 +154,37 @@ def replica_wait(s: Strategy, chunks_s: tuple[tuple[float, ...], tuple[float, ..
     one_f, one_b = curve(np.ones(1))
     count = np.array(layers, dtype=float)
     chunks = len(layers) // p
-    base_f, base_b = (np.array(x)[:, None, None] for x in chunks_s)
+    base_f, base_b = (np.array(x)[:, None, None] for x in (chunks_s.fwd, chunks_s.bwd))
     order = walked_schedule(s.order_id) if chunks == s.vpp else "1f1b"
     steps = makespan(base_f + count[:, None, None] * (at_f - one_f[0])[None],
-                     base_b + count[:, None, None] * (at_b - one_b[0])[None], order, p)
+                     base_b + count[:, None, None] * (at_b - one_b[0])[None], order, p,
+                     chunks_s.sends)
     alike = float(makespan(np.broadcast_to(base_f, (len(layers), m, 1)),
-                           np.broadcast_to(base_b, (len(layers), m, 1)), order, p)[0])
+                           np.broadcast_to(base_b, (len(layers), m, 1)), order, p,
+                           chunks_s.sends)[0])
     mean = float(steps.mean())
     slowest = (mean if s.dp == 1 else expected_max(steps, s.dp) if s.dp <= draws
                else mean + float(steps.std(ddof=1)) * expected_max_normal(s.dp))
     return slowest - alike, mean - alike
 
 
-def _walked_chunks(model: ModelSpec, s: Strategy, system: SystemSpec,
-                   fast: FastEstimate | None) -> tuple[tuple[tuple[float, ...], tuple[float, ...]],
-                                                       list[int]]:
-    """Each walked chunk's forward and backward of one micro-batch and its layers: per global
-    model chunk where the schedule is walked chunk by chunk (GPipe, 1F1B, interleaved:
-    ``pipeline_imbalance.WALKED``; the fast path's ``chunk_times_s``), else per stage
-    (zero-bubble schedules, walked as 1F1B with their chunks together)."""
+def _walked_chunks(model: ModelSpec, s: Strategy, system: SystemSpec
+                   ) -> tuple[ChunkTimes, list[int]]:
+    """Each walked chunk's forward and backward of one micro-batch and its layers, and the
+    sends (the fast path's ``chunk_times_s``): per global model chunk where the schedule is
+    walked chunk by chunk (GPipe, 1F1B, interleaved: ``pipeline_imbalance.WALKED``), else per
+    stage, its chunks together (zero-bubble schedules, walked as 1F1B)."""
     from analysis.fastpath import chunk_times_s
     from analysis.pipeline_imbalance import WALKED
 
+    times = chunk_times_s(model, s, system)
     if s.schedule in WALKED:
-        return chunk_times_s(model, s, system), [
-            len(s.chunk_layers(model.num_layers, g)) for g in range(s.pp * s.vpp)]
-    if fast is None:
-        from analysis.fastpath import estimate
-
-        fast = estimate(model, s, system)
-    return (fast.stage_fwd_s, fast.stage_bwd_s), [
-        s.stage_layers(model.num_layers, stage) for stage in range(s.pp)]
+        return times, [len(s.chunk_layers(model.num_layers, g)) for g in range(s.pp * s.vpp)]
+    stage = np.arange(s.pp * s.vpp) % s.pp
+    fwd, bwd = (tuple(np.bincount(stage, weights=np.array(x), minlength=s.pp).tolist())
+                for x in (times.fwd, times.bwd))
+    return ChunkTimes(fwd, bwd, times.sends), [
+        s.stage_layers(model.num_layers, st) for st in range(s.pp)]
 
 
 def attention_curve(model: ModelSpec, s: Strategy, system: SystemSpec) -> AttentionCurve:

@@ -201,7 +201,7 @@ def _data_wait(study: Study, s: Strategy, fast: FastEstimate
     attention is the base system's."""
     from analysis.data_stragglers import data_straggler
 
-    d = data_straggler(study.model, s, study.system, fast)
+    d = data_straggler(study.model, s, study.system)
     assert d is not None  # (a document mask)
     keep = fast.step_time_s / (fast.step_time_s + d.wait_s)
     return keep, {"data_wait_s": d.wait_s, "data_variation": d.variation,

@@ -126,19 +126,30 @@ def estimate_stages(model: ModelSpec | str, strategy: Strategy, system: SystemSp
                          stage_systems)
 
 
+class ChunkTimes(NamedTuple):
+    """What the walk of a schedule reads, in seconds: each global model chunk's forward and
+    backward of one micro-batch (chunk c of stage s is global chunk c·p + s; one chunk a
+    stage without interleaving; ``Stage.fwd``, ``Stage.bwd``: a stage's embedding and head in
+    the chunks that hold them), and one send between stage s and s + 1 (wrapping)."""
+
+    fwd: tuple[float, ...]
+    bwd: tuple[float, ...]
+    sends: tuple[float, ...]
+
+
 def chunk_times_s(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str
-                  ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Each global model chunk's forward and backward of one micro-batch, in seconds (chunk c
-    of stage s is global chunk c·p + s; one chunk a stage without interleaving): what the
-    walk of a schedule reads (``Stage.fwd``, ``Stage.bwd``; a stage's embedding and head in
-    the chunks that hold them)."""
+                  ) -> ChunkTimes:
+    """The ``ChunkTimes`` of ``strategy`` (the fast path's own stage costs and sends)."""
     model, system = resolve_specs(model, system)
     check_fits_model(strategy, model)
-    stages, _, _ = _stages(Costs(model, strategy, system))
+    costs = Costs(model, strategy, system)
+    stages, reps, alike = _stages(costs)
     p = strategy.pp
     order = sorted((c * p + st, f, b) for st, stage in enumerate(stages)
                    for c, (f, b) in enumerate(zip(stage.fwd, stage.bwd, strict=True)))
-    return (tuple(f / NS_PER_S for _, f, _ in order), tuple(b / NS_PER_S for _, _, b in order))
+    return ChunkTimes(tuple(f / NS_PER_S for _, f, _ in order),
+                      tuple(b / NS_PER_S for _, _, b in order),
+                      tuple(c / NS_PER_S for c in _sends(costs, reps, alike)))
 
 
 def _host_checked(costs: Costs, stages: list[Stage], est: FastEstimate,

@@ -30,12 +30,13 @@ def walked_schedule(order_id: str) -> str:
     return name if name.partition("/")[0] in WALKED else "1f1b"
 
 
-def makespan(fwd: np.ndarray, bwd: np.ndarray, schedule: str = "1f1b", p: int = 0
-             ) -> np.ndarray:
+def makespan(fwd: np.ndarray, bwd: np.ndarray, schedule: str = "1f1b", p: int = 0,
+             sends: tuple[float, ...] = ()) -> np.ndarray:
     """The step of ``fwd`` and ``bwd`` (shape (G, m, R): global chunk, micro-batch, draw; in
     seconds) for each of the R draws, the stages running ``schedule`` (a ``stage_order``
     name; p stages of G/p chunks each, p = G unless given): every pass starts when its stage
-    is free and its input is there."""
+    is free and its input is there — from another stage, after the send between them
+    (``sends[s]``: between stage s and s + 1, wrapping; none if not given)."""
     g_count, m, r = fwd.shape
     p = p or g_count
     v = g_count // p
@@ -52,6 +53,9 @@ def makespan(fwd: np.ndarray, bwd: np.ndarray, schedule: str = "1f1b", p: int = 
                 ready = _ready(end, phase, g, j, g_count, r)
                 if ready is None:
                     break
+                if sends and p > 1 and not (phase == "F" and g == 0) and not (
+                        phase == "B" and g == g_count - 1):  # (its input crossed a hop)
+                    ready = ready + sends[(g - 1) % p if phase == "F" else g % p]
                 done = np.maximum(clock[s], ready) + (fwd if phase == "F" else bwd)[g, j]
                 end[phase][g, j] = done
                 clock[s], pos[s] = done, pos[s] + 1
