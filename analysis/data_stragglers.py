@@ -11,8 +11,8 @@ walk of its schedule over them (``pipeline_imbalance.makespan``; at one stage th
 replica's gradients are reduced together at the step's end, so the step takes the slowest
 replica's: the expected largest of dp draws (their order statistics, or beyond the draws
 mean + sd·e(dp), e(k) the expected largest of k standard normals: e(2) = 1/√π; Tippett 1925,
-"On the extreme individuals and the range of samples"; ``expected_excess`` gives the same
-for sums of sequences in closed form and by resampling, which the tests hold the walk to).
+"On the extreme individuals and the range of samples"; the tests hold the walk to the same
+for sums of sequences in closed form and by resampling).
 
 Stragglers in production training are not only hardware's (Lin et al. 2025, "Understanding
 Stragglers in Large Model Training Using What-if Analysis", OSDI: ByteDance's five-month
@@ -40,33 +40,6 @@ from replay.hardware import SystemSpec
 from tracegen import ModelSpec, Strategy
 from tracegen import ops as O
 from tracegen.documents import rank_pairs, sequence_pairs
-
-
-def pair_moments(seq: int, mean_tokens: float, sigma: float, *, seed: int = 0
-                 ) -> tuple[float, float]:
-    """Mean and variance of ``sequence_pairs``."""
-    pairs = sequence_pairs(seq, mean_tokens, sigma, seed=seed)
-    return float(pairs.mean()), float(pairs.var(ddof=1))
-
-
-# A replica of this many sequences or more is a normal sum (the central limit theorem); below
-# it the sum's skew matters (one sequence can attend at most s²/2) and it is resampled.
-CLT_SEQUENCES = 30
-RESAMPLED_DRAWS = 20_000_000  # draws the resampling may take in all
-
-
-def expected_excess(pairs: np.ndarray, n: int, k: int, *, seed: int = 0) -> float:
-    """E[max over k replicas of a sum of n sequences' pairs] less the mean sum: √n·sd·e(k)
-    from n = ``CLT_SEQUENCES`` on, else by resampling ``pairs`` (at least 20 rounds of k
-    replicas, more while the draws allow, up to 500)."""
-    if k <= 1:
-        return 0.0
-    if n >= CLT_SEQUENCES:
-        return math.sqrt(n) * float(pairs.std(ddof=1)) * expected_max_normal(k)
-    rng = np.random.default_rng(seed)
-    rounds = int(max(20, min(500, RESAMPLED_DRAWS // (k * n))))
-    best = [float(rng.choice(pairs, size=(k, n)).sum(axis=1).max()) for _ in range(rounds)]
-    return float(np.mean(best)) - n * float(pairs.mean())
 
 
 @functools.lru_cache(maxsize=256)
