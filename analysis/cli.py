@@ -110,6 +110,9 @@ def tracegen_cmd(
     system: Annotated[str | None, typer.Option(help="Flag ranks whose estimated memory exceeds "
                                                     "this system's GPU memory.")] = None,
     name: Annotated[str, typer.Option(help="Workload name: files are NAME.RANK.et")] = "trainsim",
+    stamp: Annotated[bool, typer.Option(
+        "--stamp", help="Write each compute node's duration_micros from --system's GPU model "
+                        "(for ASTRA-sim without its roofline; `trainsim stamp`).")] = False,
 ) -> None:
     """Generate the per-rank Chakra execution traces of one training step."""
     spec = resolve_model(model, seq_len, documents)
@@ -132,6 +135,9 @@ def tracegen_cmd(
         outer_dp_sharding=outer_dp_sharding, grad_reduce_per_microbatch=grad_reduce_per_microbatch,
         cross_entropy_fusion=cross_entropy_fusion, cpu_offload_layers=cpu_offload_layers,
         optimizer_offload_fraction=optimizer_offload_fraction)
+    if stamp and system is None:
+        raise ConfigError("--stamp times the compute nodes with a system's GPU model: give "
+                          "--system too", what="tracegen options")
     output_dir(out, "--out")
     with progress_bar() as bar:
         task = bar.add_task("writing ranks", total=None)
@@ -141,7 +147,14 @@ def tracegen_cmd(
     if system is not None:
         from replay import resolve_system
 
-        capacity = resolve_system(system).gpu.hbm_GiB
+        sys_spec = resolve_system(system)
+        capacity = sys_spec.gpu.hbm_GiB
+        if stamp:
+            from replay.stamp import stamp_trace_set
+
+            stamped = stamp_trace_set(out, sys_spec)
+            console.print(f"stamped {stamped.stamped:,} compute nodes with {sys_spec.name}'s "
+                          f"GPU model ({stamped.stamped_us / 1e6:.6f} s of compute)")
     print_summary(summary, strategy, capacity_GiB=capacity)
     note_param_gather(strategy)
     note_combined_1f1b([strategy.overlap_moe_ep_comm])
@@ -218,7 +231,8 @@ def _note_untimed(ts: Any) -> None:
     untimed = sum(not n.duration_micros for n in comp)
     if untimed:
         console.print(f"note: --compute trace: {untimed:,} of {len(comp):,} compute nodes carry "
-                      "no duration_micros and were timed by the GPU model")
+                      "no duration_micros and were timed by the GPU model (`trainsim stamp` "
+                      "writes the model's)")
 
 
 def _print_fit(m: dict[str, Any]) -> None:
@@ -353,6 +367,7 @@ def _memory_cell(gib: float, capacity: float | None) -> str:
 
 
 import analysis.cli_estimate  # noqa: E402  (registers `estimate` on the app)
+import analysis.cli_stamp  # noqa: E402  (registers `stamp` on the app)
 import analysis.cli_study  # noqa: E402,F401  (registers the study commands on the app)
 
 OUT_OF_MEMORY = (

@@ -1,5 +1,6 @@
 """Trace-writer benchmark: prints nodes/s of the direct encoder vs protobuf message objects,
-a full-mode set of ≥ 5 M nodes, and the representative Llama-3.1 405B set on 16,384 GPUs.
+a full-mode set of ≥ 5 M nodes, the representative Llama-3.1 405B set on 16,384 GPUs, and
+``trainsim stamp`` over that set (nodes/s).
 
 Run: ``make bench`` (or ``python bench/bench_tracegen.py``). Prints medians of repeated runs.
 """
@@ -12,6 +13,8 @@ from pathlib import Path
 
 from _timing import median_time
 
+from replay import resolve_system
+from replay.stamp import stamp_trace_set
 from tracegen import Strategy, generate, get_model
 from tracegen.mesh import Mesh
 from tracegen.program import build_role
@@ -53,6 +56,9 @@ def bench_full_mode() -> None:
           f"{size / 1e6:,.0f} MB in {t:.2f} s (median of 3) = {nodes / t:,.0f} nodes/s end to end")
 
 
+H100 = resolve_system("dgx-h100")
+
+
 def bench_405b() -> None:
     m = get_model("llama3.1-405b")
     s = Strategy(tp=8, pp=16, dp=128, micro_batch_size=1, global_batch_size=2048,
@@ -60,11 +66,15 @@ def bench_405b() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="trainsim-bench-"))
     try:
         t, summary = median_time(lambda: generate(m, s, tmp, mode="representative"), 3)
+        t_stamp, stamped = median_time(lambda: stamp_trace_set(tmp, H100), 3)
     finally:
         shutil.rmtree(tmp)
     print(f"representative llama3.1-405b on 16,384 GPUs (tp8·pp16·dp128, gbs 2048): "
           f"{summary.nodes_written:,} nodes in {summary.ranks_written} files, "  # type: ignore[attr-defined]
           f"{t:.2f} s (median of 3; target < 10 s)")
+    n = summary.nodes_written  # type: ignore[attr-defined]
+    print(f"stamped in place with dgx-h100's GPU model: {stamped.stamped:,} compute nodes of "  # type: ignore[attr-defined]
+          f"{n:,}, {t_stamp:.2f} s (median of 3) = {n / t_stamp:,.0f} nodes/s")
 
 
 if __name__ == "__main__":

@@ -178,30 +178,30 @@ def _scan_head(msg: bytes) -> tuple[int, bytes, int, tuple[int, ...], tuple[int,
             elif msg[3] < 0x80:  # three bytes: stages of 16,384 to 2 M nodes
                 node_id, pos = (node_id & 0x7F) | ((msg[2] & 0x7F) << 7) | (msg[3] << 14), 4
             else:
-                node_id, pos = _uvarint(msg, 1)
+                node_id, pos = uvarint(msg, 1)
             b = msg[pos] if pos < n else 0
         if b == 0x12:
             size = msg[pos + 1]
-            size, pos = (size, pos + 2) if size < 0x80 else _uvarint(msg, pos + 1)
+            size, pos = (size, pos + 2) if size < 0x80 else uvarint(msg, pos + 1)
             name = msg[pos:pos + size]
             pos += size
             b = msg[pos] if pos < n else 0
         if b == 0x18:
             type_ = msg[pos + 1]
-            type_, pos = (type_, pos + 2) if type_ < 0x80 else _uvarint(msg, pos + 1)
+            type_, pos = (type_, pos + 2) if type_ < 0x80 else uvarint(msg, pos + 1)
             b = msg[pos] if pos < n else 0
         if b == 0x22:
-            size, pos = _uvarint(msg, pos + 1)
+            size, pos = uvarint(msg, pos + 1)
             ctrl = _packed(msg[pos:pos + size])
             pos += size
             b = msg[pos] if pos < n else 0
         if b == 0x2A:
-            size, pos = _uvarint(msg, pos + 1)
+            size, pos = uvarint(msg, pos + 1)
             data = _packed(msg[pos:pos + size])
             pos += size
             b = msg[pos] if pos < n else 0
         if b == 0x38:
-            dur, pos = _uvarint(msg, pos + 1)
+            dur, pos = uvarint(msg, pos + 1)
             b = msg[pos] if pos < n else 0
     except IndexError:
         return None
@@ -210,7 +210,7 @@ def _scan_head(msg: bytes) -> tuple[int, bytes, int, tuple[int, ...], tuple[int,
     return node_id, name, type_, ctrl, data, dur, msg[pos:]
 
 
-def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+def uvarint(buf: bytes, pos: int) -> tuple[int, int]:
     b = buf[pos]
     if b < 0x80:
         return b, pos + 1
@@ -242,7 +242,7 @@ def _packed_slow(chunk: bytes) -> tuple[int, ...]:
     out = []
     pos, end = 0, len(chunk)
     while pos < end:
-        v, pos = _uvarint(chunk, pos)
+        v, pos = uvarint(chunk, pos)
         out.append(v)
     if pos != end:
         raise IndexError

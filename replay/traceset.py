@@ -97,11 +97,11 @@ def load_comm_groups(path: str | Path, world_size: int) -> dict[str, tuple[int, 
     return out
 
 
-def load_trace_set(path: str | Path, *, comm_groups: str | Path | None = None, fold: bool = True,
-                   progress: Callable[[int, int], None] | None = None) -> TraceSet:
-    """Read every rank file of a trace set and its groups. With ``fold``, a full-mode set whose
-    ranks provably run their stage's program is replayed by one rank per stage (replay/fold.py)."""
-    p = Path(path)
+def trace_files(path: Path) -> tuple[Path, str, dict[int, Path], dict[str, Any] | None]:
+    """A trace set's folder, workload name, rank → file and manifest (None for a foreign set):
+    ours (the manifest's ranks), a folder of ``NAME.RANK.et`` files or a workload prefix; every
+    rank file present."""
+    p = path
     inside_ours = not p.is_dir() and (p.parent / MANIFEST).is_file()
     if inside_ours and read_manifest(p.parent).get("name") == p.name:  # a prefix of our set
         p = p.parent
@@ -110,15 +110,22 @@ def load_trace_set(path: str | Path, *, comm_groups: str | Path | None = None, f
         name = manifest["name"]
         files = {r: p / f"{name}.{r}.et" for r in manifest["ranks_written"]}
         missing = [r for r, f in files.items() if not f.is_file()]
-        world = int(manifest["world_size"])
     else:
         name, files = _find_files(p)
-        world = max(files) + 1
-        missing = [r for r in range(world) if r not in files]
+        missing = [r for r in range(max(files) + 1) if r not in files]
     if missing:
         shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
         raise TraceFormatError(f"trace set {p}: rank file(s) missing for rank(s) {shown} "
                                f"({len(missing)} of {len(files) + len(missing)})")
+    return (p if p.is_dir() else p.parent), name, files, manifest
+
+
+def load_trace_set(path: str | Path, *, comm_groups: str | Path | None = None, fold: bool = True,
+                   progress: Callable[[int, int], None] | None = None) -> TraceSet:
+    """Read every rank file of a trace set and its groups. With ``fold``, a full-mode set whose
+    ranks provably run their stage's program is replayed by one rank per stage (replay/fold.py)."""
+    _, name, files, manifest = trace_files(Path(path))
+    world = int(manifest["world_size"]) if manifest is not None else max(files) + 1
     cache = ReadCache()
     groups, axes = _groups(manifest, comm_groups, world)
     if fold and manifest is not None and manifest["mode"] == "full" and comm_groups is None:
