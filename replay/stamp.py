@@ -72,6 +72,15 @@ class _Stamper:
         self.model = RooflineCompute(system.gpu)
         self.host_Bps = system.node.host_cpu_GBps * 1e9
         self.only_missing = only_missing
+        self.spliced: dict[tuple[bytes, int], bytes] = {}  # the ranks of a stage share nodes
+
+    def splice(self, msg: bytes, us: int) -> bytes:
+        """``with_duration``, cached: a stage's ranks carry the same compute nodes."""
+        key = (msg, us)
+        out = self.spliced.get(key)
+        if out is None:
+            out = self.spliced[key] = with_duration(msg, us)
+        return out
 
     def node_ns(self, node: NodeRec) -> int | None:
         """The model's time of a compute node; None where it is not to be stamped."""
@@ -163,7 +172,7 @@ def _stamp_rank(path: Path, rank: int, stamper: _Stamper, cache: ReadCache, tall
         durations = [ns for _, ns in items]
         stamped = cumulative_us(durations)
         for (k, _), us in zip(items, stamped, strict=True):
-            body[k] = with_duration(body[k], us)
+            body[k] = stamper.splice(body[k], us)
         total_ns, total_us = sum(durations), sum(stamped)
         tally.stamped += len(items)
         tally.model_ns += total_ns
