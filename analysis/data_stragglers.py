@@ -111,11 +111,12 @@ def replica_wait(s: Strategy, chunks_s: ChunkTimes, work: np.ndarray, curve: Att
     micro-batches (each mbs sequences drawn from the rows of ``work``: a sequence's pairs on
     each context-parallel rank, or in one column all of them; a micro-batch waits for its
     busiest column's sum), walked through its schedule (``pipeline_imbalance.makespan``; at
-    one stage the sum): each model chunk's forward and backward (``chunks_s``, per global
-    chunk, or per stage where the schedule is walked as 1F1B: ``_walked_chunks``) with its
-    layers' (``layers``) attention at the micro-batch's pairs (``curve``). Returns the step
+    one stage the sum): each global model chunk's forward and backward (``chunks_s``) with
+    its layers' (``layers``) attention at the micro-batch's pairs (``curve``). Returns the step
     the slowest of dp replicas takes (the draws' order statistics up to dp = draws, a normal
-    fit beyond) and one replica's mean, each beyond the walk of alike micro-batches."""
+    fit beyond) and one replica's mean, each beyond the walk of alike micro-batches. A
+    zero-bubble schedule's W passes (``chunks_s.wgt``) hold no attention: they keep their
+    time whatever the micro-batch's sequences."""
     from analysis.pipeline_imbalance import expected_max, makespan, walked_schedule
 
     rng = np.random.default_rng(1)
@@ -125,16 +126,16 @@ def replica_wait(s: Strategy, chunks_s: ChunkTimes, work: np.ndarray, curve: Att
     y /= y.mean()  # (their own mean: what the draws' mean strays by is no wait)
     at_f, at_b = curve(y)
     one_f, one_b = curve(np.ones(1))
-    count = np.array(layers, dtype=float)
-    chunks = len(layers) // p
+    count = np.array(layers, dtype=float)[:, None, None]
     base_f, base_b = (np.array(x)[:, None, None] for x in (chunks_s.fwd, chunks_s.bwd))
-    order = walked_schedule(s.order_id) if chunks == s.vpp else "1f1b"
-    steps = makespan(base_f + count[:, None, None] * (at_f - one_f[0])[None],
-                     base_b + count[:, None, None] * (at_b - one_b[0])[None], order, p,
-                     chunks_s.sends)
-    alike = float(makespan(np.broadcast_to(base_f, (len(layers), m, 1)),
-                           np.broadcast_to(base_b, (len(layers), m, 1)), order, p,
-                           chunks_s.sends)[0])
+    shape = (len(layers), m, 1)
+    wgt = np.broadcast_to(np.array(chunks_s.wgt)[:, None, None], shape) if chunks_s.wgt else None
+    order = walked_schedule(s.order_id)
+    steps = makespan(base_f + count * (at_f - one_f[0])[None],
+                     base_b + count * (at_b - one_b[0])[None], order, p, chunks_s.sends,
+                     None if wgt is None else np.broadcast_to(wgt, (len(layers), m, draws)))
+    alike = float(makespan(np.broadcast_to(base_f, shape), np.broadcast_to(base_b, shape),
+                           order, p, chunks_s.sends, wgt)[0])
     mean = float(steps.mean())
     slowest = (mean if s.dp == 1 else expected_max(steps, s.dp) if s.dp <= draws
                else mean + float(steps.std(ddof=1)) * expected_max_normal(s.dp))
@@ -143,21 +144,13 @@ def replica_wait(s: Strategy, chunks_s: ChunkTimes, work: np.ndarray, curve: Att
 
 def _walked_chunks(model: ModelSpec, s: Strategy, system: SystemSpec
                    ) -> tuple[ChunkTimes, list[int]]:
-    """Each walked chunk's forward and backward of one micro-batch and its layers, and the
-    sends (the fast path's ``chunk_times_s``): per global model chunk where the schedule is
-    walked chunk by chunk (GPipe, 1F1B, interleaved: ``pipeline_imbalance.WALKED``), else per
-    stage, its chunks together (zero-bubble schedules, walked as 1F1B)."""
+    """Each global model chunk's forward and backward of one micro-batch (a zero-bubble
+    schedule's B and W passes) and the sends (the fast path's ``chunk_times_s``), and each
+    chunk's layers."""
     from analysis.fastpath import chunk_times_s
-    from analysis.pipeline_imbalance import WALKED
 
-    times = chunk_times_s(model, s, system)
-    if s.schedule in WALKED:
-        return times, [len(s.chunk_layers(model.num_layers, g)) for g in range(s.pp * s.vpp)]
-    stage = np.arange(s.pp * s.vpp) % s.pp
-    fwd, bwd = (tuple(np.bincount(stage, weights=np.array(x), minlength=s.pp).tolist())
-                for x in (times.fwd, times.bwd))
-    return ChunkTimes(fwd, bwd, times.sends), [
-        s.stage_layers(model.num_layers, st) for st in range(s.pp)]
+    return chunk_times_s(model, s, system), [len(s.chunk_layers(model.num_layers, g))
+                                              for g in range(s.pp * s.vpp)]
 
 
 def attention_curve(model: ModelSpec, s: Strategy, system: SystemSpec) -> AttentionCurve:

@@ -128,13 +128,16 @@ def estimate_stages(model: ModelSpec | str, strategy: Strategy, system: SystemSp
 
 class ChunkTimes(NamedTuple):
     """What the walk of a schedule reads, in seconds: each global model chunk's forward and
-    backward of one micro-batch (chunk c of stage s is global chunk c·p + s; one chunk a
-    stage without interleaving; ``Stage.fwd``, ``Stage.bwd``: a stage's embedding and head in
-    the chunks that hold them), and one send between stage s and s + 1 (wrapping)."""
+    backward of one micro-batch (chunk c of stage s is global chunk ``Strategy.gci``: c·p + s
+    interleaved, 2p − 1 − s for a V's second; one chunk a stage without either;
+    ``Stage.fwd``, ``Stage.bwd``: a stage's embedding and head in the chunks that hold them),
+    one send between stage s and s + 1 (wrapping), and under a zero-bubble schedule each
+    chunk's W pass (``Stage.w_view``; ``bwd`` is then the B pass; empty otherwise)."""
 
     fwd: tuple[float, ...]
     bwd: tuple[float, ...]
     sends: tuple[float, ...]
+    wgt: tuple[float, ...] = ()
 
 
 def chunk_times_s(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str
@@ -144,12 +147,15 @@ def chunk_times_s(model: ModelSpec | str, strategy: Strategy, system: SystemSpec
     check_fits_model(strategy, model)
     costs = Costs(model, strategy, system)
     stages, reps, alike = _stages(costs)
-    p = strategy.pp
-    order = sorted((c * p + st, f, b) for st, stage in enumerate(stages)
-                   for c, (f, b) in enumerate(zip(stage.fwd, stage.bwd, strict=True)))
-    return ChunkTimes(tuple(f / NS_PER_S for _, f, _ in order),
-                      tuple(b / NS_PER_S for _, _, b in order),
-                      tuple(c / NS_PER_S for c in _sends(costs, reps, alike)))
+    order = sorted((strategy.gci(st, c), f, b, w) for st, stage in enumerate(stages)
+                   for c, (f, b, w) in enumerate(zip(
+                       stage.fwd, stage.bwd,
+                       stage.w_view.bwd if stage.w_view else (0,) * len(stage.fwd),
+                       strict=True)))
+    return ChunkTimes(tuple(f / NS_PER_S for _, f, _, _ in order),
+                      tuple(b / NS_PER_S for _, _, b, _ in order),
+                      tuple(c / NS_PER_S for c in _sends(costs, reps, alike)),
+                      tuple(w / NS_PER_S for *_, w in order) if stages[0].w_view else ())
 
 
 def _host_checked(costs: Costs, stages: list[Stage], est: FastEstimate,

@@ -2,15 +2,17 @@
 schedule's dependencies, vectorized over many draws of the costs.
 
 Each stage runs its passes in its schedule's order (``tracegen.schedule.stage_order``: GPipe,
-1F1B, interleaved 1F1B with its micro-batch groups). A forward of micro-batch j on global
-model chunk g waits for chunk g − 1's forward of j, a backward for chunk g + 1's backward of
-j (the last chunk's for its own forward), and each pass for the pass before it on its stage;
-sends are left out. Interleaved chunk c of stage s is global chunk c·p + s (Narayanan et al.
-2021 §2.2.2). With every micro-batch alike 1F1B takes (m + p − 1)·(f + b) on equal stages and
-interleaved 1F1B m·(f + b) + (p − 1)·(f + b)/v; with micro-batches of unequal cost the
-slowest ones also stretch the warm-up and cool-down and stall the stages between them
-(WLB-LLM, Wang et al. OSDI 2025, §3: pipeline bubbles from uneven micro-batches).
-Zero-bubble schedules (their W passes) are walked as 1F1B (``walked_schedule``).
+1F1B, interleaved 1F1B with its micro-batch groups, ZB-H1 and ZB-V with their W passes). A
+forward of micro-batch j on global model chunk g waits for chunk g − 1's forward of j, a
+backward (a zero-bubble schedule's B pass) for chunk g + 1's backward of j (the last chunk's
+for its own forward), a W pass for its own B, and each pass for the pass before it on its
+stage; an input from another stage also waits for the send between them. Interleaved chunk c
+of stage s is global chunk c·p + s (Narayanan et al. 2021 §2.2.2), a V's second chunk
+2p − 1 − s (Qi et al. 2024, ZB-V; ``Strategy.gci``). With every micro-batch alike 1F1B
+takes (m + p − 1)·(f + b) on equal stages and interleaved 1F1B m·(f + b) + (p − 1)·(f + b)/v;
+with micro-batches of unequal cost the slowest ones also stretch the warm-up and cool-down
+and stall the stages between them (WLB-LLM, Wang et al. OSDI 2025, §3: pipeline bubbles from
+uneven micro-batches).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import numpy as np
 
 from tracegen.schedule import stage_order
 
-# Schedules walked in their own order; the others (ZB-H1, ZB-V) as 1F1B with their chunks
-WALKED = ("gpipe", "1f1b", "interleaved_1f1b")
+# Schedules walked in their own order (every schedule trainsim generates)
+WALKED = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v")
+ZERO_BUBBLE = ("zb_h1", "zb_v")
 
 
 def walked_schedule(order_id: str) -> str:
@@ -31,32 +34,35 @@ def walked_schedule(order_id: str) -> str:
 
 
 def makespan(fwd: np.ndarray, bwd: np.ndarray, schedule: str = "1f1b", p: int = 0,
-             sends: tuple[float, ...] = ()) -> np.ndarray:
+             sends: tuple[float, ...] = (), wgt: np.ndarray | None = None) -> np.ndarray:
     """The step of ``fwd`` and ``bwd`` (shape (G, m, R): global chunk, micro-batch, draw; in
     seconds) for each of the R draws, the stages running ``schedule`` (a ``stage_order``
-    name; p stages of G/p chunks each, p = G unless given): every pass starts when its stage
-    is free and its input is there — from another stage, after the send between them
-    (``sends[s]``: between stage s and s + 1, wrapping; none if not given)."""
+    name; p stages of G/p chunks each, p = G unless given; under a zero-bubble schedule
+    ``bwd`` is the B pass and ``wgt`` the W pass, of the same shape): every pass starts when
+    its stage is free and its input is there — from another stage, after the send between
+    them (``sends[s]``: between stage s and s + 1, wrapping; none if not given)."""
     g_count, m, r = fwd.shape
     p = p or g_count
     v = g_count // p
-    end = {"F": np.full((g_count, m, r), np.nan), "B": np.full((g_count, m, r), np.nan)}
+    zb = schedule in ZERO_BUBBLE
+    if zb and wgt is None:
+        raise ValueError(f"the {schedule} walk needs the W passes' times (wgt)")
+    cost = {"F": fwd, "B": bwd, "W": bwd if wgt is None else wgt}
+    end = {ph: np.full((g_count, m, r), np.nan) for ph in ("FBW" if zb else "FB")}
     orders = [stage_order(schedule, m=m, p=p, v=v, stage=s) for s in range(p)]
+    hops = _Hops(p, g_count, schedule == "zb_v", sends)
     pos, clock = [0] * p, [np.zeros(r) for _ in range(p)]
-    left = 2 * g_count * m
+    left = len(end) * g_count * m
     while left:
         moved = 0
         for s in range(p):
             while pos[s] < len(orders[s]):
                 phase, j, c = orders[s][pos[s]]
-                g = c * p + s
+                g = hops.gci(s, c)
                 ready = _ready(end, phase, g, j, g_count, r)
                 if ready is None:
                     break
-                if sends and p > 1 and not (phase == "F" and g == 0) and not (
-                        phase == "B" and g == g_count - 1):  # (its input crossed a hop)
-                    ready = ready + sends[(g - 1) % p if phase == "F" else g % p]
-                done = np.maximum(clock[s], ready) + (fwd if phase == "F" else bwd)[g, j]
+                done = np.maximum(clock[s], ready + hops.cost(phase, g)) + cost[phase][g, j]
                 end[phase][g, j] = done
                 clock[s], pos[s] = done, pos[s] + 1
                 moved += 1
@@ -67,6 +73,35 @@ def makespan(fwd: np.ndarray, bwd: np.ndarray, schedule: str = "1f1b", p: int = 
     return last
 
 
+class _Hops:
+    """Where each global chunk runs and what its input's send costs."""
+
+    def __init__(self, p: int, g_count: int, v_shape: bool, sends: tuple[float, ...]) -> None:
+        self.p, self.g_count, self.v_shape, self.sends = p, g_count, v_shape, sends
+
+    def gci(self, stage: int, chunk: int) -> int:
+        """``Strategy.gci``: the global chunk a stage runs as its local ``chunk``."""
+        return 2 * self.p - 1 - stage if self.v_shape and chunk else chunk * self.p + stage
+
+    def stage(self, g: int) -> int:
+        return 2 * self.p - 1 - g if self.v_shape and g >= self.p else g % self.p
+
+    def cost(self, phase: str, g: int) -> float:
+        """The send before pass ``phase`` of chunk ``g`` can start: 0 where its input is made on
+        its own stage (the first forward, the last chunk's backward, a W, a V's turn)."""
+        if not self.sends or self.p == 1 or phase == "W":
+            return 0.0
+        if (phase == "F" and g == 0) or (phase == "B" and g == self.g_count - 1):
+            return 0.0
+        src = self.stage(g - 1 if phase == "F" else g + 1)
+        dst = self.stage(g)
+        if src == dst:
+            return 0.0
+        if self.v_shape:  # (no wrap: the hop between neighbours s and s + 1)
+            return self.sends[min(src, dst)]
+        return self.sends[src if phase == "F" else dst]
+
+
 def _ready(end: dict[str, np.ndarray], phase: str, g: int, j: int, g_count: int, r: int
            ) -> np.ndarray | None:
     """When pass ``phase`` of micro-batch ``j`` on global chunk ``g`` has its input (None:
@@ -75,6 +110,8 @@ def _ready(end: dict[str, np.ndarray], phase: str, g: int, j: int, g_count: int,
         if g == 0:
             return np.zeros(r)
         dep = end["F"][g - 1, j]
+    elif phase == "W":
+        dep = end["B"][g, j]
     else:
         dep = end["F"][g, j] if g == g_count - 1 else end["B"][g + 1, j]
     return None if np.isnan(dep[0]) else dep

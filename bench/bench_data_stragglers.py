@@ -28,6 +28,14 @@ CASES = {
         "llama3.1-405b@seq32768@doc4000~1",
         Strategy(tp=8, pp=14, cp=2, dp=4, sequence_parallel=True, global_batch_size=512,
                  recompute="selective")),
+    "llama3-70b 32K tp8 pp4 dp2 (ZB-H1, 32 micro-batches)": (
+        "llama3-70b@seq32768@doc4000~1",
+        Strategy(tp=8, pp=4, dp=2, sequence_parallel=True, global_batch_size=64,
+                 recompute="selective", schedule="zb_h1")),
+    "llama3-70b 32K tp8 pp4 vpp2 dp2 (ZB-V, 32 micro-batches)": (
+        "llama3-70b@seq32768@doc4000~1",
+        Strategy(tp=8, pp=4, vpp=2, dp=2, sequence_parallel=True, global_batch_size=64,
+                 recompute="selective", schedule="zb_v")),
     "llama3.1-405b 8K tp8 pp7 vpp3 dp64 (interleaved, 28 micro-batches)": (
         "llama3.1-405b@doc2000~1.5",
         Strategy(tp=8, pp=7, vpp=3, dp=64, schedule="interleaved_1f1b",

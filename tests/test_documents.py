@@ -446,7 +446,8 @@ def test_a_pipeline_adds_bubbles_and_a_one_stage_walk_is_the_replica_sum() -> No
 
 
 @pytest.mark.parametrize(("schedule", "pp", "vpp"), [("1f1b", 4, 1),
-                                                    ("interleaved_1f1b", 2, 2)])
+                                                    ("interleaved_1f1b", 2, 2),
+                                                    ("zb_h1", 4, 1), ("zb_v", 2, 2)])
 def test_the_walk_matches_replay_of_a_pipeline_with_uneven_micro_batches(
         tmp_path: Path, schedule: str, pp: int, vpp: int) -> None:
     """A full-mode trace set whose 8 micro-batches' attention ops are scaled (1.9× to 0.4×
@@ -484,10 +485,11 @@ def test_the_walk_matches_replay_of_a_pipeline_with_uneven_micro_batches(
     extra_f = np.array([op_s(fwd, v) - op_s(fwd, 1.0) for v in y])[None, :, None] * per
     extra_b = np.array([op_s(bwd, v) - op_s(bwd, 1.0) for v in y])[None, :, None] * per
     times = chunk_times_s(m, s, SYSTEM)
-    base_f, base_b = (np.broadcast_to(np.array(x)[:, None, None], (pp * vpp, 8, 1))
-                      for x in (times.fwd, times.bwd))
-    walked = (PI.makespan(base_f + extra_f, base_b + extra_b, schedule, pp, times.sends)[0]
-              - PI.makespan(base_f, base_b, schedule, pp, times.sends)[0])
+    base_f, base_b, base_w = (np.broadcast_to(np.array(x)[:, None, None], (pp * vpp, 8, 1))
+                              if x else None for x in (times.fwd, times.bwd, times.wgt))
+    assert (base_w is not None) == schedule.startswith("zb")
+    walked = (PI.makespan(base_f + extra_f, base_b + extra_b, schedule, pp, times.sends, base_w)[0]
+              - PI.makespan(base_f, base_b, schedule, pp, times.sends, base_w)[0])
     assert estimate(m, s, SYSTEM).step_time_s == pytest.approx(alike, rel=1e-3)
     assert walked == pytest.approx(uneven - alike, rel=1e-6)
 
@@ -520,7 +522,8 @@ def test_chunk_times_add_up_to_their_stages() -> None:
     chunk (Llama 3 8B, pp 2, vpp 2)."""
     m = resolve_model("llama3-8b")
     s = Strategy(pp=2, vpp=2, schedule="interleaved_1f1b", global_batch_size=8)
-    fwd, bwd, sends = chunk_times_s(m, s, SYSTEM)
+    fwd, bwd, sends, wgt = chunk_times_s(m, s, SYSTEM)
+    assert wgt == ()  # (W passes only under a zero-bubble schedule)
     fast = estimate(m, s, SYSTEM)
     for stage in range(2):
         assert fwd[stage] + fwd[stage + 2] == pytest.approx(fast.stage_fwd_s[stage], rel=1e-9)
