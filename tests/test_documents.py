@@ -507,6 +507,40 @@ def test_alike_micro_batches_take_the_textbook_interleaved_step(p: int, v: int, 
     assert got[0] == pytest.approx(m * (f + b) + (p - 1) * (f + b) / v, rel=1e-9)
 
 
+_cost = st.integers(1, 10_000)
+
+
+@given(p=st.integers(1, 5), m=st.integers(1, 12), data=st.data())
+@settings(max_examples=60, deadline=None)
+def test_the_zero_bubble_walks_agree_with_the_fast_paths(p: int, m: int,
+                                                         data: st.DataObject) -> None:
+    """Alike micro-batches: the walk's ZB-H1 and ZB-V steps are the fast path's own walkers'
+    (``zb_walk.zero_bubble``, ``zbv_walk.zero_bubble_v``: written apart, with their W passes
+    and sends), on random integer costs a stage and chunk."""
+    from analysis.zb_walk import zero_bubble
+    from analysis.zbv_walk import zero_bubble_v
+
+    def costs(n: int) -> list[int]:
+        return data.draw(st.lists(_cost, min_size=n, max_size=n))
+
+    f, b, w, c = costs(p), costs(p), costs(p), costs(p)
+
+    def grid(x: list[int]) -> np.ndarray:
+        return np.broadcast_to(np.array(x, dtype=float)[:, None, None], (len(x), m, 1))
+
+    got = PI.makespan(grid(f), grid(b), "zb_h1", p, tuple(map(float, c)), grid(w))[0]
+    assert got == max(zero_bubble(m, f, b, w, c))
+    fv, bv, wv = ([(x[k], x[k + p]) for k in range(p)] for x in (costs(2 * p), costs(2 * p),
+                                                                  costs(2 * p)))
+
+    def by_chunk(x: list[tuple[int, int]]) -> np.ndarray:  # (global chunk: s, then 2p − 1 − s)
+        return grid([x[g][0] if g < p else x[2 * p - 1 - g][1] for g in range(2 * p)])
+
+    got = PI.makespan(by_chunk(fv), by_chunk(bv), "zb_v", p, tuple(map(float, c)),
+                      by_chunk(wv))[0]
+    assert got == max(zero_bubble_v(m, fv, bv, wv, c)[0])
+
+
 def test_one_pipelined_replica_is_said_to_wait_for_its_bubbles() -> None:
     """With one replica there is no slowest one: the sentence speaks of the pipeline's
     bubbles; with several, of the slowest."""
