@@ -215,6 +215,7 @@ def replay_cmd(
     _print_replay(result)
     if compute == "trace":
         _note_untimed(ts)
+        _note_stamped(ts, result.metrics["system"])
     if ts.manifest is not None and compute == "model":
         from replay import resolve_system
 
@@ -233,6 +234,24 @@ def _note_untimed(ts: Any) -> None:
         console.print(f"note: --compute trace: {untimed:,} of {len(comp):,} compute nodes carry "
                       "no duration_micros and were timed by the GPU model (`trainsim stamp` "
                       "writes the model's)")
+
+
+def _note_stamped(ts: Any, system: str) -> None:
+    """A set stamped with another system's GPU model (``stamp.json``): its times are that
+    GPU's, whatever --system says; say so."""
+    import json
+
+    from replay.stamp import STAMP_FILE
+
+    record = ts.ranks[0].path.parent / STAMP_FILE
+    try:
+        stamped = json.loads(record.read_text())["system"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if stamped != system:
+        console.print(f"note: --compute trace: the durations were stamped with {stamped}'s GPU "
+                      f"model (`trainsim stamp`), not {system}'s: compute runs at {stamped}'s "
+                      "speed, the network at the system's")
 
 
 def _print_fit(m: dict[str, Any]) -> None:

@@ -212,3 +212,11 @@ def test_cli_stamp_and_tracegen_stamp(tmp_path: Path) -> None:
     assert all(n.duration_micros >= 1 for n in nodes if n.type == pb.COMP_NODE)
     note = run("replay", str(tmp_path / "t"), "--system", "dgx-h100", "--compute", "trace")
     assert note.returncode == 0 and "duration_micros" not in note.stdout
+
+
+def test_replay_by_times_stamped_for_another_system_says_so(stamped: Path) -> None:
+    other = run("replay", str(stamped), "--system", "dgx-b200", "--compute", "trace")
+    assert other.returncode == 0, other.stderr
+    assert "stamped with dgx-h100's GPU model" in " ".join(other.stdout.split())
+    same = run("replay", str(stamped), "--system", "dgx-h100", "--compute", "trace")
+    assert same.returncode == 0 and "stamped with" not in same.stdout
