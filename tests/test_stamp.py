@@ -220,3 +220,28 @@ def test_replay_by_times_stamped_for_another_system_says_so(stamped: Path) -> No
     assert "stamped with dgx-h100's GPU model" in " ".join(other.stdout.split())
     same = run("replay", str(stamped), "--system", "dgx-h100", "--compute", "trace")
     assert same.returncode == 0 and "stamped with" not in same.stdout
+
+
+def test_chakras_own_jsonizer_reads_the_stamped_durations(stamped: Path, tmp_path: Path) -> None:
+    """mlc-chakra's `chakra_jsonizer` (the Chakra tools' reader) on a stamped file: every
+    compute node shows the duration the protobuf decoder reads, and nothing else does."""
+    import subprocess
+    import sys
+
+    f = sorted(stamped.glob("*.et"))[0]
+    out = tmp_path / "et.json"
+    tool = Path(sys.executable).parent / "chakra_jsonizer"
+    done = subprocess.run([str(tool), "--input_filename", str(f), "--output_filename", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    text, pos, objects = out.read_text(), 0, []
+    decoder = json.JSONDecoder()
+    while pos < len(text):
+        obj, pos = decoder.raw_decode(text, pos)
+        objects.append(obj)
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    nodes = objects[1:]
+    want = [n.duration_micros for n in read_et(f)[1]]
+    assert [int(n.get("durationMicros", 0)) for n in nodes] == want
+    assert all(("durationMicros" in n) == (n["type"] == "COMP_NODE") for n in nodes)
