@@ -29,7 +29,7 @@ from pathlib import Path
 from chakra.schema.protobuf import et_def_pb2 as pb
 
 from replay.compute import RooflineCompute
-from replay.hardware import SystemSpec
+from replay.hardware import SystemSpec, resolve_system
 from replay.reader import NodeRec, ReadCache, read_et, split_messages, uvarint
 from replay.traceset import trace_files
 from tracegen import __version__
@@ -181,13 +181,16 @@ def _stamp_rank(path: Path, rank: int, stamper: _Stamper, cache: ReadCache, tall
     return b"".join(varint(len(m)) + m for m in body)
 
 
-def stamp_trace_set(src: str | Path, system: SystemSpec, out: str | Path | None = None, *,
+def stamp_trace_set(src: str | Path, system: str | Path | SystemSpec,
+                    out: str | Path | None = None, *,
                     only_missing: bool = False,
                     progress: Callable[[int, int], None] | None = None) -> StampSummary:
     """Write ``src``'s trace set to ``out`` (in place where None) with every compute node's
     ``duration_micros`` from ``system``'s GPU model; ``only_missing`` keeps the durations nodes
     already carry (a profiled set's measured times). The manifest and comm groups are copied;
-    ``stamp.json`` beside them records the system and the totals."""
+    ``stamp.json`` beside them records the system (a preset name, TOML file or SystemSpec)
+    and the totals."""
+    system = system if isinstance(system, SystemSpec) else resolve_system(system)
     src_dir, name, files, manifest = trace_files(Path(src))
     dest = src_dir if out is None else Path(out)
     if out is not None:
