@@ -177,6 +177,7 @@ def resilience_cmd(
     from analysis import jsonout
     from analysis import plots as P
     from analysis.evaluate import (
+        days_range,
         episode_lines,
         resilience_frame,
         snapshot_line,
@@ -207,12 +208,12 @@ def resilience_cmd(
         mttf_s = frame["job_mttf_s"][0]
         table = Table(title=f"{study.name}: {name} on {s.world_size} GPUs "
                             f"(job MTTF {_duration(mttf_s)})")
-        for col in ("policy", "goodput", "days to train", "GPU-hours", "failures",
+        for col in ("policy", "goodput", "days to train", "P10–P90", "GPU-hours", "failures",
                     "ckpt interval min", "ckpt s", "persist s", "restart s"):
             table.add_column(col, justify="right")
         for r in frame.iter_rows(named=True):
             table.add_row(r["policy"], f"{r['goodput']:.1%}",
-                          f"{r['expected_wall_clock_s'] / 86400:.1f}",
+                          f"{r['expected_wall_clock_s'] / 86400:.1f}", days_range(r),
                           f"{r['expected_gpu_hours']:,.0f}", f"{r['expected_failures']:,.0f}",
                           f"{r['checkpoint_interval_s'] / 60:.1f}", f"{r['checkpoint_s']:.3g}",
                           f"{r['persist_s']:.0f}", f"{r['restart_s']:.0f}")

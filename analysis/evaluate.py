@@ -80,7 +80,7 @@ def resilience_frame(study: Study, s: Strategy, fast: FastEstimate | None = None
         s, fast, placed = placed_fast(study, s)
         where = placed.where if placed else None
     work_s = _work_s(study, s, fast)
-    return pl.DataFrame(resilience_rows(study, s, fast, where)).with_columns(
+    return pl.DataFrame(resilience_rows(study, s, fast, where, spread=True)).with_columns(
         pl.lit(strategy_label(s)).alias("strategy"),  # the name results carry
         pl.lit(work_s).alias("failure_free_s"),
         pl.lit(fast.step_time_s).alias("step_time_s"),
@@ -94,10 +94,12 @@ def _work_s(study: Study, s: Strategy, fast: FastEstimate) -> float:
 
 
 def resilience_rows(study: Study, s: Strategy, fast: FastEstimate,
-                    where: Mapping[int, SystemSpec] | None = None) -> list[dict[str, Any]]:
+                    where: Mapping[int, SystemSpec] | None = None, *,
+                    spread: bool = False) -> list[dict[str, Any]]:
     """``resilience_frame``'s per-policy rows as dicts, without the strategy columns.
     ``where``: on a ``[mixed]`` cluster, the stages on the other system (``Placement.where``;
-    ``fast`` is then the placed step, ``mixed.placed_fast``'s)."""
+    ``fast`` is then the placed step, ``mixed.placed_fast``'s). ``spread``: the wall clock's
+    percentiles too (``resilience.policy_rows``)."""
     _require_failures(study)
     failure = R.failure_model(study.failures, gpus_per_host=study.system.node.host_gpus)
     if study.mixed is not None and study.mixed.failure_rate_factor != 1.0:
@@ -127,7 +129,7 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate,
         keep *= kept
         slow |= cols
     rows = R.policy_rows(failure=failure, gpus=s.world_size, work_s=_work_s(study, s, fast),
-                         costs=costs, step_s=fast.step_time_s, progress=keep)
+                         costs=costs, step_s=fast.step_time_s, progress=keep, spread=spread)
     snap = _snapshot_columns(mode != "sync", share, given.staging)
     return [{**r, **slow, **snap} for r in rows]
 
@@ -252,6 +254,18 @@ def spare_line(row: dict[str, Any]) -> str | None:
             f"global_restart does; {need} spares leave fewer than 1% without one")
 
 
+def days_range(row: dict[str, Any]) -> str:
+    """The wall clock's 10th to 90th percentile in days (``analysis.wall_spread``), to the
+    digit where they differ; "–" where the policy's form gives none."""
+    lo, hi = row.get("wall_clock_p10_s"), row.get("wall_clock_p90_s")
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return "–"
+    digits = 1
+    while digits < 4 and f"{lo / 86400:.{digits}f}" == f"{hi / 86400:.{digits}f}" and lo != hi:
+        digits += 1
+    return f"{lo / 86400:.{digits}f}–{hi / 86400:.{digits}f}"
+
+
 def _share(x: float) -> str:
     """A share as a percentage, "under 0.1%" where one decimal would show a non-zero one as 0."""
     return "under 0.1%" if 0 < x < 0.0005 else f"{x:.1%}"
@@ -290,7 +304,8 @@ def strategy_dict(frame: pl.DataFrame) -> dict[str, Any]:
 def summary_dict(frame: pl.DataFrame) -> dict[str, Any]:
     """Per policy, what ``--summary`` writes (with a study's [fail_slow], [slow_links] or
     [site_links], what they cost too)."""
-    keys = ("goodput", "expected_wall_clock_s", "checkpoint_interval_s", "expected_failures",
+    keys = ("goodput", "expected_wall_clock_s", "wall_clock_p10_s", "wall_clock_p50_s",
+            "wall_clock_p90_s", "checkpoint_interval_s", "expected_failures",
             "expected_gpu_hours", "job_mttf_s", "checkpoint_s", "restart_s", "persist_s",
             "staged_GiB", "snapshot_host_GiB", "host_memory_GiB",
             *(c for c in frame.columns

@@ -141,10 +141,13 @@ def _context(results: pl.DataFrame, meta: dict[str, Any], figures: list[dict[str
     episodes: list[tuple[str, str]] = []
     rpath = src / "resilience.parquet"
     if rpath.is_file():
+        from analysis.evaluate import days_range
+
         policies = read_table(rpath, RESILIENCE_COLUMNS_READ).to_dicts()
         for r in policies:
             res_rows.append({"policy": r["policy"], "goodput": f"{r['goodput']:.1%}",
                              "days": f"{r['expected_wall_clock_s'] / 86400:.1f}",
+                             "spread": days_range(r),  # (results before it: "–")
                              "failures": f"{r['expected_failures']:,.0f}",
                              "interval": f"{r['checkpoint_interval_s'] / 60:.1f}",
                              # what a checkpoint blocks (3 figures: a staged copy can take ms)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -113,9 +114,11 @@ def test_cli_compare_then_report(tmp_path: Path) -> None:
     md = (out / "report.md").read_text()
     assert md.count("![") == len(FIGURES) and "| policy |" in md and "| persist (s) |" in md
     assert "| checkpoint (s) |" in md and "| restart (s) |" in md  # (the CLI table's columns)
+    assert "| P10–P90 days |" in md and re.search(r"\| \d+\.\d+–\d+\.\d+ \|", md)
     # a folder written before checkpoints persisted (no persist_s) still reports: "–" there
     res = pl.read_parquet(out / "resilience.parquet")
-    res.drop("persist_s").write_parquet(out / "resilience.parquet")
+    res.drop("persist_s", "wall_clock_p10_s", "wall_clock_p90_s").write_parquet(
+        out / "resilience.parquet")
     r = subprocess.run([*cli, "report", str(out), "-o", str(out)], capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr

@@ -1,0 +1,208 @@
+"""How far a run's wall-clock time strays from its expectation under failures: percentiles
+beside Daly's mean (``analysis.resilience``), for a planner who needs the date the run ends
+nine times in ten, not on average.
+
+Checkpoint/restart (global restart, in-memory, hot spares). With exponential failures at rate
+λ = 1/M each segment of T = τ + δ seconds is attempted until one attempt survives it: the
+failed attempts before n segments succeed are negative binomial, K ~ NB(n, p = e^{−λT})
+(n = W/τ segments, the count the closed form's mean takes). Each failed attempt costs
+Y = X + Rr: X, when the failure struck, exponential conditioned below T, and Rr the restart,
+which starts again whenever a failure interrupts it (the same process with a stretch of R;
+Daly 2006 §2's model, the one ``monte_carlo_wall_s`` simulates). So the wall time is
+
+    n·T + Σ_{i=1}^{K} Y_i,
+
+a compound negative binomial whose mean n·M·e^{R/M}·(e^{T/M} − 1) is Daly's eq. 13. Its
+distribution: P(K = k) exactly, and the sum of k costs as a normal of k times Y's mean and
+variance (exact moments: a geometric number of truncated exponentials, a compound sum's
+variance E[N]·Var[X] + Var[N]·E[X]²); a spare pool's restarts are a swap or, when no spare is
+free, a global restart (``resilience.spare_miss``), and up to ``EXACT_MISSES`` failures the
+number that found no spare is summed over exactly (binomial). A checkpoint that persists W
+after it is taken adds W to the restart, as the mean's form does (exact there; in the spread an
+approximation: a failure inside W rolls a whole segment back).
+
+Replica-local restart and elastic shrink lose a fixed ℓ a failure (``ettr_replica_local``,
+``ettr_elastic``) and roll nothing back: the run is a first passage of progress t − ℓ·N(t)
+(N Poisson at λ) to W, whose time has mean W/(1 − λℓ) and variance W·λℓ²/(1 − λℓ)³ (the
+inverse Gaussian's, Brownian motion with drift: Folks & Chhikara 1978); its percentiles are
+taken from the normal with those moments, the failures' count Poisson so that a run likely to
+see none ends at W.
+
+Weibull-shaped GPUs: the job's failures superpose many GPUs' processes and tend to a Poisson
+process (Palm–Khintchine), as the closed forms assume; ``monte_carlo_wall_s`` checks the
+percentiles (tests).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+QUANTILES = (0.1, 0.5, 0.9)
+EXACT_MISSES = 64  # up to this many failures, the restarts that found no spare summed exactly
+SPAN = 12.0  # the failure count's range: its mean ± SPAN standard deviations (+ PAD)
+PAD = 30
+MAX_TERMS = 200_000  # past this many failure counts, the whole sum is normal (its CLT)
+_BISECT = 80
+
+
+def _stretch(length_s: float, lam: float) -> tuple[float, float]:
+    """Mean and variance of the time to get ``length_s`` without a failure, starting again at
+    each (failures at rate ``lam``): length + a geometric number of exponentials cut below it."""
+    if length_s <= 0:
+        return 0.0, 0.0
+    p = math.exp(-lam * length_s)
+    n_mean, n_var = math.expm1(lam * length_s), math.expm1(lam * length_s) / p
+    m, v = _truncated_exp(length_s, lam)
+    return length_s + n_mean * m, n_mean * v + n_var * m * m
+
+
+def _truncated_exp(below_s: float, lam: float) -> tuple[float, float]:
+    """Mean and variance of an exponential of rate ``lam`` conditioned below ``below_s``."""
+    x = lam * below_s
+    if x < 1e-6:  # (uniform on the stretch, to first order)
+        return below_s / 2, below_s * below_s / 12
+    q = -math.expm1(-x)  # P(X < below)
+    e = math.exp(-x)
+    mean = 1 / lam - below_s * e / q
+    second = (2 / lam**2 - e * (below_s**2 + 2 * below_s / lam + 2 / lam**2)) / q
+    return mean, max(0.0, second - mean * mean)
+
+
+def checkpoint_restart_quantiles(work_s: float, interval_s: float, checkpoint_s: float,
+                                 restarts: Sequence[tuple[float, float]], mttf_s: float,
+                                 persist_s: float = 0.0,
+                                 quantiles: Sequence[float] = QUANTILES) -> tuple[float, ...]:
+    """Wall-clock percentiles of ``work_s`` of failure-free training checkpointed every
+    ``interval_s`` (``checkpoint_s`` each) against a job MTTF, each failure followed by a
+    restart of R seconds with probability w for (w, R) in ``restarts`` (one (1, R) without a
+    spare pool; the swap and the global restart with one). Infinite where no segment or
+    restart can be expected to finish."""
+    lam, seg = 1 / mttf_s, interval_s + checkpoint_s
+    if lam * max(seg, *(r + persist_s for _, r in restarts)) > 700:
+        return tuple(math.inf for _ in quantiles)
+    n = work_s / interval_s
+    p = math.exp(-lam * seg)
+    x_mean, x_var = _truncated_exp(seg, lam)
+    parts = [(w, *_stretch(r + persist_s, lam)) for w, r in restarts if w > 0]
+    k_mean, k_var = n * (1 - p) / p, n * (1 - p) / p**2
+    base = n * seg
+    if k_mean == 0:
+        return tuple(base for _ in quantiles)
+    lo = max(0, math.floor(k_mean - SPAN * math.sqrt(k_var)) - PAD)
+    hi = math.ceil(k_mean + SPAN * math.sqrt(k_var)) + PAD
+    if hi - lo > MAX_TERMS:  # (a sum of that many costs: normal)
+        return _normal_quantiles(base, k_mean, k_var, x_mean, x_var, parts, quantiles)
+    k = np.arange(lo, hi + 1, dtype=float)
+    first = math.lgamma(lo + n) - math.lgamma(n) - math.lgamma(lo + 1) + n * math.log(p) + (
+        lo * math.log1p(-p))  # P(K = k + 1) / P(K = k) = (k + n)/(k + 1)·(1 − p)
+    steps = np.log((k[:-1] + n) / (k[:-1] + 1)) + math.log1p(-p)
+    pmf = np.exp(first + np.concatenate(([0.0], np.cumsum(steps))))
+    means, variances, weights = _cost_sums(k, x_mean, x_var, parts)
+    return tuple(_quantile(q, base, pmf, weights, means, variances) for q in quantiles)
+
+
+def _cost_sums(k: np.ndarray, x_mean: float, x_var: float,
+               parts: list[tuple[float, float, float]]
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each failure count k (rows), the mixture of normals the sum of k failures' costs
+    is: (means, variances, weights), one column per count of restarts of the second kind
+    where there are two (exactly, binomially, up to ``EXACT_MISSES`` failures), else one."""
+    if len(parts) == 1 or k.max() > EXACT_MISSES:
+        w = np.array([x[0] for x in parts])
+        r_mean = float(np.dot(w, [x[1] for x in parts]))
+        r_var = float(np.dot(w, [x[2] + x[1] ** 2 for x in parts])) - r_mean**2
+        mean, var = x_mean + r_mean, x_var + r_var
+        return (k * mean)[:, None], (k * var)[:, None], np.ones((len(k), 1))
+    (w0, m0, v0), (w1, m1, v1) = parts
+    j = np.arange(EXACT_MISSES + 1, dtype=float)[None, :]
+    kk = k[:, None]
+    valid = j <= kk
+    fact = np.cumsum(np.log(np.maximum(np.arange(EXACT_MISSES + 1, dtype=float), 1.0)))
+    rest = np.maximum(kk - j, 0).astype(int)  # log k! from a table (k ≤ EXACT_MISSES here)
+    log_binom = fact[kk.astype(int)] - fact[j.astype(int)] - fact[rest]
+    weights = np.where(valid, np.exp(log_binom + j * math.log(w1) + rest * math.log(w0)), 0.0)
+    means = kk * x_mean + (kk - j) * m0 + j * m1
+    variances = kk * x_var + (kk - j) * v0 + j * v1
+    return np.where(valid, means, 0.0), np.where(valid, variances, 0.0), weights
+
+
+def _quantile(q: float, base: float, pmf: np.ndarray, weights: np.ndarray, means: np.ndarray,
+              variances: np.ndarray) -> float:
+    """The q-quantile of base + (the mixture of normals, point masses where the variance is 0),
+    by bisection on its distribution function."""
+    total = float(pmf.sum())
+    sd = np.sqrt(variances)
+    top = base + float((means + SPAN * sd).max()) + 1.0
+
+    def cdf(x: float) -> float:
+        z = np.where(sd > 0, (x - base - means) / np.where(sd > 0, sd, 1.0),
+                     np.where(x - base >= means, np.inf, -np.inf))
+        return float(np.dot(pmf, (weights * _phi(z)).sum(axis=1))) / total
+
+    lo, hi = base, top
+    if cdf(lo) >= q:
+        return base
+    for _ in range(_BISECT):
+        mid = (lo + hi) / 2
+        if cdf(mid) >= q:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-7 * hi:
+            break
+    return hi
+
+
+def _phi(z: np.ndarray) -> np.ndarray:
+    """The standard normal's distribution function, vectorized: erf by Abramowitz & Stegun
+    7.1.26 (|error| < 1.5·10⁻⁷; NumPy has no erf and SciPy is not a dependency)."""
+    x = np.abs(z) / math.sqrt(2)
+    t = 1 / (1 + 0.3275911 * x)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027
+                                                                           + t * 1.061405429))))
+    with np.errstate(over="ignore", invalid="ignore"):
+        erf = 1 - poly * np.exp(-x * x)
+    erf = np.where(np.isinf(x), 1.0, erf)
+    return np.asarray(0.5 * (1 + np.sign(z) * erf))
+
+
+def _normal_quantiles(base: float, k_mean: float, k_var: float, x_mean: float, x_var: float,
+                      parts: list[tuple[float, float, float]], quantiles: Sequence[float]
+                      ) -> tuple[float, ...]:
+    """The compound sum's percentiles from its mean and variance (a normal: many failures)."""
+    w = [x[0] for x in parts]
+    r_mean = sum(wi * x[1] for wi, x in zip(w, parts, strict=True))
+    r_var = sum(wi * (x[2] + x[1] ** 2) for wi, x in zip(w, parts, strict=True)) - r_mean**2
+    y_mean, y_var = x_mean + r_mean, x_var + r_var
+    mean = base + k_mean * y_mean
+    sd = math.sqrt(k_mean * y_var + k_var * y_mean**2)
+    return tuple(mean + sd * _z(q) for q in quantiles)
+
+
+def fixed_loss_quantiles(work_s: float, loss_s: float, mttf_s: float,
+                         quantiles: Sequence[float] = QUANTILES) -> tuple[float, ...]:
+    """Wall-clock percentiles of ``work_s`` when each failure (rate 1/``mttf_s``) costs a fixed
+    ``loss_s`` and nothing rolls back: the first passage's mean W/(1 − ρ) and variance
+    W·λℓ²/(1 − ρ)³, ρ = λℓ, not below W."""
+    rho = loss_s / mttf_s
+    if rho >= 1:
+        return tuple(math.inf for _ in quantiles)
+    mean = work_s / (1 - rho)
+    sd = math.sqrt(work_s * loss_s * loss_s / mttf_s / (1 - rho) ** 3)
+    none_s = math.exp(-mean / mttf_s)  # P(no failure at all): the run ends at W
+    return tuple(work_s if q <= none_s else max(work_s, mean + sd * _z(q)) for q in quantiles)
+
+
+def _z(q: float) -> float:
+    """The standard normal's q-quantile (bisection on erfc: no SciPy)."""
+    lo, hi = -40.0, 40.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if 0.5 * math.erfc(-mid / math.sqrt(2)) < q:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
