@@ -5,13 +5,16 @@ trainsim's calibrated compute."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from analysis.cli_common import app, console, output_dir, progress_bar
 from tracegen import ConfigError
 from tracegen.units import NS_PER_S, NS_PER_US
+
+if TYPE_CHECKING:
+    from replay.hardware import SystemSpec
 
 SystemOpt = Annotated[str, typer.Option(help="Preset system (see `trainsim systems`) or a TOML "
                                              "system file whose GPU model times the nodes.")]
@@ -55,7 +58,19 @@ def stamp_cmd(
                       "durations before, now replaced (--only-missing keeps them)")
     if summary.kept:
         console.print(f"note: {summary.kept:,} nodes kept the durations they carried")
+    _note_precision(trace, spec)
     if summary.untimed:
         console.print(f"note: {summary.untimed:,} compute nodes carry neither FLOPs, bytes nor "
                       "a duration (or are host ops on a system without host_cpu_GBps) and were "
                       "left as they were")
+
+
+def _note_precision(trace: Path, spec: SystemSpec) -> None:
+    """A set of ours in a precision the system's GPU lacks (FP8 on an A100): stamped at its
+    16-bit rate, as replay costs it; say so as replay does."""
+    from analysis.cli_common import note_precision
+    from replay.traceset import trace_files
+
+    manifest = trace_files(trace)[3]
+    if manifest is not None:
+        note_precision({str(manifest["strategy"].get("precision", "bf16"))}, spec)

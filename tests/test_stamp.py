@@ -248,3 +248,12 @@ def test_chakras_own_jsonizer_reads_the_stamped_durations(stamped: Path, tmp_pat
     want = [n.duration_micros for n in read_et(f)[1]]
     assert [int(n.get("durationMicros", 0)) for n in nodes] == want
     assert all(("durationMicros" in n) == (n["type"] == "COMP_NODE") for n in nodes)
+
+
+def test_stamping_fp8_on_a_gpu_without_it_says_so(tmp_path: Path) -> None:
+    gen = run("tracegen", "--model", "gpt-1.7b", "--gpus", "2", "--mbs", "1", "--gbs", "2",
+              "--precision", "fp8", "-o", str(tmp_path / "a"))
+    assert gen.returncode == 0, gen.stderr
+    r = run("stamp", str(tmp_path / "a"), "--system", "dgx-a100-80gb", "-o", str(tmp_path / "b"))
+    assert r.returncode == 0, r.stderr
+    assert "no FP8 tensor cores" in " ".join(r.stdout.split())
