@@ -172,7 +172,7 @@ def resilience_cmd(
     plots: Annotated[Path | None, typer.Option(help="Folder for the goodput and "
                                                     "time-to-train plots (PNG).")] = None,
 ) -> None:
-    """Goodput and expected time-to-train under failures, per recovery policy."""
+    """Goodput and time-to-train under failures (expected, and P10–P90), per recovery policy."""
 
     from analysis import jsonout
     from analysis import plots as P
