@@ -182,6 +182,7 @@ def resilience_cmd(
         resilience_frame,
         snapshot_line,
         spare_line,
+        spread_line,
         strategy_dict,
         summary_dict,
     )
@@ -219,6 +220,7 @@ def resilience_cmd(
                           f"{r['persist_s']:.0f}", f"{r['restart_s']:.0f}")
         console.print(table)
         console.print(_resilience_step_line(shapes[name], _capacity_text(study), s))
+        console.print(spread_line(frame.row(0, named=True)))
         for line in episode_lines(frame.row(0, named=True)):
             console.print(line)
         if (snap := snapshot_line(frame.row(0, named=True))) is not None:

@@ -266,6 +266,17 @@ def days_range(row: dict[str, Any]) -> str:
     return f"{lo / 86400:.{digits}f}–{hi / 86400:.{digits}f}"
 
 
+def spread_line(row: dict[str, Any]) -> str:
+    """What the P10–P90 days hold: the failure process's randomness at the study's rate, and
+    where the rate was counted from failures (``observed_failures``), its uncertainty."""
+    count = row.get("failure_rate_count") or 0.0
+    what = ("the failure process's randomness and the rate's own uncertainty (counted from "
+            f"{count:,.4g} failures: ±{1 / math.sqrt(count):.1%} at one standard deviation)"
+            if count else "the failure process's randomness at the study's rate, taken as "
+            "exact ([failures] observed_failures = N gives the count it was measured from)")
+    return f"P10–P90: the days the run ends by in one run in ten and in nine in ten, from {what}"
+
+
 def _share(x: float) -> str:
     """A share as a percentage, "under 0.1%" where one decimal would show a non-zero one as 0."""
     return "under 0.1%" if 0 < x < 0.0005 else f"{x:.1%}"

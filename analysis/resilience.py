@@ -45,6 +45,9 @@ class FailureModel:
     rate_per_gpu_hour: float
     weibull_shape: float = 1.0
     source: str = ""
+    # the failures the rate was counted from (its relative uncertainty 1/√n: the spread of the
+    # end date takes it, ``wall_spread.rate_mttfs``); 0: the rate taken as exact
+    observed_failures: float = 0.0
 
     def __post_init__(self) -> None:
         if not (self.rate_per_gpu_hour > 0 and math.isfinite(self.rate_per_gpu_hour)):
@@ -53,6 +56,11 @@ class FailureModel:
         if self.weibull_shape <= 0:
             raise ConfigError(f"weibull_shape must be > 0, got {self.weibull_shape}",
                               what=f"failure model {self.name!r}")
+        if not (is_finite_number(self.observed_failures) and (
+                self.observed_failures == 0 or self.observed_failures >= 1)):
+            raise ConfigError("observed_failures is the count of failures the rate was "
+                              "measured from (at least 1), or 0 for a rate taken as exact, got "
+                              f"{self.observed_failures!r}", what=f"failure model {self.name!r}")
 
     def job_mttf_s(self, gpus: int) -> float:
         """A job fails when any of its GPUs does: rates add (Kokolis et al. 2025 model)."""
@@ -64,7 +72,8 @@ FAILURE_PRESETS: dict[str, FailureModel] = {
     # interruptions in a 54-day snapshot of Llama 3 405B pre-training on 16,384 H100 GPUs.
     "llama3-16k-h100": FailureModel(
         name="llama3-16k-h100", rate_per_gpu_hour=419 / (54 * 24 * 16_384),
-        source="Dubey et al. 2024, Table 5: 419 unexpected interruptions, 54 days, 16,384 GPUs"),
+        source="Dubey et al. 2024, Table 5: 419 unexpected interruptions, 54 days, 16,384 GPUs",
+        observed_failures=419),
     # The projection quoted by FT-HSDP (Salpekar et al. 2026) and Kokolis et al. 2025: a 131,072-
     # GPU job fails about every 15 minutes.
     "projection-131k-15min": FailureModel(
@@ -75,7 +84,8 @@ FAILURE_PRESETS: dict[str, FailureModel] = {
     # restarts for numerical instability, so the rate is an upper bound for hardware alone.
     "opt-175b-992-a100": FailureModel(
         name="opt-175b-992-a100", rate_per_gpu_hour=53.5 / (56 * 24 * 992),
-        source="OPT-175B logbook as told by Zhang: ~53-54 restarts in 56 days on 992 A100s"),
+        source="OPT-175B logbook as told by Zhang: ~53-54 restarts in 56 days on 992 A100s",
+        observed_failures=53.5),
 }
 
 # Llama 3 Table 5 cause mix of the 419 unexpected interruptions (counts).
@@ -266,13 +276,14 @@ def policy_rows(*, failure: FailureModel, gpus: int, work_s: float,
                 _ettr, policy, c, mttf), at_least_s=c.persist_s)
         ettr = _ettr(policy, c, mttf, tau) * progress
         wall = work_s / ettr if ettr > 0 else math.inf
-        spread_s = (_wall_quantiles(policy, given, miss, mttf, tau, work_s) if spread
-                    else None)
+        spread_s = (_wall_quantiles(policy, given, miss, mttf, tau, work_s,
+                                    failure.observed_failures) if spread else None)
         p10, p50, p90 = (None, None, None) if spread_s is None else (
             x / progress for x in spread_s)
         rows.append({"policy": policy, "goodput": ettr, "expected_wall_clock_s": wall,
                      "wall_clock_p10_s": p10, "wall_clock_p50_s": p50,
                      "wall_clock_p90_s": p90,
+                     "failure_rate_count": failure.observed_failures,
                      "expected_gpu_hours": wall * gpus / HOUR_S,
                      "expected_failures": wall / mttf, "checkpoint_interval_s": tau,
                      "job_mttf_s": mttf, "checkpoint_s": c.checkpoint_s,
@@ -283,11 +294,12 @@ def policy_rows(*, failure: FailureModel, gpus: int, work_s: float,
 
 
 def _wall_quantiles(policy: str, c: RecoveryCosts, miss: float | None, mttf: float,
-                    tau: float, work_s: float) -> tuple[float, ...] | None:
+                    tau: float, work_s: float, count: float = 0.0) -> tuple[float, ...] | None:
     """The failure process's wall-clock percentiles for ``work_s`` (``analysis.wall_spread``):
     checkpoint/restart with its restarts (a spare pool's swap or, for the share ``miss`` that
     finds none, the global restart), or a fixed loss a failure for the policies that roll
-    nothing back (their checkpoints' blocking on top). None for continuous free checkpoints
+    nothing back (their checkpoints' blocking on top); ``count``: the failures the rate was
+    measured from, whose uncertainty they take too. None for continuous free checkpoints
     (τ = 0), whose form is the mean's only."""
     from analysis.wall_spread import checkpoint_restart_quantiles, fixed_loss_quantiles
 
@@ -295,13 +307,14 @@ def _wall_quantiles(policy: str, c: RecoveryCosts, miss: float | None, mttf: flo
         loss = c.stall_s + (c.restart_s / max(c.replicas, 1) if policy == "replica_local"
                             else c.repair_s * (1 - c.degraded_throughput))
         scale = (tau + c.checkpoint_s) / tau if c.checkpoint_s > 0 and tau > 0 else 1.0
-        return tuple(x * scale for x in fixed_loss_quantiles(work_s, loss, mttf))
+        return tuple(x * scale for x in fixed_loss_quantiles(work_s, loss, mttf,
+                                                             rate_count=count))
     if tau <= 0:
         return None
     restarts = ([(1.0, c.restart_s)] if miss is None
                 else [(1 - miss, c.restart_s), (miss, c.fallback_restart_s)])
     return checkpoint_restart_quantiles(work_s, tau, c.checkpoint_s, restarts, mttf,
-                                        c.persist_s)
+                                        c.persist_s, rate_count=count)
 
 
 # The Poisson tail is summed over mean ± POISSON_SPAN standard deviations (+ POISSON_PAD): the
@@ -428,15 +441,19 @@ def failure_model(spec: dict[str, object], *, gpus_per_host: int = 8) -> Failure
             raise ConfigError(f"unexpected keys with a preset: {', '.join(spec)}",
                               what="failures")
         return FAILURE_PRESETS[name]
-    unknown = set(spec) - {"rate_per_gpu_hour", "weibull_shape", "name", "source"}
+    unknown = set(spec) - {"rate_per_gpu_hour", "weibull_shape", "name", "source",
+                           "observed_failures"}
     if unknown or "rate_per_gpu_hour" not in spec:
         raise ConfigError("give preset = NAME or rate_per_gpu_hour (failures per GPU per hour, "
-                          f"> 0) with optional weibull_shape; unknown keys: {sorted(unknown)}",
+                          "> 0) with optional weibull_shape and observed_failures (the count "
+                          f"the rate was measured from); unknown keys: {sorted(unknown)}",
                           what="failures")
     rate = number("failures", "rate_per_gpu_hour", spec["rate_per_gpu_hour"], positive=True)
     shape = number("failures", "weibull_shape", spec.get("weibull_shape", 1.0))  # > 0: below
+    seen = number("failures", "observed_failures", spec.get("observed_failures", 0))
     return FailureModel(name=str(spec.get("name", "custom")), rate_per_gpu_hour=rate,
-                        weibull_shape=shape, source=str(spec.get("source", "")))
+                        weibull_shape=shape, source=str(spec.get("source", "")),
+                        observed_failures=seen)
 
 
 def number(table: str, key: str, value: object, *, positive: bool = False) -> float:

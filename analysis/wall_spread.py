@@ -71,18 +71,54 @@ def _truncated_exp(below_s: float, lam: float) -> tuple[float, float]:
     return mean, max(0.0, second - mean * mean)
 
 
+# A distribution as a mixture: (probabilities, means, standard deviations; 0: a point mass)
+Mixture = tuple[np.ndarray, np.ndarray, np.ndarray]
+RATE_POINTS = 24  # equal-probability points of the rate's Gamma posterior
+
+
 def checkpoint_restart_quantiles(work_s: float, interval_s: float, checkpoint_s: float,
                                  restarts: Sequence[tuple[float, float]], mttf_s: float,
                                  persist_s: float = 0.0,
-                                 quantiles: Sequence[float] = QUANTILES) -> tuple[float, ...]:
+                                 quantiles: Sequence[float] = QUANTILES, *,
+                                 rate_count: float = 0.0) -> tuple[float, ...]:
     """Wall-clock percentiles of ``work_s`` of failure-free training checkpointed every
     ``interval_s`` (``checkpoint_s`` each) against a job MTTF, each failure followed by a
     restart of R seconds with probability w for (w, R) in ``restarts`` (one (1, R) without a
-    spare pool; the swap and the global restart with one). Infinite where no segment or
-    restart can be expected to finish."""
+    spare pool; the swap and the global restart with one). ``rate_count``: the failures the
+    rate was estimated from (``rate_mttfs``; 0: the rate taken as exact). Infinite where no
+    segment or restart can be expected to finish."""
+    parts = []
+    for mttf in rate_mttfs(mttf_s, rate_count):
+        lam, seg = 1 / mttf, interval_s + checkpoint_s
+        if lam * max(seg, *(r + persist_s for _, r in restarts)) > 700:
+            return tuple(math.inf for _ in quantiles)
+        parts.append(_checkpoint_restart(work_s, interval_s, checkpoint_s, restarts, mttf,
+                                         persist_s))
+    return mixture_quantiles(parts, quantiles)
+
+
+def rate_mttfs(mttf_s: float, rate_count: float) -> list[float]:
+    """The job MTTF, or where its rate was estimated from ``rate_count`` failures, the MTTFs
+    at ``RATE_POINTS`` equal-probability points of the rate's posterior: Gamma with shape the
+    count and mean the rate (a Poisson rate's conjugate posterior under a flat prior on its
+    logarithm), its quantiles by Wilson & Hilferty's cube-root normal (1931)."""
+    if rate_count <= 0:
+        return [mttf_s]
+    k = rate_count
+    out = []
+    for i in range(RATE_POINTS):
+        z = _z((i + 0.5) / RATE_POINTS)
+        g = max(1e-9, 1 - 1 / (9 * k) + z * math.sqrt(1 / (9 * k))) ** 3
+        out.append(mttf_s / g)  # (g: the rate over its mean)
+    return out
+
+
+def _checkpoint_restart(work_s: float, interval_s: float, checkpoint_s: float,
+                        restarts: Sequence[tuple[float, float]], mttf_s: float,
+                        persist_s: float) -> Mixture:
+    """The wall clock at one rate as a mixture: n·T plus the compound sum, over each failure
+    count (and count of global restarts), or one normal where the counts are too many."""
     lam, seg = 1 / mttf_s, interval_s + checkpoint_s
-    if lam * max(seg, *(r + persist_s for _, r in restarts)) > 700:
-        return tuple(math.inf for _ in quantiles)
     n = work_s / interval_s
     p = math.exp(-lam * seg)
     x_mean, x_var = _truncated_exp(seg, lam)
@@ -90,18 +126,20 @@ def checkpoint_restart_quantiles(work_s: float, interval_s: float, checkpoint_s:
     k_mean, k_var = n * (1 - p) / p, n * (1 - p) / p**2
     base = n * seg
     if k_mean == 0:
-        return tuple(base for _ in quantiles)
+        return np.ones(1), np.full(1, base), np.zeros(1)
     lo = max(0, math.floor(k_mean - SPAN * math.sqrt(k_var)) - PAD)
     hi = math.ceil(k_mean + SPAN * math.sqrt(k_var)) + PAD
     if hi - lo > MAX_TERMS:  # (a sum of that many costs: normal)
-        return _normal_quantiles(base, k_mean, k_var, x_mean, x_var, parts, quantiles)
+        return _normal(base, k_mean, k_var, x_mean, x_var, parts)
     k = np.arange(lo, hi + 1, dtype=float)
     first = math.lgamma(lo + n) - math.lgamma(n) - math.lgamma(lo + 1) + n * math.log(p) + (
         lo * math.log1p(-p))  # P(K = k + 1) / P(K = k) = (k + n)/(k + 1)·(1 − p)
     steps = np.log((k[:-1] + n) / (k[:-1] + 1)) + math.log1p(-p)
     pmf = np.exp(first + np.concatenate(([0.0], np.cumsum(steps))))
     means, variances, weights = _cost_sums(k, x_mean, x_var, parts)
-    return tuple(_quantile(q, base, pmf, weights, means, variances) for q in quantiles)
+    probs = pmf[:, None] * weights
+    keep = probs > 0
+    return probs[keep] / probs.sum(), base + means[keep], np.sqrt(variances[keep])
 
 
 def _cost_sums(k: np.ndarray, x_mean: float, x_var: float,
@@ -129,31 +167,36 @@ def _cost_sums(k: np.ndarray, x_mean: float, x_var: float,
     return np.where(valid, means, 0.0), np.where(valid, variances, 0.0), weights
 
 
-def _quantile(q: float, base: float, pmf: np.ndarray, weights: np.ndarray, means: np.ndarray,
-              variances: np.ndarray) -> float:
-    """The q-quantile of base + (the mixture of normals, point masses where the variance is 0),
-    by bisection on its distribution function."""
-    total = float(pmf.sum())
-    sd = np.sqrt(variances)
-    top = base + float((means + SPAN * sd).max()) + 1.0
+def mixture_quantiles(parts: Sequence[Mixture], quantiles: Sequence[float] = QUANTILES
+                      ) -> tuple[float, ...]:
+    """The quantiles of an equal-weight mixture of ``parts`` (one per rate point), by bisection
+    on its distribution function (a point mass where a component's deviation is 0)."""
+    probs = np.concatenate([x[0] for x in parts]) / len(parts)
+    means = np.concatenate([x[1] for x in parts])
+    sds = np.concatenate([x[2] for x in parts])
+    point = sds == 0
 
     def cdf(x: float) -> float:
-        z = np.where(sd > 0, (x - base - means) / np.where(sd > 0, sd, 1.0),
-                     np.where(x - base >= means, np.inf, -np.inf))
-        return float(np.dot(pmf, (weights * _phi(z)).sum(axis=1))) / total
+        z = np.where(point, np.where(x >= means, np.inf, -np.inf),
+                     (x - means) / np.where(point, 1.0, sds))
+        return float(np.dot(probs, _phi(z)))
 
-    lo, hi = base, top
-    if cdf(lo) >= q:
-        return base
-    for _ in range(_BISECT):
-        mid = (lo + hi) / 2
-        if cdf(mid) >= q:
-            hi = mid
-        else:
-            lo = mid
-        if hi - lo <= 1e-7 * hi:
-            break
-    return hi
+    bottom = float((means - SPAN * sds).min())
+    top = float((means + SPAN * sds).max()) + 1.0
+    out = []
+    for q in quantiles:
+        lo, hi = bottom, top
+        for _ in range(_BISECT):
+            mid = (lo + hi) / 2
+            if cdf(mid) >= q:
+                hi = mid
+            else:
+                lo = mid
+            if hi - lo <= 1e-7 * abs(hi):
+                break
+        jumps = means[point & (means >= lo) & (means <= hi)]  # (a point mass the CDF jumps at)
+        out.append(float(jumps.max()) if len(jumps) else hi)
+    return tuple(out)
 
 
 def _phi(z: np.ndarray) -> np.ndarray:
@@ -169,31 +212,40 @@ def _phi(z: np.ndarray) -> np.ndarray:
     return np.asarray(0.5 * (1 + np.sign(z) * erf))
 
 
-def _normal_quantiles(base: float, k_mean: float, k_var: float, x_mean: float, x_var: float,
-                      parts: list[tuple[float, float, float]], quantiles: Sequence[float]
-                      ) -> tuple[float, ...]:
-    """The compound sum's percentiles from its mean and variance (a normal: many failures)."""
+def _normal(base: float, k_mean: float, k_var: float, x_mean: float, x_var: float,
+            parts: list[tuple[float, float, float]]) -> Mixture:
+    """The compound sum as one normal of its mean and variance (many failures)."""
     w = [x[0] for x in parts]
     r_mean = sum(wi * x[1] for wi, x in zip(w, parts, strict=True))
     r_var = sum(wi * (x[2] + x[1] ** 2) for wi, x in zip(w, parts, strict=True)) - r_mean**2
     y_mean, y_var = x_mean + r_mean, x_var + r_var
-    mean = base + k_mean * y_mean
     sd = math.sqrt(k_mean * y_var + k_var * y_mean**2)
-    return tuple(mean + sd * _z(q) for q in quantiles)
+    return np.ones(1), np.full(1, base + k_mean * y_mean), np.full(1, sd)
 
 
 def fixed_loss_quantiles(work_s: float, loss_s: float, mttf_s: float,
-                         quantiles: Sequence[float] = QUANTILES) -> tuple[float, ...]:
+                         quantiles: Sequence[float] = QUANTILES, *,
+                         rate_count: float = 0.0) -> tuple[float, ...]:
     """Wall-clock percentiles of ``work_s`` when each failure (rate 1/``mttf_s``) costs a fixed
     ``loss_s`` and nothing rolls back: the first passage's mean W/(1 − ρ) and variance
-    W·λℓ²/(1 − ρ)³, ρ = λℓ, not below W."""
-    rho = loss_s / mttf_s
-    if rho >= 1:
-        return tuple(math.inf for _ in quantiles)
-    mean = work_s / (1 - rho)
-    sd = math.sqrt(work_s * loss_s * loss_s / mttf_s / (1 - rho) ** 3)
-    none_s = math.exp(-mean / mttf_s)  # P(no failure at all): the run ends at W
-    return tuple(work_s if q <= none_s else max(work_s, mean + sd * _z(q)) for q in quantiles)
+    W·λℓ²/(1 − ρ)³, ρ = λℓ — with the chance of no failure at all, e^{−W/M}, as a point at W
+    and the rest a normal of the remaining moments. ``rate_count`` as for checkpoint/restart."""
+    parts = []
+    for mttf in rate_mttfs(mttf_s, rate_count):
+        rho = loss_s / mttf
+        if rho >= 1:
+            return tuple(math.inf for _ in quantiles)
+        mean = work_s / (1 - rho)
+        var = work_s * loss_s * loss_s / mttf / (1 - rho) ** 3
+        none = math.exp(-work_s / mttf)  # P(no failure at all): the run ends at W
+        if none >= 1 - 1e-12:
+            parts.append((np.ones(1), np.full(1, work_s), np.zeros(1)))
+            continue
+        rest_mean = (mean - none * work_s) / (1 - none)
+        rest_var = max(0.0, (var + mean**2 - none * work_s**2) / (1 - none) - rest_mean**2)
+        parts.append((np.array([none, 1 - none]), np.array([work_s, rest_mean]),
+                      np.array([0.0, math.sqrt(rest_var)])))
+    return mixture_quantiles(parts, quantiles)
 
 
 def _z(q: float) -> float:

@@ -137,7 +137,45 @@ def test_resilience_shows_the_spread(tmp_path: Path) -> None:
     r = run("resilience", "analysis/studies/default.toml", "--summary", str(summary))
     assert r.returncode == 0, r.stderr
     assert "P10–P90" in r.stdout
+    assert "counted from 419 failures: ±4.9%" in " ".join(r.stdout.split())
     policies = json.loads(summary.read_text())["policies"]
     for row in policies.values():
         assert row["wall_clock_p10_s"] <= row["wall_clock_p50_s"] <= row["wall_clock_p90_s"]
         assert row["wall_clock_p10_s"] <= row["expected_wall_clock_s"] <= row["wall_clock_p90_s"]
+
+
+@pytest.mark.parametrize("count", [419.0, 53.5, 5.0])
+def test_the_rate_points_carry_its_posterior(count: float) -> None:
+    """The rate's points (Wilson-Hilferty quantiles of Gamma(count)): mean the rate, relative
+    deviation 1/√count."""
+    rates = 1 / np.array(WS.rate_mttfs(1000.0, count)) * 1000.0
+    assert rates.mean() == pytest.approx(1.0, abs=0.01)
+    assert rates.std() == pytest.approx(1 / math.sqrt(count), rel=0.08)
+    assert WS.rate_mttfs(1000.0, 0.0) == [1000.0]
+
+
+def test_a_counted_rate_widens_the_spread_as_a_simulation_of_it_does() -> None:
+    """A rate measured from 20 failures: each simulated run draws its rate from the Gamma
+    posterior first; the percentiles follow, wider than at the rate alone."""
+    work, tau, delta, r, mttf, _ = CASES["some"]
+    count = 20.0
+    rng = np.random.default_rng(8)
+    walls = [monte_carlo_wall_s(work, tau, delta, r, mttf * count / rng.gamma(count),
+                                runs=1, seed=i)[0] for i in range(1500)]
+    sim = np.quantile(walls, WS.QUANTILES)
+    got = WS.checkpoint_restart_quantiles(work, tau, delta, [(1.0, r)], mttf, rate_count=count)
+    exact = WS.checkpoint_restart_quantiles(work, tau, delta, [(1.0, r)], mttf)
+    assert np.abs(np.array(got) - sim).max() <= 0.1 * (sim[2] - sim[0])
+    assert got[2] - got[0] > exact[2] - exact[0]
+    loose = WS.fixed_loss_quantiles(20 * DAY, 6 * 3600.0, 2 * DAY, rate_count=count)
+    tight = WS.fixed_loss_quantiles(20 * DAY, 6 * 3600.0, 2 * DAY)
+    assert loose[2] - loose[0] > tight[2] - tight[0]
+
+
+@pytest.mark.parametrize("bad", [0.5, -1.0, math.nan, math.inf])
+def test_a_failure_count_below_one_is_refused(bad: float) -> None:
+    from analysis.resilience import failure_model
+    from tracegen.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="observed_failures"):
+        failure_model({"rate_per_gpu_hour": 1e-5, "observed_failures": bad})
