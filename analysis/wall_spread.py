@@ -24,13 +24,15 @@ approximation: a failure inside W rolls a whole segment back).
 Replica-local restart and elastic shrink lose a fixed ℓ a failure (``ettr_replica_local``,
 ``ettr_elastic``) and roll nothing back: the run is a first passage of progress t − ℓ·N(t)
 (N Poisson at λ) to W, whose time has mean W/(1 − λℓ) and variance W·λℓ²/(1 − λℓ)³ (the
-inverse Gaussian's, Brownian motion with drift: Folks & Chhikara 1978); its percentiles are
-taken from the normal with those moments, the failures' count Poisson so that a run likely to
-see none ends at W.
+inverse Gaussian's, Brownian motion with drift: Folks & Chhikara 1978): a point at W with
+the chance of no failure at all, e^{−W/M}, and the rest a normal of the remaining moments.
+
+A rate counted from n failures is itself uncertain (±1/√n): ``rate_mttfs`` takes its Gamma
+posterior at equal-probability points and the percentiles come from the mixture of the wall
+clock's distributions over them (``mixture_quantiles``).
 
 Weibull-shaped GPUs: the job's failures superpose many GPUs' processes and tend to a Poisson
-process (Palm–Khintchine), as the closed forms assume; ``monte_carlo_wall_s`` checks the
-percentiles (tests).
+process (Palm–Khintchine), as the closed forms assume; the tests check exponential processes.
 """
 
 from __future__ import annotations
