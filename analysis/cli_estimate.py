@@ -66,6 +66,10 @@ def estimate_cmd(
     optimizer_offload_fraction: C.OptOffloadOpt = 0.0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
                                                   "JSON to this file.")] = None,
+    gpu_spread: Annotated[float, typer.Option(
+        "--gpu-spread", help="The fleet's spread of per-GPU speed: a GPU's compute time's "
+                             "relative standard deviation (0.02: 2%); prints what the step "
+                             "waits for its slowest GPUs.")] = 0.0,
     ops: Annotated[int | None, typer.Option(
         "--ops", help="Also list where pipeline stage OPS spends its time, op by op, with each "
                       "op's roofline terms (0: the first stage).")] = None,
@@ -92,6 +96,10 @@ def estimate_cmd(
     ops_out = table_file(ops_out, "--ops-out", what="the op table")
     roofline_plot = output_file(roofline_plot, "--roofline", plot=True)
     spec = resolve_model(model, seq_len, documents)
+    if gpu_spread:  # (bad input refused before the estimate is printed)
+        from analysis.gpu_spread import check_sd
+
+        check_sd(gpu_spread, what="--gpu-spread")
     strategy = build_strategy(
         gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, sp=sp, tp_comm_overlap=tp_comm_overlap,
         mbs=mbs, gbs=gbs, schedule=schedule, recompute=recompute, zero=zero,
@@ -132,6 +140,8 @@ def estimate_cmd(
                       if spec.window_pattern else
                       f"sliding-window attention: {spec.window_summary()}")
     uneven = note_documents(spec, strategy, sys_spec, g.step_time_s) if mixed is None else None
+    spread = (note_gpu_spread(spec, strategy, sys_spec, gpu_spread, g.step_time_s)
+              if gpu_spread and mixed is None else None)
     balanced = None
     if mixed is not None:
         for other in sorted(set(chosen.values())):
@@ -177,6 +187,8 @@ def estimate_cmd(
             out["fused_losses"] = losses
         if uneven is not None:  # the wait for the replica whose sequences attended most
             out["data_straggler"] = uneven
+        if spread is not None:  # the wait for the slowest GPUs
+            out["gpu_spread"] = spread
         if offload is not None:  # activation offloading against none
             out["offload"] = offload
         if opt_offload is not None:  # optimizer offloading against none
@@ -273,6 +285,22 @@ def note_documents(model: ModelSpec, s: Strategy, system: SystemSpec, step_s: fl
         return None
     console.print(_uneven_sentence(d, step_s))
     return dataclasses.asdict(d)
+
+
+def note_gpu_spread(model: ModelSpec, s: Strategy, system: SystemSpec, sd: float,
+                    step_s: float) -> dict[str, float]:
+    """What a spread of per-GPU speed makes the step wait for its slowest GPUs
+    (``analysis.gpu_spread``; not in the step)."""
+    from analysis.gpu_spread import check_sd, spread_wait
+
+    w = spread_wait(model, s, system, check_sd(sd, what="--gpu-spread"))
+    inside = (f", {w.replica_s:.4f} s of it a replica's own slowest stages"
+              if s.dp > 1 and w.replica_s else "")
+    console.print(f"GPUs {w.sd:.1%} apart in speed (1 sd): each step waits ~{w.wait_s:.4f} s "
+                  f"({w.wait_s / step_s:+.1%}) on average beyond the step above for the slowest "
+                  f"of its {w.gpus:,} GPUs{inside} (a tensor-parallel group waits for its "
+                  "slowest GPU, a pipeline for its slowest stage, the replicas for the slowest)")
+    return dataclasses.asdict(w)
 
 
 def _uneven_sentence(d: Any, step_s: float) -> str:

@@ -128,6 +128,10 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate,
         kept, cols = _data_wait(study, s, fast)
         keep *= kept
         slow |= cols
+    if study.gpu_spread:
+        kept, cols = _spread_wait(study, s, fast)
+        keep *= kept
+        slow |= cols
     rows = R.policy_rows(failure=failure, gpus=s.world_size, work_s=_work_s(study, s, fast),
                          costs=costs, step_s=fast.step_time_s, progress=keep, spread=spread)
     snap = _snapshot_columns(mode != "sync", share, given.staging)
@@ -210,6 +214,19 @@ def _data_wait(study: Study, s: Strategy, fast: FastEstimate
                   "data_replicas": float(d.replicas), "data_straggler_loss": 1 - keep}
 
 
+def _spread_wait(study: Study, s: Strategy, fast: FastEstimate
+                 ) -> tuple[float, dict[str, float | None]]:
+    """Under ``[gpu_spread]``, the progress kept while every step waits for its slowest GPUs
+    (``analysis.gpu_spread``: an expected wait each step, so the share step / (step + wait)),
+    and the columns that say why (on a ``[mixed]`` cluster, the base system's chunks)."""
+    from analysis.gpu_spread import spread_wait
+
+    w = spread_wait(study.model, s, study.system, float(study.gpu_spread["sd"]))
+    keep = fast.step_time_s / (fast.step_time_s + w.wait_s)
+    return keep, {"gpu_spread_sd": w.sd, "gpu_spread_wait_s": w.wait_s,
+                  "gpu_spread_loss": 1 - keep}
+
+
 def _stage_weights(study: Study, s: Strategy, table: str,
                    where: Mapping[int, SystemSpec] | None) -> list[float]:
     """How likely an episode of ``table`` is on each pipeline stage: alike but where a
@@ -290,13 +307,14 @@ def episode_lines(row: dict[str, Any]) -> list[str]:
 
 def episode_sentences(row: dict[str, Any]) -> list[tuple[str, str]]:
     """``episode_lines`` with each sentence's table, as an id (``fail-slow``, ``slow-links``,
-    ``site-links``, ``data-stragglers``: the report's element ids)."""
-    from analysis import data_stragglers, fail_slow, site_links, slow_links
+    ``site-links``, ``data-stragglers``, ``gpu-spread``: the report's element ids)."""
+    from analysis import data_stragglers, fail_slow, gpu_spread, site_links, slow_links
 
     return [(name, m.describe(row)) for name, m, col in (
         ("fail-slow", fail_slow, "fail_slow_loss"), ("slow-links", slow_links, "slow_links_loss"),
         ("site-links", site_links, "site_links_loss"),
-        ("data-stragglers", data_stragglers, "data_straggler_loss")) if row.get(col) is not None]
+        ("data-stragglers", data_stragglers, "data_straggler_loss"),
+        ("gpu-spread", gpu_spread, "gpu_spread_loss")) if row.get(col) is not None]
 
 
 def _require_failures(study: Study) -> None:

@@ -69,6 +69,10 @@
     mean_duration_s = 1800          # length, the share of its bandwidth the NIC keeps, and
     bandwidth_factor = 0.25         # (optional detect_s) how long until its node is evicted
 
+    [gpu_spread]                    # identical GPUs are not equally fast (analysis/
+    sd = 0.02                       # gpu_spread.py); needs [failures]: the relative standard
+                                    # deviation of a GPU's compute time across the fleet
+
     [site_links]                    # degraded links between sites (analysis/site_links.py);
     rate_per_hour = 0.002           # needs [failures] and a system of several sites: episodes
     mean_duration_s = 7200          # an hour on the links between the sites, their mean length,
@@ -91,7 +95,7 @@ from tracegen.strategy import check_fits_model
 
 KNOWN_KEYS = {"model", "seq_len", "documents", "system", "gpus", "global_batch_size", "tokens",
               "strategies", "search", "failures", "checkpoint", "restart", "policies", "name",
-              "rank_by", "fail_slow", "slow_links", "site_links", "mixed"}
+              "rank_by", "fail_slow", "slow_links", "site_links", "mixed", "gpu_spread"}
 
 
 # each table whose events the other system's GPUs may have at their own rate: its [mixed] key
@@ -147,6 +151,7 @@ class Study:
     model_ref: str = ""
     system_ref: str = ""
     mixed: MixedCluster | None = None
+    gpu_spread: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def has_failures(self) -> bool:
@@ -199,11 +204,11 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
                  dict(data.get("checkpoint", {})), dict(data.get("restart", {})),
                  dict(data.get("policies", {})), rank_by, dict(data.get("fail_slow", {})),
                  dict(data.get("slow_links", {})), dict(data.get("site_links", {})),
-                 model_ref, system_ref, mixed)
+                 model_ref, system_ref, mixed, dict(data.get("gpu_spread", {})))
 
 
 TABLE_KEYS = ("search", "failures", "checkpoint", "restart", "policies", "fail_slow",
-              "slow_links", "site_links", "mixed")
+              "slow_links", "site_links", "mixed", "gpu_spread")
 
 
 def _model_ref(ref: str, model: ModelSpec) -> str:
@@ -265,6 +270,26 @@ def _check_resilience_tables(data: dict[str, Any], system: SystemSpec) -> None:
                               "its episodes are costed under): add preset = NAME or "
                               "rate_per_gpu_hour", what="study")
     _check_site_links(data, system)
+    _check_gpu_spread(data)
+
+
+def _check_gpu_spread(data: dict[str, Any]) -> None:
+    """[gpu_spread] checked as the study is read: its one key, its range, a [failures] table
+    (the goodput it is costed in)."""
+    table = data.get("gpu_spread")
+    if not table:
+        return
+    from analysis.gpu_spread import check_sd
+
+    extra = sorted(set(table) - {"sd"})
+    if extra or "sd" not in table:
+        raise ConfigError(f"[gpu_spread] takes sd (a GPU's compute time's relative standard "
+                          f"deviation across the fleet); unknown keys: {extra}", what="study")
+    check_sd(table["sd"], what="study [gpu_spread]")
+    if not data.get("failures"):
+        raise ConfigError("[gpu_spread] needs a [failures] table (its wait is costed in the "
+                          "goodput of each recovery policy): add preset = NAME or "
+                          "rate_per_gpu_hour", what="study")
 
 
 def _check_site_links(data: dict[str, Any], system: SystemSpec) -> None:

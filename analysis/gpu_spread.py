@@ -1,0 +1,117 @@
+"""Identical GPUs are not equally fast: what a fleet's spread of per-GPU speed costs a step.
+
+A synchronous step waits for its slowest member at every level: a tensor- or context-
+parallel group runs each layer at its slowest GPU, so a pipeline stage of a replica runs at
+the slowest of its tp·cp GPUs; the replica's schedule is walked with each stage so slowed
+(``pipeline_imbalance.makespan`` over the fast path's chunk times, ``fastpath.chunk_times_s``);
+and every replica waits for the slowest at the gradient reduction: the expected largest of dp
+walks (their order statistics, or a normal fit past the draws, as ``data_stragglers`` takes
+it). A GPU's compute time is 1 + sd·Z times the catalog's (Z standard normal, floored at half
+the time), fixed over the run (manufacturing spread and power management: Sinha et al. 2022,
+SC22, measured 8% average variation — at most 22% — across same-SKU V100 and MI60 GPUs of four
+HPC clusters). No default: the spread is a fleet's own (a burn-in GEMM sweep over its GPUs
+measures it), stated as ``[gpu_spread] sd`` in a study or ``estimate --gpu-spread``.
+
+What it leaves out: communication is not slowed (a slow GPU computes slowly; its links run at
+their speed), so a chunk's whole time scaled by its stage's factor is an upper bound where the
+chunk holds exposed communication; the optimizer step and the gradient reduction's tail are
+not scaled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from analysis.data_stragglers import MIN_REPLICA_DRAWS, REPLICA_DRAWS, WALK_CELLS
+from analysis.fastpath import ChunkTimes
+from replay.hardware import SystemSpec
+from tracegen import ModelSpec, Strategy
+from tracegen.errors import ConfigError
+
+FLOOR = 0.5  # a GPU's time factor is at least this (the normal's far left tail cut)
+MAX_SD = 0.5
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SpreadWait:
+    """What a spread of per-GPU speed costs a step."""
+
+    sd: float  # the relative standard deviation of a GPU's compute time
+    gpus: int  # the GPUs whose slowest decides (all of the job's)
+    wait_s: float  # the expected step beyond the one of equal GPUs
+    replica_s: float  # of which a replica's own slowest stages (one replica's mean)
+
+
+def check_sd(sd: object, what: str = "gpu_spread") -> float:
+    """``sd`` as a float, or a ConfigError that says what it is and its range."""
+    if isinstance(sd, int | float) and not isinstance(sd, bool) and 0 <= sd <= MAX_SD:
+        return float(sd)
+    raise ConfigError(f"sd is a GPU's compute time's relative standard deviation across the "
+                      f"fleet, from 0 to {MAX_SD} (0.03: 3%), got {sd!r}", what=what)
+
+
+def spread_wait(model: ModelSpec, s: Strategy, system: SystemSpec, sd: float,
+                seed: int = 2) -> SpreadWait:
+    """The expected step beyond equal GPUs' when each GPU's compute takes 1 + sd·Z times the
+    catalog's (module docstring)."""
+    sd = check_sd(sd)
+    if sd == 0:
+        return SpreadWait(sd, s.world_size, 0.0, 0.0)
+    draws = max(MIN_REPLICA_DRAWS, min(REPLICA_DRAWS, WALK_CELLS // (s.pp * s.vpp
+                                                                      * s.num_microbatches)))
+    rng = np.random.default_rng(seed)
+    group = s.tp * s.cp  # (a stage's GPUs in one replica; experts' ranks are among them)
+    factors = np.maximum(FLOOR, 1 + sd * rng.standard_normal((draws, s.pp, group))).max(axis=2)
+    steps, alike = replica_steps_s(model, s, system, factors)
+    return SpreadWait(sd, s.world_size, _slowest(steps, s.dp) - alike, float(steps.mean()) - alike)
+
+
+def replica_steps_s(model: ModelSpec, s: Strategy, system: SystemSpec, factors: np.ndarray
+                    ) -> tuple[np.ndarray, float]:
+    """A replica's pipeline walked with each stage's compute ``factors`` times the catalog's
+    (shape (draws, pp)), one step a draw, and the walk with every factor 1."""
+    from analysis.fastpath import chunk_times_s
+    from analysis.pipeline_imbalance import walked_schedule
+
+    times = chunk_times_s(model, s, system)
+    chunks, m = s.pp * s.vpp, s.num_microbatches
+    stage = np.array([s.chunk_stage(g) for g in range(chunks)])
+    scale = np.asarray(factors, dtype=float).T[stage][:, None, :]  # (chunk, 1, draw)
+    order = walked_schedule(s.order_id)
+    alike = float(_walk(times, np.ones((chunks, 1, 1)), order, s.pp, m)[0])
+    return _walk(times, scale, order, s.pp, m), alike
+
+
+def _walk(times: ChunkTimes, scale: np.ndarray, order: str, p: int, m: int) -> np.ndarray:
+    """Each draw's replica step: the chunks' passes scaled by their stages' factors."""
+    from analysis.pipeline_imbalance import makespan
+
+    shape = (len(times.fwd), m, scale.shape[2])
+
+    def scaled(x: tuple[float, ...]) -> np.ndarray:
+        return np.broadcast_to(np.array(x)[:, None, None] * scale, shape)
+
+    return makespan(scaled(times.fwd), scaled(times.bwd), order, p, times.sends,
+                    scaled(times.wgt) if times.wgt else None)
+
+
+def _slowest(steps: np.ndarray, replicas: int) -> float:
+    """The expected largest of ``replicas`` replica steps (``data_stragglers``' estimator)."""
+    from analysis.data_stragglers import expected_max_normal
+    from analysis.pipeline_imbalance import expected_max
+
+    if replicas <= 1:
+        return float(steps.mean())
+    if replicas <= len(steps):
+        return expected_max(steps, replicas)
+    return float(steps.mean()) + float(steps.std(ddof=1)) * expected_max_normal(replicas)
+
+
+def describe(row: dict[str, Any]) -> str:
+    """What the spread costs, in words, from a resilience row's ``gpu_spread_*`` columns."""
+    return (f"GPUs {row['gpu_spread_sd']:.1%} apart in speed (1 sd): each step waits "
+            f"{row['gpu_spread_wait_s']:.3g} s on average for its slowest GPUs: "
+            f"{row['gpu_spread_loss']:.2%} of goodput, included above")
