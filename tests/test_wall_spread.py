@@ -179,3 +179,13 @@ def test_a_failure_count_below_one_is_refused(bad: float) -> None:
 
     with pytest.raises(ConfigError, match="observed_failures"):
         failure_model({"rate_per_gpu_hour": 1e-5, "observed_failures": bad})
+
+
+def test_the_days_range_prints_to_the_digit_where_they_differ() -> None:
+    from analysis.evaluate import days_range
+
+    row = {"wall_clock_p10_s": 19.17 * DAY, "wall_clock_p90_s": 19.23 * DAY}
+    assert days_range(row) == "19.17–19.23"
+    assert days_range({"wall_clock_p10_s": 0.9 * DAY, "wall_clock_p90_s": 0.9 * DAY}) == "0.9"
+    assert days_range({"wall_clock_p10_s": None, "wall_clock_p90_s": None}) == "–"
+    assert days_range({"wall_clock_p10_s": 1.0, "wall_clock_p90_s": math.inf}) == "–"
