@@ -52,7 +52,7 @@ from tracegen.memory import activation_bytes_per_layer, host_peak_bytes
 from tracegen.memory import host_bytes as memory_host_bytes
 from tracegen.memory import total_bytes as memory_total_bytes
 from tracegen.model import ModelSpec
-from tracegen.program import ParamBlock, bucket_plan, dp_group_size, shard_axis
+from tracegen.program import ParamBlock, bucket_plan, dp_group_size, shard_axis, sharded_params
 from tracegen.strategy import Strategy, check_fits_model
 from tracegen.units import NS_PER_S, GiB
 
@@ -131,13 +131,15 @@ class ChunkTimes(NamedTuple):
     backward of one micro-batch (chunk c of stage s is global chunk ``Strategy.gci``: c·p + s
     interleaved, 2p − 1 − s for a V's second; one chunk a stage without either;
     ``Stage.fwd``, ``Stage.bwd``: a stage's embedding and head in the chunks that hold them),
-    one send between stage s and s + 1 (wrapping), and under a zero-bubble schedule each
-    chunk's W pass (``Stage.w_view``; ``bwd`` is then the B pass; empty otherwise)."""
+    one send between stage s and s + 1 (wrapping), under a zero-bubble schedule each
+    chunk's W pass (``Stage.w_view``; ``bwd`` is then the B pass; empty otherwise), and each
+    stage's optimizer step (after its gradients are reduced; ``dp_tails._after``)."""
 
     fwd: tuple[float, ...]
     bwd: tuple[float, ...]
     sends: tuple[float, ...]
     wgt: tuple[float, ...] = ()
+    opt: tuple[float, ...] = ()
 
 
 def chunk_times_s(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str
@@ -155,7 +157,9 @@ def chunk_times_s(model: ModelSpec | str, strategy: Strategy, system: SystemSpec
     return ChunkTimes(tuple(f / NS_PER_S for _, f, _, _ in order),
                       tuple(b / NS_PER_S for _, _, b, _ in order),
                       tuple(c / NS_PER_S for c in _sends(costs, reps, alike)),
-                      tuple(w / NS_PER_S for *_, w in order) if stages[0].w_view else ())
+                      tuple(w / NS_PER_S for *_, w in order) if stages[0].w_view else (),
+                      tuple(costs.optimizer_ns(sharded_params(strategy, dict(x.params)),
+                                               x.layers) / NS_PER_S for x in stages))
 
 
 def _host_checked(costs: Costs, stages: list[Stage], est: FastEstimate,

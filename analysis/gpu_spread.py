@@ -12,10 +12,11 @@ SC22, measured 8% average variation — at most 22% — across same-SKU V100 and
 HPC clusters). No default: the spread is a fleet's own (a burn-in GEMM sweep over its GPUs
 measures it), stated as ``[gpu_spread] sd`` in a study or ``estimate --gpu-spread``.
 
-What it leaves out: communication is not slowed (a slow GPU computes slowly; its links run at
-their speed), so a chunk's whole time scaled by its stage's factor is an upper bound where the
-chunk holds exposed communication; the optimizer step and the gradient reduction's tail are
-not scaled.
+Each stage's optimizer step runs after its last pass at its factor too. What it leaves out:
+communication is not slowed (a slow GPU computes slowly; its links run at their speed), so a
+chunk's whole time scaled by its stage's factor is an upper bound where the chunk holds exposed
+communication; the gradient reduction between the last pass and the optimizer is left out of
+the walk (the same with and without the spread).
 """
 
 from __future__ import annotations
@@ -79,23 +80,27 @@ def replica_steps_s(model: ModelSpec, s: Strategy, system: SystemSpec, factors: 
     times = chunk_times_s(model, s, system)
     chunks, m = s.pp * s.vpp, s.num_microbatches
     stage = np.array([s.chunk_stage(g) for g in range(chunks)])
-    scale = np.asarray(factors, dtype=float).T[stage][:, None, :]  # (chunk, 1, draw)
+    per_stage = np.asarray(factors, dtype=float).T  # (stage, draw)
     order = walked_schedule(s.order_id)
-    alike = float(_walk(times, np.ones((chunks, 1, 1)), order, s.pp, m)[0])
-    return _walk(times, scale, order, s.pp, m), alike
+    alike = float(_walk(times, np.ones((chunks, 1, 1)), np.ones((s.pp, 1)), order, s.pp, m)[0])
+    return _walk(times, per_stage[stage][:, None, :], per_stage, order, s.pp, m), alike
 
 
-def _walk(times: ChunkTimes, scale: np.ndarray, order: str, p: int, m: int) -> np.ndarray:
-    """Each draw's replica step: the chunks' passes scaled by their stages' factors."""
-    from analysis.pipeline_imbalance import makespan
+def _walk(times: ChunkTimes, scale: np.ndarray, stage_scale: np.ndarray, order: str, p: int,
+          m: int) -> np.ndarray:
+    """Each draw's replica step: the chunks' passes scaled by their stages' factors, and each
+    stage's optimizer step after its last (``stage_scale``: (p, draws))."""
+    from analysis.pipeline_imbalance import stage_ends
 
     shape = (len(times.fwd), m, scale.shape[2])
 
     def scaled(x: tuple[float, ...]) -> np.ndarray:
         return np.broadcast_to(np.array(x)[:, None, None] * scale, shape)
 
-    return makespan(scaled(times.fwd), scaled(times.bwd), order, p, times.sends,
-                    scaled(times.wgt) if times.wgt else None)
+    ends = stage_ends(scaled(times.fwd), scaled(times.bwd), order, p, times.sends,
+                      scaled(times.wgt) if times.wgt else None)
+    last: np.ndarray = np.max(ends + np.array(times.opt)[:, None] * stage_scale, axis=0)
+    return last
 
 
 def _slowest(steps: np.ndarray, replicas: int) -> float:

@@ -35,12 +35,20 @@ def walked_schedule(order_id: str) -> str:
 
 def makespan(fwd: np.ndarray, bwd: np.ndarray, schedule: str = "1f1b", p: int = 0,
              sends: tuple[float, ...] = (), wgt: np.ndarray | None = None) -> np.ndarray:
-    """The step of ``fwd`` and ``bwd`` (shape (G, m, R): global chunk, micro-batch, draw; in
-    seconds) for each of the R draws, the stages running ``schedule`` (a ``stage_order``
-    name; p stages of G/p chunks each, p = G unless given; under a zero-bubble schedule
-    ``bwd`` is the B pass and ``wgt`` the W pass, of the same shape): every pass starts when
-    its stage is free and its input is there — from another stage, after the send between
-    them (``sends[s]``: between stage s and s + 1, wrapping; none if not given)."""
+    """The step: the last stage's end of ``stage_ends`` (same arguments), per draw."""
+    last: np.ndarray = np.max(stage_ends(fwd, bwd, schedule, p, sends, wgt), axis=0)
+    return last
+
+
+def stage_ends(fwd: np.ndarray, bwd: np.ndarray, schedule: str = "1f1b", p: int = 0,
+               sends: tuple[float, ...] = (), wgt: np.ndarray | None = None) -> np.ndarray:
+    """When each stage ends its passes (shape (p, R)) with ``fwd`` and ``bwd`` (shape
+    (G, m, R): global chunk, micro-batch, draw; in seconds), the stages running ``schedule``
+    (a ``stage_order`` name; p stages of G/p chunks each, p = G unless given; under a
+    zero-bubble schedule ``bwd`` is the B pass and ``wgt`` the W pass, of the same shape):
+    every pass starts when its stage is free and its input is there — from another stage,
+    after the send between them (``sends[s]``: between stage s and s + 1, wrapping; none if
+    not given)."""
     g_count, m, r = fwd.shape
     p = p or g_count
     v = g_count // p
@@ -69,8 +77,7 @@ def makespan(fwd: np.ndarray, bwd: np.ndarray, schedule: str = "1f1b", p: int = 
         if not moved:  # (an order that deadlocks: not a schedule's)
             raise RuntimeError(f"the {schedule} order deadlocked")
         left -= moved
-    last: np.ndarray = np.max(np.stack(clock), axis=0)
-    return last
+    return np.stack(clock)
 
 
 class _Hops:

@@ -556,8 +556,10 @@ def test_chunk_times_add_up_to_their_stages() -> None:
     chunk (Llama 3 8B, pp 2, vpp 2)."""
     m = resolve_model("llama3-8b")
     s = Strategy(pp=2, vpp=2, schedule="interleaved_1f1b", global_batch_size=8)
-    fwd, bwd, sends, wgt = chunk_times_s(m, s, SYSTEM)
-    assert wgt == ()  # (W passes only under a zero-bubble schedule)
+    times = chunk_times_s(m, s, SYSTEM)
+    fwd, bwd, sends = times.fwd, times.bwd, times.sends
+    assert times.wgt == ()  # (W passes only under a zero-bubble schedule)
+    assert len(times.opt) == 2 and all(0 < o < fwd[0] for o in times.opt)  # (a stage's Adam)
     fast = estimate(m, s, SYSTEM)
     for stage in range(2):
         assert fwd[stage] + fwd[stage + 2] == pytest.approx(fast.stage_fwd_s[stage], rel=1e-9)

@@ -51,8 +51,9 @@ def test_the_wait_grows_with_the_spread_and_the_replicas() -> None:
 def test_the_walk_follows_replay_of_the_same_slow_gpus(tmp_path: Path, schedule: str, pp: int,
                                                        vpp: int) -> None:
     """A full-mode set whose ranks are slowed 1.3 / 1.0 / 1.15 / 1.05× (replay's stragglers
-    over the whole step): the walk with those stage factors gives the step's growth, short of
-    replay's by what it leaves out — the slowed optimizer step — and by no more than 3%."""
+    over the whole step): the walk with those stage factors, each stage's optimizer step
+    slowed after its last pass, gives the step's growth to 1e-4 (it had been 1-2% short
+    before the optimizer was walked)."""
     m = ModelSpec(name="long", num_layers=8, hidden_size=1024, num_attention_heads=16,
                   num_kv_heads=8, ffn_hidden_size=2048, vocab_size=4096, seq_len=8192,
                   activation="swiglu", dropout=0.0)
@@ -67,7 +68,7 @@ def test_the_walk_follows_replay_of_the_same_slow_gpus(tmp_path: Path, schedule:
     steps, alike = GS.replica_steps_s(m, s, SYSTEM, np.array([slow]))
     walked = float(steps[0]) - alike
     assert walked > 0
-    assert walked <= slowed - healthy <= walked * 1.03
+    assert walked == pytest.approx(slowed - healthy, rel=1e-4)
 
 
 def _study(extra: str = "") -> dict[str, object]:
