@@ -132,14 +132,18 @@ class ChunkTimes(NamedTuple):
     interleaved, 2p − 1 − s for a V's second; one chunk a stage without either;
     ``Stage.fwd``, ``Stage.bwd``: a stage's embedding and head in the chunks that hold them),
     one send between stage s and s + 1 (wrapping), under a zero-bubble schedule each
-    chunk's W pass (``Stage.w_view``; ``bwd`` is then the B pass; empty otherwise), and each
-    stage's optimizer step (after its gradients are reduced; ``dp_tails._after``)."""
+    chunk's W pass (``Stage.w_view``; ``bwd`` is then the B pass; empty otherwise), each
+    stage's optimizer step (after its gradients are reduced; ``dp_tails._after``), and each
+    chunk's forward and backward share that is compute (``Stage.busy_f``, ``busy_b``; the
+    rest is communication on the critical path)."""
 
     fwd: tuple[float, ...]
     bwd: tuple[float, ...]
     sends: tuple[float, ...]
     wgt: tuple[float, ...] = ()
     opt: tuple[float, ...] = ()
+    busy_f: tuple[float, ...] = ()
+    busy_b: tuple[float, ...] = ()
 
 
 def chunk_times_s(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | str
@@ -149,17 +153,19 @@ def chunk_times_s(model: ModelSpec | str, strategy: Strategy, system: SystemSpec
     check_fits_model(strategy, model)
     costs = Costs(model, strategy, system)
     stages, reps, alike = _stages(costs)
-    order = sorted((strategy.gci(st, c), f, b, w) for st, stage in enumerate(stages)
-                   for c, (f, b, w) in enumerate(zip(
+    order = sorted((strategy.gci(st, c), f, b, w, uf, ub) for st, stage in enumerate(stages)
+                   for c, (f, b, w, uf, ub) in enumerate(zip(
                        stage.fwd, stage.bwd,
                        stage.w_view.bwd if stage.w_view else (0,) * len(stage.fwd),
-                       strict=True)))
-    return ChunkTimes(tuple(f / NS_PER_S for _, f, _, _ in order),
-                      tuple(b / NS_PER_S for _, _, b, _ in order),
+                       stage.busy_f or (1.0,) * len(stage.fwd),
+                       stage.busy_b or (1.0,) * len(stage.fwd), strict=True)))
+    return ChunkTimes(tuple(x[1] / NS_PER_S for x in order),
+                      tuple(x[2] / NS_PER_S for x in order),
                       tuple(c / NS_PER_S for c in _sends(costs, reps, alike)),
-                      tuple(w / NS_PER_S for *_, w in order) if stages[0].w_view else (),
+                      tuple(x[3] / NS_PER_S for x in order) if stages[0].w_view else (),
                       tuple(costs.optimizer_ns(sharded_params(strategy, dict(x.params)),
-                                               x.layers) / NS_PER_S for x in stages))
+                                               x.layers) / NS_PER_S for x in stages),
+                      tuple(x[4] for x in order), tuple(x[5] for x in order))
 
 
 def _host_checked(costs: Costs, stages: list[Stage], est: FastEstimate,

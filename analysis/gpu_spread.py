@@ -12,11 +12,10 @@ SC22, measured 8% average variation — at most 22% — across same-SKU V100 and
 HPC clusters). No default: the spread is a fleet's own (a burn-in GEMM sweep over its GPUs
 measures it), stated as ``[gpu_spread] sd`` in a study or ``estimate --gpu-spread``.
 
-Each stage's optimizer step runs after its last pass at its factor too. What it leaves out:
-communication is not slowed (a slow GPU computes slowly; its links run at their speed), so a
-chunk's whole time scaled by its stage's factor is an upper bound where the chunk holds exposed
-communication; the gradient reduction between the last pass and the optimizer is left out of
-the walk (the same with and without the spread).
+Only a pass's compute share is slowed (``ChunkTimes.busy_f``/``busy_b``: a slow GPU computes
+slowly, its links run at their speed), and each stage's optimizer step runs after its last pass
+at its factor. Left out: the gradient reduction between the last pass and the optimizer (the
+same with and without the spread).
 """
 
 from __future__ import annotations
@@ -94,11 +93,13 @@ def _walk(times: ChunkTimes, scale: np.ndarray, stage_scale: np.ndarray, order: 
 
     shape = (len(times.fwd), m, scale.shape[2])
 
-    def scaled(x: tuple[float, ...]) -> np.ndarray:
-        return np.broadcast_to(np.array(x)[:, None, None] * scale, shape)
+    def scaled(x: tuple[float, ...], compute: tuple[float, ...]) -> np.ndarray:
+        """Each chunk's pass with its compute share slowed, its communication not."""
+        share = np.array(compute)[:, None, None] if compute else 1.0
+        return np.broadcast_to(np.array(x)[:, None, None] * (1 + share * (scale - 1)), shape)
 
-    ends = stage_ends(scaled(times.fwd), scaled(times.bwd), order, p, times.sends,
-                      scaled(times.wgt) if times.wgt else None)
+    ends = stage_ends(scaled(times.fwd, times.busy_f), scaled(times.bwd, times.busy_b), order,
+                      p, times.sends, scaled(times.wgt, ()) if times.wgt else None)
     last: np.ndarray = np.max(ends + np.array(times.opt)[:, None] * stage_scale, axis=0)
     return last
 
