@@ -86,9 +86,11 @@ class _Stamper:
         """The model's time of a compute node; None where it is not to be stamped."""
         if self.only_missing and node.duration_micros:
             return None
-        if node.attrs.get("is_cpu_op"):  # a host op: its bytes at the host CPU rate (replay's)
-            size = int(node.attrs.get("tensor_size", 0))
-            return round(size / self.host_Bps * NS_PER_S) if size and self.host_Bps else None
+        if node.attrs.get("is_cpu_op"):  # a host op: its bytes at the host CPU rate, else
+            size = int(node.attrs.get("tensor_size", 0))  # its own duration (replay's)
+            if not size:
+                return node.duration_micros * NS_PER_US or None
+            return round(size / self.host_Bps * NS_PER_S) if self.host_Bps else None
         try:
             return self.model.duration_ns(node)
         except ReplayError:  # neither FLOPs, bytes nor a duration: nothing to time it by

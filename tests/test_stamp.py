@@ -140,7 +140,9 @@ def _foreign(tmp_path: Path) -> Path:
     c = r.comp("bare", deps=(b,))
     host = r.comp("host_adam", nbytes=10**9, deps=(c,))
     r.nodes[host].attr[0].bool_val = True  # is_cpu_op
-    r.coll("ar", pb.ALL_REDUCE, 1 << 20, pg="1", deps=(host,))
+    profiled = r.comp("host_loader", us=40, deps=(host,))
+    r.nodes[profiled].attr[0].bool_val = True  # a profiled host op: its own time, kept
+    r.coll("ar", pb.ALL_REDUCE, 1 << 20, pg="1", deps=(profiled,))
     out = write_set(tmp_path / "foreign", [r, r]).parent
     (out / "comm_groups.json").write_text(json.dumps({"1": [0, 1]}))
     return out
@@ -161,7 +163,8 @@ def test_a_foreign_set_is_stamped_where_the_model_can_time_it(tmp_path: Path) ->
     assert got["measured"] == 250  # nothing to model it by: its own time, stamped again
     assert got["bare"] == 0 and got["ar"] == 0
     assert got["host_adam"] == round(10**9 / (H100.node.host_cpu_GBps * 1e9) * 1e6)
-    assert (s.stamped, s.untimed, s.kept, s.replaced_us) == (6, 2, 0, 500)
+    assert got["host_loader"] == 40
+    assert (s.stamped, s.untimed, s.kept, s.replaced_us) == (8, 2, 0, 580)
     assert (out / "comm_groups.json").is_file() and not (out / "manifest.json").exists()
 
 
