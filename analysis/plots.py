@@ -118,12 +118,25 @@ def goodput_vs_interval(curve: pl.DataFrame, *, young_s: float, daly_s: float,
 
 
 def time_to_train_by_policy(frame: pl.DataFrame, *, title: str = "") -> Figure:
-    """Expected wall-clock days to train the token budget, one bar per recovery policy."""
+    """Expected wall-clock days to train the token budget, one bar per recovery policy, with
+    the P10–P90 days as whiskers where the frame has them (``analysis.wall_spread``)."""
     fig, ax = _figure(6.4, 3.8)
     days = frame["expected_wall_clock_s"].to_numpy() / 86_400
     bars = ax.barh(frame["policy"].to_list(), days, color="tab:blue")
-    for bar, g in zip(bars, frame["goodput"].to_list(), strict=True):
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f"  goodput {g:.0%}",
+    ends = days.copy()  # (where each bar's label starts: past its whisker)
+    if {"wall_clock_p10_s", "wall_clock_p90_s"} <= set(frame.columns):
+        lo = frame["wall_clock_p10_s"].cast(pl.Float64).to_numpy() / 86_400
+        hi = frame["wall_clock_p90_s"].cast(pl.Float64).to_numpy() / 86_400
+        ok = np.isfinite(lo) & np.isfinite(hi)
+        if ok.any():
+            y = np.arange(len(days))[ok]
+            ax.errorbar(days[ok], y, xerr=[np.maximum(0, days[ok] - lo[ok]),
+                                           np.maximum(0, hi[ok] - days[ok])],
+                        fmt="none", ecolor="black", capsize=3, label="P10–P90")
+            ax.legend(loc="lower right", fontsize="small")
+            ends[ok] = np.maximum(days[ok], hi[ok])
+    for bar, end, g in zip(bars, ends, frame["goodput"].to_list(), strict=True):
+        ax.text(end, bar.get_y() + bar.get_height() / 2, f"  goodput {g:.0%}",
                 va="center", fontsize="small")
     ax.set_xlabel("expected time to train (days)")
     ax.set_title(title or "Time to train by recovery policy")

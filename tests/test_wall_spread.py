@@ -189,3 +189,26 @@ def test_the_days_range_prints_to_the_digit_where_they_differ() -> None:
     assert days_range({"wall_clock_p10_s": 0.9 * DAY, "wall_clock_p90_s": 0.9 * DAY}) == "0.9"
     assert days_range({"wall_clock_p10_s": None, "wall_clock_p90_s": None}) == "–"
     assert days_range({"wall_clock_p10_s": 1.0, "wall_clock_p90_s": math.inf}) == "–"
+
+
+def test_the_time_to_train_plot_draws_the_spread_as_whiskers() -> None:
+    """Each policy's bar carries its P10–P90 whisker (matplotlib's error bar), from the days."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import polars as pl
+
+    from analysis import plots
+
+    frame = pl.DataFrame({"policy": ["global_restart", "elastic_shrink"],
+                          "goodput": [0.99, 0.92],
+                          "expected_wall_clock_s": [26.5 * DAY, 28.8 * DAY],
+                          "wall_clock_p10_s": [26.4 * DAY, 27.9 * DAY],
+                          "wall_clock_p90_s": [26.6 * DAY, 29.6 * DAY]})
+    ax = plots.time_to_train_by_policy(frame).axes[0]
+    (whiskers,) = ax.containers[1:]  # (the bars, then the error bars)
+    segments = whiskers.lines[2][0].get_segments()
+    assert [(round(a[0], 3), round(b[0], 3)) for a, b in segments] == [(26.4, 26.6),
+                                                                           (27.9, 29.6)]
+    bare = plots.time_to_train_by_policy(frame.drop("wall_clock_p10_s", "wall_clock_p90_s"))
+    assert len(bare.axes[0].containers) == 1  # (no spread, no whiskers)
