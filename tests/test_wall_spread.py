@@ -208,7 +208,7 @@ def test_the_time_to_train_plot_draws_the_spread_as_whiskers() -> None:
     ax = plots.time_to_train_by_policy(frame).axes[0]
     (whiskers,) = ax.containers[1:]  # (the bars, then the error bars)
     segments = whiskers.lines[2][0].get_segments()
-    assert [(round(a[0], 3), round(b[0], 3)) for a, b in segments] == [(26.4, 26.6),
-                                                                           (27.9, 29.6)]
+    spans = [(round(a[0], 3), round(b[0], 3)) for a, b in segments]
+    assert spans == [(26.4, 26.6), (27.9, 29.6)]
     bare = plots.time_to_train_by_policy(frame.drop("wall_clock_p10_s", "wall_clock_p90_s"))
     assert len(bare.axes[0].containers) == 1  # (no spread, no whiskers)
