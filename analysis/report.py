@@ -20,7 +20,8 @@ COLUMNS = [("rank", "#", False), ("strategy", "strategy", True), ("status", "sta
            ("step_time_s", "step s", False), ("tokens_per_s", "tokens/s", False),
            ("mfu", "MFU", False), ("hfu", "HFU", False), ("peak_memory_GiB", "memory GiB", False),
            ("fits", "fits", False), ("goodput", "goodput", False),
-           ("time_to_train_s", "days to train", False)]
+           ("time_to_train_s", "days to train", False),
+           ("time_to_train_p90_s", "P90 days", False)]
 
 
 def _fmt(key: str, v: Any) -> str:
@@ -28,7 +29,7 @@ def _fmt(key: str, v: Any) -> str:
         return "–"
     if key in ("mfu", "hfu", "goodput"):
         return f"{v:.1%}"
-    if key == "time_to_train_s":
+    if key in ("time_to_train_s", "time_to_train_p90_s"):
         return f"{v / 86400:.1f}"
     if key == "tokens_per_s":
         return f"{v:,.0f}"
