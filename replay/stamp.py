@@ -142,6 +142,8 @@ def with_duration(msg: bytes, us: int) -> bytes:
 
 @dataclasses.dataclass(slots=True)
 class _Tally:
+    """``StampSummary``'s counters while the files are stamped (the same names)."""
+
     stamped: int = 0
     kept: int = 0
     untimed: int = 0
@@ -210,9 +212,7 @@ def stamp_trace_set(src: str | Path, system: str | Path | SystemSpec,
         os.replace(tmp, target)  # a file is either the old one or the whole new one
         if progress:
             progress(i + 1, len(files))
-    summary = StampSummary(dest, system.name, len(files), tally.stamped, tally.kept,
-                           tally.untimed, tally.replaced_us, tally.model_ns, tally.stamped_us,
-                           tally.max_drift_ns)
+    summary = StampSummary(dest, system.name, len(files), **dataclasses.asdict(tally))
     record = {"generator": f"trainsim {__version__}", "workload": name, "source": str(src_dir),
               "gpu": system.gpu.name, "only_missing": only_missing, **summary.to_dict()}
     (dest / STAMP_FILE).write_text(json.dumps(record, indent=2) + "\n")
