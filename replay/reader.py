@@ -308,6 +308,13 @@ class ReadCache:
 
 def read_et(path: str | Path, rank: int, cache: ReadCache | None = None) -> RankTrace:
     """Read and validate one ET file. ``cache`` shares decoded nodes between files."""
+    return read_et_messages(path, rank, cache)[0]
+
+
+def read_et_messages(path: str | Path, rank: int, cache: ReadCache | None = None
+                     ) -> tuple[RankTrace, list[tuple[int, bytes]]]:
+    """``read_et``, with the file's messages as ``split_messages`` gives them (a pass that
+    rewrites the file reads it once)."""
     p = Path(path)
     try:
         buf = p.read_bytes()
@@ -341,7 +348,7 @@ def read_et(path: str | Path, rank: int, cache: ReadCache | None = None) -> Rank
     if not nodes:
         raise TraceFormatError(f"{p} (rank {rank}) has GlobalMetadata but no node")
     _check_graph(nodes, f"{p} (rank {rank})")
-    return RankTrace(rank, p, meta.version, nodes)
+    return RankTrace(rank, p, meta.version, nodes), msgs
 
 
 def _message_where(file_where: str, k: int, offset: int) -> str:

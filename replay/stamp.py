@@ -30,7 +30,7 @@ from chakra.schema.protobuf import et_def_pb2 as pb
 
 from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec, resolve_system
-from replay.reader import NodeRec, ReadCache, read_et, split_messages, uvarint
+from replay.reader import NodeRec, ReadCache, read_et_messages, uvarint
 from replay.traceset import trace_files
 from tracegen import __version__
 from tracegen.errors import ConfigError, ReplayError, TraceFormatError
@@ -156,8 +156,7 @@ class _Tally:
 def _stamp_rank(path: Path, rank: int, stamper: _Stamper, cache: ReadCache, tally: _Tally
                 ) -> bytes:
     """The rank file's bytes with its compute nodes stamped (streams rounded apart)."""
-    trace = read_et(path, rank, cache)  # validates the file first
-    msgs = split_messages(path.read_bytes(), path)
+    trace, msgs = read_et_messages(path, rank, cache)  # validated, and read once
     streams: dict[bool, list[tuple[int, int]]] = {}  # is_cpu_op → (message index, ns)
     for k, node in enumerate(trace.nodes, start=1):
         if node.type != pb.COMP_NODE:
