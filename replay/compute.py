@@ -49,6 +49,11 @@ if TYPE_CHECKING:
 ATTN_BWD_RATIO = 0.8
 SCORE_BYTES = 13  # per score element, forward, without FlashAttention (see above)
 ATTN_FLASH_BWD_FLOP = 2.5  # the op's backward FLOPs over its forward (tracegen/ops.py, Dao 2023)
+# Transformer Engine issues a userbuffers-split GEMM's chunks round-robin on this many compute
+# streams (``_NUM_MAX_UB_STREAMS = 3``, pytorch/module/base.py; ``NVTE_COMM_OVERLAP_MAX_STREAMS``,
+# comm_gemm_overlap.h), a chunk's stream waiting only for its own input (a ring exchange's
+# receive; a pipelined reduce-scatter's chunks wait for nothing), so as many chunks run at once.
+UB_STREAMS = 3
 ComputeSource = Literal["model", "trace"]
 
 
@@ -198,7 +203,10 @@ class RooflineCompute:
             # 2026-12-04) 69 BF16 and 16 FP8 groups took 0.86-1.21× this sum of their GEMMs
             # (tests/test_device_moe_evidence.py), never the one GEMM of all their rows (a
             # group of small experts took up to 2.3× that)
-            eff *= g.gemm_occupancy(-(-m // max(splits, 1)), n)
+            # a split GEMM's chunks go round-robin on UB_STREAMS streams, so up to that many
+            # chunks' tiles share the SMs at once (Transformer Engine's userbuffers; DESIGN.md)
+            eff *= g.gemm_occupancy(-(-m // max(splits, 1)), n,
+                                    kernels=min(max(splits, 1), UB_STREAMS))
             comp_s = flop / (g.tensor_flop_per_s(dtype) * eff)
         else:  # memory-bound kernels: ~1-5 FLOP per 2-8 bytes, far below the ridge point
             comp_s = 0.0

@@ -117,13 +117,13 @@ class GPUSpec:
         ref = self.gemm_mamf_k
         return min(1.0, k * (ref + k0) / ((k + k0) * ref))
 
-    def gemm_occupancy(self, m: int, n: int) -> float:
+    def gemm_occupancy(self, m: int, n: int, kernels: int = 1) -> float:
         """1 − exp(−T / (``gemm_occupancy_waves`` · SMs)) for the T = ⌈m/128⌉·⌈n/128⌉ output
-        tiles of an m×n GEMM where measured; elsewhere wave quantization, T / (⌈T/SMs⌉ · SMs)
+        tiles of an m×n GEMM (times ``kernels`` of that shape running at once) where measured; elsewhere wave quantization, T / (⌈T/SMs⌉ · SMs)
         (NVIDIA, "Matrix Multiplication Background User's Guide"); 1 for an unknown shape."""
         if m <= 0 or n <= 0:
             return 1.0
-        tiles = -(-m // GEMM_TILE) * -(-n // GEMM_TILE)
+        tiles = -(-m // GEMM_TILE) * -(-n // GEMM_TILE) * max(kernels, 1)
         if self.gemm_occupancy_waves <= 0:
             return tiles / (-(-tiles // self.sm_count) * self.sm_count)
         return -math.expm1(-tiles / (self.gemm_occupancy_waves * self.sm_count))

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replay import get_system, replay
-from replay.compute import RooflineCompute
+from replay.compute import OpCost, RooflineCompute
 from replay.traceset import load_trace_set
 from tracegen import ConfigError, ModelSpec, Strategy, generate
 from tracegen import ops as O
@@ -78,6 +78,41 @@ def test_overlapped_gemms_run_in_transformer_engines_chunks(tmp_path: Path) -> N
     assert compute.duration_ns(node) > whole  # a quarter of the rows: fewer tiles, 4 launches
     assert compute.duration_ns(node) == compute.op_ns(
         "gemm", qkv.flop, qkv.bytes, qkv.m, qkv.n, DTYPE_CODE[qkv.dtype], False, qkv.k, 4)
+
+
+@given(chunk_tiles=st.integers(1, 12), n_tiles=st.integers(1, 64), splits=st.integers(2, 16),
+       k=st.sampled_from([512, 4096, 8192]))
+@settings(max_examples=60, deadline=None)
+def test_split_gemm_chunks_share_the_sms_on_three_streams(chunk_tiles: int, n_tiles: int,
+                                                          splits: int, k: int) -> None:
+    """Transformer Engine issues a split GEMM's chunks round-robin on three compute streams
+    (``_NUM_MAX_UB_STREAMS``), each waiting only for its own input, so up to three chunks share
+    the SMs: the k-kernel occupancy is one kernel's of k times the rows; a GEMM of whole tiles
+    in three chunks computes exactly as fast as whole, and pays two more launches; in more
+    chunks, at three chunks' occupancy — never faster than whole, never slower than one chunk
+    at a time."""
+    gpu = SYSTEM.gpu
+    rows, n = 128 * chunk_tiles, 128 * n_tiles
+    for kernels in (1, 2, 3):
+        assert gpu.gemm_occupancy(rows, n, kernels=kernels) == gpu.gemm_occupancy(
+            kernels * rows, n)
+    compute = RooflineCompute(gpu)
+
+    def cost(m: int, parts: int) -> OpCost:
+        op = O.gemm("g", m, n, k, "bf16")
+        return compute.explain("gemm", op.flop, op.bytes, m, n, DTYPE_CODE["bf16"], False, k,
+                               parts)
+
+    whole, three = cost(3 * rows, 1), cost(3 * rows, 3)
+    assert three.compute_ns == whole.compute_ns
+    assert three.launch_ns - whole.launch_ns == 2 * gpu.launch_overhead_ns
+    split = cost(splits * rows, splits)
+    at_three = gpu.gemm_occupancy(rows, n, kernels=min(splits, 3))
+    at_one = gpu.gemm_occupancy(rows, n)
+    assert split.efficiency == pytest.approx(
+        whole.efficiency / gpu.gemm_occupancy(3 * rows, n) * at_three, rel=1e-12)
+    assert cost(splits * rows, 1).compute_ns <= split.compute_ns
+    assert split.efficiency >= whole.efficiency / gpu.gemm_occupancy(3 * rows, n) * at_one
 
 
 def test_overlapped_collective_starts_with_its_gemm(tmp_path: Path) -> None:
