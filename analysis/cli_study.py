@@ -679,12 +679,16 @@ def scale_cmd(
                                 "per GPU kept); default: the study's global batch at every "
                                 "count.")] = False,
     plot: Annotated[Path | None, typer.Option(help="Write the scaling figure (PNG).")] = None,
+    deadline: Annotated[float | None, typer.Option(
+        "--deadline", help="Days the run must end within: the fewest GPUs that finish by it in "
+                           "nine runs of ten (P90 end date under the study's failures).")] = None,
     workers: Annotated[int, typer.Option(min=1, help="Local worker processes.")] = 2,
     scheduler: Annotated[str | None, typer.Option(help="Dask scheduler address.")] = None,
 ) -> None:
     """The study on each GPU count: the best strategy that fits (a sweep, its best replayed),
-    throughput, goodput, scaling efficiency, GPU-hours."""
-    from analysis.scaling import parse_gpu_counts, scaling
+    throughput, goodput, scaling efficiency, GPU-hours; with --deadline, the fewest GPUs that
+    finish in time."""
+    from analysis.scaling import check_deadline, deadline_verdict, parse_gpu_counts, scaling
 
     counts = parse_gpu_counts(gpus)
     st = _sweep_study(study, model=model, system=system,
@@ -692,39 +696,48 @@ def scale_cmd(
                       tokens=tokens)
     if study is None:  # (named by its model: every count is this study's)
         st = dataclasses.replace(st, name=st.model.name)
+    check_deadline(deadline, st.tokens)  # (before any sweep runs)
     output_dir(out, "--out")
     plot = output_file(plot, "--plot", plot=True)
     _note_space(st)
     with progress_bar() as bar:
         frame = scaling(st, counts, out, batch_per_gpu=batch_per_gpu, workers=workers,
-                        scheduler=scheduler, progress=_phase_reporter(bar))
+                        scheduler=scheduler, progress=_phase_reporter(bar),
+                        deadline_days=deadline)
     _print_scaling(frame, f"{st.name}: {st.model.name} on {st.system.name}, "
                    + ("global batch per GPU kept" if batch_per_gpu
-                      else f"global batch {st.global_batch_size:,}"))
+                      else f"global batch {st.global_batch_size:,}"), p90=st.has_failures)
+    if deadline is not None:
+        console.print(deadline_verdict(frame, deadline))
     if plot is not None:
         from analysis import plots
 
-        plots.scaling(frame, title=f"{st.model.name} on {st.system.name}").savefig(plot,
-                                                                                   dpi=110)
+        plots.scaling(frame, title=f"{st.model.name} on {st.system.name}",
+                      deadline_days=deadline).savefig(plot, dpi=110)
         console.print(f"figure: {plot}")
 
 
-def _print_scaling(frame: Any, title: str) -> None:
+def _print_scaling(frame: Any, title: str, *, p90: bool = False) -> None:
+    """The scaling table; ``p90``: with the P90 end date's column (a study with failures)."""
     table = Table(title=title)
-    for col in ("GPUs", "batch", "best strategy that fits", "step s", "MFU", "goodput",
-                "efficiency", "GPU-h / 10⁹ tok", "days to train"):
+    cols = ["GPUs", "batch", "best strategy that fits", "step s", "MFU", "goodput",
+            "efficiency", "GPU-h / 10⁹ tok", "days to train"] + (["P90 days"] if p90 else [])
+    for col in cols:
         table.add_column(col, justify="left" if col.startswith("best") else "right")
+
+    def days(v: float | None) -> str:
+        return "–" if v is None else f"{v / 86400:.1f}"
+
     for r in frame.iter_rows(named=True):
         if r["effective_tokens_per_s"] is None:
             table.add_row(f"{r['gpus']:,}", f"{r['global_batch_size']:,}", str(r["status"]),
-                          *["–"] * 6)
+                          *["–"] * (len(cols) - 3))
             continue
-        days = r["run_time_s"]
         table.add_row(f"{r['gpus']:,}", f"{r['global_batch_size']:,}", r["strategy"],
                       f"{r['step_time_s']:.3f}", f"{r['mfu']:.1%}",
                       "–" if r.get("goodput") is None else f"{r['goodput']:.1%}",
                       f"{r['scaling_efficiency']:.0%}", f"{r['gpu_hours_per_btok']:,.0f}",
-                      "–" if days is None else f"{days / 86400:.1f}")
+                      days(r["run_time_s"]), *([days(r["run_time_p90_s"])] if p90 else []))
     console.print(table)
 
 

@@ -548,14 +548,21 @@ def roofline(table: pl.DataFrame, gpu: GPUSpec, *, dtype: str = "bf16", title: s
     return fig
 
 
-def scaling(frame: pl.DataFrame, *, title: str = "") -> Figure:
-    """A scaling table (``analysis.scaling``) as two panels over the GPU count (log 2): the
+def scaling(frame: pl.DataFrame, *, title: str = "", deadline_days: float | None = None
+            ) -> Figure:
+    """A scaling table (``analysis.scaling``) as panels over the GPU count (log 2): the
     effective throughput (tokens/s × goodput) against perfect scaling from the smallest count,
     and the GPU-hours a billion tokens cost, each point labelled with its scaling efficiency
-    — what each doubling buys and what it costs."""
-    fig = Figure(figsize=(11.0, 4.2), layout="constrained")
-    left, right = fig.subplots(1, 2)
+    — what each doubling buys and what it costs; with a token budget, a third: the days to
+    train, expected and what nine runs in ten end by (P90), under ``deadline_days`` where
+    given."""
     ok = frame.filter(pl.col("effective_tokens_per_s").is_not_null())
+    timed = "run_time_s" in ok.columns and ok["run_time_s"].is_not_null().any()
+    fig = Figure(figsize=(16.0 if timed else 11.0, 4.2), layout="constrained")
+    axes = fig.subplots(1, 3 if timed else 2)
+    left, right = axes[0], axes[1]
+    if timed:
+        _days_panel(axes[2], ok, deadline_days)
     if ok.height:
         gpus = ok["gpus"].to_numpy()
         eff = ok["effective_tokens_per_s"].to_numpy()
@@ -566,7 +573,7 @@ def scaling(frame: pl.DataFrame, *, title: str = "") -> Figure:
                            ok["scaling_efficiency"].to_numpy(), strict=True):
             right.annotate(f"{e:.0%}", (x, y), textcoords="offset points", xytext=(0, 6),
                            ha="center", fontsize="small")
-    for ax in (left, right):
+    for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_xticks(frame["gpus"].to_list(), [f"{g:,}" for g in frame["gpus"].to_list()])
         ax.minorticks_off()
@@ -578,6 +585,32 @@ def scaling(frame: pl.DataFrame, *, title: str = "") -> Figure:
             title="cost (labels: scaling efficiency)"
             + (f"; {missing} count(s) with no strategy that fits" if missing else ""))
     return fig
+
+
+def _days_panel(ax: Axes, ok: pl.DataFrame, deadline_days: float | None) -> None:
+    """Days to train of each count's best: expected, and the P90 end date where known; the
+    deadline as a line, the counts that meet it (P90 within it) filled."""
+    gpus = ok["gpus"].to_numpy()
+    ax.plot(gpus, ok["run_time_s"].to_numpy() / 86400, "o-", color="tab:green",
+            label="expected")
+    if "run_time_p90_s" not in ok.columns:  # (a table from before the P90 column)
+        ok = ok.with_columns(pl.lit(None, pl.Float64).alias("run_time_p90_s"),
+                             pl.lit(None, pl.Boolean).alias("meets_deadline"))
+    p90 = ok.filter(pl.col("run_time_p90_s").is_not_null())
+    if p90.height and not p90["run_time_p90_s"].equals(p90["run_time_s"]):
+        ax.plot(p90["gpus"].to_numpy(), p90["run_time_p90_s"].to_numpy() / 86400, "v--",
+                color="tab:olive", label="P90 (nine runs in ten end by)")
+    if deadline_days:
+        ax.axhline(deadline_days, color="tab:red", linestyle=":",
+                   label=f"deadline {deadline_days:g} days")
+        meets = ok.filter(pl.col("meets_deadline").fill_null(False))
+        if meets.height:
+            ax.scatter(meets["gpus"].to_numpy(), meets["run_time_p90_s"].to_numpy() / 86400,
+                       s=90, facecolors="none", edgecolors="tab:red", zorder=3,
+                       label="finishes in time (P90)")
+    ax.set_ylim(bottom=0)
+    _finish(ax, xlabel="GPUs", ylabel="days to train", title="time to train",
+            legend="upper right")
 
 
 def goodput_of_global_restart(row: dict[str, float]) -> Figure:

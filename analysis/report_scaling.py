@@ -20,7 +20,7 @@ from analysis.report import (
     read_table,
     write_pages,
 )
-from analysis.scaling import SCALING_META
+from analysis.scaling import SCALING_META, deadline_verdict
 from tracegen import __version__
 
 SCALING_COLUMNS_READ = ("gpus", "global_batch_size", "status", "strategy", "step_time_s", "mfu",
@@ -38,10 +38,15 @@ def is_scaling_dir(directory: Path) -> bool:
 def build_scaling_report(src: Path, out: Path) -> Path:
     """Write report.html, report.md, figures/ and the scaling table; returns the HTML path."""
     frame = read_table(src / "scaling.parquet", SCALING_COLUMNS_READ)
+    for col, dtype in (("run_time_p90_s", pl.Float64), ("meets_deadline", pl.Boolean)):
+        if col not in frame.columns:  # (written before the sixty-fifth session: not known)
+            frame = frame.with_columns(pl.lit(None, dtype).alias(col))
     meta = read_meta(src / SCALING_META, "`trainsim scale`")  # ({} before session 42)
+    deadline = meta.get("deadline_days")
     html = write_pages(out, "scaling", {
         "title": f"trainsim scaling: {meta.get('name', src.name)}",
         "subtitle": _subtitle(meta), "version": __version__,
+        "verdict": deadline_verdict(frame, deadline) if deadline else "",
         "rows": [_row(r) for r in frame.iter_rows(named=True)],
         "counts": [_count(src, g) for g in frame["gpus"].to_list()],
         "columns": [{"key": k, "label": label, "left": left}
@@ -77,9 +82,14 @@ def _row(r: dict[str, Any]) -> dict[str, str]:
             "mfu": num("mfu", ".1%"), "goodput": num("goodput", ".1%"),
             "efficiency": num("scaling_efficiency", ".0%"),
             "cost": num("gpu_hours_per_btok", ",.0f"),
-            "days": "–" if not ok or r["run_time_s"] is None else f"{r['run_time_s'] / 86400:.1f}",
+            "days": _days(r["run_time_s"] if ok else None),
+            "p90": _days(r["run_time_p90_s"] if ok else None),
             "memory": num("peak_memory_GiB", ".1f"),
             "valid": f"{r['valid']:,}", "fit": f"{r['fit']:,}"}
+
+
+def _days(seconds: float | None) -> str:
+    return "–" if seconds is None else f"{seconds / 86400:.1f}"
 
 
 def _count(src: Path, gpus: int) -> dict[str, Any]:
@@ -97,10 +107,13 @@ def _count(src: Path, gpus: int) -> dict[str, Any]:
 def _figures(frame: pl.DataFrame, meta: dict[str, Any]) -> list[dict[str, Any]]:
     title = " on ".join(str(meta[k]) for k in ("model", "system") if k in meta)
     figs = [("scaling", "Throughput and cost over the GPU count",
-             P.scaling(frame, title=title),
+             P.scaling(frame, title=title, deadline_days=meta.get("deadline_days")),
              "Left: tokens/s × goodput of each count's best strategy that fits, against "
-             "perfect scaling from the smallest count. Right: GPU-hours per billion tokens, "
-             "labelled with the scaling efficiency.")]
+             "perfect scaling from the smallest count. Then GPU-hours per billion tokens, "
+             "labelled with the scaling efficiency" + (
+                 "; right, the days to train, expected and what nine runs in ten end by "
+                 "(P90), under the deadline where one was given." if meta.get("tokens")
+                 else "."))]
     best = frame.filter(pl.col("effective_tokens_per_s").is_not_null())
     if "compute_s" in best.columns and best["compute_s"].is_not_null().any():
         # (labelled by the count alone: the strategies are in the table above it)

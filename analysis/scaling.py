@@ -10,6 +10,11 @@ The global batch is the study's at every count (strong scaling), or grows with t
 (``batch_per_gpu``: the study's batch per GPU kept, weak scaling). Each count's sweep is written
 to ``gpus-<N>/`` under the output directory, resumable as any sweep is; the scaling table to
 ``scaling.parquet`` and ``scaling.csv``.
+
+A deadline (``deadline_days``) turns the table into the planner's answer: the fewest GPUs whose
+run ends by it in nine runs of ten — the P90 of the end date (``analysis.wall_spread``, on the
+replayed best of each count) where the study has failures, the run's time where it has none
+(``fewest_meeting``).
 """
 
 from __future__ import annotations
@@ -25,15 +30,18 @@ from analysis import jsonout
 from analysis.study import Study
 from analysis.sweep import SCHEMA, Progress, sweep
 from tracegen import ConfigError
+from tracegen._config import is_finite_number
 
 SECONDS_PER_HOUR = 3600.0
+SECONDS_PER_DAY = 86400.0
 SCALING_META = "scaling.json"  # what the study was: the report's title and subtitle
 # the scaling table's columns besides the best strategy's result row (``compare.RESULT_COLUMNS``)
 SCALING_COLUMNS: dict[str, Any] = {
     "gpus": pl.Int64, "global_batch_size": pl.Int64, "valid": pl.Int64, "fit": pl.Int64,
     "effective_tokens_per_s": pl.Float64, "speedup": pl.Float64,
     "scaling_efficiency": pl.Float64, "gpu_hours_per_btok": pl.Float64,
-    "run_time_s": pl.Float64, "gpu_hours": pl.Float64,
+    "run_time_s": pl.Float64, "gpu_hours": pl.Float64, "run_time_p90_s": pl.Float64,
+    "meets_deadline": pl.Boolean,
 }
 # a row: the count's columns, then its best strategy's result row (as a sweep writes it)
 _SCHEMA = {**SCALING_COLUMNS, **{k: v for k, v in SCHEMA.items() if k not in SCALING_COLUMNS}}
@@ -89,10 +97,13 @@ def study_at(study: Study, gpus: int, *, batch_per_gpu: bool = False) -> Study:
 
 def scaling(study: Study, gpu_counts: Sequence[int], out_dir: str | Path, *,
             batch_per_gpu: bool = False, top_k: int = 1, workers: int | None = None,
-            scheduler: str | None = None, progress: Progress | None = None) -> pl.DataFrame:
+            scheduler: str | None = None, progress: Progress | None = None,
+            deadline_days: float | None = None) -> pl.DataFrame:
     """One row per GPU count: the best strategy of its sweep (replayed: ``top_k`` ≥ 1), or
     where none fits, the count with its status. ``progress`` is called as the sweeps' is,
-    with the count in the phase's name."""
+    with the count in the phase's name. With ``deadline_days``, each row says whether its run
+    ends by then in nine runs of ten (``meets_deadline``; null where that is not known)."""
+    check_deadline(deadline_days, study.tokens)
     if top_k < 1:
         raise ConfigError(f"top_k must be at least 1 (the best is replayed), got {top_k}",
                           what="scaling")
@@ -111,13 +122,15 @@ def scaling(study: Study, gpu_counts: Sequence[int], out_dir: str | Path, *,
         ranked, tally = sweep(sub, out / f"gpus-{n}", top_k=top_k, workers=workers,
                               scheduler=scheduler, progress=phase_progress)
         rows.append(_row(sub, ranked, tally))
-    frame = _derived(pl.DataFrame(rows, schema=_SCHEMA), study.tokens)
+    frame = _derived(pl.DataFrame(rows, schema=_SCHEMA), study.tokens,
+                     failures=study.has_failures, deadline_days=deadline_days)
     for name, write in (("scaling.parquet", frame.write_parquet), ("scaling.csv",
                                                                    frame.write_csv)):
         write(out / name)
     meta = {"name": study.name, "model": study.model.name, "system": study.system.name,
             "global_batch_size": study.global_batch_size, "batch_per_gpu": batch_per_gpu,
-            "tokens": study.tokens, "failures": study.has_failures, "gpus": list(counts)}
+            "tokens": study.tokens, "failures": study.has_failures, "gpus": list(counts),
+            "deadline_days": deadline_days}
     (out / SCALING_META).write_text(jsonout.dumps(meta, indent=1))  # (``report_scaling``)
     return frame
 
@@ -141,18 +154,37 @@ def _row(study: Study, ranked: pl.DataFrame, tally: dict[str, int]) -> dict[str,
     return {**best, **base}
 
 
-def _derived(frame: pl.DataFrame, tokens: float) -> pl.DataFrame:
+def check_deadline(deadline_days: float | None, tokens: float) -> None:
+    """A deadline is a positive number of days, and needs the token budget it is about."""
+    if deadline_days is None:
+        return
+    if not is_finite_number(deadline_days) or deadline_days <= 0:
+        raise ConfigError(f"a deadline is a number of days > 0, got {deadline_days!r}",
+                          what="scaling")
+    if tokens <= 0:
+        raise ConfigError("a deadline needs the run's token budget (the study's tokens, or "
+                          "--tokens): without it no count has a time to train", what="scaling")
+
+
+def _derived(frame: pl.DataFrame, tokens: float, *, failures: bool = False,
+             deadline_days: float | None = None) -> pl.DataFrame:
     """What the counts are compared by. Throughput is tokens per second times goodput (1
     without failures): it compares strong and weak scaling alike. Against the smallest count
     with a result: the speed-up and the scaling efficiency, speed-up × smallest count / count
     (1 = throughput grows as the GPUs). GPU-hours per billion tokens; with a token budget, the
     run's time (the resilience model's expected time to train where the study has failures)
-    and its GPU-hours."""
+    and its GPU-hours, and what nine runs in ten end by: the P90 of the end date with
+    failures (null where the best was not replayed: no spread was computed), the run's time
+    without (nothing varies it). With a deadline, whether that is within it."""
     eff = pl.col("tokens_per_s") * pl.col("goodput").fill_null(1.0)
     healthy = pl.lit(tokens) / pl.col("tokens_per_s") if tokens > 0 else pl.lit(None, pl.Float64)
     run = pl.coalesce(pl.col("time_to_train_s"), healthy)
+    p90 = pl.col("time_to_train_p90_s") if failures else run
     frame = frame.with_columns(
-        eff.alias("effective_tokens_per_s"), run.alias("run_time_s")).with_columns(
+        eff.alias("effective_tokens_per_s"), run.alias("run_time_s"),
+        p90.alias("run_time_p90_s")).with_columns(
+        (pl.col("run_time_p90_s") <= deadline_days * SECONDS_PER_DAY if deadline_days
+         else pl.lit(None, pl.Boolean)).alias("meets_deadline"),
         (pl.col("run_time_s") * pl.col("gpus") / SECONDS_PER_HOUR).alias("gpu_hours"),
         (pl.col("gpus") * 1e9 / (pl.col("effective_tokens_per_s") * SECONDS_PER_HOUR)
          ).alias("gpu_hours_per_btok"))
@@ -165,4 +197,31 @@ def _derived(frame: pl.DataFrame, tokens: float) -> pl.DataFrame:
                               (speedup * base_gpus / pl.col("gpus")).alias("scaling_efficiency"))
 
 
-__all__ = ["parse_gpu_counts", "scaling", "study_at"]
+def fewest_meeting(frame: pl.DataFrame) -> dict[str, Any] | None:
+    """The row of the fewest GPUs whose run ends by the deadline in nine runs of ten (the
+    table's ``meets_deadline``), or None where no count does."""
+    ok = frame.filter(pl.col("meets_deadline").fill_null(False)).sort("gpus")
+    return ok.row(0, named=True) if ok.height else None
+
+
+def deadline_verdict(frame: pl.DataFrame, deadline_days: float) -> str:
+    """One sentence: the fewest GPUs that finish by the deadline in nine runs of ten, or why
+    none does (each count's P90 over it, or not known)."""
+    best = fewest_meeting(frame)
+    if best is not None:
+        return (f"Deadline {deadline_days:g} days: {best['gpus']:,} GPUs is the fewest that "
+                f"finishes by it in nine runs of ten ({best['strategy']}: P90 "
+                f"{best['run_time_p90_s'] / SECONDS_PER_DAY:.1f} days, expected "
+                f"{best['run_time_s'] / SECONDS_PER_DAY:.1f}; {best['gpu_hours']:,.0f} GPU-hours)")
+    known = frame.filter(pl.col("run_time_p90_s").is_not_null()).sort("gpus")
+    if not known.height:
+        return (f"Deadline {deadline_days:g} days: no count has a P90 end date (none fits, or "
+                "its best was not replayed)")
+    last = known.row(known.height - 1, named=True)
+    return (f"Deadline {deadline_days:g} days: no count finishes by it in nine runs of ten; "
+            f"the largest with a result, {last['gpus']:,} GPUs, ends by "
+            f"{last['run_time_p90_s'] / SECONDS_PER_DAY:.1f} days (P90): add GPUs, or a "
+            "faster strategy space")
+
+
+__all__ = ["deadline_verdict", "fewest_meeting", "parse_gpu_counts", "scaling", "study_at"]

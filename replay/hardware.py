@@ -119,8 +119,9 @@ class GPUSpec:
 
     def gemm_occupancy(self, m: int, n: int, kernels: int = 1) -> float:
         """1 − exp(−T / (``gemm_occupancy_waves`` · SMs)) for the T = ⌈m/128⌉·⌈n/128⌉ output
-        tiles of an m×n GEMM (times ``kernels`` of that shape running at once) where measured; elsewhere wave quantization, T / (⌈T/SMs⌉ · SMs)
-        (NVIDIA, "Matrix Multiplication Background User's Guide"); 1 for an unknown shape."""
+        tiles of an m×n GEMM (times ``kernels`` of that shape running at once) where
+        measured; elsewhere wave quantization, T / (⌈T/SMs⌉ · SMs) (NVIDIA, "Matrix
+        Multiplication Background User's Guide"); 1 for an unknown shape."""
         if m <= 0 or n <= 0:
             return 1.0
         tiles = -(-m // GEMM_TILE) * -(-n // GEMM_TILE) * max(kernels, 1)

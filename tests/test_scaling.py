@@ -13,7 +13,13 @@ import polars as pl
 import pytest
 
 from analysis import plots
-from analysis.scaling import parse_gpu_counts, scaling, study_at
+from analysis.scaling import (
+    deadline_verdict,
+    fewest_meeting,
+    parse_gpu_counts,
+    scaling,
+    study_at,
+)
 from analysis.study import load_study
 from tests.studies import write_study
 from tracegen import ConfigError
@@ -106,10 +112,13 @@ def test_scale_command_writes_the_table_and_figure(tmp_path: Path) -> None:
     path = _study(tmp_path, failures=True)
     out, png = tmp_path / "out", tmp_path / "scaling.png"
     run = subprocess.run([sys.executable, "-m", "analysis.cli", "scale", str(path), "--gpus",
-                          "8..16", "-o", str(out), "--plot", str(png), "--workers", "1"],
+                          "8..16", "-o", str(out), "--plot", str(png), "--workers", "1",
+                          "--deadline", "1e6"],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     assert "days to train" in run.stdout and "16" in run.stdout
+    assert "P90 days" in run.stdout  # (the study has failures)
+    assert "Deadline 1e+06 days: 8 GPUs is the fewest" in " ".join(run.stdout.split())
     assert pl.read_csv(out / "scaling.csv").height == 2
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = subprocess.run([sys.executable, "-m", "analysis.cli", "scale", str(path), "--gpus",
@@ -155,3 +164,58 @@ def test_a_scaling_directory_gets_its_own_report(tmp_path: Path) -> None:
     assert 'id="gpus-256"' not in html  # (a count with no valid strategy has no runners-up)
     assert f"| 8 | {best['global_batch_size']:,} | {best['strategy']} |" in md
     assert pl.read_csv(tmp_path / "rep" / "scaling.csv").height == 2
+
+
+def test_a_deadline_picks_the_fewest_gpus_that_finish_in_nine_runs_of_ten(
+        tmp_path: Path) -> None:
+    """Each count's P90 end date is its replayed best's (the compare row's
+    ``time_to_train_p90_s``); a deadline between two counts' P90s is met by the larger and
+    every count whose P90 is within it, and the verdict names the fewest such GPUs. Without
+    failures nothing varies the end date: its P90 is the run's time."""
+    study = load_study(_study(tmp_path, failures=True))
+    out = tmp_path / "out"
+    free = scaling(study, [8, 16, 32], out, workers=1)
+    assert free["meets_deadline"].is_null().all()
+    p90 = free["run_time_p90_s"].to_numpy()
+    assert free["run_time_p90_s"].to_list() == free["time_to_train_p90_s"].to_list()
+    assert (p90 > 0).all()
+    days = float(sorted(p90)[1]) / 86400 * (1 + 1e-9)  # the second-fastest count's P90
+    got = scaling(study, [8, 16, 32], out, workers=1, deadline_days=days)  # (sweeps resumed)
+    assert got["run_time_p90_s"].to_list() == free["run_time_p90_s"].to_list()
+    assert got["meets_deadline"].to_list() == [bool(x <= days * 86400) for x in p90]
+    assert sum(got["meets_deadline"].to_list()) == 2
+    first = fewest_meeting(got)
+    assert first is not None and first["gpus"] == min(
+        g for g, ok in zip(got["gpus"], got["meets_deadline"], strict=True) if ok)
+    text = deadline_verdict(got, days)
+    assert f"{first['gpus']:,} GPUs is the fewest" in text and first["strategy"] in text
+    from analysis.report import build_report
+
+    html = build_report(out, tmp_path / "rep").read_text()
+    md = (tmp_path / "rep" / "report.md").read_text()
+    for page in (html, md):
+        assert text in page and "P90 days" in page
+        assert f"{first['run_time_p90_s'] / 86400:.1f}" in page
+    tight = scaling(study, [8, 16, 32], out, workers=1, deadline_days=float(p90.min()) / 86400
+                    / 2)
+    assert fewest_meeting(tight) is None
+    assert "no count finishes by it" in deadline_verdict(tight, float(p90.min()) / 86400 / 2)
+    fig = plots.scaling(got, deadline_days=days)
+    assert len(fig.axes) == 3 and fig.axes[2].get_ylabel() == "days to train"
+    labels = fig.axes[2].get_legend_handles_labels()[1]
+    assert f"deadline {days:g} days" in labels and "finishes in time (P90)" in labels
+    healthy = scaling(load_study(_study(tmp_path / "h", failures=False)), [8], tmp_path / "o2",
+                      workers=1, deadline_days=1e6)
+    assert healthy["run_time_p90_s"].to_list() == healthy["run_time_s"].to_list()
+    assert healthy["meets_deadline"].to_list() == [True]
+
+
+@pytest.mark.parametrize("days", [0.0, -3.0, float("nan"), float("inf")])
+def test_a_deadline_must_be_days_and_needs_a_token_budget(tmp_path: Path, days: float) -> None:
+    study = load_study(_study(tmp_path, failures=True))
+    with pytest.raises(ConfigError, match=r"a deadline is a number of days > 0"):
+        scaling(study, [8], tmp_path / "out", workers=1, deadline_days=days)
+    with pytest.raises(ConfigError, match="a deadline needs the run's token budget"):
+        scaling(dataclasses.replace(study, tokens=0.0), [8], tmp_path / "out", workers=1,
+                deadline_days=30.0)
+    assert not (tmp_path / "out").exists()  # (said before any sweep runs)
