@@ -128,9 +128,10 @@ def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,
                    strategy_rates(study.model, s, study.system, step))
         if nodes:
             row["status"] = "screened: not replayed, " + replay_size.why(nodes)
-    if study.has_failures:  # (the end date's spread for the rows replayed: a few, ms each)
+    if study.has_failures:  # (the end date's spread for the rows chosen for replay, replayed
+        # or too large to be: a few, ms each — a scale study's best may be either)
         row.update(_failures(study, s, row["step_time_s"], fast, placed,
-                             spread=row["status"] == "replayed"))
+                             spread=replay_it))
     elif study.tokens > 0:  # nothing fails: the healthy run (goodput is not modelled: empty)
         row["time_to_train_s"] = study.tokens / row["tokens_per_s"]
     return row

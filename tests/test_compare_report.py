@@ -227,6 +227,17 @@ def test_a_strategy_too_large_to_replay_keeps_the_fast_paths_answer(
     assert row["step_time_s"] == row["fast_step_time_s"] and row["tokens_per_s"] > 0
     monkeypatch.setattr(replay_size, "MAX_REPLAY_NODES", 10**12)
     assert evaluate_strategy(study, s, replay_it=True)["status"] == "replayed"
+    # under failures a row chosen for replay carries its end date's P90 even when too large
+    # to replay (a scale study's best may be one), a row only screened does not
+    failing = study_from_dict({"model": "gpt-1.7b", "system": "dgx-h100", "gpus": 8,
+                               "global_batch_size": 16, "strategies": [{"tp": 2, "pp": 2}],
+                               "tokens": 1e9,
+                               "failures": {"preset": "llama3-16k-h100"}})
+    monkeypatch.setattr(replay_size, "MAX_REPLAY_NODES", 1)
+    big = evaluate_strategy(failing, s, replay_it=True)
+    assert big["status"].startswith("screened: not replayed")
+    assert big["time_to_train_p90_s"] >= big["step_time_s"] > 0
+    assert evaluate_strategy(failing, s, replay_it=False)["time_to_train_p90_s"] is None
 
 
 def test_bad_study(tmp_path: Path) -> None:
