@@ -174,8 +174,8 @@ def _derived(frame: pl.DataFrame, tokens: float, *, failures: bool = False,
     (1 = throughput grows as the GPUs). GPU-hours per billion tokens; with a token budget, the
     run's time (the resilience model's expected time to train where the study has failures)
     and its GPU-hours, and what nine runs in ten end by: the P90 of the end date with
-    failures (null where the best was not replayed: no spread was computed), the run's time
-    without (nothing varies it). With a deadline, whether that is within it."""
+    failures (the best's, chosen for replay, on its replayed or fast-path step), the run's
+    time without (nothing varies it). With a deadline, whether that is within it."""
     eff = pl.col("tokens_per_s") * pl.col("goodput").fill_null(1.0)
     healthy = pl.lit(tokens) / pl.col("tokens_per_s") if tokens > 0 else pl.lit(None, pl.Float64)
     run = pl.coalesce(pl.col("time_to_train_s"), healthy)
@@ -215,8 +215,8 @@ def deadline_verdict(frame: pl.DataFrame, deadline_days: float) -> str:
                 f"{best['run_time_s'] / SECONDS_PER_DAY:.1f}; {best['gpu_hours']:,.0f} GPU-hours)")
     known = frame.filter(pl.col("run_time_p90_s").is_not_null()).sort("gpus")
     if not known.height:
-        return (f"Deadline {deadline_days:g} days: no count has a P90 end date (none fits, or "
-                "its best was not replayed)")
+        return (f"Deadline {deadline_days:g} days: no count has a strategy that fits, so none "
+                "has an end date")
     last = known.row(known.height - 1, named=True)
     return (f"Deadline {deadline_days:g} days: no count finishes by it in nine runs of ten; "
             f"the largest with a result, {last['gpus']:,} GPUs, ends by "
