@@ -106,6 +106,9 @@ def test_a_count_where_nothing_runs_is_a_row_that_says_why(tmp_path: Path) -> No
     fig = plots.scaling(got)  # the count with no result is said, not drawn
     assert "1 count(s) with no strategy that fits" in fig.axes[1].get_title()
     fig.savefig(tmp_path / "s.png")
+    none = scaling(study, [256], tmp_path / "out", workers=1, deadline_days=30.0)
+    assert none["meets_deadline"].is_null().all()  # (no end date: not known, not late)
+    assert "no count has a strategy that fits" in deadline_verdict(none, 30.0)
 
 
 def test_scale_command_writes_the_table_and_figure(tmp_path: Path) -> None:
