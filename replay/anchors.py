@@ -17,6 +17,14 @@ DGX_H100_ALL_REDUCE_BUSBW_GBPS: dict[int, float] = {
 # one replica group of 8; 2025), network_throughput_bytes_per_sec / 1e9 = those bytes / time.
 # The same table's all-reduce is 18% below the nccl-tests sweep above (393 vs 473 GB/s bus
 # bandwidth at 2 GiB: no NVLS), so it documents a slower NCCL setting than NVIDIA's own runs.
+# nccl-tests all-to-all bus bandwidth (algbw · (n−1)/n) inside one NVLink domain, GB/s: the
+# NVIDIA GTC24 S62129 / GTC25 S72583 summary slides as ANCHORS.md reproduces them (8 GPUs; GB200
+# NVL72 at 32), and the same slides' all-reduce busbw for the NVLink tier they are set beside.
+NODE_ALL_TO_ALL_BUSBW_GBPS: dict[str, float] = {
+    "dgx-a100-80gb": 210.0, "dgx-h100": 320.0, "dgx-b200": 640.0, "gb200-nvl72": 640.0}
+NODE_ALL_REDUCE_BUSBW_GBPS: dict[str, float] = {
+    "dgx-a100-80gb": 232.0, "dgx-h100": 370.0, "dgx-b200": 700.0, "gb200-nvl72": 680.0}
+
 XLA_H100_ALL_GATHER_GBPS: dict[int, float] = {512: 384.03, 1024: 391.04, 2048: 400.12}
 XLA_H100_REDUCE_SCATTER_GBPS: dict[int, float] = {256: 347.90, 512: 359.21, 1024: 364.92,
                                                   2048: 373.84}

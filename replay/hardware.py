@@ -181,6 +181,10 @@ class NodeSpec:
     # All-reduce bus bandwidth with NVLink SHARP (NVLS) inside a node; 0 where the NVSwitch has
     # none (before Hopper) or no measurement exists.
     nvls_busbw_GBps: float = 0.0
+    # All-to-all bus bandwidth inside a node as nccl-tests measures it (algbw · (n−1)/n): NCCL's
+    # all-to-all reaches less of NVLink than its all-reduce ring (DGX H100 320 against 370 GB/s,
+    # ANCHORS). 0: not measured — the all-reduce plateau's rate (``nvlink_efficiency``) stands in.
+    nvlink_a2a_busbw_GBps: float = 0.0
     # Host link a GPU copies to and from host memory over, each way, as achieved (PCIe, or
     # NVLink-C2C to a Grace CPU): activation offloading's copies (``Strategy.cpu_offload_layers``)
     # and Chakra MEM_STORE / MEM_LOAD nodes run at it. 0: not given (offloading refused).
@@ -305,7 +309,8 @@ def system_toml(spec: SystemSpec) -> str:
 # into an infinite or NaN duration deep inside a model.
 MIN_VALUE, MAX_VALUE = 1e-6, 1e7
 # 0: absent / unmeasured
-OPTIONAL_ZERO = ("nvls_busbw_GBps", "gemm_k_overhead", "gemm_mamf_k", "comm_interference",
+OPTIONAL_ZERO = ("nvls_busbw_GBps", "nvlink_a2a_busbw_GBps", "gemm_k_overhead", "gemm_mamf_k",
+                 "comm_interference",
                  "sustained_clock_ratio_fp8", "attention_half_tiles", "gemm_occupancy_waves",
                  "site_gpus", "site_Gbps_per_gpu", "site_latency_us", "site_window_MiB",
                  "host_link_GBps",

@@ -166,6 +166,11 @@ class AlphaBetaNetwork:
         nic_bytes = out.nic_Gbps_per_gpu / 8 * unit * (1.0 if astra_compat else out.nic_efficiency)
         self.nic = Tier(nic_bytes, out.latency_us * US, "nic")
         self.nvls_Bps = 0.0 if astra_compat else node.nvls_busbw_GBps * unit
+        # NCCL's all-to-all inside a node, at its own measured bus bandwidth where the system
+        # gives one (``NodeSpec.nvlink_a2a_busbw_GBps``), else at the NVLink tier's
+        a2a_Bps = node.nvlink_a2a_busbw_GBps * unit
+        self.a2a = self.nvl if astra_compat or not a2a_Bps else Tier(
+            a2a_Bps, self.nvl.alpha_s, "nvl")
         self.nic_blocking = Tier(nic_bytes / out.oversubscription, out.latency_us * US, "nic")
         # between sites: a site's links over its GPUs, their latency on top of the NIC's
         self.site_Bps = out.site_Gbps_per_gpu / 8 * unit * (1.0 if astra_compat
@@ -259,7 +264,7 @@ class AlphaBetaNetwork:
             nvl = u * expected_units(route, p) * (local - 1) / local / self.nvl.bytes_per_s
             return _over_slower(nvl, nic)
         if coll == "ALL_TO_ALL":
-            nvl = size * local / p * (local - 1) / local / self.nvl.bytes_per_s
+            nvl = size * local / p * (local - 1) / local / self.a2a.bytes_per_s
             return _over_slower(nvl, (p - local) / p * size / out.bytes_per_s)
         if coll in NCCL_RING:
             nvl = (local - 1) / local / self.nvl.bytes_per_s
@@ -300,7 +305,8 @@ class AlphaBetaNetwork:
                                           sites=sites, site_s=self.site_s),
                     uses)
         if n_nodes == 1:
-            return (*flat_cost(coll, size, p, self.nvl), uses)
+            return (*flat_cost(coll, size, p, self.a2a if coll == "ALL_TO_ALL" else self.nvl),
+                    uses)
         if local == 1:
             return (*flat_cost(coll, size, p, out), uses)
         return (*self._hierarchical(coll, size, n_nodes, local, out), uses)
@@ -334,7 +340,7 @@ class AlphaBetaNetwork:
         slower binds); the rest run flat on the NICs."""
         if coll == "ALL_TO_ALL":
             p = n * local
-            intra = flat_cost("ALL_TO_ALL", size * local / p, local, self.nvl)
+            intra = flat_cost("ALL_TO_ALL", size * local / p, local, self.a2a)
             inter = (out.alpha_s * (n - 1), (p - local) / p * size / out.bytes_per_s)
             return intra[0] + inter[0], max(intra[1], inter[1])
         return flat_cost(coll, size, n * local, out)

@@ -381,12 +381,14 @@ class MixedNetwork:
 
 
 def tiers_slowed(system: SystemSpec, nic: float, nvlink: float) -> SystemSpec:
-    """``system`` with its NICs at ``nic`` and its NVLink (NVLS too) at ``nvlink`` of their
-    bandwidth."""
+    """``system`` with its NICs at ``nic`` and its NVLink (NVLS and all-to-all too) at
+    ``nvlink`` of their bandwidth."""
     node, out = system.node, system.scaleout
     return dataclasses.replace(
-        system, node=dataclasses.replace(node, nvlink_GBps=node.nvlink_GBps * nvlink,
-                                         nvls_busbw_GBps=node.nvls_busbw_GBps * nvlink),
+        system, node=dataclasses.replace(
+            node, nvlink_GBps=node.nvlink_GBps * nvlink,
+            nvls_busbw_GBps=node.nvls_busbw_GBps * nvlink,
+            nvlink_a2a_busbw_GBps=node.nvlink_a2a_busbw_GBps * nvlink),
         scaleout=dataclasses.replace(out, nic_Gbps_per_gpu=out.nic_Gbps_per_gpu * nic))
 
 

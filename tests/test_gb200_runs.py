@@ -104,13 +104,15 @@ def test_memory_says_what_the_recipes_did_beyond_the_model(
 
 def test_a_64_way_all_to_all_stays_on_the_rack_nvlink() -> None:
     """Expert parallelism of 64 inside one NVL72 domain: the all-to-all is NVLink's flat
-    (p − 1)·α + (p − 1)/p · bytes / (900 GB/s × 0.756) — on DGX B200 the same 64 ranks span
-    eight nodes and their NICs."""
+    (p − 1)·α + (p − 1)/p · bytes / 640 GB/s, the NVL72 all-to-all busbw of the ANCHORS slides
+    (the all-reduce tier's 900 GB/s × 0.756 until the sixty-fifth session) — on DGX B200 the
+    same 64 ranks span eight nodes and their NICs."""
     size, p = 256 * 2**20, 64
     nvl72 = AlphaBetaNetwork(get_system("gb200-nvl72"))
     got = nvl72.collective("ALL_TO_ALL", size, tuple(range(p)))
-    lat_s, xfer_s = flat_cost("ALL_TO_ALL", size, p, nvl72.nvl)
+    lat_s, xfer_s = flat_cost("ALL_TO_ALL", size, p, nvl72.a2a)
     assert nvl72.nvl.bytes_per_s == pytest.approx(900e9 * 0.756)
+    assert nvl72.a2a.bytes_per_s == pytest.approx(640e9)
     assert got.total_ns == pytest.approx((lat_s + xfer_s) * 1e9, abs=2)
     assert {link for link, _ in got.links} == {"nvl"}
     dgx = AlphaBetaNetwork(get_system("dgx-b200")).collective("ALL_TO_ALL", size,

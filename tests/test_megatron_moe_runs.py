@@ -47,7 +47,9 @@ def test_the_text_columns_name_the_dispatcher_and_modules() -> None:
 
 
 def test_the_moe_rows_are_predicted_within_the_error_reached(results: pl.DataFrame) -> None:
-    """All three too fast: DeepEP at ep 32 −13.9%, the flat all-to-all at ep 8 −26.5%, DeepEP
+    """All three too fast: DeepEP at ep 32 −13.9%, the flat all-to-all at ep 8 −25.6% (−26.5%
+    before NCCL's all-to-all inside a node ran at its own measured bus bandwidth, 320 GB/s on
+    H100 where the all-reduce's 370 had stood in, sixty-fifth session), DeepEP
     at tp 4 without recompute −49.7% (−49.6% before its split GEMMs' chunks shared the SMs on
     Transformer Engine's three streams, sixty-fifth session; fifty-third session, a group's expert GEMMs one after
     another as an H200 ran them; −14.2 / −27.5 / −53.1% before, fifty-second session, with
@@ -60,7 +62,7 @@ def test_the_moe_rows_are_predicted_within_the_error_reached(results: pl.DataFra
     assert (results["status"] == "ok").all() and results["fits"].all()
     err = dict(zip(results["id"], results["error_pct"], strict=True))
     assert -14.0 <= err["modelzoo-qwen3-235b-deepep-ep32"] < 0
-    assert -26.6 <= err["modelzoo-qwen3-235b-a2a-ep8"] < 0
+    assert -25.9 <= err["modelzoo-qwen3-235b-a2a-ep8"] < 0
     assert -50.0 <= err["modelzoo-qwen3-235b-deepep-tp4"] < 0
     step = dict(zip(results["id"], results["predicted_iter_time_s"], strict=True))
     assert step["modelzoo-qwen3-235b-deepep-ep32"] < step["modelzoo-qwen3-235b-a2a-ep8"]

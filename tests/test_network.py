@@ -11,9 +11,12 @@ from hypothesis import strategies as st
 from replay import get_system, nccl
 from replay.anchors import (
     DGX_H100_ALL_REDUCE_BUSBW_GBPS,
+    NODE_ALL_REDUCE_BUSBW_GBPS,
+    NODE_ALL_TO_ALL_BUSBW_GBPS,
     XLA_H100_ALL_GATHER_GBPS,
     XLA_H100_REDUCE_SCATTER_GBPS,
 )
+from replay.hardware import SystemSpec
 from replay.network import AlphaBetaNetwork
 
 H100 = AlphaBetaNetwork(get_system("dgx-h100"))
@@ -170,3 +173,31 @@ def test_shape_of_arithmetic_runs_equals_the_rank_by_rank_shape(
     cut = max(1, count // split)
     runs = [rg[i:i + cut] for i in range(0, count, cut)]
     assert ranges_shape(runs, gpn) == group_shape(ranks, gpn)
+
+
+@pytest.mark.parametrize("system", sorted(NODE_ALL_TO_ALL_BUSBW_GBPS))
+def test_all_to_all_inside_a_node_at_its_measured_bus_bandwidth(system: str) -> None:
+    """NCCL's all-to-all reaches less of NVLink than its all-reduce ring (nccl-tests summary
+    slides, ANCHORS): a large all-to-all over 8 GPUs of one domain runs at the slides'
+    all-to-all busbw (algbw · (n−1)/n) within 1% (its latency the rest), where the all-reduce
+    tier would give the all-reduce's; without the figure (0) the all-to-all falls back to that
+    tier, as before; a link scenario at half speed halves it."""
+    import dataclasses
+
+    from replay.scenario import tiers_slowed
+
+    spec = get_system(system)
+    ranks, size = NODE, 1 << 30
+
+    def a2a_busbw(s: SystemSpec) -> float:
+        t = AlphaBetaNetwork(s).collective("ALL_TO_ALL", size, ranks).total_ns * 1e-9
+        return (len(ranks) - 1) / len(ranks) * size / t / 1e9
+
+    assert a2a_busbw(spec) == pytest.approx(NODE_ALL_TO_ALL_BUSBW_GBPS[system], rel=0.01)
+    tier = spec.node.nvlink_GBps * spec.node.nvlink_efficiency
+    assert tier == pytest.approx(NODE_ALL_REDUCE_BUSBW_GBPS[system], rel=0.01)
+    unmeasured = dataclasses.replace(spec, node=dataclasses.replace(
+        spec.node, nvlink_a2a_busbw_GBps=0.0))
+    assert a2a_busbw(unmeasured) == pytest.approx(tier, rel=0.01)
+    assert a2a_busbw(tiers_slowed(spec, 1.0, 0.5)) == pytest.approx(
+        a2a_busbw(spec) / 2, rel=0.01)
