@@ -681,7 +681,8 @@ def scale_cmd(
     plot: Annotated[Path | None, typer.Option(help="Write the scaling figure (PNG).")] = None,
     deadline: Annotated[float | None, typer.Option(
         "--deadline", help="Days the run must end within: the fewest GPUs that finish by it in "
-                           "nine runs of ten (P90 end date under the study's failures).")] = None,
+                           "nine runs of ten (P90 end date under the study's failures); "
+                           "default: the study's deadline_days.")] = None,
     workers: Annotated[int, typer.Option(min=1, help="Local worker processes.")] = 2,
     scheduler: Annotated[str | None, typer.Option(help="Dask scheduler address.")] = None,
 ) -> None:
@@ -696,6 +697,8 @@ def scale_cmd(
                       tokens=tokens)
     if study is None:  # (named by its model: every count is this study's)
         st = dataclasses.replace(st, name=st.model.name)
+    if deadline is None:
+        deadline = st.deadline_days
     check_deadline(deadline, st.tokens)  # (before any sweep runs)
     output_dir(out, "--out")
     plot = output_file(plot, "--plot", plot=True)

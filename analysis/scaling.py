@@ -101,8 +101,11 @@ def scaling(study: Study, gpu_counts: Sequence[int], out_dir: str | Path, *,
             deadline_days: float | None = None) -> pl.DataFrame:
     """One row per GPU count: the best strategy of its sweep (replayed: ``top_k`` ≥ 1), or
     where none fits, the count with its status. ``progress`` is called as the sweeps' is,
-    with the count in the phase's name. With ``deadline_days``, each row says whether its run
-    ends by then in nine runs of ten (``meets_deadline``; null where that is not known)."""
+    with the count in the phase's name. With ``deadline_days`` (default: the study's), each
+    row says whether its run ends by then in nine runs of ten (``meets_deadline``; null where
+    that is not known)."""
+    if deadline_days is None:
+        deadline_days = study.deadline_days
     check_deadline(deadline_days, study.tokens)
     if top_k < 1:
         raise ConfigError(f"top_k must be at least 1 (the best is replayed), got {top_k}",

@@ -11,6 +11,8 @@
     gpus = 1024
     global_batch_size = 512
     tokens = 1.5e12                 # token budget (time-to-train)
+    deadline_days = 60              # `trainsim scale`: the fewest GPUs done by then in nine
+                                    # runs of ten (needs tokens; --deadline overrides)
 
     [[strategies]]                  # compare: a list of strategies (dp follows from gpus)
     tp = 8
@@ -95,7 +97,8 @@ from tracegen.strategy import check_fits_model
 
 KNOWN_KEYS = {"model", "seq_len", "documents", "system", "gpus", "global_batch_size", "tokens",
               "strategies", "search", "failures", "checkpoint", "restart", "policies", "name",
-              "rank_by", "fail_slow", "slow_links", "site_links", "mixed", "gpu_spread"}
+              "rank_by", "fail_slow", "slow_links", "site_links", "mixed", "gpu_spread",
+              "deadline_days"}
 
 
 # each table whose events the other system's GPUs may have at their own rate: its [mixed] key
@@ -152,6 +155,7 @@ class Study:
     system_ref: str = ""
     mixed: MixedCluster | None = None
     gpu_spread: dict[str, Any] = dataclasses.field(default_factory=dict)
+    deadline_days: float | None = None  # (``analysis.scaling``: the fewest GPUs done by then)
 
     @property
     def has_failures(self) -> bool:
@@ -199,12 +203,18 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
             "failures"):  # no time to train to rank by: the order had been arbitrary
         raise ConfigError("rank_by = 'time_to_train' needs tokens (the token budget to train "
                           "on); set tokens or rank by step_time", what=f"study {name!r}")
+    deadline = data.get("deadline_days")
+    if deadline is not None and not data.get("tokens"):
+        raise ConfigError("deadline_days needs tokens (the token budget the run must finish "
+                          "by then): set tokens, or leave the deadline out",
+                          what=f"study {name!r}")
     return Study(name, model, system, gpus, gbs, float(data.get("tokens", 0.0)), strategies,
                  dict(data.get("search", {})), dict(data.get("failures", {})),
                  dict(data.get("checkpoint", {})), dict(data.get("restart", {})),
                  dict(data.get("policies", {})), rank_by, dict(data.get("fail_slow", {})),
                  dict(data.get("slow_links", {})), dict(data.get("site_links", {})),
-                 model_ref, system_ref, mixed, dict(data.get("gpu_spread", {})))
+                 model_ref, system_ref, mixed, dict(data.get("gpu_spread", {})),
+                 None if deadline is None else float(deadline))
 
 
 TABLE_KEYS = ("search", "failures", "checkpoint", "restart", "policies", "fail_slow",
@@ -236,6 +246,9 @@ def _type_problems(data: dict[str, Any]) -> list[str]:
     tokens = data.get("tokens", 0.0)
     if not is_finite_number(tokens) or tokens < 0:
         out.append(f"tokens must be a number ≥ 0 (tokens to train on), got {tokens!r}")
+    deadline = data.get("deadline_days")
+    if "deadline_days" in data and (not is_finite_number(deadline) or deadline <= 0):
+        out.append(f"deadline_days must be a number of days > 0, got {deadline!r}")
     if "documents" in data and not isinstance(data["documents"], str):
         out.append(f"documents must be a string MEAN~SIGMA (e.g. \"2000~1.0\"), got "
                    f"{data['documents']!r}")

@@ -5,6 +5,7 @@ count where nothing runs is a row that says why, not an error."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -222,3 +223,26 @@ def test_a_deadline_must_be_days_and_needs_a_token_budget(tmp_path: Path, days: 
         scaling(dataclasses.replace(study, tokens=0.0), [8], tmp_path / "out", workers=1,
                 deadline_days=30.0)
     assert not (tmp_path / "out").exists()  # (said before any sweep runs)
+
+
+def test_a_study_file_can_carry_the_deadline(tmp_path: Path) -> None:
+    """``deadline_days`` in the study: what ``scaling`` (and ``scale``) use unless given one;
+    refused where it is no positive number of days or the study has no token budget."""
+    path = _study(tmp_path, failures=True)
+    path.write_text(path.read_text().replace("tokens = 1e9\n", "tokens = 1e9\ndeadline_days = 1e6\n"))
+    study = load_study(path)
+    assert study.deadline_days == 1e6
+    got = scaling(study, [8], tmp_path / "out", workers=1)
+    assert got["meets_deadline"].to_list() == [True]
+    assert scaling(study, [8], tmp_path / "out", workers=1,
+                   deadline_days=1e-9)["meets_deadline"].to_list() == [False]
+    for bad in ("0", "-2", "\"soon\"", "nan"):
+        path.write_text(re.sub(r"deadline_days = \S+", f"deadline_days = {bad}",
+                               path.read_text()))
+        with pytest.raises(ConfigError, match="deadline_days must be a number of days > 0"):
+            load_study(path)
+    path.write_text(re.sub(r"deadline_days = \S+", "deadline_days = 30", path.read_text()))
+    text = re.sub(r"(?m)^tokens = .*\n", "", path.read_text())
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="deadline_days needs tokens"):
+        load_study(path)
