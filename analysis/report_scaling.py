@@ -82,14 +82,10 @@ def _row(r: dict[str, Any]) -> dict[str, str]:
             "mfu": num("mfu", ".1%"), "goodput": num("goodput", ".1%"),
             "efficiency": num("scaling_efficiency", ".0%"),
             "cost": num("gpu_hours_per_btok", ",.0f"),
-            "days": _days(r["run_time_s"] if ok else None),
-            "p90": _days(r["run_time_p90_s"] if ok else None),
+            "days": _fmt("time_to_train_s", r["run_time_s"] if ok else None),
+            "p90": _fmt("time_to_train_p90_s", r["run_time_p90_s"] if ok else None),
             "memory": num("peak_memory_GiB", ".1f"),
             "valid": f"{r['valid']:,}", "fit": f"{r['fit']:,}"}
-
-
-def _days(seconds: float | None) -> str:
-    return "–" if seconds is None else f"{seconds / 86400:.1f}"
 
 
 def _count(src: Path, gpus: int) -> dict[str, Any]:

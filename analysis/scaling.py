@@ -27,13 +27,13 @@ from typing import Any
 import polars as pl
 
 from analysis import jsonout
+from analysis.resilience import DAY_S
 from analysis.study import Study
 from analysis.sweep import SCHEMA, Progress, sweep
 from tracegen import ConfigError
 from tracegen._config import is_finite_number
 
 SECONDS_PER_HOUR = 3600.0
-SECONDS_PER_DAY = 86400.0
 SCALING_META = "scaling.json"  # what the study was: the report's title and subtitle
 # the scaling table's columns besides the best strategy's result row (``compare.RESULT_COLUMNS``)
 SCALING_COLUMNS: dict[str, Any] = {
@@ -186,7 +186,7 @@ def _derived(frame: pl.DataFrame, tokens: float, *, failures: bool = False,
     frame = frame.with_columns(
         eff.alias("effective_tokens_per_s"), run.alias("run_time_s"),
         p90.alias("run_time_p90_s")).with_columns(
-        (pl.col("run_time_p90_s") <= deadline_days * SECONDS_PER_DAY if deadline_days
+        (pl.col("run_time_p90_s") <= deadline_days * DAY_S if deadline_days
          else pl.lit(None, pl.Boolean)).alias("meets_deadline"),
         (pl.col("run_time_s") * pl.col("gpus") / SECONDS_PER_HOUR).alias("gpu_hours"),
         (pl.col("gpus") * 1e9 / (pl.col("effective_tokens_per_s") * SECONDS_PER_HOUR)
@@ -214,8 +214,8 @@ def deadline_verdict(frame: pl.DataFrame, deadline_days: float) -> str:
     if best is not None:
         return (f"Deadline {deadline_days:g} days: {best['gpus']:,} GPUs is the fewest that "
                 f"finishes by it in nine runs of ten ({best['strategy']}: P90 "
-                f"{best['run_time_p90_s'] / SECONDS_PER_DAY:.1f} days, expected "
-                f"{best['run_time_s'] / SECONDS_PER_DAY:.1f}; {best['gpu_hours']:,.0f} GPU-hours)")
+                f"{best['run_time_p90_s'] / DAY_S:.1f} days, expected "
+                f"{best['run_time_s'] / DAY_S:.1f}; {best['gpu_hours']:,.0f} GPU-hours)")
     known = frame.filter(pl.col("run_time_p90_s").is_not_null()).sort("gpus")
     if not known.height:
         return (f"Deadline {deadline_days:g} days: no count has a strategy that fits, so none "
@@ -223,7 +223,7 @@ def deadline_verdict(frame: pl.DataFrame, deadline_days: float) -> str:
     last = known.row(known.height - 1, named=True)
     return (f"Deadline {deadline_days:g} days: no count finishes by it in nine runs of ten; "
             f"the largest with a result, {last['gpus']:,} GPUs, ends by "
-            f"{last['run_time_p90_s'] / SECONDS_PER_DAY:.1f} days (P90): add GPUs, or a "
+            f"{last['run_time_p90_s'] / DAY_S:.1f} days (P90): add GPUs, or a "
             "faster strategy space")
 
 
