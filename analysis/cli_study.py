@@ -709,7 +709,8 @@ def scale_cmd(
                         deadline_days=deadline)
     _print_scaling(frame, f"{st.name}: {st.model.name} on {st.system.name}, "
                    + ("global batch per GPU kept" if batch_per_gpu
-                      else f"global batch {st.global_batch_size:,}"), p90=st.has_failures)
+                      else f"global batch {st.global_batch_size:,}"), p90=st.has_failures,
+                   chance=deadline is not None)
     if deadline is not None:
         console.print(deadline_verdict(frame, deadline))
     if plot is not None:
@@ -720,11 +721,15 @@ def scale_cmd(
         console.print(f"figure: {plot}")
 
 
-def _print_scaling(frame: Any, title: str, *, p90: bool = False) -> None:
-    """The scaling table; ``p90``: with the P90 end date's column (a study with failures)."""
+def _print_scaling(frame: Any, title: str, *, p90: bool = False, chance: bool = False) -> None:
+    """The scaling table; ``p90``: with the P90 end date's column (a study with failures);
+    ``chance``: with the chance of ending by the deadline."""
+    from analysis.scaling import chance_text
+
     table = Table(title=title)
     cols = ["GPUs", "batch", "best strategy that fits", "step s", "MFU", "goodput",
-            "efficiency", "GPU-h / 10⁹ tok", "days to train"] + (["P90 days"] if p90 else [])
+            "efficiency", "GPU-h / 10⁹ tok", "days to train"]
+    cols += (["P90 days"] if p90 else []) + (["in time"] if chance else [])
     for col in cols:
         table.add_column(col, justify="left" if col.startswith("best") else "right")
 
@@ -740,7 +745,8 @@ def _print_scaling(frame: Any, title: str, *, p90: bool = False) -> None:
                       f"{r['step_time_s']:.3f}", f"{r['mfu']:.1%}",
                       "–" if r.get("goodput") is None else f"{r['goodput']:.1%}",
                       f"{r['scaling_efficiency']:.0%}", f"{r['gpu_hours_per_btok']:,.0f}",
-                      days(r["run_time_s"]), *([days(r["run_time_p90_s"])] if p90 else []))
+                      days(r["run_time_s"]), *([days(r["run_time_p90_s"])] if p90 else []),
+                      *([chance_text(r["deadline_probability"])] if chance else []))
     console.print(table)
 
 

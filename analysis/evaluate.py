@@ -95,11 +95,12 @@ def _work_s(study: Study, s: Strategy, fast: FastEstimate) -> float:
 
 def resilience_rows(study: Study, s: Strategy, fast: FastEstimate,
                     where: Mapping[int, SystemSpec] | None = None, *,
-                    spread: bool = False) -> list[dict[str, Any]]:
+                    spread: bool = False, by_s: float | None = None) -> list[dict[str, Any]]:
     """``resilience_frame``'s per-policy rows as dicts, without the strategy columns.
     ``where``: on a ``[mixed]`` cluster, the stages on the other system (``Placement.where``;
     ``fast`` is then the placed step, ``mixed.placed_fast``'s). ``spread``: the wall clock's
-    percentiles too (``resilience.policy_rows``)."""
+    percentiles too, and with ``by_s`` the chance of ending by then
+    (``resilience.policy_rows``)."""
     _require_failures(study)
     failure = R.failure_model(study.failures, gpus_per_host=study.system.node.host_gpus)
     if study.mixed is not None and study.mixed.failure_rate_factor != 1.0:
@@ -133,7 +134,8 @@ def resilience_rows(study: Study, s: Strategy, fast: FastEstimate,
         keep *= kept
         slow |= cols
     rows = R.policy_rows(failure=failure, gpus=s.world_size, work_s=_work_s(study, s, fast),
-                         costs=costs, step_s=fast.step_time_s, progress=keep, spread=spread)
+                         costs=costs, step_s=fast.step_time_s, progress=keep, spread=spread,
+                         by_s=by_s)
     snap = _snapshot_columns(mode != "sync", share, given.staging)
     return [{**r, **slow, **snap} for r in rows]
 

@@ -20,7 +20,7 @@ from analysis.report import (
     read_table,
     write_pages,
 )
-from analysis.scaling import SCALING_META, deadline_verdict
+from analysis.scaling import SCALING_META, chance_text, deadline_verdict
 from tracegen import __version__
 
 SCALING_COLUMNS_READ = ("gpus", "global_batch_size", "status", "strategy", "step_time_s", "mfu",
@@ -38,7 +38,8 @@ def is_scaling_dir(directory: Path) -> bool:
 def build_scaling_report(src: Path, out: Path) -> Path:
     """Write report.html, report.md, figures/ and the scaling table; returns the HTML path."""
     frame = read_table(src / "scaling.parquet", SCALING_COLUMNS_READ)
-    for col, dtype in (("run_time_p90_s", pl.Float64), ("meets_deadline", pl.Boolean)):
+    for col, dtype in (("run_time_p90_s", pl.Float64), ("meets_deadline", pl.Boolean),
+                       ("deadline_probability", pl.Float64)):
         if col not in frame.columns:  # (written before the sixty-fifth session: not known)
             frame = frame.with_columns(pl.lit(None, dtype).alias(col))
     meta = read_meta(src / SCALING_META, "`trainsim scale`")  # ({} before session 42)
@@ -84,6 +85,7 @@ def _row(r: dict[str, Any]) -> dict[str, str]:
             "cost": num("gpu_hours_per_btok", ",.0f"),
             "days": _fmt("time_to_train_s", r["run_time_s"] if ok else None),
             "p90": _fmt("time_to_train_p90_s", r["run_time_p90_s"] if ok else None),
+            "chance": chance_text(r["deadline_probability"] if ok else None),
             "memory": num("peak_memory_GiB", ".1f"),
             "valid": f"{r['valid']:,}", "fit": f"{r['fit']:,}"}
 

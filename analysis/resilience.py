@@ -253,12 +253,13 @@ def policy_frame(*, failure: FailureModel, gpus: int, work_s: float,
 def policy_rows(*, failure: FailureModel, gpus: int, work_s: float,
                 costs: dict[str, RecoveryCosts], interval_s: float | None = None,
                 step_s: float | None = None, progress: float = 1.0,
-                spread: bool = False) -> list[dict[str, Any]]:
+                spread: bool = False, by_s: float | None = None) -> list[dict[str, Any]]:
     """``policy_frame``'s rows as dicts (a sweep screens thousands: no frame per strategy).
     ``progress``: the share of the healthy rate kept between failures (fail-slow episodes,
     ``analysis.fail_slow``), multiplied into every policy's goodput. ``spread``: also the
     wall clock's 10th, 50th and 90th percentiles (``analysis.wall_spread``; None where not
-    asked or where the policy's form has none)."""
+    asked or where the policy's form has none), and with ``by_s`` the chance the run ends by
+    then (``wall_clock_by_probability``)."""
     mttf = failure.job_mttf_s(gpus)
     rows = []
     for policy, given in costs.items():
@@ -276,13 +277,15 @@ def policy_rows(*, failure: FailureModel, gpus: int, work_s: float,
                 _ettr, policy, c, mttf), at_least_s=c.persist_s)
         ettr = _ettr(policy, c, mttf, tau) * progress
         wall = work_s / ettr if ettr > 0 else math.inf
-        spread_s = (_wall_quantiles(policy, given, miss, mttf, tau, work_s,
-                                    failure.observed_failures) if spread else None)
-        p10, p50, p90 = (None, None, None) if spread_s is None else (
-            x / progress for x in spread_s)
+        dist = (_wall_distribution(policy, given, miss, mttf, tau, work_s,
+                                   failure.observed_failures) if spread else None)
+        p10, p50, p90 = (None, None, None) if dist is None else (
+            x / progress for x in dist.quantiles())
         rows.append({"policy": policy, "goodput": ettr, "expected_wall_clock_s": wall,
                      "wall_clock_p10_s": p10, "wall_clock_p50_s": p50,
                      "wall_clock_p90_s": p90,
+                     "wall_clock_by_probability": (None if dist is None or by_s is None
+                                                   else dist.by(by_s * progress)),
                      "failure_rate_count": failure.observed_failures,
                      "expected_gpu_hours": wall * gpus / HOUR_S,
                      "expected_failures": wall / mttf, "checkpoint_interval_s": tau,
@@ -293,28 +296,50 @@ def policy_rows(*, failure: FailureModel, gpus: int, work_s: float,
     return rows
 
 
-def _wall_quantiles(policy: str, c: RecoveryCosts, miss: float | None, mttf: float,
-                    tau: float, work_s: float, count: float = 0.0) -> tuple[float, ...] | None:
-    """The failure process's wall-clock percentiles for ``work_s`` (``analysis.wall_spread``):
+@dataclasses.dataclass(frozen=True, slots=True)
+class WallDistribution:
+    """The failure process's wall clock for a run (``analysis.wall_spread``'s mixtures, None
+    where no attempt can be expected to finish) times ``scale`` (checkpoints' blocking)."""
+
+    parts: list[Any] | None
+    scale: float = 1.0
+
+    def quantiles(self) -> tuple[float, ...]:
+        from analysis.wall_spread import QUANTILES, mixture_quantiles
+
+        if self.parts is None:
+            return tuple(math.inf for _ in QUANTILES)
+        return tuple(x * self.scale for x in mixture_quantiles(self.parts))
+
+    def by(self, deadline_s: float) -> float:
+        """The chance the run ends by ``deadline_s``."""
+        from analysis.wall_spread import mixture_cdf
+
+        return 0.0 if self.parts is None else mixture_cdf(self.parts)(deadline_s / self.scale)
+
+
+def _wall_distribution(policy: str, c: RecoveryCosts, miss: float | None, mttf: float,
+                       tau: float, work_s: float, count: float = 0.0
+                       ) -> WallDistribution | None:
+    """The failure process's wall clock for ``work_s`` (``analysis.wall_spread``):
     checkpoint/restart with its restarts (a spare pool's swap or, for the share ``miss`` that
     finds none, the global restart), or a fixed loss a failure for the policies that roll
     nothing back (their checkpoints' blocking on top); ``count``: the failures the rate was
     measured from, whose uncertainty they take too. None for continuous free checkpoints
     (τ = 0), whose form is the mean's only."""
-    from analysis.wall_spread import checkpoint_restart_quantiles, fixed_loss_quantiles
+    from analysis.wall_spread import checkpoint_restart_parts, fixed_loss_parts
 
     if policy in ("replica_local", "elastic_shrink"):
         loss = c.stall_s + (c.restart_s / max(c.replicas, 1) if policy == "replica_local"
                             else c.repair_s * (1 - c.degraded_throughput))
         scale = (tau + c.checkpoint_s) / tau if c.checkpoint_s > 0 and tau > 0 else 1.0
-        return tuple(x * scale for x in fixed_loss_quantiles(work_s, loss, mttf,
-                                                             rate_count=count))
+        return WallDistribution(fixed_loss_parts(work_s, loss, mttf, rate_count=count), scale)
     if tau <= 0:
         return None
     restarts = ([(1.0, c.restart_s)] if miss is None
                 else [(1 - miss, c.restart_s), (miss, c.fallback_restart_s)])
-    return checkpoint_restart_quantiles(work_s, tau, c.checkpoint_s, restarts, mttf,
-                                        c.persist_s, rate_count=count)
+    return WallDistribution(checkpoint_restart_parts(work_s, tau, c.checkpoint_s, restarts,
+                                                     mttf, c.persist_s, rate_count=count))
 
 
 # The Poisson tail is summed over mean ± POISSON_SPAN standard deviations (+ POISSON_PAD): the

@@ -41,7 +41,7 @@ SCALING_COLUMNS: dict[str, Any] = {
     "effective_tokens_per_s": pl.Float64, "speedup": pl.Float64,
     "scaling_efficiency": pl.Float64, "gpu_hours_per_btok": pl.Float64,
     "run_time_s": pl.Float64, "gpu_hours": pl.Float64, "run_time_p90_s": pl.Float64,
-    "meets_deadline": pl.Boolean,
+    "meets_deadline": pl.Boolean, "deadline_probability": pl.Float64,
 }
 # a row: the count's columns, then its best strategy's result row (as a sweep writes it)
 _SCHEMA = {**SCALING_COLUMNS, **{k: v for k, v in SCHEMA.items() if k not in SCALING_COLUMNS}}
@@ -124,7 +124,7 @@ def scaling(study: Study, gpu_counts: Sequence[int], out_dir: str | Path, *,
         phase_progress = None if progress is None else _prefixed(progress, f"{n:,} GPUs: ")
         ranked, tally = sweep(sub, out / f"gpus-{n}", top_k=top_k, workers=workers,
                               scheduler=scheduler, progress=phase_progress)
-        rows.append(_row(sub, ranked, tally))
+        rows.append(_row(sub, ranked, tally, deadline_days))
     frame = _derived(pl.DataFrame(rows, schema=_SCHEMA), study.tokens,
                      failures=study.has_failures, deadline_days=deadline_days)
     for name, write in (("scaling.parquet", frame.write_parquet), ("scaling.csv",
@@ -142,9 +142,11 @@ def _prefixed(progress: Progress, prefix: str) -> Progress:
     return lambda phase, done, total: progress(prefix + phase, done, total)
 
 
-def _row(study: Study, ranked: pl.DataFrame, tally: dict[str, int]) -> dict[str, Any]:
+def _row(study: Study, ranked: pl.DataFrame, tally: dict[str, int],
+         deadline_days: float | None = None) -> dict[str, Any]:
     """The best fitting strategy of one count's ranked sweep, with the count, or (none fits)
-    the count and a status that says why."""
+    the count and a status that says why; under failures and a deadline, with the chance its
+    run ends by then (``deadline_chance``)."""
     fits = ranked.filter(pl.col("fits").fill_null(False))
     base = {"gpus": study.gpus, "global_batch_size": study.global_batch_size,
             "valid": tally["valid"], "fit": fits.height}
@@ -154,7 +156,24 @@ def _row(study: Study, ranked: pl.DataFrame, tally: dict[str, int]) -> dict[str,
                f"none of {tally['valid']:,} valid strategies fits in memory")
         return {**base, "status": why}
     best = {k: v for k, v in fits.row(0, named=True).items() if k != "rank"}
+    if deadline_days and study.has_failures:
+        best["deadline_probability"] = deadline_chance(study, best, deadline_days * DAY_S)
     return {**best, **base}
+
+
+def deadline_chance(study: Study, row: dict[str, Any], deadline_s: float) -> float | None:
+    """The chance that a result row's run ends by ``deadline_s`` under the study's failures:
+    the global restart's end-date distribution (``analysis.wall_spread``) at the row's step —
+    the same whose P90 the row carries (``time_to_train_p90_s``)."""
+    from analysis.evaluate import resilience_rows
+    from analysis.mixed import placed_fast
+    from analysis.strategy_row import strategy_from_row
+
+    s, fast, placed = placed_fast(study, strategy_from_row(row))
+    rows = resilience_rows(study, s, fast._replace(step_time_s=row["step_time_s"]),
+                           placed.where if placed else None, spread=True, by_s=deadline_s)
+    got = next(r for r in rows if r["policy"] == "global_restart")["wall_clock_by_probability"]
+    return None if got is None else float(got)
 
 
 def check_deadline(deadline_days: float | None, tokens: float) -> None:
@@ -188,6 +207,10 @@ def _derived(frame: pl.DataFrame, tokens: float, *, failures: bool = False,
         p90.alias("run_time_p90_s")).with_columns(
         (pl.col("run_time_p90_s") <= deadline_days * DAY_S if deadline_days
          else pl.lit(None, pl.Boolean)).alias("meets_deadline"),
+        # (without failures nothing varies the end: in time or not)
+        (pl.col("deadline_probability") if failures or not deadline_days else
+         (pl.col("run_time_s") <= deadline_days * DAY_S).cast(pl.Float64)
+         ).alias("deadline_probability"),
         (pl.col("run_time_s") * pl.col("gpus") / SECONDS_PER_HOUR).alias("gpu_hours"),
         (pl.col("gpus") * 1e9 / (pl.col("effective_tokens_per_s") * SECONDS_PER_HOUR)
          ).alias("gpu_hours_per_btok"))
@@ -207,15 +230,29 @@ def fewest_meeting(frame: pl.DataFrame) -> dict[str, Any] | None:
     return ok.row(0, named=True) if ok.height else None
 
 
+def chance_text(p: float | None) -> str:
+    """A probability as a planner reads it: near-certain ends said so, not rounded to 100%."""
+    if p is None:
+        return "–"
+    if p > 0.999:
+        return ">99.9%"
+    if p < 0.001:
+        return "<0.1%"
+    return f"{p:.1%}"
+
+
 def deadline_verdict(frame: pl.DataFrame, deadline_days: float) -> str:
     """One sentence: the fewest GPUs that finish by the deadline in nine runs of ten, or why
     none does (each count's P90 over it, or not known)."""
     best = fewest_meeting(frame)
     if best is not None:
+        chance = best.get("deadline_probability")
         return (f"Deadline {deadline_days:g} days: {best['gpus']:,} GPUs is the fewest that "
                 f"finishes by it in nine runs of ten ({best['strategy']}: P90 "
                 f"{best['run_time_p90_s'] / DAY_S:.1f} days, expected "
-                f"{best['run_time_s'] / DAY_S:.1f}; {best['gpu_hours']:,.0f} GPU-hours)")
+                f"{best['run_time_s'] / DAY_S:.1f}"
+                + ("" if chance is None else f", in time with probability {chance_text(chance)}")
+                + f"; {best['gpu_hours']:,.0f} GPU-hours)")
     known = frame.filter(pl.col("run_time_p90_s").is_not_null()).sort("gpus")
     if not known.height:
         return (f"Deadline {deadline_days:g} days: no count has a strategy that fits, so none "
@@ -227,4 +264,5 @@ def deadline_verdict(frame: pl.DataFrame, deadline_days: float) -> str:
             "faster strategy space")
 
 
-__all__ = ["deadline_verdict", "fewest_meeting", "parse_gpu_counts", "scaling", "study_at"]
+__all__ = ["chance_text", "deadline_chance", "deadline_verdict", "fewest_meeting",
+           "parse_gpu_counts", "scaling", "study_at"]

@@ -38,7 +38,7 @@ process (Palm–Khintchine), as the closed forms assume; the tests check exponen
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -89,14 +89,26 @@ def checkpoint_restart_quantiles(work_s: float, interval_s: float, checkpoint_s:
     spare pool; the swap and the global restart with one). ``rate_count``: the failures the
     rate was estimated from (``rate_mttfs``; 0: the rate taken as exact). Infinite where no
     segment or restart can be expected to finish."""
+    parts = checkpoint_restart_parts(work_s, interval_s, checkpoint_s, restarts, mttf_s,
+                                     persist_s, rate_count=rate_count)
+    return (tuple(math.inf for _ in quantiles) if parts is None
+            else mixture_quantiles(parts, quantiles))
+
+
+def checkpoint_restart_parts(work_s: float, interval_s: float, checkpoint_s: float,
+                             restarts: Sequence[tuple[float, float]], mttf_s: float,
+                             persist_s: float = 0.0, *, rate_count: float = 0.0
+                             ) -> list[Mixture] | None:
+    """``checkpoint_restart_quantiles``' distribution: one mixture per rate point (equal
+    weights), or None where no segment or restart can be expected to finish."""
     parts = []
     for mttf in rate_mttfs(mttf_s, rate_count):
         lam, seg = 1 / mttf, interval_s + checkpoint_s
         if lam * max(seg, *(r + persist_s for _, r in restarts)) > 700:
-            return tuple(math.inf for _ in quantiles)
+            return None
         parts.append(_checkpoint_restart(work_s, interval_s, checkpoint_s, restarts, mttf,
                                          persist_s))
-    return mixture_quantiles(parts, quantiles)
+    return parts
 
 
 def rate_mttfs(mttf_s: float, rate_count: float) -> list[float]:
@@ -169,10 +181,9 @@ def _cost_sums(k: np.ndarray, x_mean: float, x_var: float,
     return np.where(valid, means, 0.0), np.where(valid, variances, 0.0), weights
 
 
-def mixture_quantiles(parts: Sequence[Mixture], quantiles: Sequence[float] = QUANTILES
-                      ) -> tuple[float, ...]:
-    """The quantiles of an equal-weight mixture of ``parts`` (one per rate point), by bisection
-    on its distribution function (a point mass where a component's deviation is 0)."""
+def mixture_cdf(parts: Sequence[Mixture]) -> Callable[[float], float]:
+    """The distribution function of an equal-weight mixture of ``parts`` (one per rate point):
+    each a weighted sum of normals, a point mass where a component's deviation is 0."""
     probs = np.concatenate([x[0] for x in parts]) / len(parts)
     means = np.concatenate([x[1] for x in parts])
     sds = np.concatenate([x[2] for x in parts])
@@ -182,6 +193,18 @@ def mixture_quantiles(parts: Sequence[Mixture], quantiles: Sequence[float] = QUA
         z = np.where(point, np.where(x >= means, np.inf, -np.inf),
                      (x - means) / np.where(point, 1.0, sds))
         return float(np.dot(probs, _phi(z)))
+
+    return cdf
+
+
+def mixture_quantiles(parts: Sequence[Mixture], quantiles: Sequence[float] = QUANTILES
+                      ) -> tuple[float, ...]:
+    """The quantiles of an equal-weight mixture of ``parts`` (one per rate point), by bisection
+    on its distribution function (``mixture_cdf``)."""
+    means = np.concatenate([x[1] for x in parts])
+    sds = np.concatenate([x[2] for x in parts])
+    point = sds == 0
+    cdf = mixture_cdf(parts)
 
     bottom = float((means - SPAN * sds).min())
     top = float((means + SPAN * sds).max()) + 1.0
@@ -232,11 +255,20 @@ def fixed_loss_quantiles(work_s: float, loss_s: float, mttf_s: float,
     ``loss_s`` and nothing rolls back: the first passage's mean W/(1 − ρ) and variance
     W·λℓ²/(1 − ρ)³, ρ = λℓ — with the chance of no failure at all, e^{−W/M}, as a point at W
     and the rest a normal of the remaining moments. ``rate_count`` as for checkpoint/restart."""
+    parts = fixed_loss_parts(work_s, loss_s, mttf_s, rate_count=rate_count)
+    return (tuple(math.inf for _ in quantiles) if parts is None
+            else mixture_quantiles(parts, quantiles))
+
+
+def fixed_loss_parts(work_s: float, loss_s: float, mttf_s: float, *, rate_count: float = 0.0
+                     ) -> list[Mixture] | None:
+    """``fixed_loss_quantiles``' distribution, one mixture per rate point, or None where the
+    failures' loss outpaces the work (ρ ≥ 1)."""
     parts = []
     for mttf in rate_mttfs(mttf_s, rate_count):
         rho = loss_s / mttf
         if rho >= 1:
-            return tuple(math.inf for _ in quantiles)
+            return None
         mean = work_s / (1 - rho)
         var = work_s * loss_s * loss_s / mttf / (1 - rho) ** 3
         none = math.exp(-work_s / mttf)  # P(no failure at all): the run ends at W
@@ -247,7 +279,7 @@ def fixed_loss_quantiles(work_s: float, loss_s: float, mttf_s: float,
         rest_var = max(0.0, (var + mean**2 - none * work_s**2) / (1 - none) - rest_mean**2)
         parts.append((np.array([none, 1 - none]), np.array([work_s, rest_mean]),
                       np.array([0.0, math.sqrt(rest_var)])))
-    return mixture_quantiles(parts, quantiles)
+    return parts
 
 
 def _z(q: float) -> float:

@@ -188,6 +188,11 @@ def test_a_deadline_picks_the_fewest_gpus_that_finish_in_nine_runs_of_ten(
     assert got["run_time_p90_s"].to_list() == free["run_time_p90_s"].to_list()
     assert got["meets_deadline"].to_list() == [bool(x <= days * 86400) for x in p90]
     assert sum(got["meets_deadline"].to_list()) == 2
+    # the chance of ending in time, from the same distribution as the P90: at least nine in
+    # ten where the P90 is within the deadline, fewer where it is not; none without a deadline
+    for chance, meets in zip(got["deadline_probability"], got["meets_deadline"], strict=True):
+        assert (chance >= 0.9 - 1e-9) if meets else (0 <= chance < 0.9)
+    assert free["deadline_probability"].is_null().all()
     first = fewest_meeting(got)
     assert first is not None and first["gpus"] == min(
         g for g, ok in zip(got["gpus"], got["meets_deadline"], strict=True) if ok)
@@ -212,6 +217,7 @@ def test_a_deadline_picks_the_fewest_gpus_that_finish_in_nine_runs_of_ten(
                       workers=1, deadline_days=1e6)
     assert healthy["run_time_p90_s"].to_list() == healthy["run_time_s"].to_list()
     assert healthy["meets_deadline"].to_list() == [True]
+    assert healthy["deadline_probability"].to_list() == [1.0]  # (nothing varies a healthy run)
 
 
 @pytest.mark.parametrize("days", [0.0, -3.0, float("nan"), float("inf")])

@@ -3,6 +3,7 @@ the same processes, their closed-form moments, and where `trainsim resilience` s
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -212,3 +213,28 @@ def test_the_time_to_train_plot_draws_the_spread_as_whiskers() -> None:
     assert spans == [(26.4, 26.6), (27.9, 29.6)]
     bare = plots.time_to_train_by_policy(frame.drop("wall_clock_p10_s", "wall_clock_p90_s"))
     assert len(bare.axes[0].containers) == 1  # (no spread, no whiskers)
+
+
+@given(case=st.sampled_from(sorted(CASES)), count=st.sampled_from([0.0, 8.0, 400.0]),
+       loss=st.booleans())
+@settings(max_examples=24, deadline=None)
+def test_the_chance_by_a_date_inverts_the_percentiles(case: str, count: float,
+                                                      loss: bool) -> None:
+    """``mixture_cdf`` is the distribution the percentiles are read from: at each percentile
+    it reaches its level (a point mass may carry it past), just below it it has not, and it
+    only grows — for checkpoint/restart and for a fixed loss a failure, rates exact or
+    counted."""
+    work, tau, delta, restart, mttf, persist = CASES[case]
+    parts = (WS.fixed_loss_parts(work, restart, mttf, rate_count=count) if loss else
+             WS.checkpoint_restart_parts(work, tau, delta, [(1.0, restart)], mttf, persist,
+                                         rate_count=count))
+    assert parts is not None
+    cdf = WS.mixture_cdf(parts)
+    levels = (0.1, 0.5, 0.9)
+    at = WS.mixture_quantiles(parts, levels)
+    for q, x in zip(levels, at, strict=True):
+        assert cdf(x) >= q - 1e-6
+        assert cdf(x * (1 - 1e-6)) <= q + 1e-6
+    grid = np.linspace(min(at) * 0.9, max(at) * 1.1, 40)
+    values = [cdf(float(x)) for x in grid]
+    assert all(b >= a - 1e-12 for a, b in itertools.pairwise(values))
