@@ -130,8 +130,8 @@ def evaluate_strategy(study: Study, s: Strategy, *, replay_it: bool = True,
             row["status"] = "screened: not replayed, " + replay_size.why(nodes)
     if study.has_failures:  # (the end date's spread for the rows chosen for replay, replayed
         # or too large to be: a few, ms each — a scale study's best may be either)
-        row.update(_failures(study, s, row["step_time_s"], fast, placed,
-                             spread=replay_it))
+        row.update(failure_columns(study, s, row["step_time_s"], fast, placed,
+                                   spread=replay_it))
     elif study.tokens > 0:  # nothing fails: the healthy run (goodput is not modelled: empty)
         row["time_to_train_s"] = study.tokens / row["tokens_per_s"]
     return row
@@ -195,16 +195,24 @@ def _union(frame: pl.DataFrame) -> list[tuple[float, float]]:
     return union_intervals(frame["start_s"].to_numpy(), frame["end_s"].to_numpy())
 
 
-def _failures(study: Study, s: Strategy, step_time_s: float, fast: Any,
-              placed: Placement | None, *, spread: bool = False) -> dict[str, Any]:
+def failure_columns(study: Study, s: Strategy, step_time_s: float, fast: Any,
+                    placed: Placement | None, *, spread: bool = False,
+                    by_s: float | None = None) -> dict[str, Any]:
+    """A result row's columns under the study's failures at ``step_time_s``: the global
+    restart's goodput, time to train and (``spread``) its P90, the best policy's; with
+    ``by_s`` (and ``spread``), the global restart's chance of ending by then too
+    (``deadline_probability``)."""
     rows = resilience_rows(study, s, fast._replace(step_time_s=step_time_s),
-                           placed.where if placed else None, spread=spread)
+                           placed.where if placed else None, spread=spread, by_s=by_s)
     g = next(r for r in rows if r["policy"] == "global_restart")  # always among the policies
     best = min(rows, key=lambda r: r["expected_wall_clock_s"])  # the first of equals, as a sort
-    return {"goodput": g["goodput"], "time_to_train_s": g["expected_wall_clock_s"],
-            "time_to_train_p90_s": g["wall_clock_p90_s"],
-            "best_policy": best["policy"], "best_policy_goodput": best["goodput"],
-            "best_policy_time_to_train_s": best["expected_wall_clock_s"]}
+    out = {"goodput": g["goodput"], "time_to_train_s": g["expected_wall_clock_s"],
+           "time_to_train_p90_s": g["wall_clock_p90_s"],
+           "best_policy": best["policy"], "best_policy_goodput": best["goodput"],
+           "best_policy_time_to_train_s": best["expected_wall_clock_s"]}
+    if by_s is not None:
+        out["deadline_probability"] = g.get("wall_clock_by_probability")
+    return out
 
 
 def compare(study: Study, *, progress: Callable[[int, int], None] | None = None,

@@ -281,11 +281,11 @@ def policy_rows(*, failure: FailureModel, gpus: int, work_s: float,
                                    failure.observed_failures) if spread else None)
         p10, p50, p90 = (None, None, None) if dist is None else (
             x / progress for x in dist.quantiles())
+        by = {} if by_s is None else {  # (only where asked: no column of nulls otherwise)
+            "wall_clock_by_probability": None if dist is None else dist.by(by_s * progress)}
         rows.append({"policy": policy, "goodput": ettr, "expected_wall_clock_s": wall,
                      "wall_clock_p10_s": p10, "wall_clock_p50_s": p50,
-                     "wall_clock_p90_s": p90,
-                     "wall_clock_by_probability": (None if dist is None or by_s is None
-                                                   else dist.by(by_s * progress)),
+                     "wall_clock_p90_s": p90, **by,
                      "failure_rate_count": failure.observed_failures,
                      "expected_gpu_hours": wall * gpus / HOUR_S,
                      "expected_failures": wall / mttf, "checkpoint_interval_s": tau,

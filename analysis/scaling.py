@@ -12,9 +12,10 @@ to ``gpus-<N>/`` under the output directory, resumable as any sweep is; the scal
 ``scaling.parquet`` and ``scaling.csv``.
 
 A deadline (``deadline_days``) turns the table into the planner's answer: the fewest GPUs whose
-run ends by it in nine runs of ten — the P90 of the end date (``analysis.wall_spread``, on the
-replayed best of each count) where the study has failures, the run's time where it has none
-(``fewest_meeting``).
+run ends by it in nine runs of ten — the P90 of the end date (``analysis.wall_spread``, of each
+count's best, the row chosen for replay) where the study has failures, the run's time where it
+has none (``fewest_meeting``) — and each count's chance of ending in time
+(``deadline_chance``).
 """
 
 from __future__ import annotations
@@ -165,14 +166,13 @@ def deadline_chance(study: Study, row: dict[str, Any], deadline_s: float) -> flo
     """The chance that a result row's run ends by ``deadline_s`` under the study's failures:
     the global restart's end-date distribution (``analysis.wall_spread``) at the row's step —
     the same whose P90 the row carries (``time_to_train_p90_s``)."""
-    from analysis.evaluate import resilience_rows
+    from analysis.compare import failure_columns
     from analysis.mixed import placed_fast
     from analysis.strategy_row import strategy_from_row
 
     s, fast, placed = placed_fast(study, strategy_from_row(row))
-    rows = resilience_rows(study, s, fast._replace(step_time_s=row["step_time_s"]),
-                           placed.where if placed else None, spread=True, by_s=deadline_s)
-    got = next(r for r in rows if r["policy"] == "global_restart")["wall_clock_by_probability"]
+    got = failure_columns(study, s, row["step_time_s"], fast, placed, spread=True,
+                          by_s=deadline_s)["deadline_probability"]
     return None if got is None else float(got)
 
 
