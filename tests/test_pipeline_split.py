@@ -4,11 +4,14 @@ others hold one, as in Llama 3 405B's own layout (Dubey et al. 2024 §3.3.2)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from analysis.fastpath import estimate
 from replay import get_system, replay
@@ -157,3 +160,62 @@ def test_zero2_times_as_zero1_and_shares_its_memos(kw: dict) -> None:
             replayed.append(replay(tmp, hw, contention=False).step_time_s)
     assert replayed[0] == replayed[1]
     assert cold == pytest.approx(replayed[1], rel=0.02)
+
+
+def _model(layers: int) -> ModelSpec:
+    return dataclasses.replace(SMALL, num_layers=layers)
+
+
+def _end_sizes(message: str) -> list[tuple[int, int]]:
+    """The (first, last) sizes a refusal proposes; one size alone is returned as (size, 0)
+    or (0, size) after the edge it names."""
+    pairs = re.search(r"first/last sizes that split it: ([\d/, ]+)", message)
+    if pairs:
+        return [tuple(map(int, p.split("/"))) for p in pairs.group(1).split(", ")]  # type: ignore[misc]
+    one = re.search(r"(first|last)_stage_layers that split it \(.*?\): ([\d, ]+)", message)
+    assert one, message
+    return [(int(v), 0) if one.group(1) == "first" else (0, int(v))
+            for v in one.group(2).split(", ")]
+
+
+@settings(max_examples=150, deadline=None)
+@given(layers=st.integers(3, 130), pp=st.integers(2, 16), vpp=st.sampled_from([1, 2]),
+       first=st.integers(0, 140), last=st.integers(0, 140))
+def test_a_refused_end_split_proposes_splits_that_fit(layers: int, pp: int, vpp: int,
+                                                      first: int, last: int) -> None:
+    """An end-chunk size that does not split the model is refused with the nearest sizes that
+    do, and every size proposed is accepted (the message's advice works); the refusal says
+    how many layers the sizes leave or exceed."""
+    assume(first or last)
+    s = Strategy(pp=pp, vpp=vpp, schedule="interleaved_1f1b" if vpp > 1 else "1f1b",
+                 global_batch_size=4 * pp, first_stage_layers=first, last_stage_layers=last)
+    try:
+        check_fits_model(s, _model(layers))
+    except ConfigError as e:
+        message = str(e)
+    else:
+        sizes = [len(s.chunk_layers(layers, g)) for g in range(pp * vpp)]
+        assert sum(sizes) == layers and min(sizes) >= 1
+        return
+    assert f"{layers} layers on pp · vpp = {pp} · {vpp}" in message
+    if "no end sizes split it" in message:
+        return
+    proposed = _end_sizes(message)
+    assert 1 <= len(proposed) <= 4
+    for f, lst in proposed:
+        fixed = dataclasses.replace(s, first_stage_layers=f, last_stage_layers=lst)
+        check_fits_model(fixed, _model(layers))  # raises if the advice is wrong
+        sizes = [len(fixed.chunk_layers(layers, g)) for g in range(pp * vpp)]
+        assert sum(sizes) == layers and min(sizes) >= 1
+
+
+def test_deepseek_v3_on_16_stages_is_told_the_splits_of_its_61_layers() -> None:
+    """61 layers with 3 + 3 at the ends leave 55 for 14 stages; the nearest end sizes that
+    leave a multiple of 14 (56) are named, nearest first."""
+    s = Strategy(pp=16, dp=128, ep=64, global_batch_size=15360, first_stage_layers=3,
+                 last_stage_layers=3)
+    with pytest.raises(ConfigError) as e:
+        check_fits_model(s, get_model("deepseek-v3"))
+    assert ("first_stage_layers 3 and last_stage_layers 3 leave 55 layers, not a multiple of "
+            "the other 14 stages") in str(e.value)
+    assert "first/last sizes that split it: 2/3, 3/2, 1/4, 4/1" in str(e.value)

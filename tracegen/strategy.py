@@ -1000,13 +1000,57 @@ def _layer_split_problems(s: Strategy, m: ModelSpec) -> list[str]:
     middle = (m.num_layers - head - tail) // (n_chunks - 2) if n_chunks > 2 else head
     if head + tail + (middle * (n_chunks - 2) if n_chunks > 2 else 0) != m.num_layers or min(
             head, tail, middle) < 1:
-        sizes = [len(s.chunk_layers(m.num_layers, g)) for g in range(n_chunks)]
-        first, last = s.first_stage_layers, s.last_stage_layers
-        what = "stages" if s.vpp == 1 else "model chunks (pp · vpp)"
-        return [f"first_stage_layers {first} and last_stage_layers {last} leave "
-                f"{m.num_layers - first - last} layers that do not split evenly over the "
-                f"{max(n_chunks - 2, 0)} middle {what} (sizes would be {sizes})"]
+        return [_edge_split_message(s, m.num_layers)]
     return []
+
+
+def _edge_split_message(s: Strategy, num_layers: int) -> str:
+    """Why the end-chunk sizes given do not split ``num_layers`` (every chunk at least one
+    layer, the middle ones equal), with the nearest sizes that do."""
+    n = s.pp * s.vpp
+    first, last = s.first_stage_layers, s.last_stage_layers
+    what = "stages" if s.vpp == 1 else "model chunks"
+    on = f"{num_layers} layers on pp · vpp = {s.pp} · {s.vpp}"
+    if first and last:
+        given, others, rest = (f"first_stage_layers {first} and last_stage_layers {last}",
+                               n - 2, num_layers - first - last)
+    else:
+        edge = "first" if first else "last"
+        given, others, rest = f"{edge}_stage_layers {first or last}", n - 1, num_layers - (
+            first or last)
+    both = bool(first and last)
+    if rest < 0 or others == 0:
+        why = (f"{given} add up to {num_layers - rest}, " if both else f"{given} is ") + (
+            "more than" if rest < 0 else "not") + f" the model's {num_layers} layers"
+    else:
+        verb = "leave" if both else "leaves"
+        why = f"{given} {verb} {rest} layer{'s' if rest != 1 else ''}" + (
+            f" for the other {others} {what}, which need at least one each" if rest < others
+            else f", not a multiple of the other {others} {what}")
+    if both:
+        pairs = _nearest_edge_splits(num_layers, n, first, last)
+        fits = ", ".join(f"{f}/{lst}" for f, lst in pairs)
+        hint = f"first/last sizes that split it: {fits}" if fits else ""
+    else:
+        sizes = [e for e in range(1, num_layers) if (num_layers - e) % (n - 1) == 0
+                 and num_layers - e >= n - 1]
+        near = sorted(sizes, key=lambda e: abs(e - (first or last)))[:4]
+        hint = (f"{'first' if first else 'last'}_stage_layers that split it (the other "
+                f"{what} equal): {', '.join(map(str, near))}") if near else ""
+    return f"{why} ({on}); " + (hint or "no end sizes split it: choose another pp · vpp")
+
+
+def _nearest_edge_splits(num_layers: int, n: int, first: int, last: int,
+                         limit: int = 4) -> list[tuple[int, int]]:
+    """Up to ``limit`` (first, last) end-chunk sizes that split ``num_layers`` over ``n`` chunks
+    with equal middle ones of at least one layer, nearest the sizes given first."""
+    out = []
+    for f in range(1, num_layers):
+        for lst in range(1, num_layers - f + 1):
+            rest = num_layers - f - lst
+            if (n == 2 and rest == 0) or (n > 2 and rest >= n - 2 and rest % (n - 2) == 0):
+                out.append((abs(f - first) + abs(lst - last), f, lst))
+    return [(f, lst) for _, f, lst in sorted(out)[:limit]]
 
 
 def _layout_fit_problems(s: Strategy, m: ModelSpec) -> list[str]:
