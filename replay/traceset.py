@@ -110,13 +110,15 @@ def trace_files(path: Path) -> tuple[Path, str, dict[int, Path], dict[str, Any] 
         name = manifest["name"]
         files = {r: p / f"{name}.{r}.et" for r in manifest["ranks_written"]}
         missing = [r for r, f in files.items() if not f.is_file()]
+        expected = len(files)
     else:
         name, files = _find_files(p)
         missing = [r for r in range(max(files) + 1) if r not in files]
+        expected = max(files) + 1
     if missing:
         shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
         raise TraceFormatError(f"trace set {p}: rank file(s) missing for rank(s) {shown} "
-                               f"({len(missing)} of {len(files) + len(missing)})")
+                               f"({len(missing)} of {expected})")
     return (p if p.is_dir() else p.parent), name, files, manifest
 
 

@@ -3,6 +3,7 @@ a fuzz test feeds thousands of mutated ET files to the reader."""
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections.abc import Callable
@@ -92,7 +93,8 @@ def test_malformed_file(tmp_path: Path, case: str) -> None:
 def test_missing_rank_file(tmp_path: Path) -> None:
     for r in (0, 1, 3):
         _write(tmp_path / f"w.{r}.et", META, _node(id=1, name="a", type=pb.COMP_NODE))
-    with pytest.raises(TraceFormatError, match=r"rank file\(s\) missing for rank\(s\) 2"):
+    with pytest.raises(TraceFormatError, match=r"rank file\(s\) missing for rank\(s\) 2 "
+                                               r"\(1 of 4\)"):
         load_trace_set(tmp_path / "w")
 
 
@@ -101,7 +103,8 @@ def test_missing_rank_file_of_a_manifest_set(tmp_path: Path) -> None:
 
     shutil.copytree(GOLDEN, tmp_path / "g")
     (tmp_path / "g" / "tiny.5.et").unlink()
-    with pytest.raises(TraceFormatError, match=r"missing for rank\(s\) 5"):
+    written = len(json.loads((GOLDEN / "manifest.json").read_text())["ranks_written"])
+    with pytest.raises(TraceFormatError, match=rf"missing for rank\(s\) 5 \(1 of {written}\)"):
         load_trace_set(tmp_path / "g")
 
 
