@@ -93,6 +93,7 @@ from replay.hardware import SystemSpec, resolve_system
 from tracegen import ConfigError, ModelSpec, Strategy, resolve_model
 from tracegen._config import is_finite_number, load_mapping
 from tracegen.catalog import DOC_SUFFIX, SEQ_SUFFIX
+from tracegen.errors import unknown_key
 from tracegen.strategy import check_fits_model
 
 KNOWN_KEYS = {"model", "seq_len", "documents", "system", "gpus", "global_batch_size", "tokens",
@@ -171,7 +172,7 @@ def load_study(path: str | Path) -> Study:
 def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | None = None
                     ) -> Study:
     unknown = sorted(set(data) - KNOWN_KEYS)
-    problems = [f"unknown key {k!r} (known: {', '.join(sorted(KNOWN_KEYS))})" for k in unknown]
+    problems = [unknown_key(k, KNOWN_KEYS) for k in unknown]
     for key in ("model", "system", "gpus", "global_batch_size"):
         if key not in data:
             problems.append(f"missing required key {key!r}")
@@ -338,7 +339,7 @@ def _mixed(data: dict[str, Any], base: Path | None, name: str) -> MixedCluster |
     table = data.get("mixed")
     if not table:
         return None
-    problems = [f"[mixed]: unknown key {k!r} (known: {', '.join(sorted(MIXED_KEYS))})"
+    problems = [unknown_key(k, MIXED_KEYS, label="[mixed]: unknown key")
                 for k in sorted(set(table) - MIXED_KEYS)]
     gpus, ref = table.get("gpus"), table.get("system")
     if isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 < gpus < data["gpus"]:

@@ -36,6 +36,7 @@ from replay.attention_kernels import KERNELS, kernel_overrides
 from replay.hardware import GPU_ALIASES, SystemSpec, get_system
 from tracegen import ConfigError, ModelSpec, Strategy, TrainsimError, generate
 from tracegen._config import is_finite_number
+from tracegen.errors import unknown_key
 from tracegen.strategy import with_shorter_end_chunks
 from tracegen.units import GiB
 
@@ -583,7 +584,8 @@ def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = 
         get_system(name).with_overrides(system_over)  # a bad override fails once, here
     unknown = sorted(set(strategy_over) - {f.name for f in dataclasses.fields(Strategy)})
     if unknown:  # ... and here; values are checked per row, with the row's own fields
-        raise ConfigError([f"unknown key {k!r}" for k in unknown], what="strategy override")
+        raise ConfigError([unknown_key(k, (f.name for f in dataclasses.fields(Strategy)))
+                           for k in unknown], what="strategy override")
     wrong = [p for k, v in strategy_over.items() if (p := _override_type_problem(k, v))]
     if wrong:  # a value of the wrong kind fails every row: once, here (not 49 skipped rows)
         raise ConfigError(wrong, what="strategy override")

@@ -50,7 +50,7 @@ from replay.compute import ComputeModel, RooflineCompute
 from replay.hardware import SystemSpec, resolve_system
 from replay.network import AlphaBetaNetwork, CommCost, NetworkModel
 from tracegen._config import load_mapping
-from tracegen.errors import ConfigError
+from tracegen.errors import ConfigError, unknown_key
 from tracegen.routing import Route
 from tracegen.units import NS_PER_S, NS_PER_US
 
@@ -153,14 +153,14 @@ class _Ctx:
     simulated: set[int]
     stands_for: dict[int, tuple[int, ...]] | None = None
 
-    def fail(self, msg: str) -> ConfigError:
+    def fail(self, msg: str | list[str]) -> ConfigError:
         return ConfigError(msg, what=f"scenario {self.name!r}")
 
     def _keys(self, d: dict[str, Any], section: str, allowed: set[str]) -> None:
         extra = set(d) - allowed
         if extra:
-            raise self.fail(f"[[{section}]]: unknown key(s) {sorted(extra)}; known: "
-                            f"{', '.join(sorted(allowed))}")
+            raise self.fail([unknown_key(k, allowed, label=f"[[{section}]]: unknown key")
+                             for k in sorted(extra)])
 
     def ranks(self, d: dict[str, Any], section: str) -> list[int]:
         if ("ranks" in d) == ("nodes" in d):

@@ -125,7 +125,9 @@ def test_fault_events_have_their_own_perfetto_track(tmp_path: Path) -> None:
     ("[[straggler]]\nranks = [0]\nslowdown = 0.5\n", "slowdown 0.5 < 1 would make the rank faster"),
     ("[[link]]\nranks = [0]\nbandwidth_factor = 1.5\n", r"bandwidth_factor is a fraction"),
     ("[[link]]\nranks = [0]\ntier = \"pcie\"\nbandwidth_factor = 0.5\n", "tier must be 'nic', 'nvlink' or 'switch'"),
-    ("[[straggler]]\nranks = [0]\nslowdown = 2.0\nspeed = 3\n", r"unknown key\(s\) \['speed'\]"),
+    ("[[straggler]]\nranks = [0]\nslowdown = 2.0\nspeed = 3\n", r"\[\[straggler\]\]: unknown key 'speed' "
+                                                               r"\(known keys: "),
+    ("[[straggler]]\nranks = [0]\nslowdwn = 2.0\n", r"unknown key 'slowdwn' \(did you mean 'slowdown'\?"),
     ("[[stragglers]]\nranks = [0]\n", r"unknown section\(s\) \['stragglers'\]"),
     ("[[gpu]]\nranks = [0]\nsystem = \"tpu-v9\"\n", "no preset system named 'tpu-v9'"),
     ("[[straggler]]\nnodes = [0]\nranks = [0]\nslowdown = 2.0\n", "exactly one of ranks"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -72,7 +73,7 @@ FIT_CASES = [
     (dict(tp=16), "num_kv_heads 8 is not divisible by tp 16; choose tp among [1, 2, 4, 8]"),
     (dict(pp=5), "num_layers 32 is not divisible by pp · vpp = 5 · 1 = 5"),
     (dict(pp=2, first_stage_layers=5, last_stage_layers=5),
-     "first_stage_layers 5 and last_stage_layers 5 leave 22 layers"),
+     "first_stage_layers 5 and last_stage_layers 5 add up to 10, not the model's 32 layers"),
     (dict(ep=2, dp=2, global_batch_size=2), "ep = 2 needs a mixture-of-experts model"),
     (dict(cp=3), "seq_len 8192 is not divisible by 2·cp = 6"),
 ]
@@ -198,3 +199,16 @@ def test_what_a_sweep_rules_out_early_a_strategy_refuses(tp, pp, dp, vpp, mbs, g
                    "tp_comm_overlap", "zb_v needs pp", "zb_v is modelled without "
                    "tp_comm_overlap", "zb_v runs two model chunks", "or 'zb_v' with vpp 2")
         assert not any(text in refused for text in covered), refused
+
+
+@pytest.mark.parametrize(("key", "hint"), [("tpp", "did you mean 'tp'? "),
+                                           ("zero_stag", "did you mean 'zero_stage'? "),
+                                           ("gradient_accumulation", "")])
+def test_a_misspelt_key_is_named_with_the_nearest_known_one(key: str, hint: str) -> None:
+    """A study's or strategy file's misspelt key gets the nearest known key (difflib's 0.6),
+    and none where nothing is near; every known key is listed either way."""
+    with pytest.raises(ConfigError) as info:
+        Strategy.from_dict({key: 1, "pp": 1})
+    text = str(info.value)
+    assert f"unknown key {key!r} ({hint}known keys: " in text
+    assert all(f.name in text for f in dataclasses.fields(Strategy))

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, TypeGuard, TypeVar
 
-from tracegen.errors import ConfigError
+from tracegen.errors import ConfigError, unknown_key
 
 T = TypeVar("T")
 
@@ -36,11 +36,7 @@ def load_mapping(path: Path, *, what: str) -> dict[str, Any]:
 def build(cls: type[T], data: dict[str, Any], *, what: str) -> T:
     """Construct ``cls`` from ``data``, rejecting unknown keys and wrong types with one message."""
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    problems = [
-        f"unknown key {k!r} (known keys: {', '.join(sorted(fields))})"
-        for k in data
-        if k not in fields
-    ]
+    problems = [unknown_key(k, fields) for k in data if k not in fields]
     kwargs: dict[str, Any] = {}
     for name, value in data.items():
         if name not in fields:

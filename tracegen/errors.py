@@ -12,6 +12,9 @@ Every message says what is wrong, with the offending values, and what would fix 
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class TrainsimError(Exception):
     """Base of every error trainsim raises on purpose."""
@@ -29,6 +32,15 @@ class ConfigError(TrainsimError):
             lines = "\n".join(f"  - {p}" for p in self.problems)
             msg = f"invalid {what} ({len(self.problems)} problems):\n{lines}"
         super().__init__(msg)
+
+
+def unknown_key(key: str, known: Iterable[str], *, label: str = "unknown key") -> str:
+    """``unknown key 'tpp' (did you mean 'tp'? known keys: ...)``: a misspelt key named with the
+    nearest known one (difflib's ratio ≥ 0.6), and every known key."""
+    names = sorted(known)
+    near = difflib.get_close_matches(key, names, n=1)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    return f"{label} {key!r} ({hint}known keys: {', '.join(names)})"
 
 
 class TraceFormatError(TrainsimError):
