@@ -64,7 +64,8 @@ def curve_call_flop(seq: int) -> int:
     return 2 * 16384 * 2048 * seq
 
 
-def attention_tiles(flop: int, seq: int, kv_len: int, head_dim: int, backward: bool) -> float:
+def attention_tiles(flop: int, seq: int, kv_len: int, head_dim: int, backward: bool,
+                    causal: bool = True) -> float:
     """Query tiles of one causal attention call: b·heads = forward FLOPs / (2·s·s_kv·d)
     (tracegen's count, 4·b·s·s_kv·d·heads/2), times ⌈s/128⌉; 0 where the shape is unknown.
     A context-parallel ring's ops carry a step's K/V length (s/cp): its first step is exact,
@@ -73,7 +74,25 @@ def attention_tiles(flop: int, seq: int, kv_len: int, head_dim: int, backward: b
     if seq <= 0 or kv_len <= 0 or head_dim <= 0:
         return 0.0
     fwd = flop / ATTN_FLASH_BWD_FLOP if backward else flop
-    return fwd / (2 * seq * kv_len * head_dim) * -(-seq // ATTN_TILE_ROWS)
+    per_call = (2 if causal else 4) * seq * kv_len * head_dim  # a full call: every pair
+    return fwd / per_call * -(-seq // ATTN_TILE_ROWS)
+
+
+def full_attention_efficiency(g: GPUSpec, flop: int, seq: int, kv_len: int, head_dim: int,
+                              backward: bool) -> float:
+    """Forward efficiency of an attention call without a causal mask, ``seq`` queries each
+    attending all ``kv_len`` keys (a context-parallel ring's later steps: a chunk's queries
+    against another rank's keys). The causal curves are read where a causal call's rows
+    attend as many keys on average, length 2·kv_len (a sliding window's convention), without
+    the half tile a causal row wastes at its diagonal (``band_edge``'s (n + 128)/n at that
+    length), and its tiles, all of equal work, lose only whole waves
+    (``GPUSpec.attention_full_occupancy``). Checked, not fitted: an H200's ring steps at
+    cp 2 (bench/device run 4, tests/test_context_parallel.py)."""
+    n = 2 * kv_len
+    return (g.attention_efficiency * n / (n + g.attention_half_seq)
+            * (n + ATTN_TILE_ROWS) / n * g.attention_head_ratio(head_dim)
+            * g.attention_full_occupancy(
+                attention_tiles(flop, seq, kv_len, head_dim, backward, causal=False)))
 
 
 def band_edge(seq: int, kv_len: int) -> float:
@@ -146,15 +165,18 @@ class RooflineCompute:
                               "nor duration_micros: nothing to time it by")
         return self.op_ns(a.get("op_type", ""), flop, nbytes, a.get("gemm_m", 0),
                           a.get("gemm_n", 0), a.get("dtype", 1), node.name.endswith("_bwd"),
-                          a.get("gemm_k", 0), a.get("gemm_splits", 1), a.get("gemm_groups", 1))
+                          a.get("gemm_k", 0), a.get("gemm_splits", 1), a.get("gemm_groups", 1),
+                          a.get("attn_causal", True))
 
     def op_ns(self, op_type: str, flop: int, nbytes: int, m: int, n: int, dtype_code: int,
-              backward: bool, k: int = 0, splits: int = 1, groups: int = 1) -> int:
+              backward: bool, k: int = 0, splits: int = 1, groups: int = 1,
+              causal: bool = True) -> int:
         """Duration of an op described by its attributes (cached). For attention, m and n are
-        the query and key lengths and k the head dimension; a GEMM of ``splits`` > 1 runs as
-        that many kernels of m/splits rows (``Op.splits``), each launched; one of ``groups``
-        > 1 as that many m×n×k GEMMs one after another (``Op.groups``)."""
-        key = (op_type, flop, nbytes, m, n, dtype_code, backward, k, splits, groups)
+        the query and key lengths and k the head dimension, and ``causal`` False a call
+        without the mask (``Op.causal``); a GEMM of ``splits`` > 1 runs as that many kernels
+        of m/splits rows (``Op.splits``), each launched; one of ``groups`` > 1 as that many
+        m×n×k GEMMs one after another (``Op.groups``)."""
+        key = (op_type, flop, nbytes, m, n, dtype_code, backward, k, splits, groups, causal)
         t = self._cache.get(key)
         if t is None:
             t = self._cache[key] = self.explain(*key).total_ns
@@ -170,27 +192,31 @@ class RooflineCompute:
         return self.explain(*self._op_key(op))
 
     @staticmethod
-    def _op_key(op: Op) -> tuple[str, int, int, int, int, int, bool, int, int, int]:
+    def _op_key(op: Op) -> tuple[str, int, int, int, int, int, bool, int, int, int, bool]:
         return (op.kind, op.flop, op.bytes, op.m, op.n, DTYPE_CODE[op.dtype],
-                op.name.endswith("_bwd"), op.k, op.splits, op.groups)
+                op.name.endswith("_bwd"), op.k, op.splits, op.groups, op.causal)
 
     def explain(self, op_type: object, flop: int, nbytes: int, m: int, n: int,
-                dtype_code: int, backward: bool, k: int = 0, splits: int = 1, groups: int = 1
-                ) -> OpCost:
+                dtype_code: int, backward: bool, k: int = 0, splits: int = 1, groups: int = 1,
+                causal: bool = True) -> OpCost:
         """``op_ns``'s duration with the terms it is made of (``op_ns`` caches its total)."""
         g = self.gpu
         dtype = DTYPE_FROM_CODE.get(dtype_code, "bf16")
         mem_s = nbytes / (g.hbm_bytes_per_s * g.memory_efficiency)
         if op_type == "attention" and not g.flash_attention:
             # (a window's band: the unfused path computes the whole score matrix and masks it)
-            return self._unfused_attention(flop * m // n if 0 < n < m else flop, head_dim=k,
+            return self._unfused_attention(flop * m // n if causal and 0 < n < m else flop,
+                                           head_dim=k,
                                            kv_len=max(m, n), dtype=dtype, backward=backward)
         eff = 0.0
-        if op_type == "attention":
+        if op_type == "attention" and not causal and m > 0 and n > 0:
+            eff = full_attention_efficiency(g, flop, m, n, k, backward)
+        elif op_type == "attention":
             seq = max(min(m, n) if n > 0 else m, 1)
             eff = (g.attention_efficiency * seq / (seq + g.attention_half_seq)
                    * g.attention_head_ratio(k) * g.attention_occupancy(
                        attention_tiles(flop, m, n, k, backward)) * band_edge(m, n))
+        if op_type == "attention":
             if backward:
                 eff *= ATTN_BWD_RATIO * g.attention_bwd_head_ratio(k)
             comp_s = flop / (g.tensor_flop_per_s(dtype) * eff)

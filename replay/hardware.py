@@ -148,6 +148,21 @@ class GPUSpec:
         T held at ``ATTN_MAX_TILES``, the largest call measured."""
         return tile_occupancy(tiles, self.attention_half_tiles)
 
+    def attention_full_occupancy(self, tiles: float) -> float:
+        """The same for a call without a causal mask (a context-parallel ring's later steps):
+        its tiles all do equal work, so only whole waves over the SMs are lost — T over
+        ⌈T/SMs⌉·SMs, relative to the same at ``ATTN_REF_TILES`` and at most 1 (1 where the
+        causal occupancy is unmeasured, T₀ 0, or T unknown). Checked against an H200's ring
+        steps (tests/test_context_parallel.py)."""
+        if self.attention_half_tiles <= 0 or tiles <= 0:
+            return 1.0
+        sms = self.sm_count
+
+        def waves(t: float) -> float:
+            return t / (math.ceil(t / sms) * sms)
+
+        return min(1.0, waves(tiles) / waves(ATTN_REF_TILES))
+
     def attention_head_ratio(self, head_dim: int) -> float:
         """Attention efficiency at ``head_dim`` over that at 128: log-linear in the head dim
         between the measured 64, 128 and 256, constant outside (0: unknown, taken as 128)."""

@@ -39,7 +39,7 @@ _INT_ATTRS = frozenset({"num_ops", "tensor_size", "comm_type", "comm_size", "com
                         "comm_tag", "comm_priority", "gemm_m", "gemm_n", "gemm_k", "gemm_splits",
                         "gemm_groups", "dtype",
                         *ROUTE_ATTRS})
-_BOOL_ATTRS = frozenset({"is_cpu_op"})
+_BOOL_ATTRS = frozenset({"is_cpu_op", "attn_causal"})
 _SIZE_ATTRS = frozenset({"comm_size", "num_ops", "tensor_size"})
 _STR_ATTRS = frozenset({"pg_name", "op_type"})
 _COUNT_ATTRS = ("gemm_splits", "gemm_groups")  # kernels a GEMM runs as; GEMMs of a group

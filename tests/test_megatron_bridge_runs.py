@@ -66,7 +66,9 @@ def test_b200_rows_are_predicted_within_the_error_reached() -> None:
     interference is Hopper's, borrowed since the fifty-eighth session, and whose HBM the
     driver's 7.67 TB/s): Llama 3 8B on 8 GPUs 4.6% too fast (5.2% at the datasheet's 8 TB/s,
     5.4% with κ 0; 4.7% with the unfused cross-entropy then: its loss is 3% of the step),
-    Llama 3.1 405B on 128 GPUs (tp 4, pp 8, cp 2, vpp 8) 11.7% too fast (10.7% before the
+    Llama 3.1 405B on 128 GPUs (tp 4, pp 8, cp 2, vpp 8) 11.9% too fast (11.7% before the ring's
+    later steps were costed as calls without the causal mask, sixty-sixth session; 10.7% before
+    the
     split GEMMs' chunks shared the SMs on Transformer Engine's three streams, sixty-fifth
     session; 10.9% at 8 TB/s,
     15.3% with κ 0; 15.1% with 2-byte parameter gathers; 17.4%
@@ -90,7 +92,9 @@ def test_newest_stack_is_predicted_within_the_error_reached() -> None:
     OpenXLA's sm_90 table, TP-overlapped GEMMs in Transformer Engine's chunks, the ring's
     per-step output merges, the recipe's fused cross-entropy): Llama 3 70B (tp 4, pp 8, vpp 5)
     1.9-3.1% too slow in all three releases (2.6-3.8% with the unfused loss), Llama 3.1 405B
-    (tp 8, pp 8, cp 2, vpp 8) 6.2-10.0% too fast (5.0-8.7% before the chunks of its split
+    (tp 8, pp 8, cp 2, vpp 8) 7.6-11.3% too fast (6.2-10.0% before the ring's later steps were
+    costed as calls without the causal mask, as an H200 measured them, sixty-sixth session;
+    5.0-8.7% before the chunks of its split
     GEMMs shared the SMs on Transformer Engine's three streams, sixty-fifth session; 4.9-8.5%
     before its
     parameters were gathered in FP8, twenty-sixth session; 5.8-9.9% before the ring's last hop
@@ -115,7 +119,7 @@ def test_newest_stack_is_predicted_within_the_error_reached() -> None:
     err = dict(zip(got["id"], got["error_pct"], strict=True))
     dense = {rid: e for rid, e in err.items() if "qwen3" not in rid}
     for rid, e in dense.items():
-        bound = 10.3 if "405b" in rid else 4.0 if "70b" in rid else 6.5
+        bound = 11.6 if "405b" in rid else 4.0 if "70b" in rid else 6.5
         assert abs(e) <= bound, (rid, e)
     assert pl.Series(list(dense.values())).abs().median() <= 4.5  # type: ignore[operator]
 

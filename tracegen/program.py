@@ -164,6 +164,8 @@ class RoleProgram:
                 attrs.append(("gemm_splits", "int64", op.splits))
             if op.groups > 1:  # GEMMs of that shape it runs side by side (one per local expert)
                 attrs.append(("gemm_groups", "int64", op.groups))
+            if not op.causal:  # attention of every query with every key (a ring's later steps)
+                attrs.append(("attn_causal", "bool", False))
             attrs.append(("dtype", "int64", DTYPE_CODE[op.dtype]))
             self._attr_cache[op] = attrs
         return attrs
