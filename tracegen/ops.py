@@ -379,7 +379,7 @@ def _core_attention(m: ModelSpec, st: Strategy, d: Dims, heads: int) -> list[Ite
                                 bytes=attn.bytes // st.cp, n=key_len)
     rest = dataclasses.replace(attn, flop=attn.flop - first.flop, bytes=attn.bytes - first.bytes,
                                n=key_len)
-    if not mask:
+    if not mask:  # (a document's pieces: their partial tiles unmodelled, unmeasured as such)
         rest = dataclasses.replace(rest, m=max(1, d.s // 2), causal=False)
     # Each step's output joins the result by its softmax statistics (out += out_i ·
     # exp(lse_i − lse): Transformer Engine's fused ``flash_attn_fwd_out_correction``, one pass
