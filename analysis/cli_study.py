@@ -457,10 +457,10 @@ def _kept_rows(out: Path, st: Study) -> int:
 
 
 def _print_ranking(results: Any, title: str, capacity_GiB: float) -> None:
-    from analysis.report import COLUMNS, _fmt
+    from analysis.report import _fmt, shown_columns
 
     table = Table(title=title)
-    cols = [(k, label) for k, label, _ in COLUMNS if k in results.columns]
+    cols = [(k, label) for k, label, _ in shown_columns(results)]
     for k, label in cols:  # a strategy's name is what the row is: folded, never cut short
         table.add_column(label, justify="right", overflow="fold" if k == "strategy" else "ellipsis")
     for r in results.head(15).iter_rows(named=True):

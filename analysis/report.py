@@ -132,10 +132,17 @@ def write_pages(out: Path, template: str, context: dict[str, Any]) -> Path:
     return out / "report.html"
 
 
+def shown_columns(results: pl.DataFrame) -> list[tuple[str, str, bool]]:
+    """``COLUMNS`` the results hold a value in: a study without failures has no goodput or
+    P90 column, rather than one of dashes."""
+    return [(k, label, left) for k, label, left in COLUMNS
+            if k in results.columns and not (results.height and results[k].is_null().all())]
+
+
 def _context(results: pl.DataFrame, meta: dict[str, Any], figures: list[dict[str, Any]],
              src: Path) -> dict[str, Any]:
     cols: list[dict[str, Any]] = [{"key": k, "label": label, "left": left}
-                                  for k, label, left in COLUMNS if k in results.columns]
+                                  for k, label, left in shown_columns(results)]
     rows = [{str(c["key"]): _fmt(str(c["key"]), r.get(str(c["key"]))) for c in cols}
             for r in results.head(40).iter_rows(named=True)]
     res_rows = []

@@ -50,6 +50,14 @@ def test_without_failures_the_time_to_train_is_the_healthy_run(tmp_path: Path) -
     assert frame["goodput"].null_count() == frame.height
     for r in frame.iter_rows(named=True):
         assert r["time_to_train_s"] == pytest.approx(1e9 / r["tokens_per_s"], rel=1e-12)
+    # the ranking (screen and report) drops the columns nothing fills: no column of dashes
+    from analysis.report import COLUMNS, shown_columns
+
+    shown = {k for k, _, _ in shown_columns(frame)}
+    assert {"goodput", "time_to_train_p90_s"}.isdisjoint(shown)
+    assert {"strategy", "step_time_s", "time_to_train_s"} <= shown
+    assert shown == {k for k, _, _ in COLUMNS if k in frame.columns
+                     and frame[k].null_count() < frame.height}
 
 
 def test_compare_on_a_dask_cluster_matches_the_local_run(tmp_path: Path) -> None:
