@@ -26,6 +26,7 @@ from analysis.cli_common import (
 )
 from analysis.glance import Glance, fit_advice, glance
 from analysis.op_table import by_kind, op_table
+from analysis.step_split import step_split
 from replay.compute import RooflineCompute
 from replay.hardware import SystemSpec
 from tracegen import ConfigError, ModelSpec, Strategy, resolve_model
@@ -134,6 +135,9 @@ def estimate_cmd(
         mixed = mixed_estimate(spec, strategy, sys_spec, chosen)
     g = glance(spec, strategy, sys_spec)
     print_glance(g, strategy, alone=mixed is not None, model=spec)
+    split = step_split(spec, strategy, sys_spec) if mixed is None else None
+    if split is not None:
+        console.print(split.line())
     if spec.window:
         console.print(f"sliding-window attention: {spec.window_summary()} (the others attend "
                       f"over the whole {spec.seq_len:,}-token sequence)"
@@ -175,6 +179,8 @@ def estimate_cmd(
         out = {**g.to_dict(), "strategy_fields": strategy.to_dict()}
         if table is not None and ops is not None:  # printed, so in the JSON too
             out["ops"] = table.to_dicts()
+        if split is not None:  # the parts the step is made of, as printed
+            out["step_split"] = split.as_dict()
         if unmerged is not None:  # the other end of the range the note speaks of
             out["without_merged_passes"] = unmerged
         if experts is not None:  # a rank's group of experts, what the note reads

@@ -171,6 +171,36 @@ def stacked_breakdown(results: pl.DataFrame, *, top: int = 12) -> Figure:
     return fig
 
 
+def step_parts(parts: dict[str, float], *, title: str = "Where the step goes") -> Figure:
+    """A step's parts (``analysis.step_split``: label → seconds, adding up to the step) as
+    one stacked bar in their order; a negative part (what merged passes hide) is drawn hatched
+    back over the parts before it, and the next part starts where it ends, so the bar ends at
+    the step."""
+    fig, ax = _figure(10, 2.2)
+    left = 0.0
+    for (label, sec), color in zip(parts.items(), plt_colors(len(parts)), strict=True):
+        if sec >= 0:
+            ax.barh([0], [sec], left=left, color=color, label=f"{label} ({sec:.3g} s)")
+        else:
+            ax.barh([0], [-sec], left=left + sec, color="white", edgecolor="black", hatch="//",
+                    alpha=0.8, label=f"{label} ({sec:.3g} s)")
+        left += sec
+    ax.axvline(left, color="black", linewidth=1)
+    ax.set_yticks([])
+    ax.set_xlabel("seconds per step")
+    ax.set_title(title)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def plt_colors(n: int) -> list[tuple[float, float, float, float]]:
+    """``n`` distinct colours from matplotlib's tab10 (tab20 past ten)."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
 # Beyond this many strategies a scatter is one solid blot (a sweep screens hundreds of
 # thousands): their density is drawn instead, on a log scale, with the front over it.
 DENSE_POINTS = 2000
