@@ -9,9 +9,10 @@ its pipeline.
 What it is not: replay's per-rank breakdown, which times every rank's streams and their
 overlaps; here a collective counts where it is exposed in series on the busiest stage (its
 ``overlap`` rows: what overlapped collectives add to the kernels beside them), and the
-pipeline's part is what the stage's own work leaves of the span. Under merged passes (combined
-1F1B), which run one micro-batch's collectives beside another's compute, that part can be
-negative: the time the merging hides."""
+pipeline's part is what the stage's own work leaves of the span (prefetched ZeRO-3, timed by
+chunk, has its own part: what its gathers and scatter tails add to the stage). Under merged
+passes (combined 1F1B), which run one micro-batch's collectives beside another's compute,
+that part can be negative: the time the merging hides."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from tracegen.strategy import Strategy
 COMPUTE = {"gemm": "GEMMs", "attention": "attention"}
 OTHER_COMPUTE = "memory-bound and other ops"  # norms, element-wise, loss, embedding, optimizer
 BESIDE = "overlapped collectives' excess (kernels slowed, transfers outlasting them)"
+ZERO3 = "ZeRO-3 gathers and reduce-scatters beyond the compute"
+OTHER_STAGE = "the stage's other time"  # (none expected: the op table's rows are its time)
 PIPELINE = "pipeline bubble, sends and waits"
 MERGED = "hidden by merged passes"
 AFTER = "after the pipeline (gradient reduction, optimizer)"
@@ -89,7 +92,12 @@ def step_split(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | 
     ordered += sorted(k for k in work if k.startswith("exposed "))
     ordered += [BESIDE] if BESIDE in work else []
     parts = [(label, work[label]) for label in ordered]
-    rest = est.pipeline_s - sum(work.values())
+    # prefetched ZeRO-3 times whole chunks, its gathers and scatter tails beside the passes
+    # (``op_table``): what the stage's time holds beyond its rows is theirs
+    streams = m * busy[stage] - sum(work.values())
+    if abs(streams) > 1e-9 * est.pipeline_s:
+        parts.append((ZERO3 if strategy.zero3_prefetch else OTHER_STAGE, streams))
+    rest = est.pipeline_s - sum(sec for _, sec in parts)
     rest = 0.0 if abs(rest) < 1e-12 * est.pipeline_s else rest  # (float sums of equal times)
     parts.append((MERGED if rest < 0 and strategy.overlap_moe_ep_comm else PIPELINE, rest))
     parts.append((AFTER, est.step_time_s - est.pipeline_s))
