@@ -29,10 +29,12 @@ from tracegen.strategy import Strategy
 COMPUTE = {"gemm": "GEMMs", "attention": "attention"}
 OTHER_COMPUTE = "memory-bound and other ops"  # norms, element-wise, loss, embedding, optimizer
 BESIDE = "overlapped collectives' excess (kernels slowed, transfers outlasting them)"
+SIDE_BY_SIDE = "ZeRO-3's dense and expert streams side by side (less than in series)"
 ZERO3 = "ZeRO-3 gathers and reduce-scatters beyond the compute"
 OTHER_STAGE = "the stage's other time"  # (none expected: the op table's rows are its time)
 PIPELINE = "pipeline bubble, sends and waits"
 MERGED = "hidden by merged passes"
+OVERLAPPING = "work of one pass beside another's (in series beyond the span)"
 AFTER = "after the pipeline (gradient reduction, optimizer)"
 
 
@@ -58,9 +60,9 @@ class StepSplit(NamedTuple):
                 f"{self.microbatches} micro-batches): " + "; ".join(shown))
 
 
-def _label(kind: str, axis: str) -> str:
-    if kind == "overlap":
-        return BESIDE
+def _label(kind: str, axis: str, us: float) -> str:
+    if kind == "overlap":  # (less than the rows in series: ZeRO-3's two streams side by side)
+        return BESIDE if us >= 0 else SIDE_BY_SIDE
     if axis:  # a collective in series: exposed on its axis
         return f"exposed {axis} communication"
     return COMPUTE.get(kind, OTHER_COMPUTE)
@@ -72,7 +74,7 @@ def stage_parts(table: pl.DataFrame) -> dict[str, float]:
     serial = table.filter(~pl.col("overlapped"))
     out: dict[str, float] = {}
     for kind, axis, us, count in serial.select("kind", "axis", "time_us", "count").iter_rows():
-        label = _label(kind, axis or "")
+        label = _label(kind, axis or "", us)
         out[label] = out.get(label, 0.0) + us * count * 1e-6
     return out
 
@@ -90,7 +92,7 @@ def step_split(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | 
     work = {label: sec * m for label, sec in per_mb.items()}
     ordered = [label for label in (*COMPUTE.values(), OTHER_COMPUTE) if label in work]
     ordered += sorted(k for k in work if k.startswith("exposed "))
-    ordered += [BESIDE] if BESIDE in work else []
+    ordered += [k for k in (BESIDE, SIDE_BY_SIDE) if k in work]
     parts = [(label, work[label]) for label in ordered]
     # prefetched ZeRO-3 times whole chunks, its gathers and scatter tails beside the passes
     # (``op_table``): what the stage's time holds beyond its rows is theirs
@@ -99,6 +101,9 @@ def step_split(model: ModelSpec | str, strategy: Strategy, system: SystemSpec | 
         parts.append((ZERO3 if strategy.zero3_prefetch else OTHER_STAGE, streams))
     rest = est.pipeline_s - sum(sec for _, sec in parts)
     rest = 0.0 if abs(rest) < 1e-12 * est.pipeline_s else rest  # (float sums of equal times)
-    parts.append((MERGED if rest < 0 and strategy.overlap_moe_ep_comm else PIPELINE, rest))
+    if rest < 0 and parts[-1][0] == ZERO3:  # one pass's streams run on under the next (GPipe)
+        parts[-1], rest = (ZERO3, parts[-1][1] + rest), 0.0
+    label = PIPELINE if rest >= 0 else MERGED if strategy.overlap_moe_ep_comm else OVERLAPPING
+    parts.append((label, rest))
     parts.append((AFTER, est.step_time_s - est.pipeline_s))
     return StepSplit(est.step_time_s, stage, m, tuple(parts))

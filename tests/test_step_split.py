@@ -12,7 +12,16 @@ from pathlib import Path
 import pytest
 
 from analysis.fastpath import estimate
-from analysis.step_split import AFTER, MERGED, OTHER_STAGE, PIPELINE, ZERO3, step_split
+from analysis.step_split import (
+    AFTER,
+    MERGED,
+    OTHER_STAGE,
+    OVERLAPPING,
+    PIPELINE,
+    SIDE_BY_SIDE,
+    ZERO3,
+    step_split,
+)
 from tracegen import ModelSpec, Strategy, get_model
 
 DENSE = ModelSpec(name="split", num_layers=8, hidden_size=1024, num_attention_heads=16,
@@ -39,7 +48,12 @@ CASES = {
     "zero-3 prefetched": (DENSE, dict(dp=8, zero_stage=3, zero3_prefetch=True,
                                       global_batch_size=16)),
     "moe": (MOE, dict(ep=4, dp=8, global_batch_size=16)),
+    "moe, zero-3": (MOE, dict(ep=2, dp=8, zero_stage=3, global_batch_size=16)),
+    "gpipe, zero-3 prefetched": (DENSE, dict(tp=2, dp=4, schedule="gpipe", zero_stage=3,
+                                             zero3_prefetch=True, global_batch_size=16)),
 }
+# the parts that may be negative, each saying what it takes back
+NEGATIVE = {MERGED, OVERLAPPING, SIDE_BY_SIDE}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -58,12 +72,13 @@ def test_the_parts_add_up_to_the_step(case: str) -> None:
     assert split.step_s == est.step_time_s and split.microbatches == s.num_microbatches
     busy = [f + b for f, b in zip(est.stage_fwd_s, est.stage_bwd_s, strict=True)]
     assert busy[split.stage] == max(busy)
-    work = sum(v for k, v in parts.items() if k not in (PIPELINE, MERGED, AFTER))
-    assert work == pytest.approx(s.num_microbatches * busy[split.stage], rel=1e-6)
+    work = sum(v for k, v in parts.items() if k not in (PIPELINE, MERGED, OVERLAPPING, AFTER))
+    if not (s.zero3_prefetch and s.schedule == "gpipe"):  # (its streams overlap across passes)
+        assert work == pytest.approx(s.num_microbatches * busy[split.stage], rel=1e-6)
     assert (ZERO3 in parts) == s.zero3_prefetch and OTHER_STAGE not in parts
     assert parts[AFTER] == pytest.approx(est.step_time_s - est.pipeline_s, abs=1e-9)
     assert parts["GEMMs"] > 0 and parts["attention"] > 0
-    assert all(v >= 0 for k, v in parts.items() if k != MERGED)
+    assert all(v >= 0 for k, v in parts.items() if k not in NEGATIVE)
     assert all(k.split()[1] in ("tp", "cp", "ep", "dp", "edp", "pp") for k in parts
                if k.startswith("exposed "))
 
