@@ -67,7 +67,8 @@ def curve_call_flop(seq: int) -> int:
 def attention_tiles(flop: int, seq: int, kv_len: int, head_dim: int, backward: bool,
                     causal: bool = True) -> float:
     """Query tiles of one causal attention call: b·heads = forward FLOPs / (2·s·s_kv·d)
-    (tracegen's count, 4·b·s·s_kv·d·heads/2), times ⌈s/128⌉; 0 where the shape is unknown.
+    (tracegen's count, 4·b·s·s_kv·d·heads/2; without the mask every pair, 4·s·s_kv·d),
+    times ⌈s/128⌉; 0 where the shape is unknown.
     A context-parallel ring's ops carry a step's K/V length (s/cp): its first step is exact,
     its cp − 1 later steps count as one call (exact at cp 2, more tiles than a step has
     beyond)."""
@@ -76,6 +77,18 @@ def attention_tiles(flop: int, seq: int, kv_len: int, head_dim: int, backward: b
     fwd = flop / ATTN_FLASH_BWD_FLOP if backward else flop
     per_call = (2 if causal else 4) * seq * kv_len * head_dim  # a full call: every pair
     return fwd / per_call * -(-seq // ATTN_TILE_ROWS)
+
+
+def causal_attention_efficiency(g: GPUSpec, flop: int, seq: int, kv_len: int, head_dim: int,
+                                backward: bool) -> float:
+    """Forward efficiency of a causal call (or a window's band, key length below the queries'):
+    the curve at min(queries, keys) × the head-dim ratio × the occupancy of its query tiles ×
+    the band's edge (module docstring)."""
+    n = max(min(seq, kv_len) if kv_len > 0 else seq, 1)
+    return (g.attention_efficiency * n / (n + g.attention_half_seq)
+            * g.attention_head_ratio(head_dim)
+            * g.attention_occupancy(attention_tiles(flop, seq, kv_len, head_dim, backward))
+            * band_edge(seq, kv_len))
 
 
 def full_attention_efficiency(g: GPUSpec, flop: int, seq: int, kv_len: int, head_dim: int,
@@ -209,14 +222,10 @@ class RooflineCompute:
                                            head_dim=k,
                                            kv_len=max(m, n), dtype=dtype, backward=backward)
         eff = 0.0
-        if op_type == "attention" and not causal and m > 0 and n > 0:
-            eff = full_attention_efficiency(g, flop, m, n, k, backward)
-        elif op_type == "attention":
-            seq = max(min(m, n) if n > 0 else m, 1)
-            eff = (g.attention_efficiency * seq / (seq + g.attention_half_seq)
-                   * g.attention_head_ratio(k) * g.attention_occupancy(
-                       attention_tiles(flop, m, n, k, backward)) * band_edge(m, n))
         if op_type == "attention":
+            eff = (full_attention_efficiency(g, flop, m, n, k, backward)
+                   if not causal and m > 0 and n > 0
+                   else causal_attention_efficiency(g, flop, m, n, k, backward))
             if backward:
                 eff *= ATTN_BWD_RATIO * g.attention_bwd_head_ratio(k)
             comp_s = flop / (g.tensor_flop_per_s(dtype) * eff)

@@ -126,7 +126,7 @@ class GPUSpec:
             return 1.0
         tiles = -(-m // GEMM_TILE) * -(-n // GEMM_TILE) * max(kernels, 1)
         if self.gemm_occupancy_waves <= 0:
-            return tiles / (-(-tiles // self.sm_count) * self.sm_count)
+            return self.wave_fill(tiles)
         return -math.expm1(-tiles / (self.gemm_occupancy_waves * self.sm_count))
 
     def tensor_flop_per_s(self, dtype: str) -> float:
@@ -156,12 +156,12 @@ class GPUSpec:
         steps (tests/test_context_parallel.py)."""
         if self.attention_half_tiles <= 0 or tiles <= 0:
             return 1.0
-        sms = self.sm_count
+        return min(1.0, self.wave_fill(tiles) / self.wave_fill(ATTN_REF_TILES))
 
-        def waves(t: float) -> float:
-            return t / (math.ceil(t / sms) * sms)
-
-        return min(1.0, waves(tiles) / waves(ATTN_REF_TILES))
+    def wave_fill(self, tiles: float) -> float:
+        """Textbook wave quantization: ``tiles`` CTAs of equal work over ⌈T/SMs⌉ full waves
+        of the SMs (NVIDIA, "Matrix Multiplication Background User's Guide")."""
+        return tiles / (math.ceil(tiles / self.sm_count) * self.sm_count)
 
     def attention_head_ratio(self, head_dim: int) -> float:
         """Attention efficiency at ``head_dim`` over that at 128: log-linear in the head dim
