@@ -178,7 +178,7 @@ def step_parts(parts: dict[str, float], *, title: str = "Where the step goes") -
     the step."""
     fig, ax = _figure(10, 2.2)
     left = 0.0
-    for (label, sec), color in zip(parts.items(), plt_colors(len(parts)), strict=True):
+    for (label, sec), color in zip(parts.items(), _colors(len(parts)), strict=True):
         if sec >= 0:
             ax.barh([0], [sec], left=left, color=color, label=f"{label} ({sec:.3g} s)")
         else:
@@ -193,7 +193,7 @@ def step_parts(parts: dict[str, float], *, title: str = "Where the step goes") -
     return fig
 
 
-def plt_colors(n: int) -> list[tuple[float, float, float, float]]:
+def _colors(n: int) -> list[tuple[float, float, float, float]]:
     """``n`` distinct colours from matplotlib's tab10 (tab20 past ten)."""
     from matplotlib import colormaps
 

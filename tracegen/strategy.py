@@ -1011,14 +1011,14 @@ def _edge_split_message(s: Strategy, num_layers: int) -> str:
     first, last = s.first_stage_layers, s.last_stage_layers
     what = "stages" if s.vpp == 1 else "model chunks"
     on = f"{num_layers} layers on pp · vpp = {s.pp} · {s.vpp}"
-    if first and last:
+    both = bool(first and last)
+    if both:
         given, others, rest = (f"first_stage_layers {first} and last_stage_layers {last}",
                                n - 2, num_layers - first - last)
     else:
         edge = "first" if first else "last"
         given, others, rest = f"{edge}_stage_layers {first or last}", n - 1, num_layers - (
             first or last)
-    both = bool(first and last)
     if rest < 0 or others == 0:
         why = (f"{given} add up to {num_layers - rest}, " if both else f"{given} is ") + (
             "more than" if rest < 0 else "not") + f" the model's {num_layers} layers"
