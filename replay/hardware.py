@@ -443,4 +443,4 @@ def resolve_system(name_or_file: str | Path) -> SystemSpec:
 GPU_ALIASES = {"h100-sxm": "dgx-h100", "h800": "dgx-h800", "h200": "hgx-h200",
                "a100-80gb": "dgx-a100-80gb", "a100-40gb": "dgx-a100-40gb", "b200": "dgx-b200",
                "mi300x": "mi300x", "v100-32gb": "dgx1-v100", "a800": "dgx-a800",
-               "gb200": "gb200-nvl72"}
+               "gb200": "gb200-nvl72", "gb300": "gb300-nvl72"}

@@ -1,0 +1,89 @@
+"""The GB300 NVL72 preset (replay/systems/gb300-nvl72.toml) against NVIDIA's DGX-GB300 runs:
+Megatron-Bridge's 25.11 pre-training table (tests/data/megatron_bridge_gb300_runs.csv, its
+three dense rows). As for GB200, the Llama 3 8B row with its twin on the other rack sets the
+preset's one constant of its own, the sustained clock; the 70B and 405B rows set nothing and
+check it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from analysis.validate import load_runs, row_inputs
+from replay import get_system
+from replay.network import AlphaBetaNetwork
+from tests.test_gb200_runs import GB200_RUNS, same_recipe_ratios, validated_rows
+
+GB300_RUNS = Path(__file__).parent / "data" / "megatron_bridge_gb300_runs.csv"
+
+
+@pytest.fixture(scope="module")
+def gb300() -> dict[str, dict[str, float]]:
+    return validated_rows(GB300_RUNS)
+
+
+def test_the_sustained_clock_reproduces_the_same_recipe_on_both_racks() -> None:
+    """The same Llama 3 8B recipe (8 GPUs, FP8, mbs 2) ran 1.192 times as fast a GPU on GB300
+    as on GB200 (37,556 against 31,508 tokens/s) where the two racks' BF16 and FP8 peaks are
+    the same: the preset's clock ratio is the one at which the model's own ratio of the two
+    predicted steps is the measured one (the step's memory-bound ops, 15% of it on the same
+    8 TB/s, do not speed up, so the ratio of throughputs alone, GB200's 0.758 × 1.192 = 0.904,
+    would leave the model 2.8% short). It carries whatever Blackwell Ultra changed for this
+    recipe — its clock at 1.4 kW, and its doubled exponent rate, which attention (a quarter of
+    this step) may use — as one constant: trainsim does not model the exponent units apart."""
+    ours, measured = same_recipe_ratios((GB200_RUNS, "mbridge2511-gb200-llama3-8b"),
+                                        (GB300_RUNS, "mbridge2511-gb300-llama3-8b"))
+    assert measured == pytest.approx(1.192, abs=0.001)
+    assert ours == pytest.approx(measured, rel=0.002)
+    gpu, gb200_gpu = get_system("gb300-nvl72").gpu, get_system("gb200-nvl72").gpu
+    assert (gpu.peak_bf16_TFLOPs, gpu.peak_fp8_TFLOPs) == (
+        gb200_gpu.peak_bf16_TFLOPs, gb200_gpu.peak_fp8_TFLOPs)
+    assert gpu.sustained_clock_ratio > gb200_gpu.sustained_clock_ratio * measured
+
+
+def test_the_rows_that_set_nothing_are_predicted_within_the_error_reached(
+        gb300: dict[str, dict[str, float]]) -> None:
+    """Llama 3.1 405B at tp 2, pp 8, cp 2, vpp 4 on 256 GPUs (four 64-GPU segments) 4.3% too
+    fast — the GB200 table's 405B row 3.9%. Llama 3 70B under Megatron-FSDP on 64 GPUs, its
+    recipe's first 20 layers' activations offloaded, 13.5% too fast: it measured 1.048 times
+    GB200's 70B row where the 8B measured 1.192, and the preset's one clock cannot give both
+    (with GB200's clock unchanged: 70B +2.1%, 8B +13.5%, 405B +15.9% — too slow). The 70B
+    step is GEMM-bound here (68% of it), the 8B's least so (60%; attention a quarter): a
+    clock that a power limit sets lower under heavier GEMMs, or an exponent-rate gain that
+    helps the 8B's attention more, would each do it — the table cannot tell which. Bounds
+    are the errors reached."""
+    err = {rid: r["error_pct"] for rid, r in gb300.items()}
+    reached = {"mbridge2511-gb300-llama3-8b": -4.72, "mbridge2511-gb300-llama3-70b": -13.53,
+               "mbridge2511-gb300-llama3.1-405b": -4.28}
+    assert set(err) == set(reached)
+    for rid, e in reached.items():
+        assert err[rid] == pytest.approx(e, abs=0.3), rid
+
+
+def test_memory_says_what_the_recipes_did_beyond_the_model(
+        gb300: dict[str, dict[str, float]]) -> None:
+    """279 GiB a GPU. The 8B fits (135 GiB). The 70B recipe offloads 20 layers' activations
+    (GB200's: 40, in 186 GB): predicted 283 GiB, 1.6% over where it ran — the Megatron-FSDP
+    over-count the GB200 row shows too. The 405B at tp 2, cp 2 is predicted 12.6% over (314
+    GiB), as GB200's 405B row is 12% over: the same gap, not explained here."""
+    assert get_system("gb300-nvl72").gpu.hbm_GiB == 279
+    assert gb300["mbridge2511-gb300-llama3-8b"]["fits"]
+    rows = {r["id"]: row_inputs(r) for r in load_runs(GB300_RUNS).iter_rows(named=True)}
+    assert rows["mbridge2511-gb300-llama3-70b"].strategy.cpu_offload_layers == 20  # type: ignore[union-attr]
+    over70 = gb300["mbridge2511-gb300-llama3-70b"]["predicted_peak_memory_GiB"] / 279
+    assert 1.0 < over70 < 1.03
+    over = gb300["mbridge2511-gb300-llama3.1-405b"]["predicted_peak_memory_GiB"] / 279
+    assert 1.10 < over < 1.15
+
+
+def test_the_rack_leaves_through_800_gigabit_nics() -> None:
+    """One ConnectX-8 a GPU at 800 Gb/s: a data-parallel all-reduce across two racks' same-
+    rail GPUs moves its bytes twice as fast as GB200's 400 Gb/s ConnectX-7 (same borrowed
+    efficiency), its latency terms alike."""
+    size, ranks = 1 << 30, (0, 72)
+    got = {name: AlphaBetaNetwork(get_system(name)).collective("ALL_REDUCE", size, ranks)
+           for name in ("gb200-nvl72", "gb300-nvl72")}
+    assert get_system("gb300-nvl72").scaleout.nic_Gbps_per_gpu == 800
+    assert got["gb200-nvl72"].total_ns / got["gb300-nvl72"].total_ns == pytest.approx(2.0,
+                                                                                    rel=0.01)
