@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tracegen._config import build, load_mapping
-from tracegen.errors import ConfigError
+from tracegen.errors import ConfigError, did_you_mean
 from tracegen.units import GB, NS_PER_US, TERA, GiB
 
 Topology = Literal["fat-tree", "rail-optimized"]
@@ -417,8 +417,9 @@ def preset_system_text(name: str) -> str:
     start of a file for another cluster (``trainsim systems NAME``)."""
     f = resources.files("replay.systems").joinpath(f"{name}.toml")
     if not f.is_file():
-        raise ConfigError(f"no preset system named {name!r}; presets: {', '.join(system_names())} "
-                          "(or pass a TOML system file)", what="system")
+        names = system_names()
+        raise ConfigError(f"no preset system named {name!r}; {did_you_mean(name, names)}presets: "
+                          f"{', '.join(names)} (or pass a TOML system file)", what="system")
     return f.read_text("utf-8")
 
 

@@ -43,3 +43,18 @@ def test_the_cli_prints_a_model_and_names_an_unknown_preset() -> None:
 
     bad = run("systems", "nope")
     assert bad.returncode != 0 and "no preset system named 'nope'" in bad.stderr + bad.stdout
+
+
+def test_a_misspelt_preset_is_named_with_the_nearest_one() -> None:
+    """A name one edit from a preset says which it likely meant, before the whole list; a name
+    near none says only the list."""
+    from replay import get_system
+    from tracegen import get_model
+
+    with pytest.raises(ConfigError, match=r"'llama3-70'; did you mean 'llama3-70b'\? presets: "):
+        get_model("llama3-70")
+    with pytest.raises(ConfigError, match=r"'gb300'; did you mean 'gb300-nvl72'\? presets: "):
+        get_system("gb300")
+    with pytest.raises(ConfigError) as far:
+        get_system("tpu-v9")
+    assert "did you mean" not in str(far.value)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tracegen._config import load_mapping
-from tracegen.errors import ConfigError
+from tracegen.errors import ConfigError, did_you_mean
 from tracegen.hf_config import from_hf_config, is_hf_config
 from tracegen.model import ModelSpec
 
@@ -33,7 +33,8 @@ def get_model(name: str) -> ModelSpec:
     table = _model_table()
     if name not in table:
         raise ConfigError(
-            f"no preset model named {name!r}; presets: {', '.join(table)} "
+            f"no preset model named {name!r}; {did_you_mean(name, table)}presets: "
+            f"{', '.join(table)} "
             "(or pass a TOML/JSON model file)",
             what="model",
         )

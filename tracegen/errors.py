@@ -34,13 +34,18 @@ class ConfigError(TrainsimError):
         super().__init__(msg)
 
 
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``did you mean 'tp'? `` for the known name nearest a misspelt one (difflib's ratio
+    ≥ 0.6), or nothing where none is near."""
+    near = difflib.get_close_matches(name, list(known), n=1)
+    return f"did you mean {near[0]!r}? " if near else ""
+
+
 def unknown_key(key: str, known: Iterable[str], *, label: str = "unknown key") -> str:
     """``unknown key 'tpp' (did you mean 'tp'? known keys: ...)``: a misspelt key named with the
-    nearest known one (difflib's ratio ≥ 0.6), and every known key."""
+    nearest known one, and every known key."""
     names = sorted(known)
-    near = difflib.get_close_matches(key, names, n=1)
-    hint = f"did you mean {near[0]!r}? " if near else ""
-    return f"{label} {key!r} ({hint}known keys: {', '.join(names)})"
+    return f"{label} {key!r} ({did_you_mean(key, names)}known keys: {', '.join(names)})"
 
 
 class TraceFormatError(TrainsimError):
