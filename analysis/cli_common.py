@@ -110,7 +110,9 @@ ZeroOpt = Annotated[int, typer.Option(help="ZeRO stage 0-3 (1 = distributed opti
 ParamGatherOpt = Annotated[bool, typer.Option(
     "--overlap-param-gather", help="ZeRO-1/2: gather updated parameters during the next "
     "forward (Megatron --overlap-param-gather).")]
-PrecisionOpt = Annotated[str, typer.Option(help="bf16 | fp16 | fp8")]
+PrecisionOpt = Annotated[str, typer.Option(
+    help="bf16 | fp16 | fp8 | nvfp4 (Transformer Engine's NVFP4 recipe, Blackwell: the linear "
+         "layers' GEMMs in 4 bits, attention and the output head in BF16)")]
 CpCommOpt = Annotated[str, typer.Option(
     help="p2p (ring alongside attention, Megatron's default) | all_gather (K/V gathered "
          "first, Llama 3)")]
@@ -293,6 +295,9 @@ def note_precision(precisions: set[str], system: SystemSpec) -> None:
     if "fp8" in precisions and gpu.peak_fp8_TFLOPs <= gpu.peak_bf16_TFLOPs:
         console.print(f"note: {system.name} has no FP8 tensor cores (FP8 training needs Hopper "
                       "or later); fp8 GEMMs are costed at its 16-bit rate")
+    if "nvfp4" in precisions and not gpu.peak_fp4_TFLOPs:
+        console.print(f"note: {system.name} has no FP4 tensor cores (NVFP4 training needs "
+                      "Blackwell); nvfp4 GEMMs are costed at its FP8 rate")
     if "bf16" in precisions and not gpu.bf16:
         console.print(f"note: {system.name} has no bf16 tensor cores (Volta); bf16 is costed as "
                       "the fp16 it would run (--precision fp16 says so)")

@@ -118,7 +118,7 @@ def slowed_system(system: SystemSpec, slowdown: float) -> SystemSpec:
     gpu = dataclasses.replace(
         g, peak_bf16_TFLOPs=g.peak_bf16_TFLOPs / slowdown,
         peak_fp16_TFLOPs=g.peak_fp16_TFLOPs / slowdown,
-        peak_fp8_TFLOPs=g.peak_fp8_TFLOPs / slowdown,
+        peak_fp8_TFLOPs=g.peak_fp8_TFLOPs / slowdown, peak_fp4_TFLOPs=g.peak_fp4_TFLOPs / slowdown,
         peak_fp32_TFLOPs=g.peak_fp32_TFLOPs / slowdown, hbm_GBps=g.hbm_GBps / slowdown,
         launch_overhead_us=g.launch_overhead_us * slowdown)
     return dataclasses.replace(system, gpu=gpu)

@@ -15,7 +15,7 @@ stand for them, eager PyTorch's unfused ones do not):
   (``measure_step_ops.py``'s ``optimizer``, the pass ``step``);
 - ``norm``: compiled RMSNorm (gated models, the Llama family) or LayerNorm;
 - ``activation``: compiled SwiGLU or GELU;
-- ``fp8_cast``: the cast to FP8 (eager: one kernel either way);
+- ``fp8_cast``: the cast to FP8 (eager: one kernel either way), NVFP4's casts too;
 - ``residual``: an add (residual connections, their gradients);
 - ``rope``: compiled rotary embedding (Megatron-Core fuses it by default; the unfused one ran
   at 0.07);
@@ -85,7 +85,7 @@ def family(op: O.Op) -> str:
     if op.kind in ("norm", "optimizer"):
         return op.kind
     base = op.name.removesuffix("_bwd")
-    if base.endswith("_fp8_cast"):
+    if base.endswith(("_fp8_cast", "_nvfp4_cast")):
         return "fp8_cast"
     if base.endswith("act"):
         return "activation"

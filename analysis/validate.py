@@ -377,6 +377,9 @@ def _unsupported_precision(precision: str, gpu: str, system: SystemSpec) -> str 
     if precision == "fp8" and system.gpu.peak_fp8_TFLOPs <= system.gpu.peak_bf16_TFLOPs:
         return (f"precision fp8 on {gpu}: it has no FP8 tensor cores (FP8 training needs "
                 "Hopper or later); check the row's precision or gpu")
+    if precision == "nvfp4" and not system.gpu.peak_fp4_TFLOPs:
+        return (f"precision nvfp4 on {gpu}: it has no FP4 tensor cores (NVFP4 training needs "
+                "Blackwell); check the row's precision or gpu")
     if precision == "bf16" and not system.gpu.bf16:
         return (f"precision bf16 on {gpu}: Volta has no bf16 tensor cores (fp16 runs there); "
                 "check the row's precision or gpu")

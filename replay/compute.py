@@ -230,7 +230,7 @@ class RooflineCompute:
                 eff *= ATTN_BWD_RATIO * g.attention_bwd_head_ratio(k)
             comp_s = flop / (g.tensor_flop_per_s(dtype) * eff)
         elif op_type in ("gemm", "") and flop:
-            eff = g.gemm_efficiency_fp8 if dtype == "fp8" else g.gemm_efficiency
+            eff = g.gemm_efficiency_of(dtype)
             eff *= g.gemm_k_factor(k, dtype)
             # a group's GEMMs run one after another, each on its own m×n tiles (m: an expert's
             # tokens, or its weight gradient's rows): Transformer Engine puts them round-robin

@@ -97,6 +97,11 @@ class GPUSpec:
     # The same for FP8 GEMMs, whose denser arithmetic holds a lower clock at the same power
     # limit (measured on H200: ~1400 against ~1500 MHz). 0: as ``sustained_clock_ratio``.
     sustained_clock_ratio_fp8: float = 0.0
+    # NVFP4 (Blackwell's block-scaled 4-bit GEMMs): the dense peak and a large GEMM's efficiency
+    # against it. 0: no FP4 tensor cores — an nvfp4 GEMM is then costed at the FP8 rate it would
+    # fall back to at best, and ``estimate`` and ``validate`` say so.
+    peak_fp4_TFLOPs: float = 0.0
+    gemm_efficiency_fp4: float = 0.0
     # Interference of communication with compute: a compute kernel runs (1 + this) times longer
     # while a collective of its rank is in flight (NCCL's kernels take SMs and HBM bandwidth
     # from it). Lee et al. 2025 (arXiv:2507.03114) measured 18.9% on average (at most 40%) with
@@ -112,8 +117,8 @@ class GPUSpec:
         k0 = self.gemm_k_overhead
         if k <= 0 or k0 <= 0:
             return 1.0
-        if dtype == "fp8":
-            k0 *= self.peak_fp8_TFLOPs / self.peak_bf16_TFLOPs
+        if dtype in ("fp8", "nvfp4"):
+            k0 *= self.peak_flop_per_s(dtype) / self.peak_flop_per_s("bf16")
         ref = self.gemm_mamf_k
         return min(1.0, k * (ref + k0) / ((k + k0) * ref))
 
@@ -133,14 +138,22 @@ class GPUSpec:
         """The datasheet peak at the sustained clock: what the efficiencies above multiply. MFU
         and HFU stay against ``peak_flop_per_s``, the datasheet figure, as published."""
         ratio = self.sustained_clock_ratio
-        if dtype == "fp8" and self.sustained_clock_ratio_fp8:
+        if dtype in ("fp8", "nvfp4") and self.sustained_clock_ratio_fp8:
             ratio = self.sustained_clock_ratio_fp8
         return self.peak_flop_per_s(dtype) * ratio
 
     def peak_flop_per_s(self, dtype: str) -> float:
         tflops = {"bf16": self.peak_bf16_TFLOPs, "fp16": self.peak_fp16_TFLOPs,
-                  "fp8": self.peak_fp8_TFLOPs, "fp32": self.peak_fp32_TFLOPs}[dtype]
+                  "fp8": self.peak_fp8_TFLOPs, "fp32": self.peak_fp32_TFLOPs,
+                  "nvfp4": self.peak_fp4_TFLOPs or self.peak_fp8_TFLOPs}[dtype]
         return tflops * TERA
+
+    def gemm_efficiency_of(self, dtype: str) -> float:
+        """A large GEMM's efficiency in ``dtype`` against its peak (``gemm_efficiency_fp4``
+        where the GPU has FP4 tensor cores, else FP8's, the rate an nvfp4 GEMM is costed at)."""
+        if dtype == "nvfp4" and self.peak_fp4_TFLOPs and self.gemm_efficiency_fp4:
+            return self.gemm_efficiency_fp4
+        return self.gemm_efficiency_fp8 if dtype in ("fp8", "nvfp4") else self.gemm_efficiency
 
     def attention_occupancy(self, tiles: float) -> float:
         """Attention efficiency of a call with ``tiles`` query tiles relative to the curves'
@@ -327,6 +340,7 @@ MIN_VALUE, MAX_VALUE = 1e-6, 1e7
 OPTIONAL_ZERO = ("nvls_busbw_GBps", "nvlink_a2a_busbw_GBps", "gemm_k_overhead", "gemm_mamf_k",
                  "comm_interference",
                  "sustained_clock_ratio_fp8", "attention_half_tiles", "gemm_occupancy_waves",
+                 "peak_fp4_TFLOPs", "gemm_efficiency_fp4",
                  "site_gpus", "site_Gbps_per_gpu", "site_latency_us", "site_window_MiB",
                  "host_link_GBps",
                  "host_cpu_GBps", "gpus_per_host", "host_memory_GiB")
@@ -348,7 +362,7 @@ def _problems(s: SystemSpec) -> list[str]:
                            if field.name in OPTIONAL_ZERO else
                            f"{field.name} must be positive, got {v}")
     fractions: tuple[tuple[Any, str], ...] = (
-        (s.gpu, "gemm_efficiency"), (s.gpu, "gemm_efficiency_fp8"),
+        (s.gpu, "gemm_efficiency"), (s.gpu, "gemm_efficiency_fp8"), (s.gpu, "gemm_efficiency_fp4"),
         (s.gpu, "attention_efficiency"), (s.gpu, "memory_efficiency"),
         (s.gpu, "sustained_clock_ratio"), (s.gpu, "sustained_clock_ratio_fp8"),
         (s.node, "nvlink_efficiency"),
@@ -356,6 +370,9 @@ def _problems(s: SystemSpec) -> list[str]:
     for section, name in fractions:
         if getattr(section, name) > 1:
             out.append(f"{name} is a fraction in (0, 1], got {getattr(section, name)}")
+    if bool(s.gpu.peak_fp4_TFLOPs) != bool(s.gpu.gemm_efficiency_fp4):
+        out.append("peak_fp4_TFLOPs and gemm_efficiency_fp4 go together (an FP4 peak needs the "
+                   "efficiency its GEMMs reach, and the efficiency a peak): give both or neither")
     if s.gpu.gemm_k_overhead > 0 and s.gpu.gemm_mamf_k <= 0:
         out.append("gemm_k_overhead needs gemm_mamf_k, the K of the MAMF's best shape (where "
                    "gemm_efficiency was measured)")

@@ -42,11 +42,11 @@ from tracegen import ops as O
 from tracegen.deepep_buffers import buffer_bytes as deepep_buffer_bytes
 from tracegen.mesh import embedding_partner
 from tracegen.model import ModelSpec
-from tracegen.ops import ACT_BYTES, MOMENT_BYTES, grad_reduce_bytes
+from tracegen.ops import ACT_BYTES, LOW_PRECISION_GEMMS, MOMENT_BYTES, grad_reduce_bytes
 from tracegen.program import RoleProgram, dp_group_size, shard_axis
 from tracegen.schedule import stage_order
 from tracegen.strategy import Strategy
-from tracegen.units import GiB
+from tracegen.units import DTYPE_BYTES, GiB
 
 # Mixed-precision Adam: fp32 master weight, momentum and variance (Rajbhandari et al. 2020, ZeRO
 # §3: K = 12 bytes of optimizer state per parameter), fp32 main gradients (Megatron DDP grad buffer;
@@ -79,8 +79,10 @@ ZERO3_PARAM_BYTES, ZERO3_OPTIM_BYTES = 4, 8
 # for the backward's dgrad (``get_weight_workspace(cache_name="weight")``, which Megatron-Core's
 # TE layers request by passing ``is_first_microbatch`` unless ``disable_parameter_transpose_cache``
 # is set): 1 + 1 bytes a parameter beside the 16-bit weight. With ``fp8_param_gather`` the FP8
-# weight (and its transpose) is the parameter itself, the 2 bytes of WEIGHT_BYTES.
+# weight (and its transpose) is the parameter itself, the 2 bytes of WEIGHT_BYTES. NVFP4 keeps the
+# same two copies at 0.5625 bytes each (Megatron-Bridge's NVFP4 recipe gathers 16-bit parameters).
 FP8_WEIGHT_CACHE_BYTES = 2
+NVFP4_WEIGHT_CACHE_BYTES = 2 * DTYPE_BYTES["nvfp4"]
 # Runtime allowances: the CUDA context, cuBLAS/cuDNN and NCCL take ~1-2 GiB per process in
 # PyTorch jobs (NCCL's default NCCL_BUFFSIZE is 4 MiB per channel and peer); the caching
 # allocator's fragmentation is taken as 5% of the tensors it holds. Measured on an H200
@@ -130,7 +132,15 @@ class MemoryEstimate:
         return d
 
 
-def _layer_terms(m: ModelSpec, fp8: bool = False) -> tuple[float, float]:
+def saved_gemm_input_bytes(s: Strategy) -> float:
+    """Bytes an element of a linear layer's input that it keeps for its weight gradient: the
+    quantized column-wise copy under FP8 (1) or NVFP4 (``DTYPE_BYTES``: 0.5625, the
+    Hadamard-transformed copy Transformer Engine's NVFP4 recipe casts for the weight gradient),
+    else the 16-bit input."""
+    return DTYPE_BYTES[s.precision] if s.precision in LOW_PRECISION_GEMMS else 2
+
+
+def _layer_terms(m: ModelSpec, gemm_in: float = 2) -> tuple[float, float]:
     """(replicated, tp-split) activation bytes per token per layer without recompute, before the
     attention-score term. For GPT shapes these are Korthikanti's 10 and 24 (times h); without
     dropout (``m.dropout`` 0) the two 1-byte dropout masks go, 8 and 24.
@@ -139,29 +149,29 @@ def _layer_terms(m: ModelSpec, fp8: bool = False) -> tuple[float, float]:
     element, instead of the 16-bit input (Transformer Engine: ``Linear`` saves the quantized
     input, ``LayerNormLinear`` its quantized ``ln_out``, column-wise usage only): the inputs of
     QKV, FC1 and FC2 shrink to 1 byte; the output projection's input is also the attention's
-    output, which the attention keeps in 16 bits for its own backward, so its FP8 copy adds 1."""
+    output, which the attention keeps in 16 bits for its own backward, so its FP8 copy adds 1.
+    NVFP4 the same at 0.5625 bytes (``gemm_in``: ``saved_gemm_input_bytes``)."""
     h, kv, q = m.hidden_size, m.kv_size, m.q_size
     # a MoE layer's experts: the busiest rank's copies (``ModelSpec.moe_busiest_load``)
     f = (m.moe_ffn_hidden_size * m.experts_per_token * m.moe_busiest_load if m.is_moe
          else m.ffn_hidden_size)
     up = 2 if m.gated else 1
-    gemm_in = 1 if fp8 else 2
     masks = 2 * h if m.dropout else 0  # after attention and after the MLP, 1 byte each
     # LN1 in 2h, QKV in, LN2 in 2h, FC1 in, and the dropout masks.
     replicated = 2 * h + gemm_in * h + 2 * h + gemm_in * h + masks
     # Q 2q, K 2kv, V 2kv, attention out 2q (+ its FP8 copy), FC1 out 2·up·f, activation out
     # (q = h unless the model sets its own head_dim).
-    out_proj_in = 2 * q + (q if fp8 else 0)
+    out_proj_in = 2 * q + (q * gemm_in if gemm_in < 2 else 0)
     split = 2 * q + 4 * kv + out_proj_in + 2 * up * f + gemm_in * f
     if m.kv_lora_rank:  # MLA: the attention's terms as it keeps them (``_mla_terms``)
-        rep_attn, split_attn = _mla_terms(m, gemm_in, fp8)
+        rep_attn, split_attn = _mla_terms(m, gemm_in)
         replicated += rep_attn
         split += split_attn - (2 * q + 4 * kv + out_proj_in)
     fs = m.shared_expert_ffn_hidden_size  # the shared experts' FC1 and activation outputs
     return replicated, split + (2 * up * fs + gemm_in * fs if fs else 0)
 
 
-def _mla_terms(m: ModelSpec, gemm_in: int, fp8: bool) -> tuple[int, int]:
+def _mla_terms(m: ModelSpec, gemm_in: float) -> tuple[float, float]:
     """MLA's attention activations per token (replicated, tp-split) beyond LN1's input and the
     down-projections' (the QKV input of ``_layer_terms``): the latents' norm inputs (2 bytes
     each) and outputs, which the up-projections keep for their weight gradients (gemm_in), and
@@ -171,7 +181,7 @@ def _mla_terms(m: ModelSpec, gemm_in: int, fp8: bool) -> tuple[int, int]:
     lat = m.q_lora_rank + m.kv_lora_rank
     replicated = (2 + gemm_in) * lat + 2 * m.qk_rope_head_dim
     heads, qk, v = m.num_attention_heads, m.qk_head_dim, m.v_dim
-    split = heads * (4 * qk + 4 * v + (v if fp8 else 0))
+    split = heads * (4 * qk + 4 * v + (v * gemm_in if gemm_in < 2 else 0))
     return replicated, split
 
 
@@ -186,7 +196,7 @@ def _layer_activation_bytes(m: ModelSpec, s: Strategy, recompute: str, flash_att
     tokens = s.micro_batch_size * m.seq_len // s.cp
     if recompute == "full":
         return 2 * tokens * m.hidden_size // (t if sp else 1)
-    replicated, split = _layer_terms(m, fp8=s.precision == "fp8")
+    replicated, split = _layer_terms(m, saved_gemm_input_bytes(s))
     modules = s.recompute_modules if recompute == "selective" else ""  # names, comma-separated
     if modules and modules != "core_attn":
         replicated, split = _recomputed_terms(m, s, s.selective_modules, replicated, split)
@@ -211,7 +221,7 @@ def _recomputed_terms(m: ModelSpec, s: Strategy, modules: tuple[str, ...], repli
     whole MLP side but its input: the experts' FC1 and activation outputs, the shared experts'
     (the dispatched copies, ``_permuted_tokens_bytes``, go too); shared_experts the shared
     experts' FC1 and activation outputs."""
-    gemm_in = 1 if s.precision == "fp8" else 2
+    gemm_in = saved_gemm_input_bytes(s)
     h = m.hidden_size
     f = (m.moe_ffn_hidden_size * m.experts_per_token * m.moe_busiest_load if m.is_moe
          else m.ffn_hidden_size)
@@ -235,10 +245,11 @@ def _permuted_tokens_bytes(m: ModelSpec, s: Strategy) -> float:
     """Per token of the micro-batch: the dispatched copies of a MoE layer's input that its
     experts keep for their first GEMM's weight gradient, top-k of them (Megatron-Core's token
     dispatcher permutes the tokens, and the grouped expert GEMM saves its input like any
-    linear layer: 1 byte under FP8). Every TP rank dispatches all tokens to its slice of each
-    expert; folded (``expert_tp`` 1), a rank dispatches its sequence-parallel share."""
+    linear layer: 1 byte under FP8, 0.5625 under NVFP4). Every TP rank dispatches all tokens
+    to its slice of each expert; folded (``expert_tp`` 1), a rank dispatches its
+    sequence-parallel share."""
     copies = (m.experts_per_token * m.moe_busiest_load * m.hidden_size
-              * (1 if s.precision == "fp8" else 2))
+              * saved_gemm_input_bytes(s))
     return copies / s.tp if s.moe_folded else copies
 
 
@@ -299,14 +310,16 @@ def _vocab_copies(m: ModelSpec, s: Strategy, stage: int) -> int:
 
 
 def fp8_weight_cache_bytes(m: ModelSpec, s: Strategy, stage: int, params_local: int) -> int:
-    """Transformer Engine's cached FP8 copies of a stage's GEMM weights (``FP8_WEIGHT_CACHE_BYTES``
-    a parameter): FP8 runs without FP8 parameters, below ZeRO-3 (FSDP frees each gathered
-    weight; the cache is not modelled there). The embedding and output head are not TE GEMMs
-    (Megatron runs them in 16 bits); the router and the norms, a few parameters in a thousand,
-    are counted with the GEMMs."""
-    if s.precision != "fp8" or s.fp8_param_gather or s.zero_stage >= 3:
+    """Transformer Engine's cached FP8 (or NVFP4) copies of a stage's GEMM weights
+    (``FP8_WEIGHT_CACHE_BYTES``, ``NVFP4_WEIGHT_CACHE_BYTES`` a parameter): runs without FP8
+    parameters, below ZeRO-3 (FSDP frees each gathered weight; the cache is not modelled
+    there). The embedding and output head are not TE GEMMs (Megatron runs them in 16 bits);
+    the router and the norms, a few parameters in a thousand, are counted with the GEMMs."""
+    if s.precision not in LOW_PRECISION_GEMMS or s.fp8_param_gather or s.zero_stage >= 3:
         return 0
     gemm = params_local - _vocab_copies(m, s, stage) * (m.vocab_size * m.hidden_size // s.tp)
+    if s.precision == "nvfp4":
+        return int(NVFP4_WEIGHT_CACHE_BYTES * gemm)
     return FP8_WEIGHT_CACHE_BYTES * gemm
 
 
@@ -646,7 +659,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
     grads = params_local * grad_reduce_bytes(s)
     optim = params_local * OPTIM_BYTES
     weights = params_local * WEIGHT_BYTES
-    if s.precision == "fp8":
+    if s.precision in LOW_PRECISION_GEMMS:
         weights += fp8_weight_cache_bytes(m, s, stage, params_local)
     if s.zero_stage:
         # (narrow moments need ZeRO ≥ 1: ``Strategy``; fp32 ones save nothing, the common

@@ -50,6 +50,8 @@ from tracegen.window import CpWindow, cp_window
 OpKind = Literal["gemm", "attention", "norm", "elementwise", "embedding", "loss", "optimizer"]
 CollType = Literal["ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "ALL_TO_ALL"]
 ACT_BYTES = 2  # 16-bit activations (see module docstring)
+# precisions whose recipes run the linear layers' GEMMs narrower than 16 bits (the rest in 16)
+LOW_PRECISION_GEMMS = ("fp8", "nvfp4")
 # Megatron's vocab-parallel cross-entropy, unfused (its default; tensor_parallel/cross_entropy.py,
 # as mpu/cross_entropy.py in 2021), in bytes of HBM traffic per logit. Forward: the 16-bit
 # logits cast to fp32 (2 + 4), the max (4), subtracting it in place (4 + 4), exp in place
@@ -164,11 +166,12 @@ class Dims:
 
     @property
     def dtype16(self) -> str:
-        """The dtype of what an FP8 recipe keeps in 16 bits: the core attention and the output
-        head. Transformer Engine's recipes cast only the linear layers (FP8 attention is the
-        opt-in ``fp8_dpa``); DeepSeek-V3 (2024, §3.3.2) keeps embedding, output head, norms and
-        attention in BF16; Megatron's output layer is not a Transformer Engine module."""
-        return "bf16" if self.dtype == "fp8" else self.dtype
+        """The dtype of what an FP8 (or NVFP4) recipe keeps in 16 bits: the core attention and
+        the output head. Transformer Engine's recipes cast only the linear layers (FP8 attention
+        is the opt-in ``fp8_dpa``); DeepSeek-V3 (2024, §3.3.2) keeps embedding, output head,
+        norms and attention in BF16; Megatron's output layer is not a Transformer Engine
+        module."""
+        return "bf16" if self.dtype in LOW_PRECISION_GEMMS else self.dtype
 
     @property
     def tokens_sp(self) -> int:
@@ -212,7 +215,8 @@ def dims(m: ModelSpec, s: Strategy) -> Dims:
 
 def gemm(name: str, m: int, n: int, k: int, dtype: str) -> Op:
     e = DTYPE_BYTES[dtype]
-    return Op(name, "gemm", 2 * m * n * k, (m * k + k * n) * e + m * n * ACT_BYTES, m, n, k, dtype)
+    return Op(name, "gemm", 2 * m * n * k, int((m * k + k * n) * e) + m * n * ACT_BYTES, m, n, k,
+              dtype)
 
 
 def gemm_bwd(name: str, m: int, n: int, k: int, dtype: str) -> list[Op]:
@@ -228,7 +232,7 @@ def grouped_gemm(name: str, rows: int, n: int, k: int, dtype: str, groups: int) 
     if groups <= 1:
         return gemm(name, rows, n, k, dtype)
     e = DTYPE_BYTES[dtype]
-    return Op(name, "gemm", 2 * rows * n * k, rows * k * e + groups * k * n * e
+    return Op(name, "gemm", 2 * rows * n * k, int(rows * k * e + groups * k * n * e)
               + rows * n * ACT_BYTES, -(-rows // groups), n, k, dtype, groups=groups)
 
 
@@ -237,7 +241,7 @@ def grouped_gemm_bwd(op: Op) -> list[Op]:
     dW = X_eᵀ·dY_e reduces over that expert's tokens only, ``rows/groups`` long."""
     rows, n, k, g = op.flop // (2 * op.n * op.k), op.n, op.k, op.groups
     e = DTYPE_BYTES[op.dtype]
-    wgrad = Op(f"{op.name}_wgrad", "gemm", op.flop, rows * (k + n) * e + g * k * n * ACT_BYTES,
+    wgrad = Op(f"{op.name}_wgrad", "gemm", op.flop, int(rows * (k + n) * e) + g * k * n * ACT_BYTES,
                k, n, -(-rows // g), op.dtype, groups=g)
     return [grouped_gemm(f"{op.name}_dgrad", rows, k, n, op.dtype, g), wgrad]
 
@@ -593,17 +597,31 @@ def layer_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
 
 
 FP8_CAST_BYTES_PER_ELEM = 4  # cast-transpose: read 16-bit, write FP8 and its transpose
+# NVFP4 (Transformer Engine's NVFP4BlockScaling; NVIDIA, "Pretraining LLMs with NVFP4", 2025):
+# the tensor's amax first (its FP32 second-level scale must be known before any block is cast;
+# one read, the pre- and post-Hadamard amax together), then one read writing the row-wise copy
+# and the column-wise one (the weight gradient's, random-Hadamard-transformed in the same
+# kernel), each 0.5625 bytes an element: 2 + 2 + 2 · 0.5625 = 5.125.
+NVFP4_CAST_BYTES_PER_8_ELEMS = 41
+
+
+def _cast_bytes(dtype: str, elems: int) -> int:
+    if dtype == "nvfp4":
+        return NVFP4_CAST_BYTES_PER_8_ELEMS * elems // 8
+    return FP8_CAST_BYTES_PER_ELEM * elems
 
 
 def _fp8_casts(items: list[Item]) -> list[Item]:
-    """A cast before every FP8 GEMM of a layer: of its input in forward (m·k elements), of the
-    output gradient before the data-gradient GEMM in backward (m·k of that GEMM)."""
+    """A cast before every FP8 (or NVFP4) GEMM of a layer: of its input in forward (m·k
+    elements), of the output gradient before the data-gradient GEMM in backward (m·k of that
+    GEMM)."""
     out: list[Item] = []
     for it in items:
-        if (isinstance(it, Op) and it.kind == "gemm" and it.dtype == "fp8"
+        if (isinstance(it, Op) and it.kind == "gemm" and it.dtype in LOW_PRECISION_GEMMS
                 and not it.name.endswith("_wgrad")):
             elems = it.flop // (2 * it.n)  # its input, m·k (the whole group's)
-            cast = Op(f"{it.name}_fp8_cast", "elementwise", elems, FP8_CAST_BYTES_PER_ELEM * elems)
+            cast = Op(f"{it.name}_{it.dtype}_cast", "elementwise", elems,
+                      _cast_bytes(it.dtype, elems))
             # before a collective that runs alongside the GEMM, so the pair stays together
             paired = out and isinstance(out[-1], Comm) and out[-1].overlapped
             out.insert(len(out) - 1 if paired else len(out), cast)
@@ -717,7 +735,7 @@ def weight_grad_operand_bytes(items: list[Item]) -> int:
             continue
         out += it.bytes - it.groups * it.m * it.n * ACT_BYTES
         if gather:  # (the input Xᵀ is the GEMM's m × k operand)
-            out += gather - it.m * it.k * DTYPE_BYTES[it.dtype]
+            out += gather - int(it.m * it.k * DTYPE_BYTES[it.dtype])
         gather = 0
     return out
 

@@ -14,7 +14,7 @@ from tracegen.model import ModelSpec
 
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"]
 Recompute = Literal["none", "selective", "full"]
-Precision = Literal["bf16", "fp16", "fp8"]
+Precision = Literal["bf16", "fp16", "fp8", "nvfp4"]
 CpCommType = Literal["p2p", "all_gather"]
 CP_COMM_TYPES: tuple[str, ...] = ("p2p", "all_gather")
 CpBalance = Literal["document", "sequence"]
@@ -29,7 +29,7 @@ CE_FUSIONS: tuple[str, ...] = ("none", "native", "te")
 OUTER_DP_SHARDINGS: tuple[str, ...] = ("no_shard", "optim")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
-PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
+PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8", "nvfp4")
 # Megatron-Core's --recompute-modules for selective recompute, in the order a layer runs them:
 # the two norms, multi-head latent attention's up-projections, the core attention (the default),
 # the dense MLP, the whole MoE layer, the MoE experts' activation, the shared experts.

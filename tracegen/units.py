@@ -14,8 +14,9 @@ NS_PER_S = 10**9
 NS_PER_US = 10**3
 TERA = 10**12
 
-# Bytes per element of each training dtype.
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+# Bytes per element of each training dtype. NVFP4 (NVIDIA, Blackwell): a 4-bit E2M1 value and
+# an E4M3 scale shared by each 16 elements, 0.5 + 1/16 bytes (its tensor's FP32 scale aside).
+DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "nvfp4": 0.5625}
 # Integer codes stored in trace attributes (``dtype`` attr); keep stable, replay reads them.
-DTYPE_CODE: dict[str, int] = {"fp32": 0, "bf16": 1, "fp16": 2, "fp8": 3}
+DTYPE_CODE: dict[str, int] = {"fp32": 0, "bf16": 1, "fp16": 2, "fp8": 3, "nvfp4": 4}
 DTYPE_FROM_CODE: dict[int, str] = {v: k for k, v in DTYPE_CODE.items()}
