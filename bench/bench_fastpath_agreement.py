@@ -172,7 +172,7 @@ def draw_odd(rng: random.Random) -> tuple[str, str, Strategy] | None:
                      grad_reduce_in_bf16=rng.random() < 0.3,
                      overlap_param_gather=zero in (1, 2) and rng.random() < 0.5,
                      cp_comm_type=rng.choice(("p2p", "p2p", "all_gather")),  # type: ignore[arg-type]
-                     precision=(rng.choice(("bf16", "bf16", "fp8"))  # type: ignore[arg-type]
+                     precision=(rng.choice(("bf16", "bf16", "fp8", "nvfp4"))  # type: ignore[arg-type]
                                 if system != "dgx-a100-80gb" else "bf16"),
                      zero3_prefetch=zero == 3 and rng.random() < 0.5,
                      adam_moments_dtype=rng.choice(("bf16", "fp8")) if zero and rng.random() < 0.3
@@ -228,7 +228,7 @@ def draw_model(rng: random.Random) -> tuple[ModelSpec, str, Strategy] | None:
                      last_stage_layers=rng.choice((0, 0, 1)) if pp > 1 else 0,
                      overlap_grad_reduce=rng.random() < 0.8,
                      overlap_param_gather=zero in (1, 2) and rng.random() < 0.4,
-                     precision=(rng.choice(("bf16", "bf16", "fp8"))  # type: ignore[arg-type]
+                     precision=(rng.choice(("bf16", "bf16", "fp8", "nvfp4"))  # type: ignore[arg-type]
                                 if system != "dgx-a100-80gb" else "bf16"),
                      zero3_prefetch=zero == 3 and rng.random() < 0.5,
                      adam_moments_dtype=rng.choice(("bf16", "fp8")) if zero and rng.random() < 0.3
@@ -476,7 +476,8 @@ def label(s: Strategy) -> str:
               (bool(s.zero3_gather_bucket_params), f"pieces{s.zero3_gather_bucket_params:.0e}"),
               (s.tp_comm_overlap, "tp-overlap"), (s.overlap_param_gather, "overlap-param-gather"),
               (not s.overlap_grad_reduce, "no-grad-overlap"), (s.grad_reduce_in_bf16, "bf16-grads"),
-              (s.precision == "fp8", "fp8"), (s.cp_comm_type != "p2p", f"cp-{s.cp_comm_type}"),
+              (s.precision != "bf16", s.precision),
+              (s.cp_comm_type != "p2p", f"cp-{s.cp_comm_type}"),
               (s.expert_tp == 1, "experts-folded"),
               (bool(s.first_stage_layers), f"first{s.first_stage_layers}"),
               (bool(s.last_stage_layers), f"last{s.last_stage_layers}"),

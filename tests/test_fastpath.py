@@ -118,7 +118,7 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
     group = fits[len(fits) // 2] if grouped and interleaved and fits else 0
     try:
         s = Strategy(tp=tp, pp=pp, dp=dp, ep=max(ep, 1), cp=cp,
-                     precision="fp8" if fp8 else "bf16",
+                     precision=("nvfp4" if extra % 2 else "fp8") if fp8 else "bf16",
                      vpp=2 if schedule == "interleaved_1f1b" else 1,
                      first_stage_layers=int(uneven), last_stage_layers=int(uneven),
                      sequence_parallel=sp and tp > 1, tp_comm_overlap=overlap and sp and tp > 1,
