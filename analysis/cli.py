@@ -104,7 +104,8 @@ def tracegen_cmd(
     dist_opt_instances: C.InstancesOpt = 1, outer_dp_sharding: C.OuterShardingOpt = "no_shard",
     grad_reduce_per_microbatch: C.GradPerMbOpt = False, seq_len: C.SeqLenOpt = 0,
     documents: C.DocumentsOpt = "",
-    cross_entropy_fusion: C.CeFusionOpt = "none", cpu_offload_layers: C.OffloadOpt = 0,
+    cross_entropy_fusion: C.CeFusionOpt = "none", fp8_recipe: C.Fp8RecipeOpt = "delayed",
+    cpu_offload_layers: C.OffloadOpt = 0,
     optimizer_offload_fraction: C.OptOffloadOpt = 0.0,
     mode: Annotated[str, typer.Option(help="full | representative")] = "representative",
     system: Annotated[str | None, typer.Option(help="Flag ranks whose estimated memory exceeds "
@@ -133,7 +134,8 @@ def tracegen_cmd(
         pipeline_layout=pipeline_layout, adam_moments=adam_moments,
         fp8_param_gather=fp8_param_gather, dist_opt_instances=dist_opt_instances,
         outer_dp_sharding=outer_dp_sharding, grad_reduce_per_microbatch=grad_reduce_per_microbatch,
-        cross_entropy_fusion=cross_entropy_fusion, cpu_offload_layers=cpu_offload_layers,
+        cross_entropy_fusion=cross_entropy_fusion, fp8_recipe=fp8_recipe,
+        cpu_offload_layers=cpu_offload_layers,
         optimizer_offload_fraction=optimizer_offload_fraction)
     if stamp and system is None:
         raise ConfigError("--stamp times the compute nodes with a system's GPU model: give "

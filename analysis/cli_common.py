@@ -180,6 +180,10 @@ CeFusionOpt = Annotated[str, typer.Option(
     "default), 'native' (Megatron-Core's --cross-entropy-loss-fusion, on by default in "
     "Megatron-Bridge and NeMo 2), 'te' (--cross-entropy-fusion-impl te: Transformer Engine's "
     "kernel, no fp32 logits kept).")]
+Fp8RecipeOpt = Annotated[str, typer.Option(
+    "--fp8-recipe", help="FP8's scaling (Transformer Engine): 'delayed' (the amax history, "
+    "Megatron-LM's default) | 'tensorwise' (current scaling, Megatron --fp8-recipe tensorwise, "
+    "Megatron-Bridge's FP8-CS: each cast reads its tensor for the amax first).")]
 LayoutOpt = Annotated[str, typer.Option(
     "--pipeline-layout",
     help="Megatron-Core's --pipeline-model-parallel-layout: what each model chunk holds, "
@@ -244,7 +248,7 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                    fp8_param_gather: bool = False, dist_opt_instances: int = 1,
                    outer_dp_sharding: str = "no_shard",
                    grad_reduce_per_microbatch: bool = False,
-                   cross_entropy_fusion: str = "none",
+                   cross_entropy_fusion: str = "none", fp8_recipe: str = "delayed",
                    cpu_offload_layers: int = 0,
                    optimizer_offload_fraction: float = 0.0) -> Strategy:
     """The strategy the shared options describe (dp from the GPU count)."""
@@ -285,7 +289,8 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     grad_reduce_per_microbatch=grad_reduce_per_microbatch,
                     cpu_offload_layers=cpu_offload_layers,
                     optimizer_offload_fraction=optimizer_offload_fraction,
-                    cross_entropy_fusion=cross_entropy_fusion)  # type: ignore[arg-type]
+                    cross_entropy_fusion=cross_entropy_fusion,  # type: ignore[arg-type]
+                    fp8_recipe=fp8_recipe)  # type: ignore[arg-type]
 
 
 def note_precision(precisions: set[str], system: SystemSpec) -> None:

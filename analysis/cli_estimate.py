@@ -63,7 +63,8 @@ def estimate_cmd(
     dist_opt_instances: C.InstancesOpt = 1, outer_dp_sharding: C.OuterShardingOpt = "no_shard",
     grad_reduce_per_microbatch: C.GradPerMbOpt = False, seq_len: C.SeqLenOpt = 0,
     documents: C.DocumentsOpt = "",
-    cross_entropy_fusion: C.CeFusionOpt = "none", cpu_offload_layers: C.OffloadOpt = 0,
+    cross_entropy_fusion: C.CeFusionOpt = "none", fp8_recipe: C.Fp8RecipeOpt = "delayed",
+    cpu_offload_layers: C.OffloadOpt = 0,
     optimizer_offload_fraction: C.OptOffloadOpt = 0.0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
                                                   "JSON to this file.")] = None,
@@ -118,7 +119,8 @@ def estimate_cmd(
         pipeline_layout=pipeline_layout, adam_moments=adam_moments,
         fp8_param_gather=fp8_param_gather, dist_opt_instances=dist_opt_instances,
         outer_dp_sharding=outer_dp_sharding, grad_reduce_per_microbatch=grad_reduce_per_microbatch,
-        cross_entropy_fusion=cross_entropy_fusion, cpu_offload_layers=cpu_offload_layers,
+        cross_entropy_fusion=cross_entropy_fusion, fp8_recipe=fp8_recipe,
+        cpu_offload_layers=cpu_offload_layers,
         optimizer_offload_fraction=optimizer_offload_fraction)
     sys_spec = resolve_system(system)
     mixed = None

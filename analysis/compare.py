@@ -66,6 +66,7 @@ def strategy_label(s: Strategy) -> str:
             + ("-cpag" if s.cp > 1 and s.cp_comm_type == "all_gather" else "")
             + ("-cpseq" if s.cp > 1 and s.cp_balance == "sequence" else "")
             + (f"-ce{s.cross_entropy_fusion}" if s.cross_entropy_fusion != "none" else "")
+            + (f"-{s.fp8_recipe}" if s.precision == "fp8" and s.fp8_recipe != "delayed" else "")
             + _split_suffix(s))
 
 

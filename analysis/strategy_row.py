@@ -53,7 +53,7 @@ FLAGS: dict[str, str] = {
     "fp8_param_gather": "--fp8-param-gather", "dist_opt_instances": "--dist-opt-instances",
     "outer_dp_sharding_strategy": "--outer-dp-sharding",
     "grad_reduce_per_microbatch": "--grad-reduce-per-microbatch",
-    "cross_entropy_fusion": "--cross-entropy-fusion",
+    "cross_entropy_fusion": "--cross-entropy-fusion", "fp8_recipe": "--fp8-recipe",
     "cpu_offload_layers": "--cpu-offload-layers",
     "optimizer_offload_fraction": "--optimizer-offload-fraction",
 }

@@ -42,7 +42,7 @@ OPTIONAL_DIMENSIONS = ("cp", "ep", "expert_tp", "schedule", "tp_comm_overlap",
                        "adam_moments_dtype",
                        "fp8_param_gather", "precision", "dist_opt_instances",
                        "outer_dp_sharding_strategy", "grad_reduce_per_microbatch",
-                       "cross_entropy_fusion", "cp_comm_type", "cp_balance")
+                       "cross_entropy_fusion", "cp_comm_type", "cp_balance", "fp8_recipe")
 Progress = Callable[[str, int, int], None]
 
 
@@ -116,6 +116,7 @@ _OFF_WHERE: tuple[tuple[str, Any, Callable[[dict[str, Any]], bool]], ...] = (
     ("adam_moments_dtype", "fp32", lambda d: d["zero_stage"] == 0),
     ("fp8_param_gather", False,
      lambda d: d["zero_stage"] == 0 or d.get("precision", "bf16") != "fp8"),
+    ("fp8_recipe", "delayed", lambda d: d.get("precision", "bf16") != "fp8"),
     ("moe_dispatcher", "alltoall", lambda d: d.get("ep", 1) == 1),
     ("moe_shared_expert_overlap", False,
      lambda d: d.get("ep", 1) == 1 or d.get("moe_dispatcher", "alltoall") != "alltoall"),
@@ -269,6 +270,7 @@ def _build(study: Study, d: dict[str, Any]) -> Strategy:
                                                   "no_shard"),
                  grad_reduce_per_microbatch=bool(d.get("grad_reduce_per_microbatch", False)),
                  cross_entropy_fusion=d.get("cross_entropy_fusion", "none"),
+                 fp8_recipe=d.get("fp8_recipe", "delayed"),
                  cp_comm_type=d.get("cp_comm_type", "p2p"),
                  cp_balance=d.get("cp_balance", "document"))
     # a layer count pp·vpp does not divide: shorter end chunks, as frameworks run it

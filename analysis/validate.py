@@ -96,10 +96,10 @@ EXTENSION_INT_COLUMNS = ("head_dim", "expert_tp", "shared_expert_ffn_hidden_size
 EXTENSION_FLOAT_COLUMNS = ("optimizer_offload_fraction", "document_length_sigma")
 EXTENSION_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "pipeline_layout",
                           "adam_moments_dtype", "cross_entropy_fusion", "window_pattern",
-                          "moe_layer_pattern")
+                          "moe_layer_pattern", "fp8_recipe")
 # read case-insensitively, as the enums below (a layout's E and L are upper case: kept)
 LOWERCASE_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "adam_moments_dtype",
-                          "cross_entropy_fusion")
+                          "cross_entropy_fusion", "fp8_recipe")
 BOOL_COLUMNS = ("sequence_parallel",)
 EXTENSION_BOOL_COLUMNS = ("fp8_param_gather", "overlap_moe_ep_comm", "delay_wgrad_compute",
                           "tp_comm_overlap", "grad_reduce_per_microbatch")
@@ -430,6 +430,7 @@ def _strategy(row: dict[str, Any], precision: str) -> Strategy:
         pipeline_layout=row.get("pipeline_layout") or "",
         adam_moments_dtype=row.get("adam_moments_dtype") or "fp32",
         cross_entropy_fusion=row.get("cross_entropy_fusion") or "none",
+        fp8_recipe=row.get("fp8_recipe") or "delayed",
         fp8_param_gather=bool(row.get("fp8_param_gather")),
         overlap_moe_ep_comm=bool(row.get("overlap_moe_ep_comm")),
         delay_wgrad_compute=bool(row.get("delay_wgrad_compute")),

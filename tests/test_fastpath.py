@@ -743,7 +743,7 @@ def test_op_key_covers_every_field_the_op_lists_read() -> None:
                 "cp_comm_type": "all_gather", "expert_tp": 1, "zero3_prefetch": True,
                 # the busiest rank's share under a document mask (``_core_attention``): the
                 # key has it, the op lists change only for a masked model
-                "cp_balance": "sequence",
+                "cp_balance": "sequence", "fp8_recipe": "tensorwise",
                 "account_for_embedding_in_pipeline_split": True,
                 "account_for_loss_in_pipeline_split": True, "microbatch_group_size": 4,
                 "recompute_num_layers": 1,

@@ -72,3 +72,40 @@ def test_fp8_keeps_one_byte_copies_of_gemm_inputs() -> None:
     full = dataclasses.replace(FP8, recompute="full")  # only the 16-bit layer input is kept
     assert activation_bytes_per_layer(MODEL, full) == activation_bytes_per_layer(
         MODEL, dataclasses.replace(full, precision="bf16"))
+
+
+def test_current_scaling_reads_each_cast_input_for_its_amax_unless_a_norm_did() -> None:
+    """FP8 current scaling (``fp8_recipe = "tensorwise"``, Transformer Engine's
+    Float8CurrentScaling): each cast first reads its 16-bit input for the amax (2 bytes an
+    element), except the QKV and FC1 inputs, whose norm computed it while writing them. Forward:
+    the output projection's h and FC2's f wide inputs pay it; backward: every output gradient.
+    Delayed scaling (the default) and other precisions are unchanged, and the label says it."""
+    tokens, h, f = 2 * 1024, 1024, 4096
+    cs = dataclasses.replace(FP8, fp8_recipe="tensorwise")
+    fwd = sum(op.bytes for op in _casts(O.layer_fwd(MODEL, cs)))
+    bwd = sum(op.bytes for op in _casts(O.layer_bwd(MODEL, cs)))
+    assert fwd == 4 * tokens * (3 * h + f) + 2 * tokens * (h + f)
+    assert bwd == 6 * tokens * (5 * h + f)
+    bf16_cs = dataclasses.replace(BF16, fp8_recipe="tensorwise")
+    assert O.layer_bwd(MODEL, bf16_cs) == O.layer_bwd(MODEL, BF16)
+    assert "tensorwise" in cs.label() and "tensorwise" not in FP8.label()
+    assert bf16_cs.label() == BF16.label()
+    system = get_system("dgx-h100")
+    assert estimate(MODEL, cs, system).step_time_s > estimate(MODEL, FP8, system).step_time_s
+
+
+def test_a_sweep_takes_the_fp8_recipe_only_where_it_applies() -> None:
+    """``fp8_recipe`` as a search dimension: a BF16 strategy is one strategy whatever recipe
+    is named (the switch does not apply to it, so it is taken as the default)."""
+    from analysis.study import study_from_dict
+    from analysis.sweep import enumerate_space
+
+    study = study_from_dict({"model": "gpt-1.7b", "system": "dgx-h100", "gpus": 8,
+                             "global_batch_size": 8,
+                             "search": {"tp": [1], "pp": [1], "micro_batch_size": [1],
+                                        "precision": ["bf16", "fp8"],
+                                        "fp8_recipe": ["delayed", "tensorwise"]}})
+    valid, _ = enumerate_space(study)
+    kinds = [(s.precision, s.fp8_recipe) for s in valid]
+    assert set(kinds) == {("bf16", "delayed"), ("fp8", "delayed"), ("fp8", "tensorwise")}
+    assert kinds.count(("bf16", "delayed")) == kinds.count(("fp8", "tensorwise"))

@@ -21,10 +21,11 @@ B200_RUNS = Path(__file__).parent / "data" / "megatron_bridge_b200_runs.csv"
 # prefetched ZeRO-3 gathers (each not applied where the row's layout has nothing for it, said
 # per row), and Megatron-Core's fused cross-entropy (Megatron-Bridge's GPTModelProvider sets
 # cross_entropy_loss_fusion by default; the implementation stays Megatron-Core's default,
-# "native").
+# "native"), and FP8 current scaling, the tables' "FP8-CS" (Transformer Engine's
+# Float8CurrentScaling: an amax read before each cast not fed by a norm; ``fp8_recipe``).
 STACK = {"strategy.tp_comm_overlap": True, "strategy.overlap_param_gather": True,
          "strategy.zero3_prefetch": True, "strategy.fp8_param_gather": True,
-         "strategy.cross_entropy_fusion": "native"}
+         "strategy.cross_entropy_fusion": "native", "strategy.fp8_recipe": "tensorwise"}
 
 
 def _flop_ratios(path: Path) -> dict[str, list[float]]:
@@ -64,9 +65,11 @@ def test_b200_rows_count_flops_as_the_h100_rows_do() -> None:
 def test_b200_rows_are_predicted_within_the_error_reached() -> None:
     """On DGX B200 (whose FP8 GEMM efficiency is H100's for want of an anchor, and whose
     interference is Hopper's, borrowed since the fifty-eighth session, and whose HBM the
-    driver's 7.67 TB/s): Llama 3 8B on 8 GPUs 4.6% too fast (5.2% at the datasheet's 8 TB/s,
+    driver's 7.67 TB/s): Llama 3 8B on 8 GPUs 2.7% too fast (4.6% before FP8 current scaling's
+    amax reads, sixty-seventh session; 5.2% at the datasheet's 8 TB/s,
     5.4% with κ 0; 4.7% with the unfused cross-entropy then: its loss is 3% of the step),
-    Llama 3.1 405B on 128 GPUs (tp 4, pp 8, cp 2, vpp 8) 11.9% too fast (11.7% before the ring's
+    Llama 3.1 405B on 128 GPUs (tp 4, pp 8, cp 2, vpp 8) 11.1% too fast (11.9% before the amax
+    reads; 11.7% before the ring's
     later steps were costed as calls without the causal mask, sixty-sixth session; 10.7% before
     the
     split GEMMs' chunks shared the SMs on Transformer Engine's three streams, sixty-fifth
@@ -82,7 +85,7 @@ def test_b200_rows_are_predicted_within_the_error_reached() -> None:
     assert (got["status"] == "ok").all()
     err = dict(zip(got["id"], got["error_pct"], strict=True))
     assert -5.5 <= err["mbridge2511-b200-llama3-8b"] < 0
-    assert -12.0 <= err["mbridge2511-b200-llama3.1-405b"] < -11.3
+    assert -11.5 <= err["mbridge2511-b200-llama3.1-405b"] < -10.7
     assert (got["predicted_peak_memory_GiB"] / 180.0).max() <= 1.015  # type: ignore[operator]
 
 
@@ -90,16 +93,19 @@ def test_newest_stack_is_predicted_within_the_error_reached() -> None:
     """With the stack described (cuDNN 9.19 attention as measured on an H200, the Hopper clock
     ratios and the attention's occupancy term measured there, the GEMM occupancy fitted to
     OpenXLA's sm_90 table, TP-overlapped GEMMs in Transformer Engine's chunks, the ring's
-    per-step output merges, the recipe's fused cross-entropy): Llama 3 70B (tp 4, pp 8, vpp 5)
-    1.9-3.1% too slow in all three releases (2.6-3.8% with the unfused loss), Llama 3.1 405B
-    (tp 8, pp 8, cp 2, vpp 8) 7.6-11.3% too fast (6.2-10.0% before the ring's later steps were
+    per-step output merges, the recipe's fused cross-entropy, FP8 current scaling's amax reads):
+    Llama 3 70B (tp 4, pp 8, vpp 5) 3.5-4.7% too slow in all three releases (1.9-3.1% before
+    the amax reads, sixty-seventh session; 2.6-3.8% with the unfused loss then), Llama 3.1 405B
+    (tp 8, pp 8, cp 2, vpp 8) 6.3-10.1% too fast (7.6-11.3% before the amax reads; 6.2-10.0%
+    before the ring's later steps were
     costed as calls without the causal mask, as an H200 measured them, sixty-sixth session;
     5.0-8.7% before the chunks of its split
     GEMMs shared the SMs on Transformer Engine's three streams, sixty-fifth session; 4.9-8.5%
     before its
     parameters were gathered in FP8, twenty-sixth session; 5.8-9.9% before the ring's last hop
     home was charged), Llama 3 8B under
-    Megatron FSDP +5.5% with its gathers (+6.3% with the unfused loss)
+    Megatron FSDP +7.5% with its gathers (+5.5% before the amax reads; +6.3% with the unfused
+    loss then)
     prefetched, the layers' in FP8 (+7.3% all in 16 bits, as before the twenty-seventh session
     modelled Megatron-FSDP's FP8 parameters); Qwen3-235B-A22B (MoE, ep 32 folded over tp 2 × dp 16, heads of 128 — the file's
     head_dim and expert_tp columns) +6.0 and +8.7% (+5.7 and +8.4% before a group's expert
@@ -119,9 +125,9 @@ def test_newest_stack_is_predicted_within_the_error_reached() -> None:
     err = dict(zip(got["id"], got["error_pct"], strict=True))
     dense = {rid: e for rid, e in err.items() if "qwen3" not in rid}
     for rid, e in dense.items():
-        bound = 11.6 if "405b" in rid else 4.0 if "70b" in rid else 6.5
+        bound = 11.6 if "405b" in rid else 5.0 if "70b" in rid else 8.0
         assert abs(e) <= bound, (rid, e)
-    assert pl.Series(list(dense.values())).abs().median() <= 4.5  # type: ignore[operator]
+    assert pl.Series(list(dense.values())).abs().median() <= 5.6  # type: ignore[operator]
 
 
 def test_qwen3_rows_run_as_their_recipe_and_the_merged_passes_save_too_much() -> None:

@@ -16,9 +16,10 @@ from analysis.validate import load_runs, row_inputs, validate
 RUNS = Path(__file__).resolve().parent / "data" / "megatron_moe_h100_runs.csv"
 # overlapped parameter gathers; in FP8 for the FP8 current-scaling row (Megatron-Bridge's
 # ``bf16_with_fp8_current_scaling_mixed`` sets fp8_param_gather; not applied to the BF16 rows);
-# prefetched for the Megatron-FSDP row (applied to ZeRO-3 rows only)
+# prefetched for the Megatron-FSDP row (applied to ZeRO-3 rows only); the FP8 row's current scaling
+# (its amax read before each cast not fed by a norm: tracegen/ops.py)
 STACK = {"strategy.overlap_param_gather": True, "strategy.fp8_param_gather": True,
-         "strategy.zero3_prefetch": True}
+         "strategy.zero3_prefetch": True, "strategy.fp8_recipe": "tensorwise"}
 
 
 @pytest.fixture(scope="module")
@@ -103,14 +104,15 @@ def test_deepseek_v3_in_nvidias_own_layout(results: pl.DataFrame) -> None:
     """Megatron-Bridge's DeepSeek-V3 row (NeMo 25.09, 1,024 H100s, FP8) as its recipe runs it:
     the layout 'Et|(tt|)*30mL' (the MTP module and the loss alone in the last chunk), DeepEP,
     recompute of mla_up_proj and mlp, Megatron-Core's fused loss (Megatron-Bridge's default:
-    the file's cross_entropy_fusion column): 24.53 s against 25.27 s measured, 2.9% too fast
-    (24.82 s, 1.8%, with the unfused loss — its last chunk holds the loss and the MTP module's
+    the file's cross_entropy_fusion column), FP8 current scaling's amax reads (sixty-seventh
+    session): 24.94 s against 25.27 s measured, 1.3% too fast (24.53 s, 2.9%, before the amax
+    reads; 24.82 s, 1.8%, with the unfused loss then — its last chunk holds the loss and the MTP module's
     second pass of it; 24.79 s before a group's expert GEMMs ran one after another,
     fifty-third session; with the MTP module stood in for by a 62nd layer and an even split it
     had been 14.5% too fast). Bound: the error reached."""
     row = results.filter(pl.col("id") == "mbridge2509-deepseek-v3")
     assert row["status"].item() == "ok" and row["fits"].item()
-    assert -3.2 <= row["error_pct"].item() < 0
+    assert -1.6 <= row["error_pct"].item() < 0
 
 
 def test_a_bad_text_cell_skips_its_row_by_name(tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ CASES = [
                              micro_batch_size=1, global_batch_size=8192, zero_stage=1,
                              precision="fp8", moe_dispatcher="deepep", recompute="selective",
                              recompute_modules="mla_up_proj,mlp", fp8_param_gather=True,
-                             pipeline_layout="Et|(tt|)*30mL")),
+                             pipeline_layout="Et|(tt|)*30mL", fp8_recipe="tensorwise")),
     ("llama3-70b", Strategy(tp=1, pp=1, dp=1024, micro_batch_size=1, global_batch_size=1024,
                             zero_stage=3, recompute="full", zero3_prefetch=True,
                             dist_opt_instances=128, outer_dp_sharding_strategy="optim")),

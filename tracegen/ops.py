@@ -159,6 +159,7 @@ class Dims:
     sp: bool
     dtype: str
     overlap: bool = False  # tp_comm_overlap
+    amax_first: bool = False  # FP8 current scaling: a cast reads its input for the amax first
 
     @property
     def tokens(self) -> int:
@@ -205,12 +206,13 @@ def op_key(s: Strategy) -> tuple[object, ...]:
     (Recompute picks which lists run again, not what they hold, so it is not here.)"""
     return (s.micro_batch_size, s.cp, s.tp, s.sequence_parallel, s.precision, s.tp_comm_overlap,
             s.ep, s.cp_comm_type, s.expert_tp, s.moe_dispatcher, s.moe_shared_expert_overlap,
-            s.zb_w_regather, s.cross_entropy_fusion, s.cp_balance)
+            s.zb_w_regather, s.cross_entropy_fusion, s.cp_balance, s.fp8_recipe)
 
 
 def dims(m: ModelSpec, s: Strategy) -> Dims:
     return Dims(b=s.micro_batch_size, s=m.seq_len // s.cp, s_kv=m.seq_len, h=m.hidden_size,
-                t=s.tp, sp=s.sequence_parallel, dtype=s.precision, overlap=s.tp_comm_overlap)
+                t=s.tp, sp=s.sequence_parallel, dtype=s.precision, overlap=s.tp_comm_overlap,
+                amax_first=s.precision == "fp8" and s.fp8_recipe == "tensorwise")
 
 
 def gemm(name: str, m: int, n: int, k: int, dtype: str) -> Op:
@@ -593,7 +595,8 @@ def _permutations(m: ModelSpec, st: Strategy, tokens: int, routed: int, h: int,
 
 def layer_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
     d = dims(m, st)
-    return _fp8_casts(_overlap_fwd(attention_block_fwd(m, st, d) + mlp_block_fwd(m, st, d), d))
+    return _fp8_casts(_overlap_fwd(attention_block_fwd(m, st, d) + mlp_block_fwd(m, st, d), d),
+                      d.amax_first)
 
 
 FP8_CAST_BYTES_PER_ELEM = 4  # cast-transpose: read 16-bit, write FP8 and its transpose
@@ -605,23 +608,35 @@ FP8_CAST_BYTES_PER_ELEM = 4  # cast-transpose: read 16-bit, write FP8 and its tr
 NVFP4_CAST_BYTES_PER_8_ELEMS = 41
 
 
+# FP8 current scaling (Transformer Engine's Float8CurrentScalingQuantizer::quantize_impl:
+# nvte_compute_amax, then the scale, then the cast) reads the 16-bit tensor once more for its
+# amax, except where the norm before the GEMM computed the amax while writing its output (the
+# quantizer passed to the norm: Megatron-Core's TELayerNormColumnParallelLinear, the QKV and a
+# dense FC1, and MLA's up-projections behind their latents' norms) — 2 more bytes an element.
+AMAX_READ_BYTES_PER_ELEM = ACT_BYTES
+NORM_FED_GEMMS = frozenset({"qkv", "fc1", "q_up", "kv_up"})
+
+
 def _cast_bytes(dtype: str, elems: int) -> int:
     if dtype == "nvfp4":
         return NVFP4_CAST_BYTES_PER_8_ELEMS * elems // 8
     return FP8_CAST_BYTES_PER_ELEM * elems
 
 
-def _fp8_casts(items: list[Item]) -> list[Item]:
+def _fp8_casts(items: list[Item], amax_first: bool = False) -> list[Item]:
     """A cast before every FP8 (or NVFP4) GEMM of a layer: of its input in forward (m·k
     elements), of the output gradient before the data-gradient GEMM in backward (m·k of that
-    GEMM)."""
+    GEMM). ``amax_first`` (FP8 current scaling): each cast but a norm-fed GEMM's forward one
+    reads its input for the amax first (``AMAX_READ_BYTES_PER_ELEM``)."""
     out: list[Item] = []
     for it in items:
         if (isinstance(it, Op) and it.kind == "gemm" and it.dtype in LOW_PRECISION_GEMMS
                 and not it.name.endswith("_wgrad")):
             elems = it.flop // (2 * it.n)  # its input, m·k (the whole group's)
+            amax = amax_first and it.dtype == "fp8" and it.name not in NORM_FED_GEMMS
             cast = Op(f"{it.name}_{it.dtype}_cast", "elementwise", elems,
-                      _cast_bytes(it.dtype, elems))
+                      _cast_bytes(it.dtype, elems) + (AMAX_READ_BYTES_PER_ELEM * elems
+                                                      if amax else 0))
             # before a collective that runs alongside the GEMM, so the pair stays together
             paired = out and isinstance(out[-1], Comm) and out[-1].overlapped
             out.insert(len(out) - 1 if paired else len(out), cast)
@@ -796,7 +811,7 @@ def layer_bwd(m: ModelSpec, st: Strategy) -> list[Item]:
         mlp = _shared_beside_dispatch_bwd(mlp)
     attn = backward_of(attention_block_fwd(m, st, d), d)
     attn = _mla_bwd(attn, m, d) if m.is_mla else _column_parallel_bwd(attn, d, "qkv", "ln1")
-    return _fp8_casts(_overlap_row_parallel_bwd(mlp + attn, d))
+    return _fp8_casts(_overlap_row_parallel_bwd(mlp + attn, d), d.amax_first)
 
 
 def _column_parallel_bwd(items: list[Item], d: Dims, gemm: str, norm: str) -> list[Item]:
@@ -946,12 +961,12 @@ def mtp_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
     the model's: Megatron-Core concatenates the main and MTP hidden states along the sequence
     and runs the head and the losses over all of them (``head_fwd``)."""
     d = dims(m, st)
-    return _fp8_casts(_mtp_input_fwd(d)) + layer_fwd(m, st)
+    return _fp8_casts(_mtp_input_fwd(d), d.amax_first) + layer_fwd(m, st)
 
 
 def mtp_bwd(m: ModelSpec, st: Strategy) -> list[Item]:
     d = dims(m, st)
-    return layer_bwd(m, st) + _fp8_casts(_mtp_input_bwd(d))
+    return layer_bwd(m, st) + _fp8_casts(_mtp_input_bwd(d), d.amax_first)
 
 
 def embedding_fwd(m: ModelSpec, st: Strategy) -> list[Item]:

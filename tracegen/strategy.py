@@ -25,6 +25,8 @@ MoeDispatcher = Literal["alltoall", "deepep"]
 MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
 OuterDpSharding = Literal["no_shard", "optim"]
 CeFusion = Literal["none", "native", "te"]
+Fp8Recipe = Literal["delayed", "tensorwise"]
+FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise")
 CE_FUSIONS: tuple[str, ...] = ("none", "native", "te")
 OUTER_DP_SHARDINGS: tuple[str, ...] = ("no_shard", "optim")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v")
@@ -254,6 +256,12 @@ class Strategy:
     # fp32 copy kept). Bytes and memory in ``tracegen/ops.py`` (``CE_BYTES``) and
     # ``tracegen/memory.py``.
     cross_entropy_fusion: CeFusion = "none"
+    # FP8's scaling (Transformer Engine recipes; precision "fp8" only): "delayed" takes each
+    # tensor's scale from its amax history (DelayedScaling, Megatron-LM's default); "tensorwise"
+    # (Float8CurrentScaling, Megatron-Bridge's "FP8-CS" runs) computes the amax of the tensor
+    # being cast first — a read of its 16 bits before the cast, except where a norm kernel
+    # computed it while writing the norm's output (the QKV and FC1 inputs): tracegen/ops.py.
+    fp8_recipe: Fp8Recipe = "delayed"
 
     def __post_init__(self) -> None:
         problems = field_type_problems(self) or _degree_problems(self)
@@ -445,6 +453,8 @@ class Strategy:
             s += "-hfsdp"
         if self.cross_entropy_fusion != "none":
             s += f"-ce{self.cross_entropy_fusion}"
+        if self.precision == "fp8" and self.fp8_recipe != "delayed":
+            s += f"-{self.fp8_recipe}"
         if self.cpu_offload_layers:
             s += f"-off{self.cpu_offload_layers}"
         if self.optimizer_offload_fraction:
@@ -494,6 +504,9 @@ def _degree_problems(s: Strategy) -> list[str]:
                    f"{s.precision!r}, ZeRO {s.zero_stage})")
     if s.zero_stage not in (0, 1, 2, 3):
         out.append(f"zero_stage must be 0, 1, 2 or 3; got {s.zero_stage}")
+    if s.fp8_recipe not in FP8_RECIPES:
+        out.append(f"fp8_recipe must be one of {', '.join(FP8_RECIPES)} (Transformer Engine's "
+                   f"delayed or current per-tensor scaling); got {s.fp8_recipe!r}")
     if s.cross_entropy_fusion not in CE_FUSIONS:
         out.append(f"cross_entropy_fusion must be one of {', '.join(CE_FUSIONS)} (unfused, "
                    "Megatron-Core's fused loss, Transformer Engine's); got "
