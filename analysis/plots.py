@@ -550,8 +550,9 @@ def roofline(table: pl.DataFrame, gpu: GPUSpec, *, dtype: str = "bf16", title: s
     "Roofline: an insightful visual performance model", CACM 52(4)): achieved TFLOP/s against
     arithmetic intensity (FLOP per byte of HBM traffic), log-log, one colour per kind of op, each
     point's area its share of the stage's time. The roof: the sustained ``dtype`` peak and,
-    under it, the best measured matmul efficiency; the slope, HBM bandwidth at its modelled
-    efficiency. Collectives and ops without FLOPs (embedding lookups) have no point."""
+    under it, a large GEMM's efficiency in that dtype (``GPUSpec.gemm_efficiency_of``); the
+    slope, HBM bandwidth at its modelled efficiency. Collectives and ops without FLOPs
+    (embedding lookups) have no point."""
     ops = table.filter((pl.col("flop") > 0) & (pl.col("bytes") > 0))
     fig, ax = _figure(7.0, 5.2)
     peak = gpu.tensor_flop_per_s(dtype) / 1e12
@@ -562,8 +563,9 @@ def roofline(table: pl.DataFrame, gpu: GPUSpec, *, dtype: str = "bf16", title: s
     x = np.geomspace(lo, hi, 200)
     ax.plot(x, np.minimum(peak, hbm * x), color="black", lw=1.2,
             label=f"roofline ({peak:,.0f} TFLOP/s sustained, {hbm:.2f} TB/s HBM)")
-    ax.axhline(peak * gpu.gemm_efficiency, color="grey", ls="--", lw=0.8,
-               label=f"best measured matmul ({gpu.gemm_efficiency:.0%})")
+    eff = gpu.gemm_efficiency_of(dtype)  # (FP8's and FP4's own, where the GEMMs run in them)
+    ax.axhline(peak * eff, color="grey", ls="--", lw=0.8,
+               label=f"a large {dtype} GEMM ({eff:.0%} of the peak)")
     if ops.height:
         time = ops["time_us"] * ops["count"]
         total = float(time.sum())
