@@ -40,7 +40,8 @@ def job_shape(study: Study, s: Strategy, fast: FastEstimate,
                       step_time_s=fast.step_time_s,
                       shrunk_throughput=_shrunk_throughput(study, s, fast, where or {}),
                       host_bytes_per_s=host, staged_bytes=share.staged_bytes,
-                      load_bytes=share.load_bytes)
+                      load_bytes=share.load_bytes,
+                      hosts=-(-s.world_size // study.system.node.host_gpus))
 
 
 def _staging(study: Study) -> str:
@@ -263,9 +264,11 @@ def spare_line(row: dict[str, Any]) -> str | None:
     without one (None for any other row)."""
     if row.get("spare_miss") is None:
         return None
-    in_repair = row["spare_repair_s"] / row["job_mttf_s"]
-    need = R.spares_for(in_repair, 0.01)
+    hosts, factor = row.get("spare_job_hosts") or 0, row.get("spare_idle_failure_factor") or 0.0
     n = round(row["spares"])
+    job = row["spare_repair_s"] / row["job_mttf_s"]
+    in_repair = R.pool_in_repair(job, n, hosts, factor)  # (idle spares' failures with them)
+    need = R.spares_for(job, 0.01, hosts, factor)
     mean = f"{in_repair:.1f}" if in_repair >= 1 else f"{in_repair:.2g}"  # (0.04, not 0.0)
     return (f"hot_spares: {n} spare host{'' if n == 1 else 's'}, a failed one back after "
             f"{row['spare_repair_s'] / 3600:g} h ({mean} in repair on average): "

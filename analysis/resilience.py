@@ -112,6 +112,10 @@ class RecoveryCosts:
     # (``spare_miss``): the global restart's, rescheduled onto whatever the cluster frees
     spares: int = -1
     fallback_restart_s: float = 0.0
+    # hot spares: the job's hosts, and how often an idle spare fails against one of them
+    # (``pool_in_repair``; 0 hosts: not known, idle spares taken not to fail)
+    job_hosts: int = 0
+    idle_failure_factor: float = 0.0
     # after its blocking part, until a restart can load the checkpoint (W): an async one's
     # background write to storage, an in-memory one's copy to a peer's host
     persist_s: float = 0.0
@@ -292,6 +296,9 @@ def policy_rows(*, failure: FailureModel, gpus: int, work_s: float,
                      "job_mttf_s": mttf, "checkpoint_s": c.checkpoint_s,
                      "restart_s": c.restart_s, "persist_s": c.persist_s,
                      "spare_miss": miss, "spares": c.spares if miss is not None else None,
+                     "spare_job_hosts": c.job_hosts if miss is not None else None,
+                     "spare_idle_failure_factor": (c.idle_failure_factor if miss is not None
+                                                   else None),
                      "spare_repair_s": c.repair_s if miss is not None else None})
     return rows
 
@@ -345,6 +352,8 @@ def _wall_distribution(policy: str, c: RecoveryCosts, miss: float | None, mttf: 
 # The Poisson tail is summed over mean ± POISSON_SPAN standard deviations (+ POISSON_PAD): the
 # mass outside is below 1e-30; past EXACT_MEAN hosts in repair its normal form is used.
 POISSON_SPAN, POISSON_PAD, EXACT_MEAN = 12.0, 30.0, 1e6
+POOL_ITERATIONS = 50  # pool_in_repair's fixed point (converges in a few for any real pool)
+MAX_SPARES = 10**9  # spares_for's search stops there (a pool past it is no answer)
 
 
 def spare_miss(in_repair: float, spares: int) -> float:
@@ -353,7 +362,7 @@ def spare_miss(in_repair: float, spares: int) -> float:
     is Poisson with mean λ·T, the failures in a repair time (Palm's theorem; Takács 1962,
     *Introduction to the Theory of Queues*, ch. 3), and a failure finds that distribution
     (Poisson arrivals see time averages: Wolff 1982): P(N ≥ ``spares``). Repaired hosts go
-    back to the pool; the spares themselves are taken not to fail while idle."""
+    back to the pool. Idle spares that fail too: ``pool_in_repair`` gives the mean to pass."""
     if spares <= 0:
         return 1.0
     if in_repair <= 0:
@@ -374,13 +383,47 @@ def _poisson_window(mean: float) -> tuple[int, int]:
     return max(0, math.floor(mean - width)), math.ceil(mean + width)
 
 
-def spares_for(in_repair: float, miss: float) -> int:
+def pool_in_repair(job_in_repair: float, spares: int, job_hosts: int = 0,
+                   idle_factor: float = 0.0) -> float:
+    """The mean number of hosts in repair when idle spares fail too: the job's failures in a
+    repair time (``job_in_repair``, λT) and the idle spares', each at ``idle_factor`` times a
+    job host's rate λ/H, E[(S − N)⁺] of them idle on average. Mean-field: the arrival rate
+    taken at its mean, N Poisson of the resulting mean m = λT · (1 + f · E[(S − N)⁺] / H), the
+    fixed point found by iteration (a contraction: f·S/H is small for any real pool). Exact
+    where no spare fails idle (f = 0 or H unknown); tests hold it to a simulated pool."""
+    if spares <= 0 or job_hosts <= 0 or idle_factor <= 0 or job_in_repair <= 0:
+        return job_in_repair
+    m = job_in_repair
+    for _ in range(POOL_ITERATIONS):
+        idle = _mean_free(m, spares)
+        m_next = job_in_repair * (1 + idle_factor * idle / job_hosts)
+        if abs(m_next - m) <= 1e-12 * m:
+            return m_next
+        m = m_next
+    return m
+
+
+def _mean_free(mean: float, spares: int) -> float:
+    """E[(S − N)⁺] for N Poisson of ``mean``: the spares idle on average."""
+    lo, hi = _poisson_window(mean)
+    return sum((spares - k) * math.exp(k * math.log(mean) - mean - math.lgamma(k + 1))
+               for k in range(lo, min(spares, hi + 1)))
+
+
+def spares_for(in_repair: float, miss: float, job_hosts: int = 0,
+               idle_factor: float = 0.0) -> int:
     """The fewest spares that leave at most ``miss`` of failures without one (a bisection:
-    the share falls as spares are added)."""
+    the share falls as spares are added — a larger pool has more idle spares to fail, but
+    each adds less than the one more spare it is)."""
+    def misses(n: int) -> float:
+        return spare_miss(pool_in_repair(in_repair, n, job_hosts, idle_factor), n)
+
     lo, hi = 0, _poisson_window(max(in_repair, 0.0))[1] + 1
+    while misses(hi) > miss and hi < MAX_SPARES:  # (idle failures can ask for more)
+        hi *= 2
     while lo < hi:
         mid = (lo + hi) // 2
-        if spare_miss(in_repair, mid) > miss:
+        if misses(mid) > miss:
             lo = mid + 1
         else:
             hi = mid
@@ -396,7 +439,8 @@ def _with_spare_pool(c: RecoveryCosts, mttf: float) -> tuple[RecoveryCosts, floa
     neither rare nor certain)."""
     if c.spares < 0:
         return c, None
-    miss = spare_miss(c.repair_s / mttf, c.spares)
+    miss = spare_miss(pool_in_repair(c.repair_s / mttf, c.spares, c.job_hosts,
+                                     c.idle_failure_factor), c.spares)
     mean = (1 - miss) * c.restart_s + miss * c.fallback_restart_s
     return dataclasses.replace(c, restart_s=mean), miss
 
@@ -508,6 +552,8 @@ class JobShape:
     staged_bytes: float = 0.0
     # the most one GPU holds of it, what a restarted GPU loads (0: ``staged_bytes``'s)
     load_bytes: float = 0.0
+    # the hosts the job runs on (its GPUs over ``NodeSpec.host_gpus``; 0: not known)
+    hosts: int = 0
 
 
 # host_copy_GBps 0: a GPU's host link as its system gives it (``NodeSpec.host_link_GBps``:
@@ -541,7 +587,10 @@ DEFAULT_RESTART = {"scheduling_s": 300.0, "init_s": 60.0, "init_s_per_1000_gpus"
                    "warmup_s": 60.0, "spare_swap_s": 30.0}
 # FT-HSDP (Salpekar et al. 2026): replica-local recovery stalls the job ~3 minutes per failure.
 DEFAULT_POLICY = {"replica_local": {"stall_s": 180.0},
-                  "elastic_shrink": {"stall_s": 180.0, "repair_s": 4 * HOUR_S}}
+                  "elastic_shrink": {"stall_s": 180.0, "repair_s": 4 * HOUR_S},
+                  # an idle spare host's failure rate over a working one's (``pool_in_repair``):
+                  # 1, as often (a hot spare is powered and kept ready); 0, never
+                  "hot_spares": {"idle_failure_factor": 1.0}}
 # Given together or not at all (no default: a fleet's spare count and repair time are its
 # own): hot spares drawn from a pool of ``spares`` hosts, each failed host back in the pool
 # after ``repair_s`` on average (``spare_miss``). Without them the pool is never empty.
@@ -656,7 +705,8 @@ def recovery_costs(job: JobShape, checkpoint: dict[str, object], restart: dict[s
             checkpoint_s=delta, restart_s=rs["spare_swap_s"] + init + rs["warmup_s"]
             + load_storage, persist_s=persist, spares=int(pol["hot_spares"].get("spares", -1)),
             repair_s=pol["hot_spares"].get("repair_s", 0.0),
-            fallback_restart_s=base + load_storage),
+            fallback_restart_s=base + load_storage, job_hosts=job.hosts,
+            idle_failure_factor=pol["hot_spares"]["idle_failure_factor"]),
         "replica_local": RecoveryCosts(
             checkpoint_s=delta, restart_s=base + load_peer,
             stall_s=pol["replica_local"]["stall_s"], replicas=job.dp, persist_s=persist),
