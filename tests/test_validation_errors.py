@@ -19,6 +19,10 @@ STRATEGY_CASES = [
      "of 4 (e.g. 4 or 8)"),
     (dict(schedule="zigzag"), "schedule must be one of gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_v; got 'zigzag'"),
     (dict(recompute="most"), "recompute must be one of none, selective, full; got 'most'"),
+    (dict(precision="fp4"), "precision must be one of bf16, fp16, fp8, nvfp4; got 'fp4' (did you "
+     "mean 'nvfp4'?)"),
+    (dict(fp8_recipe="current"), "fp8_recipe must be one of delayed, tensorwise (Transformer "
+     "Engine's delayed or current per-tensor scaling); got 'current'"),
     (dict(zero_stage=4), "zero_stage must be 0, 1, 2 or 3; got 4"),
     (dict(sequence_parallel=True), "sequence_parallel needs tp > 1"),
     (dict(pp=2, vpp=2, global_batch_size=4), "vpp = 2 needs schedule 'interleaved_1f1b' (or 'zb_v' with vpp 2), got '1f1b'"),

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tracegen._config import build, field_type_problems, load_mapping
-from tracegen.errors import ConfigError
+from tracegen.errors import ConfigError, did_you_mean
 from tracegen.layout import chunk_count_problem, parse_layout
 from tracegen.model import ModelSpec
 
@@ -470,30 +470,32 @@ class Strategy:
         return cls.from_dict(load_mapping(Path(path), what="strategy file"))
 
 
+# The text fields a strategy picks from a list (a misspelt one is named with the nearest)
+_CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("schedule", SCHEDULES), ("recompute", RECOMPUTES), ("precision", PRECISIONS),
+    ("cp_comm_type", CP_COMM_TYPES), ("cp_balance", CP_BALANCES),
+    ("moe_dispatcher", MOE_DISPATCHERS), ("adam_moments_dtype", ADAM_MOMENTS_DTYPES),
+    ("fp8_recipe", FP8_RECIPES), ("cross_entropy_fusion", CE_FUSIONS))
+_CHOICE_NOTES = {"fp8_recipe": "Transformer Engine's delayed or current per-tensor scaling",
+                 "cross_entropy_fusion": "unfused, Megatron-Core's fused loss, Transformer "
+                                         "Engine's"}
+
+
 def _degree_problems(s: Strategy) -> list[str]:
     out: list[str] = []
     for name in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch_size", "global_batch_size",
                  "dp_bucket_params"):
         if getattr(s, name) < 1:
             out.append(f"{name} must be ≥ 1, got {getattr(s, name)}")
-    if s.schedule not in SCHEDULES:
-        out.append(f"schedule must be one of {', '.join(SCHEDULES)}; got {s.schedule!r}")
-    if s.recompute not in RECOMPUTES:
-        out.append(f"recompute must be one of {', '.join(RECOMPUTES)}; got {s.recompute!r}")
-    if s.precision not in PRECISIONS:
-        out.append(f"precision must be one of {', '.join(PRECISIONS)}; got {s.precision!r}")
-    if s.cp_comm_type not in CP_COMM_TYPES:
-        out.append(f"cp_comm_type must be one of {', '.join(CP_COMM_TYPES)}; got "
-                   f"{s.cp_comm_type!r}")
-    if s.cp_balance not in CP_BALANCES:
-        out.append(f"cp_balance must be one of {', '.join(CP_BALANCES)}; got {s.cp_balance!r}")
-    if s.moe_dispatcher not in MOE_DISPATCHERS:
-        out.append(f"moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}; got "
-                   f"{s.moe_dispatcher!r}")
-    if s.adam_moments_dtype not in ADAM_MOMENTS_DTYPES:
-        out.append(f"adam_moments_dtype must be one of {', '.join(ADAM_MOMENTS_DTYPES)}; got "
-                   f"{s.adam_moments_dtype!r}")
-    elif s.adam_moments_dtype != "fp32" and s.zero_stage == 0:
+    for name, allowed in _CHOICES:
+        value = getattr(s, name)
+        if value not in allowed:
+            what = f" ({_CHOICE_NOTES[name]})" if name in _CHOICE_NOTES else ""
+            near = did_you_mean(str(value), allowed).strip()
+            out.append(f"{name} must be one of {', '.join(allowed)}{what}; got {value!r}"
+                       + (f" ({near})" if near else ""))
+    if s.adam_moments_dtype in ADAM_MOMENTS_DTYPES and s.adam_moments_dtype != "fp32" and (
+            s.zero_stage == 0):
         out.append(f"adam_moments_dtype {s.adam_moments_dtype!r} (Megatron-Core's precision-"
                    "aware optimizer) runs in the distributed optimizer or Megatron-FSDP: set "
                    "zero_stage ≥ 1, or keep the moments in 'fp32'")
@@ -504,13 +506,6 @@ def _degree_problems(s: Strategy) -> list[str]:
                    f"{s.precision!r}, ZeRO {s.zero_stage})")
     if s.zero_stage not in (0, 1, 2, 3):
         out.append(f"zero_stage must be 0, 1, 2 or 3; got {s.zero_stage}")
-    if s.fp8_recipe not in FP8_RECIPES:
-        out.append(f"fp8_recipe must be one of {', '.join(FP8_RECIPES)} (Transformer Engine's "
-                   f"delayed or current per-tensor scaling); got {s.fp8_recipe!r}")
-    if s.cross_entropy_fusion not in CE_FUSIONS:
-        out.append(f"cross_entropy_fusion must be one of {', '.join(CE_FUSIONS)} (unfused, "
-                   "Megatron-Core's fused loss, Transformer Engine's); got "
-                   f"{s.cross_entropy_fusion!r}")
     if s.dist_opt_instances != 1:
         out += _instance_problems(s)
     if s.outer_dp_sharding_strategy not in OUTER_DP_SHARDINGS:
