@@ -41,6 +41,12 @@ def validated_rows(path: Path) -> dict[str, dict[str, float]]:
     return {r["id"]: r for r in got.iter_rows(named=True)}
 
 
+def offloaded_layers(path: Path, rid: str) -> int:
+    """The layers whose activations a runs file's row offloads (its ``cpu_offload_layers``)."""
+    rows = {r["id"]: row_inputs(r) for r in load_runs(path).iter_rows(named=True)}
+    return rows[rid].strategy.cpu_offload_layers  # type: ignore[union-attr]
+
+
 @pytest.fixture(scope="module")
 def gb200() -> dict[str, dict[str, float]]:
     return validated_rows(GB200_RUNS)
@@ -104,8 +110,7 @@ def test_memory_says_what_the_recipes_did_beyond_the_model(
     not explained here."""
     assert gb200["mbridge2511-gb200-llama3-8b"]["fits"]
     assert gb200["mbridge2511-gb200-llama3-8b"]["predicted_peak_memory_GiB"] < 140
-    rows = {r["id"]: row_inputs(r) for r in load_runs(GB200_RUNS).iter_rows(named=True)}
-    assert rows["mbridge2511-gb200-llama3-70b"].strategy.cpu_offload_layers == 40  # type: ignore[union-attr]
+    assert offloaded_layers(GB200_RUNS, "mbridge2511-gb200-llama3-70b") == 40
     over70 = gb200["mbridge2511-gb200-llama3-70b"]["predicted_peak_memory_GiB"] / 186
     assert 1.07 < over70 < 1.10
     over = gb200["mbridge2511-gb200-llama3.1-405b"]["predicted_peak_memory_GiB"] / 186

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis.validate import load_runs, row_inputs
 from replay import get_system
 from replay.network import AlphaBetaNetwork
-from tests.test_gb200_runs import GB200_RUNS, same_recipe_ratios, validated_rows
+from tests.test_gb200_runs import GB200_RUNS, offloaded_layers, same_recipe_ratios, validated_rows
 
 GB300_RUNS = Path(__file__).parent / "data" / "megatron_bridge_gb300_runs.csv"
 
@@ -74,8 +73,7 @@ def test_memory_says_what_the_recipes_did_beyond_the_model(
     tp 4, cp 1 fits (240 GiB)."""
     assert get_system("gb300-nvl72").gpu.hbm_GiB == 279
     assert gb300["mbridge2511-gb300-llama3-8b"]["fits"]
-    rows = {r["id"]: row_inputs(r) for r in load_runs(GB300_RUNS).iter_rows(named=True)}
-    assert rows["mbridge2511-gb300-llama3-70b"].strategy.cpu_offload_layers == 20  # type: ignore[union-attr]
+    assert offloaded_layers(GB300_RUNS, "mbridge2511-gb300-llama3-70b") == 20
     over70 = gb300["mbridge2511-gb300-llama3-70b"]["predicted_peak_memory_GiB"] / 279
     assert 1.0 < over70 < 1.03
     over = gb300["mbridge2511-gb300-llama3.1-405b"]["predicted_peak_memory_GiB"] / 279
