@@ -303,6 +303,11 @@ def note_precision(precisions: set[str], system: SystemSpec) -> None:
     if "nvfp4" in precisions and not gpu.peak_fp4_TFLOPs:
         console.print(f"note: {system.name} has no FP4 tensor cores (NVFP4 training needs "
                       "Blackwell); nvfp4 GEMMs are costed at its FP8 rate")
+    elif "nvfp4" in precisions:
+        console.print("note: NVFP4 GEMMs are costed at an efficiency from an inference GEMM "
+                      "bench; NVIDIA's own NVFP4 training runs measured 5-20% slower than "
+                      "trainsim predicts (README, \"Reference sets\"): read this step as "
+                      "optimistic")
     if "bf16" in precisions and not gpu.bf16:
         console.print(f"note: {system.name} has no bf16 tensor cores (Volta); bf16 is costed as "
                       "the fp16 it would run (--precision fp16 says so)")

@@ -141,6 +141,10 @@ def test_a_system_gives_the_fp4_peak_with_its_efficiency_or_neither() -> None:
             "--precision", "nvfp4", "--system", "dgx-h100")
     assert r.returncode == 0, r.stderr
     assert "no FP4 tensor cores (NVFP4 training needs Blackwell)" in " ".join(r.stdout.split())
+    b200 = run("estimate", "--model", "gpt-1.7b", "--gpus", "8", "--mbs", "1", "--gbs", "8",
+               "--precision", "nvfp4", "--system", "dgx-b200")
+    assert b200.returncode == 0, b200.stderr
+    assert "measured 5-20% slower than trainsim predicts" in " ".join(b200.stdout.split())
 
 
 def test_a_traced_nvfp4_step_replays_as_the_fast_path_estimates_it(tmp_path: Path) -> None:
