@@ -65,9 +65,7 @@ def strategy_label(s: Strategy) -> str:
             + (f"-layout[{s.pipeline_layout}]" if s.pipeline_layout else "")
             + ("-cpag" if s.cp > 1 and s.cp_comm_type == "all_gather" else "")
             + ("-cpseq" if s.cp > 1 and s.cp_balance == "sequence" else "")
-            + (f"-ce{s.cross_entropy_fusion}" if s.cross_entropy_fusion != "none" else "")
-            + (f"-{s.fp8_recipe}" if s.precision == "fp8" and s.fp8_recipe != "delayed" else "")
-            + _split_suffix(s))
+            + _split_suffix(s))  # (the loss's fusion and FP8's recipe: in ``Strategy.label``)
 
 
 def strategy_fields(s: Strategy) -> dict[str, Any]:

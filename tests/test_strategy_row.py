@@ -245,3 +245,13 @@ def test_parts_an_earlier_trainsim_wrote_read_with_the_new_columns_null(tmp_path
     assert frame["flags"].to_list() == [None]
     with pytest.raises(ConfigError, match="earlier trainsim"):
         strategy_from_row(frame.row(0, named=True))
+
+
+@pytest.mark.parametrize(("model", "s"), CASES)
+def test_a_result_rows_name_says_each_switch_once(model: str, s: Strategy) -> None:
+    """``compare.strategy_label`` extends ``Strategy.label`` with the switches the layout name
+    leaves out; none says twice what the other said (the loss's fusion and FP8's recipe had)."""
+    from analysis.compare import strategy_label
+
+    parts = strategy_label(s).split("-")
+    assert len(parts) == len(set(parts)), strategy_label(s)
