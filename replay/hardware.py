@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from tracegen._config import build, load_mapping
 from tracegen.errors import ConfigError, did_you_mean
-from tracegen.units import GB, NS_PER_US, TERA, GiB
+from tracegen.units import GB, LOW_PRECISION_GEMMS, NS_PER_US, TERA, GiB
 
 Topology = Literal["fat-tree", "rail-optimized"]
 HEAD_DIM_REF = 128  # head dim of the attention efficiency curves in the catalog
@@ -117,7 +117,7 @@ class GPUSpec:
         k0 = self.gemm_k_overhead
         if k <= 0 or k0 <= 0:
             return 1.0
-        if dtype in ("fp8", "nvfp4"):
+        if dtype in LOW_PRECISION_GEMMS:
             k0 *= self.peak_flop_per_s(dtype) / self.peak_flop_per_s("bf16")
         ref = self.gemm_mamf_k
         return min(1.0, k * (ref + k0) / ((k + k0) * ref))
@@ -138,7 +138,7 @@ class GPUSpec:
         """The datasheet peak at the sustained clock: what the efficiencies above multiply. MFU
         and HFU stay against ``peak_flop_per_s``, the datasheet figure, as published."""
         ratio = self.sustained_clock_ratio
-        if dtype in ("fp8", "nvfp4") and self.sustained_clock_ratio_fp8:
+        if dtype in LOW_PRECISION_GEMMS and self.sustained_clock_ratio_fp8:
             ratio = self.sustained_clock_ratio_fp8
         return self.peak_flop_per_s(dtype) * ratio
 
@@ -153,7 +153,7 @@ class GPUSpec:
         where the GPU has FP4 tensor cores, else FP8's, the rate an nvfp4 GEMM is costed at)."""
         if dtype == "nvfp4" and self.peak_fp4_TFLOPs and self.gemm_efficiency_fp4:
             return self.gemm_efficiency_fp4
-        return self.gemm_efficiency_fp8 if dtype in ("fp8", "nvfp4") else self.gemm_efficiency
+        return self.gemm_efficiency_fp8 if dtype in LOW_PRECISION_GEMMS else self.gemm_efficiency
 
     def attention_occupancy(self, tiles: float) -> float:
         """Attention efficiency of a call with ``tiles`` query tiles relative to the curves'

@@ -42,11 +42,11 @@ from tracegen import ops as O
 from tracegen.deepep_buffers import buffer_bytes as deepep_buffer_bytes
 from tracegen.mesh import embedding_partner
 from tracegen.model import ModelSpec
-from tracegen.ops import ACT_BYTES, LOW_PRECISION_GEMMS, MOMENT_BYTES, grad_reduce_bytes
+from tracegen.ops import ACT_BYTES, MOMENT_BYTES, grad_reduce_bytes
 from tracegen.program import RoleProgram, dp_group_size, shard_axis
 from tracegen.schedule import stage_order
 from tracegen.strategy import Strategy
-from tracegen.units import DTYPE_BYTES, GiB
+from tracegen.units import DTYPE_BYTES, LOW_PRECISION_GEMMS, GiB
 
 # Mixed-precision Adam: fp32 master weight, momentum and variance (Rajbhandari et al. 2020, ZeRO
 # §3: K = 12 bytes of optimizer state per parameter), fp32 main gradients (Megatron DDP grad buffer;

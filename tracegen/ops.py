@@ -44,14 +44,12 @@ from tracegen.documents import busiest_rank_factor
 from tracegen.model import ModelSpec
 from tracegen.routing import Route, expected_units
 from tracegen.strategy import Strategy
-from tracegen.units import DTYPE_BYTES
+from tracegen.units import DTYPE_BYTES, LOW_PRECISION_GEMMS
 from tracegen.window import CpWindow, cp_window
 
 OpKind = Literal["gemm", "attention", "norm", "elementwise", "embedding", "loss", "optimizer"]
 CollType = Literal["ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "ALL_TO_ALL"]
 ACT_BYTES = 2  # 16-bit activations (see module docstring)
-# precisions whose recipes run the linear layers' GEMMs narrower than 16 bits (the rest in 16)
-LOW_PRECISION_GEMMS = ("fp8", "nvfp4")
 # Megatron's vocab-parallel cross-entropy, unfused (its default; tensor_parallel/cross_entropy.py,
 # as mpu/cross_entropy.py in 2021), in bytes of HBM traffic per logit. Forward: the 16-bit
 # logits cast to fp32 (2 + 4), the max (4), subtracting it in place (4 + 4), exp in place

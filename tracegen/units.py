@@ -20,3 +20,6 @@ DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "nvf
 # Integer codes stored in trace attributes (``dtype`` attr); keep stable, replay reads them.
 DTYPE_CODE: dict[str, int] = {"fp32": 0, "bf16": 1, "fp16": 2, "fp8": 3, "nvfp4": 4}
 DTYPE_FROM_CODE: dict[int, str] = {v: k for k, v in DTYPE_CODE.items()}
+# The precisions whose recipes run the linear layers' GEMMs narrower than 16 bits (the rest of
+# the step in 16), and the dtypes those GEMMs carry.
+LOW_PRECISION_GEMMS: tuple[str, ...] = ("fp8", "nvfp4")
