@@ -287,12 +287,12 @@ def _zero_bubble(costs: Costs, stages: list[Stage], reps: list[int], c: list[int
     views = [x.w_view for x in stages if x.w_view is not None]
     assert len(views) == s.pp  # (``stage_costs`` sets each under ZB-H1 and ZB-V)
     chunk_ends: Sequence[Sequence[int]]
-    if s.v_shape:  # ZB-V: two chunks a stage (``zero_bubble_v``)
+    if s.v_shape:  # ZB-V, DualPipe-V: two chunks a stage (``zero_bubble_v``)
         passes: Passes = ([x.fwd for x in stages], [x.bwd for x in stages],
                           [v.bwd for v in views])
         opened = (_opened_v(costs, stages, views, reps, c, passes)
                   if s.overlap_param_gather and s.zero_stage in (1, 2) else None)
-        ends, chunk_ends = zero_bubble_v(s.num_microbatches, *passes, c, opened)
+        ends, chunk_ends = zero_bubble_v(s.num_microbatches, *passes, c, opened, s.schedule)
     else:
         ends = zero_bubble(s.num_microbatches, [x.fwd[0] for x in stages],
                            [x.bwd[0] for x in stages], [v.bwd[0] for v in views], c)
@@ -658,7 +658,7 @@ def _opened_v(costs: Costs, stages: list[Stage], views: list[Stage], reps: list[
     without gathers (``zbv_first_forwards``), and each pass's compute share per cost index,
     (kind·2 + chunk)·p + stage — of its F, its B, or its W (the W view's)."""
     s = costs.s
-    starts = zbv_first_forwards(s.num_microbatches, *passes, c)
+    starts = zbv_first_forwards(s.num_microbatches, *passes, c, s.schedule)
     floors, busy = [], []
     for st, x in enumerate(stages):
         own = x.costs or costs  # (a stage on another system: its own links and kernels)

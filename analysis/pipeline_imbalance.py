@@ -2,7 +2,8 @@
 schedule's dependencies, vectorized over many draws of the costs.
 
 Each stage runs its passes in its schedule's order (``tracegen.schedule.stage_order``: GPipe,
-1F1B, interleaved 1F1B with its micro-batch groups, ZB-H1 and ZB-V with their W passes). A
+1F1B, interleaved 1F1B with its micro-batch groups, ZB-H1, ZB-V and DualPipe-V with their W
+passes). A
 forward of micro-batch j on global model chunk g waits for chunk g − 1's forward of j, a
 backward (a zero-bubble schedule's B pass) for chunk g + 1's backward of j (the last chunk's
 for its own forward), a W pass for its own B, and each pass for the pass before it on its
@@ -20,10 +21,11 @@ from __future__ import annotations
 import numpy as np
 
 from tracegen.schedule import stage_order
+from tracegen.strategy import V_SCHEDULES
 
 # Schedules walked in their own order (every schedule trainsim generates)
-WALKED = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v")
-ZERO_BUBBLE = ("zb_h1", "zb_v")
+WALKED = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v")
+ZERO_BUBBLE = ("zb_h1", "zb_v", "dualpipe_v")
 
 
 def walked_schedule(order_id: str) -> str:
@@ -58,7 +60,7 @@ def stage_ends(fwd: np.ndarray, bwd: np.ndarray, schedule: str = "1f1b", p: int 
     cost = {"F": fwd, "B": bwd, "W": bwd if wgt is None else wgt}
     end = {ph: np.full((g_count, m, r), np.nan) for ph in ("FBW" if zb else "FB")}
     orders = [stage_order(schedule, m=m, p=p, v=v, stage=s) for s in range(p)]
-    hops = _Hops(p, g_count, schedule == "zb_v", sends)
+    hops = _Hops(p, g_count, schedule in V_SCHEDULES, sends)
     pos, clock = [0] * p, [np.zeros(r) for _ in range(p)]
     left = len(end) * g_count * m
     while left:

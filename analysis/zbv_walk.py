@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from analysis.dp_tails import slowed
 from analysis.pipeline_walk import Opened
-from tracegen.schedule import zb_v
+from tracegen.schedule import dualpipe_v, zb_v
 
 # A pass as the walk reads it: (stage, cost index (kind·2 + chunk)·p + stage for kind 0/1/2 =
 # F/B/W, how many passes back in the walk the pass it waits for is (0: none), the send it then
@@ -49,8 +49,8 @@ class _Pieces(NamedTuple):
 
 
 def zero_bubble_v(m: int, f: list[tuple[int, ...]], b: list[tuple[int, ...]],
-                  w: list[tuple[int, ...]], c: list[int], opened: Opened | None = None
-                  ) -> tuple[list[int], list[list[int]]]:
+                  w: list[tuple[int, ...]], c: list[int], opened: Opened | None = None,
+                  schedule: str = "zb_v") -> tuple[list[int], list[list[int]]]:
     """ZB-V walked (``_walk``): (each stage's end, each stage's chunks' last W ends — their
     weight gradients fill the buckets) from per stage and chunk F, B and W ns and ``c[s]``,
     one send between stages s and s + 1. A forward starts after its stage's previous pass and
@@ -58,21 +58,24 @@ def zero_bubble_v(m: int, f: list[tuple[int, ...]], b: list[tuple[int, ...]],
     next chunk's B likewise, a W after its stage's previous pass (Qi et al. 2024 §6; the waits
     replay follows in the trace). ``opened``: the parameter gathers that open the step
     (``overlap_param_gather``; its shares per cost index, its floors per (stage, chunk)), as
-    ``pipeline_walk._Plain._opening`` walks them."""
-    clock, last_w, _ = _walk(m, f, b, w, c, opened)
+    ``pipeline_walk._Plain._opening`` walks them. ``schedule``: "zb_v", or "dualpipe_v"
+    (``tracegen.schedule.dualpipe_v``: the same placement and waits, another order; walked
+    pass by pass, 6·m·p of them, its steady rounds not jumped)."""
+    clock, last_w, _ = _walk(m, f, b, w, c, opened, schedule)
     return clock, last_w
 
 
 def zbv_first_forwards(m: int, f: list[tuple[int, ...]], b: list[tuple[int, ...]],
-                       w: list[tuple[int, ...]], c: list[int]) -> list[list[int]]:
+                       w: list[tuple[int, ...]], c: list[int], schedule: str = "zb_v"
+                       ) -> list[list[int]]:
     """When each stage starts its first forward of each chunk in ZB-V's walk without gathers
     (``zero_bubble_v``): where ``overlap_param_gather``'s holds are measured from."""
-    return _walk(m, f, b, w, c)[2]
+    return _walk(m, f, b, w, c, None, schedule)[2]
 
 
 def _walk(m: int, f: list[tuple[int, ...]], b: list[tuple[int, ...]],
-          w: list[tuple[int, ...]], c: list[int], opened: Opened | None = None
-          ) -> tuple[list[int], list[list[int]], list[list[int]]]:
+          w: list[tuple[int, ...]], c: list[int], opened: Opened | None = None,
+          schedule: str = "zb_v") -> tuple[list[int], list[list[int]], list[list[int]]]:
     """(each stage's end, its chunks' last W ends, its chunks' first forward starts): a short
     run walked pass by pass from its own plan (``_plan``), a long one from the repeating pieces
     (``_pieces``) with the steady rounds jumped where they are affine (``_rounds``)."""
@@ -82,8 +85,8 @@ def _walk(m: int, f: list[tuple[int, ...]], b: list[tuple[int, ...]],
     clock, ends = [0] * p, list[int]()
     run = _Run(cost, sends, clock, ends, opened)
     rounds = m - 2 * p + 1
-    if rounds < STEADY_ROUNDS:
-        plan, first_f, last_w = _plan(m, p)
+    if rounds < STEADY_ROUNDS or schedule != "zb_v":
+        plan, first_f, last_w = _plan(m, p, schedule)
         run.walk(plan, first_f)
         at = 0
     else:
@@ -234,18 +237,19 @@ def _regime(run: _Run, pieces: _Pieces, q: int, most: int) -> tuple[int, list[in
     return k, shift
 
 
-def _order(p: int, m: int) -> list[list[tuple[int, int, int, int]]]:
+def _order(p: int, m: int, schedule: str = "zb_v") -> list[list[tuple[int, int, int, int]]]:
     """Each stage's order as (kind 0/1/2 = F/B/W, micro-batch, chunk, global chunk): global
     chunk g runs on stage g or 2p − 1 − g."""
+    order = zb_v if schedule == "zb_v" else dualpipe_v
     return [[("FBW".index(ph), j, ch, p * 2 - 1 - st if ch else st)
-             for ph, j, ch in zb_v(m, p, st)] for st in range(p)]
+             for ph, j, ch in order(m, p, st)] for st in range(p)]
 
 
 class _Placer:
     """Places passes in a walk order: each after what it waits for (``_plan``, ``_pieces``)."""
 
-    def __init__(self, m: int, p: int) -> None:
-        self.p, self.orders = p, _order(p, m)
+    def __init__(self, m: int, p: int, schedule: str = "zb_v") -> None:
+        self.p, self.orders = p, _order(p, m, schedule)
         self.v_stage = [*range(p), *reversed(range(p))]  # the stage of each global chunk
         self.placed = [[[-1] * m for _ in range(2 * p)] for _ in range(2)]  # F's, B's by chunk
         self.first_f = [[-1, -1] for _ in range(p)]
@@ -281,18 +285,18 @@ class _Placer:
                 while self.pos[st] < upto[st] and self.place(st):
                     pass
             if len(self.plan) == placed_before:  # (the orders' tests hold it never happens)
-                raise AssertionError(f"ZB-V's order waits on itself at p {self.p}")
+                raise AssertionError(f"a V order waits on itself at p {self.p}")
 
     def done(self) -> list[int]:
         return [len(order) for order in self.orders]
 
 
 @functools.lru_cache(maxsize=8)
-def _plan(m: int, p: int) -> tuple[tuple[Entry, ...], tuple[tuple[int, int], ...],
-                                   tuple[tuple[int, int], ...]]:
+def _plan(m: int, p: int, schedule: str = "zb_v"
+          ) -> tuple[tuple[Entry, ...], tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
     """A short run's passes in a walk order (each stage's in turn, as many as are ready), with
     each stage's chunks' first forwards and last W's as places in it."""
-    placer = _Placer(m, p)
+    placer = _Placer(m, p, schedule)
     placer.greedy(placer.done())
     return (tuple(placer.plan), tuple(map(tuple, placer.first_f)),  # type: ignore[arg-type]
             tuple(map(tuple, placer.last_w)))  # type: ignore[arg-type]

@@ -122,6 +122,13 @@ def main() -> None:
     print(f"    at 4x the global batch ({min(s.num_microbatches for s in zbv4)}-"
           f"{max(s.num_microbatches for s in zbv4)} micro-batches): "
           f"{statistics.median(rates):,.0f} strategies/s median of 3")
+    # DualPipe-V: the same V placement, walked pass by pass (6·m·p passes, no jumps); those
+    # with the 2p micro-batches it needs
+    dpv = [dataclasses.replace(s, schedule="dualpipe_v") for s in zbv4
+           if s.num_microbatches >= 2 * s.pp]
+    rates = gc_paused(rate)(model, system, dpv, 3)
+    print(f"  DualPipe-V (every pass walked) at 4x the global batch: {len(dpv)} strategies, "
+          f"{statistics.median(rates):,.0f} strategies/s median of 3")
     # the same space on two sites of 512 GPUs: stages are no longer alike, each is costed
     two = dataclasses.replace(system, scaleout=dataclasses.replace(
         system.scaleout, site_gpus=512, site_Gbps_per_gpu=50.0, site_latency_us=250.0))

@@ -287,7 +287,8 @@ def fewer_microbatches(s: Strategy, rng: random.Random) -> Strategy:
 def zero_bubble(s: Strategy, rng: random.Random) -> Strategy:
     """``--zb``: three in four strategies ZB-H1 or ZB-V can run as that schedule, drawn — a
     pipeline, ZeRO 0-2, no TP overlap; for ZB-H1 one chunk a stage, for ZB-V two (its
-    strategies lose their micro-batch group, which it does not have) — half of
+    strategies lose their micro-batch group, which it does not have; half of those with
+    the 2p micro-batches DualPipe-V needs run DualPipe-V instead) — half of
     those with SP gathering the W passes' inputs again (``zb_w_regather``); the rest as
     drawn."""
     if (s.vpp > 2 or s.pp < 2 or s.zero_stage == 3 or s.tp_comm_overlap
@@ -296,8 +297,8 @@ def zero_bubble(s: Strategy, rng: random.Random) -> Strategy:
     regather = s.sequence_parallel and rng.random() < 0.5
     if s.vpp == 1:
         return dataclasses.replace(s, schedule="zb_h1", zb_w_regather=regather)
-    return dataclasses.replace(s, schedule="zb_v", zb_w_regather=regather,
-                               microbatch_group_size=0)
+    v = "dualpipe_v" if s.num_microbatches >= 2 * s.pp and rng.random() < 0.5 else "zb_v"
+    return dataclasses.replace(s, schedule=v, zb_w_regather=regather, microbatch_group_size=0)
 
 
 def other_recompute(s: Strategy, layers: int, rng: random.Random) -> Strategy:
@@ -664,7 +665,8 @@ def main() -> None:
           + (f" ({sum(bool(re.search(r' m[12]( |$)', w)) for _, _, w in rows)} with one or "
              "two micro-batches)" if args.few else "")
           + (f" ({sum(' zb_h1 ' in w for _, _, w in rows)} ZB-H1, "
-             f"{sum(' zb_v ' in w for _, _, w in rows)} ZB-V)" if args.zb else "")
+             f"{sum(' zb_v ' in w for _, _, w in rows)} ZB-V, "
+             f"{sum(' dualpipe_v ' in w for _, _, w in rows)} DualPipe-V)" if args.zb else "")
           + (f" ({sum(' per-microbatch' in w for _, _, w in rows)} reducing every "
              "micro-batch)" if args.per_microbatch else "")
           + (f" ({sum(' window' in n or ' chunk' in n for _, n, _ in rows)} with a sliding "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
@@ -24,7 +25,7 @@ from tests.conftest import replayed
 from tests.test_fastpath import MODEL, MOE, SYSTEM
 from tracegen import ConfigError, Strategy, generate, memory
 from tracegen.program import COMM_SEND_NODE, RoleProgram
-from tracegen.schedule import zb_v
+from tracegen.schedule import Step, zb_v
 
 
 def _v(**kw: object) -> Strategy:
@@ -34,13 +35,15 @@ def _v(**kw: object) -> Strategy:
 
 
 def _walk_v(m: int, p: int, f: list[tuple[int, int]], b: list[tuple[int, int]],
-            w: list[tuple[int, int]], c: list[int]) -> tuple[list[int], list[list[int]]]:
+            w: list[tuple[int, int]], c: list[int],
+            order_of: Callable[[int, int, int], list[Step]] = zb_v
+            ) -> tuple[list[int], list[list[int]]]:
     """Each stage's end and each of its chunks' last W end, walking the schedule pass by pass
     as it says and nothing else: global chunk g runs on stage g or 2p − 1 − g; a forward waits
     for chunk g − 1's, a B for chunk g + 1's, each with the send between their stages (none
     where both are one stage); a W for nothing but its stage."""
     on = [*range(p), *reversed(range(p))]
-    orders = [zb_v(m, p, s) for s in range(p)]
+    orders = [order_of(m, p, s) for s in range(p)]
     cost = {"F": f, "B": b, "W": w}
     end: dict[tuple[str, int, int], int] = {}
     pos, clock = [0] * p, [0] * p

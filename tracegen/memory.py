@@ -261,8 +261,8 @@ def inflight_microbatches(s: Strategy, stage: int) -> float:
     micro-batch group of N (pp unless set) (p − i − 1)·2 + (v − 1)·N of them. GPipe: m.
     ZB-H1: min(p, m) on every stage (``schedule.zb_h1``: stage i's 1F1B count and the i
     micro-batches whose W it defers); the memory model charges the deferred ones what their W
-    passes keep instead (``w_hold_bytes``, ``_peak_chunk_load``). ZB-V: the peak of its order's
-    chunk passes between F and W, each half the stage.
+    passes keep instead (``w_hold_bytes``, ``_peak_chunk_load``). ZB-V, DualPipe-V: the peak
+    of its order's chunk passes between F and W, each half the stage.
     """
     m, p, v = s.num_microbatches, s.pp, s.vpp
     if s.schedule == "gpipe":

@@ -29,6 +29,17 @@ Each entry is ``(phase, microbatch, chunk)`` with phase ``"F"``, ``"B"`` or (ZB-
   while forwards remain F B W of chunk 0 and of chunk 1, then i pairs (B chunk 0, B chunk 1)
   whose W's wait, p − i pairs (B, W) of chunk 0, and the waiting W's, chunk 1's first. Runs
   of m < 2p − 1 micro-batches keep the order of those they have.
+* DualPipe-V (PyTorch's ``ScheduleDualPipeV``, torch.distributed.pipelining, after
+  DeepSeek-AI's DualPipe, DeepSeek-V3 technical report §3.2.1, and its "cut-in-half" V
+  variant in deepseek-ai/DualPipe; ``dualpipe_v``): ZB-V's placement, m ≥ 2p micro-batches.
+  Stage i runs 2(p − i − 1) forwards of chunk 0, i + 1 pairs (F chunk 0, F chunk 1), p − i − 1
+  triples (B chunk 1, its W, F chunk 1), then m − 2p + i + 1 rounds of (F chunk 0 with a full
+  backward of chunk 1, F chunk 1 with a full backward of chunk 0) — PyTorch's OVERLAP_F_B
+  actions, which its runtime runs one after the other unless a custom function is
+  registered for them — then p − i − 1 of (full B chunk 1, F chunk 1 with a full B chunk 0),
+  i + 1 pairs (B chunk 1, B chunk 0) whose second half defers its W's to a queue, p − i − 1
+  pairs (the oldest waiting W, B chunk 0 deferring its W), and the i + 1 W's left. A full
+  backward is a B followed at once by its W.
 * Interleaved 1F1B with a micro-batch group of N (Megatron-Core's
   ``microbatch_group_size_per_vp_stage``, ``get_schedule_table`` and
   ``get_pp_rank_microbatches``; the tunable schedule Llama 3 used, Dubey et al. 2024 §3.3.2):
@@ -152,6 +163,67 @@ def zb_v(m: int, p: int, stage: int) -> list[Step]:
     return [x for x in out if x[1] < m]
 
 
+def dualpipe_v(m: int, p: int, stage: int) -> list[Step]:
+    """DualPipe-V (PyTorch's ``ScheduleDualPipeV._calculate_single_rank_operations``, its
+    steps 1-8): chunk 0 is global chunk ``stage``, chunk 1 global chunk 2p − 1 − ``stage``.
+    Needs m ≥ 2p (``Strategy`` refuses fewer, as PyTorch does)."""
+    out: list[Step] = []
+    done = {(ph, ch): 0 for ph in "FB" for ch in (0, 1)}
+    waiting: list[tuple[int, int]] = []  # (micro-batch, chunk) of B's whose W is deferred
+
+    def fwd(ch: int) -> None:
+        out.append(("F", done["F", ch], ch))
+        done["F", ch] += 1
+
+    def bwd(ch: int, defer: bool) -> None:
+        j = done["B", ch]
+        out.append(("B", j, ch))
+        done["B", ch] += 1
+        if defer:
+            waiting.append((j, ch))
+        else:
+            out.append(("W", j, ch))
+
+    def pending_w() -> None:
+        if waiting:
+            j, ch = waiting.pop(0)
+            out.append(("W", j, ch))
+
+    rest = p - stage - 1
+    for _ in range(2 * rest):  # 1: chunk 0's warm-up
+        fwd(0)
+    for _ in range(stage + 1):  # 2: F0 F1
+        fwd(0)
+        fwd(1)
+    for _ in range(rest):  # 3: B1 W1 F1 (the V turns round below)
+        bwd(1, True)
+        pending_w()
+        fwd(1)
+    for _ in range(m - 2 * p + stage + 1):  # 4: F0 with B1, F1 with B0, each in turn
+        fwd(0)
+        bwd(1, False)
+        fwd(1)
+        bwd(0, False)
+    for _ in range(rest):  # 5: B1, F1 with B0
+        bwd(1, False)
+        fwd(1)
+        bwd(0, False)
+    defer = False
+    for i in range(stage + 1):  # 6: B1 B0, the second half's W's deferred
+        if i == (stage + 1) // 2 and stage % 2 == 1:
+            defer = True
+        bwd(1, defer)
+        if i == (stage + 1) // 2 and stage % 2 == 0:
+            defer = True
+        bwd(0, defer)
+    for _ in range(rest):  # 7: W, B0
+        pending_w()
+        bwd(0, True)
+    for _ in range(stage + 1):  # 8: the W's left
+        pending_w()
+    return out
+
+
 def stage_order(schedule: str, *, m: int, p: int, v: int, stage: int) -> list[Step]:
     """The op order of ``stage`` for ``m`` micro-batches on ``p`` stages with ``v`` chunks.
     ``schedule``: a schedule's name, or ``Strategy.order_id`` (``interleaved_1f1b/N`` for a
@@ -164,6 +236,8 @@ def stage_order(schedule: str, *, m: int, p: int, v: int, stage: int) -> list[St
         return zb_h1(m, p, stage)
     if schedule == "zb_v":
         return zb_v(m, p, stage)
+    if schedule == "dualpipe_v":
+        return dualpipe_v(m, p, stage)
     name, merged, _ = schedule.partition("+")
     _, _, group = name.partition("/")
     return interleaved(m, p, v, stage, int(group or 0), 1 if merged else 0)

@@ -12,7 +12,7 @@ from tracegen.errors import ConfigError, did_you_mean
 from tracegen.layout import chunk_count_problem, parse_layout
 from tracegen.model import ModelSpec
 
-Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"]
+Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v"]
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8", "nvfp4"]
 CpCommType = Literal["p2p", "all_gather"]
@@ -29,7 +29,10 @@ Fp8Recipe = Literal["delayed", "tensorwise"]
 FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise")
 CE_FUSIONS: tuple[str, ...] = ("none", "native", "te")
 OUTER_DP_SHARDINGS: tuple[str, ...] = ("no_shard", "optim")
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v")
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v",
+                               "dualpipe_v")
+# The schedules that place two model chunks a stage in a V (``Strategy.v_shape``)
+V_SCHEDULES: tuple[str, ...] = ("zb_v", "dualpipe_v")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8", "nvfp4")
 # Megatron-Core's --recompute-modules for selective recompute, in the order a layer runs them:
@@ -338,14 +341,15 @@ class Strategy:
 
     @property
     def v_shape(self) -> bool:
-        """Whether the model chunks are placed in a V (ZB-V: stage i holds chunks i and
-        2p − 1 − i, so stage 0 holds the embedding and the output head)."""
-        return self.schedule == "zb_v"
+        """Whether the model chunks are placed in a V (ZB-V, DualPipe-V: stage i holds chunks
+        i and 2p − 1 − i, so stage 0 holds the embedding and the output head)."""
+        return self.schedule in V_SCHEDULES
 
     @property
     def split_w(self) -> bool:
-        """Whether backward passes leave their weight-gradient GEMMs to W passes (ZB-H1, ZB-V)."""
-        return self.schedule in ("zb_h1", "zb_v")
+        """Whether backward passes leave their weight-gradient GEMMs to W passes (ZB-H1, ZB-V,
+        DualPipe-V: its full backwards are a B with its W at once)."""
+        return self.schedule in ("zb_h1", *V_SCHEDULES)
 
     def gci(self, stage: int, chunk: int) -> int:
         """The global model chunk that ``stage`` runs as its local ``chunk``: chunk · pp + stage
@@ -364,7 +368,7 @@ class Strategy:
     def head_stage(self) -> int:
         """The stage with the last model chunk (the output head and the loss): ``chunk_stage``
         of it, spelled out (the memory model reads it per stage of every strategy)."""
-        return 0 if self.schedule == "zb_v" else self.pp - 1
+        return 0 if self.v_shape else self.pp - 1
 
     @property
     def world_size(self) -> int:
@@ -556,12 +560,13 @@ def ruled_out(*, tp: int, pp: int, dp: int, vpp: int, micro_batch_size: int,
     per_step = micro_batch_size * dp
     if global_batch_size % per_step or (sequence_parallel and tp == 1) or (
             tp_comm_overlap and not sequence_parallel) or (
-            vpp > 1 and schedule not in ("interleaved_1f1b", "zb_v")):
+            vpp > 1 and schedule not in ("interleaved_1f1b", *V_SCHEDULES)):
         return True
     if schedule == "zb_h1":
         return pp < 2 or tp_comm_overlap
-    if schedule == "zb_v":
-        return pp < 2 or vpp != 2 or tp_comm_overlap
+    if schedule in V_SCHEDULES:
+        return pp < 2 or vpp != 2 or tp_comm_overlap or (
+            schedule == "dualpipe_v" and global_batch_size // per_step < 2 * pp)
     return schedule == "interleaved_1f1b" and (
         pp < 2 or vpp < 2 or (global_batch_size // per_step) % pp != 0)
 
@@ -668,17 +673,25 @@ def _groups_that_fit(m: int, p: int) -> str:
 
 
 def _zb_problems(s: Strategy) -> list[str]:
-    """What ZB-H1 and ZB-V (``tracegen.schedule.zb_h1``, ``zb_v``) are modelled with: a
-    pipeline (for ZB-V of two chunks a stage), and gradients that stay on their rank until
-    the last W pass (ZeRO 0–2; ZeRO-3 reduce-scatters each block's gradients in every
-    backward)."""
+    """What ZB-H1, ZB-V and DualPipe-V (``tracegen.schedule.zb_h1``, ``zb_v``,
+    ``dualpipe_v``) are modelled with: a pipeline (for ZB-V and DualPipe-V of two chunks a
+    stage; DualPipe-V of at least 2p micro-batches, as PyTorch requires), and gradients that
+    stay on their rank until the last W pass (ZeRO 0–2; ZeRO-3 reduce-scatters each block's
+    gradients in every backward)."""
     out, name = [], s.schedule
     if s.pp < 2:
         out.append(f"{name} needs pp ≥ 2 (it fills pipeline bubbles), got pp={s.pp}; use "
                    "schedule '1f1b'")
-    if name == "zb_v" and s.vpp != 2:
-        out.append(f"zb_v runs two model chunks on each stage, placed in a V: set vpp = 2, got "
-                   f"vpp={s.vpp}")
+    if name in V_SCHEDULES and s.vpp != 2:
+        out.append(f"{name} runs two model chunks on each stage, placed in a V: set vpp = 2, "
+                   f"got vpp={s.vpp}")
+    elif name == "dualpipe_v" and s.dp and s.micro_batch_size and (
+            s.global_batch_size % (s.micro_batch_size * s.dp) == 0) and (
+            s.num_microbatches < 2 * s.pp):
+        out.append(f"dualpipe_v needs at least 2·pp = {2 * s.pp} micro-batches a step (PyTorch's "
+                   f"ScheduleDualPipeV: as many as stages), got {s.num_microbatches}; raise the "
+                   f"global batch to {2 * s.pp * s.micro_batch_size * s.dp} or more, or use "
+                   "schedule 'zb_v'")
     if s.zero_stage == 3:
         out.append(f"{name} is modelled with ZeRO 0-2 (ZeRO-3 reduce-scatters each block's "
                    "gradients in every backward, before a deferred W pass has made them); set "
@@ -703,7 +716,12 @@ def _ep_overlap_problems(s: Strategy) -> list[str]:
     if s.ep < 2:
         out.append("overlap_moe_ep_comm overlaps expert-parallel all-to-alls: it needs ep > 1, "
                    f"got ep={s.ep}; raise ep or set overlap_moe_ep_comm = false")
-    if s.pp > 1 and s.schedule != "interleaved_1f1b":
+    if s.schedule == "dualpipe_v":
+        out.append("overlap_moe_ep_comm is Megatron-Core's combined 1F1B; dualpipe_v's paired "
+                   "forward and backward run one after the other, as PyTorch's runtime runs "
+                   "them unless a custom overlap function is registered (not modelled): set "
+                   "overlap_moe_ep_comm = false, or use schedule 'interleaved_1f1b'")
+    elif s.pp > 1 and s.schedule != "interleaved_1f1b":
         out.append(f"overlap_moe_ep_comm on a pipeline (pp={s.pp}) needs schedule "
                    f"'interleaved_1f1b' with vpp > 1 (Megatron-Core runs combined 1F1B on a "
                    f"pipeline only interleaved), got {s.schedule!r}; set vpp and the schedule, "
@@ -739,8 +757,9 @@ def _schedule_problems(s: Strategy) -> list[str]:
         out.append("tp_comm_overlap needs sequence_parallel = true (Megatron overlaps the "
                    "sequence-parallel all-gather / reduce-scatter with the GEMMs); enable it or "
                    "set tp_comm_overlap = false")
-    if s.vpp > 1 and s.schedule not in ("interleaved_1f1b", "zb_v"):
-        out.append(f"vpp = {s.vpp} needs schedule 'interleaved_1f1b' (or 'zb_v' with vpp 2), "
+    if s.vpp > 1 and s.schedule not in ("interleaved_1f1b", *V_SCHEDULES):
+        out.append(f"vpp = {s.vpp} needs schedule 'interleaved_1f1b' (or 'zb_v' or "
+                   f"'dualpipe_v' with vpp 2), "
                    f"got {s.schedule!r}")
     if s.schedule == "interleaved_1f1b":
         if s.pp < 2 or s.vpp < 2:
@@ -757,7 +776,8 @@ def _schedule_problems(s: Strategy) -> list[str]:
                    "passes: it needs overlap_moe_ep_comm = true; set it or drop "
                    "delay_wgrad_compute")
     if s.zb_w_regather and not s.split_w:
-        out.append(f"zb_w_regather needs schedule 'zb_h1' or 'zb_v' (it is where their W "
+        out.append(f"zb_w_regather needs schedule 'zb_h1', 'zb_v' or 'dualpipe_v' (it is where "
+                   f"their W "
                    f"passes get their inputs), got {s.schedule!r}; set it to false")
     if s.schedule != "interleaved_1f1b" and s.microbatch_group_size:
         out.append(f"microbatch_group_size needs schedule 'interleaved_1f1b' (it groups the "
