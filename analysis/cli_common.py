@@ -317,7 +317,8 @@ def note_precision(precisions: set[str], system: SystemSpec) -> None:
 # pair with and without it (Megatron-MoE-ModelZoo, Qwen3-235B on 256 H100s, 19.7 → 17.6 s),
 # trainsim's saving was 2.4 times the measured one (tests/test_megatron_moe_runs.py)
 COMBINED_1F1B_NOTE = (
-    "note: combined 1F1B (--overlap-moe-expert-parallel-comm) is costed with each expert "
+    "note: merged passes (--overlap-moe-expert-parallel-comm: combined 1F1B, or DualPipe-V's "
+    "pairs) are costed with each expert "
     "all-to-all at its full speed beside the other micro-batch's compute; on the one published "
     "pair with and without it (Megatron-MoE-ModelZoo, Qwen3-235B on 256 H100s) trainsim's "
     "saving was 2.4 times the measured one: read the step time of such a strategy as a bound "

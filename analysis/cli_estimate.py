@@ -726,7 +726,8 @@ def _fit_hint_lines(g: Glance, s: Strategy) -> list[str]:
              f"{hint['step_time_s']:.4f} s a step"
              for hint, what, flags, _ in fit_advice(g.fit_hint, g.shard_hint, s)]
     flags = {"zb_w_regather": "--zb-w-regather",
-             "1f1b": "--schedule 1f1b" + (" --vpp 1" if s.v_shape else "")}
+             "1f1b": "--schedule 1f1b" + (" --vpp 1" if s.v_shape else "")
+             + (" without --overlap-moe-expert-parallel-comm" if s.overlap_moe_ep_comm else "")}
     zb = [f"with {flags[name]}: {h['peak_memory_GiB']:.1f} GiB "
           f"({'fits' if h['fits'] else 'does not fit'}), {h['step_time_s']:.4f} s a step"
           for name, h in (g.zb_hint or {}).items()]

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from analysis.dp_tails import tails_ns
+from analysis.dualpipe_walk import dualpipe_merged_walk
 from analysis.fastpath_costs import Costs, clear_cache
 from analysis.fastpath_stages import Stage, slowed_runs
 from analysis.grad_stream import per_microbatch_ns
@@ -292,7 +293,13 @@ def _zero_bubble(costs: Costs, stages: list[Stage], reps: list[int], c: list[int
                           [v.bwd for v in views])
         opened = (_opened_v(costs, stages, views, reps, c, passes)
                   if s.overlap_param_gather and s.zero_stage in (1, 2) else None)
-        ends, chunk_ends = zero_bubble_v(s.num_microbatches, *passes, c, opened, s.schedule)
+        if s.overlap_moe_ep_comm:  # DualPipe-V's pairs merged (``dualpipe_merged_walk``)
+            ends, chunk_ends = dualpipe_merged_walk(
+                s.num_microbatches, *passes, [x.merged_pieces for x in stages],
+                costs.compute.gpu.comm_interference, c, opened)
+        else:
+            ends, chunk_ends = zero_bubble_v(s.num_microbatches, *passes, c, opened,
+                                             s.schedule)
     else:
         ends = zero_bubble(s.num_microbatches, [x.fwd[0] for x in stages],
                            [x.bwd[0] for x in stages], [v.bwd[0] for v in views], c)

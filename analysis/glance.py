@@ -148,7 +148,9 @@ def zb_hint(model: ModelSpec, s: Strategy, system: SystemSpec
     other schedules."""
     if not s.split_w:
         return None
-    alternatives = {"1f1b": dataclasses.replace(s, schedule="1f1b", vpp=1, zb_w_regather=False)}
+    # (DualPipe-V's merged pairs have no 1F1B counterpart on a pipeline: dropped there)
+    alternatives = {"1f1b": dataclasses.replace(s, schedule="1f1b", vpp=1, zb_w_regather=False,
+                                                overlap_moe_ep_comm=False)}
     if s.sequence_parallel and not s.zb_w_regather:
         alternatives = {"zb_w_regather": dataclasses.replace(s, zb_w_regather=True),
                         **alternatives}

@@ -20,7 +20,7 @@ ending no earlier than its floor.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from analysis.dp_tails import slowed
 from analysis.merged_pass import MergedPieces, run_pieces
@@ -41,18 +41,42 @@ def merged_walk(s: Strategy, fwd: Sequence[Sequence[int]], bwd: Sequence[Sequenc
     p, v, m = s.pp, s.vpp, s.num_microbatches
     units = [combined(s.order_id, m=m, p=p, v=v, stage=st) for st in range(p)]
     walk = _Walk(p, v, fwd, bwd, pieces, kappa, c, opened)
+    walk_units(units, walk.run, "combined 1F1B")
+    chunk_ends = [[walk.b_end[m - 1, ch * p + st] for ch in range(v)] for st in range(p)]
+    return (walk.clock, chunk_ends), _tails(units, walk, m, p, v)
+
+
+def walk_units(units: Sequence[Sequence[Unit]], run: Callable[[int, Unit], bool],
+               what: str) -> None:
+    """Each stage's units in turn, as many as ``run`` walks (those whose inputs have come),
+    until every one is walked (also ``dualpipe_walk``'s)."""
+    p = len(units)
     pos, remaining = [0] * p, sum(map(len, units))
     while remaining:
         progressed = False
         for st in range(p):
-            while pos[st] < len(units[st]) and walk.run(st, units[st][pos[st]]):
+            while pos[st] < len(units[st]) and run(st, units[st][pos[st]]):
                 pos[st] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:  # pragma: no cover - the schedules are deadlock-free
-            raise RuntimeError("combined 1F1B schedule did not progress")
-    chunk_ends = [[walk.b_end[m - 1, ch * p + st] for ch in range(v)] for st in range(p)]
-    return (walk.clock, chunk_ends), _tails(units, walk, m, p, v)
+            raise RuntimeError(f"the {what} schedule did not progress")
+
+
+class MergedMemo:
+    """Merged passes' (sends, end) by stage, chunk pair and how late each input comes after
+    the pass's start (``run_pieces``; a steady state repeats a few)."""
+
+    def __init__(self, pieces: Sequence[Sequence[MergedPieces]], kappa: float) -> None:
+        self.pieces, self.kappa = pieces, kappa
+        self.got: dict[tuple[int, int, int, int], tuple[int, int]] = {}
+
+    def __call__(self, st: int, pair: int, f_late: int, b_late: int) -> tuple[int, int]:
+        key = (st, pair, f_late, b_late)
+        got = self.got.get(key)
+        if got is None:
+            got = self.got[key] = run_pieces(self.pieces[st][pair], self.kappa, f_late, b_late)
+        return got
 
 
 class _Walk:
@@ -62,8 +86,8 @@ class _Walk:
                  bwd: Sequence[Sequence[int]], pieces: Sequence[Sequence[MergedPieces]],
                  kappa: float, c: Sequence[int], opened: Opened | None) -> None:
         self.p, self.v, self.fwd, self.bwd, self.c = p, v, fwd, bwd, c
-        self.pieces, self.kappa, self.opened = pieces, kappa, opened
-        self.merged: dict[tuple[int, int, int, int], tuple[int, int]] = {}  # (st, pair, late)
+        self.opened = opened
+        self._merged = MergedMemo(pieces, kappa)
         self.floors = dict(opened.floors) if opened else {}
         self.until = ([max(b, default=0) if opened.kappa else 0 for b in opened.busy]
                       if opened else [0] * p)
@@ -112,17 +136,6 @@ class _Walk:
         self.order.append((st, unit))
         self.clock[st] = end
         return True
-
-    def _merged(self, st: int, pair: int, f_late: int, b_late: int) -> tuple[int, int]:
-        """(sends, end) of stage ``st``'s merged pass of chunk ``pair`` (forward · v +
-        backward) whose inputs come so late after its start (memoized: a steady state repeats
-        a few)."""
-        key = (st, pair, f_late, b_late)
-        got = self.merged.get(key)
-        if got is None:
-            got = self.merged[key] = run_pieces(self.pieces[st][pair], self.kappa, f_late,
-                                                b_late)
-        return got
 
     def _slowed(self, st: int, start: int, ns: int, unit: Unit) -> int:
         """``start`` + ``ns``, the compute share slowed while the stage's gathers are in

@@ -486,7 +486,7 @@ def test_the_bound_note_is_said_once_where_any_strategy_merges(
     from analysis.cli_common import note_combined_1f1b
 
     note_combined_1f1b(iter([False, True, True]))
-    assert capsys.readouterr().out.count("note: combined 1F1B") == 1
+    assert capsys.readouterr().out.count("note: merged passes") == 1
     note_combined_1f1b([False])
     note_combined_1f1b([])
     assert capsys.readouterr().out == ""
@@ -504,7 +504,7 @@ def test_a_searched_space_says_it_once_its_values_checked_first(
                                    search=True))
     _note_space(dataclasses.replace(study, search={**study.search,
                                                    "overlap_moe_ep_comm": [False, True]}))
-    assert capsys.readouterr().out.count("note: combined 1F1B") == 1
+    assert capsys.readouterr().out.count("note: merged passes") == 1
     _note_space(study)
     assert capsys.readouterr().out == ""
     with pytest.raises(ConfigError, match="must each be a non-empty list"):

@@ -284,6 +284,8 @@ def _merges(s: Strategy, stage: int) -> bool:
     m, p, v = s.num_microbatches, s.pp, s.vpp
     if p == 1:
         return m > 1
+    if s.schedule == "dualpipe_v":  # (every stage pairs at least one F1 with a B0)
+        return True
     return (p - stage - 1) * 2 + (v - 1) * (s.schedule_group or p) + 1 < m * v
 
 

@@ -39,7 +39,9 @@ Each entry is ``(phase, microbatch, chunk)`` with phase ``"F"``, ``"B"`` or (ZB-
   registered for them — then p − i − 1 of (full B chunk 1, F chunk 1 with a full B chunk 0),
   i + 1 pairs (B chunk 1, B chunk 0) whose second half defers its W's to a queue, p − i − 1
   pairs (the oldest waiting W, B chunk 0 deferring its W), and the i + 1 W's left. A full
-  backward is a B followed at once by its W.
+  backward is a B followed at once by its W. With the pairs merged (torchtitan's DualPipeV
+  overlap; ``dualpipe_v_units``, an ``+a2a`` order id) each runs as one merged pass, as
+  combined 1F1B's do, its backward a full one.
 * Interleaved 1F1B with a micro-batch group of N (Megatron-Core's
   ``microbatch_group_size_per_vp_stage``, ``get_schedule_table`` and
   ``get_pp_rank_microbatches``; the tunable schedule Llama 3 used, Dubey et al. 2024 §3.3.2):
@@ -163,51 +165,71 @@ def zb_v(m: int, p: int, stage: int) -> list[Step]:
     return [x for x in out if x[1] < m]
 
 
-def dualpipe_v(m: int, p: int, stage: int) -> list[Step]:
+def dualpipe_v(m: int, p: int, stage: int, paired: bool = False) -> list[Step]:
     """DualPipe-V (PyTorch's ``ScheduleDualPipeV._calculate_single_rank_operations``, its
     steps 1-8): chunk 0 is global chunk ``stage``, chunk 1 global chunk 2p − 1 − ``stage``.
-    Needs m ≥ 2p (``Strategy`` refuses fewer, as PyTorch does)."""
+    Needs m ≥ 2p (``Strategy`` refuses fewer, as PyTorch does). Each paired forward and full
+    backward runs F, B, W; ``paired`` (``dualpipe_v_units``' merged passes, for the memory
+    walk) B, W, F instead: its backward frees what its forward then takes."""
     out: list[Step] = []
+    for unit in dualpipe_v_units(m, p, stage):
+        if len(unit) == 2:
+            f, (_, j, ch) = unit
+            full: list[Step] = [("B", j, ch), ("W", j, ch)]
+            out += [*full, f] if paired else [f, *full]
+        else:
+            out.append(unit[0])
+    return out
+
+
+def dualpipe_v_units(m: int, p: int, stage: int) -> list[Unit]:
+    """``dualpipe_v`` as its passes: PyTorch's OVERLAP_F_B actions as merged units (forward,
+    backward) whose backward is a full one (weight gradients included: no W of its own),
+    every other step alone."""
+    out: list[Unit] = []
     done = {(ph, ch): 0 for ph in "FB" for ch in (0, 1)}
     waiting: list[tuple[int, int]] = []  # (micro-batch, chunk) of B's whose W is deferred
 
-    def fwd(ch: int) -> None:
-        out.append(("F", done["F", ch], ch))
-        done["F", ch] += 1
+    def step(ph: Phase, ch: int) -> Step:
+        got: Step = (ph, done[ph, ch], ch)
+        done[ph, ch] += 1
+        return got
 
     def bwd(ch: int, defer: bool) -> None:
-        j = done["B", ch]
-        out.append(("B", j, ch))
-        done["B", ch] += 1
+        b = step("B", ch)
+        out.append((b,))
         if defer:
-            waiting.append((j, ch))
+            waiting.append((b[1], ch))
         else:
-            out.append(("W", j, ch))
+            out.append((("W", b[1], ch),))
 
     def pending_w() -> None:
         if waiting:
             j, ch = waiting.pop(0)
-            out.append(("W", j, ch))
+            out.append((("W", j, ch),))
+
+    def pair(f_ch: int, b_ch: int) -> None:  # OVERLAP_F_B: a forward with a full backward
+        out.append((step("F", f_ch), step("B", b_ch)))
 
     rest = p - stage - 1
     for _ in range(2 * rest):  # 1: chunk 0's warm-up
-        fwd(0)
+        out.append((step("F", 0),))
     for _ in range(stage + 1):  # 2: F0 F1
-        fwd(0)
-        fwd(1)
+        out += [(step("F", 0),), (step("F", 1),)]
     for _ in range(rest):  # 3: B1 W1 F1 (the V turns round below)
         bwd(1, True)
         pending_w()
-        fwd(1)
-    for _ in range(m - 2 * p + stage + 1):  # 4: F0 with B1, F1 with B0, each in turn
-        fwd(0)
-        bwd(1, False)
-        fwd(1)
-        bwd(0, False)
+        out.append((step("F", 1),))
+    for i in range(m - 2 * p + stage + 1):  # 4: F0 with B1, F1 with B0
+        if i == 0 and stage == p - 1:  # ("we don't overlap these two chunks")
+            out.append((step("F", 0),))
+            bwd(1, False)
+        else:
+            pair(0, 1)
+        pair(1, 0)
     for _ in range(rest):  # 5: B1, F1 with B0
         bwd(1, False)
-        fwd(1)
-        bwd(0, False)
+        pair(1, 0)
     defer = False
     for i in range(stage + 1):  # 6: B1 B0, the second half's W's deferred
         if i == (stage + 1) // 2 and stage % 2 == 1:
@@ -236,9 +258,9 @@ def stage_order(schedule: str, *, m: int, p: int, v: int, stage: int) -> list[St
         return zb_h1(m, p, stage)
     if schedule == "zb_v":
         return zb_v(m, p, stage)
-    if schedule == "dualpipe_v":
-        return dualpipe_v(m, p, stage)
     name, merged, _ = schedule.partition("+")
+    if name == "dualpipe_v":
+        return dualpipe_v(m, p, stage, bool(merged))
     _, _, group = name.partition("/")
     return interleaved(m, p, v, stage, int(group or 0), 1 if merged else 0)
 
@@ -250,7 +272,10 @@ def combined(schedule: str, *, m: int, p: int, v: int, stage: int) -> list[Unit]
     Interleaved (an ``+a2a`` order id: one warm-up forward more than the interleaved one's),
     the warm-up forwards alone, each steady (F, B) merged, the cool-down backwards alone;
     nothing merges where the warm-up holds every forward (Megatron-Core's
-    ``are_all_microbatches_in_warmup``)."""
+    ``are_all_microbatches_in_warmup``). DualPipe-V: its OVERLAP_F_B pairs merged
+    (``dualpipe_v_units``)."""
+    if schedule.startswith("dualpipe_v"):
+        return dualpipe_v_units(m, p, stage)
     order = stage_order(schedule, m=m, p=p, v=v, stage=stage)
     if p == 1:
         out: list[Unit] = [(order[0],)]

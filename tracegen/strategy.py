@@ -180,7 +180,9 @@ class Strategy:
     # other's compute (tracegen/program.py ``merged``; DeepSeek-V3 §3.2.1, Figure 4, pairs
     # the chunks the same way). Modelled without a pipeline (pp 1: Megatron's
     # combined_1f1b_schedule_for_no_pipelining) and on an interleaved one
-    # (combined_1f1b_schedule_for_interleaved_pipelining); in BF16/FP16 or FP8.
+    # (combined_1f1b_schedule_for_interleaved_pipelining); in BF16/FP16 or FP8. With schedule
+    # dualpipe_v: torchtitan's DualPipeV overlap (its --parallelism.pipeline_parallel_expert_
+    # parallel_overlap), each OVERLAP_F_B pair merged the same way.
     overlap_moe_ep_comm: bool = False
     # Megatron-Core --delay-wgrad-compute (with the above): inside a merged pass the layers'
     # weight-gradient GEMMs (attention's, the MLP's or experts', MTP's; not the router's) run
@@ -333,10 +335,12 @@ class Strategy:
     def order_id(self) -> str:
         """What fixes each stage's order of passes with the counts: the schedule, ``/N`` for a
         micro-batch group N other than pp, and ``+a2a`` for combined 1F1B's extra warm-up
-        forward on an interleaved pipeline (``tracegen.schedule.stage_order``)."""
+        forward on an interleaved pipeline, or DualPipe-V's merged pairs
+        (``tracegen.schedule.stage_order``)."""
         group = self.schedule_group
         out = f"{self.schedule}/{group}" if group else self.schedule
-        merged = self.overlap_moe_ep_comm and self.schedule == "interleaved_1f1b"
+        merged = self.overlap_moe_ep_comm and self.schedule in ("interleaved_1f1b",
+                                                               "dualpipe_v")
         return out + "+a2a" if merged else out
 
     @property
@@ -716,11 +720,11 @@ def _ep_overlap_problems(s: Strategy) -> list[str]:
     if s.ep < 2:
         out.append("overlap_moe_ep_comm overlaps expert-parallel all-to-alls: it needs ep > 1, "
                    f"got ep={s.ep}; raise ep or set overlap_moe_ep_comm = false")
-    if s.schedule == "dualpipe_v":
-        out.append("overlap_moe_ep_comm is Megatron-Core's combined 1F1B; dualpipe_v's paired "
-                   "forward and backward run one after the other, as PyTorch's runtime runs "
-                   "them unless a custom overlap function is registered (not modelled): set "
-                   "overlap_moe_ep_comm = false, or use schedule 'interleaved_1f1b'")
+    if s.schedule == "dualpipe_v":  # (torchtitan's DualPipeV overlap: ``dualpipe_v_units``)
+        if s.delay_wgrad_compute:
+            out.append("delay_wgrad_compute is Megatron-Core's combined 1F1B's; dualpipe_v's "
+                       "paired passes run full backwards (torchtitan's overlap): set "
+                       "delay_wgrad_compute = false")
     elif s.pp > 1 and s.schedule != "interleaved_1f1b":
         out.append(f"overlap_moe_ep_comm on a pipeline (pp={s.pp}) needs schedule "
                    f"'interleaved_1f1b' with vpp > 1 (Megatron-Core runs combined 1F1B on a "
