@@ -162,7 +162,7 @@ def test_the_fast_paths_memory_is_the_trace_sets(kw: dict[str, object]) -> None:
 @pytest.mark.parametrize(("change", "says"), [
     ({"global_batch_size": 7}, "needs at least 2·pp = 8 micro-batches"),
     ({"vpp": 1}, "set vpp = 2"),
-    ({"zero_stage": 3}, "ZeRO 0-2"),
+    ({"zero_stage": 3}, "zero_stage 1 with overlap_param_gather runs that pattern"),
     ({"tp": 2, "sequence_parallel": True, "tp_comm_overlap": True}, "without tp_comm_overlap"),
     ({"ep": 2, "dp": 2, "global_batch_size": 16, "overlap_moe_ep_comm": True,
       "delay_wgrad_compute": True}, "paired passes run full backwards"),

@@ -699,7 +699,11 @@ def _zb_problems(s: Strategy) -> list[str]:
     if s.zero_stage == 3:
         out.append(f"{name} is modelled with ZeRO 0-2 (ZeRO-3 reduce-scatters each block's "
                    "gradients in every backward, before a deferred W pass has made them); set "
-                   "zero_stage ≤ 2 or use schedule '1f1b'")
+                   "zero_stage ≤ 2 or use schedule '1f1b'. FSDP under PyTorch's pipelining "
+                   "(torchtitan) gathers each stage's parameters once a step and "
+                   "reduce-scatters its gradients after its last backward (the runtime's "
+                   "UNSHARD and REDUCE_GRAD actions): zero_stage 1 with overlap_param_gather "
+                   "runs that pattern")
     if s.zb_w_regather and not s.sequence_parallel:
         out.append("zb_w_regather needs sequence_parallel = true (without it a GEMM's input is "
                    "whole on every TP rank: nothing to gather again); set it to false")
