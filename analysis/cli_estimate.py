@@ -169,6 +169,8 @@ def estimate_cmd(
     opt_offload = note_optimizer_offload(spec, strategy, sys_spec, g) if mixed is None else None
     unmerged = _print_unmerged(spec, strategy, sys_spec, g) if (
         strategy.overlap_moe_ep_comm and mixed is None) else None
+    if mixed is None:
+        note_dualpipe_pairs(spec, strategy, sys_spec, g.step_time_s)
     note_precision({strategy.precision}, sys_spec)
     table = None
     if ops is not None or ops_out is not None or roofline_plot is not None:
@@ -221,6 +223,25 @@ def _print_unmerged(model: Any, s: Strategy, system: SystemSpec, g: Glance) -> d
     console.print(f"without the merged passes: step time {plain.step_time_s:.4f} s; the overlap "
                   f"saves at most {saved:.4f} s ({saved / plain.step_time_s:.1%}) a step")
     return {"step_time_s": plain.step_time_s, "saved_at_most_s": saved}
+
+
+def note_dualpipe_pairs(model: Any, s: Strategy, system: SystemSpec, step_s: float) -> None:
+    """DualPipe-V on a MoE model with expert parallelism whose pairs run one after the other
+    (PyTorch's runtime without an overlap function): what merging them, as torchtitan's
+    overlap does (``--overlap-moe-expert-parallel-comm``), would give — the point of the
+    schedule, which a plain DualPipe-V estimate leaves out."""
+    if s.schedule != "dualpipe_v" or s.overlap_moe_ep_comm or s.ep < 2:
+        return
+    from analysis.fastpath import estimate
+
+    try:
+        merged = estimate(model, dataclasses.replace(s, overlap_moe_ep_comm=True), system)
+    except ConfigError:  # (what combined 1F1B's merged pass refuses beside it)
+        return
+    console.print(f"note: DualPipe-V's paired passes run one after the other here (PyTorch's "
+                  f"default); merged as torchtitan's overlap runs them "
+                  f"(--overlap-moe-expert-parallel-comm): {merged.step_time_s:.4f} s a step "
+                  f"({merged.step_time_s / step_s - 1:+.1%}), {merged.peak_memory_GiB:.1f} GiB")
 
 
 SMALL_EXPERTS = 1.2  # a group this much slower than one GEMM of its FLOPs gets a note

@@ -189,6 +189,22 @@ def test_the_cli_takes_it_and_says_what_it_needs() -> None:
     assert "raise the global batch to 16 or more" in bad.stderr
 
 
+def test_a_plain_moe_estimate_names_what_merging_the_pairs_gives() -> None:
+    """A MoE model with expert parallelism on DualPipe-V without the merge: ``estimate``
+    names the merged step (the schedule's point); with the merge, or on a dense model, no
+    such note."""
+    from tests.test_cli import run
+
+    args = ("estimate", "--model", "qwen3-30b-a3b", "--gpus", "64", "--pp", "4", "--vpp", "2",
+            "--ep", "8", "--mbs", "1", "--gbs", "512", "--zero", "1", "--recompute",
+            "selective", "--system", "dgx-h100", "--schedule", "dualpipe_v")
+    out = " ".join(run(*args).stdout.split())
+    assert "merged as torchtitan's overlap runs them (--overlap-moe-expert-parallel-comm): " \
+        "2.9768 s a step (-11.8%), 42.7 GiB" in out
+    merged = run(*args, "--overlap-moe-expert-parallel-comm").stdout
+    assert "merged as torchtitan's" not in merged and "without the merged passes" in merged
+
+
 @settings(max_examples=100, deadline=None)
 @given(p=st.integers(2, 8), extra=st.integers(0, 20), data=st.data())
 def test_the_pairs_are_pytorchs_overlap_actions(p: int, extra: int, data: st.DataObject
