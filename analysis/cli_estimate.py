@@ -171,6 +171,7 @@ def estimate_cmd(
         strategy.overlap_moe_ep_comm and mixed is None) else None
     if mixed is None:
         note_dualpipe_pairs(spec, strategy, sys_spec, g.step_time_s)
+        note_fsdp_pipeline(spec, strategy, sys_spec, g.step_time_s)
     note_precision({strategy.precision}, sys_spec)
     table = None
     if ops is not None or ops_out is not None or roofline_plot is not None:
@@ -242,6 +243,32 @@ def note_dualpipe_pairs(model: Any, s: Strategy, system: SystemSpec, step_s: flo
                   f"default); merged as torchtitan's overlap runs them "
                   f"(--overlap-moe-expert-parallel-comm): {merged.step_time_s:.4f} s a step "
                   f"({merged.step_time_s / step_s - 1:+.1%}), {merged.peak_memory_GiB:.1f} GiB")
+
+
+def note_fsdp_pipeline(model: Any, s: Strategy, system: SystemSpec, step_s: float) -> None:
+    """ZeRO-3 on a pipeline is costed as FSDP gathers without one: each block's parameters
+    every micro-batch's forward and backward, its gradients reduce-scattered each backward.
+    FSDP under PyTorch's pipelining (torchtitan's PP with FSDP) runs another pattern: its
+    runtime unshards a stage before its first use and keeps it while at most three stages are
+    active, and reduce-scatters once after the stage's last backward (``_add_unshard_reshard``,
+    ``_add_reduce_grad``) — zero_stage 1 with overlapped parameter gathers, whose estimate is
+    named beside (DESIGN.md, "Zero-bubble ZB-H1")."""
+    if s.zero_stage != 3 or s.pp < 2:
+        return
+    from analysis.fastpath import estimate
+
+    try:
+        alt = estimate(model, dataclasses.replace(
+            s, zero_stage=1, overlap_param_gather=True, zero3_prefetch=False,
+            zero3_gather_bucket_params=0, outer_dp_sharding_strategy="no_shard"), system)
+    except ConfigError:
+        return
+    console.print(f"note: ZeRO-3 on a pipeline is costed with FSDP's gathers every micro-batch; "
+                  f"FSDP under PyTorch's pipelining (torchtitan) gathers each stage once a step "
+                  f"and reduce-scatters after its last backward, as --zero 1 "
+                  f"--overlap-param-gather runs: {alt.step_time_s:.4f} s a step "
+                  f"({alt.step_time_s / step_s - 1:+.1%}), {alt.peak_memory_GiB:.1f} GiB"
+                  f"{'' if alt.fits else ' (does not fit)'}")
 
 
 SMALL_EXPERTS = 1.2  # a group this much slower than one GEMM of its FLOPs gets a note

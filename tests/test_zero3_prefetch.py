@@ -128,3 +128,24 @@ def test_prefetch_hides_gathers_up_to_the_compute() -> None:
 def test_prefetch_needs_zero3() -> None:
     with pytest.raises(ConfigError, match="zero3_prefetch needs zero_stage 3"):
         dataclasses.replace(BASE, zero_stage=1)
+
+
+def test_zero3_on_a_pipeline_names_pytorch_pipelinings_pattern() -> None:
+    """ZeRO-3 at pp > 1 is costed with FSDP's gathers every micro-batch; ``estimate`` names
+    beside it the step of FSDP under PyTorch's pipelining (torchtitan: each stage gathered once
+    a step, reduce-scattered after its last backward), which is ZeRO-1 with overlapped
+    parameter gathers — the same number the fast path gives that strategy — and says nothing
+    at pp 1."""
+    from tests.test_cli import run
+
+    args = ("estimate", "--model", "llama3-70b", "--gpus", "256", "--tp", "8", "--sp", "--mbs",
+            "1", "--gbs", "256", "--system", "dgx-h100")
+    out = " ".join(run(*args, "--pp", "4", "--zero", "3").stdout.split())
+    once = estimate("llama3-70b", Strategy(tp=8, pp=4, dp=8, sequence_parallel=True,
+                                           micro_batch_size=1, global_batch_size=256,
+                                           zero_stage=1, overlap_param_gather=True),
+                    "dgx-h100")
+    assert (f"as --zero 1 --overlap-param-gather runs: {once.step_time_s:.4f} s a step"
+            in out), out
+    assert "FSDP under PyTorch's pipelining" not in run(*args, "--pp", "1", "--zero",
+                                                        "3").stdout
