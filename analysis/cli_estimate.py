@@ -85,6 +85,11 @@ def estimate_cmd(
         "--stage-system", help="A mixed cluster: these pipeline stages on another system's "
                                "GPUs, e.g. 0-3=dgx-a100-80gb (repeatable; the rest on "
                                "--system).")] = None,
+    schedules: Annotated[bool, typer.Option(
+        "--schedules", help="Also cost this layout under every pipeline schedule trainsim "
+                            "models (1F1B, GPipe, interleaved, ZB-H1, ZB-V, DualPipe-V; a MoE "
+                            "model's merged passes too), fastest first; needs pp ≥ 2.")
+    ] = False,
     mixed_gpus: Annotated[str | None, typer.Option(
         "--mixed", help="A mixed cluster, placed for you: GPUS=SYSTEM, that many of the GPUs "
                         "on another system's nodes as whole pipeline stages (the first or the "
@@ -98,6 +103,9 @@ def estimate_cmd(
     ops_out = table_file(ops_out, "--ops-out", what="the op table")
     roofline_plot = output_file(roofline_plot, "--roofline", plot=True)
     spec = resolve_model(model, seq_len, documents)
+    if schedules and pp < 2:  # (refused before the estimate is printed)
+        raise ConfigError("--schedules compares pipeline schedules: it needs --pp 2 or more, "
+                          f"got --pp {pp}", what="option")
     if gpu_spread:  # (bad input refused before the estimate is printed)
         from analysis.gpu_spread import check_sd
 
@@ -173,6 +181,7 @@ def estimate_cmd(
         note_dualpipe_pairs(spec, strategy, sys_spec, g.step_time_s)
         note_fsdp_pipeline(spec, strategy, sys_spec, g.step_time_s)
     note_precision({strategy.precision}, sys_spec)
+    alternatives = _print_schedules(spec, strategy, sys_spec) if schedules else None
     table = None
     if ops is not None or ops_out is not None or roofline_plot is not None:
         table = op_table(spec, strategy, sys_spec, stage=ops or 0)
@@ -186,6 +195,8 @@ def estimate_cmd(
             out["ops"] = table.to_dicts()
         if split is not None:  # the parts the step is made of, as printed
             out["step_split"] = split.as_dict()
+        if alternatives is not None:  # the layout under every schedule, as printed
+            out["schedules"] = [a.to_dict() for a in alternatives]
         if unmerged is not None:  # the other end of the range the note speaks of
             out["without_merged_passes"] = unmerged
         if experts is not None:  # a rank's group of experts, what the note reads
@@ -224,6 +235,29 @@ def _print_unmerged(model: Any, s: Strategy, system: SystemSpec, g: Glance) -> d
     console.print(f"without the merged passes: step time {plain.step_time_s:.4f} s; the overlap "
                   f"saves at most {saved:.4f} s ({saved / plain.step_time_s:.1%}) a step")
     return {"step_time_s": plain.step_time_s, "saved_at_most_s": saved}
+
+
+def _print_schedules(model: Any, s: Strategy, system: SystemSpec) -> list[Any]:
+    """``--schedules``: this layout under every schedule (``analysis.schedules``), fastest
+    first, the strategy as given marked; the ones it cannot run named with why."""
+    from analysis.schedules import schedule_alternatives
+
+    alts = schedule_alternatives(model, s, system)
+    ran = [a for a in alts if not a.refused]
+    mine = next((a.step_time_s for a in ran if a.current), None)
+    table = Table(title="This layout under each pipeline schedule (fast path)")
+    for col in ("schedule", "step s", "vs this", "memory GiB", "fits"):
+        table.add_column(col, justify="left" if col == "schedule" else "right")
+    for a in ran:
+        vs = "" if mine is None else ("this" if a.current else
+                                      f"{a.step_time_s / mine - 1:+.1%}")
+        table.add_row(a.name + (" ←" if a.current else ""), f"{a.step_time_s:.4f}", vs,
+                      f"{a.peak_memory_GiB:.1f}", "yes" if a.fits else "NO")
+    console.print(table)
+    for a in alts:
+        if a.refused:
+            console.print(f"  {a.name}: cannot run here: {a.refused}")
+    return alts
 
 
 def note_dualpipe_pairs(model: Any, s: Strategy, system: SystemSpec, step_s: float) -> None:
