@@ -857,16 +857,18 @@ def test_one_f_one_b_rate_is_the_long_run_time_per_micro_batch(pp, data) -> None
     """The steady 1F1B rate in closed form (each stage's f + b, and each round trip from stage
     s to t and back over t − s + 1 micro-batches) is what a long walk adds per micro-batch on
     average, for any per-stage costs and sends: the averaged increment over 24 rounds far past
-    the fill, which a cycle of up to 4 rounds divides. (Far: 240 rounds. A fresh draw found a
+    the fill, which a cycle of up to 4 rounds divides. (Far: 480 rounds. A fresh draw found a
     transient that outlasts 60 — seven stages of 1 ns, the last 478 ns forward, a 478 ns send
-    from stage 4 — still 1 ns short of the rate there; the closed form is the long run's.)"""
+    from stage 4 — still 1 ns short of the rate there, and the sixty-eighth session's one that
+    outlasts 240 — the last stage's backward 2,454 ns, stage 1's passes 1,817 and 639 ns, the
+    rest 1 ns — 1 ns a micro-batch short there; the closed form is the long run's.)"""
     from analysis import pipeline_walk as W
 
     f = [data.draw(st.integers(1, 10**6)) for _ in range(pp)]
     b = [data.draw(st.integers(1, 2 * 10**6)) for _ in range(pp)]
     c = [data.draw(st.integers(0, 3 * 10**5)) for _ in range(pp)]
     fwd, bwd = [(x,) for x in f], [(x,) for x in b]
-    m, rounds = 240 * pp, 24
+    m, rounds = 480 * pp, 24
     start = W._walk("1f1b", pp, m, 1, fwd, bwd, c, None, None)[0]
     end = W._walk("1f1b", pp, m + rounds * pp, 1, fwd, bwd, c, None, None)[0]
     w, a = W.one_f_one_b_rate(f, b, c)
@@ -890,6 +892,26 @@ def test_a_slow_transient_ends_at_the_closed_form_rate() -> None:
 
     assert added(60 * pp) == [24 * pp * w // a - 1] * pp
     assert added(120 * pp) == added(240 * pp) == [24 * pp * w // a] * pp
+
+
+def test_a_slower_transient_ends_at_the_closed_form_rate() -> None:
+    """The draw that outlasted 240 rounds (explore profile, sixty-eighth session): 240 rounds
+    in, the walk adds 1 ns a micro-batch less than the rate (2,456 ns, the last stage's
+    2,455 ns of passes and a 1 ns wait); from 480 on, exactly the rate."""
+    from analysis import pipeline_walk as W
+
+    pp, f, b, c = 8, [1, 1817] + [1] * 6, [1, 639] + [1] * 5 + [2454], [0] * 8
+    fwd, bwd = [(x,) for x in f], [(x,) for x in b]
+    w, a = W.one_f_one_b_rate(f, b, c)
+    assert (w, a) == (2456, 1)
+
+    def added(m: int) -> list[int]:
+        start = W._walk("1f1b", pp, m, 1, fwd, bwd, c, None, None)[0]
+        end = W._walk("1f1b", pp, m + 24 * pp, 1, fwd, bwd, c, None, None)[0]
+        return [y - x for x, y in zip(start, end, strict=True)]
+
+    assert added(240 * pp) == [24 * pp * (w - 1)] * pp
+    assert added(480 * pp) == added(960 * pp) == [24 * pp * w] * pp
 
 
 @pytest.mark.parametrize(("m", "f", "b", "c"), [
