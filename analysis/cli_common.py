@@ -104,7 +104,8 @@ TpOverlapOpt = Annotated[bool, typer.Option(
     "--tp-comm-overlap", help="Overlap SP collectives with their GEMMs, which then run in "
     "Transformer Engine's chunks (needs --sp).")]
 ScheduleOpt = Annotated[str, typer.Option(
-    help="gpipe | 1f1b | interleaved_1f1b | zb_h1 | zb_v or dualpipe_v (with --vpp 2)")]
+    help="gpipe | 1f1b | interleaved_1f1b | zb_h1 | interleaved_zb (with --vpp ≥ 2) | zb_v "
+         "or dualpipe_v (with --vpp 2)")]
 RecomputeOpt = Annotated[str, typer.Option(help="none | selective | full")]
 ZeroOpt = Annotated[int, typer.Option(help="ZeRO stage 0-3 (1 = distributed optimizer).")]
 ParamGatherOpt = Annotated[bool, typer.Option(

@@ -87,8 +87,9 @@ def estimate_cmd(
                                "--system).")] = None,
     schedules: Annotated[bool, typer.Option(
         "--schedules", help="Also cost this layout under every pipeline schedule trainsim "
-                            "models (1F1B, GPipe, interleaved, ZB-H1, ZB-V, DualPipe-V; a MoE "
-                            "model's merged passes too), fastest first; needs pp ≥ 2.")
+                            "models (1F1B, GPipe, interleaved 1F1B and ZB, ZB-H1, ZB-V, "
+                            "DualPipe-V; a MoE model's merged passes too), fastest first; "
+                            "needs pp ≥ 2.")
     ] = False,
     mixed_gpus: Annotated[str | None, typer.Option(
         "--mixed", help="A mixed cluster, placed for you: GPUS=SYSTEM, that many of the GPUs "

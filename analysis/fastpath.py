@@ -288,7 +288,7 @@ def _zero_bubble(costs: Costs, stages: list[Stage], reps: list[int], c: list[int
     views = [x.w_view for x in stages if x.w_view is not None]
     assert len(views) == s.pp  # (``stage_costs`` sets each under ZB-H1 and ZB-V)
     chunk_ends: Sequence[Sequence[int]]
-    if s.v_shape:  # ZB-V, DualPipe-V: two chunks a stage (``zero_bubble_v``)
+    if s.vpp > 1:  # ZB-V, DualPipe-V, interleaved ZB: chunks a stage (``zero_bubble_v``)
         passes: Passes = ([x.fwd for x in stages], [x.bwd for x in stages],
                           [v.bwd for v in views])
         opened = (_opened_v(costs, stages, views, reps, c, passes)
@@ -309,7 +309,7 @@ def _zero_bubble(costs: Costs, stages: list[Stage], reps: list[int], c: list[int
         chunk_ends = [[e] for e in ends]
     finish = tails_ns(costs, views, reps, ends, chunk_ends, range(s.pp), waits=False)
     # (a V's stages hold different counts of its two chunks in flight: each is looked at)
-    peak = _peak_memory_bytes(costs, stages, alike and not s.v_shape)
+    peak = _peak_memory_bytes(costs, stages, alike and s.vpp == 1)
     return FastEstimate(finish / NS_PER_S, max(ends) / NS_PER_S, peak / GiB, peak <= hbm_bytes,
                         tuple(map(_FWD_S, stages)),
                         tuple(x.bwd_s + v.bwd_s for x, v in zip(stages, views, strict=True)))
@@ -533,8 +533,11 @@ def _stages(costs: Costs) -> tuple[list[Stage], list[int], bool]:
     recompute, ZeRO-3's fields), group layout, chunks and uneven end stages (a sweep's ZeRO 0 and
     1 twins, its batch sizes and schedules; the stage list is never mutated)."""
     s = costs.s
-    key = (costs.key, costs._degrees, s.vpp, s.first_stage_layers, s.last_stage_layers,
-           s.pipeline_layout, s.account_for_embedding_in_pipeline_split,
+    # (the chunks' placement too: a V's stage holds other global chunks than an interleaved
+    # one's with the same vpp — omitted until the sixty-eighth session, when ZB-V and
+    # interleaved ZB, alike in every other key, shared a layout in one process)
+    key = (costs.key, costs._degrees, s.vpp, s.v_shape, s.first_stage_layers,
+           s.last_stage_layers, s.pipeline_layout, s.account_for_embedding_in_pipeline_split,
            s.account_for_loss_in_pipeline_split)
     got = costs.ctx.layouts.get(key)
     if got is None:
@@ -661,23 +664,24 @@ Passes = tuple[list[tuple[int, ...]], list[tuple[int, ...]], list[tuple[int, ...
 
 def _opened_v(costs: Costs, stages: list[Stage], views: list[Stage], reps: list[int],
               c: list[int], passes: Passes) -> Opened:
-    """``_opened`` for ZB-V's walk: each chunk's first forward held from its start in the walk
-    without gathers (``zbv_first_forwards``), and each pass's compute share per cost index,
-    (kind·2 + chunk)·p + stage — of its F, its B, or its W (the W view's)."""
+    """``_opened`` for the chunked zero-bubble walks (ZB-V, DualPipe-V, interleaved ZB): each
+    chunk's first forward held from its start in the walk without gathers
+    (``zbv_first_forwards``), and each pass's compute share per cost index,
+    (kind·v + chunk)·p + stage — of its F, its B, or its W (the W view's)."""
     s = costs.s
     starts = zbv_first_forwards(s.num_microbatches, *passes, c, s.schedule)
     floors, busy = [], []
     for st, x in enumerate(stages):
         own = x.costs or costs  # (a stage on another system: its own links and kernels)
         busy.append(tuple(_gather_timeline(own, st, reps[st])[2]))
-        for ch in (0, 1):
+        for ch in range(s.vpp):
             held = _held_forward(own, st, reps[st], x.fwd[ch], starts[st][ch], ch)
             if held:
                 floors.append(((st, ch), starts[st][ch] + x.fwd[ch] + held))
     share = tuple(per[ch] for per_stage in ([x.busy_f for x in stages],
                                             [x.busy_b for x in stages],
                                             [v.busy_b for v in views])
-                  for ch in (0, 1) for per in per_stage)
+                  for ch in range(s.vpp) for per in per_stage)
     return Opened(tuple(floors), tuple(busy), costs.compute.gpu.comm_interference, share)
 
 
@@ -688,8 +692,8 @@ def _gather_timeline(costs: Costs, st: int, rank: int
     bucket is in (0 for the blocks that open none), and when each stream's gathers end.
     Memoized by all it reads: the op lists' key, layout, chunks, bucket size and rank."""
     s = costs.s
-    key = (costs.lists_key, costs._degrees, s.vpp, s.first_stage_layers, s.last_stage_layers,
-           s.pipeline_layout, s.account_for_embedding_in_pipeline_split,
+    key = (costs.lists_key, costs._degrees, s.vpp, s.v_shape, s.first_stage_layers,
+           s.last_stage_layers, s.pipeline_layout, s.account_for_embedding_in_pipeline_split,
            s.account_for_loss_in_pipeline_split,
            s.dp_bucket_params, s.fp8_param_gather, s.recompute_num_layers,
            s.cpu_offload_layers, st, rank)  # (the last two: which blocks are which kind)

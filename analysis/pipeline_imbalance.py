@@ -2,8 +2,8 @@
 schedule's dependencies, vectorized over many draws of the costs.
 
 Each stage runs its passes in its schedule's order (``tracegen.schedule.stage_order``: GPipe,
-1F1B, interleaved 1F1B with its micro-batch groups, ZB-H1, ZB-V and DualPipe-V with their W
-passes). A
+1F1B, interleaved 1F1B with its micro-batch groups, ZB-H1, ZB-V, DualPipe-V and interleaved
+ZB with their W passes). A
 forward of micro-batch j on global model chunk g waits for chunk g − 1's forward of j, a
 backward (a zero-bubble schedule's B pass) for chunk g + 1's backward of j (the last chunk's
 for its own forward), a W pass for its own B, and each pass for the pass before it on its
@@ -24,8 +24,8 @@ from tracegen.schedule import stage_order
 from tracegen.strategy import V_SCHEDULES
 
 # Schedules walked in their own order (every schedule trainsim generates)
-WALKED = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v")
-ZERO_BUBBLE = ("zb_h1", "zb_v", "dualpipe_v")
+WALKED = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v", "interleaved_zb")
+ZERO_BUBBLE = ("zb_h1", "zb_v", "dualpipe_v", "interleaved_zb")
 
 
 def walked_schedule(order_id: str) -> str:

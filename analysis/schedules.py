@@ -1,8 +1,9 @@
 """Which pipeline schedule? One strategy's layout under every schedule trainsim models
-(``trainsim estimate --schedules``): 1F1B, GPipe, interleaved 1F1B at a few chunk counts,
-ZB-H1, ZB-V and DualPipe-V, and for a MoE model with expert parallelism the merged passes
-(combined 1F1B on the interleaved chunks, DualPipe-V's pairs merged) — each costed by the fast
-path with everything else of the strategy kept, or named with the reason it cannot run there.
+(``trainsim estimate --schedules``): 1F1B, GPipe, interleaved 1F1B and interleaved zero
+bubble at a few chunk counts, ZB-H1, ZB-V and DualPipe-V, and for a MoE model with expert
+parallelism the merged passes (combined 1F1B on the interleaved chunks, DualPipe-V's pairs
+merged) — each costed by the fast path with everything else of the strategy kept, or named
+with the reason it cannot run there.
 
 What changes with the schedule: the chunks a stage holds (``vpp``: one, two in a V, or the
 interleaved counts), the micro-batch group (interleaved only), the W passes' regathering
@@ -55,14 +56,16 @@ def _candidates(s: Strategy, moe: bool) -> list[tuple[str, dict[str, Any]]]:
         ("gpipe", {**plain, "schedule": "gpipe", "vpp": 1})]
     group = s.microbatch_group_size if s.schedule == "interleaved_1f1b" else 0
     vpps = sorted({*INTERLEAVED_VPPS, s.vpp} - {1})
+    regather = s.zb_w_regather if s.split_w else False
     for v in vpps:
         kw = {**plain, "schedule": "interleaved_1f1b", "vpp": v, "microbatch_group_size": group}
         out.append((f"interleaved_1f1b vpp {v}", kw))
+        out.append((f"interleaved_zb vpp {v}", {**plain, "schedule": "interleaved_zb", "vpp": v,
+                                                "zb_w_regather": regather}))
         if moe:
             out.append((f"interleaved_1f1b vpp {v} merged",
                         {**kw, "overlap_moe_ep_comm": True,
                          "delay_wgrad_compute": s.delay_wgrad_compute}))
-    regather = s.zb_w_regather if s.split_w else False
     out += [("zb_h1", {**plain, "schedule": "zb_h1", "vpp": 1, "zb_w_regather": regather}),
             ("zb_v", {**plain, "schedule": "zb_v", "vpp": 2, "zb_w_regather": regather}),
             ("dualpipe_v", {**plain, "schedule": "dualpipe_v", "vpp": 2,

@@ -24,7 +24,8 @@
     tp = [1, 2, 4, 8]               # also pp, vpp, micro_batch_size, recompute, zero_stage,
                                     # sequence_parallel; optional cp, ep, expert_tp,
                                     # schedule (e.g. ["1f1b", "zb_h1"]; "zb_v" and
-                                    # "dualpipe_v" with vpp 2), tp_comm_overlap,
+                                    # "dualpipe_v" with vpp 2, "interleaved_zb" with
+                                    # vpp ≥ 2), tp_comm_overlap,
                                     # overlap_param_gather,
                                     # zero3_prefetch, recompute_num_layers (with "full"),
                                     # dist_opt_instances (ZeRO ≥ 1, dense models),

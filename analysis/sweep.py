@@ -94,7 +94,8 @@ def _value_problem(name: str, values: list[Any]) -> str | None:
     return (f"search {name} must hold strings, got {bad}") if bad else None
 
 
-PIPELINE_ONLY = ("interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v")  # schedules that need pp > 1
+# schedules that need pp > 1
+PIPELINE_ONLY = ("interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v", "interleaved_zb")
 # A dimension that does not apply where another takes a value (sequence parallelism at tp 1,
 # interleaving at pp 1, prefetching below ZeRO-3, …): (dimension, its off value, where it does
 # not apply). A product of dimensions names such combinations by the dozen; as frameworks do

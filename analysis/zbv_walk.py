@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from analysis.dp_tails import slowed
 from analysis.pipeline_walk import Opened
-from tracegen.schedule import dualpipe_v, zb_v
+from tracegen.schedule import dualpipe_v, interleaved_zb, zb_v
 
 # A pass as the walk reads it: (stage, cost index (kind·2 + chunk)·p + stage for kind 0/1/2 =
 # F/B/W, how many passes back in the walk the pass it waits for is (0: none), the send it then
@@ -80,13 +80,14 @@ def _walk(m: int, f: list[tuple[int, ...]], b: list[tuple[int, ...]],
     run walked pass by pass from its own plan (``_plan``), a long one from the repeating pieces
     (``_pieces``) with the steady rounds jumped where they are affine (``_rounds``)."""
     p = len(f)
-    cost = [x[ch] for y in (f, b, w) for ch in (0, 1) for x in y]
+    v = len(f[0])
+    cost = [x[ch] for y in (f, b, w) for ch in range(v) for x in y]
     sends = [*c[:p], 0]  # (index p: the V's turn, no send)
     clock, ends = [0] * p, list[int]()
     run = _Run(cost, sends, clock, ends, opened)
     rounds = m - 2 * p + 1
     if rounds < STEADY_ROUNDS or schedule != "zb_v":
-        plan, first_f, last_w = _plan(m, p, schedule)
+        plan, first_f, last_w = _plan(m, p, schedule, v)
         run.walk(plan, first_f)
         at = 0
     else:
@@ -96,7 +97,7 @@ def _walk(m: int, f: list[tuple[int, ...]], b: list[tuple[int, ...]],
         _rounds(run, pieces, rounds - 1)
         at = len(ends)
         run.walk(plan)
-    starts = [[ends[i] - cost[k] for i, k in zip(ff, (st, p + st), strict=True)]
+    starts = [[ends[i] - cost[k] for i, k in zip(ff, range(st, v * p, p), strict=True)]
               for st, ff in enumerate(first_f)]
     return clock, [[ends[at + i] for i in lw] for lw in last_w], starts
 
@@ -110,7 +111,7 @@ class _Run:
         if opened is not None:
             self.until = [max(x, default=0) if opened.kappa else 0 for x in opened.busy]
 
-    def walk(self, entries: tuple[Entry, ...], first_f: tuple[tuple[int, int], ...] = ()
+    def walk(self, entries: tuple[Entry, ...], first_f: tuple[tuple[int, ...], ...] = ()
              ) -> None:
         """Walk ``entries`` on (``first_f``: the head's first forwards, which an opening's
         floors hold)."""
@@ -127,7 +128,7 @@ class _Run:
             clock[st] = t = t + cost[k]
             ends.append(t)
 
-    def _opening(self, entries: tuple[Entry, ...], first_f: tuple[tuple[int, int], ...]
+    def _opening(self, entries: tuple[Entry, ...], first_f: tuple[tuple[int, ...], ...]
                  ) -> None:
         """``walk`` while the parameter gathers that open the step are in flight: a pass that
         starts before its stage's gathers are done has its compute share slowed
@@ -237,9 +238,14 @@ def _regime(run: _Run, pieces: _Pieces, q: int, most: int) -> tuple[int, list[in
     return k, shift
 
 
-def _order(p: int, m: int, schedule: str = "zb_v") -> list[list[tuple[int, int, int, int]]]:
-    """Each stage's order as (kind 0/1/2 = F/B/W, micro-batch, chunk, global chunk): global
-    chunk g runs on stage g or 2p − 1 − g."""
+def _order(p: int, m: int, schedule: str = "zb_v", v: int = 2
+           ) -> list[list[tuple[int, int, int, int]]]:
+    """Each stage's order as (kind 0/1/2 = F/B/W, micro-batch, chunk, global chunk): in a V
+    global chunk g runs on stage g or 2p − 1 − g, interleaved (``interleaved_zb``) on g mod p
+    as chunk g // p."""
+    if schedule == "interleaved_zb":
+        return [[("FBW".index(ph), j, ch, ch * p + st)
+                 for ph, j, ch in interleaved_zb(m, p, v, st)] for st in range(p)]
     order = zb_v if schedule == "zb_v" else dualpipe_v
     return [[("FBW".index(ph), j, ch, p * 2 - 1 - st if ch else st)
              for ph, j, ch in order(m, p, st)] for st in range(p)]
@@ -248,12 +254,15 @@ def _order(p: int, m: int, schedule: str = "zb_v") -> list[list[tuple[int, int, 
 class _Placer:
     """Places passes in a walk order: each after what it waits for (``_plan``, ``_pieces``)."""
 
-    def __init__(self, m: int, p: int, schedule: str = "zb_v") -> None:
-        self.p, self.orders = p, _order(p, m, schedule)
-        self.v_stage = [*range(p), *reversed(range(p))]  # the stage of each global chunk
-        self.placed = [[[-1] * m for _ in range(2 * p)] for _ in range(2)]  # F's, B's by chunk
-        self.first_f = [[-1, -1] for _ in range(p)]
-        self.last_w = [[-1, -1] for _ in range(p)]
+    def __init__(self, m: int, p: int, schedule: str = "zb_v", v: int = 2) -> None:
+        self.p, self.v, self.orders = p, v, _order(p, m, schedule, v)
+        self.ring = schedule == "interleaved_zb"  # chunks round the stages, else in a V
+        # the stage of each global chunk
+        self.v_stage = ([g % p for g in range(v * p)] if self.ring
+                        else [*range(p), *reversed(range(p))])
+        self.placed = [[[-1] * m for _ in range(v * p)] for _ in range(2)]  # F's, B's by chunk
+        self.first_f = [[-1] * v for _ in range(p)]
+        self.last_w = [[-1] * v for _ in range(p)]
         self.pos, self.plan = [0] * p, list[Entry]()
 
     def place(self, st: int) -> bool:
@@ -261,7 +270,7 @@ class _Placer:
         p, plan = self.p, self.plan
         kind, j, ch, g = self.orders[st][self.pos[st]]
         src = g - 1 if kind == 0 else g + 1
-        waits = kind < 2 and 0 <= src < 2 * p
+        waits = kind < 2 and 0 <= src < self.v * p
         dep = self.placed[kind][src][j] if waits else -1
         if waits and dep < 0:
             return False
@@ -272,10 +281,20 @@ class _Placer:
             self.last_w[st][ch] = len(plan)
         if kind == 0 and j == 0:
             self.first_f[st][ch] = len(plan)
-        plan.append((st, ((kind * 2) + ch) * p + st, len(plan) - dep if dep >= 0 else 0,
-                     p if other == st else min(st, other)))
+        plan.append((st, ((kind * self.v) + ch) * p + st, len(plan) - dep if dep >= 0 else 0,
+                     self._link(st, other, kind)))
         self.pos[st] += 1
         return True
+
+    def _link(self, st: int, other: int, kind: int) -> int:
+        """The send a pass on ``st`` pays for its input from ``other``: the link between
+        neighbouring stages s and s + 1 is ``c[s]`` (round the ring, the last stage's to stage
+        0 is ``c[p − 1]``); p where the input stays on the stage (the V's turn)."""
+        if other == st:
+            return self.p
+        if self.ring:  # a forward comes from the stage before, a backward from the one after
+            return other if kind == 0 else st
+        return min(st, other)
 
     def greedy(self, upto: list[int]) -> None:
         """Each stage's passes in turn, as many as are ready, until each reaches ``upto``."""
@@ -285,21 +304,21 @@ class _Placer:
                 while self.pos[st] < upto[st] and self.place(st):
                     pass
             if len(self.plan) == placed_before:  # (the orders' tests hold it never happens)
-                raise AssertionError(f"a V order waits on itself at p {self.p}")
+                raise AssertionError(f"a zero-bubble order waits on itself at p {self.p}")
 
     def done(self) -> list[int]:
         return [len(order) for order in self.orders]
 
 
 @functools.lru_cache(maxsize=8)
-def _plan(m: int, p: int, schedule: str = "zb_v"
-          ) -> tuple[tuple[Entry, ...], tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
+def _plan(m: int, p: int, schedule: str = "zb_v", v: int = 2
+          ) -> tuple[tuple[Entry, ...], tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
     """A short run's passes in a walk order (each stage's in turn, as many as are ready), with
     each stage's chunks' first forwards and last W's as places in it."""
-    placer = _Placer(m, p, schedule)
+    placer = _Placer(m, p, schedule, v)
     placer.greedy(placer.done())
-    return (tuple(placer.plan), tuple(map(tuple, placer.first_f)),  # type: ignore[arg-type]
-            tuple(map(tuple, placer.last_w)))  # type: ignore[arg-type]
+    return (tuple(placer.plan), tuple(map(tuple, placer.first_f)),
+            tuple(map(tuple, placer.last_w)))
 
 
 @functools.lru_cache(maxsize=32)

@@ -288,12 +288,18 @@ def zero_bubble(s: Strategy, rng: random.Random) -> Strategy:
     """``--zb``: three in four strategies ZB-H1 or ZB-V can run as that schedule, drawn — a
     pipeline, ZeRO 0-2, no TP overlap; for ZB-H1 one chunk a stage, for ZB-V two (its
     strategies lose their micro-batch group, which it does not have; half of those with
-    the 2p micro-batches DualPipe-V needs run DualPipe-V instead) — half of
+    the 2p micro-batches DualPipe-V needs run DualPipe-V instead; with more chunks, half of
+    those whose micro-batches split into rounds run interleaved ZB) — half of
     those with SP gathering the W passes' inputs again (``zb_w_regather``); the rest as
     drawn."""
-    if (s.vpp > 2 or s.pp < 2 or s.zero_stage == 3 or s.tp_comm_overlap
-            or rng.random() < 0.25):
+    if s.pp < 2 or s.zero_stage == 3 or s.tp_comm_overlap or rng.random() < 0.25:
         return s
+    if s.vpp > 2:
+        m = s.num_microbatches
+        if m % max(1, m // s.pp) or rng.random() < 0.5:
+            return s
+        return dataclasses.replace(s, schedule="interleaved_zb", microbatch_group_size=0,
+                                   zb_w_regather=s.sequence_parallel and rng.random() < 0.5)
     regather = s.sequence_parallel and rng.random() < 0.5
     if s.vpp == 1:
         return dataclasses.replace(s, schedule="zb_h1", zb_w_regather=regather)
@@ -666,7 +672,9 @@ def main() -> None:
              "two micro-batches)" if args.few else "")
           + (f" ({sum(' zb_h1 ' in w for _, _, w in rows)} ZB-H1, "
              f"{sum(' zb_v ' in w for _, _, w in rows)} ZB-V, "
-             f"{sum(' dualpipe_v ' in w for _, _, w in rows)} DualPipe-V)" if args.zb else "")
+             f"{sum(' dualpipe_v ' in w for _, _, w in rows)} DualPipe-V, "
+             f"{sum(' interleaved_zb ' in w for _, _, w in rows)} interleaved ZB)"
+             if args.zb else "")
           + (f" ({sum(' per-microbatch' in w for _, _, w in rows)} reducing every "
              "micro-batch)" if args.per_microbatch else "")
           + (f" ({sum(' window' in n or ' chunk' in n for _, n, _ in rows)} with a sliding "

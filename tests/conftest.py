@@ -52,6 +52,24 @@ def replayed(model: ModelSpec, strategy: Any, system: Any) -> Any:
         return replay(tmp, system, contention=False)
 
 
+def fast_meets_replay(model: ModelSpec, build: Any, system: Any, rel: float = 0.02) -> None:
+    """The fast path's step within ``rel`` of contention-free replay (``replayed``) for the
+    strategy ``build()`` makes; one that ``Strategy`` or the model refuses is no draw
+    (hypothesis ``assume``)."""
+    from hypothesis import assume
+
+    from analysis.fastpath import estimate
+    from tracegen import ConfigError
+
+    try:
+        s = build()
+        fast = estimate(model, s, system)
+    except ConfigError:
+        assume(False)
+        raise
+    assert fast.step_time_s == pytest.approx(replayed(model, s, system).step_time_s, rel=rel)
+
+
 def attrs(node: Any) -> dict[str, Any]:
     """name → (oneof kind, value) of a node's attributes."""
     out = {}

@@ -28,7 +28,8 @@ def test_each_row_is_the_fast_paths_estimate_of_its_strategy() -> None:
     ran = [a for a in alts if not a.refused]
     assert [a.step_time_s for a in ran] == sorted(a.step_time_s for a in ran)
     assert {a.name for a in ran} == {"1f1b", "gpipe", "interleaved_1f1b vpp 2",
-                                     "interleaved_1f1b vpp 4", "zb_h1", "zb_v", "dualpipe_v"}
+                                     "interleaved_1f1b vpp 4", "interleaved_zb vpp 2",
+                                     "interleaved_zb vpp 4", "zb_h1", "zb_v", "dualpipe_v"}
     for a in ran:
         assert a.strategy is not None
         got = estimate(model, a.strategy, h100)

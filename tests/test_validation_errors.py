@@ -17,7 +17,7 @@ STRATEGY_CASES = [
     (dict(dp=2, micro_batch_size=2, global_batch_size=6),
      "global_batch_size 6 is not divisible by micro_batch_size · dp = 2 · 2 = 4; use a multiple "
      "of 4 (e.g. 4 or 8)"),
-    (dict(schedule="zigzag"), "schedule must be one of gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_v, dualpipe_v; got 'zigzag'"),
+    (dict(schedule="zigzag"), "schedule must be one of gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_v, dualpipe_v, interleaved_zb; got 'zigzag'"),
     (dict(recompute="most"), "recompute must be one of none, selective, full; got 'most'"),
     (dict(precision="fp4"), "precision must be one of bf16, fp16, fp8, nvfp4; got 'fp4' (did you "
      "mean 'nvfp4'?)"),
@@ -25,7 +25,7 @@ STRATEGY_CASES = [
      "Engine's delayed or current per-tensor scaling); got 'current'"),
     (dict(zero_stage=4), "zero_stage must be 0, 1, 2 or 3; got 4"),
     (dict(sequence_parallel=True), "sequence_parallel needs tp > 1"),
-    (dict(pp=2, vpp=2, global_batch_size=4), "vpp = 2 needs schedule 'interleaved_1f1b' (or 'zb_v' or 'dualpipe_v' with vpp 2), got '1f1b'"),
+    (dict(pp=2, vpp=2, global_batch_size=4), "vpp = 2 needs schedule 'interleaved_1f1b' or 'interleaved_zb' (or 'zb_v' or 'dualpipe_v' with vpp 2), got '1f1b'"),
     (dict(pp=1, vpp=2, schedule="interleaved_1f1b"), "interleaved_1f1b needs pp ≥ 2 and vpp ≥ 2"),
     (dict(pp=4, vpp=2, schedule="interleaved_1f1b", global_batch_size=6),
      "interleaved_1f1b needs the number of micro-batches (6) to be a multiple of pp (4)"),
@@ -180,7 +180,7 @@ def test_numpy_and_whole_float_fields_are_taken_as_python_values() -> None:
        mbs=st.sampled_from([1, 2, 4]), gbs=st.integers(1, 200), sp=st.booleans(),
        overlap=st.booleans(),
        schedule=st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v",
-                                 "dualpipe_v"]))
+                                 "dualpipe_v", "interleaved_zb"]))
 def test_what_a_sweep_rules_out_early_a_strategy_refuses(tp, pp, dp, vpp, mbs, gbs, sp, overlap,
                                                          schedule) -> None:
     """``ruled_out`` (a sweep's enumeration skips those combinations before building a
@@ -204,7 +204,10 @@ def test_what_a_sweep_rules_out_early_a_strategy_refuses(tp, pp, dp, vpp, mbs, g
                    "tp_comm_overlap", "zb_v needs pp", "zb_v is modelled without "
                    "tp_comm_overlap", "zb_v runs two model chunks", "'dualpipe_v' with vpp 2",
                    "dualpipe_v needs pp", "dualpipe_v is modelled without tp_comm_overlap",
-                   "dualpipe_v runs two model chunks", "dualpipe_v needs at least")
+                   "dualpipe_v runs two model chunks", "dualpipe_v needs at least",
+                   "interleaved_zb needs pp", "interleaved_zb is modelled without "
+                   "tp_comm_overlap", "interleaved_zb runs several model chunks",
+                   "interleaved_zb runs the micro-batches in")
         assert not any(text in refused for text in covered), refused
 
 

@@ -34,33 +34,38 @@ def _v(**kw: object) -> Strategy:
     return Strategy(**fields)  # type: ignore[arg-type]
 
 
-def _walk_v(m: int, p: int, f: list[tuple[int, int]], b: list[tuple[int, int]],
-            w: list[tuple[int, int]], c: list[int],
-            order_of: Callable[[int, int, int], list[Step]] = zb_v
+def _walk_v(m: int, p: int, f: list[tuple[int, ...]], b: list[tuple[int, ...]],
+            w: list[tuple[int, ...]], c: list[int],
+            order_of: Callable[[int, int, int], list[Step]] = zb_v, ring: bool = False
             ) -> tuple[list[int], list[list[int]]]:
     """Each stage's end and each of its chunks' last W end, walking the schedule pass by pass
-    as it says and nothing else: global chunk g runs on stage g or 2p − 1 − g; a forward waits
-    for chunk g − 1's, a B for chunk g + 1's, each with the send between their stages (none
-    where both are one stage); a W for nothing but its stage."""
-    on = [*range(p), *reversed(range(p))]
+    as it says and nothing else: global chunk g runs on stage g or 2p − 1 − g (``ring``: as
+    chunk g // p of stage g mod p, interleaved); a forward waits for chunk g − 1's, a B for
+    chunk g + 1's, each with the send between their stages (``c[s]`` between s and s + 1, round
+    the ring the last stage's to stage 0; none where both are one stage); a W for nothing but
+    its stage."""
+    v = len(f[0])
+    on = [g % p for g in range(v * p)] if ring else [*range(p), *reversed(range(p))]
     orders = [order_of(m, p, s) for s in range(p)]
     cost = {"F": f, "B": b, "W": w}
     end: dict[tuple[str, int, int], int] = {}
     pos, clock = [0] * p, [0] * p
-    last = [[0, 0] for _ in range(p)]
+    last = [[0] * v for _ in range(p)]
     while any(pos[s] < len(orders[s]) for s in range(p)):
         for s in range(p):
             while pos[s] < len(orders[s]):
                 ph, j, ch = orders[s][pos[s]]
-                g = 2 * p - 1 - s if ch else s
+                g = ch * p + s if ring else (2 * p - 1 - s if ch else s)
                 src = g - 1 if ph == "F" else g + 1
-                dep = (ph, j, src) if ph != "W" and 0 <= src < 2 * p else None
+                dep = (ph, j, src) if ph != "W" and 0 <= src < v * p else None
                 if dep is not None and dep not in end:
                     break
                 ready = 0
-                if dep is not None:
-                    other = on[src]
-                    ready = end[dep] + (c[min(s, other)] if other != s else 0)
+                if dep is not None and on[src] != s:
+                    link = (on[src] if ph == "F" else s) if ring else min(s, on[src])
+                    ready = end[dep] + c[link]
+                elif dep is not None:
+                    ready = end[dep]
                 clock[s] = max(clock[s], ready) + cost[ph][s][ch]
                 end[ph, j, g] = clock[s]
                 if ph == "W":

@@ -271,8 +271,8 @@ def inflight_microbatches(s: Strategy, stage: int) -> float:
         return float(min(p - stage, m))
     if s.schedule == "zb_h1":
         return float(min(p, m))
-    if s.v_shape:  # chunk passes from F to W at the peak of the order, two chunks a stage
-        return _peak_chunk_load(s.order_id, m, p, v, stage, (1, 1), (1, 1)) / v
+    if s.split_w and v > 1:  # chunk passes from F to W at the peak of the order
+        return _peak_chunk_load(s.order_id, m, p, v, stage, (1,) * v, (1,) * v) / v
     warm = min((p - stage - 1) * 2 + (v - 1) * (s.schedule_group or p) + 1, m * v)
     return warm / v
 
@@ -692,7 +692,7 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
     if s.optimizer_offload_fraction:  # (ZeRO 1/2, fp32 moments: ``Strategy``)
         optim -= round(optim * s.optimizer_offload_fraction * OFFLOADED_OPTIM_BYTES
                        / OPTIM_BYTES)
-    if (s.vpp > 1 and (s.v_shape or (s.uneven and stage in (0, s.pp - 1)))) or (
+    if (s.vpp > 1 and (s.split_w or (s.uneven and stage in (0, s.pp - 1)))) or (
             s.pipeline_layout) or (
             m.has_dense_layers and _holds_dense(m, s, stage)) or (
             m.mtp_layers and stage == s.chunk_stage(s.mtp_chunk)):

@@ -42,6 +42,10 @@ Each entry is ``(phase, microbatch, chunk)`` with phase ``"F"``, ``"B"`` or (ZB-
   backward is a B followed at once by its W. With the pairs merged (torchtitan's DualPipeV
   overlap; ``dualpipe_v_units``, an ``+a2a`` order id) each runs as one merged pass, as
   combined 1F1B's do, its backward a full one.
+* Interleaved zero bubble (PyTorch's ``ScheduleInterleavedZeroBubble``; ``interleaved_zb``):
+  ZB-H1's B/W split on interleaved chunks, micro-batches in rounds of N = m // max(1, m // p),
+  (v − 1)·N + p − 1 − i warm-up forwards on stage i, then F with B, then the cool-down's B's,
+  each B from stage i's (i + 1)-th on followed by the oldest waiting W.
 * Interleaved 1F1B with a micro-batch group of N (Megatron-Core's
   ``microbatch_group_size_per_vp_stage``, ``get_schedule_table`` and
   ``get_pp_rank_microbatches``; the tunable schedule Llama 3 used, Dubey et al. 2024 §3.3.2):
@@ -246,6 +250,48 @@ def dualpipe_v_units(m: int, p: int, stage: int) -> list[Unit]:
     return out
 
 
+def interleaved_zb(m: int, p: int, v: int, stage: int) -> list[Step]:
+    """Interleaved zero bubble (PyTorch's ``ScheduleInterleavedZeroBubble``, the ZB1P schedule
+    of Qi et al. 2024 on interleaved chunks; ``_calculate_single_rank_operations`` with
+    ``_get_1f1b_rank_ops(..., enable_zero_bubble=True)`` written again): micro-batches run in
+    rounds of N = m // max(1, m // p) (``Strategy`` refuses an m the rounds do not divide),
+    each round through chunk 0, 1, …; (v − 1)·N + p − 1 − stage warm-up forwards (one per hop,
+    where interleaved 1F1B waits two), then each forward with a B pass of the mirrored chunk,
+    then the cool-down's B passes; from the stage's (stage + 1)-th B on, each B followed by
+    the W of the oldest B still without one, the rest after the last B."""
+    group = m // max(1, m // p)
+    warmup = min((v - 1) * group + p - 1 - stage, m * v)
+    done = {(ph, ch): 0 for ph in "FBW" for ch in range(v)}
+    out: list[Step] = []
+    backs: list[int] = []  # the chunk of each B, in order (the W's follow them)
+
+    def run(ph: Phase, ch: int) -> None:
+        out.append((ph, done[ph, ch], ch))
+        done[ph, ch] += 1
+
+    def back(op: int) -> None:
+        ch = v - 1 - ((op - warmup) // group) % v
+        run("B", ch)
+        backs.append(ch)
+        if op - warmup >= stage:
+            run("W", backs[done_w[0]])
+            done_w[0] += 1
+
+    done_w = [0]
+    for op in range(m * v):
+        if op < warmup:
+            run("F", (op // group) % v)
+            continue
+        run("F", (op // group) % v)
+        back(op)
+    for op in range(m * v, m * v + warmup):
+        back(op)
+    while done_w[0] < len(backs):
+        run("W", backs[done_w[0]])
+        done_w[0] += 1
+    return out
+
+
 def stage_order(schedule: str, *, m: int, p: int, v: int, stage: int) -> list[Step]:
     """The op order of ``stage`` for ``m`` micro-batches on ``p`` stages with ``v`` chunks.
     ``schedule``: a schedule's name, or ``Strategy.order_id`` (``interleaved_1f1b/N`` for a
@@ -261,6 +307,8 @@ def stage_order(schedule: str, *, m: int, p: int, v: int, stage: int) -> list[St
     name, merged, _ = schedule.partition("+")
     if name == "dualpipe_v":
         return dualpipe_v(m, p, stage, bool(merged))
+    if name == "interleaved_zb":
+        return interleaved_zb(m, p, v, stage)
     _, _, group = name.partition("/")
     return interleaved(m, p, v, stage, int(group or 0), 1 if merged else 0)
 

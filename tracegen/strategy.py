@@ -12,7 +12,8 @@ from tracegen.errors import ConfigError, did_you_mean
 from tracegen.layout import chunk_count_problem, parse_layout
 from tracegen.model import ModelSpec
 
-Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v"]
+Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v",
+                   "interleaved_zb"]
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8", "nvfp4"]
 CpCommType = Literal["p2p", "all_gather"]
@@ -30,7 +31,10 @@ FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise")
 CE_FUSIONS: tuple[str, ...] = ("none", "native", "te")
 OUTER_DP_SHARDINGS: tuple[str, ...] = ("no_shard", "optim")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v",
-                               "dualpipe_v")
+                               "dualpipe_v", "interleaved_zb")
+# The schedules that run several model chunks a stage (``vpp`` > 1)
+CHUNKED_SCHEDULES: tuple[str, ...] = ("interleaved_1f1b", "zb_v", "dualpipe_v",
+                                      "interleaved_zb")
 # The schedules that place two model chunks a stage in a V (``Strategy.v_shape``)
 V_SCHEDULES: tuple[str, ...] = ("zb_v", "dualpipe_v")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
@@ -352,8 +356,8 @@ class Strategy:
     @property
     def split_w(self) -> bool:
         """Whether backward passes leave their weight-gradient GEMMs to W passes (ZB-H1, ZB-V,
-        DualPipe-V: its full backwards are a B with its W at once)."""
-        return self.schedule in ("zb_h1", *V_SCHEDULES)
+        DualPipe-V — its full backwards are a B with its W at once —, interleaved ZB)."""
+        return self.schedule in ("zb_h1", "interleaved_zb", *V_SCHEDULES)
 
     def gci(self, stage: int, chunk: int) -> int:
         """The global model chunk that ``stage`` runs as its local ``chunk``: chunk · pp + stage
@@ -564,13 +568,16 @@ def ruled_out(*, tp: int, pp: int, dp: int, vpp: int, micro_batch_size: int,
     per_step = micro_batch_size * dp
     if global_batch_size % per_step or (sequence_parallel and tp == 1) or (
             tp_comm_overlap and not sequence_parallel) or (
-            vpp > 1 and schedule not in ("interleaved_1f1b", *V_SCHEDULES)):
+            vpp > 1 and schedule not in CHUNKED_SCHEDULES):
         return True
     if schedule == "zb_h1":
         return pp < 2 or tp_comm_overlap
     if schedule in V_SCHEDULES:
         return pp < 2 or vpp != 2 or tp_comm_overlap or (
             schedule == "dualpipe_v" and global_batch_size // per_step < 2 * pp)
+    if schedule == "interleaved_zb":
+        m = global_batch_size // per_step
+        return pp < 2 or vpp < 2 or tp_comm_overlap or m % max(1, m // pp) != 0
     return schedule == "interleaved_1f1b" and (
         pp < 2 or vpp < 2 or (global_batch_size // per_step) % pp != 0)
 
@@ -689,6 +696,8 @@ def _zb_problems(s: Strategy) -> list[str]:
     if name in V_SCHEDULES and s.vpp != 2:
         out.append(f"{name} runs two model chunks on each stage, placed in a V: set vpp = 2, "
                    f"got vpp={s.vpp}")
+    elif name == "interleaved_zb":
+        out += _interleaved_zb_problems(s)
     elif name == "dualpipe_v" and s.dp and s.micro_batch_size and (
             s.global_batch_size % (s.micro_batch_size * s.dp) == 0) and (
             s.num_microbatches < 2 * s.pp):
@@ -712,6 +721,26 @@ def _zb_problems(s: Strategy) -> list[str]:
                    "the backward's reduce-scatter with the weight-gradient GEMM that the "
                    "schedule defers); set tp_comm_overlap = false")
     return out
+
+
+def _interleaved_zb_problems(s: Strategy) -> list[str]:
+    """PyTorch's ScheduleInterleavedZeroBubble: chunks (vpp ≥ 2), and micro-batches in rounds
+    of m // max(1, m // pp) that divide m ("Zero bubble requires the number of microbatches
+    to be a multiple of the number of rounds")."""
+    if s.vpp < 2:
+        return [f"interleaved_zb runs several model chunks on each stage: set vpp ≥ 2, got "
+                f"vpp={s.vpp} (or use schedule 'zb_h1')"]
+    if not (s.dp and s.micro_batch_size) or s.global_batch_size % (s.micro_batch_size * s.dp):
+        return []
+    m = s.num_microbatches
+    rounds = max(1, m // s.pp)
+    if m % rounds:
+        fits = [x for x in range(max(1, m - 2 * s.pp), m + 2 * s.pp + 1)
+                if x % max(1, x // s.pp) == 0]
+        return [f"interleaved_zb runs the micro-batches in {rounds} rounds of {m // rounds} "
+                f"(PyTorch: a multiple of the number of rounds), and {m} does not split so; "
+                f"micro-batch counts near it that do: {', '.join(map(str, fits[:6]))}"]
+    return []
 
 
 def _ep_overlap_problems(s: Strategy) -> list[str]:
@@ -765,10 +794,9 @@ def _schedule_problems(s: Strategy) -> list[str]:
         out.append("tp_comm_overlap needs sequence_parallel = true (Megatron overlaps the "
                    "sequence-parallel all-gather / reduce-scatter with the GEMMs); enable it or "
                    "set tp_comm_overlap = false")
-    if s.vpp > 1 and s.schedule not in ("interleaved_1f1b", *V_SCHEDULES):
-        out.append(f"vpp = {s.vpp} needs schedule 'interleaved_1f1b' (or 'zb_v' or "
-                   f"'dualpipe_v' with vpp 2), "
-                   f"got {s.schedule!r}")
+    if s.vpp > 1 and s.schedule not in CHUNKED_SCHEDULES:
+        out.append(f"vpp = {s.vpp} needs schedule 'interleaved_1f1b' or 'interleaved_zb' (or "
+                   f"'zb_v' or 'dualpipe_v' with vpp 2), got {s.schedule!r}")
     if s.schedule == "interleaved_1f1b":
         if s.pp < 2 or s.vpp < 2:
             out.append(f"interleaved_1f1b needs pp ≥ 2 and vpp ≥ 2, got pp={s.pp} vpp={s.vpp}; "
@@ -784,8 +812,8 @@ def _schedule_problems(s: Strategy) -> list[str]:
                    "passes: it needs overlap_moe_ep_comm = true; set it or drop "
                    "delay_wgrad_compute")
     if s.zb_w_regather and not s.split_w:
-        out.append(f"zb_w_regather needs schedule 'zb_h1', 'zb_v' or 'dualpipe_v' (it is where "
-                   f"their W "
+        out.append(f"zb_w_regather needs schedule 'zb_h1', 'zb_v', 'dualpipe_v' or "
+                   f"'interleaved_zb' (it is where their W "
                    f"passes get their inputs), got {s.schedule!r}; set it to false")
     if s.schedule != "interleaved_1f1b" and s.microbatch_group_size:
         out.append(f"microbatch_group_size needs schedule 'interleaved_1f1b' (it groups the "
