@@ -107,6 +107,10 @@ def estimate_cmd(
     if schedules and pp < 2:  # (refused before the estimate is printed)
         raise ConfigError("--schedules compares pipeline schedules: it needs --pp 2 or more, "
                           f"got --pp {pp}", what="option")
+    if schedules and (stage_system or mixed_gpus):
+        raise ConfigError("--schedules costs the layout on one system: drop --stage-system / "
+                          "--mixed, or compare the mixed cluster's schedules one at a time "
+                          "with --schedule", what="option")
     if gpu_spread:  # (bad input refused before the estimate is printed)
         from analysis.gpu_spread import check_sd
 

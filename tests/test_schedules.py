@@ -86,3 +86,5 @@ def test_the_cli_prints_the_table_and_writes_it_to_json(tmp_path: Path) -> None:
     bad = run(*args, "--pp", "1")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
     assert "needs --pp 2 or more" in bad.stderr and "step time" not in bad.stdout
+    mixed = run(*args, "--pp", "4", "--stage-system", "0-1=dgx-a100-80gb")
+    assert mixed.returncode != 0 and "drop --stage-system" in mixed.stderr
