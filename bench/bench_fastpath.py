@@ -129,6 +129,14 @@ def main() -> None:
     rates = gc_paused(rate)(model, system, dpv, 3)
     print(f"  DualPipe-V (every pass walked) at 4x the global batch: {len(dpv)} strategies, "
           f"{statistics.median(rates):,.0f} strategies/s median of 3")
+    # interleaved ZB: the interleaved strategies whose micro-batches split into rounds,
+    # walked pass by pass on the same placer
+    izb = [dataclasses.replace(s, schedule="interleaved_zb", microbatch_group_size=0)
+           for s in mixed if s.vpp > 1
+           and s.num_microbatches % max(1, s.num_microbatches // s.pp) == 0]
+    rates = gc_paused(rate)(model, system, izb, 3)
+    print(f"  interleaved ZB (every pass walked): {len(izb)} strategies, "
+          f"{statistics.median(rates):,.0f} strategies/s median of 3")
     # the same space on two sites of 512 GPUs: stages are no longer alike, each is costed
     two = dataclasses.replace(system, scaleout=dataclasses.replace(
         system.scaleout, site_gpus=512, site_Gbps_per_gpu=50.0, site_latency_us=250.0))
