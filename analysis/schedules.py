@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from analysis.compare import strategy_label
 from analysis.fastpath import estimate
 from replay.hardware import SystemSpec
 from tracegen.errors import ConfigError
@@ -44,7 +45,7 @@ class Alternative:
                 "peak_memory_GiB": self.peak_memory_GiB or None,
                 "fits": self.fits if not self.refused else None,
                 "refused": self.refused or None, "current": self.current,
-                "strategy": self.strategy.label() if self.strategy else None}
+                "strategy": strategy_label(self.strategy) if self.strategy else None}
 
 
 def _candidates(s: Strategy, moe: bool) -> list[tuple[str, dict[str, Any]]]:

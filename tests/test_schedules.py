@@ -82,6 +82,7 @@ def test_the_cli_prints_the_table_and_writes_it_to_json(tmp_path: Path) -> None:
     assert "This layout under each pipeline schedule" in out.stdout and "1f1b ←" in out.stdout
     rows = json.loads((tmp_path / "e.json").read_text())["schedules"]
     assert [r["schedule"] for r in rows if r["current"]] == ["1f1b"]
+    assert any(r["strategy"] and "-interleaved_zb-" in r["strategy"] for r in rows)
     assert any(r["refused"] for r in rows)
     bad = run(*args, "--pp", "1")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
