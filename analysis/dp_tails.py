@@ -301,7 +301,6 @@ def _cooldown_walk(costs: Costs, stages: list[Stage], reps: list[int], steps: Ta
             start = end - d
         walked[st] = end
         kappa = kappas[st]
-        k = kappa * x.busy_b[ch]
         lane = stream[st]
         if issues and (_one_stream(own[st]) or all(map(_reduces, axes[st]))):
             # both lanes beside the same backward, or on one stream: one timeline
@@ -317,12 +316,30 @@ def _cooldown_walk(costs: Costs, stages: list[Stage], reps: list[int], steps: Ta
                                               start, start + d, start + d, lane[axis], kappa,
                                               gathers[st], inter)
             end = start + d + late
+        elif max(lane.values()) > start:  # kernel by kernel while the lanes fly
+            end = _slowed_pass(own[st], x, ch, reps[st], start, list(lane.values()), kappa)
         else:
-            end = round(slowed(start, d, list(lane.values()), k))
+            end = start + d
         w[st] = ran[st][q] = end
     return {st: (max(*stream[st].values(), w[st]) - w[st],
                  _after_memo(own[st], x, reps[st], gathers[st]), w[st] - tails[st][-1][0])
             for st, x in enumerate(stages)}
+
+
+def _slowed_pass(costs: Costs, x: Stage, ch: int, rank: int, start: int,
+                 busy: list[int], kappa: float) -> int:
+    """When chunk ``ch``'s backward, started at ``start`` beside gradient lanes busy until
+    each of ``busy``, ends: its (kernel, overlapped collective) runs in backward order
+    (``fastpath_stages._compute_runs`` over its blocks) slowed kernel by kernel
+    (``slowed_runs``), as replay slows them — a backward's compute is not spread evenly over
+    it, and its first GEMMs are what runs while the previous chunk's buckets fly."""
+    from analysis.fastpath_stages import _compute_runs, slowed_runs
+
+    sig = costs.signature(rank)
+    runs: list[tuple[int, int]] = []
+    for block, _, count, _ in x.runs_bwd[ch]:
+        runs += _compute_runs(costs, block, rank, sig)[1] * count
+    return round(slowed_runs(start, tuple(runs), busy, kappa))
 
 
 def _dense_cooldown_walk(costs: Costs, stages: list[Stage], reps: list[int], steps: Tails,
