@@ -308,7 +308,8 @@ def _zero_bubble(costs: Costs, stages: list[Stage], reps: list[int], c: list[int
             ends = [e + held for e in ends]
         chunk_ends = [[e] for e in ends]
     finish = tails_ns(costs, views, reps, ends, chunk_ends, range(s.pp), waits=False)
-    # (a V's stages hold different counts of its two chunks in flight: each is looked at)
+    # (a chunked schedule's stages hold different counts of their chunks in flight: each is
+    # looked at)
     peak = _peak_memory_bytes(costs, stages, alike and s.vpp == 1)
     return FastEstimate(finish / NS_PER_S, max(ends) / NS_PER_S, peak / GiB, peak <= hbm_bytes,
                         tuple(map(_FWD_S, stages)),

@@ -263,7 +263,7 @@ def interleaved_zb(m: int, p: int, v: int, stage: int) -> list[Step]:
     warmup = min((v - 1) * group + p - 1 - stage, m * v)
     done = {(ph, ch): 0 for ph in "FBW" for ch in range(v)}
     out: list[Step] = []
-    backs: list[int] = []  # the chunk of each B, in order (the W's follow them)
+    waiting: list[int] = []  # the chunks of the B's whose W has not run, oldest first
 
     def run(ph: Phase, ch: int) -> None:
         out.append((ph, done[ph, ch], ch))
@@ -272,23 +272,18 @@ def interleaved_zb(m: int, p: int, v: int, stage: int) -> list[Step]:
     def back(op: int) -> None:
         ch = v - 1 - ((op - warmup) // group) % v
         run("B", ch)
-        backs.append(ch)
+        waiting.append(ch)
         if op - warmup >= stage:
-            run("W", backs[done_w[0]])
-            done_w[0] += 1
+            run("W", waiting.pop(0))
 
-    done_w = [0]
     for op in range(m * v):
-        if op < warmup:
-            run("F", (op // group) % v)
-            continue
         run("F", (op // group) % v)
-        back(op)
+        if op >= warmup:
+            back(op)
     for op in range(m * v, m * v + warmup):
         back(op)
-    while done_w[0] < len(backs):
-        run("W", backs[done_w[0]])
-        done_w[0] += 1
+    while waiting:
+        run("W", waiting.pop(0))
     return out
 
 
