@@ -875,6 +875,17 @@ def test_one_f_one_b_rate_is_the_long_run_time_per_micro_batch(pp, data) -> None
     assert all((y - x) * a == rounds * pp * w for x, y in zip(start, end, strict=True))
 
 
+def _added_over_24_rounds(fwd: list[tuple[int]], bwd: list[tuple[int]], c: list[int],
+                          m: int) -> list[int]:
+    """What a 1F1B walk of ``m`` micro-batches adds per stage over 24 rounds more."""
+    from analysis import pipeline_walk as W
+
+    pp = len(fwd)
+    start = W._walk("1f1b", pp, m, 1, fwd, bwd, c, None, None)[0]
+    end = W._walk("1f1b", pp, m + 24 * pp, 1, fwd, bwd, c, None, None)[0]
+    return [y - x for x, y in zip(start, end, strict=True)]
+
+
 def test_a_slow_transient_ends_at_the_closed_form_rate() -> None:
     """The draw that outlasted 60 rounds (explore profile): 60 rounds in, the walk still adds 1
     ns less over 24 rounds than the rate; from 120 on, exactly the rate."""
@@ -886,9 +897,7 @@ def test_a_slow_transient_ends_at_the_closed_form_rate() -> None:
     assert (w, a) == (960, 2)
 
     def added(m: int) -> list[int]:
-        start = W._walk("1f1b", pp, m, 1, fwd, bwd, c, None, None)[0]
-        end = W._walk("1f1b", pp, m + 24 * pp, 1, fwd, bwd, c, None, None)[0]
-        return [y - x for x, y in zip(start, end, strict=True)]
+        return _added_over_24_rounds(fwd, bwd, c, m)
 
     assert added(60 * pp) == [24 * pp * w // a - 1] * pp
     assert added(120 * pp) == added(240 * pp) == [24 * pp * w // a] * pp
@@ -906,9 +915,7 @@ def test_a_slower_transient_ends_at_the_closed_form_rate() -> None:
     assert (w, a) == (2456, 1)
 
     def added(m: int) -> list[int]:
-        start = W._walk("1f1b", pp, m, 1, fwd, bwd, c, None, None)[0]
-        end = W._walk("1f1b", pp, m + 24 * pp, 1, fwd, bwd, c, None, None)[0]
-        return [y - x for x, y in zip(start, end, strict=True)]
+        return _added_over_24_rounds(fwd, bwd, c, m)
 
     assert added(240 * pp) == [24 * pp * (w - 1)] * pp
     assert added(480 * pp) == added(960 * pp) == [24 * pp * w] * pp
