@@ -222,7 +222,8 @@ def replay_cmd(
         from replay import resolve_system
 
         note_precision({str(ts.manifest["strategy"].get("precision", "bf16"))},
-                       resolve_system(system))
+                       resolve_system(system),
+                       {str(ts.manifest["strategy"].get("fp8_recipe", "delayed"))})
 
 
 def _note_untimed(ts: Any) -> None:

@@ -184,7 +184,9 @@ CeFusionOpt = Annotated[str, typer.Option(
 Fp8RecipeOpt = Annotated[str, typer.Option(
     "--fp8-recipe", help="FP8's scaling (Transformer Engine): 'delayed' (the amax history, "
     "Megatron-LM's default) | 'tensorwise' (current scaling, Megatron --fp8-recipe tensorwise, "
-    "Megatron-Bridge's FP8-CS: each cast reads its tensor for the amax first).")]
+    "Megatron-Bridge's FP8-CS: each cast reads its tensor for the amax first) | 'mxfp8' "
+    "(MXFP8 block scaling, Megatron --fp8-recipe mxfp8, Megatron-Bridge's FP8-MX; Blackwell: "
+    "scales a block of 32, sequence-parallel gathers in 16 bits).")]
 LayoutOpt = Annotated[str, typer.Option(
     "--pipeline-layout",
     help="Megatron-Core's --pipeline-model-parallel-layout: what each model chunk holds, "
@@ -294,10 +296,17 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
                     fp8_recipe=fp8_recipe)  # type: ignore[arg-type]
 
 
-def note_precision(precisions: set[str], system: SystemSpec) -> None:
+def note_precision(precisions: set[str], system: SystemSpec,
+                   recipes: set[str] | frozenset[str] = frozenset()) -> None:
     """Say where a precision runs on a GPU without its tensor cores: the catalog costs it at the
-    rate the GPU has (fp8 at its 16-bit rate, bf16 as fp16 on Volta), which no such run gets."""
+    rate the GPU has (fp8 at its 16-bit rate, bf16 as fp16 on Volta), which no such run gets;
+    and where an FP8 recipe (``recipes``: the FP8 strategies' ``fp8_recipe``) needs a later
+    GPU."""
     gpu = system.gpu
+    if "fp8" in precisions and "mxfp8" in recipes and not gpu.block_scaled:
+        console.print(f"note: {system.name} has no block-scaled tensor cores (MXFP8 training "
+                      "needs Blackwell; Transformer Engine refuses the recipe before it); "
+                      "mxfp8 is costed as FP8 on it")
     if "fp8" in precisions and gpu.peak_fp8_TFLOPs <= gpu.peak_bf16_TFLOPs:
         console.print(f"note: {system.name} has no FP8 tensor cores (FP8 training needs Hopper "
                       "or later); fp8 GEMMs are costed at its 16-bit rate")

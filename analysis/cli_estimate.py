@@ -164,7 +164,7 @@ def estimate_cmd(
     balanced = None
     if mixed is not None:
         for other in sorted(set(chosen.values())):
-            note_precision({strategy.precision}, resolve_system(other))
+            note_precision({strategy.precision}, resolve_system(other), {strategy.fp8_recipe})
         print_mixed(mixed)
         balanced = _print_balanced(spec, strategy, sys_spec, chosen, mixed)
         if not (mixed.fits or (balanced is not None and balanced[1].fits)):
@@ -185,7 +185,7 @@ def estimate_cmd(
     if mixed is None:
         note_dualpipe_pairs(spec, strategy, sys_spec, g.step_time_s)
         note_fsdp_pipeline(spec, strategy, sys_spec, g.step_time_s)
-    note_precision({strategy.precision}, sys_spec)
+    note_precision({strategy.precision}, sys_spec, {strategy.fp8_recipe})
     alternatives = _print_schedules(spec, strategy, sys_spec) if schedules else None
     table = None
     if ops is not None or ops_out is not None or roofline_plot is not None:

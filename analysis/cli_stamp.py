@@ -73,4 +73,5 @@ def _note_precision(trace: Path, spec: SystemSpec) -> None:
 
     manifest = trace_files(trace)[3]
     if manifest is not None:
-        note_precision({str(manifest["strategy"].get("precision", "bf16"))}, spec)
+        note_precision({str(manifest["strategy"].get("precision", "bf16"))}, spec,
+                       {str(manifest["strategy"].get("fp8_recipe", "delayed"))})

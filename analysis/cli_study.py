@@ -418,7 +418,8 @@ def compare_cmd(
     from analysis.compare import compare
 
     st = _resolve_study(study)
-    note_precision({x.precision for x in st.strategies} or {"bf16"}, st.system)
+    note_precision({x.precision for x in st.strategies} or {"bf16"}, st.system,
+                   {x.fp8_recipe for x in st.strategies})
     note_combined_1f1b(x.overlap_moe_ep_comm for x in st.strategies)
     note_zero2_study(x.zero_stage for x in st.strategies if not x.grad_reduce_per_microbatch)
     if not st.strategies:
@@ -527,7 +528,8 @@ def sweep_cmd(
 
     st = _sweep_study(study, model=model, system=system, gpus=gpus, gbs=gbs, seq_len=seq_len,
                       tokens=tokens)
-    note_precision({x.precision for x in st.strategies} or {"bf16"}, st.system)
+    note_precision({x.precision for x in st.strategies} or {"bf16"}, st.system,
+                   {x.fp8_recipe for x in st.strategies})
     output_dir(out, "--out")
     _print_space(st)
     _note_space(st)

@@ -325,6 +325,10 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None,
                 and strategy.num_microbatches > 1):  # (the convention, where it applied)
             notes.append("ZeRO-2: each micro-batch's gradients reduce-scattered in its backward "
                          "(DeepSpeed stage 2, FSDP SHARD_GRAD_OP)")
+        if strategy.precision == "fp8" and strategy.fp8_recipe == "mxfp8" and not (
+                base.gpu.block_scaled):
+            return (f"skipped: fp8_recipe mxfp8 on {row['gpu']}: MXFP8 needs block-scaled "
+                    "tensor cores (Blackwell); check the row's fp8_recipe or gpu")
         return RunInputs(model, strategy, _system(row, base), "; ".join(notes))
     except TrainsimError as exc:
         return f"skipped: {exc}"

@@ -109,6 +109,13 @@ class GPUSpec:
     # measured on this GPU, not modelled.
     comm_interference: float = 0.0
 
+    @property
+    def block_scaled(self) -> bool:
+        """Block-scaled tensor cores (Blackwell's: MXFP8 and NVFP4 GEMMs; Transformer Engine
+        refuses its MXFP8 recipe on Hopper). A catalog GPU has them where it has an FP4 peak:
+        the two came together."""
+        return self.peak_fp4_TFLOPs > 0
+
     def gemm_k_factor(self, k: int, dtype: str) -> float:
         """GEMM efficiency at reduction length ``k`` relative to the MAMF's best shape: every
         output tile pays a fixed cost worth ``gemm_k_overhead`` K elements besides its K-loop, so

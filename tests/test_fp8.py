@@ -109,3 +109,97 @@ def test_a_sweep_takes_the_fp8_recipe_only_where_it_applies() -> None:
     kinds = [(s.precision, s.fp8_recipe) for s in valid]
     assert set(kinds) == {("bf16", "delayed"), ("fp8", "delayed"), ("fp8", "tensorwise")}
     assert kinds.count(("bf16", "delayed")) == kinds.count(("fp8", "tensorwise"))
+
+
+SP = dataclasses.replace(BF16, tp=2, sequence_parallel=True)
+MOE = dataclasses.replace(MODEL, name="f8moe", num_experts=4, experts_per_token=2,
+                          moe_ffn_hidden_size=1024)
+
+
+def _tp_comms(items: list[O.Item]) -> list[tuple[str, str, int]]:
+    return [(it.name, it.coll, it.size_bytes) for it in items
+            if isinstance(it, O.Comm) and it.axis == "tp"]
+
+
+def test_per_tensor_fp8_gathers_each_gemm_input_in_one_byte() -> None:
+    """Under sequence parallelism Transformer Engine quantizes a GEMM's input before gathering
+    it: forward the QKV and FC1 inputs, backward the output gradients of the output projection
+    and FC2 and the QKV and FC1 inputs gathered again — each tokens·h/t elements at 1 byte
+    where BF16 moves 2. The reduce-scatters (GEMM outputs, summed) stay 16-bit."""
+    tokens, h, t = 2 * 1024, 1024, 2
+    for layer in (O.layer_fwd, O.layer_bwd):
+        bf16 = _tp_comms(layer(MODEL, SP))
+        fp8 = _tp_comms(layer(MODEL, dataclasses.replace(SP, precision="fp8")))
+        assert [(n, c) for n, c, _ in fp8] == [(n, c) for n, c, _ in bf16]
+        for (_, coll, b16), (_, _, b8) in zip(bf16, fp8, strict=True):
+            assert b8 == (b16 // 2 if coll == "ALL_GATHER" else b16)
+        assert {b for _, c, b in fp8 if c == "ALL_GATHER"} == {tokens * h // t}
+    gathers = [n for n, c, _ in _tp_comms(O.layer_bwd(MODEL, dataclasses.replace(
+        SP, precision="fp8"))) if c == "ALL_GATHER"]
+    assert gathers == ["fc2_rs_bwd", "fc1_in_ag", "attn_out_rs_bwd", "qkv_in_ag"]
+
+
+def test_current_scaling_reduces_each_quantized_gathers_amax_over_tp() -> None:
+    """Current scaling casts every shard with one scale: before each quantization that feeds
+    a gather (the QKV and FC1 inputs forward, the output gradients of the output projection
+    and FC2 backward) one FP32 amax all-reduced over TP, blocking; the re-gathered saved inputs
+    were quantized already and need none; delayed scaling has none."""
+    cs = dataclasses.replace(SP, precision="fp8", fp8_recipe="tensorwise")
+    for layer, want in ((O.layer_fwd, ["ln1_ag", "ln2_ag"]),
+                        (O.layer_bwd, ["fc2_rs_bwd", "attn_out_rs_bwd"])):
+        comms = _tp_comms(layer(MODEL, cs))
+        amax = [(i, n) for i, (n, _, _) in enumerate(comms) if n.endswith("_amax_ar")]
+        assert [n.removesuffix("_amax_ar") for _, n in amax] == want
+        for i, name in amax:
+            assert comms[i][1:] == ("ALL_REDUCE", O.AMAX_BYTES)
+            assert comms[i + 1][0] == name.removesuffix("_amax_ar")  # just before its gather
+        delayed = _tp_comms(layer(MODEL, dataclasses.replace(cs, fp8_recipe="delayed")))
+        assert not [n for n, _, _ in delayed if n.endswith("_amax_ar")]
+
+
+def test_mxfp8_gathers_in_16_bits_and_casts_with_its_block_scales() -> None:
+    """MXFP8 (``fp8_recipe = "mxfp8"``): the gathers move BF16's bytes (its quantizer does not
+    take a gathered norm output); each cast reads 16 bits and writes a row-wise and a
+    column-wise copy of 1 byte and 1/32 byte of scale an element, 65/16 bytes, with no amax
+    pass; the label says it."""
+    tokens, h, f = 2 * 1024, 1024, 4096
+    mx = dataclasses.replace(SP, precision="fp8", fp8_recipe="mxfp8")
+    for layer in (O.layer_fwd, O.layer_bwd):
+        assert _tp_comms(layer(MODEL, mx)) == _tp_comms(layer(MODEL, SP))
+    one = dataclasses.replace(FP8, fp8_recipe="mxfp8")
+    assert sum(op.bytes for op in _casts(O.layer_fwd(MODEL, one))) == (
+        65 * tokens * (3 * h + f) // 16)
+    assert sum(op.bytes for op in _casts(O.layer_bwd(MODEL, one))) == (
+        65 * tokens * (5 * h + f) // 16)
+    assert one.label().endswith("-mxfp8-mbs2")
+
+
+def test_a_moe_layers_router_gather_stays_16_bit() -> None:
+    """Megatron's MoE layer gathers the sequence-parallel hidden states for its router and
+    dispatcher (no Transformer Engine GEMM's input): 16-bit under FP8, where the attention's
+    QKV gather moves 1 byte."""
+    bf16 = dict((n, b) for n, _, b in _tp_comms(O.layer_fwd(MOE, SP)))
+    fp8 = dict((n, b) for n, _, b in _tp_comms(O.layer_fwd(MOE, dataclasses.replace(
+        SP, precision="fp8", fp8_recipe="tensorwise"))))
+    assert fp8["ln2_ag"] == bf16["ln2_ag"] and "ln2_ag_amax_ar" not in fp8
+    assert fp8["ln1_ag"] == bf16["ln1_ag"] // 2 and "ln1_ag_amax_ar" in fp8
+
+
+def test_mxfp8_before_blackwell_is_said_and_its_rows_skipped() -> None:
+    """Transformer Engine refuses MXFP8 before Blackwell: ``estimate`` says so on an H100 (and
+    not on a B200); ``validate`` skips such a row, naming the recipe and the GPU."""
+    from analysis.validate import load_runs, row_inputs
+    from tests.test_cli import run
+    from tests.test_megatron_bridge_runs import RUNS
+
+    base = ("estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "2", "--sp", "--mbs",
+            "1", "--gbs", "8", "--precision", "fp8", "--fp8-recipe", "mxfp8", "--system")
+    h100 = run(*base, "dgx-h100")
+    assert h100.returncode == 0, h100.stderr
+    assert "no block-scaled tensor cores" in " ".join(h100.stdout.split())
+    b200 = run(*base, "dgx-b200")
+    assert b200.returncode == 0 and "block-scaled" not in b200.stdout
+    row = next(load_runs(RUNS).iter_rows(named=True))
+    got = row_inputs(row, {"strategy.fp8_recipe": "mxfp8"})
+    assert isinstance(got, str) and got.startswith(
+        f"skipped: fp8_recipe mxfp8 on {row['gpu']}: MXFP8 needs block-scaled tensor cores")

@@ -21,8 +21,9 @@ STRATEGY_CASES = [
     (dict(recompute="most"), "recompute must be one of none, selective, full; got 'most'"),
     (dict(precision="fp4"), "precision must be one of bf16, fp16, fp8, nvfp4; got 'fp4' (did you "
      "mean 'nvfp4'?)"),
-    (dict(fp8_recipe="current"), "fp8_recipe must be one of delayed, tensorwise (Transformer "
-     "Engine's delayed or current per-tensor scaling); got 'current'"),
+    (dict(fp8_recipe="current"), "fp8_recipe must be one of delayed, tensorwise, mxfp8 "
+     "(Transformer Engine's delayed or current per-tensor scaling, or MXFP8 block scaling "
+     "(Blackwell)); got 'current'"),
     (dict(zero_stage=4), "zero_stage must be 0, 1, 2 or 3; got 4"),
     (dict(sequence_parallel=True), "sequence_parallel needs tp > 1"),
     (dict(pp=2, vpp=2, global_batch_size=4), "vpp = 2 needs schedule 'interleaved_1f1b' or 'interleaved_zb' (or 'zb_v' or 'dualpipe_v' with vpp 2), got '1f1b'"),

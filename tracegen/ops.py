@@ -157,7 +157,19 @@ class Dims:
     sp: bool
     dtype: str
     overlap: bool = False  # tp_comm_overlap
-    amax_first: bool = False  # FP8 current scaling: a cast reads its input for the amax first
+    fp8_recipe: str = "delayed"  # Strategy.fp8_recipe (read where dtype is "fp8")
+
+    @property
+    def amax_first(self) -> bool:
+        """FP8 current scaling: a cast reads its input for the amax first."""
+        return self.dtype == "fp8" and self.fp8_recipe == "tensorwise"
+
+    @property
+    def per_tensor_fp8(self) -> bool:
+        """An FP8 recipe with one scale a tensor (delayed or current scaling), whose GEMM
+        inputs Transformer Engine gathers already quantized (``_fp8_gathers``); MXFP8's
+        per-block scales are not."""
+        return self.dtype == "fp8" and self.fp8_recipe != "mxfp8"
 
     @property
     def tokens(self) -> int:
@@ -210,7 +222,7 @@ def op_key(s: Strategy) -> tuple[object, ...]:
 def dims(m: ModelSpec, s: Strategy) -> Dims:
     return Dims(b=s.micro_batch_size, s=m.seq_len // s.cp, s_kv=m.seq_len, h=m.hidden_size,
                 t=s.tp, sp=s.sequence_parallel, dtype=s.precision, overlap=s.tp_comm_overlap,
-                amax_first=s.precision == "fp8" and s.fp8_recipe == "tensorwise")
+                fp8_recipe=s.fp8_recipe)
 
 
 def gemm(name: str, m: int, n: int, k: int, dtype: str) -> Op:
@@ -593,8 +605,7 @@ def _permutations(m: ModelSpec, st: Strategy, tokens: int, routed: int, h: int,
 
 def layer_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
     d = dims(m, st)
-    return _fp8_casts(_overlap_fwd(attention_block_fwd(m, st, d) + mlp_block_fwd(m, st, d), d),
-                      d.amax_first)
+    return _fp8_layer(_overlap_fwd(attention_block_fwd(m, st, d) + mlp_block_fwd(m, st, d), d), d)
 
 
 FP8_CAST_BYTES_PER_ELEM = 4  # cast-transpose: read 16-bit, write FP8 and its transpose
@@ -615,13 +626,67 @@ AMAX_READ_BYTES_PER_ELEM = ACT_BYTES
 NORM_FED_GEMMS = frozenset({"qkv", "fc1", "q_up", "kv_up"})
 
 
-def _cast_bytes(dtype: str, elems: int) -> int:
+# MXFP8 (Transformer Engine's MXFP8BlockScaling, the OCP Microscaling format: an E8M0 scale a
+# block of 32 elements; Blackwell's block-scaled tensor cores): no amax pass (each block's
+# scale is its own maximum, found in the cast), one read writing the row-wise copy and the
+# column-wise one, each 1 + 1/32 bytes an element: 2 + 2 · 33/32 = 4.0625.
+MXFP8_CAST_BYTES_PER_16_ELEMS = 65
+
+
+def _cast_bytes(dtype: str, elems: int, d: Dims) -> int:
     if dtype == "nvfp4":
         return NVFP4_CAST_BYTES_PER_8_ELEMS * elems // 8
+    if d.fp8_recipe == "mxfp8":
+        return MXFP8_CAST_BYTES_PER_16_ELEMS * elems // 16
     return FP8_CAST_BYTES_PER_ELEM * elems
 
 
-def _fp8_casts(items: list[Item], amax_first: bool = False) -> list[Item]:
+# Transformer Engine quantizes a sequence-parallel GEMM input before it gathers it, so an FP8
+# per-tensor recipe all-gathers 1-byte elements: LayerNormLinear's norm writes its output as FP8
+# and gathers that (TE 1.x ``layernorm_linear.py``: ``ln_out`` allocated as uint8, then
+# ``gather_along_first_dim(ln_out, tp_group)``), Linear casts before its gather, the backward
+# re-gathers the saved FP8 input, and ``grad_output_preprocess`` quantizes a row-parallel
+# layer's output gradient before gathering it (TE 2.x: the quantizer passed to
+# ``gather_along_first_dim`` or to the userbuffers copy; userbuffers' all-gather buffers are
+# FP8, ``initialize_ub``'s ``fp8_buf``). Reduce-scatters stay 16-bit (GEMM outputs), and so do
+# the gathers Megatron's MoE layers make around their router and dispatcher (not a TE GEMM's
+# input). MXFP8 gathers in 16 bits: its quantizer does not take the norm's output under an
+# input all-gather (TE 2.x LayerNormLinear: ``with_quantized_norm = False`` for an
+# MXFP8Quantizer with ``with_input_all_gather``), and its per-block scales run along the
+# gathered dimension. NVFP4's gathers are kept at 16 bits (not checked against its code).
+FP8_GATHER_BYTES_PER_ELEM = 1
+# Under current scaling each of those quantizations first all-reduces its amax over the TP
+# group, so that every shard is cast with one scale (TE 2.x ``_customize_quantizers_float8_
+# current_scaling``: ``with_amax_reduction`` with ``amax_reduction_group = tp_group`` for a
+# column-parallel input and a row-parallel output gradient under SP): one FP32 a collective,
+# ahead of the cast. A re-gather of the saved input quantizes nothing and needs none.
+AMAX_BYTES = 4
+
+
+def _fp8_layer(items: list[Item], d: Dims) -> list[Item]:
+    """A layer's list as an FP8 or NVFP4 recipe runs it: its GEMM inputs' gathers
+    (``_fp8_gathers``), then the casts (``_fp8_casts``)."""
+    return _fp8_casts(_fp8_gathers(items, d), d)
+
+
+def _fp8_gathers(items: list[Item], d: Dims) -> list[Item]:
+    """Each TP all-gather that feeds an FP8 GEMM at ``FP8_GATHER_BYTES_PER_ELEM``, after the
+    amax all-reduce that current scaling (``d.amax_first``) runs before quantizing."""
+    if not d.per_tensor_fp8 or not d.sp or d.t == 1:
+        return items
+    out: list[Item] = []
+    for it, nxt in zip(items, [*items[1:], None], strict=True):
+        if (isinstance(it, Comm) and _is_tp(it, "ALL_GATHER") and isinstance(nxt, Op)
+                and nxt.kind == "gemm" and nxt.dtype == "fp8"):
+            if d.amax_first and not it.name.endswith("_in_ag"):
+                out.append(Comm(f"{it.name}_amax_ar", "tp", "ALL_REDUCE", AMAX_BYTES))
+            it = dataclasses.replace(
+                it, size_bytes=it.size_bytes * FP8_GATHER_BYTES_PER_ELEM // ACT_BYTES)
+        out.append(it)
+    return out
+
+
+def _fp8_casts(items: list[Item], d: Dims) -> list[Item]:
     """A cast before every FP8 (or NVFP4) GEMM of a layer: of its input in forward (m·k
     elements), of the output gradient before the data-gradient GEMM in backward (m·k of that
     GEMM). ``amax_first`` (FP8 current scaling): each cast but a norm-fed GEMM's forward one
@@ -631,10 +696,10 @@ def _fp8_casts(items: list[Item], amax_first: bool = False) -> list[Item]:
         if (isinstance(it, Op) and it.kind == "gemm" and it.dtype in LOW_PRECISION_GEMMS
                 and not it.name.endswith("_wgrad")):
             elems = it.flop // (2 * it.n)  # its input, m·k (the whole group's)
-            amax = amax_first and it.dtype == "fp8" and it.name not in NORM_FED_GEMMS
+            amax = d.amax_first and it.dtype == "fp8" and it.name not in NORM_FED_GEMMS
             cast = Op(f"{it.name}_{it.dtype}_cast", "elementwise", elems,
-                      _cast_bytes(it.dtype, elems) + (AMAX_READ_BYTES_PER_ELEM * elems
-                                                      if amax else 0))
+                      _cast_bytes(it.dtype, elems, d)
+                      + (AMAX_READ_BYTES_PER_ELEM * elems if amax else 0))
             # before a collective that runs alongside the GEMM, so the pair stays together
             paired = out and isinstance(out[-1], Comm) and out[-1].overlapped
             out.insert(len(out) - 1 if paired else len(out), cast)
@@ -809,7 +874,7 @@ def layer_bwd(m: ModelSpec, st: Strategy) -> list[Item]:
         mlp = _shared_beside_dispatch_bwd(mlp)
     attn = backward_of(attention_block_fwd(m, st, d), d)
     attn = _mla_bwd(attn, m, d) if m.is_mla else _column_parallel_bwd(attn, d, "qkv", "ln1")
-    return _fp8_casts(_overlap_row_parallel_bwd(mlp + attn, d), d.amax_first)
+    return _fp8_layer(_overlap_row_parallel_bwd(mlp + attn, d), d)
 
 
 def _column_parallel_bwd(items: list[Item], d: Dims, gemm: str, norm: str) -> list[Item]:
@@ -959,12 +1024,12 @@ def mtp_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
     the model's: Megatron-Core concatenates the main and MTP hidden states along the sequence
     and runs the head and the losses over all of them (``head_fwd``)."""
     d = dims(m, st)
-    return _fp8_casts(_mtp_input_fwd(d), d.amax_first) + layer_fwd(m, st)
+    return _fp8_layer(_mtp_input_fwd(d), d) + layer_fwd(m, st)
 
 
 def mtp_bwd(m: ModelSpec, st: Strategy) -> list[Item]:
     d = dims(m, st)
-    return layer_bwd(m, st) + _fp8_casts(_mtp_input_bwd(d), d.amax_first)
+    return layer_bwd(m, st) + _fp8_layer(_mtp_input_bwd(d), d)
 
 
 def embedding_fwd(m: ModelSpec, st: Strategy) -> list[Item]:

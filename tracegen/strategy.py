@@ -26,8 +26,8 @@ MoeDispatcher = Literal["alltoall", "deepep"]
 MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
 OuterDpSharding = Literal["no_shard", "optim"]
 CeFusion = Literal["none", "native", "te"]
-Fp8Recipe = Literal["delayed", "tensorwise"]
-FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise")
+Fp8Recipe = Literal["delayed", "tensorwise", "mxfp8"]
+FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "mxfp8")
 CE_FUSIONS: tuple[str, ...] = ("none", "native", "te")
 OUTER_DP_SHARDINGS: tuple[str, ...] = ("no_shard", "optim")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v",
@@ -269,7 +269,11 @@ class Strategy:
     # tensor's scale from its amax history (DelayedScaling, Megatron-LM's default); "tensorwise"
     # (Float8CurrentScaling, Megatron-Bridge's "FP8-CS" runs) computes the amax of the tensor
     # being cast first — a read of its 16 bits before the cast, except where a norm kernel
-    # computed it while writing the norm's output (the QKV and FC1 inputs): tracegen/ops.py.
+    # computed it while writing the norm's output (the QKV and FC1 inputs); both gather a
+    # sequence-parallel GEMM input already in FP8, current scaling after an amax all-reduce
+    # over TP. "mxfp8" (MXFP8BlockScaling, Megatron-Bridge's "FP8-MX"; Blackwell) scales each
+    # block of 32 elements: no amax pass, 1/32 byte of scale an element, 16-bit gathers.
+    # tracegen/ops.py.
     fp8_recipe: Fp8Recipe = "delayed"
 
     def __post_init__(self) -> None:
@@ -488,7 +492,8 @@ _CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cp_comm_type", CP_COMM_TYPES), ("cp_balance", CP_BALANCES),
     ("moe_dispatcher", MOE_DISPATCHERS), ("adam_moments_dtype", ADAM_MOMENTS_DTYPES),
     ("fp8_recipe", FP8_RECIPES), ("cross_entropy_fusion", CE_FUSIONS))
-_CHOICE_NOTES = {"fp8_recipe": "Transformer Engine's delayed or current per-tensor scaling",
+_CHOICE_NOTES = {"fp8_recipe": "Transformer Engine's delayed or current per-tensor scaling, "
+                                "or MXFP8 block scaling (Blackwell)",
                  "cross_entropy_fusion": "unfused, Megatron-Core's fused loss, Transformer "
                                          "Engine's"}
 
