@@ -15,6 +15,7 @@ from analysis.fastpath_costs import Costs
 from replay import get_system, replay
 from replay.hardware import SystemSpec
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
+from tracegen.strategy import FP8_RECIPES
 
 MODEL = ModelSpec(name="fast", num_layers=8, hidden_size=256, num_attention_heads=8,
                   num_kv_heads=4, ffn_hidden_size=512, vocab_size=1024, seq_len=256,
@@ -83,7 +84,8 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
     sharded across them, HFSDP); ``window``: sliding-window attention of 64 of the 256 tokens
     in the layers its pattern marks S (every layer, every other one, two in three from the
     second: stages then start at other places in the pattern), or ("docs") a document mask,
-    documents of 90 tokens on average.
+    documents of 90 tokens on average. ``fp8``: FP8 (NVFP4 at odd ``extra``) under each of
+    FP8's recipes in turn.
     1F1B and GPipe runs of mb·pp + ``extra`` micro-batches (interleaved ones need whole
     rounds, or, ``grouped``, Megatron-Core's micro-batch groups: the middle group size that
     fits). Full recompute of the first ``rc_layers`` of each chunk (0: all); selective of
@@ -119,6 +121,8 @@ def test_fast_path_within_2_percent_of_replay(tp, pp, dp, sp, zero, recompute, m
     try:
         s = Strategy(tp=tp, pp=pp, dp=dp, ep=max(ep, 1), cp=cp,
                      precision=("nvfp4" if extra % 2 else "fp8") if fp8 else "bf16",
+                     # each FP8 recipe (their casts, gathers and amax all-reduces differ)
+                     fp8_recipe=FP8_RECIPES[(extra // 2 + gpn) % 3],  # type: ignore[arg-type]
                      vpp=2 if schedule == "interleaved_1f1b" else 1,
                      first_stage_layers=int(uneven), last_stage_layers=int(uneven),
                      sequence_parallel=sp and tp > 1, tp_comm_overlap=overlap and sp and tp > 1,
