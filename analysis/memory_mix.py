@@ -85,7 +85,7 @@ def family(op: O.Op) -> str:
     if op.kind in ("norm", "optimizer"):
         return op.kind
     base = op.name.removesuffix("_bwd")
-    if base.endswith(("_fp8_cast", "_nvfp4_cast")):
+    if base.endswith(("_fp8_cast", "_nvfp4_cast", "_mxfp8_cast")):
         return "fp8_cast"
     if base.endswith("act"):
         return "activation"

@@ -102,6 +102,9 @@ class GPUSpec:
     # fall back to at best, and ``estimate`` and ``validate`` say so.
     peak_fp4_TFLOPs: float = 0.0
     gemm_efficiency_fp4: float = 0.0
+    # MXFP8 GEMMs (FP8's MXFP8 recipe: block-scaled, Blackwell) against the FP8 peak. 0: as
+    # ``gemm_efficiency_fp8``.
+    gemm_efficiency_mxfp8: float = 0.0
     # Interference of communication with compute: a compute kernel runs (1 + this) times longer
     # while a collective of its rank is in flight (NCCL's kernels take SMs and HBM bandwidth
     # from it). Lee et al. 2025 (arXiv:2507.03114) measured 18.9% on average (at most 40%) with
@@ -152,7 +155,8 @@ class GPUSpec:
     def peak_flop_per_s(self, dtype: str) -> float:
         tflops = {"bf16": self.peak_bf16_TFLOPs, "fp16": self.peak_fp16_TFLOPs,
                   "fp8": self.peak_fp8_TFLOPs, "fp32": self.peak_fp32_TFLOPs,
-                  "nvfp4": self.peak_fp4_TFLOPs or self.peak_fp8_TFLOPs}[dtype]
+                  "nvfp4": self.peak_fp4_TFLOPs or self.peak_fp8_TFLOPs,
+                  "mxfp8": self.peak_fp8_TFLOPs}[dtype]
         return tflops * TERA
 
     def gemm_efficiency_of(self, dtype: str) -> float:
@@ -160,6 +164,8 @@ class GPUSpec:
         where the GPU has FP4 tensor cores, else FP8's, the rate an nvfp4 GEMM is costed at)."""
         if dtype == "nvfp4" and self.peak_fp4_TFLOPs and self.gemm_efficiency_fp4:
             return self.gemm_efficiency_fp4
+        if dtype == "mxfp8" and self.gemm_efficiency_mxfp8:
+            return self.gemm_efficiency_mxfp8
         return self.gemm_efficiency_fp8 if dtype in LOW_PRECISION_GEMMS else self.gemm_efficiency
 
     def attention_occupancy(self, tiles: float) -> float:
@@ -347,7 +353,7 @@ MIN_VALUE, MAX_VALUE = 1e-6, 1e7
 OPTIONAL_ZERO = ("nvls_busbw_GBps", "nvlink_a2a_busbw_GBps", "gemm_k_overhead", "gemm_mamf_k",
                  "comm_interference",
                  "sustained_clock_ratio_fp8", "attention_half_tiles", "gemm_occupancy_waves",
-                 "peak_fp4_TFLOPs", "gemm_efficiency_fp4",
+                 "peak_fp4_TFLOPs", "gemm_efficiency_fp4", "gemm_efficiency_mxfp8",
                  "site_gpus", "site_Gbps_per_gpu", "site_latency_us", "site_window_MiB",
                  "host_link_GBps",
                  "host_cpu_GBps", "gpus_per_host", "host_memory_GiB")
@@ -370,6 +376,7 @@ def _problems(s: SystemSpec) -> list[str]:
                            f"{field.name} must be positive, got {v}")
     fractions: tuple[tuple[Any, str], ...] = (
         (s.gpu, "gemm_efficiency"), (s.gpu, "gemm_efficiency_fp8"), (s.gpu, "gemm_efficiency_fp4"),
+        (s.gpu, "gemm_efficiency_mxfp8"),
         (s.gpu, "attention_efficiency"), (s.gpu, "memory_efficiency"),
         (s.gpu, "sustained_clock_ratio"), (s.gpu, "sustained_clock_ratio_fp8"),
         (s.node, "nvlink_efficiency"),

@@ -17,7 +17,8 @@ FP8 = dataclasses.replace(BF16, precision="fp8")
 
 
 def _casts(items: list[O.Item]) -> list[O.Op]:
-    return [it for it in items if isinstance(it, O.Op) and it.name.endswith("_fp8_cast")]
+    return [it for it in items if isinstance(it, O.Op)
+            and it.name.endswith(("_fp8_cast", "_mxfp8_cast"))]
 
 
 def test_cast_bytes_per_layer() -> None:
@@ -203,3 +204,19 @@ def test_mxfp8_before_blackwell_is_said_and_its_rows_skipped() -> None:
     got = row_inputs(row, {"strategy.fp8_recipe": "mxfp8"})
     assert isinstance(got, str) and got.startswith(
         f"skipped: fp8_recipe mxfp8 on {row['gpu']}: MXFP8 needs block-scaled tensor cores")
+
+
+def test_mxfp8_keeps_its_block_scales_beside_each_fp8_copy() -> None:
+    """MXFP8's kept tensors carry an E8M0 scale a block of 32: the inputs saved for the weight
+    gradients (QKV, output projection and FC1 h wide, FC2 f wide, per token) and the cached
+    weight copies cost 33/32 of FP8's bytes."""
+    from tracegen.memory import activation_bytes_per_layer, fp8_weight_cache_bytes
+
+    tokens, h, f = 2 * 1024, 1024, 4096
+    mx = dataclasses.replace(FP8, fp8_recipe="mxfp8")
+    extra = activation_bytes_per_layer(MODEL, mx) - activation_bytes_per_layer(MODEL, FP8)
+    assert extra == tokens * (3 * h + f) // 32
+    params = 10**8  # a stage's; less its embedding and head, 91,611,392 in GEMMs
+    assert fp8_weight_cache_bytes(MODEL, FP8, 0, params) == 2 * 91_611_392
+    assert fp8_weight_cache_bytes(MODEL, mx, 0, params) * 32 == (
+        fp8_weight_cache_bytes(MODEL, FP8, 0, params) * 33)

@@ -178,8 +178,11 @@ def test_the_405b_mxfp8_recipe_on_one_rack_holds_its_published_memory() -> None:
     gradient accumulation, fp32 master weights and moments — 154.6 GiB peak allocated and
     289 s an update. The tensors the allocator holds at the busiest stage's peak (the
     breakdown less its runtime and fragmentation allowances, which ``max_memory_allocated``
-    does not see) come to 154.3 GiB, within 1%; stated as the recipe states it, not fitted.
-    The step, 255.7 s, is 11.5% fast: the GB200 model's bias on 405B (25.09's −12.0%)."""
+    does not see) come to 154.7 GiB, within 1% (154.3 GiB before MXFP8's block scales were
+    counted beside its FP8 copies, sixty-ninth session); stated as the recipe states it, not
+    fitted. The step, 270.3 s, is 6.5% fast (254.0 s, 12.1%, with FP8's GEMM efficiency for
+    its MXFP8 GEMMs, before the sixty-ninth session's ``gemm_efficiency_mxfp8``; as per-tensor
+    FP8 with its 1-byte gathers, 245.4 s)."""
     from analysis.glance import glance
     from tracegen import Strategy, get_model
     from tracegen.units import GiB
@@ -194,4 +197,4 @@ def test_the_405b_mxfp8_recipe_on_one_rack_holds_its_published_memory() -> None:
     held = max((st.memory.total_bytes - st.memory.runtime_bytes
                 - st.memory.fragmentation_bytes) / GiB for st in g.stages)
     assert held == pytest.approx(154.6, rel=0.01)
-    assert g.fits and g.step_time_s / 289 - 1 == pytest.approx(-0.115, abs=0.01)
+    assert g.fits and g.step_time_s / 289 - 1 == pytest.approx(-0.065, abs=0.005)

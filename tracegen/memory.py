@@ -83,6 +83,10 @@ ZERO3_PARAM_BYTES, ZERO3_OPTIM_BYTES = 4, 8
 # same two copies at 0.5625 bytes each (Megatron-Bridge's NVFP4 recipe gathers 16-bit parameters).
 FP8_WEIGHT_CACHE_BYTES = 2
 NVFP4_WEIGHT_CACHE_BYTES = 2 * DTYPE_BYTES["nvfp4"]
+# MXFP8 (``fp8_recipe = "mxfp8"``): an E8M0 scale byte a block of 32 beside each FP8 copy, in
+# the cached weights and the inputs kept for the weight gradients (TE's MXFP8Tensor keeps its
+# row- and column-wise scales with the data).
+MXFP8_ELEMENT_BYTES = 1 + 1 / 32
 # Runtime allowances: the CUDA context, cuBLAS/cuDNN and NCCL take ~1-2 GiB per process in
 # PyTorch jobs (NCCL's default NCCL_BUFFSIZE is 4 MiB per channel and peer); the caching
 # allocator's fragmentation is taken as 5% of the tensors it holds. Measured on an H200
@@ -136,7 +140,9 @@ def saved_gemm_input_bytes(s: Strategy) -> float:
     """Bytes an element of a linear layer's input that it keeps for its weight gradient: the
     quantized column-wise copy under FP8 (1) or NVFP4 (``DTYPE_BYTES``: 0.5625, the
     Hadamard-transformed copy Transformer Engine's NVFP4 recipe casts for the weight gradient),
-    else the 16-bit input."""
+    else the 16-bit input; MXFP8's with its block scales (``MXFP8_ELEMENT_BYTES``)."""
+    if s.precision == "fp8" and s.fp8_recipe == "mxfp8":
+        return MXFP8_ELEMENT_BYTES
     return DTYPE_BYTES[s.precision] if s.precision in LOW_PRECISION_GEMMS else 2
 
 
@@ -322,6 +328,8 @@ def fp8_weight_cache_bytes(m: ModelSpec, s: Strategy, stage: int, params_local: 
     gemm = params_local - _vocab_copies(m, s, stage) * (m.vocab_size * m.hidden_size // s.tp)
     if s.precision == "nvfp4":
         return int(NVFP4_WEIGHT_CACHE_BYTES * gemm)
+    if s.fp8_recipe == "mxfp8":
+        return int(2 * MXFP8_ELEMENT_BYTES * gemm)
     return FP8_WEIGHT_CACHE_BYTES * gemm
 
 

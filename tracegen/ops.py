@@ -155,7 +155,7 @@ class Dims:
     h: int
     t: int  # tp degree
     sp: bool
-    dtype: str
+    dtype: str  # the linear layers' GEMMs': the precision, "mxfp8" under FP8's MXFP8 recipe
     overlap: bool = False  # tp_comm_overlap
     fp8_recipe: str = "delayed"  # Strategy.fp8_recipe (read where dtype is "fp8")
 
@@ -168,8 +168,8 @@ class Dims:
     def per_tensor_fp8(self) -> bool:
         """An FP8 recipe with one scale a tensor (delayed or current scaling), whose GEMM
         inputs Transformer Engine gathers already quantized (``_fp8_gathers``); MXFP8's
-        per-block scales are not."""
-        return self.dtype == "fp8" and self.fp8_recipe != "mxfp8"
+        (dtype "mxfp8") are not."""
+        return self.dtype == "fp8"
 
     @property
     def tokens(self) -> int:
@@ -220,9 +220,10 @@ def op_key(s: Strategy) -> tuple[object, ...]:
 
 
 def dims(m: ModelSpec, s: Strategy) -> Dims:
+    mx = s.precision == "fp8" and s.fp8_recipe == "mxfp8"
     return Dims(b=s.micro_batch_size, s=m.seq_len // s.cp, s_kv=m.seq_len, h=m.hidden_size,
-                t=s.tp, sp=s.sequence_parallel, dtype=s.precision, overlap=s.tp_comm_overlap,
-                fp8_recipe=s.fp8_recipe)
+                t=s.tp, sp=s.sequence_parallel, dtype="mxfp8" if mx else s.precision,
+                overlap=s.tp_comm_overlap, fp8_recipe=s.fp8_recipe)
 
 
 def gemm(name: str, m: int, n: int, k: int, dtype: str) -> Op:
@@ -633,10 +634,10 @@ NORM_FED_GEMMS = frozenset({"qkv", "fc1", "q_up", "kv_up"})
 MXFP8_CAST_BYTES_PER_16_ELEMS = 65
 
 
-def _cast_bytes(dtype: str, elems: int, d: Dims) -> int:
+def _cast_bytes(dtype: str, elems: int) -> int:
     if dtype == "nvfp4":
         return NVFP4_CAST_BYTES_PER_8_ELEMS * elems // 8
-    if d.fp8_recipe == "mxfp8":
+    if dtype == "mxfp8":
         return MXFP8_CAST_BYTES_PER_16_ELEMS * elems // 16
     return FP8_CAST_BYTES_PER_ELEM * elems
 
@@ -698,7 +699,7 @@ def _fp8_casts(items: list[Item], d: Dims) -> list[Item]:
             elems = it.flop // (2 * it.n)  # its input, m·k (the whole group's)
             amax = d.amax_first and it.dtype == "fp8" and it.name not in NORM_FED_GEMMS
             cast = Op(f"{it.name}_{it.dtype}_cast", "elementwise", elems,
-                      _cast_bytes(it.dtype, elems, d)
+                      _cast_bytes(it.dtype, elems)
                       + (AMAX_READ_BYTES_PER_ELEM * elems if amax else 0))
             # before a collective that runs alongside the GEMM, so the pair stays together
             paired = out and isinstance(out[-1], Comm) and out[-1].overlapped
