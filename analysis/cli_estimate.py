@@ -91,6 +91,11 @@ def estimate_cmd(
                             "DualPipe-V; a MoE model's merged passes too), fastest first; "
                             "needs pp ≥ 2.")
     ] = False,
+    precisions: Annotated[bool, typer.Option(
+        "--precisions", help="Also cost this strategy in every precision and FP8 recipe "
+                             "trainsim models (BF16, FP8 delayed / tensorwise / MXFP8, NVFP4), "
+                             "fastest first; the ones its GPU cannot run named with why.")
+    ] = False,
     mixed_gpus: Annotated[str | None, typer.Option(
         "--mixed", help="A mixed cluster, placed for you: GPUS=SYSTEM, that many of the GPUs "
                         "on another system's nodes as whole pipeline stages (the first or the "
@@ -111,6 +116,10 @@ def estimate_cmd(
         raise ConfigError("--schedules costs the layout on one system: drop --stage-system / "
                           "--mixed, or compare the mixed cluster's schedules one at a time "
                           "with --schedule", what="option")
+    if precisions and (stage_system or mixed_gpus):
+        raise ConfigError("--precisions costs the strategy on one system: drop --stage-system "
+                          "/ --mixed, or compare the mixed cluster's precisions one at a time "
+                          "with --precision", what="option")
     if gpu_spread:  # (bad input refused before the estimate is printed)
         from analysis.gpu_spread import check_sd
 
@@ -187,6 +196,7 @@ def estimate_cmd(
         note_fsdp_pipeline(spec, strategy, sys_spec, g.step_time_s)
     note_precision({strategy.precision}, sys_spec, {strategy.fp8_recipe})
     alternatives = _print_schedules(spec, strategy, sys_spec) if schedules else None
+    by_precision = _print_precisions(spec, strategy, sys_spec) if precisions else None
     table = None
     if ops is not None or ops_out is not None or roofline_plot is not None:
         table = op_table(spec, strategy, sys_spec, stage=ops or 0)
@@ -202,6 +212,8 @@ def estimate_cmd(
             out["step_split"] = split.as_dict()
         if alternatives is not None:  # the layout under every schedule, as printed
             out["schedules"] = [a.to_dict() for a in alternatives]
+        if by_precision is not None:  # the strategy in every precision, as printed
+            out["precisions"] = [r.to_dict() for r in by_precision]
         if unmerged is not None:  # the other end of the range the note speaks of
             out["without_merged_passes"] = unmerged
         if experts is not None:  # a rank's group of experts, what the note reads
@@ -263,6 +275,31 @@ def _print_schedules(model: Any, s: Strategy, system: SystemSpec) -> list[Any]:
         if a.refused:
             console.print(f"  {a.name}: cannot run here: {a.refused}")
     return alts
+
+
+def _print_precisions(model: Any, s: Strategy, system: SystemSpec) -> list[Any]:
+    """``--precisions``: this strategy in every precision and FP8 recipe
+    (``analysis.precisions``), fastest first, the strategy as given marked; the ones its GPU
+    cannot run named with what it lacks."""
+    from analysis.precisions import precision_rows
+
+    rows = precision_rows(model, s, system)
+    ran = [r for r in rows if not r.refused]
+    mine = next((r.step_time_s for r in ran if r.current), None)
+    table = Table(title=f"This strategy in each precision on {system.name} (fast path)")
+    for col in ("precision", "step s", "vs this", "tokens/s", "memory GiB", "fits"):
+        table.add_column(col, justify="left" if col == "precision" else "right")
+    for r in ran:
+        vs = "" if mine is None else ("this" if r.current else
+                                      f"{r.step_time_s / mine - 1:+.1%}")
+        table.add_row(r.name + (" ←" if r.current else ""), f"{r.step_time_s:.4f}", vs,
+                      f"{r.tokens_per_s:,.0f}", f"{r.peak_memory_GiB:.1f}",
+                      "yes" if r.fits else "NO")
+    console.print(table)
+    for r in rows:
+        if r.refused:
+            console.print(f"  {r.name}: cannot run here: {r.refused}")
+    return rows
 
 
 def note_dualpipe_pairs(model: Any, s: Strategy, system: SystemSpec, step_s: float) -> None:

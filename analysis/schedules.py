@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any
 
 from analysis.compare import strategy_label
-from analysis.fastpath import estimate
+from analysis.fastpath import FastEstimate, estimate
 from replay.hardware import SystemSpec
 from tracegen.errors import ConfigError
 from tracegen.model import ModelSpec
@@ -78,6 +78,17 @@ def _candidates(s: Strategy, moe: bool) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def estimate_changed(model: ModelSpec, s: Strategy, changes: dict[str, Any],
+                     system: SystemSpec) -> tuple[Strategy, FastEstimate] | str:
+    """``s`` with ``changes`` and its fast-path estimate, or the first problem ``Strategy``
+    (or the model) gives for it — a row of a what-if table names that."""
+    try:
+        alt = dataclasses.replace(s, **changes)
+        return alt, estimate(model, alt, system)
+    except ConfigError as exc:
+        return exc.problems[0]
+
+
 def schedule_alternatives(model: ModelSpec, s: Strategy, system: SystemSpec
                           ) -> list[Alternative]:
     """Every schedule for ``s``'s layout (tp, pp, dp, the batch, everything but the schedule's
@@ -91,12 +102,11 @@ def schedule_alternatives(model: ModelSpec, s: Strategy, system: SystemSpec
     refused: list[Alternative] = []
     seen: set[Strategy] = set()
     for name, changes in _candidates(s, moe):
-        try:
-            alt = dataclasses.replace(s, **changes)
-            got = estimate(model, alt, system)
-        except ConfigError as exc:  # (its first problem: the row names the schedule)
-            refused.append(Alternative(name, None, refused=exc.problems[0]))
+        done = estimate_changed(model, s, changes, system)
+        if isinstance(done, str):
+            refused.append(Alternative(name, None, refused=done))
             continue
+        alt, got = done
         if alt in seen:
             continue
         seen.add(alt)
