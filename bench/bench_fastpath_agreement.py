@@ -99,6 +99,7 @@ from replay import get_system, replay
 from replay.hardware import SystemSpec, system_names
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
 from tracegen.program import dp_group_size
+from tracegen.strategy import FP8_RECIPES
 
 # (model, system, GPUs, global batch)
 CASES = (("gpt3-175b", "dgx-a100-80gb", 1024, 1536), ("llama3-8b", "dgx-h100", 64, 128),
@@ -179,6 +180,7 @@ def draw_odd(rng: random.Random) -> tuple[str, str, Strategy] | None:
                      else "fp32")
         if s.precision == "fp8" and zero and rng.random() < 0.5:
             s = dataclasses.replace(s, fp8_param_gather=True)
+        s = _with_recipe(s)
     except ConfigError:
         return None
     return model, system, s
@@ -235,6 +237,7 @@ def draw_model(rng: random.Random) -> tuple[ModelSpec, str, Strategy] | None:
                      else "fp32")
         if s.precision == "fp8" and zero and rng.random() < 0.5:
             s = dataclasses.replace(s, fp8_param_gather=True)
+        s = _with_recipe(s)
     except ConfigError:
         return None
     return model, system, s
@@ -477,6 +480,15 @@ def model_label(m: ModelSpec) -> str:
             f"V{m.vocab_size} s{m.seq_len}")
 
 
+def _with_recipe(s: Strategy) -> Strategy:
+    """An FP8 draw under one of FP8's recipes, picked from the draw itself (no random number
+    taken, so every seed's other draws stay as they were)."""
+    if s.precision != "fp8":
+        return s
+    recipe = FP8_RECIPES[(s.tp + s.pp + s.micro_batch_size) % len(FP8_RECIPES)]
+    return dataclasses.replace(s, fp8_recipe=recipe)  # type: ignore[arg-type]
+
+
 def label(s: Strategy) -> str:
     """The strategy in one line, every option a draw sets away from its default named."""
     extras = ((s.dp_bucket_params != 40_000_000, f"bucket{s.dp_bucket_params:.0e}"),
@@ -484,6 +496,7 @@ def label(s: Strategy) -> str:
               (s.tp_comm_overlap, "tp-overlap"), (s.overlap_param_gather, "overlap-param-gather"),
               (not s.overlap_grad_reduce, "no-grad-overlap"), (s.grad_reduce_in_bf16, "bf16-grads"),
               (s.precision != "bf16", s.precision),
+              (s.precision == "fp8" and s.fp8_recipe != "delayed", s.fp8_recipe),
               (s.cp_comm_type != "p2p", f"cp-{s.cp_comm_type}"),
               (s.expert_tp == 1, "experts-folded"),
               (bool(s.first_stage_layers), f"first{s.first_stage_layers}"),
