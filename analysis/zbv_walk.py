@@ -15,7 +15,11 @@ blocks at once (``_regime``; a uniform increment, the steady rate, to the end) a
 cool-down from the last rounds — exact, not extrapolated at a guessed rate. Where one stage is
 slower (stage 0, with the embedding and the head), its pace takes the others over one by one,
 a switch every few rounds; each stretch between is jumped. Until the forty-first session the
-whole run was walked (6·m·p passes) from a plan built per micro-batch count."""
+whole run was walked (6·m·p passes) from a plan built per micro-batch count. DualPipe-V
+(PyTorch's ``ScheduleDualPipeV``, ``tracegen.schedule.dualpipe_v``) has ZB-V's placement and
+waits and steady rounds of the same six passes in another order (F0 B1 W1 F1 B0 W0), from its
+5p − 3s − 3-th pass on: jumped the same way since the sixty-ninth session; interleaved ZB's
+ring is walked pass by pass."""
 
 from __future__ import annotations
 
@@ -32,6 +36,10 @@ from tracegen.schedule import dualpipe_v, interleaved_zb, zb_v
 # stage and the tensor stays).
 Entry = tuple[int, int, int, int]
 STEADY_ROUNDS = 4  # rounds the repeating pieces are cut from (``_pieces``)
+# The V schedules whose steady rounds are jumped: stage s's first steady pass is its
+# 5p − 3s − (this)-th (ZB-V: F1 B1 W1 F0 B0 W0 a round; DualPipe-V: F0 B1 W1 F1 B0 W0, its
+# pairs' passes, reached two passes sooner). Interleaved ZB is walked pass by pass.
+STEADY_OFFSET = {"zb_v": 1, "dualpipe_v": 3}
 MAX_PERIOD = 4  # the longest period of rounds looked for before walking on
 
 
@@ -59,8 +67,9 @@ def zero_bubble_v(m: int, f: list[tuple[int, ...]], b: list[tuple[int, ...]],
     replay follows in the trace). ``opened``: the parameter gathers that open the step
     (``overlap_param_gather``; its shares per cost index, its floors per (stage, chunk)), as
     ``pipeline_walk._Plain._opening`` walks them. ``schedule``: "zb_v", or "dualpipe_v"
-    (``tracegen.schedule.dualpipe_v``: the same placement and waits, another order; walked
-    pass by pass, 6·m·p of them, its steady rounds not jumped)."""
+    (``tracegen.schedule.dualpipe_v``: the same placement and waits, another order, whose
+    steady rounds are jumped the same way; until the sixty-ninth session it was walked pass
+    by pass, 6·m·p of them)."""
     clock, last_w, _ = _walk(m, f, b, w, c, opened, schedule)
     return clock, last_w
 
@@ -86,12 +95,12 @@ def _walk(m: int, f: list[tuple[int, ...]], b: list[tuple[int, ...]],
     clock, ends = [0] * p, list[int]()
     run = _Run(cost, sends, clock, ends, opened)
     rounds = m - 2 * p + 1
-    if rounds < STEADY_ROUNDS or schedule != "zb_v":
+    if rounds < STEADY_ROUNDS or schedule not in STEADY_OFFSET:
         plan, first_f, last_w = _plan(m, p, schedule, v)
         run.walk(plan, first_f)
         at = 0
     else:
-        pieces = _pieces(p)
+        pieces = _pieces(p, schedule)
         plan, first_f, last_w = pieces.tail, pieces.first_f, pieces.last_w
         run.walk(pieces.head, first_f)
         _rounds(run, pieces, rounds - 1)
@@ -322,22 +331,23 @@ def _plan(m: int, p: int, schedule: str = "zb_v", v: int = 2
 
 
 @functools.lru_cache(maxsize=32)
-def _pieces(p: int) -> _Pieces:
+def _pieces(p: int, schedule: str = "zb_v") -> _Pieces:
     """The repeating pieces of a long run (``_Pieces``), cut from a run of
     ``STEADY_ROUNDS`` steady rounds: its warm-up placed as ready, then its steady rounds, each
     round's stages from the last to the first, then the rest as ready. The rounds after the
     first must be one block that waits on nothing before the round before it, and the tail on
     no pass before the last three rounds; both are checked here."""
     m = 2 * p - 1 + STEADY_ROUNDS
-    placer = _Placer(m, p)
-    steady = [5 * p - 3 * st - 1 for st in range(p)]  # stage st's first steady pass
+    placer = _Placer(m, p, schedule)
+    # stage st's first steady pass
+    steady = [5 * p - 3 * st - STEADY_OFFSET[schedule] for st in range(p)]
     placer.greedy(steady)
     size = 6 * p
     for _ in range(STEADY_ROUNDS):
         for st in reversed(range(p)):
             for _ in range(6):
                 if not placer.place(st):
-                    raise AssertionError(f"ZB-V's steady round waits ahead at p {p}")
+                    raise AssertionError(f"{schedule}'s steady round waits ahead at p {p}")
     placer.greedy(placer.done())
     plan = placer.plan
     rounds_end = sum(steady) + STEADY_ROUNDS * size

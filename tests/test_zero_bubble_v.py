@@ -25,7 +25,7 @@ from tests.conftest import replayed
 from tests.test_fastpath import MODEL, MOE, SYSTEM
 from tracegen import ConfigError, Strategy, generate, memory
 from tracegen.program import COMM_SEND_NODE, RoleProgram
-from tracegen.schedule import Step, zb_v
+from tracegen.schedule import Step, dualpipe_v, zb_v
 
 
 def _v(**kw: object) -> Strategy:
@@ -136,24 +136,32 @@ def _stage_costs(data: st.DataObject, p: int, shape: str, lo: int, hi: int
     return [rest if shape == "alike" else (draw(), draw())] + [rest] * (p - 1)
 
 
+# the V schedules whose steady rounds the walk jumps, with their orders
+JUMPED = {"zb_v": zb_v, "dualpipe_v": dualpipe_v}
+
+
 @settings(max_examples=60, deadline=None)
-@given(data=st.data(), p=st.integers(2, 12), shape=st.sampled_from(["alike", "first", "any"]))
-def test_long_runs_jump_their_steady_rounds_exactly(data: st.DataObject, p: int, shape: str
-                                                    ) -> None:
+@given(data=st.data(), p=st.integers(2, 12), shape=st.sampled_from(["alike", "first", "any"]),
+       schedule=st.sampled_from(sorted(JUMPED)))
+def test_long_runs_jump_their_steady_rounds_exactly(data: st.DataObject, p: int, shape: str,
+                                                    schedule: str) -> None:
     """Runs of up to 300 micro-batches, whose steady rounds the walk jumps where they are
     affine (``zbv_walk._regime``), end as walking every pass of the schedule does — through
-    a slower stage's pace taking the others over and periodic rounds of q > 1."""
+    a slower stage's pace taking the others over and periodic rounds of q > 1; ZB-V's order
+    and DualPipe-V's."""
     m = data.draw(st.integers(2 * p + 3, min(300, 30 * p)))
     f, b = _stage_costs(data, p, shape, 1, 300), _stage_costs(data, p, shape, 1, 600)
     w = _stage_costs(data, p, shape, 0, 400)
     c = data.draw(st.lists(st.sampled_from([0, 7, 60, 900]), min_size=p, max_size=p))
-    assert zero_bubble_v(m, f, b, w, c) == _walk_v(m, p, f, b, w, c)
+    assert zero_bubble_v(m, f, b, w, c, None, schedule) == _walk_v(m, p, f, b, w, c,
+                                                                   JUMPED[schedule])
 
 
 @settings(max_examples=60, deadline=None)
-@given(data=st.data(), p=st.integers(2, 8), shape=st.sampled_from(["alike", "first", "any"]))
-def test_the_opening_walks_the_same_with_jumps(data: st.DataObject, p: int, shape: str
-                                               ) -> None:
+@given(data=st.data(), p=st.integers(2, 8), shape=st.sampled_from(["alike", "first", "any"]),
+       schedule=st.sampled_from(sorted(JUMPED)))
+def test_the_opening_walks_the_same_with_jumps(data: st.DataObject, p: int, shape: str,
+                                               schedule: str) -> None:
     """With the parameter gathers that open the step (``overlap_param_gather``: passes slowed
     until a stage's gathers are done, first forwards held to their floors) the rounds are
     looked at only once no pass is slowed, and the walk equals walking every pass."""
@@ -167,17 +175,17 @@ def test_the_opening_walks_the_same_with_jumps(data: st.DataObject, p: int, shap
                  for _ in range(p))
     share = tuple(data.draw(st.floats(0, 1)) for _ in range(6 * p))
     opened = Opened(floors, busy, data.draw(st.sampled_from([0.0, 0.2, 0.5])), share)
-    jumped = zero_bubble_v(m, f, b, w, c, opened)
+    jumped = zero_bubble_v(m, f, b, w, c, opened, schedule)
     with pytest.MonkeyPatch.context() as patch:  # every run short: its whole plan walked
         patch.setattr(zbv_walk, "STEADY_ROUNDS", 10**9)
-        assert zero_bubble_v(m, f, b, w, c, opened) == jumped
+        assert zero_bubble_v(m, f, b, w, c, opened, schedule) == jumped
 
 
 @settings(max_examples=80, deadline=None)
 @given(data=st.data(), p=st.integers(2, 8), shape=st.sampled_from(["alike", "first", "any"]),
-       opening=st.booleans())
+       opening=st.booleans(), schedule=st.sampled_from(sorted(JUMPED)))
 def test_every_jump_lands_where_walking_its_rounds_does(data: st.DataObject, p: int, shape: str,
-                                                        opening: bool) -> None:
+                                                        opening: bool, schedule: str) -> None:
     """Each jump ``zbv_walk._regime`` allows — k blocks of q rounds, each round position moved
     k times its increment — gives the rounds that walking those k·q rounds gives (the final
     ends alone would not show a jump one block too far: a pass whose other wait overtook it
@@ -206,16 +214,18 @@ def test_every_jump_lands_where_walking_its_rounds_does(data: st.DataObject, p: 
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(zbv_walk, "_regime", checked)
-        zero_bubble_v(m, f, b, w, c, opened)
+        zero_bubble_v(m, f, b, w, c, opened, schedule)
     assert all(landed)
 
 
 @pytest.mark.parametrize(("p", "m", "heavy", "most"), [
     (4, 400, 0, 0.03), (4, 400, 7, 0.07), (16, 1536, 7, 0.08)])
-def test_steady_rounds_are_jumped_not_walked(p: int, m: int, heavy: int, most: float) -> None:
+@pytest.mark.parametrize("schedule", sorted(JUMPED))
+def test_steady_rounds_are_jumped_not_walked(p: int, m: int, heavy: int, most: float,
+                                             schedule: str) -> None:
     """The jump is taken: alike stages walk their warm-up, a few rounds and the cool-down (3%
     of 6·m·p passes at p 4, m 400); a stage 0 heavier by 7% (its pace takes the others over
-    one by one) a few rounds more per stage."""
+    one by one) a few rounds more per stage. ZB-V and DualPipe-V alike."""
     walked = 0
     walk = zbv_walk._Run.walk
 
@@ -228,7 +238,7 @@ def test_steady_rounds_are_jumped_not_walked(p: int, m: int, heavy: int, most: f
     f = [(100 + heavy, 100 + heavy)] + [(100, 100)] * (p - 1)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(zbv_walk._Run, "walk", counted)
-        zero_bubble_v(m, f, [(200, 200)] * p, [(100, 100)] * p, [20] * p)
+        zero_bubble_v(m, f, [(200, 200)] * p, [(100, 100)] * p, [20] * p, None, schedule)
     assert 0 < walked <= most * 6 * m * p
 
 
