@@ -303,6 +303,9 @@ def note_precision(precisions: set[str], system: SystemSpec,
     and where an FP8 recipe (``recipes``: the FP8 strategies' ``fp8_recipe``) needs a later
     GPU."""
     gpu = system.gpu
+    if "fp8" not in precisions and set(recipes) - {"delayed"}:
+        console.print("note: an FP8 recipe (--fp8-recipe, fp8_recipe) applies to FP8 runs "
+                      f"only (--precision fp8); {', '.join(sorted(precisions))} ignores it")
     if "fp8" in precisions and "mxfp8" in recipes and not gpu.block_scaled:
         console.print(f"note: {system.name} has no block-scaled tensor cores (MXFP8 training "
                       "needs Blackwell; Transformer Engine refuses the recipe before it); "

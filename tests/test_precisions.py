@@ -88,3 +88,16 @@ def test_the_cli_prints_the_table_and_writes_it_to_json(tmp_path: Path) -> None:
               "--mbs", "1", "--gbs", "64", "--system", "dgx-h100", "--precisions",
               "--stage-system", "0=dgx-a100-80gb")
     assert bad.returncode != 0 and "--precisions costs the strategy on one system" in bad.stderr
+
+
+def test_a_recipe_beside_a_16_bit_precision_is_said_to_be_ignored() -> None:
+    """``--fp8-recipe`` without ``--precision fp8`` changes nothing (the strategy is BF16's):
+    ``estimate`` says so rather than leave the user thinking a recipe was costed."""
+    r = run("estimate", "--model", "llama3-8b", "--gpus", "8", "--mbs", "1", "--gbs", "8",
+            "--system", "dgx-h100", "--fp8-recipe", "mxfp8")
+    assert r.returncode == 0, r.stderr
+    assert "applies to FP8 runs only (--precision fp8); bf16 ignores it" in " ".join(
+        r.stdout.split())
+    fp8 = run("estimate", "--model", "llama3-8b", "--gpus", "8", "--mbs", "1", "--gbs", "8",
+              "--system", "dgx-h100", "--precision", "fp8", "--fp8-recipe", "tensorwise")
+    assert fp8.returncode == 0 and "ignores it" not in fp8.stdout
