@@ -215,6 +215,10 @@ class RooflineCompute:
         """``op_ns``'s duration with the terms it is made of (``op_ns`` caches its total)."""
         g = self.gpu
         dtype = DTYPE_FROM_CODE.get(dtype_code, "bf16")
+        if dtype == "fp8" and op_type not in ("gemm", "attention", "") and g.fp8_any_layout:
+            # a per-tensor FP8 cast (tracegen.ops): no transposed copy, one byte an element
+            # (its ``flop``) less, where FP8 GEMMs take any layout
+            nbytes = max(0, nbytes - flop)
         mem_s = nbytes / (g.hbm_bytes_per_s * g.memory_efficiency)
         if op_type == "attention" and not g.flash_attention:
             # (a window's band: the unfused path computes the whole score matrix and masks it)

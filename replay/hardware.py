@@ -113,6 +113,13 @@ class GPUSpec:
     comm_interference: float = 0.0
 
     @property
+    def fp8_any_layout(self) -> bool:
+        """FP8 GEMMs in any operand layout (cuBLAS on Blackwell, compute capability 10.x and
+        13+: Transformer Engine's ``is_non_tn_fp8_gemm_supported``), so a per-tensor FP8 cast
+        writes no transposed copy. The catalog's Blackwell GPUs are its block-scaled ones."""
+        return self.block_scaled
+
+    @property
     def block_scaled(self) -> bool:
         """Block-scaled tensor cores (Blackwell's: MXFP8 and NVFP4 GEMMs; Transformer Engine
         refuses its MXFP8 recipe on Hopper). A catalog GPU has them where it has an FP4 peak:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from analysis.fastpath import estimate
 from replay import get_system
 from tracegen import ModelSpec, Strategy
@@ -220,3 +222,28 @@ def test_mxfp8_keeps_its_block_scales_beside_each_fp8_copy() -> None:
     assert fp8_weight_cache_bytes(MODEL, FP8, 0, params) == 2 * 91_611_392
     assert fp8_weight_cache_bytes(MODEL, mx, 0, params) * 32 == (
         fp8_weight_cache_bytes(MODEL, FP8, 0, params) * 33)
+
+
+def test_blackwell_casts_write_no_transposed_copy() -> None:
+    """Blackwell runs FP8 GEMMs in any layout, so a per-tensor FP8 cast writes no transposed
+    copy there: its memory term is 3 of Hopper's 4 bytes an element (the op's FLOPs count its
+    elements), the amax read of current scaling kept; MXFP8's casts (both directions, their
+    scales run one way) and every non-cast op are costed as before."""
+    from replay.compute import RooflineCompute
+
+    h100, b200 = get_system("dgx-h100").gpu, get_system("dgx-b200").gpu
+    assert b200.fp8_any_layout and not h100.fp8_any_layout
+    fast = RooflineCompute(b200)
+    for recipe, per_elem in (("delayed", 3), ("tensorwise", 3 + 2)):
+        s = dataclasses.replace(FP8, fp8_recipe=recipe)
+        for op in _casts(O.layer_fwd(MODEL, s) + O.layer_bwd(MODEL, s)):
+            assert op.dtype == "fp8"
+            dropped = fast.explain_op(op).memory_ns
+            whole = fast.explain_op(dataclasses.replace(op, dtype="bf16")).memory_ns
+            assert dropped == pytest.approx(whole * (op.bytes - op.flop) / op.bytes, abs=1)
+            assert op.bytes - op.flop in (per_elem * op.flop, 3 * op.flop)  # (norm-fed: no amax)
+    mx = dataclasses.replace(FP8, fp8_recipe="mxfp8")
+    for op in _casts(O.layer_fwd(MODEL, mx)):
+        assert op.dtype == "mxfp8"
+        assert fast.explain_op(op).memory_ns == fast.explain_op(
+            dataclasses.replace(op, dtype="bf16")).memory_ns

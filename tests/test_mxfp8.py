@@ -62,15 +62,17 @@ def test_the_tables_give_five_pairs() -> None:
 
 def test_the_b200_8b_pair_sets_the_mxfp8_efficiency(ratios: dict[str, tuple[float, float]]
                                                       ) -> None:
-    """At the preset's 0.632 the model's MX/CS ratio of that row is the measured 1.0374 (to
-    0.1%): 0.90 of FP8's 0.70, which had put MX 1.9% faster than CS. GB200 and GB300 borrow
-    it; the Hopper presets have none (FP8's efficiency, and the recipe is refused there)."""
+    """At the preset's 0.644 the model's MX/CS ratio of that row is the measured 1.0374 (to
+    0.1%): 0.92 of FP8's 0.70, which had put MX 0.8% faster than CS. GB200 and GB300 borrow
+    it; the Hopper presets have none (FP8's efficiency, and the recipe is refused there).
+    (0.632 until the per-tensor casts stopped writing a transposed copy on Blackwell, later
+    in the sixty-ninth session.)"""
     predicted, measured = ratios[SETS]
     assert predicted == pytest.approx(measured, rel=1e-3)
     b200 = get_system("dgx-b200").gpu
-    assert b200.gemm_efficiency_mxfp8 == 0.632
+    assert b200.gemm_efficiency_mxfp8 == 0.644
     assert b200.gemm_efficiency_of("mxfp8") / b200.gemm_efficiency_of("fp8") == pytest.approx(
-        0.903, abs=0.001)
+        0.920, abs=0.001)
     for name in ("gb200-nvl72", "gb300-nvl72"):
         assert get_system(name).gpu.gemm_efficiency_mxfp8 == b200.gemm_efficiency_mxfp8
     hopper = get_system("dgx-h100").gpu
@@ -79,8 +81,8 @@ def test_the_b200_8b_pair_sets_the_mxfp8_efficiency(ratios: dict[str, tuple[floa
 
 def test_the_pairs_that_set_nothing_are_predicted_within_2_percent(
         ratios: dict[str, tuple[float, float]]) -> None:
-    """B200 405B (tp 4 with SP, so MX's 16-bit gathers count too) 1.069 against 1.059, GB200
-    8B 1.038 against 1.058 (25.11) and 1.048 (25.09), GB300 8B 1.032 against 1.040: each
+    """B200 405B (tp 4 with SP, so MX's 16-bit gathers count too) 1.062 against 1.059, GB200
+    8B 1.038 against 1.058 (25.11) and 1.048 (25.09), GB300 8B 1.035 against 1.040: each
     ordered right (MX slower), each ratio within 2% (1.9% the worst). Bound: the error
     reached."""
     checks = {rid: r for rid, r in ratios.items() if rid != SETS}

@@ -610,6 +610,12 @@ def layer_fwd(m: ModelSpec, st: Strategy) -> list[Item]:
 
 
 FP8_CAST_BYTES_PER_ELEM = 4  # cast-transpose: read 16-bit, write FP8 and its transpose
+# (On a GPU whose FP8 GEMMs take any layout — Blackwell: TE's ``is_non_tn_fp8_gemm_supported``
+# — the per-tensor quantizer writes no transposed copy, ``Float8Quantizer::create_tensor``'s
+# ``create_transpose = columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported()``: the cast op
+# carries dtype "fp8" and its element count as ``flop``, and the compute model drops that one
+# byte an element there, ``replay.compute``. MXFP8's and NVFP4's casts keep both copies: their
+# scales run one way.)
 # NVFP4 (Transformer Engine's NVFP4BlockScaling; NVIDIA, "Pretraining LLMs with NVFP4", 2025):
 # the tensor's amax first (its FP32 second-level scale must be known before any block is cast;
 # one read, the pre- and post-Hadamard amax together), then one read writing the row-wise copy
@@ -700,7 +706,8 @@ def _fp8_casts(items: list[Item], d: Dims) -> list[Item]:
             amax = d.amax_first and it.dtype == "fp8" and it.name not in NORM_FED_GEMMS
             cast = Op(f"{it.name}_{it.dtype}_cast", "elementwise", elems,
                       _cast_bytes(it.dtype, elems)
-                      + (AMAX_READ_BYTES_PER_ELEM * elems if amax else 0))
+                      + (AMAX_READ_BYTES_PER_ELEM * elems if amax else 0),
+                      dtype=it.dtype)  # (a per-tensor FP8 cast: its transposed byte, below)
             # before a collective that runs alongside the GEMM, so the pair stays together
             paired = out and isinstance(out[-1], Comm) and out[-1].overlapped
             out.insert(len(out) - 1 if paired else len(out), cast)
