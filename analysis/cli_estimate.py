@@ -299,6 +299,10 @@ def _print_precisions(model: Any, s: Strategy, system: SystemSpec) -> list[Any]:
     for r in rows:
         if r.refused:
             console.print(f"  {r.name}: cannot run here: {r.refused}")
+    if any(r.name == "nvfp4" for r in ran):
+        console.print("  nvfp4: its GEMM efficiency is an inference bench's; NVIDIA's NVFP4 "
+                      "training runs measured 5-20% slower than trainsim predicts (README, "
+                      "\"Reference sets\"): read its row as optimistic")
     return rows
 
 

@@ -81,6 +81,7 @@ def test_the_cli_prints_the_table_and_writes_it_to_json(tmp_path: Path) -> None:
     words = " ".join(r.stdout.split())
     assert "This strategy in each precision on dgx-h100" in words
     assert "fp8 mxfp8: cannot run here: no block-scaled tensor cores" in words
+    assert "read its row as optimistic" not in words  # (no NVFP4 row on an H100)
     got = json.loads(out.read_text())["precisions"]
     assert {row["precision"] for row in got} == ALL
     assert [row["precision"] for row in got if row["current"]] == ["bf16"]
@@ -101,3 +102,11 @@ def test_a_recipe_beside_a_16_bit_precision_is_said_to_be_ignored() -> None:
     fp8 = run("estimate", "--model", "llama3-8b", "--gpus", "8", "--mbs", "1", "--gbs", "8",
               "--system", "dgx-h100", "--precision", "fp8", "--fp8-recipe", "tensorwise")
     assert fp8.returncode == 0 and "ignores it" not in fp8.stdout
+
+
+def test_the_nvfp4_row_is_said_to_be_optimistic() -> None:
+    """Where NVFP4 runs (Blackwell) the table says its efficiency is an inference bench's."""
+    r = run("estimate", "--model", "llama3-8b", "--gpus", "8", "--mbs", "1", "--gbs", "8",
+            "--system", "dgx-b200", "--precisions")
+    assert r.returncode == 0, r.stderr
+    assert "nvfp4: its GEMM efficiency is an inference bench's" in " ".join(r.stdout.split())
