@@ -34,6 +34,8 @@ from tracegen import ops as O
 from tracegen.units import GiB
 
 MEMORY_COLUMNS = ("weights", "gradients", "optimizer", "activations", "logits", "transient")
+# how the header names an FP8 recipe other than the default (delayed scaling)
+RECIPE_WORDS = {"tensorwise": "current scaling", "mxfp8": "MXFP8 blocks"}
 
 
 @app.command("estimate")
@@ -780,6 +782,8 @@ def print_glance(g: Glance, s: Strategy, alone: bool = False,
                   + (f" ({s.recompute_modules.replace(',', ', ')})"
                      if s.recompute == "selective" else "") + ", "
                   f"ZeRO {s.zero_stage}, {s.precision}"
+                  + (f" ({RECIPE_WORDS[s.fp8_recipe]})"
+                     if s.precision == "fp8" and s.fp8_recipe != "delayed" else "")
                   + (f", {s.dist_opt_instances} optimizer instances of "
                      f"{s.dp * s.cp // s.dist_opt_instances} ranks"
                      + (" (HFSDP)" if s.hfsdp else " (HSDP)" if s.zero_stage == 3 else "")

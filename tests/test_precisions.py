@@ -102,6 +102,7 @@ def test_a_recipe_beside_a_16_bit_precision_is_said_to_be_ignored() -> None:
     fp8 = run("estimate", "--model", "llama3-8b", "--gpus", "8", "--mbs", "1", "--gbs", "8",
               "--system", "dgx-h100", "--precision", "fp8", "--fp8-recipe", "tensorwise")
     assert fp8.returncode == 0 and "ignores it" not in fp8.stdout
+    assert "ZeRO 0, fp8 (current scaling))" in " ".join(fp8.stdout.split())  # the header
 
 
 def test_the_nvfp4_row_is_said_to_be_optimistic() -> None:
