@@ -306,16 +306,16 @@ def note_precision(precisions: set[str], system: SystemSpec,
     if "fp8" not in precisions and set(recipes) - {"delayed"}:
         console.print("note: an FP8 recipe (--fp8-recipe, fp8_recipe) applies to FP8 runs "
                       f"only (--precision fp8); {', '.join(sorted(precisions))} ignores it")
-    if "fp8" in precisions and "mxfp8" in recipes and not gpu.block_scaled:
-        console.print(f"note: {system.name} has no block-scaled tensor cores (MXFP8 training "
-                      "needs Blackwell; Transformer Engine refuses the recipe before it); "
-                      "mxfp8 is costed as FP8 on it")
-    if "fp8" in precisions and gpu.peak_fp8_TFLOPs <= gpu.peak_bf16_TFLOPs:
-        console.print(f"note: {system.name} has no FP8 tensor cores (FP8 training needs Hopper "
-                      "or later); fp8 GEMMs are costed at its 16-bit rate")
-    if "nvfp4" in precisions and not gpu.peak_fp4_TFLOPs:
-        console.print(f"note: {system.name} has no FP4 tensor cores (NVFP4 training needs "
-                      "Blackwell); nvfp4 GEMMs are costed at its FP8 rate")
+    if "fp8" in precisions and "mxfp8" in recipes and gpu.lacks("fp8", "mxfp8") and not (
+            gpu.lacks("fp8")):
+        console.print(f"note: {system.name} has {gpu.lacks('fp8', 'mxfp8')}; mxfp8 is costed "
+                      "as FP8 on it")
+    if "fp8" in precisions and gpu.lacks("fp8"):
+        console.print(f"note: {system.name} has {gpu.lacks('fp8')}; fp8 GEMMs are costed at "
+                      "its 16-bit rate")
+    if "nvfp4" in precisions and gpu.lacks("nvfp4"):
+        console.print(f"note: {system.name} has {gpu.lacks('nvfp4')}; nvfp4 GEMMs are costed "
+                      "at its FP8 rate")
     elif "nvfp4" in precisions:
         console.print("note: NVFP4 GEMMs are costed at an efficiency from an inference GEMM "
                       "bench; NVIDIA's own NVFP4 training runs measured 5-20% slower than "

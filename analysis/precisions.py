@@ -56,18 +56,6 @@ def _candidates(s: Strategy, gpu: GPUSpec) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def lacks(precision: str, recipe: str, gpu: GPUSpec) -> str:
-    """What the GPU lacks to run ``precision`` (and FP8's ``recipe``), or ""."""
-    if precision == "fp8" and gpu.peak_fp8_TFLOPs <= gpu.peak_bf16_TFLOPs:
-        return "no FP8 tensor cores (FP8 training needs Hopper or later)"
-    if precision == "fp8" and recipe == "mxfp8" and not gpu.block_scaled:
-        return ("no block-scaled tensor cores (MXFP8 needs Blackwell; Transformer Engine "
-                "refuses the recipe before it)")
-    if precision == "nvfp4" and not gpu.peak_fp4_TFLOPs:
-        return "no FP4 tensor cores (NVFP4 training needs Blackwell)"
-    return ""
-
-
 def precision_rows(model: ModelSpec, s: Strategy, system: SystemSpec) -> list[PrecisionRow]:
     """``s`` under every precision and FP8 recipe its GPU runs, fastest first, then the ones
     it cannot run with the reason."""
@@ -76,7 +64,7 @@ def precision_rows(model: ModelSpec, s: Strategy, system: SystemSpec) -> list[Pr
     # (a recipe named beside a 16-bit precision means nothing: the row is the default's)
     given = s if s.precision == "fp8" else dataclasses.replace(s, fp8_recipe="delayed")
     for name, changes in _candidates(s, system.gpu):
-        done = (lacks(changes["precision"], changes["fp8_recipe"], system.gpu)
+        done = (system.gpu.lacks(changes["precision"], changes["fp8_recipe"])
                 or estimate_changed(model, s, changes, system))
         if isinstance(done, str):
             refused.append(PrecisionRow(name, None, refused=done))

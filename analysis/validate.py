@@ -325,10 +325,10 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None,
                 and strategy.num_microbatches > 1):  # (the convention, where it applied)
             notes.append("ZeRO-2: each micro-batch's gradients reduce-scattered in its backward "
                          "(DeepSpeed stage 2, FSDP SHARD_GRAD_OP)")
-        if strategy.precision == "fp8" and strategy.fp8_recipe == "mxfp8" and not (
-                base.gpu.block_scaled):
-            return (f"skipped: fp8_recipe mxfp8 on {row['gpu']}: MXFP8 needs block-scaled "
-                    "tensor cores (Blackwell); check the row's fp8_recipe or gpu")
+        lacks = base.gpu.lacks(strategy.precision, strategy.fp8_recipe)
+        if lacks:  # (the precision alone was checked above: here, FP8's recipe)
+            return (f"skipped: fp8_recipe {strategy.fp8_recipe} on {row['gpu']}: it has "
+                    f"{lacks}; check the row's fp8_recipe or gpu")
         return RunInputs(model, strategy, _system(row, base), "; ".join(notes))
     except TrainsimError as exc:
         return f"skipped: {exc}"
@@ -378,16 +378,9 @@ def _model_over_where_meaningful(over: dict[str, Any], row: dict[str, Any], note
 
 def _unsupported_precision(precision: str, gpu: str, system: SystemSpec) -> str | None:
     """Why a row's precision cannot have run on its GPU (a data error, not a prediction)."""
-    if precision == "fp8" and system.gpu.peak_fp8_TFLOPs <= system.gpu.peak_bf16_TFLOPs:
-        return (f"precision fp8 on {gpu}: it has no FP8 tensor cores (FP8 training needs "
-                "Hopper or later); check the row's precision or gpu")
-    if precision == "nvfp4" and not system.gpu.peak_fp4_TFLOPs:
-        return (f"precision nvfp4 on {gpu}: it has no FP4 tensor cores (NVFP4 training needs "
-                "Blackwell); check the row's precision or gpu")
-    if precision == "bf16" and not system.gpu.bf16:
-        return (f"precision bf16 on {gpu}: Volta has no bf16 tensor cores (fp16 runs there); "
-                "check the row's precision or gpu")
-    return None
+    lacks = system.gpu.lacks(precision)
+    return (f"precision {precision} on {gpu}: it has {lacks}; check the row's precision or gpu"
+            if lacks else None)
 
 
 def _model(row: dict[str, Any], over: dict[str, Any]) -> ModelSpec:

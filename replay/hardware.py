@@ -112,6 +112,21 @@ class GPUSpec:
     # measured on this GPU, not modelled.
     comm_interference: float = 0.0
 
+    def lacks(self, precision: str, fp8_recipe: str = "delayed") -> str:
+        """The tensor cores this GPU lacks to run ``precision`` (and FP8's ``fp8_recipe``) as
+        its training recipes do, in words ("no FP8 tensor cores (…)"), or "": what the CLI's
+        notes, ``validate``'s skips and ``--precisions``'s refusals say."""
+        if precision == "fp8" and self.peak_fp8_TFLOPs <= self.peak_bf16_TFLOPs:
+            return "no FP8 tensor cores (FP8 training needs Hopper or later)"
+        if precision == "fp8" and fp8_recipe == "mxfp8" and not self.block_scaled:
+            return ("no block-scaled tensor cores (MXFP8 training needs Blackwell; Transformer "
+                    "Engine refuses the recipe before it)")
+        if precision == "nvfp4" and not self.peak_fp4_TFLOPs:
+            return "no FP4 tensor cores (NVFP4 training needs Blackwell)"
+        if precision == "bf16" and not self.bf16:
+            return "no bf16 tensor cores (Volta: fp16 runs there)"
+        return ""
+
     @property
     def fp8_any_layout(self) -> bool:
         """FP8 GEMMs in any operand layout (cuBLAS on Blackwell, compute capability 10.x and
