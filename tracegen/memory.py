@@ -86,7 +86,7 @@ NVFP4_WEIGHT_CACHE_BYTES = 2 * DTYPE_BYTES["nvfp4"]
 # MXFP8 (``fp8_recipe = "mxfp8"``): an E8M0 scale byte a block of 32 beside each FP8 copy, in
 # the cached weights and the inputs kept for the weight gradients (TE's MXFP8Tensor keeps its
 # row- and column-wise scales with the data).
-MXFP8_ELEMENT_BYTES = 1 + 1 / 32
+MXFP8_ELEMENT_BYTES = DTYPE_BYTES["mxfp8"]
 # Runtime allowances: the CUDA context, cuBLAS/cuDNN and NCCL take ~1-2 GiB per process in
 # PyTorch jobs (NCCL's default NCCL_BUFFSIZE is 4 MiB per channel and peer); the caching
 # allocator's fragmentation is taken as 5% of the tensors it holds. Measured on an H200

@@ -707,7 +707,7 @@ def _fp8_casts(items: list[Item], d: Dims) -> list[Item]:
             cast = Op(f"{it.name}_{it.dtype}_cast", "elementwise", elems,
                       _cast_bytes(it.dtype, elems)
                       + (AMAX_READ_BYTES_PER_ELEM * elems if amax else 0),
-                      dtype=it.dtype)  # (a per-tensor FP8 cast: its transposed byte, below)
+                      dtype=it.dtype)  # (fp8: Blackwell drops its transposed byte, above)
             # before a collective that runs alongside the GEMM, so the pair stays together
             paired = out and isinstance(out[-1], Comm) and out[-1].overlapped
             out.insert(len(out) - 1 if paired else len(out), cast)
