@@ -325,6 +325,11 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None,
                 and strategy.num_microbatches > 1):  # (the convention, where it applied)
             notes.append("ZeRO-2: each micro-batch's gradients reduce-scattered in its backward "
                          "(DeepSpeed stage 2, FSDP SHARD_GRAD_OP)")
+        if (strategy.precision == "fp8" and not row.get("fp8_recipe")
+                and "fp8_recipe" not in strategy_over):
+            notes.append("FP8 recipe: delayed scaling assumed (Transformer Engine's and "
+                         "Megatron-LM's default; --set strategy.fp8_recipe=tensorwise or mxfp8 "
+                         "for current scaling or MXFP8 blocks)")
         lacks = base.gpu.lacks(strategy.precision, strategy.fp8_recipe)
         if lacks:  # (the precision alone was checked above: here, FP8's recipe)
             return (f"skipped: fp8_recipe {strategy.fp8_recipe} on {row['gpu']}: it has "

@@ -637,6 +637,15 @@ def test_unstated_precision_is_the_16_bit_type_the_gpu_has(tmp_path: Path) -> No
         assert f"precision unstated 16-bit: {expected}" in got.assumptions
     fp8 = row_inputs(_row(tmp_path, "mpt-07", gpu="h100-sxm", precision="fp8"))
     assert isinstance(fp8, RunInputs) and fp8.strategy.precision == "fp8"
+    # the schema has no recipe column: the one assumed is said, unless --set names one
+    assert "FP8 recipe: delayed scaling assumed" in fp8.assumptions
+    cs = row_inputs(_row(tmp_path, "mpt-07", gpu="h100-sxm", precision="fp8"),
+                    {"strategy.fp8_recipe": "tensorwise"})
+    assert isinstance(cs, RunInputs) and cs.strategy.fp8_recipe == "tensorwise"
+    assert "FP8 recipe" not in cs.assumptions
+    mx = row_inputs(_row(tmp_path, "mpt-07", gpu="h100-sxm", precision="fp8"),
+                    {"strategy.fp8_recipe": "mxfp8"})
+    assert isinstance(mx, str) and "no block-scaled tensor cores" in mx
 
 
 def test_rows_predicted_in_parallel_equal_the_serial_run(tmp_path: Path) -> None:
