@@ -581,10 +581,12 @@ def _peak_memory_bytes(costs: Costs, stages: list[Stage], alike: bool) -> int:
     act = _act_bytes(costs)
     candidates = {0, s.pp - 1} if alike else range(s.pp)
     # params: (("dp", dense), ("edp", expert)) — experts shard over their own group
+    any_layout = costs.compute.gpu.fp8_any_layout
     return max(memory_total_bytes(m, s, st, stages[st].total_params, act_per_layer=act,
                                   flash_attention=flash, layers=stages[st].layers,
                                   expert_params=stages[st].params[1][1],
-                                  hold_bytes=stages[st].w_hold_bytes)  # (read under ZB-H1)
+                                  hold_bytes=stages[st].w_hold_bytes,  # (read under ZB-H1)
+                                  fp8_any_layout=any_layout)
                for st in candidates)
 
 

@@ -410,7 +410,8 @@ def stage_glances(model: ModelSpec, s: Strategy, system: SystemSpec, est: FastEs
     for st in range(s.pp):
         held = RoleProgram(model, s, st).stage_params()
         mem = memory.estimate(model, s, st, sum(held.values()), flash_attention=flash,
-                              expert_params=held["edp"])
+                              expert_params=held["edp"],
+                              fp8_any_layout=system.gpu.fp8_any_layout)
         mtp = model.mtp_layers if model.mtp_layers and st == s.chunk_stage(s.mtp_chunk) else 0
         out.append(StageGlance(st, est.stage_fwd_s[st], est.stage_bwd_s[st], mem,
                                s.stage_layers(model.num_layers, st), mtp))

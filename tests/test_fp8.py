@@ -247,3 +247,28 @@ def test_blackwell_casts_write_no_transposed_copy() -> None:
         assert op.dtype == "mxfp8"
         assert fast.explain_op(op).memory_ns == fast.explain_op(
             dataclasses.replace(op, dtype="bf16")).memory_ns
+
+
+def test_blackwell_caches_one_fp8_copy_of_each_weight() -> None:
+    """The cached FP8 weights on Blackwell: the row-wise copy only (1 byte a GEMM parameter,
+    Hopper's transposed one dropped), where FP8 parameters are not gathered; MXFP8 keeps both
+    directions. The fast path's peak and the breakdown ``glance`` prints agree on it."""
+    from analysis.glance import glance
+    from tracegen.memory import fp8_weight_cache_bytes
+
+    params = 10**8  # a stage's; 91,611,392 of it in GEMMs (test above)
+    assert fp8_weight_cache_bytes(MODEL, FP8, 0, params, fp8_any_layout=True) == 91_611_392
+    mx = dataclasses.replace(FP8, fp8_recipe="mxfp8")
+    assert fp8_weight_cache_bytes(MODEL, mx, 0, params, fp8_any_layout=True) == (
+        fp8_weight_cache_bytes(MODEL, mx, 0, params))
+    b200 = get_system("dgx-b200")
+    h100_twin = dataclasses.replace(b200, gpu=dataclasses.replace(b200.gpu, peak_fp4_TFLOPs=0,
+                                                                  gemm_efficiency_fp4=0))
+    assert not h100_twin.gpu.fp8_any_layout  # (B200 but for its Blackwell tensor cores)
+    for s, saved in ((FP8, True), (dataclasses.replace(FP8, fp8_param_gather=True,
+                                                        zero_stage=1), False)):
+        new, old = glance(MODEL, s, b200), glance(MODEL, s, h100_twin)
+        weights = new.stages[0].memory.weights_bytes - old.stages[0].memory.weights_bytes
+        assert (weights < 0) is saved
+        assert new.peak_memory_GiB == pytest.approx(
+            max(st.memory.total_bytes for st in new.stages) / 2**30)

@@ -317,12 +317,17 @@ def _vocab_copies(m: ModelSpec, s: Strategy, stage: int) -> int:
     return out
 
 
-def fp8_weight_cache_bytes(m: ModelSpec, s: Strategy, stage: int, params_local: int) -> int:
+def fp8_weight_cache_bytes(m: ModelSpec, s: Strategy, stage: int, params_local: int,
+                           fp8_any_layout: bool = False) -> int:
     """Transformer Engine's cached FP8 (or NVFP4) copies of a stage's GEMM weights
     (``FP8_WEIGHT_CACHE_BYTES``, ``NVFP4_WEIGHT_CACHE_BYTES`` a parameter): runs without FP8
     parameters, below ZeRO-3 (FSDP frees each gathered weight; the cache is not modelled
     there). The embedding and output head are not TE GEMMs (Megatron runs them in 16 bits);
-    the router and the norms, a few parameters in a thousand, are counted with the GEMMs."""
+    the router and the norms, a few parameters in a thousand, are counted with the GEMMs.
+    ``fp8_any_layout`` (a GPU whose FP8 GEMMs take any layout, Blackwell: ``GPUSpec``): a
+    per-tensor FP8 weight keeps no transposed copy, 1 byte a parameter (the quantizer's
+    ``create_transpose``, ``tracegen.ops.FP8_CAST_BYTES_PER_ELEM``); a trace set's own
+    estimate, which does not know its GPU, keeps Hopper's 2."""
     if s.precision not in LOW_PRECISION_GEMMS or s.fp8_param_gather or s.zero_stage >= 3:
         return 0
     gemm = params_local - _vocab_copies(m, s, stage) * (m.vocab_size * m.hidden_size // s.tp)
@@ -330,7 +335,7 @@ def fp8_weight_cache_bytes(m: ModelSpec, s: Strategy, stage: int, params_local: 
         return int(NVFP4_WEIGHT_CACHE_BYTES * gemm)
     if s.fp8_recipe == "mxfp8":
         return int(2 * MXFP8_ELEMENT_BYTES * gemm)
-    return FP8_WEIGHT_CACHE_BYTES * gemm
+    return (1 if fp8_any_layout else FP8_WEIGHT_CACHE_BYTES) * gemm
 
 
 def _holds_moe(m: ModelSpec, s: Strategy, stage: int) -> bool:
@@ -531,27 +536,31 @@ def _walk_peak(order_id: str, m: int, p: int, v: int, stage: int,
 
 def estimate(m: ModelSpec, s: Strategy, stage: int, params_local: int,
              *, flash_attention: bool = True, act_per_layer: int | None = None,
-             expert_params: int = 0) -> MemoryEstimate:
+             expert_params: int = 0, fp8_any_layout: bool = False) -> MemoryEstimate:
     """``act_per_layer``: ``activation_bytes_per_layer(m, s)`` where the caller has it.
     ``expert_params``: the part of ``params_local`` in MoE experts (sharded over the expert-
-    data-parallel group, not the data-parallel one)."""
+    data-parallel group, not the data-parallel one). ``flash_attention``, ``fp8_any_layout``:
+    the GPU's, where the caller knows it."""
     if act_per_layer is None:
         act_per_layer = activation_bytes_per_layer(m, s, flash_attention=flash_attention)
     host = host_bytes(m, s, params_local, act_per_layer, expert_params=expert_params,
                       flash_attention=flash_attention)
     return MemoryEstimate(*_parts(m, s, stage, params_local, act_per_layer,
-                                  flash_attention=flash_attention, expert_params=expert_params),
+                                  flash_attention=flash_attention, expert_params=expert_params,
+                                  fp8_any_layout=fp8_any_layout),
                           host_bytes=host)
 
 
 def total_bytes(m: ModelSpec, s: Strategy, stage: int, params_local: int, *, act_per_layer: int,
                 flash_attention: bool = True, layers: int | None = None,
-                expert_params: int = 0, hold_bytes: tuple[int, ...] | None = None) -> int:
+                expert_params: int = 0, hold_bytes: tuple[int, ...] | None = None,
+                fp8_any_layout: bool = False) -> int:
     """``estimate(...).total_bytes`` without building the breakdown (screening many).
     ``layers``: the stage's layer count where the caller has it; ``hold_bytes`` (ZB-H1, ZB-V:
     per chunk) too."""
     return sum(_parts(m, s, stage, params_local, act_per_layer, flash_attention=flash_attention,
-                      layers=layers, expert_params=expert_params, hold_bytes=hold_bytes))
+                      layers=layers, expert_params=expert_params, hold_bytes=hold_bytes,
+                      fp8_any_layout=fp8_any_layout))
 
 
 def _sharded_bytes(s: Strategy, dense: int, expert: int, per_param: int) -> int:
@@ -662,15 +671,16 @@ def _w_hold(m: ModelSpec, s: Strategy, stage: int, given: tuple[int, ...] | None
 
 def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *,
            flash_attention: bool, layers: int | None = None, expert_params: int = 0,
-           hold_bytes: tuple[int, ...] | None = None
+           hold_bytes: tuple[int, ...] | None = None, fp8_any_layout: bool = False
            ) -> tuple[int, int, int, int, int, int, int, int]:
     """The fields of ``MemoryEstimate`` in order. ``hold_bytes``: ``w_hold_bytes`` where the
-    caller has it (read only under ZB-H1 and ZB-V)."""
+    caller has it (read only under ZB-H1 and ZB-V); ``fp8_any_layout``: the GPU's
+    (``fp8_weight_cache_bytes``)."""
     grads = params_local * grad_reduce_bytes(s)
     optim = params_local * OPTIM_BYTES
     weights = params_local * WEIGHT_BYTES
     if s.precision in LOW_PRECISION_GEMMS:
-        weights += fp8_weight_cache_bytes(m, s, stage, params_local)
+        weights += fp8_weight_cache_bytes(m, s, stage, params_local, fp8_any_layout)
     if s.zero_stage:
         # (narrow moments need ZeRO ≥ 1: ``Strategy``; fp32 ones save nothing, the common
         # case a screen meets, so it is tested inline)
