@@ -274,12 +274,29 @@ def _build(study: Study, d: dict[str, Any]) -> Strategy:
                  fp8_recipe=d.get("fp8_recipe", "delayed"),
                  cp_comm_type=d.get("cp_comm_type", "p2p"),
                  cp_balance=d.get("cp_balance", "document"))
+    _check_tensor_cores(study, s)
     # a layer count pp·vpp does not divide: shorter end chunks, as frameworks run it
     s = with_shorter_end_chunks(s, study.model.num_layers)
     check_fits_model(s, study.model)
     if study.mixed is not None:  # its GPUs fill whole stages, or the layout is not one
         mixed_stages(s, study.mixed.gpus, study.mixed.system.name)
     return s
+
+
+def _check_tensor_cores(study: Study, s: Strategy) -> None:
+    """A narrow precision (or FP8 recipe) the study's GPUs cannot run is no candidate: a
+    search space names it for every system it may run on, and costed at a rate the GPU falls
+    back to it would rank a run no framework starts (one strategy asked for by name is costed
+    with a note instead). BF16 on Volta stays: it is costed as the FP16 it would run."""
+    if s.precision == "bf16":
+        return
+    for system in (study.system, *((study.mixed.system,) if study.mixed else ())):
+        lacks = system.gpu.lacks(s.precision, s.fp8_recipe)
+        if lacks:
+            what = f"{s.precision} ({s.fp8_recipe})" if s.precision == "fp8" else s.precision
+            raise ConfigError(f"precision {what} on {system.name}: it has {lacks}; drop it "
+                              "from the space or search on a GPU that has them",
+                              what="strategy")
 
 
 SCHEMA = {"id": pl.String, **RESULT_COLUMNS}

@@ -111,3 +111,29 @@ def test_the_nvfp4_row_is_said_to_be_optimistic() -> None:
             "--system", "dgx-b200", "--precisions")
     assert r.returncode == 0, r.stderr
     assert "nvfp4: its GEMM efficiency is an inference bench's" in " ".join(r.stdout.split())
+
+
+def test_a_sweep_leaves_out_what_its_gpus_cannot_run() -> None:
+    """A search space's narrow precisions and FP8 recipes the GPU lacks tensor cores for are
+    invalid combinations, with the reason (an H100: MXFP8 and NVFP4); on a B200 they are
+    candidates. BF16 stays everywhere (Volta costs it as FP16)."""
+    from analysis.study import study_from_dict
+    from analysis.sweep import enumerate_space, invalid_reasons
+
+    def space(system: str) -> tuple[set[tuple[str, str]], list[tuple[str, int]]]:
+        study = study_from_dict({"model": "gpt-1.7b", "system": system, "gpus": 8,
+                                 "global_batch_size": 8,
+                                 "search": {"tp": [1], "pp": [1], "micro_batch_size": [1],
+                                            "precision": ["bf16", "fp8", "nvfp4"],
+                                            "fp8_recipe": ["delayed", "mxfp8"]}})
+        valid, _ = enumerate_space(study)
+        return {(s.precision, s.fp8_recipe) for s in valid}, invalid_reasons(study)[0]
+
+    h100, why = space("dgx-h100")
+    assert h100 == {("bf16", "delayed"), ("fp8", "delayed")}
+    reasons = " ".join(r for r, _ in why)
+    assert "precision fp8 (mxfp8) on dgx-h100: it has no block-scaled tensor cores" in reasons
+    assert "precision nvfp4 on dgx-h100: it has no FP4 tensor cores" in reasons
+    b200, _ = space("dgx-b200")
+    assert b200 == {("bf16", "delayed"), ("fp8", "delayed"), ("fp8", "mxfp8"),
+                    ("nvfp4", "delayed")}
