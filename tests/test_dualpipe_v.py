@@ -8,7 +8,6 @@ replay, and what it is not modelled with."""
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
@@ -19,9 +18,9 @@ from analysis.pipeline_imbalance import makespan
 from analysis.zbv_walk import zero_bubble_v
 from replay import get_system
 from tests.conftest import fast_meets_replay, replayed
-from tests.test_fastpath import MODEL, MOE, SYSTEM
-from tests.test_zero_bubble_v import _walk_v
-from tracegen import ConfigError, Strategy, generate, memory
+from tests.test_fastpath import MODEL, MOE
+from tests.test_zero_bubble_v import _walk_v, assert_every_pass_once, assert_memory_is_the_manifests
+from tracegen import ConfigError, Strategy, memory
 from tracegen.schedule import dualpipe_v, dualpipe_v_units
 
 
@@ -58,12 +57,7 @@ def test_every_pass_once_in_order(p: int, extra: int, data: st.DataObject) -> No
     paired with)."""
     m = 2 * p + extra
     stage = data.draw(st.integers(0, p - 1))
-    order = dualpipe_v(m, p, stage)
-    for ph in "FBW":
-        for ch in (0, 1):
-            assert [j for x, j, c in order if x == ph and c == ch] == list(range(m))
-    at = {(ph, j, c): i for i, (ph, j, c) in enumerate(order)}
-    assert all(at["F", j, c] < at["B", j, c] < at["W", j, c] for j in range(m) for c in (0, 1))
+    assert_every_pass_once(dualpipe_v(m, p, stage), m, 2)
     s = _dv(pp=p, global_batch_size=m)
     assert memory.inflight_microbatches(s, stage) == p + 0.5
     zb = dataclasses.replace(s, schedule="zb_v")
@@ -147,10 +141,7 @@ def test_the_fast_paths_memory_is_the_trace_sets(kw: dict[str, object]) -> None:
     walked backward first, plus the one layer a merged pass holds beyond it)."""
     model = MOE if kw.get("ep") else MODEL
     s = _dv(global_batch_size=8 * int(kw["dp"]), **kw)  # type: ignore[call-overload]
-    with tempfile.TemporaryDirectory() as tmp:
-        summary = generate(model, s, tmp)
-    manifest = max(x.memory.total_bytes for x in summary.stages) / 2**30
-    assert estimate(model, s, SYSTEM).peak_memory_GiB == pytest.approx(manifest, rel=1e-12)
+    assert_memory_is_the_manifests(model, s)
 
 
 @pytest.mark.parametrize(("change", "says"), [

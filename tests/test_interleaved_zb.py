@@ -14,7 +14,7 @@ from analysis.zbv_walk import zero_bubble_v
 from replay import get_system
 from tests.conftest import fast_meets_replay
 from tests.test_fastpath import MODEL, MOE
-from tests.test_zero_bubble_v import _walk_v
+from tests.test_zero_bubble_v import _walk_v, assert_every_pass_once
 from tracegen import ConfigError, Strategy, memory
 from tracegen.schedule import interleaved_zb
 
@@ -51,13 +51,7 @@ def test_every_pass_once_in_order_and_p_stage_loads_held(p: int, v: int, m: int,
     below."""
     assume(m % max(1, m // p) == 0)
     stage = data.draw(st.integers(0, p - 1))
-    order = interleaved_zb(m, p, v, stage)
-    for ph in "FBW":
-        for ch in range(v):
-            assert [j for x, j, c in order if x == ph and c == ch] == list(range(m))
-    at = {(ph, j, c): i for i, (ph, j, c) in enumerate(order)}
-    assert all(at["F", j, c] < at["B", j, c] < at["W", j, c]
-               for j in range(m) for c in range(v))
+    assert_every_pass_once(interleaved_zb(m, p, v, stage), m, v)
     held = memory.inflight_microbatches(_izb(pp=p, vpp=v, global_batch_size=m), stage)
     group = m // max(1, m // p)
     assert held <= ((v - 1) * group + p) / v

@@ -23,7 +23,7 @@ from tests.conftest import replayed
 
 # the fast path's toy models (8 layers, h 256; the MoE one with 4 experts) and its DGX H100
 from tests.test_fastpath import MODEL, MOE, SYSTEM
-from tracegen import ConfigError, Strategy, generate, memory
+from tracegen import ConfigError, ModelSpec, Strategy, generate, memory
 from tracegen.program import COMM_SEND_NODE, RoleProgram
 from tracegen.schedule import Step, dualpipe_v, zb_v
 
@@ -87,6 +87,17 @@ def test_the_order_pytorch_runs() -> None:
         "W5b W6b W7b W5a W6a W7a"]
 
 
+def assert_every_pass_once(order: list[Step], m: int, chunks: int) -> None:
+    """A stage's order (phase, micro-batch, chunk) holds each of its ``chunks`` chunks' F, B and
+    W once per micro-batch, micro-batches in order, F before B before W."""
+    for ph in "FBW":
+        for ch in range(chunks):
+            assert [j for x, j, c in order if x == ph and c == ch] == list(range(m))
+    at = {(ph, j, c): i for i, (ph, j, c) in enumerate(order)}
+    assert all(at["F", j, c] < at["B", j, c] < at["W", j, c]
+               for j in range(m) for c in range(chunks))
+
+
 @settings(max_examples=200, deadline=None)
 @given(m=st.integers(1, 30), p=st.integers(2, 8), data=st.data())
 def test_every_pass_once_in_order(m: int, p: int, data: st.DataObject) -> None:
@@ -94,12 +105,7 @@ def test_every_pass_once_in_order(m: int, p: int, data: st.DataObject) -> None:
     at most p stage-loads in flight — 2p chunk passes between F and W, 1F1B's first stage
     (the paper's "same peak activation memory as 1F1B"), p on every stage once m ≥ 2p − 1."""
     stage = data.draw(st.integers(0, p - 1))
-    order = zb_v(m, p, stage)
-    for ph in "FBW":
-        for ch in (0, 1):
-            assert [j for x, j, c in order if x == ph and c == ch] == list(range(m))
-    at = {(ph, j, c): i for i, (ph, j, c) in enumerate(order)}
-    assert all(at["F", j, c] < at["B", j, c] < at["W", j, c] for j in range(m) for c in (0, 1))
+    assert_every_pass_once(zb_v(m, p, stage), m, 2)
     s = Strategy(pp=p, vpp=2, micro_batch_size=1, global_batch_size=m, schedule="zb_v")
     held = memory.inflight_microbatches(s, stage)
     assert held <= p
@@ -348,6 +354,12 @@ def test_the_fast_paths_memory_is_the_trace_sets(kw: dict[str, object]) -> None:
     model = dataclasses.replace(MOE if kw.get("ep") else MODEL,
                                 mtp_layers=int(kw.pop("mtp", 0)))  # type: ignore[call-overload]
     s = _v(global_batch_size=8 * int(kw["dp"]), **kw)  # type: ignore[call-overload]
+    assert_memory_is_the_manifests(model, s)
+
+
+def assert_memory_is_the_manifests(model: ModelSpec, s: Strategy) -> None:
+    """The fast path's peak memory is the largest stage total the trace set's manifest
+    states."""
     with tempfile.TemporaryDirectory() as tmp:
         summary = generate(model, s, tmp)
     manifest = max(x.memory.total_bytes for x in summary.stages) / 2**30
