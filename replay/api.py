@@ -13,6 +13,7 @@ from replay.results import (
     ReplayResult,
     breakdown_frame,
     expand_folded,
+    stage_need_GiB,
     step_metrics,
     timeline_frame,
     waits_frame,
@@ -64,7 +65,8 @@ def replay(trace: str | Path | TraceSet, system: str | Path | SystemSpec, *,
                     host_cpu_Bps=_host_rates(mix, sys_spec, "host_cpu_GBps"))
     end_ns = sim.run()
     timeline = timeline_frame(sim, ts)
-    metrics = step_metrics(ts, timeline, end_ns, _mean_peak(mix, sys_spec, _dtype(ts)))
+    metrics = step_metrics(ts, timeline, end_ns, _mean_peak(mix, sys_spec, _dtype(ts)),
+                           sys_spec.gpu)
     metrics["system"] = sys_spec.name
     if "peak_memory_GiB" in metrics:  # flagged wherever a strategy appears (DESIGN.md, Memory)
         metrics["fits"] = metrics["peak_memory_GiB"] <= sys_spec.gpu.hbm_GiB
@@ -168,9 +170,9 @@ def _fit_per_gpu(metrics: dict[str, Any], ts: TraceSet,
     if man is None:
         return
     stage_of = _stage_of(man)
-    need = {int(s["stage"]): float(s["memory"]["total_GiB"]) for s in man["stages"]}
     short = []
     for name, (spec, ranks) in mix.items():
+        need = {int(s["stage"]): stage_need_GiB(s, spec.gpu) for s in man["stages"]}
         over = [r for r in ranks if need[stage_of[r]] > spec.gpu.hbm_GiB]
         if over:
             short.append({"system": name, "hbm_GiB": spec.gpu.hbm_GiB, "ranks": len(over),

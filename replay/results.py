@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 
 from replay import display
+from replay.hardware import GPUSpec
 from replay.reader import COLL_TYPE_NAMES, NODE_TYPE_NAMES
 from replay.sim import Simulator
 from replay.traceset import TraceSet
@@ -177,8 +178,16 @@ def expand_folded(breakdown: pl.DataFrame, ts: TraceSet) -> pl.DataFrame:
             .drop("rep").sort("rank"))
 
 
-def step_metrics(ts: TraceSet, timeline: pl.DataFrame, end_ns: int, peak_flop_per_s: float
-                 ) -> dict[str, Any]:
+def stage_need_GiB(stage: dict[str, Any], gpu: GPUSpec) -> float:
+    """What a rank of a manifest's stage needs on ``gpu``: its estimate, less the transposed
+    FP8 weight copies a GPU whose FP8 GEMMs take any layout does not keep (the manifest's
+    ``fp8_transpose_GiB``; a set written before it recorded them takes nothing off)."""
+    cut = float(stage.get("fp8_transpose_GiB", 0.0)) if gpu.fp8_any_layout else 0.0
+    return float(stage["memory"]["total_GiB"]) - cut
+
+
+def step_metrics(ts: TraceSet, timeline: pl.DataFrame, end_ns: int, peak_flop_per_s: float,
+                 gpu: GPUSpec) -> dict[str, Any]:
     step = end_ns / NS_PER_S
     out: dict[str, Any] = {"step_time_s": step, "ranks": ts.world_size,
                            "ranks_simulated": len(ts.ranks), "nodes": ts.file_nodes,
@@ -197,7 +206,7 @@ def step_metrics(ts: TraceSet, timeline: pl.DataFrame, end_ns: int, peak_flop_pe
                               peak_flop_per_s=peak_flop_per_s, recomputed_layers=recomputed,
                               modules=modules))
         out["comm_time_by_axis_s"] = _axis_times(ts, timeline)
-        out["peak_memory_GiB"] = max(s["memory"]["total_GiB"] for s in man["stages"])
+        out["peak_memory_GiB"] = max(stage_need_GiB(s, gpu) for s in man["stages"])
     return out
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
 
@@ -272,3 +274,46 @@ def test_blackwell_caches_one_fp8_copy_of_each_weight() -> None:
         assert (weights < 0) is saved
         assert new.peak_memory_GiB == pytest.approx(
             max(st.memory.total_bytes for st in new.stages) / 2**30)
+
+
+def test_a_replay_on_blackwell_drops_the_transposed_weights_the_manifest_names(
+        tmp_path) -> None:
+    """A trace set does not know its GPU: its manifest keeps Hopper's two FP8 copies of each
+    GEMM weight and names the transposed one (``fp8_transpose_GiB``); a replay on Blackwell
+    takes it off, so that replay's peak is the fast path's on either GPU, and a mixed cluster
+    checks each rank against what its own GPU needs."""
+    import json
+
+    from replay import replay
+    from tracegen import generate
+
+    s = dataclasses.replace(FP8, pp=2, micro_batch_size=1, global_batch_size=4)
+    generate(MODEL, s, tmp_path / "t", mode="full")
+    stages = json.loads((tmp_path / "t/manifest.json").read_text())["stages"]
+    for st in stages:  # the 16-bit layers' parameters (embedding, head) are not cached
+        assert 0 < st["fp8_transpose_GiB"] < st["memory"]["weights_GiB"] / 3
+    for system in ("dgx-h100", "dgx-b200"):
+        got = replay(tmp_path / "t", system).metrics["peak_memory_GiB"]
+        assert got == pytest.approx(estimate(MODEL, s, get_system(system)).peak_memory_GiB,
+                                    rel=1e-9)
+    assert replay(tmp_path / "t", "dgx-h100").metrics["peak_memory_GiB"] == pytest.approx(
+        max(st["memory"]["total_GiB"] for st in stages), rel=1e-12)
+    bf16 = dataclasses.replace(s, precision="bf16")
+    generate(MODEL, bf16, tmp_path / "b", mode="full")
+    assert not any("fp8_transpose_GiB" in st for st in json.loads(
+        (tmp_path / "b/manifest.json").read_text())["stages"])
+    # a B200 whose memory lies between the stage's Blackwell and Hopper needs: a B200 rank
+    # fits, an H100-like rank of the same memory does not
+    cap = (max(st["memory"]["total_GiB"] for st in stages)
+           + max(st["memory"]["total_GiB"] - st["fp8_transpose_GiB"] for st in stages)) / 2
+    b200 = (tmp_path / "b200.toml")
+    text = (Path(__file__).parents[1] / "replay/systems/dgx-b200.toml").read_text()
+    assert "hbm_GiB = " in text
+    b200.write_text(re.sub(r"hbm_GiB = [0-9.]+", f"hbm_GiB = {cap}", text))
+    twin = tmp_path / "twin.toml"  # the same GPU without Blackwell's FP4 tensor cores
+    twin.write_text(re.sub(r"(peak_fp4_TFLOPs|gemm_efficiency_fp4) = [0-9.]+", r"\1 = 0",
+                           b200.read_text()))
+    for system, fits in ((b200, True), (twin, False)):
+        scen = tmp_path / "gpu.toml"
+        scen.write_text(f'[[gpu]]\nranks = [0, 1]\nsystem = "{system}"\n')
+        assert replay(tmp_path / "t", "dgx-b200", scenario=scen).metrics["fits"] is fits

@@ -327,7 +327,8 @@ def fp8_weight_cache_bytes(m: ModelSpec, s: Strategy, stage: int, params_local: 
     ``fp8_any_layout`` (a GPU whose FP8 GEMMs take any layout, Blackwell: ``GPUSpec``): a
     per-tensor FP8 weight keeps no transposed copy, 1 byte a parameter (the quantizer's
     ``create_transpose``, ``tracegen.ops.FP8_CAST_BYTES_PER_ELEM``); a trace set's own
-    estimate, which does not know its GPU, keeps Hopper's 2."""
+    estimate, which does not know its GPU, keeps Hopper's 2 and its manifest names the
+    difference (``fp8_transpose_GiB``), which a replay on Blackwell takes off."""
     if s.precision not in LOW_PRECISION_GEMMS or s.fp8_param_gather or s.zero_stage >= 3:
         return 0
     gemm = params_local - _vocab_copies(m, s, stage) * (m.vocab_size * m.hidden_size // s.tp)

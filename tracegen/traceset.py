@@ -28,6 +28,7 @@ from tracegen.mesh import Mesh, embedding_partner
 from tracegen.model import ModelSpec
 from tracegen.program import PNode, RoleProgram
 from tracegen.strategy import Strategy, check_fits_model
+from tracegen.units import LOW_PRECISION_GEMMS, GiB
 from tracegen.vocab import COMM_COLL_NODE, COMM_SEND_NODE
 from tracegen.writer import RoleEncoding, encode_attr
 
@@ -46,6 +47,9 @@ class StageStats:
     flop_by_phase: dict[str, int]
     comm_bytes_by_axis: dict[str, int]
     memory: MemoryEstimate
+    # what ``memory`` holds that a GPU whose FP8 GEMMs take any layout (Blackwell) does not:
+    # the transposed FP8 weight copies (``_fp8_transpose_bytes``)
+    fp8_transpose_bytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,7 +88,8 @@ def _remove_stale(directory: Path, name: str, written: set[int]) -> int:
     return len(stale)
 
 
-def stage_stats(stage: int, nodes: list[PNode], mem: MemoryEstimate, mesh: Mesh) -> StageStats:
+def stage_stats(stage: int, nodes: list[PNode], mem: MemoryEstimate, mesh: Mesh,
+                fp8_transpose_bytes: int = 0) -> StageStats:
     flop: dict[str, int] = {}
     comm: dict[str, int] = {}
     for n in nodes:
@@ -94,7 +99,21 @@ def stage_stats(stage: int, nodes: list[PNode], mem: MemoryEstimate, mesh: Mesh)
             comm[n.axis] = comm.get(n.axis, 0) + n.comm_bytes
         elif n.type == COMM_SEND_NODE:
             comm["pp"] = comm.get("pp", 0) + n.comm_bytes
-    return StageStats(stage, len(nodes), flop, comm, mem)
+    return StageStats(stage, len(nodes), flop, comm, mem, fp8_transpose_bytes)
+
+
+def _fp8_transpose_bytes(model: ModelSpec, strategy: Strategy, stage: int,
+                         held: dict[str, int], mem: MemoryEstimate) -> int:
+    """What a rank of the stage needs less on a GPU whose FP8 GEMMs take any layout
+    (Blackwell): the transposed copies of its cached FP8 weights (``memory.
+    fp8_weight_cache_bytes``) with the allocator's allowance on them. The estimate, which does
+    not know its GPU, keeps Hopper's; the manifest names the difference, for replay
+    (``replay.results.stage_need_GiB``)."""
+    if strategy.precision not in LOW_PRECISION_GEMMS:
+        return 0
+    blackwell = estimate(model, strategy, stage, sum(held.values()), expert_params=held["edp"],
+                         fp8_any_layout=True)
+    return mem.total_bytes - blackwell.total_bytes
 
 
 class _Binder:
@@ -161,7 +180,8 @@ def generate(model: ModelSpec, strategy: Strategy, out_dir: str | Path, *,
         encodings[stage] = RoleEncoding(nodes)
         held = prog.stage_params()
         mem = estimate(model, strategy, stage, sum(held.values()), expert_params=held["edp"])
-        stats.append(stage_stats(stage, nodes, mem, mesh))
+        stats.append(stage_stats(stage, nodes, mem, mesh,
+                                 _fp8_transpose_bytes(model, strategy, stage, held, mem)))
     total_nodes = 0
     ranks = list(ranks)
     first = _check_room(out, mesh, encodings, len(ranks))
@@ -222,13 +242,19 @@ def _write_manifest(out: Path, name: str, mode: Mode, model: ModelSpec, strategy
         "ranks_written": ranks,
         "multiplicity": {str(r): mult for r in ranks},
         "groups": {str(g.gid): {"axis": g.axis, "ranks": list(g.ranks)} for g in groups.values()},
-        "stages": [
-            {"stage": s.stage, "nodes": s.nodes, "flop_by_phase": s.flop_by_phase,
-             "comm_bytes_by_axis": s.comm_bytes_by_axis, "memory": s.memory.to_dict()}
-            for s in stats
-        ],
+        "stages": [_stage_entry(s, strategy) for s in stats],
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def _stage_entry(s: StageStats, strategy: Strategy) -> dict[str, Any]:
+    """A stage's manifest entry; ``fp8_transpose_GiB`` where its GEMMs run in FP8 or NVFP4
+    (absent, replay takes nothing off: a 16-bit set's manifest is as before)."""
+    out = {"stage": s.stage, "nodes": s.nodes, "flop_by_phase": s.flop_by_phase,
+           "comm_bytes_by_axis": s.comm_bytes_by_axis, "memory": s.memory.to_dict()}
+    if strategy.precision in LOW_PRECISION_GEMMS:
+        out["fp8_transpose_GiB"] = s.fp8_transpose_bytes / GiB
+    return out
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any]:
