@@ -86,7 +86,8 @@ FLOAT_COLUMNS = ("scaleout_gbps_per_gpu", "measured_iter_time_s")
 # comma-separated), the pipeline layout (--pipeline-model-parallel-layout) and Adam's moments'
 # dtype (--exp-avg-dtype); as true/false, FP8 parameter gathers (--fp8-param-gather), combined
 # 1F1B (--overlap-moe-expert-parallel-comm) with deferred weight gradients
-# (--delay-wgrad-compute), and TP communication overlap (--tp-comm-overlap). A row's true or
+# (--delay-wgrad-compute), TP communication overlap (--tp-comm-overlap), and 16-bit gradients
+# (Megatron-Bridge's ``ddp.grad_reduce_in_fp32 = False``: grad_reduce_in_bf16). A row's true or
 # false in one of these wins over a ``--set`` for the whole file (its recipe says what it ran).
 EXTENSION_INT_COLUMNS = ("head_dim", "expert_tp", "shared_expert_ffn_hidden_size",
                          "first_dense_layers", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
@@ -100,9 +101,12 @@ EXTENSION_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "pipeline_layou
 # read case-insensitively, as the enums below (a layout's E and L are upper case: kept)
 LOWERCASE_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "adam_moments_dtype",
                           "cross_entropy_fusion", "fp8_recipe")
+# A text column whose cell, where a row has one, wins over a ``--set`` for the whole file (the
+# row's recipe says what it ran: an MXFP8 row among current-scaling ones).
+ROW_WINS_TEXT_COLUMNS = ("fp8_recipe",)
 BOOL_COLUMNS = ("sequence_parallel",)
 EXTENSION_BOOL_COLUMNS = ("fp8_param_gather", "overlap_moe_ep_comm", "delay_wgrad_compute",
-                          "tp_comm_overlap", "grad_reduce_per_microbatch")
+                          "tp_comm_overlap", "grad_reduce_per_microbatch", "grad_reduce_in_bf16")
 # Read case-insensitively (the schema spells them in lower case: "bf16", "h100-sxm", "full").
 ENUM_COLUMNS = ("arch", "activation", "recompute", "precision", "gpu")
 # Two 800 Gb/s NICs per GPU, twice what any system offers (ConnectX-8: one 800 Gb/s per GPU): a
@@ -345,10 +349,11 @@ def _where_meaningful(over: dict[str, Any], row: dict[str, Any], notes: list[str
     overlap at tp 1 (no TP collectives; NeMo turns it off there, as Megatron turns sequence
     parallelism off), ZeRO-3 prefetch below ZeRO-3, a MoE dispatcher on a dense model or
     without expert parallelism, FP8 parameter gathers off an FP8 run with ZeRO ≥ 1, and a
-    switch the row's own column sets otherwise (``EXTENSION_BOOL_COLUMNS``), so one ``--set``
-    can describe a stack across a mixed set. Said per row."""
-    drop = [k for k in EXTENSION_BOOL_COLUMNS if k in over and row.get(k) is not None
-            and row[k] != over[k]]
+    switch or FP8 recipe the row's own column sets otherwise (``EXTENSION_BOOL_COLUMNS``,
+    ``ROW_WINS_TEXT_COLUMNS``), so one ``--set`` can describe a stack across a mixed set. Said
+    per row."""
+    drop = [k for k in (*EXTENSION_BOOL_COLUMNS, *ROW_WINS_TEXT_COLUMNS)
+            if k in over and row.get(k) not in (None, "") and row[k] != over[k]]
     notes += [f"strategy override {k} not applied (the row says {str(row[k]).lower()})"
               for k in drop]
     if over.get("tp_comm_overlap") and row["tp"] == 1 and "tp_comm_overlap" not in drop:
@@ -437,6 +442,7 @@ def _strategy(row: dict[str, Any], precision: str) -> Strategy:
         overlap_moe_ep_comm=bool(row.get("overlap_moe_ep_comm")),
         delay_wgrad_compute=bool(row.get("delay_wgrad_compute")),
         tp_comm_overlap=bool(row.get("tp_comm_overlap")),
+        grad_reduce_in_bf16=bool(row.get("grad_reduce_in_bf16")),
         grad_reduce_per_microbatch=_per_microbatch(row),
         cpu_offload_layers=row.get("cpu_offload_layers") or 0,
         optimizer_offload_fraction=row.get("optimizer_offload_fraction") or 0.0)
