@@ -58,34 +58,36 @@ def test_the_rows_that_set_nothing_are_predicted_within_the_error_reached(
     sixty-ninth session). Median
     |error| of the four rows that set nothing 4.2% (3.7% before the casts; 3.5% before the
     1-byte gathers; 4.3% before FP8 current scaling's amax
-    reads, sixty-seventh session, with the clock then set at 0.935). Bounds are the errors
+    reads, sixty-seventh session, with the clock then set at 0.935). With the recipes' 16-bit
+    gradient reduction (seventieth session; the pair's ratio moves 0.04%, the clock stands):
+    8B −4.1%, 70B −14.2% and −5.0%, 405B −4.4% and −4.2%; median 4.7%. Bounds are the errors
     reached."""
     err = {rid: r["error_pct"] for rid, r in gb300.items()}
-    reached = {"mbridge2511-gb300-llama3-8b": -3.94, "mbridge2511-gb300-llama3-70b": -13.14,
-               "mbridge2511-gb300-llama3.1-405b": -4.20, "mbridge2602-gb300-llama3-70b": -3.86,
-               "mbridge2602-gb300-llama3.1-405b": -4.15}
+    reached = {"mbridge2511-gb300-llama3-8b": -4.08, "mbridge2511-gb300-llama3-70b": -14.16,
+               "mbridge2511-gb300-llama3.1-405b": -4.35, "mbridge2602-gb300-llama3-70b": -4.99,
+               "mbridge2602-gb300-llama3.1-405b": -4.22}
     assert set(err) == set(reached)
     for rid, e in reached.items():
         assert err[rid] == pytest.approx(e, abs=0.3), rid
     checks = sorted(abs(e) for rid, e in err.items() if rid != "mbridge2511-gb300-llama3-8b")
-    assert (checks[1] + checks[2]) / 2 == pytest.approx(4.18, abs=0.3)
+    assert (checks[1] + checks[2]) / 2 == pytest.approx(4.67, abs=0.3)
 
 
 def test_memory_says_what_the_recipes_did_beyond_the_model(
         gb300: dict[str, dict[str, float]]) -> None:
-    """279 GiB a GPU. The 8B fits (135 GiB). The 70B recipe offloads 20 layers' activations
-    (GB200's: 40, in 186 GB): predicted 283 GiB, 1.6% over where it ran — the Megatron-FSDP
-    over-count the GB200 row shows too. The 405B at tp 2, cp 2 is predicted 12.6% over (314
-    GiB), as GB200's 405B row is 12% over: the same gap, not explained here; 26.02's 405B at
-    tp 4, cp 1 fits (240 GiB)."""
+    """279 GiB a GPU. The 8B fits (119 GiB). The 70B recipe offloads 20 layers' activations
+    (GB200's: 40, in 186 GB): predicted 279.2 GiB, 0.1% over where it ran (283, 1.6% over,
+    with 32-bit gradients) — the Megatron-FSDP over-count the GB200 row shows too. The 405B
+    at tp 2, cp 2 fits with the recipe's 16-bit gradients (264 GiB; 314, 12.6% over, before
+    the stack took them, seventieth session); 26.02's 405B at tp 4, cp 1 fits (215 GiB)."""
     assert get_system("gb300-nvl72").gpu.hbm_GiB == 279
     assert gb300["mbridge2511-gb300-llama3-8b"]["fits"]
     assert offloaded_layers(GB300_RUNS, "mbridge2511-gb300-llama3-70b") == 20
     over70 = gb300["mbridge2511-gb300-llama3-70b"]["predicted_peak_memory_GiB"] / 279
-    assert 1.0 < over70 < 1.03
+    assert 1.0 < over70 < 1.01
     over = gb300["mbridge2511-gb300-llama3.1-405b"]["predicted_peak_memory_GiB"] / 279
-    assert 1.10 < over < 1.15
-    # 26.02's 405B at tp 4, cp 1: 240 GiB, fits
+    assert 0.93 < over < 0.96 and gb300["mbridge2511-gb300-llama3.1-405b"]["fits"]
+    # 26.02's 405B at tp 4, cp 1: 215 GiB, fits
     assert gb300["mbridge2602-gb300-llama3.1-405b"]["fits"]
 
 

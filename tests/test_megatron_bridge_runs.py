@@ -21,11 +21,16 @@ B200_RUNS = Path(__file__).parent / "data" / "megatron_bridge_b200_runs.csv"
 # prefetched ZeRO-3 gathers (each not applied where the row's layout has nothing for it, said
 # per row), and Megatron-Core's fused cross-entropy (Megatron-Bridge's GPTModelProvider sets
 # cross_entropy_loss_fusion by default; the implementation stays Megatron-Core's default,
-# "native"), and FP8 current scaling, the tables' "FP8-CS" (Transformer Engine's
-# Float8CurrentScaling: an amax read before each cast not fed by a norm; ``fp8_recipe``).
+# "native"), FP8 current scaling, the tables' "FP8-CS" (Transformer Engine's
+# Float8CurrentScaling: an amax read before each cast not fed by a norm; ``fp8_recipe``), and
+# 16-bit gradient buffers and reductions (every model's common config in scripts/performance —
+# set_llama3_common_configs, set_llama31_common_configs, set_qwen3_common_configs,
+# set_deepseek_v3_common_configs, set_gpt_oss_common_configs — sets ``grad_reduce_in_fp32 =
+# False``; seventieth session).
 STACK = {"strategy.tp_comm_overlap": True, "strategy.overlap_param_gather": True,
          "strategy.zero3_prefetch": True, "strategy.fp8_param_gather": True,
-         "strategy.cross_entropy_fusion": "native", "strategy.fp8_recipe": "tensorwise"}
+         "strategy.cross_entropy_fusion": "native", "strategy.fp8_recipe": "tensorwise",
+         "strategy.grad_reduce_in_bf16": True}
 
 
 def _flop_ratios(path: Path) -> dict[str, list[float]]:
@@ -81,15 +86,15 @@ def test_b200_rows_are_predicted_within_the_error_reached() -> None:
     15.3% with κ 0; 15.1% with 2-byte parameter gathers; 17.4%
     before its TP-overlapped GEMMs ran in Transformer Engine's chunks and its ring merged each
     step's output) — the 405B optimism of the H100 rows, on another GPU and with its cp inside
-    a node (DESIGN.md). Bounds are the errors reached. The 405B run's
-    memory is predicted 0.8% over its 180 GiB (0.3% before TP overlap's userbuffers were
-    counted, twenty-seventh session): within the memory model's margin (MosaicML's rows, up to
-    1.5%)."""
+    a node (DESIGN.md). With the recipes' 16-bit gradient reduction (seventieth session):
+    8B −3.9%, 405B −13.1%. Bounds are the errors reached. The 405B run's memory is predicted
+    13% under its 180 GiB with 16-bit gradients (0.8% over with fp32 ones, 0.3% before TP
+    overlap's userbuffers were counted, twenty-seventh session)."""
     got = validate(B200_RUNS, fast=True, overrides=STACK)
     assert (got["status"] == "ok").all()
     err = dict(zip(got["id"], got["error_pct"], strict=True))
     assert -5.5 <= err["mbridge2511-b200-llama3-8b"] < 0
-    assert -12.1 <= err["mbridge2511-b200-llama3.1-405b"] < -10.7
+    assert -13.6 <= err["mbridge2511-b200-llama3.1-405b"] < -12.6
     assert (got["predicted_peak_memory_GiB"] / 180.0).max() <= 1.015  # type: ignore[operator]
 
 
@@ -124,6 +129,9 @@ def test_newest_stack_is_predicted_within_the_error_reached() -> None:
     merged forward-backward passes their recipe runs — since the fiftieth session the file
     says it and they are held apart (below). (Before the GEMM occupancy and chunks,
     twelfth session: 70B +2.0-3.2%, 405B −8…−12%, 8B +6.5%.)
+    With the recipes' 16-bit gradient reduction (seventieth session): 70B +2.9-4.1%, 405B
+    −7.6 and −11.6%, 8B +5.9%, peak memory 3.0-12.5 GiB lower; the six dense rows' median
+    |error| 5.7 → 5.0%.
     Bounds are the errors reached. (With the ratio 0.905 of ml-engineering's H200 and the 2024
     cuDNN line: 70B −1.0…−2.2%, 405B −14…−18%, 8B +5.4%; before compute/communication
     interference was modelled: 70B −3.3…−4.5%, 405B −16…−20%, 8B +1.4%.)"""
@@ -132,9 +140,9 @@ def test_newest_stack_is_predicted_within_the_error_reached() -> None:
     err = dict(zip(got["id"], got["error_pct"], strict=True))
     dense = {rid: e for rid, e in err.items() if "qwen3" not in rid}
     for rid, e in dense.items():
-        bound = 11.6 if "405b" in rid else 5.0 if "70b" in rid else 8.0
+        bound = 12.1 if "405b" in rid else 5.0 if "70b" in rid else 8.0
         assert abs(e) <= bound, (rid, e)
-    assert pl.Series(list(dense.values())).abs().median() <= 5.8  # type: ignore[operator]
+    assert pl.Series(list(dense.values())).abs().median() <= 5.1  # type: ignore[operator]
 
 
 def test_qwen3_rows_run_as_their_recipe_and_the_merged_passes_save_too_much() -> None:

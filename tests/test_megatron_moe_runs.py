@@ -111,10 +111,12 @@ def test_deepseek_v3_in_nvidias_own_layout(results: pl.DataFrame) -> None:
     reads; 24.82 s, 1.8%, with the unfused loss then — its last chunk holds the loss and the MTP module's
     second pass of it; 24.79 s before a group's expert GEMMs ran one after another,
     fifty-third session; with the MTP module stood in for by a 62nd layer and an even split it
-    had been 14.5% too fast). Bound: the error reached."""
+    had been 14.5% too fast). With its recipe's 16-bit gradient reduction (the file's
+    grad_reduce_in_bf16, seventieth session): 1.9% too fast, 57.3 GiB (62.0 with fp32
+    gradients). Bound: the error reached."""
     row = results.filter(pl.col("id") == "mbridge2509-deepseek-v3")
     assert row["status"].item() == "ok" and row["fits"].item()
-    assert -1.9 <= row["error_pct"].item() < 0
+    assert -2.2 <= row["error_pct"].item() < -1.6
 
 
 def test_a_bad_text_cell_skips_its_row_by_name(tmp_path: Path) -> None:
