@@ -17,7 +17,7 @@ from analysis.evaluate import resilience_rows
 from analysis.glance import strategy_rates
 from analysis.mixed import Placement, placed_fast
 from analysis.strategy_row import FIELD_COLUMNS, cli_flags, row_fields
-from analysis.study import Study
+from analysis.study import Study, rank_key
 from replay import ReplayResult, replay
 from replay.hardware import system_toml
 from replay.results import intervals_length, intervals_overlap, union_intervals
@@ -266,16 +266,21 @@ def _compare(study: Study, progress: Callable[[int, int], None] | None,
 
 
 def rank(frame: pl.DataFrame, rank_by: str, *, verified_first: bool = False) -> pl.DataFrame:
-    """Strategies that fit first, ordered by step time or expected time-to-train. With
-    ``verified_first`` (sweeps), the replayed strategies come before the screened ones. Equal
-    times in the order of their labels: the same ranking however the workers returned them."""
-    key = "time_to_train_s" if rank_by == "time_to_train" else "step_time_s"
+    """Strategies that fit first, ordered by step time, expected time-to-train or the P90 of
+    its end date (``study.rank_key``; a row without a P90, screened and not replayed, by its
+    expected time). With ``verified_first`` (sweeps), the replayed strategies come before the
+    screened ones. Equal times in the order of their labels: the same ranking however the
+    workers returned them."""
+    key = rank_key(rank_by)
+    value = pl.col(key)
+    if key == "time_to_train_p90_s":
+        value = value.fill_null(pl.col("time_to_train_s"))
     ordered = frame.with_columns(
         pl.col("fits").fill_null(False).alias("_fits"),
         (pl.col("status") == "replayed").fill_null(False).alias("_verified")
-        if verified_first else pl.lit(True).alias("_verified")).sort(
-        ["_fits", "_verified", key, "strategy"], descending=[True, True, False, False],
-        nulls_last=True).drop("_fits", "_verified")
+        if verified_first else pl.lit(True).alias("_verified"), value.alias("_key")).sort(
+        ["_fits", "_verified", "_key", "strategy"], descending=[True, True, False, False],
+        nulls_last=True).drop("_fits", "_verified", "_key")
     return ordered.with_row_index("rank", offset=1).with_columns(pl.col("rank").cast(pl.Int64))
 
 

@@ -180,9 +180,14 @@ def _context(results: pl.DataFrame, meta: dict[str, Any], figures: list[dict[str
     return {"title": title, "subtitle": subtitle, "version": __version__, "columns": cols,
             "rows": rows, "figures": figures, "resilience_rows": res_rows,
             "episodes": [{"id": eid, "text": text} for eid, text in episodes],
-            "rank_by": meta.get("rank_by", "step time").replace("_", " "),
+            "rank_by": RANK_WORDS.get(str(meta.get("rank_by", "step_time")), "step time"),
             "counts": meta.get("counts", {}), "space": meta.get("space", ""),
             "verdict": _verdict(results, meta), "best": _best(results, meta)}
+
+
+# How the report names a study's ranking (``analysis.study.RANK_BY``).
+RANK_WORDS = {"step_time": "step time", "time_to_train": "time to train",
+              "time_to_train_p90": "P90 time to train, the day nine runs in ten end by"}
 
 
 def _verdict(results: pl.DataFrame, meta: dict[str, Any]) -> str:

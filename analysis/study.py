@@ -164,6 +164,36 @@ class Study:
         return bool(self.failures)
 
 
+# What a study can rank by: the step, the expected time to train, or the day nine runs in ten
+# end by (``rank_key``).
+RANK_BY = ("step_time", "time_to_train", "time_to_train_p90")
+
+
+def rank_key(rank_by: str) -> str:
+    """The result column a ranking sorts on. For ``time_to_train_p90`` a sweep's screened
+    rows, which carry no spread (it is worked out for the replayed ones), sort on the expected
+    time (``analysis.compare.rank``)."""
+    return {"time_to_train": "time_to_train_s",
+            "time_to_train_p90": "time_to_train_p90_s"}.get(rank_by, "step_time_s")
+
+
+def _rank_by(data: dict[str, Any], name: str) -> str:
+    rank_by = str(data.get("rank_by", "time_to_train" if data.get("failures") else "step_time"))
+    what = f"study {name!r}"
+    if rank_by not in RANK_BY:
+        raise ConfigError(f"rank_by must be one of {', '.join(map(repr, RANK_BY))}, got "
+                          f"{rank_by!r}", what=what)
+    if rank_by == "time_to_train_p90" and not data.get("failures"):
+        raise ConfigError("rank_by = 'time_to_train_p90' needs [failures]: the spread of the "
+                          "end date is the failure process's; without failures rank by "
+                          "time_to_train", what=what)
+    if data.get("rank_by") == "time_to_train" and not data.get("tokens") and not data.get(
+            "failures"):  # no time to train to rank by: the order had been arbitrary
+        raise ConfigError("rank_by = 'time_to_train' needs tokens (the token budget to train "
+                          "on); set tokens or rank by step_time", what=what)
+    return rank_by
+
+
 def load_study(path: str | Path) -> Study:
     p = Path(path)
     data = load_mapping(p, what="study file")
@@ -197,14 +227,7 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
         if problems:
             raise ConfigError(problems, what=f"study {name!r}")
     _check_resilience_tables(data, system)
-    rank_by = str(data.get("rank_by", "time_to_train" if data.get("failures") else "step_time"))
-    if rank_by not in ("step_time", "time_to_train"):
-        raise ConfigError(f"rank_by must be 'step_time' or 'time_to_train', got {rank_by!r}",
-                          what=f"study {name!r}")
-    if data.get("rank_by") == "time_to_train" and not data.get("tokens") and not data.get(
-            "failures"):  # no time to train to rank by: the order had been arbitrary
-        raise ConfigError("rank_by = 'time_to_train' needs tokens (the token budget to train "
-                          "on); set tokens or rank by step_time", what=f"study {name!r}")
+    rank_by = _rank_by(data, name)
     deadline = data.get("deadline_days")
     if deadline is not None and not data.get("tokens"):
         raise ConfigError("deadline_days needs tokens (the token budget the run must finish "

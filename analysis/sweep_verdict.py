@@ -49,7 +49,8 @@ def _pct(x: float) -> str:
 def verdict(results: pl.DataFrame, rank_by: str) -> Verdict | None:
     """The verdict on a sweep's ranked results (``sweep``'s frame or results.parquet), or None
     where there is none to give (nothing replayed, or nothing screened that fits)."""
-    key = "time_to_train_s" if rank_by == "time_to_train" else "step_time_s"
+    # (by the P90, the expected time: screened rows carry no spread to compare with)
+    key = "step_time_s" if rank_by == "step_time" else "time_to_train_s"
     fits = results.filter(pl.col("fits").fill_null(False) & pl.col(key).is_not_null()
                           & pl.col("fast_step_time_s").is_not_null())
     # each row's key as the fast path has it (a replayed row's scaled by its step's ratio)

@@ -288,6 +288,53 @@ def test_every_listed_strategys_problems_are_named_at_once(tmp_path: Path) -> No
     assert "strategy #3: num_kv_heads 8 is not divisible by tp 16" in text
 
 
+def test_ranking_by_the_day_nine_runs_in_ten_end_by(tmp_path: Path) -> None:
+    """``rank_by = "time_to_train_p90"``: the strategies in the order of the P90 of their end
+    date under the study's failures (a risk-averse plan's criterion); refused without
+    [failures] (the spread is the failure process's) and for a name it does not know, with
+    the three it does."""
+    path = write_study(tmp_path)
+    path.write_text(path.read_text().replace(
+        "tokens = 1e9\n", 'tokens = 1e9\nrank_by = "time_to_train_p90"\n'))
+    study = load_study(path)
+    assert study.rank_by == "time_to_train_p90"
+    frame = compare(study).filter(pl.col("fits"))
+    p90 = frame["time_to_train_p90_s"].to_list()
+    assert frame.height == 3 and None not in p90 and p90 == sorted(p90)
+    assert frame["rank"].to_list() == [1, 2, 3]
+    healthy = write_study(tmp_path / "h", failures=False)
+    healthy.write_text(healthy.read_text().replace(
+        "tokens = 1e9\n", 'tokens = 1e9\nrank_by = "time_to_train_p90"\n'))
+    with pytest.raises(ConfigError, match=r"needs \[failures\]: the spread of the end date"):
+        load_study(healthy)
+    from analysis.report import RANK_WORDS
+    from analysis.study import RANK_BY
+
+    assert set(RANK_WORDS) == set(RANK_BY)  # (the report names each ranking)
+    healthy.write_text(healthy.read_text().replace('"time_to_train_p90"', '"p90"'))
+    with pytest.raises(ConfigError, match="one of 'step_time', 'time_to_train', "
+                                          "'time_to_train_p90', got 'p90'"):
+        load_study(healthy)
+
+
+def test_a_sweep_ranked_by_the_p90_screens_by_the_expected_time() -> None:
+    """A sweep's screened rows carry no spread (it is worked out for the strategies it
+    replays): ranked by the P90 they sort on their expected time, after the replayed ones,
+    which sort on their P90 — not in the arbitrary order of an empty key."""
+    from analysis.compare import rank
+
+    frame = pl.DataFrame({
+        "strategy": ["a", "b", "c", "d", "e"], "fits": [True] * 5,
+        "status": ["replayed", "replayed", "screened", "screened", "screened"],
+        "step_time_s": [1.0, 1.1, 0.9, 1.2, 1.0],
+        "time_to_train_s": [10.0, 9.0, 8.0, 12.0, 7.0],
+        "time_to_train_p90_s": [10.5, 11.0, None, None, None]})
+    got = rank(frame, "time_to_train_p90", verified_first=True)
+    assert got["strategy"].to_list() == ["a", "b", "e", "c", "d"]
+    assert rank(frame, "time_to_train", verified_first=True)["strategy"].to_list() == [
+        "b", "a", "e", "c", "d"]
+
+
 def test_ranking_by_time_to_train_needs_a_token_budget(tmp_path: Path) -> None:
     """Without tokens every time to train is empty and the ranking had been arbitrary."""
     f = tmp_path / "s.toml"
