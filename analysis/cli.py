@@ -145,19 +145,19 @@ def tracegen_cmd(
         task = bar.add_task("writing ranks", total=None)
         summary = generate(spec, strategy, out, mode=mode, name=name, gpus=gpus,  # type: ignore[arg-type]
                            progress=lambda i, n: bar.update(task, completed=i, total=n))
-    capacity = None
+    capacity, any_layout = None, False
     if system is not None:
         from replay import resolve_system
 
         sys_spec = resolve_system(system)
-        capacity = sys_spec.gpu.hbm_GiB
+        capacity, any_layout = sys_spec.gpu.hbm_GiB, sys_spec.gpu.fp8_any_layout
         if stamp:
             from replay.stamp import stamp_trace_set
 
             stamped = stamp_trace_set(out, sys_spec)
             console.print(f"stamped {stamped.stamped:,} compute nodes with {sys_spec.name}'s "
                           f"GPU model ({stamped.stamped_us / 1e6:.6f} s of compute)")
-    print_summary(summary, strategy, capacity_GiB=capacity)
+    print_summary(summary, strategy, capacity_GiB=capacity, fp8_any_layout=any_layout)
     note_param_gather(strategy)
     note_combined_1f1b([strategy.overlap_moe_ep_comm])
 
@@ -353,8 +353,14 @@ def systems_cmd(name: Annotated[str | None, typer.Argument(
         console.print(f"[bold]{name}[/]: {get_system(name).description}", soft_wrap=True)
 
 
-def print_summary(s: TraceSetSummary, strategy: Strategy, *, capacity_GiB: float | None = None
-                  ) -> None:
+def print_summary(s: TraceSetSummary, strategy: Strategy, *, capacity_GiB: float | None = None,
+                  fp8_any_layout: bool = False) -> None:
+    """The set's table; with ``--system``, each stage's memory as a rank needs it on that GPU
+    (less the transposed FP8 weights a GPU with any-layout FP8 GEMMs does not keep: what
+    ``replay`` reports there) against its capacity."""
+    need_GiB = {st.stage: (st.memory.total_bytes
+                           - (st.fp8_transpose_bytes if fp8_any_layout else 0)) / GiB
+                for st in s.stages}
     console.print(f"[bold]{s.path}[/]: {s.mode} trace set, world size {s.world_size}, "
                   f"{s.ranks_written} rank file(s), {s.nodes_written:,} nodes "
                   f"({strategy.label()}, {strategy.num_microbatches} micro-batches, "
@@ -373,10 +379,10 @@ def print_summary(s: TraceSetSummary, strategy: Strategy, *, capacity_GiB: float
         table.add_row(str(st.stage), f"{st.nodes:,}", f"{f.get('fwd', 0) / 1e12:.1f}",
                       f"{f.get('bwd', 0) / 1e12:.1f}", f"{f.get('recompute', 0) / 1e12:.1f}",
                       *[f"{st.comm_bytes_by_axis.get(a, 0) / 1e9:.2f}" for a in axes],
-                      _memory_cell(st.memory.total_bytes / GiB, capacity_GiB))
+                      _memory_cell(need_GiB[st.stage], capacity_GiB))
     console.print(table)
     if capacity_GiB is not None:
-        over = [st.stage for st in s.stages if st.memory.total_bytes / GiB > capacity_GiB]
+        over = [stage for stage, gib in need_GiB.items() if gib > capacity_GiB]
         if over:
             console.print(f"[bold red]does not fit:[/] stage(s) {over} need more than "
                           f"{capacity_GiB:g} GiB per GPU")

@@ -277,7 +277,7 @@ def test_blackwell_caches_one_fp8_copy_of_each_weight() -> None:
 
 
 def test_a_replay_on_blackwell_drops_the_transposed_weights_the_manifest_names(
-        tmp_path) -> None:
+        tmp_path: Path) -> None:
     """A trace set does not know its GPU: its manifest keeps Hopper's two FP8 copies of each
     GEMM weight and names the transposed one (``fp8_transpose_GiB``); a replay on Blackwell
     takes it off, so that replay's peak is the fast path's on either GPU, and a mixed cluster
@@ -313,7 +313,26 @@ def test_a_replay_on_blackwell_drops_the_transposed_weights_the_manifest_names(
     twin = tmp_path / "twin.toml"  # the same GPU without Blackwell's FP4 tensor cores
     twin.write_text(re.sub(r"(peak_fp4_TFLOPs|gemm_efficiency_fp4) = [0-9.]+", r"\1 = 0",
                            b200.read_text()))
-    for system, fits in ((b200, True), (twin, False)):
+    for gpu_file, fits in ((b200, True), (twin, False)):
         scen = tmp_path / "gpu.toml"
-        scen.write_text(f'[[gpu]]\nranks = [0, 1]\nsystem = "{system}"\n')
+        scen.write_text(f'[[gpu]]\nranks = [0, 1]\nsystem = "{gpu_file}"\n')
         assert replay(tmp_path / "t", "dgx-b200", scenario=scen).metrics["fits"] is fits
+
+
+def test_tracegen_with_a_blackwell_system_shows_what_a_rank_needs_there(tmp_path: Path) -> None:
+    """``trainsim tracegen --system``: each stage's memory as a rank needs it on that GPU —
+    on a B200 without the transposed FP8 weights, as ``estimate`` and ``replay`` say."""
+    from tests.test_cli import run
+
+    flags = ("--model", "llama3-8b", "--gpus", "8", "--tp", "2", "--mbs", "1", "--gbs", "8",
+             "--precision", "fp8")
+    cells = {}
+    for system in ("dgx-h100", "dgx-b200"):
+        r = run("tracegen", *flags, "-o", str(tmp_path / system), "--system", system)
+        assert r.returncode == 0, r.stderr
+        cells[system] = float(re.findall(r"│\s+([0-9.]+)(?: > \d+)?\s+│\s*$", r.stdout,
+                                         re.M)[-1])  # (over the capacity: "99.7 > 80")
+        est = run("estimate", *flags, "--system", system)
+        said = re.search(r"peak memory ([0-9.]+) GiB per GPU", " ".join(est.stdout.split()))
+        assert said is not None and float(said[1]) == cells[system], (system, est.stdout)
+    assert cells["dgx-b200"] < cells["dgx-h100"]
