@@ -98,6 +98,27 @@ def test_readme_estimate_examples_print_the_readme_figures(example: tuple[str, s
         assert _agrees(gib[1], got["peak_memory_GiB"]), (cmd, gib[1], got["peak_memory_GiB"])
 
 
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "validation" / "public_runs.csv").is_file(),
+                    reason="the public set lies beside the checkout")
+def test_the_reference_bench_gives_the_public_figures_the_readme_states() -> None:
+    """``bench/reference_sets.py`` (every reference set with its test's stack, one table) gives
+    the public set the median, p90 and max the README's Fidelity section states."""
+    import subprocess
+    import sys
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    said = re.search(r"median \|error\| \*\*([0-9.]+)%\*\*, p90 ([0-9.]+)%, max ([0-9.]+)%",
+                     text)
+    assert said is not None
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "reference_sets.py"), "--set",
+                        "public"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert r.returncode == 0, r.stderr
+    row = next(line for line in r.stdout.splitlines() if line.startswith("public"))
+    rows, median, p90, worst = row.split()[4:8]
+    assert rows == "14" and (median, p90, worst) == said.groups(), (row, said.groups())
+
+
 def test_readme_counts_the_runs_files_extension_columns() -> None:
     """The README's count of the columns a runs file may carry beyond the schema is
     ``validate``'s (it had fallen behind once)."""
