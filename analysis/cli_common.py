@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from replay.hardware import ScaleOutSpec, SystemSpec
-from tracegen import ConfigError, Strategy
+from tracegen import ConfigError, ModelSpec, Strategy
 
 if TYPE_CHECKING:  # polars loads only where a table is written
     import polars as pl
@@ -336,6 +336,22 @@ COMBINED_1F1B_NOTE = (
     "pair with and without it (Megatron-MoE-ModelZoo, Qwen3-235B on 256 H100s) trainsim's "
     "saving was 2.4 times the measured one: read the step time of such a strategy as a bound "
     "on what the overlap can save, not a forecast")
+
+
+# What a MoE step is worth (README, "Reference sets"): NVIDIA's published MoE runs in the
+# reference sets (tests/test_moe_note.py counts them and holds these figures)
+MOE_NOTE = (
+    "note: for NVIDIA's {runs} published MoE runs in trainsim's reference sets (Qwen3, "
+    "DeepSeek-V3 and GPT-OSS on H100, B200, GB200 and GB300) trainsim predicts a step a median "
+    "{median}% shorter than measured, {slower} of them too short, {close} within 10%: read a "
+    "MoE step as optimistic (README, \"Reference sets\")")
+MOE_REFERENCE = {"runs": 19, "median": 27, "slower": 18, "close": 5}
+
+
+def note_moe(model: ModelSpec) -> None:
+    """Say what a MoE model's step is worth against NVIDIA's published MoE runs."""
+    if model.is_moe:
+        console.print(MOE_NOTE.format(**MOE_REFERENCE))
 
 
 def note_combined_1f1b(overlaps: Iterable[bool]) -> None:

@@ -17,6 +17,7 @@ from analysis.cli_common import (
     build_strategy,
     console,
     note_combined_1f1b,
+    note_moe,
     note_param_gather,
     note_precision,
     note_zero2,
@@ -187,6 +188,7 @@ def estimate_cmd(
     stream = note_grad_stream(spec, strategy, sys_spec) if mixed is None else None
     sites = note_sites(spec, strategy, sys_spec) if mixed is None else None
     note_combined_1f1b([strategy.overlap_moe_ep_comm])
+    note_moe(spec)
     experts = note_small_experts(spec, strategy, sys_spec)
     losses = note_loss(spec, strategy, sys_spec, g) if mixed is None else None
     offload = note_offload(spec, strategy, sys_spec, g) if mixed is None else None

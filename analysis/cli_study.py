@@ -19,6 +19,7 @@ from analysis.cli_common import (
     app,
     console,
     note_combined_1f1b,
+    note_moe,
     note_precision,
     note_zero2_study,
     output_dir,
@@ -421,6 +422,7 @@ def compare_cmd(
     note_precision({x.precision for x in st.strategies} or {"bf16"}, st.system,
                    {x.fp8_recipe for x in st.strategies})
     note_combined_1f1b(x.overlap_moe_ep_comm for x in st.strategies)
+    note_moe(st.model)
     note_zero2_study(x.zero_stage for x in st.strategies if not x.grad_reduce_per_microbatch)
     if not st.strategies:
         raise ConfigError("the study lists no [[strategies]]; use `trainsim sweep` for a search "
@@ -596,6 +598,7 @@ def _note_space(st: Study) -> None:
 
     space = search_space(st)
     note_combined_1f1b(bool(x) for x in space.get("overlap_moe_ep_comm", []))
+    note_moe(st.model)
     if False in space.get("grad_reduce_per_microbatch", [False]):  # (else each reduces so)
         note_zero2_study(int(x) for x in space.get("zero_stage", []))
 

@@ -1,0 +1,40 @@
+"""What ``estimate``, ``compare`` and ``sweep`` say a MoE step is worth (``cli_common.MOE_NOTE``):
+its figures are NVIDIA's published MoE runs in the reference sets, predicted with each set's
+stack, so the note cannot drift from them."""
+
+from __future__ import annotations
+
+import statistics
+
+from analysis.cli_common import MOE_NOTE, MOE_REFERENCE
+from analysis.validate import load_runs, validate
+from tests import test_megatron_bridge_runs as mb
+from tests import test_megatron_moe_runs as moe
+from tests.test_blackwell_moe_runs import RUNS as BLACKWELL_MOE
+from tests.test_cli import run
+
+SETS = ((mb.RUNS, mb.STACK, "cudnn-9.19"), (BLACKWELL_MOE, mb.STACK, None),
+        (moe.RUNS, moe.STACK, "cudnn-9.19"))
+
+
+def test_the_note_gives_the_reference_sets_moe_runs() -> None:
+    """Every MoE row of the three sets that hold NVIDIA's MoE runs, each with its set's stack:
+    how many, the median error, how many too fast and how many within 10%."""
+    errors = []
+    for path, stack, attention in SETS:
+        arch = dict(load_runs(path).select("id", "arch").iter_rows())
+        got = validate(path, fast=True, overrides=stack, attention=attention)
+        errors += [r["error_pct"] for r in got.iter_rows(named=True)
+                   if r["status"] == "ok" and arch[r["id"]] == "moe"]
+    reached = {"runs": len(errors), "median": round(-statistics.median(errors)),
+               "slower": sum(e < 0 for e in errors),
+               "close": sum(abs(e) <= 10 for e in errors)}
+    assert reached == MOE_REFERENCE
+
+
+def test_estimate_says_it_for_a_moe_model_only() -> None:
+    base = ("estimate", "--gpus", "8", "--mbs", "1", "--gbs", "8", "--system", "dgx-h100")
+    said = " ".join(run(*base, "--model", "qwen3-30b-a3b", "--ep", "8").stdout.split())
+    assert MOE_NOTE.format(**MOE_REFERENCE) in said
+    dense = run(*base, "--model", "llama3-8b")
+    assert dense.returncode == 0 and "published MoE runs" not in dense.stdout
