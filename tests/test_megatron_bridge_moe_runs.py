@@ -1,10 +1,11 @@
-"""NVIDIA's MoE runs on Blackwell, beyond the public set
-(``tests/data/megatron_bridge_blackwell_moe_runs.csv``: the Qwen3-30B-A3B, Qwen3-235B-A22B
-and GPT-OSS 120B rows of Megatron-Bridge's 25.11 DGX-GB300, DGX-GB200 and DGX-B200 tables, and
-the two DeepSeek-V3 rows whose layout the recipe names),
-read with the recipe files' settings the rows' notes name. Diagnostic, not part of the
-validation summary and not used to set anything: where the MoE model stands on Blackwell.
-Each bound is the error reached (seventieth session), so it cannot drift unseen."""
+"""NVIDIA's MoE runs of Megatron-Bridge's 25.11 tables, beyond the public set
+(``tests/data/megatron_bridge_moe_runs.csv``: the Qwen3-30B-A3B, Qwen3-235B-A22B and GPT-OSS
+120B rows of its DGX-GB300, DGX-GB200 and DGX-B200 tables, the two DeepSeek-V3 rows whose layout
+the recipe names, and the DGX-H100 table's Qwen3-30B and GPT-OSS rows — its Qwen3-235B row is in
+``megatron_bridge_h100_runs.csv``), read with the recipe files' settings the rows' notes name.
+Diagnostic, not part of the validation summary and not used to set anything: where the MoE
+model stands. Each bound is the error reached (seventieth session), so it cannot drift
+unseen."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from analysis.validate import RunInputs, load_runs, row_inputs, validate
 from tests.test_megatron_bridge_runs import STACK
 
-RUNS = Path(__file__).resolve().parent / "data" / "megatron_bridge_blackwell_moe_runs.csv"
+RUNS = Path(__file__).resolve().parent / "data" / "megatron_bridge_moe_runs.csv"
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +63,7 @@ def test_the_rack_scale_rows_are_predicted_within_the_error_reached(
     """The rack-scale rows of 256 GPUs (all expert traffic inside a rack's 64): Qwen3-235B
     (BF16, pp 4 × vp 12 at ep 16 and pp 8 × vp 3 at ep 32) −0.2% and −3.8%, DeepSeek-V3 on
     GB200 (BF16, pp 4 × vp 4 at ep 64) −9.6%."""
-    assert (results["status"] == "ok").all() and results["fits"].all()
+    assert (results["status"] == "ok").all()
     err = _err(results)
     assert -0.7 <= err["mbridge2511-gb300-qwen3-235b-a22b"] <= 0.3
     assert -4.3 <= err["mbridge2511-gb200-qwen3-235b-a22b"] <= -3.3
@@ -75,14 +76,29 @@ def test_the_other_rows_are_too_fast_by_the_error_reached(results: pl.DataFrame)
     recipes' CUDA graphs and HybridEP not modelled), and every DGX-B200 row by 33–65%: the
     B200 table's MoE rows run 1.5–2.6 times slower a GPU than GB200's, where trainsim's GPUs
     differ by their clocks (the 8-GPU Qwen3-30B at mbs 1: 9,299 tokens/s a GPU against
-    GB200's 23,766 at mbs 4; nothing modelled explains it)."""
+    GB200's 23,766 at mbs 4). The DGX-H100 table's rows say it is not Blackwell's: Qwen3-30B
+    on 16 H100s (pp 2 × vp 24, mbs 2) −58.8%, GPT-OSS on 64 (pp 4) −26.0% — the small MoE
+    at few tokens a micro-batch is the one far off, on either GPU (nothing modelled explains
+    it: a host that issues kernels slower than the GPU runs them would, unmeasured)."""
     err = _err(results)
     reached = {"mbridge2511-gb300-qwen3-30b-a3b": -13.0, "mbridge2511-gb200-qwen3-30b-a3b": -21.9,
                "mbridge2511-b200-qwen3-30b-a3b": -65.3, "mbridge2511-b200-qwen3-235b-a22b": -41.8,
                "mbridge2511-gb300-gpt-oss-120b": -38.4, "mbridge2511-gb200-gpt-oss-120b": -36.5,
-               "mbridge2511-b200-gpt-oss-120b": -48.0, "mbridge2511-b200-deepseek-v3": -33.5}
+               "mbridge2511-b200-gpt-oss-120b": -48.0, "mbridge2511-b200-deepseek-v3": -33.5,
+               "mbridge2511-h100-qwen3-30b-a3b": -58.8, "mbridge2511-h100-gpt-oss-120b": -26.0}
     for rid, e in reached.items():
         assert e - 0.5 <= err[rid] <= e + 0.5, (rid, err[rid])
+
+
+def test_memory_fits_where_the_runs_did_but_one(results: pl.DataFrame) -> None:
+    """Every row fits its GPU but the H100 GPT-OSS one: 101 GiB predicted where it ran in 80,
+    at pp 4 with the norms and the MoE activation recomputed as the recipe file's V1 preset
+    says — the 25.11 run must have held less (its layout is the table's; what else it
+    recomputed or offloaded is not stated)."""
+    fits = dict(zip(results["id"], results["fits"], strict=True))
+    assert [rid for rid, ok in fits.items() if not ok] == ["mbridge2511-h100-gpt-oss-120b"]
+    mem = dict(zip(results["id"], results["predicted_peak_memory_GiB"], strict=True))
+    assert 100 < mem["mbridge2511-h100-gpt-oss-120b"] < 103
 
 
 def test_each_models_gpus_are_ordered_as_measured_but_one(results: pl.DataFrame) -> None:
