@@ -10,8 +10,8 @@ from analysis.cli_common import MOE_NOTE, MOE_REFERENCE
 from analysis.validate import load_runs, validate
 from tests import test_megatron_bridge_runs as mb
 from tests import test_megatron_moe_runs as moe
-from tests.test_megatron_bridge_moe_runs import RUNS as MB_MOE
 from tests.test_cli import run
+from tests.test_megatron_bridge_moe_runs import RUNS as MB_MOE
 
 SETS = ((mb.RUNS, mb.STACK, "cudnn-9.19"), (MB_MOE, mb.STACK, None),
         (moe.RUNS, moe.STACK, "cudnn-9.19"))
