@@ -273,8 +273,9 @@ def rank(frame: pl.DataFrame, rank_by: str, *, verified_first: bool = False) -> 
     workers returned them."""
     key = rank_key(rank_by)
     value = pl.col(key)
-    if key == "time_to_train_p90_s":
-        value = value.fill_null(pl.col("time_to_train_s"))
+    if key == "time_to_train_p90_s":  # (a frame of an earlier version may lack the column)
+        value = (value.fill_null(pl.col("time_to_train_s")) if key in frame.columns
+                 else pl.col("time_to_train_s"))
     ordered = frame.with_columns(
         pl.col("fits").fill_null(False).alias("_fits"),
         (pl.col("status") == "replayed").fill_null(False).alias("_verified")

@@ -333,6 +333,9 @@ def test_a_sweep_ranked_by_the_p90_screens_by_the_expected_time() -> None:
     assert got["strategy"].to_list() == ["a", "b", "e", "c", "d"]
     assert rank(frame, "time_to_train", verified_first=True)["strategy"].to_list() == [
         "b", "a", "e", "c", "d"]
+    # a frame written before the P90 was a column (a resumed sweep's parts): the expected time
+    older = rank(frame.drop("time_to_train_p90_s"), "time_to_train_p90", verified_first=True)
+    assert older["strategy"].to_list() == ["b", "a", "e", "c", "d"]
 
 
 def test_ranking_by_time_to_train_needs_a_token_budget(tmp_path: Path) -> None:
