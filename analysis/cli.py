@@ -358,9 +358,7 @@ def print_summary(s: TraceSetSummary, strategy: Strategy, *, capacity_GiB: float
     """The set's table; with ``--system``, each stage's memory as a rank needs it on that GPU
     (less the transposed FP8 weights a GPU with any-layout FP8 GEMMs does not keep: what
     ``replay`` reports there) against its capacity."""
-    need_GiB = {st.stage: (st.memory.total_bytes
-                           - (st.fp8_transpose_bytes if fp8_any_layout else 0)) / GiB
-                for st in s.stages}
+    need_GiB = {st.stage: st.need_bytes(fp8_any_layout) / GiB for st in s.stages}
     console.print(f"[bold]{s.path}[/]: {s.mode} trace set, world size {s.world_size}, "
                   f"{s.ranks_written} rank file(s), {s.nodes_written:,} nodes "
                   f"({strategy.label()}, {strategy.num_microbatches} micro-batches, "

@@ -51,6 +51,11 @@ class StageStats:
     # the transposed FP8 weight copies (``_fp8_transpose_bytes``)
     fp8_transpose_bytes: int = 0
 
+    def need_bytes(self, fp8_any_layout: bool = False) -> int:
+        """What a rank of the stage needs on a GPU (``GPUSpec.fp8_any_layout``); the manifest's
+        counterpart is ``replay.results.stage_need_GiB``."""
+        return self.memory.total_bytes - (self.fp8_transpose_bytes if fp8_any_layout else 0)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TraceSetSummary:
