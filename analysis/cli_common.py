@@ -348,10 +348,13 @@ MOE_NOTE = (
 MOE_REFERENCE = {"runs": 21, "median": 27, "slower": 20, "close": 5}
 
 
-def note_moe(model: ModelSpec) -> None:
-    """Say what a MoE model's step is worth against NVIDIA's published MoE runs."""
-    if model.is_moe:
-        console.print(MOE_NOTE.format(**MOE_REFERENCE))
+def note_moe(model: ModelSpec) -> dict[str, int] | None:
+    """Say what a MoE model's step is worth against NVIDIA's published MoE runs; the figures
+    said (for ``estimate --json``), or None for a dense model."""
+    if not model.is_moe:
+        return None
+    console.print(MOE_NOTE.format(**MOE_REFERENCE))
+    return dict(MOE_REFERENCE)
 
 
 def note_combined_1f1b(overlaps: Iterable[bool]) -> None:

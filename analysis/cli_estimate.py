@@ -188,7 +188,7 @@ def estimate_cmd(
     stream = note_grad_stream(spec, strategy, sys_spec) if mixed is None else None
     sites = note_sites(spec, strategy, sys_spec) if mixed is None else None
     note_combined_1f1b([strategy.overlap_moe_ep_comm])
-    note_moe(spec)
+    moe_reference = note_moe(spec)
     experts = note_small_experts(spec, strategy, sys_spec)
     losses = note_loss(spec, strategy, sys_spec, g) if mixed is None else None
     offload = note_offload(spec, strategy, sys_spec, g) if mixed is None else None
@@ -236,6 +236,8 @@ def estimate_cmd(
             out["offload"] = offload
         if opt_offload is not None:  # optimizer offloading against none
             out["optimizer_offload"] = opt_offload
+        if moe_reference is not None:  # what the note says a MoE step is worth
+            out["moe_reference"] = moe_reference
         if mixed is not None:
             out["mixed"] = mixed.to_dict()
             if balanced is not None:

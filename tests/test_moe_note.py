@@ -4,7 +4,9 @@ stack, so the note cannot drift from them."""
 
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
 
 from analysis.cli_common import MOE_NOTE, MOE_REFERENCE
 from analysis.validate import load_runs, validate
@@ -32,9 +34,13 @@ def test_the_note_gives_the_reference_sets_moe_runs() -> None:
     assert reached == MOE_REFERENCE
 
 
-def test_estimate_says_it_for_a_moe_model_only() -> None:
+def test_estimate_says_it_for_a_moe_model_only(tmp_path: Path) -> None:
+    """Printed, and in ``--json`` as ``moe_reference`` (runs, median, slower, close)."""
     base = ("estimate", "--gpus", "8", "--mbs", "1", "--gbs", "8", "--system", "dgx-h100")
-    said = " ".join(run(*base, "--model", "qwen3-30b-a3b", "--ep", "8").stdout.split())
-    assert MOE_NOTE.format(**MOE_REFERENCE) in said
-    dense = run(*base, "--model", "llama3-8b")
+    moe_run = run(*base, "--model", "qwen3-30b-a3b", "--ep", "8", "--json",
+                  str(tmp_path / "moe.json"))
+    assert MOE_NOTE.format(**MOE_REFERENCE) in " ".join(moe_run.stdout.split())
+    assert json.loads((tmp_path / "moe.json").read_text())["moe_reference"] == MOE_REFERENCE
+    dense = run(*base, "--model", "llama3-8b", "--json", str(tmp_path / "dense.json"))
     assert dense.returncode == 0 and "published MoE runs" not in dense.stdout
+    assert "moe_reference" not in json.loads((tmp_path / "dense.json").read_text())
