@@ -26,7 +26,7 @@ check: $(STAMP)
 # The main job on built-in defaults: GPT-3 175B on 1,024 A100s, four Megatron layouts, healthy
 # and under Llama 3's published failure rate → out/report.html, out/report.md, out/results.csv.
 demo: $(STAMP)
-	$(VENV)/bin/trainsim compare default -o out
+	$(VENV)/bin/trainsim compare default -o out --fresh
 	$(VENV)/bin/trainsim report out -o out
 
 bench: $(STAMP)

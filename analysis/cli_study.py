@@ -406,12 +406,18 @@ def _save_best(results: Any, study: Any, out: Path, timelines: Path) -> None:
             resilience_frame(study, by_id[bid]).write_parquet(out / "resilience.parquet")
 
 
+FreshOpt = Annotated[bool, typer.Option(
+    "--fresh", help="Start afresh: delete what an earlier run kept in --out/parts (by "
+                    "default a re-run of the same study resumes it).")]
+
+
 @app.command("compare")
 def compare_cmd(
     study: Annotated[str, typer.Argument(help="Study TOML, or a packaged study name.")],
     out: Annotated[Path, typer.Option("-o", "--out", help="Output directory.")],
     workers: Annotated[int, typer.Option(min=1, help="Local worker processes.")] = 2,
     scheduler: Annotated[str | None, typer.Option(help="Dask scheduler address.")] = None,
+    fresh: FreshOpt = False,
 ) -> None:
     """Generate, replay and rank every strategy a study lists."""
     import json
@@ -430,11 +436,11 @@ def compare_cmd(
     _print_cluster(st)
     output_dir(out, "--out")
     timelines = out / "parts" / "timelines"  # kept with the rows, for a resumed comparison
-    kept = _kept_rows(out, st)
+    kept = 0 if fresh else _kept_rows(out, st)
     with progress_bar() as bar:
         task = bar.add_task("replaying strategies", total=len(st.strategies))
         results = compare(st, timeline_dir=str(timelines), workers=workers,
-                          scheduler=scheduler, out_dir=out,
+                          scheduler=scheduler, out_dir=out, fresh=fresh,
                           progress=lambda i, n: bar.update(task, completed=i))
         _save_best(results, st, out, timelines)
     results.write_parquet(out / "results.parquet")
@@ -445,7 +451,7 @@ def compare_cmd(
     _print_best_command(results, st)
     if kept:
         console.print(f"{kept} of {len(st.strategies)} strategies were kept from an earlier run "
-                      f"into {out}, not replayed again (delete {out / 'parts'} to replay all)")
+                      f"into {out}, not replayed again (--fresh replays all)")
 
 
 def _kept_rows(out: Path, st: Study) -> int:
@@ -521,6 +527,7 @@ def sweep_cmd(
     chunk: Annotated[int | None, typer.Option(
         help="Strategies per screening task (default: about an eighth of each worker's "
              "share, 64–4,096; on a Dask cluster, each worker thread's).")] = None,
+    fresh: FreshOpt = False,
 ) -> None:
     """Enumerate a strategy space, screen it with the fast path, replay the best K, rank."""
     import json
@@ -537,7 +544,7 @@ def sweep_cmd(
     _note_space(st)
     with progress_bar() as bar:
         results, counts = sweep(st, out, top_k=top_k, scheduler=scheduler, workers=workers,
-                                chunk=chunk, progress=_phase_reporter(bar))
+                                chunk=chunk, progress=_phase_reporter(bar), fresh=fresh)
     (out / "study.json").write_text(json.dumps(_study_meta(st, counts), indent=1) + "\n")
     console.print(" · ".join(f"{k.replace('_', ' ')}: {v:,}" for k, v in counts.items()))
     if counts["invalid"]:

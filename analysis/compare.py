@@ -216,7 +216,7 @@ def failure_columns(study: Study, s: Strategy, step_time_s: float, fast: Any,
 
 def compare(study: Study, *, progress: Callable[[int, int], None] | None = None,
             timeline_dir: str | None = None, workers: int = 1, scheduler: str | None = None,
-            out_dir: str | Path | None = None) -> pl.DataFrame:
+            out_dir: str | Path | None = None, fresh: bool = False) -> pl.DataFrame:
     """Every listed strategy, replayed (in parallel with ``workers`` > 1 or on a Dask
     ``scheduler``); ranked by the study's criterion. With ``timeline_dir`` (made if missing),
     each strategy's timeline of its first ranks is saved there as ``<id>.parquet``, written
@@ -224,13 +224,16 @@ def compare(study: Study, *, progress: Callable[[int, int], None] | None = None,
     needs no disk shared with the caller. With ``out_dir``, each strategy's row is kept there
     as it finishes (``parts/compare``, as a sweep keeps its chunks), and a re-run of the same
     study into it replays only the strategies it lacks (another study's folder is refused:
-    ``analysis.resume``)."""
+    ``analysis.resume``); ``fresh`` deletes what earlier runs kept there first."""
     if out_dir is None:
         return _compare(study, progress, timeline_dir, workers, scheduler, None)
-    from analysis.resume import claim, writing
+    from analysis.resume import claim, clear, writing
 
-    claim(Path(out_dir) / "parts", study)
-    with writing(Path(out_dir) / "parts"):  # one run at a time writes a folder's parts
+    parts = Path(out_dir) / "parts"
+    with writing(parts):  # one run at a time writes a folder's parts
+        if fresh:
+            clear(parts)
+        claim(parts, study)
         return _compare(study, progress, timeline_dir, workers, scheduler, Path(out_dir))
 
 

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import socket
 import time
 from collections.abc import Iterator
@@ -25,6 +26,8 @@ from analysis.study import RATE_KEYS, Study
 from tracegen import ConfigError, __version__
 
 RECORD = "study.json"  # in the folder's parts/ directory, beside the part files
+# How a refusal names the way out: the CLI's flag (the Python functions' ``fresh=True``)
+AFRESH = "--fresh (it deletes the earlier run's results: parts/ of that folder)"
 
 
 def fingerprint(study: Study) -> dict[str, Any]:
@@ -61,21 +64,36 @@ def claim(parts_dir: Path, study: Study) -> None:
         raise ConfigError(_refusal(parts_dir, before, now), what="output folder")
     if any(parts_dir.rglob("part-*.parquet")):
         raise ConfigError(f"{parts_dir} holds results with no record of the study they belong "
-                          f"to (an earlier trainsim wrote them): give another --out, or delete "
-                          f"{parts_dir} to start afresh", what="output folder")
+                          f"to (an earlier trainsim wrote them): give another --out, or run "
+                          f"again with {AFRESH}", what="output folder")
     parts_dir.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(now, indent=1, sort_keys=True) + "\n")
+
+
+def clear(parts_dir: Path) -> int:
+    """Delete what earlier runs left in ``parts_dir`` (their part files, timelines and study
+    record; not the lock of the run that calls this, which must hold it: ``writing``), so that
+    a run starts afresh. Returns how many entries were removed."""
+    gone = 0
+    for entry in sorted(parts_dir.iterdir()) if parts_dir.is_dir() else ():
+        if entry.name == LOCK:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+        gone += 1
+    return gone
 
 
 def _refusal(parts_dir: Path, before: Any, now: dict[str, Any]) -> str:
     if not isinstance(before, dict):
         return (f"{parts_dir / RECORD} is unreadable, so the results beside it cannot be "
-                f"matched to a study: delete {parts_dir} to start afresh")
+                f"matched to a study: run again with {AFRESH}")
     differ = [_change(key, before.get(key), now.get(key))
               for key in sorted(now.keys() | before.keys()) if before.get(key) != now.get(key)]
     return (f"{parts_dir.parent} holds results of another study ({'; '.join(differ)}); a re-run "
-            f"resumes only the same study: give another --out, or delete {parts_dir} to start "
-            "afresh")
+            f"resumes only the same study: give another --out, or run again with {AFRESH}")
 
 
 def _change(key: str, before: Any, now: Any) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 import polars as pl
 
 from analysis.compare import RESULT_COLUMNS, rank
-from analysis.resume import claim, writing
+from analysis.resume import claim, clear, writing
 from analysis.runner import cluster_pool, local_pool, map_chunks, strategy_id, strategy_key
 from analysis.study import Study, mixed_stages
 from tracegen import ConfigError, Strategy
@@ -365,8 +365,10 @@ def screening_chunk(n: int, workers: int) -> int:
 
 def sweep(study: Study, out_dir: str | Path, *, top_k: int = 10, scheduler: str | None = None,
           workers: int | None = None, chunk: int | None = None,
-          progress: Progress | None = None) -> tuple[pl.DataFrame, dict[str, int]]:
+          progress: Progress | None = None, fresh: bool = False
+          ) -> tuple[pl.DataFrame, dict[str, int]]:
     """Screen the whole space, replay the best ``top_k``; returns (ranked frame, counts).
+    ``fresh``: delete what earlier runs kept in ``out_dir`` first (else they are resumed).
     ``chunk``: strategies per screening task (default ``screening_chunk`` of the local workers
     or the cluster's threads). The local pool, or the one client of the cluster, starts before
     the space is enumerated and serves both phases."""
@@ -374,13 +376,15 @@ def sweep(study: Study, out_dir: str | Path, *, top_k: int = 10, scheduler: str 
         raise ConfigError(f"top_k is how many of the best to replay, 0 or more; got {top_k!r} "
                           "(a negative count had replayed all but that many)",
                           what=f"sweep of {study.name!r}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    claim(out / "parts", study)  # a re-run resumes its own study's parts, never another's
     if chunk is not None and chunk < 1:
         raise ConfigError(f"chunk must be at least 1 strategy per task, not {chunk}",
                           what=f"sweep of {study.name!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     with writing(out / "parts"):  # one run at a time writes a folder's parts
+        if fresh:
+            clear(out / "parts")
+        claim(out / "parts", study)  # a re-run resumes its own study's parts, never another's
         return _sweep(study, out, top_k, scheduler, workers or min(2, os.cpu_count() or 1),
                       chunk, progress)
 

@@ -549,6 +549,58 @@ def test_a_folder_resumes_only_its_own_study(study_path: Path, tmp_path: Path) -
         sweep(study, out, top_k=1, workers=1)
 
 
+def test_fresh_rebuilds_a_folder_another_study_holds(study_path: Path, tmp_path: Path) -> None:
+    """A refused folder names the way out (``--fresh``), and taking it replaces the earlier
+    study's results instead of mixing them in: afterwards the folder holds exactly what a run
+    into an empty folder holds (the same rows, the new study's record), for a sweep and for a
+    comparison (whose kept timelines go too). ``make demo`` runs with it, so that a demo folder
+    an earlier trainsim wrote (with other GPU constants) is rebuilt, not refused."""
+    import dataclasses
+    import json
+
+    from typer.testing import CliRunner
+
+    from analysis.cli import app
+    from analysis.resume import LOCK, fingerprint
+    from replay import get_system
+
+    small = {"tp": [1, 2], "pp": [1], "vpp": [1], "micro_batch_size": [1],
+             "recompute": ["full"], "zero_stage": [1], "sequence_parallel": [False]}
+    study = dataclasses.replace(load_study(study_path), search=small)
+    other = dataclasses.replace(study, system=get_system("dgx-a100-80gb"))
+    out, clean = tmp_path / "o", tmp_path / "clean"
+    sweep(study, out, top_k=1, workers=1)
+    with pytest.raises(ConfigError, match="run again with --fresh"):
+        sweep(other, out, top_k=1, workers=1)
+    got, _ = sweep(other, out, top_k=1, workers=1, fresh=True)
+    want, _ = sweep(other, clean, top_k=1, workers=1)
+    assert got.drop("id").equals(want.drop("id")) and got["id"].equals(want["id"])
+    for phase in ("screen", "replay"):
+        assert PartStore(out, phase).read().sort("id").equals(
+            PartStore(clean, phase).read().sort("id"))
+    record = json.loads((out / "parts" / "study.json").read_text())
+    assert record == json.loads(json.dumps(fingerprint(other), sort_keys=True))
+    assert not (out / "parts" / LOCK).exists()
+
+    listed = write_study(tmp_path / "listed", failures=False)  # a comparison
+    cmp_out = tmp_path / "cmp"
+    first = CliRunner().invoke(app, ["compare", str(listed), "-o", str(cmp_out),
+                                     "--workers", "1"])
+    assert first.exit_code == 0, first.output
+    timelines = sorted((cmp_out / "parts" / "timelines").iterdir())
+    assert timelines
+    stale = cmp_out / "parts" / "timelines" / "stale.parquet"
+    stale.write_bytes(timelines[0].read_bytes())
+    again = CliRunner().invoke(app, ["compare", str(listed), "-o", str(cmp_out),
+                                     "--workers", "1"])
+    assert again.exit_code == 0 and "kept from an earlier run" in again.output
+    fresh = CliRunner().invoke(app, ["compare", str(listed), "-o", str(cmp_out),
+                                     "--workers", "1", "--fresh"])
+    assert fresh.exit_code == 0, fresh.output
+    assert "kept from an earlier run" not in fresh.output and not stale.exists()
+    assert sorted((cmp_out / "parts" / "timelines").iterdir()) == timelines
+
+
 def test_a_sweep_where_nothing_fits_says_so(tmp_path: Path) -> None:
     """Llama 3.1 405B on one node: every layout needs far more than 80 GiB; the sweep says that
     nothing fits and names the least memory any strategy needs (a table of rows that all say
