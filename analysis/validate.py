@@ -167,6 +167,7 @@ def _read_text(p: Path) -> pl.DataFrame:
     """Every cell of ``p`` as text. A row with more cells than the header (an unquoted comma in
     a note, say) cannot be mapped to the columns, so its cells are emptied and ``RAGGED`` says
     why; its first cell is kept, as it names the row. The other rows read as they are."""
+    _refuse_repeated_columns(p)
     try:
         return pl.read_csv(p, infer_schema_length=0)
     except (OSError, pl.exceptions.PolarsError) as exc:
@@ -180,8 +181,6 @@ def _read_text(p: Path) -> pl.DataFrame:
             rows.append((last + 1, row))
             last = reader.line_num
     width, cols = len(header), {h: i for i, h in enumerate(header)}
-    if len(cols) < width:
-        raise ConfigError(f"{p} repeats a column name in its header", what="runs file")
     cells: dict[str, list[str | None]] = {h: [] for h in header}
     ragged: list[str | None] = []
     for line, row in rows:
@@ -193,6 +192,26 @@ def _read_text(p: Path) -> pl.DataFrame:
         for h, i in cols.items():
             cells[h].append(row[i] if i < len(row) and (not over or i == 0) else None)
     return pl.DataFrame({**cells, RAGGED: ragged}, schema={h: pl.String for h in (*header, RAGGED)})
+
+
+def _refuse_repeated_columns(p: Path) -> None:
+    """A header that names a column twice is refused, naming it and where: the CSV reader
+    had kept the first and renamed the second (``…_duplicated_0``), which was then ignored
+    whatever it held."""
+    try:
+        with p.open(newline="", encoding="utf-8", errors="replace") as f:
+            header = next(csv.reader(f), [])
+    except OSError as exc:
+        raise ConfigError(f"cannot read {p}: {exc}", what="runs file") from None
+    seen: dict[str, list[int]] = {}
+    for i, name in enumerate(header, start=1):
+        seen.setdefault(name.lstrip("\ufeff").strip(), []).append(i)
+    twice = {k: v for k, v in seen.items() if len(v) > 1}
+    if twice:
+        said = "; ".join(f"{k!r} (columns {', '.join(map(str, v))})" for k, v in twice.items())
+        raise ConfigError(f"{p} names a column more than once in its header: {said}; keep one "
+                          "of each (which one a reader keeps is its choice, not yours)",
+                          what="runs file")
 
 
 def _missing(row: dict[str, Any], fields: tuple[str, ...]) -> list[str]:

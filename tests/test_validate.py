@@ -315,6 +315,29 @@ def test_a_row_with_an_unquoted_comma_skips_only_its_row(tmp_path: Path) -> None
     assert status["mpt-07"] == status["quoted"] == "ok"
     assert out.height == 3
 
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_a_header_naming_a_column_twice_is_refused(tmp_path: Path, ragged: bool) -> None:
+    """A column named twice (an extension column appended to a file that had it already) is
+    refused with its name and positions, whether or not a row is ragged too: the reader had
+    kept the first and renamed the second, which was then ignored whatever it said."""
+    if not PUBLIC.is_file():
+        pytest.skip(f"{PUBLIC} not present")
+    header, *rows = list(csv.reader(io.StringIO(PUBLIC.read_text())))
+    row = next(r for r in rows if r[0] == "mpt-07")
+    out = io.StringIO()
+    w = csv.writer(out)
+    w.writerow([*header, "precision"])
+    w.writerow([*row, "fp8"])
+    if ragged:
+        w.writerow([*row, "fp8", "one cell too many"])
+    f = tmp_path / "r.csv"
+    f.write_text(out.getvalue())
+    where = f"columns {header.index('precision') + 1}, {len(header) + 1}"
+    with pytest.raises(ConfigError, match=rf"names a column more than once in its header: "
+                                          rf"'precision' \({where}\); keep one"):
+        validate(f, fast=True)
+
 def test_a_row_too_large_to_replay_is_predicted_by_the_fast_path(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A row whose replay trace would pass the node limit (a typo'd batch: minutes to hours of
