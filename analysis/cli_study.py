@@ -697,6 +697,7 @@ def scale_cmd(
                            "default: the study's deadline_days.")] = None,
     workers: Annotated[int, typer.Option(min=1, help="Local worker processes.")] = 2,
     scheduler: Annotated[str | None, typer.Option(help="Dask scheduler address.")] = None,
+    fresh: FreshOpt = False,
 ) -> None:
     """The study on each GPU count: the best strategy that fits (a sweep, its best replayed),
     throughput, goodput, scaling efficiency, GPU-hours; with --deadline, the fewest GPUs that
@@ -718,7 +719,7 @@ def scale_cmd(
     with progress_bar() as bar:
         frame = scaling(st, counts, out, batch_per_gpu=batch_per_gpu, workers=workers,
                         scheduler=scheduler, progress=_phase_reporter(bar),
-                        deadline_days=deadline)
+                        deadline_days=deadline, fresh=fresh)
     _print_scaling(frame, f"{st.name}: {st.model.name} on {st.system.name}, "
                    + ("global batch per GPU kept" if batch_per_gpu
                       else f"global batch {st.global_batch_size:,}"), p90=st.has_failures,

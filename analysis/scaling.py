@@ -99,9 +99,10 @@ def study_at(study: Study, gpus: int, *, batch_per_gpu: bool = False) -> Study:
 def scaling(study: Study, gpu_counts: Sequence[int], out_dir: str | Path, *,
             batch_per_gpu: bool = False, top_k: int = 1, workers: int | None = None,
             scheduler: str | None = None, progress: Progress | None = None,
-            deadline_days: float | None = None) -> pl.DataFrame:
+            deadline_days: float | None = None, fresh: bool = False) -> pl.DataFrame:
     """One row per GPU count: the best strategy of its sweep (replayed: ``top_k`` ≥ 1), or
-    where none fits, the count with its status. ``progress`` is called as the sweeps' is,
+    where none fits, the count with its status; ``fresh``: each count's sweep folder is
+    started afresh (``sweep``'s). ``progress`` is called as the sweeps' is,
     with the count in the phase's name. With ``deadline_days`` (default: the study's), each
     row says whether its run ends by then in nine runs of ten (``meets_deadline``; null where
     that is not known)."""
@@ -124,7 +125,7 @@ def scaling(study: Study, gpu_counts: Sequence[int], out_dir: str | Path, *,
     for n, sub in zip(counts, studies, strict=True):
         phase_progress = None if progress is None else _prefixed(progress, f"{n:,} GPUs: ")
         ranked, tally = sweep(sub, out / f"gpus-{n}", top_k=top_k, workers=workers,
-                              scheduler=scheduler, progress=phase_progress)
+                              scheduler=scheduler, progress=phase_progress, fresh=fresh)
         rows.append(_row(sub, ranked, tally, deadline_days))
     frame = _derived(pl.DataFrame(rows, schema=_SCHEMA), study.tokens,
                      failures=study.has_failures, deadline_days=deadline_days)

@@ -131,6 +131,25 @@ def test_scale_command_writes_the_table_and_figure(tmp_path: Path) -> None:
     assert "Traceback" not in bad.stdout + bad.stderr
 
 
+def test_a_scaling_folder_of_another_study_is_refused_then_rebuilt_fresh(
+        tmp_path: Path) -> None:
+    """Each count's sweep folder resumes only its own study: a scaling of another system
+    into the same folder is refused, naming the way out, and ``fresh`` takes it (the
+    rebuilt rows are the other system's, as into an empty folder)."""
+    from replay import get_system
+
+    study = load_study(_study(tmp_path, failures=False))
+    out = tmp_path / "out"
+    scaling(study, [8], out, workers=1)
+    other = dataclasses.replace(study, system=get_system("dgx-a100-80gb"))
+    with pytest.raises(ConfigError, match="holds results of another study.*--fresh"):
+        scaling(other, [8], out, workers=1)
+    got = scaling(other, [8], out, workers=1, fresh=True)
+    want = scaling(other, [8], tmp_path / "clean", workers=1)
+    assert got.drop("strategy").equals(want.drop("strategy"))
+    assert got["strategy"].to_list() == want["strategy"].to_list()
+
+
 def test_a_scaling_directory_gets_its_own_report(tmp_path: Path) -> None:
     """``trainsim report`` on what ``scale`` wrote: the scaling table (a count where nothing
     runs keeps its reason), the figures embedded and beside the pages, each count's best
