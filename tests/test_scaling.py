@@ -142,7 +142,7 @@ def test_a_scaling_folder_of_another_study_is_refused_then_rebuilt_fresh(
     out = tmp_path / "out"
     scaling(study, [8], out, workers=1)
     other = dataclasses.replace(study, system=get_system("dgx-a100-80gb"))
-    with pytest.raises(ConfigError, match="holds results of another study.*--fresh"):
+    with pytest.raises(ConfigError, match=r"holds results of another study.*--fresh"):
         scaling(other, [8], out, workers=1)
     got = scaling(other, [8], out, workers=1, fresh=True)
     want = scaling(other, [8], tmp_path / "clean", workers=1)
