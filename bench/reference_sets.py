@@ -59,7 +59,7 @@ SETS = (
     RefSet("Megatron-Bridge, GB200 NVL72", DATA / "megatron_bridge_gb200_runs.csv", _stack(MB)),
     RefSet("Megatron-Bridge, GB300 NVL72", DATA / "megatron_bridge_gb300_runs.csv", _stack(MB)),
     RefSet("Megatron-Bridge, NVFP4", DATA / "megatron_bridge_nvfp4_runs.csv", _stack(MB)),
-    RefSet("Megatron-Bridge 25.11, MoE", DATA / "megatron_bridge_moe_runs.csv",
+    RefSet("Megatron-Bridge MoE (25.11, skills)", DATA / "megatron_bridge_moe_runs.csv",
            _stack(MB)),
     RefSet("MoE on H100 (ModelZoo, DeepSeek-V3)", DATA / "megatron_moe_h100_runs.csv",
            _stack("tests.test_megatron_moe_runs"), "cudnn-9.19"),
