@@ -437,6 +437,7 @@ def compare_cmd(
     output_dir(out, "--out")
     timelines = out / "parts" / "timelines"  # kept with the rows, for a resumed comparison
     kept = 0 if fresh else _kept_rows(out, st)
+    _say_fresh(out, fresh)
     with progress_bar() as bar:
         task = bar.add_task("replaying strategies", total=len(st.strategies))
         results = compare(st, timeline_dir=str(timelines), workers=workers,
@@ -452,6 +453,16 @@ def compare_cmd(
     if kept:
         console.print(f"{kept} of {len(st.strategies)} strategies were kept from an earlier run "
                       f"into {out}, not replayed again (--fresh replays all)")
+
+
+def _say_fresh(out: Path, fresh: bool) -> None:
+    """With --fresh, say what an earlier run left that is about to be deleted (nothing is
+    dropped unsaid): its part files under OUT/parts, every phase's and count's."""
+    if fresh:
+        n = sum(1 for _ in out.rglob("parts/**/part-*.parquet")) if out.is_dir() else 0
+        if n:
+            console.print(f"--fresh: deleting {n} part file{'s' * (n != 1)} an earlier run "
+                          f"left under {out}")
 
 
 def _kept_rows(out: Path, st: Study) -> int:
@@ -540,6 +551,7 @@ def sweep_cmd(
     note_precision({x.precision for x in st.strategies} or {"bf16"}, st.system,
                    {x.fp8_recipe for x in st.strategies})
     output_dir(out, "--out")
+    _say_fresh(out, fresh)
     _print_space(st)
     _note_space(st)
     with progress_bar() as bar:
@@ -714,6 +726,7 @@ def scale_cmd(
         deadline = st.deadline_days
     check_deadline(deadline, st.tokens)  # (before any sweep runs)
     output_dir(out, "--out")
+    _say_fresh(out, fresh)
     plot = output_file(plot, "--plot", plot=True)
     _note_space(st)
     with progress_bar() as bar:

@@ -594,10 +594,14 @@ def test_fresh_rebuilds_a_folder_another_study_holds(study_path: Path, tmp_path:
     again = CliRunner().invoke(app, ["compare", str(listed), "-o", str(cmp_out),
                                      "--workers", "1"])
     assert again.exit_code == 0 and "kept from an earlier run" in again.output
+    parts = len(list((cmp_out / "parts" / "compare").glob("part-*.parquet")))
+    assert parts == len(load_study(listed).strategies)  # one part a replayed strategy
     fresh = CliRunner().invoke(app, ["compare", str(listed), "-o", str(cmp_out),
                                      "--workers", "1", "--fresh"])
     assert fresh.exit_code == 0, fresh.output
     assert "kept from an earlier run" not in fresh.output and not stale.exists()
+    assert f"--fresh: deleting {parts} part files an earlier run left under" in " ".join(
+        fresh.output.split())
     assert sorted((cmp_out / "parts" / "timelines").iterdir()) == timelines
 
 
