@@ -88,18 +88,26 @@ def validate_cmd(
                             "cudnn-9.19 (Hopper, measured 2026; Megatron-Bridge 2025-26). "
                             "Rows on a GPU without a published curve for it are skipped, "
                             "saying so.")] = None,
+    stack: Annotated[str | None, typer.Option(
+        "--stack", help="The framework the runs came from, as trainsim's reference sets are "
+                        "validated with it: megatron-bridge, nemo-24.07, "
+                        "megatron-moe-modelzoo, megatron-lm-2022, llm-foundry (its overlaps, "
+                        "FP8 gathers, fused loss, gradient dtype and attention kernel; "
+                        "--set and --attention win over it).")] = None,
 ) -> None:
     """Predict every published run and compare with its measured step time."""
     from analysis.plots import predicted_vs_measured
+    from analysis.stacks import with_stack
     from analysis.validate import validate
 
     out = table_file(out, "--out", what="the per-row results")
     plot = output_file(plot, "--plot", plot=True)
+    overrides, attention = with_stack(stack, parse_overrides(set_ or []), attention)
     with progress_bar() as bar:
         task = bar.add_task("predicting runs", total=None)
         results = validate(runs, progress=lambda i, n: bar.update(task, completed=i, total=n),
                            jobs=jobs if jobs > 0 else 1 if fast else min(os.cpu_count() or 1, 4),
-                           overrides=parse_overrides(set_ or []), fast=fast,
+                           overrides=overrides, fast=fast,
                            assume=_parse_assume(assume or []), attention=attention)
     _print_validation(results, runs.name)
     if out is not None:

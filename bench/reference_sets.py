@@ -1,5 +1,5 @@
 """Every reference set the README's Fidelity section quotes, predicted in one command with the
-stack each set's test describes (the same files and overrides: ``tests/test_*_runs.py``), and
+stack each set's test describes (``analysis.stacks``, which the tests read too), and
 its |error| summarised: rows, median, p90, max and the mean signed error. The tests hold each
 row at the error reached; this prints them together, so that a change's effect on the whole
 picture is one table (and the README's table can be checked against it).
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import polars as pl
 
+from analysis.stacks import with_stack
 from analysis.validate import summarize, validate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,41 +30,26 @@ PUBLIC = ROOT.parent / "shared" / "validation" / "public_runs.csv"
 class RefSet(NamedTuple):
     name: str
     path: Path
-    overrides: Callable[[], dict[str, Any]]  # (read from the set's test when it runs)
-    attention: str | None = None
+    stack: str | None  # a name in ``analysis.stacks.STACKS`` (its overrides and kernel)
 
 
-def _stack(module: str, name: str = "STACK") -> Callable[[], dict[str, Any]]:
-    def get() -> dict[str, Any]:
-        import importlib
-
-        return dict(getattr(importlib.import_module(module), name))
-    return get
-
-
-def _none() -> dict[str, Any]:
-    return {}
-
-
-MB = "tests.test_megatron_bridge_runs"
 SETS = (
-    RefSet("public (the schema's rows)", PUBLIC, _none),
-    RefSet("Megatron-LM 2022, A100", DATA / "megatron2022_runs.csv",
-           lambda: {"gpu.flash_attention": False}),
-    RefSet("NeMo 24.07, H100 FP8", DATA / "nemo2407_runs.csv", _stack("tests.test_nemo_runs"),
-           "cudnn"),
-    RefSet("Megatron-Bridge, H100", DATA / "megatron_bridge_h100_runs.csv", _stack(MB),
-           "cudnn-9.19"),
-    RefSet("Megatron-Bridge, DGX B200", DATA / "megatron_bridge_b200_runs.csv", _stack(MB)),
-    RefSet("Megatron-Bridge, GB200 NVL72", DATA / "megatron_bridge_gb200_runs.csv", _stack(MB)),
-    RefSet("Megatron-Bridge, GB300 NVL72", DATA / "megatron_bridge_gb300_runs.csv", _stack(MB)),
-    RefSet("Megatron-Bridge, NVFP4", DATA / "megatron_bridge_nvfp4_runs.csv", _stack(MB)),
+    RefSet("public (the schema's rows)", PUBLIC, None),
+    RefSet("Megatron-LM 2022, A100", DATA / "megatron2022_runs.csv", "megatron-lm-2022"),
+    RefSet("NeMo 24.07, H100 FP8", DATA / "nemo2407_runs.csv", "nemo-24.07"),
+    RefSet("Megatron-Bridge, H100", DATA / "megatron_bridge_h100_runs.csv", "megatron-bridge"),
+    RefSet("Megatron-Bridge, DGX B200", DATA / "megatron_bridge_b200_runs.csv",
+           "megatron-bridge"),
+    RefSet("Megatron-Bridge, GB200 NVL72", DATA / "megatron_bridge_gb200_runs.csv",
+           "megatron-bridge"),
+    RefSet("Megatron-Bridge, GB300 NVL72", DATA / "megatron_bridge_gb300_runs.csv",
+           "megatron-bridge"),
+    RefSet("Megatron-Bridge, NVFP4", DATA / "megatron_bridge_nvfp4_runs.csv", "megatron-bridge"),
     RefSet("Megatron-Bridge MoE (25.11, skills)", DATA / "megatron_bridge_moe_runs.csv",
-           _stack(MB)),
+           "megatron-bridge"),
     RefSet("MoE on H100 (ModelZoo, DeepSeek-V3)", DATA / "megatron_moe_h100_runs.csv",
-           _stack("tests.test_megatron_moe_runs"), "cudnn-9.19"),
-    RefSet("MosaicML benchmark tables", DATA / "mpt_benchmarks_runs.csv",
-           _stack("tests.test_mpt_benchmarks", "MPT_STACK")),
+           "megatron-moe-modelzoo"),
+    RefSet("MosaicML benchmark tables", DATA / "mpt_benchmarks_runs.csv", "llm-foundry"),
 )
 
 
@@ -88,7 +73,8 @@ def main() -> None:
           "   (|error| %, fast path)")
     t0 = time.perf_counter()
     for ref in chosen:
-        got = validate(ref.path, fast=True, overrides=ref.overrides(), attention=ref.attention)
+        overrides, attention = with_stack(ref.stack, {}, None)
+        got = validate(ref.path, fast=True, overrides=overrides, attention=attention)
         ok = got.filter(pl.col("status") == "ok")
         skipped = got.height - ok.height
         print(f"{ref.name:38s} {summary(got)}"

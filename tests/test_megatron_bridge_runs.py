@@ -10,6 +10,7 @@ import polars as pl
 import pytest
 
 from analysis.glance import strategy_rates
+from analysis.stacks import STACKS
 from analysis.validate import RunInputs, load_runs, row_inputs, validate
 
 RUNS = Path(__file__).parent / "data" / "megatron_bridge_h100_runs.csv"
@@ -27,10 +28,7 @@ B200_RUNS = Path(__file__).parent / "data" / "megatron_bridge_b200_runs.csv"
 # set_llama3_common_configs, set_llama31_common_configs, set_qwen3_common_configs,
 # set_deepseek_v3_common_configs, set_gpt_oss_common_configs — sets ``grad_reduce_in_fp32 =
 # False``; seventieth session).
-STACK = {"strategy.tp_comm_overlap": True, "strategy.overlap_param_gather": True,
-         "strategy.zero3_prefetch": True, "strategy.fp8_param_gather": True,
-         "strategy.cross_entropy_fusion": "native", "strategy.fp8_recipe": "tensorwise",
-         "strategy.grad_reduce_in_bf16": True}
+STACK = dict(STACKS["megatron-bridge"].overrides)
 
 
 def _flop_ratios(path: Path) -> dict[str, list[float]]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from analysis.stacks import STACKS
 from analysis.validate import load_runs, row_inputs, validate
 
 RUNS = Path(__file__).resolve().parent / "data" / "megatron_moe_h100_runs.csv"
@@ -18,8 +19,7 @@ RUNS = Path(__file__).resolve().parent / "data" / "megatron_moe_h100_runs.csv"
 # ``bf16_with_fp8_current_scaling_mixed`` sets fp8_param_gather; not applied to the BF16 rows);
 # prefetched for the Megatron-FSDP row (applied to ZeRO-3 rows only); the FP8 row's current scaling
 # (its amax read before each cast not fed by a norm: tracegen/ops.py)
-STACK = {"strategy.overlap_param_gather": True, "strategy.fp8_param_gather": True,
-         "strategy.zero3_prefetch": True, "strategy.fp8_recipe": "tensorwise"}
+STACK = dict(STACKS["megatron-moe-modelzoo"].overrides)
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,14 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from analysis.stacks import STACKS
 from analysis.validate import load_runs, validate
 from tests import mpt_benchmarks as mb
 
 PUBLIC = Path(__file__).resolve().parents[2] / "shared" / "validation" / "public_runs.csv"
 # The stack as the source describes it: MPT trains without dropout (llm-foundry's MPTConfig:
 # resid_pdrop, emb_pdrop and attn_pdrop default to 0), which the schema has no column for.
-MPT_STACK = {"model.dropout": 0.0}
+MPT_STACK = dict(STACKS["llm-foundry"].overrides)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import polars as pl
 import pytest
 
 from analysis.glance import strategy_rates
+from analysis.stacks import STACKS
 from analysis.validate import RunInputs, load_runs, row_inputs, validate
 
 NEMO = Path(__file__).parent / "data" / "nemo2407_runs.csv"
@@ -17,8 +18,7 @@ NEMO = Path(__file__).parent / "data" / "nemo2407_runs.csv"
 # Engine, TP communication overlap where tp > 1, the distributed optimizer's overlapped gathers,
 # FP8 parameters (NeMo's FP8 precision recipe, ``bf16_with_fp8_mixed``, sets ``fp8_params``:
 # FP8 weights gathered in 1 byte, no 16-bit copy beside them).
-STACK = {"strategy.tp_comm_overlap": True, "strategy.overlap_param_gather": True,
-         "strategy.fp8_param_gather": True}
+STACK = dict(STACKS["nemo-24.07"].overrides)
 
 
 def test_the_published_model_tflops_follow_from_the_rows() -> None:
