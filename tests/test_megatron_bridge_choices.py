@@ -64,9 +64,10 @@ def test_more_pipeline_or_tensor_parallelism_costs_in_the_measured_order() -> No
     TFLOP/s, tp 8 (pp 4, vp 5) 508.7, against ~704 for the baseline. trainsim orders them as
     measured, pp 8 1.084 against 1.054 (3 points too slow), but tp 8 1.170 against 1.384:
     eight-way TP of a 70B model's 4,096-token FP8 layers costs the cluster far more than
-    trainsim's exposed TP collectives and smaller GEMMs give (15% optimistic; the TP-overlap
-    kernels' own cost is the first suspect, unmeasured). Peaks: 53.2 and 50.2 GB measured
-    against 61.3 and 47.5 held, in the measured order."""
+    trainsim's exposed TP collectives and smaller GEMMs give (15% optimistic; Megatron-Bridge's
+    performance guide calls tp 8 for Llama 3 70B host-performance bound, which trainsim does
+    not model). Peaks: 53.2 and 50.2 GB measured against 61.3 and 47.5 held, in the measured
+    order."""
     base, pp8, tp8 = _sft(), _sft(pp=8, dp=1), _sft(tp=8, dp=1)
     assert base.step_time_s < pp8.step_time_s < tp8.step_time_s
     # the ratio trainsim gives over the measured one, less 1: +2.8% and -15.5%
