@@ -70,11 +70,10 @@ def claim(parts_dir: Path, study: Study) -> None:
     record.write_text(json.dumps(now, indent=1, sort_keys=True) + "\n")
 
 
-def clear(parts_dir: Path) -> int:
+def clear(parts_dir: Path) -> None:
     """Delete what earlier runs left in ``parts_dir`` (their part files, timelines and study
     record; not the lock of the run that calls this, which must hold it: ``writing``), so that
-    a run starts afresh. Returns how many entries were removed."""
-    gone = 0
+    a run starts afresh."""
     for entry in sorted(parts_dir.iterdir()) if parts_dir.is_dir() else ():
         if entry.name == LOCK:
             continue
@@ -82,8 +81,6 @@ def clear(parts_dir: Path) -> int:
             shutil.rmtree(entry)
         else:
             entry.unlink()
-        gone += 1
-    return gone
 
 
 def _refusal(parts_dir: Path, before: Any, now: dict[str, Any]) -> str:

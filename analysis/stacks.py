@@ -37,19 +37,17 @@ def _frozen(d: dict[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(d)
 
 
-_MEGATRON_BRIDGE = Stack(
-    "megatron-bridge", "NVIDIA Megatron-Bridge (NeMo 25.x-26.x) performance recipes",
-    _frozen({"strategy.tp_comm_overlap": True, "strategy.overlap_param_gather": True,
-             "strategy.zero3_prefetch": True, "strategy.fp8_param_gather": True,
-             "strategy.cross_entropy_fusion": "native", "strategy.fp8_recipe": "tensorwise",
-             "strategy.grad_reduce_in_bf16": True}),
-    None,  # (the Hopper preset is cuDNN 9.19's measured curve; Blackwell's borrows it)
-    "scripts/performance: CommOverlapConfig's TP and DP overlaps, Megatron-FSDP's prefetched "
-    "gathers, the FP8 current-scaling precision config (fp8_param_gather), the fused loss, "
-    "each model's common config grad_reduce_in_fp32 = False; tests/test_megatron_bridge_runs.py")
-
 STACKS: Mapping[str, Stack] = _frozen({s.name: s for s in (
-    _MEGATRON_BRIDGE,
+    Stack("megatron-bridge", "NVIDIA Megatron-Bridge (NeMo 25.x-26.x) performance recipes",
+          _frozen({"strategy.tp_comm_overlap": True, "strategy.overlap_param_gather": True,
+                   "strategy.zero3_prefetch": True, "strategy.fp8_param_gather": True,
+                   "strategy.cross_entropy_fusion": "native",
+                   "strategy.fp8_recipe": "tensorwise", "strategy.grad_reduce_in_bf16": True}),
+          None,  # (the Hopper preset is cuDNN 9.19's measured curve; Blackwell's borrows it)
+          "scripts/performance: CommOverlapConfig's TP and DP overlaps, Megatron-FSDP's "
+          "prefetched gathers, the FP8 current-scaling precision config (fp8_param_gather), "
+          "the fused loss, each model's common config grad_reduce_in_fp32 = False; "
+          "tests/test_megatron_bridge_runs.py"),
     Stack("nemo-24.07", "NVIDIA NeMo 2.0 (24.07 container) performance recipes",
           _frozen({"strategy.tp_comm_overlap": True, "strategy.overlap_param_gather": True,
                    "strategy.fp8_param_gather": True}),
