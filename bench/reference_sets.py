@@ -45,7 +45,7 @@ SETS = (
     RefSet("Megatron-Bridge, GB300 NVL72", DATA / "megatron_bridge_gb300_runs.csv",
            "megatron-bridge"),
     RefSet("Megatron-Bridge, NVFP4", DATA / "megatron_bridge_nvfp4_runs.csv", "megatron-bridge"),
-    RefSet("Megatron-Bridge MoE (25.11, skills)", DATA / "megatron_bridge_moe_runs.csv",
+    RefSet("Megatron-Bridge MoE (25.11, skills, PR)", DATA / "megatron_bridge_moe_runs.csv",
            "megatron-bridge"),
     RefSet("MoE on H100 (ModelZoo, DeepSeek-V3)", DATA / "megatron_moe_h100_runs.csv",
            "megatron-moe-modelzoo"),
