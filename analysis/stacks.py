@@ -1,24 +1,32 @@
-"""Named software stacks for ``trainsim validate --stack``: what a framework's published runs
-have switched on that the public-runs schema has no column for (overlaps, parameter gathers in
-FP8, the fused loss, 16-bit gradient reduction, the attention kernel of the time), each as the
-``--set`` overrides and ``--attention`` kernel trainsim's own reference sets are validated with.
+"""Named software stacks for ``trainsim validate --stack`` and ``estimate --stack``: what a
+framework's published runs have switched on that the public-runs schema has no column for
+(overlaps, parameter gathers in FP8, the fused loss, 16-bit gradient reduction, the attention
+kernel of the time), each as the ``--set`` overrides and ``--attention`` kernel trainsim's own
+reference sets are validated with.
 
 One source: the reference-set tests and ``bench/reference_sets.py`` read their stacks from here,
 so a stack a user names is the one whose errors the README quotes. Each stack names its
 evidence (the recipe or script that sets it) and the set that holds it; a row's own cells
 (true/false switches, its ``fp8_recipe``) still win over a stack, and ``--set`` and
-``--attention`` over both.
+``--attention`` over both; in ``estimate``, the options given on its command line. A value the
+layout has no use for (``inapplicable``) is left out either way, and said.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
-from tracegen import ConfigError
+from replay.attention_kernels import kernel_overrides
+from replay.hardware import SystemSpec
+from tracegen import ConfigError, ModelSpec, Strategy
 from tracegen.errors import did_you_mean
+
+STRATEGY_SECTION, MODEL_SECTION = "strategy.", "model."
+# the estimate option that sets a strategy field, where its name is not the field's
+CLI_OPTION = {"grad_reduce_in_bf16": "grad_reduce_bf16"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,14 +78,62 @@ STACKS: Mapping[str, Stack] = _frozen({s.name: s for s in (
 )})
 
 
-def get_stack(name: str) -> Stack:
+def split_overrides(overrides: Mapping[str, Any]
+                    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(system ``section.key`` values, strategy fields given as ``strategy.field``, model fields
+    given as ``model.field``)."""
+    def section(prefix: str) -> dict[str, Any]:
+        return {k.removeprefix(prefix): v for k, v in overrides.items() if k.startswith(prefix)}
+
+    system = {k: v for k, v in overrides.items()
+              if not k.startswith((STRATEGY_SECTION, MODEL_SECTION))}
+    return system, section(STRATEGY_SECTION), section(MODEL_SECTION)
+
+
+class Layout(NamedTuple):
+    """What of a strategy decides whether a stack's value has use there (``inapplicable``)."""
+
+    tp: int
+    sp: bool
+    zero_stage: int
+    precision: str
+    moe_with_ep: bool  # a MoE model with expert parallelism
+
+
+def inapplicable(field: str, value: Any, layout: Layout) -> str | None:
+    """Why a strategy value a stack or ``--set`` gives does nothing on a layout (so it is left
+    out, and said), in words that follow "not applied"; None where it applies. TP overlap needs
+    TP collectives and, in Megatron, sequence parallelism; ZeRO-3 prefetch, ZeRO-3; a MoE
+    dispatcher, expert parallelism; FP8 gathers, an FP8 run with sharded parameters; an FP8
+    recipe, an FP8 run; the overlapped parameter gather, ZeRO 1 or 2 (the only stages that
+    gather after the step)."""
+    if field == "tp_comm_overlap" and value and layout.tp == 1:
+        return "at tp 1 (no TP collectives)"
+    if field == "tp_comm_overlap" and value and not layout.sp:
+        return "without sequence parallelism (Megatron overlaps the sequence-parallel gathers)"
+    if field == "zero3_prefetch" and value and layout.zero_stage != 3:
+        return f"at zero_stage {layout.zero_stage} (no ZeRO-3 gathers)"
+    if field == "moe_dispatcher" and value != "alltoall" and not layout.moe_with_ep:
+        return "(no expert-parallel dispatch on this row)"
+    sharded = layout.zero_stage >= 1
+    if field == "fp8_param_gather" and value and not (layout.precision == "fp8" and sharded):
+        return "(it needs an FP8 run on ZeRO 1, 2 or 3)"
+    if field == "fp8_recipe" and layout.precision != "fp8":
+        return f"(a {layout.precision.upper()} run: the recipe scales FP8 tensors)"
+    if field == "overlap_param_gather" and value and layout.zero_stage not in (1, 2):
+        return (f"at zero_stage {layout.zero_stage} (only ZeRO 1 and 2 gather parameters after "
+                "the step)")
+    return None
+
+
+def get_stack(name: str, what: str = "--stack") -> Stack:
     """The stack of that name, or a ConfigError naming the known ones."""
     try:
         return STACKS[name]
     except KeyError:
         known = ", ".join(f"{k} ({s.describes})" for k, s in STACKS.items())
         raise ConfigError(f"no stack named {name!r}; {did_you_mean(name, STACKS)}known: "
-                          f"{known}", what="validate --stack") from None
+                          f"{known}", what=what) from None
 
 
 def with_stack(stack: str | None, overrides: Mapping[str, Any], attention: str | None
@@ -86,5 +142,52 @@ def with_stack(stack: str | None, overrides: Mapping[str, Any], attention: str |
     caller's ``--set`` values and ``--attention`` win over the stack's."""
     if stack is None:
         return dict(overrides), attention
-    s = get_stack(stack)
+    s = get_stack(stack, what="validate --stack")
     return {**s.overrides, **overrides}, attention if attention is not None else s.attention
+
+
+@dataclasses.dataclass(frozen=True)
+class Applied:
+    """A strategy under a stack (``apply_stack``), with what was said about each value."""
+
+    model: ModelSpec
+    strategy: Strategy
+    system: SystemSpec
+    notes: tuple[str, ...]
+
+
+def apply_stack(stack: Stack, model: ModelSpec, strategy: Strategy, system: SystemSpec, *,
+                given: Collection[str], kernel_given: bool) -> Applied:
+    """One strategy as ``stack`` runs it (``trainsim estimate --stack``): its strategy values
+    where the command line gave none (``given``: the fields it set) and the layout has use for
+    them (``inapplicable``), its model values, its system values and attention kernel (unless
+    ``kernel_given``: a kernel named on ``--system`` wins). Each value left out is said."""
+    system_over, strategy_over, model_over = split_overrides(stack.overrides)
+    notes = []
+    used: dict[str, Any] = {}
+    layout = Layout(strategy.tp, strategy.sequence_parallel, strategy.zero_stage,
+                    strategy.precision, model.is_moe and strategy.ep > 1)
+    for field, value in strategy_over.items():
+        option = "--" + CLI_OPTION.get(field, field).replace("_", "-")
+        why = inapplicable(field, value, layout)
+        if field in given:
+            if getattr(strategy, field) != value:
+                notes.append(f"{field} = {value!r} not applied ({option} given)")
+        elif why:
+            notes.append(f"{field} not applied {why}")
+        else:
+            used[field] = value
+    if used:
+        strategy = Strategy.from_dict({**strategy.to_dict(), **used})
+    if model_over:
+        model = ModelSpec.from_dict({**model.to_dict(), **model_over})
+    if stack.attention and kernel_given:
+        notes.append(f"attention kernel {stack.attention} not applied (--system names one)")
+    elif stack.attention:
+        system_over = {**kernel_overrides(stack.attention, system.gpu.name), **system_over}
+    if system_over:
+        system = system.with_overrides(system_over)
+    set_here = [f"{k} = {v!r}" for k, v in (*used.items(), *model_over.items(),
+                                              *system_over.items())]
+    said = f"stack {stack.name} ({stack.describes}): " + (", ".join(set_here) or "nothing set")
+    return Applied(model, strategy, system, (said, *notes))

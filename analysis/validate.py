@@ -31,6 +31,7 @@ import polars as pl
 from analysis import replay_size
 from analysis.fastpath import estimate
 from analysis.glance import strategy_rates
+from analysis.stacks import Layout, inapplicable, split_overrides
 from replay import replay
 from replay.attention_kernels import KERNELS, kernel_overrides
 from replay.hardware import GPU_ALIASES, SystemSpec, get_system
@@ -218,24 +219,11 @@ def _missing(row: dict[str, Any], fields: tuple[str, ...]) -> list[str]:
     return [f for f in fields if row.get(f) is None]
 
 
-STRATEGY_SECTION, MODEL_SECTION = "strategy.", "model."
 # Model fields a row cannot give (no schema column), which ``model.field`` overrides may set.
 MODEL_OVERRIDABLE = ("dropout", "tied_embeddings", "moe_load_imbalance", "moe_capacity_factor",
                      "moe_pad_to_capacity")
 # ... of which these describe a MoE layer's routing: applied to MoE rows only
 MOE_ONLY_OVERRIDES = ("moe_load_imbalance", "moe_capacity_factor", "moe_pad_to_capacity")
-
-
-def split_overrides(overrides: dict[str, Any]
-                    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(system ``section.key`` values, strategy fields given as ``strategy.field``, model fields
-    given as ``model.field``)."""
-    def section(prefix: str) -> dict[str, Any]:
-        return {k.removeprefix(prefix): v for k, v in overrides.items() if k.startswith(prefix)}
-
-    system = {k: v for k, v in overrides.items()
-              if not k.startswith((STRATEGY_SECTION, MODEL_SECTION))}
-    return system, section(STRATEGY_SECTION), section(MODEL_SECTION)
 
 
 def _cell_problems(row: dict[str, Any]) -> list[str]:
@@ -364,34 +352,25 @@ def row_inputs(row: dict[str, Any], overrides: dict[str, Any] | None = None,
 
 def _where_meaningful(over: dict[str, Any], row: dict[str, Any], notes: list[str]
                       ) -> dict[str, Any]:
-    """Strategy overrides for one row, less those its layout has nothing for: TP communication
-    overlap at tp 1 (no TP collectives; NeMo turns it off there, as Megatron turns sequence
-    parallelism off), ZeRO-3 prefetch below ZeRO-3, a MoE dispatcher on a dense model or
-    without expert parallelism, FP8 parameter gathers off an FP8 run with ZeRO ≥ 1, and a
-    switch or FP8 recipe the row's own column sets otherwise (``EXTENSION_BOOL_COLUMNS``,
-    ``ROW_WINS_TEXT_COLUMNS``), so one ``--set`` can describe a stack across a mixed set. Said
-    per row."""
+    """Strategy overrides for one row, less those its layout has nothing for
+    (``analysis.stacks.inapplicable``: TP communication overlap at tp 1 — NeMo turns it off
+    there, as Megatron turns sequence parallelism off — or without sequence parallelism,
+    ZeRO-3 prefetch below ZeRO-3, a MoE dispatcher on a dense model or without expert
+    parallelism, FP8 parameter gathers off an FP8 run with ZeRO ≥ 1, the overlapped parameter
+    gather off ZeRO 1 and 2), and a switch or FP8 recipe the row's own column sets otherwise
+    (``EXTENSION_BOOL_COLUMNS``, ``ROW_WINS_TEXT_COLUMNS``), so one ``--set`` can describe a
+    stack across a mixed set. Said per row."""
     drop = [k for k in (*EXTENSION_BOOL_COLUMNS, *ROW_WINS_TEXT_COLUMNS)
             if k in over and row.get(k) not in (None, "") and row[k] != over[k]]
     notes += [f"strategy override {k} not applied (the row says {str(row[k]).lower()})"
               for k in drop]
-    if over.get("tp_comm_overlap") and row["tp"] == 1 and "tp_comm_overlap" not in drop:
-        notes.append("strategy override tp_comm_overlap not applied at tp 1 (no TP collectives)")
-        drop.append("tp_comm_overlap")
-    if over.get("zero3_prefetch") and row["zero_stage"] != 3:
-        notes.append("strategy override zero3_prefetch not applied at zero_stage "
-                     f"{row['zero_stage']} (no ZeRO-3 gathers)")
-        drop.append("zero3_prefetch")
-    if over.get("moe_dispatcher", "alltoall") != "alltoall" and not (
-            row["arch"] == "moe" and (row["ep"] or 1) > 1):
-        notes.append("strategy override moe_dispatcher not applied (no expert-parallel "
-                     "dispatch on this row)")
-        drop.append("moe_dispatcher")
-    if over.get("fp8_param_gather") and not (row.get("precision") == "fp8"
-                                             and row["zero_stage"] >= 1):
-        notes.append("strategy override fp8_param_gather not applied (it needs an FP8 run on "
-                     "ZeRO 1, 2 or 3)")
-        drop.append("fp8_param_gather")
+    layout = Layout(row["tp"], bool(row.get("sequence_parallel")), row["zero_stage"],
+                    row.get("precision") or "", row["arch"] == "moe" and (row["ep"] or 1) > 1)
+    for k, v in over.items():
+        why = None if k in drop else inapplicable(k, v, layout)
+        if why:
+            notes.append(f"strategy override {k} not applied {why}")
+            drop.append(k)
     return {k: v for k, v in over.items() if k not in drop}
 
 

@@ -1,5 +1,6 @@
-"""``trainsim validate --stack``: a framework's settings beyond the schema, by name, as the
-reference sets are validated with them (``analysis.stacks``, which those sets' tests read)."""
+"""``trainsim validate --stack`` and ``estimate --stack``: a framework's settings beyond the
+schema, by name, as the reference sets are validated with them (``analysis.stacks``, which
+those sets' tests read), and one strategy run as that framework's recipes run it."""
 
 from __future__ import annotations
 
@@ -67,3 +68,118 @@ def test_the_cli_stack_gives_the_reference_sets_errors(tmp_path: Path) -> None:
     said = bad.stdout + bad.stderr  # handling: a message, no traceback)
     assert bad.returncode != 0 and "no stack named 'nemo'" in said
     assert "Traceback" not in said
+
+
+def _estimate(tmp_path: Path, name: str, *args: str) -> dict[str, object]:
+    """``trainsim estimate`` through the CLI (in process), its JSON read back."""
+    import json
+
+    out = tmp_path / f"{name}.json"
+    ran = CliRunner().invoke(app, ["estimate", *args, "--json", str(out)])
+    assert ran.exit_code == 0, ran.output
+    return dict(json.loads(out.read_text()), printed=ran.output)
+
+
+LLAMA_FP8 = ("--model", "llama3-70b", "--gpus", "64", "--tp", "8", "--pp", "2", "--sp",
+             "--mbs", "1", "--gbs", "64", "--zero", "1", "--precision", "fp8")
+
+
+def test_estimate_with_a_stack_is_the_estimate_with_its_options(tmp_path: Path) -> None:
+    """``estimate --stack megatron-bridge`` is ``estimate`` with the options the stack stands
+    for, field for field and second for second: Llama 3 70B in FP8 at tp 8 with SP and ZeRO 1
+    takes every value but the ZeRO-3 prefetch, which it says it left out."""
+    stacked = _estimate(tmp_path, "stacked", *LLAMA_FP8, "--system", "dgx-h100",
+                        "--stack", "megatron-bridge")
+    spelled = _estimate(tmp_path, "spelled", *LLAMA_FP8, "--system", "dgx-h100",
+                        "--tp-comm-overlap", "--overlap-param-gather", "--fp8-param-gather",
+                        "--cross-entropy-fusion", "native", "--fp8-recipe", "tensorwise",
+                        "--grad-reduce-bf16")
+    assert stacked["strategy_fields"] == spelled["strategy_fields"]
+    assert stacked["step_time_s"] == spelled["step_time_s"]
+    assert stacked["step_time_s"] != _estimate(tmp_path, "plain", *LLAMA_FP8, "--system",
+                                               "dgx-h100")["step_time_s"]
+    said = stacked["stack"]
+    assert isinstance(said, dict) and said["name"] == "megatron-bridge"
+    assert said["said"][1:] == ["zero3_prefetch not applied at zero_stage 1 (no ZeRO-3 "
+                                "gathers)"]
+
+
+def test_an_option_given_wins_over_the_stack(tmp_path: Path) -> None:
+    """An option on the command line (here the unfused loss) is kept and the stack's value
+    named as not applied; a value the layout cannot use (TP overlap without SP, FP8 gathers
+    and recipe on a BF16 run, the parameter gather at ZeRO 0) is left out, saying why."""
+    got = _estimate(tmp_path, "given", "--model", "llama3-8b", "--gpus", "8", "--tp", "2",
+                    "--mbs", "1", "--gbs", "8", "--system", "dgx-h100", "--stack",
+                    "megatron-bridge", "--cross-entropy-fusion", "none")
+    fields = got["strategy_fields"]
+    assert isinstance(fields, dict)
+    assert fields["cross_entropy_fusion"] == "none" and fields["grad_reduce_in_bf16"] is True
+    assert not fields["tp_comm_overlap"] and not fields["fp8_param_gather"]
+    assert fields["fp8_recipe"] == "delayed"
+    said = " | ".join(got["stack"]["said"])  # type: ignore[index]
+    for words in ("cross_entropy_fusion = 'native' not applied (--cross-entropy-fusion given)",
+                  "tp_comm_overlap not applied without sequence parallelism",
+                  "fp8_recipe not applied (a BF16 run", "overlap_param_gather not applied at "
+                  "zero_stage 0", "fp8_param_gather not applied"):
+        assert words in said, words
+
+
+def test_a_stacks_attention_kernel_unless_system_names_one(tmp_path: Path) -> None:
+    """NeMo 24.07's stack runs cuDNN's attention of 2024: the step is the one on
+    ``dgx-h100@cudnn``; a kernel named on ``--system`` wins (the step on that kernel, the
+    stack's named as not applied). Nothing else of the stack applies at tp 1, ZeRO 0, BF16."""
+    base = ("--model", "llama3-8b", "--gpus", "8", "--mbs", "1", "--gbs", "8")
+    stacked = _estimate(tmp_path, "cudnn", *base, "--system", "dgx-h100", "--stack",
+                        "nemo-24.07")
+    assert stacked["step_time_s"] == _estimate(tmp_path, "at", *base, "--system",
+                                               "dgx-h100@cudnn")["step_time_s"]
+    assert stacked["step_time_s"] != _estimate(tmp_path, "bare", *base, "--system",
+                                               "dgx-h100")["step_time_s"]
+    named = _estimate(tmp_path, "fa2", *base, "--system", "dgx-h100@flashattention-2",
+                      "--stack", "nemo-24.07")
+    assert named["step_time_s"] == _estimate(tmp_path, "fa2only", *base, "--system",
+                                             "dgx-h100@flashattention-2")["step_time_s"]
+    assert ("attention kernel cudnn not applied (--system names one)"
+            in named["stack"]["said"])  # type: ignore[index]
+
+
+def test_estimate_refuses_a_bad_stack_or_a_kernel_stack_on_a_mixed_cluster() -> None:
+    """An unknown name is refused with the near one; a stack that sets the GPUs' attention
+    with a mixed cluster is refused, saying what to do (no traceback either way)."""
+    from tests.test_cli import run
+
+    base = ("estimate", "--model", "llama3-8b", "--gpus", "16", "--pp", "2", "--mbs", "1",
+            "--gbs", "16", "--system", "dgx-h100")
+    bad = run(*base, "--stack", "nemo-2407")
+    said = bad.stdout + bad.stderr
+    assert bad.returncode != 0 and "no stack named 'nemo-2407'; did you mean" in said
+    mixed = run(*base, "--stack", "nemo-24.07", "--stage-system", "1=dgx-a100-80gb")
+    said = mixed.stdout + mixed.stderr
+    assert mixed.returncode != 0 and "sets the GPUs' attention" in said
+    assert "Traceback" not in said
+
+
+@pytest.mark.parametrize(("field", "value", "layout", "why"), [
+    ("tp_comm_overlap", True, (1, False, 1, "bf16", False), "at tp 1"),
+    ("tp_comm_overlap", True, (8, False, 1, "bf16", False), "without sequence parallelism"),
+    ("tp_comm_overlap", True, (8, True, 1, "bf16", False), None),
+    ("zero3_prefetch", True, (1, False, 3, "bf16", False), None),
+    ("zero3_prefetch", True, (1, False, 1, "bf16", False), "no ZeRO-3 gathers"),
+    ("moe_dispatcher", "deepep", (1, False, 1, "bf16", False), "no expert-parallel"),
+    ("moe_dispatcher", "deepep", (1, False, 1, "bf16", True), None),
+    ("fp8_param_gather", True, (1, False, 0, "fp8", False), "needs an FP8 run on ZeRO"),
+    ("fp8_param_gather", True, (1, False, 3, "fp8", False), None),
+    ("fp8_recipe", "mxfp8", (1, False, 1, "bf16", False), "a BF16 run"),
+    ("fp8_recipe", "mxfp8", (1, False, 1, "fp8", False), None),
+    ("overlap_param_gather", True, (1, False, 3, "bf16", False), "only ZeRO 1 and 2"),
+    ("overlap_param_gather", True, (1, False, 2, "bf16", False), None),
+    ("grad_reduce_in_bf16", True, (1, False, 0, "bf16", False), None),
+])
+def test_what_a_layout_has_no_use_for(field: str, value: object,
+                                      layout: tuple[int, bool, int, str, bool],
+                                      why: str | None) -> None:
+    """The one rule ``validate`` (per row) and ``estimate --stack`` both leave values out by."""
+    from analysis.stacks import Layout, inapplicable
+
+    got = inapplicable(field, value, Layout(*layout))
+    assert (got is None) if why is None else (got is not None and why in got)
