@@ -190,8 +190,10 @@ def test_the_b200_qwen3_30b_row_ran_a_recipe_later_fixed(results: pl.DataFrame) 
     measured, 2.59 times; trainsim, which sees only the micro-batch (the dispatcher's backend
     and the graphs are not modelled), 1.11: the time a micro-batch costs whatever its size (its
     host-side work, the all-to-all dispatcher's wait for the token counts) is what trainsim
-    lacks at one micro-batch of 4,096 tokens. MXFP8 over BF16: 1.6% faster measured, 9.9% in
-    trainsim (the casts, not modelled beyond their memory traffic, eat the GEMMs' gain)."""
+    lacks at one micro-batch of 4,096 tokens. MXFP8 over BF16: 1.6% faster measured (a user's
+    run in the 26.04.01 container, Megatron-Bridge issue 4439: 562 against 552 TFLOP/s, 1.8%),
+    9.9% in trainsim, whose FP8 GEMMs save 1.40 s a step and casts cost 0.52 s back: small
+    experts' FP8 GEMMs on Blackwell are not measured (DESIGN.md)."""
     step = dict(zip(results["id"], results["predicted_iter_time_s"], strict=True))
     measured = dict(zip(results["id"], results["measured_iter_time_s"], strict=True))
     old, fixed = "mbridge2511-b200-qwen3-30b-a3b", "mbridge-pr2499-b200-qwen3-30b-a3b-fp8mx"
