@@ -429,3 +429,31 @@ def test_estimate_says_which_layers_attend_within_a_window() -> None:
     assert r.returncode == 0, r.stderr
     assert ("sliding-window attention: 4,096 keys, 1 layer(s) in 2 (the others attend over "
             "the whole 8,192-token sequence)") in " ".join(r.stdout.split())
+
+
+def test_an_op_too_large_to_count_is_refused_not_a_traceback() -> None:
+    """A sequence whose attention counts more FLOPs on a rank than a 64-bit count holds (the
+    Chakra trace's int64 num_ops; the op table's too) is refused by estimate and tracegen,
+    naming the op and what to change; one just inside the bound runs. A writer handed such a
+    count refuses it rather than wrapping it."""
+    import dataclasses
+
+    import pytest
+
+    from tracegen import Strategy, resolve_model
+    from tracegen.errors import TraceFormatError
+    from tracegen.ops import COUNT_MAX, largest_count
+    from tracegen.writer import encode_attr
+
+    base = ("--model", "llama3-8b", "--gpus", "8", "--mbs", "1", "--gbs", "8")
+    for cmd in (("estimate", *base, "--system", "dgx-h100"), ("tracegen", *base, "-o",
+                                                              "/nonexistent/x")):
+        r = run(*cmd, "--seq-len", "100000000")
+        said = r.stdout + r.stderr
+        assert r.returncode != 0 and "Traceback" not in said, said
+        assert "flash_attn_bwd counts 2.05e+20" in said and "split the sequence with cp" in said
+    m = dataclasses.replace(resolve_model("llama3-8b"), seq_len=10_000_000)
+    name, count = largest_count(m, Strategy(dp=8, global_batch_size=8))
+    assert name == "flash_attn_bwd" and count < COUNT_MAX  # (2.05e18: estimate prints it)
+    with pytest.raises(TraceFormatError, match="does not fit a Chakra integer attribute"):
+        encode_attr("num_ops", "int64", 1 << 64)

@@ -190,6 +190,22 @@ class Dims:
         return self.tokens // self.t if self.sp else self.tokens
 
 
+# Chakra ETs carry an op's FLOPs and a collective's bytes as int64 attributes (et_def.proto:
+# num_ops, comm_size); so do trainsim's op tables
+COUNT_MAX = 2**63 - 1
+
+
+def largest_count(m: ModelSpec, st: Strategy) -> tuple[str, int]:
+    """The largest FLOP or byte count one op or collective of a micro-batch carries on a rank
+    (a layer's forward and backward, the head's), with its name."""
+    best = ("", 0)
+    for it in (*layer_fwd(m, st), *layer_bwd(m, st), *head_fwd(m, st), *head_bwd(m, st)):
+        for n in ((it.flop, it.bytes) if isinstance(it, Op) else (it.size_bytes,)):
+            if n > best[1]:
+                best = (it.name, n)
+    return best
+
+
 def adam_bytes_per_param(s: Strategy) -> int:
     """Bytes the optimizer step moves per local parameter (``ADAM_BYTES_PER_PARAM``, less the
     narrower moments' reads and writes: ``MOMENT_BYTES``)."""

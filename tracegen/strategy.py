@@ -988,8 +988,34 @@ def check_fits_model(s: Strategy, m: ModelSpec, *, gpus: int | None = None) -> N
     if m.chunked and s.cp > 1:
         out.append(f"context parallelism with chunked attention ({m.attention_chunk}-token "
                    "chunks) is not modelled; use cp 1")
+    if not out:  # (counting ops needs a strategy that fits the model otherwise)
+        out += _count_problems(s, m)
     if out:
         raise ConfigError(out, what=f"strategy {s.label()} for model {m.name!r}")
+
+
+def _count_problems(s: Strategy, m: ModelSpec) -> list[str]:
+    """An op or collective whose FLOPs or bytes on a rank outgrow the 64-bit counts a Chakra
+    trace carries (``tracegen.ops.COUNT_MAX``). Counted exactly only where a bound says it
+    could (this check runs for every strategy a sweep screens): no op of a micro-batch counts
+    more than 16 · tokens · w · max(seq_len, w), w the widest of the model's dimensions
+    (attention ~10·b·s²·heads·d on a rank, a GEMM 6·tokens·k·n)."""
+    from tracegen.ops import COUNT_MAX, largest_count  # (ops builds on this module)
+
+    tokens = s.micro_batch_size * m.seq_len
+    heads_width = m.num_attention_heads * (max(m.head_dim, m.hidden_size // m.num_attention_heads)
+                                           + m.qk_rope_head_dim + m.v_head_dim)
+    w = max(m.hidden_size, m.ffn_hidden_size, m.vocab_size, heads_width,
+            m.moe_ffn_hidden_size * max(m.experts_per_token, 1) + m.shared_expert_ffn_hidden_size)
+    if 16 * tokens * w * max(m.seq_len, w) <= COUNT_MAX:
+        return []
+    name, count = largest_count(m, s)
+    if count <= COUNT_MAX:
+        return []
+    return [f"{name} counts {count:.3g} FLOPs or bytes on a rank, beyond the 64-bit counts a "
+            f"Chakra trace carries (num_ops, comm_size): seq_len {m.seq_len:,} at "
+            f"micro_batch_size {s.micro_batch_size} is too long for one rank; split the "
+            "sequence with cp, or check --seq-len"]
 
 
 # What each recompute module needs of the model, and what to say where it is missing.

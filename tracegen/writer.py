@@ -18,6 +18,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from tracegen.errors import TraceFormatError
 from tracegen.program import Attr, PNode
 from tracegen.vocab import CHAKRA_SCHEMA_VERSION, COMM_COLL_NODE
 
@@ -47,7 +48,10 @@ def _len_delimited(tag: bytes, payload: bytes) -> bytes:
 
 # AttributeProto oneof members: kind → (tag bytes, encoder of the value).
 def _enc_varint(v: Any) -> bytes:
-    return varint(int(v))
+    n = int(v)
+    if not -(1 << 63) <= n <= _MASK64:  # (varint would wrap it silently)
+        raise TraceFormatError(f"{n} does not fit a Chakra integer attribute (64 bits)")
+    return varint(n)
 
 
 def _enc_bytes(v: Any) -> bytes:
