@@ -569,6 +569,11 @@ def sweep_cmd(
     console.print(" · ".join(f"{k.replace('_', ' ')}: {v:,}" for k, v in counts.items()))
     if counts["invalid"]:
         _print_invalid_reasons(st, counts["invalid"])
+    if not counts["valid"]:  # (an empty table says less than this)
+        console.print("nothing to rank: every strategy of the space is invalid (why, above); "
+                      "give --gpus a count the layouts' tp·pp·cp divide and --gbs a multiple "
+                      "of mbs·dp, or widen the study's \\[search]")
+        return
     fitted = counts.get("recomputed_to_fit", 0)
     _print_ranking(results, f"{st.name}: best of {counts['valid']:,} strategies"
                    + (f" and {fitted:,} recomputed to fit" if fitted else ""),

@@ -182,7 +182,13 @@ def _context(results: pl.DataFrame, meta: dict[str, Any], figures: list[dict[str
             "episodes": [{"id": eid, "text": text} for eid, text in episodes],
             "rank_by": RANK_WORDS.get(str(meta.get("rank_by", "step_time")), "step time"),
             "counts": meta.get("counts", {}), "space": meta.get("space", ""),
-            "verdict": _verdict(results, meta), "best": _best(results, meta)}
+            "verdict": _verdict(results, meta), "best": _best(results, meta),
+            "nothing": NOTHING_RANKED}
+
+
+# What a report says where its results hold no strategy (a sweep whose space is all invalid)
+NOTHING_RANKED = ("Nothing to rank: no strategy of the space was valid (trainsim sweep printed "
+                  "why, rule by rule, and what to change).")
 
 
 # How the report names a study's ranking (``analysis.study.RANK_BY``).
@@ -222,6 +228,8 @@ def _best(results: pl.DataFrame, meta: dict[str, Any]) -> dict[str, str]:
 
 
 def _figures(results: pl.DataFrame, src: Path) -> list[dict[str, Any]]:
+    if not results.height:  # (nothing ranked: no figure of nothing)
+        return []
     figs: list[tuple[str, str, Figure, str]] = [
         ("breakdown", "Time breakdown per strategy", P.stacked_breakdown(results),
          "Compute, communication not hidden under compute (per axis), pipeline bubble and "

@@ -485,6 +485,13 @@ def test_why_a_space_is_invalid_is_told(tmp_path: Path) -> None:
     assert got.exit_code == 0, got.output
     assert "valid: 0" in got.output and "why invalid:" in got.output
     assert "2 × num_kv_heads 8 is not divisible by tp 16" in got.output
+    assert "nothing to rank: every strategy of the space is invalid" in got.output
+    assert "best of 0" not in got.output  # (no empty table)
+    from analysis.report import NOTHING_RANKED, build_report
+
+    html = build_report(tmp_path / "o", tmp_path / "r")  # its report says so, no empty figures
+    assert NOTHING_RANKED in (tmp_path / "r" / "report.md").read_text()
+    assert NOTHING_RANKED in html.read_text() and "<img" not in html.read_text()
 
 
 def test_a_sweep_report_accounts_for_every_combination(study_path: Path, tmp_path: Path) -> None:
