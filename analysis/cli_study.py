@@ -206,6 +206,10 @@ def resilience_cmd(
                "to train under these failures, and `trainsim report` on its folder writes the "
                "best as a [[strategies]] table to add here" if study.search else ""),
             what="study")
+    if not study.tokens:  # (days, GPU-hours and failures of a run of no tokens: all zero)
+        raise ConfigError("resilience prices a training run: set tokens (the token budget, "
+                          "e.g. tokens = 1.5e12) in the study; without it the days, GPU-hours "
+                          "and failures would be those of a run of no tokens", what="study")
     note_zero2_study(x.zero_stage for x in study.strategies if not x.grad_reduce_per_microbatch)
     out: dict[str, Any] = {}
     shapes: dict[str, Any] = {}

@@ -205,6 +205,24 @@ def test_a_failure_rate_that_allows_no_progress_is_explained_in_strict_json(
     assert all(v["goodput"] == 0 and v["expected_wall_clock_s"] is None for v in data.values())
 
 
+def test_resilience_refuses_a_study_without_a_token_budget(tmp_path: Path) -> None:
+    """No tokens (or 0): days, GPU-hours and failures would be a run of nothing's, zeros in a
+    table; refused instead, saying what to set (no traceback)."""
+    study = (Path(__file__).resolve().parent.parent / "analysis" / "studies" / (
+        "llama3-405b-failures.toml")).read_text()
+    for name, text in (("none", study.replace("tokens = 15.6e12\n", "")),
+                       ("zero", study.replace("tokens = 15.6e12", "tokens = 0"))):
+        assert text != study
+        f = tmp_path / f"{name}.toml"
+        f.write_text(text)
+        r = subprocess.run([sys.executable, "-m", "analysis.cli", "resilience", str(f)],
+                           capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "COLUMNS": "200"})
+        said = " ".join((r.stdout + r.stderr).split())
+        assert r.returncode != 0 and "Traceback" not in said
+        assert "resilience prices a training run: set tokens" in said
+
+
 def test_resilience_cli_writes_summary_and_plots(tmp_path: Path) -> None:
     study = Path(__file__).resolve().parent.parent / "analysis" / "studies" / (
         "llama3-405b-failures.toml")
