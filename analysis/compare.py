@@ -204,6 +204,11 @@ def failure_columns(study: Study, s: Strategy, step_time_s: float, fast: Any,
     rows = resilience_rows(study, s, fast._replace(step_time_s=step_time_s),
                            placed.where if placed else None, spread=spread, by_s=by_s)
     g = next(r for r in rows if r["policy"] == "global_restart")  # always among the policies
+    if not study.tokens:  # no budget: goodput only (the wall clocks would be one step's)
+        best = max(rows, key=lambda r: r["goodput"])  # the first of equals, as a sort
+        return {"goodput": g["goodput"], "time_to_train_s": None, "time_to_train_p90_s": None,
+                "best_policy": best["policy"], "best_policy_goodput": best["goodput"],
+                "best_policy_time_to_train_s": None}
     best = min(rows, key=lambda r: r["expected_wall_clock_s"])  # the first of equals, as a sort
     out = {"goodput": g["goodput"], "time_to_train_s": g["expected_wall_clock_s"],
            "time_to_train_p90_s": g["wall_clock_p90_s"],

@@ -223,6 +223,32 @@ def test_resilience_refuses_a_study_without_a_token_budget(tmp_path: Path) -> No
         assert "resilience prices a training run: set tokens" in said
 
 
+def test_a_comparison_without_a_token_budget_gives_goodput_not_days(tmp_path: Path) -> None:
+    """``compare`` of a study with [failures] and no tokens: each policy's goodput (a rate,
+    whatever the run's length) and the best policy by it; no time to train (it would be one
+    step's). With the budget, the same goodput and the days."""
+    from analysis.compare import failure_columns
+    from analysis.fastpath import estimate
+    from analysis.study import load_study
+
+    text = (Path(__file__).resolve().parent.parent / "analysis" / "studies" / (
+        "llama3-405b-failures.toml")).read_text()
+    f = tmp_path / "none.toml"
+    f.write_text(text.replace("tokens = 15.6e12\n", ""))
+    cols = {}
+    for name, path in (("none", f), ("budget", Path(__file__).resolve().parent.parent
+                                     / "analysis" / "studies" / "llama3-405b-failures.toml")):
+        study = load_study(path)
+        s = study.strategies[0]
+        fast = estimate(study.model, s, study.system)
+        cols[name] = failure_columns(study, s, fast.step_time_s, fast, None)
+    none, budget = cols["none"], cols["budget"]
+    assert none["time_to_train_s"] is None and none["best_policy_time_to_train_s"] is None
+    assert none["goodput"] == pytest.approx(budget["goodput"], rel=1e-9)
+    assert budget["time_to_train_s"] > 30 * 86400  # (15.6T tokens: weeks)
+    assert none["best_policy_goodput"] >= none["goodput"]
+
+
 def test_resilience_cli_writes_summary_and_plots(tmp_path: Path) -> None:
     study = Path(__file__).resolve().parent.parent / "analysis" / "studies" / (
         "llama3-405b-failures.toml")
