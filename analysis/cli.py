@@ -82,6 +82,7 @@ def _experts(m: ModelSpec) -> str:
 
 @app.command("tracegen")
 def tracegen_cmd(
+    ctx: typer.Context,
     model: C.ModelOpt, gpus: C.GpusOpt, mbs: C.MbsOpt, gbs: C.GbsOpt,
     out: Annotated[Path, typer.Option("-o", "--out", help="Output directory.")],
     tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, vpp: C.VppOpt = 1, sp: C.SpOpt = False,
@@ -114,6 +115,7 @@ def tracegen_cmd(
     stamp: Annotated[bool, typer.Option(
         "--stamp", help="Write each compute node's duration_micros from --system's GPU model "
                         "(for ASTRA-sim without its roofline; `trainsim stamp`).")] = False,
+    stack: C.StackOpt = None,
 ) -> None:
     """Generate the per-rank Chakra execution traces of one training step."""
     spec = resolve_model(model, seq_len, documents)
@@ -140,16 +142,22 @@ def tracegen_cmd(
     if stamp and system is None:
         raise ConfigError("--stamp times the compute nodes with a system's GPU model: give "
                           "--system too", what="tracegen options")
+    sys_spec = None
+    if system is not None:
+        from replay import resolve_system
+
+        sys_spec = resolve_system(system)
+    if stack is not None:  # (the system's part applies to --stamp and the memory check)
+        applied = C.with_stack(ctx, stack, spec, strategy, sys_spec,
+                               kernel_given=system is not None and "@" in system)
+        spec, strategy, sys_spec = applied.model, applied.strategy, applied.system
     output_dir(out, "--out")
     with progress_bar() as bar:
         task = bar.add_task("writing ranks", total=None)
         summary = generate(spec, strategy, out, mode=mode, name=name, gpus=gpus,  # type: ignore[arg-type]
                            progress=lambda i, n: bar.update(task, completed=i, total=n))
     capacity, any_layout = None, False
-    if system is not None:
-        from replay import resolve_system
-
-        sys_spec = resolve_system(system)
+    if sys_spec is not None:
         capacity, any_layout = sys_spec.gpu.hbm_GiB, sys_spec.gpu.fp8_any_layout
         if stamp:
             from replay.stamp import stamp_trace_set

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -409,3 +409,33 @@ def note_param_gather(strategy: Strategy) -> None:
         console.print(f"note: --overlap-param-gather changes nothing at --zero "
                       f"{strategy.zero_stage}: only ZeRO 1 and 2 gather the updated parameters "
                       "after the step")
+
+
+StackOpt = Annotated[str | None, typer.Option(
+    "--stack", help="Run it as a framework's recipes do, as trainsim's reference sets are "
+                    "validated: megatron-bridge, nemo-24.07, megatron-moe-modelzoo, "
+                    "megatron-lm-2022, llm-foundry (their overlaps, FP8 gathers, fused loss, "
+                    "gradient dtype, attention kernel; an option you give wins, and each value "
+                    "the layout has no use for is said).")]
+
+
+def with_stack(ctx: typer.Context, name: str, spec: ModelSpec, strategy: Strategy,
+               system: SystemSpec | None, *, kernel_given: bool, mixed: bool = False) -> Any:
+    """``--stack``: the strategy as that stack runs it (``analysis.stacks.apply_stack``, its
+    ``Applied``), the options given on the command line winning; what it set and left out
+    printed."""
+    from analysis.stacks import CLI_OPTION, apply_stack, get_stack
+
+    chosen = get_stack(name)
+    if mixed and (chosen.attention or any(not k.startswith(("strategy.", "model."))
+                                          for k in chosen.overrides)):
+        raise ConfigError(f"stack {name} sets the GPUs' attention: give it a one-system "
+                          "estimate, or name each system's kernel (SYSTEM@KERNEL) without "
+                          "--stack", what="--stack")
+    given = {f for f in strategy.to_dict()
+             if getattr(ctx.get_parameter_source(CLI_OPTION.get(f, f)), "name", "DEFAULT")
+             in ("COMMANDLINE", "ENVIRONMENT")}  # (typer's click, by name)
+    applied = apply_stack(chosen, spec, strategy, system, given=given, kernel_given=kernel_given)
+    for line in applied.notes:
+        console.print(line if line.startswith("stack ") else f"  {line}")
+    return applied

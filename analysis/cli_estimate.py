@@ -23,6 +23,7 @@ from analysis.cli_common import (
     note_zero2,
     output_file,
     table_file,
+    with_stack,
     write_table,
 )
 from analysis.glance import Glance, fit_advice, glance
@@ -100,12 +101,7 @@ def estimate_cmd(
                              "trainsim models (BF16, FP8 delayed / tensorwise / MXFP8, NVFP4), "
                              "fastest first; the ones its GPU cannot run named with why.")
     ] = False,
-    stack: Annotated[str | None, typer.Option(
-        "--stack", help="Run it as a framework's recipes do, as trainsim's reference sets are "
-                        "validated: megatron-bridge, nemo-24.07, megatron-moe-modelzoo, "
-                        "megatron-lm-2022, llm-foundry (their overlaps, FP8 gathers, fused "
-                        "loss, gradient dtype, attention kernel; an option you give wins, "
-                        "and each value the layout has no use for is said).")] = None,
+    stack: C.StackOpt = None,
     mixed_gpus: Annotated[str | None, typer.Option(
         "--mixed", help="A mixed cluster, placed for you: GPUS=SYSTEM, that many of the GPUs "
                         "on another system's nodes as whole pipeline stages (the first or the "
@@ -157,9 +153,10 @@ def estimate_cmd(
     sys_spec = resolve_system(system)
     stack_said: tuple[str, ...] = ()
     if stack is not None:
-        spec, strategy, sys_spec, stack_said = _with_stack(
-            ctx, stack, spec, strategy, sys_spec, kernel_given="@" in system,
-            mixed=bool(stage_system or mixed_gpus))
+        applied = with_stack(ctx, stack, spec, strategy, sys_spec, kernel_given="@" in system,
+                             mixed=bool(stage_system or mixed_gpus))
+        spec, strategy, stack_said = applied.model, applied.strategy, applied.notes
+        sys_spec = applied.system or sys_spec
     mixed = None
     chosen: dict[int, str] = {}
     if mixed_gpus is not None:
@@ -686,28 +683,6 @@ def _print_mixed_hints(model: Any, s: Strategy, system: SystemSpec, chosen: dict
         console.print("on the mixed cluster neither recomputation nor ZeRO sharding makes "
                       "every stage fit: shard more (tp, pp) or put fewer stages on the "
                       "smaller GPUs")
-
-
-def _with_stack(ctx: typer.Context, name: str, spec: ModelSpec, strategy: Strategy,
-                system: SystemSpec, *, kernel_given: bool, mixed: bool
-                ) -> tuple[ModelSpec, Strategy, SystemSpec, tuple[str, ...]]:
-    """``--stack``: the strategy as that stack runs it (``analysis.stacks.apply_stack``), the
-    options given on the command line winning; what it set and left out printed."""
-    from analysis.stacks import CLI_OPTION, apply_stack, get_stack
-
-    chosen = get_stack(name)
-    if mixed and (chosen.attention or any(not k.startswith(("strategy.", "model."))
-                                          for k in chosen.overrides)):
-        raise ConfigError(f"stack {name} sets the GPUs' attention: give it a one-system "
-                          "estimate, or name each system's kernel (SYSTEM@KERNEL) without "
-                          "--stack", what="--stack")
-    given = {f for f in strategy.to_dict()
-             if getattr(ctx.get_parameter_source(CLI_OPTION.get(f, f)), "name", "DEFAULT")
-             in ("COMMANDLINE", "ENVIRONMENT")}  # (typer's click, by name)
-    applied = apply_stack(chosen, spec, strategy, system, given=given, kernel_given=kernel_given)
-    for line in applied.notes:
-        console.print(line if line.startswith("stack ") else f"  {line}")
-    return applied.model, applied.strategy, applied.system, applied.notes
 
 
 def _placed_stages(model: Any, s: Strategy, system: SystemSpec, text: str) -> str:

@@ -336,7 +336,8 @@ def _study_meta(study: Any, counts: dict[str, int] | None = None) -> dict[str, A
     meta = {"name": study.name, "model": study.model.name, "system": study.system.name,
             "model_ref": study.model_ref, "system_ref": study.system_ref, "gpus": study.gpus,
             "global_batch_size": study.global_batch_size,
-            "tokens": study.tokens, "rank_by": study.rank_by, "counts": counts or {}}
+            "tokens": study.tokens, "rank_by": study.rank_by, "counts": counts or {},
+            "stack": study.stack}
     if counts:  # a sweep's: the space it searched, for the report
         meta["space"] = space_words(study)
     if study.mixed is not None:
@@ -361,13 +362,15 @@ _RATE_WORDS = {"failures": "its GPUs fail {:g}×", "fail_slow": "they run slow {
 
 
 def _sweep_study(study: str | None, *, model: str | None, system: str | None,
-                 gpus: int | None, gbs: int | None, seq_len: int, tokens: float = 0.0) -> Any:
+                 gpus: int | None, gbs: int | None, seq_len: int, tokens: float = 0.0,
+                 stack: str | None = None) -> Any:
     """The study a sweep searches: a file (or packaged study), or the default space of the job
     the options give — one or the other, every missing option named."""
     from analysis.study import study_from_dict
 
     job = {"model": model, "system": system, "gpus": gpus, "global_batch_size": gbs}
-    extra = {k: v for k, v in (("seq_len", seq_len), ("tokens", tokens)) if v}
+    extra = {k: v for k, v in (("seq_len", seq_len), ("tokens", tokens), ("stack", stack))
+             if v}
     given = [k for k, v in job.items() if v is not None] + list(extra)
     if study is not None:
         if given:
@@ -529,6 +532,10 @@ JobSeqLenOpt = Annotated[int, typer.Option(
     "--seq-len", help="Without a study: tokens a sequence (0: the model's own).")]
 JobTokensOpt = Annotated[float, typer.Option(
     help="Without a study: the token budget (days to train, GPU-hours), e.g. 1.5e12.")]
+JobStackOpt = Annotated[str | None, typer.Option(
+    "--stack", help="Without a study: every strategy as a framework's recipes run it "
+                    "(megatron-bridge, nemo-24.07, …; a study file says stack = NAME): its "
+                    "values where the space leaves a field and the layout can use it.")]
 
 
 @app.command("sweep")
@@ -551,6 +558,7 @@ def sweep_cmd(
         help="Strategies per screening task (default: about an eighth of each worker's "
              "share, 64–4,096; on a Dask cluster, each worker thread's).")] = None,
     fresh: FreshOpt = False,
+    stack: JobStackOpt = None,
 ) -> None:
     """Enumerate a strategy space, screen it with the fast path, replay the best K, rank."""
     import json
@@ -559,7 +567,7 @@ def sweep_cmd(
     from analysis.sweep_verdict import verdict
 
     st = _sweep_study(study, model=model, system=system, gpus=gpus, gbs=gbs, seq_len=seq_len,
-                      tokens=tokens)
+                      tokens=tokens, stack=stack)
     note_precision({x.precision for x in st.strategies} or {"bf16"}, st.system,
                    {x.fp8_recipe for x in st.strategies})
     output_dir(out, "--out")
@@ -595,7 +603,7 @@ def _print_best_command(results: Any, st: Study) -> None:
 
     fits = results.filter(results["fits"].fill_null(False))
     if fits.height and st.model_ref:
-        command = estimate_command(st.model_ref, st.system_ref, fits["flags"][0])
+        command = estimate_command(st.model_ref, st.system_ref, fits["flags"][0], st.stack)
         console.print(escape(f"#1 alone: {command}"), soft_wrap=True)
     if fits.height and st.model.document_mask is not None and not st.has_failures:
         _note_data_wait(fits, st)
@@ -640,6 +648,16 @@ def _note_space(st: Study) -> None:
 
 
 def _print_cluster(st: Study) -> None:
+    if st.stack:  # (a framework's settings on every strategy that can use them)
+        from analysis.stacks import get_stack
+
+        chosen = get_stack(st.stack)
+        console.print(escape(f"stack {chosen.name} ({chosen.describes}): "
+                             + ", ".join(f"{k} = {v!r}" for k, v in chosen.overrides.items())
+                             + (f"{', ' if chosen.overrides else ''}attention {chosen.attention}"
+                                if chosen.attention else "")
+                             + " — on each strategy that leaves the field and can use it"),
+                      soft_wrap=True)
     if st.mixed is not None:
         console.print(escape("mixed cluster: " + mixed_words(st)), soft_wrap=True)
     site = st.system.scaleout.site_gpus
@@ -727,6 +745,7 @@ def scale_cmd(
     workers: Annotated[int, typer.Option(min=1, help="Local worker processes.")] = 2,
     scheduler: Annotated[str | None, typer.Option(help="Dask scheduler address.")] = None,
     fresh: FreshOpt = False,
+    stack: JobStackOpt = None,
 ) -> None:
     """The study on each GPU count: the best strategy that fits (a sweep, its best replayed),
     throughput, goodput, scaling efficiency, GPU-hours; with --deadline, the fewest GPUs that
@@ -736,7 +755,7 @@ def scale_cmd(
     counts = parse_gpu_counts(gpus)
     st = _sweep_study(study, model=model, system=system,
                       gpus=counts[0] if study is None else None, gbs=gbs, seq_len=seq_len,
-                      tokens=tokens)
+                      tokens=tokens, stack=stack)
     if study is None:  # (named by its model: every count is this study's)
         st = dataclasses.replace(st, name=st.model.name)
     if deadline is None:

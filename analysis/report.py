@@ -223,7 +223,8 @@ def _best(results: pl.DataFrame, meta: dict[str, Any]) -> dict[str, str]:
     if not fits.height:
         return {}
     row = fits.row(0, named=True)
-    return {"command": estimate_command(meta["model_ref"], meta["system_ref"], row["flags"]),
+    return {"command": estimate_command(meta["model_ref"], meta["system_ref"], row["flags"],
+                                        meta.get("stack") or ""),
             "toml": strategy_toml(strategy_from_row(row))}
 
 

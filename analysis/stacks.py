@@ -69,7 +69,7 @@ STACKS: Mapping[str, Stack] = _frozen({s.name: s for s in (
           "the repository's launch scripts (--overlap-param-gather, --fp8-param-gather, "
           "Megatron-FSDP's prefetch); tests/test_megatron_moe_runs.py"),
     Stack("megatron-lm-2022", "Megatron-LM as Korthikanti et al. 2022 ran it (A100)",
-          _frozen({"gpu.flash_attention": False}), None,
+          _frozen({}), "unfused",  # (the kernel: gpu.flash_attention = false)
           "the paper's stack predates FlashAttention (softmax attention unfused); "
           "tests/test_validate.py (megatron2022_runs.csv)"),
     Stack("llm-foundry", "MosaicML llm-foundry / Composer benchmark runs (2023)",
@@ -146,47 +146,100 @@ def with_stack(stack: str | None, overrides: Mapping[str, Any], attention: str |
     return {**s.overrides, **overrides}, attention if attention is not None else s.attention
 
 
+def layout_of(strategy: Strategy, model: ModelSpec) -> Layout:
+    """What of ``strategy`` (on ``model``) decides whether a stack's value has use there."""
+    return Layout(strategy.tp, strategy.sequence_parallel, strategy.zero_stage,
+                  strategy.precision, model.is_moe and strategy.ep > 1)
+
+
+def stack_values(stack: Stack, layout: Layout, given: Collection[str]
+                 ) -> tuple[dict[str, Any], list[str]]:
+    """The stack's strategy values a strategy of ``layout`` takes — those ``given`` (the fields
+    its user set) and those it has no use for (``inapplicable``) aside — and what is said of
+    the ones left out for no use."""
+    used: dict[str, Any] = {}
+    notes = []
+    for field, value in split_overrides(stack.overrides)[1].items():
+        if field in given:
+            continue
+        why = inapplicable(field, value, layout)
+        if why:
+            notes.append(f"{field} not applied {why}")
+        else:
+            used[field] = value
+    return used, notes
+
+
+def with_stack_strategy(stack: Stack, strategy: Strategy, model: ModelSpec,
+                        given: Collection[str]) -> Strategy:
+    """``strategy`` with the stack's values it takes (``stack_values``)."""
+    used, _ = stack_values(stack, layout_of(strategy, model), given)
+    return Strategy.from_dict({**strategy.to_dict(), **used}) if used else strategy
+
+
+def stack_model(stack: Stack, model: ModelSpec) -> ModelSpec:
+    """``model`` with the stack's model values (``model.field`` overrides)."""
+    model_over = split_overrides(stack.overrides)[2]
+    return ModelSpec.from_dict({**model.to_dict(), **model_over}) if model_over else model
+
+
+def stack_system(stack: Stack, system: SystemSpec, *, kernel_given: bool
+                 ) -> tuple[SystemSpec, dict[str, Any]]:
+    """``system`` with the stack's system values and attention kernel (unless
+    ``kernel_given``: a kernel the user named wins), and the values it set."""
+    system_over = split_overrides(stack.overrides)[0]
+    if stack.attention and not kernel_given:
+        system_over = {**kernel_overrides(stack.attention, system.gpu.name), **system_over}
+    return (system.with_overrides(system_over) if system_over else system), system_over
+
+
 @dataclasses.dataclass(frozen=True)
 class Applied:
     """A strategy under a stack (``apply_stack``), with what was said about each value."""
 
     model: ModelSpec
     strategy: Strategy
-    system: SystemSpec
+    system: SystemSpec | None
     notes: tuple[str, ...]
 
 
-def apply_stack(stack: Stack, model: ModelSpec, strategy: Strategy, system: SystemSpec, *,
+def command_parts(name: str, system_ref: str) -> tuple[str, str]:
+    """How ``trainsim estimate`` spells a study's strategy under stack ``name``, its flags
+    already spelling each strategy field: the system with the stack's attention kernel
+    (``SYSTEM@KERNEL``, unless the reference names one), and ``--stack NAME`` where the stack
+    sets no strategy field (its model values then come exactly; one that did would fill the
+    fields the flags leave at their defaults, which the strategy may hold on purpose)."""
+    stack = get_stack(name)
+    if stack.attention and "@" not in system_ref:
+        system_ref = f"{system_ref}@{stack.attention}"
+    strategy_over = split_overrides(stack.overrides)[1]
+    return system_ref, ("" if strategy_over else f"--stack {name}")
+
+
+def _option(field: str) -> str:
+    """The estimate option that sets a strategy field."""
+    return "--" + CLI_OPTION.get(field, field).replace("_", "-")
+
+
+def apply_stack(stack: Stack, model: ModelSpec, strategy: Strategy, system: SystemSpec | None, *,
                 given: Collection[str], kernel_given: bool) -> Applied:
     """One strategy as ``stack`` runs it (``trainsim estimate --stack``): its strategy values
     where the command line gave none (``given``: the fields it set) and the layout has use for
     them (``inapplicable``), its model values, its system values and attention kernel (unless
-    ``kernel_given``: a kernel named on ``--system`` wins). Each value left out is said."""
-    system_over, strategy_over, model_over = split_overrides(stack.overrides)
-    notes = []
-    used: dict[str, Any] = {}
-    layout = Layout(strategy.tp, strategy.sequence_parallel, strategy.zero_stage,
-                    strategy.precision, model.is_moe and strategy.ep > 1)
-    for field, value in strategy_over.items():
-        option = "--" + CLI_OPTION.get(field, field).replace("_", "-")
-        why = inapplicable(field, value, layout)
-        if field in given:
-            if getattr(strategy, field) != value:
-                notes.append(f"{field} = {value!r} not applied ({option} given)")
-        elif why:
-            notes.append(f"{field} not applied {why}")
-        else:
-            used[field] = value
+    ``kernel_given``: a kernel named on ``--system`` wins; no system: ``tracegen`` without
+    one). Each value left out is said."""
+    _, strategy_over, model_over = split_overrides(stack.overrides)
+    used, notes = stack_values(stack, layout_of(strategy, model), given)
+    notes += [f"{field} = {value!r} not applied ({_option(field)} given)"
+              for field, value in strategy_over.items()
+              if field in given and getattr(strategy, field) != value]
     if used:
         strategy = Strategy.from_dict({**strategy.to_dict(), **used})
-    if model_over:
-        model = ModelSpec.from_dict({**model.to_dict(), **model_over})
+    model, system_over = stack_model(stack, model), dict[str, Any]()
+    if system is not None:
+        system, system_over = stack_system(stack, system, kernel_given=kernel_given)
     if stack.attention and kernel_given:
         notes.append(f"attention kernel {stack.attention} not applied (--system names one)")
-    elif stack.attention:
-        system_over = {**kernel_overrides(stack.attention, system.gpu.name), **system_over}
-    if system_over:
-        system = system.with_overrides(system_over)
     set_here = [f"{k} = {v!r}" for k, v in (*used.items(), *model_over.items(),
                                               *system_over.items())]
     said = f"stack {stack.name} ({stack.describes}): " + (", ".join(set_here) or "nothing set")

@@ -103,11 +103,17 @@ def strategy_toml(s: Strategy) -> str:
     return "\n".join(lines)
 
 
-def estimate_command(model_ref: str, system_ref: str, flags: str) -> str:
+def estimate_command(model_ref: str, system_ref: str, flags: str, stack: str = "") -> str:
     """``trainsim estimate`` of a strategy (its ``cli_flags``) on a model and system as the
-    command line names them; ``tracegen`` takes the same flags."""
+    command line names them, under a study's ``stack`` (``stacks.command_parts``);
+    ``tracegen`` takes the same flags."""
+    extra = ""
+    if stack:
+        from analysis.stacks import command_parts
+
+        system_ref, extra = command_parts(stack, system_ref)
     return (f"trainsim estimate --model {shlex.quote(model_ref)} "
-            f"--system {shlex.quote(system_ref)} {flags}")
+            f"--system {shlex.quote(system_ref)} {flags}" + (f" {extra}" if extra else ""))
 
 
 __all__ = ["FIELD_COLUMNS", "FLAGS", "cli_flags", "estimate_command", "row_fields",

@@ -13,6 +13,9 @@
     tokens = 1.5e12                 # token budget (time-to-train)
     deadline_days = 60              # `trainsim scale`: the fewest GPUs done by then in nine
                                     # runs of ten (needs tokens; --deadline overrides)
+    stack = "megatron-bridge"       # a framework's settings (analysis/stacks.py: overlaps,
+                                    # FP8 gathers, fused loss, attention kernel…) on each
+                                    # strategy that leaves the field and can use it
 
     [[strategies]]                  # compare: a list of strategies (dp follows from gpus)
     tp = 8
@@ -90,6 +93,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.resilience import failure_model, recovery_inputs
+from analysis.stacks import Stack, get_stack, stack_model, stack_system, with_stack_strategy
 from replay.hardware import SystemSpec, resolve_system
 from tracegen import ConfigError, ModelSpec, Strategy, resolve_model
 from tracegen._config import is_finite_number, load_mapping
@@ -100,7 +104,7 @@ from tracegen.strategy import check_fits_model
 KNOWN_KEYS = {"model", "seq_len", "documents", "system", "gpus", "global_batch_size", "tokens",
               "strategies", "search", "failures", "checkpoint", "restart", "policies", "name",
               "rank_by", "fail_slow", "slow_links", "site_links", "mixed", "gpu_spread",
-              "deadline_days"}
+              "deadline_days", "stack"}
 
 
 # each table whose events the other system's GPUs may have at their own rate: its [mixed] key
@@ -158,6 +162,9 @@ class Study:
     mixed: MixedCluster | None = None
     gpu_spread: dict[str, Any] = dataclasses.field(default_factory=dict)
     deadline_days: float | None = None  # (``analysis.scaling``: the fewest GPUs done by then)
+    # a framework's settings (``analysis.stacks``): on the model and system here, on each
+    # strategy where its table or the search space leaves a field and the layout can use it
+    stack: str = ""
 
     @property
     def has_failures(self) -> bool:
@@ -214,8 +221,12 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
     model = resolve_model(model_ref, data.get("seq_len", 0), data.get("documents", ""))
     model_ref = _model_ref(model_ref, model)
     system = resolve_system(system_ref)
+    stack = _stack(data, name)
+    if stack is not None:
+        model = stack_model(stack, model)
+        system, _ = stack_system(stack, system, kernel_given="@" in system_ref)
     gpus, gbs = data["gpus"], data["global_batch_size"]
-    strategies = _strategies(data.get("strategies", []), gpus, gbs, model)
+    strategies = _strategies(data.get("strategies", []), gpus, gbs, model, stack)
     mixed = _mixed(data, base, name)
     if mixed is not None:
         problems = []
@@ -239,7 +250,18 @@ def study_from_dict(data: dict[str, Any], *, name: str = "study", base: Path | N
                  dict(data.get("policies", {})), rank_by, dict(data.get("fail_slow", {})),
                  dict(data.get("slow_links", {})), dict(data.get("site_links", {})),
                  model_ref, system_ref, mixed, dict(data.get("gpu_spread", {})),
-                 None if deadline is None else float(deadline))
+                 None if deadline is None else float(deadline),
+                 stack.name if stack is not None else "")
+
+
+def _stack(data: dict[str, Any], name: str) -> Stack | None:
+    """The study's ``stack``, or None; a ConfigError naming the known ones otherwise."""
+    if "stack" not in data:
+        return None
+    if not isinstance(data["stack"], str):
+        raise ConfigError(f"stack must be a stack's name (e.g. \"megatron-bridge\"), got "
+                          f"{data['stack']!r}", what=f"study {name!r}")
+    return get_stack(data["stack"], what=f"study {name!r}")
 
 
 TABLE_KEYS = ("search", "failures", "checkpoint", "restart", "policies", "fail_slow",
@@ -408,14 +430,17 @@ def _rel(value: str, base: Path | None) -> str:
     return str(value)
 
 
-def _strategies(listed: list[dict[str, Any]], gpus: int, gbs: int, model: ModelSpec
-                ) -> tuple[Strategy, ...]:
-    """Every listed strategy, checked against the model too, or one error naming each
-    strategy's problems (not the first alone, and not only when its replay comes up)."""
+def _strategies(listed: list[dict[str, Any]], gpus: int, gbs: int, model: ModelSpec,
+                stack: Stack | None = None) -> tuple[Strategy, ...]:
+    """Every listed strategy (with the stack's values where its table leaves a field the
+    layout can use), checked against the model too, or one error naming each strategy's
+    problems (not the first alone, and not only when its replay comes up)."""
     out, problems = [], []
     for i, d in enumerate(listed):
         try:
             s = _strategy(d, gpus, gbs)
+            if stack is not None:
+                s = with_stack_strategy(stack, s, model, given=set(d))
             check_fits_model(s, model)
             out.append(s)
         except ConfigError as exc:

@@ -26,6 +26,7 @@ import polars as pl
 from analysis.compare import RESULT_COLUMNS, rank
 from analysis.resume import claim, clear, writing
 from analysis.runner import cluster_pool, local_pool, map_chunks, strategy_id, strategy_key
+from analysis.stacks import get_stack, with_stack_strategy
 from analysis.study import Study, mixed_stages
 from tracegen import ConfigError, Strategy
 from tracegen.strategy import check_fits_model, ruled_out, with_shorter_end_chunks
@@ -274,6 +275,8 @@ def _build(study: Study, d: dict[str, Any]) -> Strategy:
                  fp8_recipe=d.get("fp8_recipe", "delayed"),
                  cp_comm_type=d.get("cp_comm_type", "p2p"),
                  cp_balance=d.get("cp_balance", "document"))
+    if study.stack:  # (its values where the space leaves a field and the layout can use it)
+        s = with_stack_strategy(get_stack(study.stack), s, study.model, given=set(d))
     _check_tensor_cores(study, s)
     # a layer count pp·vpp does not divide: shorter end chunks, as frameworks run it
     s = with_shorter_end_chunks(s, study.model.num_layers)

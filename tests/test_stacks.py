@@ -183,3 +183,95 @@ def test_what_a_layout_has_no_use_for(field: str, value: object,
 
     got = inapplicable(field, value, Layout(*layout))
     assert (got is None) if why is None else (got is not None and why in got)
+
+
+def _study(**extra: object) -> object:
+    from analysis.study import study_from_dict
+
+    data = {"model": "llama3-8b", "system": "dgx-h100", "gpus": 16, "global_batch_size": 64,
+            **extra}
+    return study_from_dict(data, name="t")
+
+
+def test_a_studys_stack_fills_what_each_strategy_leaves() -> None:
+    """``stack = "megatron-bridge"`` in a study: each listed strategy takes the stack's values
+    it leaves out and can use (TP overlap with SP only, FP8 gathers on FP8 only); one that sets
+    a field keeps its own."""
+    from analysis.study import Study
+
+    st = _study(stack="megatron-bridge", strategies=[
+        {"tp": 2, "sequence_parallel": True, "zero_stage": 1, "precision": "fp8"},
+        {"tp": 2, "zero_stage": 1},
+        {"tp": 2, "sequence_parallel": True, "zero_stage": 1, "tp_comm_overlap": False}])
+    assert isinstance(st, Study) and st.stack == "megatron-bridge"
+    fp8, bf16, own = st.strategies
+    assert fp8.tp_comm_overlap and fp8.fp8_param_gather and fp8.fp8_recipe == "tensorwise"
+    assert fp8.grad_reduce_in_bf16 and fp8.cross_entropy_fusion == "native"
+    assert not bf16.tp_comm_overlap and not bf16.fp8_param_gather  # (no SP; BF16)
+    assert bf16.grad_reduce_in_bf16 and bf16.overlap_param_gather
+    assert not own.tp_comm_overlap and own.grad_reduce_in_bf16
+
+
+def test_a_studys_stack_sets_its_kernel_and_never_invalidates_a_strategy() -> None:
+    """NeMo 24.07's stack gives the study's system cuDNN's attention (``dgx-h100@cudnn``'s);
+    over the default search space no combination the stack touches turns invalid, every one
+    with SP at tp > 1 overlaps its TP communication, none without."""
+    from analysis.study import Study
+    from analysis.sweep import enumerate_space
+    from replay import resolve_system
+
+    plain, stacked = _study(), _study(stack="nemo-24.07")
+    assert isinstance(plain, Study) and isinstance(stacked, Study)
+    assert stacked.system.gpu == resolve_system("dgx-h100@cudnn").gpu != plain.system.gpu
+    (bare, bad_bare), (mine, bad_mine) = enumerate_space(plain), enumerate_space(stacked)
+    assert len(mine) == len(bare) and bad_mine == bad_bare and len(mine) > 50
+    assert all(s.tp_comm_overlap == (s.tp > 1 and s.sequence_parallel) for s in mine)
+
+
+def test_a_bad_stack_in_a_study_is_refused() -> None:
+    with pytest.raises(ConfigError, match="no stack named 'megatron'"):
+        _study(stack="megatron")
+    with pytest.raises(ConfigError, match="stack must be a stack's name"):
+        _study(stack=1)
+
+
+def test_the_best_strategys_command_carries_the_stack() -> None:
+    """The "#1 alone" command of a study under a stack: the stack's kernel on the system (its
+    flags already spell each strategy field), and ``--stack`` only for a stack that sets no
+    strategy field (llm-foundry's dropout; Megatron-LM 2022's unfused attention, where a kernel
+    the system names wins), so the command costs what the study did."""
+    from analysis.strategy_row import estimate_command
+
+    assert "--system dgx-h100@cudnn --tp 2" in estimate_command("llama3-8b", "dgx-h100",
+                                                                "--tp 2", "nemo-24.07")
+    assert "@" not in estimate_command("llama3-8b", "dgx-h100", "--tp 2", "megatron-bridge")
+    assert estimate_command("x", "dgx-a100-80gb", "--tp 2", "llm-foundry").endswith(
+        "--tp 2 --stack llm-foundry")
+    named = estimate_command("x", "dgx-a100-80gb@flashattention-2", "", "megatron-lm-2022")
+    assert "--system dgx-a100-80gb@flashattention-2 " in named  # (a kernel named wins)
+    assert named.endswith("--stack megatron-lm-2022")
+
+
+def test_sweep_takes_a_stack_for_a_job_not_beside_a_study(tmp_path: Path) -> None:
+    """``sweep --stack`` with the job's options ranks the space under it (its strategies'
+    labels carry the stack's switches); beside a study file it is refused (the file says
+    ``stack = NAME``)."""
+    got = CliRunner().invoke(app, ["sweep", "-o", str(tmp_path / "o"), "--model", "llama3-8b",
+                                   "--system", "dgx-h100", "--gpus", "16", "--gbs", "64",
+                                   "--stack", "megatron-bridge", "--top-k", "1", "--workers",
+                                   "1"], env={"COLUMNS": "250"})
+    assert got.exit_code == 0, got.output
+    assert "stack megatron-bridge" in got.output and "-cenative-" in got.output
+    import json
+    import shlex
+
+    best = pl.read_parquet(tmp_path / "o" / "results.parquet").row(0, named=True)
+    said = " ".join(got.output.split())
+    command = said[said.index("#1 alone: trainsim estimate ") + len("#1 alone: trainsim "):]
+    again = CliRunner().invoke(app, [*shlex.split(command), "--json", str(tmp_path / "e.json")])
+    assert again.exit_code == 0, again.output  # the command costs #1 as the sweep did
+    estimated = json.loads((tmp_path / "e.json").read_text())["step_time_s"]
+    assert estimated == pytest.approx(best["fast_step_time_s"], rel=1e-12)
+    both = CliRunner().invoke(app, ["sweep", str(tmp_path / "s.toml"), "-o",
+                                    str(tmp_path / "p"), "--stack", "megatron-bridge"])
+    assert both.exit_code != 0 and "not both" in str(both.exception)
