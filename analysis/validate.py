@@ -102,9 +102,11 @@ EXTENSION_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "pipeline_layou
 # read case-insensitively, as the enums below (a layout's E and L are upper case: kept)
 LOWERCASE_TEXT_COLUMNS = ("moe_dispatcher", "recompute_modules", "adam_moments_dtype",
                           "cross_entropy_fusion", "fp8_recipe")
-# A text column whose cell, where a row has one, wins over a ``--set`` for the whole file (the
-# row's recipe says what it ran: an MXFP8 row among current-scaling ones).
-ROW_WINS_TEXT_COLUMNS = ("fp8_recipe",)
+# A text column whose cell, where a row has one, wins over a ``--set`` (or a stack) for the
+# whole file (the row's recipe says what it ran: an MXFP8 row among current-scaling ones, TE's
+# fused loss beside the stack's native one, a row's dispatcher); the README's rule, a row's
+# own cells over both
+ROW_WINS_TEXT_COLUMNS = ("fp8_recipe", "cross_entropy_fusion", "moe_dispatcher")
 BOOL_COLUMNS = ("sequence_parallel",)
 EXTENSION_BOOL_COLUMNS = ("fp8_param_gather", "overlap_moe_ep_comm", "delay_wgrad_compute",
                           "tp_comm_overlap", "grad_reduce_per_microbatch", "grad_reduce_in_bf16")

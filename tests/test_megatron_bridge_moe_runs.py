@@ -4,7 +4,8 @@
 the recipe names, and the DGX-H100 table's Qwen3-30B and GPT-OSS rows — its Qwen3-235B row is in
 ``megatron_bridge_h100_runs.csv`` — three Qwen3-30B H100 runs its skills' notes report, and
 the two B200 Qwen3-30B runs of the pull request that fixed that table's B200 recipe, and
-Megatron-LM's recipe index's two figures for one Qwen3-235B H100 BF16 recipe),
+Megatron-LM's recipe index's two figures for each of its Qwen3-235B and Qwen3-30B H100 BF16
+recipes),
 read with the recipe files' settings the rows' notes name.
 Diagnostic, not part of the validation summary and not used to set anything: where the MoE
 model stands. Each bound is the error reached (seventieth session), so it cannot drift
@@ -98,7 +99,9 @@ def test_the_other_rows_are_too_fast_by_the_error_reached(results: pl.DataFrame)
                "mbridge-pr2499-b200-qwen3-30b-a3b-fp8mx": -18.9,
                "mbridge-pr2499-b200-qwen3-30b-a3b-bf16": -12.3,
                "mlm5728-h100-qwen3-235b-a22b-bf16": -8.6,
-               "mlm5728-h100-qwen3-235b-a22b-bf16-previous": -35.1}
+               "mlm5728-h100-qwen3-235b-a22b-bf16-previous": -35.1,
+               "mlm5728-h100-qwen3-30b-a3b-bf16": -25.6,
+               "mlm5728-h100-qwen3-30b-a3b-bf16-previous": -27.6}
     for rid, e in reached.items():
         assert e - 0.5 <= err[rid] <= e + 0.5, (rid, err[rid])
 
@@ -222,3 +225,16 @@ def test_one_recipes_figure_moved_41_percent_between_releases(results: pl.DataFr
     assert step[new] == step[old]
     assert measured[old] / measured[new] == pytest.approx(302.0 / 214.3, rel=1e-3)
     assert step[new] / measured[new] - 1 == pytest.approx(-0.086, abs=0.005)
+
+
+def test_the_30b_recipe_runs_hybridep_read_as_deepep() -> None:
+    """The index's Qwen3-30B H100 BF16 recipe (16 GPUs, EP 16 over both nodes, GBS 1,024) runs
+    the flex dispatcher with HybridEP and TE's fused loss: read as DeepEP (the nearest trainsim
+    models), its row's fused loss winning over the stack's native one as a row's cells do —
+    240.5 TFLOP/s (25.08 s) against 18.66 s, 25.6% short, as the rest of the small MoE."""
+    row = next(r for r in load_runs(RUNS).iter_rows(named=True)
+               if r["id"] == "mlm5728-h100-qwen3-30b-a3b-bf16")
+    got = row_inputs(row, overrides=STACK)
+    assert isinstance(got, RunInputs)
+    assert got.strategy.moe_dispatcher == "deepep" and got.strategy.cross_entropy_fusion == "te"
+    assert "cross_entropy_fusion not applied (the row says te)" in got.assumptions
