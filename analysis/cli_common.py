@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -16,6 +16,8 @@ from tracegen import ConfigError, ModelSpec, Strategy
 
 if TYPE_CHECKING:  # polars loads only where a table is written
     import polars as pl
+
+    from analysis.stacks import Applied
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="trainsim: trace-driven performance modeling of distributed training.")
@@ -420,7 +422,8 @@ StackOpt = Annotated[str | None, typer.Option(
 
 
 def with_stack(ctx: typer.Context, name: str, spec: ModelSpec, strategy: Strategy,
-               system: SystemSpec | None, *, kernel_given: bool, mixed: bool = False) -> Any:
+               system: SystemSpec | None, *, kernel_given: bool, mixed: bool = False
+               ) -> Applied:
     """``--stack``: the strategy as that stack runs it (``analysis.stacks.apply_stack``, its
     ``Applied``), the options given on the command line winning; what it set and left out
     printed."""
