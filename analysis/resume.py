@@ -40,6 +40,8 @@ def fingerprint(study: Study) -> dict[str, Any]:
     for table in ("fail_slow", "slow_links", "site_links"):  # (absent when empty: folders
         if getattr(study, table):  # written before the table existed still match)
             data[table] = getattr(study, table)
+    if study.stack:  # (its strategy values change the strategies; absent when none)
+        data["stack"] = study.stack
     if study.mixed is not None:
         mixed: dict[str, Any] = {"system": dataclasses.asdict(study.mixed.system),
                                  "gpus": study.mixed.gpus, "balance": study.mixed.balance}

@@ -275,3 +275,18 @@ def test_sweep_takes_a_stack_for_a_job_not_beside_a_study(tmp_path: Path) -> Non
     both = CliRunner().invoke(app, ["sweep", str(tmp_path / "s.toml"), "-o",
                                     str(tmp_path / "p"), "--stack", "megatron-bridge"])
     assert both.exit_code != 0 and "not both" in str(both.exception)
+
+
+def test_a_stack_is_part_of_what_a_resumed_run_must_match() -> None:
+    """A folder a run without the stack wrote is not resumed by one with it (the stack's
+    strategy values change every strategy it touches); one without keeps the older record."""
+    import dataclasses
+
+    from analysis.resume import fingerprint
+    from analysis.study import Study
+
+    plain = _study()
+    assert isinstance(plain, Study)
+    stacked = dataclasses.replace(plain, stack="megatron-bridge")
+    assert "stack" not in fingerprint(plain)
+    assert fingerprint(stacked) != fingerprint(plain)
