@@ -456,3 +456,29 @@ def test_moe_every_nth_layer_follows_each_familys_rule(kind: str, keys: dict[str
     assert m.first_dense_layers == first
     if pattern is not None:
         assert m.moe_layer_pattern == pattern
+
+
+def test_a_config_without_its_model_type_is_named_as_one(tmp_path: Path) -> None:
+    """A config.json that lost its model_type is not read as a trainsim model file (a list of
+    unknown keys): the refusal names the Hugging Face keys it has and what to add."""
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
+                             "num_hidden_layers": 32, "intermediate_size": 14336,
+                             "num_attention_heads": 32, "vocab_size": 128256}))
+    with pytest.raises(ConfigError, match=r"looks like a Hugging Face config\.json "
+                       r"\(architectures, intermediate_size, num_hidden_layers\) without its "
+                       r"model_type"):
+        resolve_model(str(f), 4096)
+
+
+def test_a_model_file_without_seq_len_takes_the_one_given(tmp_path: Path) -> None:
+    """A trainsim model file that leaves out seq_len is trained at --seq-len (or @seqN); with
+    neither, the refusal says to give one."""
+    spec = get_model("llama3-8b").to_dict()
+    del spec["seq_len"]
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps(spec))
+    assert resolve_model(str(f), 2048).seq_len == 2048
+    assert resolve_model(f"{f}@seq1024").seq_len == 1024
+    with pytest.raises(ConfigError, match=r"has no seq_len: add seq_len = N .* or give --seq-len"):
+        resolve_model(str(f))

@@ -94,12 +94,29 @@ def resolve_model(name_or_file: str | Path, seq_len: int = 0, documents: str = "
     return with_seq_len(model, seq_len) if seq_len else model
 
 
+# Keys a transformers config.json has and a trainsim model file never does
+HF_ONLY_KEYS = frozenset({"num_hidden_layers", "intermediate_size", "architectures",
+                          "num_key_value_heads", "max_position_embeddings"})
+
+
 def _model_file(path: Path, seq_len: int) -> ModelSpec:
     """A trainsim model file, or a Hugging Face config (named after its folder where the file
     is the usual ``config.json``)."""
     data = load_mapping(path, what="model file")
     if not is_hf_config(data):
-        return ModelSpec.from_dict({"name": path.stem, **data})
+        hf_keys = sorted(HF_ONLY_KEYS & set(data))
+        if hf_keys:  # (read as a trainsim file it would be a list of unknown keys)
+            raise ConfigError(f"{path} looks like a Hugging Face config.json "
+                              f"({', '.join(hf_keys)}) without its model_type: add the "
+                              "family's (e.g. \"model_type\": \"llama\", \"qwen3_moe\"), "
+                              "or write a trainsim model file (`trainsim catalog NAME` prints "
+                              "one)", what="model file")
+        if "seq_len" not in data and not seq_len:
+            raise ConfigError(f"{path} has no seq_len: add seq_len = N (tokens a sequence) to "
+                              "it, or give --seq-len N", what="model file")
+        # --seq-len (or @seqN) gives a file without its own seq_len one
+        given = {"seq_len": seq_len} if "seq_len" not in data else {}
+        return ModelSpec.from_dict({"name": path.stem, **given, **data})
     if isinstance(seq_len, bool) or not isinstance(seq_len, int):
         raise ConfigError(f"seq_len must be a whole number of tokens, got {seq_len!r}",
                           what="model")
