@@ -764,6 +764,7 @@ def scale_cmd(
     output_dir(out, "--out")
     _say_fresh(out, fresh)
     plot = output_file(plot, "--plot", plot=True)
+    _print_cluster(st)  # (its stack, mixed cluster, sites: what every count's ranking weighs)
     _note_space(st)
     with progress_bar() as bar:
         frame = scaling(st, counts, out, batch_per_gpu=batch_per_gpu, workers=workers,

@@ -290,3 +290,21 @@ def test_a_stack_is_part_of_what_a_resumed_run_must_match() -> None:
     stacked = dataclasses.replace(plain, stack="megatron-bridge")
     assert "stack" not in fingerprint(plain)
     assert fingerprint(stacked) != fingerprint(plain)
+
+
+def test_scale_says_the_stack_it_runs(tmp_path: Path) -> None:
+    """``scale --stack`` names the stack before its counts, as ``sweep`` does, and every
+    count's best strategy carries the stack's switches where its layout uses them."""
+    got = CliRunner().invoke(app, ["scale", "--model", "llama3-8b", "--system", "dgx-h100",
+                                   "--gbs", "64", "--gpus", "8,16", "--stack", "nemo-24.07",
+                                   "-o", str(tmp_path / "o"), "--workers", "1"],
+                             env={"COLUMNS": "250"})
+    assert got.exit_code == 0, got.output
+    assert got.output.lstrip().startswith("stack nemo-24.07 (NVIDIA NeMo 2.0")
+    import re
+
+    labels = re.findall(r"tp(\d+)-pp\d+-dp\d+\S*", got.output)
+    full = re.findall(r"tp\d+-pp\d+-dp\d+\S*", got.output)
+    assert len(full) == 2  # one best strategy a count
+    for tp, label in zip(labels, full, strict=True):
+        assert ("-tpo" in label) == (int(tp) > 1 and "-sp" in label), label
