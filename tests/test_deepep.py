@@ -243,3 +243,11 @@ def test_estimate_takes_the_dispatcher_from_the_command_line() -> None:
     assert bad.returncode == 2 and (
         "ConfigError: invalid strategy: moe_dispatcher must be one of alltoall, deepep; got "
         "'nccl'") in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("named", ["hybridep", "HybridEP", "flex"])
+def test_hybridep_is_refused_with_the_nearest_dispatcher(named: str) -> None:
+    """A dispatcher a framework names that trainsim does not model (HybridEP, or the flex
+    dispatcher that runs it) is refused naming 'deepep' as the nearest, not a bare list."""
+    with pytest.raises(ConfigError, match="is the nearest"):
+        Strategy(dp=64, ep=8, global_batch_size=64, moe_dispatcher=named)  # type: ignore[arg-type]

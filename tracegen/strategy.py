@@ -495,7 +495,16 @@ _CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
 _CHOICE_NOTES = {"fp8_recipe": "Transformer Engine's delayed or current per-tensor scaling, "
                                 "or MXFP8 block scaling (Blackwell)",
                  "cross_entropy_fusion": "unfused, Megatron-Core's fused loss, Transformer "
-                                         "Engine's"}
+                                         "Engine's",
+                 "moe_dispatcher": "Megatron-Core's all-to-all, or DeepEP's: once per "
+                                   "destination node over the NICs, then NVLink"}
+# Values a framework names that trainsim does not model, with the nearest it does
+_CHOICE_NEAREST = {("moe_dispatcher", "hybridep"): "NVIDIA's HybridEP (the flex dispatcher's "
+                   "other backend) is not modelled; 'deepep', hierarchical as it is, is the "
+                   "nearest",
+                   ("moe_dispatcher", "flex"): "Megatron-Core's flex dispatcher runs DeepEP "
+                   "or HybridEP: give 'deepep' (HybridEP is not modelled; DeepEP is the "
+                   "nearest)"}
 
 
 def _degree_problems(s: Strategy) -> list[str]:
@@ -508,7 +517,8 @@ def _degree_problems(s: Strategy) -> list[str]:
         value = getattr(s, name)
         if value not in allowed:
             what = f" ({_CHOICE_NOTES[name]})" if name in _CHOICE_NOTES else ""
-            near = did_you_mean(str(value), allowed).strip()
+            near = _CHOICE_NEAREST.get((name, str(value).lower()),
+                                       did_you_mean(str(value), allowed).strip())
             out.append(f"{name} must be one of {', '.join(allowed)}{what}; got {value!r}"
                        + (f" ({near})" if near else ""))
     if s.adam_moments_dtype in ADAM_MOMENTS_DTYPES and s.adam_moments_dtype != "fp32" and (
