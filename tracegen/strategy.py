@@ -495,13 +495,11 @@ _CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
 _CHOICE_NOTES = {"fp8_recipe": "Transformer Engine's delayed or current per-tensor scaling, "
                                 "or MXFP8 block scaling (Blackwell)",
                  "cross_entropy_fusion": "unfused, Megatron-Core's fused loss, Transformer "
-                                         "Engine's",
-                 "moe_dispatcher": "Megatron-Core's all-to-all, or DeepEP's: once per "
-                                   "destination node over the NICs, then NVLink"}
+                                         "Engine's"}
 # Values a framework names that trainsim does not model, with the nearest it does
 _CHOICE_NEAREST = {("moe_dispatcher", "hybridep"): "NVIDIA's HybridEP (the flex dispatcher's "
-                   "other backend) is not modelled; 'deepep', hierarchical as it is, is the "
-                   "nearest",
+                   "other backend) is not modelled; 'deepep', hierarchical as it is (once per "
+                   "destination node over the NICs, then NVLink), is the nearest",
                    ("moe_dispatcher", "flex"): "Megatron-Core's flex dispatcher runs DeepEP "
                    "or HybridEP: give 'deepep' (HybridEP is not modelled; DeepEP is the "
                    "nearest)"}
