@@ -427,11 +427,10 @@ def with_stack(ctx: typer.Context, name: str, spec: ModelSpec, strategy: Strateg
     """``--stack``: the strategy as that stack runs it (``analysis.stacks.apply_stack``, its
     ``Applied``), the options given on the command line winning; what it set and left out
     printed."""
-    from analysis.stacks import CLI_OPTION, apply_stack, get_stack
+    from analysis.stacks import CLI_OPTION, apply_stack, get_stack, split_overrides
 
     chosen = get_stack(name)
-    if mixed and (chosen.attention or any(not k.startswith(("strategy.", "model."))
-                                          for k in chosen.overrides)):
+    if mixed and (chosen.attention or split_overrides(chosen.overrides)[0]):
         raise ConfigError(f"stack {name} sets the GPUs' attention: give it a one-system "
                           "estimate, or name each system's kernel (SYSTEM@KERNEL) without "
                           "--stack", what="--stack")
