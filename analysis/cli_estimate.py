@@ -115,21 +115,7 @@ def estimate_cmd(
     ops_out = table_file(ops_out, "--ops-out", what="the op table")
     roofline_plot = output_file(roofline_plot, "--roofline", plot=True)
     spec = resolve_model(model, seq_len, documents)
-    if schedules and pp < 2:  # (refused before the estimate is printed)
-        raise ConfigError("--schedules compares pipeline schedules: it needs --pp 2 or more, "
-                          f"got --pp {pp}", what="option")
-    if schedules and (stage_system or mixed_gpus):
-        raise ConfigError("--schedules costs the layout on one system: drop --stage-system / "
-                          "--mixed, or compare the mixed cluster's schedules one at a time "
-                          "with --schedule", what="option")
-    if precisions and (stage_system or mixed_gpus):
-        raise ConfigError("--precisions costs the strategy on one system: drop --stage-system "
-                          "/ --mixed, or compare the mixed cluster's precisions one at a time "
-                          "with --precision", what="option")
-    if gpu_spread:  # (bad input refused before the estimate is printed)
-        from analysis.gpu_spread import check_sd
-
-        check_sd(gpu_spread, what="--gpu-spread")
+    _refuse_options(pp, schedules, precisions, bool(stage_system or mixed_gpus), gpu_spread)
     strategy = build_strategy(
         gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, sp=sp, tp_comm_overlap=tp_comm_overlap,
         mbs=mbs, gbs=gbs, schedule=schedule, recompute=recompute, zero=zero,
@@ -151,110 +137,138 @@ def estimate_cmd(
         cpu_offload_layers=cpu_offload_layers,
         optimizer_offload_fraction=optimizer_offload_fraction)
     sys_spec = resolve_system(system)
-    stack_said: tuple[str, ...] = ()
+    # what the JSON holds beyond the estimate, each part as printed (None: not printed)
+    extras: dict[str, Any] = {}
     if stack is not None:
         applied = with_stack(ctx, stack, spec, strategy, sys_spec, kernel_given="@" in system,
                              mixed=bool(stage_system or mixed_gpus))
-        spec, strategy, stack_said = applied.model, applied.strategy, applied.notes
+        spec, strategy = applied.model, applied.strategy
         sys_spec = applied.system or sys_spec
-    mixed = None
-    chosen: dict[int, str] = {}
+        # the stack named, what it set and what it left out
+        extras["stack"] = {"name": stack, "said": list(applied.notes)}
     if mixed_gpus is not None:
         if stage_system:
             raise ConfigError("give --mixed (placed for you) or --stage-system (the stages "
                               "you choose), not both", what="mixed cluster")
         stage_system = [_placed_stages(spec, strategy, sys_spec, mixed_gpus)]
-    if stage_system:
-        from analysis.mixed import mixed_estimate, parse_stage_systems
-
-        chosen = parse_stage_systems(stage_system, strategy.pp)
-        mixed = mixed_estimate(spec, strategy, sys_spec, chosen)
     g = glance(spec, strategy, sys_spec)
-    print_glance(g, strategy, alone=mixed is not None, model=spec)
-    split = step_split(spec, strategy, sys_spec) if mixed is None else None
-    if split is not None:
-        console.print(split.line())
+    if stage_system:
+        extras.update(_mixed_notes(spec, strategy, sys_spec, g, stage_system))
+    else:
+        print_glance(g, strategy, alone=False, model=spec)
+        extras.update(_healthy_notes(spec, strategy, sys_spec, g, gpu_spread))
+    extras.update(_common_notes(spec, strategy, sys_spec, g, alone=not stage_system))
+    if schedules:  # the layout under every schedule, as printed
+        extras["schedules"] = [a.to_dict() for a in _print_schedules(spec, strategy, sys_spec)]
+    if precisions:  # the strategy in every precision, as printed
+        extras["precisions"] = [r.to_dict()
+                                for r in _print_precisions(spec, strategy, sys_spec)]
+    if ops is not None or ops_out is not None or roofline_plot is not None:
+        table = op_table(spec, strategy, sys_spec, stage=ops or 0)
+        _write_ops(table, sys_spec, ops_out, roofline_plot, strategy.precision)
+        if ops is not None:  # printed, so in the JSON too
+            print_ops(table)
+            extras["ops"] = table.to_dicts()
+    if json_out is not None:
+        # every field of the strategy, for what the label leaves out (moments, FP8 gathers…)
+        out = {**g.to_dict(), "strategy_fields": strategy.to_dict(),
+               **{k: v for k, v in extras.items() if v is not None}}
+        json_out.write_text(jsonout.dumps(out, indent=1))
+
+
+def _refuse_options(pp: int, schedules: bool, precisions: bool, mixed: bool,
+                    gpu_spread: float) -> None:
+    """Options that cannot go together, refused before the estimate is printed."""
+    if schedules and pp < 2:
+        raise ConfigError("--schedules compares pipeline schedules: it needs --pp 2 or more, "
+                          f"got --pp {pp}", what="option")
+    if schedules and mixed:
+        raise ConfigError("--schedules costs the layout on one system: drop --stage-system / "
+                          "--mixed, or compare the mixed cluster's schedules one at a time "
+                          "with --schedule", what="option")
+    if precisions and mixed:
+        raise ConfigError("--precisions costs the strategy on one system: drop --stage-system "
+                          "/ --mixed, or compare the mixed cluster's precisions one at a time "
+                          "with --precision", what="option")
+    if gpu_spread:
+        from analysis.gpu_spread import check_sd
+
+        check_sd(gpu_spread, what="--gpu-spread")
+
+
+def _print_window(spec: ModelSpec) -> None:
     if spec.window:
         console.print(f"sliding-window attention: {spec.window_summary()} (the others attend "
                       f"over the whole {spec.seq_len:,}-token sequence)"
                       if spec.window_pattern else
                       f"sliding-window attention: {spec.window_summary()}")
-    uneven = note_documents(spec, strategy, sys_spec, g.step_time_s) if mixed is None else None
-    spread = (note_gpu_spread(spec, strategy, sys_spec, gpu_spread, g.step_time_s)
-              if gpu_spread and mixed is None else None)
-    balanced = None
-    if mixed is not None:
-        for other in sorted(set(chosen.values())):
-            note_precision({strategy.precision}, resolve_system(other), {strategy.fp8_recipe})
-        print_mixed(mixed)
-        balanced = _print_balanced(spec, strategy, sys_spec, chosen, mixed)
-        if not (mixed.fits or (balanced is not None and balanced[1].fits)):
-            _print_mixed_hints(spec, strategy, sys_spec, chosen)
-    note_param_gather(strategy)
-    note_partial_domain(strategy, sys_spec)
-    note_zero2(strategy, g.step_time_s, _per_microbatch_s(spec, strategy, sys_spec)
-               if mixed is None else 0.0)
-    stream = note_grad_stream(spec, strategy, sys_spec) if mixed is None else None
-    sites = note_sites(spec, strategy, sys_spec) if mixed is None else None
-    note_combined_1f1b([strategy.overlap_moe_ep_comm])
-    moe_reference = note_moe(spec)
-    experts = note_small_experts(spec, strategy, sys_spec)
-    losses = note_loss(spec, strategy, sys_spec, g) if mixed is None else None
-    offload = note_offload(spec, strategy, sys_spec, g) if mixed is None else None
-    opt_offload = note_optimizer_offload(spec, strategy, sys_spec, g) if mixed is None else None
-    unmerged = _print_unmerged(spec, strategy, sys_spec, g) if (
-        strategy.overlap_moe_ep_comm and mixed is None) else None
-    if mixed is None:
-        note_dualpipe_pairs(spec, strategy, sys_spec, g.step_time_s)
-        note_fsdp_pipeline(spec, strategy, sys_spec, g.step_time_s)
-    note_precision({strategy.precision}, sys_spec, {strategy.fp8_recipe})
-    alternatives = _print_schedules(spec, strategy, sys_spec) if schedules else None
-    by_precision = _print_precisions(spec, strategy, sys_spec) if precisions else None
-    table = None
-    if ops is not None or ops_out is not None or roofline_plot is not None:
-        table = op_table(spec, strategy, sys_spec, stage=ops or 0)
-        _write_ops(table, sys_spec, ops_out, roofline_plot, strategy.precision)
-        if ops is not None:
-            print_ops(table)
-    if json_out is not None:
-        # every field of the strategy, for what the label leaves out (moments, FP8 gathers…)
-        out = {**g.to_dict(), "strategy_fields": strategy.to_dict()}
-        if table is not None and ops is not None:  # printed, so in the JSON too
-            out["ops"] = table.to_dicts()
-        if split is not None:  # the parts the step is made of, as printed
-            out["step_split"] = split.as_dict()
-        if alternatives is not None:  # the layout under every schedule, as printed
-            out["schedules"] = [a.to_dict() for a in alternatives]
-        if by_precision is not None:  # the strategy in every precision, as printed
-            out["precisions"] = [r.to_dict() for r in by_precision]
-        if unmerged is not None:  # the other end of the range the note speaks of
-            out["without_merged_passes"] = unmerged
-        if experts is not None:  # a rank's group of experts, what the note reads
-            out["expert_group"] = experts
-        if stream is not None:  # every micro-batch's reductions against its compute
-            out["grad_stream"] = stream
-        if sites is not None:  # what crosses between sites
-            out["sites"] = sites
-        if losses is not None:  # the fused losses the note compares
-            out["fused_losses"] = losses
-        if uneven is not None:  # the wait for the replica whose sequences attended most
-            out["data_straggler"] = uneven
-        if spread is not None:  # the wait for the slowest GPUs
-            out["gpu_spread"] = spread
-        if offload is not None:  # activation offloading against none
-            out["offload"] = offload
-        if opt_offload is not None:  # optimizer offloading against none
-            out["optimizer_offload"] = opt_offload
-        if stack is not None:  # the stack named, what it set and what it left out
-            out["stack"] = {"name": stack, "said": list(stack_said)}
-        if moe_reference is not None:  # what the note says a MoE step is worth
-            out["moe_reference"] = moe_reference
-        if mixed is not None:
-            out["mixed"] = mixed.to_dict()
-            if balanced is not None:
-                out["mixed"]["balanced"] = {"pipeline_layout": balanced[0].pipeline_layout,
-                                            **balanced[1].to_dict()}
-        json_out.write_text(jsonout.dumps(out, indent=1))
+
+
+def _healthy_notes(spec: ModelSpec, s: Strategy, system: SystemSpec, g: Glance,
+                   gpu_spread: float) -> dict[str, Any]:
+    """What follows the estimate of a cluster of one system: the step's parts, the data's and
+    the fleet's stragglers (the JSON's parts, keyed as it names them)."""
+    split = step_split(spec, s, system)
+    if split is not None:
+        console.print(split.line())
+    _print_window(spec)
+    return {
+        "step_split": split.as_dict() if split is not None else None,
+        # the wait for the replica whose sequences attended most
+        "data_straggler": note_documents(spec, s, system, g.step_time_s),
+        # the wait for the slowest GPUs
+        "gpu_spread": (note_gpu_spread(spec, s, system, gpu_spread, g.step_time_s)
+                       if gpu_spread else None)}
+
+
+def _mixed_notes(spec: ModelSpec, s: Strategy, system: SystemSpec, g: Glance,
+                 stage_system: list[str]) -> dict[str, Any]:
+    """A mixed cluster (``--stage-system``): the all-base estimate, then the mixed one, the
+    layers split by the stages' speeds, and what would make it fit."""
+    from analysis.mixed import mixed_estimate, parse_stage_systems
+    from replay import resolve_system
+
+    chosen = parse_stage_systems(stage_system, s.pp)
+    mixed = mixed_estimate(spec, s, system, chosen)
+    print_glance(g, s, alone=True, model=spec)
+    _print_window(spec)
+    for other in sorted(set(chosen.values())):
+        note_precision({s.precision}, resolve_system(other), {s.fp8_recipe})
+    print_mixed(mixed)
+    balanced = _print_balanced(spec, s, system, chosen, mixed)
+    if not (mixed.fits or (balanced is not None and balanced[1].fits)):
+        _print_mixed_hints(spec, s, system, chosen)
+    out = mixed.to_dict()
+    if balanced is not None:
+        out["balanced"] = {"pipeline_layout": balanced[0].pipeline_layout,
+                           **balanced[1].to_dict()}
+    return {"mixed": out}
+
+
+def _common_notes(spec: ModelSpec, s: Strategy, system: SystemSpec, g: Glance,
+                  alone: bool) -> dict[str, Any]:
+    """The notes on the strategy's options (the JSON's parts, keyed as it names them); those
+    that cost the step on one system only where ``alone`` (not a mixed cluster)."""
+    note_param_gather(s)
+    note_partial_domain(s, system)
+    note_zero2(s, g.step_time_s, _per_microbatch_s(spec, s, system) if alone else 0.0)
+    out: dict[str, Any] = {
+        # every micro-batch's reductions against its compute; what crosses between sites
+        "grad_stream": note_grad_stream(spec, s, system) if alone else None,
+        "sites": note_sites(spec, s, system) if alone else None}
+    note_combined_1f1b([s.overlap_moe_ep_comm])
+    out["moe_reference"] = note_moe(spec)  # what the note says a MoE step is worth
+    out["expert_group"] = note_small_experts(spec, s, system)  # a rank's group of experts
+    if alone:
+        out["fused_losses"] = note_loss(spec, s, system, g)
+        out["offload"] = note_offload(spec, s, system, g)  # activation offloading vs none
+        out["optimizer_offload"] = note_optimizer_offload(spec, s, system, g)
+        if s.overlap_moe_ep_comm:  # the other end of the range the note speaks of
+            out["without_merged_passes"] = _print_unmerged(spec, s, system, g)
+        note_dualpipe_pairs(spec, s, system, g.step_time_s)
+        note_fsdp_pipeline(spec, s, system, g.step_time_s)
+    note_precision({s.precision}, system, {s.fp8_recipe})
+    return out
 
 
 def _print_unmerged(model: Any, s: Strategy, system: SystemSpec, g: Glance) -> dict[str, float]:
