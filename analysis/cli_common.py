@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -235,28 +236,22 @@ GroupOpt = Annotated[int, typer.Option(
          "than a multiple of pp.")]
 
 
-def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, sp: bool,
-                   tp_comm_overlap: bool, mbs: int, gbs: int, schedule: str, recompute: str,
-                   zero: int, overlap_param_gather: bool, precision: str,
-                   first_stage_layers: int, last_stage_layers: int,
-                   grad_reduce_bf16: bool = False, cp_comm_type: str = "p2p",
-                   cp_balance: str = "document",
-                   expert_tp: int = 0, zero3_prefetch: bool = False,
-                   zb_w_regather: bool = False,
-                   account_for_embedding: bool = False, account_for_loss: bool = False,
-                   microbatch_group_size: int = 0, recompute_num_layers: int = 0,
-                   recompute_modules: str = "core_attn",
-                   moe_dispatcher: str = "alltoall",
-                   moe_shared_expert_overlap: bool = False,
-                   overlap_moe_ep_comm: bool = False, delay_wgrad_compute: bool = False,
-                   pipeline_layout: str = "", adam_moments: str = "fp32",
-                   fp8_param_gather: bool = False, dist_opt_instances: int = 1,
-                   outer_dp_sharding: str = "no_shard",
-                   grad_reduce_per_microbatch: bool = False,
-                   cross_entropy_fusion: str = "none", fp8_recipe: str = "delayed",
-                   cpu_offload_layers: int = 0,
-                   optimizer_offload_fraction: float = 0.0) -> Strategy:
-    """The strategy the shared options describe (dp from the GPU count)."""
+# the shared options whose names are not the strategy's field names (``build_strategy``)
+OPTION_FIELDS = {"sp": "sequence_parallel", "mbs": "micro_batch_size",
+                 "gbs": "global_batch_size", "zero": "zero_stage",
+                 "grad_reduce_bf16": "grad_reduce_in_bf16",
+                 "account_for_embedding": "account_for_embedding_in_pipeline_split",
+                 "account_for_loss": "account_for_loss_in_pipeline_split",
+                 "overlap_moe_expert_parallel_comm": "overlap_moe_ep_comm",
+                 "adam_moments": "adam_moments_dtype",
+                 "outer_dp_sharding": "outer_dp_sharding_strategy"}
+
+
+def build_strategy(params: Mapping[str, Any]) -> Strategy:
+    """The strategy the shared options describe (a command's ``ctx.params``, dp from the GPU
+    count): each option under its field's name (``OPTION_FIELDS``), the command's other
+    options left out."""
+    gpus, tp, pp, cp = (params[k] for k in ("gpus", "tp", "pp", "cp"))
     small = [f"--{k} must be ≥ 1, got {v}" for k, v in
              (("gpus", gpus), ("tp", tp), ("pp", pp), ("cp", cp)) if v < 1]
     if small:
@@ -265,37 +260,10 @@ def build_strategy(*, gpus: int, tp: int, pp: int, cp: int, ep: int, vpp: int, s
     if gpus % denom:
         raise ConfigError(f"--gpus {gpus} is not divisible by tp·pp·cp = {tp}·{pp}·{cp} = {denom}; "
                           "choose a GPU count that is a multiple of it", what="strategy")
-    return Strategy(tp=tp, pp=pp, cp=cp, ep=ep, dp=gpus // denom, vpp=vpp,
-                    sequence_parallel=sp, tp_comm_overlap=tp_comm_overlap,
-                    micro_batch_size=mbs, global_batch_size=gbs,
-                    schedule=schedule, recompute=recompute, zero_stage=zero,  # type: ignore[arg-type]
-                    overlap_param_gather=overlap_param_gather,
-                    precision=precision,  # type: ignore[arg-type]
-                    first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
-                    grad_reduce_in_bf16=grad_reduce_bf16,
-                    cp_comm_type=cp_comm_type,  # type: ignore[arg-type]
-                    cp_balance=cp_balance,  # type: ignore[arg-type]
-                    expert_tp=expert_tp, zero3_prefetch=zero3_prefetch,
-                    zb_w_regather=zb_w_regather,
-                    account_for_embedding_in_pipeline_split=account_for_embedding,
-                    account_for_loss_in_pipeline_split=account_for_loss,
-                    microbatch_group_size=microbatch_group_size,
-                    recompute_num_layers=recompute_num_layers,
-                    recompute_modules=recompute_modules,
-                    moe_dispatcher=moe_dispatcher,  # type: ignore[arg-type]
-                    moe_shared_expert_overlap=moe_shared_expert_overlap,
-                    overlap_moe_ep_comm=overlap_moe_ep_comm,
-                    delay_wgrad_compute=delay_wgrad_compute,
-                    pipeline_layout=pipeline_layout,
-                    adam_moments_dtype=adam_moments,  # type: ignore[arg-type]
-                    fp8_param_gather=fp8_param_gather,
-                    dist_opt_instances=dist_opt_instances,
-                    outer_dp_sharding_strategy=outer_dp_sharding,  # type: ignore[arg-type]
-                    grad_reduce_per_microbatch=grad_reduce_per_microbatch,
-                    cpu_offload_layers=cpu_offload_layers,
-                    optimizer_offload_fraction=optimizer_offload_fraction,
-                    cross_entropy_fusion=cross_entropy_fusion,  # type: ignore[arg-type]
-                    fp8_recipe=fp8_recipe)  # type: ignore[arg-type]
+    named = {OPTION_FIELDS.get(k, k): v for k, v in params.items()}
+    return Strategy(dp=gpus // denom, **{f.name: named[f.name]
+                                         for f in dataclasses.fields(Strategy)
+                                         if f.name in named})
 
 
 def note_precision(precisions: set[str], system: SystemSpec,

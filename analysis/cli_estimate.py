@@ -116,26 +116,7 @@ def estimate_cmd(
     roofline_plot = output_file(roofline_plot, "--roofline", plot=True)
     spec = resolve_model(model, seq_len, documents)
     _refuse_options(pp, schedules, precisions, bool(stage_system or mixed_gpus), gpu_spread)
-    strategy = build_strategy(
-        gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, sp=sp, tp_comm_overlap=tp_comm_overlap,
-        mbs=mbs, gbs=gbs, schedule=schedule, recompute=recompute, zero=zero,
-        overlap_param_gather=overlap_param_gather, precision=precision,
-        first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
-        grad_reduce_bf16=grad_reduce_bf16, cp_comm_type=cp_comm_type, cp_balance=cp_balance,
-        expert_tp=expert_tp,
-        zero3_prefetch=zero3_prefetch, zb_w_regather=zb_w_regather,
-        account_for_embedding=account_for_embedding,
-        account_for_loss=account_for_loss, microbatch_group_size=microbatch_group_size,
-        recompute_num_layers=recompute_num_layers, recompute_modules=recompute_modules,
-        moe_dispatcher=moe_dispatcher, moe_shared_expert_overlap=moe_shared_expert_overlap,
-        overlap_moe_ep_comm=overlap_moe_expert_parallel_comm,
-        delay_wgrad_compute=delay_wgrad_compute,
-        pipeline_layout=pipeline_layout, adam_moments=adam_moments,
-        fp8_param_gather=fp8_param_gather, dist_opt_instances=dist_opt_instances,
-        outer_dp_sharding=outer_dp_sharding, grad_reduce_per_microbatch=grad_reduce_per_microbatch,
-        cross_entropy_fusion=cross_entropy_fusion, fp8_recipe=fp8_recipe,
-        cpu_offload_layers=cpu_offload_layers,
-        optimizer_offload_fraction=optimizer_offload_fraction)
+    strategy = build_strategy(ctx.params)
     sys_spec = resolve_system(system)
     # what the JSON holds beyond the estimate, each part as printed (None: not printed)
     extras: dict[str, Any] = {}
