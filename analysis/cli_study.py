@@ -185,17 +185,9 @@ def resilience_cmd(
 
     from analysis import jsonout
     from analysis import plots as P
-    from analysis.evaluate import (
-        days_range,
-        episode_lines,
-        resilience_frame,
-        snapshot_line,
-        spare_line,
-        spread_line,
-        strategy_dict,
-        summary_dict,
-    )
+    from analysis.evaluate import resilience_frame, strategy_dict, summary_dict
     from analysis.mixed import study_fit_hints
+
     summary, plots = output_file(summary, "--summary"), output_dir(plots, "--plots")
     study = _resolve_study(study_file)
     _print_cluster(study)
@@ -219,29 +211,7 @@ def resilience_cmd(
         shapes[name] = strategy_dict(frame)
         if not shapes[name]["fits"]:
             shapes[name]["fit_hint"], shapes[name]["shard_hint"] = study_fit_hints(study, s)
-        mttf_s = frame["job_mttf_s"][0]
-        table = Table(title=f"{study.name}: {name} on {s.world_size} GPUs "
-                            f"(job MTTF {_duration(mttf_s)})")
-        for col in ("policy", "goodput", "days to train", "P10–P90", "GPU-hours", "failures",
-                    "ckpt interval min", "ckpt s", "persist s", "restart s"):
-            table.add_column(col, justify="right")
-        for r in frame.iter_rows(named=True):
-            table.add_row(r["policy"], f"{r['goodput']:.1%}",
-                          f"{r['expected_wall_clock_s'] / 86400:.1f}", days_range(r),
-                          f"{r['expected_gpu_hours']:,.0f}", f"{r['expected_failures']:,.0f}",
-                          f"{r['checkpoint_interval_s'] / 60:.1f}", f"{r['checkpoint_s']:.3g}",
-                          f"{r['persist_s']:.0f}", f"{r['restart_s']:.0f}")
-        console.print(table)
-        console.print(_resilience_step_line(shapes[name], _capacity_text(study), s))
-        console.print(spread_line(frame.row(0, named=True)))
-        for line in episode_lines(frame.row(0, named=True)):
-            console.print(line)
-        if (snap := snapshot_line(frame.row(0, named=True))) is not None:
-            console.print(snap)
-        for line in filter(None, map(spare_line, frame.to_dicts())):
-            console.print(line)
-        if any(r["goodput"] <= 0 for r in frame.iter_rows(named=True)):
-            console.print(_no_progress_line(mttf_s, frame.to_dicts(), s.world_size))
+        _print_resilience(study, s, name, frame, shapes[name])
         if plots is not None:
             g = frame.filter(frame["policy"] == "global_restart").row(0, named=True)
             P.goodput_of_global_restart(g).savefig(plots / f"goodput_{_file_safe(name)}.png",
@@ -252,6 +222,38 @@ def resilience_cmd(
         first = next(iter(out.values()))
         summary.write_text(jsonout.dumps({"policies": first, "strategies": out,
                                           "strategy_shapes": shapes}, indent=1))
+
+
+def _print_resilience(study: Study, s: Strategy, name: str, frame: Any,
+                      shape: dict[str, Any]) -> None:
+    """One strategy's policies as a table, then its step, the spread of its end date, its
+    failure episodes, snapshots and spares, and why a policy makes no progress."""
+    from analysis.evaluate import days_range, episode_lines, snapshot_line, spare_line, spread_line
+
+    mttf_s = frame["job_mttf_s"][0]
+    table = Table(title=f"{study.name}: {name} on {s.world_size} GPUs "
+                        f"(job MTTF {_duration(mttf_s)})")
+    for col in ("policy", "goodput", "days to train", "P10–P90", "GPU-hours", "failures",
+                "ckpt interval min", "ckpt s", "persist s", "restart s"):
+        table.add_column(col, justify="right")
+    for r in frame.iter_rows(named=True):
+        table.add_row(r["policy"], f"{r['goodput']:.1%}",
+                      f"{r['expected_wall_clock_s'] / 86400:.1f}", days_range(r),
+                      f"{r['expected_gpu_hours']:,.0f}", f"{r['expected_failures']:,.0f}",
+                      f"{r['checkpoint_interval_s'] / 60:.1f}", f"{r['checkpoint_s']:.3g}",
+                      f"{r['persist_s']:.0f}", f"{r['restart_s']:.0f}")
+    console.print(table)
+    console.print(_resilience_step_line(shape, _capacity_text(study), s))
+    first = frame.row(0, named=True)
+    console.print(spread_line(first))
+    for line in episode_lines(first):
+        console.print(line)
+    if (snap := snapshot_line(first)) is not None:
+        console.print(snap)
+    for line in filter(None, map(spare_line, frame.to_dicts())):
+        console.print(line)
+    if any(r["goodput"] <= 0 for r in frame.iter_rows(named=True)):
+        console.print(_no_progress_line(mttf_s, frame.to_dicts(), s.world_size))
 
 
 def _strategy_names(strategies: Sequence[Strategy]) -> list[str]:
