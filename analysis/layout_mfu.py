@@ -17,7 +17,7 @@ from analysis.fastpath import estimate
 from analysis.glance import strategy_rates
 from replay.hardware import SystemSpec
 from tracegen import ConfigError, ModelSpec, Strategy, with_seq_len
-from tracegen.strategy import with_shorter_end_chunks
+from tracegen.fit import with_shorter_end_chunks
 
 COLUMNS = ("gpus", "tp", "cp", "pp", "dp", "seq_len", "batch_sequences", "measured_mfu_pct")
 

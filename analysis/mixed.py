@@ -25,9 +25,9 @@ from analysis.fastpath import estimate, estimate_stages, resolve_specs
 from analysis.glance import fit_hints, stage_glances
 from replay.hardware import SystemSpec, on_sites_of, resolve_system
 from tracegen import ConfigError, ModelSpec, Strategy
+from tracegen.fit import check_fits_model
 from tracegen.flops import step_rates
 from tracegen.layout import parse_layout
-from tracegen.strategy import check_fits_model
 from tracegen.units import GiB
 
 if TYPE_CHECKING:

@@ -26,9 +26,10 @@ from analysis.fastpath_stages import block_ns, zero3_axes
 from replay.hardware import SystemSpec
 from tracegen import ops as O
 from tracegen.errors import ConfigError
+from tracegen.fit import check_fits_model
 from tracegen.model import ModelSpec
 from tracegen.program import ParamBlock
-from tracegen.strategy import Strategy, check_fits_model
+from tracegen.strategy import Strategy
 from tracegen.units import NS_PER_US
 
 PASSES = ("forward", "recompute", "backward", "weights")  # (weights: ZB-H1's W pass)

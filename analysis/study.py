@@ -99,7 +99,7 @@ from tracegen import ConfigError, ModelSpec, Strategy, resolve_model
 from tracegen._config import is_finite_number, load_mapping
 from tracegen.catalog import DOC_SUFFIX, SEQ_SUFFIX
 from tracegen.errors import unknown_key
-from tracegen.strategy import check_fits_model
+from tracegen.fit import check_fits_model
 
 KNOWN_KEYS = {"model", "seq_len", "documents", "system", "gpus", "global_batch_size", "tokens",
               "strategies", "search", "failures", "checkpoint", "restart", "policies", "name",

@@ -29,7 +29,8 @@ from analysis.runner import cluster_pool, local_pool, map_chunks, strategy_id, s
 from analysis.stacks import get_stack, with_stack_strategy
 from analysis.study import Study, mixed_stages
 from tracegen import ConfigError, Strategy
-from tracegen.strategy import check_fits_model, ruled_out, with_shorter_end_chunks
+from tracegen.fit import check_fits_model, with_shorter_end_chunks
+from tracegen.strategy import ruled_out
 
 DEFAULT_SPACE: dict[str, list[Any]] = {
     "tp": [1, 2, 4, 8], "pp": [1, 2, 4, 8, 16], "vpp": [1, 2], "micro_batch_size": [1, 2, 4],

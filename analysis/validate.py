@@ -38,7 +38,7 @@ from replay.hardware import GPU_ALIASES, SystemSpec, get_system
 from tracegen import ConfigError, ModelSpec, Strategy, TrainsimError, generate
 from tracegen._config import is_finite_number
 from tracegen.errors import unknown_key
-from tracegen.strategy import with_shorter_end_chunks
+from tracegen.fit import with_shorter_end_chunks
 from tracegen.units import GiB
 
 # The schema's columns a prediction reads. A file that lacks some of them still loads (the
@@ -472,7 +472,7 @@ def _padded_vocab(model: ModelSpec, tp: int, notes: list[str]) -> ModelSpec:
 
 def _uneven_pipeline(s: Strategy, layers: int, notes: list[str]) -> Strategy:
     """Shorter first and last model chunks where pp · vpp does not divide the layers
-    (``tracegen.strategy.with_shorter_end_chunks``), stated in the row's notes."""
+    (``tracegen.fit.with_shorter_end_chunks``), stated in the row's notes."""
     out = with_shorter_end_chunks(s, layers)
     if out is not s:
         unit = "stages" if s.vpp == 1 else "model chunks"

@@ -18,11 +18,11 @@ from replay import get_system, replay
 from tests.conftest import read_et
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
 from tracegen import ops as O
+from tracegen.fit import check_fits_model
 from tracegen.memory import ZERO3_OPTIM_BYTES, ZERO3_PARAM_BYTES
 from tracegen.memory import estimate as memory_estimate
 from tracegen.mesh import Mesh
 from tracegen.program import RoleProgram
-from tracegen.strategy import check_fits_model
 
 MODEL = ModelSpec(name="hsdp", num_layers=8, hidden_size=256, num_attention_heads=8,
                   num_kv_heads=4, ffn_hidden_size=512, vocab_size=1024, seq_len=256,

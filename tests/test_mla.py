@@ -14,11 +14,11 @@ from analysis.fastpath import estimate
 from replay import get_system
 from tests.conftest import read_et, replayed
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
+from tracegen.fit import check_fits_model
 from tracegen.flops import model_flop_per_step, recompute_flop_per_step
 from tracegen.memory import activation_bytes_per_layer
 from tracegen.ops import layer_bwd, layer_fwd
 from tracegen.program import RoleProgram
-from tracegen.strategy import check_fits_model
 
 MLA = ModelSpec(name="mla", num_layers=4, hidden_size=256, num_attention_heads=8,
                 head_dim=32, ffn_hidden_size=512, vocab_size=1024, seq_len=256,

@@ -14,10 +14,10 @@ from analysis.fastpath import estimate
 from replay import get_system
 from tests.conftest import layer_kinds, replayed
 from tracegen import ConfigError, ModelSpec, Strategy, generate
+from tracegen.fit import check_fits_model
 from tracegen.flops import model_flop_per_step, recompute_flop_per_step
 from tracegen.memory import activation_bytes_per_layer, inflight_microbatches
 from tracegen.memory import estimate as memory_estimate
-from tracegen.strategy import check_fits_model
 
 MOE = ModelSpec(name="mp", num_layers=8, hidden_size=256, num_attention_heads=8,
                 num_kv_heads=4, ffn_hidden_size=1024, vocab_size=1024, seq_len=256,

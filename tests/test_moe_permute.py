@@ -113,7 +113,7 @@ def test_hfu_counts_the_recomputed_moe_layers() -> None:
 
 def test_the_moe_module_needs_a_moe_model() -> None:
     from tracegen import ConfigError, get_model
-    from tracegen.strategy import check_fits_model
+    from tracegen.fit import check_fits_model
 
     with pytest.raises(ConfigError, match="'moe' recomputes a mixture-of-experts layer"):
         check_fits_model(Strategy(recompute="selective", recompute_modules="moe"),
@@ -199,7 +199,7 @@ def test_capacity_settings_that_cannot_run_are_refused() -> None:
     import dataclasses
 
     from tracegen import ConfigError, get_model
-    from tracegen.strategy import check_fits_model
+    from tracegen.fit import check_fits_model
 
     with pytest.raises(ConfigError, match="moe_capacity_factor must be ≥ 0"):
         dataclasses.replace(MOE, moe_capacity_factor=-1.0)

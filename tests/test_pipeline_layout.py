@@ -18,11 +18,11 @@ from tests.conftest import replayed
 from tests.test_cli import run
 from tests.test_fastpath import MODEL, MOE
 from tracegen import ConfigError, Strategy, generate, get_model
+from tracegen.fit import check_fits_model
 from tracegen.layout import Chunk, parse_layout
 from tracegen.memory import mtp_activation_bytes, unit_params
 from tracegen.mesh import embedding_partner
 from tracegen.program import RoleProgram
-from tracegen.strategy import check_fits_model
 
 H100 = get_system("dgx-h100")
 DSV3 = "Et*3|(tt|)*29,m|L"  # Megatron-Core's user guide: DeepSeek-V3 on pp 16 × vpp 2

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from analysis.fastpath import estimate
 from replay import get_system, replay
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
-from tracegen.strategy import check_fits_model, with_shorter_end_chunks
+from tracegen.fit import check_fits_model, with_shorter_end_chunks
 
 SMALL = ModelSpec(name="split", num_layers=6, hidden_size=256, num_attention_heads=8,
                   num_kv_heads=4, ffn_hidden_size=512, vocab_size=1024, seq_len=256,

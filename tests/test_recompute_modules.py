@@ -18,9 +18,9 @@ from replay import get_system
 from tests.conftest import read_et, replayed
 from tests.studies import enumerated
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
+from tracegen.fit import check_fits_model
 from tracegen.flops import model_flop_per_step, recompute_flop_per_step
 from tracegen.memory import activation_bytes_per_layer
-from tracegen.strategy import check_fits_model
 
 MODEL = ModelSpec(name="rcm", num_layers=8, hidden_size=256, num_attention_heads=8,
                   num_kv_heads=4, ffn_hidden_size=512, vocab_size=1024, seq_len=256,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
-from tracegen.strategy import check_fits_model
+from tracegen.fit import check_fits_model
 
 STRATEGY_CASES = [
     (dict(tp=0), "tp must be ≥ 1, got 0"),

@@ -21,13 +21,14 @@ from typing import Any, Literal
 
 from tracegen import __version__
 from tracegen.errors import ConfigError, TraceFormatError
+from tracegen.fit import check_fits_model
 from tracegen.gcpause import gc_paused
 from tracegen.manifest_check import manifest_problems
 from tracegen.memory import MemoryEstimate, estimate
 from tracegen.mesh import Mesh, embedding_partner
 from tracegen.model import ModelSpec
 from tracegen.program import PNode, RoleProgram
-from tracegen.strategy import Strategy, check_fits_model
+from tracegen.strategy import Strategy
 from tracegen.units import LOW_PRECISION_GEMMS, GiB
 from tracegen.vocab import COMM_COLL_NODE, COMM_SEND_NODE
 from tracegen.writer import RoleEncoding, encode_attr
