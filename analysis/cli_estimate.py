@@ -115,7 +115,7 @@ def estimate_cmd(
     ops_out = table_file(ops_out, "--ops-out", what="the op table")
     roofline_plot = output_file(roofline_plot, "--roofline", plot=True)
     spec = resolve_model(model, seq_len, documents)
-    _refuse_options(pp, schedules, precisions, bool(stage_system or mixed_gpus), gpu_spread)
+    _refuse_options(pp, schedules, precisions, bool(stage_system or mixed_gpus), gpu_spread, ops)
     strategy = build_strategy(ctx.params)
     sys_spec = resolve_system(system)
     # what the JSON holds beyond the estimate, each part as printed (None: not printed)
@@ -158,8 +158,11 @@ def estimate_cmd(
 
 
 def _refuse_options(pp: int, schedules: bool, precisions: bool, mixed: bool,
-                    gpu_spread: float) -> None:
+                    gpu_spread: float, ops: int | None) -> None:
     """Options that cannot go together, refused before the estimate is printed."""
+    if ops is not None and not 0 <= ops < pp:
+        raise ConfigError(f"--ops {ops}: stage {ops} is not in a pipeline of {pp}; choose 0 … "
+                          f"{pp - 1}", what="option")
     if schedules and pp < 2:
         raise ConfigError("--schedules compares pipeline schedules: it needs --pp 2 or more, "
                           f"got --pp {pp}", what="option")

@@ -208,6 +208,7 @@ def test_estimate_refuses_a_bad_op_table_request_in_one_line(tmp_path: Path, arg
     assert r.returncode != 0
     assert message in r.stdout + r.stderr
     assert "Traceback" not in r.stderr
+    assert "step time" not in r.stdout  # refused before the estimate is printed
 
 
 def test_a_group_of_experts_is_one_row_with_its_count_and_each_experts_shape() -> None:
