@@ -136,7 +136,7 @@ def time_to_train_by_policy(frame: pl.DataFrame, *, title: str = "") -> Figure:
             ax.legend(loc="lower right", fontsize="small")
             ends[ok] = np.maximum(days[ok], hi[ok])
     for bar, end, g in zip(bars, ends, frame["goodput"].to_list(), strict=True):
-        ax.text(end, bar.get_y() + bar.get_height() / 2, f"  goodput {g:.0%}",
+        ax.text(end, bar.get_y() + bar.get_height() / 2, f"  goodput {g:.1%}",
                 va="center", fontsize="small")
     ax.set_xlabel("expected time to train (days)")
     ax.set_title(title or "Time to train by recovery policy")
@@ -244,13 +244,15 @@ def pareto_front(memory: np.ndarray, throughput: np.ndarray) -> tuple[list[float
 
 
 def tp_pp_heatmap(results: pl.DataFrame) -> Figure:
-    """Best step time for each (tp, pp) among strategies that fit."""
+    """Best step time for each (tp, pp) among strategies that fit; a cell the results hold
+    but where none fits says so, and one they do not hold says it was not run."""
     ok = results.filter(pl.col("fits").fill_null(False) & pl.col("step_time_s").is_not_null())
     fig, ax = _figure(5.6, 4.4)
     if ok.height:
         best = ok.group_by(["tp", "pp"]).agg(pl.col("step_time_s").min())
-        tps = sorted(best["tp"].unique().to_list())
-        pps = sorted(best["pp"].unique().to_list())
+        tried = results.drop_nulls(["tp", "pp"])
+        tps = sorted(tried["tp"].unique().to_list())
+        pps = sorted(tried["pp"].unique().to_list())
         grid = np.full((len(pps), len(tps)), np.nan)
         for tp, pp, t in best.iter_rows():
             grid[pps.index(pp), tps.index(tp)] = t
@@ -258,10 +260,15 @@ def tp_pp_heatmap(results: pl.DataFrame) -> Figure:
         ax.set_xticks(range(len(tps)), [str(t) for t in tps])
         ax.set_yticks(range(len(pps)), [str(p) for p in pps])
         mid = np.nanmean(grid)
+        timed = tried.filter(pl.col("step_time_s").is_not_null())
+        ran = set(zip(timed["tp"].to_list(), timed["pp"].to_list(), strict=True))
         for (i, j), v in np.ndenumerate(grid):
             if np.isfinite(v):  # dark text on the light (fast) cells, light on the dark ones
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8,
                         color="black" if v <= mid else "white")
+            else:
+                ax.text(j, i, "none fits" if (tps[j], pps[i]) in ran else "not run",
+                        ha="center", va="center", fontsize=8, color="gray")
         fig.colorbar(im, ax=ax, label="best step time (s)")
     ax.set_xlabel("tensor parallel (tp)")
     ax.set_ylabel("pipeline parallel (pp)")

@@ -398,3 +398,19 @@ def test_a_large_sweep_is_drawn_as_a_density() -> None:
         ax = pareto(frame).axes[0]
         assert isinstance(ax.collections[0], kind)
         assert ax.get_legend_handles_labels()[1][-1].startswith("Pareto front (")
+
+
+def test_the_heatmap_says_why_a_cell_is_empty() -> None:
+    """Each (tp, pp) cell holds its best fitting step time; one where strategies ran but none
+    fits says so, and one the results do not hold at all says it was not run — a blank cell
+    would read as either."""
+    from analysis.plots import tp_pp_heatmap
+
+    frame = pl.DataFrame({"tp": [8, 8, 4, 4], "pp": [8, 16, 16, 16],
+                          "step_time_s": [17.34, 18.59, 24.52, 23.0],
+                          "fits": [True, True, True, False]})
+    assert {t.get_text() for t in tp_pp_heatmap(frame).axes[0].texts} == {
+        "17.34", "18.59", "24.52", "not run"}  # (tp 4 pp 16's 23.00 does not fit)
+    frame = frame.with_columns(fits=pl.Series([True, True, False, False]))
+    assert {t.get_text() for t in tp_pp_heatmap(frame).axes[0].texts} == {
+        "17.34", "18.59", "none fits", "not run"}
