@@ -80,7 +80,7 @@ def _experts(m: ModelSpec) -> str:
             + (f", layers {m.moe_layer_pattern} (M: MoE)" if m.moe_layer_pattern else ""))
 
 
-@app.command("tracegen")
+@app.command("tracegen", cls=C.OptionsOnly)
 def tracegen_cmd(
     ctx: typer.Context,
     model: C.ModelOpt, gpus: C.GpusOpt, mbs: C.MbsOpt, gbs: C.GbsOpt,

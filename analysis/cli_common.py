@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typer.core import TyperCommand
 
 from replay.hardware import ScaleOutSpec, SystemSpec
 from tracegen import ConfigError, ModelSpec, Strategy
@@ -24,6 +25,37 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="trainsim: trace-driven performance modeling of distributed training.")
 # Wide enough for the result tables when output goes to a file or a CI log (not a terminal).
 console = Console(width=None if sys.stdout.isatty() else 150)
+
+
+class OptionsOnly(TyperCommand):
+    """A command whose every input is an option (``estimate``, ``tracegen``): a value typed
+    without its option, as in ``trainsim estimate llama3-8b dgx-h100``, is named with the
+    option it reads as and the ones the command needs, where click would say only that the
+    first required option is missing."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        # (ctx: the Context of the click typer builds on: a vendored copy in recent typer)
+        if not any(a in ("--help", "-h") for a in args):
+            _, stray, _ = self.make_parser(ctx).parse_args(args=list(args))
+            if stray:
+                needed = ", ".join(str(p.opts[0]) for p in self.params
+                                   if p.required and p.opts)
+                raise ConfigError(
+                    f"{', '.join(map(repr, stray))}: `trainsim {ctx.info_name}` takes every "
+                    f"input as an option{_stray_hint(stray)} (it needs {needed})",
+                    what="arguments")
+        return super().parse_args(ctx, args)
+
+
+def _stray_hint(stray: list[str]) -> str:
+    """The options a preset model's or system's name reads as (``--model llama3-8b``)."""
+    from replay.hardware import system_names
+    from tracegen.catalog import model_names
+
+    models, systems = set(model_names()), set(system_names())
+    said = [f"--model {a}" if a.partition("@")[0] in models else f"--system {a}"
+            for a in stray if a.partition("@")[0] in models | systems]
+    return f", e.g. {' '.join(said)}" if said else ""
 
 
 def output_file(path: Path | None, option: str, plot: bool = False) -> Path | None:

@@ -40,7 +40,7 @@ MEMORY_COLUMNS = ("weights", "gradients", "optimizer", "activations", "logits", 
 RECIPE_WORDS = {"tensorwise": "current scaling", "mxfp8": "MXFP8 blocks"}
 
 
-@app.command("estimate")
+@app.command("estimate", cls=C.OptionsOnly)
 def estimate_cmd(
     ctx: typer.Context,
     model: C.ModelOpt, gpus: C.GpusOpt, mbs: C.MbsOpt, gbs: C.GbsOpt,

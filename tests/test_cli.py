@@ -139,6 +139,23 @@ def test_bad_input_is_one_plain_line_not_a_traceback(tmp_path: Path) -> None:
 
 
 
+def test_a_value_without_its_option_is_named_with_the_option_it_reads_as(tmp_path: Path
+                                                                         ) -> None:
+    """``trainsim estimate llama3-8b dgx-h100 …``: the names read as the options they fit
+    and the command's required options are listed (click alone said "Missing option
+    '--model'" though a model was typed); a value that fits none is named alone."""
+    r = run("estimate", "llama3-8b", "dgx-h100@flashattention-2", "--gpus", "8")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert ("'llama3-8b', 'dgx-h100@flashattention-2': `trainsim estimate` takes every input "
+            "as an option, e.g. --model llama3-8b --system dgx-h100@flashattention-2 (it "
+            "needs --model, --gpus, --mbs, --gbs, --system)") in r.stderr
+    r = run("tracegen", "--model", "llama3-8b", "--gpus", "8", "--sp", "8", "--mbs", "1",
+            "--gbs", "8", "-o", str(tmp_path))  # (--sp is a flag: the 8 is stray)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "'8': `trainsim tracegen` takes every input as an option (it needs" in r.stderr
+    assert not list(tmp_path.iterdir())  # refused before any work
+
+
 def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_path: Path
                                                                           ) -> None:
     """A plot format matplotlib cannot write, a folder where a file goes, a file where a folder
