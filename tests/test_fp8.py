@@ -10,7 +10,7 @@ import pytest
 
 from analysis.fastpath import estimate
 from replay import get_system
-from tracegen import ModelSpec, Strategy
+from tracegen import ConfigError, ModelSpec, Strategy
 from tracegen import ops as O
 
 MODEL = ModelSpec(name="f8", num_layers=4, hidden_size=1024, num_attention_heads=8,
@@ -336,3 +336,14 @@ def test_tracegen_with_a_blackwell_system_shows_what_a_rank_needs_there(tmp_path
         said = re.search(r"peak memory ([0-9.]+) GiB per GPU", " ".join(est.stdout.split()))
         assert said is not None and float(said[1]) == cells[system], (system, est.stdout)
     assert cells["dgx-b200"] < cells["dgx-h100"]
+
+
+def test_the_blockwise_recipe_is_refused_naming_the_nearest() -> None:
+    """Megatron's ``--fp8-recipe blockwise`` (DeepSeek-V3's scaling), which trainsim does not
+    model, is refused naming 'delayed' as the nearest and why — not a bare list."""
+    with pytest.raises(ConfigError) as info:
+        Strategy(dp=8, global_batch_size=8, precision="fp8",
+                 fp8_recipe="blockwise")  # type: ignore[arg-type]
+    text = str(info.value)
+    assert "fp8_recipe must be one of delayed, tensorwise, mxfp8" in text
+    assert "'delayed' is the nearest on Hopper" in text

@@ -500,7 +500,14 @@ _CHOICE_NEAREST = {("moe_dispatcher", "hybridep"): "NVIDIA's HybridEP (the flex 
                    "destination node over the NICs, then NVLink), is the nearest",
                    ("moe_dispatcher", "flex"): "Megatron-Core's flex dispatcher runs DeepEP "
                    "or HybridEP: give 'deepep' (HybridEP is not modelled; DeepEP is the "
-                   "nearest)"}
+                   "nearest)",
+                   # NVIDIA's cuBLAS 12.9 post (2025): block-scaled FP8 on Hopper 1.75× BF16
+                   # on large matmuls; ANCHORS' MAMFs: FP8 1402.6 / BF16 794.5 = 1.77
+                   ("fp8_recipe", "blockwise"): "Transformer Engine's Float8BlockScaling, "
+                   "DeepSeek-V3's 1×128 activation and 128×128 weight scales, is not "
+                   "modelled; 'delayed' is the nearest on Hopper: cuBLAS 12.9's block-scaled "
+                   "FP8 GEMMs run 1.75× BF16 on large matmuls, as per-tensor FP8's best does "
+                   "(1.77×), and a blockwise cast moves 4.06 bytes an element to delayed's 4"}
 
 
 def _degree_problems(s: Strategy) -> list[str]:
