@@ -677,6 +677,23 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
     """The fields of ``MemoryEstimate`` in order. ``hold_bytes``: ``w_hold_bytes`` where the
     caller has it (read only under ZB-H1 and ZB-V); ``fp8_any_layout``: the GPU's
     (``fp8_weight_cache_bytes``)."""
+    weights, grads, optim = _state_bytes(m, s, stage, params_local, expert_params,
+                                         fp8_any_layout)
+    activations = _activation_bytes(m, s, stage, act, flash_attention, layers, hold_bytes)
+    logits = _logit_bytes(m, s) if stage == s.head_stage else 0
+    transient = transient_bytes(m, s, stage, flash_attention=flash_attention)
+    tensors = weights + grads + optim + activations + logits + transient
+    runtime = (RUNTIME_BYTES if s.moe_dispatcher == "alltoall" and not s.tp_comm_overlap
+               else runtime_bytes(m, s, stage))
+    return (weights, grads, optim, activations, logits, transient, runtime,
+            int(tensors * FRAGMENTATION))
+
+
+def _state_bytes(m: ModelSpec, s: Strategy, stage: int, params_local: int,
+                 expert_params: int, fp8_any_layout: bool) -> tuple[int, int, int]:
+    """A stage's weights, gradients and optimizer state on a rank, each as its ZeRO stage
+    shards it (expert parameters over their own data-parallel group: ``_sharded_bytes``), less
+    the optimizer state offloaded to the host."""
     grads = params_local * grad_reduce_bytes(s)
     optim = params_local * OPTIM_BYTES
     weights = params_local * WEIGHT_BYTES
@@ -711,6 +728,14 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
     if s.optimizer_offload_fraction:  # (ZeRO 1/2, fp32 moments: ``Strategy``)
         optim -= round(optim * s.optimizer_offload_fraction * OFFLOADED_OPTIM_BYTES
                        / OPTIM_BYTES)
+    return weights, grads, optim
+
+
+def _activation_bytes(m: ModelSpec, s: Strategy, stage: int, act: int, flash_attention: bool,
+                      layers: int | None, hold_bytes: tuple[int, ...] | None) -> int:
+    """The activations a stage holds at its peak: ``act`` a layer and micro-batch times the
+    micro-batches the schedule keeps in flight — walked chunk by chunk where its chunks
+    differ (``_chunk_activations``) — less what is offloaded, plus combined 1F1B's layer."""
     if (s.vpp > 1 and (s.split_w or (s.uneven and stage in (0, s.pp - 1)))) or (
             s.pipeline_layout) or (
             m.has_dense_layers and _holds_dense(m, s, stage)) or (
@@ -739,17 +764,13 @@ def _parts(m: ModelSpec, s: Strategy, stage: int, params_local: int, act: int, *
         # holds one virtual micro-batch more (``schedule.combined``), the same count as the
         # interleaved peak's, so again one layer more
         activations += act
-    logits = 0
-    if stage == s.head_stage:
-        tokens = s.micro_batch_size * m.seq_len // s.cp
-        # the logits the loss keeps for its backward, of the model's head and of each MTP
-        # module's pass of it: an fp32 softmax (unfused and Megatron's native fusion), or
-        # Transformer Engine's kernel's 16-bit logits, its gradient written in their place
-        width = LOGIT_BYTES_TE if s.cross_entropy_fusion == "te" else LOGIT_BYTES
-        logits = tokens * m.vocab_size // s.tp * width * (1 + m.mtp_layers)
-    transient = transient_bytes(m, s, stage, flash_attention=flash_attention)
-    tensors = weights + grads + optim + activations + logits + transient
-    runtime = (RUNTIME_BYTES if s.moe_dispatcher == "alltoall" and not s.tp_comm_overlap
-               else runtime_bytes(m, s, stage))
-    return (weights, grads, optim, activations, logits, transient, runtime,
-            int(tensors * FRAGMENTATION))
+    return activations
+
+
+def _logit_bytes(m: ModelSpec, s: Strategy) -> int:
+    """The logits the loss keeps for its backward on the head's stage, of the model's head and
+    of each MTP module's pass of it: an fp32 softmax (unfused and Megatron's native fusion),
+    or Transformer Engine's kernel's 16-bit logits, its gradient written in their place."""
+    tokens = s.micro_batch_size * m.seq_len // s.cp
+    width = LOGIT_BYTES_TE if s.cross_entropy_fusion == "te" else LOGIT_BYTES
+    return tokens * m.vocab_size // s.tp * width * (1 + m.mtp_layers)
