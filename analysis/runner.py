@@ -144,5 +144,24 @@ def map_chunks(study: Study, chunks: list[list[Strategy]], replay_it: bool,
 def _on_pool(pool: cf.Executor, study: Study, chunks: list[list[Strategy]], replay_it: bool,
              keep_timeline: bool) -> Iterable[list[dict[str, Any]]]:
     futs = [pool.submit(evaluate_chunk, study, c, replay_it, keep_timeline) for c in chunks]
-    for f in cf.as_completed(futs):
-        yield f.result()
+    with worker_deaths_said("--workers 1 / workers=1", kept="; the chunks that finished are "
+                            "kept, and the same run again resumes from them"):
+        for f in cf.as_completed(futs):
+            yield f.result()
+
+
+@contextlib.contextmanager
+def worker_deaths_said(fewer: str, kept: str = "") -> Iterator[None]:
+    """A local pool whose worker process died (``BrokenProcessPool``: killed for memory, or a
+    caller's script the spawned workers cannot import) raised as what to do about it, where
+    Python says only that a process "terminated abruptly"; ``fewer``: how to ask for fewer
+    workers where this was called; ``kept``: what of the work is kept, said last."""
+    try:
+        yield
+    except cf.process.BrokenProcessPool as exc:
+        raise TrainsimError(
+            f"a worker process stopped before returning its work ({exc}). Likeliest causes: "
+            f"the machine ran out of memory (use fewer workers: {fewer}), or, called from "
+            "Python, a script the workers cannot import: one read from stdin or a pipe, or "
+            "one without an `if __name__ == \"__main__\":` guard (run it from a file with "
+            f"the guard, or with one worker){kept}") from None

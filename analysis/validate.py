@@ -31,6 +31,7 @@ import polars as pl
 from analysis import replay_size
 from analysis.fastpath import estimate
 from analysis.glance import strategy_rates
+from analysis.runner import worker_deaths_said
 from analysis.stacks import Layout, inapplicable, split_overrides
 from replay import replay
 from replay.attention_kernels import KERNELS, kernel_overrides
@@ -620,7 +621,8 @@ def validate(path: str | Path, *, progress: Callable[[int, int], None] | None = 
         return _collect(map(one, runs), len(runs), progress)
     # "spawn", not fork: polars' thread pool does not survive a fork (as in analysis/runner.py)
     ctx = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=min(jobs, len(runs)), mp_context=ctx) as pool:
+    with cf.ProcessPoolExecutor(max_workers=min(jobs, len(runs)), mp_context=ctx) as pool, \
+            worker_deaths_said("--jobs 1 / jobs=1"):
         return _collect(pool.map(one, runs), len(runs), progress)
 
 

@@ -717,3 +717,39 @@ def test_every_search_dimension_reaches_the_strategy() -> None:
     missing = [d for d in (*S.DEFAULT_SPACE, *S.OPTIONAL_DIMENSIONS)
                if f'd["{d}"]' not in source and f'd.get("{d}"' not in source]
     assert not missing, missing
+
+
+def test_a_worker_that_dies_is_said_with_what_to_do(tmp_path: Path) -> None:
+    """A sweep on two local workers from a script piped to Python: the spawned workers cannot
+    import a main module read from stdin and die at start. Python said only "A process in the
+    process pool was terminated abruptly"; trainsim names the likely causes (memory, an
+    unimportable script) and the fixes, and that the finished chunks are kept."""
+    script = (
+        "from analysis.study import study_from_dict\n"
+        "from analysis.sweep import sweep\n"
+        "study = study_from_dict({'model': 'llama3-8b', 'system': 'dgx-h100', 'gpus': 16,\n"
+        "    'global_batch_size': 64, 'search': {'tp': [1, 2, 4, 8], 'pp': [1, 2],\n"
+        "    'zero_stage': [1], 'micro_batch_size': [1, 2]}})\n"
+        f"sweep(study, {str(tmp_path / 'out')!r}, top_k=1, workers=2)\n")
+    r = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True,
+                       timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("tracegen.errors.TrainsimError: a worker process stopped"), last
+    for part in ("ran out of memory (use fewer workers: --workers 1 / workers=1)",
+                 "one read from stdin or a pipe", "the same run again resumes from them"):
+        assert part in last
+
+
+def test_a_dead_worker_of_any_local_pool_is_said() -> None:
+    """The same words wherever a local pool runs (``validate --jobs`` too), on a real spawned
+    worker that exits mid-task."""
+    import concurrent.futures as cf
+    import multiprocessing
+
+    from analysis.runner import worker_deaths_said
+
+    with pytest.raises(TrainsimError, match=r"use fewer workers: --jobs 1 / jobs=1\)"), \
+            cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool, \
+            worker_deaths_said("--jobs 1 / jobs=1"):
+        pool.submit(os._exit, 3).result(timeout=120)
