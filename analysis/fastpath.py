@@ -648,19 +648,29 @@ def _opened(costs: Costs, stages: list[Stage], reps: list[int], c: list[int]) ->
     if got is not None:
         return got
     starts = first_forwards(s.pp, s.vpp, [x.fwd for x in stages], c, s.schedule_group)
-    floors, busy = [], []
-    for st, x in enumerate(stages):
-        own = x.costs or costs  # (a stage on another system: its own links and kernels)
-        busy.append(tuple(_gather_timeline(own, st, reps[st])[2]))
-        for ch in range(s.vpp):
-            held = _held_forward(own, st, reps[st], x.fwd[ch], starts[st][ch], ch)
-            if held:
-                floors.append(((st, ch), starts[st][ch] + x.fwd[ch] + held))
+    floors, busy = _held_floors(costs, stages, reps, starts)
     share = tuple(phi for per_pass in ([x.busy_f for x in stages], [x.busy_b for x in stages])
                   for per_stage in per_pass for phi in per_stage)
     got = costs.ctx.opened[key] = Opened(tuple(floors), tuple(busy),
                                          costs.compute.gpu.comm_interference, share)
     return got
+
+
+def _held_floors(costs: Costs, stages: list[Stage], reps: list[int],
+                 starts: list[list[int]]
+                 ) -> tuple[list[tuple[tuple[int, int], int]], list[tuple[int, ...]]]:
+    """Each chunk's first forward that a gather holds, as ((stage, chunk), the time its
+    forward ends held), with each stage's gather timeline (``_opened``, ``_opened_v``)."""
+    floors: list[tuple[tuple[int, int], int]] = []
+    busy: list[tuple[int, ...]] = []
+    for st, x in enumerate(stages):
+        own = x.costs or costs  # (a stage on another system: its own links and kernels)
+        busy.append(tuple(_gather_timeline(own, st, reps[st])[2]))
+        for ch in range(costs.s.vpp):
+            held = _held_forward(own, st, reps[st], x.fwd[ch], starts[st][ch], ch)
+            if held:
+                floors.append(((st, ch), starts[st][ch] + x.fwd[ch] + held))
+    return floors, busy
 
 
 Passes = tuple[list[tuple[int, ...]], list[tuple[int, ...]], list[tuple[int, ...]]]
@@ -674,14 +684,7 @@ def _opened_v(costs: Costs, stages: list[Stage], views: list[Stage], reps: list[
     (kind·v + chunk)·p + stage — of its F, its B, or its W (the W view's)."""
     s = costs.s
     starts = zbv_first_forwards(s.num_microbatches, *passes, c, s.schedule)
-    floors, busy = [], []
-    for st, x in enumerate(stages):
-        own = x.costs or costs  # (a stage on another system: its own links and kernels)
-        busy.append(tuple(_gather_timeline(own, st, reps[st])[2]))
-        for ch in range(s.vpp):
-            held = _held_forward(own, st, reps[st], x.fwd[ch], starts[st][ch], ch)
-            if held:
-                floors.append(((st, ch), starts[st][ch] + x.fwd[ch] + held))
+    floors, busy = _held_floors(costs, stages, reps, starts)
     share = tuple(per[ch] for per_stage in ([x.busy_f for x in stages],
                                             [x.busy_b for x in stages],
                                             [v.busy_b for v in views])
