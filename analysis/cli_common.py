@@ -120,152 +120,187 @@ def progress_bar() -> Progress:
 
 
 # The strategy options `tracegen` and `estimate` share (one declaration, one meaning).
+# The panels `estimate --help` and `tracegen --help` group their options in (rich's).
+PANEL_JOB = "Model, cluster and batch"
+PANEL_PAR = "Parallelism and pipeline"
+PANEL_MEM = "Memory: recompute, sharding, offloading"
+PANEL_COMM = "Communication and its overlap"
+PANEL_PREC = "Precision"
+PANEL_MOE = "Mixture of experts"
+PANEL_OUT = "Output"
+TpOpt = Annotated[int, typer.Option(help="Tensor-parallel degree.", rich_help_panel=PANEL_PAR)]
+PpOpt = Annotated[int, typer.Option(help="Pipeline stages.", rich_help_panel=PANEL_PAR)]
+CpOpt = Annotated[int, typer.Option(help="Context-parallel degree (the sequence split).",
+                                    rich_help_panel=PANEL_PAR)]
+EpOpt = Annotated[int, typer.Option(help="Expert-parallel degree (a MoE model's experts "
+                                         "split).", rich_help_panel=PANEL_PAR)]
 ModelOpt = Annotated[str, typer.Option(help="Preset name (see `trainsim catalog`), a TOML/JSON "
                                             "model file, or a Hugging Face config.json (with "
-                                            "--seq-len) (NAME@seqN: at N tokens a sequence).")]
+                                            "--seq-len) (NAME@seqN: at N tokens a sequence).",
+                                       rich_help_panel=PANEL_JOB)]
 SeqLenOpt = Annotated[int, typer.Option(
     "--seq-len", help="Tokens per sequence; 0 = the model's own (the model is then named "
-    "NAME@seqN).")]
+    "NAME@seqN).", rich_help_panel=PANEL_JOB)]
 DocumentsOpt = Annotated[str, typer.Option(
     "--documents", help="Train under a document mask: MEAN[~SIGMA], the data's mean document "
     "length in tokens and the σ of the lengths' logarithm (log-normal; 0 = one length), e.g. "
-    "2000~1.0 (the model is then named NAME@docMEAN~SIGMA, which --model also takes).")]
-GpusOpt = Annotated[int, typer.Option(help="GPU count; dp = gpus / (tp·pp·cp).")]
-MbsOpt = Annotated[int, typer.Option(help="Micro-batch size (sequences).")]
-GbsOpt = Annotated[int, typer.Option(help="Global batch size (sequences per step).")]
-VppOpt = Annotated[int, typer.Option(help="Virtual stages per rank (interleaved 1F1B).")]
-SpOpt = Annotated[bool, typer.Option("--sp", help="Sequence parallelism.")]
+    "2000~1.0 (the model is then named NAME@docMEAN~SIGMA, which --model also takes).",
+    rich_help_panel=PANEL_JOB)]
+GpusOpt = Annotated[int, typer.Option(help="GPU count; dp = gpus / (tp·pp·cp).",
+                                      rich_help_panel=PANEL_JOB)]
+MbsOpt = Annotated[int, typer.Option(help="Micro-batch size (sequences).",
+                                     rich_help_panel=PANEL_JOB)]
+GbsOpt = Annotated[int, typer.Option(help="Global batch size (sequences per step).",
+                                     rich_help_panel=PANEL_JOB)]
+VppOpt = Annotated[int, typer.Option(help="Virtual stages per rank (interleaved 1F1B).",
+                                     rich_help_panel=PANEL_PAR)]
+SpOpt = Annotated[bool, typer.Option("--sp", help="Sequence parallelism.",
+                                     rich_help_panel=PANEL_PAR)]
 TpOverlapOpt = Annotated[bool, typer.Option(
     "--tp-comm-overlap", help="Overlap SP collectives with their GEMMs, which then run in "
-    "Transformer Engine's chunks (needs --sp).")]
+    "Transformer Engine's chunks (needs --sp).", rich_help_panel=PANEL_COMM)]
 ScheduleOpt = Annotated[str, typer.Option(
     help="gpipe | 1f1b | interleaved_1f1b | zb_h1 | interleaved_zb (with --vpp ≥ 2) | zb_v "
-         "or dualpipe_v (with --vpp 2)")]
-RecomputeOpt = Annotated[str, typer.Option(help="none | selective | full")]
-ZeroOpt = Annotated[int, typer.Option(help="ZeRO stage 0-3 (1 = distributed optimizer).")]
+         "or dualpipe_v (with --vpp 2)", rich_help_panel=PANEL_PAR)]
+RecomputeOpt = Annotated[str, typer.Option(help="none | selective | full",
+                                           rich_help_panel=PANEL_MEM)]
+ZeroOpt = Annotated[int, typer.Option(help="ZeRO stage 0-3 (1 = distributed optimizer).",
+                                      rich_help_panel=PANEL_MEM)]
 ParamGatherOpt = Annotated[bool, typer.Option(
     "--overlap-param-gather", help="ZeRO-1/2: gather updated parameters during the next "
-    "forward (Megatron --overlap-param-gather).")]
+    "forward (Megatron --overlap-param-gather).", rich_help_panel=PANEL_COMM)]
 PrecisionOpt = Annotated[str, typer.Option(
     help="bf16 | fp16 | fp8 | nvfp4 (Transformer Engine's NVFP4 recipe, Blackwell: the linear "
-         "layers' GEMMs in 4 bits, attention and the output head in BF16)")]
+         "layers' GEMMs in 4 bits, attention and the output head in BF16)",
+    rich_help_panel=PANEL_PREC)]
 CpCommOpt = Annotated[str, typer.Option(
     help="p2p (ring alongside attention, Megatron's default) | all_gather (K/V gathered "
-         "first, Llama 3)")]
+         "first, Llama 3)", rich_help_panel=PANEL_PAR)]
 CpBalanceOpt = Annotated[str, typer.Option(
     "--cp-balance", help="Under a document mask (--documents), how context parallelism splits "
     "a packed sequence: document (each document over the ranks: Transformer Engine's THD, "
     "balanced) | sequence (the sequence whole, as Llama 3's: the busiest rank sets each "
-    "layer's pace)")]
+    "layer's pace)", rich_help_panel=PANEL_PAR)]
 ZbRegatherOpt = Annotated[bool, typer.Option(
     "--zb-w-regather", help="ZB-H1 with --sp: each W pass gathers its GEMMs' inputs again "
                             "instead of keeping them gathered from B (less memory, more "
-                            "communication).")]
+                            "communication).", rich_help_panel=PANEL_PAR)]
 Zero3PrefetchOpt = Annotated[bool, typer.Option(
     "--zero3-prefetch", help="ZeRO-3: gather the next block's parameters alongside the current "
-                             "block's compute (FSDP prefetch, Megatron-FSDP).")]
+                             "block's compute (FSDP prefetch, Megatron-FSDP).",
+    rich_help_panel=PANEL_MEM)]
 ExpertTpOpt = Annotated[int, typer.Option(
     "--expert-tp", help="Tensor parallelism of the experts (Megatron --expert-tensor-parallel-"
-                        "size): 0 = tp; 1 folds ep over tp·cp·dp, whole experts per rank.")]
+                        "size): 0 = tp; 1 folds ep over tp·cp·dp, whole experts per rank.",
+    rich_help_panel=PANEL_PAR)]
 MoeDispatcherOpt = Annotated[str, typer.Option(
     "--moe-dispatcher",
     help="alltoall (Megatron-Core's all-to-all token dispatcher: a copy per token and expert) "
          "| deepep (its flex dispatcher on DeepEP: a token crosses the NICs once per "
-         "destination node, then NVLink)")]
+         "destination node, then NVLink)", rich_help_panel=PANEL_MOE)]
 SharedOverlapOpt = Annotated[bool, typer.Option(
     "--moe-shared-expert-overlap",
     help="Run a MoE layer's shared experts beside the dispatch and combine (Megatron-Core "
-         "--moe-shared-expert-overlap; all-to-all dispatcher).")]
+         "--moe-shared-expert-overlap; all-to-all dispatcher).", rich_help_panel=PANEL_MOE)]
 EpOverlapOpt = Annotated[bool, typer.Option(
     "--overlap-moe-expert-parallel-comm",
     help="Combined 1F1B: each forward merged with the backward before it, layer by layer, "
          "one's expert all-to-alls beside the other's compute (Megatron-Core "
-         "--overlap-moe-expert-parallel-comm; pp 1, or an interleaved pipeline).")]
+         "--overlap-moe-expert-parallel-comm; pp 1, or an interleaved pipeline).",
+    rich_help_panel=PANEL_MOE)]
 DelayWgradOpt = Annotated[bool, typer.Option(
     "--delay-wgrad-compute",
     help="With combined 1F1B: the layers' weight gradients run after the backward's next "
          "expert all-to-all is issued, which then waits for the data gradients only "
-         "(Megatron-Core --delay-wgrad-compute).")]
+         "(Megatron-Core --delay-wgrad-compute).", rich_help_panel=PANEL_MOE)]
 GradBf16Opt = Annotated[bool, typer.Option(
     "--grad-reduce-bf16", help="Gradient buffer and data-parallel reduction in 16 bits, not "
-    "fp32 (Megatron --grad-reduce-in-bf16).")]
+    "fp32 (Megatron --grad-reduce-in-bf16).", rich_help_panel=PANEL_COMM)]
 AdamMomentsOpt = Annotated[str, typer.Option(
     "--adam-moments", help="fp32 | bf16 | fp16 | fp8: Adam's moments in that dtype "
     "(Megatron-Core's precision-aware optimizer, --exp-avg-dtype/--exp-avg-sq-dtype; needs "
-    "--zero ≥ 1).")]
+    "--zero ≥ 1).", rich_help_panel=PANEL_MEM)]
 Fp8GatherOpt = Annotated[bool, typer.Option(
     "--fp8-param-gather", help="FP8 runs, ZeRO ≥ 1: all-gather the parameters in 1 byte "
-    "(Megatron --fp8-param-gather; Megatron-FSDP's gathers under ZeRO-3).")]
+    "(Megatron --fp8-param-gather; Megatron-FSDP's gathers under ZeRO-3).",
+    rich_help_panel=PANEL_COMM)]
 InstancesOpt = Annotated[int, typer.Option(
     "--dist-opt-instances", help="ZeRO ≥ 1: shard the optimizer (ZeRO-3: and the parameters "
     "and gradients, HSDP) over dp·cp / N ranks, replicated N times; gradients reduce-scattered "
     "inside an instance, then all-reduced across them (Megatron-Core "
     "--num-distributed-optimizer-instances; ZeRO-3: on the last micro-batch, Megatron-FSDP's "
-    "HSDP; dense models).")]
+    "HSDP; dense models).", rich_help_panel=PANEL_MEM)]
 OuterShardingOpt = Annotated[str, typer.Option(
     "--outer-dp-sharding", help="ZeRO-3 with --dist-opt-instances: 'no_shard' replicates the "
     "optimizer across the instances (HSDP); 'optim' shards it across them too (HFSDP: each "
     "block's shard reduce-scattered across the instances on the last micro-batch, gathered back "
-    "in the next step's first forward; Megatron-FSDP's --outer-dp-sharding-strategy).")]
+    "in the next step's first forward; Megatron-FSDP's --outer-dp-sharding-strategy).",
+    rich_help_panel=PANEL_MEM)]
 GradPerMbOpt = Annotated[bool, typer.Option(
     "--grad-reduce-per-microbatch", help="ZeRO 0-2: reduce the gradient buckets in every "
     "micro-batch's backward, not once a step after the last (DeepSpeed's ZeRO-2, PyTorch "
-    "FSDP's SHARD_GRAD_OP, DDP outside no_sync; not with --overlap-param-gather).")]
+    "FSDP's SHARD_GRAD_OP, DDP outside no_sync; not with --overlap-param-gather).",
+    rich_help_panel=PANEL_MEM)]
 CeFusionOpt = Annotated[str, typer.Option(
     "--cross-entropy-fusion", help="The loss's implementation: 'none' (eager ops, Megatron-LM's "
     "default), 'native' (Megatron-Core's --cross-entropy-loss-fusion, on by default in "
     "Megatron-Bridge and NeMo 2), 'te' (--cross-entropy-fusion-impl te: Transformer Engine's "
-    "kernel, no fp32 logits kept).")]
+    "kernel, no fp32 logits kept).", rich_help_panel=PANEL_PREC)]
 Fp8RecipeOpt = Annotated[str, typer.Option(
     "--fp8-recipe", help="FP8's scaling (Transformer Engine): 'delayed' (the amax history, "
     "Megatron-LM's default) | 'tensorwise' (current scaling, Megatron --fp8-recipe tensorwise, "
     "Megatron-Bridge's FP8-CS: each cast reads its tensor for the amax first) | 'mxfp8' "
     "(MXFP8 block scaling, Megatron --fp8-recipe mxfp8, Megatron-Bridge's FP8-MX; Blackwell: "
-    "scales a block of 32, sequence-parallel gathers in 16 bits).")]
+    "scales a block of 32, sequence-parallel gathers in 16 bits).", rich_help_panel=PANEL_PREC)]
 LayoutOpt = Annotated[str, typer.Option(
     "--pipeline-layout",
     help="Megatron-Core's --pipeline-model-parallel-layout: what each model chunk holds, "
          "e.g. 'Et*3|(tt|)*29,m|L' (E embedding, t layer, m MTP module, L loss; chunks split "
-         "by |, listed stage by stage for each virtual stage). Lists pp·vpp chunks.")]
+         "by |, listed stage by stage for each virtual stage). Lists pp·vpp chunks.",
+    rich_help_panel=PANEL_PAR)]
 FirstLayersOpt = Annotated[int, typer.Option(
-    help="Layers of the first model chunk (stage at vpp 1); 0 = even split.")]
+    help="Layers of the first model chunk (stage at vpp 1); 0 = even split.",
+    rich_help_panel=PANEL_PAR)]
 LastLayersOpt = Annotated[int, typer.Option(
-    help="Layers of the last model chunk (stage at vpp 1); 0 = even split.")]
+    help="Layers of the last model chunk (stage at vpp 1); 0 = even split.",
+    rich_help_panel=PANEL_PAR)]
 EmbSplitOpt = Annotated[bool, typer.Option(
     "--account-for-embedding-in-pipeline-split",
     help="Count the embedding as a layer in the pipeline split: the first chunk holds one "
-         "layer fewer, none where chunks hold one (Megatron-Core; Llama 3).")]
+         "layer fewer, none where chunks hold one (Megatron-Core; Llama 3).",
+    rich_help_panel=PANEL_PAR)]
 LossSplitOpt = Annotated[bool, typer.Option(
     "--account-for-loss-in-pipeline-split",
     help="Count the loss as a layer in the pipeline split: the last chunk holds one layer "
-         "fewer (Megatron-Core; Llama 3).")]
+         "fewer (Megatron-Core; Llama 3).", rich_help_panel=PANEL_PAR)]
 OffloadOpt = Annotated[int, typer.Option(
     "--cpu-offload-layers",
     help="Offload the first N layers' activations to host memory between their forward and "
          "backward, over the GPU's host link (Megatron-Core --cpu-offloading "
-         "--cpu-offloading-num-layers; pp 1, no recompute); 0 = none.")]
+         "--cpu-offloading-num-layers; pp 1, no recompute); 0 = none.", rich_help_panel=PANEL_MEM)]
 OptOffloadOpt = Annotated[float, typer.Option(
     "--optimizer-offload-fraction",
     help="Share of the optimizer state updated on the CPU, in (0, 1]: its gradients copied to "
          "host memory, CPU AdamW, the master weights copied back (Megatron-Core "
-         "--optimizer-cpu-offload --optimizer-offload-fraction; needs --zero 1 or 2); 0 = none.")]
+         "--optimizer-cpu-offload --optimizer-offload-fraction; needs --zero 1 or 2); 0 = none.",
+    rich_help_panel=PANEL_MEM)]
 RecomputeLayersOpt = Annotated[int, typer.Option(
     "--recompute-num-layers",
     help="With --recompute full: only the first N layers of each model chunk recompute, the "
          "rest keep their activations; 0 = every layer (Megatron --recompute-method block "
-         "--recompute-num-layers).")]
+         "--recompute-num-layers).", rich_help_panel=PANEL_MEM)]
 ModulesOpt = Annotated[str, typer.Option(
     "--recompute-modules",
     help="With --recompute selective: what runs again in the backward, comma-separated among "
          "layernorm, mla_up_proj (MLA's up-projections), core_attn, mlp (a dense MLP), moe "
          "(a whole MoE layer), moe_act (the experts' activation) and shared_experts "
-         "(Megatron-Core --recompute-modules).")]
+         "(Megatron-Core --recompute-modules).", rich_help_panel=PANEL_MEM)]
 GroupOpt = Annotated[int, typer.Option(
     "--microbatch-group-size",
     help="Interleaved 1F1B: micro-batches run through a chunk before the next, from pp up "
          "to the micro-batch count; 0 = pp (Megatron-Core "
          "--microbatch-group-size-per-virtual-pipeline-stage). Lets the micro-batch count be other "
-         "than a multiple of pp.")]
+         "than a multiple of pp.", rich_help_panel=PANEL_PAR)]
 
 
 # the shared options whose names are not the strategy's field names (``build_strategy``)
@@ -418,7 +453,7 @@ StackOpt = Annotated[str | None, typer.Option(
                     "validated: megatron-bridge, nemo-24.07, megatron-moe-modelzoo, "
                     "megatron-lm-2022, llm-foundry (their overlaps, FP8 gathers, fused loss, "
                     "gradient dtype, attention kernel; an option you give wins, and each value "
-                    "the layout has no use for is said).")]
+                    "the layout has no use for is said).", rich_help_panel=PANEL_JOB)]
 
 
 def with_stack(ctx: typer.Context, name: str, spec: ModelSpec, strategy: Strategy,

@@ -47,8 +47,10 @@ def estimate_cmd(
     system: Annotated[str, typer.Option(help="Preset system (see `trainsim systems`) or a TOML "
                                              "system file; append @KERNEL for an earlier "
                                              "attention kernel, e.g. "
-                                             "dgx-h100@flashattention-2.")],
-    tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, vpp: C.VppOpt = 1, sp: C.SpOpt = False,
+                                             "dgx-h100@flashattention-2.",
+                                                 rich_help_panel=C.PANEL_JOB)],
+    tp: C.TpOpt = 1, pp: C.PpOpt = 1, cp: C.CpOpt = 1, ep: C.EpOpt = 1, vpp: C.VppOpt = 1,
+    sp: C.SpOpt = False,
     tp_comm_overlap: C.TpOverlapOpt = False, schedule: C.ScheduleOpt = "1f1b",
     recompute: C.RecomputeOpt = "none", zero: C.ZeroOpt = 0,
     overlap_param_gather: C.ParamGatherOpt = False, precision: C.PrecisionOpt = "bf16",
@@ -72,41 +74,46 @@ def estimate_cmd(
     cpu_offload_layers: C.OffloadOpt = 0,
     optimizer_offload_fraction: C.OptOffloadOpt = 0.0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
-                                                  "JSON to this file.")] = None,
+                                                  "JSON to this file.",
+                                                      rich_help_panel=C.PANEL_OUT)] = None,
     gpu_spread: Annotated[float, typer.Option(
         "--gpu-spread", help="The fleet's spread of per-GPU speed: a GPU's compute time's "
                              "relative standard deviation (0.02: 2%); prints what the step "
-                             "waits for its slowest GPUs.")] = 0.0,
+                             "waits for its slowest GPUs.", rich_help_panel=C.PANEL_OUT)] = 0.0,
     ops: Annotated[int | None, typer.Option(
         "--ops", help="Also list where pipeline stage OPS spends its time, op by op, with each "
-                      "op's roofline terms (0: the first stage).")] = None,
+                      "op's roofline terms (0: the first stage).",
+                          rich_help_panel=C.PANEL_OUT)] = None,
     ops_out: Annotated[Path | None, typer.Option(
         "--ops-out", help="Write that op table to this file (.csv or .parquet; stage 0 unless "
-                          "--ops).")] = None,
+                          "--ops).", rich_help_panel=C.PANEL_OUT)] = None,
     roofline_plot: Annotated[Path | None, typer.Option(
-        "--roofline", help="Plot that stage's ops on the GPU's roofline (.png, .svg, .pdf).")
+        "--roofline", help="Plot that stage's ops on the GPU's roofline (.png, .svg, .pdf).",
+            rich_help_panel=C.PANEL_OUT)
     ] = None,
     stage_system: Annotated[list[str] | None, typer.Option(
         "--stage-system", help="A mixed cluster: these pipeline stages on another system's "
                                "GPUs, e.g. 0-3=dgx-a100-80gb (repeatable; the rest on "
-                               "--system).")] = None,
+                               "--system).", rich_help_panel=C.PANEL_JOB)] = None,
     schedules: Annotated[bool, typer.Option(
         "--schedules", help="Also cost this layout under every pipeline schedule trainsim "
                             "models (1F1B, GPipe, interleaved 1F1B and ZB, ZB-H1, ZB-V, "
                             "DualPipe-V; a MoE model's merged passes too), fastest first; "
-                            "needs pp ≥ 2.")
+                            "needs pp ≥ 2.", rich_help_panel=C.PANEL_OUT)
     ] = False,
     precisions: Annotated[bool, typer.Option(
         "--precisions", help="Also cost this strategy in every precision and FP8 recipe "
                              "trainsim models (BF16, FP8 delayed / tensorwise / MXFP8, NVFP4), "
-                             "fastest first; the ones its GPU cannot run named with why.")
+                             "fastest first; the ones its GPU cannot run named with why.",
+                                 rich_help_panel=C.PANEL_OUT)
     ] = False,
     stack: C.StackOpt = None,
     mixed_gpus: Annotated[str | None, typer.Option(
         "--mixed", help="A mixed cluster, placed for you: GPUS=SYSTEM, that many of the GPUs "
                         "on another system's nodes as whole pipeline stages (the first or the "
                         "last, whichever steps faster with the layers split by speed), e.g. "
-                        "512=dgx-a100-80gb; a study's \\[mixed] table does the same.")] = None,
+                        "512=dgx-a100-80gb; a study's \\[mixed] table does the same.",
+                            rich_help_panel=C.PANEL_JOB)] = None,
 ) -> None:
     """Step time, tokens/s, MFU and per-stage memory of one strategy (fast path; milliseconds)."""
     from replay import resolve_system

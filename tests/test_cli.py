@@ -474,3 +474,19 @@ def test_an_op_too_large_to_count_is_refused_not_a_traceback() -> None:
     assert name == "flash_attn_bwd" and count < COUNT_MAX  # (2.05e18: estimate prints it)
     with pytest.raises(TraceFormatError, match="does not fit a Chakra integer attribute"):
         encode_attr("num_ops", "int64", 1 << 64)
+
+
+@pytest.mark.parametrize("command", ["estimate", "tracegen"])
+def test_every_option_of_a_strategy_command_sits_in_a_help_panel(command: str) -> None:
+    """``estimate --help`` and ``tracegen --help`` list some seventy options; each sits in a
+    named panel (model and cluster, parallelism, memory, communication, precision, MoE,
+    output), so an option added without one would land alone under "Options"."""
+    import typer.main
+
+    from analysis.cli import app
+
+    cmd = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    loose = [p.name for p in cmd.params if not getattr(p, "rich_help_panel", None)]
+    assert loose == [], loose
+    r = run(command, "--help")
+    assert r.returncode == 0 and "Parallelism and pipeline" in r.stdout
