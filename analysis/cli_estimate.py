@@ -381,7 +381,7 @@ def note_sites(model: Any, s: Strategy, system: SystemSpec) -> dict[str, Any] | 
     stage) that span sites and the pipeline hops that leave one. Returns that for the JSON, or
     None on one site (or a job inside one)."""
     from analysis.fastpath_costs import Costs
-    from tracegen.program import dp_group_size
+    from tracegen.dp_comm import dp_group_size
 
     site = system.scaleout.site_gpus
     if not site or s.world_size <= site:
@@ -610,7 +610,8 @@ def note_optimizer_offload(model: Any, s: Strategy, system: SystemSpec, g: Glanc
     f = s.optimizer_offload_fraction
     if not f:
         return None
-    from tracegen.program import RoleProgram, sharded_params
+    from tracegen.dp_comm import sharded_params
+    from tracegen.program import RoleProgram
 
     shard = max(sharded_params(s, RoleProgram(model, s, st).stage_params())
                 for st in range(s.pp))

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from replay.network import Shape
 from tracegen import ops as O
-from tracegen.program import ParamBlock, dp_group_size, instance_axis, shard_axis, sharded_params
+from tracegen.dp_comm import dp_group_size, instance_axis, shard_axis, sharded_params
+from tracegen.program import ParamBlock
 
 if TYPE_CHECKING:  # the fast path imports this module; its types are only annotations here
     from analysis.fastpath_costs import Costs
@@ -607,7 +608,7 @@ def _drain(costs: Costs, blocks: tuple[BlockRun, ...], axis: str,
     Appends the ZeRO ≥ 1 gathers. ``inter``: with several optimizer instances, the shape of
     the group across them — each bucket's reduce-scatter over the instance (``size``,
     ``shape``) is then followed on the stream by its shard's all-reduce across instances
-    (``program.bucket_comms``). Each run of blocks is slowed at κ times its own compute share
+    (``dp_comm.bucket_comms``). Each run of blocks is slowed at κ times its own compute share
     (``BlockRun``), not the chunk's: a wide head, all compute, issues the first bucket, and the
     layers it then slows have their TP collectives between kernels (at the chunk's share the
     fast path was up to 1.1% slower than replay, the agreement benchmark's seed 452)."""

@@ -49,12 +49,13 @@ from analysis.zbv_walk import zbv_first_forwards, zero_bubble_v
 from replay.hardware import SystemSpec, on_sites_of, resolve_system
 from tracegen import ops as O
 from tracegen.catalog import resolve_model
+from tracegen.dp_comm import bucket_plan, dp_group_size, shard_axis, sharded_params
 from tracegen.fit import check_fits_model
 from tracegen.memory import activation_bytes_per_layer, host_peak_bytes
 from tracegen.memory import host_bytes as memory_host_bytes
 from tracegen.memory import total_bytes as memory_total_bytes
 from tracegen.model import ModelSpec
-from tracegen.program import ParamBlock, bucket_plan, dp_group_size, shard_axis, sharded_params
+from tracegen.program import ParamBlock
 from tracegen.strategy import Strategy
 from tracegen.units import NS_PER_S, GiB
 

@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from analysis.dp_tails import BlockRun, slowed
 from analysis.pipeline_walk import Z3Runs
 from tracegen import ops as O
-from tracegen.program import (
-    ParamBlock,
+from tracegen.dp_comm import (
     dp_group_size,
     gather_pieces,
     outer_gather_comm,
@@ -21,6 +20,7 @@ from tracegen.program import (
     shard_axis,
     zero3_gather_bytes,
 )
+from tracegen.program import ParamBlock
 from tracegen.units import NS_PER_S
 
 if TYPE_CHECKING:  # the costs module imports this one; its class is only an annotation here

@@ -98,7 +98,7 @@ from analysis.fastpath import estimate
 from replay import get_system, replay
 from replay.hardware import SystemSpec, system_names
 from tracegen import ConfigError, ModelSpec, Strategy, generate, get_model
-from tracegen.program import dp_group_size
+from tracegen.dp_comm import dp_group_size
 from tracegen.strategy import FP8_RECIPES
 
 # (model, system, GPUs, global batch)

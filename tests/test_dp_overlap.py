@@ -15,7 +15,8 @@ from analysis.fastpath import estimate
 from replay import get_system, replay
 from tracegen import ModelSpec, Strategy, generate
 from tracegen import ops as O
-from tracegen.program import RoleProgram, bucket_plan, dp_group_size
+from tracegen.dp_comm import bucket_plan, dp_group_size
+from tracegen.program import RoleProgram
 
 MODEL = ModelSpec(name="dpov", num_layers=8, hidden_size=1024, num_attention_heads=16,
                   ffn_hidden_size=4096, vocab_size=8192, seq_len=1024)

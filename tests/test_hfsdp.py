@@ -21,10 +21,11 @@ from tests.conftest import read_et
 from tests.test_hsdp import LAYOUT_FIELDS, LAYOUTS, MODEL, _replayed_s, _strategy
 from tracegen import ConfigError, Strategy, generate, get_model
 from tracegen import ops as O
+from tracegen.dp_comm import outer_gather_comm, outer_shard, sharded_params
 from tracegen.memory import OPTIM_BYTES, WEIGHT_BYTES
 from tracegen.memory import estimate as memory_estimate
 from tracegen.mesh import Mesh
-from tracegen.program import RoleProgram, outer_gather_comm, outer_shard, sharded_params
+from tracegen.program import RoleProgram
 from tracegen.vocab import COLL_CODE
 
 CODES = {code: name for name, code in COLL_CODE.items()}

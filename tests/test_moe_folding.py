@@ -15,8 +15,9 @@ from analysis.validate import RunInputs, load_runs, row_inputs
 from replay import get_system, replay
 from tracegen import ConfigError, ModelSpec, Strategy, generate
 from tracegen import ops as O
+from tracegen.dp_comm import dp_group_size
 from tracegen.mesh import Mesh
-from tracegen.program import RoleProgram, dp_group_size
+from tracegen.program import RoleProgram
 
 MOE = ModelSpec(name="fold", num_layers=8, hidden_size=512, num_attention_heads=8,
                 num_kv_heads=4, ffn_hidden_size=1024, vocab_size=2048, seq_len=512,

@@ -22,8 +22,9 @@ from tests.test_cli import run
 from tracegen import ConfigError, ModelSpec, Strategy, generate, resolve_model
 from tracegen import memory as M
 from tracegen import ops as O
+from tracegen.dp_comm import sharded_params
 from tracegen.errors import ReplayError
-from tracegen.program import RoleProgram, offload_pieces, sharded_params
+from tracegen.program import RoleProgram, offload_pieces
 from tracegen.vocab import COMP_NODE, MEM_LOAD_NODE, MEM_STORE_NODE
 
 MODEL = ModelSpec(name="tiny", num_layers=6, hidden_size=1024, num_attention_heads=16,

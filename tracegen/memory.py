@@ -40,10 +40,11 @@ from collections.abc import Sequence
 
 from tracegen import ops as O
 from tracegen.deepep_buffers import buffer_bytes as deepep_buffer_bytes
+from tracegen.dp_comm import dp_group_size, shard_axis
 from tracegen.mesh import embedding_partner
 from tracegen.model import ModelSpec
 from tracegen.ops import ACT_BYTES, MOMENT_BYTES, grad_reduce_bytes
-from tracegen.program import RoleProgram, dp_group_size, shard_axis
+from tracegen.program import RoleProgram
 from tracegen.schedule import stage_order
 from tracegen.strategy import Strategy
 from tracegen.units import DTYPE_BYTES, LOW_PRECISION_GEMMS, GiB

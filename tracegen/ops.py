@@ -214,7 +214,7 @@ def adam_bytes_per_param(s: Strategy) -> int:
 
 def param_gather_bytes(s: Strategy) -> int:
     """Bytes per parameter in the distributed optimizer's parameter all-gathers (ZeRO 1/2),
-    and in ZeRO-3's of a layer (``program.zero3_gather_bytes``). With ``fp8_param_gather`` the
+    and in ZeRO-3's of a layer (``dp_comm.zero3_gather_bytes``). With ``fp8_param_gather`` the
     distributed optimizer's buckets are counted at 1 byte a parameter, the embedding and norm
     weights Megatron keeps in 16 bits too (its buckets span blocks; DESIGN.md); ZeRO-3, which
     gathers block by block, keeps the embedding and head at 2."""
