@@ -85,7 +85,7 @@ def tracegen_cmd(
     ctx: typer.Context,
     model: C.ModelOpt, gpus: C.GpusOpt, mbs: C.MbsOpt, gbs: C.GbsOpt,
     out: Annotated[Path, typer.Option("-o", "--out", help="Output directory.",
-        rich_help_panel=C.PANEL_OUT)],
+                                      rich_help_panel=C.PANEL_OUT)],
     tp: C.TpOpt = 1, pp: C.PpOpt = 1, cp: C.CpOpt = 1, ep: C.EpOpt = 1, vpp: C.VppOpt = 1,
     sp: C.SpOpt = False,
     tp_comm_overlap: C.TpOverlapOpt = False, schedule: C.ScheduleOpt = "1f1b",
@@ -111,16 +111,16 @@ def tracegen_cmd(
     cpu_offload_layers: C.OffloadOpt = 0,
     optimizer_offload_fraction: C.OptOffloadOpt = 0.0,
     mode: Annotated[str, typer.Option(help="full | representative",
-        rich_help_panel=C.PANEL_OUT)] = "representative",
+                                      rich_help_panel=C.PANEL_OUT)] = "representative",
     system: Annotated[str | None, typer.Option(help="Flag ranks whose estimated memory exceeds "
                                                     "this system's GPU memory.",
-                                                        rich_help_panel=C.PANEL_JOB)] = None,
+                                                    rich_help_panel=C.PANEL_JOB)] = None,
     name: Annotated[str, typer.Option(help="Workload name: files are NAME.RANK.et",
-        rich_help_panel=C.PANEL_OUT)] = "trainsim",
+                                      rich_help_panel=C.PANEL_OUT)] = "trainsim",
     stamp: Annotated[bool, typer.Option(
         "--stamp", help="Write each compute node's duration_micros from --system's GPU model "
                         "(for ASTRA-sim without its roofline; `trainsim stamp`).",
-                            rich_help_panel=C.PANEL_OUT)] = False,
+                        rich_help_panel=C.PANEL_OUT)] = False,
     stack: C.StackOpt = None,
 ) -> None:
     """Generate the per-rank Chakra execution traces of one training step."""

@@ -48,7 +48,7 @@ def estimate_cmd(
                                              "system file; append @KERNEL for an earlier "
                                              "attention kernel, e.g. "
                                              "dgx-h100@flashattention-2.",
-                                                 rich_help_panel=C.PANEL_JOB)],
+                                             rich_help_panel=C.PANEL_JOB)],
     tp: C.TpOpt = 1, pp: C.PpOpt = 1, cp: C.CpOpt = 1, ep: C.EpOpt = 1, vpp: C.VppOpt = 1,
     sp: C.SpOpt = False,
     tp_comm_overlap: C.TpOverlapOpt = False, schedule: C.ScheduleOpt = "1f1b",
@@ -75,7 +75,7 @@ def estimate_cmd(
     optimizer_offload_fraction: C.OptOffloadOpt = 0.0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
                                                   "JSON to this file.",
-                                                      rich_help_panel=C.PANEL_OUT)] = None,
+                                                  rich_help_panel=C.PANEL_OUT)] = None,
     gpu_spread: Annotated[float, typer.Option(
         "--gpu-spread", help="The fleet's spread of per-GPU speed: a GPU's compute time's "
                              "relative standard deviation (0.02: 2%); prints what the step "
@@ -83,13 +83,13 @@ def estimate_cmd(
     ops: Annotated[int | None, typer.Option(
         "--ops", help="Also list where pipeline stage OPS spends its time, op by op, with each "
                       "op's roofline terms (0: the first stage).",
-                          rich_help_panel=C.PANEL_OUT)] = None,
+                      rich_help_panel=C.PANEL_OUT)] = None,
     ops_out: Annotated[Path | None, typer.Option(
         "--ops-out", help="Write that op table to this file (.csv or .parquet; stage 0 unless "
                           "--ops).", rich_help_panel=C.PANEL_OUT)] = None,
     roofline_plot: Annotated[Path | None, typer.Option(
         "--roofline", help="Plot that stage's ops on the GPU's roofline (.png, .svg, .pdf).",
-            rich_help_panel=C.PANEL_OUT)
+        rich_help_panel=C.PANEL_OUT)
     ] = None,
     stage_system: Annotated[list[str] | None, typer.Option(
         "--stage-system", help="A mixed cluster: these pipeline stages on another system's "
@@ -105,7 +105,7 @@ def estimate_cmd(
         "--precisions", help="Also cost this strategy in every precision and FP8 recipe "
                              "trainsim models (BF16, FP8 delayed / tensorwise / MXFP8, NVFP4), "
                              "fastest first; the ones its GPU cannot run named with why.",
-                                 rich_help_panel=C.PANEL_OUT)
+                             rich_help_panel=C.PANEL_OUT)
     ] = False,
     stack: C.StackOpt = None,
     mixed_gpus: Annotated[str | None, typer.Option(
@@ -113,7 +113,7 @@ def estimate_cmd(
                         "on another system's nodes as whole pipeline stages (the first or the "
                         "last, whichever steps faster with the layers split by speed), e.g. "
                         "512=dgx-a100-80gb; a study's \\[mixed] table does the same.",
-                            rich_help_panel=C.PANEL_JOB)] = None,
+                        rich_help_panel=C.PANEL_JOB)] = None,
 ) -> None:
     """Step time, tokens/s, MFU and per-stage memory of one strategy (fast path; milliseconds)."""
     from replay import resolve_system
