@@ -35,7 +35,7 @@ class OptionsOnly(TyperCommand):
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         # (ctx: the Context of the click typer builds on: a vendored copy in recent typer)
-        if not any(a in ("--help", "-h") for a in args):
+        if "--help" not in args:
             _, stray, _ = self.make_parser(ctx).parse_args(args=list(args))
             if stray:
                 needed = ", ".join(str(p.opts[0]) for p in self.params
