@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -26,6 +27,21 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 # Wide enough for the result tables when output goes to a file or a CI log (not a terminal).
 console = Console(width=None if sys.stdout.isatty() else 150)
 
+
+
+@contextlib.contextmanager
+def printed_to_stderr(enabled: bool) -> Iterator[None]:
+    """What the command prints sent to stderr while it runs (``enabled``), so that its stdout
+    carries only data (``estimate --json -``)."""
+    if not enabled:
+        yield
+        return
+    before = console.file
+    console.file = sys.stderr
+    try:
+        yield
+    finally:
+        console.file = before
 
 class OptionsOnly(TyperCommand):
     """A command whose every input is an option (``estimate``, ``tracegen``): a value typed

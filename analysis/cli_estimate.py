@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -74,7 +75,8 @@ def estimate_cmd(
     cpu_offload_layers: C.OffloadOpt = 0,
     optimizer_offload_fraction: C.OptOffloadOpt = 0.0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the estimate as "
-                                                  "JSON to this file.",
+                                                  "JSON to this file ('-': to stdout, the "
+                                                  "printed estimate going to stderr).",
                                                   rich_help_panel=C.PANEL_OUT)] = None,
     gpu_spread: Annotated[float, typer.Option(
         "--gpu-spread", help="The fleet's spread of per-GPU speed: a GPU's compute time's "
@@ -118,7 +120,9 @@ def estimate_cmd(
     """Step time, tokens/s, MFU and per-stage memory of one strategy (fast path; milliseconds)."""
     from replay import resolve_system
 
-    json_out = output_file(json_out, "--json")
+    to_stdout = json_out is not None and str(json_out) == "-"
+    ctx.with_resource(C.printed_to_stderr(to_stdout))  # (until the command returns)
+    json_out = None if to_stdout else output_file(json_out, "--json")
     ops_out = table_file(ops_out, "--ops-out", what="the op table")
     roofline_plot = output_file(roofline_plot, "--roofline", plot=True)
     spec = resolve_model(model, seq_len, documents)
@@ -157,11 +161,14 @@ def estimate_cmd(
         if ops is not None:  # printed, so in the JSON too
             print_ops(table)
             extras["ops"] = table.to_dicts()
-    if json_out is not None:
+    if json_out is not None or to_stdout:
         # every field of the strategy, for what the label leaves out (moments, FP8 gathers…)
         out = {**g.to_dict(), "strategy_fields": strategy.to_dict(),
                **{k: v for k, v in extras.items() if v is not None}}
-        json_out.write_text(jsonout.dumps(out, indent=1))
+        if json_out is not None:
+            json_out.write_text(jsonout.dumps(out, indent=1))
+        else:
+            sys.stdout.write(jsonout.dumps(out, indent=1) + "\n")
 
 
 def _refuse_options(pp: int, schedules: bool, precisions: bool, mixed: bool,

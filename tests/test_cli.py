@@ -490,3 +490,18 @@ def test_every_option_of_a_strategy_command_sits_in_a_help_panel(command: str) -
     assert loose == [], loose
     r = run(command, "--help")
     assert r.returncode == 0 and "Parallelism and pipeline" in r.stdout
+
+
+def test_estimate_json_to_stdout_keeps_stdout_data_only(tmp_path: Path) -> None:
+    """``--json -``: stdout is the JSON alone (a pipe to jq reads it), everything printed —
+    the estimate, the op table, the schedules — goes to stderr; the same JSON as to a file."""
+    args = ("estimate", "--model", "llama3-8b", "--system", "dgx-h100", "--gpus", "16",
+            "--tp", "2", "--pp", "2", "--mbs", "1", "--gbs", "64", "--schedules", "--ops", "1")
+    r = run(*args, "--json", "-")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert {"step_time_s", "ops", "schedules", "strategy_fields"} <= set(got)
+    assert "step time" in r.stderr and "each pipeline schedule" in r.stderr
+    assert got["step_time_s"] > 0 and all(op["stage"] == 1 for op in got["ops"])
+    assert run(*args, "--json", str(tmp_path / "e.json")).returncode == 0
+    assert json.loads((tmp_path / "e.json").read_text()) == got
