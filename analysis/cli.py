@@ -159,6 +159,7 @@ def tracegen_cmd(
 
 @app.command("replay")
 def replay_cmd(
+    ctx: typer.Context,
     trace: Annotated[Path, typer.Argument(help="Trace-set directory, or a workload prefix "
                                                "path/name for path/name.<rank>.et")],
     system: Annotated[str, typer.Option(help="Preset system (see `trainsim systems`) or a TOML "
@@ -169,7 +170,9 @@ def replay_cmd(
     timeline: Annotated[Path | None, typer.Option(
         help="Write the simulated timeline: .json as a Perfetto/Chrome trace, .csv or .parquet "
              "as a table (one row per node: rank, op, stream, start and end in s).")] = None,
-    summary: Annotated[Path | None, typer.Option(help="Write the step metrics as JSON.")] = None,
+    summary: Annotated[Path | None, typer.Option(
+        help="Write the step metrics as JSON ('-': to stdout, the printed results going to "
+             "stderr).")] = None,
     breakdown: Annotated[Path | None, typer.Option(
         help="Write the per-rank breakdown (compute, exposed and overlapped communication, "
              "idle, interference; s) of every simulated rank as .csv or .parquet.")] = None,
@@ -190,7 +193,9 @@ def replay_cmd(
     if compute not in ("model", "trace"):
         raise ConfigError(f"--compute must be 'model' or 'trace', got {compute!r}")
     timeline = table_file(timeline, "--timeline", also=(".json",), what="the timeline")
-    summary = output_file(summary, "--summary")
+    to_stdout = summary is not None and str(summary) == "-"
+    ctx.with_resource(C.printed_to_stderr(to_stdout))  # (until the command returns)
+    summary = None if to_stdout else output_file(summary, "--summary")
     breakdown = table_file(breakdown, "--breakdown", what="the breakdown")
     with progress_bar() as bar:
         task = bar.add_task("reading traces", total=None)
@@ -209,6 +214,8 @@ def replay_cmd(
         write_table(result.breakdown, breakdown)
     if summary is not None:
         summary.write_text(jsonout.dumps(result.metrics, indent=1))
+    elif to_stdout:
+        sys.stdout.write(jsonout.dumps(result.metrics, indent=1) + "\n")
     _print_replay(result)
     if compute == "trace":
         _note_untimed(ts)

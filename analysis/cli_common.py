@@ -135,7 +135,6 @@ def progress_bar() -> Progress:
                     TimeElapsedColumn(), console=console, transient=True)
 
 
-# The strategy options `tracegen` and `estimate` share (one declaration, one meaning).
 # The panels `estimate --help` and `tracegen --help` group their options in (rich's).
 PANEL_JOB = "Model, cluster and batch"
 PANEL_PAR = "Parallelism and pipeline"
@@ -150,6 +149,7 @@ CpOpt = Annotated[int, typer.Option(help="Context-parallel degree (the sequence 
                                     rich_help_panel=PANEL_PAR)]
 EpOpt = Annotated[int, typer.Option(help="Expert-parallel degree (a MoE model's experts "
                                          "split).", rich_help_panel=PANEL_PAR)]
+# The strategy options `tracegen` and `estimate` share (one declaration, one meaning).
 ModelOpt = Annotated[str, typer.Option(help="Preset name (see `trainsim catalog`), a TOML/JSON "
                                             "model file, or a Hugging Face config.json (with "
                                             "--seq-len) (NAME@seqN: at N tokens a sequence).",

@@ -236,6 +236,18 @@ def test_replay_writes_summary_and_perfetto_timeline(tmp_path: Path) -> None:
     assert all(e["dur"] >= 0 for e in events if e["ph"] == "X")
 
 
+def test_replay_summary_to_stdout_keeps_stdout_data_only(tmp_path: Path) -> None:
+    """``--summary -``: stdout is the metrics JSON alone, the same as written to a file; the
+    printed step and breakdown go to stderr."""
+    r = run("replay", str(GOLDEN), "--system", "dgx-h100", "--summary", "-")
+    assert r.returncode == 0, r.stderr
+    assert "step time" in r.stderr and "Per-rank breakdown" in r.stderr
+    kept = tmp_path / "s.json"
+    assert run("replay", str(GOLDEN), "--system", "dgx-h100", "--summary",
+               str(kept)).returncode == 0
+    assert json.loads(r.stdout) == json.loads(kept.read_text())
+
+
 def test_replay_writes_the_timeline_and_breakdown_as_tables(tmp_path: Path) -> None:
     """--timeline FILE.parquet is the timeline frame (a row per node of every simulated rank,
     as decoded from the .et files), --breakdown FILE.csv the per-rank breakdown, whose ranks end
