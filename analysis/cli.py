@@ -193,8 +193,7 @@ def replay_cmd(
     if compute not in ("model", "trace"):
         raise ConfigError(f"--compute must be 'model' or 'trace', got {compute!r}")
     timeline = table_file(timeline, "--timeline", also=(".json",), what="the timeline")
-    to_stdout = summary is not None and str(summary) == "-"
-    ctx.with_resource(C.printed_to_stderr(to_stdout))  # (until the command returns)
+    to_stdout = C.data_to_stdout(ctx, summary)
     summary = None if to_stdout else output_file(summary, "--summary")
     breakdown = table_file(breakdown, "--breakdown", what="the breakdown")
     with progress_bar() as bar:

@@ -29,6 +29,14 @@ console = Console(width=None if sys.stdout.isatty() else 150)
 
 
 
+def data_to_stdout(ctx: typer.Context, path: Path | None) -> bool:
+    """Whether an output file is '-' (the data goes to stdout); if so, what the command prints
+    goes to stderr until it returns (``printed_to_stderr``), so a pipe reads the data alone."""
+    on = path is not None and str(path) == "-"
+    ctx.with_resource(printed_to_stderr(on))
+    return on
+
+
 @contextlib.contextmanager
 def printed_to_stderr(enabled: bool) -> Iterator[None]:
     """What the command prints sent to stderr while it runs (``enabled``), so that its stdout

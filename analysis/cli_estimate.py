@@ -120,8 +120,7 @@ def estimate_cmd(
     """Step time, tokens/s, MFU and per-stage memory of one strategy (fast path; milliseconds)."""
     from replay import resolve_system
 
-    to_stdout = json_out is not None and str(json_out) == "-"
-    ctx.with_resource(C.printed_to_stderr(to_stdout))  # (until the command returns)
+    to_stdout = C.data_to_stdout(ctx, json_out)
     json_out = None if to_stdout else output_file(json_out, "--json")
     ops_out = table_file(ops_out, "--ops-out", what="the op table")
     roofline_plot = output_file(roofline_plot, "--roofline", plot=True)
