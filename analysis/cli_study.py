@@ -6,6 +6,7 @@ import dataclasses
 import os
 import re
 import shutil
+import sys
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ from rich.table import Table
 from analysis.cli_common import (
     app,
     console,
+    data_to_stdout,
     note_combined_1f1b,
     note_moe,
     note_precision,
@@ -173,11 +175,13 @@ def _frame_table(frame: pl.DataFrame, title: str) -> Table:
 
 @app.command("resilience")
 def resilience_cmd(
+    ctx: typer.Context,
     study_file: Annotated[str, typer.Argument(
         help="Study TOML with a \\[failures] table (see analysis/study.py), or a packaged "
              "study name.")],
-    summary: Annotated[Path | None, typer.Option(help="Write per-policy results as JSON.")]
-    = None,
+    summary: Annotated[Path | None, typer.Option(
+        help="Write per-policy results as JSON ('-': to stdout, the printed tables going to "
+             "stderr).")] = None,
     plots: Annotated[Path | None, typer.Option(help="Folder for the goodput and "
                                                     "time-to-train plots (PNG).")] = None,
 ) -> None:
@@ -188,7 +192,9 @@ def resilience_cmd(
     from analysis.evaluate import resilience_frame, strategy_dict, summary_dict
     from analysis.mixed import study_fit_hints
 
-    summary, plots = output_file(summary, "--summary"), output_dir(plots, "--plots")
+    to_stdout = data_to_stdout(ctx, summary)
+    summary = None if to_stdout else output_file(summary, "--summary")
+    plots = output_dir(plots, "--plots")
     study = _resolve_study(study_file)
     _print_cluster(study)
     if not study.strategies:
@@ -218,10 +224,13 @@ def resilience_cmd(
                                                    dpi=110)
             P.time_to_train_by_policy(frame).savefig(
                 plots / f"time_to_train_{_file_safe(name)}.png", dpi=110)
-    if summary is not None:
-        first = next(iter(out.values()))
-        summary.write_text(jsonout.dumps({"policies": first, "strategies": out,
-                                          "strategy_shapes": shapes}, indent=1))
+    if summary is not None or to_stdout:
+        text = jsonout.dumps({"policies": next(iter(out.values())), "strategies": out,
+                              "strategy_shapes": shapes}, indent=1)
+        if summary is not None:
+            summary.write_text(text)
+        else:
+            sys.stdout.write(text + "\n")
 
 
 def _print_resilience(study: Study, s: Strategy, name: str, frame: Any,

@@ -272,6 +272,12 @@ def test_resilience_cli_writes_summary_and_plots(tmp_path: Path) -> None:
     # its FSDP as ZeRO-2 reducing every micro-batch's gradients, as the memory it is costed
     # with needs: labelled so, and no note that its ZeRO-2 reduces once a step
     assert "-z2-pmb-" in r.stdout and "note: ZeRO-2 is costed" not in r.stdout
+    # --summary -: the same JSON alone on stdout, the tables on stderr
+    piped = subprocess.run([sys.executable, "-m", "analysis.cli", "resilience", str(study),
+                            "--summary", "-"], capture_output=True, text=True, timeout=300)
+    assert piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout) == json.loads(out.read_text())
+    assert "fits in 80 GiB" in piped.stderr
 
 
 def test_resilience_flags_a_strategy_that_does_not_fit(tmp_path: Path) -> None:
