@@ -187,7 +187,6 @@ def replay_cmd(
                                                        "links, heterogeneous GPUs.")] = None,
 ) -> None:
     """Simulate one training step of a Chakra trace set on a system."""
-    from analysis import jsonout
     from replay import load_trace_set, replay
 
     if compute not in ("model", "trace"):
@@ -211,10 +210,7 @@ def replay_cmd(
         write_table(result.timeline, timeline)
     if breakdown is not None:
         write_table(result.breakdown, breakdown)
-    if summary is not None:
-        summary.write_text(jsonout.dumps(result.metrics, indent=1))
-    elif to_stdout:
-        sys.stdout.write(jsonout.dumps(result.metrics, indent=1) + "\n")
+    C.write_json(result.metrics, summary, to_stdout)
     _print_replay(result)
     if compute == "trace":
         _note_untimed(ts)

@@ -37,6 +37,17 @@ def data_to_stdout(ctx: typer.Context, path: Path | None) -> bool:
     return on
 
 
+def write_json(data: Any, path: Path | None, to_stdout: bool) -> None:
+    """``data`` as indented JSON (``jsonout``) to ``path``, or to stdout where the output was
+    '-' (``data_to_stdout``); nothing where neither was asked for."""
+    from analysis import jsonout
+
+    if to_stdout:
+        sys.stdout.write(jsonout.dumps(data, indent=1) + "\n")
+    elif path is not None:
+        path.write_text(jsonout.dumps(data, indent=1))
+
+
 @contextlib.contextmanager
 def printed_to_stderr(enabled: bool) -> Iterator[None]:
     """What the command prints sent to stderr while it runs (``enabled``), so that its stdout

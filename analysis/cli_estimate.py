@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,7 +11,6 @@ import typer
 from rich.table import Table
 
 from analysis import cli_common as C
-from analysis import jsonout
 from analysis.cli_common import (
     app,
     build_strategy,
@@ -164,10 +162,7 @@ def estimate_cmd(
         # every field of the strategy, for what the label leaves out (moments, FP8 gathers…)
         out = {**g.to_dict(), "strategy_fields": strategy.to_dict(),
                **{k: v for k, v in extras.items() if v is not None}}
-        if json_out is not None:
-            json_out.write_text(jsonout.dumps(out, indent=1))
-        else:
-            sys.stdout.write(jsonout.dumps(out, indent=1) + "\n")
+        C.write_json(out, json_out, to_stdout)
 
 
 def _refuse_options(pp: int, schedules: bool, precisions: bool, mixed: bool,

@@ -6,7 +6,6 @@ import dataclasses
 import os
 import re
 import shutil
-import sys
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +28,7 @@ from analysis.cli_common import (
     progress_bar,
     sites_words,
     table_file,
+    write_json,
     write_table,
 )
 from tracegen import ConfigError
@@ -187,7 +187,6 @@ def resilience_cmd(
 ) -> None:
     """Goodput and time-to-train under failures (expected, and P10–P90), per recovery policy."""
 
-    from analysis import jsonout
     from analysis import plots as P
     from analysis.evaluate import resilience_frame, strategy_dict, summary_dict
     from analysis.mixed import study_fit_hints
@@ -224,13 +223,8 @@ def resilience_cmd(
                                                    dpi=110)
             P.time_to_train_by_policy(frame).savefig(
                 plots / f"time_to_train_{_file_safe(name)}.png", dpi=110)
-    if summary is not None or to_stdout:
-        text = jsonout.dumps({"policies": next(iter(out.values())), "strategies": out,
-                              "strategy_shapes": shapes}, indent=1)
-        if summary is not None:
-            summary.write_text(text)
-        else:
-            sys.stdout.write(text + "\n")
+    write_json({"policies": next(iter(out.values())), "strategies": out,
+                "strategy_shapes": shapes}, summary, to_stdout)
 
 
 def _print_resilience(study: Study, s: Strategy, name: str, frame: Any,
